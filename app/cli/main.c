@@ -1,0 +1,61 @@
+/*
+ * main.c — the keel CLI entry: dispatches to one command per file.
+ */
+#include "cli.h"
+
+#include <string.h>
+
+typedef struct cli_command {
+    const char *name;
+    int (*fn)(int argc, char **argv); /* argv[0] is the command name */
+    const char *usage;
+} cli_command;
+
+static const cli_command g_commands[] = {
+    {"bench", cmd_bench,
+     "bench kernels|attention [--json] [-t N]   kernel and attention benchmarks"},
+};
+
+void cli_write_file(void *user, const char *text, size_t n)
+{
+    fwrite(text, 1, n, (FILE *)user);
+}
+
+int cli_fail(const char *what, keel_status st, const char *detail)
+{
+    fprintf(stderr, "keel: %s: %s", what, keel_strerror(st));
+    if (detail && *detail) fprintf(stderr, ": %s", detail);
+    fputc('\n', stderr);
+    return 1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "keel %s — LLM inference runtime for long agentic sessions\n\n", keel_version());
+    fprintf(f, "usage: keel <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof g_commands / sizeof g_commands[0]; i++)
+        fprintf(f, "  %s\n", g_commands[i].usage);
+    fprintf(f, "  help                                       this text\n");
+    fprintf(f, "  --version                                  print the version\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+        printf("keel %s\n", keel_version());
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof g_commands / sizeof g_commands[0]; i++)
+        if (strcmp(cmd, g_commands[i].name) == 0) return g_commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "keel: unknown command '%s' (try 'keel help')\n", cmd);
+    return 2;
+}

@@ -1,0 +1,117 @@
+/*
+ * bench.c — keel_bench_run: the registry of benchmarks, output helpers and
+ * the memory-bandwidth reference every benchmark reports beside its timings.
+ */
+#include "bench.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+typedef struct bench_entry {
+    const char *name;
+    keel_status (*fn)(int argc, char **argv, bench_out *o);
+} bench_entry;
+
+static const bench_entry g_benches[] = {
+    {"kernels", bench_kernels},
+};
+
+void bench_printf(bench_out *o, const char *fmt, ...)
+{
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof buf) n = (int)sizeof buf - 1;
+    if (o->write) o->write(o->user, buf, (size_t)n);
+}
+
+bool bench_has_flag(int argc, char **argv, const char *flag)
+{
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], flag) == 0) return true;
+    return false;
+}
+
+const char *bench_opt(int argc, char **argv, const char *name)
+{
+    for (int i = 0; i + 1 < argc; i++)
+        if (strcmp(argv[i], name) == 0) return argv[i + 1];
+    return NULL;
+}
+
+keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_fn out, void *user)
+{
+    if (!name) return KEEL_EINVAL;
+    bench_out o = {out, user, bench_has_flag(argc, argv, "--json")};
+    for (size_t i = 0; i < BASE_ARRAY_LEN(g_benches); i++)
+        if (strcmp(g_benches[i].name, name) == 0) return g_benches[i].fn(argc, argv, &o);
+    return KEEL_ENOENT;
+}
+
+/* ---- read bandwidth ------------------------------------------------------ */
+
+typedef struct bw_ctx {
+    const uint8_t *buf;
+    size_t bytes;
+    int n_threads;
+    double sums[256];
+} bw_ctx;
+
+static void bw_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    bw_ctx *c = vctx;
+    size_t per = c->bytes / (size_t)c->n_threads;
+    per &= ~(size_t)255;
+    const uint8_t *p = c->buf + (size_t)task * per;
+#if defined(__AVX2__)
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < per; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    c->sums[task] = (double)_mm256_extract_epi64(a0, 0);
+#else
+    const uint64_t *q = (const uint64_t *)p;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < per / 8; i += 4) {
+        s0 ^= q[i];
+        s1 ^= q[i + 1];
+        s2 ^= q[i + 2];
+        s3 ^= q[i + 3];
+    }
+    c->sums[task] = (double)(s0 ^ s1 ^ s2 ^ s3);
+#endif
+}
+
+double bench_read_bw_gbps(base_pool *pool, size_t buf_bytes, int reps)
+{
+    if (buf_bytes == 0) buf_bytes = (size_t)1 << 30;
+    if (reps <= 0) reps = 3;
+    uint8_t *buf = base_alloc(buf_bytes);
+    if (!buf) return -1.0;
+    memset(buf, 1, buf_bytes); /* fault the pages in */
+    bw_ctx c = {buf, buf_bytes, base_pool_threads(pool), {0}};
+    if (c.n_threads > 256) c.n_threads = 256;
+    double best = 0.0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = base_time_ns();
+        base_pool_run(pool, c.n_threads, bw_task, &c);
+        uint64_t t1 = base_time_ns();
+        size_t per = (buf_bytes / (size_t)c.n_threads) & ~(size_t)255;
+        double gbps = (double)(per * (size_t)c.n_threads) / (double)(t1 - t0);
+        if (gbps > best) best = gbps;
+    }
+    base_free(buf, buf_bytes);
+    return best;
+}

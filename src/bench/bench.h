@@ -1,0 +1,35 @@
+/*
+ * bench.h — private interface of src/bench: the benchmark registry, output
+ * helpers (table and JSON through the caller's keel_write_fn) and the
+ * shared reference measurements (memory read bandwidth).
+ * src/bench sits above every other module and may include any of them.
+ */
+#ifndef KEEL_BENCH_H
+#define KEEL_BENCH_H
+
+#include "../base/base.h"
+
+typedef struct bench_out {
+    keel_write_fn write;
+    void *user;
+    bool json; /* --json given */
+} bench_out;
+
+/* printf into the sink (chunks of up to 4 KiB). */
+void bench_printf(bench_out *o, const char *fmt, ...) BASE_PRINTF(2, 3);
+
+/* Memory read bandwidth in GB/s (1e9 bytes/s) with n_threads threads over a
+ * buffer of buf_bytes (use >> L3: 1 GiB by default when 0). Best of reps.
+ * Returns a negative value if the buffer cannot be allocated. */
+double bench_read_bw_gbps(base_pool *pool, size_t buf_bytes, int reps);
+
+/* Parses "--json" and returns the index of the first unparsed argument;
+ * benchmarks parse their own other options. */
+bool bench_has_flag(int argc, char **argv, const char *flag);
+/* Value after "--name" or NULL. */
+const char *bench_opt(int argc, char **argv, const char *name);
+
+/* Benchmarks (one per file in src/bench). */
+keel_status bench_kernels(int argc, char **argv, bench_out *o);
+
+#endif /* KEEL_BENCH_H */

@@ -1,0 +1,74 @@
+/*
+ * testutil.h — shared test support: the failing allocator (fails the Nth
+ * allocation, tracks live bytes to catch leaks), fixture lookup and
+ * cmocka conveniences.
+ */
+#ifndef KEEL_TESTUTIL_H
+#define KEEL_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <cmocka.h>
+
+#include "keel.h"
+
+/* Installs the counting allocator. fail_at: the 1-based allocation that
+ * fails (0: none fail). Resets counters. */
+void test_alloc_install(int64_t fail_at);
+/* Restores the default allocator. */
+void test_alloc_uninstall(void);
+/* Allocations attempted since install. */
+int64_t test_alloc_count(void);
+/* Bytes currently allocated through the counting allocator. */
+int64_t test_alloc_live_bytes(void);
+/* Whether the failure was triggered. */
+bool test_alloc_failed(void);
+
+/*
+ * Failing-allocator sweep: runs op (which must allocate, return a status
+ * and release everything it took on both success and failure) once to count
+ * its allocations, then once with each allocation failing in turn.
+ * Asserts: every failing run returns KEEL_ENOMEM (or the given
+ * alt_status if non-zero) and leaves zero live bytes.
+ * Returns the number of allocation sites swept.
+ */
+int64_t test_alloc_sweep(keel_status (*op)(void *ctx), void *ctx);
+
+/* Path of a fixture file ("models/stories260K.gguf") or NULL if the
+ * fixtures folder is absent. Static buffer. Prints a skip note when absent. */
+const char *test_fixture(const char *rel);
+
+/* Reads a whole file (malloc'd; caller frees). NULL on failure. */
+void *test_read_file(const char *path, size_t *size);
+
+/* Deterministic random floats in [-1, 1) / N(0, 1). */
+void test_fill_uniform(float *x, int64_t n, uint64_t seed);
+void test_fill_normal(float *x, int64_t n, uint64_t seed);
+
+/* Asserts |a - b| <= tol (prints both). */
+#define assert_close(a, b, tol)                                                                    \
+    do {                                                                                           \
+        double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);                             \
+        if (!(a_ - b_ <= t_ && b_ - a_ <= t_))                                                     \
+            fail_msg("%s = %.9g, %s = %.9g, |diff| %.3g > %.3g", #a, a_, #b, b_,                   \
+                     a_ > b_ ? a_ - b_ : b_ - a_, t_);                                             \
+    } while (0)
+
+#define assert_ok(expr)                                                                            \
+    do {                                                                                           \
+        keel_status s_ = (expr);                                                                   \
+        if (s_ != KEEL_OK) fail_msg("%s returned %s (%s)", #expr, keel_status_name(s_),            \
+                                    keel_strerror(s_));                                            \
+    } while (0)
+
+#define assert_status(expr, want)                                                                  \
+    do {                                                                                           \
+        keel_status s_ = (expr), w_ = (want);                                                      \
+        if (s_ != w_) fail_msg("%s returned %s, want %s", #expr, keel_status_name(s_),             \
+                               keel_status_name(w_));                                              \
+    } while (0)
+
+#endif
