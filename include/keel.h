@@ -181,6 +181,41 @@ keel_status keel_dtype_row_bytes(keel_dtype dtype, int64_t n, size_t *out);
 bool keel_dtype_can_quantize(keel_dtype dtype);
 
 /* ======================================================================== */
+/* Rotary position embedding parameters                                     */
+/* ======================================================================== */
+
+typedef enum keel_rope_type {
+    KEEL_ROPE_NONE = -1, /* no rotation (e.g. recurrent layers) */
+    KEEL_ROPE_NORM = 0,  /* rotate adjacent pairs (x[2i], x[2i+1]) (llama) */
+    KEEL_ROPE_NEOX = 2,  /* rotate halves (x[i], x[i + n_rot/2]) (neox, qwen, gemma) */
+} keel_rope_type;
+
+/*
+ * RoPE as GGUF carries it. Dimension pair i (0 <= i < n_rot/2) of a token at
+ * position p is rotated by p * theta_i, theta_i = freq_base^(-2i/n_rot)
+ * (divided by freq_factors[i] when given), with linear scaling
+ * (freq_scale = 1/factor) and YaRN's ramp between interpolated and
+ * extrapolated angles when ext_factor > 0. Angles are computed in double
+ * precision, so rotations stay accurate for positions up to 2^24.
+ */
+typedef struct keel_rope {
+    keel_rope_type type;
+    int32_t n_rot;         /* rotated dims per head: even, <= head_dim */
+    float freq_base;       /* theta base, e.g. 10000 */
+    float freq_scale;      /* 1 / linear scaling factor; 1 = none */
+    float ext_factor;      /* YaRN extrapolation mix; 0 = off */
+    float attn_factor;     /* YaRN magnitude multiplier; 1 = none */
+    float beta_fast;       /* YaRN ramp, e.g. 32 */
+    float beta_slow;       /* YaRN ramp, e.g. 1 */
+    int32_t n_ctx_orig;    /* YaRN: original training context */
+    const float *freq_factors; /* optional [n_rot/2] divisors of theta_i, NULL = none;
+                                  borrowed, must outlive the user */
+} keel_rope;
+
+/* Llama defaults: NORM, base 10000, no scaling (n_rot must be set). */
+keel_rope keel_rope_default(void);
+
+/* ======================================================================== */
 /* Benchmarks                                                               */
 /* ======================================================================== */
 

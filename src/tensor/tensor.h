@@ -2,15 +2,182 @@
  * tensor.h — private interface of src/tensor: dtypes and quant formats,
  * kernels (dot, matvec, matmul, rope, wht, norms, softmax), SIMD dispatch.
  * Depends only on src/base.
+ *
+ * Conventions
+ *   - Rows: a matrix W of n_rows x n_cols in dtype t is n_rows contiguous
+ *     rows of tensor_row_bytes(t, n_cols) bytes (GGUF's layout: ne[0] =
+ *     n_cols is the fastest dimension). y = W x means y[r] = dot(W[r,:], x).
+ *   - Every kernel has a scalar reference and, where it matters, an
+ *     AVX2/FMA path chosen at run time by cpuid. tensor_set_simd(false)
+ *     forces the scalar paths (tests compare the two; benchmarks time both).
+ *     Where a format defines bytes (quantize), both paths produce identical
+ *     bytes.
+ *   - Hot-path kernels allocate nothing: scratch comes from a caller's arena
+ *     (KEEL_ESCRATCH if it does not fit) or caller buffers.
  */
 #ifndef KEEL_TENSOR_H
 #define KEEL_TENSOR_H
 
 #include "../base/base.h"
 
+/* ---- dtype table (dtype.c) ---------------------------------------------- */
+
 /* True for an id in the dtype table. */
 bool tensor_dtype_valid(keel_dtype t);
 /* Row bytes of n elements, 0 if invalid (n not a block multiple, unknown). */
 size_t tensor_row_bytes(keel_dtype t, int64_t n);
+
+/* ---- CPU features and dispatch ------------------------------------------ */
+
+typedef struct tensor_cpu {
+    bool avx2, fma, f16c, bmi2;
+    bool avx512f, avx512bw, avx512vl, avx512vnni, avxvnni;
+} tensor_cpu;
+
+/* Features of this CPU (cpuid + OS support via xgetbv). Static storage. */
+const tensor_cpu *tensor_cpu_features(void);
+/* Enables (default) or disables the SIMD paths process-wide; returns the
+ * previous setting. Not thread-safe: call between jobs. */
+bool tensor_set_simd(bool enabled);
+/* True when SIMD paths are in use (enabled and supported). */
+bool tensor_simd_active(void);
+/* "avx2+fma" / "scalar": what is in use now. */
+const char *tensor_simd_name(void);
+
+/* ---- half precision ----------------------------------------------------- */
+
+/* IEEE binary16 and bfloat16 conversions, round-to-nearest-even, exact
+ * (identical to F16C's _cvtss_sh(x, 0) / _cvtsh_ss). */
+float tensor_f16_to_f32(uint16_t h);
+uint16_t tensor_f32_to_f16(float f);
+float tensor_bf16_to_f32(uint16_t h);
+uint16_t tensor_f32_to_bf16(float f);
+
+/* ---- quantize / dequantize ---------------------------------------------- */
+
+/* Quantizes n floats (a multiple of the block size) into y
+ * (tensor_row_bytes(t, n) bytes). KEEL_EINVAL for a bad n, KEEL_EUNSUPPORTED
+ * for a type keel cannot write. Allocates nothing. */
+keel_status tensor_quantize_row(keel_dtype t, const float *x, void *y, int64_t n);
+/* Dequantizes n elements of row x into y. KEEL_EINVAL / KEEL_EUNSUPPORTED. */
+keel_status tensor_dequantize_row(keel_dtype t, const void *x, float *y, int64_t n);
+
+/* ---- dot products ------------------------------------------------------- */
+
+/* The activation type a weight dtype's vec_dot takes:
+ *   f32, f16, bf16 -> f32;  q4_0, q5_0, q8_0 -> q8_0;  q4_1, q5_1 -> q8_1;
+ *   q2_K..q6_K -> q8_K. */
+keel_dtype tensor_vec_dot_type(keel_dtype w);
+
+/* Dot of n elements: w (dtype t) with x (dtype tensor_vec_dot_type(t)).
+ * n must be a multiple of both block sizes. No checks: hot path. */
+float tensor_vec_dot(keel_dtype t, int64_t n, const void *w, const void *x);
+
+/* y[0..n) += a * dequantize(row), for every dtype tensor_dequantize_row
+ * accepts. Hot path of attention's V accumulation. No checks. */
+void tensor_axpy_row(keel_dtype t, int64_t n, float a, const void *row, float *y);
+
+/* f32 helpers (SIMD-dispatched). */
+float tensor_dot_f32(const float *a, const float *b, int64_t n);
+void tensor_axpy_f32(float *y, float a, const float *x, int64_t n); /* y += a x */
+void tensor_scale_f32(float *y, float a, int64_t n);                /* y *= a */
+void tensor_add_f32(float *y, const float *x, int64_t n);           /* y += x */
+void tensor_mul_f32(float *y, const float *x, int64_t n);           /* y *= x (elementwise) */
+
+/* ---- matrix-vector and matrix-matrix ------------------------------------ */
+
+/* Scratch bytes tensor_matvec needs from its arena for this shape. */
+size_t tensor_matvec_scratch_bytes(keel_dtype t, int64_t n_cols);
+
+/* y[r] = W[r,:] . x for r in [0, n_rows). x is f32 [n_cols]; it is
+ * converted once to tensor_vec_dot_type(t) in scratch. Rows are split
+ * across the pool's threads (pool may be NULL). KEEL_ESCRATCH when the
+ * arena is too small (arena unchanged), KEEL_EINVAL for a bad shape. */
+keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                          const float *x, float *y, base_pool *pool, base_arena *scratch);
+
+/* Scratch bytes tensor_matmul needs for this shape with n_threads threads. */
+size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols, int64_t n_tok,
+                                   int n_threads);
+
+/* Y[i][r] = X[i,:] . W[r,:] for i in [0, n_tok), r in [0, n_rows):
+ * X is f32 [n_tok][n_cols], Y is f32 [n_tok][n_rows] (row stride n_rows).
+ * Prefill GEMM: OpenBLAS sgemm (single-threaded per pool thread) for f32,
+ * dequantized tiles or a tiled quantized kernel for other dtypes (see
+ * docs/kernels.md for which, by measurement). Falls back to tensor_matvec
+ * per token when n_tok is small. KEEL_ESCRATCH / KEEL_EINVAL as above. */
+keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                          const float *X, int64_t n_tok, float *Y, base_pool *pool,
+                          base_arena *scratch);
+
+/* ---- RoPE (rope.c) ------------------------------------------------------ */
+
+/*
+ * Per-dimension angle rates for RoPE parameters: for dimension pair
+ * i in [0, n_rot/2), the angle at position p is p * rate[i] (double), and
+ * *mscale the YaRN magnitude factor (1 when YaRN is off). Rates include
+ * freq_scale, freq_factors and the YaRN ramp. KEEL_EINVAL for bad params.
+ */
+keel_status tensor_rope_rates(const keel_rope *r, double *rate, float *mscale);
+
+/* Fills cs[2*i] = cos(angle_i) * m, cs[2*i + 1] = sin(angle_i) * m for
+ * i in [0, n_rot/2), angle_i = pos * rate[i] in double precision. */
+void tensor_rope_cos_sin(const double *rate, int32_t n_rot, double pos, float m, float *cs);
+
+/* Rotates the first n_rot dims of each of n_heads heads of x (head stride
+ * head_dim floats) by the table cs (from tensor_rope_cos_sin), in the
+ * NORM (adjacent pairs) or NEOX (halves) layout. */
+void tensor_rope_apply(keel_rope_type type, int32_t n_rot, const float *cs, float *x,
+                       int64_t n_heads, int64_t head_dim);
+
+/* Convenience: rotate x to position pos (includes the YaRN magnitude). */
+keel_status tensor_rope(const keel_rope *r, float *x, int64_t n_heads, int64_t head_dim,
+                        int64_t pos);
+
+/* Position edits: rotate by delta positions with magnitude 1, so that
+ * rope_delta(rope(x, a), b) == rope(x, a + b). delta may be negative. */
+keel_status tensor_rope_delta(const keel_rope *r, float *x, int64_t n_heads, int64_t head_dim,
+                              int64_t delta);
+
+/* ---- Walsh-Hadamard transform (wht.c) ------------------------------------ */
+
+/* In-place normalized fast Walsh-Hadamard transform of n floats (n a power
+ * of two, 2..4096): x <- H x / sqrt(n). Orthonormal and its own inverse. */
+void tensor_wht(float *x, int64_t n);
+
+/* The seeded random-sign diagonal: signs[i] = +-1.0f, a pure function of
+ * (seed, i). */
+void tensor_wht_signs(uint64_t seed, int64_t n, float *signs);
+
+/* Rotation with the sign diagonal D (NULL = identity):
+ * forward x <- H D x, inverse x <- D H x (its exact inverse). */
+void tensor_wht_forward(float *x, int64_t n, const float *signs);
+void tensor_wht_inverse(float *x, int64_t n, const float *signs);
+
+/* ---- norms and activations (ops.c) ------------------------------------- */
+
+/* y = x / sqrt(mean(x^2) + eps) * w (w NULL: no weight). y may alias x. */
+void tensor_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps);
+/* y = (x - mean) / sqrt(var + eps) * w + b (w, b may be NULL). y may alias x. */
+void tensor_layernorm(float *y, const float *x, const float *w, const float *b, int64_t n,
+                      float eps);
+/* x <- x / max(||x||_2, eps). */
+void tensor_l2norm(float *x, int64_t n, float eps);
+/* In-place numerically stable softmax (subtracts the max; -inf entries -> 0). */
+void tensor_softmax(float *x, int64_t n);
+void tensor_silu(float *x, int64_t n);     /* x * sigmoid(x) */
+void tensor_gelu(float *x, int64_t n);     /* tanh approximation */
+void tensor_gelu_erf(float *x, int64_t n); /* exact erf form */
+void tensor_sigmoid(float *x, int64_t n);
+void tensor_softplus(float *x, int64_t n); /* log(1 + e^x), stable */
+/* gate <- silu(gate) * up (SwiGLU). */
+void tensor_swiglu(float *gate, const float *up, int64_t n);
+/* gate <- gelu(gate) * up (GeGLU, tanh approximation). */
+void tensor_geglu(float *gate, const float *up, int64_t n);
+/* x <- cap * tanh(x / cap). */
+void tensor_softcap(float *x, int64_t n, float cap);
+/* Indices of the k largest values of x[0..n), largest first, ties to the
+ * lower index. k <= n. idx has room for k. Allocates nothing (O(n log k)). */
+void tensor_topk(const float *x, int64_t n, int64_t k, int32_t *idx);
 
 #endif /* KEEL_TENSOR_H */
