@@ -232,6 +232,223 @@ typedef void (*keel_write_fn)(void *user, const char *text, size_t n);
  */
 keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_fn out, void *user);
 
+/* ======================================================================== */
+/* Memory core: the KV cache                                                */
+/* ======================================================================== */
+/*
+ * A keel_mem holds the attention memory of a model: for each layer, K and V
+ * rows of every cached token. Layers of the same kind (full attention, or
+ * sliding with the same window and sinks) share one cell table: per-cell
+ * metadata (position, sequence set, placement stamp) and, registered with
+ * it, one column per per-token datum (K rows, V rows, ...). Every operation
+ * that frees, moves or copies cells goes through the table, which applies it
+ * to all of its columns. docs/memory.md explains the model.
+ *
+ * Usage per batch ("ubatch") of tokens:
+ *   1. keel_mem_place()  — validates positions and sequences, evicts what
+ *      sliding rings no longer need, finds cells: cells[group][token].
+ *   2. keel_mem_write()  — per layer: stores the tokens' K (RoPE already
+ *      applied at their positions) and V rows; rotation and quantization
+ *      happen here.
+ *   3. keel_mem_attend() — per layer: softmax(QK^T * scale + mask) V for
+ *      query tokens, over every visible cell (causal, sequence and sliding
+ *      masks).
+ * Sequence edits (seq_rm, seq_cp, seq_keep, seq_add, seq_div, clear) are
+ * validated first and committed second: a failure changes nothing.
+ *
+ * Sliding layers: a sequence's cells in a sliding table are its n_sink
+ * lowest-position cells (the sinks; never evicted) and the cells the most
+ * recent placement still needs (positions > p_first - window). Cells older
+ * than that are forgotten at the next placement; the mask lets a query at
+ * position p see the sinks and keys at positions in (p - window, p]. The
+ * ring's capacity is n_seq * (n_sink + window) + n_batch_max per stream, so
+ * placement never fails for lack of room. Physical rows come only from the
+ * table; logical counts and positions are never used as row bounds.
+ *
+ * Thread-safety: a keel_mem is used by one thread at a time; it runs its
+ * own worker threads (n_threads) inside keel_mem_attend and position edits.
+ */
+
+typedef struct keel_mem keel_mem;
+
+typedef enum keel_mem_layer_kind {
+    KEEL_MEM_LAYER_FULL = 0,    /* full causal attention */
+    KEEL_MEM_LAYER_SLIDING = 1, /* ring: sinks + last `window` positions */
+    KEEL_MEM_LAYER_NONE = 2,    /* no KV (recurrent or attention-free layer) */
+} keel_mem_layer_kind;
+
+/* Hadamard rotation of stored rows: each head's row is split into blocks of
+ * `block` elements and each block stored as H D x (H normalized
+ * Walsh-Hadamard, D the random-sign diagonal of `seed`). */
+typedef struct keel_mem_rot {
+    bool enabled;
+    int32_t block;  /* power of two in [32, 512] dividing head_dim; 0 = the
+                       largest such power of two */
+    uint64_t seed;  /* sign diagonal seed; 0 = no signs (plain H) */
+} keel_mem_rot;
+
+typedef struct keel_mem_layer {
+    keel_mem_layer_kind kind;
+    int32_t window;     /* sliding: keys at positions (p - window, p] are visible */
+    int32_t n_sink;     /* sliding: lowest positions of a sequence always kept and visible */
+    int32_t n_kv_heads;
+    int32_t n_heads;    /* query heads attending this layer (multiple of n_kv_heads);
+                           0 = n_kv_heads. Sizes attention scratch. */
+    int32_t head_dim_k;
+    int32_t head_dim_v;
+    keel_dtype k_dtype; /* f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 */
+    keel_dtype v_dtype;
+    keel_mem_rot k_rot;
+    keel_mem_rot v_rot;
+    keel_rope rope;     /* RoPE of the stored keys, for position edits; type NONE
+                           if keys carry no position */
+} keel_mem_layer;
+
+/* A full-attention layer with 1 KV head of dim 64, f16 K/V, no rotation,
+ * rope NORM over the whole head (set n_kv_heads/head dims/rope as needed). */
+keel_mem_layer keel_mem_layer_default(void);
+
+typedef struct keel_mem_config {
+    const keel_mem_layer *layers; /* [n_layers]; copied at open */
+    int32_t n_layers;
+    int32_t n_seq_max;   /* sequence ids are 0 .. n_seq_max-1 (<= 256) */
+    int32_t n_ctx;       /* cells of each full-attention table (per stream) */
+    bool unified;        /* true: all sequences share one table per group;
+                            false: one stream (table per group) per sequence */
+    int32_t n_batch_max; /* most tokens per keel_mem_place / keel_mem_attend */
+    int32_t n_threads;   /* threads for attention and edits; 0 = all CPUs */
+} keel_mem_config;
+
+/* n_seq_max 1, n_ctx 4096, unified, n_batch_max 512, n_threads 0, no layers. */
+keel_mem_config keel_mem_config_default(void);
+
+/* Exact bytes keel_mem_open will allocate for cfg (tables, columns,
+ * scratch, the object itself), computed before allocating anything.
+ * Validates cfg like keel_mem_open. */
+keel_status keel_mem_config_bytes(const keel_mem_config *cfg, size_t *bytes);
+
+/* Opens a memory for cfg. KEEL_EINVAL (bad config; detail in *err if err is
+ * not NULL, err has room for 256 bytes), KEEL_EUNSUPPORTED (dtype/head_dim
+ * combination), KEEL_ENOMEM, KEEL_EOVERFLOW. *out is NULL on failure. */
+keel_status keel_mem_open(const keel_mem_config *cfg, keel_mem **out, char *err);
+void keel_mem_close(keel_mem *mem);
+
+/* Detail of the last failed operation on mem ("" if none). Valid until the
+ * next call on mem. */
+const char *keel_mem_last_error(const keel_mem *mem);
+
+/* Number of cell tables groups (distinct layer kinds) and the group of a
+ * layer (-1 for KEEL_MEM_LAYER_NONE). */
+int32_t keel_mem_n_groups(const keel_mem *mem);
+int32_t keel_mem_layer_group(const keel_mem *mem, int32_t layer);
+
+/* A batch of tokens to place. Token i has position pos[i] and belongs to
+ * the sequences seq_id[i][0 .. n_seq_id[i]) (n_seq_id NULL: one sequence,
+ * seq_id1[i]). Positions of one sequence must continue it: the first token
+ * of s in the batch is at seq_pos_max(s) + 1 (any position >= 0 if s is
+ * empty), the next at +1 each. */
+typedef struct keel_mem_batch {
+    int32_t n_tokens;
+    const int32_t *pos;            /* [n_tokens] */
+    const int32_t *seq_id1;        /* [n_tokens] one sequence per token, or NULL */
+    const int32_t *n_seq_id;       /* [n_tokens] or NULL */
+    const int32_t *const *seq_id;  /* [n_tokens][n_seq_id[i]] or NULL */
+} keel_mem_batch;
+
+/*
+ * Places a batch: cells[g * n_tokens + i] receives the cell of token i in
+ * group g (cells has room for n_groups * n_tokens). KEEL_EINVAL (bad
+ * sequence id, position gap or out of order, n_tokens > n_batch_max),
+ * KEEL_EFULL (a full-attention table has too few free cells). All or
+ * nothing. Allocates nothing.
+ */
+keel_status keel_mem_place(keel_mem *mem, const keel_mem_batch *batch, int32_t *cells);
+
+/*
+ * Stores K and V rows of layer for n tokens at cells (from keel_mem_place,
+ * group of the layer): k is f32 [n][n_kv_heads][head_dim_k] with RoPE
+ * already applied at each token's position, v f32 [n][n_kv_heads][head_dim_v].
+ * Rows are rotated (if enabled) then quantized. KEEL_EINVAL for a layer
+ * without KV, an empty cell or a cell out of range.
+ */
+keel_status keel_mem_write(keel_mem *mem, int32_t layer, int32_t n, const int32_t *cells,
+                           const float *k, const float *v);
+
+/* Attention of query tokens over the cache of one layer. */
+typedef struct keel_mem_attn {
+    int32_t n_tokens;
+    int32_t n_heads;         /* query heads, a multiple of n_kv_heads (GQA) */
+    const float *q;          /* [n_tokens][n_heads][head_dim_k], RoPE applied */
+    const int32_t *pos;      /* [n_tokens] query positions */
+    const int32_t *seq;      /* [n_tokens] the sequence each query attends in */
+    float *out;              /* [n_tokens][n_heads][head_dim_v] */
+    float scale;             /* 0: 1/sqrt(head_dim_k) */
+    float softcap;           /* > 0: s <- softcap * tanh(s / softcap) */
+    const float *sinks;      /* [n_heads] learned sink logits, or NULL */
+} keel_mem_attn;
+
+/* Computes out. Accumulates in f32 with an online softmax; splits the KV
+ * range across threads for long contexts. A query that sees no cell (and
+ * has no sink logit) gets zeros. KEEL_EINVAL for bad shapes or sequence
+ * ids. Allocates nothing (scratch reserved at open). */
+keel_status keel_mem_attend(keel_mem *mem, int32_t layer, const keel_mem_attn *a);
+
+/* Sequence edits. seq < 0 means every sequence where noted; p0 < 0 means 0
+ * and p1 < 0 means +infinity. Each validates first and commits second. */
+
+/* Removes cells of seq (all seqs if seq < 0) with p0 <= pos < p1.
+ * KEEL_ERANGE for an empty range (p1 <= p0 with both given). */
+keel_status keel_mem_seq_rm(keel_mem *mem, int32_t seq, int32_t p0, int32_t p1);
+/* Makes dst share src's cells with p0 <= pos < p1 (copies them into dst's
+ * stream when streams are separate). KEEL_EFULL if they do not fit. */
+keel_status keel_mem_seq_cp(keel_mem *mem, int32_t src, int32_t dst, int32_t p0, int32_t p1);
+/* Drops every sequence but seq. */
+keel_status keel_mem_seq_keep(keel_mem *mem, int32_t seq);
+/* Adds delta to the positions of seq's cells in [p0, p1) and rotates their
+ * stored keys by delta. Cells shared with other sequences are split first
+ * (copy on write), so other sequences are untouched. KEEL_ERANGE if a
+ * position would become negative; KEEL_EFULL if no room to split. */
+keel_status keel_mem_seq_add(keel_mem *mem, int32_t seq, int32_t p0, int32_t p1, int32_t delta);
+/* Divides the positions of seq's cells in [p0, p1) by d (integer, > 0),
+ * correcting stored keys. */
+keel_status keel_mem_seq_div(keel_mem *mem, int32_t seq, int32_t p0, int32_t p1, int32_t d);
+/* Empties every table. */
+void keel_mem_clear(keel_mem *mem);
+
+/* Smallest / largest position of seq over all tables; -1 if it has no cell. */
+int32_t keel_mem_seq_pos_min(const keel_mem *mem, int32_t seq);
+int32_t keel_mem_seq_pos_max(const keel_mem *mem, int32_t seq);
+/* Smallest p0 such that seq_rm(seq, p0, -1) leaves a memory equal to
+ * recomputing the kept prefix (sliding rings may have forgotten keys that
+ * a query at p0 would need); 0 when there is no sliding group. */
+int32_t keel_mem_seq_rewind_min(const keel_mem *mem, int32_t seq);
+/* True when stored keys can follow position edits (seq_add / seq_div). */
+bool keel_mem_can_shift(const keel_mem *mem);
+
+typedef struct keel_mem_stats {
+    int64_t cells_used;    /* occupied cells over all tables */
+    int64_t cells_cap;     /* cells over all tables */
+    size_t bytes_used;     /* column bytes of occupied cells */
+    size_t bytes_total;    /* everything keel_mem_open allocated */
+    size_t scratch_bytes;  /* the scratch arena's reservation */
+    size_t scratch_high;   /* its high-water mark since open */
+    int64_t tokens_placed; /* logical cursor: tokens ever placed */
+} keel_mem_stats;
+
+void keel_mem_stats_get(const keel_mem *mem, keel_mem_stats *out);
+/* Cells used by one group (all streams). */
+int64_t keel_mem_group_cells_used(const keel_mem *mem, int32_t group);
+
+/* Checks every invariant of docs/memory.md (design.md section 3) on the
+ * live memory: table metadata, column descriptors and sizes, sequence sets,
+ * sliding retention, agreement between groups, finite stored rows.
+ * KEEL_EINTERNAL with the first violation in keel_mem_last_error. */
+keel_status keel_mem_check(keel_mem *mem);
+
+/* 64-bit digest of all metadata and every column byte (tests: "nothing
+ * changed" after a refused operation). */
+uint64_t keel_mem_digest(const keel_mem *mem);
+
 /* KEEL_SECTION_MEMORY */
 
 /* KEEL_SECTION_MODEL */

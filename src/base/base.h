@@ -155,6 +155,9 @@ typedef void (*base_task_fn)(void *ctx, int64_t task, int thread);
  * failure (nothing leaked). */
 keel_status base_pool_open(int n_threads, base_pool **out);
 void base_pool_close(base_pool *pool);
+/* Bytes base_pool_open(n_threads) allocates through the hooks (thread
+ * stacks are the system's and not included). */
+size_t base_pool_bytes(int n_threads);
 int base_pool_threads(const base_pool *pool);
 /* Runs fn over [0, n_tasks), tasks handed out dynamically, and returns when
  * all are done. pool may be NULL (runs inline on thread 0). */

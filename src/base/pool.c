@@ -25,9 +25,15 @@
 #define POOL_PAUSE() ((void)0)
 #endif
 
+typedef struct pool_worker_arg {
+    base_pool *pool;
+    int tid;
+} pool_worker_arg;
+
 struct base_pool {
     int n_threads;       /* including the caller */
     pthread_t *workers;  /* [n_threads - 1] */
+    pool_worker_arg *args;   /* [n_threads - 1] */
     int n_started;       /* workers actually started */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -42,11 +48,6 @@ struct base_pool {
     void *ctx;
     bool per_thread;
 };
-
-typedef struct pool_worker_arg {
-    base_pool *pool;
-    int tid;
-} pool_worker_arg;
 
 static void pool_do_job(base_pool *p, int tid)
 {
@@ -64,7 +65,6 @@ static void pool_do_job(base_pool *p, int tid)
 static void *pool_worker_main(void *arg)
 {
     pool_worker_arg a = *(pool_worker_arg *)arg;
-    base_free(arg, sizeof(pool_worker_arg));
     base_pool *p = a.pool;
     uint64_t seen = 0;
     for (;;) {
@@ -116,7 +116,8 @@ keel_status base_pool_open(int n_threads, base_pool **out)
         return KEEL_OK;
     }
     p->workers = base_calloc((size_t)n_threads - 1, sizeof(pthread_t));
-    if (!p->workers) {
+    p->args = base_calloc((size_t)n_threads - 1, sizeof(pool_worker_arg));
+    if (!p->workers || !p->args) {
         base_pool_close(p);
         return KEEL_ENOMEM;
     }
@@ -128,15 +129,10 @@ keel_status base_pool_open(int n_threads, base_pool **out)
     pthread_attr_setstacksize(&attr, POOL_STACK_BYTES);
     keel_status st = KEEL_OK;
     for (int i = 1; i < n_threads; i++) {
-        pool_worker_arg *a = base_alloc(sizeof *a);
-        if (!a) {
-            st = KEEL_ENOMEM;
-            break;
-        }
+        pool_worker_arg *a = &p->args[i - 1];
         a->pool = p;
         a->tid = i;
         if (pthread_create(&p->workers[i - 1], &attr, pool_worker_main, a) != 0) {
-            base_free(a, sizeof *a);
             st = KEEL_EINTERNAL;
             break;
         }
@@ -161,9 +157,20 @@ void base_pool_close(base_pool *p)
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_started; i++) pthread_join(p->workers[i], NULL);
     if (p->workers) base_free(p->workers, ((size_t)p->n_threads - 1) * sizeof(pthread_t));
+    if (p->args) base_free(p->args, ((size_t)p->n_threads - 1) * sizeof(pool_worker_arg));
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
     base_free(p, sizeof *p);
+}
+
+size_t base_pool_bytes(int n_threads)
+{
+    if (n_threads <= 0) n_threads = keel_cpu_count();
+    if (n_threads > 256) n_threads = 256;
+    size_t bytes = sizeof(base_pool);
+    if (n_threads > 1)
+        bytes += ((size_t)n_threads - 1) * (sizeof(pthread_t) + sizeof(pool_worker_arg));
+    return bytes;
 }
 
 int base_pool_threads(const base_pool *p)

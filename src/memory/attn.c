@@ -1,0 +1,464 @@
+/*
+ * attn.c — attention over the cache: out = softmax(q K^T * scale + mask) V.
+ *
+ * Method
+ *   - Queries are rotated into each column's storage basis (H D q when K is
+ *     Hadamard-rotated) and converted once to the K dtype's vec_dot type
+ *     (q8_0 / q8_1 for quantized K, f32 otherwise), so scores are dot
+ *     products against stored rows without decoding them.
+ *   - Work is split into tasks of (token block, KV range). A task walks its
+ *     cells in blocks, computes visibility for each token once, and for each
+ *     KV head reads each K and V row once for all query heads of the GQA
+ *     group and all tokens of the block.
+ *   - Online softmax in f32: per (token, head) a running max m, sum l and
+ *     accumulator acc; V rows are accumulated in the V column's storage
+ *     basis and the rotation is undone once on the output (D H acc).
+ *   - Long contexts with few query tokens split the cell range across
+ *     threads; partial (m, l, acc) are merged afterwards.
+ *   - Learned sink logits add exp(sink - m) to the denominator only.
+ *   - Scores are scaled, then soft-capped (cap * tanh(s / cap)), then masked.
+ *
+ * Scratch (reserved at open by mem_attn_scratch_bytes): prepared queries for
+ * n_batch_max tokens, per-thread score tiles, partials for split tasks. None
+ * of it depends on the context length.
+ */
+#include "memory.h"
+
+#include <math.h>
+#include <string.h>
+
+#define ATTN_TB 32 /* query tokens per block */
+#define ATTN_CB 32 /* cells per block */
+#define ATTN_SPLIT_MIN_CELLS 512
+
+typedef struct attn_dims {
+    int32_t n_heads_max, g_max, dk_max, dv_max;
+    size_t qrow_max; /* bytes of one prepared query row (vec_dot type) */
+} attn_dims;
+
+static attn_dims dims_of(const keel_mem_config *cfg, const keel_mem_layer *layers)
+{
+    attn_dims d = {1, 1, 1, 1, 4};
+    for (int32_t i = 0; i < cfg->n_layers; i++) {
+        const keel_mem_layer *l = &layers[i];
+        if (l->kind == KEEL_MEM_LAYER_NONE) continue;
+        int32_t nh = l->n_heads ? l->n_heads : l->n_kv_heads;
+        d.n_heads_max = BASE_MAX(d.n_heads_max, nh);
+        d.g_max = BASE_MAX(d.g_max, nh / BASE_MAX(l->n_kv_heads, 1));
+        d.dk_max = BASE_MAX(d.dk_max, l->head_dim_k);
+        d.dv_max = BASE_MAX(d.dv_max, l->head_dim_v);
+        keel_dtype vt = tensor_vec_dot_type(l->k_dtype);
+        size_t rb = tensor_row_bytes(vt, l->head_dim_k);
+        d.qrow_max = BASE_MAX(d.qrow_max, rb);
+    }
+    return d;
+}
+
+static int32_t max_partials(int32_t n_threads)
+{
+    return 4 * n_threads + 4;
+}
+
+static inline size_t up64(size_t x)
+{
+    return (x + (BASE_ALIGN - 1)) & ~(size_t)(BASE_ALIGN - 1);
+}
+
+/* per-thread layout: scores [TB * G][CB] f32 | vis [CB][TB] u8 | idx [CB] i32 |
+ * m, l [TB * n_heads] f32 each */
+typedef struct thread_layout {
+    size_t vis, idx, ml, total;
+} thread_layout;
+
+static thread_layout layout_of(const attn_dims *d)
+{
+    thread_layout l;
+    l.vis = up64((size_t)ATTN_TB * (size_t)d->g_max * ATTN_CB * sizeof(float));
+    l.idx = l.vis + up64((size_t)ATTN_CB * ATTN_TB);
+    l.ml = l.idx + up64((size_t)ATTN_CB * sizeof(int32_t));
+    l.total = l.ml + up64(2 * (size_t)ATTN_TB * (size_t)d->n_heads_max * sizeof(float));
+    return l;
+}
+
+static size_t thread_bytes(const attn_dims *d)
+{
+    return layout_of(d).total;
+}
+
+static size_t partial_floats(const attn_dims *d)
+{
+    return (size_t)ATTN_TB * (size_t)d->n_heads_max * ((size_t)d->dv_max + 2);
+}
+
+size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *layers,
+                              int32_t n_threads, int32_t max_cap)
+{
+    (void)max_cap;
+    attn_dims d = dims_of(cfg, layers);
+    size_t nb = (size_t)cfg->n_batch_max;
+    size_t s = 0;
+    /* prepared queries: f32 rotated + vec_dot rows */
+    s += nb * (size_t)d.n_heads_max * (size_t)d.dk_max * sizeof(float) + BASE_ALIGN;
+    s += nb * (size_t)d.n_heads_max * d.qrow_max + BASE_ALIGN;
+    /* token blocks: table index, first token, count */
+    s += (nb + 1) * 3 * sizeof(int32_t) + BASE_ALIGN;
+    s += thread_bytes(&d) * (size_t)n_threads + BASE_ALIGN;
+    s += (size_t)max_partials(n_threads) * partial_floats(&d) * sizeof(float) + BASE_ALIGN;
+    return s + 4 * BASE_ALIGN;
+}
+
+/* ---- the task ------------------------------------------------------------ */
+
+typedef struct attn_ctx {
+    keel_mem *m;
+    const mem_group *grp;
+    int32_t col;             /* K column index in each table; V = col + 1 */
+    const keel_mem_attn *a;
+    int32_t n_kv, G, dk, dv;
+    keel_dtype kt, vt, qt;   /* K, V dtypes and the query's vec_dot type */
+    size_t qrow;             /* bytes per prepared query row */
+    const float *qf;         /* [n_tokens][n_heads][dk] rotated f32 */
+    const uint8_t *qq;       /* [n_tokens][n_heads][qrow] (qt != f32) */
+    float scale, softcap;
+    /* blocks */
+    int32_t n_blocks;
+    const int32_t *blk_table, *blk_first, *blk_count;
+    int32_t splits;          /* KV ranges per block */
+    float *partials;         /* [n_blocks * splits][TB][n_heads][dv + 2] or NULL */
+    size_t partial_stride;   /* floats per partial task */
+    uint8_t *thread_scratch;
+    size_t thread_bytes;
+    attn_dims d;
+} attn_ctx;
+
+static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
+{
+    int32_t kp = t->pos[c];
+    if (kp < 0 || kp > p || !mem_seq_has(t, c, s)) return false;
+    if (!t->sliding) return true;
+    if ((int64_t)kp > (int64_t)p - t->window) return true;
+    if (t->n_sink == 0 || t->sink_pos[s] < 0) return false;
+    return kp < t->sink_pos[s] || (kp == t->sink_pos[s] && t->stamp[c] <= t->sink_stamp[s]);
+}
+
+static void attn_task(void *vctx, int64_t task, int thread)
+{
+    attn_ctx *x = vctx;
+    const keel_mem_attn *a = x->a;
+    int32_t b = (int32_t)(task / x->splits), sp = (int32_t)(task % x->splits);
+    const mem_table *t = &x->grp->tables[x->blk_table[b]];
+    const mem_col *kc = &t->cols[x->col], *vc = &t->cols[x->col + 1];
+    int32_t t0 = x->blk_first[b], nt = x->blk_count[b];
+    int32_t nh = a->n_heads, G = x->G, dk = x->dk, dv = x->dv;
+    int32_t c_begin = (int32_t)((int64_t)t->cap * sp / x->splits);
+    int32_t c_end = (int32_t)((int64_t)t->cap * (sp + 1) / x->splits);
+
+    uint8_t *ts = x->thread_scratch + (size_t)thread * x->thread_bytes;
+    thread_layout tl = layout_of(&x->d);
+    float *scores = (float *)ts;                   /* [nt * G][CB] */
+    uint8_t *vis = ts + tl.vis;                    /* [CB][TB] */
+    int32_t *idx = (int32_t *)(ts + tl.idx);       /* [CB] */
+    float *mrun = (float *)(ts + tl.ml);           /* [nt][nh] */
+    float *lrun = mrun + (size_t)ATTN_TB * (size_t)x->d.n_heads_max;
+
+    /* accumulators: the output rows (one split) or this task's partial */
+    float *acc_base;
+    size_t acc_tok_stride, acc_head_stride;
+    if (x->partials) {
+        /* [TB][nh][dv | m | l] */
+        acc_base = x->partials + (size_t)task * x->partial_stride;
+        acc_head_stride = (size_t)dv + 2;
+        acc_tok_stride = (size_t)nh * acc_head_stride;
+    } else {
+        acc_base = a->out + (size_t)t0 * (size_t)nh * (size_t)dv;
+        acc_head_stride = (size_t)dv;
+        acc_tok_stride = (size_t)nh * (size_t)dv;
+    }
+    for (int32_t ti = 0; ti < nt; ti++)
+        for (int32_t h = 0; h < nh; h++) {
+            float *acc = acc_base + (size_t)ti * acc_tok_stride + (size_t)h * acc_head_stride;
+            memset(acc, 0, (size_t)dv * sizeof(float));
+            mrun[ti * nh + h] = -INFINITY;
+            lrun[ti * nh + h] = 0.0f;
+        }
+
+    int32_t pmax = INT32_MIN;
+    for (int32_t ti = 0; ti < nt; ti++) pmax = BASE_MAX(pmax, a->pos[t0 + ti]);
+
+    for (int32_t cb = c_begin; cb < c_end; cb += ATTN_CB) {
+        int32_t ce = BASE_MIN(c_end, cb + ATTN_CB);
+        int32_t nvis = 0;
+        for (int32_t c = cb; c < ce; c++) {
+            int32_t kp = t->pos[c];
+            if (kp < 0 || kp > pmax) continue;
+            bool any = false;
+            uint8_t *vrow = vis + (size_t)nvis * ATTN_TB;
+            for (int32_t ti = 0; ti < nt; ti++) {
+                bool v = visible(t, c, a->seq[t0 + ti], a->pos[t0 + ti]);
+                vrow[ti] = v;
+                any |= v;
+            }
+            if (any) idx[nvis++] = c;
+        }
+        if (nvis == 0) continue;
+        for (int32_t hk = 0; hk < x->n_kv; hk++) {
+            /* scores for every (token, query head of the group) */
+            for (int32_t j = 0; j < nvis; j++) {
+                const uint8_t *krow = mem_col_row(t, kc, hk, idx[j]);
+                const uint8_t *vr = vis + (size_t)j * ATTN_TB;
+                for (int32_t ti = 0; ti < nt; ti++) {
+                    for (int32_t g = 0; g < G; g++) {
+                        float *sc = scores + ((size_t)ti * (size_t)G + (size_t)g) * ATTN_CB;
+                        if (!vr[ti]) {
+                            sc[j] = -INFINITY;
+                            continue;
+                        }
+                        int32_t h = hk * G + g;
+                        size_t qi = (size_t)(t0 + ti) * (size_t)nh + (size_t)h;
+                        float s;
+                        if (x->qt == KEEL_DTYPE_F32)
+                            s = tensor_vec_dot(x->kt, dk, krow, x->qf + qi * (size_t)dk);
+                        else
+                            s = tensor_vec_dot(x->kt, dk, krow, x->qq + qi * x->qrow);
+                        s *= x->scale;
+                        if (x->softcap > 0.0f) s = x->softcap * tanhf(s / x->softcap);
+                        sc[j] = s;
+                    }
+                }
+            }
+            /* online softmax update and V accumulation */
+            for (int32_t ti = 0; ti < nt; ti++) {
+                for (int32_t g = 0; g < G; g++) {
+                    int32_t h = hk * G + g;
+                    float *sc = scores + ((size_t)ti * (size_t)G + (size_t)g) * ATTN_CB;
+                    float bmax = -INFINITY;
+                    for (int32_t j = 0; j < nvis; j++) bmax = sc[j] > bmax ? sc[j] : bmax;
+                    if (bmax == -INFINITY) continue;
+                    float *mr = &mrun[ti * nh + h], *lr = &lrun[ti * nh + h];
+                    float *acc = acc_base + (size_t)ti * acc_tok_stride + (size_t)h * acc_head_stride;
+                    float mnew = bmax > *mr ? bmax : *mr;
+                    if (*mr != -INFINITY && mnew != *mr) {
+                        float alpha = expf(*mr - mnew);
+                        tensor_scale_f32(acc, alpha, dv);
+                        *lr *= alpha;
+                    }
+                    *mr = mnew;
+                    float sum = 0.0f;
+                    for (int32_t j = 0; j < nvis; j++) {
+                        if (sc[j] == -INFINITY) continue;
+                        float p = expf(sc[j] - mnew);
+                        sum += p;
+                        tensor_axpy_row(x->vt, dv, p, mem_col_row(t, vc, hk, idx[j]), acc);
+                    }
+                    *lr += sum;
+                }
+            }
+        }
+    }
+
+    if (x->partials) {
+        for (int32_t ti = 0; ti < nt; ti++)
+            for (int32_t h = 0; h < nh; h++) {
+                float *acc = acc_base + (size_t)ti * acc_tok_stride + (size_t)h * acc_head_stride;
+                acc[dv] = mrun[ti * nh + h];
+                acc[dv + 1] = lrun[ti * nh + h];
+            }
+        return;
+    }
+    /* finalize in place: sinks, normalize, undo V rotation */
+    for (int32_t ti = 0; ti < nt; ti++)
+        for (int32_t h = 0; h < nh; h++) {
+            float *acc = acc_base + (size_t)ti * acc_tok_stride + (size_t)h * acc_head_stride;
+            float mr = mrun[ti * nh + h], lr = lrun[ti * nh + h];
+            if (a->sinks) {
+                float sk = a->sinks[h];
+                if (mr == -INFINITY) {
+                    mr = sk;
+                } else if (sk > mr) {
+                    float alpha = expf(mr - sk);
+                    tensor_scale_f32(acc, alpha, dv);
+                    lr *= alpha;
+                    mr = sk;
+                }
+                lr += expf(sk - mr);
+            }
+            if (lr > 0.0f)
+                tensor_scale_f32(acc, 1.0f / lr, dv);
+            else
+                memset(acc, 0, (size_t)dv * sizeof(float));
+            mem_col_unrotate(vc, acc);
+        }
+}
+
+typedef struct merge_ctx {
+    attn_ctx *x;
+} merge_ctx;
+
+/* Merges the splits of block b, token ti (task index = b * TB + ti). */
+static void merge_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    attn_ctx *x = ((merge_ctx *)vctx)->x;
+    const keel_mem_attn *a = x->a;
+    int32_t b = (int32_t)(task / ATTN_TB), ti = (int32_t)(task % ATTN_TB);
+    if (ti >= x->blk_count[b]) return;
+    const mem_table *t = &x->grp->tables[x->blk_table[b]];
+    const mem_col *vc = &t->cols[x->col + 1];
+    int32_t nh = a->n_heads, dv = x->dv;
+    size_t hs = (size_t)dv + 2, tok = (size_t)nh * hs;
+    int32_t tg = x->blk_first[b] + ti;
+    for (int32_t h = 0; h < nh; h++) {
+        float *out = a->out + ((size_t)tg * (size_t)nh + (size_t)h) * (size_t)dv;
+        float M = -INFINITY;
+        for (int32_t sp = 0; sp < x->splits; sp++) {
+            const float *p = x->partials + (size_t)(b * x->splits + sp) * x->partial_stride +
+                             (size_t)ti * tok + (size_t)h * hs;
+            if (p[dv] > M) M = p[dv];
+        }
+        if (a->sinks && a->sinks[h] > M) M = a->sinks[h];
+        memset(out, 0, (size_t)dv * sizeof(float));
+        if (M == -INFINITY) continue;
+        float L = 0.0f;
+        for (int32_t sp = 0; sp < x->splits; sp++) {
+            const float *p = x->partials + (size_t)(b * x->splits + sp) * x->partial_stride +
+                             (size_t)ti * tok + (size_t)h * hs;
+            if (p[dv] == -INFINITY) continue;
+            float w = expf(p[dv] - M);
+            L += p[dv + 1] * w;
+            tensor_axpy_f32(out, w, p, dv);
+        }
+        if (a->sinks) L += expf(a->sinks[h] - M);
+        if (L > 0.0f) tensor_scale_f32(out, 1.0f / L, dv);
+        mem_col_unrotate(vc, out);
+    }
+}
+
+typedef struct prep_ctx {
+    attn_ctx *x;
+    const mem_col *kc;
+    float *qf;
+    uint8_t *qq;
+} prep_ctx;
+
+static void prep_task(void *vctx, int64_t i, int thread)
+{
+    (void)thread;
+    prep_ctx *p = vctx;
+    attn_ctx *x = p->x;
+    int32_t nh = x->a->n_heads, dk = x->dk;
+    for (int32_t h = 0; h < nh; h++) {
+        size_t qi = (size_t)i * (size_t)nh + (size_t)h;
+        float *q = p->qf + qi * (size_t)dk;
+        memcpy(q, x->a->q + qi * (size_t)dk, (size_t)dk * sizeof(float));
+        mem_col_rotate(p->kc, q);
+        if (x->qt != KEEL_DTYPE_F32) (void)tensor_quantize_row(x->qt, q, p->qq + qi * x->qrow, dk);
+    }
+}
+
+keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (!a || !a->q || !a->pos || !a->seq || !a->out)
+        return base_err(m->err, KEEL_EINVAL, "attend: missing arrays");
+    if (layer < 0 || layer >= m->cfg.n_layers || m->layer_group[layer] < 0)
+        return base_err(m->err, KEEL_EINVAL, "attend: layer %d has no KV", layer);
+    const keel_mem_layer *L = &m->layers[layer];
+    int32_t nh_cfg = L->n_heads ? L->n_heads : L->n_kv_heads;
+    if (a->n_tokens < 1 || a->n_tokens > m->cfg.n_batch_max)
+        return base_err(m->err, KEEL_EINVAL, "attend: n_tokens %d (need 1..%d)", a->n_tokens,
+                        m->cfg.n_batch_max);
+    if (a->n_heads < L->n_kv_heads || a->n_heads % L->n_kv_heads || a->n_heads > nh_cfg)
+        return base_err(m->err, KEEL_EINVAL,
+                        "attend: n_heads %d (need a multiple of %d, at most %d)", a->n_heads,
+                        L->n_kv_heads, nh_cfg);
+    for (int32_t i = 0; i < a->n_tokens; i++) {
+        if (a->seq[i] < 0 || a->seq[i] >= m->cfg.n_seq_max)
+            return base_err(m->err, KEEL_EINVAL, "attend: token %d: unknown sequence id %d", i,
+                            a->seq[i]);
+        if (a->pos[i] < 0)
+            return base_err(m->err, KEEL_EINVAL, "attend: token %d: position %d", i, a->pos[i]);
+    }
+    const mem_group *grp = &m->groups[m->layer_group[layer]];
+    int32_t col = m->layer_col[layer];
+    attn_ctx x;
+    memset(&x, 0, sizeof x);
+    x.m = m;
+    x.grp = grp;
+    x.col = col;
+    x.a = a;
+    x.n_kv = L->n_kv_heads;
+    x.G = a->n_heads / L->n_kv_heads;
+    x.dk = L->head_dim_k;
+    x.dv = L->head_dim_v;
+    x.kt = L->k_dtype;
+    x.vt = L->v_dtype;
+    x.qt = tensor_vec_dot_type(L->k_dtype);
+    x.qrow = tensor_row_bytes(x.qt, x.dk);
+    x.scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)x.dk);
+    x.softcap = a->softcap;
+    x.d = dims_of(&m->cfg, m->layers);
+
+    /* sinks of sliding tables must be current before threads read them */
+    for (int32_t k = 0; k < grp->n_tables; k++)
+        mem_table_update_sinks(&grp->tables[k], m->cfg.n_seq_max);
+
+    base_arena_reset(&m->scratch);
+    base_arena *ar = &m->scratch;
+    size_t nq = (size_t)a->n_tokens * (size_t)a->n_heads;
+    float *qf = base_arena_take_n(ar, nq * (size_t)x.dk, sizeof(float));
+    uint8_t *qq = x.qt != KEEL_DTYPE_F32 ? base_arena_take_n(ar, nq, x.qrow) : NULL;
+    int32_t *blk = base_arena_take_n(ar, ((size_t)a->n_tokens + 1) * 3, sizeof(int32_t));
+    x.thread_bytes = thread_bytes(&x.d);
+    uint8_t *ts = base_arena_take(ar, x.thread_bytes * (size_t)m->n_threads, BASE_ALIGN);
+    if (!qf || (x.qt != KEEL_DTYPE_F32 && !qq) || !blk || !ts)
+        return base_err(m->err, KEEL_ESCRATCH, "attend: scratch exhausted");
+    x.qf = qf;
+    x.qq = qq;
+    x.thread_scratch = ts;
+
+    /* token blocks: consecutive tokens of one table, at most TB */
+    int32_t *bt = blk, *bf = blk + a->n_tokens + 1, *bc = bf + a->n_tokens + 1;
+    int32_t nb = 0;
+    for (int32_t i = 0; i < a->n_tokens; i++) {
+        int32_t tab = m->n_streams == 1 ? 0 : a->seq[i];
+        if (nb > 0 && bt[nb - 1] == tab && bc[nb - 1] < ATTN_TB) {
+            bc[nb - 1]++;
+        } else {
+            bt[nb] = tab;
+            bf[nb] = i;
+            bc[nb] = 1;
+            nb++;
+        }
+    }
+    x.n_blocks = nb;
+    x.blk_table = bt;
+    x.blk_first = bf;
+    x.blk_count = bc;
+
+    /* split the KV range when there are fewer blocks than threads */
+    int32_t cap = grp->tables[0].cap;
+    x.splits = 1;
+    if (nb < m->n_threads && cap >= 2 * ATTN_SPLIT_MIN_CELLS) {
+        int32_t want = (2 * m->n_threads + nb - 1) / nb;
+        int32_t most = cap / ATTN_SPLIT_MIN_CELLS;
+        x.splits = BASE_MAX(1, BASE_MIN(want, most));
+        if (nb * x.splits > max_partials(m->n_threads)) x.splits = max_partials(m->n_threads) / nb;
+        if (x.splits < 2) x.splits = 1;
+    }
+    if (x.splits > 1) {
+        x.partial_stride = partial_floats(&x.d);
+        x.partials = base_arena_take_n(ar, (size_t)nb * (size_t)x.splits * x.partial_stride,
+                                       sizeof(float));
+        if (!x.partials) return base_err(m->err, KEEL_ESCRATCH, "attend: scratch exhausted");
+    }
+
+    prep_ctx p = {&x, &grp->tables[0].cols[col], qf, qq};
+    base_pool_run(a->n_tokens >= 16 ? m->pool : NULL, a->n_tokens, prep_task, &p);
+    base_pool_run(m->pool, (int64_t)nb * x.splits, attn_task, &x);
+    if (x.splits > 1) {
+        merge_ctx mc = {&x};
+        base_pool_run(m->pool, (int64_t)nb * ATTN_TB, merge_task, &mc);
+    }
+    return KEEL_OK;
+}

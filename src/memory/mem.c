@@ -1,0 +1,1169 @@
+/*
+ * mem.c — the keel_mem object: configuration, the exact memory plan, open
+ * and close, batch placement, K/V writes, sequence edits, queries.
+ *
+ * Everything the memory needs is allocated at open, in one block laid out by
+ * mem_layout (tables, metadata, columns, descriptors), one scratch arena
+ * sized for the largest operation, and the thread pool. keel_mem_config_bytes
+ * runs the same layout without allocating, so the reported size is exact.
+ *
+ * Every public operation validates all of its inputs and capacity first and
+ * only then commits (design.md rule 6); the commit phase cannot fail.
+ */
+#include "memory.h"
+
+#include <limits.h>
+#include <string.h>
+
+/* ---- configuration ------------------------------------------------------- */
+
+keel_mem_layer keel_mem_layer_default(void)
+{
+    keel_mem_layer l;
+    memset(&l, 0, sizeof l);
+    l.kind = KEEL_MEM_LAYER_FULL;
+    l.n_kv_heads = 1;
+    l.head_dim_k = 64;
+    l.head_dim_v = 64;
+    l.k_dtype = KEEL_DTYPE_F16;
+    l.v_dtype = KEEL_DTYPE_F16;
+    l.rope = keel_rope_default();
+    l.rope.n_rot = 64;
+    return l;
+}
+
+keel_mem_config keel_mem_config_default(void)
+{
+    keel_mem_config c;
+    memset(&c, 0, sizeof c);
+    c.n_seq_max = 1;
+    c.n_ctx = 4096;
+    c.unified = true;
+    c.n_batch_max = 512;
+    c.n_threads = 0;
+    return c;
+}
+
+static bool kv_dtype_ok(keel_dtype t)
+{
+    switch (t) {
+    case KEEL_DTYPE_F32:
+    case KEEL_DTYPE_F16:
+    case KEEL_DTYPE_BF16:
+    case KEEL_DTYPE_Q8_0:
+    case KEEL_DTYPE_Q4_0:
+    case KEEL_DTYPE_Q4_1:
+    case KEEL_DTYPE_Q5_0:
+    case KEEL_DTYPE_Q5_1:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Resolves a rotation block for head_dim: the requested one, or the largest
+ * power of two in [32, 512] dividing head_dim. 0 if impossible. */
+static int32_t rot_block(const keel_mem_rot *r, int32_t head_dim)
+{
+    if (r->block > 0) {
+        int32_t b = r->block;
+        if (b < 32 || b > 512 || (b & (b - 1)) || head_dim % b) return 0;
+        return b;
+    }
+    for (int32_t b = 512; b >= 32; b /= 2)
+        if (head_dim % b == 0) return b;
+    return 0;
+}
+
+static keel_status validate_layer(const keel_mem_layer *l, int32_t i, char *err)
+{
+    if (l->kind == KEEL_MEM_LAYER_NONE) return KEEL_OK;
+    if (l->kind != KEEL_MEM_LAYER_FULL && l->kind != KEEL_MEM_LAYER_SLIDING)
+        return base_err(err, KEEL_EINVAL, "layer %d: unknown kind %d", i, (int)l->kind);
+    if (l->n_kv_heads < 1 || l->n_kv_heads > 4096 || l->head_dim_k < 1 || l->head_dim_k > 8192 ||
+        l->head_dim_v < 1 || l->head_dim_v > 8192)
+        return base_err(err, KEEL_EINVAL, "layer %d: bad heads (%d) or head dims (%d, %d)", i,
+                        l->n_kv_heads, l->head_dim_k, l->head_dim_v);
+    int32_t nh = l->n_heads ? l->n_heads : l->n_kv_heads;
+    if (nh < l->n_kv_heads || nh % l->n_kv_heads || nh > 65536)
+        return base_err(err, KEEL_EINVAL,
+                        "layer %d: n_heads %d is not a multiple of n_kv_heads %d", i, nh,
+                        l->n_kv_heads);
+    if (l->kind == KEEL_MEM_LAYER_SLIDING) {
+        if (l->window < 1 || l->n_sink < 0 || l->n_sink > (1 << 20) || l->window > (1 << 28))
+            return base_err(err, KEEL_EINVAL, "layer %d: bad window %d or n_sink %d", i,
+                            l->window, l->n_sink);
+    }
+    const keel_dtype dts[2] = {l->k_dtype, l->v_dtype};
+    const int32_t dims[2] = {l->head_dim_k, l->head_dim_v};
+    const char *names[2] = {"K", "V"};
+    const keel_mem_rot *rots[2] = {&l->k_rot, &l->v_rot};
+    for (int j = 0; j < 2; j++) {
+        if (!kv_dtype_ok(dts[j]))
+            return base_err(err, KEEL_EUNSUPPORTED, "layer %d: %s cache type %s is not supported",
+                            i, names[j], keel_dtype_name(dts[j]) ? keel_dtype_name(dts[j]) : "?");
+        int64_t bs = keel_dtype_block_size(dts[j]);
+        if (dims[j] % bs)
+            return base_err(err, KEEL_EUNSUPPORTED,
+                            "layer %d: %s cache type %s with block size %lld does not divide "
+                            "head_dim %d",
+                            i, names[j], keel_dtype_name(dts[j]), (long long)bs, dims[j]);
+        if (rots[j]->enabled && rot_block(rots[j], dims[j]) == 0)
+            return base_err(err, KEEL_EUNSUPPORTED,
+                            "layer %d: %s rotation block %d invalid for head_dim %d (need a "
+                            "power of two in [32, 512] dividing it)",
+                            i, names[j], rots[j]->block, dims[j]);
+    }
+    const keel_rope *r = &l->rope;
+    if (r->type != KEEL_ROPE_NONE) {
+        if (r->type != KEEL_ROPE_NORM && r->type != KEEL_ROPE_NEOX)
+            return base_err(err, KEEL_EINVAL, "layer %d: unknown rope type %d", i, (int)r->type);
+        if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > l->head_dim_k)
+            return base_err(err, KEEL_EINVAL, "layer %d: rope n_rot %d invalid for head_dim %d",
+                            i, r->n_rot, l->head_dim_k);
+        if (!(r->freq_base > 0.0f) || !(r->freq_scale > 0.0f))
+            return base_err(err, KEEL_EINVAL, "layer %d: rope freq_base/freq_scale must be > 0",
+                            i);
+    }
+    return KEEL_OK;
+}
+
+static keel_status validate_config(const keel_mem_config *cfg, char *err)
+{
+    if (!cfg) return base_err(err, KEEL_EINVAL, "config is NULL");
+    if (cfg->n_layers < 1 || cfg->n_layers > 4096 || !cfg->layers)
+        return base_err(err, KEEL_EINVAL, "n_layers %d (need 1..4096 and a layer array)",
+                        cfg->n_layers);
+    if (cfg->n_seq_max < 1 || cfg->n_seq_max > MEM_SEQ_MAX)
+        return base_err(err, KEEL_EINVAL, "n_seq_max %d (need 1..%d)", cfg->n_seq_max,
+                        MEM_SEQ_MAX);
+    if (cfg->n_ctx < 1 || cfg->n_ctx > (1 << 28))
+        return base_err(err, KEEL_EINVAL, "n_ctx %d (need 1..2^28)", cfg->n_ctx);
+    if (cfg->n_batch_max < 1 || cfg->n_batch_max > (1 << 20))
+        return base_err(err, KEEL_EINVAL, "n_batch_max %d (need 1..2^20)", cfg->n_batch_max);
+    if (cfg->n_threads < 0 || cfg->n_threads > 256)
+        return base_err(err, KEEL_EINVAL, "n_threads %d (need 0..256)", cfg->n_threads);
+    for (int32_t i = 0; i < cfg->n_layers; i++) {
+        keel_status st = validate_layer(&cfg->layers[i], i, err);
+        if (st != KEEL_OK) return st;
+    }
+    return KEEL_OK;
+}
+
+/* ---- layout: one pass counts, the second assigns pointers ----------------- */
+
+typedef struct mem_layout {
+    uint8_t *base; /* NULL while counting */
+    size_t off;
+    bool overflow;
+} mem_layout;
+
+static void *lay_take(mem_layout *l, size_t n, size_t elem)
+{
+    size_t bytes, start, end;
+    if (!size_mul(n, elem, &bytes) || !size_align_up(l->off, BASE_ALIGN, &start) ||
+        !size_add(start, bytes, &end)) {
+        l->overflow = true;
+        return NULL;
+    }
+    l->off = end;
+    return l->base ? l->base + start : NULL;
+}
+
+static bool same_group(const keel_mem_layer *a, const mem_group *g)
+{
+    if (a->kind != g->kind) return false;
+    if (a->kind == KEEL_MEM_LAYER_SLIDING) return a->window == g->window && a->n_sink == g->n_sink;
+    return true;
+}
+
+static int32_t table_cap(const keel_mem_config *cfg, const mem_group *g, int32_t n_streams)
+{
+    if (g->kind == KEEL_MEM_LAYER_FULL) return cfg->n_ctx;
+    int64_t seqs = n_streams == 1 ? cfg->n_seq_max : 1;
+    int64_t ring = seqs * ((int64_t)g->n_sink + g->window) + cfg->n_batch_max;
+    return (int32_t)(ring < cfg->n_ctx ? ring : cfg->n_ctx);
+}
+
+/*
+ * Lays out everything but the keel_mem struct. With l->base == NULL only
+ * counts; m's pointer fields are then left untouched except counts.
+ */
+static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
+{
+    bool assign = l->base != NULL;
+    int32_t nl = cfg->n_layers;
+    int32_t n_streams = cfg->unified ? 1 : cfg->n_seq_max;
+    keel_mem_layer *layers = lay_take(l, (size_t)nl, sizeof(keel_mem_layer));
+    int32_t *layer_group = lay_take(l, (size_t)nl, sizeof(int32_t));
+    int32_t *layer_col = lay_take(l, (size_t)nl, sizeof(int32_t));
+    mem_group *groups = lay_take(l, (size_t)nl, sizeof(mem_group));
+    /* Group the layers (count pass uses a stack-free scan: groups are
+     * determined by comparing with earlier layers). */
+    int32_t n_groups = 0;
+    for (int32_t i = 0; i < nl; i++) {
+        const keel_mem_layer *a = &cfg->layers[i];
+        if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+        bool found = false;
+        for (int32_t j = 0; j < i && !found; j++) {
+            const keel_mem_layer *b = &cfg->layers[j];
+            if (b->kind == a->kind &&
+                (a->kind != KEEL_MEM_LAYER_SLIDING ||
+                 (a->window == b->window && a->n_sink == b->n_sink)))
+                found = true;
+        }
+        if (!found) n_groups++;
+    }
+    if (assign) {
+        memcpy(layers, cfg->layers, (size_t)nl * sizeof(keel_mem_layer));
+        m->cfg = *cfg;
+        m->cfg.layers = layers;
+        m->layers = layers;
+        m->layer_group = layer_group;
+        m->layer_col = layer_col;
+        m->groups = groups;
+        m->n_groups = 0;
+        m->n_streams = n_streams;
+        for (int32_t i = 0; i < nl; i++) {
+            const keel_mem_layer *a = &layers[i];
+            layer_group[i] = -1;
+            layer_col[i] = -1;
+            if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+            int32_t g = 0;
+            while (g < m->n_groups && !same_group(a, &groups[g])) g++;
+            if (g == m->n_groups) {
+                memset(&groups[g], 0, sizeof groups[g]);
+                groups[g].kind = a->kind;
+                groups[g].window = a->kind == KEEL_MEM_LAYER_SLIDING ? a->window : 0;
+                groups[g].n_sink = a->kind == KEEL_MEM_LAYER_SLIDING ? a->n_sink : 0;
+                groups[g].n_tables = n_streams;
+                m->n_groups++;
+            }
+            layer_group[i] = g;
+            layer_col[i] = 2 * groups[g].n_layers;
+            groups[g].n_layers++;
+        }
+    }
+    int32_t seq_words = (cfg->n_seq_max + 63) / 64;
+    for (int32_t g = 0; g < n_groups; g++) {
+        /* in the counting pass, rebuild the group's shape from the layers */
+        mem_group shape;
+        memset(&shape, 0, sizeof shape);
+        int32_t seen = -1;
+        for (int32_t i = 0, k = 0; i < nl; i++) {
+            const keel_mem_layer *a = &cfg->layers[i];
+            if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+            bool first = true;
+            for (int32_t j = 0; j < i && first; j++) {
+                const keel_mem_layer *b = &cfg->layers[j];
+                if (b->kind == a->kind &&
+                    (a->kind != KEEL_MEM_LAYER_SLIDING ||
+                     (a->window == b->window && a->n_sink == b->n_sink)))
+                    first = false;
+            }
+            if (first && k++ == g) {
+                seen = i;
+                break;
+            }
+        }
+        const keel_mem_layer *rep = &cfg->layers[seen];
+        shape.kind = rep->kind;
+        shape.window = rep->kind == KEEL_MEM_LAYER_SLIDING ? rep->window : 0;
+        shape.n_sink = rep->kind == KEEL_MEM_LAYER_SLIDING ? rep->n_sink : 0;
+        int32_t gl = 0;
+        for (int32_t i = 0; i < nl; i++)
+            if (cfg->layers[i].kind != KEEL_MEM_LAYER_NONE && same_group(&cfg->layers[i], &shape))
+                gl++;
+        int32_t cap = table_cap(cfg, &shape, n_streams);
+        mem_table *tables = lay_take(l, (size_t)n_streams, sizeof(mem_table));
+        if (assign) groups[g].tables = tables;
+        for (int32_t s = 0; s < n_streams; s++) {
+            mem_table *t = assign ? &tables[s] : NULL;
+            int32_t *pos = lay_take(l, (size_t)cap, sizeof(int32_t));
+            uint64_t *stamp = lay_take(l, (size_t)cap, sizeof(uint64_t));
+            uint64_t *seq = lay_take(l, (size_t)cap * (size_t)seq_words, sizeof(uint64_t));
+            uint8_t *flags = lay_take(l, (size_t)cap, 1);
+            int32_t *seq_min = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+            int32_t *seq_max = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+            int32_t *seq_cells = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+            mem_col *cols = lay_take(l, (size_t)gl * 2, sizeof(mem_col));
+            int32_t *evict_max = NULL, *sink_pos = NULL, *heap_pos = NULL;
+            uint64_t *sink_stamp = NULL, *heap_stamp = NULL;
+            if (shape.kind == KEEL_MEM_LAYER_SLIDING) {
+                evict_max = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+                sink_pos = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+                sink_stamp = lay_take(l, (size_t)cfg->n_seq_max, sizeof(uint64_t));
+                size_t hs = shape.n_sink > 0 ? (size_t)shape.n_sink : 1;
+                heap_pos = lay_take(l, hs, sizeof(int32_t));
+                heap_stamp = lay_take(l, hs, sizeof(uint64_t));
+            }
+            if (t) {
+                memset(t, 0, sizeof *t);
+                t->cap = cap;
+                t->seq_words = seq_words;
+                t->stream = n_streams == 1 ? -1 : s;
+                t->pos = pos;
+                t->stamp = stamp;
+                t->seq = seq;
+                t->flags = flags;
+                t->seq_min = seq_min;
+                t->seq_max = seq_max;
+                t->seq_cells = seq_cells;
+                t->n_seq = cfg->n_seq_max;
+                t->cols = cols;
+                t->n_cols = 2 * gl;
+                t->sliding = shape.kind == KEEL_MEM_LAYER_SLIDING;
+                t->window = shape.window;
+                t->n_sink = shape.n_sink;
+                t->evict_max = evict_max;
+                t->sink_pos = sink_pos;
+                t->sink_stamp = sink_stamp;
+                t->heap_pos = heap_pos;
+                t->heap_stamp = heap_stamp;
+                t->sinks_dirty = true;
+            }
+            /* columns: K then V for each layer of the group, in layer order */
+            for (int32_t i = 0, ci = 0; i < nl; i++) {
+                const keel_mem_layer *a = &cfg->layers[i];
+                if (a->kind == KEEL_MEM_LAYER_NONE || !same_group(a, &shape)) continue;
+                for (int kv = 0; kv < 2; kv++, ci++) {
+                    keel_dtype dt = kv == 0 ? a->k_dtype : a->v_dtype;
+                    int32_t hd = kv == 0 ? a->head_dim_k : a->head_dim_v;
+                    const keel_mem_rot *rot = kv == 0 ? &a->k_rot : &a->v_rot;
+                    size_t hrb = tensor_row_bytes(dt, hd);
+                    size_t data_bytes = 0;
+                    if (!size_mul((size_t)a->n_kv_heads * (size_t)cap, hrb, &data_bytes))
+                        l->overflow = true;
+                    uint8_t *data = lay_take(l, data_bytes, 1);
+                    int32_t blk = rot->enabled ? rot_block(rot, hd) : 0;
+                    float *signs = NULL;
+                    if (rot->enabled && rot->seed != 0) signs = lay_take(l, (size_t)blk, sizeof(float));
+                    bool has_rope = kv == 0 && a->rope.type != KEEL_ROPE_NONE;
+                    int32_t half = has_rope ? a->rope.n_rot / 2 : 0;
+                    double *rates = has_rope ? lay_take(l, (size_t)half, sizeof(double)) : NULL;
+                    float *ff = has_rope && a->rope.freq_factors
+                                    ? lay_take(l, (size_t)half, sizeof(float))
+                                    : NULL;
+                    if (!t) continue;
+                    mem_col *c = &cols[ci];
+                    memset(c, 0, sizeof *c);
+                    c->kind = kv == 0 ? MEM_COL_K : MEM_COL_V;
+                    c->layer = i;
+                    c->dtype = dt;
+                    c->n_heads = a->n_kv_heads;
+                    c->head_dim = hd;
+                    c->head_row_bytes = hrb;
+                    c->rot = *rot;
+                    c->rot.block = blk;
+                    c->signs = signs;
+                    if (signs) tensor_wht_signs(rot->seed, blk, signs);
+                    c->data = data;
+                    c->data_bytes = data_bytes;
+                    if (has_rope) {
+                        c->rope = a->rope;
+                        if (ff) {
+                            memcpy(ff, a->rope.freq_factors, (size_t)half * sizeof(float));
+                            c->rope.freq_factors = ff;
+                        }
+                        c->freq_factors = ff;
+                        float mscale;
+                        if (tensor_rope_rates(&c->rope, rates, &mscale) != KEEL_OK) {
+                            /* validated at open; keep the column usable */
+                            memset(rates, 0, (size_t)half * sizeof(double));
+                        }
+                        c->rope_rates = rates;
+                    } else {
+                        c->rope = keel_rope_default();
+                        c->rope.type = KEEL_ROPE_NONE;
+                        c->rope.n_rot = 0;
+                    }
+                }
+            }
+        }
+    }
+}
+
+static size_t edit_thread_bytes(const keel_mem_config *cfg)
+{
+    /* x[head_dim_max] + per column cos/sin [n_rot] + cached deltas */
+    size_t hd = 0, ncols = 0, nrot = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++) {
+        const keel_mem_layer *a = &cfg->layers[i];
+        if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+        ncols += 2;
+        hd = BASE_MAX(hd, (size_t)BASE_MAX(a->head_dim_k, a->head_dim_v));
+        if (a->rope.type != KEEL_ROPE_NONE) nrot = BASE_MAX(nrot, (size_t)a->rope.n_rot);
+    }
+    return (hd + ncols * (nrot + 2)) * sizeof(float) + ncols * sizeof(int64_t) + 4 * BASE_ALIGN;
+}
+
+static size_t place_bytes(const keel_mem_config *cfg)
+{
+    /* expect[n_seq], first[n_seq], need[n_streams] */
+    return (size_t)cfg->n_seq_max * 3 * sizeof(int32_t) + 4 * BASE_ALIGN;
+}
+
+static size_t write_thread_bytes(const keel_mem_config *cfg)
+{
+    size_t hd = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        hd = BASE_MAX(hd, (size_t)BASE_MAX(cfg->layers[i].head_dim_k, cfg->layers[i].head_dim_v));
+    return hd * sizeof(float) + BASE_ALIGN;
+}
+
+static int32_t resolve_threads(const keel_mem_config *cfg)
+{
+    int32_t n = cfg->n_threads > 0 ? cfg->n_threads : keel_cpu_count();
+    return n > 256 ? 256 : n;
+}
+
+static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32_t max_cap)
+{
+    size_t per_thread = BASE_MAX(edit_thread_bytes(cfg), write_thread_bytes(cfg));
+    size_t s = place_bytes(cfg) + per_thread * (size_t)n_threads + BASE_ALIGN;
+    size_t a = mem_attn_scratch_bytes(cfg, cfg->layers, n_threads, max_cap);
+    return BASE_MAX(s, a);
+}
+
+static keel_status mem_plan(const keel_mem_config *cfg, size_t *block, size_t *scratch,
+                            size_t *total, char *err)
+{
+    keel_status st = validate_config(cfg, err);
+    if (st != KEEL_OK) return st;
+    mem_layout l = {NULL, 0, false};
+    mem_lay_out(NULL, cfg, &l);
+    if (l.overflow) return base_err(err, KEEL_EOVERFLOW, "memory plan overflows size_t");
+    int32_t max_cap = cfg->n_ctx;
+    int32_t nt = resolve_threads(cfg);
+    size_t sb;
+    if (!size_align_up(scratch_bytes(cfg, nt, max_cap), BASE_ALIGN, &sb))
+        return base_err(err, KEEL_EOVERFLOW, "scratch plan overflows size_t");
+    size_t blk;
+    if (!size_align_up(l.off, BASE_ALIGN, &blk))
+        return base_err(err, KEEL_EOVERFLOW, "memory plan overflows size_t");
+    size_t t = sizeof(keel_mem);
+    if (!size_add(t, blk, &t) || !size_add(t, sb, &t) || !size_add(t, base_pool_bytes(nt), &t))
+        return base_err(err, KEEL_EOVERFLOW, "memory plan overflows size_t");
+    *block = blk;
+    *scratch = sb;
+    *total = t;
+    return KEEL_OK;
+}
+
+keel_status keel_mem_config_bytes(const keel_mem_config *cfg, size_t *bytes)
+{
+    size_t block, scratch;
+    if (!bytes) return KEEL_EINVAL;
+    return mem_plan(cfg, &block, &scratch, bytes, NULL);
+}
+
+keel_status keel_mem_open(const keel_mem_config *cfg, keel_mem **out, char *err)
+{
+    if (!out) return KEEL_EINVAL;
+    *out = NULL;
+    size_t block_bytes, scratch, total;
+    keel_status st = mem_plan(cfg, &block_bytes, &scratch, &total, err);
+    if (st != KEEL_OK) return st;
+    keel_mem *m = base_calloc(1, sizeof *m);
+    if (!m) return base_err(err, KEEL_ENOMEM, "keel_mem: out of memory");
+    uint8_t *block = base_alloc(block_bytes);
+    if (!block) {
+        base_free(m, sizeof *m);
+        return base_err(err, KEEL_ENOMEM, "keel_mem: cannot allocate %zu bytes", block_bytes);
+    }
+    memset(block, 0, block_bytes);
+    mem_layout l = {block, 0, false};
+    mem_lay_out(m, cfg, &l);
+    m->n_threads = resolve_threads(cfg);
+    st = base_arena_init(&m->scratch, scratch);
+    if (st != KEEL_OK) {
+        base_free(block, block_bytes);
+        base_free(m, sizeof *m);
+        return base_err(err, st, "keel_mem: cannot reserve %zu bytes of scratch", scratch);
+    }
+    st = base_pool_open(m->n_threads, &m->pool);
+    if (st != KEEL_OK) {
+        base_arena_free(&m->scratch);
+        base_free(block, block_bytes);
+        base_free(m, sizeof *m);
+        return base_err(err, st, "keel_mem: cannot start %d threads", m->n_threads);
+    }
+    m->bytes_total = total;
+    m->block_bytes = block_bytes;
+    m->next_stamp = 1;
+    m->max_cell_touched = -1;
+    keel_mem_clear(m);
+    *out = m;
+    return KEEL_OK;
+}
+
+void keel_mem_close(keel_mem *m)
+{
+    if (!m) return;
+    base_pool_close(m->pool);
+    base_arena_free(&m->scratch);
+    base_free(m->layers, m->block_bytes); /* the layers array opens the block */
+    base_free(m, sizeof *m);
+}
+
+const char *keel_mem_last_error(const keel_mem *m)
+{
+    return m ? m->err : "memory is NULL";
+}
+
+int32_t keel_mem_n_groups(const keel_mem *m)
+{
+    return m ? m->n_groups : 0;
+}
+
+int32_t keel_mem_layer_group(const keel_mem *m, int32_t layer)
+{
+    if (!m || layer < 0 || layer >= m->cfg.n_layers) return -1;
+    return m->layer_group[layer];
+}
+
+/* The table of group g that holds sequence s. */
+static inline mem_table *table_of(const keel_mem *m, int32_t g, int32_t s)
+{
+    return &m->groups[g].tables[m->n_streams == 1 ? 0 : s];
+}
+
+/* ---- queries ------------------------------------------------------------- */
+
+int32_t keel_mem_seq_pos_min(const keel_mem *m, int32_t s)
+{
+    if (!m || s < 0 || s >= m->cfg.n_seq_max) return -1;
+    int32_t r = -1;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        const mem_table *t = table_of(m, g, s);
+        if (t->seq_cells[s] > 0 && (r < 0 || t->seq_min[s] < r)) r = t->seq_min[s];
+    }
+    return r;
+}
+
+int32_t keel_mem_seq_pos_max(const keel_mem *m, int32_t s)
+{
+    if (!m || s < 0 || s >= m->cfg.n_seq_max) return -1;
+    int32_t r = -1;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        const mem_table *t = table_of(m, g, s);
+        if (t->seq_cells[s] > 0 && t->seq_max[s] > r) r = t->seq_max[s];
+    }
+    return r;
+}
+
+int32_t keel_mem_seq_rewind_min(const keel_mem *m, int32_t s)
+{
+    if (!m || s < 0 || s >= m->cfg.n_seq_max) return 0;
+    int64_t r = 0;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        const mem_table *t = table_of(m, g, s);
+        if (!t->sliding || t->evict_max[s] == MEM_NO_EVICT) continue;
+        int64_t need = (int64_t)t->evict_max[s] + t->window;
+        if (need > r) r = need;
+    }
+    return r > INT32_MAX ? INT32_MAX : (int32_t)r;
+}
+
+bool keel_mem_can_shift(const keel_mem *m)
+{
+    return m != NULL;
+}
+
+void keel_mem_stats_get(const keel_mem *m, keel_mem_stats *o)
+{
+    memset(o, 0, sizeof *o);
+    if (!m) return;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        for (int32_t k = 0; k < m->groups[g].n_tables; k++) {
+            const mem_table *t = &m->groups[g].tables[k];
+            o->cells_used += t->n_used;
+            o->cells_cap += t->cap;
+            size_t per_cell = 0;
+            for (int32_t c = 0; c < t->n_cols; c++)
+                per_cell += t->cols[c].head_row_bytes * (size_t)t->cols[c].n_heads;
+            o->bytes_used += per_cell * (size_t)t->n_used;
+        }
+    }
+    o->bytes_total = m->bytes_total;
+    o->scratch_bytes = m->scratch.cap;
+    o->scratch_high = m->scratch.high;
+    o->tokens_placed = m->tokens_placed;
+}
+
+int64_t keel_mem_group_cells_used(const keel_mem *m, int32_t g)
+{
+    if (!m || g < 0 || g >= m->n_groups) return 0;
+    int64_t n = 0;
+    for (int32_t k = 0; k < m->groups[g].n_tables; k++) n += m->groups[g].tables[k].n_used;
+    return n;
+}
+
+uint64_t keel_mem_digest(const keel_mem *m)
+{
+    if (!m) return 0;
+    uint64_t h = 0x6b65656cull;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        for (int32_t k = 0; k < m->groups[g].n_tables; k++) {
+            const mem_table *t = &m->groups[g].tables[k];
+            size_t cap = (size_t)t->cap;
+            h = base_hash64(t->pos, cap * sizeof(int32_t), h);
+            h = base_hash64(t->stamp, cap * sizeof(uint64_t), h);
+            h = base_hash64(t->seq, cap * (size_t)t->seq_words * sizeof(uint64_t), h);
+            h = base_hash64(t->flags, cap, h);
+            size_t ns = (size_t)t->n_seq * sizeof(int32_t);
+            h = base_hash64(t->seq_min, ns, h);
+            h = base_hash64(t->seq_max, ns, h);
+            h = base_hash64(t->seq_cells, ns, h);
+            if (t->sliding) h = base_hash64(t->evict_max, ns, h);
+            int32_t meta[3] = {t->n_used, t->head, t->cap};
+            h = base_hash64(meta, sizeof meta, h);
+            for (int32_t c = 0; c < t->n_cols; c++)
+                h = base_hash64(t->cols[c].data, t->cols[c].data_bytes, h);
+        }
+    }
+    int64_t tp = m->tokens_placed;
+    h = base_hash64(&tp, sizeof tp, h);
+    return base_hash64(&m->next_stamp, sizeof m->next_stamp, h);
+}
+
+/* ---- placement ----------------------------------------------------------- */
+
+static inline int32_t batch_n_seq(const keel_mem_batch *b, int32_t i)
+{
+    return b->n_seq_id ? b->n_seq_id[i] : 1;
+}
+
+static inline int32_t batch_seq(const keel_mem_batch *b, int32_t i, int32_t j)
+{
+    return b->n_seq_id ? b->seq_id[i][j] : b->seq_id1[i];
+}
+
+/* Is cell c (of sliding t) a sink of s? Uses thresholds computed earlier
+ * (no recompute: callers update sinks before a loop that frees cells). */
+static inline bool sink_of(const mem_table *t, int32_t c, int32_t s)
+{
+    if (t->n_sink == 0 || t->sink_pos[s] < 0) return false;
+    int32_t sp = t->sink_pos[s];
+    return t->pos[c] < sp || (t->pos[c] == sp && t->stamp[c] <= t->sink_stamp[s]);
+}
+
+/* Would placing tokens whose first position for seq s is first[s] (-1: s
+ * not in the batch) forget s at cell c? */
+static inline bool evicts(const mem_table *t, int32_t c, int32_t s, const int32_t *first)
+{
+    return first[s] >= 0 && (int64_t)t->pos[c] <= (int64_t)first[s] - t->window &&
+           !sink_of(t, c, s);
+}
+
+/* Cells that eviction would free entirely. */
+static int32_t count_evictable(mem_table *t, const int32_t *first)
+{
+    mem_table_update_sinks(t, t->n_seq);
+    int32_t n = 0;
+    for (int32_t c = 0; c < t->cap; c++) {
+        if (t->pos[c] < 0) continue;
+        bool all = true;
+        const uint64_t *w = t->seq + (size_t)c * (size_t)t->seq_words;
+        for (int32_t i = 0; i < t->seq_words && all; i++) {
+            uint64_t bits = w[i];
+            while (bits && all) {
+                int32_t s = i * 64 + __builtin_ctzll(bits);
+                bits &= bits - 1;
+                if (!evicts(t, c, s, first)) all = false;
+            }
+        }
+        if (all) n++;
+    }
+    return n;
+}
+
+static void evict(mem_table *t, const int32_t *first)
+{
+    mem_table_update_sinks(t, t->n_seq);
+    bool any = false;
+    for (int32_t c = 0; c < t->cap; c++) {
+        if (t->pos[c] < 0) continue;
+        uint64_t *w = t->seq + (size_t)c * (size_t)t->seq_words;
+        for (int32_t i = 0; i < t->seq_words; i++) {
+            uint64_t bits = w[i];
+            while (bits) {
+                int32_t s = i * 64 + __builtin_ctzll(bits);
+                bits &= bits - 1;
+                if (evicts(t, c, s, first)) {
+                    mem_seq_unset(t, c, s);
+                    if (t->evict_max[s] == MEM_NO_EVICT || t->pos[c] > t->evict_max[s])
+                        t->evict_max[s] = t->pos[c];
+                    any = true;
+                }
+            }
+        }
+        if (mem_seq_empty(t, c)) {
+            t->n_used--;
+            t->pos[c] = -1;
+            t->stamp[c] = 0;
+        }
+    }
+    if (any) mem_table_refresh(t);
+}
+
+keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (!b || !cells || !b->pos || (!b->seq_id1 && !(b->n_seq_id && b->seq_id)))
+        return base_err(m->err, KEEL_EINVAL, "place: missing batch arrays");
+    int32_t n = b->n_tokens;
+    if (n < 1 || n > m->cfg.n_batch_max)
+        return base_err(m->err, KEEL_EINVAL, "place: n_tokens %d (need 1..n_batch_max %d)", n,
+                        m->cfg.n_batch_max);
+    int32_t ns = m->cfg.n_seq_max;
+    base_arena_reset(&m->scratch);
+    int32_t *expect = base_arena_take_n(&m->scratch, (size_t)ns, sizeof(int32_t));
+    int32_t *first = base_arena_take_n(&m->scratch, (size_t)ns, sizeof(int32_t));
+    int32_t *need = base_arena_take_n(&m->scratch, (size_t)m->n_streams, sizeof(int32_t));
+    if (!expect || !first || !need)
+        return base_err(m->err, KEEL_ESCRATCH, "place: scratch exhausted");
+    for (int32_t s = 0; s < ns; s++) {
+        int32_t pm = keel_mem_seq_pos_max(m, s);
+        expect[s] = pm >= 0 ? pm + 1 : -1;
+        first[s] = -1;
+    }
+    for (int32_t k = 0; k < m->n_streams; k++) need[k] = 0;
+    /* validate */
+    for (int32_t i = 0; i < n; i++) {
+        int32_t nsi = batch_n_seq(b, i);
+        int32_t p = b->pos[i];
+        if (p < 0 || p == INT32_MAX)
+            return base_err(m->err, KEEL_EINVAL, "place: token %d has position %d", i, p);
+        if (nsi < 1 || nsi > ns)
+            return base_err(m->err, KEEL_EINVAL, "place: token %d has %d sequences", i, nsi);
+        if (m->n_streams > 1 && nsi != 1)
+            return base_err(m->err, KEEL_EINVAL,
+                            "place: token %d belongs to %d sequences but streams are split", i,
+                            nsi);
+        for (int32_t j = 0; j < nsi; j++) {
+            int32_t s = batch_seq(b, i, j);
+            if (s < 0 || s >= ns)
+                return base_err(m->err, KEEL_EINVAL,
+                                "place: token %d: unknown sequence id %d (n_seq_max %d)", i, s,
+                                ns);
+            for (int32_t j2 = 0; j2 < j; j2++)
+                if (batch_seq(b, i, j2) == s)
+                    return base_err(m->err, KEEL_EINVAL,
+                                    "place: token %d lists sequence %d twice", i, s);
+            if (expect[s] >= 0 && p != expect[s])
+                return base_err(m->err, KEEL_EINVAL,
+                                "place: token %d: sequence %d continues at position %d, got %d "
+                                "(position gap or reorder)",
+                                i, s, expect[s], p);
+            expect[s] = p + 1;
+            if (first[s] < 0) first[s] = p;
+        }
+        need[m->n_streams == 1 ? 0 : batch_seq(b, i, 0)]++;
+    }
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        for (int32_t k = 0; k < m->n_streams; k++) {
+            if (need[k] == 0) continue;
+            mem_table *t = &m->groups[g].tables[k];
+            int32_t avail = t->cap - t->n_used;
+            if (avail < need[k] && t->sliding) avail += count_evictable(t, first);
+            if (avail < need[k])
+                return base_err(m->err, KEEL_EFULL,
+                                "place: group %d%s has %d free cells of %d, batch needs %d", g,
+                                t->sliding ? " (sliding)" : "", avail, t->cap, need[k]);
+        }
+    }
+    /* commit */
+    for (int32_t g = 0; g < m->n_groups; g++)
+        for (int32_t k = 0; k < m->n_streams; k++)
+            if (need[k] > 0 && m->groups[g].tables[k].sliding) evict(&m->groups[g].tables[k], first);
+    for (int32_t i = 0; i < n; i++) {
+        uint64_t stamp = m->next_stamp++;
+        int32_t s0 = batch_seq(b, i, 0);
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            mem_table *t = table_of(m, g, s0);
+            int32_t c = mem_table_find_free(t);
+            /* capacity was validated: c >= 0 */
+            for (int32_t j = 0; j < batch_n_seq(b, i); j++) {
+                int32_t s = batch_seq(b, i, j);
+                if (j == 0)
+                    mem_table_occupy(t, c, b->pos[i], stamp, s);
+                else {
+                    mem_seq_set(t, c, s);
+                    if (t->seq_cells[s] == 0 || b->pos[i] < t->seq_min[s]) t->seq_min[s] = b->pos[i];
+                    if (t->seq_cells[s] == 0 || b->pos[i] > t->seq_max[s]) t->seq_max[s] = b->pos[i];
+                    t->seq_cells[s]++;
+                }
+            }
+            cells[(size_t)g * (size_t)n + (size_t)i] = (t - m->groups[g].tables) * t->cap + c;
+            if (c > m->max_cell_touched) m->max_cell_touched = c;
+        }
+    }
+    m->tokens_placed += n;
+    return KEEL_OK;
+}
+
+/* ---- writes -------------------------------------------------------------- */
+
+typedef struct write_ctx {
+    keel_mem *m;
+    const mem_group *g;
+    int32_t col;       /* the layer's K column; V is col + 1 */
+    const int32_t *ids; /* group cell ids */
+    const float *kx, *vx;
+    uint8_t *thread_scratch;
+    size_t thread_bytes;
+} write_ctx;
+
+static void write_task(void *vctx, int64_t i, int thread)
+{
+    write_ctx *w = vctx;
+    float *x = (float *)(w->thread_scratch + (size_t)thread * w->thread_bytes);
+    const mem_table *t = NULL;
+    int32_t cell = 0;
+    if (!mem_cell_decode(w->g, w->ids[i], &t, &cell)) return; /* validated by the caller */
+    const float *src[2] = {w->kx, w->vx};
+    for (int kv = 0; kv < 2; kv++) {
+        const mem_col *c = &t->cols[w->col + kv];
+        size_t stride = (size_t)c->n_heads * (size_t)c->head_dim;
+        for (int32_t h = 0; h < c->n_heads; h++) {
+            memcpy(x, src[kv] + (size_t)i * stride + (size_t)h * (size_t)c->head_dim,
+                   (size_t)c->head_dim * sizeof(float));
+            mem_col_encode(c, x, mem_col_row(t, c, h, cell));
+        }
+    }
+}
+
+keel_status keel_mem_write(keel_mem *m, int32_t layer, int32_t n, const int32_t *cells,
+                           const float *k, const float *v)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (layer < 0 || layer >= m->cfg.n_layers || m->layer_group[layer] < 0)
+        return base_err(m->err, KEEL_EINVAL, "write: layer %d has no KV", layer);
+    if (n < 1 || n > m->cfg.n_batch_max || !cells || !k || !v)
+        return base_err(m->err, KEEL_EINVAL, "write: bad n (%d) or NULL arrays", n);
+    const mem_group *g = &m->groups[m->layer_group[layer]];
+    for (int32_t i = 0; i < n; i++) {
+        const mem_table *t = NULL;
+        int32_t cell = 0;
+        if (!mem_cell_decode(g, cells[i], &t, &cell) || t->pos[cell] < 0)
+            return base_err(m->err, KEEL_EINVAL, "write: token %d: cell %d is not occupied", i,
+                            cells[i]);
+    }
+    base_arena_reset(&m->scratch);
+    size_t tb = write_thread_bytes(&m->cfg);
+    uint8_t *ts = base_arena_take(&m->scratch, tb * (size_t)m->n_threads, BASE_ALIGN);
+    if (!ts) return base_err(m->err, KEEL_ESCRATCH, "write: scratch exhausted");
+    write_ctx w = {m, g, m->layer_col[layer], cells, k, v, ts, tb};
+    base_pool_run(n >= 8 ? m->pool : NULL, n, write_task, &w);
+    return KEEL_OK;
+}
+
+/* ---- sequence edits ------------------------------------------------------ */
+
+static inline void norm_range(int32_t *p0, int32_t *p1)
+{
+    if (*p0 < 0) *p0 = 0;
+    if (*p1 < 0) *p1 = INT32_MAX;
+}
+
+/* Tables that may hold s (s < 0: all). Iterate with for (k = k0; k < k1). */
+static inline void stream_range(const keel_mem *m, int32_t s, int32_t *k0, int32_t *k1)
+{
+    if (m->n_streams == 1 || s < 0) {
+        *k0 = 0;
+        *k1 = m->n_streams;
+    } else {
+        *k0 = s;
+        *k1 = s + 1;
+    }
+}
+
+keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (s >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "seq_rm: unknown sequence id %d", s);
+    if (p0 >= 0 && p1 >= 0 && p1 <= p0)
+        return base_err(m->err, KEEL_ERANGE, "seq_rm: empty range [%d, %d)", p0, p1);
+    norm_range(&p0, &p1);
+    int32_t k0, k1;
+    stream_range(m, s, &k0, &k1);
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        for (int32_t k = k0; k < k1; k++) {
+            mem_table *t = &m->groups[g].tables[k];
+            bool any = false;
+            for (int32_t c = 0; c < t->cap; c++) {
+                int32_t p = t->pos[c];
+                if (p < p0 || p >= p1) continue;
+                if (s < 0) {
+                    mem_table_free_cell(t, c);
+                    any = true;
+                } else if (mem_seq_has(t, c, s)) {
+                    mem_seq_unset(t, c, s);
+                    if (mem_seq_empty(t, c)) mem_table_free_cell(t, c);
+                    any = true;
+                }
+            }
+            if (any) mem_table_refresh(t);
+            /* an emptied sequence starts over: nothing it needs is forgotten */
+            if (t->sliding)
+                for (int32_t q = 0; q < t->n_seq; q++)
+                    if ((s < 0 || q == s) && t->seq_cells[q] == 0) t->evict_max[q] = MEM_NO_EVICT;
+        }
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, int32_t p1)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    int32_t ns = m->cfg.n_seq_max;
+    if (src < 0 || src >= ns || dst < 0 || dst >= ns)
+        return base_err(m->err, KEEL_EINVAL, "seq_cp: unknown sequence id (%d -> %d)", src, dst);
+    if (p0 >= 0 && p1 >= 0 && p1 <= p0)
+        return base_err(m->err, KEEL_ERANGE, "seq_cp: empty range [%d, %d)", p0, p1);
+    if (src == dst) return KEEL_OK;
+    norm_range(&p0, &p1);
+    if (m->n_streams == 1) {
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            mem_table *t = &m->groups[g].tables[0];
+            bool any = false;
+            for (int32_t c = 0; c < t->cap; c++)
+                if (t->pos[c] >= p0 && t->pos[c] < p1 && mem_seq_has(t, c, src) &&
+                    !mem_seq_has(t, c, dst)) {
+                    mem_seq_set(t, c, dst);
+                    any = true;
+                }
+            if (any) {
+                if (t->sliding && t->evict_max[src] != MEM_NO_EVICT &&
+                    (t->evict_max[dst] == MEM_NO_EVICT || t->evict_max[src] > t->evict_max[dst]))
+                    t->evict_max[dst] = t->evict_max[src];
+                mem_table_refresh(t);
+            }
+        }
+        return KEEL_OK;
+    }
+    /* split streams: copy cells into dst's tables; validate room first */
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        mem_table *ts = &m->groups[g].tables[src], *td = &m->groups[g].tables[dst];
+        int32_t cnt = 0;
+        for (int32_t c = 0; c < ts->cap; c++)
+            if (ts->pos[c] >= p0 && ts->pos[c] < p1) cnt++;
+        if (cnt > td->cap - td->n_used)
+            return base_err(m->err, KEEL_EFULL,
+                            "seq_cp: group %d: %d cells to copy, %d free in sequence %d's stream",
+                            g, cnt, td->cap - td->n_used, dst);
+    }
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        mem_table *ts = &m->groups[g].tables[src], *td = &m->groups[g].tables[dst];
+        bool any = false;
+        for (int32_t c = 0; c < ts->cap; c++) {
+            if (ts->pos[c] < p0 || ts->pos[c] >= p1) continue;
+            int32_t d = mem_table_find_free(td);
+            if (d > m->max_cell_touched) m->max_cell_touched = d;
+            td->pos[d] = ts->pos[c];
+            td->stamp[d] = ts->stamp[c];
+            td->n_used++;
+            mem_seq_set(td, d, dst);
+            for (int32_t ci = 0; ci < ts->n_cols; ci++) {
+                const mem_col *cs = &ts->cols[ci], *cd = &td->cols[ci];
+                for (int32_t h = 0; h < cs->n_heads; h++)
+                    memcpy(mem_col_row(td, cd, h, d), mem_col_row(ts, cs, h, c),
+                           cs->head_row_bytes);
+            }
+            any = true;
+        }
+        if (any) {
+            if (td->sliding && ts->evict_max[src] != MEM_NO_EVICT &&
+                (td->evict_max[dst] == MEM_NO_EVICT || ts->evict_max[src] > td->evict_max[dst]))
+                td->evict_max[dst] = ts->evict_max[src];
+            mem_table_refresh(td);
+        }
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_mem_seq_keep(keel_mem *m, int32_t s)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (s < 0 || s >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "seq_keep: unknown sequence id %d", s);
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        for (int32_t k = 0; k < m->n_streams; k++) {
+            mem_table *t = &m->groups[g].tables[k];
+            for (int32_t c = 0; c < t->cap; c++) {
+                if (t->pos[c] < 0) continue;
+                if (!mem_seq_has(t, c, s)) {
+                    mem_table_free_cell(t, c);
+                } else {
+                    memset(t->seq + (size_t)c * (size_t)t->seq_words, 0,
+                           (size_t)t->seq_words * sizeof(uint64_t));
+                    mem_seq_set(t, c, s);
+                }
+            }
+            if (t->sliding)
+                for (int32_t q = 0; q < t->n_seq; q++)
+                    if (q != s) t->evict_max[q] = MEM_NO_EVICT;
+            mem_table_refresh(t);
+        }
+    }
+    return KEEL_OK;
+}
+
+/* Position edits: seq_add (div == 0) and seq_div (div > 0). */
+typedef struct edit_ctx {
+    keel_mem *m;
+    mem_table *t;
+    int32_t delta; /* seq_add */
+    int32_t div;   /* seq_div */
+    int64_t n_tasks;
+    uint8_t *thread_scratch;
+    size_t thread_bytes;
+} edit_ctx;
+
+static void edit_task(void *vctx, int64_t task, int thread)
+{
+    edit_ctx *e = vctx;
+    mem_table *t = e->t;
+    int32_t per = (int32_t)((t->cap + e->n_tasks - 1) / e->n_tasks);
+    int32_t c0 = (int32_t)task * per, c1 = BASE_MIN(t->cap, c0 + per);
+    uint8_t *base = e->thread_scratch + (size_t)thread * e->thread_bytes;
+    /* x[head_dim_max] | per column: cs[n_rot_max] | cached delta per column */
+    int32_t hd_max = 0, nrot_max = 0;
+    for (int32_t ci = 0; ci < t->n_cols; ci++) {
+        hd_max = BASE_MAX(hd_max, t->cols[ci].head_dim);
+        nrot_max = BASE_MAX(nrot_max, t->cols[ci].rope.n_rot);
+    }
+    float *x = (float *)base;
+    float *cs = x + hd_max;
+    int64_t *cached = (int64_t *)(cs + (size_t)t->n_cols * (size_t)(nrot_max + 2));
+    for (int32_t ci = 0; ci < t->n_cols; ci++) cached[ci] = INT64_MIN;
+    for (int32_t c = c0; c < c1; c++) {
+        if (!t->flags[c]) continue;
+        int32_t old = t->pos[c];
+        int32_t nw = e->div > 0 ? old / e->div : old + e->delta;
+        int64_t d = (int64_t)nw - old;
+        if (d != 0) {
+            for (int32_t ci = 0; ci < t->n_cols; ci++) {
+                const mem_col *col = &t->cols[ci];
+                if (col->kind != MEM_COL_K || col->rope.type == KEEL_ROPE_NONE) continue;
+                float *ccs = cs + (size_t)ci * (size_t)(nrot_max + 2);
+                if (cached[ci] != d) {
+                    mem_col_shift_cs(col, d, ccs);
+                    cached[ci] = d;
+                }
+                for (int32_t h = 0; h < col->n_heads; h++)
+                    mem_col_shift_row(col, mem_col_row(t, col, h, c), ccs, x);
+            }
+        }
+        t->pos[c] = nw;
+        t->flags[c] = 0;
+    }
+}
+
+static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0, int32_t p1,
+                            int32_t delta, int32_t div)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (s < 0 || s >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "%s: unknown sequence id %d", what, s);
+    if (p0 >= 0 && p1 >= 0 && p1 <= p0)
+        return base_err(m->err, KEEL_ERANGE, "%s: empty range [%d, %d)", what, p0, p1);
+    if (div == 0 && delta == 0) return KEEL_OK;
+    if (div == 1) return KEEL_OK;
+    norm_range(&p0, &p1);
+    /* validate: resulting positions and room for copy-on-write splits */
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        mem_table *t = table_of(m, g, s);
+        int32_t shared = 0;
+        for (int32_t c = 0; c < t->cap; c++) {
+            int32_t p = t->pos[c];
+            if (p < p0 || p >= p1 || !mem_seq_has(t, c, s)) continue;
+            if (div == 0) {
+                int64_t np = (int64_t)p + delta;
+                if (np < 0)
+                    return base_err(m->err, KEEL_ERANGE,
+                                    "%s: position %d + %d would be negative", what, p, delta);
+                if (np >= INT32_MAX)
+                    return base_err(m->err, KEEL_ERANGE, "%s: position %d + %d overflows", what,
+                                    p, delta);
+            }
+            if (mem_seq_count(t, c) > 1) shared++;
+        }
+        if (shared > t->cap - t->n_used)
+            return base_err(m->err, KEEL_EFULL,
+                            "%s: group %d: %d cells shared with other sequences need copies, %d "
+                            "free",
+                            what, g, shared, t->cap - t->n_used);
+    }
+    base_arena_reset(&m->scratch);
+    size_t tb = edit_thread_bytes(&m->cfg);
+    uint8_t *ts = base_arena_take(&m->scratch, tb * (size_t)m->n_threads, BASE_ALIGN);
+    if (!ts) return base_err(m->err, KEEL_ESCRATCH, "%s: scratch exhausted", what);
+    /* commit: split shared cells, mark, then shift marked cells in parallel */
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        mem_table *t = table_of(m, g, s);
+        int32_t marked = 0;
+        for (int32_t c = 0; c < t->cap; c++) {
+            int32_t p = t->pos[c];
+            if (p < p0 || p >= p1 || !mem_seq_has(t, c, s) || t->flags[c]) continue;
+            int32_t cell = c;
+            if (mem_seq_count(t, c) > 1) {
+                cell = mem_table_find_free(t);
+                mem_table_copy_cell(t, cell, c);
+                mem_seq_unset(t, c, s);
+                mem_seq_set(t, cell, s);
+                if (cell > m->max_cell_touched) m->max_cell_touched = cell;
+            }
+            t->flags[cell] = 1;
+            marked++;
+        }
+        if (marked) {
+            edit_ctx e = {m, t, delta, div, 0, ts, tb};
+            e.n_tasks = BASE_MIN((int64_t)m->n_threads * 4, (int64_t)t->cap);
+            base_pool_run(marked >= 64 ? m->pool : NULL, e.n_tasks, edit_task, &e);
+            if (t->sliding && t->evict_max[s] != MEM_NO_EVICT && t->evict_max[s] >= p0 &&
+                t->evict_max[s] < p1)
+                t->evict_max[s] = div > 0 ? t->evict_max[s] / div : t->evict_max[s] + delta;
+            mem_table_refresh(t);
+        }
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_mem_seq_add(keel_mem *m, int32_t s, int32_t p0, int32_t p1, int32_t delta)
+{
+    return seq_edit(m, "seq_add", s, p0, p1, delta, 0);
+}
+
+keel_status keel_mem_seq_div(keel_mem *m, int32_t s, int32_t p0, int32_t p1, int32_t d)
+{
+    if (m && d < 1) return base_err(m->err, KEEL_EINVAL, "seq_div: divisor %d (need > 0)", d);
+    return seq_edit(m, "seq_div", s, p0, p1, 0, d);
+}
+
+void keel_mem_clear(keel_mem *m)
+{
+    if (!m) return;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        for (int32_t k = 0; k < m->groups[g].n_tables; k++) {
+            mem_table *t = &m->groups[g].tables[k];
+            for (int32_t c = 0; c < t->cap; c++) t->pos[c] = -1;
+            memset(t->stamp, 0, (size_t)t->cap * sizeof(uint64_t));
+            memset(t->seq, 0, (size_t)t->cap * (size_t)t->seq_words * sizeof(uint64_t));
+            memset(t->flags, 0, (size_t)t->cap);
+            t->n_used = 0;
+            t->head = 0;
+            if (t->sliding)
+                for (int32_t s = 0; s < t->n_seq; s++) t->evict_max[s] = MEM_NO_EVICT;
+            mem_table_refresh(t);
+        }
+    }
+}

@@ -1,0 +1,192 @@
+/*
+ * memory.h — private interface of src/memory: cell tables, columns, the
+ * keel_mem object, attention over the cache. See docs/memory.md.
+ *
+ * Layout
+ *   keel_mem
+ *     groups[g]            layers of the same kind (full / sliding(window, sinks))
+ *       tables[stream]     one cell table per stream (1 when unified)
+ *         cell metadata    pos, stamp, seq bitset            [cap]
+ *         columns[c]       K / V rows of each layer of the group, head-major:
+ *                          data[(head * cap + cell) * head_row_bytes]
+ *
+ * Invariants (checked by keel_mem_check, design.md section 3)
+ *   T1 a cell is empty (pos == -1, empty seq set) or occupied (pos >= 0,
+ *      non-empty seq set); n_used counts occupied cells.
+ *   T2 every row access is data + (head * cap + cell) * head_row_bytes with
+ *      cell < cap produced by the table (slot search or iteration); nothing
+ *      derives a row from a token count or a position.
+ *   T3 in split streams, a table's cells belong only to its stream's sequence.
+ *   T4 a sliding table keeps, per sequence, its n_sink lowest (pos, stamp)
+ *      cells and every cell a query at positions >= its last placement needs.
+ *   T5 all groups hold the same positions range per sequence (pos_max agree).
+ */
+#ifndef KEEL_MEMORY_H
+#define KEEL_MEMORY_H
+
+#include "../tensor/tensor.h"
+
+#define MEM_SEQ_MAX 256
+#define MEM_SEQ_WORDS_MAX (MEM_SEQ_MAX / 64)
+#define MEM_NO_EVICT INT32_MIN
+
+typedef enum mem_col_kind {
+    MEM_COL_K = 0, /* keys: rotated (opt) + quantized, RoPE'd at stored position */
+    MEM_COL_V = 1, /* values: rotated (opt) + quantized */
+} mem_col_kind;
+
+/* A column: one per-token datum of one layer, registered with a table. Its
+ * descriptor records exactly what is stored (design.md rule 4). */
+typedef struct mem_col {
+    mem_col_kind kind;
+    int32_t layer;
+    keel_dtype dtype;      /* storage type */
+    int32_t n_heads;       /* KV heads */
+    int32_t head_dim;      /* elements per head row */
+    size_t head_row_bytes; /* tensor_row_bytes(dtype, head_dim) */
+    keel_mem_rot rot;      /* rot.block resolved (> 0) when enabled */
+    float *signs;          /* [rot.block] +-1 sign diagonal, or NULL (no rotation or seed 0) */
+    keel_rope rope;        /* K: RoPE of stored keys (freq_factors copied below) */
+    float *freq_factors;   /* [rope.n_rot / 2] owned copy, or NULL */
+    double *rope_rates;    /* [rope.n_rot / 2] angle per position per pair, K with rope */
+    uint8_t *data;         /* [n_heads][cap][head_row_bytes] */
+    size_t data_bytes;
+} mem_col;
+
+typedef struct mem_table {
+    int32_t cap;          /* cells */
+    int32_t n_used;       /* occupied cells */
+    int32_t seq_words;    /* 64-bit words per seq bitset */
+    int32_t stream;       /* -1 when unified, else the stream's sequence */
+    int32_t head;         /* slot search start (ring order, locality) */
+    int32_t *pos;         /* [cap] position, -1 when empty */
+    uint64_t *stamp;      /* [cap] placement order (ties of equal positions) */
+    uint64_t *seq;        /* [cap][seq_words] sequence sets */
+    uint8_t *flags;       /* [cap] scratch marks of the operation in progress, 0 between ops */
+    int32_t *seq_min;     /* [n_seq] smallest position of s in this table, -1 none */
+    int32_t *seq_max;     /* [n_seq] largest position of s, -1 none */
+    int32_t *seq_cells;   /* [n_seq] cells holding s */
+    int32_t n_seq;        /* n_seq_max of the memory */
+    mem_col *cols;        /* [n_cols] */
+    int32_t n_cols;
+    /* sliding */
+    bool sliding;
+    int32_t window, n_sink;
+    int32_t *evict_max;   /* [n_seq_max] highest position forgotten by the ring,
+                             MEM_NO_EVICT if none (may be negative after edits) */
+    /* lazily computed sink thresholds: cell c of s is a sink iff
+     * (pos, stamp) <= (sink_pos[s], sink_stamp[s]) */
+    bool sinks_dirty;
+    int32_t *sink_pos;    /* [n_seq_max] -1: no sinks */
+    uint64_t *sink_stamp; /* [n_seq_max] */
+    int32_t *heap_pos;    /* [n_sink] work space of mem_table_update_sinks */
+    uint64_t *heap_stamp; /* [n_sink] */
+} mem_table;
+
+typedef struct mem_group {
+    keel_mem_layer_kind kind;
+    int32_t window, n_sink;
+    int32_t n_layers;     /* layers in this group */
+    int32_t n_tables;     /* streams */
+    mem_table *tables;    /* [n_tables] */
+} mem_group;
+
+struct keel_mem {
+    keel_mem_config cfg;       /* layers points at the copy below */
+    keel_mem_layer *layers;    /* [n_layers] */
+    int32_t *layer_group;      /* [n_layers] group or -1 */
+    int32_t *layer_col;        /* [n_layers] index of the layer's K column in its tables (V = +1) */
+    mem_group *groups;         /* [n_groups] */
+    int32_t n_groups;
+    int32_t n_streams;
+    int32_t n_threads;
+    base_pool *pool;
+    base_arena scratch;        /* every operation's scratch, reserved at open */
+    size_t bytes_total;        /* what open allocated (== keel_mem_config_bytes) */
+    size_t block_bytes;        /* the one block holding tables, metadata and columns */
+    uint64_t next_stamp;
+    int64_t tokens_placed;
+    int32_t max_cell_touched;  /* highest cell index any operation produced (tests) */
+    char err[BASE_ERR_CAP];
+};
+
+/* ---- table (table.c) ----------------------------------------------------- */
+
+static inline bool mem_seq_has(const mem_table *t, int32_t cell, int32_t s)
+{
+    return (t->seq[(size_t)cell * (size_t)t->seq_words + (size_t)(s >> 6)] >> (s & 63)) & 1u;
+}
+static inline void mem_seq_set(mem_table *t, int32_t cell, int32_t s)
+{
+    t->seq[(size_t)cell * (size_t)t->seq_words + (size_t)(s >> 6)] |= (uint64_t)1 << (s & 63);
+}
+static inline void mem_seq_unset(mem_table *t, int32_t cell, int32_t s)
+{
+    t->seq[(size_t)cell * (size_t)t->seq_words + (size_t)(s >> 6)] &= ~((uint64_t)1 << (s & 63));
+}
+bool mem_seq_empty(const mem_table *t, int32_t cell);
+int32_t mem_seq_count(const mem_table *t, int32_t cell);
+
+/* Pointer to the row of head h at cell of column c. cell must come from
+ * the table (cell < cap): checked, NULL otherwise. */
+static inline uint8_t *mem_col_row(const mem_table *t, const mem_col *c, int32_t head, int32_t cell)
+{
+    if (BASE_UNLIKELY(cell < 0 || cell >= t->cap || head < 0 || head >= c->n_heads)) return NULL;
+    return c->data + ((size_t)head * (size_t)t->cap + (size_t)cell) * c->head_row_bytes;
+}
+
+/* Group cell ids (what keel_mem_place returns): stream * cap + cell.
+ * Decodes and bounds-checks one; false if out of range. */
+static inline bool mem_cell_decode(const mem_group *g, int32_t id, const mem_table **t,
+                                   int32_t *cell)
+{
+    int32_t cap = g->tables[0].cap;
+    if (id < 0 || id / cap >= g->n_tables) return false;
+    *t = &g->tables[id / cap];
+    *cell = id % cap;
+    return true;
+}
+
+/* Frees a cell (all sequences), clearing its metadata. */
+void mem_table_free_cell(mem_table *t, int32_t cell);
+/* Copies cell src to free cell dst: metadata (not seq set) and all columns. */
+void mem_table_copy_cell(mem_table *t, int32_t dst, int32_t src);
+/* Next free cell at or after t->head (wrapping); -1 if none. Advances head. */
+int32_t mem_table_find_free(mem_table *t);
+/* Is cell a sink of s (sliding tables; recomputes thresholds if dirty). */
+bool mem_table_is_sink(mem_table *t, int32_t cell, int32_t s);
+void mem_table_update_sinks(mem_table *t, int32_t n_seq);
+/* Recomputes seq_min/seq_max/seq_cells and n_used from the cells, and
+ * marks sinks dirty. O(cap). */
+void mem_table_refresh(mem_table *t);
+/* Occupies free cell with pos/stamp for sequence s (stats updated). */
+void mem_table_occupy(mem_table *t, int32_t cell, int32_t pos, uint64_t stamp, int32_t s);
+
+/* ---- columns (column.c) -------------------------------------------------- */
+
+/* Scratch floats a column's encode/shift path needs per thread (the decoded
+ * row; cos/sin tables are the caller's, n_rot floats). */
+size_t mem_col_scratch_floats(const mem_col *c);
+/* Encodes one head row: x (f32 [head_dim], clobbered) -> rotated, quantized row. */
+void mem_col_encode(const mem_col *c, float *x, uint8_t *row);
+/* Decodes one head row to f32 (dequantize, then undo the rotation). */
+void mem_col_decode(const mem_col *c, const uint8_t *row, float *x);
+/* Position edits: cs[n_rot] <- the rotation by delta positions (magnitude
+ * 1); then per stored key row: decode, un-rotate, RoPE by cs, rotate,
+ * encode. x: mem_col_scratch_floats(c) floats. No-ops for rope NONE. */
+void mem_col_shift_cs(const mem_col *c, int64_t delta, float *cs);
+void mem_col_shift_row(const mem_col *c, uint8_t *row, const float *cs, float *x);
+
+/* Rotates a query head (f32 [head_dim]) into the column's storage basis:
+ * x <- H D x per block (identity when rotation is off). */
+void mem_col_rotate(const mem_col *c, float *x);
+/* Undoes the rotation on an output head row: x <- D H x per block. */
+void mem_col_unrotate(const mem_col *c, float *x);
+
+/* ---- attention (attn.c) -------------------------------------------------- */
+
+/* Scratch bytes keel_mem_attend needs for this memory's configuration. */
+size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *layers,
+                              int32_t n_threads, int32_t max_cap);
+
+#endif /* KEEL_MEMORY_H */

@@ -1,0 +1,178 @@
+/*
+ * table.c — the cell table's metadata: slot search, sequence sets, cell
+ * copies (metadata and every column), per-sequence statistics and the sink
+ * thresholds of sliding tables.
+ *
+ * Invariants: see memory.h (T1-T5). Every physical row index originates
+ * here (mem_table_find_free, iteration over [0, cap)).
+ */
+#include "memory.h"
+
+#include <string.h>
+
+bool mem_seq_empty(const mem_table *t, int32_t cell)
+{
+    const uint64_t *w = t->seq + (size_t)cell * (size_t)t->seq_words;
+    for (int32_t i = 0; i < t->seq_words; i++)
+        if (w[i]) return false;
+    return true;
+}
+
+int32_t mem_seq_count(const mem_table *t, int32_t cell)
+{
+    const uint64_t *w = t->seq + (size_t)cell * (size_t)t->seq_words;
+    int32_t n = 0;
+    for (int32_t i = 0; i < t->seq_words; i++) n += __builtin_popcountll(w[i]);
+    return n;
+}
+
+void mem_table_free_cell(mem_table *t, int32_t cell)
+{
+    if (t->pos[cell] >= 0) t->n_used--;
+    t->pos[cell] = -1;
+    t->stamp[cell] = 0;
+    memset(t->seq + (size_t)cell * (size_t)t->seq_words, 0, (size_t)t->seq_words * sizeof(uint64_t));
+    t->sinks_dirty = true;
+}
+
+void mem_table_copy_cell(mem_table *t, int32_t dst, int32_t src)
+{
+    if (t->pos[dst] < 0 && t->pos[src] >= 0) t->n_used++;
+    t->pos[dst] = t->pos[src];
+    t->stamp[dst] = t->stamp[src];
+    for (int32_t c = 0; c < t->n_cols; c++) {
+        const mem_col *col = &t->cols[c];
+        for (int32_t h = 0; h < col->n_heads; h++)
+            memcpy(mem_col_row(t, col, h, dst), mem_col_row(t, col, h, src), col->head_row_bytes);
+    }
+    t->sinks_dirty = true;
+}
+
+int32_t mem_table_find_free(mem_table *t)
+{
+    if (t->n_used >= t->cap) return -1;
+    int32_t c = t->head;
+    for (int32_t i = 0; i < t->cap; i++) {
+        if (t->pos[c] < 0) {
+            t->head = c + 1 == t->cap ? 0 : c + 1;
+            return c;
+        }
+        c = c + 1 == t->cap ? 0 : c + 1;
+    }
+    return -1;
+}
+
+void mem_table_occupy(mem_table *t, int32_t cell, int32_t pos, uint64_t stamp, int32_t s)
+{
+    if (t->pos[cell] < 0) t->n_used++;
+    t->pos[cell] = pos;
+    t->stamp[cell] = stamp;
+    mem_seq_set(t, cell, s);
+    if (t->seq_cells[s] == 0 || pos < t->seq_min[s]) t->seq_min[s] = pos;
+    if (t->seq_cells[s] == 0 || pos > t->seq_max[s]) t->seq_max[s] = pos;
+    t->seq_cells[s]++;
+    t->sinks_dirty = true;
+}
+
+void mem_table_refresh(mem_table *t)
+{
+    for (int32_t s = 0; s < t->n_seq; s++) {
+        t->seq_min[s] = -1;
+        t->seq_max[s] = -1;
+        t->seq_cells[s] = 0;
+    }
+    int32_t used = 0;
+    for (int32_t c = 0; c < t->cap; c++) {
+        int32_t p = t->pos[c];
+        if (p < 0) continue;
+        used++;
+        const uint64_t *w = t->seq + (size_t)c * (size_t)t->seq_words;
+        for (int32_t i = 0; i < t->seq_words; i++) {
+            uint64_t bits = w[i];
+            while (bits) {
+                int32_t s = i * 64 + __builtin_ctzll(bits);
+                bits &= bits - 1;
+                if (t->seq_cells[s] == 0 || p < t->seq_min[s]) t->seq_min[s] = p;
+                if (t->seq_cells[s] == 0 || p > t->seq_max[s]) t->seq_max[s] = p;
+                t->seq_cells[s]++;
+            }
+        }
+    }
+    t->n_used = used;
+    t->sinks_dirty = true;
+}
+
+/* (p, st) < (q, su) in (position, stamp) order */
+static inline bool key_less(int32_t p, uint64_t st, int32_t q, uint64_t su)
+{
+    return p < q || (p == q && st < su);
+}
+
+/* Max-heap of the n_sink smallest (pos, stamp) keys seen so far. */
+static void heap_sift_down(int32_t *hp, uint64_t *hs, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && key_less(hp[m], hs[m], hp[l], hs[l])) m = l;
+        if (r < n && key_less(hp[m], hs[m], hp[r], hs[r])) m = r;
+        if (m == i) return;
+        int32_t tp = hp[i];
+        uint64_t ts = hs[i];
+        hp[i] = hp[m];
+        hs[i] = hs[m];
+        hp[m] = tp;
+        hs[m] = ts;
+        i = m;
+    }
+}
+
+static void heap_sift_up(int32_t *hp, uint64_t *hs, int32_t i)
+{
+    while (i > 0) {
+        int32_t p = (i - 1) / 2;
+        if (!key_less(hp[p], hs[p], hp[i], hs[i])) return;
+        int32_t tp = hp[i];
+        uint64_t ts = hs[i];
+        hp[i] = hp[p];
+        hs[i] = hs[p];
+        hp[p] = tp;
+        hs[p] = ts;
+        i = p;
+    }
+}
+
+void mem_table_update_sinks(mem_table *t, int32_t n_seq)
+{
+    if (!t->sliding || !t->sinks_dirty) return;
+    for (int32_t s = 0; s < n_seq; s++) {
+        t->sink_pos[s] = -1;
+        t->sink_stamp[s] = 0;
+        if (t->n_sink == 0 || t->seq_cells[s] == 0) continue;
+        int32_t n = 0;
+        for (int32_t c = 0; c < t->cap; c++) {
+            if (t->pos[c] < 0 || !mem_seq_has(t, c, s)) continue;
+            if (n < t->n_sink) {
+                t->heap_pos[n] = t->pos[c];
+                t->heap_stamp[n] = t->stamp[c];
+                heap_sift_up(t->heap_pos, t->heap_stamp, n);
+                n++;
+            } else if (key_less(t->pos[c], t->stamp[c], t->heap_pos[0], t->heap_stamp[0])) {
+                t->heap_pos[0] = t->pos[c];
+                t->heap_stamp[0] = t->stamp[c];
+                heap_sift_down(t->heap_pos, t->heap_stamp, n, 0);
+            }
+        }
+        /* the heap's top is the largest of the n_sink smallest keys */
+        t->sink_pos[s] = t->heap_pos[0];
+        t->sink_stamp[s] = t->heap_stamp[0];
+    }
+    t->sinks_dirty = false;
+}
+
+bool mem_table_is_sink(mem_table *t, int32_t cell, int32_t s)
+{
+    if (!t->sliding || t->n_sink == 0) return false;
+    if (t->sinks_dirty) mem_table_update_sinks(t, t->n_seq);
+    if (t->sink_pos[s] < 0) return false;
+    return !key_less(t->sink_pos[s], t->sink_stamp[s], t->pos[cell], t->stamp[cell]);
+}

@@ -1,0 +1,1065 @@
+/*
+ * memref.c — the memory core's differential driver (see memref.h).
+ *
+ * Reference semantics (the specification keel_mem must match):
+ *   - each sequence has, per layer group, a list of entries (token,
+ *     position); a token owns K before RoPE and V for every layer;
+ *   - placing tokens appends entries; before that, in sliding groups, the
+ *     entries of each placed sequence with position <= first_new - window
+ *     that are not among its n_sink lowest (position, stamp) entries are
+ *     forgotten;
+ *   - seq_rm / seq_cp / seq_keep / seq_add / seq_div / clear edit the lists
+ *     of the named sequences only;
+ *   - a query (sequence s, position p) attends to the entries of s with
+ *     position <= p and, in sliding groups, position > p - window or among
+ *     the n_sink lowest; keys are RoPE'd at the entry's current position.
+ * Attention is recomputed from these lists in double precision.
+ */
+#include "memref.h"
+
+#include "keel.h"
+#include "base/base.h"
+#include "memory/memory.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REF_MAX_LAYERS 4
+#define REF_MAX_SEQ 4
+#define REF_MAX_BATCH 16
+
+/* ---- choices -------------------------------------------------------------- */
+
+typedef struct chooser {
+    base_rng rng;
+    const uint8_t *data;
+    size_t size, off;
+    bool bytes;
+    bool exhausted;
+} chooser;
+
+static uint32_t pick(chooser *c, uint32_t n)
+{
+    if (n <= 1) return 0;
+    if (!c->bytes) return (uint32_t)base_rng_below(&c->rng, n);
+    if (c->off >= c->size) {
+        c->exhausted = true;
+        return 0;
+    }
+    uint32_t v = c->data[c->off++];
+    if (n > 256 && c->off < c->size) v = (v << 8) | c->data[c->off++];
+    return v % n;
+}
+
+static bool chance(chooser *c, uint32_t pct)
+{
+    return pick(c, 100) < pct;
+}
+
+/* ---- configuration ------------------------------------------------------- */
+
+typedef struct ref_cfg {
+    keel_mem_config mc;
+    keel_mem_layer layers[REF_MAX_LAYERS];
+} ref_cfg;
+
+static const keel_dtype g_kv_types[] = {KEEL_DTYPE_F32,  KEEL_DTYPE_F16,  KEEL_DTYPE_BF16,
+                                        KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_1,
+                                        KEEL_DTYPE_Q5_0, KEEL_DTYPE_Q5_1};
+
+static void make_config(chooser *c, int preset, ref_cfg *rc)
+{
+    memset(rc, 0, sizeof *rc);
+    rc->mc = keel_mem_config_default();
+    int nl = 1 + (int)pick(c, 3);
+    rc->mc.n_layers = nl;
+    rc->mc.layers = rc->layers;
+    rc->mc.n_seq_max = 1 + (int32_t)pick(c, REF_MAX_SEQ);
+    rc->mc.unified = chance(c, 60);
+    rc->mc.n_ctx = 24 + (int32_t)pick(c, 120);
+    rc->mc.n_batch_max = 1 + (int32_t)pick(c, REF_MAX_BATCH);
+    rc->mc.n_threads = 1 + (int32_t)pick(c, 2);
+    for (int i = 0; i < REF_MAX_LAYERS; i++) {
+        keel_mem_layer *l = &rc->layers[i];
+        *l = keel_mem_layer_default();
+        uint32_t kind = pick(c, 10);
+        l->kind = kind < 5 ? KEEL_MEM_LAYER_FULL : kind < 9 ? KEEL_MEM_LAYER_SLIDING : KEEL_MEM_LAYER_NONE;
+        l->window = 3 + (int32_t)pick(c, 20);
+        l->n_sink = (int32_t)pick(c, 4);
+        l->n_kv_heads = 1 + (int32_t)pick(c, 2);
+        l->n_heads = l->n_kv_heads * (1 + (int32_t)pick(c, 3));
+        l->k_dtype = g_kv_types[pick(c, 8)];
+        l->v_dtype = g_kv_types[pick(c, 8)];
+        l->head_dim_k = chance(c, 50) ? 32 : 64;
+        l->head_dim_v = chance(c, 50) ? 32 : 64;
+        l->k_rot.enabled = chance(c, 50);
+        l->k_rot.block = chance(c, 50) ? 32 : 0;
+        l->k_rot.seed = chance(c, 70) ? 1 + pick(c, 1000) : 0;
+        l->v_rot.enabled = chance(c, 50);
+        l->v_rot.block = chance(c, 50) ? 32 : 0;
+        l->v_rot.seed = chance(c, 70) ? 1 + pick(c, 1000) : 0;
+        l->rope.type = chance(c, 50) ? KEEL_ROPE_NORM : KEEL_ROPE_NEOX;
+        l->rope.n_rot = chance(c, 70) ? l->head_dim_k : l->head_dim_k / 2;
+        l->rope.freq_base = chance(c, 50) ? 10000.0f : 500000.0f;
+        l->rope.freq_scale = chance(c, 80) ? 1.0f : 0.25f;
+    }
+    /* a layer of attention must exist */
+    if (rc->layers[0].kind == KEEL_MEM_LAYER_NONE) rc->layers[0].kind = KEEL_MEM_LAYER_FULL;
+    switch (preset) {
+    case 0: /* exactness: f32, no rotation, one full + one sliding layer */
+        rc->mc.n_layers = 2;
+        for (int i = 0; i < 2; i++) {
+            rc->layers[i].k_dtype = rc->layers[i].v_dtype = KEEL_DTYPE_F32;
+            rc->layers[i].k_rot.enabled = rc->layers[i].v_rot.enabled = false;
+        }
+        rc->layers[0].kind = KEEL_MEM_LAYER_FULL;
+        rc->layers[1].kind = KEEL_MEM_LAYER_SLIDING;
+        break;
+    case 1: /* q8_0 K rotated, f16 V, sliding + full, unified */
+        rc->mc.n_layers = 2;
+        rc->mc.unified = true;
+        for (int i = 0; i < 2; i++) {
+            rc->layers[i].k_dtype = KEEL_DTYPE_Q8_0;
+            rc->layers[i].v_dtype = KEEL_DTYPE_F16;
+            rc->layers[i].k_rot.enabled = true;
+        }
+        rc->layers[0].kind = KEEL_MEM_LAYER_SLIDING;
+        rc->layers[1].kind = KEEL_MEM_LAYER_FULL;
+        break;
+    case 2: /* split streams, 4-bit codecs */
+        rc->mc.unified = false;
+        rc->mc.n_seq_max = 3;
+        for (int i = 0; i < nl; i++) {
+            rc->layers[i].k_dtype = i % 2 ? KEEL_DTYPE_Q4_1 : KEEL_DTYPE_Q4_0;
+            rc->layers[i].v_dtype = i % 2 ? KEEL_DTYPE_Q5_1 : KEEL_DTYPE_Q5_0;
+        }
+        break;
+    case 3: /* many sequences sharing cells, bf16 */
+        rc->mc.unified = true;
+        rc->mc.n_seq_max = 4;
+        for (int i = 0; i < nl; i++) rc->layers[i].k_dtype = rc->layers[i].v_dtype = KEEL_DTYPE_BF16;
+        break;
+    case 4: /* long context, two threads: the split-KV path, quantized */
+        rc->mc.n_layers = 1;
+        rc->mc.n_seq_max = 1 + (int32_t)pick(c, 2);
+        rc->mc.n_ctx = 1100;
+        rc->mc.n_batch_max = 16;
+        rc->mc.n_threads = 2;
+        rc->layers[0].kind = KEEL_MEM_LAYER_FULL;
+        rc->layers[0].k_dtype = KEEL_DTYPE_Q8_0;
+        rc->layers[0].k_rot.enabled = true;
+        rc->layers[0].v_dtype = KEEL_DTYPE_Q4_0;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Codec tolerances on attention outputs (values ~U(-1, 1), smooth softmax):
+ * see docs/memory.md. An entry whose key was re-encoded e times by position
+ * edits scales the K part by sqrt(1 + e). */
+static double tol_k(keel_dtype t)
+{
+    switch (t) {
+    case KEEL_DTYPE_F32: return 2e-6;
+    case KEEL_DTYPE_F16: return 2e-3;
+    case KEEL_DTYPE_BF16: return 1.6e-2;
+    case KEEL_DTYPE_Q8_0: return 1.5e-2;
+    case KEEL_DTYPE_Q5_0: case KEEL_DTYPE_Q5_1: return 5e-2;
+    case KEEL_DTYPE_Q4_0: case KEEL_DTYPE_Q4_1: return 1e-1;
+    default: return 1.0;
+    }
+}
+
+static double tol_v(keel_dtype t)
+{
+    switch (t) {
+    case KEEL_DTYPE_F32: return 1e-6;
+    case KEEL_DTYPE_F16: return 1e-3;
+    case KEEL_DTYPE_BF16: return 8e-3;
+    case KEEL_DTYPE_Q8_0: return 1.5e-2;
+    case KEEL_DTYPE_Q5_0: return 1e-1;
+    case KEEL_DTYPE_Q5_1: return 8e-2;
+    case KEEL_DTYPE_Q4_0: return 2e-1;
+    case KEEL_DTYPE_Q4_1: return 1.6e-1;
+    default: return 1.0;
+    }
+}
+
+/* ---- reference ----------------------------------------------------------- */
+
+typedef struct ref_token {
+    int32_t refs;
+    uint64_t stamp;
+    float *k; /* [n_layers][kvh][dk] before RoPE */
+    float *v; /* [n_layers][kvh][dv] */
+} ref_token;
+
+typedef struct ref_entry {
+    int32_t tok;
+    int32_t pos;
+    int32_t edits; /* position edits since written (key re-encodings) */
+    int64_t inst;  /* the memory cell this entry models: entries of several
+                      sequences share one while the memory shares the cell */
+} ref_entry;
+
+typedef struct ref_list {
+    ref_entry *e;
+    int32_t n, cap;
+} ref_list;
+
+typedef struct ref_group {
+    bool sliding;
+    int32_t window, n_sink;
+} ref_group;
+
+typedef struct ref {
+    ref_cfg rc;
+    int32_t n_groups;
+    ref_group groups[REF_MAX_LAYERS];
+    int32_t layer_group[REF_MAX_LAYERS];
+    size_t k_off[REF_MAX_LAYERS], v_off[REF_MAX_LAYERS]; /* floats into token k / v */
+    size_t k_floats, v_floats;
+    ref_token *toks;
+    int32_t n_toks, cap_toks;
+    int32_t *free_toks;
+    int32_t n_free;
+    ref_list lists[REF_MAX_SEQ][REF_MAX_LAYERS];
+    uint64_t next_stamp;
+    int64_t next_inst;
+    base_rng data; /* values of K, V, Q */
+} ref;
+
+static void list_push(ref_list *l, ref_entry e)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->e = realloc(l->e, (size_t)l->cap * sizeof(ref_entry));
+        if (!l->e) abort();
+    }
+    l->e[l->n++] = e;
+}
+
+static void tok_unref(ref *r, int32_t t)
+{
+    if (--r->toks[t].refs == 0) {
+        free(r->toks[t].k);
+        free(r->toks[t].v);
+        r->toks[t].k = r->toks[t].v = NULL;
+        r->free_toks[r->n_free++] = t;
+    }
+}
+
+static int32_t tok_new(ref *r)
+{
+    int32_t t;
+    if (r->n_free > 0) {
+        t = r->free_toks[--r->n_free];
+    } else {
+        if (r->n_toks == r->cap_toks) {
+            r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 256;
+            r->toks = realloc(r->toks, (size_t)r->cap_toks * sizeof(ref_token));
+            r->free_toks = realloc(r->free_toks, (size_t)r->cap_toks * sizeof(int32_t));
+            if (!r->toks || !r->free_toks) abort();
+        }
+        t = r->n_toks++;
+    }
+    ref_token *k = &r->toks[t];
+    k->refs = 0;
+    k->stamp = r->next_stamp++;
+    k->k = malloc(r->k_floats * sizeof(float));
+    k->v = malloc(r->v_floats * sizeof(float));
+    if (!k->k || !k->v) abort();
+    for (size_t i = 0; i < r->k_floats; i++) k->k[i] = (float)(base_rng_uniform(&r->data) * 2 - 1);
+    for (size_t i = 0; i < r->v_floats; i++) k->v[i] = (float)(base_rng_uniform(&r->data) * 2 - 1);
+    return t;
+}
+
+static void ref_init(ref *r, const ref_cfg *rc, keel_mem *mem, uint64_t data_seed)
+{
+    memset(r, 0, sizeof *r);
+    r->rc = *rc;
+    r->rc.mc.layers = r->rc.layers;
+    r->n_groups = keel_mem_n_groups(mem);
+    for (int32_t l = 0; l < rc->mc.n_layers; l++) {
+        const keel_mem_layer *L = &rc->layers[l];
+        int32_t g = keel_mem_layer_group(mem, l);
+        r->layer_group[l] = g;
+        if (g >= 0) {
+            r->groups[g].sliding = L->kind == KEEL_MEM_LAYER_SLIDING;
+            r->groups[g].window = L->window;
+            r->groups[g].n_sink = L->n_sink;
+        }
+        r->k_off[l] = r->k_floats;
+        r->v_off[l] = r->v_floats;
+        if (g >= 0) {
+            r->k_floats += (size_t)L->n_kv_heads * (size_t)L->head_dim_k;
+            r->v_floats += (size_t)L->n_kv_heads * (size_t)L->head_dim_v;
+        }
+    }
+    if (r->k_floats == 0) r->k_floats = 1;
+    if (r->v_floats == 0) r->v_floats = 1;
+    r->next_stamp = 1;
+    base_rng_seed(&r->data, data_seed);
+}
+
+static void ref_free(ref *r)
+{
+    for (int32_t t = 0; t < r->n_toks; t++) {
+        free(r->toks[t].k);
+        free(r->toks[t].v);
+    }
+    free(r->toks);
+    free(r->free_toks);
+    for (int s = 0; s < REF_MAX_SEQ; s++)
+        for (int g = 0; g < REF_MAX_LAYERS; g++) free(r->lists[s][g].e);
+}
+
+static bool key_less(int32_t p, uint64_t st, int32_t q, uint64_t su)
+{
+    return p < q || (p == q && st < su);
+}
+
+/* The n_sink-th lowest (pos, stamp) of a list counting duplicates (a cell
+ * copied into a stream twice is two cells), or pos -1. O(n^2). */
+static void sink_threshold(const ref *r, const ref_list *l, int32_t n_sink, int32_t *tp,
+                           uint64_t *ts)
+{
+    *tp = -1;
+    *ts = 0;
+    if (n_sink == 0 || l->n == 0) return;
+    int32_t k = n_sink < l->n ? n_sink : l->n;
+    /* the entry with exactly k-1 entries strictly below it... or ties */
+    for (int32_t i = 0; i < l->n; i++) {
+        int32_t p = l->e[i].pos;
+        uint64_t st = r->toks[l->e[i].tok].stamp;
+        int32_t below = 0, equal = 0;
+        for (int32_t j = 0; j < l->n; j++) {
+            int32_t q = l->e[j].pos;
+            uint64_t su = r->toks[l->e[j].tok].stamp;
+            if (key_less(q, su, p, st))
+                below++;
+            else if (q == p && su == st)
+                equal++;
+        }
+        if (below < k && below + equal >= k) {
+            *tp = p;
+            *ts = st;
+            return;
+        }
+    }
+}
+
+static int32_t ref_pos_max(const ref *r, int32_t s)
+{
+    int32_t mx = -1;
+    for (int32_t g = 0; g < r->n_groups; g++)
+        for (int32_t i = 0; i < r->lists[s][g].n; i++)
+            if (r->lists[s][g].e[i].pos > mx) mx = r->lists[s][g].e[i].pos;
+    return mx;
+}
+
+static bool ref_seq_empty(const ref *r, int32_t s)
+{
+    for (int32_t g = 0; g < r->n_groups; g++)
+        if (r->lists[s][g].n) return false;
+    return true;
+}
+
+/* RoPE in double at position p, the layer's parameters (no YaRN here). */
+static void ref_rope(const keel_mem_layer *L, const float *x, double p, double *y)
+{
+    int32_t d = L->head_dim_k, nr = L->rope.n_rot;
+    for (int32_t i = 0; i < d; i++) y[i] = x[i];
+    for (int32_t i = 0; i < nr / 2; i++) {
+        double theta = p * (double)L->rope.freq_scale *
+                       pow((double)L->rope.freq_base, -2.0 * i / (double)nr);
+        double c = cos(theta), s = sin(theta);
+        int32_t a = L->rope.type == KEEL_ROPE_NEOX ? i : 2 * i;
+        int32_t b = L->rope.type == KEEL_ROPE_NEOX ? i + nr / 2 : 2 * i + 1;
+        double x0 = x[a], x1 = x[b];
+        y[a] = x0 * c - x1 * s;
+        y[b] = x0 * s + x1 * c;
+    }
+}
+
+/* ---- the driver ----------------------------------------------------------- */
+
+typedef struct driver {
+    chooser ch;
+    ref r;
+    keel_mem *mem;
+    memref_result *res;
+    FILE *log;
+    int64_t step;
+    bool trace; /* MEMREF_TRACE=1: log every operation */
+    /* buffers */
+    float *kbuf, *vbuf, *qbuf, *out;
+    double *dq, *dk, *dacc;
+    int32_t cells[REF_MAX_LAYERS * REF_MAX_BATCH];
+} driver;
+
+static void note(driver *d, const char *fmt, ...) BASE_PRINTF(2, 3);
+static void note(driver *d, const char *fmt, ...)
+{
+    if (!d->log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(d->log, "step %lld: ", (long long)d->step);
+    vfprintf(d->log, fmt, ap);
+    fputc('\n', d->log);
+    va_end(ap);
+}
+
+#define TRACE(...) do { if (d->trace) note(d, __VA_ARGS__); } while (0)
+
+static void check_invariants(driver *d, const char *after)
+{
+    keel_status st = keel_mem_check(d->mem);
+    if (st != KEEL_OK) {
+        d->res->invariant_failures++;
+        note(d, "invariant failure after %s: %s", after, keel_mem_last_error(d->mem));
+    }
+    keel_mem_stats ms;
+    keel_mem_stats_get(d->mem, &ms);
+    if (ms.cells_used > ms.cells_cap) {
+        d->res->invariant_failures++;
+        note(d, "cells_used %lld > cap %lld", (long long)ms.cells_used, (long long)ms.cells_cap);
+    }
+}
+
+/* A refused operation must leave the memory byte-identical. */
+static void refused(driver *d, uint64_t before, keel_status st, const char *what)
+{
+    d->res->refused++;
+    if (keel_mem_digest(d->mem) != before) {
+        d->res->invariant_failures++;
+        note(d, "%s refused with %s but changed the memory", what, keel_status_name(st));
+    }
+}
+
+static void expect_status(driver *d, keel_status got, keel_status want, const char *what)
+{
+    if (got != want) {
+        d->res->invariant_failures++;
+        note(d, "%s returned %s, want %s (%s)", what, keel_status_name(got), keel_status_name(want),
+             keel_mem_last_error(d->mem));
+    }
+}
+
+/* Writes K (RoPE'd at pos) and V of token tok for every layer at cells. */
+static void write_token_rows(driver *d, int32_t n, const int32_t *toks, const int32_t *pos)
+{
+    const ref_cfg *rc = &d->r.rc;
+    for (int32_t l = 0; l < rc->mc.n_layers; l++) {
+        int32_t g = d->r.layer_group[l];
+        if (g < 0) continue;
+        const keel_mem_layer *L = &rc->layers[l];
+        size_t kn = (size_t)L->n_kv_heads * (size_t)L->head_dim_k;
+        size_t vn = (size_t)L->n_kv_heads * (size_t)L->head_dim_v;
+        for (int32_t i = 0; i < n; i++) {
+            const ref_token *t = &d->r.toks[toks[i]];
+            for (int32_t h = 0; h < L->n_kv_heads; h++) {
+                ref_rope(L, t->k + d->r.k_off[l] + (size_t)h * (size_t)L->head_dim_k, pos[i], d->dk);
+                for (int32_t j = 0; j < L->head_dim_k; j++)
+                    d->kbuf[(size_t)i * kn + (size_t)h * (size_t)L->head_dim_k + (size_t)j] = (float)d->dk[j];
+            }
+            memcpy(d->vbuf + (size_t)i * vn, t->v + d->r.v_off[l], vn * sizeof(float));
+        }
+        keel_status st = keel_mem_write(d->mem, l, n, d->cells + (size_t)g * (size_t)n, d->kbuf, d->vbuf);
+        expect_status(d, st, KEEL_OK, "write");
+    }
+}
+
+static void ref_rm(ref *r, int32_t s, int32_t p0, int32_t p1);
+
+static void op_place(driver *d)
+{
+    ref *r = &d->r;
+    const keel_mem_config *mc = &r->rc.mc;
+    int32_t n = 1 + (int32_t)pick(&d->ch, (uint32_t)mc->n_batch_max);
+    int32_t pos[REF_MAX_BATCH], seq[REF_MAX_BATCH], nseq[REF_MAX_BATCH], toks[REF_MAX_BATCH];
+    int32_t sets[REF_MAX_BATCH][REF_MAX_SEQ];
+    const int32_t *setp[REF_MAX_BATCH];
+    int32_t next[REF_MAX_SEQ];
+    for (int32_t s = 0; s < mc->n_seq_max; s++) {
+        int32_t pm = ref_pos_max(r, s);
+        next[s] = pm >= 0 ? pm + 1 : (int32_t)pick(&d->ch, 5);
+    }
+    /* shared tokens: sequences with the same next position (unified only) */
+    bool multi = mc->unified && mc->n_seq_max > 1 && chance(&d->ch, 25);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
+        if (chance(&d->ch, 60) && i > 0) s = seq[i - 1];
+        seq[i] = s;
+        pos[i] = next[s];
+        nseq[i] = 1;
+        sets[i][0] = s;
+        if (multi) {
+            for (int32_t t = 0; t < mc->n_seq_max; t++)
+                if (t != s && next[t] == next[s] && chance(&d->ch, 50)) sets[i][nseq[i]++] = t;
+        }
+        for (int32_t j = 0; j < nseq[i]; j++) next[sets[i][j]]++;
+        setp[i] = sets[i];
+    }
+    keel_mem_batch b = {n, pos, NULL, nseq, setp};
+    if (!multi) {
+        b.seq_id1 = seq;
+        b.n_seq_id = NULL;
+        b.seq_id = NULL;
+    }
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st = keel_mem_place(d->mem, &b, d->cells);
+    TRACE("place n=%d first seq %d pos %d .. last seq %d pos %d multi %d -> %s", n, seq[0], pos[0],
+          seq[n - 1], pos[n - 1], multi, keel_status_name(st));
+    if (st != KEEL_OK) {
+        if (st != KEEL_EFULL) expect_status(d, st, KEEL_EFULL, "place");
+        refused(d, before, st, "place");
+        /* make room: drop a random sequence */
+        int32_t victim = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
+        keel_status st2 = keel_mem_seq_rm(d->mem, victim, -1, -1);
+        expect_status(d, st2, KEEL_OK, "seq_rm (room)");
+        if (st2 == KEEL_OK) ref_rm(r, victim, -1, -1);
+        return;
+    }
+    /* reference: forget in sliding groups, then append */
+    int32_t first[REF_MAX_SEQ];
+    for (int32_t s = 0; s < REF_MAX_SEQ; s++) first[s] = -1;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t j = 0; j < nseq[i]; j++)
+            if (first[sets[i][j]] < 0) first[sets[i][j]] = pos[i];
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        if (!r->groups[g].sliding) continue;
+        for (int32_t s = 0; s < mc->n_seq_max; s++) {
+            if (first[s] < 0) continue;
+            ref_list *l = &r->lists[s][g];
+            int32_t tp;
+            uint64_t tsm;
+            sink_threshold(r, l, r->groups[g].n_sink, &tp, &tsm);
+            int32_t w = 0;
+            for (int32_t i = 0; i < l->n; i++) {
+                ref_entry e = l->e[i];
+                bool sink = tp >= 0 && !key_less(tp, tsm, e.pos, r->toks[e.tok].stamp);
+                if ((int64_t)e.pos <= (int64_t)first[s] - r->groups[g].window && !sink)
+                    tok_unref(r, e.tok);
+                else
+                    l->e[w++] = e;
+            }
+            l->n = w;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        toks[i] = tok_new(r);
+        int64_t inst = r->next_inst;
+        r->next_inst += r->n_groups;
+        for (int32_t j = 0; j < nseq[i]; j++)
+            for (int32_t g = 0; g < r->n_groups; g++) {
+                ref_entry e = {toks[i], pos[i], 0, inst + g};
+                list_push(&r->lists[sets[i][j]][g], e);
+                r->toks[toks[i]].refs++;
+            }
+        if (r->toks[toks[i]].refs == 0) { /* no groups: keep bookkeeping simple */
+            r->toks[toks[i]].refs = 1;
+            tok_unref(r, toks[i]);
+        }
+    }
+    write_token_rows(d, n, toks, pos);
+    d->res->tokens_placed += n;
+    for (int32_t i = 0; i < r->n_groups * n; i++)
+        if (d->cells[i] > d->res->max_cell) d->res->max_cell = d->cells[i];
+}
+
+static void ref_rm(ref *r, int32_t s, int32_t p0, int32_t p1)
+{
+    if (p0 < 0) p0 = 0;
+    if (p1 < 0) p1 = INT32_MAX;
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++) {
+        if (s >= 0 && q != s) continue;
+        for (int32_t g = 0; g < r->n_groups; g++) {
+            ref_list *l = &r->lists[q][g];
+            int32_t w = 0;
+            for (int32_t i = 0; i < l->n; i++) {
+                if (l->e[i].pos >= p0 && l->e[i].pos < p1)
+                    tok_unref(r, l->e[i].tok);
+                else
+                    l->e[w++] = l->e[i];
+            }
+            l->n = w;
+        }
+    }
+}
+
+static void op_rm(driver *d)
+{
+    ref *r = &d->r;
+    int32_t ns = r->rc.mc.n_seq_max;
+    int32_t s = chance(&d->ch, 10) ? -1 : (int32_t)pick(&d->ch, (uint32_t)ns);
+    int32_t pm = s >= 0 ? ref_pos_max(r, s) : 64;
+    int32_t p0 = chance(&d->ch, 20) ? -1 : (int32_t)pick(&d->ch, (uint32_t)(pm + 2));
+    int32_t p1 = chance(&d->ch, 50) ? -1 : p0 + 1 + (int32_t)pick(&d->ch, 8);
+    if (p0 < 0 && p1 >= 0) p1 = (int32_t)pick(&d->ch, (uint32_t)(pm + 2)) + 1;
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st = keel_mem_seq_rm(d->mem, s, p0, p1);
+    TRACE("seq_rm %d [%d, %d) -> %s", s, p0, p1, keel_status_name(st));
+    if (st != KEEL_OK) {
+        expect_status(d, st, KEEL_OK, "seq_rm");
+        refused(d, before, st, "seq_rm");
+        return;
+    }
+    ref_rm(r, s, p0, p1);
+}
+
+static void op_cp(driver *d)
+{
+    ref *r = &d->r;
+    int32_t ns = r->rc.mc.n_seq_max;
+    if (ns < 2) return;
+    int32_t src = (int32_t)pick(&d->ch, (uint32_t)ns), dst = (int32_t)pick(&d->ch, (uint32_t)ns);
+    if (src == dst) return;
+    /* the common use: fork into an emptied sequence */
+    if (chance(&d->ch, 70)) {
+        keel_status st = keel_mem_seq_rm(d->mem, dst, -1, -1);
+        expect_status(d, st, KEEL_OK, "seq_rm (fork)");
+        ref_rm(r, dst, -1, -1);
+    }
+    int32_t pm = ref_pos_max(r, src);
+    int32_t p0 = chance(&d->ch, 60) ? -1 : (int32_t)pick(&d->ch, (uint32_t)(pm + 2));
+    int32_t p1 = chance(&d->ch, 60) ? -1 : (p0 < 0 ? 0 : p0) + 1 + (int32_t)pick(&d->ch, 16);
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st = keel_mem_seq_cp(d->mem, src, dst, p0, p1);
+    TRACE("seq_cp %d -> %d [%d, %d) -> %s", src, dst, p0, p1, keel_status_name(st));
+    if (st != KEEL_OK) {
+        if (st != KEEL_EFULL) expect_status(d, st, KEEL_EFULL, "seq_cp");
+        refused(d, before, st, "seq_cp");
+        return;
+    }
+    int32_t a = p0 < 0 ? 0 : p0, b = p1 < 0 ? INT32_MAX : p1;
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        ref_list *ls = &r->lists[src][g], *ld = &r->lists[dst][g];
+        int32_t n0 = ls->n;
+        for (int32_t i = 0; i < n0; i++) {
+            ref_entry e = ls->e[i];
+            if (e.pos < a || e.pos >= b) continue;
+            /* unified: dst joins the cell unless it is in it already;
+             * split streams: the cell is copied into dst's stream */
+            bool dup = false;
+            if (r->rc.mc.unified)
+                for (int32_t j = 0; j < ld->n && !dup; j++) dup = ld->e[j].inst == e.inst;
+            else
+                e.inst = r->next_inst++;
+            if (dup) continue;
+            list_push(ld, e);
+            r->toks[e.tok].refs++;
+        }
+    }
+}
+
+static void op_keep(driver *d)
+{
+    ref *r = &d->r;
+    int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+    keel_status st = keel_mem_seq_keep(d->mem, s);
+    TRACE("seq_keep %d -> %s", s, keel_status_name(st));
+    expect_status(d, st, KEEL_OK, "seq_keep");
+    if (st != KEEL_OK) return;
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++)
+        if (q != s) ref_rm(r, q, -1, -1);
+}
+
+static void op_edit(driver *d, bool div)
+{
+    ref *r = &d->r;
+    int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+    int32_t pm = ref_pos_max(r, s);
+    int32_t p0 = chance(&d->ch, 30) ? -1 : (int32_t)pick(&d->ch, (uint32_t)(pm + 2));
+    int32_t p1 = chance(&d->ch, 60) ? -1 : (p0 < 0 ? 0 : p0) + 1 + (int32_t)pick(&d->ch, 24);
+    int32_t a = p0 < 0 ? 0 : p0, b = p1 < 0 ? INT32_MAX : p1;
+    int32_t delta = 0, dv = 1;
+    if (div) {
+        dv = 1 + (int32_t)pick(&d->ch, 4);
+    } else {
+        /* mostly legal shifts (context shift, renumbering), sometimes negative past 0 */
+        int32_t lo = INT32_MAX;
+        for (int32_t g = 0; g < r->n_groups; g++)
+            for (int32_t i = 0; i < r->lists[s][g].n; i++) {
+                int32_t p = r->lists[s][g].e[i].pos;
+                if (p >= a && p < b && p < lo) lo = p;
+            }
+        if (lo == INT32_MAX) lo = 0;
+        delta = chance(&d->ch, 50) ? (int32_t)pick(&d->ch, 40) : -(int32_t)pick(&d->ch, (uint32_t)lo + 1);
+        if (chance(&d->ch, 5)) delta = -lo - 1 - (int32_t)pick(&d->ch, 3); /* must be refused */
+    }
+    bool negative = false;
+    for (int32_t g = 0; g < r->n_groups; g++)
+        for (int32_t i = 0; i < r->lists[s][g].n; i++) {
+            int32_t p = r->lists[s][g].e[i].pos;
+            if (p >= a && p < b && (int64_t)p + delta < 0) negative = true;
+        }
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st = div ? keel_mem_seq_div(d->mem, s, p0, p1, dv) : keel_mem_seq_add(d->mem, s, p0, p1, delta);
+    TRACE("%s %d [%d, %d) %d -> %s", div ? "seq_div" : "seq_add", s, p0, p1, div ? dv : delta,
+          keel_status_name(st));
+    if ((div && dv == 1) || (!div && delta == 0)) {
+        expect_status(d, st, KEEL_OK, "identity edit");
+        if (keel_mem_digest(d->mem) != before) {
+            d->res->invariant_failures++;
+            note(d, "identity edit changed the memory");
+        }
+        return;
+    }
+    if (negative) {
+        expect_status(d, st, KEEL_ERANGE, "seq_add (negative)");
+        if (st != KEEL_OK) refused(d, before, st, "seq_add");
+        return;
+    }
+    if (st != KEEL_OK) {
+        if (st != KEEL_EFULL) expect_status(d, st, KEEL_EFULL, div ? "seq_div" : "seq_add");
+        refused(d, before, st, div ? "seq_div" : "seq_add");
+        return;
+    }
+    for (int32_t g = 0; g < r->n_groups; g++)
+        for (int32_t i = 0; i < r->lists[s][g].n; i++) {
+            ref_entry *e = &r->lists[s][g].e[i];
+            if (e->pos < a || e->pos >= b) continue;
+            /* copy on write: a cell shared with another sequence is split */
+            bool shared = false;
+            for (int32_t q = 0; q < r->rc.mc.n_seq_max && !shared; q++) {
+                if (q == s) continue;
+                for (int32_t j = 0; j < r->lists[q][g].n && !shared; j++)
+                    shared = r->lists[q][g].e[j].inst == e->inst;
+            }
+            if (shared) e->inst = r->next_inst++;
+            int32_t np = div ? e->pos / dv : e->pos + delta;
+            if (np != e->pos) e->edits++;
+            e->pos = np;
+        }
+}
+
+static void op_clear(driver *d)
+{
+    TRACE("clear");
+    keel_mem_clear(d->mem);
+    ref_rm(&d->r, -1, -1, -1);
+}
+
+/* Bad input: each must be refused with a clear status and change nothing. */
+static void op_bad(driver *d)
+{
+    ref *r = &d->r;
+    const keel_mem_config *mc = &r->rc.mc;
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st;
+    uint32_t kind = pick(&d->ch, 6);
+    switch (kind) {
+    case 0: { /* unknown sequence id */
+        int32_t pos = 0, seq = mc->n_seq_max + (int32_t)pick(&d->ch, 3);
+        keel_mem_batch b = {1, &pos, &seq, NULL, NULL};
+        st = keel_mem_place(d->mem, &b, d->cells);
+        expect_status(d, st, KEEL_EINVAL, "place (unknown seq)");
+        break;
+    }
+    case 1: { /* position gap */
+        int32_t seq = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
+        int32_t pm = ref_pos_max(r, seq);
+        if (pm < 0) return;
+        int32_t pos = pm + 2 + (int32_t)pick(&d->ch, 3);
+        keel_mem_batch b = {1, &pos, &seq, NULL, NULL};
+        st = keel_mem_place(d->mem, &b, d->cells);
+        expect_status(d, st, KEEL_EINVAL, "place (gap)");
+        break;
+    }
+    case 2: { /* empty range */
+        int32_t p0 = 1 + (int32_t)pick(&d->ch, 50);
+        int32_t p1 = p0 - (int32_t)pick(&d->ch, (uint32_t)BASE_MIN(p0, 3)); /* 0 <= p1 <= p0 */
+        st = keel_mem_seq_rm(d->mem, 0, p0, p1);
+        expect_status(d, st, KEEL_ERANGE, "seq_rm (empty range)");
+        break;
+    }
+    case 3: { /* negative position from seq_add */
+        int32_t s = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
+        if (ref_seq_empty(r, s)) return;
+        st = keel_mem_seq_add(d->mem, s, -1, -1, -(ref_pos_max(r, s) + 1));
+        expect_status(d, st, KEEL_ERANGE, "seq_add (negative)");
+        break;
+    }
+    case 4: { /* too many tokens */
+        int32_t n = mc->n_batch_max + 1;
+        int32_t pos[REF_MAX_BATCH + 1], seq[REF_MAX_BATCH + 1];
+        for (int32_t i = 0; i < n; i++) {
+            pos[i] = i;
+            seq[i] = 0;
+        }
+        keel_mem_batch b = {n, pos, seq, NULL, NULL};
+        st = keel_mem_place(d->mem, &b, d->cells);
+        expect_status(d, st, KEEL_EINVAL, "place (too many tokens)");
+        break;
+    }
+    default: { /* write to a cell that is not occupied / out of range */
+        int32_t cell = -1 - (int32_t)pick(&d->ch, 3);
+        int32_t l = 0;
+        while (l < mc->n_layers && r->layer_group[l] < 0) l++;
+        st = keel_mem_write(d->mem, l, 1, &cell, d->kbuf, d->vbuf);
+        expect_status(d, st, KEEL_EINVAL, "write (bad cell)");
+        break;
+    }
+    }
+    refused(d, before, st, "bad input");
+}
+
+static void dump_seq(driver *d, int32_t s, int32_t g)
+{
+    if (!d->log) return;
+    const ref_list *l = &d->r.lists[s][g];
+    fprintf(d->log, "  ref seq %d group %d:", s, g);
+    for (int32_t i = 0; i < l->n; i++)
+        fprintf(d->log, " %d/%llu", l->e[i].pos, (unsigned long long)d->r.toks[l->e[i].tok].stamp);
+    fprintf(d->log, "\n  mem:");
+    const mem_group *grp = &d->mem->groups[g];
+    const mem_table *t = &grp->tables[d->mem->n_streams == 1 ? 0 : s];
+    for (int32_t c = 0; c < t->cap; c++)
+        if (t->pos[c] >= 0 && mem_seq_has(t, c, s))
+            fprintf(d->log, " %d/%llu", t->pos[c], (unsigned long long)t->stamp[c]);
+    fprintf(d->log, "\n");
+}
+
+/* Compares attention for n_q random queries of one layer. */
+static void op_attend(driver *d, int32_t layer, int32_t n_q)
+{
+    ref *r = &d->r;
+    const keel_mem_layer *L = &r->rc.layers[layer];
+    int32_t g = r->layer_group[layer];
+    if (g < 0) return;
+    int32_t nh = L->n_heads, G = nh / L->n_kv_heads, dk = L->head_dim_k, dv = L->head_dim_v;
+    int32_t pos[REF_MAX_BATCH], seq[REF_MAX_BATCH];
+    if (n_q > r->rc.mc.n_batch_max) n_q = r->rc.mc.n_batch_max;
+    for (int32_t i = 0; i < n_q; i++) {
+        int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+        int32_t pm = ref_pos_max(r, s);
+        seq[i] = s;
+        pos[i] = chance(&d->ch, 70) ? (pm < 0 ? 0 : pm) : (int32_t)pick(&d->ch, (uint32_t)(pm + 3));
+        for (int32_t h = 0; h < nh; h++) {
+            float raw[64];
+            for (int32_t j = 0; j < dk; j++) raw[j] = (float)(base_rng_uniform(&r->data) * 2 - 1);
+            ref_rope(L, raw, pos[i], d->dq);
+            for (int32_t j = 0; j < dk; j++)
+                d->qbuf[((size_t)i * (size_t)nh + (size_t)h) * (size_t)dk + (size_t)j] = (float)d->dq[j];
+        }
+    }
+    float sinks[16];
+    bool use_sinks = chance(&d->ch, 20);
+    for (int32_t h = 0; h < nh; h++) sinks[h] = (float)(base_rng_uniform(&r->data) * 2 - 1);
+    keel_mem_attn a;
+    memset(&a, 0, sizeof a);
+    a.n_tokens = n_q;
+    a.n_heads = nh;
+    a.q = d->qbuf;
+    a.pos = pos;
+    a.seq = seq;
+    a.out = d->out;
+    a.scale = chance(&d->ch, 70) ? 0.0f : (float)((0.5 + base_rng_uniform(&r->data)) / sqrt((double)dk));
+    a.softcap = chance(&d->ch, 20) ? 1.0f + (float)pick(&d->ch, 10) : 0.0f;
+    a.sinks = use_sinks ? sinks : NULL;
+    keel_status st = keel_mem_attend(d->mem, layer, &a);
+    expect_status(d, st, KEEL_OK, "attend");
+    if (st != KEEL_OK) return;
+    d->res->attends++;
+    double scale = a.scale > 0 ? a.scale : 1.0 / sqrt((double)dk);
+    for (int32_t i = 0; i < n_q; i++) {
+        const ref_list *l = &r->lists[seq[i]][g];
+        const ref_group *rg = &r->groups[g];
+        int32_t tp = -1;
+        uint64_t tsm = 0;
+        if (rg->sliding) sink_threshold(r, l, rg->n_sink, &tp, &tsm);
+        int32_t max_edits = 0;
+        for (int32_t h = 0; h < nh; h++) {
+            int32_t hk = h / G;
+            const float *q = d->qbuf + ((size_t)i * (size_t)nh + (size_t)h) * (size_t)dk;
+            double m = -INFINITY, lsum = 0.0;
+            for (int32_t j = 0; j < dv; j++) d->dacc[j] = 0.0;
+            /* two passes: max, then sums */
+            for (int pass = 0; pass < 2; pass++) {
+                for (int32_t k = 0; k < l->n; k++) {
+                    const ref_entry *e = &l->e[k];
+                    if (e->pos > pos[i]) continue;
+                    if (rg->sliding && (int64_t)e->pos <= (int64_t)pos[i] - rg->window) {
+                        bool sink = tp >= 0 && !key_less(tp, tsm, e->pos, r->toks[e->tok].stamp);
+                        if (!sink) continue;
+                    }
+                    const ref_token *t = &r->toks[e->tok];
+                    ref_rope(L, t->k + r->k_off[layer] + (size_t)hk * (size_t)dk, e->pos, d->dk);
+                    double sc = 0.0;
+                    for (int32_t j = 0; j < dk; j++) sc += (double)q[j] * d->dk[j];
+                    sc *= scale;
+                    if (a.softcap > 0) sc = a.softcap * tanh(sc / a.softcap);
+                    if (pass == 0) {
+                        if (sc > m) m = sc;
+                        if (e->edits > max_edits) max_edits = e->edits;
+                    } else {
+                        double p = exp(sc - m);
+                        lsum += p;
+                        const float *v = t->v + r->v_off[layer] + (size_t)hk * (size_t)dv;
+                        for (int32_t j = 0; j < dv; j++) d->dacc[j] += p * v[j];
+                    }
+                }
+                if (pass == 0 && use_sinks && sinks[h] > m) m = sinks[h];
+            }
+            if (use_sinks && m != -INFINITY) lsum += exp(sinks[h] - m);
+            double tol = 2e-6 + tol_k(L->k_dtype) * sqrt(1.0 + max_edits) +
+                         tol_v(L->v_dtype) * (L->v_rot.enabled ? 2.0 : 1.0);
+            const float *o = d->out + ((size_t)i * (size_t)nh + (size_t)h) * (size_t)dv;
+            double err = 0.0;
+            for (int32_t j = 0; j < dv; j++) {
+                double want = lsum > 0 ? d->dacc[j] / lsum : 0.0;
+                double e = fabs(want - (double)o[j]);
+                if (!(e <= err)) err = isnan(e) ? INFINITY : e;
+            }
+            if (err / tol > d->res->max_err_ratio) d->res->max_err_ratio = err / tol;
+            if (!(err <= tol)) {
+                d->res->divergences++;
+                note(d, "attention diverges: layer %d (%s K%s, %s V%s, %s) seq %d pos %d head %d: err %.4g > tol %.4g (edits %d, softcap %g, sinks %d)",
+                     layer, keel_dtype_name(L->k_dtype), L->k_rot.enabled ? "+rot" : "",
+                     keel_dtype_name(L->v_dtype), L->v_rot.enabled ? "+rot" : "",
+                     L->kind == KEEL_MEM_LAYER_SLIDING ? "sliding" : "full", seq[i], pos[i], h, err, tol,
+                     max_edits, (double)a.softcap, use_sinks);
+                if (d->res->divergences == 1) dump_seq(d, seq[i], g);
+            }
+        }
+    }
+}
+
+static void compare_all(driver *d)
+{
+    int32_t nl = d->r.rc.mc.n_layers;
+    int32_t l = (int32_t)pick(&d->ch, (uint32_t)nl);
+    op_attend(d, l, 1 + (int32_t)pick(&d->ch, 3));
+}
+
+static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_result *res)
+{
+    memset(res, 0, sizeof *res);
+    driver d;
+    memset(&d, 0, sizeof d);
+    d.ch = *ch;
+    d.res = res;
+    d.log = log;
+    d.trace = log && getenv("MEMREF_TRACE") && getenv("MEMREF_TRACE")[0] == '1';
+    ref_cfg rc;
+    make_config(&d.ch, preset, &rc);
+    char err[BASE_ERR_CAP] = "";
+    keel_status st = keel_mem_open(&rc.mc, &d.mem, err);
+    if (st != KEEL_OK) {
+        if (log) fprintf(log, "open failed: %s: %s\n", keel_strerror(st), err);
+        res->invariant_failures++;
+        return 1;
+    }
+    ref_init(&d.r, &rc, d.mem, base_rng_next(&d.ch.rng) ^ 0x5eed);
+    size_t maxk = 0, maxv = 0, maxq = 0;
+    for (int32_t l = 0; l < rc.mc.n_layers; l++) {
+        maxk = BASE_MAX(maxk, (size_t)rc.layers[l].n_kv_heads * (size_t)rc.layers[l].head_dim_k);
+        maxv = BASE_MAX(maxv, (size_t)BASE_MAX(rc.layers[l].n_heads, rc.layers[l].n_kv_heads) *
+                                  (size_t)rc.layers[l].head_dim_v);
+        maxq = BASE_MAX(maxq, (size_t)rc.layers[l].n_heads * (size_t)rc.layers[l].head_dim_k);
+    }
+    d.kbuf = calloc(maxk * REF_MAX_BATCH, sizeof(float));
+    d.vbuf = calloc(maxv * REF_MAX_BATCH, sizeof(float));
+    d.qbuf = calloc(maxq * REF_MAX_BATCH, sizeof(float));
+    d.out = calloc(maxv * REF_MAX_BATCH, sizeof(float));
+    d.dq = calloc(64, sizeof(double));
+    d.dk = calloc(64, sizeof(double));
+    d.dacc = calloc(64, sizeof(double));
+    keel_mem_stats ms;
+    keel_mem_stats_get(d.mem, &ms);
+    for (int32_t g = 0; g < keel_mem_n_groups(d.mem); g++) (void)g;
+    res->max_cap = rc.mc.n_ctx;
+    res->max_cell = -1;
+    for (d.step = 0; d.step < n_ops; d.step++) {
+        uint32_t op = pick(&d.ch, 100);
+        const char *name;
+        if (op < 38) {
+            op_place(&d);
+            name = "place";
+        } else if (op < 58) {
+            op_attend(&d, (int32_t)pick(&d.ch, (uint32_t)rc.mc.n_layers), 1 + (int32_t)pick(&d.ch, 6));
+            name = "attend";
+        } else if (op < 66) {
+            op_rm(&d);
+            name = "seq_rm";
+        } else if (op < 71) {
+            op_cp(&d);
+            name = "seq_cp";
+        } else if (op < 73) {
+            op_keep(&d);
+            name = "seq_keep";
+        } else if (op < 83) {
+            op_edit(&d, false);
+            name = "seq_add";
+        } else if (op < 87) {
+            op_edit(&d, true);
+            name = "seq_div";
+        } else if (op < 88) {
+            op_clear(&d);
+            name = "clear";
+        } else {
+            op_bad(&d);
+            name = "bad input";
+        }
+        if (d.ch.exhausted) break;
+        check_invariants(&d, name);
+        compare_all(&d);
+        res->ops++;
+        if (log && (res->divergences + res->invariant_failures) > 20) break;
+    }
+    keel_mem_stats_get(d.mem, &ms);
+    free(d.kbuf);
+    free(d.vbuf);
+    free(d.qbuf);
+    free(d.out);
+    free(d.dq);
+    free(d.dk);
+    free(d.dacc);
+    ref_free(&d.r);
+    keel_mem_close(d.mem);
+    return res->divergences || res->invariant_failures ? 1 : 0;
+}
+
+int memref_run(const memref_opts *o, memref_result *res)
+{
+    chooser ch;
+    memset(&ch, 0, sizeof ch);
+    base_rng_seed(&ch.rng, o->seed);
+    return drive(&ch, o->config, o->ops, o->quiet ? NULL : o->log, res);
+}
+
+int memref_run_bytes(const uint8_t *data, size_t size, memref_result *res)
+{
+    chooser ch;
+    memset(&ch, 0, sizeof ch);
+    uint64_t seed = 0;
+    for (size_t i = 0; i < size && i < 8; i++) seed = seed * 131 + data[i];
+    base_rng_seed(&ch.rng, seed);
+    ch.bytes = true;
+    ch.data = data;
+    ch.size = size;
+    return drive(&ch, -1, 1 << 20, NULL, res);
+}
+
+void memref_describe(const memref_opts *o, char *buf, size_t cap)
+{
+    chooser ch;
+    memset(&ch, 0, sizeof ch);
+    base_rng_seed(&ch.rng, o->seed);
+    ref_cfg rc;
+    make_config(&ch, o->config, &rc);
+    size_t n = (size_t)snprintf(buf, cap, "n_seq %d %s n_ctx %d n_batch %d threads %d layers:",
+                                rc.mc.n_seq_max, rc.mc.unified ? "unified" : "split", rc.mc.n_ctx,
+                                rc.mc.n_batch_max, rc.mc.n_threads);
+    for (int32_t l = 0; l < rc.mc.n_layers && n < cap; l++) {
+        const keel_mem_layer *L = &rc.layers[l];
+        n += (size_t)snprintf(buf + n, cap - n, " [%s%s kv%d/q%d dk%d dv%d K %s%s V %s%s]",
+                              L->kind == KEEL_MEM_LAYER_FULL ? "full" : L->kind == KEEL_MEM_LAYER_NONE ? "none" : "sliding",
+                              "", L->n_kv_heads, L->n_heads, L->head_dim_k, L->head_dim_v,
+                              keel_dtype_name(L->k_dtype), L->k_rot.enabled ? "+rot" : "",
+                              keel_dtype_name(L->v_dtype), L->v_rot.enabled ? "+rot" : "");
+    }
+}

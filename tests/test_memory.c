@@ -1,0 +1,569 @@
+/*
+ * test_memory.c — the memory core: configuration and exact memory plan,
+ * failing allocator, bad input (refused, nothing changed), the ring
+ * regression of design.md 1.1 and the shift regression of design.md 1.2,
+ * plus exact attention against a double-precision recomputation.
+ */
+#include "testutil.h"
+#include "memory/memory.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers: a tiny reference for single-sequence scenarios -------------- */
+
+/* RoPE (NORM / NEOX, no scaling) in double. */
+static void rope_d(const keel_rope *r, const float *x, int32_t d, double p, double *y)
+{
+    for (int32_t i = 0; i < d; i++) y[i] = x[i];
+    for (int32_t i = 0; i < r->n_rot / 2; i++) {
+        double th = p * pow((double)r->freq_base, -2.0 * i / (double)r->n_rot);
+        double c = cos(th), s = sin(th);
+        int32_t a = r->type == KEEL_ROPE_NEOX ? i : 2 * i;
+        int32_t b = r->type == KEEL_ROPE_NEOX ? i + r->n_rot / 2 : 2 * i + 1;
+        double x0 = x[a], x1 = x[b];
+        y[a] = x0 * c - x1 * s;
+        y[b] = x0 * s + x1 * c;
+    }
+}
+
+typedef struct tok {
+    int32_t pos;
+    float *k; /* [kvh][dk] before RoPE */
+    float *v; /* [kvh][dv] */
+} tok;
+
+/* Max |error| of keel's attention for one query against a recomputation
+ * over toks (all visible). q is [nh][dk] after RoPE at qpos. */
+static double attn_err(keel_mem *m, int32_t layer, const keel_mem_layer *L, const tok *toks,
+                       int32_t n, const float *q, int32_t qpos)
+{
+    int32_t nh = L->n_heads, G = nh / L->n_kv_heads, dk = L->head_dim_k, dv = L->head_dim_v;
+    float *out = malloc((size_t)nh * (size_t)dv * sizeof(float));
+    int32_t seq = 0;
+    keel_mem_attn a = {1, nh, q, &qpos, &seq, out, 0.0f, 0.0f, NULL};
+    assert_ok(keel_mem_attend(m, layer, &a));
+    double *kk = malloc((size_t)dk * sizeof(double)), *acc = malloc((size_t)dv * sizeof(double));
+    double *sc = malloc((size_t)n * sizeof(double));
+    double err = 0.0, scale = 1.0 / sqrt((double)dk);
+    for (int32_t h = 0; h < nh; h++) {
+        int32_t hk = h / G;
+        double mx = -INFINITY;
+        for (int32_t i = 0; i < n; i++) {
+            rope_d(&L->rope, toks[i].k + (size_t)hk * (size_t)dk, dk, toks[i].pos, kk);
+            double s = 0;
+            for (int32_t j = 0; j < dk; j++) s += (double)q[(size_t)h * (size_t)dk + (size_t)j] * kk[j];
+            sc[i] = s * scale;
+            if (sc[i] > mx) mx = sc[i];
+        }
+        double l = 0;
+        for (int32_t j = 0; j < dv; j++) acc[j] = 0;
+        for (int32_t i = 0; i < n; i++) {
+            double p = exp(sc[i] - mx);
+            l += p;
+            for (int32_t j = 0; j < dv; j++) acc[j] += p * toks[i].v[(size_t)hk * (size_t)dv + (size_t)j];
+        }
+        for (int32_t j = 0; j < dv; j++) {
+            double e = fabs(acc[j] / l - out[(size_t)h * (size_t)dv + (size_t)j]);
+            if (e > err) err = e;
+        }
+    }
+    free(out);
+    free(kk);
+    free(acc);
+    free(sc);
+    return err;
+}
+
+static void make_tok(tok *t, const keel_mem_layer *L, int32_t pos, uint64_t seed)
+{
+    t->pos = pos;
+    t->k = malloc((size_t)L->n_kv_heads * (size_t)L->head_dim_k * sizeof(float));
+    t->v = malloc((size_t)L->n_kv_heads * (size_t)L->head_dim_v * sizeof(float));
+    test_fill_uniform(t->k, (int64_t)L->n_kv_heads * L->head_dim_k, seed);
+    test_fill_uniform(t->v, (int64_t)L->n_kv_heads * L->head_dim_v, seed ^ 0xabcdef);
+}
+
+static void free_tok(tok *t)
+{
+    free(t->k);
+    free(t->v);
+}
+
+/* Places and writes n tokens of sequence 0 (one layer). */
+static void place_write(keel_mem *m, const keel_mem_layer *L, tok *toks, int32_t n,
+                        int32_t *cells_out)
+{
+    int32_t *pos = malloc((size_t)n * sizeof(int32_t)), *seq = calloc((size_t)n, sizeof(int32_t));
+    int32_t ng = keel_mem_n_groups(m);
+    int32_t *cells = malloc((size_t)n * (size_t)ng * sizeof(int32_t));
+    size_t kn = (size_t)L->n_kv_heads * (size_t)L->head_dim_k;
+    size_t vn = (size_t)L->n_kv_heads * (size_t)L->head_dim_v;
+    float *k = malloc((size_t)n * kn * sizeof(float)), *v = malloc((size_t)n * vn * sizeof(float));
+    double *kd = malloc((size_t)L->head_dim_k * sizeof(double));
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = toks[i].pos;
+        for (int32_t h = 0; h < L->n_kv_heads; h++) {
+            rope_d(&L->rope, toks[i].k + (size_t)h * (size_t)L->head_dim_k, L->head_dim_k, pos[i], kd);
+            for (int32_t j = 0; j < L->head_dim_k; j++)
+                k[(size_t)i * kn + (size_t)h * (size_t)L->head_dim_k + (size_t)j] = (float)kd[j];
+        }
+        memcpy(v + (size_t)i * vn, toks[i].v, vn * sizeof(float));
+    }
+    keel_mem_batch b = {n, pos, seq, NULL, NULL};
+    assert_ok(keel_mem_place(m, &b, cells));
+    assert_ok(keel_mem_write(m, 0, n, cells, k, v));
+    if (cells_out) memcpy(cells_out, cells, (size_t)n * sizeof(int32_t));
+    free(pos);
+    free(seq);
+    free(cells);
+    free(k);
+    free(v);
+    free(kd);
+}
+
+static void make_query(const keel_mem_layer *L, int32_t pos, uint64_t seed, float *q)
+{
+    int32_t nh = L->n_heads, dk = L->head_dim_k;
+    float *raw = malloc((size_t)dk * sizeof(float));
+    double *y = malloc((size_t)dk * sizeof(double));
+    for (int32_t h = 0; h < nh; h++) {
+        test_fill_uniform(raw, dk, seed + (uint64_t)h);
+        rope_d(&L->rope, raw, dk, pos, y);
+        for (int32_t j = 0; j < dk; j++) q[(size_t)h * (size_t)dk + (size_t)j] = (float)y[j];
+    }
+    free(raw);
+    free(y);
+}
+
+static keel_mem_layer layer_basic(keel_mem_layer_kind kind, keel_dtype kt, bool rot)
+{
+    keel_mem_layer l = keel_mem_layer_default();
+    l.kind = kind;
+    l.n_kv_heads = 2;
+    l.n_heads = 4;
+    l.head_dim_k = l.head_dim_v = 64;
+    l.k_dtype = kt;
+    l.v_dtype = KEEL_DTYPE_F16;
+    l.k_rot.enabled = rot;
+    l.k_rot.seed = 7;
+    l.rope.n_rot = 64;
+    return l;
+}
+
+/* ---- configuration and memory plan ---------------------------------------- */
+
+static void test_config_bytes_exact(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[3] = {layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_Q8_0, true),
+                            layer_basic(KEEL_MEM_LAYER_SLIDING, KEEL_DTYPE_F16, false),
+                            layer_basic(KEEL_MEM_LAYER_NONE, KEEL_DTYPE_F32, false)};
+    ls[1].window = 16;
+    ls[1].n_sink = 4;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = ls;
+    cfg.n_layers = 3;
+    cfg.n_ctx = 1000;
+    cfg.n_seq_max = 3;
+    cfg.n_threads = 2;
+    size_t need = 0;
+    assert_ok(keel_mem_config_bytes(&cfg, &need));
+    test_alloc_install(0);
+    keel_mem *m = NULL;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    int64_t live = test_alloc_live_bytes();
+    keel_mem_stats st;
+    keel_mem_stats_get(m, &st);
+    keel_mem_close(m);
+    int64_t after = test_alloc_live_bytes();
+    test_alloc_uninstall();
+    assert_int_equal(live, (int64_t)need);
+    assert_int_equal(st.bytes_total, need);
+    assert_int_equal(after, 0);
+    assert_int_equal(keel_mem_n_groups(NULL), 0);
+    keel_mem_close(NULL);
+}
+
+static void test_config_errors(void **state)
+{
+    (void)state;
+    keel_mem_layer l = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_Q8_0, false);
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = &l;
+    cfg.n_layers = 1;
+    char err[BASE_ERR_CAP];
+    keel_mem *m = (keel_mem *)1;
+    l.head_dim_k = 8; /* q8_0 blocks of 32 do not divide 8 (stories260K) */
+    l.rope.n_rot = 8;
+    assert_status(keel_mem_open(&cfg, &m, err), KEEL_EUNSUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(err, "does not divide head_dim 8"));
+    l = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_Q2_K, false);
+    assert_status(keel_mem_open(&cfg, &m, err), KEEL_EUNSUPPORTED);
+    l = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F16, false);
+    l.n_heads = 3;
+    assert_status(keel_mem_open(&cfg, &m, err), KEEL_EINVAL);
+    l = layer_basic(KEEL_MEM_LAYER_SLIDING, KEEL_DTYPE_F16, false);
+    l.window = 0;
+    assert_status(keel_mem_open(&cfg, &m, err), KEEL_EINVAL);
+    l = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_Q8_0, true);
+    l.head_dim_k = 96; /* rotation needs a power of two >= 32 dividing 96: 32 ok */
+    l.rope.n_rot = 96;
+    assert_ok(keel_mem_open(&cfg, &m, err));
+    keel_mem_close(m);
+    l.k_rot.block = 64; /* 64 does not divide 96 */
+    assert_status(keel_mem_open(&cfg, &m, err), KEEL_EUNSUPPORTED);
+    cfg.n_seq_max = 0;
+    assert_status(keel_mem_open(&cfg, &m, err), KEEL_EINVAL);
+    assert_status(keel_mem_open(NULL, &m, err), KEEL_EINVAL);
+}
+
+typedef struct open_ctx {
+    keel_mem_config cfg;
+} open_ctx;
+
+static keel_status open_close(void *vctx)
+{
+    open_ctx *c = vctx;
+    keel_mem *m = NULL;
+    keel_status st = keel_mem_open(&c->cfg, &m, NULL);
+    if (st != KEEL_OK) return st;
+    keel_mem_close(m);
+    return KEEL_OK;
+}
+
+static void test_failing_allocator(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2] = {layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_Q4_0, true),
+                            layer_basic(KEEL_MEM_LAYER_SLIDING, KEEL_DTYPE_F32, false)};
+    ls[1].window = 8;
+    ls[0].rope.freq_factors = NULL;
+    open_ctx c = {keel_mem_config_default()};
+    c.cfg.layers = ls;
+    c.cfg.n_layers = 2;
+    c.cfg.n_ctx = 64;
+    c.cfg.n_threads = 3;
+    int64_t n = test_alloc_sweep(open_close, &c);
+    assert_true(n >= 4);
+}
+
+/* ---- exact attention (f32, no rotation) ----------------------------------- */
+
+static void test_attention_exact_f32(void **state)
+{
+    (void)state;
+    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F32, false);
+    L.v_dtype = KEEL_DTYPE_F32;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = &L;
+    cfg.n_layers = 1;
+    cfg.n_ctx = 2048;
+    cfg.n_batch_max = 256;
+    cfg.n_threads = 2;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    int32_t n = 1500;
+    tok *toks = calloc((size_t)n, sizeof(tok));
+    for (int32_t i = 0; i < n; i++) make_tok(&toks[i], &L, i, 1000 + (uint64_t)i);
+    for (int32_t i = 0; i < n; i += 250) place_write(m, &L, toks + i, BASE_MIN(250, n - i), NULL);
+    assert_ok(keel_mem_check(m));
+    float *q = malloc((size_t)L.n_heads * 64 * sizeof(float));
+    make_query(&L, n - 1, 99, q);
+    /* 1500 cells with 2 threads: the KV range is split and merged */
+    double e = attn_err(m, 0, &L, toks, n, q, n - 1);
+    assert_true(e < 2e-6);
+    /* edits: shift the whole cache and compare again */
+    assert_ok(keel_mem_seq_add(m, 0, -1, -1, 100));
+    for (int32_t i = 0; i < n; i++) toks[i].pos += 100;
+    assert_ok(keel_mem_check(m));
+    make_query(&L, n + 99, 98, q);
+    e = attn_err(m, 0, &L, toks, n, q, n + 99);
+    assert_true(e < 4e-6);
+    for (int32_t i = 0; i < n; i++) free_tok(&toks[i]);
+    free(toks);
+    free(q);
+    keel_mem_close(m);
+}
+
+/* ---- bad input: refused, memory byte-identical ----------------------------- */
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2] = {layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_Q8_0, true),
+                            layer_basic(KEEL_MEM_LAYER_SLIDING, KEEL_DTYPE_Q4_0, true)};
+    ls[1].window = 8;
+    ls[1].n_sink = 2;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = ls;
+    cfg.n_layers = 2;
+    cfg.n_ctx = 32;
+    cfg.n_batch_max = 16;
+    cfg.n_seq_max = 2;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    tok toks[24];
+    for (int32_t i = 0; i < 24; i++) make_tok(&toks[i], &ls[0], i, 7 + (uint64_t)i);
+    place_write(m, &ls[0], toks, 16, NULL);
+    place_write(m, &ls[0], toks + 16, 8, NULL);
+    uint64_t d0 = keel_mem_digest(m);
+    int32_t cells[64];
+
+    int32_t pos = 24, seq = 5;
+    keel_mem_batch b = {1, &pos, &seq, NULL, NULL};
+    assert_status(keel_mem_place(m, &b, cells), KEEL_EINVAL); /* unknown sequence */
+    assert_non_null(strstr(keel_mem_last_error(m), "unknown sequence id 5"));
+    assert_status(keel_mem_seq_rm(m, 7, -1, -1), KEEL_EINVAL);
+    assert_status(keel_mem_seq_cp(m, 0, 9, -1, -1), KEEL_EINVAL);
+    assert_status(keel_mem_seq_add(m, 3, -1, -1, 1), KEEL_EINVAL);
+    assert_status(keel_mem_seq_keep(m, -2), KEEL_EINVAL);
+    assert_int_equal(keel_mem_digest(m), d0);
+
+    seq = 0;
+    pos = 26; /* gap: sequence 0 continues at 24 */
+    assert_status(keel_mem_place(m, &b, cells), KEEL_EINVAL);
+    assert_non_null(strstr(keel_mem_last_error(m), "continues at position 24"));
+    assert_int_equal(keel_mem_digest(m), d0);
+
+    /* full cache: 24 of 32 cells used, 9 more do not fit (all or nothing) */
+    int32_t ps[9], ss[9];
+    for (int i = 0; i < 9; i++) {
+        ps[i] = 24 + i;
+        ss[i] = 0;
+    }
+    keel_mem_batch b9 = {9, ps, ss, NULL, NULL};
+    assert_status(keel_mem_place(m, &b9, cells), KEEL_EFULL);
+    assert_non_null(strstr(keel_mem_last_error(m), "free cells"));
+    assert_int_equal(keel_mem_digest(m), d0);
+
+    assert_status(keel_mem_seq_rm(m, 0, 10, 10), KEEL_ERANGE); /* empty range */
+    assert_status(keel_mem_seq_rm(m, 0, 12, 3), KEEL_ERANGE);
+    assert_int_equal(keel_mem_digest(m), d0);
+
+    assert_status(keel_mem_seq_add(m, 0, 5, -1, -6), KEEL_ERANGE); /* 5 - 6 < 0 */
+    assert_status(keel_mem_seq_div(m, 0, -1, -1, 0), KEEL_EINVAL);
+    assert_int_equal(keel_mem_digest(m), d0);
+
+    /* copy-on-write needs room: share all 24 cells with seq 1, then edit seq 0 */
+    assert_ok(keel_mem_seq_cp(m, 0, 1, -1, -1));
+    uint64_t d1 = keel_mem_digest(m);
+    assert_status(keel_mem_seq_add(m, 0, -1, -1, 3), KEEL_EFULL);
+    assert_int_equal(keel_mem_digest(m), d1);
+    assert_ok(keel_mem_seq_add(m, 0, 20, -1, 3)); /* 4 shared cells: split */
+    assert_ok(keel_mem_check(m));
+    assert_int_equal(keel_mem_seq_pos_max(m, 0), 26);
+    assert_int_equal(keel_mem_seq_pos_max(m, 1), 23);
+
+    int32_t bad = 31;
+    float kv[2 * 64 * 2];
+    memset(kv, 0, sizeof kv);
+    d1 = keel_mem_digest(m);
+    assert_status(keel_mem_write(m, 0, 1, &bad, kv, kv), KEEL_EINVAL);
+    bad = 1000;
+    assert_status(keel_mem_write(m, 0, 1, &bad, kv, kv), KEEL_EINVAL);
+    assert_int_equal(keel_mem_digest(m), d1);
+    assert_ok(keel_mem_check(m));
+    for (int32_t i = 0; i < 24; i++) free_tok(&toks[i]);
+    keel_mem_close(m);
+}
+
+/* ---- ring regression (design.md 1.1) -------------------------------------- */
+
+/*
+ * 4 sinks + 512 window, one token per batch (capacity 517), q8_0 keys.
+ * Three turns of decoding; after each, the recent rows are renumbered to
+ * follow the sinks (as a compaction that renumbers would), and decoding
+ * continues. The logical cursor (tokens placed) passes 5,000 while every
+ * row index stays below the capacity, and attention matches the reference
+ * over exactly the sinks and the window.
+ */
+static void test_ring_regression(void **state)
+{
+    (void)state;
+    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_SLIDING, KEEL_DTYPE_Q8_0, true);
+    L.window = 512;
+    L.n_sink = 4;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = &L;
+    cfg.n_layers = 1;
+    cfg.n_ctx = 1 << 20; /* not the bound: the ring is */
+    cfg.n_batch_max = 1;
+    cfg.n_threads = 1;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    int32_t cap = m->groups[0].tables[0].cap;
+    assert_int_equal(cap, 517);
+    /* the test's view of the ring: sinks + the window */
+    int32_t held_cap = 600, n_held = 0;
+    tok *held = calloc((size_t)held_cap, sizeof(tok));
+    float *q = malloc((size_t)L.n_heads * 64 * sizeof(float));
+    int32_t pos = 0, max_cell = -1;
+    double worst = 0.0;
+    uint64_t seed = 1;
+    for (int turn = 0; turn < 3; turn++) {
+        for (int step = 0; step < 1700; step++, pos++) {
+            /* forget what the ring forgets: non-sinks at <= pos - window */
+            int32_t w = 0;
+            for (int32_t i = 0; i < n_held; i++) {
+                if (i >= 4 && held[i].pos <= pos - L.window)
+                    free_tok(&held[i]);
+                else
+                    held[w++] = held[i];
+            }
+            n_held = w;
+            make_tok(&held[n_held], &L, pos, seed++);
+            int32_t cell;
+            place_write(m, &L, &held[n_held], 1, &cell);
+            n_held++;
+            assert_true(cell >= 0 && cell < cap);
+            if (cell > max_cell) max_cell = cell;
+            if (step % 97 == 0 || step == 1699) {
+                make_query(&L, pos, seed * 31, q);
+                double e = attn_err(m, 0, &L, held, n_held, q, pos);
+                if (e > worst) worst = e;
+                assert_ok(keel_mem_check(m));
+            }
+        }
+        /* renumber the recent rows to follow the sinks */
+        int32_t first_recent = held[4].pos, delta = 4 - first_recent;
+        assert_ok(keel_mem_seq_add(m, 0, first_recent, -1, delta));
+        for (int32_t i = 4; i < n_held; i++) held[i].pos += delta;
+        pos += delta;
+        assert_ok(keel_mem_check(m));
+        make_query(&L, pos - 1, seed * 17, q);
+        double e = attn_err(m, 0, &L, held, n_held, q, pos - 1);
+        if (e > worst) worst = e;
+    }
+    keel_mem_stats st;
+    keel_mem_stats_get(m, &st);
+    printf("ring: tokens placed %lld, cells %lld / %lld, max cell %d (cap %d), max err %.4g\n",
+           (long long)st.tokens_placed, (long long)st.cells_used, (long long)st.cells_cap,
+           max_cell, cap, worst);
+    assert_true(st.tokens_placed >= 5000);
+    assert_true(st.cells_used <= cap);
+    assert_true(m->max_cell_touched < cap);
+    assert_true(max_cell < cap);
+    /* q8_0 keys (rotated, re-encoded by up to 3 renumberings), f16 values */
+    assert_true(worst < 5e-3);
+    for (int32_t i = 0; i < n_held; i++) free_tok(&held[i]);
+    free(held);
+    free(q);
+    keel_mem_close(m);
+}
+
+/* ---- shift regression (design.md 1.2) ------------------------------------- */
+
+static size_t shift_run(int32_t n_tokens, bool rot, double *err_out)
+{
+    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_Q8_0, rot);
+    L.n_kv_heads = 1;
+    L.n_heads = 2;
+    L.head_dim_k = L.head_dim_v = 256;
+    L.rope.n_rot = 256;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = &L;
+    cfg.n_layers = 1;
+    cfg.n_ctx = n_tokens;
+    cfg.n_batch_max = 512;
+    cfg.n_threads = 2;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    tok *toks = calloc((size_t)n_tokens, sizeof(tok));
+    for (int32_t i = 0; i < n_tokens; i++) make_tok(&toks[i], &L, i, 5000 + (uint64_t)i);
+    for (int32_t i = 0; i < n_tokens; i += 512) place_write(m, &L, toks + i, 512, NULL);
+    /* context shift: keep 4 sink tokens, drop the oldest half, move the rest down */
+    int32_t n_keep = 4, n_discard = (n_tokens - n_keep) / 2;
+    assert_ok(keel_mem_seq_rm(m, 0, n_keep, n_keep + n_discard));
+    m->scratch.high = 0;
+    assert_ok(keel_mem_seq_add(m, 0, n_keep + n_discard, -1, -n_discard));
+    size_t high = m->scratch.high;
+    assert_ok(keel_mem_check(m));
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_tokens; i++) {
+        if (i >= n_keep && i < n_keep + n_discard) {
+            free_tok(&toks[i]);
+            continue;
+        }
+        toks[n] = toks[i];
+        if (i >= n_keep) toks[n].pos -= n_discard;
+        n++;
+    }
+    float *q = malloc((size_t)L.n_heads * 256 * sizeof(float));
+    make_query(&L, n - 1, 4242, q);
+    *err_out = attn_err(m, 0, &L, toks, n, q, n - 1);
+    for (int32_t i = 0; i < n; i++) free_tok(&toks[i]);
+    free(toks);
+    free(q);
+    keel_mem_close(m);
+    return high;
+}
+
+static void test_shift_regression(void **state)
+{
+    (void)state;
+    for (int rot = 1; rot >= 0; rot--) {
+        double e_small, e_large;
+        size_t h_small = shift_run(4096, rot, &e_small);
+        size_t h_large = shift_run(32768, rot, &e_large);
+        printf("shift (rotation %s): scratch high-water %zu B at 4096 tokens, %zu B at 32768; "
+               "max err %.4g / %.4g\n",
+               rot ? "on" : "off", h_small, h_large, e_small, e_large);
+        assert_int_equal(h_small, h_large);
+        assert_true(h_small > 0);
+        /* q8_0 keys re-encoded once, f16 values, smooth softmax over 16k keys */
+        assert_true(e_small < 2e-3);
+        assert_true(e_large < 2e-3);
+    }
+}
+
+/* ---- sliding semantics: rewind bound, sinks ------------------------------- */
+
+static void test_sliding_rewind(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2] = {layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F32, false),
+                            layer_basic(KEEL_MEM_LAYER_SLIDING, KEEL_DTYPE_F32, false)};
+    ls[1].window = 8;
+    ls[1].n_sink = 2;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = ls;
+    cfg.n_layers = 2;
+    cfg.n_ctx = 64;
+    cfg.n_batch_max = 4;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    assert_int_equal(keel_mem_seq_rewind_min(m, 0), 0);
+    tok toks[40];
+    for (int32_t i = 0; i < 40; i++) make_tok(&toks[i], &ls[0], i, 300 + (uint64_t)i);
+    for (int32_t i = 0; i < 40; i += 4) place_write(m, &ls[0], toks + i, 4, NULL);
+    assert_ok(keel_mem_check(m));
+    /* sliding group: sinks 0,1 + positions > 36 - 8 = 28 */
+    assert_int_equal(keel_mem_group_cells_used(m, 1), 2 + 11);
+    assert_int_equal(keel_mem_group_cells_used(m, 0), 40);
+    /* forgotten up to 28: a query at p needs keys > p - 8, so rewinding
+     * below 36 cannot equal a recomputation */
+    assert_int_equal(keel_mem_seq_rewind_min(m, 0), 28 + 8);
+    assert_int_equal(keel_mem_seq_pos_min(m, 0), 0);
+    assert_int_equal(keel_mem_seq_pos_max(m, 0), 39);
+    assert_true(keel_mem_can_shift(m));
+    assert_ok(keel_mem_seq_rm(m, 0, -1, -1));
+    assert_int_equal(keel_mem_seq_rewind_min(m, 0), 0);
+    assert_int_equal(keel_mem_seq_pos_max(m, 0), -1);
+    for (int32_t i = 0; i < 40; i++) free_tok(&toks[i]);
+    keel_mem_close(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_bytes_exact), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_failing_allocator),  cmocka_unit_test(test_attention_exact_f32),
+        cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_ring_regression),
+        cmocka_unit_test(test_shift_regression),   cmocka_unit_test(test_sliding_rewind),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
