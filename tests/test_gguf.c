@@ -7,6 +7,7 @@
 #include "testutil.h"
 #include "base/base.h"
 #include "model/gguf.h"
+#include "model/llama2c.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -726,6 +727,287 @@ static void test_alloc_sweep_gguf(void **state)
     assert_true(test_alloc_sweep(write_small_op, NULL) >= 10);
 }
 
+/* ---- llama2.c conversion ---------------------------------------------------- */
+
+/* A tiny llama2.c checkpoint: weights are their own float index, so every
+ * tensor's placement can be checked. */
+typedef struct l2c_file {
+    uint8_t *model;
+    size_t model_size;
+    uint8_t *tok;
+    size_t tok_size;
+} l2c_file;
+
+static void make_l2c(l2c_file *f, bool shared)
+{
+    const int32_t dim = 8, hid = 12, nl = 2, nh = 2, nkv = 1, vocab = 6, seq = 4;
+    int32_t h[7] = {dim, hid, nl, nh, nkv, shared ? vocab : -vocab, seq};
+    size_t hs = dim / nh, kv = hs * nkv;
+    size_t n = vocab * dim + nl * dim + nl * dim * dim + 2 * nl * dim * kv + nl * dim * dim +
+               nl * dim + 3 * nl * dim * hid + dim + 2 * seq * hs / 2 + (shared ? 0 : vocab * dim);
+    f->model_size = 28 + 4 * n;
+    f->model = malloc(f->model_size);
+    memcpy(f->model, h, 28);
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)i;
+        memcpy(f->model + 28 + 4 * i, &x, 4);
+    }
+    const char *pieces[6] = {"<unk>", "\n<s>\n", "\n</s>\n", "<0x0A>", " hello", "a b"};
+    f->tok = malloc(1024);
+    size_t o = 0;
+    int32_t maxlen = 6;
+    memcpy(f->tok, &maxlen, 4), o = 4;
+    for (int i = 0; i < 6; i++) {
+        float sc = -(float)i;
+        int32_t l = (int32_t)strlen(pieces[i]);
+        memcpy(f->tok + o, &sc, 4), o += 4;
+        memcpy(f->tok + o, &l, 4), o += 4;
+        memcpy(f->tok + o, pieces[i], (size_t)l), o += (size_t)l;
+    }
+    f->tok_size = o;
+}
+
+static void free_l2c(l2c_file *f)
+{
+    free(f->model);
+    free(f->tok);
+}
+
+static float first_float(const gguf_tensor *t)
+{
+    float x;
+    memcpy(&x, t->data, 4);
+    return x;
+}
+
+static void test_llama2c_synthetic(void **state)
+{
+    (void)state;
+    for (int shared = 0; shared < 2; shared++) {
+        l2c_file f;
+        make_l2c(&f, shared);
+        gguf *g;
+        char err[BASE_ERR_CAP] = "";
+        keel_status st = llama2c_open_buffer(f.model, f.model_size, f.tok, f.tok_size, &g, err);
+        if (st) fail_msg("%s", err);
+        int64_t v;
+        assert_ok(gguf_get_int(g, "llama.block_count", &v, err));
+        assert_int_equal(v, 2);
+        assert_ok(gguf_get_int(g, "llama.attention.head_count_kv", &v, err));
+        assert_int_equal(v, 1);
+        assert_ok(gguf_get_int(g, "llama.rope.dimension_count", &v, err));
+        assert_int_equal(v, 4);
+        assert_ok(gguf_get_int(g, "llama.context_length", &v, err));
+        assert_int_equal(v, 4);
+        assert_int_equal(gguf_n_tensors(g), 2 + 9 * 2 + (shared ? 0 : 1));
+        /* float index of each block start: emb 0, rms_att 48, wq 64, wk 192,
+         * wv 256, wo 320, rms_ffn 448, w1 464, w2 656, w3 848, rms_final
+         * 1040, freq 1048..1063, wcls 1064 */
+        struct {
+            const char *name;
+            float first;
+            int64_t ne0, ne1;
+        } want[] = {
+            {"token_embd.weight", 0, 8, 6},        {"blk.0.attn_norm.weight", 48, 8, 1},
+            {"blk.1.attn_norm.weight", 56, 8, 1},  {"blk.0.attn_q.weight", 64, 8, 8},
+            {"blk.1.attn_q.weight", 128, 8, 8},    {"blk.0.attn_k.weight", 192, 8, 4},
+            {"blk.1.attn_v.weight", 288, 8, 4},    {"blk.1.attn_output.weight", 384, 8, 8},
+            {"blk.1.ffn_norm.weight", 456, 8, 1},  {"blk.1.ffn_gate.weight", 560, 8, 12},
+            {"blk.0.ffn_down.weight", 656, 12, 8}, {"blk.1.ffn_up.weight", 944, 8, 12},
+            {"output_norm.weight", 1040, 8, 1},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            const gguf_tensor *t = gguf_find_tensor(g, want[i].name);
+            if (!t) fail_msg("missing %s", want[i].name);
+            assert_true(first_float(t) == want[i].first);
+            assert_int_equal(t->ne[0], want[i].ne0);
+            assert_int_equal(t->ne[1], want[i].ne1);
+        }
+        const gguf_tensor *out = gguf_find_tensor(g, "output.weight");
+        if (shared) {
+            assert_null(out);
+        } else {
+            assert_non_null(out);
+            assert_true(first_float(out) == 1064);
+        }
+        const gguf_value *toks, *types, *scores;
+        assert_ok(gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, err));
+        assert_ok(gguf_get_arr(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, &types, err));
+        assert_ok(gguf_get_arr(g, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, &scores, err));
+        const char *wt[6] = {"<unk>",
+                             "<s>",
+                             "</s>",
+                             "<0x0A>",
+                             "\xe2\x96\x81hello",
+                             "a\xe2\x96\x81"
+                             "b"};
+        const int64_t wty[6] = {2, 3, 3, 6, 1, 1};
+        for (int i = 0; i < 6; i++) {
+            const char *s;
+            size_t n;
+            int64_t ty;
+            double sc;
+            assert_ok(gguf_arr_str(toks, (uint64_t)i, &s, &n));
+            assert_true(gguf_str_eq(s, n, wt[i]));
+            assert_ok(gguf_arr_int(types, (uint64_t)i, &ty));
+            assert_int_equal(ty, wty[i]);
+            assert_ok(gguf_arr_float(scores, (uint64_t)i, &sc));
+            assert_true(sc == -i);
+        }
+        gguf_close(g);
+        /* without a tokenizer: no tokenizer keys */
+        assert_ok(llama2c_open_buffer(f.model, f.model_size, NULL, 0, &g, err));
+        assert_int_equal(gguf_find_key(g, "tokenizer.ggml.tokens"), -1);
+        gguf_close(g);
+        free_l2c(&f);
+    }
+}
+
+static void test_llama2c_bad_input(void **state)
+{
+    (void)state;
+    l2c_file f;
+    make_l2c(&f, false);
+    char err[BASE_ERR_CAP];
+    gguf *g;
+    /* every truncation of the model and of the tokenizer */
+    for (size_t len = 0; len < f.model_size; len++) {
+        uint8_t *c = malloc(len ? len : 1);
+        memcpy(c, f.model, len);
+        err[0] = '\0';
+        assert_status(llama2c_open_buffer(c, len, f.tok, f.tok_size, &g, err), KEEL_EFORMAT);
+        assert_null(g);
+        assert_true(err[0]);
+        free(c);
+    }
+    for (size_t len = 0; len < f.tok_size; len++) {
+        uint8_t *c = malloc(len ? len : 1);
+        memcpy(c, f.tok, len);
+        assert_status(llama2c_open_buffer(f.model, f.model_size, c, len, &g, err), KEEL_EFORMAT);
+        free(c);
+    }
+    assert_status(llama2c_open_buffer(f.model, f.model_size - 4, f.tok, f.tok_size, &g, err),
+                  KEEL_EFORMAT);
+    assert_non_null(strstr(err, "truncated: header implies"));
+    /* bad header fields */
+    int32_t *h = (int32_t *)(void *)f.model;
+    const int32_t orig[7] = {h[0], h[1], h[2], h[3], h[4], h[5], h[6]};
+    struct {
+        int field;
+        int32_t value;
+        const char *msg;
+    } cases[] = {
+        {0, 0, "dim = 0"},
+        {1, -3, "hidden_dim = -3"},
+        {2, 0, "n_layers"},
+        {3, 3, "not divisible"},
+        {4, 3, "n_kv_heads"},
+        {5, 0, "vocab_size"},
+        {5, INT32_MIN, "vocab_size"},
+        {6, 0, "seq_len"},
+        {2, 1 << 30, "truncated"},
+        {0, 0x616b3432, "ak42"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(h, orig, 28);
+        h[cases[i].field] = cases[i].value;
+        keel_status st = llama2c_open_buffer(f.model, f.model_size, f.tok, f.tok_size, &g, err);
+        assert_true(st == KEEL_EFORMAT || st == KEEL_EUNSUPPORTED);
+        if (!strstr(err, cases[i].msg)) fail_msg("'%s' lacks '%s'", err, cases[i].msg);
+    }
+    memcpy(h, orig, 28);
+    /* a token length past the end */
+    int32_t big = 1 << 20;
+    memcpy(f.tok + 4 + 4, &big, 4);
+    assert_status(llama2c_open_buffer(f.model, f.model_size, f.tok, f.tok_size, &g, err),
+                  KEEL_EFORMAT);
+    assert_non_null(strstr(err, "token 0: length 1048576 past end of file"));
+    assert_status(llama2c_open_file("/nonexistent/model.bin", NULL, &g, err), KEEL_EIO);
+    free_l2c(&f);
+}
+
+static keel_status l2c_op(void *ctx)
+{
+    l2c_file *f = ctx;
+    gguf *g;
+    keel_status st = llama2c_open_buffer(f->model, f->model_size, f->tok, f->tok_size, &g, NULL);
+    gguf_close(g);
+    return st;
+}
+
+static void test_llama2c_alloc_sweep(void **state)
+{
+    (void)state;
+    l2c_file f;
+    make_l2c(&f, false);
+    assert_true(test_alloc_sweep(l2c_op, &f) >= 10);
+    free_l2c(&f);
+}
+
+/* The conversion of stories260K must match llama.cpp's conversion of the
+ * same files: tokens, scores, types and every tensor byte for byte. */
+static void test_llama2c_matches_llamacpp(void **state)
+{
+    (void)state;
+    const char *p = test_fixture("models/stories260K.gguf");
+    if (!p) return;
+    char ref_path[4096], model_path[4096], tok_path[4096];
+    snprintf(ref_path, sizeof ref_path, "%s", p);
+    snprintf(model_path, sizeof model_path, "%s", test_fixture("models/stories260K.bin"));
+    snprintf(tok_path, sizeof tok_path, "%s", test_fixture("models/tok512.bin"));
+    gguf *ref, *g;
+    char err[BASE_ERR_CAP] = "";
+    assert_ok(gguf_open_file(ref_path, &ref, err));
+    keel_status st = llama2c_open_file(model_path, tok_path, &g, err);
+    if (st) fail_msg("%s", err);
+    const char *keys_u32[] = {"llama.embedding_length",
+                              "llama.feed_forward_length",
+                              "llama.attention.head_count",
+                              "llama.attention.head_count_kv",
+                              "llama.block_count",
+                              "llama.rope.dimension_count",
+                              "tokenizer.ggml.bos_token_id",
+                              "tokenizer.ggml.eos_token_id",
+                              "tokenizer.ggml.unknown_token_id"};
+    for (size_t i = 0; i < sizeof keys_u32 / sizeof keys_u32[0]; i++) {
+        uint32_t a, b;
+        assert_ok(gguf_get_u32(ref, keys_u32[i], &a, err));
+        assert_ok(gguf_get_u32(g, keys_u32[i], &b, err));
+        assert_int_equal(a, b);
+    }
+    float e1, e2;
+    assert_ok(gguf_get_f32(ref, "llama.attention.layer_norm_rms_epsilon", &e1, err));
+    assert_ok(gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &e2, err));
+    assert_true(e1 == e2);
+    const char *arrs[3] = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                           "tokenizer.ggml.token_type"};
+    for (int i = 0; i < 3; i++) {
+        const gguf_value *a, *b;
+        assert_ok(gguf_get_arr(ref, arrs[i], GGUF_TYPE_COUNT_, &a, err));
+        assert_ok(gguf_get_arr(g, arrs[i], GGUF_TYPE_COUNT_, &b, err));
+        assert_int_equal(a->arr_type, b->arr_type);
+        assert_int_equal(a->n, b->n);
+        assert_int_equal(a->nbytes, b->nbytes);
+        assert_memory_equal(a->data, b->data, a->nbytes);
+    }
+    /* every tensor of ours is in the reference, byte-equal; the reference's
+     * output.weight is its copy of the shared embedding */
+    assert_int_equal(gguf_n_tensors(g) + 1, gguf_n_tensors(ref));
+    for (int64_t i = 0; i < gguf_n_tensors(ref); i++) {
+        const gguf_tensor *r = gguf_tensor_at(ref, i);
+        const char *name = strcmp(r->name, "output.weight") == 0 ? "token_embd.weight" : r->name;
+        const gguf_tensor *t = gguf_find_tensor(g, name);
+        if (!t) fail_msg("missing %s", name);
+        assert_int_equal(t->dtype, r->dtype);
+        assert_int_equal(t->n_dims, r->n_dims);
+        assert_memory_equal(t->ne, r->ne, sizeof t->ne);
+        assert_int_equal(t->nbytes, r->nbytes);
+        if (memcmp(t->data, r->data, t->nbytes) != 0) fail_msg("%s differs", r->name);
+    }
+    gguf_close(g);
+    gguf_close(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -733,6 +1015,8 @@ int main(void)
         cmocka_unit_test(test_fixture_stories),     cmocka_unit_test(test_fixture_all_models),
         cmocka_unit_test(test_every_truncation),    cmocka_unit_test(test_random_bitflips),
         cmocka_unit_test(test_malformed_headers),   cmocka_unit_test(test_alloc_sweep_gguf),
+        cmocka_unit_test(test_llama2c_synthetic),   cmocka_unit_test(test_llama2c_bad_input),
+        cmocka_unit_test(test_llama2c_alloc_sweep), cmocka_unit_test(test_llama2c_matches_llamacpp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
