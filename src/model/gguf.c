@@ -273,7 +273,7 @@ static keel_status parse_value(parser *c, gguf_type t, int depth, bool record_of
             c->p += (size_t)n * esize;
         } else if (et == GGUF_TYPE_STRING) {
             uint64_t *offs = NULL;
-            if (record_offs) {
+            if (record_offs && n) {
                 if (c->fill) offs = c->g->offs + c->offs_used;
                 c->offs_used += (size_t)n;
             }
