@@ -455,8 +455,10 @@ static keel_status regex_split(const pcre2_code *re, pcre2_match_data *md, const
         size_t n = in->v[k].len, pos = 0, last = 0;
         while (pos < n) {
             int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, 0, md, NULL);
+            if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* the interpreter keeps its frames on the heap */
+                rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_JIT, md, NULL);
             if (rc == PCRE2_ERROR_NOMEMORY || rc == PCRE2_ERROR_HEAPLIMIT) return KEEL_ENOMEM;
-            if (rc < 0) break; /* no match (or a limit): the rest is one gap */
+            if (rc < 0) break; /* no match (or the match limit): the rest is one gap */
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             size_t ms = ov[0], me = ov[1];
             if (me <= ms) { /* empty match: step one character */
