@@ -14,8 +14,9 @@
  * characters never enter the map, so it is omitted here.
  *
  * Scratch per call: escaped text (3 bytes per input byte at most), symbols
- * and a binary heap of candidate pairs (at most 3 per symbol over the run:
- * n - 1 initial, 2 per merge). All O(len), freed before return.
+ * (at most one per input byte) and a binary heap of candidate pairs (at
+ * most 3 per symbol over the run: n - 1 initial, 2 per merge). All O(len),
+ * freed before return.
  */
 #include "tok_int.h"
 
@@ -110,9 +111,11 @@ keel_status spm_encode(const text_tokenizer *t, const char *text, size_t len, bo
     esc_len = len + (prefix_space ? 1 : 0) + 2 * n_sp;
     if (esc_len == 0) return KEEL_OK;
     if (esc_len > UINT32_MAX / 2) return KEEL_EINVAL;
+    /* every input byte (and the prefix) yields at most one symbol */
+    size_t sym_cap = len + 1;
     char *s = base_alloc(esc_len);
-    spm_sym *sym = base_alloc(esc_len * sizeof *sym);
-    size_t heap_cap = 3 * esc_len + 1;
+    spm_sym *sym = base_alloc(sym_cap * sizeof *sym);
+    size_t heap_cap = 3 * sym_cap;
     spm_pair *heap = base_alloc(heap_cap * sizeof *heap);
     if (!s || !sym || !heap) {
         st = KEEL_ENOMEM;
@@ -155,7 +158,7 @@ keel_status spm_encode(const text_tokenizer *t, const char *text, size_t len, bo
         emit_symbol(t, s + sym[i].off, sym[i].n, o);
 done:
     base_free(s, esc_len);
-    base_free(sym, esc_len * sizeof *sym);
+    base_free(sym, sym_cap * sizeof *sym);
     base_free(heap, heap_cap * sizeof *heap);
     return st;
 }
