@@ -22,13 +22,12 @@
  * n_batch_max tokens, per-thread score tiles, partials for split tasks. None
  * of it depends on the context length.
  */
-#include "memory.h"
+#include "attn_kernels.h"
 
 #include <math.h>
 #include <string.h>
 
 #define ATTN_TB 32 /* query tokens per block */
-#define ATTN_CB 32 /* cells per block */
 #define ATTN_SPLIT_MIN_CELLS 512
 
 typedef struct attn_dims {
@@ -65,18 +64,23 @@ static inline size_t up64(size_t x)
 }
 
 /* per-thread layout: scores [TB * G][CB] f32 | vis [CB][TB] u8 | idx [CB] i32 |
- * m, l [TB * n_heads] f32 each */
+ * m, l [TB * n_heads] f32 each | q row pointers [TB * G] | acc row pointers
+ * [TB * G] | active rows [TB * G] u8 */
 typedef struct thread_layout {
-    size_t vis, idx, ml, total;
+    size_t vis, idx, ml, qp, ap, act, total;
 } thread_layout;
 
 static thread_layout layout_of(const attn_dims *d)
 {
     thread_layout l;
-    l.vis = up64((size_t)ATTN_TB * (size_t)d->g_max * ATTN_CB * sizeof(float));
+    size_t rows = (size_t)ATTN_TB * (size_t)d->g_max;
+    l.vis = up64(rows * ATTN_CB * sizeof(float));
     l.idx = l.vis + up64((size_t)ATTN_CB * ATTN_TB);
     l.ml = l.idx + up64((size_t)ATTN_CB * sizeof(int32_t));
-    l.total = l.ml + up64(2 * (size_t)ATTN_TB * (size_t)d->n_heads_max * sizeof(float));
+    l.qp = l.ml + up64(2 * (size_t)ATTN_TB * (size_t)d->n_heads_max * sizeof(float));
+    l.ap = l.qp + up64(rows * sizeof(void *));
+    l.act = l.ap + up64(rows * sizeof(float *));
+    l.total = l.act + up64(rows);
     return l;
 }
 
@@ -107,6 +111,39 @@ size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *
     return s + 4 * BASE_ALIGN;
 }
 
+/* ---- scalar kernels (every dtype) ---------------------------------------- */
+
+static void kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
+                      int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores)
+{
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *k = base + (size_t)idx[j] * rb;
+        for (int32_t r = 0; r < R; r++) scores[r * ATTN_CB + j] = tensor_vec_dot(kt, dk, k, q[r]);
+    }
+}
+
+static void pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
+                      int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                      float *const *acc)
+{
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *v = base + (size_t)idx[j] * rb;
+        for (int32_t r = 0; r < R; r++)
+            if (active[r] && p[r * ATTN_CB + j] != 0.0f)
+                tensor_axpy_row(vt, dv, p[r * ATTN_CB + j], v, acc[r]);
+    }
+}
+
+static float exp_scalar(float *x, int32_t n, float m)
+{
+    float s = 0.0f;
+    for (int32_t j = 0; j < n; j++) {
+        x[j] = x[j] == -INFINITY ? 0.0f : expf(x[j] - m);
+        s += x[j];
+    }
+    return s;
+}
+
 /* ---- the task ------------------------------------------------------------ */
 
 typedef struct attn_ctx {
@@ -129,6 +166,9 @@ typedef struct attn_ctx {
     uint8_t *thread_scratch;
     size_t thread_bytes;
     attn_dims d;
+    attn_kq_fn kq;
+    attn_pv_fn pv;
+    attn_exp_fn ex;
 } attn_ctx;
 
 static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
@@ -160,6 +200,9 @@ static void attn_task(void *vctx, int64_t task, int thread)
     int32_t *idx = (int32_t *)(ts + tl.idx);       /* [CB] */
     float *mrun = (float *)(ts + tl.ml);           /* [nt][nh] */
     float *lrun = mrun + (size_t)ATTN_TB * (size_t)x->d.n_heads_max;
+    const void **qp = (const void **)(ts + tl.qp); /* [R] */
+    float **ap = (float **)(ts + tl.ap);           /* [R] */
+    uint8_t *act = ts + tl.act;                    /* [R] */
 
     /* accumulators: the output rows (one split) or this task's partial */
     float *acc_base;
@@ -201,58 +244,47 @@ static void attn_task(void *vctx, int64_t task, int thread)
             if (any) idx[nvis++] = c;
         }
         if (nvis == 0) continue;
+        int32_t R = nt * G;
         for (int32_t hk = 0; hk < x->n_kv; hk++) {
-            /* scores for every (token, query head of the group) */
-            for (int32_t j = 0; j < nvis; j++) {
-                const uint8_t *krow = mem_col_row(t, kc, hk, idx[j]);
-                const uint8_t *vr = vis + (size_t)j * ATTN_TB;
-                for (int32_t ti = 0; ti < nt; ti++) {
-                    for (int32_t g = 0; g < G; g++) {
-                        float *sc = scores + ((size_t)ti * (size_t)G + (size_t)g) * ATTN_CB;
-                        if (!vr[ti]) {
-                            sc[j] = -INFINITY;
-                            continue;
-                        }
-                        int32_t h = hk * G + g;
-                        size_t qi = (size_t)(t0 + ti) * (size_t)nh + (size_t)h;
-                        float s;
-                        if (x->qt == KEEL_DTYPE_F32)
-                            s = tensor_vec_dot(x->kt, dk, krow, x->qf + qi * (size_t)dk);
-                        else
-                            s = tensor_vec_dot(x->kt, dk, krow, x->qq + qi * x->qrow);
-                        s *= x->scale;
-                        if (x->softcap > 0.0f) s = x->softcap * tanhf(s / x->softcap);
-                        sc[j] = s;
-                    }
+            /* rows r = ti * G + g: query head h = hk * G + g of token t0 + ti */
+            for (int32_t ti = 0; ti < nt; ti++)
+                for (int32_t g = 0; g < G; g++) {
+                    int32_t r = ti * G + g, h = hk * G + g;
+                    size_t qi = (size_t)(t0 + ti) * (size_t)nh + (size_t)h;
+                    qp[r] = x->qt == KEEL_DTYPE_F32 ? (const void *)(x->qf + qi * (size_t)dk)
+                                                    : (const void *)(x->qq + qi * x->qrow);
+                    ap[r] = acc_base + (size_t)ti * acc_tok_stride + (size_t)h * acc_head_stride;
                 }
-            }
-            /* online softmax update and V accumulation */
+            const uint8_t *kbase = mem_col_row(t, kc, hk, 0);
+            const uint8_t *vbase = mem_col_row(t, vc, hk, 0);
+            x->kq(x->kt, kbase, kc->head_row_bytes, idx, nvis, qp, R, dk, scores);
+            /* scale, cap, mask; online softmax per row */
             for (int32_t ti = 0; ti < nt; ti++) {
                 for (int32_t g = 0; g < G; g++) {
-                    int32_t h = hk * G + g;
-                    float *sc = scores + ((size_t)ti * (size_t)G + (size_t)g) * ATTN_CB;
+                    int32_t r = ti * G + g, h = hk * G + g;
+                    float *sc = scores + (size_t)r * ATTN_CB;
                     float bmax = -INFINITY;
-                    for (int32_t j = 0; j < nvis; j++) bmax = sc[j] > bmax ? sc[j] : bmax;
-                    if (bmax == -INFINITY) continue;
+                    for (int32_t j = 0; j < nvis; j++) {
+                        float v = sc[j] * x->scale;
+                        if (x->softcap > 0.0f) v = x->softcap * tanhf(v / x->softcap);
+                        if (!vis[(size_t)j * ATTN_TB + (size_t)ti]) v = -INFINITY;
+                        sc[j] = v;
+                        bmax = v > bmax ? v : bmax;
+                    }
+                    act[r] = bmax != -INFINITY;
+                    if (!act[r]) continue;
                     float *mr = &mrun[ti * nh + h], *lr = &lrun[ti * nh + h];
-                    float *acc = acc_base + (size_t)ti * acc_tok_stride + (size_t)h * acc_head_stride;
                     float mnew = bmax > *mr ? bmax : *mr;
                     if (*mr != -INFINITY && mnew != *mr) {
                         float alpha = expf(*mr - mnew);
-                        tensor_scale_f32(acc, alpha, dv);
+                        tensor_scale_f32(ap[r], alpha, dv);
                         *lr *= alpha;
                     }
                     *mr = mnew;
-                    float sum = 0.0f;
-                    for (int32_t j = 0; j < nvis; j++) {
-                        if (sc[j] == -INFINITY) continue;
-                        float p = expf(sc[j] - mnew);
-                        sum += p;
-                        tensor_axpy_row(x->vt, dv, p, mem_col_row(t, vc, hk, idx[j]), acc);
-                    }
-                    *lr += sum;
+                    *lr += x->ex(sc, nvis, mnew);
                 }
             }
+            x->pv(x->vt, vbase, vc->head_row_bytes, idx, nvis, scores, act, R, dv, ap);
         }
     }
 
@@ -398,6 +430,13 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     x.scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)x.dk);
     x.softcap = a->softcap;
     x.d = dims_of(&m->cfg, m->layers);
+    bool simd = tensor_simd_active() && tensor_cpu_features()->avx2 && tensor_cpu_features()->fma &&
+                tensor_cpu_features()->f16c;
+    x.kq = simd ? attn_kq_avx2(x.kt) : NULL;
+    x.pv = simd ? attn_pv_avx2(x.vt) : NULL;
+    x.ex = simd ? attn_exp_avx2 : exp_scalar;
+    if (!x.kq) x.kq = kq_scalar;
+    if (!x.pv) x.pv = pv_scalar;
 
     /* sinks of sliding tables must be current before threads read them */
     for (int32_t k = 0; k < grp->n_tables; k++)

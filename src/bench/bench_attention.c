@@ -1,0 +1,261 @@
+/*
+ * bench_attention.c — `keel bench attention [--json] [--ctx N,...] [--quick]`:
+ * decode attention over the cache and position-edit cost.
+ *
+ * Decode: one query token per step over a memory of 32 layers, each with 8
+ * KV heads of dimension 128 and 32 query heads (GQA 4), at several context
+ * lengths, for f16 / q8_0 / q4_0 K and V, Hadamard rotation on and off, with
+ * 1 and 2 threads. A step attends all 32 layers, so the rows read per token
+ * are 32 layers' worth (far more than the L3 for ctx >= 4096). gbps is the
+ * K and V bytes read per token divided by the time per token, reported
+ * beside the machine's read bandwidth measured in the same run.
+ *
+ * Edit: seq_add over every cell of a 32-layer memory (all keys re-encoded),
+ * in ns per changed cell.
+ */
+#include "bench.h"
+#include "../memory/memory.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define BA_LAYERS 32
+#define BA_KV_HEADS 8
+#define BA_HEADS 32
+#define BA_DIM 128
+
+typedef struct ba_case {
+    keel_dtype kv;
+    bool rot;
+} ba_case;
+
+static keel_status ba_open(keel_dtype kv, bool rot, int32_t ctx, int32_t n_batch, keel_mem **out,
+                           keel_mem_layer *layers)
+{
+    for (int i = 0; i < BA_LAYERS; i++) {
+        keel_mem_layer *l = &layers[i];
+        *l = keel_mem_layer_default();
+        l->kind = KEEL_MEM_LAYER_FULL;
+        l->n_kv_heads = BA_KV_HEADS;
+        l->n_heads = BA_HEADS;
+        l->head_dim_k = l->head_dim_v = BA_DIM;
+        l->k_dtype = l->v_dtype = kv;
+        l->k_rot.enabled = l->v_rot.enabled = rot;
+        l->k_rot.seed = l->v_rot.seed = 1234;
+        l->rope.n_rot = BA_DIM;
+    }
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = layers;
+    cfg.n_layers = BA_LAYERS;
+    cfg.n_ctx = ctx;
+    cfg.n_batch_max = n_batch;
+    cfg.n_threads = 2;
+    return keel_mem_open(&cfg, out, NULL);
+}
+
+/* Places ctx tokens of sequence 0 and fills every K/V row with valid
+ * encoded data (a few hundred distinct random rows, tiled). */
+static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
+{
+    int32_t *pos = base_alloc((size_t)n_batch * sizeof(int32_t));
+    int32_t *seq = base_calloc((size_t)n_batch, sizeof(int32_t));
+    int32_t *cells = base_alloc((size_t)n_batch * sizeof(int32_t) * (size_t)m->n_groups);
+    keel_status st = pos && seq && cells ? KEEL_OK : KEEL_ENOMEM;
+    for (int32_t p = 0; st == KEEL_OK && p < ctx; p += n_batch) {
+        int32_t n = BASE_MIN(n_batch, ctx - p);
+        for (int32_t i = 0; i < n; i++) pos[i] = p + i;
+        keel_mem_batch b = {n, pos, seq, NULL, NULL};
+        st = keel_mem_place(m, &b, cells);
+    }
+    base_free(pos, (size_t)n_batch * sizeof(int32_t));
+    base_free(seq, (size_t)n_batch * sizeof(int32_t));
+    base_free(cells, (size_t)n_batch * sizeof(int32_t) * (size_t)m->n_groups);
+    if (st != KEEL_OK) return st;
+    mem_table *t = &m->groups[0].tables[0];
+    enum { DISTINCT = 256 };
+    size_t hrb = t->cols[0].head_row_bytes;
+    uint8_t *rows = base_alloc(DISTINCT * hrb);
+    float *x = base_alloc(BA_DIM * sizeof(float));
+    if (!rows || !x) {
+        base_free(rows, DISTINCT * hrb);
+        base_free(x, BA_DIM * sizeof(float));
+        return KEEL_ENOMEM;
+    }
+    base_rng r;
+    base_rng_seed(&r, 99);
+    for (int i = 0; i < DISTINCT; i++) {
+        for (int j = 0; j < BA_DIM; j++) x[j] = (float)base_rng_normal(&r);
+        mem_col_encode(&t->cols[0], x, rows + (size_t)i * hrb);
+    }
+    for (int32_t c = 0; c < t->n_cols; c++) {
+        mem_col *col = &t->cols[c];
+        for (int32_t h = 0; h < col->n_heads; h++)
+            for (int32_t cell = 0; cell < t->cap; cell++)
+                memcpy(mem_col_row(t, col, h, cell),
+                       rows + (size_t)((cell * 7 + h * 13 + c) % DISTINCT) * hrb, hrb);
+    }
+    base_free(rows, DISTINCT * hrb);
+    base_free(x, BA_DIM * sizeof(float));
+    return KEEL_OK;
+}
+
+/* Seconds per decode token (all layers), best of reps. */
+static double ba_decode(keel_mem *m, int32_t ctx, int reps, float *q, float *out)
+{
+    int32_t pos = ctx - 1, seq = 0;
+    keel_mem_attn a = {1, BA_HEADS, q, &pos, &seq, out, 0.0f, 0.0f, NULL};
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = base_time_ns();
+        for (int32_t l = 0; l < BA_LAYERS; l++)
+            if (keel_mem_attend(m, l, &a) != KEEL_OK) return -1.0;
+        double s = (double)(base_time_ns() - t0) * 1e-9;
+        if (s < best) best = s;
+    }
+    return best;
+}
+
+static bool parse_ctx_list(const char *s, int32_t *ctxs, int *n)
+{
+    *n = 0;
+    while (s && *s && *n < 8) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 64 || v > (1 << 22)) return false;
+        ctxs[(*n)++] = (int32_t)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return false;
+    }
+    return *n > 0;
+}
+
+keel_status bench_attention(int argc, char **argv, bench_out *o)
+{
+    int32_t ctxs[8] = {1024, 4096, 16384, 65536};
+    int n_ctx = 4;
+    bool quick = bench_has_flag(argc, argv, "--quick");
+    const char *cl = bench_opt(argc, argv, "--ctx");
+    if (cl && !parse_ctx_list(cl, ctxs, &n_ctx)) return KEEL_EINVAL;
+    if (quick && !cl) n_ctx = 2;
+
+    base_pool *p1 = NULL, *p2 = NULL;
+    keel_status st = base_pool_open(1, &p1);
+    if (st == KEEL_OK) st = base_pool_open(2, &p2);
+    if (st != KEEL_OK) {
+        base_pool_close(p1);
+        return st;
+    }
+    double bw1 = bench_read_bw_gbps(p1, 0, 3), bw2 = bench_read_bw_gbps(p2, 0, 3);
+    base_pool_close(p1);
+    base_pool_close(p2);
+
+    const ba_case cases[] = {{KEEL_DTYPE_F16, false}, {KEEL_DTYPE_F16, true},
+                             {KEEL_DTYPE_Q8_0, false}, {KEEL_DTYPE_Q8_0, true},
+                             {KEEL_DTYPE_Q4_0, false}, {KEEL_DTYPE_Q4_0, true}};
+    keel_mem_layer *layers = base_alloc(BA_LAYERS * sizeof(keel_mem_layer));
+    float *q = base_alloc(BA_HEADS * BA_DIM * sizeof(float));
+    float *out = base_alloc(BA_HEADS * BA_DIM * sizeof(float));
+    if (!layers || !q || !out) {
+        st = KEEL_ENOMEM;
+        goto done;
+    }
+    base_rng r;
+    base_rng_seed(&r, 5);
+    for (int i = 0; i < BA_HEADS * BA_DIM; i++) q[i] = (float)base_rng_normal(&r);
+
+    if (o->json)
+        bench_printf(o, "{\"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f},\n \"decode\": [", bw1, bw2);
+    else {
+        bench_printf(o, "keel bench attention — decode, %d layers x %d KV heads x %d dims, %d query heads\n",
+                     BA_LAYERS, BA_KV_HEADS, BA_DIM, BA_HEADS);
+        bench_printf(o, "read bandwidth (same run): 1 thread %.2f GB/s, 2 threads %.2f GB/s\n\n", bw1, bw2);
+        bench_printf(o, "| kv   | rot | ctx   | threads | us/token | GB/s  | %% of read bw |\n");
+        bench_printf(o, "|------|-----|-------|---------|----------|-------|-------------|\n");
+    }
+    bool first = true;
+    for (size_t ci = 0; ci < BASE_ARRAY_LEN(cases); ci++) {
+        for (int k = 0; k < n_ctx; k++) {
+            int32_t ctx = ctxs[k];
+            keel_mem *m = NULL;
+            int32_t nb = BASE_MIN(ctx, 4096);
+            st = ba_open(cases[ci].kv, cases[ci].rot, ctx, nb, &m, layers);
+            if (st != KEEL_OK) goto done;
+            st = ba_fill(m, ctx, nb);
+            if (st != KEEL_OK) {
+                keel_mem_close(m);
+                goto done;
+            }
+            size_t row = tensor_row_bytes(cases[ci].kv, BA_DIM);
+            double bytes = (double)BA_LAYERS * ctx * BA_KV_HEADS * (double)row * 2.0;
+            int reps = bytes > 4e9 ? 3 : bytes > 1e9 ? 5 : 20;
+            if (quick) reps = BASE_MAX(2, reps / 4);
+            for (int threads = 1; threads <= 2; threads++) {
+                base_pool *keep = m->pool;
+                int32_t keep_n = m->n_threads;
+                if (threads == 1) {
+                    m->pool = NULL;
+                    m->n_threads = 1;
+                }
+                double s = ba_decode(m, ctx, reps, q, out);
+                m->pool = keep;
+                m->n_threads = keep_n;
+                if (s < 0) {
+                    keel_mem_close(m);
+                    st = KEEL_EINTERNAL;
+                    goto done;
+                }
+                double gbps = bytes / s * 1e-9;
+                double ref = threads == 1 ? bw1 : bw2;
+                if (o->json)
+                    bench_printf(o, "%s\n  {\"kv\": \"%s\", \"rot\": %s, \"ctx\": %d, \"threads\": %d, "
+                                    "\"us_per_token\": %.1f, \"gbps\": %.2f}",
+                                 first ? "" : ",", keel_dtype_name(cases[ci].kv),
+                                 cases[ci].rot ? "true" : "false", ctx, threads, s * 1e6, gbps);
+                else
+                    bench_printf(o, "| %-4s | %-3s | %5d | %7d | %8.1f | %5.2f | %10.0f%% |\n",
+                                 keel_dtype_name(cases[ci].kv), cases[ci].rot ? "on" : "off", ctx,
+                                 threads, s * 1e6, gbps, 100.0 * gbps / ref);
+                first = false;
+            }
+            keel_mem_close(m);
+        }
+    }
+    /* edits: seq_add over every cell, all 32 layers' keys re-encoded */
+    if (o->json)
+        bench_printf(o, "\n ],\n \"edit\": [");
+    else {
+        bench_printf(o, "\nposition edit (seq_add over all cells, %d layers, 2 threads)\n", BA_LAYERS);
+        bench_printf(o, "| kv   | rot | ns per changed cell | ns per key row |\n");
+        bench_printf(o, "|------|-----|---------------------|----------------|\n");
+    }
+    first = true;
+    for (size_t ci = 0; ci < BASE_ARRAY_LEN(cases); ci++) {
+        int32_t ctx = 4096;
+        keel_mem *m = NULL;
+        st = ba_open(cases[ci].kv, cases[ci].rot, ctx, 4096, &m, layers);
+        if (st != KEEL_OK) goto done;
+        st = ba_fill(m, ctx, 4096);
+        if (st == KEEL_OK) {
+            uint64_t t0 = base_time_ns();
+            st = keel_mem_seq_add(m, 0, -1, -1, 7);
+            double ns = (double)(base_time_ns() - t0) / ctx;
+            double per_row = ns / (BA_LAYERS * BA_KV_HEADS);
+            if (o->json)
+                bench_printf(o, "%s\n  {\"kv\": \"%s\", \"rot\": %s, \"ns_per_changed_cell\": %.0f}",
+                             first ? "" : ",", keel_dtype_name(cases[ci].kv),
+                             cases[ci].rot ? "true" : "false", ns);
+            else
+                bench_printf(o, "| %-4s | %-3s | %19.0f | %14.1f |\n", keel_dtype_name(cases[ci].kv),
+                             cases[ci].rot ? "on" : "off", ns, per_row);
+            first = false;
+        }
+        keel_mem_close(m);
+        if (st != KEEL_OK) goto done;
+    }
+    if (o->json) bench_printf(o, "\n ]}\n");
+done:
+    base_free(layers, BA_LAYERS * sizeof(keel_mem_layer));
+    base_free(q, BA_HEADS * BA_DIM * sizeof(float));
+    base_free(out, BA_HEADS * BA_DIM * sizeof(float));
+    return st;
+}

@@ -1,0 +1,299 @@
+/*
+ * attn_avx2.c — AVX2/FMA/F16C kernels of attention over the cache (see
+ * attn_kernels.h). Compiled with -mavx2 -mfma -mf16c; chosen at run time.
+ *
+ * K . q:   f32 / f16 keys against f32 queries; q8_0 / q4_0 keys against
+ *          q8_0 queries (int8 dot products, scales applied per block).
+ * p . V:   each V row is converted to f32 once per block of 8 or 32
+ *          elements and accumulated into every active row.
+ * exp:     Cephes-style range reduction and a degree-5 polynomial (relative
+ *          error < 2e-7 over the range softmax uses).
+ */
+#include "attn_kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define QK 32 /* elements per q8_0 / q4_0 block */
+
+static inline float hsum8(__m256 v)
+{
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+static inline float f16_to_f32(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* sum of int8 products as 8 int32 lanes (a, b signed) */
+static inline __m256 dot_i8_ps(__m256i a, __m256i b)
+{
+    __m256i ax = _mm256_sign_epi8(a, a);
+    __m256i sy = _mm256_sign_epi8(b, a);
+    __m256i s16 = _mm256_maddubs_epi16(ax, sy);
+    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    return _mm256_cvtepi32_ps(s32);
+}
+
+static inline __m256i q4_unpack(const uint8_t *qs)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* ---- K . q ------------------------------------------------------------- */
+
+static void kq_f32(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const void *const *q, int32_t R, int32_t dk, float *scores)
+{
+    (void)kt;
+    for (int32_t j = 0; j < n; j++) {
+        const float *k = (const float *)(base + (size_t)idx[j] * rb);
+        for (int32_t r = 0; r < R; r++) {
+            const float *x = q[r];
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            int32_t i = 0;
+            for (; i + 16 <= dk; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), _mm256_loadu_ps(x + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            }
+            float s = hsum8(_mm256_add_ps(a0, a1));
+            for (; i < dk; i++) s += k[i] * x[i];
+            scores[r * ATTN_CB + j] = s;
+        }
+    }
+}
+
+static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const void *const *q, int32_t R, int32_t dk, float *scores)
+{
+    (void)kt;
+    if (dk % 8) {
+        for (int32_t j = 0; j < n; j++)
+            for (int32_t r = 0; r < R; r++)
+                scores[r * ATTN_CB + j] = tensor_vec_dot(KEEL_DTYPE_F16, dk, base + (size_t)idx[j] * rb, q[r]);
+        return;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        const uint16_t *k = (const uint16_t *)(base + (size_t)idx[j] * rb);
+        int32_t r = 0;
+        for (; r + 4 <= R; r += 4) {
+            const float *x0 = q[r], *x1 = q[r + 1], *x2 = q[r + 2], *x3 = q[r + 3];
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int32_t i = 0; i < dk; i += 8) {
+                __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+                a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x0 + i), a0);
+                a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x1 + i), a1);
+                a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x2 + i), a2);
+                a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x3 + i), a3);
+            }
+            scores[r * ATTN_CB + j] = hsum8(a0);
+            scores[(r + 1) * ATTN_CB + j] = hsum8(a1);
+            scores[(r + 2) * ATTN_CB + j] = hsum8(a2);
+            scores[(r + 3) * ATTN_CB + j] = hsum8(a3);
+        }
+        for (; r < R; r++) {
+            const float *x0 = q[r];
+            __m256 a0 = _mm256_setzero_ps();
+            for (int32_t i = 0; i < dk; i += 8)
+                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))),
+                                     _mm256_loadu_ps(x0 + i), a0);
+            scores[r * ATTN_CB + j] = hsum8(a0);
+        }
+    }
+}
+
+/* q8_0 / q4_0 keys against q8_0 query rows: per block the int8 dot is
+ * scaled by d_k * d_q. */
+static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                    const void *const *q, int32_t R, int32_t dk, float *scores)
+{
+    int32_t nb = dk / QK;
+    size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *k = base + (size_t)idx[j] * rb;
+        int32_t r = 0;
+        for (; r + 2 <= R; r += 2) {
+            const uint8_t *x0 = q[r], *x1 = q[r + 1];
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (int32_t b = 0; b < nb; b++) {
+                const uint8_t *kb = k + (size_t)b * kbs;
+                __m256i kv = kt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(kb + 2))
+                                                   : q4_unpack(kb + 2);
+                float dkb = f16_to_f32(kb);
+                const uint8_t *xb0 = x0 + (size_t)b * 34, *xb1 = x1 + (size_t)b * 34;
+                __m256 p0 = dot_i8_ps(kv, _mm256_loadu_si256((const __m256i *)(xb0 + 2)));
+                __m256 p1 = dot_i8_ps(kv, _mm256_loadu_si256((const __m256i *)(xb1 + 2)));
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(xb0)), p0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(xb1)), p1, a1);
+            }
+            scores[r * ATTN_CB + j] = hsum8(a0);
+            scores[(r + 1) * ATTN_CB + j] = hsum8(a1);
+        }
+        for (; r < R; r++) {
+            const uint8_t *x0 = q[r];
+            __m256 a0 = _mm256_setzero_ps();
+            for (int32_t b = 0; b < nb; b++) {
+                const uint8_t *kb = k + (size_t)b * kbs;
+                __m256i kv = kt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(kb + 2))
+                                                   : q4_unpack(kb + 2);
+                const uint8_t *xb0 = x0 + (size_t)b * 34;
+                __m256 p0 = dot_i8_ps(kv, _mm256_loadu_si256((const __m256i *)(xb0 + 2)));
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(kb) * f16_to_f32(xb0)), p0, a0);
+            }
+            scores[r * ATTN_CB + j] = hsum8(a0);
+        }
+    }
+}
+
+attn_kq_fn attn_kq_avx2(keel_dtype kt)
+{
+    switch (kt) {
+    case KEEL_DTYPE_F32: return kq_f32;
+    case KEEL_DTYPE_F16: return kq_f16;
+    case KEEL_DTYPE_Q8_0:
+    case KEEL_DTYPE_Q4_0: return kq_q8q4;
+    default: return NULL;
+    }
+}
+
+/* ---- p . V ------------------------------------------------------------- */
+
+/* acc[r][i..i+8) += p_r * v8 for active rows */
+static inline void acc_rows(__m256 v8, const float *p, int32_t j, const uint8_t *active, int32_t R,
+                            float *const *acc, int32_t i)
+{
+    for (int32_t r = 0; r < R; r++) {
+        if (!active[r]) continue;
+        float pr = p[r * ATTN_CB + j];
+        if (pr == 0.0f) continue;
+        float *a = acc[r] + i;
+        _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(pr), v8, _mm256_loadu_ps(a)));
+    }
+}
+
+static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+{
+    if (dv % 8) {
+        for (int32_t j = 0; j < n; j++)
+            for (int32_t r = 0; r < R; r++)
+                if (active[r]) tensor_axpy_row(vt, dv, p[r * ATTN_CB + j], base + (size_t)idx[j] * rb, acc[r]);
+        return;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        const float *v = (const float *)(base + (size_t)idx[j] * rb);
+        for (int32_t i = 0; i < dv; i += 8) acc_rows(_mm256_loadu_ps(v + i), p, j, active, R, acc, i);
+    }
+}
+
+static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+{
+    if (dv % 8) {
+        pv_f32(vt, base, rb, idx, n, p, active, R, dv, acc);
+        return;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        const uint16_t *v = (const uint16_t *)(base + (size_t)idx[j] * rb);
+        for (int32_t i = 0; i < dv; i += 8)
+            acc_rows(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))), p, j, active, R, acc, i);
+    }
+}
+
+static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+{
+    int32_t nb = dv / QK;
+    size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *v = base + (size_t)idx[j] * rb;
+        for (int32_t b = 0; b < nb; b++) {
+            const uint8_t *vb = v + (size_t)b * bs;
+            __m256i q = vt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(vb + 2))
+                                              : q4_unpack(vb + 2);
+            __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+            __m256 d = _mm256_set1_ps(f16_to_f32(vb));
+            __m256 f0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+            __m256 f1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+            __m256 f2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+            __m256 f3 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+            int32_t i = b * QK;
+            for (int32_t r = 0; r < R; r++) {
+                if (!active[r]) continue;
+                float pr = p[r * ATTN_CB + j];
+                if (pr == 0.0f) continue;
+                __m256 pp = _mm256_set1_ps(pr);
+                float *a = acc[r] + i;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(pp, f0, _mm256_loadu_ps(a)));
+                _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(pp, f1, _mm256_loadu_ps(a + 8)));
+                _mm256_storeu_ps(a + 16, _mm256_fmadd_ps(pp, f2, _mm256_loadu_ps(a + 16)));
+                _mm256_storeu_ps(a + 24, _mm256_fmadd_ps(pp, f3, _mm256_loadu_ps(a + 24)));
+            }
+        }
+    }
+}
+
+attn_pv_fn attn_pv_avx2(keel_dtype vt)
+{
+    switch (vt) {
+    case KEEL_DTYPE_F32: return pv_f32;
+    case KEEL_DTYPE_F16: return pv_f16;
+    case KEEL_DTYPE_Q8_0:
+    case KEEL_DTYPE_Q4_0: return pv_q8q4;
+    default: return NULL;
+    }
+}
+
+/* ---- exp ---------------------------------------------------------------- */
+
+static inline __m256 exp8(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447505531f);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(x, hi);
+    x = _mm256_max_ps(x, lo);
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, c1));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, c2));
+    __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+float attn_exp_avx2(float *x, int32_t n, float m)
+{
+    __m256 mm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    int32_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mm));
+        _mm256_storeu_ps(x + j, v);
+        sum = _mm256_add_ps(sum, v);
+    }
+    float s = hsum8(sum);
+    for (; j < n; j++) {
+        x[j] = x[j] == -INFINITY ? 0.0f : expf(x[j] - m);
+        s += x[j];
+    }
+    return s;
+}
