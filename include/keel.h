@@ -451,6 +451,226 @@ uint64_t keel_mem_digest(const keel_mem *mem);
 
 /* KEEL_SECTION_MEMORY */
 
+/* ======================================================================== */
+/* Models                                                                   */
+/* ======================================================================== */
+/*
+ * A keel_model is a loaded model file: weights memory-mapped from a GGUF
+ * file (or converted in memory from a llama2.c checkpoint), hyperparameters
+ * and the tokenizer. It is immutable after open and may be shared by
+ * several contexts and threads. Supported architectures and dtypes are
+ * listed in docs/models.md.
+ */
+
+typedef struct keel_model keel_model;
+
+typedef struct keel_model_params {
+    const char *path;           /* GGUF file, or a llama2.c checkpoint (.bin) */
+    const char *tokenizer_path; /* llama2.c tokenizer.bin for a .bin checkpoint, else NULL */
+} keel_model_params;
+
+keel_model_params keel_model_params_default(void);
+
+/* Opens a model. KEEL_EIO (cannot read), KEEL_EFORMAT (malformed file),
+ * KEEL_EUNSUPPORTED (unknown architecture or dtype; the detail names it),
+ * KEEL_ENOENT (missing key or tensor; named), KEEL_ENOMEM. err (256 bytes,
+ * may be NULL) receives the detail. *out is NULL on failure. */
+keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *err);
+void keel_model_close(keel_model *m);
+
+typedef struct keel_model_info {
+    const char *arch;     /* "llama", "qwen2", "qwen3", "gemma2" */
+    const char *name;     /* general.name, or "" */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim_k;
+    int32_t head_dim_v;
+    int32_t n_ff;
+    int32_t n_swa;        /* sliding window of SWA layers, 0 if none */
+    int32_t n_swa_layers; /* layers using it */
+    keel_rope rope;
+    float norm_eps;
+    float attn_softcap;   /* 0 if none */
+    float final_softcap;  /* 0 if none */
+    keel_dtype dtype;     /* the most common weight dtype (by bytes) */
+    int64_t n_params;
+    size_t weight_bytes;  /* bytes of all tensors */
+    int32_t bos, eos;     /* -1 if none */
+    bool add_bos;
+    const char *tokenizer; /* "spm" or "bpe" */
+} keel_model_info;
+
+/* Fills info (pointers valid until the model is closed). */
+void keel_model_info_get(const keel_model *m, keel_model_info *info);
+
+/* Tokenizes len bytes of text. add_special: BOS/EOS as the vocabulary
+ * says; parse_special: special-token texts become their ids. Writes at most
+ * cap ids; *n_out is the count needed (KEEL_ERANGE if more than cap). */
+keel_status keel_tokenize(const keel_model *m, const char *text, size_t len, bool add_special,
+                          bool parse_special, int32_t *ids, int32_t cap, int32_t *n_out);
+
+/* Text of n ids (special tokens rendered). *n_out bytes needed;
+ * KEEL_ERANGE if more than cap, KEEL_EINVAL for an id out of range. */
+keel_status keel_detokenize(const keel_model *m, const int32_t *ids, int32_t n, char *buf,
+                            size_t cap, size_t *n_out);
+
+/* The raw piece of one token (SPM: spaces restored, byte tokens as bytes). */
+keel_status keel_token_piece(const keel_model *m, int32_t id, char *buf, size_t cap,
+                             size_t *n_out);
+
+/* True for end-of-generation tokens (EOS, EOT, ...). */
+bool keel_token_is_eog(const keel_model *m, int32_t id);
+
+/* A streaming detokenizer: push ids, get UTF-8 text that never splits a
+ * character across calls. Allocated by the caller (opaque storage). */
+typedef struct keel_detok_stream {
+    uint64_t opaque[64];
+} keel_detok_stream;
+
+void keel_detok_stream_init(keel_detok_stream *s, const keel_model *m);
+keel_status keel_detok_stream_push(keel_detok_stream *s, int32_t id, char *buf, size_t cap,
+                                   size_t *n_out);
+keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap, size_t *n_out);
+
+/* Random-weight models for tests and benchmarks (keel gen-model). */
+typedef struct keel_gen_params {
+    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2" */
+    int32_t n_layer;     /* 2 */
+    int32_t n_embd;      /* 128 */
+    int32_t n_head;      /* 4 */
+    int32_t n_head_kv;   /* 2 */
+    int32_t head_dim;    /* 0: n_embd / n_head */
+    int32_t n_ff;        /* 0: 3 * n_embd */
+    int32_t n_vocab;     /* 512 (>= 300: bytes, specials and pieces of a built-in vocabulary) */
+    int32_t n_ctx;       /* 4096 */
+    int32_t n_swa;       /* gemma2: sliding window (0: 32) */
+    keel_dtype dtype;    /* weight matrices (norms stay f32) */
+    uint64_t seed;       /* 1 */
+} keel_gen_params;
+
+keel_gen_params keel_gen_params_default(void);
+
+/* Writes a deterministic random-weight GGUF model to path: norms 1 (gemma:
+ * stored as GGUF expects), matrices ~N(0, 1/sqrt(fan_in)), embeddings
+ * N(0, 1), tensor names and keys as llama.cpp expects for the arch.
+ * KEEL_EINVAL (bad params, detail in err), KEEL_EUNSUPPORTED (arch or
+ * dtype), KEEL_EIO, KEEL_ENOMEM. */
+keel_status keel_gen_model(const keel_gen_params *p, const char *path, char *err);
+
+/* ======================================================================== */
+/* Contexts: running a model                                                */
+/* ======================================================================== */
+/*
+ * A keel_context runs a model over a memory (keel_mem) sized at open. Every
+ * buffer a forward pass needs is reserved at open from the plan below;
+ * keel_decode allocates nothing.
+ */
+
+typedef struct keel_context keel_context;
+
+typedef struct keel_context_params {
+    int32_t n_ctx;      /* KV cells (per sequence stream); 0: the model's training context */
+    int32_t n_batch;    /* most tokens per keel_decode call (512) */
+    int32_t n_ubatch;   /* tokens per forward chunk (512, <= n_batch) */
+    int32_t n_seq_max;  /* sequences (1) */
+    int32_t n_outputs;  /* most logit rows per keel_decode call; 0: n_seq_max */
+    int32_t n_threads;  /* 0: all CPUs */
+    keel_dtype type_k;  /* KV cache types (f16) */
+    keel_dtype type_v;
+    int32_t rot_k;      /* Hadamard rotation of K: -1 auto (on for quantized types
+                           when head_dim allows), 0 off, 1 on */
+    int32_t rot_v;      /* same for V; auto = off */
+    int32_t n_sink;     /* attention sinks kept by sliding layers (0) */
+    bool unified;       /* one KV table for all sequences (true) */
+} keel_context_params;
+
+keel_context_params keel_context_params_default(void);
+
+/* The memory plan of a context: computed before anything is allocated. */
+typedef struct keel_plan {
+    size_t weights_mapped; /* bytes of the model file mapped (not allocated) */
+    size_t kv_bytes;       /* K/V columns */
+    size_t mem_bytes;      /* the whole keel_mem (tables, columns, scratch) */
+    size_t work_bytes;     /* forward-pass activations and scratch */
+    size_t logits_bytes;   /* n_outputs x n_vocab floats */
+    size_t total_bytes;    /* everything keel_context_open allocates */
+} keel_plan;
+
+keel_status keel_context_plan(const keel_model *m, const keel_context_params *p, keel_plan *out,
+                              char *err);
+
+/* Opens a context. Errors as keel_context_plan, plus KEEL_ENOMEM. The model
+ * must outlive the context. */
+keel_status keel_context_open(const keel_model *m, const keel_context_params *p,
+                              keel_context **out, char *err);
+void keel_context_close(keel_context *c);
+const char *keel_context_last_error(const keel_context *c);
+void keel_context_plan_get(const keel_context *c, keel_plan *out);
+
+/* The context's memory: sequence edits (keel_mem_seq_rm, ...) and stats. */
+keel_mem *keel_context_memory(keel_context *c);
+
+/* A batch: token i at position pos[i] of sequence seq[i]; logits[i] != 0
+ * keeps its logits (logits NULL: only the last token's). pos NULL: each
+ * sequence continues at its last position + 1. seq NULL: sequence 0. */
+typedef struct keel_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int32_t *seq;
+    const int8_t *logits;
+} keel_batch;
+
+/*
+ * Runs the batch through the model, ubatch by ubatch. KEEL_EINVAL (token
+ * id out of range, too many tokens or outputs, bad position or sequence),
+ * KEEL_EFULL (the KV cache has no room: nothing of the failing ubatch is
+ * kept; earlier ubatches of the same call stay), KEEL_ECANCELED. Detail in
+ * keel_context_last_error.
+ */
+keel_status keel_decode(keel_context *c, const keel_batch *b);
+
+/* Logits [n_vocab] of the i-th token of the last batch, or NULL if it did
+ * not request logits. Valid until the next keel_decode. */
+const float *keel_logits(const keel_context *c, int32_t i);
+
+/* Requests cancellation of a keel_decode running on another thread. */
+void keel_cancel(keel_context *c);
+
+/* ======================================================================== */
+/* Sampling                                                                 */
+/* ======================================================================== */
+
+typedef struct keel_sampler keel_sampler;
+
+typedef struct keel_sampler_params {
+    float temp;              /* <= 0: greedy (argmax, ties to the lowest id) */
+    int32_t top_k;           /* <= 0: off */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off */
+    float repeat_penalty;    /* 1: off */
+    int32_t repeat_last_n;   /* tokens the penalties look back over */
+    float presence_penalty;  /* 0: off */
+    float frequency_penalty; /* 0: off */
+    uint64_t seed;
+} keel_sampler_params;
+
+/* llama.cpp's defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, no
+ * penalties over the last 64, seed 0. */
+keel_sampler_params keel_sampler_params_default(void);
+
+keel_status keel_sampler_open(const keel_sampler_params *p, int32_t n_vocab, keel_sampler **out);
+void keel_sampler_close(keel_sampler *s);
+/* Picks a token from logits [n_vocab]. Allocates nothing. */
+keel_status keel_sampler_sample(keel_sampler *s, const float *logits, int32_t *token);
+/* Adds a token to the penalty history (prompt and generated tokens). */
+keel_status keel_sampler_accept(keel_sampler *s, int32_t token);
+void keel_sampler_reset(keel_sampler *s);
+
 /* KEEL_SECTION_MODEL */
 
 /* KEEL_SECTION_ENGINE */
