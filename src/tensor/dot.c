@@ -86,9 +86,20 @@ void tensor_mul_f32(float *y, const float *x, int64_t n)
 
 /* ---- scalar dots ---------------------------------------------------------------- */
 
+/* Rows are void * and may sit at any byte address: memcpy loads. */
 static float dot_f32(int64_t n, const void *w, const void *x)
 {
-    return dot_f32_scalar(w, x, n);
+    const uint8_t *a = w, *b = x;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += rd_f32(a + 4 * i) * rd_f32(b + 4 * i);
+        s1 += rd_f32(a + 4 * i + 4) * rd_f32(b + 4 * i + 4);
+        s2 += rd_f32(a + 4 * i + 8) * rd_f32(b + 4 * i + 8);
+        s3 += rd_f32(a + 4 * i + 12) * rd_f32(b + 4 * i + 12);
+    }
+    for (; i < n; i++) s0 += rd_f32(a + 4 * i) * rd_f32(b + 4 * i);
+    return (s0 + s1) + (s2 + s3);
 }
 
 static float dot_f16(int64_t n, const void *w, const void *x)
@@ -236,8 +247,8 @@ void tensor_axpy_row(keel_dtype t, int64_t n, float a, const void *row, float *y
         return;
     }
     if (t == KEEL_DTYPE_F32) {
-        const float *x = row;
-        for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+        const uint8_t *p = row;
+        for (int64_t i = 0; i < n; i++) y[i] += a * rd_f32(p + 4 * i);
         return;
     }
     if (t == KEEL_DTYPE_F16 || t == KEEL_DTYPE_BF16) {

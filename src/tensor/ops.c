@@ -124,7 +124,8 @@ void tensor_gelu(float *x, int64_t n)
 
 void tensor_gelu_erf(float *x, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+    /* 1 + erf(t) == erfc(-t), without the cancellation for x << 0 */
+    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * erfcf(-x[i] * 0.70710678118654752f);
 }
 
 void tensor_softplus(float *x, int64_t n)

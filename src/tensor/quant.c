@@ -21,7 +21,7 @@ void tq_quant_f32(const float *x, void *y, int64_t n)
 
 void tq_dequant_f32(const void *x, float *y, int64_t n)
 {
-    memcpy(y, x, (size_t)n * sizeof(float));
+    memcpy(y, x, (size_t)n * sizeof(float)); /* any byte alignment */
 }
 
 void tq_quant_f16(const float *x, void *y, int64_t n)
