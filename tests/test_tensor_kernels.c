@@ -385,40 +385,61 @@ static void test_matvec_all_dtypes(void **state)
     free(xbuf);
 }
 
+static bool path_quantizes_x(tensor_gemm_path p)
+{
+    return p == TENSOR_GEMM_MATVEC || p == TENSOR_GEMM_DOT_TILES;
+}
+
 static void test_matmul_all_dtypes(void **state)
 {
     (void)state;
     const int64_t n_rows = 45, n_cols = 256;
     const int64_t toks[] = {1, 3, 4, 9, 33};
+    const tensor_gemm_path paths[] = {TENSOR_GEMM_AUTO, TENSOR_GEMM_MATVEC, TENSOR_GEMM_DEQUANT_SGEMM,
+                                      TENSOR_GEMM_DOT_TILES};
     base_pool *pool;
     assert_ok(base_pool_open(2, &pool));
     float *X = malloc(33 * n_cols * sizeof(float)), *Y = malloc(33 * n_rows * sizeof(float));
+    float *Xq = malloc(33 * n_cols * sizeof(float));
+    uint8_t *xbuf = malloc(2048);
     for (size_t k = 0; k < BASE_ARRAY_LEN(k_weight_types); k++) {
         mm_fixture f;
         mm_make(&f, k_weight_types[k], n_rows, n_cols, 500 + k);
         keel_dtype vt = tensor_vec_dot_type(f.t);
         test_fill_normal(X, 33 * n_cols, 600 + k);
+        for (int64_t i = 0; i < 33; i++) {
+            assert_ok(tensor_quantize_row(vt, X + i * n_cols, xbuf, n_cols));
+            assert_ok(tensor_dequantize_row(vt, xbuf, Xq + i * n_cols, n_cols));
+        }
         for (size_t ti = 0; ti < BASE_ARRAY_LEN(toks); ti++) {
             int64_t n_tok = toks[ti];
             size_t need = tensor_matmul_scratch_bytes(f.t, n_rows, n_cols, n_tok, 2);
             base_arena arena;
             assert_ok(base_arena_init(&arena, need));
-            FOR_BOTH_PATHS(simd)
-            {
-                memset(Y, 0xFF, 33 * n_rows * sizeof(float));
-                assert_ok(tensor_matmul(f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &arena));
-                assert_int_equal(arena.used, 0);
-                /* per token vs the f32 activation: exact-ish for float weights,
-                 * within the q8 activation error otherwise */
-                for (int64_t i = 0; i < n_tok; i++)
-                    check_rows(&f, X + i * n_cols, Y + i * n_rows, vt == KEEL_DTYPE_F32 ? 2e-6 : 1e-2,
-                               "matmul");
-            }
-            if (need > 64) {
+            for (size_t pi = 0; pi < BASE_ARRAY_LEN(paths); pi++) {
+                tensor_gemm_path p = paths[pi];
+                tensor_gemm_path eff = p == TENSOR_GEMM_AUTO ? tensor_matmul_auto_path(f.t, n_tok) : p;
+                FOR_BOTH_PATHS(simd)
+                {
+                    memset(Y, 0xFF, 33 * n_rows * sizeof(float));
+                    assert_ok(tensor_matmul_path(p, f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &arena));
+                    assert_int_equal(arena.used, 0);
+                    /* exact up to f32 summation against the activation the
+                     * path multiplies (quantized to the vec_dot type or f32) */
+                    for (int64_t i = 0; i < n_tok; i++) {
+                        const float *xr = path_quantizes_x(eff) ? Xq + i * n_cols : X + i * n_cols;
+                        check_rows(&f, xr, Y + i * n_rows, 2e-6, "matmul");
+                        check_rows(&f, X + i * n_cols, Y + i * n_rows, vt == KEEL_DTYPE_F32 ? 2e-6 : 1e-2,
+                                   "matmul (vs f32 x)");
+                    }
+                }
+                /* a too-small arena is refused when the path needs scratch */
+                bool needs = (eff == TENSOR_GEMM_DEQUANT_SGEMM && f.t != KEEL_DTYPE_F32) ||
+                             (path_quantizes_x(eff) && vt != KEEL_DTYPE_F32);
                 base_arena small;
-                assert_ok(base_arena_init(&small, need / 2));
-                assert_status(tensor_matmul(f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &small),
-                              KEEL_ESCRATCH);
+                assert_ok(base_arena_init(&small, 64));
+                assert_status(tensor_matmul_path(p, f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &small),
+                              needs ? KEEL_ESCRATCH : KEEL_OK);
                 assert_int_equal(small.used, 0);
                 base_arena_free(&small);
             }
@@ -426,9 +447,13 @@ static void test_matmul_all_dtypes(void **state)
         }
         mm_free(&f);
     }
+    assert_status(tensor_matmul_path((tensor_gemm_path)9, KEEL_DTYPE_F32, X, 1, 32, X, 4, Y, pool, NULL),
+                  KEEL_EINVAL);
     base_pool_close(pool);
     free(X);
+    free(Xq);
     free(Y);
+    free(xbuf);
 }
 
 /* The setup a prefill GEMM needs (pool + arena), run once, all through the

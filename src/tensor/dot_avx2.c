@@ -120,86 +120,117 @@ static float dot_bf16(int64_t n, const void *w, const void *x)
 
 /* ---- legacy quant dots ------------------------------------------------------------ */
 
-static float dot_q8_0(int64_t n, const void *w, const void *x)
+static inline __m256i q8_0_values(const uint8_t *b)
 {
-    const uint8_t *b = w, *xb = x;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t nb = n / QK, i = 0;
-    for (; i + 2 <= nb; i += 2, b += 2 * Q8_0_BYTES, xb += 2 * Q8_0_BYTES) {
-        __m256i p0 = dot_ss8_i32(loadu_256(b + 2), loadu_256(xb + 2));
-        __m256i p1 = dot_ss8_i32(loadu_256(b + Q8_0_BYTES + 2), loadu_256(xb + Q8_0_BYTES + 2));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * f16_load(xb)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b + Q8_0_BYTES) * f16_load(xb + Q8_0_BYTES)),
-                               _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; i++, b += Q8_0_BYTES, xb += Q8_0_BYTES) {
-        __m256i p = dot_ss8_i32(loadu_256(b + 2), loadu_256(xb + 2));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * f16_load(xb)), _mm256_cvtepi32_ps(p), acc0);
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    return loadu_256(b + 2);
 }
 
-static float dot_q4_0(int64_t n, const void *w, const void *x)
-{
-    const uint8_t *b = w, *xb = x;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, xb += Q8_0_BYTES) {
-        __m256i p = dot_ss8_i32(q4_0_values(b), loadu_256(xb + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * f16_load(xb)), _mm256_cvtepi32_ps(p), acc);
+/* Symmetric formats against q8_0: sum_blocks d_w d_x (q_w . q_x). Four
+ * independent accumulators, since a single FMA chain would limit the dot
+ * to one block per FMA latency. */
+#define DOT_SYM(NAME, WBYTES, VALUES)                                                              \
+    static float NAME(int64_t n, const void *w, const void *x)                                     \
+    {                                                                                              \
+        const uint8_t *b = w, *xb = x;                                                             \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),            \
+                         _mm256_setzero_ps()};                                                     \
+        int64_t nb = n / QK, i = 0;                                                                \
+        for (; i + 4 <= nb; i += 4, b += 4 * (WBYTES), xb += 4 * Q8_0_BYTES) {                     \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)                                    \
+            {                                                                                      \
+                const uint8_t *bk = b + k * (WBYTES), *xk = xb + k * Q8_0_BYTES;                   \
+                __m256i p = dot_ss8_i32(VALUES(bk), loadu_256(xk + 2));                            \
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(bk) * f16_load(xk)),             \
+                                         _mm256_cvtepi32_ps(p), acc[k]);                           \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < nb; i++, b += (WBYTES), xb += Q8_0_BYTES) {                                     \
+            __m256i p = dot_ss8_i32(VALUES(b), loadu_256(xb + 2));                                 \
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * f16_load(xb)),                   \
+                                     _mm256_cvtepi32_ps(p), acc[0]);                               \
+        }                                                                                          \
+        return hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))); \
     }
-    return hsum_ps(acc);
-}
 
-static float dot_q5_0(int64_t n, const void *w, const void *x)
-{
-    const uint8_t *b = w, *xb = x;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, xb += Q8_0_BYTES) {
-        __m256i p = dot_ss8_i32(q5_0_values(b), loadu_256(xb + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * f16_load(xb)), _mm256_cvtepi32_ps(p), acc);
-    }
-    return hsum_ps(acc);
-}
+DOT_SYM(dot_q8_0, Q8_0_BYTES, q8_0_values)
+DOT_SYM(dot_q4_0, Q4_0_BYTES, q4_0_values)
+DOT_SYM(dot_q5_0, Q5_0_BYTES, q5_0_values)
 
-static float dot_q4_1(int64_t n, const void *w, const void *x)
-{
-    const uint8_t *b = w, *xb = x;
-    __m256 acc = _mm256_setzero_ps(), accm = acc;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, xb += Q8_1_BYTES) {
-        __m256i xq = loadu_256(xb + 4);
-        __m256i p = dot_us8_i32(q4_1_values(b), xq);
-        __m256i sx = dot_us8_i32(_mm256_set1_epi8(1), xq);
-        float dx = f16_load(xb);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * dx), _mm256_cvtepi32_ps(p), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b + 2) * dx), _mm256_cvtepi32_ps(sx), accm);
+/* Formats with a min against q8_1: d_w d_x (q_w . q_x) + m_w d_x sum(q_x),
+ * the activation sum taken exactly from its quants (not the f16 s). */
+#define DOT_ASYM(NAME, WBYTES, VALUES)                                                             \
+    static float NAME(int64_t n, const void *w, const void *x)                                     \
+    {                                                                                              \
+        const uint8_t *b = w, *xb = x;                                                             \
+        const __m256i ones = _mm256_set1_epi8(1);                                                  \
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                \
+        __m256 accm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                               \
+        int64_t nb = n / QK, i = 0;                                                                \
+        for (; i + 2 <= nb; i += 2, b += 2 * (WBYTES), xb += 2 * Q8_1_BYTES) {                     \
+            _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)                                    \
+            {                                                                                      \
+                const uint8_t *bk = b + k * (WBYTES), *xk = xb + k * Q8_1_BYTES;                   \
+                __m256i xq = loadu_256(xk + 4);                                                    \
+                __m256i p = dot_us8_i32(VALUES(bk), xq), sx = dot_us8_i32(ones, xq);               \
+                float dx = f16_load(xk);                                                           \
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(bk) * dx), _mm256_cvtepi32_ps(p), \
+                                         acc[k]);                                                  \
+                accm[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(bk + 2) * dx),                   \
+                                          _mm256_cvtepi32_ps(sx), accm[k]);                        \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < nb; i++, b += (WBYTES), xb += Q8_1_BYTES) {                                     \
+            __m256i xq = loadu_256(xb + 4);                                                        \
+            __m256i p = dot_us8_i32(VALUES(b), xq), sx = dot_us8_i32(ones, xq);                    \
+            float dx = f16_load(xb);                                                               \
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * dx), _mm256_cvtepi32_ps(p), acc[0]); \
+            accm[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b + 2) * dx), _mm256_cvtepi32_ps(sx), \
+                                      accm[0]);                                                    \
+        }                                                                                          \
+        return hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(accm[0], accm[1]))); \
     }
-    return hsum_ps(_mm256_add_ps(acc, accm));
-}
 
-static float dot_q5_1(int64_t n, const void *w, const void *x)
-{
-    const uint8_t *b = w, *xb = x;
-    __m256 acc = _mm256_setzero_ps(), accm = acc;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, xb += Q8_1_BYTES) {
-        __m256i xq = loadu_256(xb + 4);
-        __m256i p = dot_us8_i32(q5_1_values(b), xq);
-        __m256i sx = dot_us8_i32(_mm256_set1_epi8(1), xq);
-        float dx = f16_load(xb);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * dx), _mm256_cvtepi32_ps(p), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b + 2) * dx), _mm256_cvtepi32_ps(sx), accm);
-    }
-    return hsum_ps(_mm256_add_ps(acc, accm));
-}
+DOT_ASYM(dot_q4_1, Q4_1_BYTES, q4_1_values)
+DOT_ASYM(dot_q5_1, Q5_1_BYTES, q5_1_values)
 
 /* ---- K-quant dots ----------------------------------------------------------------- */
 
-/* sum_j m_j * (bsums[2j] + bsums[2j+1]) for the 8 mins of a q4_K/q5_K block. */
-static inline int kq_min_sum(const uint8_t *mins8, const uint8_t *xb)
+/* The 12-byte scale field of q4_K/q5_K as 16 int16: 8 scales, 8 mins.
+ * Bit form of kq_scale_min: words w0..w2 hold bytes 0-3, 4-7, 8-11. */
+static inline __m256i kq_scales_mins_epi16(const uint8_t *q)
 {
-    __m128i m = _mm_loadl_epi64((const __m128i *)mins8);
-    __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m)); /* m0 m0 m1 m1 ... */
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    uint32_t w0 = rd_u32(q), w1 = rd_u32(q + 4), w2 = rd_u32(q + 8);
+    uint32_t sc_lo = w0 & m6;                                  /* scales 0-3 */
+    uint32_t sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);      /* scales 4-7 */
+    uint32_t mn_lo = w1 & m6;                                  /* mins 0-3 */
+    uint32_t mn_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4); /* mins 4-7 */
+    __m128i b = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
+    return _mm256_cvtepu8_epi16(b);
+}
+
+/* Shuffle controls broadcasting int16 element k of each 128-bit lane. */
+static inline __m256i bcast16_ctrl(int k)
+{
+    return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
+}
+
+/* Per super-block: sum over sub-blocks of scale_j * (q . x) as 8 x i32, with
+ * the mins term mins . (bsum pairs) as 4 x i32 in *min_out. */
+#define KQ_SUBBLOCK_PAIR(c, lo, hi)                                                                \
+    do {                                                                                           \
+        __m256i p0 = _mm256_maddubs_epi16(lo, loadu_256(xq + 64 * (c)));                           \
+        __m256i p1 = _mm256_maddubs_epi16(hi, loadu_256(xq + 64 * (c) + 32));                      \
+        p0 = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sc, bcast16_ctrl(2 * (c))));                \
+        p1 = _mm256_madd_epi16(p1, _mm256_shuffle_epi8(sc, bcast16_ctrl(2 * (c) + 1)));            \
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));                                   \
+    } while (0)
+
+static inline __m128i kq_min_prod(__m256i sm16, const uint8_t *xb)
+{
     __m256i bs = loadu_256(xb + Q8_K_BSUMS);
-    return hsum_epi32(_mm256_madd_epi16(bs, m16));
+    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    return _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), pairs);
 }
 
 static float dot_q4_K(int64_t n, const void *w, const void *x)
@@ -207,72 +238,75 @@ static float dot_q4_K(int64_t n, const void *w, const void *x)
     const uint8_t *b = w, *xb = x;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps();
-    float accm = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++, b += Q4_K_BYTES, xb += Q8_K_BYTES) {
         float dx = rd_f32(xb);
-        uint8_t sm[16];
-        kq_unpack_scales(b + 4, sm);
-        const uint8_t *xq = xb + Q8_K_QS;
+        __m256i sm16 = kq_scales_mins_epi16(b + 4);
+        __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm16));
+        accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)), _mm_cvtepi32_ps(kq_min_prod(sm16, xb)), accm);
+        const uint8_t *xq = xb + Q8_K_QS, *qs = b + 16;
         __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            __m256i q = loadu_256(b + 16 + 32 * c);
+            __m256i q = loadu_256(qs + 32 * c);
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i p0 = _mm256_maddubs_epi16(lo, loadu_256(xq + 64 * c));
-            __m256i p1 = _mm256_maddubs_epi16(hi, loadu_256(xq + 64 * c + 32));
-            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sm[2 * c]));
-            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sm[2 * c + 1]));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+            KQ_SUBBLOCK_PAIR(c, lo, hi);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_load(b)), _mm256_cvtepi32_ps(sumi), acc);
-        accm += dx * f16_load(b + 2) * (float)kq_min_sum(sm + 8, xb);
     }
-    return hsum_ps(acc) - accm;
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return hsum_ps(acc) - _mm_cvtss_f32(m);
 }
 
 static float dot_q5_K(int64_t n, const void *w, const void *x)
 {
     const uint8_t *b = w, *xb = x;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps();
-    float accm = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++, b += Q5_K_BYTES, xb += Q8_K_BYTES) {
         float dx = rd_f32(xb);
-        uint8_t sm[16];
-        kq_unpack_scales(b + 4, sm);
-        const uint8_t *xq = xb + Q8_K_QS;
+        __m256i sm16 = kq_scales_mins_epi16(b + 4);
+        __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm16));
+        accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)), _mm_cvtepi32_ps(kq_min_prod(sm16, xb)), accm);
+        const uint8_t *xq = xb + Q8_K_QS, *qs = b + 48;
         __m256i hb = loadu_256(b + 16);
         __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            __m256i q = loadu_256(b + 48 + 32 * c);
-            __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
-            __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
+            __m256i q = loadu_256(qs + 32 * c);
+            /* bit 2c of qh -> 0x10 for the low half, bit 2c+1 for the high half */
+            __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(hb, 4), b16);
+            __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(hb, 3), b16);
             hb = _mm256_srli_epi16(hb, 2);
             __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
             __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
-            __m256i p0 = _mm256_maddubs_epi16(lo, loadu_256(xq + 64 * c));
-            __m256i p1 = _mm256_maddubs_epi16(hi, loadu_256(xq + 64 * c + 32));
-            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sm[2 * c]));
-            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sm[2 * c + 1]));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+            KQ_SUBBLOCK_PAIR(c, lo, hi);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_load(b)), _mm256_cvtepi32_ps(sumi), acc);
-        accm += dx * f16_load(b + 2) * (float)kq_min_sum(sm + 8, xb);
     }
-    return hsum_ps(acc) - accm;
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return hsum_ps(acc) - _mm_cvtss_f32(m);
 }
 
 static float dot_q6_K(int64_t n, const void *w, const void *x)
 {
     const uint8_t *b = w, *xb = x;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++, b += Q6_K_BYTES, xb += Q8_K_BYTES) {
         const uint8_t *xq = xb + Q8_K_QS;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        __m256i sc16 = _mm256_cvtepi8_epi16(loadu_128(sc));
+        __m128i sc8 = loadu_128(b + 192);
         /* the -32 offset: 32 * sum_g sc_g * bsum_g */
-        __m256i off = _mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), sc16);
+        __m256i off = _mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), _mm256_cvtepi8_epi16(sc8));
+        /* low lane: even sub-block scales, high lane: odd ones (int16), so
+         * one in-lane broadcast gives [s_2g x 8 | s_2g+1 x 8] for 32 values */
+        __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
         __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int nh = 0; nh < 2; nh++) {
             __m256i ql0 = loadu_256(b + 64 * nh), ql1 = loadu_256(b + 64 * nh + 32);
             __m256i qh = loadu_256(b + 128 + 32 * nh);
@@ -284,10 +318,10 @@ static float dot_q6_K(int64_t n, const void *w, const void *x)
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                int s = 8 * nh + 2 * k;
                 __m256i p = _mm256_maddubs_epi16(q[k], loadu_256(xq + 128 * nh + 32 * k));
-                __m256i vs = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+                __m256i vs = _mm256_shuffle_epi8(sc, bcast16_ctrl(4 * nh + k));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, vs));
             }
         }
