@@ -174,7 +174,7 @@ static double bk_time_matmul(tensor_gemm_path path, keel_dtype t, const bk_buf *
 
 /* ---- the benchmark -------------------------------------------------------------------- */
 
-#define BK_MAX_RES 96
+#define BK_MAX_RES 160
 
 typedef struct bk_state {
     base_pool *pools[3]; /* 1, 2, N threads */
