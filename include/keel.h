@@ -507,6 +507,9 @@ typedef struct keel_model_info {
 /* Fills info (pointers valid until the model is closed). */
 void keel_model_info_get(const keel_model *m, keel_model_info *info);
 
+/* Writes the tensor table (name, dtype, shape, bytes) to out. */
+keel_status keel_model_tensors(const keel_model *m, keel_write_fn out, void *user);
+
 /* Tokenizes len bytes of text. add_special: BOS/EOS as the vocabulary
  * says; parse_special: special-token texts become their ids. Writes at most
  * cap ids; *n_out is the count needed (KEEL_ERANGE if more than cap). */
@@ -573,7 +576,7 @@ keel_status keel_gen_model(const keel_gen_params *p, const char *path, char *err
 typedef struct keel_context keel_context;
 
 typedef struct keel_context_params {
-    int32_t n_ctx;      /* KV cells (per sequence stream); 0: the model's training context */
+    int32_t n_ctx;      /* KV cells (per sequence stream); 0: min(training context, 4096) */
     int32_t n_batch;    /* most tokens per keel_decode call (512) */
     int32_t n_ubatch;   /* tokens per forward chunk (512, <= n_batch) */
     int32_t n_seq_max;  /* sequences (1) */

@@ -12,8 +12,13 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command g_commands[] = {
+    {"run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] ...  generate text (run -h)"},
+    {"tokenize", cmd_tokenize, "tokenize -m MODEL -p TEXT [--ids]          print token ids and pieces"},
+    {"inspect", cmd_inspect, "inspect MODEL [-c CTX] [--ctk T]           hyperparameters, tensors, memory plan"},
+    {"perplexity", cmd_perplexity, "perplexity -m MODEL -f TEXT -c N [-b N]    llama-perplexity's method"},
     {"bench", cmd_bench,
-     "bench kernels|attention [--json] [-t N]   kernel and attention benchmarks"},
+     "bench kernels|attention [--json]           kernel and attention benchmarks\n"
+     "  bench -m MODEL [-p 512] [-n 128] [--json]  prompt and generation speed"},
 };
 
 void cli_write_file(void *user, const char *text, size_t n)

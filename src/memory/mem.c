@@ -425,8 +425,8 @@ static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32
     return BASE_MAX(s, a);
 }
 
-static keel_status mem_plan(const keel_mem_config *cfg, size_t *block, size_t *scratch,
-                            size_t *total, char *err)
+static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *block,
+                            size_t *scratch, size_t *total, char *err)
 {
     keel_status st = validate_config(cfg, err);
     if (st != KEEL_OK) return st;
@@ -442,7 +442,8 @@ static keel_status mem_plan(const keel_mem_config *cfg, size_t *block, size_t *s
     if (!size_align_up(l.off, BASE_ALIGN, &blk))
         return base_err(err, KEEL_EOVERFLOW, "memory plan overflows size_t");
     size_t t = sizeof(keel_mem);
-    if (!size_add(t, blk, &t) || !size_add(t, sb, &t) || !size_add(t, base_pool_bytes(nt), &t))
+    if (!size_add(t, blk, &t) || !size_add(t, sb, &t) ||
+        !size_add(t, own_pool ? base_pool_bytes(nt) : 0, &t))
         return base_err(err, KEEL_EOVERFLOW, "memory plan overflows size_t");
     *block = blk;
     *scratch = sb;
@@ -454,15 +455,22 @@ keel_status keel_mem_config_bytes(const keel_mem_config *cfg, size_t *bytes)
 {
     size_t block, scratch;
     if (!bytes) return KEEL_EINVAL;
-    return mem_plan(cfg, &block, &scratch, bytes, NULL);
+    return mem_plan(cfg, true, &block, &scratch, bytes, NULL);
 }
 
-keel_status keel_mem_open(const keel_mem_config *cfg, keel_mem **out, char *err)
+keel_status mem_config_bytes_shared(const keel_mem_config *cfg, size_t *bytes, char *err)
+{
+    size_t block, scratch;
+    return mem_plan(cfg, false, &block, &scratch, bytes, err);
+}
+
+static keel_status mem_open_impl(const keel_mem_config *cfg, base_pool *shared, keel_mem **out,
+                                 char *err)
 {
     if (!out) return KEEL_EINVAL;
     *out = NULL;
     size_t block_bytes, scratch, total;
-    keel_status st = mem_plan(cfg, &block_bytes, &scratch, &total, err);
+    keel_status st = mem_plan(cfg, shared == NULL, &block_bytes, &scratch, &total, err);
     if (st != KEEL_OK) return st;
     keel_mem *m = base_calloc(1, sizeof *m);
     if (!m) return base_err(err, KEEL_ENOMEM, "keel_mem: out of memory");
@@ -481,7 +489,13 @@ keel_status keel_mem_open(const keel_mem_config *cfg, keel_mem **out, char *err)
         base_free(m, sizeof *m);
         return base_err(err, st, "keel_mem: cannot reserve %zu bytes of scratch", scratch);
     }
-    st = base_pool_open(m->n_threads, &m->pool);
+    if (shared) {
+        m->pool = shared;
+        m->pool_shared = true;
+        m->n_threads = base_pool_threads(shared);
+    } else {
+        st = base_pool_open(m->n_threads, &m->pool);
+    }
     if (st != KEEL_OK) {
         base_arena_free(&m->scratch);
         base_free(block, block_bytes);
@@ -497,10 +511,23 @@ keel_status keel_mem_open(const keel_mem_config *cfg, keel_mem **out, char *err)
     return KEEL_OK;
 }
 
+keel_status keel_mem_open(const keel_mem_config *cfg, keel_mem **out, char *err)
+{
+    return mem_open_impl(cfg, NULL, out, err);
+}
+
+keel_status mem_open_shared(const keel_mem_config *cfg, base_pool *pool, keel_mem **out, char *err)
+{
+    if (!pool) return base_err(err, KEEL_EINVAL, "mem_open_shared: no pool");
+    keel_mem_config c = *cfg;
+    c.n_threads = base_pool_threads(pool);
+    return mem_open_impl(&c, pool, out, err);
+}
+
 void keel_mem_close(keel_mem *m)
 {
     if (!m) return;
-    base_pool_close(m->pool);
+    if (!m->pool_shared) base_pool_close(m->pool);
     base_arena_free(&m->scratch);
     base_free(m->layers, m->block_bytes); /* the layers array opens the block */
     base_free(m, sizeof *m);

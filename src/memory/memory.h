@@ -101,6 +101,7 @@ struct keel_mem {
     int32_t n_streams;
     int32_t n_threads;
     base_pool *pool;
+    bool pool_shared;          /* borrowed from the caller (mem_open_shared) */
     base_arena scratch;        /* every operation's scratch, reserved at open */
     size_t bytes_total;        /* what open allocated (== keel_mem_config_bytes) */
     size_t block_bytes;        /* the one block holding tables, metadata and columns */
@@ -109,6 +110,14 @@ struct keel_mem {
     int32_t max_cell_touched;  /* highest cell index any operation produced (tests) */
     char err[BASE_ERR_CAP];
 };
+
+/* Opens a memory that runs its threads on the caller's pool (which must
+ * outlive it); cfg->n_threads is ignored. */
+keel_status mem_open_shared(const keel_mem_config *cfg, base_pool *pool, keel_mem **out,
+                            char *err);
+/* keel_mem_config_bytes for mem_open_shared (no pool of its own); the
+ * caller sets cfg->n_threads to the pool's threads. */
+keel_status mem_config_bytes_shared(const keel_mem_config *cfg, size_t *bytes, char *err);
 
 /* ---- table (table.c) ----------------------------------------------------- */
 

@@ -1,0 +1,69 @@
+/*
+ * cmd_inspect.c — `keel inspect MODEL`: architecture, hyperparameters, the
+ * tensor table and the memory plan of a context (-c, --ctk, --ctv, ...).
+ */
+#include "cli.h"
+
+#include <string.h>
+
+static const char *g_usage =
+    "usage: keel inspect MODEL [--tokenizer F] [-c CTX] [-b N] [--ctk T] [--ctv T] [-t N] [--no-tensors]";
+
+static double mib(size_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    cli_opts o;
+    cli_opts_init(&o);
+    int rc = cli_parse(argc, argv, &o, g_usage);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!o.model.path) o.model.path = o.positional;
+    keel_model *m = NULL;
+    if ((rc = cli_open_model(&o, &m))) return rc;
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    printf("model        %s\n", o.model.path);
+    printf("arch         %s%s%s\n", mi.arch, mi.name[0] ? "  name " : "", mi.name);
+    printf("params       %lld (%.2f M), %.2f MiB of tensors, mostly %s\n", (long long)mi.n_params,
+           (double)mi.n_params / 1e6, mib(mi.weight_bytes), keel_dtype_name(mi.dtype));
+    printf("vocab        %d (%s, bos %d, eos %d, add_bos %s)\n", mi.n_vocab, mi.tokenizer, mi.bos,
+           mi.eos, mi.add_bos ? "yes" : "no");
+    printf("n_ctx_train  %d\n", mi.n_ctx_train);
+    printf("n_embd       %d\nn_layer      %d\nn_head       %d\nn_head_kv    %d\n", mi.n_embd,
+           mi.n_layer, mi.n_head, mi.n_head_kv);
+    printf("head_dim     k %d, v %d\nn_ff         %d\nnorm_eps     %g\n", mi.head_dim_k,
+           mi.head_dim_v, mi.n_ff, (double)mi.norm_eps);
+    printf("rope         %s, n_rot %d, base %g, freq_scale %g%s\n",
+           mi.rope.type == KEEL_ROPE_NEOX ? "neox" : mi.rope.type == KEEL_ROPE_NORM ? "norm" : "none",
+           mi.rope.n_rot, (double)mi.rope.freq_base, (double)mi.rope.freq_scale,
+           mi.rope.ext_factor > 0 ? " (yarn)" : "");
+    if (mi.n_swa) printf("sliding      window %d on %d of %d layers\n", mi.n_swa, mi.n_swa_layers, mi.n_layer);
+    if (mi.attn_softcap > 0 || mi.final_softcap > 0)
+        printf("softcap      attention %g, final %g\n", (double)mi.attn_softcap, (double)mi.final_softcap);
+    keel_plan pl;
+    char err[256] = "";
+    keel_status st = keel_context_plan(m, &o.ctx, &pl, err);
+    if (st != KEEL_OK) {
+        rc = cli_fail("plan", st, err);
+    } else {
+        int32_t n_ctx = o.ctx.n_ctx ? o.ctx.n_ctx : (mi.n_ctx_train < 4096 ? mi.n_ctx_train : 4096);
+        printf("\nmemory plan (n_ctx %d, K %s, V %s, n_batch %d):\n", n_ctx, keel_dtype_name(o.ctx.type_k),
+               keel_dtype_name(o.ctx.type_v), o.ctx.n_batch);
+        printf("  weights mapped    %10.2f MiB (file, not allocated)\n", mib(pl.weights_mapped));
+        printf("  KV cache          %10.2f MiB\n", mib(pl.kv_bytes));
+        printf("  memory core       %10.2f MiB (KV + cell tables + scratch)\n", mib(pl.mem_bytes));
+        printf("  forward work      %10.2f MiB\n", mib(pl.work_bytes));
+        printf("  logits            %10.2f MiB\n", mib(pl.logits_bytes));
+        printf("  total allocated   %10.2f MiB (%zu bytes)\n", mib(pl.total_bytes), pl.total_bytes);
+    }
+    if (!o.no_tensors) {
+        printf("\n");
+        keel_status ts = keel_model_tensors(m, cli_write_file, stdout);
+        if (ts != KEEL_OK && !rc) rc = cli_fail("tensors", ts, NULL);
+    }
+    keel_model_close(m);
+    return rc;
+}

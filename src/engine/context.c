@@ -1,0 +1,287 @@
+/*
+ * context.c — the public keel_context: the memory plan, opening (one pool
+ * shared by the forward pass and the memory core, every buffer reserved up
+ * front), keel_decode (validation, ubatch splitting, placement, forward),
+ * logits.
+ */
+#include "engine.h"
+
+#include <string.h>
+
+keel_context_params keel_context_params_default(void)
+{
+    keel_context_params p;
+    memset(&p, 0, sizeof p);
+    p.n_ctx = 0;
+    p.n_batch = 512;
+    p.n_ubatch = 512;
+    p.n_seq_max = 1;
+    p.n_outputs = 0;
+    p.n_threads = 0;
+    p.type_k = KEEL_DTYPE_F16;
+    p.type_v = KEEL_DTYPE_F16;
+    p.rot_k = -1;
+    p.rot_v = 0;
+    p.n_sink = 0;
+    p.unified = true;
+    return p;
+}
+
+/* Resolves defaults and checks ranges; fills the memory config. */
+static keel_status resolve(const keel_model *m, const keel_context_params *in,
+                           keel_context_params *p, char *err)
+{
+    *p = *in;
+    const model_hp *hp = &m->w.hp;
+    if (p->n_ctx == 0) p->n_ctx = BASE_MIN(hp->n_ctx_train, 4096);
+    if (p->n_ctx < 1 || p->n_ctx > (1 << 26))
+        return base_err(err, KEEL_EINVAL, "n_ctx %d (need 1..2^26)", p->n_ctx);
+    if (p->n_batch < 1 || p->n_batch > (1 << 20))
+        return base_err(err, KEEL_EINVAL, "n_batch %d (need 1..2^20)", p->n_batch);
+    if (p->n_ubatch < 1 || p->n_ubatch > p->n_batch) p->n_ubatch = BASE_MIN(p->n_batch, 512);
+    if (p->n_ubatch > p->n_ctx) p->n_ubatch = p->n_ctx;
+    if (p->n_seq_max < 1 || p->n_seq_max > MEM_SEQ_MAX)
+        return base_err(err, KEEL_EINVAL, "n_seq_max %d (need 1..%d)", p->n_seq_max, MEM_SEQ_MAX);
+    if (p->n_outputs == 0) p->n_outputs = p->n_seq_max;
+    if (p->n_outputs < 1 || p->n_outputs > p->n_batch)
+        return base_err(err, KEEL_EINVAL, "n_outputs %d (need 1..n_batch %d)", p->n_outputs, p->n_batch);
+    if (p->n_threads < 0 || p->n_threads > 256)
+        return base_err(err, KEEL_EINVAL, "n_threads %d (need 0..256)", p->n_threads);
+    if (p->n_threads == 0) p->n_threads = keel_cpu_count();
+    if (p->n_sink < 0) return base_err(err, KEEL_EINVAL, "n_sink %d", p->n_sink);
+    return KEEL_OK;
+}
+
+typedef struct ctx_sizes {
+    keel_mem_config mc;
+    keel_mem_layer *layers; /* caller's buffer */
+    size_t mem, work, logits, small, total;
+} ctx_sizes;
+
+static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_sizes *z, char *err)
+{
+    const model_hp *hp = &m->w.hp;
+    model_mem_layers(&m->w, p->type_k, p->type_v, p->rot_k, p->rot_v, p->n_sink, z->layers);
+    z->mc = keel_mem_config_default();
+    z->mc.layers = z->layers;
+    z->mc.n_layers = hp->n_layer;
+    z->mc.n_seq_max = p->n_seq_max;
+    z->mc.n_ctx = p->n_ctx;
+    z->mc.unified = p->unified;
+    z->mc.n_batch_max = p->n_ubatch;
+    z->mc.n_threads = p->n_threads;
+    keel_status st = mem_config_bytes_shared(&z->mc, &z->mem, err);
+    if (st != KEEL_OK) return st;
+    z->work = model_work_bytes(&m->w, p->n_ubatch, p->n_threads);
+    if (!size_mul((size_t)p->n_outputs * sizeof(float), (size_t)hp->n_vocab, &z->logits))
+        return base_err(err, KEEL_EOVERFLOW, "logits buffer overflows");
+    /* out_row [n_batch], pos/seq of the batch [n_batch] x 2, cells [n_groups][n_ubatch], out idx [n_ubatch] */
+    z->small = ((size_t)p->n_batch * 3 + (size_t)p->n_ubatch * 3 + 64) * sizeof(int32_t);
+    z->total = sizeof(keel_context) + z->mem + z->work + z->logits + z->small +
+               base_pool_bytes(p->n_threads) + BASE_ALIGN;
+    return KEEL_OK;
+}
+
+keel_status keel_context_plan(const keel_model *m, const keel_context_params *in, keel_plan *out,
+                              char *err)
+{
+    if (!m || !in || !out) return KEEL_EINVAL;
+    keel_context_params p;
+    keel_status st = resolve(m, in, &p, err);
+    if (st != KEEL_OK) return st;
+    size_t lb = (size_t)m->w.hp.n_layer * sizeof(keel_mem_layer);
+    ctx_sizes z;
+    z.layers = base_alloc(lb);
+    if (!z.layers) return base_err(err, KEEL_ENOMEM, "out of memory");
+    st = sizes(m, &p, &z, err);
+    if (st == KEEL_OK) {
+        size_t kv = 0;
+        for (int32_t i = 0; i < m->w.hp.n_layer; i++) {
+            const keel_mem_layer *L = &z.layers[i];
+            int64_t cells = p.n_ctx;
+            if (L->kind == KEEL_MEM_LAYER_SLIDING) {
+                int64_t seqs = p.unified ? p.n_seq_max : 1;
+                int64_t ring = seqs * ((int64_t)L->n_sink + L->window) + p.n_ubatch;
+                cells = BASE_MIN(ring, (int64_t)p.n_ctx);
+            }
+            int64_t streams = p.unified ? 1 : p.n_seq_max;
+            kv += (size_t)(cells * streams) * (size_t)L->n_kv_heads *
+                  (tensor_row_bytes(L->k_dtype, L->head_dim_k) + tensor_row_bytes(L->v_dtype, L->head_dim_v));
+        }
+        out->weights_mapped = m->file_bytes;
+        out->kv_bytes = kv;
+        out->mem_bytes = z.mem;
+        out->work_bytes = z.work;
+        out->logits_bytes = z.logits;
+        out->total_bytes = z.total;
+    }
+    base_free(z.layers, lb);
+    return st;
+}
+
+keel_status keel_context_open(const keel_model *m, const keel_context_params *in,
+                              keel_context **out, char *err)
+{
+    if (!out) return KEEL_EINVAL;
+    *out = NULL;
+    if (!m || !in) return base_err(err, KEEL_EINVAL, "model or params is NULL");
+    keel_context_params p;
+    keel_status st = resolve(m, in, &p, err);
+    if (st != KEEL_OK) return st;
+    size_t lb = (size_t)m->w.hp.n_layer * sizeof(keel_mem_layer);
+    ctx_sizes z;
+    z.layers = base_alloc(lb);
+    if (!z.layers) return base_err(err, KEEL_ENOMEM, "out of memory");
+    st = sizes(m, &p, &z, err);
+    keel_context *c = NULL;
+    if (st != KEEL_OK) goto fail;
+    c = base_calloc(1, sizeof *c);
+    if (!c) {
+        st = base_err(err, KEEL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    c->model = m;
+    c->p = p;
+    st = base_pool_open(p.n_threads, &c->pool);
+    if (st != KEEL_OK) {
+        base_err(err, st, "cannot start %d threads", p.n_threads);
+        goto fail;
+    }
+    st = mem_open_shared(&z.mc, c->pool, &c->mem, err);
+    if (st != KEEL_OK) goto fail;
+    st = base_arena_init(&c->work, z.work);
+    if (st != KEEL_OK) {
+        base_err(err, st, "cannot reserve %zu bytes of work memory", z.work);
+        goto fail;
+    }
+    c->logits = base_alloc(z.logits);
+    c->logits_bytes = z.logits;
+    c->out_row = base_alloc(z.small);
+    c->small_bytes = z.small;
+    if (!c->logits || !c->out_row) {
+        st = base_err(err, KEEL_ENOMEM, "cannot allocate logits (%zu bytes)", z.logits);
+        goto fail;
+    }
+    c->ub_pos = c->out_row + p.n_batch;
+    c->ub_seq = c->ub_pos + p.n_batch;
+    c->ub_cells = c->ub_seq + p.n_batch;
+    c->ub_out = c->ub_cells + 2 * (size_t)p.n_ubatch;
+    c->n_groups = keel_mem_n_groups(c->mem);
+    if (c->n_groups > 2) {
+        st = base_err(err, KEEL_EINTERNAL, "%d layer groups (at most 2 supported)", c->n_groups);
+        goto fail;
+    }
+    keel_plan pl;
+    base_free(z.layers, lb);
+    z.layers = NULL;
+    st = keel_context_plan(m, in, &pl, err);
+    if (st != KEEL_OK) goto fail;
+    c->plan = pl;
+    *out = c;
+    return KEEL_OK;
+fail:
+    if (z.layers) base_free(z.layers, lb);
+    keel_context_close(c);
+    return st;
+}
+
+void keel_context_close(keel_context *c)
+{
+    if (!c) return;
+    keel_mem_close(c->mem);
+    base_pool_close(c->pool);
+    base_arena_free(&c->work);
+    base_free(c->logits, c->logits_bytes);
+    base_free(c->out_row, c->small_bytes);
+    base_free(c, sizeof *c);
+}
+
+const char *keel_context_last_error(const keel_context *c)
+{
+    return c ? c->err : "context is NULL";
+}
+
+void keel_context_plan_get(const keel_context *c, keel_plan *out)
+{
+    if (c) *out = c->plan;
+}
+
+keel_mem *keel_context_memory(keel_context *c)
+{
+    return c ? c->mem : NULL;
+}
+
+void keel_cancel(keel_context *c)
+{
+    if (c) c->cancel = 1;
+}
+
+keel_status keel_decode(keel_context *c, const keel_batch *b)
+{
+    if (!c) return KEEL_EINVAL;
+    c->err[0] = 0;
+    c->cancel = 0;
+    if (!b || !b->tokens) return base_err(c->err, KEEL_EINVAL, "decode: batch or tokens is NULL");
+    const model_hp *hp = &c->model->w.hp;
+    int32_t n = b->n_tokens;
+    if (n < 1 || n > c->p.n_batch)
+        return base_err(c->err, KEEL_EINVAL, "decode: %d tokens (need 1..n_batch %d)", n, c->p.n_batch);
+    int32_t n_out = 0;
+    c->n_last = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = b->tokens[i];
+        if (t < 0 || t >= hp->n_vocab)
+            return base_err(c->err, KEEL_EINVAL, "decode: token %d: id %d out of range (n_vocab %d)",
+                            i, t, hp->n_vocab);
+        int32_t s = b->seq ? b->seq[i] : 0;
+        if (s < 0 || s >= c->p.n_seq_max)
+            return base_err(c->err, KEEL_EINVAL, "decode: token %d: sequence %d out of range (n_seq_max %d)",
+                            i, s, c->p.n_seq_max);
+        bool want = b->logits ? b->logits[i] != 0 : i == n - 1;
+        c->out_row[i] = want ? n_out++ : -1;
+        c->ub_seq[i] = s;
+    }
+    if (n_out > c->p.n_outputs)
+        return base_err(c->err, KEEL_EINVAL, "decode: %d logit rows requested (n_outputs %d)", n_out,
+                        c->p.n_outputs);
+    /* positions: given, or each sequence continues */
+    if (b->pos) {
+        memcpy(c->ub_pos, b->pos, (size_t)n * sizeof(int32_t));
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            int32_t s = c->ub_seq[i], prev = -1;
+            for (int32_t j = i - 1; j >= 0 && prev < 0; j--)
+                if (c->ub_seq[j] == s) prev = c->ub_pos[j];
+            c->ub_pos[i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
+        }
+    }
+    int32_t row0 = 0;
+    for (int32_t start = 0; start < n; start += c->p.n_ubatch) {
+        int32_t m = BASE_MIN(c->p.n_ubatch, n - start);
+        keel_mem_batch mb = {m, c->ub_pos + start, c->ub_seq + start, NULL, NULL};
+        keel_status st = keel_mem_place(c->mem, &mb, c->ub_cells);
+        if (st != KEEL_OK) {
+            if (st == KEEL_EFULL)
+                return base_err(c->err, st, "decode: context full (n_ctx %d): %s", c->p.n_ctx,
+                                keel_mem_last_error(c->mem));
+            return base_err(c->err, st, "decode: %s", keel_mem_last_error(c->mem));
+        }
+        int32_t nout = 0;
+        for (int32_t i = 0; i < m; i++)
+            if (c->out_row[start + i] >= 0) c->ub_out[nout++] = i;
+        model_ubatch ub = {m, b->tokens + start, c->ub_pos + start, c->ub_seq + start,
+                           c->ub_cells, nout, c->ub_out,
+                           c->logits + (size_t)row0 * (size_t)hp->n_vocab};
+        st = model_forward(&c->model->w, c->mem, &ub, c->pool, &c->work, &c->cancel, c->err);
+        if (st != KEEL_OK) return st;
+        row0 += nout;
+        c->n_last = start + m;
+    }
+    return KEEL_OK;
+}
+
+const float *keel_logits(const keel_context *c, int32_t i)
+{
+    if (!c || i < 0 || i >= c->n_last || c->out_row[i] < 0) return NULL;
+    return c->logits + (size_t)c->out_row[i] * (size_t)c->model->w.hp.n_vocab;
+}

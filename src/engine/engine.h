@@ -1,0 +1,39 @@
+/*
+ * engine.h — private interface of src/engine: the public keel_model and
+ * keel_context objects, built from the model runtime (src/model), the
+ * memory core (src/memory), tokenizers (src/text) and samplers (src/sample).
+ */
+#ifndef KEEL_ENGINE_H
+#define KEEL_ENGINE_H
+
+#include "../model/model.h"
+#include "../sample/sampler.h"
+#include "../text/tokenizer.h"
+
+struct keel_model {
+    gguf *g;               /* mapped file (or converted llama2.c checkpoint) */
+    model_w w;
+    text_tokenizer *tok;
+    size_t file_bytes;
+    char name[128];
+};
+
+struct keel_context {
+    const keel_model *model;
+    keel_context_params p;
+    base_pool *pool;
+    keel_mem *mem;
+    base_arena work;       /* forward-pass activations and matmul scratch */
+    float *logits;         /* [n_outputs][n_vocab] */
+    size_t logits_bytes;
+    int32_t *out_row;      /* [n_batch] token -> logits row or -1 */
+    int32_t *ub_tok, *ub_pos, *ub_seq, *ub_cells, *ub_out; /* per-ubatch views */
+    size_t small_bytes;    /* out_row + ubatch arrays */
+    int32_t n_groups;
+    int32_t n_last;        /* tokens of the last keel_decode batch */
+    keel_plan plan;
+    volatile int cancel;
+    char err[BASE_ERR_CAP];
+};
+
+#endif

@@ -1,0 +1,244 @@
+/*
+ * model_api.c — the public keel_model: opening GGUF files and llama2.c
+ * checkpoints, model info, tokenizer and sampler wrappers.
+ */
+#include "engine.h"
+
+#include "../model/llama2c.h"
+
+#include <stdio.h>
+#include <string.h>
+
+keel_model_params keel_model_params_default(void)
+{
+    keel_model_params p = {NULL, NULL};
+    return p;
+}
+
+/* GGUF files start with "GGUF"; anything else is tried as llama2.c. */
+static bool is_gguf(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char magic[4] = {0};
+    size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    return n == 4 && memcmp(magic, "GGUF", 4) == 0;
+}
+
+keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *err)
+{
+    if (!out) return KEEL_EINVAL;
+    *out = NULL;
+    if (!p || !p->path) return base_err(err, KEEL_EINVAL, "model path is NULL");
+    FILE *f = fopen(p->path, "rb");
+    if (!f) return base_err(err, KEEL_EIO, "cannot open %s", p->path);
+    fclose(f);
+    keel_model *m = base_calloc(1, sizeof *m);
+    if (!m) return base_err(err, KEEL_ENOMEM, "out of memory");
+    keel_status st;
+    if (is_gguf(p->path)) {
+        st = gguf_open_file(p->path, &m->g, err);
+    } else {
+        if (!p->tokenizer_path) {
+            base_free(m, sizeof *m);
+            return base_err(err, KEEL_EFORMAT,
+                            "%s is not a GGUF file; a llama2.c checkpoint needs a tokenizer "
+                            "(--tokenizer tokenizer.bin)",
+                            p->path);
+        }
+        st = llama2c_open_file(p->path, p->tokenizer_path, &m->g, err);
+    }
+    if (st != KEEL_OK) {
+        base_free(m, sizeof *m);
+        return st;
+    }
+    st = model_load(m->g, &m->w, err);
+    if (st == KEEL_OK) st = text_tokenizer_open(m->g, &m->tok, err);
+    if (st == KEEL_OK) {
+        const text_tokenizer_info *ti = text_tokenizer_get_info(m->tok);
+        if (ti->n_vocab != m->w.hp.n_vocab)
+            st = base_err(err, KEEL_EFORMAT, "tokenizer has %d tokens, the model %d", ti->n_vocab,
+                          m->w.hp.n_vocab);
+    }
+    if (st != KEEL_OK) {
+        keel_model_close(m);
+        return st;
+    }
+    m->file_bytes = gguf_size(m->g);
+    const char *nm;
+    size_t nn;
+    if (gguf_find_key(m->g, "general.name") >= 0 && gguf_get_str(m->g, "general.name", &nm, &nn, NULL) == KEEL_OK)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)BASE_MIN(nn, sizeof m->name - 1), nm);
+    *out = m;
+    return KEEL_OK;
+}
+
+void keel_model_close(keel_model *m)
+{
+    if (!m) return;
+    text_tokenizer_close(m->tok);
+    model_free(&m->w);
+    gguf_close(m->g);
+    base_free(m, sizeof *m);
+}
+
+void keel_model_info_get(const keel_model *m, keel_model_info *o)
+{
+    memset(o, 0, sizeof *o);
+    if (!m) return;
+    const model_hp *hp = &m->w.hp;
+    const text_tokenizer_info *ti = text_tokenizer_get_info(m->tok);
+    o->arch = hp->arch_name;
+    o->name = m->name;
+    o->n_vocab = hp->n_vocab;
+    o->n_ctx_train = hp->n_ctx_train;
+    o->n_embd = hp->n_embd;
+    o->n_layer = hp->n_layer;
+    o->n_head = hp->n_head;
+    o->n_head_kv = hp->n_head_kv;
+    o->head_dim_k = hp->hd_k;
+    o->head_dim_v = hp->hd_v;
+    o->n_ff = hp->n_ff;
+    o->n_swa = hp->n_swa;
+    for (int32_t i = 0; i < hp->n_layer; i++) o->n_swa_layers += m->w.layers[i].swa;
+    o->rope = hp->rope;
+    o->norm_eps = hp->norm_eps;
+    o->attn_softcap = hp->attn_softcap;
+    o->final_softcap = hp->final_softcap;
+    o->dtype = m->w.main_dtype;
+    o->n_params = m->w.n_params;
+    o->weight_bytes = m->w.weight_bytes;
+    o->bos = ti->bos;
+    o->eos = ti->eos;
+    o->add_bos = ti->add_bos;
+    o->tokenizer = ti->type == TEXT_VOCAB_SPM ? "spm" : "bpe";
+}
+
+keel_status keel_model_tensors(const keel_model *m, keel_write_fn out, void *user)
+{
+    if (!m || !out) return KEEL_EINVAL;
+    char line[512];
+    int n = snprintf(line, sizeof line, "%-40s %-6s %-28s %12s\n", "tensor", "dtype", "shape", "bytes");
+    out(user, line, (size_t)n);
+    for (int64_t i = 0; i < gguf_n_tensors(m->g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(m->g, i);
+        char shape[96];
+        int k = snprintf(shape, sizeof shape, "[%lld", (long long)t->ne[0]);
+        for (uint32_t d = 1; d < t->n_dims && k < (int)sizeof shape; d++)
+            k += snprintf(shape + k, sizeof shape - (size_t)k, ", %lld", (long long)t->ne[d]);
+        if (k < (int)sizeof shape) snprintf(shape + k, sizeof shape - (size_t)k, "]");
+        const char *dn = keel_dtype_name(t->dtype);
+        n = snprintf(line, sizeof line, "%-40.*s %-6s %-28s %12zu\n", (int)BASE_MIN(t->name_len, (size_t)200),
+                     t->name, dn ? dn : "?", shape, t->nbytes);
+        out(user, line, (size_t)BASE_MIN((size_t)n, sizeof line - 1));
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_tokenize(const keel_model *m, const char *text, size_t len, bool add_special,
+                          bool parse_special, int32_t *ids, int32_t cap, int32_t *n_out)
+{
+    if (!m || (!text && len) || !n_out || cap < 0) return KEEL_EINVAL;
+    int64_t n = 0;
+    keel_status st = text_tokenize(m->tok, text ? text : "", len, add_special, parse_special, ids, cap, &n, NULL);
+    if (n > INT32_MAX) return KEEL_ERANGE;
+    *n_out = (int32_t)n;
+    return st;
+}
+
+keel_status keel_detokenize(const keel_model *m, const int32_t *ids, int32_t n, char *buf,
+                            size_t cap, size_t *n_out)
+{
+    if (!m || (!ids && n) || n < 0 || !n_out) return KEEL_EINVAL;
+    return text_detokenize(m->tok, ids, n, 0, buf, cap, n_out, NULL);
+}
+
+keel_status keel_token_piece(const keel_model *m, int32_t id, char *buf, size_t cap, size_t *n_out)
+{
+    if (!m || !n_out) return KEEL_EINVAL;
+    return text_token_to_piece(m->tok, id, true, buf, cap, n_out);
+}
+
+bool keel_token_is_eog(const keel_model *m, int32_t id)
+{
+    return m && text_token_is_eog(m->tok, id);
+}
+
+_Static_assert(sizeof(text_stream) <= sizeof(keel_detok_stream), "keel_detok_stream too small");
+
+void keel_detok_stream_init(keel_detok_stream *s, const keel_model *m)
+{
+    memset(s, 0, sizeof *s);
+    text_stream_init((text_stream *)(void *)s, m->tok, 0);
+}
+
+keel_status keel_detok_stream_push(keel_detok_stream *s, int32_t id, char *buf, size_t cap,
+                                   size_t *n_out)
+{
+    return text_stream_push((text_stream *)(void *)s, id, buf, cap, n_out);
+}
+
+keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap, size_t *n_out)
+{
+    return text_stream_flush((text_stream *)(void *)s, buf, cap, n_out);
+}
+
+/* ---- sampling ------------------------------------------------------------ */
+
+keel_sampler_params keel_sampler_params_default(void)
+{
+    sampler_params d = sampler_params_default();
+    keel_sampler_params p;
+    p.temp = d.temperature;
+    p.top_k = d.top_k;
+    p.top_p = d.top_p;
+    p.min_p = d.min_p;
+    p.repeat_penalty = d.repeat_penalty;
+    p.repeat_last_n = d.penalty_last_n;
+    p.presence_penalty = d.presence_penalty;
+    p.frequency_penalty = d.frequency_penalty;
+    p.seed = d.seed;
+    return p;
+}
+
+keel_status keel_sampler_open(const keel_sampler_params *p, int32_t n_vocab, keel_sampler **out)
+{
+    if (!p || !out) return KEEL_EINVAL;
+    sampler_params d = sampler_params_default();
+    d.temperature = p->temp;
+    d.top_k = p->top_k;
+    d.top_p = p->top_p;
+    d.min_p = p->min_p;
+    d.repeat_penalty = p->repeat_penalty;
+    d.penalty_last_n = p->repeat_last_n;
+    d.presence_penalty = p->presence_penalty;
+    d.frequency_penalty = p->frequency_penalty;
+    d.seed = p->seed;
+    sampler *s = NULL;
+    keel_status st = sampler_open(&d, n_vocab, &s, NULL);
+    *out = (keel_sampler *)s;
+    return st;
+}
+
+void keel_sampler_close(keel_sampler *s)
+{
+    sampler_close((sampler *)s);
+}
+
+keel_status keel_sampler_sample(keel_sampler *s, const float *logits, int32_t *token)
+{
+    if (!s || !logits || !token) return KEEL_EINVAL;
+    return sampler_sample((sampler *)s, logits, token);
+}
+
+keel_status keel_sampler_accept(keel_sampler *s, int32_t token)
+{
+    if (!s) return KEEL_EINVAL;
+    return sampler_accept((sampler *)s, token);
+}
+
+void keel_sampler_reset(keel_sampler *s)
+{
+    if (s) sampler_reset((sampler *)s);
+}

@@ -1,0 +1,399 @@
+/*
+ * model.c — binding a GGUF file to the supported architectures: reads the
+ * hyperparameters (llama.cpp's keys and defaults), checks every tensor's
+ * shape and dtype, keeps 2-D weights as views into the file and converts
+ * 1-D tensors to owned f32 arrays.
+ *
+ * Architectures: llama (Llama 2/3, Mistral, TinyLlama, stories), qwen2
+ * (QKV biases), qwen3 (per-head Q/K RMSNorm), gemma2 (sliding-window layers,
+ * soft-caps, post norms, embedding scale, tied output).
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct arch_desc {
+    const char *name;
+    model_arch arch;
+    keel_rope_type rope;
+} arch_desc;
+
+static const arch_desc g_archs[] = {
+    {"llama", MODEL_ARCH_LLAMA, KEEL_ROPE_NORM},
+    {"qwen2", MODEL_ARCH_QWEN2, KEEL_ROPE_NEOX},
+    {"qwen3", MODEL_ARCH_QWEN3, KEEL_ROPE_NEOX},
+    {"gemma2", MODEL_ARCH_GEMMA2, KEEL_ROPE_NEOX},
+};
+
+static bool weight_dtype_ok(keel_dtype t)
+{
+    switch (t) {
+    case KEEL_DTYPE_F32:
+    case KEEL_DTYPE_F16:
+    case KEEL_DTYPE_BF16:
+    case KEEL_DTYPE_Q8_0:
+    case KEEL_DTYPE_Q4_0:
+    case KEEL_DTYPE_Q4_1:
+    case KEEL_DTYPE_Q5_0:
+    case KEEL_DTYPE_Q5_1:
+    case KEEL_DTYPE_Q4_K:
+    case KEEL_DTYPE_Q5_K:
+    case KEEL_DTYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ---- keys ---------------------------------------------------------------- */
+
+typedef struct loader {
+    const gguf *g;
+    const char *arch;
+    char *err;
+    /* owned f32 block for 1-D tensors: counted, then filled */
+    float *f32;
+    size_t f32_cap, f32_used; /* floats */
+    bool counting;
+} loader;
+
+static keel_status key_int(loader *l, const char *suffix, bool required, int64_t def, int64_t lo,
+                           int64_t hi, int32_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", l->arch, suffix);
+    int64_t v = def;
+    if (gguf_find_key(l->g, key) >= 0) {
+        keel_status st = gguf_get_int(l->g, key, &v, l->err);
+        if (st != KEEL_OK) return st;
+    } else if (required) {
+        return base_err(l->err, KEEL_ENOENT, "missing key %s", key);
+    }
+    if (v < lo || v > hi)
+        return base_err(l->err, KEEL_EFORMAT, "key %s = %lld out of range [%lld, %lld]", key,
+                        (long long)v, (long long)lo, (long long)hi);
+    *out = (int32_t)v;
+    return KEEL_OK;
+}
+
+static keel_status key_float(loader *l, const char *suffix, double def, float *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", l->arch, suffix);
+    double v = def;
+    if (gguf_find_key(l->g, key) >= 0) {
+        keel_status st = gguf_get_float(l->g, key, &v, l->err);
+        if (st != KEEL_OK) return st;
+    }
+    if (!isfinite(v)) return base_err(l->err, KEEL_EFORMAT, "key %s is not finite", key);
+    *out = (float)v;
+    return KEEL_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------- */
+
+static keel_status get_mat(loader *l, const char *name, bool required, int64_t n_cols,
+                           int64_t n_rows, model_mat *out)
+{
+    memset(out, 0, sizeof *out);
+    const gguf_tensor *t = gguf_find_tensor(l->g, name);
+    if (!t) {
+        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
+        return KEEL_OK;
+    }
+    if (t->n_dims != 2 || t->ne[0] != n_cols || t->ne[1] != n_rows)
+        return base_err(l->err, KEEL_EFORMAT,
+                        "tensor %s: shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld]",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        t->n_dims, (long long)n_cols, (long long)n_rows);
+    if (!weight_dtype_ok(t->dtype))
+        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s (id %d) is not supported",
+                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown",
+                        (int)t->dtype);
+    out->data = t->data;
+    out->dtype = t->dtype;
+    out->n_cols = n_cols;
+    out->n_rows = n_rows;
+    out->nbytes = t->nbytes;
+    return KEEL_OK;
+}
+
+/* A 1-D tensor of n elements, converted to f32 in the owned block. */
+static keel_status get_vec(loader *l, const char *name, bool required, int64_t n,
+                           const float **out)
+{
+    *out = NULL;
+    const gguf_tensor *t = gguf_find_tensor(l->g, name);
+    if (!t) {
+        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
+        return KEEL_OK;
+    }
+    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->ne[0] != n || count != n)
+        return base_err(l->err, KEEL_EFORMAT, "tensor %s: %lld elements (ne0 %lld), expected %lld",
+                        name, (long long)count, (long long)t->ne[0], (long long)n);
+    if (t->dtype != KEEL_DTYPE_F32 && t->dtype != KEEL_DTYPE_F16 && t->dtype != KEEL_DTYPE_BF16)
+        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s not supported for a vector",
+                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown");
+    size_t nn = (size_t)n;
+    if (l->counting) {
+        l->f32_cap += (nn + 15) & ~(size_t)15;
+        *out = NULL;
+        return KEEL_OK;
+    }
+    float *dst = l->f32 + l->f32_used;
+    l->f32_used += (nn + 15) & ~(size_t)15;
+    keel_status st = tensor_dequantize_row(t->dtype, t->data, dst, n);
+    if (st != KEEL_OK) return base_err(l->err, st, "tensor %s: cannot convert", name);
+    *out = dst;
+    return KEEL_OK;
+}
+
+static keel_status bind_tensors(loader *l, model_w *w)
+{
+    const model_hp *hp = &w->hp;
+    char name[160];
+    keel_status st;
+    int64_t E = hp->n_embd, V = hp->n_vocab;
+    int64_t QD = (int64_t)hp->n_head * hp->hd_k, KD = (int64_t)hp->n_head_kv * hp->hd_k;
+    int64_t VD = (int64_t)hp->n_head_kv * hp->hd_v, OD = (int64_t)hp->n_head * hp->hd_v;
+    bool gemma = hp->arch == MODEL_ARCH_GEMMA2;
+    if ((st = get_mat(l, "token_embd.weight", true, E, V, &w->tok_embd)) != KEEL_OK) return st;
+    if ((st = get_vec(l, "output_norm.weight", true, E, &w->output_norm)) != KEEL_OK) return st;
+    if ((st = get_mat(l, "output.weight", false, E, V, &w->output)) != KEEL_OK) return st;
+    if (!w->output.data) w->output = w->tok_embd;
+    const float *ff = NULL;
+    if (hp->rope.n_rot > 0 &&
+        (st = get_vec(l, "rope_freqs.weight", false, hp->rope.n_rot / 2, &ff)) != KEEL_OK)
+        return st;
+    if (!l->counting) w->hp.rope.freq_factors = ff;
+    for (int32_t i = 0; i < hp->n_layer; i++) {
+        model_layer *L = l->counting ? NULL : &w->layers[i];
+        model_layer tmp;
+        if (!L) L = &tmp;
+        memset(L, 0, sizeof *L);
+#define MAT(field, nm, req, cols, rows)                                                            \
+    snprintf(name, sizeof name, "blk.%d." nm ".weight", i);                                        \
+    if ((st = get_mat(l, name, req, cols, rows, &L->field)) != KEEL_OK) return st
+#define VEC(field, nm, suffix, req, n)                                                             \
+    snprintf(name, sizeof name, "blk.%d." nm "." suffix, i);                                       \
+    if ((st = get_vec(l, name, req, n, &L->field)) != KEEL_OK) return st
+        VEC(attn_norm, "attn_norm", "weight", true, E);
+        MAT(wq, "attn_q", true, E, QD);
+        MAT(wk, "attn_k", true, E, KD);
+        MAT(wv, "attn_v", true, E, VD);
+        MAT(wo, "attn_output", true, OD, E);
+        bool biases = hp->arch == MODEL_ARCH_QWEN2;
+        VEC(bq, "attn_q", "bias", biases, QD);
+        VEC(bk, "attn_k", "bias", biases, KD);
+        VEC(bv, "attn_v", "bias", biases, VD);
+        VEC(bo, "attn_output", "bias", false, E);
+        bool qk = hp->arch == MODEL_ARCH_QWEN3;
+        VEC(q_norm, "attn_q_norm", "weight", qk, hp->hd_k);
+        VEC(k_norm, "attn_k_norm", "weight", qk, hp->hd_k);
+        VEC(post_attn_norm, "post_attention_norm", "weight", gemma, E);
+        VEC(ffn_norm, "ffn_norm", "weight", true, E);
+        MAT(ffn_gate, "ffn_gate", true, E, hp->n_ff);
+        MAT(ffn_up, "ffn_up", true, E, hp->n_ff);
+        MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
+        VEC(post_ffw_norm, "post_ffw_norm", "weight", gemma, E);
+#undef MAT
+#undef VEC
+        /* gemma2: every other layer, starting with layer 0, is sliding */
+        L->swa = gemma && hp->n_swa > 0 && i % 2 == 0;
+    }
+    return KEEL_OK;
+}
+
+static keel_status read_hparams(loader *l, model_w *w)
+{
+    model_hp *hp = &w->hp;
+    keel_status st;
+    const char *a;
+    size_t an;
+    st = gguf_get_str(l->g, "general.architecture", &a, &an, l->err);
+    if (st != KEEL_OK) return st;
+    const arch_desc *ad = NULL;
+    for (size_t i = 0; i < BASE_ARRAY_LEN(g_archs); i++)
+        if (gguf_str_eq(a, an, g_archs[i].name)) ad = &g_archs[i];
+    if (!ad)
+        return base_err(l->err, KEEL_EUNSUPPORTED,
+                        "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2)",
+                        (int)BASE_MIN(an, (size_t)64), a);
+    hp->arch = ad->arch;
+    hp->arch_name = ad->name;
+    l->arch = ad->name;
+    const int32_t BIG = 1 << 24;
+    if ((st = key_int(l, "embedding_length", true, 0, 1, 1 << 17, &hp->n_embd)) != KEEL_OK) return st;
+    if ((st = key_int(l, "block_count", true, 0, 1, 4096, &hp->n_layer)) != KEEL_OK) return st;
+    if ((st = key_int(l, "feed_forward_length", true, 0, 1, 1 << 20, &hp->n_ff)) != KEEL_OK) return st;
+    if ((st = key_int(l, "attention.head_count", true, 0, 1, 4096, &hp->n_head)) != KEEL_OK) return st;
+    if ((st = key_int(l, "attention.head_count_kv", false, hp->n_head, 1, hp->n_head,
+                      &hp->n_head_kv)) != KEEL_OK)
+        return st;
+    if (hp->n_head % hp->n_head_kv)
+        return base_err(l->err, KEEL_EFORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d",
+                        l->arch, hp->n_head, hp->n_head_kv);
+    if ((st = key_int(l, "context_length", false, 4096, 1, BIG, &hp->n_ctx_train)) != KEEL_OK) return st;
+    int32_t hd_def = hp->n_embd / hp->n_head;
+    if ((st = key_int(l, "attention.key_length", false, hd_def, 1, 8192, &hp->hd_k)) != KEEL_OK) return st;
+    if ((st = key_int(l, "attention.value_length", false, hd_def, 1, 8192, &hp->hd_v)) != KEEL_OK) return st;
+    if ((st = key_float(l, "attention.layer_norm_rms_epsilon", 1e-5, &hp->norm_eps)) != KEEL_OK) return st;
+    /* vocabulary size: the key, else the token list, else token_embd */
+    int32_t nv = 0;
+    if ((st = key_int(l, "vocab_size", false, 0, 0, BIG, &nv)) != KEEL_OK) return st;
+    if (nv == 0) {
+        const gguf_tensor *te = gguf_find_tensor(l->g, "token_embd.weight");
+        if (!te) return base_err(l->err, KEEL_ENOENT, "missing tensor token_embd.weight");
+        if (te->ne[1] < 1 || te->ne[1] > BIG)
+            return base_err(l->err, KEEL_EFORMAT, "token_embd.weight: %lld rows", (long long)te->ne[1]);
+        nv = (int32_t)te->ne[1];
+    }
+    hp->n_vocab = nv;
+    /* RoPE */
+    keel_rope *r = &hp->rope;
+    *r = keel_rope_default();
+    r->type = ad->rope;
+    if ((st = key_int(l, "rope.dimension_count", false, hp->hd_k, 2, hp->hd_k, &r->n_rot)) != KEEL_OK) return st;
+    if (r->n_rot % 2) return base_err(l->err, KEEL_EFORMAT, "%s.rope.dimension_count %d is odd", l->arch, r->n_rot);
+    if ((st = key_float(l, "rope.freq_base", 10000.0, &r->freq_base)) != KEEL_OK) return st;
+    if (!(r->freq_base > 0.0f)) return base_err(l->err, KEEL_EFORMAT, "%s.rope.freq_base must be > 0", l->arch);
+    float factor = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", l->arch);
+    const char *stype = "none";
+    size_t stn = 4;
+    if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_str(l->g, key, &stype, &stn, l->err)) != KEEL_OK) return st;
+    if ((st = key_float(l, "rope.scaling.factor", 0.0, &factor)) != KEEL_OK) return st;
+    if (factor == 0.0f) {
+        float lin = 0.0f; /* older key */
+        if ((st = key_float(l, "rope.scale_linear", 0.0, &lin)) != KEEL_OK) return st;
+        factor = lin > 0.0f ? lin : 1.0f;
+        if (lin > 0.0f && gguf_str_eq(stype, stn, "none")) {
+            stype = "linear";
+            stn = 6;
+        }
+    }
+    if (factor < 0.0f) return base_err(l->err, KEEL_EFORMAT, "%s.rope.scaling.factor is negative", l->arch);
+    r->freq_scale = 1.0f;
+    if (gguf_str_eq(stype, stn, "linear")) {
+        r->freq_scale = 1.0f / factor;
+    } else if (gguf_str_eq(stype, stn, "yarn")) {
+        r->freq_scale = 1.0f / factor;
+        r->ext_factor = 1.0f;
+        if ((st = key_float(l, "rope.scaling.attn_factor", 1.0, &r->attn_factor)) != KEEL_OK) return st;
+        if ((st = key_float(l, "rope.scaling.yarn_beta_fast", 32.0, &r->beta_fast)) != KEEL_OK) return st;
+        if ((st = key_float(l, "rope.scaling.yarn_beta_slow", 1.0, &r->beta_slow)) != KEEL_OK) return st;
+        if ((st = key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
+                          &r->n_ctx_orig)) != KEEL_OK)
+            return st;
+    } else if (!gguf_str_eq(stype, stn, "none")) {
+        return base_err(l->err, KEEL_EUNSUPPORTED, "%s.rope.scaling.type '%.*s' is not supported",
+                        l->arch, (int)BASE_MIN(stn, (size_t)32), stype);
+    }
+    if (r->n_ctx_orig == 0) r->n_ctx_orig = hp->n_ctx_train;
+    /* arch specifics */
+    hp->embd_scale = 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->hd_k);
+    if (hp->arch == MODEL_ARCH_GEMMA2) {
+        if ((st = key_float(l, "attn_logit_softcapping", 50.0, &hp->attn_softcap)) != KEEL_OK) return st;
+        if ((st = key_float(l, "final_logit_softcapping", 30.0, &hp->final_softcap)) != KEEL_OK) return st;
+        if ((st = key_int(l, "attention.sliding_window", false, 4096, 1, BIG, &hp->n_swa)) != KEEL_OK) return st;
+        hp->embd_scale = sqrtf((float)hp->n_embd);
+        /* llama.cpp: gemma2 27B scales by 1/sqrt(n_embd / n_head), the others by head_dim */
+        if (hp->n_layer == 46) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+        if (hp->attn_softcap < 0.0f || hp->final_softcap < 0.0f)
+            return base_err(l->err, KEEL_EFORMAT, "gemma2: negative soft-cap");
+    }
+    return KEEL_OK;
+}
+
+keel_status model_load(const gguf *g, model_w *w, char *err)
+{
+    memset(w, 0, sizeof *w);
+    loader l = {g, NULL, err, NULL, 0, 0, true};
+    keel_status st = read_hparams(&l, w);
+    if (st != KEEL_OK) return st;
+    /* pass 1: shapes, dtypes, and how many f32 floats the vectors need */
+    st = bind_tensors(&l, w);
+    if (st != KEEL_OK) return st;
+    size_t lb;
+    if (!size_mul((size_t)w->hp.n_layer, sizeof(model_layer), &lb))
+        return base_err(err, KEEL_EOVERFLOW, "too many layers");
+    w->layers = base_calloc(1, lb);
+    if (!w->layers) return base_err(err, KEEL_ENOMEM, "out of memory (layers)");
+    w->layers_bytes = lb;
+    size_t fb;
+    if (!size_mul(l.f32_cap, sizeof(float), &fb) || fb == 0) fb = sizeof(float) * 16;
+    w->f32_block = base_alloc(fb);
+    w->f32_bytes = fb;
+    size_t rb = (size_t)(w->hp.rope.n_rot / 2 + 1) * sizeof(double);
+    w->rope_rates = base_alloc(rb);
+    if (!w->f32_block || !w->rope_rates) {
+        model_free(w);
+        return base_err(err, KEEL_ENOMEM, "out of memory (model vectors)");
+    }
+    l.counting = false;
+    l.f32 = w->f32_block;
+    l.f32_used = 0;
+    st = bind_tensors(&l, w);
+    if (st == KEEL_OK) st = tensor_rope_rates(&w->hp.rope, w->rope_rates, &w->rope_mscale);
+    if (st != KEEL_OK) {
+        model_free(w);
+        return st == KEEL_EINVAL ? base_err(err, KEEL_EFORMAT, "bad RoPE parameters") : st;
+    }
+    /* parameter count, bytes, main dtype (by bytes) */
+    size_t by_dtype[KEEL_DTYPE_COUNT_] = {0};
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        w->n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        w->weight_bytes += t->nbytes;
+        if ((unsigned)t->dtype < KEEL_DTYPE_COUNT_) by_dtype[t->dtype] += t->nbytes;
+    }
+    w->main_dtype = KEEL_DTYPE_F32;
+    for (int i = 0; i < KEEL_DTYPE_COUNT_; i++)
+        if (by_dtype[i] > by_dtype[w->main_dtype]) w->main_dtype = (keel_dtype)i;
+    return KEEL_OK;
+}
+
+void model_free(model_w *w)
+{
+    if (!w) return;
+    base_free(w->layers, w->layers_bytes);
+    base_free(w->f32_block, w->f32_bytes);
+    base_free(w->rope_rates, (size_t)(w->hp.rope.n_rot / 2 + 1) * sizeof(double));
+    w->layers = NULL;
+    w->f32_block = NULL;
+    w->rope_rates = NULL;
+}
+
+void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, int32_t rot_k,
+                      int32_t rot_v, int32_t n_sink, keel_mem_layer *layers)
+{
+    const model_hp *hp = &w->hp;
+    bool qk = type_k != KEEL_DTYPE_F32 && type_k != KEEL_DTYPE_F16 && type_k != KEEL_DTYPE_BF16;
+    for (int32_t i = 0; i < hp->n_layer; i++) {
+        keel_mem_layer *L = &layers[i];
+        *L = keel_mem_layer_default();
+        L->kind = w->layers[i].swa ? KEEL_MEM_LAYER_SLIDING : KEEL_MEM_LAYER_FULL;
+        L->window = hp->n_swa;
+        L->n_sink = n_sink;
+        L->n_kv_heads = hp->n_head_kv;
+        L->n_heads = hp->n_head;
+        L->head_dim_k = hp->hd_k;
+        L->head_dim_v = hp->hd_v;
+        L->k_dtype = type_k;
+        L->v_dtype = type_v;
+        /* auto: rotate quantized K when the head has a power-of-two block >= 32 */
+        bool rk = rot_k > 0 || (rot_k < 0 && qk && hp->hd_k % 32 == 0);
+        L->k_rot.enabled = rk;
+        L->k_rot.block = 0;
+        L->k_rot.seed = 0x6b65656c0001ull;
+        L->v_rot.enabled = rot_v > 0;
+        L->v_rot.block = 0;
+        L->v_rot.seed = 0x6b65656c0002ull;
+        L->rope = hp->rope;
+    }
+}
