@@ -631,9 +631,9 @@ typedef struct keel_batch {
 /*
  * Runs the batch through the model, ubatch by ubatch. KEEL_EINVAL (token
  * id out of range, too many tokens or outputs, bad position or sequence),
- * KEEL_EFULL (the KV cache has no room: nothing of the failing ubatch is
- * kept; earlier ubatches of the same call stay), KEEL_ECANCELED. Detail in
- * keel_context_last_error.
+ * KEEL_EFULL (the KV cache has no room for the whole batch: checked before
+ * anything changes), KEEL_ECANCELED (ubatches completed before the cancel
+ * stay in the cache). Detail in keel_context_last_error.
  */
 keel_status keel_decode(keel_context *c, const keel_batch *b);
 

@@ -19,6 +19,7 @@ typedef struct bench_entry {
 static const bench_entry g_benches[] = {
     {"kernels", bench_kernels},
     {"attention", bench_attention},
+    {"model", bench_model},
 };
 
 void bench_printf(bench_out *o, const char *fmt, ...)

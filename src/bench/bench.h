@@ -32,5 +32,6 @@ const char *bench_opt(int argc, char **argv, const char *name);
 /* Benchmarks (one per file in src/bench). */
 keel_status bench_kernels(int argc, char **argv, bench_out *o);
 keel_status bench_attention(int argc, char **argv, bench_out *o);
+keel_status bench_model(int argc, char **argv, bench_out *o);
 
 #endif /* KEEL_BENCH_H */

@@ -255,6 +255,22 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
             c->ub_pos[i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
         }
     }
+    /* all or nothing: the full-attention tables must take every token of the
+     * call before its first ubatch changes anything */
+    if (c->p.unified) {
+        if (mem_room(c->mem, 0) < n)
+            return base_err(c->err, KEEL_EFULL, "decode: context full (n_ctx %d): %d tokens, %d free cells",
+                            c->p.n_ctx, n, mem_room(c->mem, 0));
+    } else {
+        for (int32_t s = 0; s < c->p.n_seq_max; s++) {
+            int32_t need = 0;
+            for (int32_t i = 0; i < n; i++) need += c->ub_seq[i] == s;
+            if (need && mem_room(c->mem, s) < need)
+                return base_err(c->err, KEEL_EFULL,
+                                "decode: context full for sequence %d (n_ctx %d): %d tokens, %d free cells",
+                                s, c->p.n_ctx, need, mem_room(c->mem, s));
+        }
+    }
     int32_t row0 = 0;
     for (int32_t start = 0; start < n; start += c->p.n_ubatch) {
         int32_t m = BASE_MIN(c->p.n_ubatch, n - start);

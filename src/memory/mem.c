@@ -618,6 +618,16 @@ void keel_mem_stats_get(const keel_mem *m, keel_mem_stats *o)
     o->tokens_placed = m->tokens_placed;
 }
 
+int32_t mem_room(const keel_mem *m, int32_t s)
+{
+    int32_t room = INT32_MAX;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        const mem_table *t = table_of(m, g, s);
+        if (!t->sliding) room = BASE_MIN(room, t->cap - t->n_used);
+    }
+    return room;
+}
+
 int64_t keel_mem_group_cells_used(const keel_mem *m, int32_t g)
 {
     if (!m || g < 0 || g >= m->n_groups) return 0;

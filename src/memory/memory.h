@@ -119,6 +119,10 @@ keel_status mem_open_shared(const keel_mem_config *cfg, base_pool *pool, keel_me
  * caller sets cfg->n_threads to the pool's threads. */
 keel_status mem_config_bytes_shared(const keel_mem_config *cfg, size_t *bytes, char *err);
 
+/* Free cells for new tokens of sequence s in its full-attention tables
+ * (sliding rings always make room); INT32_MAX without full layers. */
+int32_t mem_room(const keel_mem *m, int32_t s);
+
 /* ---- table (table.c) ----------------------------------------------------- */
 
 static inline bool mem_seq_has(const mem_table *t, int32_t cell, int32_t s)

@@ -1,0 +1,222 @@
+/*
+ * bench_model.c — `keel bench -m MODEL [-p 512] [-n 128] [-t N] [-r R] [--json]`:
+ * prompt processing (pp: one batch of -p tokens from an empty cache) and
+ * text generation (tg: -n tokens one at a time) in llama-bench's table
+ * style, each beside a reference measured in the same run:
+ *   - pp against OpenBLAS sgemm throughput (GFLOP/s) on the model's own
+ *     largest projection shape, counting 2 * matmul-params FLOPs per token;
+ *   - tg against the memory read bandwidth: weight_bytes * tok/s is the
+ *     bandwidth a decode step needs.
+ */
+#include "bench.h"
+#include "../engine/engine.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* OpenBLAS sgemm GFLOP/s, C[n][m] = A[n][k] B[m][k]^T, split over the pool's
+ * threads by rows of B (single-threaded OpenBLAS in each), as the prefill
+ * GEMM runs. */
+typedef struct sg_ctx {
+    const float *a, *b;
+    float *c;
+    int n, m, k, threads;
+} sg_ctx;
+
+static void sg_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    sg_ctx *s = vctx;
+    int per = (s->m + s->threads - 1) / s->threads;
+    int m0 = (int)task * per, m1 = BASE_MIN(s->m, m0 + per);
+    if (m0 >= m1) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->n, m1 - m0, s->k, 1.0f, s->a, s->k,
+                s->b + (size_t)m0 * (size_t)s->k, s->k, 0.0f, s->c + m0, s->m);
+}
+
+static double sgemm_gflops(base_pool *pool, int n, int m, int k)
+{
+    size_t na = (size_t)n * (size_t)k, nb = (size_t)m * (size_t)k, nc = (size_t)n * (size_t)m;
+    float *a = base_alloc(na * sizeof(float)), *b = base_alloc(nb * sizeof(float));
+    float *c = base_alloc(nc * sizeof(float));
+    double best = -1.0;
+    if (a && b && c) {
+        for (size_t i = 0; i < na; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f;
+        for (size_t i = 0; i < nb; i++) b[i] = (float)((i * 104729) % 1000) * 1e-3f;
+        openblas_set_num_threads(1);
+        sg_ctx s = {a, b, c, n, m, k, base_pool_threads(pool)};
+        for (int r = 0; r < 4; r++) {
+            uint64_t t0 = base_time_ns();
+            base_pool_run(pool, s.threads, sg_task, &s);
+            double sec = (double)(base_time_ns() - t0) * 1e-9;
+            double g = 2.0 * n * (double)m * k / sec * 1e-9;
+            if (g > best) best = g;
+        }
+    }
+    base_free(a, na * sizeof(float));
+    base_free(b, nb * sizeof(float));
+    base_free(c, nc * sizeof(float));
+    return best;
+}
+
+static int parse_int_opt(int argc, char **argv, const char *name, int def)
+{
+    const char *v = bench_opt(argc, argv, name);
+    return v ? atoi(v) : def;
+}
+
+typedef struct stat2 {
+    double mean, sd;
+} stat2;
+
+static stat2 stats(const double *v, int n)
+{
+    stat2 s = {0, 0};
+    for (int i = 0; i < n; i++) s.mean += v[i];
+    s.mean /= n;
+    for (int i = 0; i < n; i++) s.sd += (v[i] - s.mean) * (v[i] - s.mean);
+    s.sd = n > 1 ? sqrt(s.sd / (n - 1)) : 0.0;
+    return s;
+}
+
+keel_status bench_model(int argc, char **argv, bench_out *o)
+{
+    const char *path = bench_opt(argc, argv, "-m");
+    if (!path) return KEEL_EINVAL;
+    int n_pp = parse_int_opt(argc, argv, "-p", 512), n_tg = parse_int_opt(argc, argv, "-n", 128);
+    int threads = parse_int_opt(argc, argv, "-t", keel_cpu_count());
+    int reps = parse_int_opt(argc, argv, "-r", 3);
+    if (n_pp < 0 || n_tg < 0 || threads < 1 || reps < 1 || n_pp > 65536 || n_tg > 65536)
+        return KEEL_EINVAL;
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    mp.tokenizer_path = bench_opt(argc, argv, "--tokenizer");
+    keel_model *m = NULL;
+    char err[BASE_ERR_CAP] = "";
+    keel_status st = keel_model_open(&mp, &m, err);
+    if (st != KEEL_OK) {
+        bench_printf(o, "keel bench: %s: %s\n", path, err);
+        return st;
+    }
+    const model_hp *hp = &m->w.hp;
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = BASE_MAX(n_pp + n_tg + 8, 256);
+    cp.n_batch = BASE_MAX(n_pp, 1);
+    cp.n_ubatch = BASE_MAX(n_pp, 1);
+    cp.n_threads = threads;
+    const char *ctk = bench_opt(argc, argv, "--ctk"), *ctv = bench_opt(argc, argv, "--ctv");
+    if (ctk && keel_dtype_from_name(ctk, &cp.type_k) != KEEL_OK) st = KEEL_EINVAL;
+    if (ctv && keel_dtype_from_name(ctv, &cp.type_v) != KEEL_OK) st = KEEL_EINVAL;
+    keel_context *c = NULL;
+    int32_t *toks = NULL;
+    double *pp_t = NULL, *tg_t = NULL;
+    if (st == KEEL_OK) st = keel_context_open(m, &cp, &c, err);
+    if (st != KEEL_OK) {
+        bench_printf(o, "keel bench: context: %s\n", err);
+        keel_model_close(m);
+        return st;
+    }
+    size_t tb = (size_t)BASE_MAX(n_pp, 1) * sizeof(int32_t);
+    toks = base_alloc(tb);
+    pp_t = base_calloc((size_t)reps, sizeof(double));
+    tg_t = base_calloc((size_t)reps, sizeof(double));
+    if (!toks || !pp_t || !tg_t) {
+        st = KEEL_ENOMEM;
+        goto done;
+    }
+    base_rng r;
+    base_rng_seed(&r, 7);
+    for (int i = 0; i < BASE_MAX(n_pp, 1); i++) toks[i] = (int32_t)base_rng_below(&r, (uint64_t)hp->n_vocab);
+    /* warm-up: page the weights in */
+    {
+        keel_batch b = {BASE_MIN(8, BASE_MAX(n_pp, 1)), toks, NULL, NULL, NULL};
+        if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode;
+        keel_mem_clear(c->mem);
+    }
+    for (int rep = 0; rep < reps; rep++) {
+        if (n_pp > 0) {
+            keel_mem_clear(c->mem);
+            keel_batch b = {n_pp, toks, NULL, NULL, NULL};
+            uint64_t t0 = base_time_ns();
+            if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode;
+            pp_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
+        }
+        if (n_tg > 0) {
+            keel_mem_clear(c->mem);
+            int32_t tok = toks[0];
+            uint64_t t0 = base_time_ns();
+            for (int i = 0; i < n_tg; i++) {
+                keel_batch b = {1, &tok, NULL, NULL, NULL};
+                if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode;
+                const float *lg = keel_logits(c, 0);
+                int32_t best = 0;
+                for (int32_t v = 1; v < hp->n_vocab; v++)
+                    if (lg[v] > lg[best]) best = v;
+                tok = best;
+            }
+            tg_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
+        }
+    }
+    /* references, same run */
+    double bw = bench_read_bw_gbps(c->pool, 0, 3);
+    int64_t mm_params = 0; /* parameters of the per-token matrix products */
+    for (int32_t i = 0; i < hp->n_layer; i++) {
+        const model_layer *L = &m->w.layers[i];
+        const model_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (int j = 0; j < 7; j++) mm_params += ms[j]->n_rows * ms[j]->n_cols;
+    }
+    int64_t out_params = m->w.output.n_rows * m->w.output.n_cols;
+    /* reference GEMM on the model's ffn shape with the same batch */
+    int sg_k = hp->n_embd, sg_m = hp->n_ff, sg_n = BASE_MAX(n_pp, 1);
+    double sg = n_pp > 0 ? sgemm_gflops(c->pool, sg_n, sg_m, sg_k) : 0.0;
+    double pp_tps[64], tg_tps[64];
+    int nr = BASE_MIN(reps, 64);
+    for (int i = 0; i < nr; i++) {
+        pp_tps[i] = n_pp > 0 ? n_pp / pp_t[i] : 0.0;
+        tg_tps[i] = n_tg > 0 ? n_tg / tg_t[i] : 0.0;
+    }
+    stat2 pps = stats(pp_tps, nr), tgs = stats(tg_tps, nr);
+    /* pp FLOPs: matmuls of every token, logits of the last only */
+    double pp_gflops = (2.0 * (double)mm_params * n_pp + 2.0 * (double)out_params) * pps.mean * 1e-9 /
+                       (n_pp > 0 ? n_pp : 1);
+    size_t wb = m->w.weight_bytes;
+    double tg_need = (double)wb * tgs.mean * 1e-9;
+    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (o->json) {
+        bench_printf(o,
+                     "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"weight_bytes\": %zu, "
+                     "\"n_params\": %lld, \"read_bw_gbps\": %.2f, \"sgemm_gflops\": %.1f,\n"
+                     " \"pp\": {\"n\": %d, \"tps\": %.2f, \"sd\": %.2f, \"gflops\": %.1f, "
+                     "\"of_sgemm\": %.3f},\n"
+                     " \"tg\": {\"n\": %d, \"tps\": %.2f, \"sd\": %.2f, \"gbps\": %.2f, \"of_bw\": %.3f}}\n",
+                     name, hp->arch_name, threads, wb, (long long)m->w.n_params, bw, sg, n_pp, pps.mean,
+                     pps.sd, pp_gflops, sg > 0 ? pp_gflops / sg : 0.0, n_tg, tgs.mean, tgs.sd, tg_need,
+                     bw > 0 ? tg_need / bw : 0.0);
+    } else {
+        bench_printf(o, "| model | size | params | type | threads | test | t/s | reference |\n");
+        bench_printf(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- |\n");
+        char size[32], params[32];
+        snprintf(size, sizeof size, "%.2f MiB", (double)wb / (1024.0 * 1024.0));
+        snprintf(params, sizeof params, "%.2f M", (double)m->w.n_params / 1e6);
+        if (n_pp > 0)
+            bench_printf(o, "| %s | %s | %s | %s | %d | pp%d | %.2f ± %.2f | %.1f GFLOP/s = %.0f%% of sgemm %.1f |\n",
+                         name, size, params, keel_dtype_name(m->w.main_dtype), threads, n_pp, pps.mean,
+                         pps.sd, pp_gflops, sg > 0 ? 100.0 * pp_gflops / sg : 0.0, sg);
+        if (n_tg > 0)
+            bench_printf(o, "| %s | %s | %s | %s | %d | tg%d | %.2f ± %.2f | %.2f GB/s = %.0f%% of read bw %.2f |\n",
+                         name, size, params, keel_dtype_name(m->w.main_dtype), threads, n_tg, tgs.mean,
+                         tgs.sd, tg_need, bw > 0 ? 100.0 * tg_need / bw : 0.0, bw);
+    }
+    goto done;
+fail_decode:
+    bench_printf(o, "keel bench: decode: %s\n", keel_context_last_error(c));
+done:
+    base_free(toks, tb);
+    base_free(pp_t, (size_t)reps * sizeof(double));
+    base_free(tg_t, (size_t)reps * sizeof(double));
+    keel_context_close(c);
+    keel_model_close(m);
+    return st;
+}
