@@ -10,6 +10,8 @@
  * K and V bytes read per token divided by the time per token, reported
  * beside the machine's read bandwidth measured in the same run.
  *
+ * Options: --ctx N,N,...  --kv f16|q8_0|q4_0  --quick
+ *
  * Edit: seq_add over every cell of a 32-layer memory (all keys re-encoded),
  * in ns per changed cell.
  */
@@ -173,7 +175,9 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
         bench_printf(o, "|------|-----|-------|---------|----------|-------|-------------|\n");
     }
     bool first = true;
+    const char *only = bench_opt(argc, argv, "--kv");
     for (size_t ci = 0; ci < BASE_ARRAY_LEN(cases); ci++) {
+        if (only && strcmp(only, keel_dtype_name(cases[ci].kv)) != 0) continue;
         for (int k = 0; k < n_ctx; k++) {
             int32_t ctx = ctxs[k];
             keel_mem *m = NULL;
@@ -230,6 +234,7 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     }
     first = true;
     for (size_t ci = 0; ci < BASE_ARRAY_LEN(cases); ci++) {
+        if (only && strcmp(only, keel_dtype_name(cases[ci].kv)) != 0) continue;
         int32_t ctx = 4096;
         keel_mem *m = NULL;
         st = ba_open(cases[ci].kv, cases[ci].rot, ctx, 4096, &m, layers);

@@ -27,7 +27,8 @@
 #include <math.h>
 #include <string.h>
 
-#define ATTN_TB 32 /* query tokens per block */
+#define ATTN_TB 32     /* query tokens per block */
+#define ATTN_CHUNK 512 /* cells whose visibility is computed at once */
 #define ATTN_SPLIT_MIN_CELLS 512
 
 typedef struct attn_dims {
@@ -63,7 +64,7 @@ static inline size_t up64(size_t x)
     return (x + (BASE_ALIGN - 1)) & ~(size_t)(BASE_ALIGN - 1);
 }
 
-/* per-thread layout: scores [TB * G][CB] f32 | vis [CB][TB] u8 | idx [CB] i32 |
+/* per-thread layout: scores [TB * G][CB] f32 | vis [CHUNK][TB] u8 | idx [CHUNK] i32 |
  * m, l [TB * n_heads] f32 each | q row pointers [TB * G] | acc row pointers
  * [TB * G] | active rows [TB * G] u8 */
 typedef struct thread_layout {
@@ -75,8 +76,8 @@ static thread_layout layout_of(const attn_dims *d)
     thread_layout l;
     size_t rows = (size_t)ATTN_TB * (size_t)d->g_max;
     l.vis = up64(rows * ATTN_CB * sizeof(float));
-    l.idx = l.vis + up64((size_t)ATTN_CB * ATTN_TB);
-    l.ml = l.idx + up64((size_t)ATTN_CB * sizeof(int32_t));
+    l.idx = l.vis + up64((size_t)ATTN_CHUNK * ATTN_TB);
+    l.ml = l.idx + up64((size_t)ATTN_CHUNK * sizeof(int32_t));
     l.qp = l.ml + up64(2 * (size_t)ATTN_TB * (size_t)d->n_heads_max * sizeof(float));
     l.ap = l.qp + up64(rows * sizeof(void *));
     l.act = l.ap + up64(rows * sizeof(float *));
@@ -196,8 +197,8 @@ static void attn_task(void *vctx, int64_t task, int thread)
     uint8_t *ts = x->thread_scratch + (size_t)thread * x->thread_bytes;
     thread_layout tl = layout_of(&x->d);
     float *scores = (float *)ts;                   /* [nt * G][CB] */
-    uint8_t *vis = ts + tl.vis;                    /* [CB][TB] */
-    int32_t *idx = (int32_t *)(ts + tl.idx);       /* [CB] */
+    uint8_t *vis = ts + tl.vis;                    /* [CHUNK][TB] */
+    int32_t *idx = (int32_t *)(ts + tl.idx);       /* [CHUNK] */
     float *mrun = (float *)(ts + tl.ml);           /* [nt][nh] */
     float *lrun = mrun + (size_t)ATTN_TB * (size_t)x->d.n_heads_max;
     const void **qp = (const void **)(ts + tl.qp); /* [R] */
@@ -228,8 +229,11 @@ static void attn_task(void *vctx, int64_t task, int thread)
     int32_t pmax = INT32_MIN;
     for (int32_t ti = 0; ti < nt; ti++) pmax = BASE_MAX(pmax, a->pos[t0 + ti]);
 
-    for (int32_t cb = c_begin; cb < c_end; cb += ATTN_CB) {
-        int32_t ce = BASE_MIN(c_end, cb + ATTN_CB);
+    /* Chunks of ATTN_CHUNK cells: visibility once per chunk, then per KV head
+     * a contiguous run of K and V rows (one stream each for the prefetcher)
+     * in blocks of ATTN_CB. */
+    for (int32_t cb = c_begin; cb < c_end; cb += ATTN_CHUNK) {
+        int32_t ce = BASE_MIN(c_end, cb + ATTN_CHUNK);
         int32_t nvis = 0;
         for (int32_t c = cb; c < ce; c++) {
             int32_t kp = t->pos[c];
@@ -257,34 +261,39 @@ static void attn_task(void *vctx, int64_t task, int thread)
                 }
             const uint8_t *kbase = mem_col_row(t, kc, hk, 0);
             const uint8_t *vbase = mem_col_row(t, vc, hk, 0);
-            x->kq(x->kt, kbase, kc->head_row_bytes, idx, nvis, qp, R, dk, scores);
-            /* scale, cap, mask; online softmax per row */
-            for (int32_t ti = 0; ti < nt; ti++) {
-                for (int32_t g = 0; g < G; g++) {
-                    int32_t r = ti * G + g, h = hk * G + g;
-                    float *sc = scores + (size_t)r * ATTN_CB;
-                    float bmax = -INFINITY;
-                    for (int32_t j = 0; j < nvis; j++) {
-                        float v = sc[j] * x->scale;
-                        if (x->softcap > 0.0f) v = x->softcap * tanhf(v / x->softcap);
-                        if (!vis[(size_t)j * ATTN_TB + (size_t)ti]) v = -INFINITY;
-                        sc[j] = v;
-                        bmax = v > bmax ? v : bmax;
+            for (int32_t sb = 0; sb < nvis; sb += ATTN_CB) {
+                int32_t nb = BASE_MIN(ATTN_CB, nvis - sb);
+                const int32_t *bidx = idx + sb;
+                const uint8_t *bvis = vis + (size_t)sb * ATTN_TB;
+                x->kq(x->kt, kbase, kc->head_row_bytes, bidx, nb, qp, R, dk, scores);
+                /* scale, cap, mask; online softmax per row */
+                for (int32_t ti = 0; ti < nt; ti++) {
+                    for (int32_t g = 0; g < G; g++) {
+                        int32_t r = ti * G + g, h = hk * G + g;
+                        float *sc = scores + (size_t)r * ATTN_CB;
+                        float bmax = -INFINITY;
+                        for (int32_t j = 0; j < nb; j++) {
+                            float v = sc[j] * x->scale;
+                            if (x->softcap > 0.0f) v = x->softcap * tanhf(v / x->softcap);
+                            if (!bvis[(size_t)j * ATTN_TB + (size_t)ti]) v = -INFINITY;
+                            sc[j] = v;
+                            bmax = v > bmax ? v : bmax;
+                        }
+                        act[r] = bmax != -INFINITY;
+                        if (!act[r]) continue;
+                        float *mr = &mrun[ti * nh + h], *lr = &lrun[ti * nh + h];
+                        float mnew = bmax > *mr ? bmax : *mr;
+                        if (*mr != -INFINITY && mnew != *mr) {
+                            float alpha = expf(*mr - mnew);
+                            tensor_scale_f32(ap[r], alpha, dv);
+                            *lr *= alpha;
+                        }
+                        *mr = mnew;
+                        *lr += x->ex(sc, nb, mnew);
                     }
-                    act[r] = bmax != -INFINITY;
-                    if (!act[r]) continue;
-                    float *mr = &mrun[ti * nh + h], *lr = &lrun[ti * nh + h];
-                    float mnew = bmax > *mr ? bmax : *mr;
-                    if (*mr != -INFINITY && mnew != *mr) {
-                        float alpha = expf(*mr - mnew);
-                        tensor_scale_f32(ap[r], alpha, dv);
-                        *lr *= alpha;
-                    }
-                    *mr = mnew;
-                    *lr += x->ex(sc, nvis, mnew);
                 }
+                x->pv(x->vt, vbase, vc->head_row_bytes, bidx, nb, scores, act, R, dv, ap);
             }
-            x->pv(x->vt, vbase, vc->head_row_bytes, idx, nvis, scores, act, R, dv, ap);
         }
     }
 

@@ -211,36 +211,103 @@ static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
     }
 }
 
-static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+/* Dequantizes 64 elements [seg, seg + 64) of n quantized rows into tile
+ * [n][64] (f32). */
+static void dq_tile64(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                      int32_t seg, float *tile)
 {
-    int32_t nb = dv / QK;
     size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
     for (int32_t j = 0; j < n; j++) {
-        const uint8_t *v = base + (size_t)idx[j] * rb;
-        for (int32_t b = 0; b < nb; b++) {
+        const uint8_t *v = base + (size_t)idx[j] * rb + (size_t)(seg / QK) * bs;
+        float *o = tile + (size_t)j * 64;
+        for (int b = 0; b < 2; b++) {
             const uint8_t *vb = v + (size_t)b * bs;
             __m256i q = vt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(vb + 2))
                                               : q4_unpack(vb + 2);
             __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
             __m256 d = _mm256_set1_ps(f16_to_f32(vb));
-            __m256 f0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
-            __m256 f1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
-            __m256 f2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
-            __m256 f3 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
-            int32_t i = b * QK;
-            for (int32_t r = 0; r < R; r++) {
-                if (!active[r]) continue;
-                float pr = p[r * ATTN_CB + j];
-                if (pr == 0.0f) continue;
-                __m256 pp = _mm256_set1_ps(pr);
-                float *a = acc[r] + i;
-                _mm256_storeu_ps(a, _mm256_fmadd_ps(pp, f0, _mm256_loadu_ps(a)));
-                _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(pp, f1, _mm256_loadu_ps(a + 8)));
-                _mm256_storeu_ps(a + 16, _mm256_fmadd_ps(pp, f2, _mm256_loadu_ps(a + 16)));
-                _mm256_storeu_ps(a + 24, _mm256_fmadd_ps(pp, f3, _mm256_loadu_ps(a + 24)));
-            }
+            float *ob = o + b * 32;
+            _mm256_storeu_ps(ob, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+            _mm256_storeu_ps(ob + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+            _mm256_storeu_ps(ob + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+            _mm256_storeu_ps(ob + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
         }
+    }
+}
+
+static void dq_tile64_f16(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n, int32_t seg,
+                          float *tile)
+{
+    for (int32_t j = 0; j < n; j++) {
+        const uint16_t *v = (const uint16_t *)(base + (size_t)idx[j] * rb) + seg;
+        float *o = tile + (size_t)j * 64;
+        for (int k = 0; k < 64; k += 8)
+            _mm256_storeu_ps(o + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + k))));
+    }
+}
+
+/* acc[r][seg..seg+64) += sum_j p[r][j] tile[j]: 8 accumulators in registers
+ * across the block of cells (no store/load chain through memory). */
+static void tile_accumulate(const float *tile, int32_t n, const float *p, const uint8_t *active,
+                            int32_t R, float *const *acc, int32_t seg)
+{
+    for (int32_t r = 0; r < R; r++) {
+        if (!active[r]) continue;
+        float *a = acc[r] + seg;
+        __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
+               a3 = _mm256_loadu_ps(a + 24), a4 = _mm256_loadu_ps(a + 32), a5 = _mm256_loadu_ps(a + 40),
+               a6 = _mm256_loadu_ps(a + 48), a7 = _mm256_loadu_ps(a + 56);
+        const float *pr = p + (size_t)r * ATTN_CB;
+        for (int32_t j = 0; j < n; j++) {
+            __m256 pj = _mm256_set1_ps(pr[j]);
+            const float *t = tile + (size_t)j * 64;
+            a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t), a0);
+            a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t + 8), a1);
+            a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t + 16), a2);
+            a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t + 24), a3);
+            a4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t + 32), a4);
+            a5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t + 40), a5);
+            a6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t + 48), a6);
+            a7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(t + 56), a7);
+        }
+        _mm256_storeu_ps(a, a0);
+        _mm256_storeu_ps(a + 8, a1);
+        _mm256_storeu_ps(a + 16, a2);
+        _mm256_storeu_ps(a + 24, a3);
+        _mm256_storeu_ps(a + 32, a4);
+        _mm256_storeu_ps(a + 40, a5);
+        _mm256_storeu_ps(a + 48, a6);
+        _mm256_storeu_ps(a + 56, a7);
+    }
+}
+
+static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+{
+    if (dv % 64) {
+        for (int32_t j = 0; j < n; j++)
+            for (int32_t r = 0; r < R; r++)
+                if (active[r]) tensor_axpy_row(vt, dv, p[r * ATTN_CB + j], base + (size_t)idx[j] * rb, acc[r]);
+        return;
+    }
+    _Alignas(32) float tile[ATTN_CB * 64];
+    for (int32_t seg = 0; seg < dv; seg += 64) {
+        dq_tile64(vt, base, rb, idx, n, seg, tile);
+        tile_accumulate(tile, n, p, active, R, acc, seg);
+    }
+}
+
+static void pv_f16_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                        const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+{
+    if (dv % 64) {
+        pv_f16(vt, base, rb, idx, n, p, active, R, dv, acc);
+        return;
+    }
+    _Alignas(32) float tile[ATTN_CB * 64];
+    for (int32_t seg = 0; seg < dv; seg += 64) {
+        dq_tile64_f16(base, rb, idx, n, seg, tile);
+        tile_accumulate(tile, n, p, active, R, acc, seg);
     }
 }
 
@@ -248,7 +315,7 @@ attn_pv_fn attn_pv_avx2(keel_dtype vt)
 {
     switch (vt) {
     case KEEL_DTYPE_F32: return pv_f32;
-    case KEEL_DTYPE_F16: return pv_f16;
+    case KEEL_DTYPE_F16: return pv_f16_tile;
     case KEEL_DTYPE_Q8_0:
     case KEEL_DTYPE_Q4_0: return pv_q8q4;
     default: return NULL;
