@@ -353,6 +353,8 @@ typedef struct keel_mem_batch {
     const int32_t *seq_id1;        /* [n_tokens] one sequence per token, or NULL */
     const int32_t *n_seq_id;       /* [n_tokens] or NULL */
     const int32_t *const *seq_id;  /* [n_tokens][n_seq_id[i]] or NULL */
+    const uint8_t *protect;        /* [n_tokens] non-zero: compaction keeps the token
+                                      (special tokens: BOS, role markers), or NULL */
 } keel_mem_batch;
 
 /*
@@ -424,6 +426,58 @@ int32_t keel_mem_seq_pos_max(const keel_mem *mem, int32_t seq);
 int32_t keel_mem_seq_rewind_min(const keel_mem *mem, int32_t seq);
 /* True when stored keys can follow position edits (seq_add / seq_div). */
 bool keel_mem_can_shift(const keel_mem *mem);
+
+/* ---- compaction ---------------------------------------------------------
+ * Compaction evicts cells of one sequence from the full-attention tables so
+ * that a long session stays within a fixed budget (docs/compaction.md).
+ * Sliding rings are never compacted; their positions follow renumbering. */
+
+typedef enum keel_compact_policy {
+    KEEL_COMPACT_NONE = 0,    /* never compact */
+    KEEL_COMPACT_WINDOW = 1,  /* sinks + the most recent (StreamingLLM) */
+    KEEL_COMPACT_KEYDIFF = 2, /* keep keys least similar to the mean key (KeyDiff) */
+    KEEL_COMPACT_KNORM = 3,   /* keep keys of smallest norm */
+    KEEL_COMPACT_RANDOM = 4,  /* seeded random baseline */
+} keel_compact_policy;
+
+typedef struct keel_compact_params {
+    keel_compact_policy policy;
+    int32_t trigger;  /* compact when the sequence holds more full-attention cells */
+    int32_t target;   /* cells kept by a compaction (< trigger) */
+    int32_t n_sink;   /* lowest positions always kept (< target) */
+    float recent;     /* fraction of target reserved for the most recent tokens, [0, 1) */
+    bool renumber;    /* renumber kept positions 0..target-1 (keys corrected exactly);
+                         false keeps the original positions */
+    bool protect;     /* keep tokens placed with protect set, budget permitting */
+    uint64_t seed;    /* KEEL_COMPACT_RANDOM */
+} keel_compact_params;
+
+/* policy none; trigger 0, target 0; n_sink 4; recent 0.25; renumber; protect; seed 1 */
+keel_compact_params keel_compact_params_default(void);
+
+/* Name of a policy ("keydiff") / parse one. */
+const char *keel_compact_policy_name(keel_compact_policy p);
+keel_status keel_compact_policy_from_name(const char *name, keel_compact_policy *out);
+
+/* Checks a parameter set: KEEL_EINVAL with the reason in err (256 bytes, may
+ * be NULL) for target >= trigger, n_sink >= target, recent out of [0, 1),
+ * sinks + recent above target, negative values. policy none is always valid. */
+keel_status keel_compact_params_check(const keel_compact_params *p, char *err);
+
+/* Compacts sequence seq to p->target full-attention cells now (if it holds
+ * more): keeps the sinks, the recent tokens, protected tokens while the
+ * budget allows, and the best-scored others; frees the rest; renumbers if
+ * asked. Cells shared with other sequences only lose seq (other sequences
+ * are untouched). Sliding tables keep their cells; every token they hold
+ * must be kept (recent tokens must cover the window): else KEEL_EINVAL and
+ * nothing changes. KEEL_EFULL if renumbering shared cells finds no room for
+ * their copies. All or nothing. */
+keel_status keel_mem_compact(keel_mem *mem, int32_t seq, const keel_compact_params *p);
+
+/* Cells of seq in the full-attention tables (what trigger compares with). */
+int32_t keel_mem_seq_cells(const keel_mem *mem, int32_t seq);
+/* Compactions applied to seq since open. */
+int64_t keel_mem_seq_compactions(const keel_mem *mem, int32_t seq);
 
 typedef struct keel_mem_stats {
     int64_t cells_used;    /* occupied cells over all tables */

@@ -29,6 +29,7 @@
 #define MEM_SEQ_MAX 256
 #define MEM_SEQ_WORDS_MAX (MEM_SEQ_MAX / 64)
 #define MEM_NO_EVICT INT32_MIN
+#define MEM_CELL_PROTECTED 1u /* cflags: compaction keeps the cell */
 
 typedef enum mem_col_kind {
     MEM_COL_K = 0, /* keys: rotated (opt) + quantized, RoPE'd at stored position */
@@ -63,6 +64,8 @@ typedef struct mem_table {
     uint64_t *stamp;      /* [cap] placement order (ties of equal positions) */
     uint64_t *seq;        /* [cap][seq_words] sequence sets */
     uint8_t *flags;       /* [cap] scratch marks of the operation in progress, 0 between ops */
+    uint8_t *cflags;      /* [cap] persistent cell flags (MEM_CELL_*) */
+    int32_t *newpos;      /* [cap] target positions of a renumbering in progress */
     int32_t *seq_min;     /* [n_seq] smallest position of s in this table, -1 none */
     int32_t *seq_max;     /* [n_seq] largest position of s, -1 none */
     int32_t *seq_cells;   /* [n_seq] cells holding s */
@@ -108,6 +111,15 @@ struct keel_mem {
     uint64_t next_stamp;
     int64_t tokens_placed;
     int32_t max_cell_touched;  /* highest cell index any operation produced (tests) */
+    int32_t *exact_from;       /* [n_seq] rewinding below this is not exact (compaction) */
+    int64_t *n_compact;        /* [n_seq] compactions applied */
+    /* KeyDiff anchors: per sequence, the running sum of normalized pre-RoPE
+     * keys of every full-attention K column and head */
+    float *anchor;             /* [n_seq][anchor_floats] */
+    size_t anchor_floats;
+    size_t *anchor_off;        /* [n_layers] offset of the layer's heads, or SIZE_MAX */
+    uint64_t *anchor_stamp;    /* [n_seq] cells with stamp <= this are counted */
+    uint8_t *anchor_valid;     /* [n_seq] */
     char err[BASE_ERR_CAP];
 };
 
@@ -118,6 +130,11 @@ keel_status mem_open_shared(const keel_mem_config *cfg, base_pool *pool, keel_me
 /* keel_mem_config_bytes for mem_open_shared (no pool of its own); the
  * caller sets cfg->n_threads to the pool's threads. */
 keel_status mem_config_bytes_shared(const keel_mem_config *cfg, size_t *bytes, char *err);
+
+/* Position edit pass over the cells marked in t->flags: seq_add (delta),
+ * seq_div (div > 0) or renumbering (map: t->newpos). Keys are re-encoded;
+ * marks are cleared. Scratch from m->scratch (reset by the caller). */
+keel_status mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool map);
 
 /* Free cells for new tokens of sequence s in its full-attention tables
  * (sliding rings always make room); INT32_MAX without full layers. */
