@@ -110,6 +110,29 @@ keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n
                           const float *X, int64_t n_tok, float *Y, base_pool *pool,
                           base_arena *scratch);
 
+/* The GEMM strategies tensor_matmul chooses between (docs/kernels.md has
+ * the measurements behind the choice). Exposed for benchmarks and tests.
+ *   AUTO           what tensor_matmul does
+ *   MATVEC         tensor_matvec once per token
+ *   DEQUANT_SGEMM  dequantize tiles of W rows to f32, OpenBLAS sgemm
+ *                  (f32 weights: sgemm directly)
+ *   DOT_TILES      X quantized once to the vec_dot type, then tiles of
+ *                  rows x tokens through the dtype's vec_dot */
+typedef enum tensor_gemm_path {
+    TENSOR_GEMM_AUTO = 0,
+    TENSOR_GEMM_MATVEC = 1,
+    TENSOR_GEMM_DEQUANT_SGEMM = 2,
+    TENSOR_GEMM_DOT_TILES = 3,
+} tensor_gemm_path;
+
+/* tensor_matmul with the strategy forced. tensor_matmul_scratch_bytes
+ * covers every path. KEEL_EINVAL for an unknown path. */
+keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *W, int64_t n_rows,
+                               int64_t n_cols, const float *X, int64_t n_tok, float *Y,
+                               base_pool *pool, base_arena *scratch);
+/* The strategy AUTO picks for this dtype and batch. */
+tensor_gemm_path tensor_matmul_auto_path(keel_dtype t, int64_t n_tok);
+
 /* ---- RoPE (rope.c) ------------------------------------------------------ */
 
 /*

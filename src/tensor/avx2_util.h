@@ -1,0 +1,146 @@
+/*
+ * avx2_util.h — inline AVX2 helpers shared by the *_avx2.c files (and only
+ * them: everything here needs -mavx2 -mfma -mf16c). All loads are
+ * unaligned (loadu / memcpy), as rows may start at any byte.
+ */
+#ifndef KEEL_TENSOR_AVX2_UTIL_H
+#define KEEL_TENSOR_AVX2_UTIL_H
+
+#include "tensor_impl.h"
+
+#include <immintrin.h>
+
+static inline float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax_ps(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline float hmin_ps(__m256 v)
+{
+    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_min_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline int hsum_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline __m256 abs_ps(__m256 v)
+{
+    return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
+
+static inline float f16_load(const uint8_t *p)
+{
+    return _cvtsh_ss(rd_u16(p));
+}
+
+static inline __m256i loadu_256(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+static inline __m128i loadu_128(const void *p)
+{
+    return _mm_loadu_si128((const __m128i *)p);
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..15),
+ * then high nibbles (16..31), each 0..15. */
+static inline __m256i unpack_nibbles_16(const uint8_t *p)
+{
+    __m128i b = loadu_128(p);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where bit j is set. */
+static inline __m256i bytes_from_bits_32(uint32_t bits)
+{
+    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL,
+                                            0x0202020202020202LL, 0x0303030303030303LL);
+    const __m256i mask = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    v = _mm256_and_si256(v, mask);
+    return _mm256_cmpeq_epi8(v, mask);
+}
+
+/* Sum over pairs of u8 x s8 products, widened to 8 x i32. */
+static inline __m256i dot_us8_i32(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* Same for s8 x s8 (|x| <= 127 in at least one operand's role as |x|). */
+static inline __m256i dot_ss8_i32(__m256i x, __m256i y)
+{
+    return dot_us8_i32(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* y[0..32) = q[k] * d + m for 32 signed bytes q. */
+static inline void store_i8x32(float *y, __m256i q, __m256 d, __m256 m)
+{
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    _mm256_storeu_ps(y, _mm256_fmadd_ps(f0, d, m));
+    _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(f1, d, m));
+    _mm256_storeu_ps(y + 16, _mm256_fmadd_ps(f2, d, m));
+    _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(f3, d, m));
+}
+
+/* y[0..32) += a * (q[k] * d + m): the axpy form. */
+static inline void axpy_i8x32(float *y, __m256i q, __m256 ad, __m256 am)
+{
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_fmadd_ps(f0, ad, am)));
+    _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_loadu_ps(y + 8), _mm256_fmadd_ps(f1, ad, am)));
+    _mm256_storeu_ps(y + 16, _mm256_add_ps(_mm256_loadu_ps(y + 16), _mm256_fmadd_ps(f2, ad, am)));
+    _mm256_storeu_ps(y + 24, _mm256_add_ps(_mm256_loadu_ps(y + 24), _mm256_fmadd_ps(f3, ad, am)));
+}
+
+/* The integer values of one legacy block as 32 signed bytes. */
+static inline __m256i q4_0_values(const uint8_t *b)
+{
+    return _mm256_sub_epi8(unpack_nibbles_16(b + 2), _mm256_set1_epi8(8));
+}
+static inline __m256i q4_1_values(const uint8_t *b)
+{
+    return unpack_nibbles_16(b + 4);
+}
+static inline __m256i q5_0_values(const uint8_t *b)
+{
+    /* nibble | 0xF0 where the high bit is clear == nibble - 16 as int8 */
+    __m256i hi = _mm256_andnot_si256(bytes_from_bits_32(rd_u32(b + 2)), _mm256_set1_epi8((char)0xF0));
+    return _mm256_or_si256(unpack_nibbles_16(b + 6), hi);
+}
+static inline __m256i q5_1_values(const uint8_t *b)
+{
+    __m256i hi = _mm256_and_si256(bytes_from_bits_32(rd_u32(b + 4)), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(unpack_nibbles_16(b + 8), hi);
+}
+
+#endif /* KEEL_TENSOR_AVX2_UTIL_H */

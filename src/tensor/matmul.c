@@ -1,0 +1,335 @@
+/*
+ * matmul.c — matrix-vector (decode) and matrix-matrix (prefill) products
+ * over weight rows in any readable dtype.
+ *
+ * matvec: the activation is converted once into the caller's arena (its
+ * vec_dot type), then chunks of rows are handed to the pool's threads; each
+ * task runs the dtype's dot over its rows. Nothing is allocated; the arena
+ * is rewound before returning, so it is unchanged apart from its high-water
+ * mark.
+ *
+ * matmul: OpenBLAS sgemm, single-threaded inside each of our pool's tasks
+ * (openblas_set_num_threads(1) once, so OpenBLAS never starts threads of
+ * its own to fight our spinning workers). f32 weights are passed straight
+ * to sgemm, one contiguous slice of rows per thread. Other dtypes: each
+ * task dequantizes a tile of rows into its thread's slice of the arena and
+ * multiplies it with sgemm (measured faster than a tiled q8 kernel here;
+ * docs/kernels.md). Small batches fall back to matvec per token.
+ */
+#include "tensor_impl.h"
+
+#include <cblas.h>
+#include <pthread.h>
+
+#define MATVEC_MIN_ROWS 16        /* rows per task, at least */
+#ifndef MATVEC_PREFETCH_BYTES
+#define MATVEC_PREFETCH_BYTES 4096
+#endif
+#define MATVEC_TASKS_PER_THREAD 8 /* for load balance */
+#define MATMUL_MIN_TOK 4          /* below: matvec per token */
+#define MATMUL_TILE_BYTES ((size_t)2 << 20) /* f32 tile of dequantized rows per thread */
+
+/* ---- shape checks ------------------------------------------------------------------- */
+
+static bool shape_ok(keel_dtype t, int64_t n_rows, int64_t n_cols)
+{
+    if (!tensor_dtype_valid(t) || n_rows < 0 || n_cols < 0) return false;
+    if (!tensor_dot_scalar_[t]) return false;
+    keel_dtype vt = tensor_vec_dot_type(t);
+    int64_t bs = keel_dtype_block_size(t), vbs = keel_dtype_block_size(vt);
+    if (n_cols % bs != 0 || n_cols % vbs != 0) return false;
+    size_t rb;
+    if (keel_dtype_row_bytes(t, n_cols, &rb) != KEEL_OK) return false;
+    size_t total;
+    size_t rows;
+    if (!size_from_i64(n_rows, &rows) || !size_mul(rows, rb, &total)) return false;
+    return true;
+}
+
+/* ---- matvec ---------------------------------------------------------------------------- */
+
+size_t tensor_matvec_scratch_bytes(keel_dtype t, int64_t n_cols)
+{
+    if (!tensor_dtype_valid(t)) return 0;
+    keel_dtype vt = tensor_vec_dot_type(t);
+    if (vt == KEEL_DTYPE_F32) return 0;
+    size_t rb = tensor_row_bytes(vt, n_cols), out;
+    if (rb == 0 || !size_add(rb, BASE_ALIGN, &out)) return 0;
+    return out;
+}
+
+typedef struct matvec_ctx {
+    tensor_dot_fn dot;
+    const uint8_t *W;
+    size_t row_bytes;
+    int64_t n_rows, n_cols, rows_per_task;
+    const void *x; /* activation in the vec_dot type */
+    float *y;
+} matvec_ctx;
+
+static void matvec_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    const matvec_ctx *c = vctx;
+    int64_t r0 = task * c->rows_per_task;
+    int64_t r1 = BASE_MIN(r0 + c->rows_per_task, c->n_rows);
+    const uint8_t *w = c->W + (size_t)r0 * c->row_bytes;
+    const uint8_t *end = c->W + (size_t)r1 * c->row_bytes;
+    for (int64_t r = r0; r < r1; r++, w += c->row_bytes) {
+        /* keep more lines in flight than the hardware streamer does alone:
+         * prefetch the row MATVEC_PREFETCH_BYTES ahead while this one runs */
+        const uint8_t *pf = w + MATVEC_PREFETCH_BYTES;
+        for (size_t off = 0; MATVEC_PREFETCH_BYTES > 0 && off < c->row_bytes && pf + off < end; off += 64) __builtin_prefetch(pf + off, 0, 0);
+        c->y[r] = c->dot(c->n_cols, w, c->x);
+    }
+}
+
+static int64_t matvec_rows_per_task(int64_t n_rows, int n_threads)
+{
+    if (n_threads <= 1) return n_rows > 0 ? n_rows : 1;
+    int64_t per = n_rows / ((int64_t)n_threads * MATVEC_TASKS_PER_THREAD);
+    if (per < MATVEC_MIN_ROWS) per = MATVEC_MIN_ROWS;
+    return per;
+}
+
+keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                          const float *x, float *y, base_pool *pool, base_arena *scratch)
+{
+    if (!shape_ok(t, n_rows, n_cols)) return KEEL_EINVAL;
+    if (n_rows == 0) return KEEL_OK;
+    if (!W || !y || (n_cols > 0 && !x)) return KEEL_EINVAL;
+    keel_dtype vt = tensor_vec_dot_type(t);
+    size_t mark = scratch ? base_arena_mark(scratch) : 0;
+    const void *xa = x;
+    if (vt != KEEL_DTYPE_F32 && n_cols > 0) {
+        if (!scratch) return KEEL_ESCRATCH;
+        void *q = base_arena_take(scratch, tensor_row_bytes(vt, n_cols), BASE_ALIGN);
+        if (!q) return KEEL_ESCRATCH;
+        tensor_quant_get_(vt)(x, q, n_cols);
+        xa = q;
+    }
+    matvec_ctx c = {tensor_dot_get_(t), W, tensor_row_bytes(t, n_cols), n_rows, n_cols, 0, xa, y};
+    if (n_cols == 0) {
+        memset(y, 0, (size_t)n_rows * sizeof(float));
+    } else {
+        c.rows_per_task = matvec_rows_per_task(n_rows, base_pool_threads(pool));
+        int64_t n_tasks = (n_rows + c.rows_per_task - 1) / c.rows_per_task;
+        base_pool_run(pool, n_tasks, matvec_task, &c);
+    }
+    if (scratch) base_arena_rewind(scratch, mark);
+    return KEEL_OK;
+}
+
+/* ---- matmul ---------------------------------------------------------------------------- */
+
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+
+static void blas_init(void)
+{
+    openblas_set_num_threads(1);
+}
+
+/* Rows of W per dequantized tile: about MATMUL_TILE_BYTES of f32, a
+ * multiple of 16, at least 16. */
+static int64_t matmul_tile_rows(int64_t n_cols)
+{
+    if (n_cols <= 0) return 16;
+    int64_t r = (int64_t)(MATMUL_TILE_BYTES / ((size_t)n_cols * sizeof(float)));
+    r &= ~(int64_t)15;
+    return r < 16 ? 16 : r;
+}
+
+static size_t matmul_tile_bytes(int64_t n_cols)
+{
+    size_t rows = (size_t)matmul_tile_rows(n_cols), cols, out;
+    if (!size_from_i64(n_cols, &cols) || !size_mul(rows, cols, &out) ||
+        !size_mul(out, sizeof(float), &out) || !size_add(out, BASE_ALIGN, &out))
+        return 0;
+    return out;
+}
+
+/* Scratch of the dot-tile path: X quantized to the vec_dot type. */
+static size_t matmul_dot_bytes(keel_dtype t, int64_t n_cols, int64_t n_tok)
+{
+    keel_dtype vt = tensor_vec_dot_type(t);
+    if (vt == KEEL_DTYPE_F32) return 0;
+    size_t rb = tensor_row_bytes(vt, n_cols), toks, out;
+    if (rb == 0 || !size_from_i64(n_tok, &toks) || !size_mul(rb, toks, &out) ||
+        !size_add(out, BASE_ALIGN, &out))
+        return 0;
+    return out;
+}
+
+size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols, int64_t n_tok,
+                                   int n_threads)
+{
+    (void)n_rows;
+    if (!tensor_dtype_valid(t) || n_cols < 0 || n_tok < 0) return 0;
+    if (n_threads < 1) n_threads = 1;
+    size_t need = tensor_matvec_scratch_bytes(t, n_cols);
+    if (t != KEEL_DTYPE_F32) {
+        size_t tile = matmul_tile_bytes(n_cols), all;
+        if (tile == 0 || !size_mul(tile, (size_t)n_threads, &all)) return 0;
+        need = BASE_MAX(need, all);
+    }
+    return BASE_MAX(need, matmul_dot_bytes(t, n_cols, n_tok));
+}
+
+typedef struct matmul_ctx {
+    keel_dtype t;
+    const uint8_t *W;
+    size_t row_bytes;
+    int64_t n_rows, n_cols, n_tok;
+    const float *X;
+    float *Y;
+    int64_t rows_per_task;
+    float *tiles; /* [n_threads][tile_rows * n_cols] */
+    size_t tile_floats;
+    tensor_dequant_fn deq;
+    /* dot tiles */
+    tensor_dot_fn dot;
+    tensor_quant_fn quant;
+    uint8_t *Xq; /* [n_tok] rows in the vec_dot type */
+    size_t xq_row_bytes;
+} matmul_ctx;
+
+/* Y[:, r0:r1] = X . W[r0:r1, :]^T with W rows given as f32. */
+static void sgemm_rows(const matmul_ctx *c, const float *Wf, int64_t r0, int64_t nr)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)c->n_tok, (blasint)nr,
+                (blasint)c->n_cols, 1.0f, c->X, (blasint)c->n_cols, Wf, (blasint)c->n_cols, 0.0f,
+                c->Y + r0, (blasint)c->n_rows);
+}
+
+static void matmul_task_f32(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    const matmul_ctx *c = vctx;
+    int64_t r0 = task * c->rows_per_task;
+    int64_t r1 = BASE_MIN(r0 + c->rows_per_task, c->n_rows);
+    if (r1 > r0) sgemm_rows(c, (const float *)(c->W + (size_t)r0 * c->row_bytes), r0, r1 - r0);
+}
+
+static void matmul_task_deq(void *vctx, int64_t task, int thread)
+{
+    const matmul_ctx *c = vctx;
+    int64_t r0 = task * c->rows_per_task;
+    int64_t r1 = BASE_MIN(r0 + c->rows_per_task, c->n_rows);
+    float *tile = c->tiles + (size_t)thread * c->tile_floats;
+    const uint8_t *w = c->W + (size_t)r0 * c->row_bytes;
+    for (int64_t r = r0; r < r1; r++, w += c->row_bytes)
+        c->deq(w, tile + (size_t)(r - r0) * (size_t)c->n_cols, c->n_cols);
+    if (r1 > r0) sgemm_rows(c, tile, r0, r1 - r0);
+}
+
+#define DOT_TILE_ROWS 16
+#define DOT_TILE_TOKS 16
+
+static void matmul_task_quant_x(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    const matmul_ctx *c = vctx;
+    c->quant(c->X + task * c->n_cols, c->Xq + (size_t)task * c->xq_row_bytes, c->n_cols);
+}
+
+/* Rows [r0, r0 + DOT_TILE_ROWS) against every token, DOT_TILE_TOKS tokens
+ * at a time, so that both tiles stay in L2. */
+static void matmul_task_dot(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    const matmul_ctx *c = vctx;
+    int64_t r0 = task * DOT_TILE_ROWS, r1 = BASE_MIN(r0 + DOT_TILE_ROWS, c->n_rows);
+    for (int64_t i0 = 0; i0 < c->n_tok; i0 += DOT_TILE_TOKS) {
+        int64_t i1 = BASE_MIN(i0 + DOT_TILE_TOKS, c->n_tok);
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *w = c->W + (size_t)r * c->row_bytes;
+            for (int64_t i = i0; i < i1; i++)
+                c->Y[i * c->n_rows + r] = c->dot(c->n_cols, w, c->Xq + (size_t)i * c->xq_row_bytes);
+        }
+    }
+}
+
+tensor_gemm_path tensor_matmul_auto_path(keel_dtype t, int64_t n_tok)
+{
+    (void)t;
+    if (n_tok < MATMUL_MIN_TOK) return TENSOR_GEMM_MATVEC;
+    return TENSOR_GEMM_DEQUANT_SGEMM;
+}
+
+keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *W, int64_t n_rows,
+                               int64_t n_cols, const float *X, int64_t n_tok, float *Y,
+                               base_pool *pool, base_arena *scratch)
+{
+    if (!shape_ok(t, n_rows, n_cols) || n_tok < 0) return KEEL_EINVAL;
+    if ((unsigned)path > TENSOR_GEMM_DOT_TILES) return KEEL_EINVAL;
+    if (n_rows == 0 || n_tok == 0) return KEEL_OK;
+    if (!W || !Y || !X) return KEEL_EINVAL;
+    size_t ys;
+    if (!size_mul((size_t)n_tok, (size_t)n_rows, &ys) || n_rows > INT32_MAX || n_cols > INT32_MAX ||
+        n_tok > INT32_MAX)
+        return KEEL_EINVAL;
+    if (path == TENSOR_GEMM_AUTO) path = tensor_matmul_auto_path(t, n_tok);
+    if (path == TENSOR_GEMM_MATVEC || n_cols == 0) {
+        for (int64_t i = 0; i < n_tok; i++) {
+            keel_status st = tensor_matvec(t, W, n_rows, n_cols, X + i * n_cols, Y + i * n_rows,
+                                           pool, scratch);
+            if (st != KEEL_OK) return st;
+        }
+        return KEEL_OK;
+    }
+    int n_threads = base_pool_threads(pool);
+    matmul_ctx c;
+    memset(&c, 0, sizeof c);
+    c.t = t;
+    c.W = W;
+    c.row_bytes = tensor_row_bytes(t, n_cols);
+    c.n_rows = n_rows;
+    c.n_cols = n_cols;
+    c.n_tok = n_tok;
+    c.X = X;
+    c.Y = Y;
+    size_t mark = scratch ? base_arena_mark(scratch) : 0;
+    if (path == TENSOR_GEMM_DOT_TILES) {
+        keel_dtype vt = tensor_vec_dot_type(t);
+        c.dot = tensor_dot_get_(t);
+        if (vt == KEEL_DTYPE_F32) {
+            c.Xq = (uint8_t *)(uintptr_t)X;
+            c.xq_row_bytes = (size_t)n_cols * sizeof(float);
+        } else {
+            c.xq_row_bytes = tensor_row_bytes(vt, n_cols);
+            c.Xq = scratch ? base_arena_take_n(scratch, (size_t)n_tok, c.xq_row_bytes) : NULL;
+            if (!c.Xq) return KEEL_ESCRATCH;
+            c.quant = tensor_quant_get_(vt);
+            base_pool_run(pool, n_tok, matmul_task_quant_x, &c);
+        }
+        base_pool_run(pool, (n_rows + DOT_TILE_ROWS - 1) / DOT_TILE_ROWS, matmul_task_dot, &c);
+        if (scratch) base_arena_rewind(scratch, mark);
+        return KEEL_OK;
+    }
+    pthread_once(&g_blas_once, blas_init);
+    if (t == KEEL_DTYPE_F32) {
+        /* one slice per thread; sgemm blocks internally */
+        c.rows_per_task = (n_rows + n_threads - 1) / n_threads;
+        c.rows_per_task = (c.rows_per_task + 15) & ~(int64_t)15;
+        base_pool_run(pool, (n_rows + c.rows_per_task - 1) / c.rows_per_task, matmul_task_f32, &c);
+        return KEEL_OK;
+    }
+    int64_t tile_rows = matmul_tile_rows(n_cols);
+    c.tile_floats = (size_t)tile_rows * (size_t)n_cols;
+    c.tiles = scratch ? base_arena_take_n(scratch, c.tile_floats * (size_t)n_threads, sizeof(float)) : NULL;
+    if (!c.tiles) return KEEL_ESCRATCH;
+    c.deq = tensor_dequant_get_(t);
+    /* balance: no more rows per task than an even split */
+    int64_t even = (n_rows + n_threads - 1) / n_threads;
+    c.rows_per_task = BASE_MIN(tile_rows, (even + 15) & ~(int64_t)15);
+    base_pool_run(pool, (n_rows + c.rows_per_task - 1) / c.rows_per_task, matmul_task_deq, &c);
+    base_arena_rewind(scratch, mark);
+    return KEEL_OK;
+}
+
+keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                          const float *X, int64_t n_tok, float *Y, base_pool *pool,
+                          base_arena *scratch)
+{
+    return tensor_matmul_path(TENSOR_GEMM_AUTO, t, W, n_rows, n_cols, X, n_tok, Y, pool, scratch);
+}
