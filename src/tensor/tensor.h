@@ -104,8 +104,10 @@ size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols,
  * X is f32 [n_tok][n_cols], Y is f32 [n_tok][n_rows] (row stride n_rows).
  * Prefill GEMM: OpenBLAS sgemm (single-threaded per pool thread) for f32,
  * dequantized tiles or a tiled quantized kernel for other dtypes (see
- * docs/kernels.md for which, by measurement). Falls back to tensor_matvec
- * per token when n_tok is small. KEEL_ESCRATCH / KEEL_EINVAL as above. */
+ * docs/kernels.md for which, by measurement). One token goes through
+ * tensor_matvec; small batches through the quantized dot tiles (the
+ * threshold is per dtype, tensor_matmul_auto_path). KEEL_ESCRATCH /
+ * KEEL_EINVAL as above. */
 keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
                           const float *X, int64_t n_tok, float *Y, base_pool *pool,
                           base_arena *scratch);
