@@ -15,5 +15,6 @@ void cli_write_file(void *user, const char *text, size_t n);
 int cli_fail(const char *what, keel_status st, const char *detail);
 
 int cmd_bench(int argc, char **argv);
+int cmd_gen_model(int argc, char **argv);
 
 #endif

@@ -14,6 +14,8 @@ typedef struct cli_command {
 static const cli_command g_commands[] = {
     {"bench", cmd_bench,
      "bench kernels|attention [--json] [-t N]   kernel and attention benchmarks"},
+    {"gen-model", cmd_gen_model,
+     "gen-model --arch A [options] --out F      write a random-weight GGUF model"},
 };
 
 void cli_write_file(void *user, const char *text, size_t n)
