@@ -611,12 +611,26 @@ typedef struct keel_gen_params {
 
 keel_gen_params keel_gen_params_default(void);
 
-/* Writes a deterministic random-weight GGUF model to path: norms 1 (gemma:
- * stored as GGUF expects), matrices ~N(0, 1/sqrt(fan_in)), embeddings
- * N(0, 1), tensor names and keys as llama.cpp expects for the arch.
- * KEEL_EINVAL (bad params, detail in err), KEEL_EUNSUPPORTED (arch or
- * dtype), KEEL_EIO, KEEL_ENOMEM. */
+/* Writes a deterministic random-weight GGUF model to path: norms
+ * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
+ * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:
+ * N(0, 1/sqrt(n_embd))), biases N(0, 0.02), tensor names and keys as
+ * llama.cpp expects for the arch, and a vocabulary learned from a built-in
+ * English text (docs/formats.md, "Generated models"). The same params give
+ * the same bytes. Matrices whose rows do not fit dtype's block are stored
+ * in q8_0 (f16 if not a multiple of 32). Holds one tensor in memory at a
+ * time; uses up to 16 threads for large models. KEEL_EINVAL (bad params,
+ * the field named in err), KEEL_EUNSUPPORTED (arch or dtype), KEEL_EIO
+ * (path and errno text in err; no partial file is left), KEEL_ENOMEM.
+ * err (256 bytes, may be NULL) receives the detail. */
 keel_status keel_gen_model(const keel_gen_params *p, const char *path, char *err);
+
+/* Validates p as keel_gen_model does and reports, without writing, the
+ * parameter count and the file size in bytes (either pointer may be NULL).
+ * Errors as keel_gen_model except KEEL_EIO. Allocates (builds the
+ * vocabulary); takes milliseconds. */
+keel_status keel_gen_model_size(const keel_gen_params *p, int64_t *n_params, size_t *n_bytes,
+                                char *err);
 
 /* ======================================================================== */
 /* Contexts: running a model                                                */

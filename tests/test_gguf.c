@@ -322,6 +322,81 @@ static void test_write_file(void **state)
     assert_status(gguf_open_file("/tmp", &g, err), KEEL_EIO);
 }
 
+/* Deferred tensors: bytes from a fill callback, in file order. */
+typedef struct fill_ctx {
+    int calls;
+    int64_t last;    /* index of the previous call */
+    int64_t fail_at; /* index whose fill fails, -1 none */
+} fill_ctx;
+
+static keel_status fill_pattern(void *user, int64_t index, const char *name, void *buf,
+                                size_t nbytes)
+{
+    fill_ctx *c = user;
+    assert_true(index > c->last); /* file order */
+    c->last = index;
+    c->calls++;
+    if (index == c->fail_at) return KEEL_ENOMEM;
+    uint8_t *b = buf;
+    for (size_t i = 0; i < nbytes; i++)
+        b[i] = (uint8_t)(i * 7 + (size_t)name[0]);
+    return KEEL_OK;
+}
+
+static void test_write_deferred(void **state)
+{
+    (void)state;
+    gguf_writer *w;
+    assert_ok(gguf_writer_open(&w));
+    int64_t ne_a[2] = {8, 3}, ne_b[1] = {64};
+    float plain[5] = {1, 2, 3, 4, 5};
+    int64_t ne_p[1] = {5};
+    assert_ok(gguf_writer_add_tensor_deferred(w, "a", KEEL_DTYPE_F32, 2, ne_a));
+    assert_ok(gguf_writer_add_tensor(w, "p", KEEL_DTYPE_F32, 1, ne_p, plain, sizeof plain));
+    assert_ok(gguf_writer_add_tensor_deferred(w, "b", KEEL_DTYPE_Q8_0, 1, ne_b));
+    assert_status(gguf_writer_add_tensor_deferred(w, "c", KEEL_DTYPE_Q8_0, 1, ne_p), KEEL_EINVAL);
+    void *data;
+    size_t size;
+    assert_status(gguf_writer_write_mem(w, &data, &size), KEEL_EINVAL); /* no fill yet */
+    fill_ctx c = {0, -1, 2};
+    gguf_writer_set_fill(w, fill_pattern, &c);
+    assert_status(gguf_writer_write_mem(w, &data, &size), KEEL_ENOMEM); /* fill of "b" fails */
+    assert_null(data);
+    assert_int_equal(c.calls, 2);
+    c = (fill_ctx){0, -1, -1};
+    assert_ok(gguf_writer_write_mem(w, &data, &size));
+    assert_int_equal(c.calls, 2);
+    char path[] = "/tmp/keel_gguf_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    c = (fill_ctx){0, -1, -1};
+    assert_ok(gguf_writer_write_path(w, path));
+    gguf_writer_close(w);
+    size_t fsize;
+    void *fdata = test_read_file(path, &fsize);
+    assert_non_null(fdata);
+    assert_int_equal(fsize, size);
+    assert_memory_equal(fdata, data, size); /* file and memory outputs agree */
+    free(fdata);
+    unlink(path);
+    gguf *g;
+    char err[BASE_ERR_CAP];
+    assert_ok(gguf_open_owned(data, size, &g, err));
+    const gguf_tensor *a = gguf_find_tensor(g, "a"), *b = gguf_find_tensor(g, "b");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(a->nbytes, 96);
+    assert_int_equal(b->nbytes, 68);
+    const uint8_t *ab = a->data, *bb = b->data;
+    for (size_t i = 0; i < a->nbytes; i++)
+        assert_int_equal(ab[i], (uint8_t)(i * 7 + 'a'));
+    for (size_t i = 0; i < b->nbytes; i++)
+        assert_int_equal(bb[i], (uint8_t)(i * 7 + 'b'));
+    assert_memory_equal(gguf_find_tensor(g, "p")->data, plain, sizeof plain);
+    gguf_close(g);
+}
+
 /* ---- fixtures ------------------------------------------------------------ */
 
 static void walk_all(const gguf *g)
@@ -1012,6 +1087,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_all_types), cmocka_unit_test(test_write_file),
+        cmocka_unit_test(test_write_deferred),
         cmocka_unit_test(test_fixture_stories),     cmocka_unit_test(test_fixture_all_models),
         cmocka_unit_test(test_every_truncation),    cmocka_unit_test(test_random_bitflips),
         cmocka_unit_test(test_malformed_headers),   cmocka_unit_test(test_alloc_sweep_gguf),

@@ -112,7 +112,7 @@ static void place_write(keel_mem *m, const keel_mem_layer *L, tok *toks, int32_t
         }
         memcpy(v + (size_t)i * vn, toks[i].v, vn * sizeof(float));
     }
-    keel_mem_batch b = {n, pos, seq, NULL, NULL};
+    keel_mem_batch b = {n, pos, seq, NULL, NULL, NULL};
     assert_ok(keel_mem_place(m, &b, cells));
     assert_ok(keel_mem_write(m, 0, n, cells, k, v));
     if (cells_out) memcpy(cells_out, cells, (size_t)n * sizeof(int32_t));
@@ -314,7 +314,7 @@ static void test_bad_input(void **state)
     int32_t cells[64];
 
     int32_t pos = 24, seq = 5;
-    keel_mem_batch b = {1, &pos, &seq, NULL, NULL};
+    keel_mem_batch b = {1, &pos, &seq, NULL, NULL, NULL};
     assert_status(keel_mem_place(m, &b, cells), KEEL_EINVAL); /* unknown sequence */
     assert_non_null(strstr(keel_mem_last_error(m), "unknown sequence id 5"));
     assert_status(keel_mem_seq_rm(m, 7, -1, -1), KEEL_EINVAL);
@@ -335,7 +335,7 @@ static void test_bad_input(void **state)
         ps[i] = 24 + i;
         ss[i] = 0;
     }
-    keel_mem_batch b9 = {9, ps, ss, NULL, NULL};
+    keel_mem_batch b9 = {9, ps, ss, NULL, NULL, NULL};
     assert_status(keel_mem_place(m, &b9, cells), KEEL_EFULL);
     assert_non_null(strstr(keel_mem_last_error(m), "free cells"));
     assert_int_equal(keel_mem_digest(m), d0);

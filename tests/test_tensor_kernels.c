@@ -35,7 +35,8 @@ static void make_rows(keel_dtype t, int64_t n_rows, int64_t n_cols, uint8_t *W, 
         base_rng_seed(&r, seed);
         size_t bb = keel_dtype_block_bytes(t);
         for (size_t off = 0; off < rb * (size_t)n_rows; off += bb) {
-            for (size_t k = 0; k < bb; k++) W[off + k] = (uint8_t)base_rng_next(&r);
+            for (size_t k = 0; k < bb; k++)
+                W[off + k] = (uint8_t)base_rng_next(&r);
             uint16_t d = tensor_f32_to_f16(0.01f), dm = tensor_f32_to_f16(0.004f);
             memcpy(W + off + (t == KEEL_DTYPE_Q2_K ? 80 : 108), &d, 2);
             if (t == KEEL_DTYPE_Q2_K) memcpy(W + off + 82, &dm, 2);
@@ -72,16 +73,20 @@ static void test_f32_helpers(void **state)
             assert_close(tensor_dot_f32(x, y0, n), d, 1e-6 * sqrt(nx * ny));
             memcpy(y, y0, n * sizeof(float));
             tensor_axpy_f32(y, 0.75f, x, n);
-            for (int64_t i = 0; i < n; i++) assert_close(y[i], y0[i] + 0.75 * x[i], 1e-6 * (fabs(y0[i]) + fabs(x[i])));
+            for (int64_t i = 0; i < n; i++)
+                assert_close(y[i], y0[i] + 0.75 * x[i], 1e-6 * (fabs(y0[i]) + fabs(x[i])));
             memcpy(y, y0, n * sizeof(float));
             tensor_scale_f32(y, -1.5f, n);
-            for (int64_t i = 0; i < n; i++) assert_true(y[i] == y0[i] * -1.5f);
+            for (int64_t i = 0; i < n; i++)
+                assert_true(y[i] == y0[i] * -1.5f);
             memcpy(y, y0, n * sizeof(float));
             tensor_add_f32(y, x, n);
-            for (int64_t i = 0; i < n; i++) assert_true(y[i] == y0[i] + x[i]);
+            for (int64_t i = 0; i < n; i++)
+                assert_true(y[i] == y0[i] + x[i]);
             memcpy(y, y0, n * sizeof(float));
             tensor_mul_f32(y, x, n);
-            for (int64_t i = 0; i < n; i++) assert_true(y[i] == y0[i] * x[i]);
+            for (int64_t i = 0; i < n; i++)
+                assert_true(y[i] == y0[i] * x[i]);
         }
     }
     free(buf);
@@ -108,33 +113,41 @@ static void test_norms(void **state)
             mean += xs[i];
         }
         mean /= n;
-        for (int64_t i = 0; i < n; i++) var += (xs[i] - mean) * (xs[i] - mean);
+        for (int64_t i = 0; i < n; i++)
+            var += (xs[i] - mean) * (xs[i] - mean);
         var /= n;
         double rms = 1.0 / sqrt(ss / n + eps), inv = 1.0 / sqrt(var + eps);
         FOR_BOTH_PATHS(simd)
         {
             tensor_rmsnorm(y, xs, w, n, eps);
-            for (int64_t i = 0; i < n; i++) assert_close(y[i], xs[i] * rms * w[i], 2e-6 * fabs(xs[i] * rms) + 1e-7);
+            for (int64_t i = 0; i < n; i++)
+                assert_close(y[i], xs[i] * rms * w[i], 2e-6 * fabs(xs[i] * rms) + 1e-7);
             tensor_rmsnorm(y, xs, NULL, n, eps);
-            for (int64_t i = 0; i < n; i++) assert_close(y[i], xs[i] * rms, 2e-6 * fabs(xs[i] * rms) + 1e-7);
+            for (int64_t i = 0; i < n; i++)
+                assert_close(y[i], xs[i] * rms, 2e-6 * fabs(xs[i] * rms) + 1e-7);
             tensor_layernorm(y, xs, w, b, n, eps);
             for (int64_t i = 0; i < n; i++)
-                assert_close(y[i], (xs[i] - mean) * inv * w[i] + b[i], 2e-6 * (fabs((xs[i] - mean) * inv) + 1));
+                assert_close(y[i], (xs[i] - mean) * inv * w[i] + b[i],
+                             2e-6 * (fabs((xs[i] - mean) * inv) + 1));
             tensor_layernorm(y, xs, NULL, NULL, n, eps);
-            for (int64_t i = 0; i < n; i++) assert_close(y[i], (xs[i] - mean) * inv, 2e-6 * (fabs((xs[i] - mean) * inv) + 1));
+            for (int64_t i = 0; i < n; i++)
+                assert_close(y[i], (xs[i] - mean) * inv, 2e-6 * (fabs((xs[i] - mean) * inv) + 1));
             memcpy(y, xs, n * sizeof(float));
             tensor_l2norm(y, n, 1e-12f);
-            for (int64_t i = 0; i < n; i++) assert_close(y[i], xs[i] / sqrt(ss), 2e-6);
+            for (int64_t i = 0; i < n; i++)
+                assert_close(y[i], xs[i] / sqrt(ss), 2e-6);
         }
         /* in place (y aliases x) */
         memcpy(y, xs, n * sizeof(float));
         tensor_rmsnorm(y, y, w, n, eps);
-        for (int64_t i = 0; i < n; i++) assert_close(y[i], xs[i] * rms * w[i], 2e-6 * fabs(xs[i] * rms) + 1e-7);
+        for (int64_t i = 0; i < n; i++)
+            assert_close(y[i], xs[i] * rms * w[i], 2e-6 * fabs(xs[i] * rms) + 1e-7);
     }
     /* l2norm of a zero vector stays zero (eps floor) */
     memset(y, 0, 8 * sizeof(float));
     tensor_l2norm(y, 8, 1e-6f);
-    for (int i = 0; i < 8; i++) assert_true(y[i] == 0.0f);
+    for (int i = 0; i < 8; i++)
+        assert_true(y[i] == 0.0f);
     free(x);
     free(w);
     free(b);
@@ -148,11 +161,14 @@ static void test_softmax(void **state)
     for (size_t si = 0; si < BASE_ARRAY_LEN(k_sizes); si++) {
         int64_t n = k_sizes[si];
         test_fill_normal(x0, n, 60 + si);
-        for (int64_t i = 0; i < n; i++) x0[i] = x0[i] * 10.0f + 1000.0f; /* large offset: stability */
+        for (int64_t i = 0; i < n; i++)
+            x0[i] = x0[i] * 10.0f + 1000.0f; /* large offset: stability */
         if (n > 4) x0[2] = -INFINITY;
         double mx = -INFINITY, sum = 0;
-        for (int64_t i = 0; i < n; i++) mx = fmax(mx, x0[i]);
-        for (int64_t i = 0; i < n; i++) sum += exp((double)x0[i] - mx);
+        for (int64_t i = 0; i < n; i++)
+            mx = fmax(mx, x0[i]);
+        for (int64_t i = 0; i < n; i++)
+            sum += exp((double)x0[i] - mx);
         FOR_BOTH_PATHS(simd)
         {
             float *xs = x + 1 + si % 2;
@@ -170,7 +186,8 @@ static void test_softmax(void **state)
     }
     float z[5] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     tensor_softmax(z, 5);
-    for (int i = 0; i < 5; i++) assert_true(z[i] == 0.0f);
+    for (int i = 0; i < 5; i++)
+        assert_true(z[i] == 0.0f);
     float one[1] = {-3.0f};
     tensor_softmax(one, 1);
     assert_true(one[0] == 1.0f);
@@ -195,7 +212,8 @@ static void test_activations(void **state)
     float *x0 = malloc(n * sizeof(float)), *x = malloc((n + 2) * sizeof(float));
     float *up = malloc(n * sizeof(float));
     test_fill_normal(x0, n, 77);
-    for (int64_t i = 0; i < n; i++) x0[i] *= 4.0f;
+    for (int64_t i = 0; i < n; i++)
+        x0[i] *= 4.0f;
     x0[0] = 0.0f;
     x0[1] = 100.0f;
     x0[2] = -100.0f;
@@ -212,7 +230,7 @@ static void test_activations(void **state)
         call;                                                                                      \
         for (int64_t i = 0; i < n; i++) {                                                          \
             double v = x0[i], want = (ref_expr);                                                   \
-            if (!(fabs(xs[i] - want) <= (rtol) * fabs(want) + 1e-12))                               \
+            if (!(fabs(xs[i] - want) <= (rtol)*fabs(want) + 1e-12))                                \
                 fail_msg("%s simd=%d x=%.9g: %.9g want %.9g", #call, simd, v, xs[i], want);        \
         }                                                                                          \
     } while (0)
@@ -253,9 +271,11 @@ static void test_topk(void **state)
     for (int trial = 0; trial < 4; trial++) {
         test_fill_normal(x, n, 90 + trial);
         if (trial >= 1)
-            for (int64_t i = 0; i < n; i++) x[i] = floorf(x[i] * 3.0f); /* many ties */
+            for (int64_t i = 0; i < n; i++)
+                x[i] = floorf(x[i] * 3.0f); /* many ties */
         if (trial == 3) x[10] = NAN;
-        for (int64_t i = 0; i < n; i++) all[i] = (int32_t)i;
+        for (int64_t i = 0; i < n; i++)
+            all[i] = (int32_t)i;
         g_cmp_x = x;
         qsort(all, n, sizeof(int32_t), cmp_rank);
         const int64_t ks[] = {1, 2, 5, 40, 999, 1000};
@@ -263,8 +283,8 @@ static void test_topk(void **state)
             tensor_topk(x, n, ks[ki], idx);
             for (int64_t i = 0; i < ks[ki]; i++)
                 if (idx[i] != all[i])
-                    fail_msg("topk k=%lld trial %d: idx[%lld] = %d, want %d", (long long)ks[ki], trial,
-                             (long long)i, idx[i], all[i]);
+                    fail_msg("topk k=%lld trial %d: idx[%lld] = %d, want %d", (long long)ks[ki],
+                             trial, (long long)i, idx[i], all[i]);
         }
     }
     float small[4] = {1, 3, 3, 2};
@@ -293,7 +313,7 @@ static void mm_make(mm_fixture *f, keel_dtype t, int64_t n_rows, int64_t n_cols,
     f->n_rows = n_rows;
     f->n_cols = n_cols;
     size_t rb = tensor_row_bytes(t, n_cols);
-    f->W = malloc(rb * (size_t)n_rows + 1) ;
+    f->W = malloc(rb * (size_t)n_rows + 1);
     f->Wf = malloc((size_t)(n_rows * n_cols) * sizeof(float));
     make_rows(t, n_rows, n_cols, f->W, seed);
     for (int64_t r = 0; r < n_rows; r++)
@@ -307,10 +327,12 @@ static void mm_free(mm_fixture *f)
 }
 
 /* |y - sum_c Wf[r][c] xr[c]| <= tol * ||Wf[r]|| ||xr|| for every r. */
-static void check_rows(const mm_fixture *f, const float *xr, const float *y, double tol, const char *what)
+static void check_rows(const mm_fixture *f, const float *xr, const float *y, double tol,
+                       const char *what)
 {
     double nx = 0;
-    for (int64_t c = 0; c < f->n_cols; c++) nx += (double)xr[c] * xr[c];
+    for (int64_t c = 0; c < f->n_cols; c++)
+        nx += (double)xr[c] * xr[c];
     for (int64_t r = 0; r < f->n_rows; r++) {
         const float *w = f->Wf + r * f->n_cols;
         double s = 0, nw = 0;
@@ -330,7 +352,8 @@ static void test_matvec_all_dtypes(void **state)
     (void)state;
     const int64_t n_rows = 67, n_cols = 512;
     base_pool *pools[3];
-    for (int p = 0; p < 3; p++) assert_ok(base_pool_open(p + 1, &pools[p]));
+    for (int p = 0; p < 3; p++)
+        assert_ok(base_pool_open(p + 1, &pools[p]));
     base_arena arena;
     assert_ok(base_arena_init(&arena, 1 << 16));
     float *x = malloc((n_cols + 3) * sizeof(float)), *xq = malloc(n_cols * sizeof(float));
@@ -363,9 +386,11 @@ static void test_matvec_all_dtypes(void **state)
         if (vt != KEEL_DTYPE_F32) {
             base_arena tiny;
             assert_ok(base_arena_init(&tiny, 64));
-            assert_status(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], &tiny), KEEL_ESCRATCH);
+            assert_status(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], &tiny),
+                          KEEL_ESCRATCH);
             assert_int_equal(tiny.used, 0);
-            assert_status(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], NULL), KEEL_ESCRATCH);
+            assert_status(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], NULL),
+                          KEEL_ESCRATCH);
             base_arena_free(&tiny);
         }
         mm_free(&f);
@@ -378,7 +403,8 @@ static void test_matvec_all_dtypes(void **state)
     assert_status(tensor_matvec(KEEL_DTYPE_F32, w, -1, 32, x, y, NULL, &arena), KEEL_EINVAL);
     assert_ok(tensor_matvec(KEEL_DTYPE_F32, w, 0, 32, x, y, NULL, &arena));
     base_arena_free(&arena);
-    for (int p = 0; p < 3; p++) base_pool_close(pools[p]);
+    for (int p = 0; p < 3; p++)
+        base_pool_close(pools[p]);
     free(x);
     free(xq);
     free(y);
@@ -395,8 +421,8 @@ static void test_matmul_all_dtypes(void **state)
     (void)state;
     const int64_t n_rows = 45, n_cols = 256;
     const int64_t toks[] = {1, 3, 4, 9, 33};
-    const tensor_gemm_path paths[] = {TENSOR_GEMM_AUTO, TENSOR_GEMM_MATVEC, TENSOR_GEMM_DEQUANT_SGEMM,
-                                      TENSOR_GEMM_DOT_TILES};
+    const tensor_gemm_path paths[] = {TENSOR_GEMM_AUTO, TENSOR_GEMM_MATVEC,
+                                      TENSOR_GEMM_DEQUANT_SGEMM, TENSOR_GEMM_DOT_TILES};
     base_pool *pool;
     assert_ok(base_pool_open(2, &pool));
     float *X = malloc(33 * n_cols * sizeof(float)), *Y = malloc(33 * n_rows * sizeof(float));
@@ -418,19 +444,21 @@ static void test_matmul_all_dtypes(void **state)
             assert_ok(base_arena_init(&arena, need));
             for (size_t pi = 0; pi < BASE_ARRAY_LEN(paths); pi++) {
                 tensor_gemm_path p = paths[pi];
-                tensor_gemm_path eff = p == TENSOR_GEMM_AUTO ? tensor_matmul_auto_path(f.t, n_tok) : p;
+                tensor_gemm_path eff =
+                    p == TENSOR_GEMM_AUTO ? tensor_matmul_auto_path(f.t, n_tok) : p;
                 FOR_BOTH_PATHS(simd)
                 {
                     memset(Y, 0xFF, 33 * n_rows * sizeof(float));
-                    assert_ok(tensor_matmul_path(p, f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &arena));
+                    assert_ok(
+                        tensor_matmul_path(p, f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &arena));
                     assert_int_equal(arena.used, 0);
                     /* exact up to f32 summation against the activation the
                      * path multiplies (quantized to the vec_dot type or f32) */
                     for (int64_t i = 0; i < n_tok; i++) {
                         const float *xr = path_quantizes_x(eff) ? Xq + i * n_cols : X + i * n_cols;
                         check_rows(&f, xr, Y + i * n_rows, 2e-6, "matmul");
-                        check_rows(&f, X + i * n_cols, Y + i * n_rows, vt == KEEL_DTYPE_F32 ? 2e-6 : 1e-2,
-                                   "matmul (vs f32 x)");
+                        check_rows(&f, X + i * n_cols, Y + i * n_rows,
+                                   vt == KEEL_DTYPE_F32 ? 2e-6 : 1e-2, "matmul (vs f32 x)");
                     }
                 }
                 /* a too-small arena is refused when the path needs scratch */
@@ -438,8 +466,9 @@ static void test_matmul_all_dtypes(void **state)
                              (path_quantizes_x(eff) && vt != KEEL_DTYPE_F32);
                 base_arena small;
                 assert_ok(base_arena_init(&small, 64));
-                assert_status(tensor_matmul_path(p, f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &small),
-                              needs ? KEEL_ESCRATCH : KEEL_OK);
+                assert_status(
+                    tensor_matmul_path(p, f.t, f.W, n_rows, n_cols, X, n_tok, Y, pool, &small),
+                    needs ? KEEL_ESCRATCH : KEEL_OK);
                 assert_int_equal(small.used, 0);
                 base_arena_free(&small);
             }
@@ -447,8 +476,9 @@ static void test_matmul_all_dtypes(void **state)
         }
         mm_free(&f);
     }
-    assert_status(tensor_matmul_path((tensor_gemm_path)9, KEEL_DTYPE_F32, X, 1, 32, X, 4, Y, pool, NULL),
-                  KEEL_EINVAL);
+    assert_status(
+        tensor_matmul_path((tensor_gemm_path)9, KEEL_DTYPE_F32, X, 1, 32, X, 4, Y, pool, NULL),
+        KEEL_EINVAL);
     base_pool_close(pool);
     free(X);
     free(Xq);
@@ -465,10 +495,12 @@ static keel_status matmul_setup_op(void *ctx)
     const int64_t n_rows = 32, n_cols = 64, n_tok = 8;
     static float X[8 * 64], Y[8 * 32];
     static uint8_t W[32 * 68];
-    for (int i = 0; i < 8 * 64; i++) X[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < 8 * 64; i++)
+        X[i] = (float)(i % 7) - 3.0f;
     float row[64];
     for (int r = 0; r < 32; r++) {
-        for (int c = 0; c < 64; c++) row[c] = (float)((r + c) % 5) - 2.0f;
+        for (int c = 0; c < 64; c++)
+            row[c] = (float)((r + c) % 5) - 2.0f;
         keel_status qs = tensor_quantize_row(KEEL_DTYPE_Q8_0, row, W + r * 68, 64);
         if (qs != KEEL_OK) return qs;
     }
@@ -476,7 +508,8 @@ static keel_status matmul_setup_op(void *ctx)
     base_arena arena = {0};
     keel_status st = base_pool_open(2, &pool);
     if (st != KEEL_OK) goto done;
-    st = base_arena_init(&arena, tensor_matmul_scratch_bytes(KEEL_DTYPE_Q8_0, n_rows, n_cols, n_tok, 2));
+    st = base_arena_init(&arena,
+                         tensor_matmul_scratch_bytes(KEEL_DTYPE_Q8_0, n_rows, n_cols, n_tok, 2));
     if (st != KEEL_OK) goto done;
     st = tensor_matmul(KEEL_DTYPE_Q8_0, W, n_rows, n_cols, X, n_tok, Y, pool, &arena);
 done:

@@ -71,7 +71,8 @@ static void make_row(keel_dtype t, int64_t n, void *row, uint64_t seed)
         uint8_t *b = row;
         size_t bb = keel_dtype_block_bytes(t);
         for (int64_t i = 0; i < n / 256; i++, b += bb) {
-            for (size_t k = 0; k < bb; k++) b[k] = (uint8_t)base_rng_next(&r);
+            for (size_t k = 0; k < bb; k++)
+                b[k] = (uint8_t)base_rng_next(&r);
             uint16_t d = tensor_f32_to_f16(0.01f + 0.01f * (float)base_rng_uniform(&r));
             uint16_t dm = tensor_f32_to_f16(0.005f * (float)base_rng_uniform(&r));
             if (t == KEEL_DTYPE_Q2_K) {
@@ -124,7 +125,8 @@ static void test_dtype_table(void **state)
     assert_string_equal(tensor_simd_name(), "scalar");
     assert_false(tensor_simd_active());
     tensor_set_simd(prev);
-    if (c->avx2 && c->fma && c->f16c && c->bmi2) assert_string_equal(tensor_simd_name(), "avx2+fma");
+    if (c->avx2 && c->fma && c->f16c && c->bmi2)
+        assert_string_equal(tensor_simd_name(), "avx2+fma");
 }
 
 /* ---- half precision ------------------------------------------------------------------ */
@@ -161,10 +163,10 @@ static void test_half_exact(void **state)
     assert_int_equal(tensor_f32_to_f16(1.0f), 0x3C00);
     assert_int_equal(tensor_f32_to_f16(-2.0f), 0xC000);
     assert_int_equal(tensor_f32_to_f16(65504.0f), 0x7BFF);
-    assert_int_equal(tensor_f32_to_f16(65520.0f), 0x7C00);  /* tie -> even -> inf */
+    assert_int_equal(tensor_f32_to_f16(65520.0f), 0x7C00); /* tie -> even -> inf */
     assert_int_equal(tensor_f32_to_f16(65519.996f), 0x7BFF);
-    assert_int_equal(tensor_f32_to_f16(5.9604645e-8f), 0x0001); /* 2^-24 */
-    assert_int_equal(tensor_f32_to_f16(2.9802322e-8f), 0x0000); /* 2^-25: tie -> 0 */
+    assert_int_equal(tensor_f32_to_f16(5.9604645e-8f), 0x0001);         /* 2^-24 */
+    assert_int_equal(tensor_f32_to_f16(2.9802322e-8f), 0x0000);         /* 2^-25: tie -> 0 */
     assert_int_equal(tensor_f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3C00); /* tie -> even */
     assert_int_equal(tensor_f32_to_f16(1.0f + 3.0f / 2048.0f), 0x3C02);
     assert_true(tensor_f16_to_f32(0x7C00) == INFINITY);
@@ -215,20 +217,30 @@ static double block_bound(keel_dtype t, const float *x, int64_t bs)
     }
     double eps = 1e-6 * amax;
     switch (t) {
-    case KEEL_DTYPE_F32: return 0;
-    case KEEL_DTYPE_F16: return amax * 0x1p-11 + 1e-7;
-    case KEEL_DTYPE_BF16: return amax * 0x1p-8;
+    case KEEL_DTYPE_F32:
+        return 0;
+    case KEEL_DTYPE_F16:
+        return amax * 0x1p-11 + 1e-7;
+    case KEEL_DTYPE_BF16:
+        return amax * 0x1p-8;
     /* half a step of the stored (f16-rounded) scale amax/127 */
     case KEEL_DTYPE_Q8_0:
-    case KEEL_DTYPE_Q8_1: return amax / 254.0 * 1.002 + eps;
-    case KEEL_DTYPE_Q8_K: return amax / 254.0 * 1.0001 + eps;
+    case KEEL_DTYPE_Q8_1:
+        return amax / 254.0 * 1.002 + eps;
+    case KEEL_DTYPE_Q8_K:
+        return amax / 254.0 * 1.0001 + eps;
     /* one step |d| = amax/8 (the side opposite the max clamps at 7) */
-    case KEEL_DTYPE_Q4_0: return amax / 8.0 * 1.002 + eps;
-    case KEEL_DTYPE_Q5_0: return amax / 16.0 * 1.002 + eps;
+    case KEEL_DTYPE_Q4_0:
+        return amax / 8.0 * 1.002 + eps;
+    case KEEL_DTYPE_Q5_0:
+        return amax / 16.0 * 1.002 + eps;
     /* half a step (max-min)/15, plus the f16 rounding of the min */
-    case KEEL_DTYPE_Q4_1: return (mx - mn) / 30.0 * 1.002 + fabs(mn) * 0x1p-11 * 1.01 + eps;
-    case KEEL_DTYPE_Q5_1: return (mx - mn) / 62.0 * 1.002 + fabs(mn) * 0x1p-11 * 1.01 + eps;
-    default: return INFINITY; /* K-quants: rmse bound below */
+    case KEEL_DTYPE_Q4_1:
+        return (mx - mn) / 30.0 * 1.002 + fabs(mn) * 0x1p-11 * 1.01 + eps;
+    case KEEL_DTYPE_Q5_1:
+        return (mx - mn) / 62.0 * 1.002 + fabs(mn) * 0x1p-11 * 1.01 + eps;
+    default:
+        return INFINITY; /* K-quants: rmse bound below */
     }
 }
 
@@ -238,20 +250,33 @@ static double rmse_bound(keel_dtype t)
     /* measured: f16 2.1e-4, bf16 1.7e-3, q8_0 5.4e-3, q8_K 7.0e-3, q4_0 .086,
      * q4_1 .078, q5_0 .043, q5_1 .038, q4_K .072, q5_K .036, q6_K .0173 */
     switch (t) {
-    case KEEL_DTYPE_F32: return 0;
-    case KEEL_DTYPE_F16: return 2.5e-4;
-    case KEEL_DTYPE_BF16: return 2e-3;
+    case KEEL_DTYPE_F32:
+        return 0;
+    case KEEL_DTYPE_F16:
+        return 2.5e-4;
+    case KEEL_DTYPE_BF16:
+        return 2e-3;
     case KEEL_DTYPE_Q8_0:
-    case KEEL_DTYPE_Q8_1: return 0.006;
-    case KEEL_DTYPE_Q8_K: return 0.0078;
-    case KEEL_DTYPE_Q4_0: return 0.095;
-    case KEEL_DTYPE_Q4_1: return 0.087;
-    case KEEL_DTYPE_Q5_0: return 0.047;
-    case KEEL_DTYPE_Q5_1: return 0.042;
-    case KEEL_DTYPE_Q4_K: return 0.08;
-    case KEEL_DTYPE_Q5_K: return 0.04;
-    case KEEL_DTYPE_Q6_K: return 0.02;
-    default: return 0;
+    case KEEL_DTYPE_Q8_1:
+        return 0.006;
+    case KEEL_DTYPE_Q8_K:
+        return 0.0078;
+    case KEEL_DTYPE_Q4_0:
+        return 0.095;
+    case KEEL_DTYPE_Q4_1:
+        return 0.087;
+    case KEEL_DTYPE_Q5_0:
+        return 0.047;
+    case KEEL_DTYPE_Q5_1:
+        return 0.042;
+    case KEEL_DTYPE_Q4_K:
+        return 0.08;
+    case KEEL_DTYPE_Q5_K:
+        return 0.04;
+    case KEEL_DTYPE_Q6_K:
+        return 0.02;
+    default:
+        return 0;
     }
 }
 
@@ -269,14 +294,15 @@ static void check_roundtrip(keel_dtype t, const float *x, int64_t n, bool print)
         for (int64_t i = b; i < b + bs; i++) {
             double e = fabs((double)x[i] - (double)y[i]);
             if (!(e <= bound))
-                fail_msg("%s: element %lld: x %.9g y %.9g err %.3g > bound %.3g", keel_dtype_name(t),
-                         (long long)i, x[i], y[i], e, bound);
+                fail_msg("%s: element %lld: x %.9g y %.9g err %.3g > bound %.3g",
+                         keel_dtype_name(t), (long long)i, x[i], y[i], e, bound);
             se += e * e;
             sx += (double)x[i] * x[i];
         }
     }
     double rel = sqrt(se / sx);
-    if (print) printf("    %-5s rmse/rms %.5f (bound %.4f)\n", keel_dtype_name(t), rel, rmse_bound(t));
+    if (print)
+        printf("    %-5s rmse/rms %.5f (bound %.4f)\n", keel_dtype_name(t), rel, rmse_bound(t));
     if (!(rel <= rmse_bound(t)))
         fail_msg("%s: relative rmse %.5f > %.5f", keel_dtype_name(t), rel, rmse_bound(t));
     free(y);
@@ -295,8 +321,10 @@ static void test_quant_error_bounds(void **state)
             test_fill_normal(x, n, 100 + k);
             check_roundtrip(t, x, n, simd == 1);
             /* offset data (q4_1/q5_1 min matters), a few big outliers */
-            for (int64_t i = 0; i < n; i++) x[i] = x[i] * 0.1f + 3.0f;
-            for (int64_t i = 0; i < n; i += 97) x[i] *= 20.0f;
+            for (int64_t i = 0; i < n; i++)
+                x[i] = x[i] * 0.1f + 3.0f;
+            for (int64_t i = 0; i < n; i += 97)
+                x[i] *= 20.0f;
             size_t rb = tensor_row_bytes(t, n);
             uint8_t *q = malloc(rb);
             float *y = malloc((size_t)n * sizeof(float));
@@ -324,7 +352,8 @@ static void test_quant_error_bounds(void **state)
         float y[256];
         assert_ok(tensor_quantize_row(t, x, q, 256));
         assert_ok(tensor_dequantize_row(t, q, y, 256));
-        for (int i = 0; i < 256; i++) assert_true(fabsf(y[i] - x[i]) <= 1e-30f);
+        for (int i = 0; i < 256; i++)
+            assert_true(fabsf(y[i] - x[i]) <= 1e-30f);
     }
     free(x);
 }
@@ -342,15 +371,20 @@ static void test_quant_simd_bytes_identical(void **state)
         float *x = xs + (trial % 4); /* unaligned input */
         test_fill_normal(x, n, 7 + trial);
         if (trial == 1)
-            for (int64_t i = 0; i < n; i++) x[i] = floorf(x[i] * 4.0f) * 0.5f; /* exact ties */
+            for (int64_t i = 0; i < n; i++)
+                x[i] = floorf(x[i] * 4.0f) * 0.5f; /* exact ties */
         if (trial == 2)
-            for (int64_t i = 0; i < n; i += 32) x[i] = -x[i + 1]; /* equal magnitudes */
+            for (int64_t i = 0; i < n; i += 32)
+                x[i] = -x[i + 1]; /* equal magnitudes */
         if (trial == 3)
-            for (int64_t i = 0; i < n; i++) x[i] *= 1e-6f; /* tiny scales (f16 subnormal) */
+            for (int64_t i = 0; i < n; i++)
+                x[i] *= 1e-6f; /* tiny scales (f16 subnormal) */
         if (trial == 4)
-            for (int64_t i = 0; i < n; i++) x[i] *= 1e6f; /* scales past f16 max */
+            for (int64_t i = 0; i < n; i++)
+                x[i] *= 1e6f; /* scales past f16 max */
         if (trial == 5)
-            for (int64_t i = 0; i < 64; i++) x[i] = 0.0f; /* zero blocks, -0 */
+            for (int64_t i = 0; i < 64; i++)
+                x[i] = 0.0f; /* zero blocks, -0 */
         for (size_t k = 0; k < BASE_ARRAY_LEN(k_quant_types); k++) {
             keel_dtype t = k_quant_types[k];
             size_t rb = tensor_row_bytes(t, n);
@@ -360,7 +394,8 @@ static void test_quant_simd_bytes_identical(void **state)
             tensor_set_simd(true);
             assert_ok(tensor_quantize_row(t, x, b.p, n));
             if (memcmp(a.p, b.p, rb) != 0)
-                fail_msg("%s: scalar and SIMD quantize differ (trial %d)", keel_dtype_name(t), trial);
+                fail_msg("%s: scalar and SIMD quantize differ (trial %d)", keel_dtype_name(t),
+                         trial);
             /* dequantize agrees too (FMA vs mul+add: 1 ulp) */
             float *ya = malloc((size_t)n * sizeof(float)), *yb = malloc((size_t)n * sizeof(float));
             tensor_set_simd(false);
@@ -455,7 +490,8 @@ static void test_kquant_hand_built(void **state)
     /* q6_K: ql[64n + (r & 63)] nibble (r >= 64), qh[32n + (r & 31)] bits 2(r/32), r = e % 128 */
     memset(blk, 0, sizeof blk);
     put_f16(blk + 208, 0.25f);
-    for (int g = 0; g < 16; g++) blk[192 + g] = (uint8_t)(int8_t)(g * 9 - 70);
+    for (int g = 0; g < 16; g++)
+        blk[192 + g] = (uint8_t)(int8_t)(g * 9 - 70);
     for (int e = 0; e < 256; e++) {
         int q = (e * 5 + 1) % 64, nh = e / 128, r = e % 128;
         blk[64 * nh + (r & 63)] |= (uint8_t)((q & 15) << (r >= 64 ? 4 : 0));
@@ -468,7 +504,8 @@ static void test_kquant_hand_built(void **state)
     memset(blk, 0, sizeof blk);
     put_f16(blk + 80, 0.5f);
     put_f16(blk + 82, 0.125f);
-    for (int g = 0; g < 16; g++) blk[g] = (uint8_t)((g % 16) | (((g * 3) % 16) << 4));
+    for (int g = 0; g < 16; g++)
+        blk[g] = (uint8_t)((g % 16) | (((g * 3) % 16) << 4));
     for (int e = 0; e < 256; e++) {
         int q = (e * 3 + 1) % 4, nh = e / 128, j = (e % 128) / 32, l = e % 32;
         blk[16 + 32 * nh + l] |= (uint8_t)(q << (2 * j));
@@ -483,13 +520,15 @@ static void test_kquant_hand_built(void **state)
     memset(blk, 0, sizeof blk);
     put_f16(blk + 108, 0.5f);
     int s3[16];
-    for (int g = 0; g < 16; g++) s3[g] = (g * 13 + 7) % 64;
+    for (int g = 0; g < 16; g++)
+        s3[g] = (g * 13 + 7) % 64;
     for (int g = 0; g < 16; g++) {
         blk[96 + (g % 8)] |= (uint8_t)((s3[g] & 15) << (g < 8 ? 0 : 4));
         blk[96 + 8 + (g % 4)] |= (uint8_t)((s3[g] >> 4) << (2 * (g / 4)));
     }
     for (int e = 0; e < 256; e++) {
-        int q = (e * 5 + 2) % 4, hbit = (e * 7 / 3) % 2, nh = e / 128, j = (e % 128) / 32, l = e % 32;
+        int q = (e * 5 + 2) % 4, hbit = (e * 7 / 3) % 2, nh = e / 128, j = (e % 128) / 32,
+            l = e % 32;
         blk[32 + 32 * nh + l] |= (uint8_t)(q << (2 * j));
         blk[l] |= (uint8_t)(hbit << (4 * nh + j));
         want[e] = 0.5f * (float)(s3[e / 16] - 32) * (float)(q - (hbit ? 0 : 4));
@@ -502,7 +541,8 @@ static void test_kquant_hand_built(void **state)
 static double dot_ref(const float *a, const float *b, int64_t n)
 {
     double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    for (int64_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
     return s;
 }
 
@@ -531,9 +571,11 @@ static void test_vec_dot_all(void **state)
             float dv = tensor_vec_dot(t, n, w.p, x.p);
             /* both equal the dot of the dequantized rows up to f32 summation */
             if (!(fabs(ds - ref) <= 2e-6 * mag + 1e-30))
-                fail_msg("%s n=%lld scalar dot %.9g ref %.9g", keel_dtype_name(t), (long long)n, ds, ref);
+                fail_msg("%s n=%lld scalar dot %.9g ref %.9g", keel_dtype_name(t), (long long)n, ds,
+                         ref);
             if (!(fabs(dv - ref) <= 2e-6 * mag + 1e-30))
-                fail_msg("%s n=%lld simd dot %.9g ref %.9g", keel_dtype_name(t), (long long)n, dv, ref);
+                fail_msg("%s n=%lld simd dot %.9g ref %.9g", keel_dtype_name(t), (long long)n, dv,
+                         ref);
             /* and the f32 dot against the unquantized activation is close */
             double ref_x = dot_ref(wf, xf, n);
             double qtol = vt == KEEL_DTYPE_F32 ? 2e-6 : 0.02;
@@ -578,7 +620,8 @@ static void test_axpy_row_all(void **state)
                 fail_msg("%s axpy[%lld]: scalar %.9g simd %.9g want %.9g", keel_dtype_name(t),
                          (long long)i, ys[off + i], yv[off + i], want);
         }
-        for (int i = 0; i < off; i++) assert_true(ys[i] == y0[i] && yv[i] == y0[i]);
+        for (int i = 0; i < off; i++)
+            assert_true(ys[i] == y0[i] && yv[i] == y0[i]);
         assert_true(ys[off + n] == y0[off + n] && yv[off + n] == y0[off + n]);
         ubuf_free(&r);
     }

@@ -34,7 +34,8 @@ static void wht_ref(const float *x, double *y, int64_t n)
     double s = 1.0 / sqrt((double)n);
     for (int64_t i = 0; i < n; i++) {
         double acc = 0;
-        for (int64_t j = 0; j < n; j++) acc += (popcount64((uint64_t)(i & j)) & 1) ? -x[j] : x[j];
+        for (int64_t j = 0; j < n; j++)
+            acc += (popcount64((uint64_t)(i & j)) & 1) ? -x[j] : x[j];
         y[i] = acc * s;
     }
 }
@@ -42,7 +43,8 @@ static void wht_ref(const float *x, double *y, int64_t n)
 static double max_abs(const float *x, int64_t n)
 {
     double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs(x[i]));
     return m;
 }
 
@@ -58,10 +60,12 @@ static void test_wht_definition(void **state)
             test_fill_normal(x, n, (uint64_t)n);
             if (n <= 1024) wht_ref(x, ref, n);
             double nx = 0;
-            for (int64_t i = 0; i < n; i++) nx += (double)x[i] * x[i];
+            for (int64_t i = 0; i < n; i++)
+                nx += (double)x[i] * x[i];
             tensor_wht(x, n);
             double ny = 0;
-            for (int64_t i = 0; i < n; i++) ny += (double)x[i] * x[i];
+            for (int64_t i = 0; i < n; i++)
+                ny += (double)x[i] * x[i];
             /* orthonormal: norm preserved to 1e-6 relative */
             assert_close(sqrt(ny), sqrt(nx), 1e-6 * sqrt(nx));
             if (n <= 1024) {
@@ -94,18 +98,22 @@ static void test_wht_involution_and_signs(void **state)
             memcpy(xp, x0, n * sizeof(float));
             tensor_wht(xp, n);
             tensor_wht(xp, n);
-            for (int64_t i = 0; i < n; i++) assert_close(xp[i], x0[i], tol);
+            for (int64_t i = 0; i < n; i++)
+                assert_close(xp[i], x0[i], tol);
             /* forward = H (D x), inverse = D (H x), inverse(forward(x)) == x */
             memcpy(xp, x0, n * sizeof(float));
             tensor_wht_forward(xp, n, sp);
-            for (int64_t i = 0; i < n; i++) t[i] = x0[i] * sp[i];
+            for (int64_t i = 0; i < n; i++)
+                t[i] = x0[i] * sp[i];
             tensor_wht(t, n);
             assert_memory_equal(xp, t, n * sizeof(float));
             tensor_wht_inverse(xp, n, sp);
-            for (int64_t i = 0; i < n; i++) assert_close(xp[i], x0[i], tol);
+            for (int64_t i = 0; i < n; i++)
+                assert_close(xp[i], x0[i], tol);
             memcpy(t, x0, n * sizeof(float));
             tensor_wht(t, n);
-            for (int64_t i = 0; i < n; i++) t[i] *= sp[i];
+            for (int64_t i = 0; i < n; i++)
+                t[i] *= sp[i];
             memcpy(xp, x0, n * sizeof(float));
             tensor_wht_inverse(xp, n, sp);
             assert_memory_equal(xp, t, n * sizeof(float));
@@ -193,9 +201,11 @@ static void rates_ref(const keel_rope *r, double *rate, double *mscale)
     double lo = 0, hi = 0;
     if (r->ext_factor != 0.0f) {
         /* corr dims in f32, as ggml_rope_yarn_corr_dims */
-        float a = (float)r->n_rot * logf((float)r->n_ctx_orig / (r->beta_fast * 2.0f * (float)M_PI)) /
+        float a = (float)r->n_rot *
+                  logf((float)r->n_ctx_orig / (r->beta_fast * 2.0f * (float)M_PI)) /
                   (2.0f * logf(r->freq_base));
-        float b = (float)r->n_rot * logf((float)r->n_ctx_orig / (r->beta_slow * 2.0f * (float)M_PI)) /
+        float b = (float)r->n_rot *
+                  logf((float)r->n_ctx_orig / (r->beta_slow * 2.0f * (float)M_PI)) /
                   (2.0f * logf(r->freq_base));
         lo = fmax(0.0, floorf(a));
         hi = fmin((double)r->n_rot - 1, ceilf(b));
@@ -221,7 +231,8 @@ static float k_ff[128];
 
 static const float *ff_table(void)
 {
-    for (int i = 0; i < 128; i++) k_ff[i] = i < 8 ? 1.0f + 0.5f * (float)i : i % 7 == 0 ? 4.0f : 1.0f;
+    for (int i = 0; i < 128; i++)
+        k_ff[i] = i < 8 ? 1.0f + 0.5f * (float)i : i % 7 == 0 ? 4.0f : 1.0f;
     return k_ff;
 }
 
@@ -232,8 +243,12 @@ static keel_rope rope_case(int k, int n_rot)
     r.n_rot = n_rot;
     r.type = (k & 1) ? KEEL_ROPE_NEOX : KEEL_ROPE_NORM;
     switch (k / 2) {
-    case 0: break;
-    case 1: r.freq_scale = 0.25f; r.freq_base = 500000.0f; break;
+    case 0:
+        break;
+    case 1:
+        r.freq_scale = 0.25f;
+        r.freq_base = 500000.0f;
+        break;
     case 2:
         r.freq_scale = 0.125f;
         r.ext_factor = 1.0f;
@@ -243,8 +258,12 @@ static keel_rope rope_case(int k, int n_rot)
         r.n_ctx_orig = 4096;
         r.freq_base = 1000000.0f;
         break;
-    case 3: r.freq_factors = ff_table(); r.freq_base = 500000.0f; break;
-    default: break;
+    case 3:
+        r.freq_factors = ff_table();
+        r.freq_base = 500000.0f;
+        break;
+    default:
+        break;
     }
     return r;
 }
@@ -265,7 +284,8 @@ static void test_rope_rates(void **state)
         r = rope_case(k, 64);
         assert_ok(tensor_rope_rates(&r, rate, &ms));
         rates_ref(&r, ref, &ms_ref);
-        for (int i = 0; i < 32; i++) assert_close(rate[i], ref[i], 1e-12 * ref[i]);
+        for (int i = 0; i < 32; i++)
+            assert_close(rate[i], ref[i], 1e-12 * ref[i]);
         assert_close(ms, ms_ref, 1e-6);
     }
     /* YaRN: low dims extrapolate (rate = theta), high dims interpolate */
@@ -282,8 +302,8 @@ static void test_rope_rates(void **state)
 }
 
 /* Rotates by the definition in double precision. */
-static void rope_ref(const keel_rope *r, const float *x, double *y, int64_t n_heads, int64_t head_dim,
-                     double pos, bool magnitude)
+static void rope_ref(const keel_rope *r, const float *x, double *y, int64_t n_heads,
+                     int64_t head_dim, double pos, bool magnitude)
 {
     double rate[512], ms;
     rates_ref(r, rate, &ms);
@@ -292,7 +312,8 @@ static void rope_ref(const keel_rope *r, const float *x, double *y, int64_t n_he
     for (int64_t h = 0; h < n_heads; h++) {
         const float *xh = x + h * head_dim;
         double *yh = y + h * head_dim;
-        for (int64_t i = 0; i < head_dim; i++) yh[i] = xh[i];
+        for (int64_t i = 0; i < head_dim; i++)
+            yh[i] = xh[i];
         for (int i = 0; i < half; i++) {
             int i0 = r->type == KEEL_ROPE_NEOX ? i : 2 * i;
             int i1 = r->type == KEEL_ROPE_NEOX ? i + half : 2 * i + 1;
@@ -323,9 +344,10 @@ static void test_rope_vs_reference(void **state)
                     assert_ok(tensor_rope(&r, x, n_heads, head_dim, positions[pi]));
                     for (int64_t i = 0; i < n_heads * head_dim; i++)
                         if (!(fabs(x[i] - ref[i]) <= 2e-6))
-                            fail_msg("rope simd=%d n_rot=%d case %d pos %lld [%lld]: %.9g want %.9g",
-                                     simd, rots[ri], k, (long long)positions[pi], (long long)i, x[i],
-                                     ref[i]);
+                            fail_msg(
+                                "rope simd=%d n_rot=%d case %d pos %lld [%lld]: %.9g want %.9g",
+                                simd, rots[ri], k, (long long)positions[pi], (long long)i, x[i],
+                                ref[i]);
                 }
             }
         }
@@ -347,7 +369,8 @@ static void test_rope_delta_composes(void **state)
     const int64_t n_heads = 2, head_dim = 128;
     const int64_t as[] = {0, 3, 1000, 1 << 20, 1 << 24};
     const int64_t bs[] = {1, -3, 777, -(1 << 20), 1 << 24, -(1 << 24)};
-    float *x = malloc(n_heads * head_dim * sizeof(float)), *y = malloc(n_heads * head_dim * sizeof(float));
+    float *x = malloc(n_heads * head_dim * sizeof(float)),
+          *y = malloc(n_heads * head_dim * sizeof(float));
     for (int simd = 0; simd <= 1; simd++) {
         bool prev = tensor_set_simd(simd);
         for (int k = 0; k < 8; k++) {
@@ -362,8 +385,9 @@ static void test_rope_delta_composes(void **state)
                     assert_ok(tensor_rope(&r, y, n_heads, head_dim, as[ai] + bs[bi]));
                     for (int64_t i = 0; i < n_heads * head_dim; i++)
                         if (!(fabs(x[i] - y[i]) <= 1e-5))
-                            fail_msg("case %d a %lld b %lld [%lld]: %.9g vs %.9g", k, (long long)as[ai],
-                                     (long long)bs[bi], (long long)i, x[i], y[i]);
+                            fail_msg("case %d a %lld b %lld [%lld]: %.9g vs %.9g", k,
+                                     (long long)as[ai], (long long)bs[bi], (long long)i, x[i],
+                                     y[i]);
                 }
             }
         }
@@ -393,7 +417,8 @@ static void test_rope_apply_simd_matches(void **state)
             tensor_rope_apply(r.type, r.n_rot, cs, xa, 4, 130);
             tensor_set_simd(true);
             tensor_rope_apply(r.type, r.n_rot, cs, xb, 4, 130);
-            for (int i = 0; i < 4 * 130; i++) assert_close(xa[i], xb[i], 3e-7);
+            for (int i = 0; i < 4 * 130; i++)
+                assert_close(xa[i], xb[i], 3e-7);
         }
     }
     free(a);
@@ -403,14 +428,10 @@ static void test_rope_apply_simd_matches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wht_definition),
-        cmocka_unit_test(test_wht_involution_and_signs),
-        cmocka_unit_test(test_wht_simd_identical),
-        cmocka_unit_test(test_wht_signs_format),
-        cmocka_unit_test(test_rope_rates),
-        cmocka_unit_test(test_rope_vs_reference),
-        cmocka_unit_test(test_rope_delta_composes),
-        cmocka_unit_test(test_rope_apply_simd_matches),
+        cmocka_unit_test(test_wht_definition),      cmocka_unit_test(test_wht_involution_and_signs),
+        cmocka_unit_test(test_wht_simd_identical),  cmocka_unit_test(test_wht_signs_format),
+        cmocka_unit_test(test_rope_rates),          cmocka_unit_test(test_rope_vs_reference),
+        cmocka_unit_test(test_rope_delta_composes), cmocka_unit_test(test_rope_apply_simd_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

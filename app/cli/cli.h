@@ -45,5 +45,6 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_gen_model(int argc, char **argv);
 
 #endif

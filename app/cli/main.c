@@ -19,6 +19,8 @@ static const cli_command g_commands[] = {
     {"bench", cmd_bench,
      "bench kernels|attention [--json]           kernel and attention benchmarks\n"
      "  bench -m MODEL [-p 512] [-n 128] [--json]  prompt and generation speed"},
+    {"gen-model", cmd_gen_model,
+     "gen-model --arch A [options] --out F      write a random-weight GGUF model"},
 };
 
 void cli_write_file(void *user, const char *text, size_t n)

@@ -66,7 +66,7 @@ static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
     for (int32_t p = 0; st == KEEL_OK && p < ctx; p += n_batch) {
         int32_t n = BASE_MIN(n_batch, ctx - p);
         for (int32_t i = 0; i < n; i++) pos[i] = p + i;
-        keel_mem_batch b = {n, pos, seq, NULL, NULL};
+        keel_mem_batch b = {n, pos, seq, NULL, NULL, NULL};
         st = keel_mem_place(m, &b, cells);
     }
     base_free(pos, (size_t)n_batch * sizeof(int32_t));

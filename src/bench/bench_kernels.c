@@ -6,7 +6,7 @@
  *   matvec        weight GB/s on >= 256 MiB of valid quantized weights, as %
  *                 of read bandwidth; 1, 2 (and N) threads; scalar 1 thread
  *   quantize      ns per row (128 wide; K-quants 256), scalar vs SIMD
- *   matmul        prefill GEMM GFLOP/s, 4096 x 4096 weights, 512 tokens
+ *   matmul        prefill GEMM GFLOP/s, 4096 x 4096 weights, 16 and 512 tokens
  * --gemm adds the strategy comparison behind tensor_matmul's choice (every
  * path over a range of batch sizes; docs/kernels.md).
  * Everything goes through the allocator hooks; nothing is printed except
@@ -19,10 +19,10 @@
 #include <string.h>
 
 #define MATVEC_BYTES ((size_t)256 << 20)
-#define MATVEC_COLS 4096
-#define GEMM_ROWS 4096
-#define GEMM_COLS 4096
-#define GEMM_TOK 512
+#define MATVEC_COLS  4096
+#define GEMM_ROWS    4096
+#define GEMM_COLS    4096
+#define GEMM_TOK     512
 
 typedef struct bk_buf {
     void *p;
@@ -47,7 +47,8 @@ static void bk_fill_normal(float *x, int64_t n, uint64_t seed)
 {
     base_rng r;
     base_rng_seed(&r, seed);
-    for (int64_t i = 0; i < n; i++) x[i] = (float)base_rng_normal(&r);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)base_rng_normal(&r);
 }
 
 /* n_rows rows of n_cols in dtype t: 64 distinct quantized random rows,
@@ -67,7 +68,8 @@ static keel_status bk_weights(keel_dtype t, int64_t n_rows, int64_t n_cols, bk_b
         bk_fill_normal(tmp.p, n_cols, 1000 + (uint64_t)r);
         tensor_quantize_row(t, tmp.p, w + (size_t)r * rb, n_cols);
     }
-    for (int64_t r = distinct; r < n_rows; r++) memcpy(w + (size_t)r * rb, w + (size_t)(r % distinct) * rb, rb);
+    for (int64_t r = distinct; r < n_rows; r++)
+        memcpy(w + (size_t)r * rb, w + (size_t)(r % distinct) * rb, rb);
     bk_free(&tmp);
     return KEEL_OK;
 }
@@ -86,7 +88,8 @@ static double bk_time_wht(int64_t n, float *buf, int n_vec)
     for (int trial = 0; trial < 7; trial++) {
         uint64_t t0 = base_time_ns();
         for (int r = 0; r < reps; r++)
-            for (int v = 0; v < n_vec; v++) tensor_wht(buf + (size_t)v * (size_t)n, n);
+            for (int v = 0; v < n_vec; v++)
+                tensor_wht(buf + (size_t)v * (size_t)n, n);
         double ns = (double)(base_time_ns() - t0) / ((double)reps * n_vec);
         if (ns < best) best = ns;
     }
@@ -102,8 +105,8 @@ typedef struct mv_res {
     bool scalar;
 } mv_res;
 
-static double bk_time_matvec(keel_dtype t, const bk_buf *W, int64_t n_rows, const float *x, float *y,
-                             base_pool *pool, base_arena *arena, int reps)
+static double bk_time_matvec(keel_dtype t, const bk_buf *W, int64_t n_rows, const float *x,
+                             float *y, base_pool *pool, base_arena *arena, int reps)
 {
     size_t bytes = tensor_row_bytes(t, MATVEC_COLS) * (size_t)n_rows;
     tensor_matvec(t, W->p, n_rows, MATVEC_COLS, x, y, pool, arena); /* warm */
@@ -131,7 +134,8 @@ static double bk_time_quant(keel_dtype t, int n, const float *x, uint8_t *y, int
     double best = 1e30;
     for (int trial = 0; trial < 5; trial++) {
         uint64_t t0 = base_time_ns();
-        for (int r = 0; r < rows; r++) tensor_quantize_row(t, x + (size_t)r * (size_t)n, y + (size_t)r * rb, n);
+        for (int r = 0; r < rows; r++)
+            tensor_quantize_row(t, x + (size_t)r * (size_t)n, y + (size_t)r * rb, n);
         double ns = (double)(base_time_ns() - t0) / rows;
         if (ns < best) best = ns;
     }
@@ -150,20 +154,26 @@ typedef struct mm_res {
 static const char *path_name(tensor_gemm_path p)
 {
     switch (p) {
-    case TENSOR_GEMM_MATVEC: return "matvec";
-    case TENSOR_GEMM_DEQUANT_SGEMM: return "dequant_sgemm";
-    case TENSOR_GEMM_DOT_TILES: return "dot_tiles";
-    default: return "auto";
+    case TENSOR_GEMM_MATVEC:
+        return "matvec";
+    case TENSOR_GEMM_DEQUANT_SGEMM:
+        return "dequant_sgemm";
+    case TENSOR_GEMM_DOT_TILES:
+        return "dot_tiles";
+    default:
+        return "auto";
     }
 }
 
 static double bk_time_matmul(tensor_gemm_path path, keel_dtype t, const bk_buf *W, const float *X,
-                             int64_t n_tok, float *Y, base_pool *pool, base_arena *arena, double budget_ns)
+                             int64_t n_tok, float *Y, base_pool *pool, base_arena *arena,
+                             double budget_ns)
 {
     double flops = 2.0 * GEMM_ROWS * (double)GEMM_COLS * (double)n_tok, best = 0, spent = 0;
     for (int r = 0; r < 5 && (r < 2 || spent < budget_ns); r++) {
         uint64_t t0 = base_time_ns();
-        keel_status st = tensor_matmul_path(path, t, W->p, GEMM_ROWS, GEMM_COLS, X, n_tok, Y, pool, arena);
+        keel_status st =
+            tensor_matmul_path(path, t, W->p, GEMM_ROWS, GEMM_COLS, X, n_tok, Y, pool, arena);
         double ns = (double)(base_time_ns() - t0);
         if (st != KEEL_OK) return -1;
         spent += ns;
@@ -193,7 +203,8 @@ typedef struct bk_state {
 
 static keel_status bk_run_matvec(bk_state *s)
 {
-    static const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_K, KEEL_DTYPE_F16};
+    static const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_K,
+                                       KEEL_DTYPE_F16};
     bk_buf xb, yb, W;
     base_arena arena;
     keel_status st = KEEL_ENOMEM;
@@ -237,9 +248,10 @@ done:
 
 static keel_status bk_run_quant(bk_state *s)
 {
-    static const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_1, KEEL_DTYPE_Q5_0,
-                                       KEEL_DTYPE_Q5_1, KEEL_DTYPE_F16,  KEEL_DTYPE_BF16, KEEL_DTYPE_Q8_K,
-                                       KEEL_DTYPE_Q4_K, KEEL_DTYPE_Q5_K, KEEL_DTYPE_Q6_K};
+    static const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_1,
+                                       KEEL_DTYPE_Q5_0, KEEL_DTYPE_Q5_1, KEEL_DTYPE_F16,
+                                       KEEL_DTYPE_BF16, KEEL_DTYPE_Q8_K, KEEL_DTYPE_Q4_K,
+                                       KEEL_DTYPE_Q5_K, KEEL_DTYPE_Q6_K};
     const int rows = 2048;
     bk_buf xb, yb;
     if (!bk_alloc(&xb, (size_t)rows * 256 * sizeof(float))) return KEEL_ENOMEM;
@@ -267,8 +279,8 @@ static keel_status bk_run_quant(bk_state *s)
 
 static keel_status bk_run_matmul(bk_state *s, bool compare)
 {
-    static const keel_dtype types[] = {KEEL_DTYPE_F32, KEEL_DTYPE_F16, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0,
-                                       KEEL_DTYPE_Q4_K, KEEL_DTYPE_Q6_K};
+    static const keel_dtype types[] = {KEEL_DTYPE_F32,  KEEL_DTYPE_F16,  KEEL_DTYPE_Q8_0,
+                                       KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_K, KEEL_DTYPE_Q6_K};
     static const int64_t toks[] = {4, 8, 16, 32, 64, 128, 512};
     static const tensor_gemm_path paths[] = {TENSOR_GEMM_MATVEC, TENSOR_GEMM_DEQUANT_SGEMM,
                                              TENSOR_GEMM_DOT_TILES};
@@ -285,7 +297,8 @@ static keel_status bk_run_matmul(bk_state *s, bool compare)
     bk_fill_normal(xb.p, GEMM_TOK * GEMM_COLS, 13);
     size_t need = 0;
     for (size_t k = 0; k < BASE_ARRAY_LEN(types); k++)
-        need = BASE_MAX(need, tensor_matmul_scratch_bytes(types[k], GEMM_ROWS, GEMM_COLS, GEMM_TOK, nt));
+        need = BASE_MAX(need,
+                        tensor_matmul_scratch_bytes(types[k], GEMM_ROWS, GEMM_COLS, GEMM_TOK, nt));
     st = base_arena_init(&arena, need);
     if (st != KEEL_OK) goto done;
     for (size_t k = 0; k < BASE_ARRAY_LEN(types); k++) {
@@ -294,11 +307,15 @@ static keel_status bk_run_matmul(bk_state *s, bool compare)
         st = bk_weights(t, GEMM_ROWS, GEMM_COLS, &W);
         if (st != KEEL_OK) goto done;
         if (!compare) {
-            mm_res *r = &s->mm[s->n_mm++];
-            r->t = t;
-            r->n_tok = GEMM_TOK;
-            r->path = tensor_matmul_auto_path(t, GEMM_TOK);
-            r->gflops = bk_time_matmul(TENSOR_GEMM_AUTO, t, &W, xb.p, GEMM_TOK, yb.p, pool, &arena, 1e9);
+            static const int64_t auto_toks[] = {16, GEMM_TOK};
+            for (size_t ti = 0; ti < BASE_ARRAY_LEN(auto_toks); ti++) {
+                mm_res *r = &s->mm[s->n_mm++];
+                r->t = t;
+                r->n_tok = auto_toks[ti];
+                r->path = tensor_matmul_auto_path(t, auto_toks[ti]);
+                r->gflops = bk_time_matmul(TENSOR_GEMM_AUTO, t, &W, xb.p, auto_toks[ti], yb.p, pool,
+                                           &arena, 1e9);
+            }
         } else {
             for (size_t ti = 0; ti < BASE_ARRAY_LEN(toks); ti++) {
                 for (size_t pi = 0; pi < BASE_ARRAY_LEN(paths); pi++) {
@@ -309,7 +326,8 @@ static keel_status bk_run_matmul(bk_state *s, bool compare)
                     r->t = t;
                     r->n_tok = toks[ti];
                     r->path = paths[pi];
-                    r->gflops = bk_time_matmul(paths[pi], t, &W, xb.p, toks[ti], yb.p, pool, &arena, 3e8);
+                    r->gflops =
+                        bk_time_matmul(paths[pi], t, &W, xb.p, toks[ti], yb.p, pool, &arena, 3e8);
                 }
             }
         }
@@ -326,33 +344,38 @@ done:
 static double bk_mv_gbps(const bk_state *s, keel_dtype t, int threads, bool scalar)
 {
     for (int i = 0; i < s->n_mv; i++)
-        if (s->mv[i].t == t && s->mv[i].threads == threads && s->mv[i].scalar == scalar) return s->mv[i].gbps;
+        if (s->mv[i].t == t && s->mv[i].threads == threads && s->mv[i].scalar == scalar)
+            return s->mv[i].gbps;
     return 0;
 }
 
 static void bk_print_json(bench_out *o, const bk_state *s)
 {
-    bench_printf(o, "{\"simd\": \"%s\", \"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f}, \"wht\": [", s->simd,
-                 s->bw[0], s->bw[1]);
+    bench_printf(o, "{\"simd\": \"%s\", \"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f}, \"wht\": [",
+                 s->simd, s->bw[0], s->bw[1]);
     for (int i = 0; i < 3; i++)
-        bench_printf(o, "%s{\"n\": %d, \"scalar_ns\": %.2f, \"simd_ns\": %.2f}", i ? ", " : "", s->wht[i].n,
-                     s->wht[i].scalar_ns, s->wht[i].simd_ns);
+        bench_printf(o, "%s{\"n\": %d, \"scalar_ns\": %.2f, \"simd_ns\": %.2f}", i ? ", " : "",
+                     s->wht[i].n, s->wht[i].scalar_ns, s->wht[i].simd_ns);
     bench_printf(o, "], \"matvec\": [");
     for (int i = 0; i < s->n_mv; i++)
         bench_printf(o, "%s{\"dtype\": \"%s\", \"threads\": %d, %s\"gbps\": %.2f}", i ? ", " : "",
-                     keel_dtype_name(s->mv[i].t), s->mv[i].threads, s->mv[i].scalar ? "\"scalar\": true, " : "",
-                     s->mv[i].gbps);
+                     keel_dtype_name(s->mv[i].t), s->mv[i].threads,
+                     s->mv[i].scalar ? "\"scalar\": true, " : "", s->mv[i].gbps);
     bench_printf(o, "], \"quantize\": [");
     for (int i = 0; i < s->n_q; i++)
-        bench_printf(o, "%s{\"dtype\": \"%s\", \"n\": %d, \"ns_per_row\": %.1f, \"scalar_ns_per_row\": %.1f}",
-                     i ? ", " : "", keel_dtype_name(s->q[i].t), s->q[i].n, s->q[i].simd_ns, s->q[i].scalar_ns);
+        bench_printf(
+            o,
+            "%s{\"dtype\": \"%s\", \"n\": %d, \"ns_per_row\": %.1f, \"scalar_ns_per_row\": %.1f}",
+            i ? ", " : "", keel_dtype_name(s->q[i].t), s->q[i].n, s->q[i].simd_ns,
+            s->q[i].scalar_ns);
     bench_printf(o, "], \"matmul\": [");
     for (int i = 0; i < s->n_mm; i++)
-        bench_printf(o,
-                     "%s{\"dtype\": \"%s\", \"rows\": %d, \"cols\": %d, \"n_tok\": %lld, \"threads\": 2, "
-                     "\"path\": \"%s\", \"gflops\": %.1f}",
-                     i ? ", " : "", keel_dtype_name(s->mm[i].t), GEMM_ROWS, GEMM_COLS,
-                     (long long)s->mm[i].n_tok, path_name(s->mm[i].path), s->mm[i].gflops);
+        bench_printf(
+            o,
+            "%s{\"dtype\": \"%s\", \"rows\": %d, \"cols\": %d, \"n_tok\": %lld, \"threads\": 2, "
+            "\"path\": \"%s\", \"gflops\": %.1f}",
+            i ? ", " : "", keel_dtype_name(s->mm[i].t), GEMM_ROWS, GEMM_COLS,
+            (long long)s->mm[i].n_tok, path_name(s->mm[i].path), s->mm[i].gflops);
     double w128 = s->wht[1].simd_ns, ws128 = s->wht[1].scalar_ns;
     double bw2 = s->bw[1];
     bench_printf(o,
@@ -365,24 +388,28 @@ static void bk_print_json(bench_out *o, const bk_state *s)
 static void bk_print_table(bench_out *o, const bk_state *s)
 {
     bench_printf(o, "keel bench kernels (SIMD: %s)\n\n", s->simd);
-    bench_printf(o, "memory read bandwidth (1 GiB buffer): 1 thread %.2f GB/s, 2 threads %.2f GB/s\n\n",
-                 s->bw[0], s->bw[1]);
+    bench_printf(
+        o, "memory read bandwidth (1 GiB buffer): 1 thread %.2f GB/s, 2 threads %.2f GB/s\n\n",
+        s->bw[0], s->bw[1]);
     bench_printf(o, "Walsh-Hadamard transform, ns per vector\n");
     bench_printf(o, "  %6s %12s %12s %9s\n", "n", "scalar", "simd", "speedup");
     for (int i = 0; i < 3; i++)
-        bench_printf(o, "  %6d %12.1f %12.1f %8.2fx\n", s->wht[i].n, s->wht[i].scalar_ns, s->wht[i].simd_ns,
-                     s->wht[i].scalar_ns / s->wht[i].simd_ns);
+        bench_printf(o, "  %6d %12.1f %12.1f %8.2fx\n", s->wht[i].n, s->wht[i].scalar_ns,
+                     s->wht[i].simd_ns, s->wht[i].scalar_ns / s->wht[i].simd_ns);
     bench_printf(o, "  target: n=128 simd >= 4x scalar and <= 48 ns\n\n");
     bench_printf(o, "matvec %d columns, >= 256 MiB of weights, weight GB/s\n", MATVEC_COLS);
-    bench_printf(o, "  %-6s %8s %10s %12s %14s\n", "dtype", "threads", "GB/s", "% read bw", "scalar 1t GB/s");
+    bench_printf(o, "  %-6s %8s %10s %12s %14s\n", "dtype", "threads", "GB/s", "% read bw",
+                 "scalar 1t GB/s");
     for (int i = 0; i < s->n_mv; i++) {
         const mv_res *r = &s->mv[i];
         if (r->scalar) continue;
         double bw = r->threads == 1 ? s->bw[0] : s->bw[1];
-        bench_printf(o, "  %-6s %8d %10.2f %11.1f%% %14.2f\n", keel_dtype_name(r->t), r->threads, r->gbps,
-                     r->threads <= 2 ? 100.0 * r->gbps / bw : 0.0, bk_mv_gbps(s, r->t, 1, true));
+        bench_printf(o, "  %-6s %8d %10.2f %11.1f%% %14.2f\n", keel_dtype_name(r->t), r->threads,
+                     r->gbps, r->threads <= 2 ? 100.0 * r->gbps / bw : 0.0,
+                     bk_mv_gbps(s, r->t, 1, true));
     }
-    bench_printf(o, "  target: q8_0 and q4_K with 2 threads >= 60%% of 2-thread read bandwidth\n\n");
+    bench_printf(o,
+                 "  target: q8_0 and q4_K with 2 threads >= 60%% of 2-thread read bandwidth\n\n");
     bench_printf(o, "quantize, ns per row\n");
     bench_printf(o, "  %-6s %5s %12s %12s %9s\n", "dtype", "n", "scalar", "simd", "speedup");
     for (int i = 0; i < s->n_q; i++)
@@ -391,8 +418,8 @@ static void bk_print_table(bench_out *o, const bk_state *s)
     bench_printf(o, "\nmatmul %dx%d weights, 2 threads, GFLOP/s\n", GEMM_ROWS, GEMM_COLS);
     bench_printf(o, "  %-6s %6s %-14s %10s\n", "dtype", "n_tok", "path", "GFLOP/s");
     for (int i = 0; i < s->n_mm; i++)
-        bench_printf(o, "  %-6s %6lld %-14s %10.1f\n", keel_dtype_name(s->mm[i].t), (long long)s->mm[i].n_tok,
-                     path_name(s->mm[i].path), s->mm[i].gflops);
+        bench_printf(o, "  %-6s %6lld %-14s %10.1f\n", keel_dtype_name(s->mm[i].t),
+                     (long long)s->mm[i].n_tok, path_name(s->mm[i].path), s->mm[i].gflops);
 }
 
 keel_status bench_kernels(int argc, char **argv, bench_out *o)
@@ -452,7 +479,8 @@ keel_status bench_kernels(int argc, char **argv, bench_out *o)
     else
         bk_print_table(o, s);
 done:
-    for (int i = 0; i < 3; i++) base_pool_close(s->pools[i]);
+    for (int i = 0; i < 3; i++)
+        base_pool_close(s->pools[i]);
     base_free(s, sizeof *s);
     return st;
 }

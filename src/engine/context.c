@@ -274,7 +274,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
     int32_t row0 = 0;
     for (int32_t start = 0; start < n; start += c->p.n_ubatch) {
         int32_t m = BASE_MIN(c->p.n_ubatch, n - start);
-        keel_mem_batch mb = {m, c->ub_pos + start, c->ub_seq + start, NULL, NULL};
+        keel_mem_batch mb = {m, c->ub_pos + start, c->ub_seq + start, NULL, NULL, NULL};
         keel_status st = keel_mem_place(c->mem, &mb, c->ub_cells);
         if (st != KEEL_OK) {
             if (st == KEEL_EFULL)

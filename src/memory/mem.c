@@ -283,6 +283,8 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             uint64_t *stamp = lay_take(l, (size_t)cap, sizeof(uint64_t));
             uint64_t *seq = lay_take(l, (size_t)cap * (size_t)seq_words, sizeof(uint64_t));
             uint8_t *flags = lay_take(l, (size_t)cap, 1);
+            uint8_t *cflags = lay_take(l, (size_t)cap, 1);
+            int32_t *newpos = lay_take(l, (size_t)cap, sizeof(int32_t));
             int32_t *seq_min = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
             int32_t *seq_max = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
             int32_t *seq_cells = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
@@ -306,6 +308,8 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
                 t->stamp = stamp;
                 t->seq = seq;
                 t->flags = flags;
+                t->cflags = cflags;
+                t->newpos = newpos;
                 t->seq_min = seq_min;
                 t->seq_max = seq_max;
                 t->seq_cells = seq_cells;
@@ -381,6 +385,30 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             }
         }
     }
+    /* per-sequence state: exactness bound, compaction counters, KeyDiff anchors */
+    int32_t *exact_from = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+    int64_t *n_compact = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int64_t));
+    size_t *anchor_off = lay_take(l, (size_t)nl, sizeof(size_t));
+    size_t af = 0;
+    for (int32_t i = 0; i < nl; i++) {
+        const keel_mem_layer *a = &cfg->layers[i];
+        if (anchor_off) anchor_off[i] = SIZE_MAX;
+        if (a->kind != KEEL_MEM_LAYER_FULL) continue;
+        if (anchor_off) anchor_off[i] = af;
+        af += (size_t)a->n_kv_heads * (size_t)a->head_dim_k;
+    }
+    float *anchor = lay_take(l, (size_t)cfg->n_seq_max * (af ? af : 1), sizeof(float));
+    uint64_t *anchor_stamp = lay_take(l, (size_t)cfg->n_seq_max, sizeof(uint64_t));
+    uint8_t *anchor_valid = lay_take(l, (size_t)cfg->n_seq_max, 1);
+    if (assign) {
+        m->exact_from = exact_from;
+        m->n_compact = n_compact;
+        m->anchor_off = anchor_off;
+        m->anchor_floats = af;
+        m->anchor = anchor;
+        m->anchor_stamp = anchor_stamp;
+        m->anchor_valid = anchor_valid;
+    }
 }
 
 static size_t edit_thread_bytes(const keel_mem_config *cfg)
@@ -422,7 +450,8 @@ static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32
     size_t per_thread = BASE_MAX(edit_thread_bytes(cfg), write_thread_bytes(cfg));
     size_t s = place_bytes(cfg) + per_thread * (size_t)n_threads + BASE_ALIGN;
     size_t a = mem_attn_scratch_bytes(cfg, cfg->layers, n_threads, max_cap);
-    return BASE_MAX(s, a);
+    size_t c = mem_compact_scratch_bytes(cfg, n_threads);
+    return BASE_MAX(BASE_MAX(s, a), c);
 }
 
 static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *block,
@@ -582,7 +611,7 @@ int32_t keel_mem_seq_pos_max(const keel_mem *m, int32_t s)
 int32_t keel_mem_seq_rewind_min(const keel_mem *m, int32_t s)
 {
     if (!m || s < 0 || s >= m->cfg.n_seq_max) return 0;
-    int64_t r = 0;
+    int64_t r = m->exact_from[s];
     for (int32_t g = 0; g < m->n_groups; g++) {
         const mem_table *t = table_of(m, g, s);
         if (!t->sliding || t->evict_max[s] == MEM_NO_EVICT) continue;
@@ -648,6 +677,7 @@ uint64_t keel_mem_digest(const keel_mem *m)
             h = base_hash64(t->stamp, cap * sizeof(uint64_t), h);
             h = base_hash64(t->seq, cap * (size_t)t->seq_words * sizeof(uint64_t), h);
             h = base_hash64(t->flags, cap, h);
+            h = base_hash64(t->cflags, cap, h);
             size_t ns = (size_t)t->n_seq * sizeof(int32_t);
             h = base_hash64(t->seq_min, ns, h);
             h = base_hash64(t->seq_max, ns, h);
@@ -661,6 +691,8 @@ uint64_t keel_mem_digest(const keel_mem *m)
     }
     int64_t tp = m->tokens_placed;
     h = base_hash64(&tp, sizeof tp, h);
+    h = base_hash64(m->exact_from, (size_t)m->cfg.n_seq_max * sizeof(int32_t), h);
+    h = base_hash64(m->n_compact, (size_t)m->cfg.n_seq_max * sizeof(int64_t), h);
     return base_hash64(&m->next_stamp, sizeof m->next_stamp, h);
 }
 
@@ -739,6 +771,7 @@ static void evict(mem_table *t, const int32_t *first)
             t->n_used--;
             t->pos[c] = -1;
             t->stamp[c] = 0;
+            t->cflags[c] = 0;
         }
     }
     if (any) mem_table_refresh(t);
@@ -833,7 +866,8 @@ keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
                     t->seq_cells[s]++;
                 }
             }
-            cells[(size_t)g * (size_t)n + (size_t)i] = (t - m->groups[g].tables) * t->cap + c;
+            t->cflags[c] = b->protect && b->protect[i] ? MEM_CELL_PROTECTED : 0;
+            cells[(size_t)g * (size_t)n + (size_t)i] = (int32_t)(t - m->groups[g].tables) * t->cap + c;
             if (c > m->max_cell_touched) m->max_cell_touched = c;
         }
     }
@@ -952,6 +986,11 @@ keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
                     if ((s < 0 || q == s) && t->seq_cells[q] == 0) t->evict_max[q] = MEM_NO_EVICT;
         }
     }
+    for (int32_t q = 0; q < m->cfg.n_seq_max; q++) {
+        if (s >= 0 && q != s) continue;
+        m->anchor_valid[q] = 0;
+        if (keel_mem_seq_pos_max(m, q) < 0) m->exact_from[q] = 0;
+    }
     return KEEL_OK;
 }
 
@@ -967,6 +1006,8 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
     if (src == dst) return KEEL_OK;
     norm_range(&p0, &p1);
     if (m->n_streams == 1) {
+        m->anchor_valid[dst] = 0;
+        if (m->exact_from[src] > m->exact_from[dst]) m->exact_from[dst] = m->exact_from[src];
         for (int32_t g = 0; g < m->n_groups; g++) {
             mem_table *t = &m->groups[g].tables[0];
             bool any = false;
@@ -996,6 +1037,8 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
                             "seq_cp: group %d: %d cells to copy, %d free in sequence %d's stream",
                             g, cnt, td->cap - td->n_used, dst);
     }
+    m->anchor_valid[dst] = 0;
+    if (m->exact_from[src] > m->exact_from[dst]) m->exact_from[dst] = m->exact_from[src];
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *ts = &m->groups[g].tables[src], *td = &m->groups[g].tables[dst];
         bool any = false;
@@ -1005,6 +1048,7 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
             if (d > m->max_cell_touched) m->max_cell_touched = d;
             td->pos[d] = ts->pos[c];
             td->stamp[d] = ts->stamp[c];
+            td->cflags[d] = ts->cflags[c];
             td->n_used++;
             mem_seq_set(td, d, dst);
             for (int32_t ci = 0; ci < ts->n_cols; ci++) {
@@ -1031,6 +1075,11 @@ keel_status keel_mem_seq_keep(keel_mem *m, int32_t s)
     m->err[0] = 0;
     if (s < 0 || s >= m->cfg.n_seq_max)
         return base_err(m->err, KEEL_EINVAL, "seq_keep: unknown sequence id %d", s);
+    for (int32_t q = 0; q < m->cfg.n_seq_max; q++)
+        if (q != s) {
+            m->anchor_valid[q] = 0;
+            m->exact_from[q] = 0;
+        }
     for (int32_t g = 0; g < m->n_groups; g++) {
         for (int32_t k = 0; k < m->n_streams; k++) {
             mem_table *t = &m->groups[g].tables[k];
@@ -1053,12 +1102,13 @@ keel_status keel_mem_seq_keep(keel_mem *m, int32_t s)
     return KEEL_OK;
 }
 
-/* Position edits: seq_add (div == 0) and seq_div (div > 0). */
+/* Position edits: seq_add (delta), seq_div (div > 0), renumbering (map). */
 typedef struct edit_ctx {
     keel_mem *m;
     mem_table *t;
     int32_t delta; /* seq_add */
     int32_t div;   /* seq_div */
+    bool map;      /* renumbering: t->newpos */
     int64_t n_tasks;
     uint8_t *thread_scratch;
     size_t thread_bytes;
@@ -1084,7 +1134,7 @@ static void edit_task(void *vctx, int64_t task, int thread)
     for (int32_t c = c0; c < c1; c++) {
         if (!t->flags[c]) continue;
         int32_t old = t->pos[c];
-        int32_t nw = e->div > 0 ? old / e->div : old + e->delta;
+        int32_t nw = e->map ? t->newpos[c] : e->div > 0 ? old / e->div : old + e->delta;
         int64_t d = (int64_t)nw - old;
         if (d != 0) {
             for (int32_t ci = 0; ci < t->n_cols; ci++) {
@@ -1102,6 +1152,21 @@ static void edit_task(void *vctx, int64_t task, int thread)
         t->pos[c] = nw;
         t->flags[c] = 0;
     }
+}
+
+keel_status mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool map)
+{
+    size_t tb = edit_thread_bytes(&m->cfg);
+    size_t mark = base_arena_mark(&m->scratch);
+    uint8_t *ts = base_arena_take(&m->scratch, tb * (size_t)m->n_threads, BASE_ALIGN);
+    if (!ts) return base_err(m->err, KEEL_ESCRATCH, "edit: scratch exhausted");
+    int32_t marked = 0;
+    for (int32_t c = 0; c < t->cap; c++) marked += t->flags[c] != 0;
+    edit_ctx e = {m, t, delta, div, map, 0, ts, tb};
+    e.n_tasks = BASE_MIN((int64_t)m->n_threads * 4, (int64_t)t->cap);
+    base_pool_run(marked >= 64 ? m->pool : NULL, e.n_tasks, edit_task, &e);
+    base_arena_rewind(&m->scratch, mark);
+    return KEEL_OK;
 }
 
 static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0, int32_t p1,
@@ -1141,9 +1206,9 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
                             what, g, shared, t->cap - t->n_used);
     }
     base_arena_reset(&m->scratch);
-    size_t tb = edit_thread_bytes(&m->cfg);
-    uint8_t *ts = base_arena_take(&m->scratch, tb * (size_t)m->n_threads, BASE_ALIGN);
-    if (!ts) return base_err(m->err, KEEL_ESCRATCH, "%s: scratch exhausted", what);
+    if (!base_arena_take(&m->scratch, edit_thread_bytes(&m->cfg) * (size_t)m->n_threads, BASE_ALIGN))
+        return base_err(m->err, KEEL_ESCRATCH, "%s: scratch exhausted", what);
+    base_arena_reset(&m->scratch);
     /* commit: split shared cells, mark, then shift marked cells in parallel */
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *t = table_of(m, g, s);
@@ -1163,9 +1228,7 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
             marked++;
         }
         if (marked) {
-            edit_ctx e = {m, t, delta, div, 0, ts, tb};
-            e.n_tasks = BASE_MIN((int64_t)m->n_threads * 4, (int64_t)t->cap);
-            base_pool_run(marked >= 64 ? m->pool : NULL, e.n_tasks, edit_task, &e);
+            (void)mem_edit_marked(m, t, delta, div, false); /* scratch checked above */
             if (t->sliding && t->evict_max[s] != MEM_NO_EVICT && t->evict_max[s] >= p0 &&
                 t->evict_max[s] < p1)
                 t->evict_max[s] = div > 0 ? t->evict_max[s] / div : t->evict_max[s] + delta;
@@ -1189,6 +1252,10 @@ keel_status keel_mem_seq_div(keel_mem *m, int32_t s, int32_t p0, int32_t p1, int
 void keel_mem_clear(keel_mem *m)
 {
     if (!m) return;
+    for (int32_t s = 0; s < m->cfg.n_seq_max; s++) {
+        m->exact_from[s] = 0;
+        m->anchor_valid[s] = 0;
+    }
     for (int32_t g = 0; g < m->n_groups; g++) {
         for (int32_t k = 0; k < m->groups[g].n_tables; k++) {
             mem_table *t = &m->groups[g].tables[k];
@@ -1196,6 +1263,7 @@ void keel_mem_clear(keel_mem *m)
             memset(t->stamp, 0, (size_t)t->cap * sizeof(uint64_t));
             memset(t->seq, 0, (size_t)t->cap * (size_t)t->seq_words * sizeof(uint64_t));
             memset(t->flags, 0, (size_t)t->cap);
+            memset(t->cflags, 0, (size_t)t->cap);
             t->n_used = 0;
             t->head = 0;
             if (t->sliding)

@@ -19,7 +19,8 @@
  *   T3 in split streams, a table's cells belong only to its stream's sequence.
  *   T4 a sliding table keeps, per sequence, its n_sink lowest (pos, stamp)
  *      cells and every cell a query at positions >= its last placement needs.
- *   T5 all groups hold the same positions range per sequence (pos_max agree).
+ *   T5 unless compacted, a sequence a sliding table holds is held by every full
+ *      table up to at least the same last position.
  */
 #ifndef KEEL_MEMORY_H
 #define KEEL_MEMORY_H
@@ -139,6 +140,9 @@ keel_status mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t di
 /* Free cells for new tokens of sequence s in its full-attention tables
  * (sliding rings always make room); INT32_MAX without full layers. */
 int32_t mem_room(const keel_mem *m, int32_t s);
+
+/* Scratch bytes keel_mem_compact needs (compact.c). */
+size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 
 /* ---- table (table.c) ----------------------------------------------------- */
 

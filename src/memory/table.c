@@ -31,6 +31,7 @@ void mem_table_free_cell(mem_table *t, int32_t cell)
     if (t->pos[cell] >= 0) t->n_used--;
     t->pos[cell] = -1;
     t->stamp[cell] = 0;
+    t->cflags[cell] = 0;
     memset(t->seq + (size_t)cell * (size_t)t->seq_words, 0, (size_t)t->seq_words * sizeof(uint64_t));
     t->sinks_dirty = true;
 }
@@ -40,6 +41,7 @@ void mem_table_copy_cell(mem_table *t, int32_t dst, int32_t src)
     if (t->pos[dst] < 0 && t->pos[src] >= 0) t->n_used++;
     t->pos[dst] = t->pos[src];
     t->stamp[dst] = t->stamp[src];
+    t->cflags[dst] = t->cflags[src];
     for (int32_t c = 0; c < t->n_cols; c++) {
         const mem_col *col = &t->cols[c];
         for (int32_t h = 0; h < col->n_heads; h++)

@@ -272,6 +272,27 @@ keel_status gguf_writer_add_tensor(gguf_writer *w, const char *name, keel_dtype 
                                    uint32_t n_dims, const int64_t *ne, const void *data,
                                    size_t nbytes);
 
+/*
+ * Deferred tensors, for files larger than the caller wants to hold in
+ * memory at once (keel gen-model): a tensor added with
+ * gguf_writer_add_tensor_deferred has no data until write time, when the
+ * fill function (gguf_writer_set_fill) is called once for it, in file
+ * order, with buf of exactly nbytes bytes to fill (the shape's size).
+ * Memory outputs are filled in place; a file output goes through one
+ * scratch block of the largest deferred tensor's size. A fill that returns
+ * an error stops the write, which returns that status (a memory output is
+ * freed, a file is left partly written). Writing deferred tensors without
+ * a fill function is KEEL_EINVAL.
+ */
+typedef keel_status (*gguf_writer_fill_fn)(void *user, int64_t index, const char *name, void *buf,
+                                           size_t nbytes);
+
+/* As gguf_writer_add_tensor, with the data supplied at write time. */
+keel_status gguf_writer_add_tensor_deferred(gguf_writer *w, const char *name, keel_dtype dtype,
+                                            uint32_t n_dims, const int64_t *ne);
+/* Sets (or with fn NULL, clears) the fill function of deferred tensors. */
+void gguf_writer_set_fill(gguf_writer *w, gguf_writer_fill_fn fn, void *user);
+
 /* Bytes the file will have. */
 keel_status gguf_writer_size(const gguf_writer *w, size_t *out);
 /* Writes the file into buf (cap >= gguf_writer_size, else KEEL_ERANGE). */

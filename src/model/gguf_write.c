@@ -25,7 +25,7 @@ typedef struct wtensor {
     keel_dtype dtype;
     uint32_t n_dims;
     int64_t ne[GGUF_MAX_DIMS];
-    const void *data; /* borrowed until the last write */
+    const void *data; /* borrowed until the last write; NULL: deferred (filled at write) */
     size_t nbytes;
     uint64_t offset; /* in the data section */
 } wtensor;
@@ -42,6 +42,9 @@ struct gguf_writer {
     size_t infos_len;  /* bytes of the tensor info section */
     uint64_t data_len; /* bytes of the data section (padded) */
     uint32_t alignment;
+    gguf_writer_fill_fn fill; /* supplies deferred tensors' bytes at write time */
+    void *fill_user;
+    size_t deferred_max; /* bytes of the largest deferred tensor (0: none) */
     char err[BASE_ERR_CAP];
 };
 
@@ -259,9 +262,8 @@ keel_status gguf_writer_set_alignment(gguf_writer *w, uint32_t alignment)
     return st;
 }
 
-keel_status gguf_writer_add_tensor(gguf_writer *w, const char *name, keel_dtype dtype,
-                                   uint32_t n_dims, const int64_t *ne, const void *data,
-                                   size_t nbytes)
+static keel_status add_tensor(gguf_writer *w, const char *name, keel_dtype dtype, uint32_t n_dims,
+                              const int64_t *ne, const void *data, size_t nbytes, bool deferred)
 {
     keel_status st;
     w->err[0] = '\0';
@@ -286,7 +288,8 @@ keel_status gguf_writer_add_tensor(gguf_writer *w, const char *name, keel_dtype 
         return base_err(w->err, KEEL_EINVAL,
                         "tensor %s: ne[0] = %" PRId64 " not a multiple of the %s block", name,
                         ne[0], keel_dtype_name(dtype));
-    if (nbytes != want || (!data && nbytes))
+    if (deferred) nbytes = want;
+    if (nbytes != want || (!deferred && !data && nbytes))
         return base_err(w->err, KEEL_EINVAL, "tensor %s: %zu data bytes, shape needs %zu", name,
                         nbytes, want);
     for (int64_t i = 0; i < w->n_tensors; i++)
@@ -310,12 +313,32 @@ keel_status gguf_writer_add_tensor(gguf_writer *w, const char *name, keel_dtype 
     t->n_dims = n_dims;
     for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++)
         t->ne[d] = d < n_dims ? ne[d] : 1;
-    t->data = data;
+    t->data = deferred ? NULL : data;
     t->nbytes = nbytes;
     t->offset = w->data_len;
     w->data_len += padded;
     w->infos_len += info;
+    if (deferred && nbytes > w->deferred_max) w->deferred_max = nbytes;
     return KEEL_OK;
+}
+
+keel_status gguf_writer_add_tensor(gguf_writer *w, const char *name, keel_dtype dtype,
+                                   uint32_t n_dims, const int64_t *ne, const void *data,
+                                   size_t nbytes)
+{
+    return add_tensor(w, name, dtype, n_dims, ne, data, nbytes, false);
+}
+
+keel_status gguf_writer_add_tensor_deferred(gguf_writer *w, const char *name, keel_dtype dtype,
+                                            uint32_t n_dims, const int64_t *ne)
+{
+    return add_tensor(w, name, dtype, n_dims, ne, NULL, 0, true);
+}
+
+void gguf_writer_set_fill(gguf_writer *w, gguf_writer_fill_fn fn, void *user)
+{
+    w->fill = fn;
+    w->fill_user = user;
 }
 
 /* ---- output ------------------------------------------------------------- */
@@ -340,7 +363,10 @@ typedef struct sink {
     uint8_t *buf;
     size_t cap, len;
     FILE *f;
-    bool failed;
+    bool failed;         /* a stdio write failed */
+    keel_status fill_st; /* a fill callback failed (the write stops) */
+    uint8_t *scratch;    /* [scratch_bytes] deferred tensors' bytes for a file sink */
+    size_t scratch_bytes;
 } sink;
 
 static void put(sink *s, const void *p, size_t n)
@@ -364,7 +390,30 @@ static void put_zeros(sink *s, size_t n)
     }
 }
 
-static void emit(const gguf_writer *w, sink *s)
+/* Writes tensor i's bytes: borrowed data, or filled by the callback
+ * (straight into a memory sink, through scratch for a file). */
+static void put_tensor(gguf_writer *w, sink *s, int64_t i)
+{
+    const wtensor *t = &w->tensors[i];
+    if (t->data || t->nbytes == 0) {
+        put(s, t->data, t->nbytes);
+        return;
+    }
+    if (s->failed || s->fill_st) return;
+    uint8_t *dst = s->f ? s->scratch : s->buf + s->len;
+    keel_status st = w->fill(w->fill_user, i, t->name, dst, t->nbytes);
+    if (st) {
+        s->fill_st = st;
+        if (!w->err[0]) base_err(w->err, st, "tensor %s: fill failed", t->name);
+        return;
+    }
+    if (s->f)
+        put(s, dst, t->nbytes);
+    else
+        s->len += t->nbytes;
+}
+
+static void emit(gguf_writer *w, sink *s)
 {
     uint32_t magic = GGUF_MAGIC, version = GGUF_VERSION;
     uint64_t nt = (uint64_t)w->n_tensors, nk = (uint64_t)w->n_kv;
@@ -390,23 +439,33 @@ static void emit(const gguf_writer *w, sink *s)
     if (w->n_tensors == 0) return;
     size_t h = header_bytes(w);
     put_zeros(s, (w->alignment - h % w->alignment) % w->alignment);
-    for (int64_t i = 0; i < w->n_tensors; i++) {
+    for (int64_t i = 0; i < w->n_tensors && !s->fill_st; i++) {
         const wtensor *t = &w->tensors[i];
-        put(s, t->data, t->nbytes);
+        put_tensor(w, s, i);
         put_zeros(s, (w->alignment - t->nbytes % w->alignment) % w->alignment);
     }
+}
+
+/* Deferred tensors need a fill function. */
+static keel_status check_fill(gguf_writer *w)
+{
+    if (w->deferred_max && !w->fill)
+        return base_err(w->err, KEEL_EINVAL, "deferred tensors but no fill function");
+    return KEEL_OK;
 }
 
 keel_status gguf_writer_write_buf(gguf_writer *w, void *buf, size_t cap)
 {
     size_t need;
+    w->err[0] = '\0';
     keel_status st = gguf_writer_size(w, &need);
     if (st) return base_err(w->err, st, "file size overflows");
     if (!buf || cap < need)
         return base_err(w->err, KEEL_ERANGE, "buffer of %zu bytes, file needs %zu", cap, need);
+    if ((st = check_fill(w))) return st;
     sink s = {.buf = buf, .cap = cap};
     emit(w, &s);
-    return KEEL_OK;
+    return s.fill_st;
 }
 
 keel_status gguf_writer_write_mem(gguf_writer *w, void **data, size_t *size)
@@ -414,12 +473,18 @@ keel_status gguf_writer_write_mem(gguf_writer *w, void **data, size_t *size)
     size_t need;
     *data = NULL;
     *size = 0;
+    w->err[0] = '\0';
     keel_status st = gguf_writer_size(w, &need);
     if (st) return base_err(w->err, st, "file size overflows");
+    if ((st = check_fill(w))) return st;
     void *buf = base_alloc(need);
     if (!buf) return base_err(w->err, KEEL_ENOMEM, "out of memory for %zu bytes", need);
     sink s = {.buf = buf, .cap = need};
     emit(w, &s);
+    if (s.fill_st) {
+        base_free(buf, need);
+        return s.fill_st;
+    }
     *data = buf;
     *size = need;
     return KEEL_OK;
@@ -428,8 +493,20 @@ keel_status gguf_writer_write_mem(gguf_writer *w, void **data, size_t *size)
 keel_status gguf_writer_write_file(gguf_writer *w, FILE *f)
 {
     if (!f) return base_err(w->err, KEEL_EINVAL, "file is NULL");
+    w->err[0] = '\0';
+    keel_status st = check_fill(w);
+    if (st) return st;
     sink s = {.f = f};
+    if (w->deferred_max) {
+        s.scratch_bytes = w->deferred_max;
+        s.scratch = base_alloc(s.scratch_bytes);
+        if (!s.scratch)
+            return base_err(w->err, KEEL_ENOMEM, "out of memory for %zu bytes of tensor data",
+                            s.scratch_bytes);
+    }
     emit(w, &s);
+    base_free(s.scratch, s.scratch_bytes);
+    if (s.fill_st) return s.fill_st;
     if (s.failed || fflush(f) != 0)
         return base_err(w->err, KEEL_EIO, "write failed: %s", strerror(errno));
     return KEEL_OK;

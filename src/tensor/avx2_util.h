@@ -134,7 +134,8 @@ static inline __m256i q4_1_values(const uint8_t *b)
 static inline __m256i q5_0_values(const uint8_t *b)
 {
     /* nibble | 0xF0 where the high bit is clear == nibble - 16 as int8 */
-    __m256i hi = _mm256_andnot_si256(bytes_from_bits_32(rd_u32(b + 2)), _mm256_set1_epi8((char)0xF0));
+    __m256i hi =
+        _mm256_andnot_si256(bytes_from_bits_32(rd_u32(b + 2)), _mm256_set1_epi8((char)0xF0));
     return _mm256_or_si256(unpack_nibbles_16(b + 6), hi);
 }
 static inline __m256i q5_1_values(const uint8_t *b)

@@ -39,8 +39,8 @@ static void cpu_detect(tensor_cpu *c)
     bool fma = (cx >> 12) & 1, f16c = (cx >> 29) & 1;
     if (!osxsave || !avx) return;
     uint64_t xcr0 = cpu_xgetbv0();
-    bool ymm_os = (xcr0 & 0x6) == 0x6;    /* SSE + AVX state */
-    bool zmm_os = (xcr0 & 0xE6) == 0xE6;  /* + opmask, ZMM_Hi256, Hi16_ZMM */
+    bool ymm_os = (xcr0 & 0x6) == 0x6;   /* SSE + AVX state */
+    bool zmm_os = (xcr0 & 0xE6) == 0xE6; /* + opmask, ZMM_Hi256, Hi16_ZMM */
     if (!ymm_os) return;
     c->fma = fma;
     c->f16c = f16c;

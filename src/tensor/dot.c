@@ -14,15 +14,19 @@ keel_dtype tensor_vec_dot_type(keel_dtype w)
     switch (w) {
     case KEEL_DTYPE_Q4_0:
     case KEEL_DTYPE_Q5_0:
-    case KEEL_DTYPE_Q8_0: return KEEL_DTYPE_Q8_0;
+    case KEEL_DTYPE_Q8_0:
+        return KEEL_DTYPE_Q8_0;
     case KEEL_DTYPE_Q4_1:
-    case KEEL_DTYPE_Q5_1: return KEEL_DTYPE_Q8_1;
+    case KEEL_DTYPE_Q5_1:
+        return KEEL_DTYPE_Q8_1;
     case KEEL_DTYPE_Q2_K:
     case KEEL_DTYPE_Q3_K:
     case KEEL_DTYPE_Q4_K:
     case KEEL_DTYPE_Q5_K:
-    case KEEL_DTYPE_Q6_K: return KEEL_DTYPE_Q8_K;
-    default: return KEEL_DTYPE_F32;
+    case KEEL_DTYPE_Q6_K:
+        return KEEL_DTYPE_Q8_K;
+    default:
+        return KEEL_DTYPE_F32;
     }
 }
 
@@ -38,7 +42,8 @@ static float dot_f32_scalar(const float *a, const float *b, int64_t n)
         s2 += a[i + 2] * b[i + 2];
         s3 += a[i + 3] * b[i + 3];
     }
-    for (; i < n; i++) s0 += a[i] * b[i];
+    for (; i < n; i++)
+        s0 += a[i] * b[i];
     return (s0 + s1) + (s2 + s3);
 }
 
@@ -54,7 +59,8 @@ void tensor_axpy_f32(float *y, float a, const float *x, int64_t n)
         tensor_axpy_f32_avx2(y, a, x, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
 }
 
 void tensor_scale_f32(float *y, float a, int64_t n)
@@ -63,7 +69,8 @@ void tensor_scale_f32(float *y, float a, int64_t n)
         tensor_scale_f32_avx2(y, a, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) y[i] *= a;
+    for (int64_t i = 0; i < n; i++)
+        y[i] *= a;
 }
 
 void tensor_add_f32(float *y, const float *x, int64_t n)
@@ -72,7 +79,8 @@ void tensor_add_f32(float *y, const float *x, int64_t n)
         tensor_add_f32_avx2(y, x, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] += x[i];
 }
 
 void tensor_mul_f32(float *y, const float *x, int64_t n)
@@ -81,7 +89,8 @@ void tensor_mul_f32(float *y, const float *x, int64_t n)
         tensor_mul_f32_avx2(y, x, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) y[i] *= x[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] *= x[i];
 }
 
 /* ---- scalar dots ---------------------------------------------------------------- */
@@ -98,7 +107,8 @@ static float dot_f32(int64_t n, const void *w, const void *x)
         s2 += rd_f32(a + 4 * i + 8) * rd_f32(b + 4 * i + 8);
         s3 += rd_f32(a + 4 * i + 12) * rd_f32(b + 4 * i + 12);
     }
-    for (; i < n; i++) s0 += rd_f32(a + 4 * i) * rd_f32(b + 4 * i);
+    for (; i < n; i++)
+        s0 += rd_f32(a + 4 * i) * rd_f32(b + 4 * i);
     return (s0 + s1) + (s2 + s3);
 }
 
@@ -107,7 +117,8 @@ static float dot_f16(int64_t n, const void *w, const void *x)
     const uint8_t *p = w;
     const float *xf = x;
     float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += tensor_f16_to_f32(rd_u16(p + 2 * i)) * xf[i];
+    for (int64_t i = 0; i < n; i++)
+        s += tensor_f16_to_f32(rd_u16(p + 2 * i)) * xf[i];
     return s;
 }
 
@@ -116,7 +127,8 @@ static float dot_bf16(int64_t n, const void *w, const void *x)
     const uint8_t *p = w;
     const float *xf = x;
     float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += tensor_bf16_to_f32(rd_u16(p + 2 * i)) * xf[i];
+    for (int64_t i = 0; i < n; i++)
+        s += tensor_bf16_to_f32(rd_u16(p + 2 * i)) * xf[i];
     return s;
 }
 
@@ -126,7 +138,8 @@ static float dot_q8_0(int64_t n, const void *w, const void *x)
     float s = 0.0f;
     for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, xb += Q8_0_BYTES) {
         int acc = 0;
-        for (int j = 0; j < QK; j++) acc += (int8_t)b[2 + j] * (int8_t)xb[2 + j];
+        for (int j = 0; j < QK; j++)
+            acc += (int8_t)b[2 + j] * (int8_t)xb[2 + j];
         s += rd_f16(b) * rd_f16(xb) * (float)acc;
     }
     return s;
@@ -202,10 +215,12 @@ static float dot_q5_1(int64_t n, const void *w, const void *x)
 }
 
 const tensor_dot_fn tensor_dot_scalar_[KEEL_DTYPE_COUNT_] = {
-    [KEEL_DTYPE_F32] = dot_f32,      [KEEL_DTYPE_F16] = dot_f16,      [KEEL_DTYPE_BF16] = dot_bf16,
-    [KEEL_DTYPE_Q8_0] = dot_q8_0,    [KEEL_DTYPE_Q4_0] = dot_q4_0,    [KEEL_DTYPE_Q5_0] = dot_q5_0,
-    [KEEL_DTYPE_Q4_1] = dot_q4_1,    [KEEL_DTYPE_Q5_1] = dot_q5_1,    [KEEL_DTYPE_Q2_K] = tq_dot_q2_K,
-    [KEEL_DTYPE_Q3_K] = tq_dot_q3_K, [KEEL_DTYPE_Q4_K] = tq_dot_q4_K, [KEEL_DTYPE_Q5_K] = tq_dot_q5_K,
+    [KEEL_DTYPE_F32] = dot_f32,      [KEEL_DTYPE_F16] = dot_f16,
+    [KEEL_DTYPE_BF16] = dot_bf16,    [KEEL_DTYPE_Q8_0] = dot_q8_0,
+    [KEEL_DTYPE_Q4_0] = dot_q4_0,    [KEEL_DTYPE_Q5_0] = dot_q5_0,
+    [KEEL_DTYPE_Q4_1] = dot_q4_1,    [KEEL_DTYPE_Q5_1] = dot_q5_1,
+    [KEEL_DTYPE_Q2_K] = tq_dot_q2_K, [KEEL_DTYPE_Q3_K] = tq_dot_q3_K,
+    [KEEL_DTYPE_Q4_K] = tq_dot_q4_K, [KEEL_DTYPE_Q5_K] = tq_dot_q5_K,
     [KEEL_DTYPE_Q6_K] = tq_dot_q6_K,
 };
 
@@ -235,7 +250,8 @@ static void axpy_generic(keel_dtype t, int64_t n, float a, const void *row, floa
     const uint8_t *p = row;
     for (int64_t i = 0; i < n; i += bs, p += bb) {
         deq(p, tmp, bs);
-        for (int64_t j = 0; j < bs; j++) y[i + j] += a * tmp[j];
+        for (int64_t j = 0; j < bs; j++)
+            y[i + j] += a * tmp[j];
     }
 }
 
@@ -248,7 +264,8 @@ void tensor_axpy_row(keel_dtype t, int64_t n, float a, const void *row, float *y
     }
     if (t == KEEL_DTYPE_F32) {
         const uint8_t *p = row;
-        for (int64_t i = 0; i < n; i++) y[i] += a * rd_f32(p + 4 * i);
+        for (int64_t i = 0; i < n; i++)
+            y[i] += a * rd_f32(p + 4 * i);
         return;
     }
     if (t == KEEL_DTYPE_F16 || t == KEEL_DTYPE_BF16) {

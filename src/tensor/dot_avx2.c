@@ -21,9 +21,11 @@ float tensor_dot_f32_avx2(const float *a, const float *b, int64_t n)
         s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -37,16 +39,20 @@ void tensor_axpy_f32_avx2(float *y, float a, const float *x, int64_t n)
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
 }
 
 void tensor_scale_f32_avx2(float *y, float a, int64_t n)
 {
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), va));
-    for (; i < n; i++) y[i] *= a;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), va));
+    for (; i < n; i++)
+        y[i] *= a;
 }
 
 void tensor_add_f32_avx2(float *y, const float *x, int64_t n)
@@ -54,7 +60,8 @@ void tensor_add_f32_avx2(float *y, const float *x, int64_t n)
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
-    for (; i < n; i++) y[i] += x[i];
+    for (; i < n; i++)
+        y[i] += x[i];
 }
 
 void tensor_mul_f32_avx2(float *y, const float *x, int64_t n)
@@ -62,7 +69,8 @@ void tensor_mul_f32_avx2(float *y, const float *x, int64_t n)
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
-    for (; i < n; i++) y[i] *= x[i];
+    for (; i < n; i++)
+        y[i] *= x[i];
 }
 
 /* ---- float-weight dots ------------------------------------------------------------ */
@@ -94,9 +102,11 @@ static float dot_f16(int64_t n, const void *w, const void *x)
         s2 = _mm256_fmadd_ps(load_f16x8(p + 2 * i + 32), _mm256_loadu_ps(xf + i + 16), s2);
         s3 = _mm256_fmadd_ps(load_f16x8(p + 2 * i + 48), _mm256_loadu_ps(xf + i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_f16x8(p + 2 * i), _mm256_loadu_ps(xf + i), s0);
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(load_f16x8(p + 2 * i), _mm256_loadu_ps(xf + i), s0);
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) s += tensor_f16_to_f32(rd_u16(p + 2 * i)) * xf[i];
+    for (; i < n; i++)
+        s += tensor_f16_to_f32(rd_u16(p + 2 * i)) * xf[i];
     return s;
 }
 
@@ -112,9 +122,11 @@ static float dot_bf16(int64_t n, const void *w, const void *x)
         s2 = _mm256_fmadd_ps(load_bf16x8(p + 2 * i + 32), _mm256_loadu_ps(xf + i + 16), s2);
         s3 = _mm256_fmadd_ps(load_bf16x8(p + 2 * i + 48), _mm256_loadu_ps(xf + i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_bf16x8(p + 2 * i), _mm256_loadu_ps(xf + i), s0);
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(load_bf16x8(p + 2 * i), _mm256_loadu_ps(xf + i), s0);
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) s += tensor_bf16_to_f32(rd_u16(p + 2 * i)) * xf[i];
+    for (; i < n; i++)
+        s += tensor_bf16_to_f32(rd_u16(p + 2 * i)) * xf[i];
     return s;
 }
 
@@ -140,7 +152,7 @@ static inline __m256i q8_0_values(const uint8_t *b)
             {                                                                                      \
                 const uint8_t *bk = b + k * (WBYTES), *xk = xb + k * Q8_0_BYTES;                   \
                 __m256i p = dot_ss8_i32(VALUES(bk), loadu_256(xk + 2));                            \
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(bk) * f16_load(xk)),             \
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(bk) * f16_load(xk)),              \
                                          _mm256_cvtepi32_ps(p), acc[k]);                           \
             }                                                                                      \
         }                                                                                          \
@@ -149,7 +161,8 @@ static inline __m256i q8_0_values(const uint8_t *b)
             acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * f16_load(xb)),                   \
                                      _mm256_cvtepi32_ps(p), acc[0]);                               \
         }                                                                                          \
-        return hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))); \
+        return hsum_ps(                                                                            \
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));          \
     }
 
 DOT_SYM(dot_q8_0, Q8_0_BYTES, q8_0_values)
@@ -183,11 +196,13 @@ DOT_SYM(dot_q5_0, Q5_0_BYTES, q5_0_values)
             __m256i xq = loadu_256(xb + 4);                                                        \
             __m256i p = dot_us8_i32(VALUES(b), xq), sx = dot_us8_i32(ones, xq);                    \
             float dx = f16_load(xb);                                                               \
-            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * dx), _mm256_cvtepi32_ps(p), acc[0]); \
-            accm[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b + 2) * dx), _mm256_cvtepi32_ps(sx), \
-                                      accm[0]);                                                    \
+            acc[0] =                                                                               \
+                _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b) * dx), _mm256_cvtepi32_ps(p), acc[0]);  \
+            accm[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(b + 2) * dx),                        \
+                                      _mm256_cvtepi32_ps(sx), accm[0]);                            \
         }                                                                                          \
-        return hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(accm[0], accm[1]))); \
+        return hsum_ps(                                                                            \
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(accm[0], accm[1])));        \
     }
 
 DOT_ASYM(dot_q4_1, Q4_1_BYTES, q4_1_values)
@@ -201,9 +216,9 @@ static inline __m256i kq_scales_mins_epi16(const uint8_t *q)
 {
     const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
     uint32_t w0 = rd_u32(q), w1 = rd_u32(q + 4), w2 = rd_u32(q + 8);
-    uint32_t sc_lo = w0 & m6;                                  /* scales 0-3 */
-    uint32_t sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);      /* scales 4-7 */
-    uint32_t mn_lo = w1 & m6;                                  /* mins 0-3 */
+    uint32_t sc_lo = w0 & m6;                                    /* scales 0-3 */
+    uint32_t sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);        /* scales 4-7 */
+    uint32_t mn_lo = w1 & m6;                                    /* mins 0-3 */
     uint32_t mn_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4); /* mins 4-7 */
     __m128i b = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
     return _mm256_cvtepu8_epi16(b);
@@ -243,13 +258,15 @@ static float dot_q4_K(int64_t n, const void *w, const void *x)
         float dx = rd_f32(xb);
         __m256i sm16 = kq_scales_mins_epi16(b + 4);
         __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm16));
-        accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)), _mm_cvtepi32_ps(kq_min_prod(sm16, xb)), accm);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)),
+                            _mm_cvtepi32_ps(kq_min_prod(sm16, xb)), accm);
         const uint8_t *xq = xb + Q8_K_QS, *qs = b + 16;
         __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             __m256i q = loadu_256(qs + 32 * c);
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i lo = _mm256_and_si256(q, m4),
+                    hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             KQ_SUBBLOCK_PAIR(c, lo, hi);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_load(b)), _mm256_cvtepi32_ps(sumi), acc);
@@ -269,7 +286,8 @@ static float dot_q5_K(int64_t n, const void *w, const void *x)
         float dx = rd_f32(xb);
         __m256i sm16 = kq_scales_mins_epi16(b + 4);
         __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm16));
-        accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)), _mm_cvtepi32_ps(kq_min_prod(sm16, xb)), accm);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)),
+                            _mm_cvtepi32_ps(kq_min_prod(sm16, xb)), accm);
         const uint8_t *xq = xb + Q8_K_QS, *qs = b + 48;
         __m256i hb = loadu_256(b + 16);
         __m256i sumi = _mm256_setzero_si256();
@@ -311,13 +329,17 @@ static float dot_q6_K(int64_t n, const void *w, const void *x)
             __m256i ql0 = loadu_256(b + 64 * nh), ql1 = loadu_256(b + 64 * nh + 32);
             __m256i qh = loadu_256(b + 128 + 32 * nh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m256i p = _mm256_maddubs_epi16(q[k], loadu_256(xq + 128 * nh + 32 * k));
@@ -326,7 +348,8 @@ static float dot_q6_K(int64_t n, const void *w, const void *x)
             }
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(xb) * f16_load(b + 208)), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(xb) * f16_load(b + 208)),
+                              _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum_ps(acc);
 }
@@ -352,7 +375,8 @@ static void axpy_f16(int64_t n, float a, const void *row, float *y)
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16x8(p + 2 * i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * tensor_f16_to_f32(rd_u16(p + 2 * i));
+    for (; i < n; i++)
+        y[i] += a * tensor_f16_to_f32(rd_u16(p + 2 * i));
 }
 
 static void axpy_bf16(int64_t n, float a, const void *row, float *y)
@@ -361,8 +385,10 @@ static void axpy_bf16(int64_t n, float a, const void *row, float *y)
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_bf16x8(p + 2 * i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * tensor_bf16_to_f32(rd_u16(p + 2 * i));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, load_bf16x8(p + 2 * i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * tensor_bf16_to_f32(rd_u16(p + 2 * i));
 }
 
 static void axpy_q8_0(int64_t n, float a, const void *row, float *y)
@@ -408,7 +434,8 @@ static void axpy_q5_1(int64_t n, float a, const void *row, float *y)
 /* K-quants and the rest: dequantize a super-block on the stack, then axpy. */
 static void axpy_blocked(keel_dtype t, int64_t n, float a, const void *row, float *y)
 {
-    tensor_dequant_fn deq = tensor_dequant_avx2_[t] ? tensor_dequant_avx2_[t] : tensor_dequant_scalar_[t];
+    tensor_dequant_fn deq =
+        tensor_dequant_avx2_[t] ? tensor_dequant_avx2_[t] : tensor_dequant_scalar_[t];
     size_t bb = keel_dtype_block_bytes(t);
     float tmp[QK_K];
     const uint8_t *p = row;
@@ -417,7 +444,7 @@ static void axpy_blocked(keel_dtype t, int64_t n, float a, const void *row, floa
         __m256 va = _mm256_set1_ps(a);
         for (int k = 0; k < QK_K; k += 8)
             _mm256_storeu_ps(y + i + k, _mm256_fmadd_ps(va, _mm256_loadu_ps(tmp + k),
-                                                         _mm256_loadu_ps(y + i + k)));
+                                                        _mm256_loadu_ps(y + i + k)));
     }
 }
 

@@ -14,6 +14,7 @@ typedef struct dtype_info {
     bool can_quantize;  /* keel writes this type, not only reads it */
 } dtype_info;
 
+/* clang-format off */
 static const dtype_info g_dtypes[KEEL_DTYPE_COUNT_] = {
     [KEEL_DTYPE_F32] = {"f32", 1, 4, true},
     [KEEL_DTYPE_F16] = {"f16", 1, 2, true},
@@ -36,6 +37,7 @@ static const dtype_info g_dtypes[KEEL_DTYPE_COUNT_] = {
     [KEEL_DTYPE_F64] = {"f64", 1, 8, false},
     [KEEL_DTYPE_BF16] = {"bf16", 1, 2, true},
 };
+/* clang-format on */
 
 static const dtype_info *dtype_get(keel_dtype t)
 {

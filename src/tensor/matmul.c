@@ -23,12 +23,12 @@
 #include <cblas.h>
 #include <pthread.h>
 
-#define MATVEC_MIN_ROWS 16        /* rows per task, at least */
+#define MATVEC_MIN_ROWS 16 /* rows per task, at least */
 #ifndef MATVEC_PREFETCH_BYTES
 #define MATVEC_PREFETCH_BYTES 4096
 #endif
-#define MATVEC_TASKS_PER_THREAD 8 /* for load balance */
-#define MATMUL_TILE_BYTES ((size_t)2 << 20) /* f32 tile of dequantized rows per thread */
+#define MATVEC_TASKS_PER_THREAD 8                 /* for load balance */
+#define MATMUL_TILE_BYTES       ((size_t)2 << 20) /* f32 tile of dequantized rows per thread */
 
 /* ---- shape checks ------------------------------------------------------------------- */
 
@@ -80,7 +80,9 @@ static void matvec_task(void *vctx, int64_t task, int thread)
         /* keep more lines in flight than the hardware streamer does alone:
          * prefetch the row MATVEC_PREFETCH_BYTES ahead while this one runs */
         const uint8_t *pf = w + MATVEC_PREFETCH_BYTES;
-        for (size_t off = 0; MATVEC_PREFETCH_BYTES > 0 && off < c->row_bytes && pf + off < end; off += 64) __builtin_prefetch(pf + off, 0, 0);
+        for (size_t off = 0; MATVEC_PREFETCH_BYTES > 0 && off < c->row_bytes && pf + off < end;
+             off += 64)
+            __builtin_prefetch(pf + off, 0, 0);
         c->y[r] = c->dot(c->n_cols, w, c->x);
     }
 }
@@ -257,18 +259,25 @@ static void matmul_task_dot(void *vctx, int64_t task, int thread)
 static int64_t matmul_sgemm_from(keel_dtype t)
 {
     switch (t) {
-    case KEEL_DTYPE_F32: return 8;
+    case KEEL_DTYPE_F32:
+        return 8;
     case KEEL_DTYPE_F16:
-    case KEEL_DTYPE_BF16: return 16;
-    case KEEL_DTYPE_Q8_0: return 32;
+    case KEEL_DTYPE_BF16:
+        return 16;
+    case KEEL_DTYPE_Q8_0:
+        return 32;
     case KEEL_DTYPE_Q4_0:
     case KEEL_DTYPE_Q4_1:
     case KEEL_DTYPE_Q5_0:
-    case KEEL_DTYPE_Q5_1: return 16;
+    case KEEL_DTYPE_Q5_1:
+        return 16;
     case KEEL_DTYPE_Q4_K:
-    case KEEL_DTYPE_Q5_K: return 64;
-    case KEEL_DTYPE_Q6_K: return 32;
-    default: return 2;
+    case KEEL_DTYPE_Q5_K:
+        return 64;
+    case KEEL_DTYPE_Q6_K:
+        return 32;
+    default:
+        return 2;
     }
 }
 
@@ -294,8 +303,8 @@ keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *
     if (path == TENSOR_GEMM_AUTO) path = tensor_matmul_auto_path(t, n_tok);
     if (path == TENSOR_GEMM_MATVEC || n_cols == 0) {
         for (int64_t i = 0; i < n_tok; i++) {
-            keel_status st = tensor_matvec(t, W, n_rows, n_cols, X + i * n_cols, Y + i * n_rows,
-                                           pool, scratch);
+            keel_status st =
+                tensor_matvec(t, W, n_rows, n_cols, X + i * n_cols, Y + i * n_rows, pool, scratch);
             if (st != KEEL_OK) return st;
         }
         return KEEL_OK;
@@ -339,7 +348,8 @@ keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *
     }
     int64_t tile_rows = matmul_tile_rows(n_cols);
     c.tile_floats = (size_t)tile_rows * (size_t)n_cols;
-    c.tiles = scratch ? base_arena_take_n(scratch, c.tile_floats * (size_t)n_threads, sizeof(float)) : NULL;
+    c.tiles = scratch ? base_arena_take_n(scratch, c.tile_floats * (size_t)n_threads, sizeof(float))
+                      : NULL;
     if (!c.tiles) return KEEL_ESCRATCH;
     c.deq = tensor_dequant_get_(t);
     /* balance: no more rows per task than an even split */

@@ -9,7 +9,8 @@
 static double sumsq_scalar(const float *x, int64_t n)
 {
     double s = 0.0;
-    for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)x[i];
     return s;
 }
 
@@ -19,23 +20,28 @@ void tensor_rmsnorm(float *y, const float *x, const float *w, int64_t n, float e
     double ss = tensor_use_avx2() ? (double)tensor_sumsq_f32_avx2(x, n) : sumsq_scalar(x, n);
     float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     if (w) {
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] * scale * w[i];
     } else if (tensor_use_avx2()) {
         if (y != x) memmove(y, x, (size_t)n * sizeof(float));
         tensor_scale_f32_avx2(y, scale, n);
     } else {
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] * scale;
     }
 }
 
-void tensor_layernorm(float *y, const float *x, const float *w, const float *b, int64_t n, float eps)
+void tensor_layernorm(float *y, const float *x, const float *w, const float *b, int64_t n,
+                      float eps)
 {
     if (n <= 0) return;
     double mean = 0.0;
-    for (int64_t i = 0; i < n; i++) mean += x[i];
+    for (int64_t i = 0; i < n; i++)
+        mean += x[i];
     mean /= (double)n;
     double var = 0.0;
-    for (int64_t i = 0; i < n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+    for (int64_t i = 0; i < n; i++)
+        var += ((double)x[i] - mean) * ((double)x[i] - mean);
     var /= (double)n;
     float inv = (float)(1.0 / sqrt(var + (double)eps));
     float m = (float)mean;
@@ -61,7 +67,8 @@ void tensor_softmax(float *x, int64_t n)
 {
     if (n <= 0) return;
     float max = -INFINITY;
-    for (int64_t i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
+    for (int64_t i = 0; i < n; i++)
+        max = x[i] > max ? x[i] : max;
     if (max == -INFINITY) { /* every entry -inf: no mass anywhere */
         memset(x, 0, (size_t)n * sizeof(float));
         return;
@@ -101,7 +108,8 @@ void tensor_silu(float *x, int64_t n)
         tensor_silu_avx2(x, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) x[i] = x[i] * sigmoidf_(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = x[i] * sigmoidf_(x[i]);
 }
 
 void tensor_sigmoid(float *x, int64_t n)
@@ -110,7 +118,8 @@ void tensor_sigmoid(float *x, int64_t n)
         tensor_sigmoid_avx2(x, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) x[i] = sigmoidf_(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = sigmoidf_(x[i]);
 }
 
 void tensor_gelu(float *x, int64_t n)
@@ -119,13 +128,15 @@ void tensor_gelu(float *x, int64_t n)
         tensor_gelu_avx2(x, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) x[i] = gelu_tanh_(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = gelu_tanh_(x[i]);
 }
 
 void tensor_gelu_erf(float *x, int64_t n)
 {
     /* 1 + erf(t) == erfc(-t), without the cancellation for x << 0 */
-    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * erfcf(-x[i] * 0.70710678118654752f);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = 0.5f * x[i] * erfcf(-x[i] * 0.70710678118654752f);
 }
 
 void tensor_softplus(float *x, int64_t n)
@@ -142,7 +153,8 @@ void tensor_swiglu(float *gate, const float *up, int64_t n)
         tensor_swiglu_avx2(gate, up, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) gate[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
+    for (int64_t i = 0; i < n; i++)
+        gate[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
 }
 
 void tensor_geglu(float *gate, const float *up, int64_t n)
@@ -151,7 +163,8 @@ void tensor_geglu(float *gate, const float *up, int64_t n)
         tensor_geglu_avx2(gate, up, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) gate[i] = gelu_tanh_(gate[i]) * up[i];
+    for (int64_t i = 0; i < n; i++)
+        gate[i] = gelu_tanh_(gate[i]) * up[i];
 }
 
 void tensor_softcap(float *x, int64_t n, float cap)
@@ -161,7 +174,8 @@ void tensor_softcap(float *x, int64_t n, float cap)
         return;
     }
     float inv = 1.0f / cap;
-    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] * inv);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = cap * tanhf(x[i] * inv);
 }
 
 /* ---- top-k ------------------------------------------------------------------- */
@@ -194,8 +208,10 @@ void tensor_topk(const float *x, int64_t n, int64_t k, int32_t *idx)
 {
     if (k <= 0 || n <= 0) return;
     if (k > n) k = n;
-    for (int64_t i = 0; i < k; i++) idx[i] = (int32_t)i;
-    for (int64_t i = k / 2; i-- > 0;) topk_sift_down(x, idx, k, i);
+    for (int64_t i = 0; i < k; i++)
+        idx[i] = (int32_t)i;
+    for (int64_t i = k / 2; i-- > 0;)
+        topk_sift_down(x, idx, k, i);
     for (int64_t i = k; i < n; i++) {
         if (topk_before(x, (int32_t)i, idx[0])) {
             idx[0] = (int32_t)i;

@@ -15,7 +15,8 @@ static inline __m256 exp256(__m256 x)
     const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
     const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(88.8f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 n =
+        _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, ln2_hi, x);
     r = _mm256_fnmadd_ps(n, ln2_lo, r);
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
@@ -28,8 +29,10 @@ static inline __m256 exp256(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i ni = _mm256_cvtps_epi32(n);
     __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    __m256 s1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
 
@@ -45,8 +48,8 @@ static inline __m256 tanh256(__m256 u)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
     __m256 a = _mm256_andnot_ps(sign, u);
-    __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f),
-                                                  _mm256_add_ps(exp256(_mm256_add_ps(a, a)), one)));
+    __m256 big = _mm256_sub_ps(
+        one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(exp256(_mm256_add_ps(a, a)), one)));
     __m256 u2 = _mm256_mul_ps(a, a);
     __m256 p = _mm256_set1_ps(-1382.0f / 155925.0f);
     p = _mm256_fmadd_ps(p, u2, _mm256_set1_ps(62.0f / 2835.0f));
@@ -64,7 +67,8 @@ static inline __m256 tanh256(__m256 u)
 static inline __m256 gelu256(__m256 x)
 {
     __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-    __m256 z = _mm256_mul_ps(_mm256_set1_ps(GELU_K), _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), x3, x));
+    __m256 z =
+        _mm256_mul_ps(_mm256_set1_ps(GELU_K), _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), x3, x));
     return _mm256_mul_ps(x, sigmoid256(_mm256_add_ps(z, z)));
 }
 
@@ -114,14 +118,16 @@ void tensor_silu_avx2(float *x, int64_t n)
 void tensor_sigmoid_avx2(float *x, int64_t n)
 {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, sigmoid256(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, sigmoid256(_mm256_loadu_ps(x + i)));
     TAIL_APPLY(x, n, i, sigmoid256(v));
 }
 
 void tensor_gelu_avx2(float *x, int64_t n)
 {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, gelu256(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, gelu256(_mm256_loadu_ps(x + i)));
     TAIL_APPLY(x, n, i, gelu256(v));
 }
 
@@ -130,7 +136,8 @@ void tensor_swiglu_avx2(float *gate, const float *up, int64_t n)
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 g = _mm256_loadu_ps(gate + i);
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid256(g)), _mm256_loadu_ps(up + i)));
+        _mm256_storeu_ps(gate + i,
+                         _mm256_mul_ps(_mm256_mul_ps(g, sigmoid256(g)), _mm256_loadu_ps(up + i)));
     }
     for (; i < n; i++) {
         float buf[8] = {gate[i]};
@@ -144,7 +151,8 @@ void tensor_geglu_avx2(float *gate, const float *up, int64_t n)
 {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(gelu256(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+        _mm256_storeu_ps(
+            gate + i, _mm256_mul_ps(gelu256(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
     for (; i < n; i++) {
         float buf[8] = {gate[i]};
         _mm256_storeu_ps(buf, gelu256(_mm256_loadu_ps(buf)));
@@ -157,6 +165,7 @@ void tensor_softcap_avx2(float *x, int64_t n, float cap)
     __m256 vc = _mm256_set1_ps(cap), vi = _mm256_set1_ps(1.0f / cap);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, _mm256_mul_ps(vc, tanh256(_mm256_mul_ps(_mm256_loadu_ps(x + i), vi))));
+        _mm256_storeu_ps(x + i,
+                         _mm256_mul_ps(vc, tanh256(_mm256_mul_ps(_mm256_loadu_ps(x + i), vi))));
     TAIL_APPLY(x, n, i, _mm256_mul_ps(vc, tanh256(_mm256_mul_ps(v, vi))));
 }

@@ -27,25 +27,29 @@ void tq_dequant_f32(const void *x, float *y, int64_t n)
 void tq_quant_f16(const float *x, void *y, int64_t n)
 {
     uint8_t *o = y;
-    for (int64_t i = 0; i < n; i++) wr_u16(o + 2 * i, tensor_f32_to_f16(x[i]));
+    for (int64_t i = 0; i < n; i++)
+        wr_u16(o + 2 * i, tensor_f32_to_f16(x[i]));
 }
 
 void tq_dequant_f16(const void *x, float *y, int64_t n)
 {
     const uint8_t *p = x;
-    for (int64_t i = 0; i < n; i++) y[i] = tensor_f16_to_f32(rd_u16(p + 2 * i));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = tensor_f16_to_f32(rd_u16(p + 2 * i));
 }
 
 void tq_quant_bf16(const float *x, void *y, int64_t n)
 {
     uint8_t *o = y;
-    for (int64_t i = 0; i < n; i++) wr_u16(o + 2 * i, tensor_f32_to_bf16(x[i]));
+    for (int64_t i = 0; i < n; i++)
+        wr_u16(o + 2 * i, tensor_f32_to_bf16(x[i]));
 }
 
 void tq_dequant_bf16(const void *x, float *y, int64_t n)
 {
     const uint8_t *p = x;
-    for (int64_t i = 0; i < n; i++) y[i] = tensor_bf16_to_f32(rd_u16(p + 2 * i));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = tensor_bf16_to_f32(rd_u16(p + 2 * i));
 }
 
 /* ---- block helpers ------------------------------------------------------------ */
@@ -67,7 +71,8 @@ static float blk_signed_max(const float *x, int n)
 static float blk_amax(const float *x, int n)
 {
     float amax = 0.0f;
-    for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[j]));
+    for (int j = 0; j < n; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
     return amax;
 }
 
@@ -226,7 +231,8 @@ void tq_dequant_q8_0(const void *x, float *y, int64_t n)
     const uint8_t *b = x;
     for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, y += QK) {
         float d = rd_f16(b);
-        for (int j = 0; j < QK; j++) y[j] = d * (float)(int8_t)b[2 + j];
+        for (int j = 0; j < QK; j++)
+            y[j] = d * (float)(int8_t)b[2 + j];
     }
 }
 
@@ -251,7 +257,8 @@ void tq_dequant_q8_1(const void *x, float *y, int64_t n)
     const uint8_t *b = x;
     for (int64_t i = 0; i < n / QK; i++, b += Q8_1_BYTES, y += QK) {
         float d = rd_f16(b);
-        for (int j = 0; j < QK; j++) y[j] = d * (float)(int8_t)b[4 + j];
+        for (int j = 0; j < QK; j++)
+            y[j] = d * (float)(int8_t)b[4 + j];
     }
 }
 
@@ -281,7 +288,8 @@ void tq_dequant_q8_K(const void *x, float *y, int64_t n)
     const uint8_t *b = x;
     for (int64_t i = 0; i < n / QK_K; i++, b += Q8_K_BYTES, y += QK_K) {
         float d = rd_f32(b);
-        for (int j = 0; j < QK_K; j++) y[j] = d * (float)(int8_t)b[Q8_K_QS + j];
+        for (int j = 0; j < QK_K; j++)
+            y[j] = d * (float)(int8_t)b[Q8_K_QS + j];
     }
 }
 

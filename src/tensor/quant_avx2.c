@@ -44,7 +44,8 @@ static inline __m256i quant_block32(const float *x, __m256 mul, __m256 sub, bool
 static inline float block_amax32(const float *x)
 {
     __m256 m = abs_ps(_mm256_loadu_ps(x));
-    for (int k = 1; k < 4; k++) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + 8 * k)));
+    for (int k = 1; k < 4; k++)
+        m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + 8 * k)));
     return hmax_ps(m);
 }
 
@@ -78,7 +79,8 @@ static void quant_f16(const float *x, void *y, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(o + 2 * i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) wr_u16(o + 2 * i, tensor_f32_to_f16(x[i]));
+    for (; i < n; i++)
+        wr_u16(o + 2 * i, tensor_f32_to_f16(x[i]));
 }
 
 static void quant_bf16(const float *x, void *y, int64_t n)
@@ -99,7 +101,8 @@ static void quant_bf16(const float *x, void *y, int64_t n)
         __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
         _mm256_storeu_si256((__m256i *)(o + 2 * i), p);
     }
-    for (; i < n; i++) wr_u16(o + 2 * i, tensor_f32_to_bf16(x[i]));
+    for (; i < n; i++)
+        wr_u16(o + 2 * i, tensor_f32_to_bf16(x[i]));
 }
 
 static void quant_q8_0(const float *x, void *y, int64_t n)
@@ -124,8 +127,8 @@ static void quant_q8_1(const float *x, void *y, int64_t n)
         __m256i i32[4];
         __m256i q = quant_block32(x, _mm256_set1_ps(id), z, false, -127.0f, 127.0f, i32);
         _mm256_storeu_si256((__m256i *)(b + 4), q);
-        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]),
-                                              _mm256_add_epi32(i32[2], i32[3])));
+        int sum = hsum_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3])));
         wr_u16(b + 2, tq_scale_f16(d * (float)sum, &unused, &unused2));
     }
 }
@@ -136,7 +139,8 @@ static void quant_q8_K(const float *x, void *y, int64_t n)
     const __m256 z = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K, b += Q8_K_BYTES) {
         float amax = 0.0f;
-        for (int g = 0; g < QK_K / QK; g++) amax = fmaxf(amax, block_amax32(x + QK * g));
+        for (int g = 0; g < QK_K / QK; g++)
+            amax = fmaxf(amax, block_amax32(x + QK * g));
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         wr_f32(b, d);
@@ -200,7 +204,8 @@ static void quant_q4_1(const float *x, void *y, int64_t n)
         block_min_max32(x, &mn, &mx);
         wr_u16(b, tq_scale_f16((mx - mn) / 15.0f, &d, &id));
         wr_u16(b + 2, tq_scale_f16(mn, &m, &unused));
-        __m256i q = quant_block32(x, _mm256_set1_ps(id), _mm256_set1_ps(m), true, 0.0f, 15.0f, NULL);
+        __m256i q =
+            quant_block32(x, _mm256_set1_ps(id), _mm256_set1_ps(m), true, 0.0f, 15.0f, NULL);
         pack_nibbles(b + 4, q);
     }
 }
@@ -213,7 +218,8 @@ static void quant_q5_1(const float *x, void *y, int64_t n)
         block_min_max32(x, &mn, &mx);
         wr_u16(b, tq_scale_f16((mx - mn) / 31.0f, &d, &id));
         wr_u16(b + 2, tq_scale_f16(mn, &m, &unused));
-        __m256i q = quant_block32(x, _mm256_set1_ps(id), _mm256_set1_ps(m), true, 0.0f, 31.0f, NULL);
+        __m256i q =
+            quant_block32(x, _mm256_set1_ps(id), _mm256_set1_ps(m), true, 0.0f, 31.0f, NULL);
         uint32_t qh = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(q, 3));
         wr_u32(b + 4, qh);
         pack_nibbles(b + 8, _mm256_and_si256(q, _mm256_set1_epi8(0x0F)));
@@ -226,8 +232,10 @@ static void dequant_f16(const void *x, float *y, int64_t n)
 {
     const uint8_t *p = x;
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(loadu_128(p + 2 * i)));
-    for (; i < n; i++) y[i] = tensor_f16_to_f32(rd_u16(p + 2 * i));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(loadu_128(p + 2 * i)));
+    for (; i < n; i++)
+        y[i] = tensor_f16_to_f32(rd_u16(p + 2 * i));
 }
 
 static void dequant_bf16(const void *x, float *y, int64_t n)
@@ -238,7 +246,8 @@ static void dequant_bf16(const void *x, float *y, int64_t n)
         __m256i v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(loadu_128(p + 2 * i)), 16);
         _mm256_storeu_ps(y + i, _mm256_castsi256_ps(v));
     }
-    for (; i < n; i++) y[i] = tensor_bf16_to_f32(rd_u16(p + 2 * i));
+    for (; i < n; i++)
+        y[i] = tensor_bf16_to_f32(rd_u16(p + 2 * i));
 }
 
 static void dequant_q8_0(const void *x, float *y, int64_t n)
@@ -269,14 +278,16 @@ static void dequant_q4_1(const void *x, float *y, int64_t n)
 {
     const uint8_t *b = x;
     for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, y += QK)
-        store_i8x32(y, q4_1_values(b), _mm256_set1_ps(f16_load(b)), _mm256_set1_ps(f16_load(b + 2)));
+        store_i8x32(y, q4_1_values(b), _mm256_set1_ps(f16_load(b)),
+                    _mm256_set1_ps(f16_load(b + 2)));
 }
 
 static void dequant_q5_1(const void *x, float *y, int64_t n)
 {
     const uint8_t *b = x;
     for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, y += QK)
-        store_i8x32(y, q5_1_values(b), _mm256_set1_ps(f16_load(b)), _mm256_set1_ps(f16_load(b + 2)));
+        store_i8x32(y, q5_1_values(b), _mm256_set1_ps(f16_load(b)),
+                    _mm256_set1_ps(f16_load(b + 2)));
 }
 
 static void dequant_q4_K(const void *x, float *y, int64_t n)
@@ -289,7 +300,8 @@ static void dequant_q4_K(const void *x, float *y, int64_t n)
         kq_unpack_scales(b + 4, sm);
         for (int c = 0; c < 4; c++) {
             __m256i q = loadu_256(b + 16 + 32 * c);
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i lo = _mm256_and_si256(q, m4),
+                    hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             store_i8x32(y + 64 * c, lo, _mm256_set1_ps(d * (float)sm[2 * c]),
                         _mm256_set1_ps(-dmin * (float)sm[8 + 2 * c]));
             store_i8x32(y + 64 * c + 32, hi, _mm256_set1_ps(d * (float)sm[2 * c + 1]),
@@ -327,9 +339,11 @@ static inline void store_i8x32_2(float *y, __m256i q, __m256 d0, __m256 d1)
 {
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d0));
-    _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d0));
+    _mm256_storeu_ps(
+        y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d0));
     _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d1));
-    _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d1));
+    _mm256_storeu_ps(
+        y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d1));
 }
 
 static void dequant_q6_K(const void *x, float *y, int64_t n)
@@ -343,17 +357,22 @@ static void dequant_q6_K(const void *x, float *y, int64_t n)
             __m256i ql0 = loadu_256(b + 64 * nh), ql1 = loadu_256(b + 64 * nh + 32);
             __m256i qh = loadu_256(b + 128 + 32 * nh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
             for (int k = 0; k < 4; k++) {
                 int s = 8 * nh + 2 * k;
                 store_i8x32_2(y + 128 * nh + 32 * k, _mm256_sub_epi8(q[k], o32),
-                              _mm256_set1_ps(d * (float)sc[s]), _mm256_set1_ps(d * (float)sc[s + 1]));
+                              _mm256_set1_ps(d * (float)sc[s]),
+                              _mm256_set1_ps(d * (float)sc[s + 1]));
             }
         }
     }

@@ -56,7 +56,8 @@ void tq_dequant_q4_K(const void *x, float *y, int64_t n)
             float dl = d * (float)sc, ml = dmin * (float)m;
             const uint8_t *q = b + 16 + 32 * (s / 2);
             int shift = 4 * (s & 1);
-            for (int l = 0; l < 32; l++) y[32 * s + l] = dl * (float)((q[l] >> shift) & 0xF) - ml;
+            for (int l = 0; l < 32; l++)
+                y[32 * s + l] = dl * (float)((q[l] >> shift) & 0xF) - ml;
         }
     }
 }
@@ -111,7 +112,8 @@ static float fit_scale_min(const float *x, int n, int qmax, float *s_out, float 
     if (hi <= lo) {
         *s_out = 0.0f;
         float err = 0.0f;
-        for (int k = 0; k < n; k++) err += (x[k] - lo) * (x[k] - lo);
+        for (int k = 0; k < n; k++)
+            err += (x[k] - lo) * (x[k] - lo);
         return err;
     }
     float best_err = INFINITY, best_s = (hi - lo) / (float)qmax, best_m = -lo;
@@ -286,8 +288,9 @@ void tq_quant_q6_K(const float *x, void *y, int64_t n)
             for (int l = 0; l < 32; l++) {
                 b[64 * nh + l] = (uint8_t)((qq[l] & 0xF) | ((qq[l + 64] & 0xF) << 4));
                 b[64 * nh + 32 + l] = (uint8_t)((qq[l + 32] & 0xF) | ((qq[l + 96] & 0xF) << 4));
-                b[128 + 32 * nh + l] = (uint8_t)((qq[l] >> 4) | ((qq[l + 32] >> 4) << 2) |
-                                                 ((qq[l + 64] >> 4) << 4) | ((qq[l + 96] >> 4) << 6));
+                b[128 + 32 * nh + l] =
+                    (uint8_t)((qq[l] >> 4) | ((qq[l + 32] >> 4) << 2) | ((qq[l + 64] >> 4) << 4) |
+                              ((qq[l + 96] >> 4) << 6));
             }
         }
     }
@@ -358,7 +361,8 @@ float tq_dot_q4_K(int64_t n, const void *w, const void *x)
             kq_scale_min(s, b + 4, &sc, &m);
             const uint8_t *q = b + 16 + 32 * (s / 2);
             int shift = 4 * (s & 1), acc = 0;
-            for (int l = 0; l < 32; l++) acc += ((q[l] >> shift) & 0xF) * xq[32 * s + l];
+            for (int l = 0; l < 32; l++)
+                acc += ((q[l] >> shift) & 0xF) * xq[32 * s + l];
             sumi += sc * acc;
             summ += m * (q8k_bsum(xb, 2 * s) + q8k_bsum(xb, 2 * s + 1));
         }

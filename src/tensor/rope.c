@@ -38,7 +38,8 @@ keel_rope keel_rope_default(void)
 
 static float rope_corr_dim(int n_rot, int n_ctx_orig, float beta, float base)
 {
-    return (float)n_rot * logf((float)n_ctx_orig / (beta * 2.0f * (float)M_PI)) / (2.0f * logf(base));
+    return (float)n_rot * logf((float)n_ctx_orig / (beta * 2.0f * (float)M_PI)) /
+           (2.0f * logf(base));
 }
 
 keel_status tensor_rope_rates(const keel_rope *r, double *rate, float *mscale)
@@ -142,7 +143,8 @@ static keel_status rope_rotate(const keel_rope *r, float *x, int64_t n_heads, in
     return KEEL_OK;
 }
 
-keel_status tensor_rope(const keel_rope *r, float *x, int64_t n_heads, int64_t head_dim, int64_t pos)
+keel_status tensor_rope(const keel_rope *r, float *x, int64_t n_heads, int64_t head_dim,
+                        int64_t pos)
 {
     return rope_rotate(r, x, n_heads, head_dim, (double)pos, true);
 }

@@ -31,7 +31,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#define QK 32   /* elements per legacy block */
+#define QK   32  /* elements per legacy block */
 #define QK_K 256 /* elements per K-quant super-block */
 
 #define Q4_0_BYTES 18
@@ -47,7 +47,7 @@
 #define Q6_K_BYTES 210
 #define Q8_K_BYTES 292
 
-#define Q8_K_QS 4
+#define Q8_K_QS    4
 #define Q8_K_BSUMS 260
 
 /* ---- unaligned little-endian field access -------------------------------- */

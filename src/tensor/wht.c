@@ -27,7 +27,8 @@ static float wht_scale(int64_t n)
 static void wht_scalar(float *x, int64_t n, const float *pre, const float *post)
 {
     if (pre)
-        for (int64_t i = 0; i < n; i++) x[i] *= pre[i];
+        for (int64_t i = 0; i < n; i++)
+            x[i] *= pre[i];
     for (int64_t h = 1; h < n; h *= 2) {
         for (int64_t i = 0; i < n; i += 2 * h) {
             for (int64_t j = i; j < i + h; j++) {
@@ -38,9 +39,11 @@ static void wht_scalar(float *x, int64_t n, const float *pre, const float *post)
         }
     }
     float s = wht_scale(n);
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
     if (post)
-        for (int64_t i = 0; i < n; i++) x[i] *= post[i];
+        for (int64_t i = 0; i < n; i++)
+            x[i] *= post[i];
 }
 
 static void wht_dispatch(float *x, int64_t n, const float *pre, const float *post)

@@ -158,17 +158,30 @@ void tensor_wht_avx2(float *x, int64_t n, const float *pre, const float *post)
 {
     float s = (float)(1.0 / sqrt((double)n));
     switch (n) {
-    case 8: wht_n8(x, pre, post, s); return;
-    case 16: wht_n16(x, pre, post, s); return;
-    case 32: wht_n32(x, pre, post, s); return;
-    case 64: wht_n64(x, pre, post, s); return;
-    case 128: wht_n128(x, pre, post, s); return;
-    default: break;
+    case 8:
+        wht_n8(x, pre, post, s);
+        return;
+    case 16:
+        wht_n16(x, pre, post, s);
+        return;
+    case 32:
+        wht_n32(x, pre, post, s);
+        return;
+    case 64:
+        wht_n64(x, pre, post, s);
+        return;
+    case 128:
+        wht_n128(x, pre, post, s);
+        return;
+    default:
+        break;
     }
-    for (int64_t c = 0; c < n; c += 128) wht_chunk128_unscaled(x + c, pre ? pre + c : NULL);
+    for (int64_t c = 0; c < n; c += 128)
+        wht_chunk128_unscaled(x + c, pre ? pre + c : NULL);
     int64_t h = 128;
     int stages = 0;
-    for (int64_t t = h; t < n; t *= 2) stages++;
+    for (int64_t t = h; t < n; t *= 2)
+        stages++;
     if (stages & 1) {
         wht_pass2(x, n, h, stages == 1, s, post);
         h *= 2;

@@ -503,7 +503,9 @@ static void op_place(driver *d)
         for (int32_t j = 0; j < nseq[i]; j++) next[sets[i][j]]++;
         setp[i] = sets[i];
     }
-    keel_mem_batch b = {n, pos, NULL, nseq, setp};
+    uint8_t prot[REF_MAX_BATCH];
+    for (int32_t i = 0; i < n; i++) prot[i] = chance(&d->ch, 10);
+    keel_mem_batch b = {n, pos, NULL, nseq, setp, prot};
     if (!multi) {
         b.seq_id1 = seq;
         b.n_seq_id = NULL;
@@ -736,6 +738,127 @@ static void op_edit(driver *d, bool div)
         }
 }
 
+/* Compaction: the memory decides what to keep; the driver checks the
+ * budget and the reserved cells, then applies exactly that keep-set (and
+ * renumbering) to the reference, so every later attention comparison checks
+ * the compacted cache against a recomputation over exactly the kept tokens. */
+typedef struct kept_tok {
+    uint64_t stamp;
+    int32_t old_pos, new_pos;
+} kept_tok;
+
+static void op_compact(driver *d)
+{
+    ref *r = &d->r;
+    int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+    int32_t gfull = -1;
+    for (int32_t g = 0; g < r->n_groups; g++)
+        if (!r->groups[g].sliding) gfull = g;
+    if (gfull < 0) return;
+    ref_list *fl = &r->lists[s][gfull];
+    if (fl->n < 4) return;
+    /* duplicates of one token in a list (split-stream copies) cannot be
+     * matched to cells unambiguously: skip those sequences */
+    for (int32_t i = 0; i < fl->n; i++)
+        for (int32_t j = i + 1; j < fl->n; j++)
+            if (r->toks[fl->e[i].tok].stamp == r->toks[fl->e[j].tok].stamp) return;
+    keel_compact_params p = keel_compact_params_default();
+    p.policy = (keel_compact_policy)(1 + pick(&d->ch, 4));
+    p.target = 2 + (int32_t)pick(&d->ch, (uint32_t)(fl->n - 2));
+    p.trigger = p.target + 1;
+    p.n_sink = (int32_t)pick(&d->ch, (uint32_t)BASE_MIN(4, p.target));
+    p.recent = (float)pick(&d->ch, 6) / 10.0f;
+    if (p.n_sink + (int32_t)ceil(p.recent * p.target) > p.target) p.recent = 0.0f;
+    p.renumber = chance(&d->ch, 60);
+    p.protect = chance(&d->ch, 50);
+    p.seed = 1 + pick(&d->ch, 100);
+    /* snapshot: stamp -> position of s's full-table cells */
+    const mem_group *grp = &d->mem->groups[gfull];
+    const mem_table *t = &grp->tables[d->mem->n_streams == 1 ? 0 : s];
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st = keel_mem_compact(d->mem, s, &p);
+    TRACE("compact seq %d %s target %d sinks %d recent %.1f %s -> %s", s,
+          keel_compact_policy_name(p.policy), p.target, p.n_sink, (double)p.recent,
+          p.renumber ? "renumber" : "keep", keel_status_name(st));
+    if (st != KEEL_OK) {
+        if (st != KEEL_EFULL && st != KEEL_EINVAL) expect_status(d, st, KEEL_OK, "compact");
+        refused(d, before, st, "compact");
+        return;
+    }
+    /* what the memory kept */
+    kept_tok *kt = calloc((size_t)fl->n, sizeof(kept_tok));
+    int32_t nk = 0;
+    for (int32_t c = 0; c < t->cap; c++)
+        if (t->pos[c] >= 0 && mem_seq_has(t, c, s)) {
+            kt[nk].stamp = t->stamp[c];
+            kt[nk].new_pos = t->pos[c];
+            nk++;
+        }
+    if (nk != BASE_MIN(p.target, fl->n)) {
+        d->res->invariant_failures++;
+        note(d, "compact kept %d cells, target %d (had %d)", nk, p.target, fl->n);
+    }
+    /* sinks and recent are kept */
+    int32_t *ord = malloc((size_t)fl->n * sizeof(int32_t));
+    for (int32_t i = 0; i < fl->n; i++) ord[i] = i;
+    for (int32_t i = 1; i < fl->n; i++)
+        for (int32_t j = i; j > 0; j--) {
+            const ref_entry *a = &fl->e[ord[j - 1]], *b = &fl->e[ord[j]];
+            if (key_less(b->pos, r->toks[b->tok].stamp, a->pos, r->toks[a->tok].stamp)) {
+                int32_t tmp = ord[j];
+                ord[j] = ord[j - 1];
+                ord[j - 1] = tmp;
+            } else
+                break;
+        }
+    int32_t n_recent = (int32_t)ceil(p.recent * p.target);
+    for (int32_t i = 0; i < fl->n; i++) {
+        bool must = i < p.n_sink || i >= fl->n - n_recent;
+        uint64_t stp = r->toks[fl->e[ord[i]].tok].stamp;
+        bool found = false;
+        for (int32_t j = 0; j < nk && !found; j++) found = kt[j].stamp == stp;
+        if (must && !found) {
+            d->res->invariant_failures++;
+            note(d, "compact dropped a reserved token (rank %d of %d)", i, fl->n);
+        }
+    }
+    free(ord);
+    /* apply to the reference */
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        ref_list *l = &r->lists[s][g];
+        int32_t w = 0;
+        for (int32_t i = 0; i < l->n; i++) {
+            ref_entry e = l->e[i];
+            uint64_t stp = r->toks[e.tok].stamp;
+            int32_t j = 0;
+            while (j < nk && kt[j].stamp != stp) j++;
+            if (j == nk) {
+                if (g == gfull) {
+                    tok_unref(r, e.tok);
+                    continue;
+                }
+                /* a ring token outside the kept set: positions unchanged (keep mode) */
+                l->e[w++] = e;
+                continue;
+            }
+            if (p.renumber && kt[j].new_pos != e.pos) {
+                bool shared = false;
+                for (int32_t q = 0; q < r->rc.mc.n_seq_max && !shared; q++) {
+                    if (q == s) continue;
+                    for (int32_t x = 0; x < r->lists[q][g].n && !shared; x++)
+                        shared = r->lists[q][g].e[x].inst == e.inst;
+                }
+                if (shared) e.inst = r->next_inst++;
+                e.pos = kt[j].new_pos;
+                e.edits++;
+            }
+            l->e[w++] = e;
+        }
+        l->n = w;
+    }
+    free(kt);
+}
+
 static void op_clear(driver *d)
 {
     TRACE("clear");
@@ -754,7 +877,7 @@ static void op_bad(driver *d)
     switch (kind) {
     case 0: { /* unknown sequence id */
         int32_t pos = 0, seq = mc->n_seq_max + (int32_t)pick(&d->ch, 3);
-        keel_mem_batch b = {1, &pos, &seq, NULL, NULL};
+        keel_mem_batch b = {1, &pos, &seq, NULL, NULL, NULL};
         st = keel_mem_place(d->mem, &b, d->cells);
         expect_status(d, st, KEEL_EINVAL, "place (unknown seq)");
         break;
@@ -764,7 +887,7 @@ static void op_bad(driver *d)
         int32_t pm = ref_pos_max(r, seq);
         if (pm < 0) return;
         int32_t pos = pm + 2 + (int32_t)pick(&d->ch, 3);
-        keel_mem_batch b = {1, &pos, &seq, NULL, NULL};
+        keel_mem_batch b = {1, &pos, &seq, NULL, NULL, NULL};
         st = keel_mem_place(d->mem, &b, d->cells);
         expect_status(d, st, KEEL_EINVAL, "place (gap)");
         break;
@@ -790,7 +913,7 @@ static void op_bad(driver *d)
             pos[i] = i;
             seq[i] = 0;
         }
-        keel_mem_batch b = {n, pos, seq, NULL, NULL};
+        keel_mem_batch b = {n, pos, seq, NULL, NULL, NULL};
         st = keel_mem_place(d->mem, &b, d->cells);
         expect_status(d, st, KEEL_EINVAL, "place (too many tokens)");
         break;
@@ -1000,6 +1123,9 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
         } else if (op < 88) {
             op_clear(&d);
             name = "clear";
+        } else if (op < 92) {
+            op_compact(&d);
+            name = "compact";
         } else {
             op_bad(&d);
             name = "bad input";

@@ -1,0 +1,125 @@
+/*
+ * cmd_gen_model.c — `keel gen-model`: writes a deterministic random-weight
+ * GGUF model (keel_gen_model) for tests and benchmarks.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void gen_usage(FILE *f)
+{
+    keel_gen_params d = keel_gen_params_default();
+    fprintf(f,
+            "usage: keel gen-model --arch llama|qwen2|qwen3|gemma2 [options] --out FILE\n"
+            "  --layers N     blocks (%d)\n"
+            "  --embd N       embedding width (%d)\n"
+            "  --heads N      attention heads (%d)\n"
+            "  --kv-heads N   key/value heads (%d)\n"
+            "  --head-dim N   head dimension (0: embd / heads)\n"
+            "  --ff N         feed-forward width (0: 3 x embd)\n"
+            "  --vocab N      vocabulary size, >= 300 (%d)\n"
+            "  --ctx N        training context (%d)\n"
+            "  --swa N        gemma2 sliding window (0: 32)\n"
+            "  --dtype T      weight matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1\n"
+            "                 q4_K q5_K q6_K (%s)\n"
+            "  --seed S       random seed (%" PRIu64 ")\n",
+            d.n_layer, d.n_embd, d.n_head, d.n_head_kv, d.n_vocab, d.n_ctx,
+            keel_dtype_name(d.dtype), d.seed);
+}
+
+/* Parses a whole decimal integer in [lo, hi]. */
+static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+int cmd_gen_model(int argc, char **argv)
+{
+    keel_gen_params p = keel_gen_params_default();
+    p.arch = NULL;
+    const char *out = NULL;
+    static const struct {
+        const char *flag;
+        size_t off;
+    } ints[] = {
+        {"--layers", offsetof(keel_gen_params, n_layer)},
+        {"--embd", offsetof(keel_gen_params, n_embd)},
+        {"--heads", offsetof(keel_gen_params, n_head)},
+        {"--kv-heads", offsetof(keel_gen_params, n_head_kv)},
+        {"--head-dim", offsetof(keel_gen_params, head_dim)},
+        {"--ff", offsetof(keel_gen_params, n_ff)},
+        {"--vocab", offsetof(keel_gen_params, n_vocab)},
+        {"--ctx", offsetof(keel_gen_params, n_ctx)},
+        {"--swa", offsetof(keel_gen_params, n_swa)},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            gen_usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "keel gen-model: %s needs a value (or is unknown)\n", a);
+            gen_usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        bool done = false;
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++) {
+            if (strcmp(a, ints[k].flag) != 0) continue;
+            int64_t x;
+            if (!parse_i64(v, INT32_MIN, INT32_MAX, &x)) {
+                fprintf(stderr, "keel gen-model: %s: '%s' is not an integer\n", a, v);
+                return 2;
+            }
+            int32_t x32 = (int32_t)x;
+            memcpy((char *)&p + ints[k].off, &x32, sizeof x32);
+            done = true;
+        }
+        if (done) continue;
+        if (strcmp(a, "--arch") == 0) {
+            p.arch = v;
+        } else if (strcmp(a, "--out") == 0 || strcmp(a, "-o") == 0) {
+            out = v;
+        } else if (strcmp(a, "--dtype") == 0) {
+            if (keel_dtype_from_name(v, &p.dtype) != KEEL_OK) {
+                fprintf(stderr, "keel gen-model: unknown dtype '%s'\n", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') {
+                fprintf(stderr, "keel gen-model: --seed: '%s' is not an unsigned integer\n", v);
+                return 2;
+            }
+            p.seed = (uint64_t)s;
+        } else {
+            fprintf(stderr, "keel gen-model: unknown option %s\n", a);
+            gen_usage(stderr);
+            return 2;
+        }
+    }
+    if (!p.arch || !out) {
+        fprintf(stderr, "keel gen-model: --arch and --out are required\n");
+        gen_usage(stderr);
+        return 2;
+    }
+    char err[256] = "";
+    int64_t n_params = 0;
+    size_t n_bytes = 0;
+    keel_status st = keel_gen_model_size(&p, &n_params, &n_bytes, err);
+    if (st == KEEL_OK) st = keel_gen_model(&p, out, err);
+    if (st != KEEL_OK) return cli_fail("gen-model", st, err);
+    printf("%s: %s, %" PRId64 " parameters, %zu bytes\n", out, p.arch, n_params, n_bytes);
+    return 0;
+}

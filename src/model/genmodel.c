@@ -1,0 +1,494 @@
+/*
+ * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
+ * the llama, qwen2, qwen3 and gemma2 architectures, with the keys, tensor
+ * names and shapes llama.cpp's loader expects, and a vocabulary learned
+ * from a built-in text (genvocab.c). docs/formats.md section 7.
+ *
+ * Weights: tensor t, row r is drawn from base_rng seeded with
+ * hash(name of t, seed) + (r + 1) * golden ratio, so each row is
+ * independent of every other and rows are generated in parallel with the
+ * same bytes for any thread count. Tensors are deferred in the GGUF writer
+ * and generated one at a time while the file is written: memory is one
+ * tensor (the largest) plus a row of f32 per thread, whatever the model
+ * size.
+ *
+ * Invariant: the tensor list (names, shapes, dtypes) depends only on the
+ * parameters, and each tensor's bytes only on its name, shape, dtype and
+ * the seed; the file is a pure function of the parameters.
+ */
+#include "genmodel.h"
+
+#include "../tensor/tensor.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define GEN_MAX_LAYER          1024
+#define GEN_MAX_EMBD           65536
+#define GEN_MAX_HEAD           1024
+#define GEN_MAX_HEAD_DIM       4096
+#define GEN_MAX_FF             (1 << 20)
+#define GEN_MAX_CTX            (1 << 24)
+#define GEN_MAX_PARAMS         ((int64_t)1 << 40)
+#define GEN_ROW_ELEMS_PER_TASK 65536 /* rows per pool task: about this many elements */
+
+keel_gen_params keel_gen_params_default(void)
+{
+    keel_gen_params p = {
+        .arch = "llama",
+        .n_layer = 2,
+        .n_embd = 128,
+        .n_head = 4,
+        .n_head_kv = 2,
+        .head_dim = 0,
+        .n_ff = 0,
+        .n_vocab = 512,
+        .n_ctx = 4096,
+        .n_swa = 0,
+        .dtype = KEEL_DTYPE_F32,
+        .seed = 1,
+    };
+    return p;
+}
+
+/* ---- architectures ----------------------------------------------------------- */
+
+typedef struct gen_arch {
+    const char *name;
+    genmodel_vocab_kind vocab;
+    bool qkv_bias;   /* attn_{q,k,v}.bias (qwen2) */
+    bool qk_norm;    /* attn_{q,k}_norm [head_dim] (qwen3) */
+    bool post_norms; /* post_attention_norm, post_ffw_norm (gemma2) */
+    bool tied;       /* no output.weight: logits use token_embd (gemma2) */
+    bool gemma;      /* softcapping and sliding-window keys, scaled embeddings */
+    float rope_base;
+    float rms_eps;
+} gen_arch;
+
+static const gen_arch g_archs[] = {
+    {"llama", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f},
+    {"qwen2", GENMODEL_VOCAB_BPE, true, false, false, false, false, 1000000.0f, 1e-6f},
+    {"qwen3", GENMODEL_VOCAB_BPE, false, true, false, false, false, 1000000.0f, 1e-6f},
+    {"gemma2", GENMODEL_VOCAB_SPM, false, false, true, true, true, 10000.0f, 1e-6f},
+};
+
+#define GEMMA2_ATTN_SOFTCAP  50.0f
+#define GEMMA2_FINAL_SOFTCAP 30.0f
+#define GEMMA2_DEFAULT_SWA   32
+
+/* llama.cpp's LLAMA_FTYPE for a file whose matrices are all of dtype t. */
+static uint32_t file_type(keel_dtype t)
+{
+    switch (t) {
+    case KEEL_DTYPE_F32:
+        return 0; /* ALL_F32 */
+    case KEEL_DTYPE_F16:
+        return 1; /* MOSTLY_F16 */
+    case KEEL_DTYPE_Q4_0:
+        return 2; /* MOSTLY_Q4_0 */
+    case KEEL_DTYPE_Q4_1:
+        return 3; /* MOSTLY_Q4_1 */
+    case KEEL_DTYPE_Q8_0:
+        return 7; /* MOSTLY_Q8_0 */
+    case KEEL_DTYPE_Q5_0:
+        return 8; /* MOSTLY_Q5_0 */
+    case KEEL_DTYPE_Q5_1:
+        return 9; /* MOSTLY_Q5_1 */
+    case KEEL_DTYPE_Q4_K:
+        return 14; /* MOSTLY_Q4_K_S */
+    case KEEL_DTYPE_Q5_K:
+        return 16; /* MOSTLY_Q5_K_S */
+    case KEEL_DTYPE_Q6_K:
+        return 18; /* MOSTLY_Q6_K */
+    case KEEL_DTYPE_BF16:
+        return 32; /* MOSTLY_BF16 */
+    default:
+        return UINT32_MAX;
+    }
+}
+
+/* ---- the tensor list ------------------------------------------------------------ */
+
+typedef enum gen_init {
+    GEN_INIT_NORMAL, /* N(0, std) */
+    GEN_INIT_NORM,   /* 1 + N(0, std) */
+} gen_init;
+
+typedef struct gen_tensor {
+    char name[64];
+    uint32_t n_dims;
+    int64_t ne[2]; /* ne[0] fastest (a row), ne[1] rows; 1 for 1-D */
+    keel_dtype dtype;
+    gen_init init;
+    float std;
+} gen_tensor;
+
+typedef struct gen_model {
+    const gen_arch *arch;
+    keel_gen_params p; /* resolved: head_dim, n_ff, n_swa filled in */
+    gen_tensor *t;     /* [n_t] in file order */
+    int64_t n_t, cap_t;
+    int64_t n_params;
+    int64_t max_row; /* longest row (elements) */
+    /* generation */
+    base_pool *pool;
+    int n_threads;
+    float *scratch;       /* [n_threads][max_row] */
+    keel_status *task_st; /* [n_threads] first failure per thread */
+    char err[BASE_ERR_CAP];
+} gen_model;
+
+/* Weight dtype of a matrix with rows of n elements: the requested one, or
+ * q8_0 / f16 when n is not a multiple of its block (llama.cpp's quantizer
+ * also falls back per tensor). */
+static keel_dtype matrix_dtype(keel_dtype want, int64_t n)
+{
+    if (n % keel_dtype_block_size(want) == 0) return want;
+    if (n % keel_dtype_block_size(KEEL_DTYPE_Q8_0) == 0 && want != KEEL_DTYPE_F32 &&
+        want != KEEL_DTYPE_F16 && want != KEEL_DTYPE_BF16)
+        return KEEL_DTYPE_Q8_0;
+    return KEEL_DTYPE_F16;
+}
+
+static void add_t(gen_model *m, const char *name, int64_t ne0, int64_t ne1, gen_init init,
+                  float std)
+{
+    gen_tensor *t = &m->t[m->n_t++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = ne1 > 0 ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1 > 0 ? ne1 : 1;
+    t->dtype = t->n_dims == 2 ? matrix_dtype(m->p.dtype, ne0) : KEEL_DTYPE_F32;
+    t->init = init;
+    t->std = std;
+    m->n_params += ne0 * t->ne[1];
+    if (ne0 > m->max_row) m->max_row = ne0;
+}
+
+static void add_blk(gen_model *m, int32_t l, const char *what, int64_t ne0, int64_t ne1,
+                    gen_init init, float std)
+{
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.%s", (int)l, what);
+    add_t(m, name, ne0, ne1, init, std);
+}
+
+#define NORM_STD 0.02f /* norms: 1 + N(0, 0.02); biases: N(0, 0.02) */
+
+static float inv_sqrt(int64_t n)
+{
+    return (float)(1.0 / sqrt((double)n));
+}
+
+/* Lists every tensor (m->t must hold gen_tensor_count entries). */
+static void list_tensors(gen_model *m)
+{
+    const gen_arch *a = m->arch;
+    const keel_gen_params *p = &m->p;
+    int64_t E = p->n_embd, V = p->n_vocab, F = p->n_ff, D = p->head_dim;
+    int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
+    add_t(m, "token_embd.weight", E, V, GEN_INIT_NORMAL, a->gemma ? inv_sqrt(E) : 1.0f);
+    add_t(m, "output_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (!a->tied) add_t(m, "output.weight", E, V, GEN_INIT_NORMAL, inv_sqrt(E));
+    for (int32_t l = 0; l < p->n_layer; l++) {
+        add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "attn_q.weight", E, Q, GEN_INIT_NORMAL, inv_sqrt(E));
+        if (a->qkv_bias) add_blk(m, l, "attn_q.bias", Q, 0, GEN_INIT_NORMAL, NORM_STD);
+        add_blk(m, l, "attn_k.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+        if (a->qkv_bias) add_blk(m, l, "attn_k.bias", KV, 0, GEN_INIT_NORMAL, NORM_STD);
+        add_blk(m, l, "attn_v.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+        if (a->qkv_bias) add_blk(m, l, "attn_v.bias", KV, 0, GEN_INIT_NORMAL, NORM_STD);
+        if (a->qk_norm) {
+            add_blk(m, l, "attn_q_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+            add_blk(m, l, "attn_k_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+        }
+        add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
+        if (a->post_norms)
+            add_blk(m, l, "post_attention_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "ffn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "ffn_gate.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+        if (a->post_norms) add_blk(m, l, "post_ffw_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    }
+}
+
+static int64_t tensor_count(const gen_model *m)
+{
+    const gen_arch *a = m->arch;
+    int64_t per = 9 + (a->qkv_bias ? 3 : 0) + (a->qk_norm ? 2 : 0) + (a->post_norms ? 2 : 0);
+    return 3 + per * m->p.n_layer;
+}
+
+/* ---- parameters -------------------------------------------------------------------- */
+
+static keel_status check_range(char *err, const char *field, int64_t v, int64_t lo, int64_t hi)
+{
+    if (v < lo || v > hi)
+        return base_err(err, KEEL_EINVAL, "%s = %" PRId64 " outside [%" PRId64 ", %" PRId64 "]",
+                        field, v, lo, hi);
+    return KEEL_OK;
+}
+
+/* Validates p and resolves defaults into m->p. */
+static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
+{
+    keel_status st;
+    if (!p) return base_err(err, KEEL_EINVAL, "params is NULL");
+    if (!p->arch) return base_err(err, KEEL_EINVAL, "arch is NULL");
+    for (size_t i = 0; i < BASE_ARRAY_LEN(g_archs); i++)
+        if (strcmp(p->arch, g_archs[i].name) == 0) m->arch = &g_archs[i];
+    if (!m->arch)
+        return base_err(err, KEEL_EUNSUPPORTED,
+                        "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2)", p->arch);
+    m->p = *p;
+    keel_gen_params *q = &m->p;
+    if ((st = check_range(err, "n_layer", q->n_layer, 1, GEN_MAX_LAYER)) ||
+        (st = check_range(err, "n_embd", q->n_embd, 1, GEN_MAX_EMBD)) ||
+        (st = check_range(err, "n_head", q->n_head, 1, GEN_MAX_HEAD)) ||
+        (st = check_range(err, "n_head_kv", q->n_head_kv, 1, q->n_head)))
+        return st;
+    if (q->n_head % q->n_head_kv != 0)
+        return base_err(err, KEEL_EINVAL, "n_head = %d is not a multiple of n_head_kv = %d",
+                        q->n_head, q->n_head_kv);
+    if (q->head_dim == 0) {
+        if (q->n_embd % q->n_head != 0)
+            return base_err(err, KEEL_EINVAL,
+                            "head_dim = 0 needs n_embd (%d) divisible by n_head (%d); set head_dim",
+                            q->n_embd, q->n_head);
+        q->head_dim = q->n_embd / q->n_head;
+    }
+    if ((st = check_range(err, "head_dim", q->head_dim, 2, GEN_MAX_HEAD_DIM))) return st;
+    if (q->head_dim % 2 != 0)
+        return base_err(err, KEEL_EINVAL, "head_dim = %d is odd (RoPE rotates pairs)", q->head_dim);
+    if (q->n_ff == 0) q->n_ff = 3 * q->n_embd;
+    if ((st = check_range(err, "n_ff", q->n_ff, 1, GEN_MAX_FF)) ||
+        (st = check_range(err, "n_vocab", q->n_vocab, GENMODEL_MIN_VOCAB, GENMODEL_MAX_VOCAB)) ||
+        (st = check_range(err, "n_ctx", q->n_ctx, 1, GEN_MAX_CTX)) ||
+        (st = check_range(err, "n_swa", q->n_swa, 0, GEN_MAX_CTX)))
+        return st;
+    if (m->arch->gemma && q->n_swa == 0) q->n_swa = GEMMA2_DEFAULT_SWA;
+    if (!keel_dtype_name(q->dtype))
+        return base_err(err, KEEL_EINVAL, "dtype = %d is not a known type", (int)q->dtype);
+    if (file_type(q->dtype) == UINT32_MAX || !keel_dtype_can_quantize(q->dtype))
+        return base_err(err, KEEL_EUNSUPPORTED,
+                        "dtype = %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_1, "
+                        "q5_0, q5_1, q4_K, q5_K, q6_K)",
+                        keel_dtype_name(q->dtype));
+    /* Parameter count in checked arithmetic: every factor is bounded
+     * above, but products of them are not small. */
+    int64_t E = q->n_embd, V = q->n_vocab, F = q->n_ff, D = q->head_dim, L = q->n_layer;
+    int64_t Q = q->n_head * D, KV = q->n_head_kv * D, per, glob, total;
+    if (__builtin_mul_overflow(E, 2 * Q + 2 * KV + 3 * F, &per) ||
+        __builtin_add_overflow(per, 6 * E + Q + 2 * KV + 2 * D, &per) ||
+        __builtin_mul_overflow(per, L, &total) || __builtin_mul_overflow(E, 2 * V, &glob) ||
+        __builtin_add_overflow(total, glob + E, &total) || total > GEN_MAX_PARAMS)
+        return base_err(err, KEEL_EINVAL, "model too large (more than %" PRId64 " parameters)",
+                        GEN_MAX_PARAMS);
+    return KEEL_OK;
+}
+
+/* ---- weights ---------------------------------------------------------------------------- */
+
+typedef struct fill_job {
+    gen_model *m;
+    const gen_tensor *t;
+    uint64_t seed; /* the tensor's */
+    uint8_t *dst;  /* its bytes */
+    size_t row_bytes;
+    int64_t rows_per_task;
+} fill_job;
+
+/* Fills x[0..n) from rng: N(0, std), plus 1 for norms. Box-Muller, both
+ * values of each pair used. */
+static void draw_row(base_rng *rng, float *x, int64_t n, gen_init init, float std)
+{
+    for (int64_t i = 0; i < n; i += 2) {
+        double u1 = ((double)(base_rng_next(rng) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+        double u2 = (double)(base_rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+        double r = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+        x[i] = (float)(r * cos(th) * std);
+        if (i + 1 < n) x[i + 1] = (float)(r * sin(th) * std);
+    }
+    if (init == GEN_INIT_NORM)
+        for (int64_t i = 0; i < n; i++)
+            x[i] += 1.0f;
+}
+
+static void fill_task(void *ctx, int64_t task, int thread)
+{
+    fill_job *j = ctx;
+    const gen_tensor *t = j->t;
+    float *x = j->m->scratch + (size_t)thread * (size_t)j->m->max_row;
+    int64_t r0 = task * j->rows_per_task, r1 = BASE_MIN(r0 + j->rows_per_task, t->ne[1]);
+    for (int64_t r = r0; r < r1; r++) {
+        base_rng rng;
+        base_rng_seed(&rng, j->seed + (uint64_t)(r + 1) * 0x9e3779b97f4a7c15ULL);
+        draw_row(&rng, x, t->ne[0], t->init, t->std);
+        keel_status st =
+            tensor_quantize_row(t->dtype, x, j->dst + (size_t)r * j->row_bytes, t->ne[0]);
+        if (st && !j->m->task_st[thread]) j->m->task_st[thread] = st;
+    }
+}
+
+/* gguf_writer_fill_fn: generates tensor index into buf. */
+static keel_status fill_tensor(void *user, int64_t index, const char *name, void *buf,
+                               size_t nbytes)
+{
+    gen_model *m = user;
+    if (index < 0 || index >= m->n_t) return KEEL_EINTERNAL;
+    const gen_tensor *t = &m->t[index];
+    fill_job j = {
+        .m = m,
+        .t = t,
+        .seed = base_hash64(name, strlen(name), m->p.seed),
+        .dst = buf,
+        .row_bytes = tensor_row_bytes(t->dtype, t->ne[0]),
+        .rows_per_task = BASE_MAX(1, GEN_ROW_ELEMS_PER_TASK / t->ne[0]),
+    };
+    if (j.row_bytes * (size_t)t->ne[1] != nbytes) return KEEL_EINTERNAL;
+    int64_t n_tasks = (t->ne[1] + j.rows_per_task - 1) / j.rows_per_task;
+    for (int i = 0; i < m->n_threads; i++)
+        m->task_st[i] = KEEL_OK;
+    base_pool_run(n_tasks > 1 ? m->pool : NULL, n_tasks, fill_task, &j);
+    for (int i = 0; i < m->n_threads; i++)
+        if (m->task_st[i])
+            return base_err(m->err, m->task_st[i], "tensor %s: %s", name,
+                            keel_strerror(m->task_st[i]));
+    return KEEL_OK;
+}
+
+/* ---- the file ------------------------------------------------------------------------------ */
+
+static void gen_free(gen_model *m)
+{
+    base_free(m->t, (size_t)m->cap_t * sizeof *m->t);
+    base_pool_close(m->pool);
+    base_free(m->scratch, (size_t)m->n_threads * (size_t)m->max_row * sizeof *m->scratch);
+    base_free(m->task_st, (size_t)m->n_threads * sizeof *m->task_st);
+}
+
+/* Adds every key and (deferred) tensor of the model to w. */
+static keel_status build(gen_model *m, gguf_writer *w, char *err)
+{
+    keel_status st;
+    const gen_arch *a = m->arch;
+    const keel_gen_params *p = &m->p;
+    m->cap_t = tensor_count(m);
+    if (!(m->t = base_alloc((size_t)m->cap_t * sizeof *m->t)))
+        return base_err(err, KEEL_ENOMEM, "out of memory for %" PRId64 " tensor records", m->cap_t);
+    list_tensors(m);
+    char key[96], name[96];
+    snprintf(name, sizeof name, "keel-gen %s seed %" PRIu64, a->name, p->seed);
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, a->name), key)
+    if ((st = gguf_writer_add_str(w, "general.architecture", a->name)) ||
+        (st = gguf_writer_add_str(w, "general.name", name)) ||
+        (st = gguf_writer_add_u32(w, "general.file_type", file_type(p->dtype))) ||
+        (st = gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)p->n_vocab)) ||
+        (st = gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)p->n_ctx)) ||
+        (st = gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd)) ||
+        (st = gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)p->n_layer)) ||
+        (st = gguf_writer_add_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff)) ||
+        (st = gguf_writer_add_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head)) ||
+        (st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)) ||
+        (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)) ||
+        (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
+        (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
+        (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), (uint32_t)p->head_dim)) ||
+        (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base)))
+        goto fail;
+    if (a->gemma &&
+        ((st = gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa)) ||
+         (st = gguf_writer_add_f32(w, KEY("attn_logit_softcapping"), GEMMA2_ATTN_SOFTCAP)) ||
+         (st = gguf_writer_add_f32(w, KEY("final_logit_softcapping"), GEMMA2_FINAL_SOFTCAP))))
+        goto fail;
+#undef KEY
+    if ((st = genmodel_add_vocab(w, a->vocab, p->n_vocab, err))) return st;
+    for (int64_t i = 0; i < m->n_t; i++) {
+        const gen_tensor *t = &m->t[i];
+        if ((st = gguf_writer_add_tensor_deferred(w, t->name, t->dtype, t->n_dims, t->ne)))
+            goto fail;
+    }
+    return KEEL_OK;
+fail:
+    return base_err(err, st, "%s", gguf_writer_last_error(w));
+}
+
+/* Builds the writer for p (everything but the weights). */
+static keel_status gen_open(const keel_gen_params *p, gen_model *m, gguf_writer **w, char *err)
+{
+    keel_status st;
+    memset(m, 0, sizeof *m);
+    *w = NULL;
+    if ((st = resolve(p, m, err))) return st;
+    if ((st = gguf_writer_open(w))) return base_err(err, st, "out of memory");
+    if ((st = build(m, *w, err))) {
+        gguf_writer_close(*w);
+        *w = NULL;
+        gen_free(m);
+        return st;
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_gen_model_size(const keel_gen_params *p, int64_t *n_params, size_t *n_bytes,
+                                char *err)
+{
+    gen_model m;
+    gguf_writer *w;
+    keel_status st = gen_open(p, &m, &w, err);
+    if (st) return st;
+    size_t size = 0;
+    st = gguf_writer_size(w, &size);
+    if (st) base_err(err, st, "file size overflows");
+    if (!st && n_params) *n_params = m.n_params;
+    if (!st && n_bytes) *n_bytes = size;
+    gguf_writer_close(w);
+    gen_free(&m);
+    return st;
+}
+
+keel_status keel_gen_model(const keel_gen_params *p, const char *path, char *err)
+{
+    if (!path) return base_err(err, KEEL_EINVAL, "path is NULL");
+    gen_model m;
+    gguf_writer *w;
+    keel_status st = gen_open(p, &m, &w, err);
+    if (st) return st;
+    /* one pool for big models; small ones are generated inline */
+    m.n_threads = 1;
+    if (m.n_params >= ((int64_t)1 << 22)) {
+        if ((st = base_pool_open(BASE_MIN(keel_cpu_count(), 16), &m.pool))) {
+            base_err(err, st, "cannot start generator threads");
+            goto done;
+        }
+        m.n_threads = base_pool_threads(m.pool);
+    }
+    if (!(m.scratch = base_alloc((size_t)m.n_threads * (size_t)m.max_row * sizeof *m.scratch)) ||
+        !(m.task_st = base_calloc((size_t)m.n_threads, sizeof *m.task_st))) {
+        st = base_err(err, KEEL_ENOMEM, "out of memory for generator scratch");
+        goto done;
+    }
+    gguf_writer_set_fill(w, fill_tensor, &m);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        st = base_err(err, KEEL_EIO, "cannot create %s: %s", path, strerror(errno));
+        goto done;
+    }
+    st = gguf_writer_write_file(w, f);
+    if (st) {
+        if (m.err[0])
+            base_err(err, st, "%s", m.err);
+        else
+            base_err(err, st, "%s: %s", path, gguf_writer_last_error(w));
+    }
+    if (fclose(f) != 0 && !st) st = base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
+    if (st) remove(path); /* no partial model files */
+done:
+    gguf_writer_close(w);
+    gen_free(&m);
+    return st;
+}
