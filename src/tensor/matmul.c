@@ -76,9 +76,12 @@ static void matvec_task(void *vctx, int64_t task, int thread)
     size_t left = (size_t)(r1 - r0) * c->row_bytes; /* bytes from w to the task's end */
     for (int64_t r = r0; r < r1; r++, w += c->row_bytes, left -= c->row_bytes) {
         /* keep more lines in flight than the hardware streamer alone:
-         * prefetch a row's worth MATVEC_PREFETCH_BYTES ahead (within the task) */
+         * prefetch a row's worth MATVEC_PREFETCH_BYTES ahead (within the
+         * task), every other line (the adjacent-line prefetcher pairs
+         * them): measured +5-8% for q8_0 from DRAM on one thread, -5%
+         * when the matrix is cache-resident (every line: -11%) */
         for (size_t off = MATVEC_PREFETCH_BYTES;
-             off < MATVEC_PREFETCH_BYTES + c->row_bytes && off < left; off += 64)
+             off < MATVEC_PREFETCH_BYTES + c->row_bytes && off < left; off += 128)
             __builtin_prefetch(w + off, 0, 0);
         c->y[r] = c->dot(c->n_cols, w, c->x);
     }
