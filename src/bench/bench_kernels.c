@@ -246,7 +246,7 @@ static keel_status bk_run_matvec(bk_state *s)
             mv_res *r = &s->mv[first + k * (s->n_pools + 1)];
             for (int p = 0; p < s->n_pools; p++, r++) {
                 if (p < 2) {
-                    double bw = bench_read_bw_gbps(s->pools[p], MATVEC_BYTES, 1);
+                    double bw = bench_read_bw_gbps(s->pools[p], MATVEC_BYTES, 3);
                     if (bw > s->bw[p]) s->bw[p] = bw;
                 }
                 double g = bk_time_matvec(types[k], &W[k], n_rows[k], xb.p, yb.p, s->pools[p], &arena, 4);
