@@ -631,6 +631,180 @@ static void test_axpy_row_all(void **state)
     free(yv);
 }
 
+/* ---- fixtures: weights written by llama.cpp ---------------------------------------- */
+
+/* A minimal GGUF v3 tensor directory (test-only; no bounds beyond what the
+ * fixture needs, aborting the test on anything unexpected). */
+typedef struct gg_tensor {
+    char name[64];
+    int64_t ne[4];
+    int n_dims;
+    uint32_t type;
+    uint64_t offset;
+} gg_tensor;
+
+typedef struct gg_file {
+    uint8_t *data;
+    size_t size, pos, data_start;
+    gg_tensor t[64];
+    int n_tensors;
+} gg_file;
+
+static uint64_t gg_u(gg_file *f, int bytes)
+{
+    assert_true(f->pos + (size_t)bytes <= f->size);
+    uint64_t v = 0;
+    memcpy(&v, f->data + f->pos, (size_t)bytes);
+    f->pos += (size_t)bytes;
+    return v;
+}
+
+static void gg_skip_value(gg_file *f, uint32_t type)
+{
+    static const int sizes[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    assert_true(type <= 12);
+    if (type == 8) {
+        f->pos += gg_u(f, 8);
+    } else if (type == 9) {
+        uint32_t et = (uint32_t)gg_u(f, 4);
+        uint64_t n = gg_u(f, 8);
+        for (uint64_t i = 0; i < n; i++)
+            gg_skip_value(f, et);
+    } else {
+        f->pos += (size_t)sizes[type];
+    }
+    assert_true(f->pos <= f->size);
+}
+
+static bool gg_open(gg_file *f, const char *path)
+{
+    memset(f, 0, sizeof *f);
+    f->data = test_read_file(path, &f->size);
+    if (!f->data) return false;
+    assert_memory_equal(f->data, "GGUF", 4);
+    f->pos = 4;
+    assert_int_equal(gg_u(f, 4), 3);
+    uint64_t n_tensors = gg_u(f, 8), n_kv = gg_u(f, 8);
+    assert_true(n_tensors <= 64);
+    uint64_t align = 32;
+    for (uint64_t i = 0; i < n_kv; i++) {
+        uint64_t klen = gg_u(f, 8);
+        bool is_align = klen == 17 && memcmp(f->data + f->pos, "general.alignment", 17) == 0;
+        f->pos += klen;
+        uint32_t type = (uint32_t)gg_u(f, 4);
+        if (is_align && type == 4) {
+            align = gg_u(f, 4);
+            continue;
+        }
+        gg_skip_value(f, type);
+    }
+    for (uint64_t i = 0; i < n_tensors; i++) {
+        gg_tensor *t = &f->t[f->n_tensors++];
+        uint64_t nlen = gg_u(f, 8);
+        assert_true(nlen < sizeof t->name);
+        memcpy(t->name, f->data + f->pos, nlen);
+        t->name[nlen] = 0;
+        f->pos += nlen;
+        t->n_dims = (int)gg_u(f, 4);
+        assert_true(t->n_dims >= 1 && t->n_dims <= 4);
+        for (int d = 0; d < 4; d++)
+            t->ne[d] = d < t->n_dims ? (int64_t)gg_u(f, 8) : 1;
+        t->type = (uint32_t)gg_u(f, 4);
+        t->offset = gg_u(f, 8);
+    }
+    f->data_start = (f->pos + align - 1) / align * align;
+    return true;
+}
+
+static const gg_tensor *gg_find(const gg_file *f, const char *name)
+{
+    for (int i = 0; i < f->n_tensors; i++)
+        if (strcmp(f->t[i].name, name) == 0) return &f->t[i];
+    return NULL;
+}
+
+/* llama-quantize's F16 and Q8_0 files of the same f32 model: our f16
+ * conversion reproduces the F16 file byte for byte; our q8_0 dequantize of
+ * the Q8_0 file is within ggml's q8_0 error of the f32 weights, with the
+ * same block scales; our matvec over the file's rows matches f32. */
+static void test_fixture_llamacpp_weights(void **state)
+{
+    (void)state;
+    const char *p32 = test_fixture("models/llama-gqa-f32.gguf");
+    if (!p32) return;
+    gg_file f32, f16, q8;
+    assert_true(gg_open(&f32, p32));
+    assert_true(gg_open(&f16, test_fixture("models/llama-gqa-f16.gguf")));
+    assert_true(gg_open(&q8, test_fixture("models/llama-gqa-q8_0.gguf")));
+    int checked = 0;
+    base_arena arena;
+    assert_ok(base_arena_init(&arena, 1 << 16));
+    for (int i = 0; i < f32.n_tensors; i++) {
+        const gg_tensor *a = &f32.t[i], *h = gg_find(&f16, a->name), *q = gg_find(&q8, a->name);
+        if (a->n_dims != 2 || !h || !q) continue;
+        assert_int_equal(a->type, KEEL_DTYPE_F32);
+        assert_int_equal(h->type, KEEL_DTYPE_F16);
+        assert_int_equal(q->type, KEEL_DTYPE_Q8_0);
+        int64_t n_cols = a->ne[0], n_rows = a->ne[1], n = n_cols * n_rows;
+        const float *w = (const float *)(f32.data + f32.data_start + a->offset);
+        const uint8_t *wh = f16.data + f16.data_start + h->offset;
+        const uint8_t *wq = q8.data + q8.data_start + q->offset;
+        /* f16: identical bytes */
+        uint8_t *mine = malloc((size_t)n * 2);
+        assert_ok(tensor_quantize_row(KEEL_DTYPE_F16, w, mine, n));
+        assert_memory_equal(mine, wh, (size_t)n * 2);
+        free(mine);
+        /* q8_0: same scales, values within ggml's bound (its quants use the
+         * unrounded scale: half a step plus 127 * 2^-11 of a step) */
+        float *y = malloc((size_t)n * sizeof(float));
+        assert_ok(tensor_dequantize_row(KEEL_DTYPE_Q8_0, wq, y, n));
+        uint8_t *ours = malloc(tensor_row_bytes(KEEL_DTYPE_Q8_0, n));
+        assert_ok(tensor_quantize_row(KEEL_DTYPE_Q8_0, w, ours, n));
+        int64_t same_q = 0;
+        for (int64_t b = 0; b < n / 32; b++) {
+            assert_memory_equal(ours + 34 * b, wq + 34 * b, 2); /* scale */
+            double amax = 0;
+            for (int k = 0; k < 32; k++)
+                amax = fmax(amax, fabs(w[32 * b + k]));
+            for (int k = 0; k < 32; k++) {
+                double e = fabs((double)w[32 * b + k] - y[32 * b + k]);
+                if (!(e <= amax / 254.0 * 1.13 + 1e-9))
+                    fail_msg("%s element %lld: %.9g vs %.9g", a->name, (long long)(32 * b + k),
+                             w[32 * b + k], y[32 * b + k]);
+                same_q += ours[34 * b + 2 + k] == wq[34 * b + 2 + k];
+            }
+        }
+        if (checked == 0)
+            printf("    %s: %.3f%% of q8_0 quants identical to llama.cpp's\n", a->name,
+                   100.0 * (double)same_q / (double)n);
+        assert_true(same_q >= n * 98 / 100); /* only rounding-boundary values differ */
+        /* matvec over the file's q8_0 rows vs the f32 weights */
+        float *x = malloc((size_t)n_cols * sizeof(float)),
+              *yy = malloc((size_t)n_rows * sizeof(float));
+        test_fill_normal(x, n_cols, 5);
+        assert_ok(tensor_matvec(KEEL_DTYPE_Q8_0, wq, n_rows, n_cols, x, yy, NULL, &arena));
+        for (int64_t r = 0; r < n_rows; r++) {
+            double ref = 0, nw = 0, nx = 0;
+            for (int64_t c = 0; c < n_cols; c++) {
+                ref += (double)w[r * n_cols + c] * x[c];
+                nw += (double)w[r * n_cols + c] * w[r * n_cols + c];
+                nx += (double)x[c] * x[c];
+            }
+            assert_true(fabs(yy[r] - ref) <= 0.01 * sqrt(nw * nx));
+        }
+        free(x);
+        free(yy);
+        free(y);
+        free(ours);
+        checked++;
+    }
+    assert_true(checked >= 16);
+    base_arena_free(&arena);
+    free(f32.data);
+    free(f16.data);
+    free(q8.data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_kquant_hand_built),
         cmocka_unit_test(test_vec_dot_all),
         cmocka_unit_test(test_axpy_row_all),
+        cmocka_unit_test(test_fixture_llamacpp_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -354,11 +354,95 @@ static float dot_q6_K(int64_t n, const void *w, const void *x)
     return hsum_ps(acc);
 }
 
+/* 16 signed int8 scales -> int16 with the even sub-blocks in the low lane
+ * and the odd ones in the high lane (see dot_q6_K). */
+static inline __m256i scales_even_odd_epi16(__m128i sc8)
+{
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
+}
+
+/* q2_K: element e = 128n + 32j + l is bits 2j of qs[32n + l]; sub-block
+ * e/16 has scale (low nibble) and min (high nibble) in scales[e/16]. */
+static float dot_q2_K(int64_t n, const void *w, const void *x)
+{
+    const uint8_t *b = w, *xb = x;
+    const __m256i m2 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++, b += Q2_K_BYTES, xb += Q8_K_BYTES) {
+        float dx = rd_f32(xb);
+        const uint8_t *xq = xb + Q8_K_QS;
+        __m128i sm = loadu_128(b);
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
+        int summ = hsum_epi32(_mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), mins));
+        __m256i sc = scales_even_odd_epi16(_mm_and_si128(sm, m4));
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int nh = 0; nh < 2; nh++) {
+            __m256i q = loadu_256(b + 16 + 32 * nh);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m2);
+                __m256i p = _mm256_maddubs_epi16(v, loadu_256(xq + 128 * nh + 32 * j));
+                sumi = _mm256_add_epi32(
+                    sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, bcast16_ctrl(4 * nh + j))));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_load(b + 80)), _mm256_cvtepi32_ps(sumi), acc);
+        accm += dx * f16_load(b + 82) * (float)summ;
+    }
+    return hsum_ps(acc) - accm;
+}
+
+/* q3_K: as q2_K's 2-bit values plus a high bit from hmask[l] (bit 4n + j);
+ * value = q2 + 4*hbit - 4, scales 6-bit biased by 32 (see q3k_scale). The
+ * -4 is folded in through bsums, as q6_K's -32. */
+static float dot_q3_K(int64_t n, const void *w, const void *x)
+{
+    const uint8_t *b = w, *xb = x;
+    const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++, b += Q3_K_BYTES, xb += Q8_K_BYTES) {
+        const uint8_t *xq = xb + Q8_K_QS;
+        uint32_t w0 = rd_u32(b + 96), w1 = rd_u32(b + 100), w2 = rd_u32(b + 104);
+        __m128i s6 = _mm_setr_epi32((int)((w0 & k4) | (((w2 >> 0) & k2) << 4)),
+                                    (int)((w1 & k4) | (((w2 >> 2) & k2) << 4)),
+                                    (int)(((w0 >> 4) & k4) | (((w2 >> 4) & k2) << 4)),
+                                    (int)(((w1 >> 4) & k4) | (((w2 >> 6) & k2) << 4)));
+        __m128i sc8 = _mm_sub_epi8(s6, _mm_set1_epi8(32));
+        __m256i off = _mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), _mm256_cvtepi8_epi16(sc8));
+        __m256i sc = scales_even_odd_epi16(sc8);
+        __m256i hm = loadu_256(b);
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int nh = 0; nh < 2; nh++) {
+            __m256i q = loadu_256(b + 32 + 32 * nh);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * nh + j), one);
+                __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m2),
+                                            _mm256_slli_epi16(h, 2));
+                __m256i p = _mm256_maddubs_epi16(v, loadu_256(xq + 128 * nh + 32 * j));
+                sumi = _mm256_add_epi32(
+                    sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, bcast16_ctrl(4 * nh + j))));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(xb) * f16_load(b + 108)),
+                              _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum_ps(acc);
+}
+
 const tensor_dot_fn tensor_dot_avx2_[KEEL_DTYPE_COUNT_] = {
     [KEEL_DTYPE_F32] = dot_f32,   [KEEL_DTYPE_F16] = dot_f16,   [KEEL_DTYPE_BF16] = dot_bf16,
     [KEEL_DTYPE_Q8_0] = dot_q8_0, [KEEL_DTYPE_Q4_0] = dot_q4_0, [KEEL_DTYPE_Q5_0] = dot_q5_0,
     [KEEL_DTYPE_Q4_1] = dot_q4_1, [KEEL_DTYPE_Q5_1] = dot_q5_1, [KEEL_DTYPE_Q4_K] = dot_q4_K,
-    [KEEL_DTYPE_Q5_K] = dot_q5_K, [KEEL_DTYPE_Q6_K] = dot_q6_K,
+    [KEEL_DTYPE_Q5_K] = dot_q5_K, [KEEL_DTYPE_Q6_K] = dot_q6_K, [KEEL_DTYPE_Q2_K] = dot_q2_K,
+    [KEEL_DTYPE_Q3_K] = dot_q3_K,
 };
 
 /* ---- axpy_row ------------------------------------------------------------------------ */
