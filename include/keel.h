@@ -476,6 +476,9 @@ keel_status keel_mem_compact(keel_mem *mem, int32_t seq, const keel_compact_para
 
 /* Cells of seq in the full-attention tables (what trigger compares with). */
 int32_t keel_mem_seq_cells(const keel_mem *mem, int32_t seq);
+/* Most full-attention cells seq has held at once (after any operation)
+ * since open, clear or the sequence was emptied. */
+int32_t keel_mem_seq_cells_high(const keel_mem *mem, int32_t seq);
 /* Compactions applied to seq since open. */
 int64_t keel_mem_seq_compactions(const keel_mem *mem, int32_t seq);
 
@@ -657,6 +660,7 @@ typedef struct keel_context_params {
     int32_t rot_v;      /* same for V; auto = off */
     int32_t n_sink;     /* attention sinks kept by sliding layers (0) */
     bool unified;       /* one KV table for all sequences (true) */
+    keel_compact_params compact; /* KV compaction of every sequence (policy none) */
 } keel_context_params;
 
 keel_context_params keel_context_params_default(void);
@@ -681,6 +685,15 @@ keel_status keel_context_open(const keel_model *m, const keel_context_params *p,
 void keel_context_close(keel_context *c);
 const char *keel_context_last_error(const keel_context *c);
 void keel_context_plan_get(const keel_context *c, keel_plan *out);
+
+/* Sets the compaction of one sequence (seq < 0: every sequence), replacing
+ * the context default. Checked against the context: KEEL_EINVAL if the
+ * parameters are inconsistent (keel_compact_params_check), if trigger
+ * exceeds n_ctx, or if renumbering would drop tokens a sliding layer still
+ * needs (recent * target below the model's window). Takes effect at the
+ * next keel_decode, which compacts between ubatches (prefill included), so
+ * the sequence never holds more than trigger cells. */
+keel_status keel_context_set_compact(keel_context *c, int32_t seq, const keel_compact_params *p);
 
 /* The context's memory: sequence edits (keel_mem_seq_rm, ...) and stats. */
 keel_mem *keel_context_memory(keel_context *c);

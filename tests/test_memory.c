@@ -12,131 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- helpers: a tiny reference for single-sequence scenarios -------------- */
-
-/* RoPE (NORM / NEOX, no scaling) in double. */
-static void rope_d(const keel_rope *r, const float *x, int32_t d, double p, double *y)
-{
-    for (int32_t i = 0; i < d; i++) y[i] = x[i];
-    for (int32_t i = 0; i < r->n_rot / 2; i++) {
-        double th = p * pow((double)r->freq_base, -2.0 * i / (double)r->n_rot);
-        double c = cos(th), s = sin(th);
-        int32_t a = r->type == KEEL_ROPE_NEOX ? i : 2 * i;
-        int32_t b = r->type == KEEL_ROPE_NEOX ? i + r->n_rot / 2 : 2 * i + 1;
-        double x0 = x[a], x1 = x[b];
-        y[a] = x0 * c - x1 * s;
-        y[b] = x0 * s + x1 * c;
-    }
-}
-
-typedef struct tok {
-    int32_t pos;
-    float *k; /* [kvh][dk] before RoPE */
-    float *v; /* [kvh][dv] */
-} tok;
-
-/* Max |error| of keel's attention for one query against a recomputation
- * over toks (all visible). q is [nh][dk] after RoPE at qpos. */
-static double attn_err(keel_mem *m, int32_t layer, const keel_mem_layer *L, const tok *toks,
-                       int32_t n, const float *q, int32_t qpos)
-{
-    int32_t nh = L->n_heads, G = nh / L->n_kv_heads, dk = L->head_dim_k, dv = L->head_dim_v;
-    float *out = malloc((size_t)nh * (size_t)dv * sizeof(float));
-    int32_t seq = 0;
-    keel_mem_attn a = {1, nh, q, &qpos, &seq, out, 0.0f, 0.0f, NULL};
-    assert_ok(keel_mem_attend(m, layer, &a));
-    double *kk = malloc((size_t)dk * sizeof(double)), *acc = malloc((size_t)dv * sizeof(double));
-    double *sc = malloc((size_t)n * sizeof(double));
-    double err = 0.0, scale = 1.0 / sqrt((double)dk);
-    for (int32_t h = 0; h < nh; h++) {
-        int32_t hk = h / G;
-        double mx = -INFINITY;
-        for (int32_t i = 0; i < n; i++) {
-            rope_d(&L->rope, toks[i].k + (size_t)hk * (size_t)dk, dk, toks[i].pos, kk);
-            double s = 0;
-            for (int32_t j = 0; j < dk; j++) s += (double)q[(size_t)h * (size_t)dk + (size_t)j] * kk[j];
-            sc[i] = s * scale;
-            if (sc[i] > mx) mx = sc[i];
-        }
-        double l = 0;
-        for (int32_t j = 0; j < dv; j++) acc[j] = 0;
-        for (int32_t i = 0; i < n; i++) {
-            double p = exp(sc[i] - mx);
-            l += p;
-            for (int32_t j = 0; j < dv; j++) acc[j] += p * toks[i].v[(size_t)hk * (size_t)dv + (size_t)j];
-        }
-        for (int32_t j = 0; j < dv; j++) {
-            double e = fabs(acc[j] / l - out[(size_t)h * (size_t)dv + (size_t)j]);
-            if (e > err) err = e;
-        }
-    }
-    free(out);
-    free(kk);
-    free(acc);
-    free(sc);
-    return err;
-}
-
-static void make_tok(tok *t, const keel_mem_layer *L, int32_t pos, uint64_t seed)
-{
-    t->pos = pos;
-    t->k = malloc((size_t)L->n_kv_heads * (size_t)L->head_dim_k * sizeof(float));
-    t->v = malloc((size_t)L->n_kv_heads * (size_t)L->head_dim_v * sizeof(float));
-    test_fill_uniform(t->k, (int64_t)L->n_kv_heads * L->head_dim_k, seed);
-    test_fill_uniform(t->v, (int64_t)L->n_kv_heads * L->head_dim_v, seed ^ 0xabcdef);
-}
-
-static void free_tok(tok *t)
-{
-    free(t->k);
-    free(t->v);
-}
-
-/* Places and writes n tokens of sequence 0 (one layer). */
-static void place_write(keel_mem *m, const keel_mem_layer *L, tok *toks, int32_t n,
-                        int32_t *cells_out)
-{
-    int32_t *pos = malloc((size_t)n * sizeof(int32_t)), *seq = calloc((size_t)n, sizeof(int32_t));
-    int32_t ng = keel_mem_n_groups(m);
-    int32_t *cells = malloc((size_t)n * (size_t)ng * sizeof(int32_t));
-    size_t kn = (size_t)L->n_kv_heads * (size_t)L->head_dim_k;
-    size_t vn = (size_t)L->n_kv_heads * (size_t)L->head_dim_v;
-    float *k = malloc((size_t)n * kn * sizeof(float)), *v = malloc((size_t)n * vn * sizeof(float));
-    double *kd = malloc((size_t)L->head_dim_k * sizeof(double));
-    for (int32_t i = 0; i < n; i++) {
-        pos[i] = toks[i].pos;
-        for (int32_t h = 0; h < L->n_kv_heads; h++) {
-            rope_d(&L->rope, toks[i].k + (size_t)h * (size_t)L->head_dim_k, L->head_dim_k, pos[i], kd);
-            for (int32_t j = 0; j < L->head_dim_k; j++)
-                k[(size_t)i * kn + (size_t)h * (size_t)L->head_dim_k + (size_t)j] = (float)kd[j];
-        }
-        memcpy(v + (size_t)i * vn, toks[i].v, vn * sizeof(float));
-    }
-    keel_mem_batch b = {n, pos, seq, NULL, NULL, NULL};
-    assert_ok(keel_mem_place(m, &b, cells));
-    assert_ok(keel_mem_write(m, 0, n, cells, k, v));
-    if (cells_out) memcpy(cells_out, cells, (size_t)n * sizeof(int32_t));
-    free(pos);
-    free(seq);
-    free(cells);
-    free(k);
-    free(v);
-    free(kd);
-}
-
-static void make_query(const keel_mem_layer *L, int32_t pos, uint64_t seed, float *q)
-{
-    int32_t nh = L->n_heads, dk = L->head_dim_k;
-    float *raw = malloc((size_t)dk * sizeof(float));
-    double *y = malloc((size_t)dk * sizeof(double));
-    for (int32_t h = 0; h < nh; h++) {
-        test_fill_uniform(raw, dk, seed + (uint64_t)h);
-        rope_d(&L->rope, raw, dk, pos, y);
-        for (int32_t j = 0; j < dk; j++) q[(size_t)h * (size_t)dk + (size_t)j] = (float)y[j];
-    }
-    free(raw);
-    free(y);
-}
+#include "memtest.h"
 
 static keel_mem_layer layer_basic(keel_mem_layer_kind kind, keel_dtype kt, bool rot)
 {
@@ -267,23 +143,23 @@ static void test_attention_exact_f32(void **state)
     keel_mem *m;
     assert_ok(keel_mem_open(&cfg, &m, NULL));
     int32_t n = 1500;
-    tok *toks = calloc((size_t)n, sizeof(tok));
-    for (int32_t i = 0; i < n; i++) make_tok(&toks[i], &L, i, 1000 + (uint64_t)i);
-    for (int32_t i = 0; i < n; i += 250) place_write(m, &L, toks + i, BASE_MIN(250, n - i), NULL);
+    memtest_tok *toks = calloc((size_t)n, sizeof(memtest_tok));
+    for (int32_t i = 0; i < n; i++) memtest_make_tok(&toks[i], &L, i, 1000 + (uint64_t)i);
+    for (int32_t i = 0; i < n; i += 250) memtest_place_write(m, &L, toks + i, BASE_MIN(250, n - i), NULL);
     assert_ok(keel_mem_check(m));
     float *q = malloc((size_t)L.n_heads * 64 * sizeof(float));
-    make_query(&L, n - 1, 99, q);
+    memtest_make_query(&L, n - 1, 99, q);
     /* 1500 cells with 2 threads: the KV range is split and merged */
-    double e = attn_err(m, 0, &L, toks, n, q, n - 1);
+    double e = memtest_attn_err(m, 0, &L, toks, n, q, n - 1);
     assert_true(e < 2e-6);
     /* edits: shift the whole cache and compare again */
     assert_ok(keel_mem_seq_add(m, 0, -1, -1, 100));
     for (int32_t i = 0; i < n; i++) toks[i].pos += 100;
     assert_ok(keel_mem_check(m));
-    make_query(&L, n + 99, 98, q);
-    e = attn_err(m, 0, &L, toks, n, q, n + 99);
+    memtest_make_query(&L, n + 99, 98, q);
+    e = memtest_attn_err(m, 0, &L, toks, n, q, n + 99);
     assert_true(e < 4e-6);
-    for (int32_t i = 0; i < n; i++) free_tok(&toks[i]);
+    for (int32_t i = 0; i < n; i++) memtest_free_tok(&toks[i]);
     free(toks);
     free(q);
     keel_mem_close(m);
@@ -306,10 +182,10 @@ static void test_bad_input(void **state)
     cfg.n_seq_max = 2;
     keel_mem *m;
     assert_ok(keel_mem_open(&cfg, &m, NULL));
-    tok toks[24];
-    for (int32_t i = 0; i < 24; i++) make_tok(&toks[i], &ls[0], i, 7 + (uint64_t)i);
-    place_write(m, &ls[0], toks, 16, NULL);
-    place_write(m, &ls[0], toks + 16, 8, NULL);
+    memtest_tok toks[24];
+    for (int32_t i = 0; i < 24; i++) memtest_make_tok(&toks[i], &ls[0], i, 7 + (uint64_t)i);
+    memtest_place_write(m, &ls[0], toks, 16, NULL);
+    memtest_place_write(m, &ls[0], toks + 16, 8, NULL);
     uint64_t d0 = keel_mem_digest(m);
     int32_t cells[64];
 
@@ -367,7 +243,7 @@ static void test_bad_input(void **state)
     assert_status(keel_mem_write(m, 0, 1, &bad, kv, kv), KEEL_EINVAL);
     assert_int_equal(keel_mem_digest(m), d1);
     assert_ok(keel_mem_check(m));
-    for (int32_t i = 0; i < 24; i++) free_tok(&toks[i]);
+    for (int32_t i = 0; i < 24; i++) memtest_free_tok(&toks[i]);
     keel_mem_close(m);
 }
 
@@ -399,7 +275,7 @@ static void test_ring_regression(void **state)
     assert_int_equal(cap, 517);
     /* the test's view of the ring: sinks + the window */
     int32_t held_cap = 600, n_held = 0;
-    tok *held = calloc((size_t)held_cap, sizeof(tok));
+    memtest_tok *held = calloc((size_t)held_cap, sizeof(memtest_tok));
     float *q = malloc((size_t)L.n_heads * 64 * sizeof(float));
     int32_t pos = 0, max_cell = -1;
     double worst = 0.0;
@@ -410,20 +286,20 @@ static void test_ring_regression(void **state)
             int32_t w = 0;
             for (int32_t i = 0; i < n_held; i++) {
                 if (i >= 4 && held[i].pos <= pos - L.window)
-                    free_tok(&held[i]);
+                    memtest_free_tok(&held[i]);
                 else
                     held[w++] = held[i];
             }
             n_held = w;
-            make_tok(&held[n_held], &L, pos, seed++);
+            memtest_make_tok(&held[n_held], &L, pos, seed++);
             int32_t cell;
-            place_write(m, &L, &held[n_held], 1, &cell);
+            memtest_place_write(m, &L, &held[n_held], 1, &cell);
             n_held++;
             assert_true(cell >= 0 && cell < cap);
             if (cell > max_cell) max_cell = cell;
             if (step % 97 == 0 || step == 1699) {
-                make_query(&L, pos, seed * 31, q);
-                double e = attn_err(m, 0, &L, held, n_held, q, pos);
+                memtest_make_query(&L, pos, seed * 31, q);
+                double e = memtest_attn_err(m, 0, &L, held, n_held, q, pos);
                 if (e > worst) worst = e;
                 assert_ok(keel_mem_check(m));
             }
@@ -434,8 +310,8 @@ static void test_ring_regression(void **state)
         for (int32_t i = 4; i < n_held; i++) held[i].pos += delta;
         pos += delta;
         assert_ok(keel_mem_check(m));
-        make_query(&L, pos - 1, seed * 17, q);
-        double e = attn_err(m, 0, &L, held, n_held, q, pos - 1);
+        memtest_make_query(&L, pos - 1, seed * 17, q);
+        double e = memtest_attn_err(m, 0, &L, held, n_held, q, pos - 1);
         if (e > worst) worst = e;
     }
     keel_mem_stats st;
@@ -449,7 +325,7 @@ static void test_ring_regression(void **state)
     assert_true(max_cell < cap);
     /* q8_0 keys (rotated, re-encoded by up to 3 renumberings), f16 values */
     assert_true(worst < 5e-3);
-    for (int32_t i = 0; i < n_held; i++) free_tok(&held[i]);
+    for (int32_t i = 0; i < n_held; i++) memtest_free_tok(&held[i]);
     free(held);
     free(q);
     keel_mem_close(m);
@@ -472,9 +348,9 @@ static size_t shift_run(int32_t n_tokens, bool rot, double *err_out)
     cfg.n_threads = 2;
     keel_mem *m;
     assert_ok(keel_mem_open(&cfg, &m, NULL));
-    tok *toks = calloc((size_t)n_tokens, sizeof(tok));
-    for (int32_t i = 0; i < n_tokens; i++) make_tok(&toks[i], &L, i, 5000 + (uint64_t)i);
-    for (int32_t i = 0; i < n_tokens; i += 512) place_write(m, &L, toks + i, 512, NULL);
+    memtest_tok *toks = calloc((size_t)n_tokens, sizeof(memtest_tok));
+    for (int32_t i = 0; i < n_tokens; i++) memtest_make_tok(&toks[i], &L, i, 5000 + (uint64_t)i);
+    for (int32_t i = 0; i < n_tokens; i += 512) memtest_place_write(m, &L, toks + i, 512, NULL);
     /* context shift: keep 4 sink tokens, drop the oldest half, move the rest down */
     int32_t n_keep = 4, n_discard = (n_tokens - n_keep) / 2;
     assert_ok(keel_mem_seq_rm(m, 0, n_keep, n_keep + n_discard));
@@ -485,7 +361,7 @@ static size_t shift_run(int32_t n_tokens, bool rot, double *err_out)
     int32_t n = 0;
     for (int32_t i = 0; i < n_tokens; i++) {
         if (i >= n_keep && i < n_keep + n_discard) {
-            free_tok(&toks[i]);
+            memtest_free_tok(&toks[i]);
             continue;
         }
         toks[n] = toks[i];
@@ -493,9 +369,9 @@ static size_t shift_run(int32_t n_tokens, bool rot, double *err_out)
         n++;
     }
     float *q = malloc((size_t)L.n_heads * 256 * sizeof(float));
-    make_query(&L, n - 1, 4242, q);
-    *err_out = attn_err(m, 0, &L, toks, n, q, n - 1);
-    for (int32_t i = 0; i < n; i++) free_tok(&toks[i]);
+    memtest_make_query(&L, n - 1, 4242, q);
+    *err_out = memtest_attn_err(m, 0, &L, toks, n, q, n - 1);
+    for (int32_t i = 0; i < n; i++) memtest_free_tok(&toks[i]);
     free(toks);
     free(q);
     keel_mem_close(m);
@@ -537,9 +413,9 @@ static void test_sliding_rewind(void **state)
     keel_mem *m;
     assert_ok(keel_mem_open(&cfg, &m, NULL));
     assert_int_equal(keel_mem_seq_rewind_min(m, 0), 0);
-    tok toks[40];
-    for (int32_t i = 0; i < 40; i++) make_tok(&toks[i], &ls[0], i, 300 + (uint64_t)i);
-    for (int32_t i = 0; i < 40; i += 4) place_write(m, &ls[0], toks + i, 4, NULL);
+    memtest_tok toks[40];
+    for (int32_t i = 0; i < 40; i++) memtest_make_tok(&toks[i], &ls[0], i, 300 + (uint64_t)i);
+    for (int32_t i = 0; i < 40; i += 4) memtest_place_write(m, &ls[0], toks + i, 4, NULL);
     assert_ok(keel_mem_check(m));
     /* sliding group: sinks 0,1 + positions > 36 - 8 = 28 */
     assert_int_equal(keel_mem_group_cells_used(m, 1), 2 + 11);
@@ -553,7 +429,7 @@ static void test_sliding_rewind(void **state)
     assert_ok(keel_mem_seq_rm(m, 0, -1, -1));
     assert_int_equal(keel_mem_seq_rewind_min(m, 0), 0);
     assert_int_equal(keel_mem_seq_pos_max(m, 0), -1);
-    for (int32_t i = 0; i < 40; i++) free_tok(&toks[i]);
+    for (int32_t i = 0; i < 40; i++) memtest_free_tok(&toks[i]);
     keel_mem_close(m);
 }
 

@@ -12,6 +12,8 @@ static const char *g_usage =
     "                [--seed S] [-c CTX] [-b N] [-ub N] [-t N] [--ctk T --ctv T] [--tokenizer F]\n"
     "                [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
     "                [--presence-penalty P] [--frequency-penalty P] [--ignore-eos]\n"
+    "                [--kv-compact none|window|keydiff|knorm|random --kv-trigger N --kv-target M\n"
+    "                 --kv-sinks S --kv-recent F --kv-positions keep|renumber] [--swa-sinks N]\n"
     "                [--logits-out FILE]   f32 logits of every prompt position, [n_prompt][n_vocab]\n"
     "                [--ids-out FILE]      generated token ids, int32";
 

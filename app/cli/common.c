@@ -91,8 +91,23 @@ int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)
             ok = v && parse_i32(v, &o->ctx.rot_k);
         } else if (IS("--rot-v")) {
             ok = v && parse_i32(v, &o->ctx.rot_v);
-        } else if (IS("--kv-sinks")) {
+        } else if (IS("--swa-sinks")) {
             ok = v && parse_i32(v, &o->ctx.n_sink);
+        } else if (IS("--kv-compact")) {
+            ok = v && keel_compact_policy_from_name(v, &o->ctx.compact.policy) == KEEL_OK;
+        } else if (IS("--kv-trigger")) {
+            ok = v && parse_i32(v, &o->ctx.compact.trigger);
+        } else if (IS("--kv-target")) {
+            ok = v && parse_i32(v, &o->ctx.compact.target);
+        } else if (IS("--kv-sinks")) {
+            ok = v && parse_i32(v, &o->ctx.compact.n_sink);
+        } else if (IS("--kv-recent")) {
+            ok = v && parse_f32(v, &o->ctx.compact.recent);
+        } else if (IS("--kv-positions")) {
+            ok = v && (strcmp(v, "keep") == 0 || strcmp(v, "renumber") == 0);
+            if (ok) o->ctx.compact.renumber = strcmp(v, "renumber") == 0;
+        } else if (IS("--kv-seed")) {
+            ok = v && parse_u64(v, &o->ctx.compact.seed);
         } else if (IS("--temp")) {
             ok = v && parse_f32(v, &o->samp.temp);
         } else if (IS("--top-k")) {

@@ -6,6 +6,7 @@
  */
 #include "engine.h"
 
+#include <math.h>
 #include <string.h>
 
 keel_context_params keel_context_params_default(void)
@@ -24,7 +25,35 @@ keel_context_params keel_context_params_default(void)
     p.rot_v = 0;
     p.n_sink = 0;
     p.unified = true;
+    p.compact = keel_compact_params_default();
     return p;
+}
+
+/* A compaction setting against the model and context. */
+static keel_status check_compact(const keel_model *m, const keel_context_params *p,
+                                 const keel_compact_params *cp, char *err)
+{
+    keel_status st = keel_compact_params_check(cp, err);
+    if (st != KEEL_OK || cp->policy == KEEL_COMPACT_NONE) return st;
+    if (cp->trigger > p->n_ctx)
+        return base_err(err, KEEL_EINVAL, "compaction trigger %d exceeds n_ctx %d", cp->trigger,
+                        p->n_ctx);
+    const model_hp *hp = &m->w.hp;
+    bool any_full = false;
+    for (int32_t i = 0; i < hp->n_layer; i++) any_full |= !m->w.layers[i].swa;
+    if (!any_full)
+        return base_err(err, KEEL_EINVAL, "compaction needs full-attention layers; %s has none",
+                        hp->arch_name);
+    if (cp->renumber && hp->n_swa > 0) {
+        int32_t recent = (int32_t)ceil((double)cp->recent * cp->target);
+        if (recent < hp->n_swa || cp->n_sink < p->n_sink)
+            return base_err(err, KEEL_EINVAL,
+                            "compaction with renumbering keeps %d recent tokens and %d sinks; the "
+                            "sliding layers need the last %d and %d sinks (raise --kv-recent or "
+                            "--kv-target, or use --kv-positions keep)",
+                            recent, cp->n_sink, hp->n_swa, p->n_sink);
+    }
+    return KEEL_OK;
 }
 
 /* Resolves defaults and checks ranges; fills the memory config. */
@@ -49,7 +78,7 @@ static keel_status resolve(const keel_model *m, const keel_context_params *in,
         return base_err(err, KEEL_EINVAL, "n_threads %d (need 0..256)", p->n_threads);
     if (p->n_threads == 0) p->n_threads = keel_cpu_count();
     if (p->n_sink < 0) return base_err(err, KEEL_EINVAL, "n_sink %d", p->n_sink);
-    return KEEL_OK;
+    return check_compact(m, p, &p->compact, err);
 }
 
 typedef struct ctx_sizes {
@@ -76,7 +105,8 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
     if (!size_mul((size_t)p->n_outputs * sizeof(float), (size_t)hp->n_vocab, &z->logits))
         return base_err(err, KEEL_EOVERFLOW, "logits buffer overflows");
     /* out_row [n_batch], pos/seq of the batch [n_batch] x 2, cells [n_groups][n_ubatch], out idx [n_ubatch] */
-    z->small = ((size_t)p->n_batch * 3 + (size_t)p->n_ubatch * 3 + 64) * sizeof(int32_t);
+    z->small = ((size_t)p->n_batch * 3 + (size_t)p->n_ubatch * 3 + 64) * sizeof(int32_t) +
+               (size_t)p->n_batch + (size_t)p->n_seq_max * sizeof(keel_compact_params) + 2 * BASE_ALIGN;
     z->total = sizeof(keel_context) + z->mem + z->work + z->logits + z->small +
                base_pool_bytes(p->n_threads) + BASE_ALIGN;
     return KEEL_OK;
@@ -166,6 +196,14 @@ keel_status keel_context_open(const keel_model *m, const keel_context_params *in
     c->ub_seq = c->ub_pos + p.n_batch;
     c->ub_cells = c->ub_seq + p.n_batch;
     c->ub_out = c->ub_cells + 2 * (size_t)p.n_ubatch;
+    {
+        uint8_t *tail = (uint8_t *)(c->ub_out + p.n_ubatch);
+        size_t off = (size_t)(tail - (uint8_t *)c->out_row);
+        off = (off + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+        c->compact = (keel_compact_params *)((uint8_t *)c->out_row + off);
+        c->ub_prot = (uint8_t *)(c->compact + p.n_seq_max);
+        for (int32_t s = 0; s < p.n_seq_max; s++) c->compact[s] = p.compact;
+    }
     c->n_groups = keel_mem_n_groups(c->mem);
     if (c->n_groups > 2) {
         st = base_err(err, KEEL_EINTERNAL, "%d layer groups (at most 2 supported)", c->n_groups);
@@ -255,26 +293,69 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
             c->ub_pos[i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
         }
     }
-    /* all or nothing: the full-attention tables must take every token of the
-     * call before its first ubatch changes anything */
-    if (c->p.unified) {
-        if (mem_room(c->mem, 0) < n)
-            return base_err(c->err, KEEL_EFULL, "decode: context full (n_ctx %d): %d tokens, %d free cells",
-                            c->p.n_ctx, n, mem_room(c->mem, 0));
-    } else {
+    /* ubatch size: with compaction, a ubatch must fit between target and
+     * trigger, so compacting before it keeps every sequence <= trigger */
+    int32_t ub = c->p.n_ubatch;
+    bool any_compact = false;
+    for (int32_t i = 0; i < n; i++) {
+        const keel_compact_params *cp = &c->compact[c->ub_seq[i]];
+        if (cp->policy == KEEL_COMPACT_NONE) continue;
+        any_compact = true;
+        ub = BASE_MIN(ub, cp->trigger - cp->target);
+    }
+    /* all or nothing: the full-attention tables must take the batch before
+     * its first ubatch changes anything (a compacted sequence needs at most
+     * trigger cells) */
+    for (int32_t k = 0; k < (c->p.unified ? 1 : c->p.n_seq_max); k++) {
+        int64_t need = 0;
         for (int32_t s = 0; s < c->p.n_seq_max; s++) {
-            int32_t need = 0;
-            for (int32_t i = 0; i < n; i++) need += c->ub_seq[i] == s;
-            if (need && mem_room(c->mem, s) < need)
-                return base_err(c->err, KEEL_EFULL,
-                                "decode: context full for sequence %d (n_ctx %d): %d tokens, %d free cells",
-                                s, c->p.n_ctx, need, mem_room(c->mem, s));
+            if (!c->p.unified && s != k) continue;
+            int64_t cnt = 0;
+            for (int32_t i = 0; i < n; i++) cnt += c->ub_seq[i] == s;
+            if (!cnt) continue;
+            const keel_compact_params *cp = &c->compact[s];
+            if (cp->policy != KEEL_COMPACT_NONE)
+                cnt = BASE_MIN(cnt, BASE_MAX(0, cp->trigger - keel_mem_seq_cells(c->mem, s)));
+            need += cnt;
         }
+        int32_t room = mem_room(c->mem, k);
+        if (need > room)
+            return base_err(c->err, KEEL_EFULL, "decode: context full (n_ctx %d): %lld tokens, %d free cells",
+                            c->p.n_ctx, (long long)need, room);
+    }
+    const text_tokenizer *tok = c->model->tok;
+    for (int32_t i = 0; i < n; i++) {
+        text_token_type tt = text_token_get_type(tok, b->tokens[i]);
+        c->ub_prot[i] = tt == TEXT_TOKEN_CONTROL || tt == TEXT_TOKEN_USER_DEFINED;
     }
     int32_t row0 = 0;
-    for (int32_t start = 0; start < n; start += c->p.n_ubatch) {
-        int32_t m = BASE_MIN(c->p.n_ubatch, n - start);
-        keel_mem_batch mb = {m, c->ub_pos + start, c->ub_seq + start, NULL, NULL, NULL};
+    for (int32_t start = 0; start < n; start += ub) {
+        int32_t m = BASE_MIN(ub, n - start);
+        if (any_compact) {
+            /* bounded prefill: compact every sequence this ubatch would push
+             * past its trigger, between chunks */
+            for (int32_t i = 0; i < m; i++) {
+                int32_t s = c->ub_seq[start + i];
+                const keel_compact_params *cp = &c->compact[s];
+                if (cp->policy == KEEL_COMPACT_NONE) continue;
+                int32_t cnt = 0;
+                for (int32_t j = 0; j < m; j++) cnt += c->ub_seq[start + j] == s;
+                if (keel_mem_seq_cells(c->mem, s) + cnt <= cp->trigger) continue;
+                keel_status st = keel_mem_compact(c->mem, s, cp);
+                if (st != KEEL_OK)
+                    return base_err(c->err, st, "decode: compaction of sequence %d: %s", s,
+                                    keel_mem_last_error(c->mem));
+            }
+            /* positions of sequences renumbered by the compaction continue */
+            if (!b->pos)
+                for (int32_t i = 0; i < m; i++) {
+                    int32_t s = c->ub_seq[start + i], prev = -1;
+                    for (int32_t j = start + i - 1; j >= start && prev < 0; j--)
+                        if (c->ub_seq[j] == s) prev = c->ub_pos[j];
+                    c->ub_pos[start + i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
+                }
+        }
+        keel_mem_batch mb = {m, c->ub_pos + start, c->ub_seq + start, NULL, NULL, c->ub_prot + start};
         keel_status st = keel_mem_place(c->mem, &mb, c->ub_cells);
         if (st != KEEL_OK) {
             if (st == KEEL_EFULL)
@@ -285,14 +366,27 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
         int32_t nout = 0;
         for (int32_t i = 0; i < m; i++)
             if (c->out_row[start + i] >= 0) c->ub_out[nout++] = i;
-        model_ubatch ub = {m, b->tokens + start, c->ub_pos + start, c->ub_seq + start,
+        model_ubatch mu = {m, b->tokens + start, c->ub_pos + start, c->ub_seq + start,
                            c->ub_cells, nout, c->ub_out,
                            c->logits + (size_t)row0 * (size_t)hp->n_vocab};
-        st = model_forward(&c->model->w, c->mem, &ub, c->pool, &c->work, &c->cancel, c->err);
+        st = model_forward(&c->model->w, c->mem, &mu, c->pool, &c->work, &c->cancel, c->err);
         if (st != KEEL_OK) return st;
         row0 += nout;
         c->n_last = start + m;
     }
+    return KEEL_OK;
+}
+
+keel_status keel_context_set_compact(keel_context *c, int32_t seq, const keel_compact_params *p)
+{
+    if (!c) return KEEL_EINVAL;
+    c->err[0] = 0;
+    if (seq >= c->p.n_seq_max)
+        return base_err(c->err, KEEL_EINVAL, "set_compact: sequence %d out of range", seq);
+    keel_status st = check_compact(c->model, &c->p, p, c->err);
+    if (st != KEEL_OK) return st;
+    for (int32_t s = 0; s < c->p.n_seq_max; s++)
+        if (seq < 0 || s == seq) c->compact[s] = *p;
     return KEEL_OK;
 }
 

@@ -31,6 +31,8 @@ struct keel_context {
     size_t small_bytes;    /* out_row + ubatch arrays */
     int32_t n_groups;
     int32_t n_last;        /* tokens of the last keel_decode batch */
+    keel_compact_params *compact; /* [n_seq_max] per-sequence compaction */
+    uint8_t *ub_prot;      /* [n_batch] protected tokens (special ids) */
     keel_plan plan;
     volatile int cancel;
     char err[BASE_ERR_CAP];

@@ -388,6 +388,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
     /* per-sequence state: exactness bound, compaction counters, KeyDiff anchors */
     int32_t *exact_from = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
     int64_t *n_compact = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int64_t));
+    int32_t *cells_high = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
     size_t *anchor_off = lay_take(l, (size_t)nl, sizeof(size_t));
     size_t af = 0;
     for (int32_t i = 0; i < nl; i++) {
@@ -403,6 +404,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
     if (assign) {
         m->exact_from = exact_from;
         m->n_compact = n_compact;
+        m->cells_high = cells_high;
         m->anchor_off = anchor_off;
         m->anchor_floats = af;
         m->anchor = anchor;
@@ -872,7 +874,18 @@ keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
         }
     }
     m->tokens_placed += n;
+    for (int32_t s = 0; s < ns; s++)
+        if (first[s] >= 0) {
+            int32_t held = keel_mem_seq_cells(m, s);
+            if (held > m->cells_high[s]) m->cells_high[s] = held;
+        }
     return KEEL_OK;
+}
+
+int32_t keel_mem_seq_cells_high(const keel_mem *m, int32_t s)
+{
+    if (!m || s < 0 || s >= m->cfg.n_seq_max) return 0;
+    return m->cells_high[s];
 }
 
 /* ---- writes -------------------------------------------------------------- */
@@ -989,7 +1002,10 @@ keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
     for (int32_t q = 0; q < m->cfg.n_seq_max; q++) {
         if (s >= 0 && q != s) continue;
         m->anchor_valid[q] = 0;
-        if (keel_mem_seq_pos_max(m, q) < 0) m->exact_from[q] = 0;
+        if (keel_mem_seq_pos_max(m, q) < 0) {
+            m->exact_from[q] = 0;
+            m->cells_high[q] = 0;
+        }
     }
     return KEEL_OK;
 }
@@ -1255,6 +1271,7 @@ void keel_mem_clear(keel_mem *m)
     for (int32_t s = 0; s < m->cfg.n_seq_max; s++) {
         m->exact_from[s] = 0;
         m->anchor_valid[s] = 0;
+        m->cells_high[s] = 0;
     }
     for (int32_t g = 0; g < m->n_groups; g++) {
         for (int32_t k = 0; k < m->groups[g].n_tables; k++) {

@@ -114,6 +114,7 @@ struct keel_mem {
     int32_t max_cell_touched;  /* highest cell index any operation produced (tests) */
     int32_t *exact_from;       /* [n_seq] rewinding below this is not exact (compaction) */
     int64_t *n_compact;        /* [n_seq] compactions applied */
+    int32_t *cells_high;       /* [n_seq] high-water mark of full-table cells */
     /* KeyDiff anchors: per sequence, the running sum of normalized pre-RoPE
      * keys of every full-attention K column and head */
     float *anchor;             /* [n_seq][anchor_floats] */
