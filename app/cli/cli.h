@@ -45,6 +45,7 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_eval_compaction(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 
 #endif
