@@ -44,10 +44,11 @@ fuzz: deps
 
 bench: build
 	$(BUILD)/keel bench kernels
+	$(BUILD)/keel bench attention --quick
 
 demo: deps
 	$(MAKE) build
-	$(BUILD)/keel bench kernels
+	$(BUILD)/keel demo
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -659,6 +659,10 @@ typedef struct keel_context_params {
                            when head_dim allows), 0 off, 1 on */
     int32_t rot_v;      /* same for V; auto = off */
     int32_t n_sink;     /* attention sinks kept by sliding layers (0) */
+    int32_t swa_window; /* > 0: run layers as sliding windows of this size with n_sink
+                           sinks (StreamingLLM) even if the model has none: every layer
+                           but each swa_period-th stays full attention. 0: the model's own */
+    int32_t swa_period; /* with swa_window: 1 in swa_period layers stays full (2) */
     bool unified;       /* one KV table for all sequences (true) */
     keel_compact_params compact; /* KV compaction of every sequence (policy none) */
 } keel_context_params;

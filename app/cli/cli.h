@@ -46,6 +46,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_eval_compaction(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 
 #endif

@@ -91,6 +91,10 @@ int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)
             ok = v && parse_i32(v, &o->ctx.rot_k);
         } else if (IS("--rot-v")) {
             ok = v && parse_i32(v, &o->ctx.rot_v);
+        } else if (IS("--swa-window")) {
+            ok = v && parse_i32(v, &o->ctx.swa_window);
+        } else if (IS("--swa-period")) {
+            ok = v && parse_i32(v, &o->ctx.swa_period);
         } else if (IS("--swa-sinks")) {
             ok = v && parse_i32(v, &o->ctx.n_sink);
         } else if (IS("--kv-compact")) {

@@ -12,6 +12,7 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command g_commands[] = {
+    {"demo", cmd_demo, "demo [-m MODEL] [--turns N]                a long agentic session under a memory budget"},
     {"run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] ...  generate text (run -h)"},
     {"tokenize", cmd_tokenize, "tokenize -m MODEL -p TEXT [--ids]          print token ids and pieces"},
     {"inspect", cmd_inspect, "inspect MODEL [-c CTX] [--ctk T]           hyperparameters, tensors, memory plan"},

@@ -24,6 +24,8 @@ keel_context_params keel_context_params_default(void)
     p.rot_k = -1;
     p.rot_v = 0;
     p.n_sink = 0;
+    p.swa_window = 0;
+    p.swa_period = 2;
     p.unified = true;
     p.compact = keel_compact_params_default();
     return p;
@@ -39,19 +41,24 @@ static keel_status check_compact(const keel_model *m, const keel_context_params 
         return base_err(err, KEEL_EINVAL, "compaction trigger %d exceeds n_ctx %d", cp->trigger,
                         p->n_ctx);
     const model_hp *hp = &m->w.hp;
-    bool any_full = false;
-    for (int32_t i = 0; i < hp->n_layer; i++) any_full |= !m->w.layers[i].swa;
+    bool any_full = false, any_swa = false;
+    int32_t window = p->swa_window > 0 ? p->swa_window : hp->n_swa;
+    for (int32_t i = 0; i < hp->n_layer; i++) {
+        bool swa = p->swa_window > 0 ? !(i % p->swa_period == p->swa_period - 1) : m->w.layers[i].swa;
+        any_full |= !swa;
+        any_swa |= swa;
+    }
     if (!any_full)
         return base_err(err, KEEL_EINVAL, "compaction needs full-attention layers; %s has none",
                         hp->arch_name);
-    if (cp->renumber && hp->n_swa > 0) {
+    if (cp->renumber && any_swa) {
         int32_t recent = (int32_t)ceil((double)cp->recent * cp->target);
-        if (recent < hp->n_swa || cp->n_sink < p->n_sink)
+        if (recent < window || cp->n_sink < p->n_sink)
             return base_err(err, KEEL_EINVAL,
                             "compaction with renumbering keeps %d recent tokens and %d sinks; the "
                             "sliding layers need the last %d and %d sinks (raise --kv-recent or "
                             "--kv-target, or use --kv-positions keep)",
-                            recent, cp->n_sink, hp->n_swa, p->n_sink);
+                            recent, cp->n_sink, window, p->n_sink);
     }
     return KEEL_OK;
 }
@@ -78,6 +85,8 @@ static keel_status resolve(const keel_model *m, const keel_context_params *in,
         return base_err(err, KEEL_EINVAL, "n_threads %d (need 0..256)", p->n_threads);
     if (p->n_threads == 0) p->n_threads = keel_cpu_count();
     if (p->n_sink < 0) return base_err(err, KEEL_EINVAL, "n_sink %d", p->n_sink);
+    if (p->swa_window < 0 || (p->swa_window > 0 && p->swa_period < 1))
+        return base_err(err, KEEL_EINVAL, "swa_window %d / swa_period %d", p->swa_window, p->swa_period);
     return check_compact(m, p, &p->compact, err);
 }
 
@@ -90,7 +99,8 @@ typedef struct ctx_sizes {
 static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_sizes *z, char *err)
 {
     const model_hp *hp = &m->w.hp;
-    model_mem_layers(&m->w, p->type_k, p->type_v, p->rot_k, p->rot_v, p->n_sink, z->layers);
+    model_mem_layers(&m->w, p->type_k, p->type_v, p->rot_k, p->rot_v, p->n_sink, p->swa_window,
+                     p->swa_period, z->layers);
     z->mc = keel_mem_config_default();
     z->mc.layers = z->layers;
     z->mc.n_layers = hp->n_layer;

@@ -419,20 +419,30 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
         return base_err(m->err, KEEL_EFULL,
                         "compact: %d kept cells shared with other sequences need copies, %d free",
                         need, T->cap - T->n_used + freed);
+    int32_t next = keel_mem_seq_pos_max(m, s) + 1; /* the next query position (before renumbering) */
     if (p->renumber) {
         for (int32_t g = 0; g < m->n_groups; g++) {
             if (g == gfull || m->groups[g].kind != KEEL_MEM_LAYER_SLIDING) continue;
             mem_table *R = &m->groups[g].tables[m->n_streams == 1 ? 0 : s];
+            mem_table_update_sinks(R, R->n_seq);
             int32_t rneed = 0;
             for (int32_t c = 0; c < R->cap; c++) {
                 if (R->pos[c] < 0 || !mem_seq_has(R, c, s)) continue;
                 int32_t oi = find_stamp(kst, cand, nks, R->stamp[c]);
-                if (oi < 0)
-                    return base_err(m->err, KEEL_EINVAL,
-                                    "compact: sliding window %d holds position %d, which the "
-                                    "compaction would drop (keep at least the window in recent "
-                                    "tokens: recent * target >= %d)",
-                                    R->window, R->pos[c], R->window);
+                if (oi < 0) {
+                    /* a ring token the compaction drops: fine if the next
+                     * query would not see it anyway (the ring forgets it
+                     * now instead of at the next placement) */
+                    bool sink = mem_table_is_sink(R, c, s);
+                    if (sink || (int64_t)R->pos[c] > (int64_t)next - R->window)
+                        return base_err(m->err, KEEL_EINVAL,
+                                        "compact: the sliding layers still need position %d (window "
+                                        "%d, %s), which the compaction would drop: keep at least the "
+                                        "window in recent tokens (recent * target >= %d) and as many "
+                                        "sinks",
+                                        R->pos[c], R->window, sink ? "a sink" : "recent", R->window);
+                    continue;
+                }
                 if (mem_seq_count(R, c) > 1 && knew[oi] != R->pos[c]) rneed++;
             }
             if (rneed > R->cap - R->n_used)
@@ -481,6 +491,11 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
             for (int32_t c = 0; c < R->cap; c++) {
                 if (R->pos[c] < 0 || !mem_seq_has(R, c, s) || R->flags[c]) continue;
                 int32_t oi = find_stamp(kst, cand, nks, R->stamp[c]);
+                if (oi < 0) { /* not needed by the next query: forget it now */
+                    mem_seq_unset(R, c, s);
+                    if (mem_seq_empty(R, c)) mem_table_free_cell(R, c);
+                    continue;
+                }
                 if (knew[oi] == R->pos[c]) continue;
                 int32_t cell = c;
                 if (mem_seq_count(R, c) > 1) {

@@ -370,7 +370,8 @@ void model_free(model_w *w)
 }
 
 void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, int32_t rot_k,
-                      int32_t rot_v, int32_t n_sink, keel_mem_layer *layers)
+                      int32_t rot_v, int32_t n_sink, int32_t swa_window, int32_t swa_period,
+                      keel_mem_layer *layers)
 {
     const model_hp *hp = &w->hp;
     bool qk = type_k != KEEL_DTYPE_F32 && type_k != KEEL_DTYPE_F16 && type_k != KEEL_DTYPE_BF16;
@@ -379,6 +380,13 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         *L = keel_mem_layer_default();
         L->kind = w->layers[i].swa ? KEEL_MEM_LAYER_SLIDING : KEEL_MEM_LAYER_FULL;
         L->window = hp->n_swa;
+        if (swa_window > 0) {
+            /* StreamingLLM-style override: sinks + window on all but every
+             * swa_period-th layer (the last of each period stays full) */
+            bool full = swa_period > 0 && i % swa_period == swa_period - 1;
+            L->kind = full ? KEEL_MEM_LAYER_FULL : KEEL_MEM_LAYER_SLIDING;
+            L->window = swa_window;
+        }
         L->n_sink = n_sink;
         L->n_kv_heads = hp->n_head_kv;
         L->n_heads = hp->n_head;

@@ -82,7 +82,8 @@ void model_free(model_w *w);
 /* The memory layer descriptions for a context (kinds, heads, dims, RoPE).
  * layers has room for hp.n_layer. */
 void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, int32_t rot_k,
-                      int32_t rot_v, int32_t n_sink, keel_mem_layer *layers);
+                      int32_t rot_v, int32_t n_sink, int32_t swa_window, int32_t swa_period,
+                      keel_mem_layer *layers);
 
 /* One forward chunk. */
 typedef struct model_ubatch {
