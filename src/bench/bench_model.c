@@ -81,6 +81,104 @@ static stat2 stats(const double *v, int n)
     return s;
 }
 
+/* Compaction cost and decode speed with compaction on vs off:
+ *   - events: a cache of `trigger` cells of sequence 0 compacted to `target`,
+ *     repeated; microseconds per event per 1,000 cells compacted;
+ *   - decode: n_tg tokens with compaction (cells oscillate between target
+ *     and trigger) vs without compaction from a cache prefilled to the same
+ *     mean number of cells ((target + trigger) / 2), equal budget. */
+static keel_status bench_compact(keel_model *m, int argc, char **argv, int threads, int n_tg,
+                                 bench_out *o)
+{
+    keel_compact_params cp = keel_compact_params_default();
+    const char *pol = bench_opt(argc, argv, "--kv-compact");
+    if (keel_compact_policy_from_name(pol, &cp.policy) != KEEL_OK || cp.policy == KEEL_COMPACT_NONE)
+        return KEEL_EINVAL;
+    cp.trigger = parse_int_opt(argc, argv, "--kv-trigger", 1024);
+    cp.target = parse_int_opt(argc, argv, "--kv-target", cp.trigger / 2);
+    const model_hp *hp = &m->w.hp;
+    keel_context_params p = keel_context_params_default();
+    p.n_ctx = cp.trigger + 64;
+    p.n_batch = 512;
+    p.n_ubatch = 512;
+    p.n_threads = threads;
+    const char *ctk = bench_opt(argc, argv, "--ctk");
+    if (ctk && keel_dtype_from_name(ctk, &p.type_k) != KEEL_OK) return KEEL_EINVAL;
+    keel_context *c = NULL;
+    char err[BASE_ERR_CAP] = "";
+    keel_status st = keel_context_open(m, &p, &c, err);
+    if (st != KEEL_OK) {
+        bench_printf(o, "keel bench: context: %s\n", err);
+        return st;
+    }
+    int32_t n_fill = cp.trigger;
+    int32_t *toks = base_alloc((size_t)n_fill * sizeof(int32_t));
+    if (!toks) {
+        keel_context_close(c);
+        return KEEL_ENOMEM;
+    }
+    base_rng r;
+    base_rng_seed(&r, 3);
+    for (int32_t i = 0; i < n_fill; i++) toks[i] = (int32_t)base_rng_below(&r, (uint64_t)hp->n_vocab);
+    /* events */
+    double ev_us = 0.0;
+    int events = 0;
+    for (int rep = 0; rep < 5 && st == KEEL_OK; rep++) {
+        keel_mem_clear(c->mem);
+        for (int32_t i = 0; i < n_fill && st == KEEL_OK; i += 512) {
+            keel_batch b = {BASE_MIN(512, n_fill - i), toks + i, NULL, NULL, NULL};
+            st = keel_decode(c, &b);
+        }
+        if (st != KEEL_OK) break;
+        uint64_t t0 = base_time_ns();
+        st = keel_mem_compact(c->mem, 0, &cp);
+        ev_us += (double)(base_time_ns() - t0) * 1e-3;
+        events++;
+    }
+    double us_per_k = events ? ev_us / events / (cp.trigger / 1000.0) : 0.0;
+    /* decode with compaction on, then off at the same mean budget */
+    double tps[2] = {0, 0};
+    int64_t n_events = 0;
+    for (int on = 1; on >= 0 && st == KEEL_OK; on--) {
+        keel_mem_clear(c->mem);
+        keel_compact_params none = keel_compact_params_default();
+        st = keel_context_set_compact(c, 0, on ? &cp : &none);
+        int32_t pre = on ? cp.target : (cp.target + cp.trigger) / 2;
+        for (int32_t i = 0; i < pre && st == KEEL_OK; i += 512) {
+            keel_batch b = {BASE_MIN(512, pre - i), toks + i, NULL, NULL, NULL};
+            st = keel_decode(c, &b);
+        }
+        int64_t ev0 = keel_mem_seq_compactions(c->mem, 0);
+        int32_t tok = toks[0];
+        uint64_t t0 = base_time_ns();
+        for (int i = 0; i < n_tg && st == KEEL_OK; i++) {
+            keel_batch b = {1, &tok, NULL, NULL, NULL};
+            st = keel_decode(c, &b);
+            tok = toks[(i * 7) % n_fill];
+            if (!on && keel_mem_seq_cells(c->mem, 0) >= cp.trigger) /* stay at the budget */
+                st = keel_mem_seq_rm(c->mem, 0, keel_mem_seq_pos_max(c->mem, 0), -1);
+        }
+        tps[on] = n_tg / ((double)(base_time_ns() - t0) * 1e-9);
+        if (on) n_events = keel_mem_seq_compactions(c->mem, 0) - ev0;
+    }
+    if (st != KEEL_OK) bench_printf(o, "keel bench: %s\n", keel_context_last_error(c));
+    else if (o->json)
+        bench_printf(o, "{\"compact\": {\"policy\": \"%s\", \"trigger\": %d, \"target\": %d, "
+                        "\"us_per_event_per_1000_cells\": %.1f, \"tg_tps_on\": %.2f, \"tg_tps_off\": %.2f, "
+                        "\"events_during_tg\": %lld}}\n",
+                     keel_compact_policy_name(cp.policy), cp.trigger, cp.target, us_per_k, tps[1], tps[0],
+                     (long long)n_events);
+    else
+        bench_printf(o, "compaction %s (trigger %d, target %d): %.1f us per event per 1000 cells; "
+                        "tg%d %.2f tok/s with compaction (%lld events) vs %.2f tok/s without at the "
+                        "same mean budget\n",
+                     keel_compact_policy_name(cp.policy), cp.trigger, cp.target, us_per_k, n_tg,
+                     tps[1], (long long)n_events, tps[0]);
+    base_free(toks, (size_t)n_fill * sizeof(int32_t));
+    keel_context_close(c);
+    return st;
+}
+
 keel_status bench_model(int argc, char **argv, bench_out *o)
 {
     const char *path = bench_opt(argc, argv, "-m");
@@ -90,6 +188,21 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     int reps = parse_int_opt(argc, argv, "-r", 3);
     if (n_pp < 0 || n_tg < 0 || threads < 1 || reps < 1 || n_pp > 65536 || n_tg > 65536)
         return KEEL_EINVAL;
+    if (bench_opt(argc, argv, "--kv-compact")) {
+        keel_model_params cmp = keel_model_params_default();
+        cmp.path = path;
+        cmp.tokenizer_path = bench_opt(argc, argv, "--tokenizer");
+        keel_model *cm = NULL;
+        char cerr[BASE_ERR_CAP] = "";
+        keel_status cst = keel_model_open(&cmp, &cm, cerr);
+        if (cst != KEEL_OK) {
+            bench_printf(o, "keel bench: %s: %s\n", path, cerr);
+            return cst;
+        }
+        cst = bench_compact(cm, argc, argv, threads, n_tg > 0 ? n_tg : 128, o);
+        keel_model_close(cm);
+        return cst;
+    }
     keel_model_params mp = keel_model_params_default();
     mp.path = path;
     mp.tokenizer_path = bench_opt(argc, argv, "--tokenizer");
