@@ -1,13 +1,20 @@
 /*
  * pool.c — a fixed thread pool running one parallel-for job at a time.
  *
- * The caller is thread 0 and works too. Workers wait for a new job by
- * spinning on the job generation for a short while (a decode step issues
- * hundreds of small jobs) and then sleeping on a condition variable.
- * Invariants: generation only grows; n_active counts workers that have not
- * yet finished the current job; a job's tasks are claimed by an atomic
- * counter, so each runs exactly once. Worker stacks are 256 KiB
- * (design.md rule 8).
+ * The caller is thread 0 and works too. Tasks are claimed one at a time
+ * through `claim`, which holds (job generation << 32 | next task index):
+ * a worker that wakes up late, after its job is done, finds a different
+ * generation and claims nothing, so the caller never waits for a thread
+ * that has not started; it waits only until every claimed task has
+ * completed (`done`). That keeps a busy or oversubscribed machine from
+ * turning each of the hundreds of jobs per decode step into a scheduler
+ * timeslice.
+ *
+ * Workers spin for a short, time-bounded while (decode issues jobs microseconds
+ * apart) and then sleep on a condition variable. Worker stacks are 256 KiB
+ * (design.md rule 8). Invariants: generation only grows; a task runs at
+ * most once (claimed by a successful CAS in its own generation) and every
+ * task of a job runs before base_pool_run returns.
  */
 #include "base.h"
 
@@ -16,7 +23,8 @@
 #include <stdatomic.h>
 
 #define POOL_STACK_BYTES (256u * 1024u)
-#define POOL_SPIN_ITERS 200000
+#define POOL_SPIN_NS 100000ull /* workers spin this long for the next job */
+#define POOL_WAIT_SPIN_NS 20000ull
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -31,34 +39,42 @@ typedef struct pool_worker_arg {
 } pool_worker_arg;
 
 struct base_pool {
-    int n_threads;       /* including the caller */
-    pthread_t *workers;  /* [n_threads - 1] */
-    pool_worker_arg *args;   /* [n_threads - 1] */
-    int n_started;       /* workers actually started */
+    int n_threads;          /* including the caller */
+    pthread_t *workers;     /* [n_threads - 1] */
+    pool_worker_arg *args;  /* [n_threads - 1] */
+    int n_started;          /* workers actually started */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint_fast64_t generation; /* bumped once per job */
+    atomic_uint_fast64_t generation; /* bumped once per job: the wake-up signal */
+    atomic_uint_fast64_t claim;      /* (generation << 32) | next task */
+    atomic_int_fast64_t done;        /* tasks of the current job completed */
+    atomic_int per_thread_left;      /* per-thread jobs: workers yet to run */
     atomic_int n_sleeping;
-    atomic_int n_active;             /* workers still inside the current job */
-    atomic_int_fast64_t next_task;
     atomic_bool stop;
-    /* the current job, written before generation is bumped */
-    int64_t n_tasks;
-    base_task_fn fn;
-    void *ctx;
-    bool per_thread;
+    /* the current job, stored before claim is published */
+    atomic_int_fast64_t n_tasks;
+    _Atomic(base_task_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_bool per_thread;
 };
 
-static void pool_do_job(base_pool *p, int tid)
+/* Claims and runs tasks of generation gen until none are left. */
+static void pool_work(base_pool *p, uint64_t gen, int tid)
 {
-    if (p->per_thread) {
-        p->fn(p->ctx, tid, tid);
-        return;
-    }
     for (;;) {
-        int64_t t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) break;
-        p->fn(p->ctx, t, tid);
+        uint_fast64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+        if ((c >> 32) != (gen & 0xffffffffu)) return;
+        int64_t idx = (int64_t)(c & 0xffffffffu);
+        int64_t nt = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        base_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        if (idx >= nt) return;
+        /* success proves the job has not changed since the fields were read */
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue;
+        fn(ctx, idx, tid);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
 }
 
@@ -69,9 +85,13 @@ static void *pool_worker_main(void *arg)
     uint64_t seen = 0;
     for (;;) {
         uint64_t gen = atomic_load_explicit(&p->generation, memory_order_acquire);
-        for (int i = 0; gen == seen && i < POOL_SPIN_ITERS; i++) {
-            POOL_PAUSE();
-            gen = atomic_load_explicit(&p->generation, memory_order_acquire);
+        if (gen == seen) {
+            uint64_t t0 = base_time_ns();
+            for (int i = 0; gen == seen; i++) {
+                POOL_PAUSE();
+                gen = atomic_load_explicit(&p->generation, memory_order_acquire);
+                if ((i & 255) == 255 && base_time_ns() - t0 > POOL_SPIN_NS) break;
+            }
         }
         if (gen == seen) {
             atomic_fetch_add(&p->n_sleeping, 1);
@@ -83,10 +103,27 @@ static void *pool_worker_main(void *arg)
         }
         if (atomic_load(&p->stop)) break;
         seen = gen;
-        pool_do_job(p, a.tid);
-        atomic_fetch_sub_explicit(&p->n_active, 1, memory_order_release);
+        if (atomic_load_explicit(&p->per_thread, memory_order_acquire)) {
+            /* the caller waits for every worker in this mode: fields are stable */
+            base_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+            void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+            fn(ctx, a.tid, a.tid);
+            atomic_fetch_sub_explicit(&p->per_thread_left, 1, memory_order_release);
+        } else {
+            pool_work(p, gen, a.tid);
+        }
     }
     return NULL;
+}
+
+size_t base_pool_bytes(int n_threads)
+{
+    if (n_threads <= 0) n_threads = keel_cpu_count();
+    if (n_threads > 256) n_threads = 256;
+    size_t bytes = sizeof(base_pool);
+    if (n_threads > 1)
+        bytes += ((size_t)n_threads - 1) * (sizeof(pthread_t) + sizeof(pool_worker_arg));
+    return bytes;
 }
 
 keel_status base_pool_open(int n_threads, base_pool **out)
@@ -98,10 +135,15 @@ keel_status base_pool_open(int n_threads, base_pool **out)
     if (!p) return KEEL_ENOMEM;
     p->n_threads = n_threads;
     atomic_init(&p->generation, 0);
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->per_thread_left, 0);
     atomic_init(&p->n_sleeping, 0);
-    atomic_init(&p->n_active, 0);
-    atomic_init(&p->next_task, 0);
     atomic_init(&p->stop, false);
+    atomic_init(&p->n_tasks, 0);
+    atomic_init(&p->fn, NULL);
+    atomic_init(&p->ctx, NULL);
+    atomic_init(&p->per_thread, false);
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
         base_free(p, sizeof *p);
         return KEEL_EINTERNAL;
@@ -163,39 +205,31 @@ void base_pool_close(base_pool *p)
     base_free(p, sizeof *p);
 }
 
-size_t base_pool_bytes(int n_threads)
-{
-    if (n_threads <= 0) n_threads = keel_cpu_count();
-    if (n_threads > 256) n_threads = 256;
-    size_t bytes = sizeof(base_pool);
-    if (n_threads > 1)
-        bytes += ((size_t)n_threads - 1) * (sizeof(pthread_t) + sizeof(pool_worker_arg));
-    return bytes;
-}
-
 int base_pool_threads(const base_pool *p)
 {
     return p ? p->n_threads : 1;
 }
 
-static void pool_dispatch(base_pool *p, int64_t n_tasks, base_task_fn fn, void *ctx,
-                          bool per_thread)
+static void pool_wake(base_pool *p)
 {
-    p->n_tasks = n_tasks;
-    p->fn = fn;
-    p->ctx = ctx;
-    p->per_thread = per_thread;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->n_active, p->n_started, memory_order_relaxed);
-    atomic_fetch_add(&p->generation, 1); /* seq_cst: publishes the job */
     if (atomic_load(&p->n_sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    pool_do_job(p, 0);
-    for (int i = 0; atomic_load_explicit(&p->n_active, memory_order_acquire) > 0; i++) {
-        if (i < POOL_SPIN_ITERS)
+}
+
+/* Spins briefly, then yields, until cond(p) holds. */
+static void pool_wait_done(base_pool *p, int64_t n_tasks)
+{
+    uint64_t t0 = 0;
+    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
+        if (i < 64) {
+            POOL_PAUSE();
+            continue;
+        }
+        if (!t0) t0 = base_time_ns();
+        if (base_time_ns() - t0 < POOL_WAIT_SPIN_NS)
             POOL_PAUSE();
         else
             sched_yield();
@@ -205,11 +239,21 @@ static void pool_dispatch(base_pool *p, int64_t n_tasks, base_task_fn fn, void *
 void base_pool_run(base_pool *p, int64_t n_tasks, base_task_fn fn, void *ctx)
 {
     if (n_tasks <= 0) return;
-    if (!p || p->n_started == 0 || n_tasks == 1) {
+    if (!p || p->n_started == 0 || n_tasks == 1 || n_tasks > 0xffffffffll) {
         for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    pool_dispatch(p, n_tasks, fn, ctx, false);
+    uint64_t gen = atomic_load(&p->generation) + 1;
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->per_thread, false, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32, memory_order_release);
+    atomic_store(&p->generation, gen); /* seq_cst: publishes the job, pairs with n_sleeping */
+    pool_wake(p);
+    pool_work(p, gen, 0);
+    pool_wait_done(p, n_tasks);
 }
 
 void base_pool_run_per_thread(base_pool *p, base_task_fn fn, void *ctx)
@@ -218,5 +262,19 @@ void base_pool_run_per_thread(base_pool *p, base_task_fn fn, void *ctx)
         fn(ctx, 0, 0);
         return;
     }
-    pool_dispatch(p, p->n_started + 1, fn, ctx, true);
+    uint64_t gen = atomic_load(&p->generation) + 1;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->per_thread_left, p->n_started, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32 | 0xffffffffu, memory_order_relaxed);
+    atomic_store_explicit(&p->per_thread, true, memory_order_release);
+    atomic_store(&p->generation, gen);
+    pool_wake(p);
+    fn(ctx, 0, 0);
+    for (int i = 0; atomic_load_explicit(&p->per_thread_left, memory_order_acquire) > 0; i++) {
+        if (i < 4096)
+            POOL_PAUSE();
+        else
+            sched_yield();
+    }
 }

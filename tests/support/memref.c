@@ -837,7 +837,13 @@ static void op_compact(driver *d)
                     tok_unref(r, e.tok);
                     continue;
                 }
-                /* a ring token outside the kept set: positions unchanged (keep mode) */
+                /* a ring token outside the kept set: with renumbering the ring
+                 * forgets it (the memory refuses if the next query needs it);
+                 * with positions kept it stays where it is */
+                if (p.renumber) {
+                    tok_unref(r, e.tok);
+                    continue;
+                }
                 l->e[w++] = e;
                 continue;
             }
