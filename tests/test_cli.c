@@ -148,6 +148,22 @@ static void test_user_errors(void **state)
     assert_non_null(strstr(g_out, "blk.0.attn_q.weight"));
 }
 
+static void test_demo(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s demo --turns 4", bin());
+    assert_int_equal(run(cmd, g_out, sizeof g_out, true), 0);
+    assert_non_null(strstr(g_out, "summary: 4 turns"));
+    assert_non_null(strstr(g_out, "invariants ok"));
+    assert_non_null(strstr(g_out, "compactions"));
+    /* without fixtures: the generated sliding-window model with q8_0 K/V */
+    snprintf(cmd, sizeof cmd, "cd /tmp && KEEL_FIXTURES=/nonexistent %s demo --turns 3", bin());
+    assert_int_equal(run(cmd, g_out, sizeof g_out, true), 0);
+    assert_non_null(strstr(g_out, "KV q8_0/q8_0"));
+    assert_non_null(strstr(g_out, "invariants ok"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -155,6 +171,7 @@ int main(void)
         cmocka_unit_test(test_perplexity),
         cmocka_unit_test(test_run_greedy_ids),
         cmocka_unit_test(test_user_errors),
+        cmocka_unit_test(test_demo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
