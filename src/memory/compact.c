@@ -471,14 +471,8 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
             if (!keep[i]) continue;
             int32_t c = order[i];
             if (knew[i] == T->pos[c]) continue;
-            if (mem_seq_count(T, c) > 1) {
-                int32_t d = mem_table_find_free(T);
-                mem_table_copy_cell(T, d, c);
-                mem_seq_unset(T, c, s);
-                mem_seq_set(T, d, s);
-                if (d > m->max_cell_touched) m->max_cell_touched = d;
-                c = d;
-            }
+            c = mem_table_split(T, c, s);
+            if (c > m->max_cell_touched) m->max_cell_touched = c;
             T->newpos[c] = knew[i];
             T->flags[c] = 1;
             marked++;
@@ -497,14 +491,8 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
                     continue;
                 }
                 if (knew[oi] == R->pos[c]) continue;
-                int32_t cell = c;
-                if (mem_seq_count(R, c) > 1) {
-                    cell = mem_table_find_free(R);
-                    mem_table_copy_cell(R, cell, c);
-                    mem_seq_unset(R, c, s);
-                    mem_seq_set(R, cell, s);
-                    if (cell > m->max_cell_touched) m->max_cell_touched = cell;
-                }
+                int32_t cell = mem_table_split(R, c, s);
+                if (cell > m->max_cell_touched) m->max_cell_touched = cell;
                 R->newpos[cell] = knew[oi];
                 R->flags[cell] = 1;
                 rm++;

@@ -699,6 +699,14 @@ uint64_t keel_mem_digest(const keel_mem *m)
     return base_hash64(&m->next_stamp, sizeof m->next_stamp, h);
 }
 
+/* dst inherits src's forgotten positions (rewinding dst cannot be exact
+ * below them either). */
+static void evict_max_merge(mem_table *td, int32_t dst, int32_t v)
+{
+    if (!td->sliding || v == MEM_NO_EVICT) return;
+    if (td->evict_max[dst] == MEM_NO_EVICT || v > td->evict_max[dst]) td->evict_max[dst] = v;
+}
+
 /* ---- placement ----------------------------------------------------------- */
 
 static inline int32_t batch_n_seq(const keel_mem_batch *b, int32_t i)
@@ -1035,9 +1043,7 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
                     any = true;
                 }
             if (any) {
-                if (t->sliding && t->evict_max[src] != MEM_NO_EVICT &&
-                    (t->evict_max[dst] == MEM_NO_EVICT || t->evict_max[src] > t->evict_max[dst]))
-                    t->evict_max[dst] = t->evict_max[src];
+                if (t->sliding) evict_max_merge(t, dst, t->evict_max[src]);
                 mem_table_refresh(t);
             }
         }
@@ -1077,9 +1083,7 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
             any = true;
         }
         if (any) {
-            if (td->sliding && ts->evict_max[src] != MEM_NO_EVICT &&
-                (td->evict_max[dst] == MEM_NO_EVICT || ts->evict_max[src] > td->evict_max[dst]))
-                td->evict_max[dst] = ts->evict_max[src];
+            if (td->sliding) evict_max_merge(td, dst, ts->evict_max[src]);
             mem_table_refresh(td);
         }
     }
@@ -1233,14 +1237,8 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
         for (int32_t c = 0; c < t->cap; c++) {
             int32_t p = t->pos[c];
             if (p < p0 || p >= p1 || !mem_seq_has(t, c, s) || t->flags[c]) continue;
-            int32_t cell = c;
-            if (mem_seq_count(t, c) > 1) {
-                cell = mem_table_find_free(t);
-                mem_table_copy_cell(t, cell, c);
-                mem_seq_unset(t, c, s);
-                mem_seq_set(t, cell, s);
-                if (cell > m->max_cell_touched) m->max_cell_touched = cell;
-            }
+            int32_t cell = mem_table_split(t, c, s);
+            if (cell > m->max_cell_touched) m->max_cell_touched = cell;
             t->flags[cell] = 1;
             marked++;
         }

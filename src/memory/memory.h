@@ -186,6 +186,10 @@ static inline bool mem_cell_decode(const mem_group *g, int32_t id, const mem_tab
 void mem_table_free_cell(mem_table *t, int32_t cell);
 /* Copies cell src to free cell dst: metadata (not seq set) and all columns. */
 void mem_table_copy_cell(mem_table *t, int32_t dst, int32_t src);
+/* Copy on write: if cell is shared with other sequences, copies it (all
+ * columns) to a free cell and moves s there. Returns the cell that now holds
+ * s alone. The caller has checked that a free cell exists. */
+int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s);
 /* Next free cell at or after t->head (wrapping); -1 if none. Advances head. */
 int32_t mem_table_find_free(mem_table *t);
 /* Is cell a sink of s (sliding tables; recomputes thresholds if dirty). */

@@ -50,6 +50,16 @@ void mem_table_copy_cell(mem_table *t, int32_t dst, int32_t src)
     t->sinks_dirty = true;
 }
 
+int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s)
+{
+    if (mem_seq_count(t, cell) <= 1) return cell;
+    int32_t d = mem_table_find_free(t); /* room validated by the caller */
+    mem_table_copy_cell(t, d, cell);
+    mem_seq_unset(t, cell, s);
+    mem_seq_set(t, d, s);
+    return d;
+}
+
 int32_t mem_table_find_free(mem_table *t)
 {
     if (t->n_used >= t->cap) return -1;
