@@ -122,41 +122,46 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
     return KEEL_OK;
 }
 
+/* Resolves the parameters and sizes everything; z->layers is allocated
+ * (layers_bytes) and must be freed by the caller on success. */
+static keel_status prepare(const keel_model *m, const keel_context_params *in,
+                           keel_context_params *p, ctx_sizes *z, size_t *layers_bytes, char *err)
+{
+    keel_status st = resolve(m, in, p, err);
+    if (st != KEEL_OK) return st;
+    *layers_bytes = (size_t)m->w.hp.n_layer * sizeof(keel_mem_layer);
+    z->layers = base_alloc(*layers_bytes);
+    if (!z->layers) return base_err(err, KEEL_ENOMEM, "out of memory");
+    st = sizes(m, p, z, err);
+    if (st != KEEL_OK) {
+        base_free(z->layers, *layers_bytes);
+        z->layers = NULL;
+    }
+    return st;
+}
+
+static void fill_plan(const keel_model *m, const ctx_sizes *z, keel_plan *out)
+{
+    out->weights_mapped = m->file_bytes;
+    out->kv_bytes = mem_config_kv_bytes(&z->mc);
+    out->mem_bytes = z->mem;
+    out->work_bytes = z->work;
+    out->logits_bytes = z->logits;
+    out->total_bytes = z->total;
+}
+
 keel_status keel_context_plan(const keel_model *m, const keel_context_params *in, keel_plan *out,
                               char *err)
 {
     if (!m || !in || !out) return KEEL_EINVAL;
     keel_context_params p;
-    keel_status st = resolve(m, in, &p, err);
-    if (st != KEEL_OK) return st;
-    size_t lb = (size_t)m->w.hp.n_layer * sizeof(keel_mem_layer);
     ctx_sizes z;
-    z.layers = base_alloc(lb);
-    if (!z.layers) return base_err(err, KEEL_ENOMEM, "out of memory");
-    st = sizes(m, &p, &z, err);
-    if (st == KEEL_OK) {
-        size_t kv = 0;
-        for (int32_t i = 0; i < m->w.hp.n_layer; i++) {
-            const keel_mem_layer *L = &z.layers[i];
-            int64_t cells = p.n_ctx;
-            if (L->kind == KEEL_MEM_LAYER_SLIDING) {
-                int64_t seqs = p.unified ? p.n_seq_max : 1;
-                int64_t ring = seqs * ((int64_t)L->n_sink + L->window) + p.n_ubatch;
-                cells = BASE_MIN(ring, (int64_t)p.n_ctx);
-            }
-            int64_t streams = p.unified ? 1 : p.n_seq_max;
-            kv += (size_t)(cells * streams) * (size_t)L->n_kv_heads *
-                  (tensor_row_bytes(L->k_dtype, L->head_dim_k) + tensor_row_bytes(L->v_dtype, L->head_dim_v));
-        }
-        out->weights_mapped = m->file_bytes;
-        out->kv_bytes = kv;
-        out->mem_bytes = z.mem;
-        out->work_bytes = z.work;
-        out->logits_bytes = z.logits;
-        out->total_bytes = z.total;
-    }
+    size_t lb;
+    keel_status st = prepare(m, in, &p, &z, &lb, err);
+    if (st != KEEL_OK) return st;
+    fill_plan(m, &z, out);
     base_free(z.layers, lb);
-    return st;
+    return KEEL_OK;
 }
 
 keel_status keel_context_open(const keel_model *m, const keel_context_params *in,
@@ -166,16 +171,11 @@ keel_status keel_context_open(const keel_model *m, const keel_context_params *in
     *out = NULL;
     if (!m || !in) return base_err(err, KEEL_EINVAL, "model or params is NULL");
     keel_context_params p;
-    keel_status st = resolve(m, in, &p, err);
-    if (st != KEEL_OK) return st;
-    size_t lb = (size_t)m->w.hp.n_layer * sizeof(keel_mem_layer);
     ctx_sizes z;
-    z.layers = base_alloc(lb);
-    if (!z.layers) return base_err(err, KEEL_ENOMEM, "out of memory");
-    st = sizes(m, &p, &z, err);
-    keel_context *c = NULL;
-    if (st != KEEL_OK) goto fail;
-    c = base_calloc(1, sizeof *c);
+    size_t lb;
+    keel_status st = prepare(m, in, &p, &z, &lb, err);
+    if (st != KEEL_OK) return st;
+    keel_context *c = base_calloc(1, sizeof *c);
     if (!c) {
         st = base_err(err, KEEL_ENOMEM, "out of memory");
         goto fail;
@@ -219,12 +219,9 @@ keel_status keel_context_open(const keel_model *m, const keel_context_params *in
         st = base_err(err, KEEL_EINTERNAL, "%d layer groups (at most 2 supported)", c->n_groups);
         goto fail;
     }
-    keel_plan pl;
+    fill_plan(m, &z, &c->plan);
     base_free(z.layers, lb);
     z.layers = NULL;
-    st = keel_context_plan(m, in, &pl, err);
-    if (st != KEEL_OK) goto fail;
-    c->plan = pl;
     *out = c;
     return KEEL_OK;
 fail:

@@ -185,6 +185,26 @@ static int32_t table_cap(const keel_mem_config *cfg, const mem_group *g, int32_t
     return (int32_t)(ring < cfg->n_ctx ? ring : cfg->n_ctx);
 }
 
+size_t mem_config_kv_bytes(const keel_mem_config *cfg)
+{
+    if (validate_config(cfg, NULL) != KEEL_OK) return 0;
+    int32_t n_streams = cfg->unified ? 1 : cfg->n_seq_max;
+    size_t kv = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++) {
+        const keel_mem_layer *a = &cfg->layers[i];
+        if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+        mem_group shape;
+        memset(&shape, 0, sizeof shape);
+        shape.kind = a->kind;
+        shape.window = a->window;
+        shape.n_sink = a->n_sink;
+        size_t cells = (size_t)table_cap(cfg, &shape, n_streams) * (size_t)n_streams;
+        kv += cells * (size_t)a->n_kv_heads *
+              (tensor_row_bytes(a->k_dtype, a->head_dim_k) + tensor_row_bytes(a->v_dtype, a->head_dim_v));
+    }
+    return kv;
+}
+
 /*
  * Lays out everything but the keel_mem struct. With l->base == NULL only
  * counts; m's pointer fields are then left untouched except counts.

@@ -138,6 +138,9 @@ keel_status mem_config_bytes_shared(const keel_mem_config *cfg, size_t *bytes, c
  * marks are cleared. Scratch from m->scratch (reset by the caller). */
 keel_status mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool map);
 
+/* Bytes of every K/V column of cfg (0 if cfg is invalid). */
+size_t mem_config_kv_bytes(const keel_mem_config *cfg);
+
 /* Free cells for new tokens of sequence s in its full-attention tables
  * (sliding rings always make room); INT32_MAX without full layers. */
 int32_t mem_room(const keel_mem *m, int32_t s);
