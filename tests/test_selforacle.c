@@ -116,9 +116,73 @@ static void test_cache_equals_recompute(void **state)
         }
 }
 
+typedef struct ctx_case {
+    keel_model *m;
+    keel_context_params cp;
+} ctx_case;
+
+static keel_status ctx_open_close(void *v)
+{
+    ctx_case *cc = v;
+    keel_context *c = NULL;
+    keel_status st = keel_context_open(cc->m, &cc->cp, &c, NULL);
+    if (st != KEEL_OK) return st;
+    int32_t toks[4] = {5, 6, 7, 8};
+    keel_batch b = {4, toks, NULL, NULL, NULL};
+    st = keel_decode(c, &b); /* allocates nothing: must succeed whatever fails later */
+    keel_context_close(c);
+    return st;
+}
+
+/* Failing each allocation of keel_context_open in turn: KEEL_ENOMEM, no leak. */
+static void test_context_failing_allocator(void **state)
+{
+    (void)state;
+    ctx_case cc = {gen("llama", KEEL_DTYPE_F32), keel_context_params_default()};
+    cc.cp.n_ctx = 64;
+    cc.cp.n_threads = 2;
+    int64_t n = test_alloc_sweep(ctx_open_close, &cc);
+    assert_true(n >= 6);
+    keel_model_close(cc.m);
+}
+
+/* The plan is exact: what keel_context_open allocates equals what
+ * keel_context_plan reported, for several configurations. */
+static void test_plan_exact(void **state)
+{
+    (void)state;
+    keel_model *m = gen("gemma2", KEEL_DTYPE_Q8_0);
+    for (int k = 0; k < 3; k++) {
+        keel_context_params cp = keel_context_params_default();
+        cp.n_ctx = 100 + 300 * k;
+        cp.n_seq_max = 1 + k;
+        cp.unified = k != 2;
+        cp.type_k = k ? KEEL_DTYPE_Q8_0 : KEEL_DTYPE_F16;
+        cp.n_threads = 1 + k % 2;
+        cp.n_outputs = 3;
+        keel_plan pl;
+        char err[256] = "";
+        assert_ok(keel_context_plan(m, &cp, &pl, err));
+        test_alloc_install(0);
+        keel_context *c = NULL;
+        keel_status st = keel_context_open(m, &cp, &c, err);
+        int64_t live = test_alloc_live_bytes();
+        keel_context_close(c);
+        int64_t after = test_alloc_live_bytes();
+        test_alloc_uninstall();
+        assert_ok(st);
+        assert_int_equal(live, (int64_t)pl.total_bytes);
+        assert_int_equal(after, 0);
+        assert_true(pl.kv_bytes > 0 && pl.kv_bytes < pl.mem_bytes);
+    }
+    keel_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_exact),
+        cmocka_unit_test(test_context_failing_allocator),
         cmocka_unit_test(test_cache_equals_recompute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -117,8 +117,10 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
     /* out_row [n_batch], pos/seq of the batch [n_batch] x 2, cells [n_groups][n_ubatch], out idx [n_ubatch] */
     z->small = ((size_t)p->n_batch * 3 + (size_t)p->n_ubatch * 3 + 64) * sizeof(int32_t) +
                (size_t)p->n_batch + (size_t)p->n_seq_max * sizeof(keel_compact_params) + 2 * BASE_ALIGN;
-    z->total = sizeof(keel_context) + z->mem + z->work + z->logits + z->small +
-               base_pool_bytes(p->n_threads) + BASE_ALIGN;
+    size_t work_cap; /* base_arena_init rounds its reservation up */
+    if (!size_align_up(z->work, BASE_ALIGN, &work_cap)) return base_err(err, KEEL_EOVERFLOW, "work arena overflows");
+    z->total = sizeof(keel_context) + z->mem + work_cap + z->logits + z->small +
+               base_pool_bytes(p->n_threads);
     return KEEL_OK;
 }
 
