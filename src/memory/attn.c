@@ -114,8 +114,8 @@ size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *
 
 /* ---- scalar kernels (every dtype) ---------------------------------------- */
 
-static void kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
-                      int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores)
+void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
+                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores)
 {
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *k = base + (size_t)idx[j] * rb;
@@ -123,9 +123,9 @@ static void kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32
     }
 }
 
-static void pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
-                      int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
-                      float *const *acc)
+void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
+                    int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                    float *const *acc)
 {
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *v = base + (size_t)idx[j] * rb;
@@ -135,7 +135,7 @@ static void pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32
     }
 }
 
-static float exp_scalar(float *x, int32_t n, float m)
+float attn_exp_scalar(float *x, int32_t n, float m)
 {
     float s = 0.0f;
     for (int32_t j = 0; j < n; j++) {
@@ -143,6 +143,34 @@ static float exp_scalar(float *x, int32_t n, float m)
         s += x[j];
     }
     return s;
+}
+
+attn_path attn_path_best(void)
+{
+    const tensor_cpu *c = tensor_cpu_features();
+    if (!c->avx2 || !c->fma || !c->f16c) return ATTN_PATH_SCALAR;
+    if (c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni) return ATTN_PATH_AVX512;
+    return ATTN_PATH_AVX2;
+}
+
+void attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt, attn_kq_fn *kq, attn_pv_fn *pv,
+                  attn_exp_fn *ex)
+{
+    *kq = NULL;
+    *pv = NULL;
+    *ex = attn_exp_scalar;
+    if (path == ATTN_PATH_AVX512) {
+        *kq = attn_kq_avx512(kt);
+        *pv = attn_pv_avx512(vt);
+        *ex = attn_exp_avx512;
+    }
+    if (path >= ATTN_PATH_AVX2) {
+        if (!*kq) *kq = attn_kq_avx2(kt);
+        if (!*pv) *pv = attn_pv_avx2(vt);
+        if (path == ATTN_PATH_AVX2) *ex = attn_exp_avx2;
+    }
+    if (!*kq) *kq = attn_kq_scalar;
+    if (!*pv) *pv = attn_pv_scalar;
 }
 
 /* ---- the task ------------------------------------------------------------ */
@@ -439,13 +467,8 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     x.scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)x.dk);
     x.softcap = a->softcap;
     x.d = dims_of(&m->cfg, m->layers);
-    bool simd = tensor_simd_active() && tensor_cpu_features()->avx2 && tensor_cpu_features()->fma &&
-                tensor_cpu_features()->f16c;
-    x.kq = simd ? attn_kq_avx2(x.kt) : NULL;
-    x.pv = simd ? attn_pv_avx2(x.vt) : NULL;
-    x.ex = simd ? attn_exp_avx2 : exp_scalar;
-    if (!x.kq) x.kq = kq_scalar;
-    if (!x.pv) x.pv = pv_scalar;
+    attn_kernels(tensor_simd_active() ? attn_path_best() : ATTN_PATH_SCALAR, x.kt, x.vt, &x.kq,
+                 &x.pv, &x.ex);
 
     /* sinks of sliding tables must be current before threads read them */
     for (int32_t k = 0; k < grp->n_tables; k++)

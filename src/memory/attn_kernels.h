@@ -4,8 +4,10 @@
  * into R accumulators, for one KV head. Each K / V row is read once for all
  * R rows (every query head of the GQA group and every token of the block).
  * Scalar versions (attn.c) cover every dtype through tensor_vec_dot /
- * tensor_axpy_row; AVX2 versions (attn_avx2.c) cover f32, f16, q8_0 and
- * q4_0 rows. Rows are at base + idx[j] * row_bytes.
+ * tensor_axpy_row; AVX2 versions (attn_avx2.c) and AVX-512 versions
+ * (attn_avx512.c, which need F/BW/VL/VNNI) cover f32, f16, q8_0 and q4_0
+ * rows. Rows are at base + idx[j] * row_bytes. Kernels allocate nothing;
+ * the SIMD ones compute the scalar results up to float reordering.
  */
 #ifndef KEEL_ATTN_KERNELS_H
 #define KEEL_ATTN_KERNELS_H
@@ -29,9 +31,36 @@ typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes,
 /* x[j] <- exp(x[j] - m) for j < n (-inf -> 0); returns the sum. */
 typedef float (*attn_exp_fn)(float *x, int32_t n, float m);
 
-/* AVX2 kernels, or NULL when the dtype has no AVX2 path (attn_avx2.c). */
+/* Scalar kernels (attn.c): every dtype; the reference of the others. */
+void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores);
+void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                    int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                    float *const *acc);
+float attn_exp_scalar(float *x, int32_t n, float m);
+
+/* AVX2 kernels, or NULL when the dtype has no AVX2 path (attn_avx2.c).
+ * Callable only when the CPU has AVX2, FMA and F16C. */
 attn_kq_fn attn_kq_avx2(keel_dtype kt);
 attn_pv_fn attn_pv_avx2(keel_dtype vt);
 float attn_exp_avx2(float *x, int32_t n, float m);
+
+/* AVX-512 kernels, or NULL when the dtype has no AVX-512 path
+ * (attn_avx512.c). Callable only when attn_avx512_usable(); shapes they do
+ * not cover fall back to the AVX2 kernels inside. */
+attn_kq_fn attn_kq_avx512(keel_dtype kt);
+attn_pv_fn attn_pv_avx512(keel_dtype vt);
+float attn_exp_avx512(float *x, int32_t n, float m);
+
+/* The kernel paths of attention, fastest last. */
+typedef enum attn_path { ATTN_PATH_SCALAR, ATTN_PATH_AVX2, ATTN_PATH_AVX512 } attn_path;
+
+/* The best path this CPU supports (ignores tensor_set_simd). */
+attn_path attn_path_best(void);
+
+/* The kernels of path for K dtype kt and V dtype vt; dtypes the path does
+ * not cover get the scalar kernels. path must be <= attn_path_best(). */
+void attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt, attn_kq_fn *kq, attn_pv_fn *pv,
+                  attn_exp_fn *ex);
 
 #endif
