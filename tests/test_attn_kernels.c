@@ -131,10 +131,7 @@ static void test_kq(void **state)
                                         "scalar", t, dim, R, n, r, j);
                         }
                     for (int p = (int)ATTN_PATH_SCALAR; p <= (int)best; p++) {
-                        attn_kq_fn kq;
-                        attn_pv_fn pv;
-                        attn_exp_fn ex;
-                        attn_kernels((attn_path)p, t, t, &kq, &pv, &ex);
+                        attn_kq_fn kq = attn_kernels((attn_path)p, t, t).kq;
                         for (int32_t i = 0; i < R_MAX * ATTN_CB; i++) got[i] = NAN;
                         kq(t, f.rows, f.rb, idx, n, qp, R, dim, got);
                         for (int32_t r = 0; r < R; r++)
@@ -211,10 +208,7 @@ static void test_pv(void **state)
                                         dim, R, n, r, i);
                         }
                     for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
-                        attn_kq_fn kq;
-                        attn_pv_fn pv;
-                        attn_exp_fn ex;
-                        attn_kernels((attn_path)pi, t, t, &kq, &pv, &ex);
+                        attn_pv_fn pv = attn_kernels((attn_path)pi, t, t).pv;
                         for (int32_t r = 0; r < R; r++) {
                             memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
                             for (int i = 0; i < 16; i++) got[r][dim + i] = 12345.0f;
@@ -254,10 +248,7 @@ static void test_exp(void **state)
     base_rng_seed(&rng, 9);
     float x[ATTN_CB + 8], y[ATTN_CB + 8];
     for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
-        attn_kq_fn kq;
-        attn_pv_fn pv;
-        attn_exp_fn ex;
-        attn_kernels((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32, &kq, &pv, &ex);
+        attn_exp_fn ex = attn_kernels((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32).ex;
         for (int trial = 0; trial < 2000; trial++) {
             int32_t n = 1 + (int32_t)(base_rng_next(&rng) % ATTN_CB);
             float m = -INFINITY;
@@ -290,12 +281,58 @@ static void test_exp(void **state)
     }
 }
 
+/* The online-softmax row step against the scalar one: masking and
+ * scaling exact, the running max and alpha identical (both use expf),
+ * weights within exp's 2e-7, the sum within 1e-6. */
+static void test_row(void **state)
+{
+    (void)state;
+    attn_path best = attn_path_best();
+    base_rng rng;
+    base_rng_seed(&rng, 10);
+    float s0[ATTN_CB + 8], ref[ATTN_CB + 8], got[ATTN_CB + 8];
+    uint8_t vis[ATTN_CB];
+    for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
+        attn_row_fn row = attn_kernels((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32).row;
+        for (int trial = 0; trial < 4000; trial++) {
+            int32_t n = 1 + (int32_t)(base_rng_next(&rng) % ATTN_CB);
+            int dens = (int)(base_rng_next(&rng) % 4); /* 0: nothing visible */
+            for (int32_t j = 0; j < ATTN_CB; j++)
+                vis[j] = dens > 0 && (int)(base_rng_next(&rng) % 4) < dens + 1 ? (uint8_t)1 : (uint8_t)0;
+            for (int32_t j = 0; j < ATTN_CB + 8; j++)
+                s0[j] = (float)((double)(base_rng_next(&rng) % 2000000) / 10000.0 - 100.0);
+            float scale = trial % 3 == 0 ? 1.0f : 0.0883883476f;
+            float m0 = trial % 4 == 0 ? -INFINITY : (float)((double)(base_rng_next(&rng) % 20000) / 100.0 - 100.0);
+            float l0 = m0 == -INFINITY ? 0.0f : 3.5f;
+            float mr = m0, lr = l0, ar, mg = m0, lg = l0, ag;
+            memcpy(ref, s0, sizeof s0);
+            memcpy(got, s0, sizeof s0);
+            bool on_r = attn_row_scalar(ref, n, scale, vis, &mr, &lr, &ar);
+            bool on_g = row(got, n, scale, vis, &mg, &lg, &ag);
+            if (on_r != on_g || mr != mg || ar != ag)
+                fail_msg("row %s n %d: active %d/%d, m %.9g/%.9g, alpha %.9g/%.9g", k_path_names[pi], n,
+                         on_g, on_r, mg, mr, ag, ar);
+            if (fabsf(lg - lr) > 1e-6f * lr)
+                fail_msg("row %s n %d: l %.9g, want %.9g", k_path_names[pi], n, lg, lr);
+            for (int32_t j = 0; j < n; j++) {
+                bool same = ref[j] == got[j] || fabsf(ref[j] - got[j]) <= 2e-7f * ref[j] + FLT_MIN;
+                if (!on_r) same = got[j] == -INFINITY && ref[j] == -INFINITY;
+                if (!same)
+                    fail_msg("row %s n %d: s[%d] = %.9g, want %.9g", k_path_names[pi], n, j, got[j], ref[j]);
+            }
+            if (memcmp(got + n, s0 + n, (size_t)(ATTN_CB + 8 - n) * sizeof(float)) != 0)
+                fail_msg("row %s n %d: wrote past n", k_path_names[pi], n);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kq),
         cmocka_unit_test(test_pv),
         cmocka_unit_test(test_exp),
+        cmocka_unit_test(test_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

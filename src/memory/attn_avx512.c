@@ -431,3 +431,36 @@ float attn_exp_avx512(float *x, int32_t n, float m)
     }
     return _mm512_reduce_add_ps(sum);
 }
+
+bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                     float *alpha)
+{
+    /* both halves of the block in registers: lanes past n and invisible
+     * cells are -inf, which exp16 maps to 0 */
+    __mmask16 k0 = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    __mmask16 k1 = n >= 32 ? (__mmask16)0xffff : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+    __m128i v0 = _mm_maskz_loadu_epi8(k0, vis), v1 = _mm_maskz_loadu_epi8(k1, vis + 16);
+    __mmask16 w0 = _mm_test_epi8_mask(v0, v0), w1 = _mm_test_epi8_mask(v1, v1);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+    __m512 x0 = _mm512_mask_mul_ps(ninf, w0, _mm512_maskz_loadu_ps(k0, s), sc);
+    __m512 x1 = _mm512_mask_mul_ps(ninf, w1, _mm512_maskz_loadu_ps(k1, s + 16), sc);
+    float bmax = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
+    *alpha = 1.0f;
+    if (bmax == -INFINITY) {
+        _mm512_mask_storeu_ps(s, k0, x0);
+        _mm512_mask_storeu_ps(s + 16, k1, x1);
+        return false;
+    }
+    float mnew = bmax > *m ? bmax : *m;
+    if (*m != -INFINITY && mnew != *m) {
+        *alpha = expf(*m - mnew);
+        *l *= *alpha;
+    }
+    *m = mnew;
+    __m512 mm = _mm512_set1_ps(mnew);
+    __m512 e0 = exp16(_mm512_sub_ps(x0, mm)), e1 = exp16(_mm512_sub_ps(x1, mm));
+    _mm512_mask_storeu_ps(s, k0, e0);
+    _mm512_mask_storeu_ps(s + 16, k1, e1);
+    *l += _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+    return true;
+}

@@ -31,6 +31,16 @@ typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes,
 /* x[j] <- exp(x[j] - m) for j < n (-inf -> 0); returns the sum. */
 typedef float (*attn_exp_fn)(float *x, int32_t n, float m);
 
+/* One online-softmax step of one row over a block of n <= ATTN_CB scores:
+ * s[j] <- vis[j] ? s[j] * scale : -inf; when some s[j] is finite, the
+ * running max *m becomes max(*m, s), *alpha = exp(m_old - m_new) (1 when
+ * the max did not move or was -inf), *l <- *l * alpha + sum exp(s - m_new),
+ * s[j] <- exp(s[j] - m_new), and it returns true; the caller scales the
+ * row's accumulator by *alpha. Returns false (s all -inf, *m and *l kept)
+ * when no cell is visible. */
+typedef bool (*attn_row_fn)(float *s, int32_t n, float scale, const uint8_t *vis, float *m,
+                            float *l, float *alpha);
+
 /* Scalar kernels (attn.c): every dtype; the reference of the others. */
 void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
                     int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores);
@@ -38,12 +48,16 @@ void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t row_bytes, const 
                     int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
                     float *const *acc);
 float attn_exp_scalar(float *x, int32_t n, float m);
+bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                     float *alpha);
 
 /* AVX2 kernels, or NULL when the dtype has no AVX2 path (attn_avx2.c).
  * Callable only when the CPU has AVX2, FMA and F16C. */
 attn_kq_fn attn_kq_avx2(keel_dtype kt);
 attn_pv_fn attn_pv_avx2(keel_dtype vt);
 float attn_exp_avx2(float *x, int32_t n, float m);
+bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                   float *alpha);
 
 /* AVX-512 kernels, or NULL when the dtype has no AVX-512 path
  * (attn_avx512.c). Callable only when attn_avx512_usable(); shapes they do
@@ -51,6 +65,8 @@ float attn_exp_avx2(float *x, int32_t n, float m);
 attn_kq_fn attn_kq_avx512(keel_dtype kt);
 attn_pv_fn attn_pv_avx512(keel_dtype vt);
 float attn_exp_avx512(float *x, int32_t n, float m);
+bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                     float *alpha);
 
 /* The kernel paths of attention, fastest last. */
 typedef enum attn_path { ATTN_PATH_SCALAR, ATTN_PATH_AVX2, ATTN_PATH_AVX512 } attn_path;
@@ -58,9 +74,15 @@ typedef enum attn_path { ATTN_PATH_SCALAR, ATTN_PATH_AVX2, ATTN_PATH_AVX512 } at
 /* The best path this CPU supports (ignores tensor_set_simd). */
 attn_path attn_path_best(void);
 
+typedef struct attn_kernel_set {
+    attn_kq_fn kq;
+    attn_pv_fn pv;
+    attn_exp_fn ex;
+    attn_row_fn row;
+} attn_kernel_set;
+
 /* The kernels of path for K dtype kt and V dtype vt; dtypes the path does
  * not cover get the scalar kernels. path must be <= attn_path_best(). */
-void attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt, attn_kq_fn *kq, attn_pv_fn *pv,
-                  attn_exp_fn *ex);
+attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt);
 
 #endif
