@@ -231,6 +231,26 @@ static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
     return kp < t->sink_pos[s] || (kp == t->sink_pos[s] && t->stamp[c] <= t->sink_stamp[s]);
 }
 
+/* Asks for the cache lines of n rows ahead of use. Rows of one KV head are
+ * one array, and a block's cells are usually consecutive, so a run is one
+ * address range; the hardware prefetcher alone restarts at every 4 KiB
+ * page of the two streams (K and V) a block alternates between. */
+static inline __attribute__((always_inline)) void prefetch_rows(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n)
+{
+    if (n <= 0) return;
+    if (idx[n - 1] - idx[0] == n - 1) {
+        const uint8_t *p = base + (size_t)idx[0] * rb, *e = p + (size_t)n * rb;
+        for (; p < e; p += 64) __builtin_prefetch(p, 0, 3);
+        __builtin_prefetch(e - 1, 0, 3);
+        return;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *p = base + (size_t)idx[j] * rb, *e = p + rb;
+        for (; p < e; p += 64) __builtin_prefetch(p, 0, 3);
+        __builtin_prefetch(e - 1, 0, 3);
+    }
+}
+
 static void attn_task(void *vctx, int64_t task, int thread)
 {
     attn_ctx *x = vctx;
@@ -312,6 +332,14 @@ static void attn_task(void *vctx, int64_t task, int thread)
             for (int32_t sb = 0; sb < nvis; sb += ATTN_CB) {
                 int32_t nb = BASE_MIN(ATTN_CB, nvis - sb);
                 const int32_t *bidx = idx + sb;
+                /* V of this block is read after the scores, then K of the
+                 * next block (the next head's first block after the last) */
+                prefetch_rows(vbase, vc->head_row_bytes, bidx, nb);
+                if (sb + nb < nvis)
+                    prefetch_rows(kbase, kc->head_row_bytes, bidx + nb, BASE_MIN(ATTN_CB, nvis - sb - nb));
+                else if (hk + 1 < x->n_kv)
+                    prefetch_rows(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,
+                                  BASE_MIN(ATTN_CB, nvis));
                 x->k.kq(x->kt, kbase, kc->head_row_bytes, bidx, nb, qp, R, dk, scores);
                 /* scale, cap, mask; online softmax per row */
                 for (int32_t ti = 0; ti < nt; ti++) {
