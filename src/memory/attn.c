@@ -251,8 +251,11 @@ static inline __attribute__((always_inline)) void prefetch_rows(const uint8_t *b
     }
 }
 
+#include <stdlib.h>
+static int g_pf = 3;
 static void attn_task(void *vctx, int64_t task, int thread)
 {
+    if (getenv("KEEL_PF")) g_pf = atoi(getenv("KEEL_PF"));
     attn_ctx *x = vctx;
     const keel_mem_attn *a = x->a;
     int32_t b = (int32_t)(task / x->splits), sp = (int32_t)(task % x->splits);
@@ -334,8 +337,8 @@ static void attn_task(void *vctx, int64_t task, int thread)
                 const int32_t *bidx = idx + sb;
                 /* V of this block is read after the scores, then K of the
                  * next block (the next head's first block after the last) */
-                prefetch_rows(vbase, vc->head_row_bytes, bidx, nb);
-                if (sb + nb < nvis)
+                if (g_pf & 1) prefetch_rows(vbase, vc->head_row_bytes, bidx, nb);
+                if (!(g_pf & 2)) {} else if (sb + nb < nvis)
                     prefetch_rows(kbase, kc->head_row_bytes, bidx + nb, BASE_MIN(ATTN_CB, nvis - sb - nb));
                 else if (hk + 1 < x->n_kv)
                     prefetch_rows(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,

@@ -19,7 +19,8 @@
  *         f32 / f16 keys: f32 FMAs against f32 query rows.
  *         Per cell the quad ends as one zmm of four 4-lane partial sums;
  *         four cells are reduced together (a 4x4 transpose-add) and stored
- *         as four 4-score runs.
+ *         as four 4-score runs. f32 / f16 keys compute the four cells
+ *         together so that each query vector loaded serves four K rows.
  * p . V   Up to four active rows at a time, 64 columns at a time: 16 zmm
  *         accumulators stay in registers across the block of cells while
  *         each V row segment is dequantized into 4 zmm once for all rows.
@@ -137,27 +138,51 @@ static ALWAYS_INLINE __m512 cell_q4(const uint8_t *k, const kq_quad *Q, int32_t 
     return quad_of_pairs(a0, a1);
 }
 
-static ALWAYS_INLINE __m512 cell_fp(keel_dtype kt, const uint8_t *k, const kq_quad *Q, int32_t dk)
+static ALWAYS_INLINE __m512 load_k16(keel_dtype kt, const uint8_t *k, int32_t i)
 {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const float *x0 = Q->f[0], *x1 = Q->f[1], *x2 = Q->f[2], *x3 = Q->f[3];
-    for (int32_t i = 0; i < dk; i += 16) {
-        __m512 kv = kt == KEEL_DTYPE_F16
-                        ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 2 * (size_t)i)))
-                        : _mm512_loadu_ps((const float *)k + i);
-        a0 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(x0 + i), a0);
-        a1 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(x1 + i), a1);
-        a2 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(x2 + i), a2);
-        a3 = _mm512_fmadd_ps(kv, _mm512_loadu_ps(x3 + i), a3);
-    }
-    return quad_of_pairs(pair_of_rows(a0, a1), pair_of_rows(a2, a3));
+    return kt == KEEL_DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 2 * (size_t)i)))
+                                : _mm512_loadu_ps((const float *)k + i);
 }
 
-static ALWAYS_INLINE __m512 cell(keel_dtype kt, const uint8_t *k, const kq_quad *Q, int32_t dk)
+/* f32 / f16 keys: four cells together so that each query vector loaded
+ * serves four K rows (one cell at a time is bound by the loads) */
+static ALWAYS_INLINE void cells_fp(keel_dtype kt, const uint8_t *const k[4], const kq_quad *Q,
+                                   int32_t dk, __m512 z[4])
 {
-    if (kt == KEEL_DTYPE_Q8_0) return cell_q8(k, Q, dk / QK);
-    if (kt == KEEL_DTYPE_Q4_0) return cell_q4(k, Q, dk / QK);
-    return cell_fp(kt, k, Q, dk);
+    __m512 a[4][4]; /* [cell][row] */
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) a[c][r] = _mm512_setzero_ps();
+    for (int32_t i = 0; i < dk; i += 16) {
+        __m512 kv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) kv[c] = load_k16(kt, k[c], i);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512 x = _mm512_loadu_ps(Q->f[r] + i);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) a[c][r] = _mm512_fmadd_ps(kv[c], x, a[c][r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        z[c] = quad_of_pairs(pair_of_rows(a[c][0], a[c][1]), pair_of_rows(a[c][2], a[c][3]));
+}
+
+static ALWAYS_INLINE void cells(keel_dtype kt, const uint8_t *const k[4], const kq_quad *Q,
+                                int32_t dk, __m512 z[4])
+{
+    /* int8 keys one cell at a time: measured faster than four together */
+    if (kt == KEEL_DTYPE_Q8_0) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) z[c] = cell_q8(k[c], Q, dk / QK);
+    } else if (kt == KEEL_DTYPE_Q4_0) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) z[c] = cell_q4(k[c], Q, dk / QK);
+    } else {
+        cells_fp(kt, k, Q, dk, z);
+    }
 }
 
 /* Four cells' quads [row r: 4 partials] -> [row r: score of cell 0..3]. */
@@ -181,13 +206,22 @@ static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb,
         for (int32_t j = 0; j < n; j += 4) {
             /* a short last group repeats its last cell; masked out on store */
             int32_t m = BASE_MIN(4, n - j);
-            __m512 z0 = cell(kt, base + (size_t)idx[j] * rb, &Q, dk);
-            __m512 z1 = cell(kt, base + (size_t)idx[j + BASE_MIN(1, m - 1)] * rb, &Q, dk);
-            __m512 z2 = cell(kt, base + (size_t)idx[j + BASE_MIN(2, m - 1)] * rb, &Q, dk);
-            __m512 z3 = cell(kt, base + (size_t)idx[j + BASE_MIN(3, m - 1)] * rb, &Q, dk);
-            __m512 w = reduce4(z0, z1, z2, z3);
-            __mmask8 mk = (__mmask8)((1u << m) - 1);
+            const uint8_t *k[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) k[c] = base + (size_t)idx[j + BASE_MIN(c, m - 1)] * rb;
+            __m512 z[4];
+            cells(kt, k, &Q, dk, z);
+            __m512 w = reduce4(z[0], z[1], z[2], z[3]);
             float *s = scores + (size_t)r0 * ATTN_CB + j;
+            if (m == 4 && nr == 4) {
+                /* masked stores are slow on some cores: full groups store plainly */
+                _mm_storeu_ps(s, _mm512_castps512_ps128(w));
+                _mm_storeu_ps(s + ATTN_CB, _mm512_extractf32x4_ps(w, 1));
+                _mm_storeu_ps(s + 2 * ATTN_CB, _mm512_extractf32x4_ps(w, 2));
+                _mm_storeu_ps(s + 3 * ATTN_CB, _mm512_extractf32x4_ps(w, 3));
+                continue;
+            }
+            __mmask8 mk = (__mmask8)((1u << m) - 1);
             _mm_mask_storeu_ps(s, mk, _mm512_castps512_ps128(w));
             if (nr > 1) _mm_mask_storeu_ps(s + ATTN_CB, mk, _mm512_extractf32x4_ps(w, 1));
             if (nr > 2) _mm_mask_storeu_ps(s + 2 * ATTN_CB, mk, _mm512_extractf32x4_ps(w, 2));
