@@ -497,10 +497,11 @@ static keel_status mem_open_impl(const keel_mem_config *cfg, base_pool *shared, 
         st = base_pool_open(m->n_threads, &m->pool);
     }
     if (st != KEEL_OK) {
+        int32_t n_threads = m->n_threads; /* read before m is freed */
         base_arena_free(&m->scratch);
         base_free(block, block_bytes);
         base_free(m, sizeof *m);
-        return base_err(err, st, "keel_mem: cannot start %d threads", m->n_threads);
+        return base_err(err, st, "keel_mem: cannot start %d threads", n_threads);
     }
     m->bytes_total = total;
     m->block_bytes = block_bytes;
