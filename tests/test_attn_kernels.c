@@ -111,13 +111,15 @@ static void test_kq(void **state)
             if (!dim_fits(t, dim)) continue;
             fixture f;
             fixture_make(&f, t, dim, 10 * ti + di + 1);
+            /* prefetching (a hint) must not change results */
+            attn_pf no_pf = {NULL, 0}, pf = {f.rows + f.rb, (N_CELLS - 1) * f.rb};
             for (int r = 0; r < R_MAX; r++) qp[r] = f.q + (size_t)r * f.qrb;
             for (size_t ri = 0; ri < BASE_ARRAY_LEN(k_rows); ri++)
                 for (int32_t n = 1; n <= ATTN_CB; n++) {
                     int32_t R = k_rows[ri];
                     random_idx(idx, n, &rng);
                     bool prev = tensor_set_simd(false);
-                    attn_kq_scalar(t, f.rows, f.rb, idx, n, qp, R, dim, ref);
+                    attn_kq_scalar(t, f.rows, f.rb, idx, n, qp, R, dim, ref, no_pf);
                     tensor_set_simd(prev);
                     for (int32_t r = 0; r < R; r++)
                         for (int32_t j = 0; j < n; j++) {
@@ -133,7 +135,7 @@ static void test_kq(void **state)
                     for (int p = (int)ATTN_PATH_SCALAR; p <= (int)best; p++) {
                         attn_kq_fn kq = attn_kernels((attn_path)p, t, t).kq;
                         for (int32_t i = 0; i < R_MAX * ATTN_CB; i++) got[i] = NAN;
-                        kq(t, f.rows, f.rb, idx, n, qp, R, dim, got);
+                        kq(t, f.rows, f.rb, idx, n, qp, R, dim, got, pf);
                         for (int32_t r = 0; r < R; r++)
                             for (int32_t j = 0; j < n; j++) {
                                 const float *k = f.rows_f + (size_t)idx[j] * dim, *x = f.q_f + (size_t)r * dim;
@@ -176,6 +178,7 @@ static void test_pv(void **state)
             if (tensor_row_bytes(t, dim) == 0) continue;
             fixture f;
             fixture_make(&f, t, dim, 100 + 10 * ti + di);
+            attn_pf no_pf = {NULL, 0}, pf = {f.rows, N_CELLS * f.rb};
             for (size_t ri = 0; ri < BASE_ARRAY_LEN(k_rows); ri++)
                 for (int32_t n = 1; n <= ATTN_CB; n++) {
                     int32_t R = k_rows[ri];
@@ -193,7 +196,7 @@ static void test_pv(void **state)
                     memcpy(ref, acc0, sizeof ref);
                     for (int32_t r = 0; r < R; r++) ap[r] = ref[r];
                     bool prev = tensor_set_simd(false);
-                    attn_pv_scalar(t, f.rows, f.rb, idx, n, p, active, R, dim, ap);
+                    attn_pv_scalar(t, f.rows, f.rb, idx, n, p, active, R, dim, ap, no_pf);
                     tensor_set_simd(prev);
                     for (int32_t r = 0; r < R; r++)
                         for (int32_t i = 0; i < dim; i++) {
@@ -214,7 +217,7 @@ static void test_pv(void **state)
                             for (int i = 0; i < 16; i++) got[r][dim + i] = 12345.0f;
                             ap[r] = got[r];
                         }
-                        pv(t, f.rows, f.rb, idx, n, p, active, R, dim, ap);
+                        pv(t, f.rows, f.rb, idx, n, p, active, R, dim, ap, pf);
                         for (int32_t r = 0; r < R; r++) {
                             for (int32_t i = 0; i < dim; i++) {
                                 double a = fabs(acc0[r][i]);

@@ -115,8 +115,10 @@ size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *
 /* ---- scalar kernels (every dtype) ---------------------------------------- */
 
 void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
-                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores)
+                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
+                    attn_pf pf)
 {
+    (void)pf;
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *k = base + (size_t)idx[j] * rb;
         for (int32_t r = 0; r < R; r++) scores[r * ATTN_CB + j] = tensor_vec_dot(kt, dk, k, q[r]);
@@ -125,8 +127,9 @@ void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t
 
 void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
                     int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
-                    float *const *acc)
+                    float *const *acc, attn_pf pf)
 {
+    (void)pf;
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *v = base + (size_t)idx[j] * rb;
         for (int32_t r = 0; r < R; r++)
@@ -231,31 +234,26 @@ static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
     return kp < t->sink_pos[s] || (kp == t->sink_pos[s] && t->stamp[c] <= t->sink_stamp[s]);
 }
 
-/* Asks for the cache lines of n rows ahead of use. Rows of one KV head are
- * one array, and a block's cells are usually consecutive, so a run is one
- * address range; the hardware prefetcher alone restarts at every 4 KiB
- * page of the two streams (K and V) a block alternates between. */
-static inline __attribute__((always_inline)) void prefetch_rows(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n)
+/* The bytes of rows idx[0..n) when they lie close together (a block's
+ * cells are usually consecutive): the range a kernel prefetches while the
+ * previous one's rows are in use. Scattered rows: nothing. */
+static attn_pf rows_ahead(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n)
 {
-    if (n <= 0) return;
-    if (idx[n - 1] - idx[0] == n - 1) {
-        const uint8_t *p = base + (size_t)idx[0] * rb, *e = p + (size_t)n * rb;
-        for (; p < e; p += 64) __builtin_prefetch(p, 0, 3);
-        __builtin_prefetch(e - 1, 0, 3);
-        return;
+    attn_pf pf = {base, 0};
+    if (n <= 0) return pf;
+    int32_t lo = idx[0], hi = idx[0];
+    for (int32_t j = 1; j < n; j++) {
+        lo = BASE_MIN(lo, idx[j]);
+        hi = BASE_MAX(hi, idx[j]);
     }
-    for (int32_t j = 0; j < n; j++) {
-        const uint8_t *p = base + (size_t)idx[j] * rb, *e = p + rb;
-        for (; p < e; p += 64) __builtin_prefetch(p, 0, 3);
-        __builtin_prefetch(e - 1, 0, 3);
-    }
+    if (hi - lo + 1 > 2 * n) return pf;
+    pf.p = base + (size_t)lo * rb;
+    pf.bytes = (size_t)(hi - lo + 1) * rb;
+    return pf;
 }
 
-#include <stdlib.h>
-static int g_pf = 3;
 static void attn_task(void *vctx, int64_t task, int thread)
 {
-    if (getenv("KEEL_PF")) g_pf = atoi(getenv("KEEL_PF"));
     attn_ctx *x = vctx;
     const keel_mem_attn *a = x->a;
     int32_t b = (int32_t)(task / x->splits), sp = (int32_t)(task % x->splits);
@@ -335,15 +333,17 @@ static void attn_task(void *vctx, int64_t task, int thread)
             for (int32_t sb = 0; sb < nvis; sb += ATTN_CB) {
                 int32_t nb = BASE_MIN(ATTN_CB, nvis - sb);
                 const int32_t *bidx = idx + sb;
-                /* V of this block is read after the scores, then K of the
-                 * next block (the next head's first block after the last) */
-                if (g_pf & 1) prefetch_rows(vbase, vc->head_row_bytes, bidx, nb);
-                if (!(g_pf & 2)) {} else if (sb + nb < nvis)
-                    prefetch_rows(kbase, kc->head_row_bytes, bidx + nb, BASE_MIN(ATTN_CB, nvis - sb - nb));
+                /* The scores read K while this block's V arrives; the V
+                 * accumulation reads V while the next block's K (or the next
+                 * head's first) arrives. */
+                attn_pf kpf = {kbase, 0};
+                if (sb + nb < nvis)
+                    kpf = rows_ahead(kbase, kc->head_row_bytes, bidx + nb, BASE_MIN(ATTN_CB, nvis - sb - nb));
                 else if (hk + 1 < x->n_kv)
-                    prefetch_rows(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,
-                                  BASE_MIN(ATTN_CB, nvis));
-                x->k.kq(x->kt, kbase, kc->head_row_bytes, bidx, nb, qp, R, dk, scores);
+                    kpf = rows_ahead(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,
+                                     BASE_MIN(ATTN_CB, nvis));
+                x->k.kq(x->kt, kbase, kc->head_row_bytes, bidx, nb, qp, R, dk, scores,
+                        rows_ahead(vbase, vc->head_row_bytes, bidx, nb));
                 /* scale, cap, mask; online softmax per row */
                 for (int32_t ti = 0; ti < nt; ti++) {
                     for (int32_t g = 0; g < G; g++) {
@@ -362,7 +362,7 @@ static void attn_task(void *vctx, int64_t task, int thread)
                         if (act[r] && alpha != 1.0f) tensor_scale_f32(ap[r], alpha, dv);
                     }
                 }
-                x->k.pv(x->vt, vbase, vc->head_row_bytes, bidx, nb, scores, act, R, dv, ap);
+                x->k.pv(x->vt, vbase, vc->head_row_bytes, bidx, nb, scores, act, R, dv, ap, kpf);
             }
         }
     }

@@ -76,9 +76,11 @@ static inline __m256 load_k8(keel_dtype kt, const uint8_t *k, int32_t i)
 }
 
 static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                         const void *const *q, int32_t R, int32_t dk, float *scores)
+                         const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     int32_t d8 = dk & ~7;
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * n);
     for (int32_t r0 = 0; r0 < R; r0 += 4) {
         const void *xv[4];
         quad_rows(q, R, r0, xv);
@@ -86,6 +88,7 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
         int32_t nr = BASE_MIN(4, R - r0);
         for (int32_t j = 0; j < n; j++) {
             const uint8_t *k = base + (size_t)idx[j] * rb;
+            attn_pf_step(&pc, pl);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int32_t i = 0; i < d8; i += 8) {
                 __m256 kv = load_k8(kt, k, i);
@@ -113,28 +116,30 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
 }
 
 static void kq_f32(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const void *const *q, int32_t R, int32_t dk, float *scores)
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     (void)kt;
-    kq_fp(KEEL_DTYPE_F32, base, rb, idx, n, q, R, dk, scores);
+    kq_fp(KEEL_DTYPE_F32, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
 static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const void *const *q, int32_t R, int32_t dk, float *scores)
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     (void)kt;
-    kq_fp(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores);
+    kq_fp(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
 /* q8_0 / q4_0 keys against q8_0 query rows: per block the int8 dot is
  * scaled by d_k * d_q. |k| and the unpacked key are computed once per block
  * for the four rows. */
 static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                    const void *const *q, int32_t R, int32_t dk, float *scores)
+                    const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     int32_t nb = dk / QK;
     size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
     const __m256i ones = _mm256_set1_epi16(1);
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * n);
     for (int32_t r0 = 0; r0 < R; r0 += 4) {
         const void *xv[4];
         quad_rows(q, R, r0, xv);
@@ -142,6 +147,7 @@ static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t
         int32_t nr = BASE_MIN(4, R - r0);
         for (int32_t j = 0; j < n; j++) {
             const uint8_t *k = base + (size_t)idx[j] * rb;
+            attn_pf_step(&pc, pl);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int32_t b = 0; b < nb; b++) {
                 const uint8_t *kb = k + (size_t)b * kbs;
@@ -189,8 +195,9 @@ static inline void acc_rows(__m256 v8, const float *p, int32_t j, const uint8_t 
 }
 
 static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
+    (void)pf; /* only the fallback shapes come here */
     if (dv % 8) {
         for (int32_t j = 0; j < n; j++)
             for (int32_t r = 0; r < R; r++)
@@ -204,10 +211,10 @@ static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
 }
 
 static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
     if (dv % 8) {
-        pv_f32(vt, base, rb, idx, n, p, active, R, dv, acc);
+        pv_f32(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
     for (int32_t j = 0; j < n; j++) {
@@ -220,10 +227,11 @@ static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
 /* Dequantizes 64 elements [seg, seg + 64) of n quantized rows into tile
  * [n][64] (f32). */
 static void dq_tile64(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                      int32_t seg, float *tile)
+                      int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
 {
     size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
     for (int32_t j = 0; j < n; j++) {
+        attn_pf_step(pc, pl);
         const uint8_t *v = base + (size_t)idx[j] * rb + (size_t)(seg / QK) * bs;
         float *o = tile + (size_t)j * 64;
         for (int b = 0; b < 2; b++) {
@@ -242,9 +250,10 @@ static void dq_tile64(keel_dtype vt, const uint8_t *base, size_t rb, const int32
 }
 
 static void dq_tile64_fp(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                         int32_t seg, float *tile)
+                         int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
 {
     for (int32_t j = 0; j < n; j++) {
+        attn_pf_step(pc, pl);
         const uint8_t *v = base + (size_t)idx[j] * rb;
         float *o = tile + (size_t)j * 64;
         for (int k = 0; k < 64; k += 8)
@@ -288,7 +297,7 @@ static void tile_accumulate(const float *tile, int32_t n, const float *p, const 
 }
 
 static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
         for (int32_t j = 0; j < n; j++)
@@ -297,8 +306,10 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
         return;
     }
     _Alignas(32) float tile[ATTN_CB * 64];
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, dv / 64 * n);
     for (int32_t seg = 0; seg < dv; seg += 64) {
-        dq_tile64(vt, base, rb, idx, n, seg, tile);
+        dq_tile64(vt, base, rb, idx, n, seg, tile, &pc, pl);
         tile_accumulate(tile, n, p, active, R, acc, seg);
     }
 }
@@ -306,15 +317,17 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
 /* f16 / f32 rows through the tile: accumulators stay in registers across
  * the block instead of a load and store per cell */
 static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                       const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                       const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
-        (vt == KEEL_DTYPE_F16 ? pv_f16 : pv_f32)(vt, base, rb, idx, n, p, active, R, dv, acc);
+        (vt == KEEL_DTYPE_F16 ? pv_f16 : pv_f32)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
     _Alignas(32) float tile[ATTN_CB * 64];
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, dv / 64 * n);
     for (int32_t seg = 0; seg < dv; seg += 64) {
-        dq_tile64_fp(vt, base, rb, idx, n, seg, tile);
+        dq_tile64_fp(vt, base, rb, idx, n, seg, tile, &pc, pl);
         tile_accumulate(tile, n, p, active, R, acc, seg);
     }
 }

@@ -197,15 +197,18 @@ static ALWAYS_INLINE __m512 reduce4(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
 
 static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb,
                                   const int32_t *idx, int32_t n, const void *const *q, int32_t R,
-                                  int32_t dk, float *scores)
+                                  int32_t dk, float *scores, attn_pf pf)
 {
     kq_quad Q;
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * ((n + 3) / 4));
     for (int32_t r0 = 0; r0 < R; r0 += 4) {
         quad_prep(kt, q, R, r0, dk / QK, &Q);
         int32_t nr = BASE_MIN(4, R - r0);
         for (int32_t j = 0; j < n; j += 4) {
             /* a short last group repeats its last cell; masked out on store */
             int32_t m = BASE_MIN(4, n - j);
+            attn_pf_step(&pc, pl);
             const uint8_t *k[4];
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) k[c] = base + (size_t)idx[j + BASE_MIN(c, m - 1)] * rb;
@@ -231,43 +234,43 @@ static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb,
 }
 
 static void kq_q8(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                  const void *const *q, int32_t R, int32_t dk, float *scores)
+                  const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     if (dk > KQ_NB_MAX * QK) {
-        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores);
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
         return;
     }
-    kq_body(KEEL_DTYPE_Q8_0, base, rb, idx, n, q, R, dk, scores);
+    kq_body(KEEL_DTYPE_Q8_0, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
 static void kq_q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                  const void *const *q, int32_t R, int32_t dk, float *scores)
+                  const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     if (dk > KQ_NB_MAX * QK) {
-        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores);
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
         return;
     }
-    kq_body(KEEL_DTYPE_Q4_0, base, rb, idx, n, q, R, dk, scores);
+    kq_body(KEEL_DTYPE_Q4_0, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
 static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const void *const *q, int32_t R, int32_t dk, float *scores)
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     if (dk % 16) {
-        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores);
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
         return;
     }
-    kq_body(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores);
+    kq_body(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
 static void kq_f32(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const void *const *q, int32_t R, int32_t dk, float *scores)
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     if (dk % 16) {
-        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores);
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
         return;
     }
-    kq_body(KEEL_DTYPE_F32, base, rb, idx, n, q, R, dk, scores);
+    kq_body(KEEL_DTYPE_F32, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
 attn_kq_fn attn_kq_avx512(keel_dtype kt)
@@ -324,7 +327,8 @@ static ALWAYS_INLINE void dq_seg(keel_dtype vt, const uint8_t *row, int32_t seg,
 /* acc rows a[0..nr) [seg, seg + 64) += sum_j p[r][j] V row idx[j] */
 static ALWAYS_INLINE void pv_group(keel_dtype vt, const uint8_t *base, size_t rb,
                                    const int32_t *idx, int32_t n, const float *const *p,
-                                   float *const *a, int nr, int32_t dv)
+                                   float *const *a, int nr, int32_t dv, attn_pf_cursor *pc,
+                                   int32_t pl)
 {
     /* unrolled so that acc stays in 4 * nr registers */
     for (int32_t seg = 0; seg < dv; seg += 64) {
@@ -335,6 +339,7 @@ static ALWAYS_INLINE void pv_group(keel_dtype vt, const uint8_t *base, size_t rb
             for (int i = 0; i < 4; i++) acc[r][i] = _mm512_loadu_ps(a[r] + seg + 16 * i);
         for (int32_t j = 0; j < n; j++) {
             __m512 v[4];
+            attn_pf_step(pc, pl);
             dq_seg(vt, base + (size_t)idx[j] * rb, seg, v);
 #pragma GCC unroll 4
             for (int r = 0; r < nr; r++) {
@@ -352,9 +357,14 @@ static ALWAYS_INLINE void pv_group(keel_dtype vt, const uint8_t *base, size_t rb
 
 static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb,
                                   const int32_t *idx, int32_t n, const float *p,
-                                  const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                                  const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                                  attn_pf pf)
 {
     /* inactive rows hold -inf scores, not probabilities: skip them */
+    int32_t n_act = 0;
+    for (int32_t i = 0; i < R; i++) n_act += active[i] != 0;
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * (dv / 64) * n);
     int32_t r = 0;
     while (r < R) {
         const float *pr[4];
@@ -366,53 +376,53 @@ static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb,
                 ar[nr++] = acc[r];
             }
         switch (nr) {
-        case 4: pv_group(vt, base, rb, idx, n, pr, ar, 4, dv); break;
-        case 3: pv_group(vt, base, rb, idx, n, pr, ar, 3, dv); break;
-        case 2: pv_group(vt, base, rb, idx, n, pr, ar, 2, dv); break;
-        case 1: pv_group(vt, base, rb, idx, n, pr, ar, 1, dv); break;
+        case 4: pv_group(vt, base, rb, idx, n, pr, ar, 4, dv, &pc, pl); break;
+        case 3: pv_group(vt, base, rb, idx, n, pr, ar, 3, dv, &pc, pl); break;
+        case 2: pv_group(vt, base, rb, idx, n, pr, ar, 2, dv, &pc, pl); break;
+        case 1: pv_group(vt, base, rb, idx, n, pr, ar, 1, dv, &pc, pl); break;
         default: break;
         }
     }
 }
 
 static void pv_q8(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
-        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc);
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
-    pv_body(KEEL_DTYPE_Q8_0, base, rb, idx, n, p, active, R, dv, acc);
+    pv_body(KEEL_DTYPE_Q8_0, base, rb, idx, n, p, active, R, dv, acc, pf);
 }
 
 static void pv_q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
-        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc);
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
-    pv_body(KEEL_DTYPE_Q4_0, base, rb, idx, n, p, active, R, dv, acc);
+    pv_body(KEEL_DTYPE_Q4_0, base, rb, idx, n, p, active, R, dv, acc, pf);
 }
 
 static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
-        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc);
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
-    pv_body(KEEL_DTYPE_F16, base, rb, idx, n, p, active, R, dv, acc);
+    pv_body(KEEL_DTYPE_F16, base, rb, idx, n, p, active, R, dv, acc, pf);
 }
 
 static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
-        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc);
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
-    pv_body(KEEL_DTYPE_F32, base, rb, idx, n, p, active, R, dv, acc);
+    pv_body(KEEL_DTYPE_F32, base, rb, idx, n, p, active, R, dv, acc, pf);
 }
 
 attn_pv_fn attn_pv_avx512(keel_dtype vt)

@@ -16,17 +16,52 @@
 
 #define ATTN_CB 32 /* cells per block: scores and p are [R][ATTN_CB] */
 
+/* Bytes the caller reads next ([p, p + bytes), or bytes == 0): a kernel
+ * may prefetch them spread over its work, so that the memory traffic
+ * overlaps the arithmetic (issued all at once, the prefetches fill the
+ * miss buffers and the work waits behind them). */
+typedef struct attn_pf {
+    const uint8_t *p;
+    size_t bytes;
+} attn_pf;
+
 /* scores[r * ATTN_CB + j] = dot(K row idx[j], q[r]); q[r] in the K dtype's
  * vec_dot type. */
 typedef void (*attn_kq_fn)(keel_dtype kt, const uint8_t *base, size_t row_bytes,
                            const int32_t *idx, int32_t n, const void *const *q, int32_t R,
-                           int32_t dk, float *scores);
+                           int32_t dk, float *scores, attn_pf pf);
 
 /* acc[r][0..dv) += sum_j p[r * ATTN_CB + j] * V row idx[j], for rows r with
  * active[r]. */
 typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes,
                            const int32_t *idx, int32_t n, const float *p, const uint8_t *active,
-                           int32_t R, int32_t dv, float *const *acc);
+                           int32_t R, int32_t dv, float *const *acc, attn_pf pf);
+
+/* Cursor over an attn_pf's cache lines: attn_pf_step asks for the next
+ * `lines` of them. */
+typedef struct attn_pf_cursor {
+    uintptr_t line, end; /* next line's address, one past the last byte */
+} attn_pf_cursor;
+
+static inline attn_pf_cursor attn_pf_begin(attn_pf pf)
+{
+    uintptr_t a = (uintptr_t)pf.p;
+    attn_pf_cursor c = {a & ~(uintptr_t)63, pf.bytes ? a + pf.bytes : a & ~(uintptr_t)63};
+    return c;
+}
+
+/* lines per step that spread n_lines over n_steps */
+static inline int32_t attn_pf_lines(attn_pf pf, int32_t n_steps)
+{
+    size_t lines = (pf.bytes + 127) / 64;
+    return n_steps > 0 ? (int32_t)((lines + (size_t)n_steps - 1) / (size_t)n_steps) : 0;
+}
+
+static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
+{
+    for (int32_t i = 0; i < lines && c->line < c->end; i++, c->line += 64)
+        __builtin_prefetch((const void *)c->line, 0, 3);
+}
 
 /* x[j] <- exp(x[j] - m) for j < n (-inf -> 0); returns the sum. */
 typedef float (*attn_exp_fn)(float *x, int32_t n, float m);
@@ -43,10 +78,11 @@ typedef bool (*attn_row_fn)(float *s, int32_t n, float scale, const uint8_t *vis
 
 /* Scalar kernels (attn.c): every dtype; the reference of the others. */
 void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
-                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores);
+                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
+                    attn_pf pf);
 void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
                     int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
-                    float *const *acc);
+                    float *const *acc, attn_pf pf);
 float attn_exp_scalar(float *x, int32_t n, float m);
 bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
                      float *alpha);
