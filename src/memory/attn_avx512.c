@@ -301,16 +301,17 @@ static ALWAYS_INLINE void dq_seg(keel_dtype vt, const uint8_t *row, int32_t seg,
         }
     } else if (vt == KEEL_DTYPE_Q4_0) {
         const uint8_t *b = row + (size_t)(seg / QK) * 18;
-        const __m128i m4 = _mm_set1_epi8(0x0f);
+        const __m512i m4 = _mm512_set1_epi32(0x0f);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++, b += 18) {
             /* (n - 8) * d as n * d - 8 * d: both exact before the one rounding */
             __m512 d = _mm512_set1_ps(f16_to_f32(b));
             __m512 m8d = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
-            __m128i x = _mm_loadu_si128((const __m128i *)(b + 2));
-            __m128i lo = _mm_and_si128(x, m4), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m4);
-            v[2 * h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, m8d);
-            v[2 * h + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, m8d);
+            /* one byte per lane: low nibbles are elements 0..15, high 16..31 */
+            __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+            __m512i lo = _mm512_and_si512(x, m4), hi = _mm512_srli_epi32(x, 4);
+            v[2 * h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m8d);
+            v[2 * h + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m8d);
         }
     } else if (vt == KEEL_DTYPE_F16) {
         const uint8_t *h = row + (size_t)seg * 2;
