@@ -234,21 +234,16 @@ static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
     return kp < t->sink_pos[s] || (kp == t->sink_pos[s] && t->stamp[c] <= t->sink_stamp[s]);
 }
 
-/* The bytes of rows idx[0..n) when they lie close together (a block's
- * cells are usually consecutive): the range a kernel prefetches while the
- * previous one's rows are in use. Scattered rows: nothing. */
+/* The bytes of rows idx[0..n) (ascending: cells are listed in order) when
+ * they lie close together, as a block's cells usually do: the range a
+ * kernel prefetches while the previous one's rows are in use. Scattered
+ * rows: nothing. */
 static attn_pf rows_ahead(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n)
 {
     attn_pf pf = {base, 0};
-    if (n <= 0) return pf;
-    int32_t lo = idx[0], hi = idx[0];
-    for (int32_t j = 1; j < n; j++) {
-        lo = BASE_MIN(lo, idx[j]);
-        hi = BASE_MAX(hi, idx[j]);
-    }
-    if (hi - lo + 1 > 2 * n) return pf;
-    pf.p = base + (size_t)lo * rb;
-    pf.bytes = (size_t)(hi - lo + 1) * rb;
+    if (n <= 0 || idx[n - 1] - idx[0] + 1 > 2 * n) return pf;
+    pf.p = base + (size_t)idx[0] * rb;
+    pf.bytes = (size_t)(idx[n - 1] - idx[0] + 1) * rb;
     return pf;
 }
 
