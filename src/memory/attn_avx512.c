@@ -1,9 +1,10 @@
 /*
  * attn_avx512.c — AVX-512 kernels of attention over the cache (see
  * attn_kernels.h). Compiled with -mavx512f/bw/vl/dq/vnni; chosen at run time
- * when the CPU has all of them (attn_avx512_usable). Shapes these kernels do
+ * when the CPU has F/BW/VL/VNNI (attn_path_best). Shapes these kernels do
  * not cover (head dims that are not a multiple of 16 / 64, or more than
- * KQ_NB_MAX blocks) go to the AVX2 kernels.
+ * KQ_NB_MAX blocks) go to the AVX2 kernels. Rows of the block after this
+ * one (attn_pf) are prefetched a few lines per cell.
  *
  * K . q   Query rows are taken four at a time (a quad); each zmm holds two
  *         query rows, one per 256-bit half, so one K load (broadcast to both
@@ -24,7 +25,8 @@
  * p . V   Up to four active rows at a time, 64 columns at a time: 16 zmm
  *         accumulators stay in registers across the block of cells while
  *         each V row segment is dequantized into 4 zmm once for all rows.
- * exp     The AVX2 kernel's polynomial on 16 lanes.
+ * row     The online-softmax step of one row with the block's 32 scores in
+ *         two zmm; exp is the AVX2 kernel's polynomial on 16 lanes.
  */
 #include "attn_kernels.h"
 

@@ -96,7 +96,7 @@ bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *
                    float *alpha);
 
 /* AVX-512 kernels, or NULL when the dtype has no AVX-512 path
- * (attn_avx512.c). Callable only when attn_avx512_usable(); shapes they do
+ * (attn_avx512.c). Callable only when attn_path_best() is ATTN_PATH_AVX512; shapes they do
  * not cover fall back to the AVX2 kernels inside. */
 attn_kq_fn attn_kq_avx512(keel_dtype kt);
 attn_pv_fn attn_pv_avx512(keel_dtype vt);
