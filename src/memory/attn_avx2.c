@@ -129,6 +129,15 @@ static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t 
     kq_fp(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
+/* acc + d_k * d_q * dot(k, q) for one 32-element block: ax = |k|, the sign
+ * of k moved onto the query block xb (q8_0: scale, then 32 int8) */
+static inline __m256 kq_block_row(__m256 acc, __m256i ax, __m256i kv, const uint8_t *xb, float dkb)
+{
+    __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xb + 2)), kv);
+    __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(xb)), _mm256_cvtepi32_ps(s32), acc);
+}
+
 /* q8_0 / q4_0 keys against q8_0 query rows: per block the int8 dot is
  * scaled by d_k * d_q. |k| and the unpacked key are computed once per block
  * for the four rows. */
@@ -137,7 +146,6 @@ static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t
 {
     int32_t nb = dk / QK;
     size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
-    const __m256i ones = _mm256_set1_epi16(1);
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * n);
     for (int32_t r0 = 0; r0 < R; r0 += 4) {
@@ -156,12 +164,10 @@ static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t
                 __m256i ax = _mm256_sign_epi8(kv, kv);
                 float dkb = f16_to_f32(kb);
                 size_t o = (size_t)b * 34;
-#define KQ_ROW(acc, x)                                                                                 do {                                                                                                   __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + o + 2)), kv);               __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones));             acc = _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(x + o)), p, acc);                       } while (0)
-                KQ_ROW(a0, x0);
-                KQ_ROW(a1, x1);
-                KQ_ROW(a2, x2);
-                KQ_ROW(a3, x3);
-#undef KQ_ROW
+                a0 = kq_block_row(a0, ax, kv, x0 + o, dkb);
+                a1 = kq_block_row(a1, ax, kv, x1 + o, dkb);
+                a2 = kq_block_row(a2, ax, kv, x2 + o, dkb);
+                a3 = kq_block_row(a3, ax, kv, x3 + o, dkb);
             }
             store4(scores, r0, nr, j, hsum8x4(a0, a1, a2, a3));
         }
