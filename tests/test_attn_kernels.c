@@ -21,7 +21,7 @@
 
 #define N_CELLS 48 /* rows in the test's K / V column */
 #define DIM_MAX 576
-#define R_MAX 12
+#define R_MAX   12
 
 static const keel_dtype k_types[] = {KEEL_DTYPE_F32,  KEEL_DTYPE_F16,  KEEL_DTYPE_Q8_0,
                                      KEEL_DTYPE_Q4_0, KEEL_DTYPE_BF16, KEEL_DTYPE_Q4_1,
@@ -31,10 +31,10 @@ static const int32_t k_rows[] = {1, 2, 3, 4, 8, 12};
 static const char *const k_path_names[] = {"scalar", "avx2", "avx512"};
 
 typedef struct fixture {
-    uint8_t *rows;         /* [N_CELLS][rb] rows of dtype t */
-    float *rows_f;         /* [N_CELLS][dim] the rows dequantized */
-    uint8_t *q;            /* [R_MAX][qrb] queries in t's vec_dot type */
-    float *q_f;            /* [R_MAX][dim] the queries dequantized */
+    uint8_t *rows; /* [N_CELLS][rb] rows of dtype t */
+    float *rows_f; /* [N_CELLS][dim] the rows dequantized */
+    uint8_t *q;    /* [R_MAX][qrb] queries in t's vec_dot type */
+    float *q_f;    /* [R_MAX][dim] the queries dequantized */
     size_t rb, qrb;
 } fixture;
 
@@ -62,14 +62,17 @@ static void fixture_make(fixture *f, keel_dtype t, int32_t dim, uint64_t seed)
     for (int c = 0; c < N_CELLS; c++) {
         test_fill_normal(x, dim, seed * 1000 + (uint64_t)c);
         float s = 0.25f + (float)(c % 7);
-        for (int32_t i = 0; i < dim; i++) x[i] *= s;
+        for (int32_t i = 0; i < dim; i++)
+            x[i] *= s;
         assert_ok(tensor_quantize_row(t, x, f->rows + (size_t)c * f->rb, dim));
-        assert_ok(tensor_dequantize_row(t, f->rows + (size_t)c * f->rb, f->rows_f + (size_t)c * dim, dim));
+        assert_ok(tensor_dequantize_row(t, f->rows + (size_t)c * f->rb, f->rows_f + (size_t)c * dim,
+                                        dim));
     }
     for (int r = 0; r < R_MAX; r++) {
         test_fill_normal(x, dim, seed * 1000 + 500 + (uint64_t)r);
         assert_ok(tensor_quantize_row(qt, x, f->q + (size_t)r * f->qrb, dim));
-        assert_ok(tensor_dequantize_row(qt, f->q + (size_t)r * f->qrb, f->q_f + (size_t)r * dim, dim));
+        assert_ok(
+            tensor_dequantize_row(qt, f->q + (size_t)r * f->qrb, f->q_f + (size_t)r * dim, dim));
     }
 }
 
@@ -83,7 +86,8 @@ static void fixture_free(fixture *f)
 
 static void random_idx(int32_t *idx, int32_t n, base_rng *rng)
 {
-    for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(rng) % N_CELLS);
+    for (int32_t j = 0; j < n; j++)
+        idx[j] = (int32_t)(base_rng_next(rng) % N_CELLS);
 }
 
 static void check_close(double got, double want, double tol, const char *what, const char *path,
@@ -113,7 +117,8 @@ static void test_kq(void **state)
             fixture_make(&f, t, dim, 10 * ti + di + 1);
             /* prefetching (a hint) must not change results */
             attn_pf no_pf = {NULL, 0}, pf = {f.rows + f.rb, (N_CELLS - 1) * f.rb};
-            for (int r = 0; r < R_MAX; r++) qp[r] = f.q + (size_t)r * f.qrb;
+            for (int r = 0; r < R_MAX; r++)
+                qp[r] = f.q + (size_t)r * f.qrb;
             for (size_t ri = 0; ri < BASE_ARRAY_LEN(k_rows); ri++)
                 for (int32_t n = 1; n <= ATTN_CB; n++) {
                     int32_t R = k_rows[ri];
@@ -123,7 +128,8 @@ static void test_kq(void **state)
                     tensor_set_simd(prev);
                     for (int32_t r = 0; r < R; r++)
                         for (int32_t j = 0; j < n; j++) {
-                            const float *k = f.rows_f + (size_t)idx[j] * dim, *x = f.q_f + (size_t)r * dim;
+                            const float *k = f.rows_f + (size_t)idx[j] * dim,
+                                        *x = f.q_f + (size_t)r * dim;
                             double d = 0, a = 0;
                             for (int32_t i = 0; i < dim; i++) {
                                 d += (double)k[i] * x[i];
@@ -134,15 +140,19 @@ static void test_kq(void **state)
                         }
                     for (int p = (int)ATTN_PATH_SCALAR; p <= (int)best; p++) {
                         attn_kq_fn kq = attn_kernels((attn_path)p, t, t).kq;
-                        for (int32_t i = 0; i < R_MAX * ATTN_CB; i++) got[i] = NAN;
+                        for (int32_t i = 0; i < R_MAX * ATTN_CB; i++)
+                            got[i] = NAN;
                         kq(t, f.rows, f.rb, idx, n, qp, R, dim, got, pf);
                         for (int32_t r = 0; r < R; r++)
                             for (int32_t j = 0; j < n; j++) {
-                                const float *k = f.rows_f + (size_t)idx[j] * dim, *x = f.q_f + (size_t)r * dim;
+                                const float *k = f.rows_f + (size_t)idx[j] * dim,
+                                            *x = f.q_f + (size_t)r * dim;
                                 double a = 0;
-                                for (int32_t i = 0; i < dim; i++) a += fabs((double)k[i] * x[i]);
-                                check_close(got[r * ATTN_CB + j], ref[r * ATTN_CB + j], 1e-5 * a + 1e-30,
-                                            "kq", k_path_names[p], t, dim, R, n, r, j);
+                                for (int32_t i = 0; i < dim; i++)
+                                    a += fabs((double)k[i] * x[i]);
+                                check_close(got[r * ATTN_CB + j], ref[r * ATTN_CB + j],
+                                            1e-5 * a + 1e-30, "kq", k_path_names[p], t, dim, R, n,
+                                            r, j);
                                 checked++;
                             }
                         /* nothing outside [R][n] is written */
@@ -151,7 +161,8 @@ static void test_kq(void **state)
                                 if (r >= R || j >= n)
                                     if (!isnan(got[r * ATTN_CB + j]))
                                         fail_msg("kq %s %s dim %d R %d n %d wrote [%d][%d]",
-                                                 k_path_names[p], keel_dtype_name(t), dim, R, n, r, j);
+                                                 k_path_names[p], keel_dtype_name(t), dim, R, n, r,
+                                                 j);
                     }
                 }
             fixture_free(&f);
@@ -194,7 +205,8 @@ static void test_pv(void **state)
                         test_fill_uniform(acc0[r], dim, base_rng_next(&rng));
                     }
                     memcpy(ref, acc0, sizeof ref);
-                    for (int32_t r = 0; r < R; r++) ap[r] = ref[r];
+                    for (int32_t r = 0; r < R; r++)
+                        ap[r] = ref[r];
                     bool prev = tensor_set_simd(false);
                     attn_pv_scalar(t, f.rows, f.rb, idx, n, p, active, R, dim, ap, no_pf);
                     tensor_set_simd(prev);
@@ -203,7 +215,8 @@ static void test_pv(void **state)
                             double d = acc0[r][i], a = fabs(acc0[r][i]);
                             if (active[r])
                                 for (int32_t j = 0; j < n; j++) {
-                                    double v = (double)p[r * ATTN_CB + j] * f.rows_f[(size_t)idx[j] * dim + i];
+                                    double v = (double)p[r * ATTN_CB + j] *
+                                               f.rows_f[(size_t)idx[j] * dim + i];
                                     d += v;
                                     a += fabs(v);
                                 }
@@ -214,7 +227,8 @@ static void test_pv(void **state)
                         attn_pv_fn pv = attn_kernels((attn_path)pi, t, t).pv;
                         for (int32_t r = 0; r < R; r++) {
                             memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
-                            for (int i = 0; i < 16; i++) got[r][dim + i] = 12345.0f;
+                            for (int i = 0; i < 16; i++)
+                                got[r][dim + i] = 12345.0f;
                             ap[r] = got[r];
                         }
                         pv(t, f.rows, f.rb, idx, n, p, active, R, dim, ap, pf);
@@ -223,7 +237,8 @@ static void test_pv(void **state)
                                 double a = fabs(acc0[r][i]);
                                 if (active[r])
                                     for (int32_t j = 0; j < n; j++)
-                                        a += fabs((double)p[r * ATTN_CB + j] * f.rows_f[(size_t)idx[j] * dim + i]);
+                                        a += fabs((double)p[r * ATTN_CB + j] *
+                                                  f.rows_f[(size_t)idx[j] * dim + i]);
                                 if (!active[r] && got[r][i] != acc0[r][i])
                                     fail_msg("pv %s %s: inactive row %d changed", k_path_names[pi],
                                              keel_dtype_name(t), r);
@@ -240,7 +255,8 @@ static void test_pv(void **state)
                 }
             fixture_free(&f);
         }
-    printf("pv: %lld accumulators checked, paths up to %s\n", (long long)checked, k_path_names[best]);
+    printf("pv: %lld accumulators checked, paths up to %s\n", (long long)checked,
+           k_path_names[best]);
 }
 
 static void test_exp(void **state)
@@ -272,8 +288,8 @@ static void test_exp(void **state)
                 /* SIMD kernels flush results below FLT_MIN (weights under
                  * 1e-38 of the row's max) to zero */
                 if (fabsf(y[j] - w) > 2e-7f * w + FLT_MIN)
-                    fail_msg("exp %s: exp(%.9g - %.9g) = %.9g, want %.9g", k_path_names[pi], x[j], m,
-                             y[j], w);
+                    fail_msg("exp %s: exp(%.9g - %.9g) = %.9g, want %.9g", k_path_names[pi], x[j],
+                             m, y[j], w);
             }
             for (int32_t j = n; j < ATTN_CB + 8; j++)
                 if (memcmp(&y[j], &x[j], sizeof(float)) != 0)
@@ -301,11 +317,14 @@ static void test_row(void **state)
             int32_t n = 1 + (int32_t)(base_rng_next(&rng) % ATTN_CB);
             int dens = (int)(base_rng_next(&rng) % 4); /* 0: nothing visible */
             for (int32_t j = 0; j < ATTN_CB; j++)
-                vis[j] = dens > 0 && (int)(base_rng_next(&rng) % 4) < dens + 1 ? (uint8_t)1 : (uint8_t)0;
+                vis[j] =
+                    dens > 0 && (int)(base_rng_next(&rng) % 4) < dens + 1 ? (uint8_t)1 : (uint8_t)0;
             for (int32_t j = 0; j < ATTN_CB + 8; j++)
                 s0[j] = (float)((double)(base_rng_next(&rng) % 2000000) / 10000.0 - 100.0);
             float scale = trial % 3 == 0 ? 1.0f : 0.0883883476f;
-            float m0 = trial % 4 == 0 ? -INFINITY : (float)((double)(base_rng_next(&rng) % 20000) / 100.0 - 100.0);
+            float m0 = trial % 4 == 0
+                           ? -INFINITY
+                           : (float)((double)(base_rng_next(&rng) % 20000) / 100.0 - 100.0);
             float l0 = m0 == -INFINITY ? 0.0f : 3.5f;
             float mr = m0, lr = l0, ar, mg = m0, lg = l0, ag;
             memcpy(ref, s0, sizeof s0);
@@ -313,15 +332,16 @@ static void test_row(void **state)
             bool on_r = attn_row_scalar(ref, n, scale, vis, &mr, &lr, &ar);
             bool on_g = row(got, n, scale, vis, &mg, &lg, &ag);
             if (on_r != on_g || mr != mg || ar != ag)
-                fail_msg("row %s n %d: active %d/%d, m %.9g/%.9g, alpha %.9g/%.9g", k_path_names[pi], n,
-                         on_g, on_r, mg, mr, ag, ar);
+                fail_msg("row %s n %d: active %d/%d, m %.9g/%.9g, alpha %.9g/%.9g",
+                         k_path_names[pi], n, on_g, on_r, mg, mr, ag, ar);
             if (fabsf(lg - lr) > 1e-6f * lr)
                 fail_msg("row %s n %d: l %.9g, want %.9g", k_path_names[pi], n, lg, lr);
             for (int32_t j = 0; j < n; j++) {
                 bool same = ref[j] == got[j] || fabsf(ref[j] - got[j]) <= 2e-7f * ref[j] + FLT_MIN;
                 if (!on_r) same = got[j] == -INFINITY && ref[j] == -INFINITY;
                 if (!same)
-                    fail_msg("row %s n %d: s[%d] = %.9g, want %.9g", k_path_names[pi], n, j, got[j], ref[j]);
+                    fail_msg("row %s n %d: s[%d] = %.9g, want %.9g", k_path_names[pi], n, j, got[j],
+                             ref[j]);
             }
             if (memcmp(got + n, s0 + n, (size_t)(ATTN_CB + 8 - n) * sizeof(float)) != 0)
                 fail_msg("row %s n %d: wrote past n", k_path_names[pi], n);

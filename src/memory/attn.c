@@ -114,9 +114,8 @@ size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *
 
 /* ---- scalar kernels (every dtype) ---------------------------------------- */
 
-void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
-                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
-                    attn_pf pf)
+void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                    const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     (void)pf;
     for (int32_t j = 0; j < n; j++) {
@@ -125,9 +124,9 @@ void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t
     }
 }
 
-void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
-                    int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
-                    float *const *acc, attn_pf pf)
+void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                    attn_pf pf)
 {
     (void)pf;
     for (int32_t j = 0; j < n; j++) {
@@ -333,7 +332,8 @@ static void attn_task(void *vctx, int64_t task, int thread)
                  * head's first) arrives. */
                 attn_pf kpf = {kbase, 0};
                 if (sb + nb < nvis)
-                    kpf = rows_ahead(kbase, kc->head_row_bytes, bidx + nb, BASE_MIN(ATTN_CB, nvis - sb - nb));
+                    kpf = rows_ahead(kbase, kc->head_row_bytes, bidx + nb,
+                                     BASE_MIN(ATTN_CB, nvis - sb - nb));
                 else if (hk + 1 < x->n_kv)
                     kpf = rows_ahead(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,
                                      BASE_MIN(ATTN_CB, nvis));

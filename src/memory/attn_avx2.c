@@ -58,7 +58,8 @@ static inline void store4(float *scores, int32_t r0, int32_t nr, int32_t j, __m1
 {
     float v[4];
     _mm_storeu_ps(v, s);
-    for (int32_t i = 0; i < nr; i++) scores[(r0 + i) * ATTN_CB + j] = v[i];
+    for (int32_t i = 0; i < nr; i++)
+        scores[(r0 + i) * ATTN_CB + j] = v[i];
 }
 
 /* Query rows are taken four at a time (the last quad repeats its last row;
@@ -66,17 +67,20 @@ static inline void store4(float *scores, int32_t r0, int32_t nr, int32_t j, __m1
  * once for the four rows, and the four sums are reduced together. */
 static inline void quad_rows(const void *const *q, int32_t R, int32_t r0, const void *x[4])
 {
-    for (int i = 0; i < 4; i++) x[i] = q[BASE_MIN(r0 + i, R - 1)];
+    for (int i = 0; i < 4; i++)
+        x[i] = q[BASE_MIN(r0 + i, R - 1)];
 }
 
 static inline __m256 load_k8(keel_dtype kt, const uint8_t *k, int32_t i)
 {
-    return kt == KEEL_DTYPE_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * (size_t)i)))
-                                : _mm256_loadu_ps((const float *)k + i);
+    return kt == KEEL_DTYPE_F16
+               ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * (size_t)i)))
+               : _mm256_loadu_ps((const float *)k + i);
 }
 
-static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                         const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
+static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
+                         int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
+                         attn_pf pf)
 {
     int32_t d8 = dk & ~7;
     attn_pf_cursor pc = attn_pf_begin(pf);
@@ -102,7 +106,8 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
                 /* tail of a dim that is not a multiple of 8 */
                 float t[4] = {0, 0, 0, 0};
                 for (int32_t i = d8; i < dk; i++) {
-                    float kf = kt == KEEL_DTYPE_F16 ? f16_to_f32(k + 2 * (size_t)i) : ((const float *)k)[i];
+                    float kf = kt == KEEL_DTYPE_F16 ? f16_to_f32(k + 2 * (size_t)i)
+                                                    : ((const float *)k)[i];
                     t[0] += kf * x0[i];
                     t[1] += kf * x1[i];
                     t[2] += kf * x2[i];
@@ -201,7 +206,8 @@ static inline void acc_rows(__m256 v8, const float *p, int32_t j, const uint8_t 
 }
 
 static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
 {
     (void)pf; /* only the fallback shapes come here */
     if (dv % 8) {
@@ -217,7 +223,8 @@ static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
 }
 
 static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
 {
     if (dv % 8) {
         pv_f32(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
@@ -255,8 +262,8 @@ static void dq_tile64(keel_dtype vt, const uint8_t *base, size_t rb, const int32
     }
 }
 
-static void dq_tile64_fp(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                         int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
+static void dq_tile64_fp(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
+                         int32_t n, int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
 {
     for (int32_t j = 0; j < n; j++) {
         attn_pf_step(pc, pl);
@@ -303,7 +310,8 @@ static void tile_accumulate(const float *tile, int32_t n, const float *p, const 
 }
 
 static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                    attn_pf pf)
 {
     if (dv % 64) {
         for (int32_t j = 0; j < n; j++)
@@ -323,7 +331,8 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
 /* f16 / f32 rows through the tile: accumulators stay in registers across
  * the block instead of a load and store per cell */
 static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                       const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                       const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                       float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
         (vt == KEEL_DTYPE_F16 ? pv_f16 : pv_f32)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
@@ -342,7 +351,8 @@ attn_pv_fn attn_pv_avx2(keel_dtype vt)
 {
     switch (vt) {
     case KEEL_DTYPE_F32:
-    case KEEL_DTYPE_F16: return pv_fp_tile;
+    case KEEL_DTYPE_F16:
+        return pv_fp_tile;
     case KEEL_DTYPE_Q8_0:
     case KEEL_DTYPE_Q4_0: return pv_q8q4;
     default: return NULL;

@@ -34,8 +34,8 @@
 #include <math.h>
 #include <string.h>
 
-#define QK 32          /* elements per q8_0 / q4_0 block */
-#define KQ_NB_MAX 16   /* query blocks a quad holds (dk <= 512) */
+#define QK            32 /* elements per q8_0 / q4_0 block */
+#define KQ_NB_MAX     16 /* query blocks a quad holds (dk <= 512) */
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 static ALWAYS_INLINE float f16_to_f32(const uint8_t *p)
@@ -62,9 +62,11 @@ static void quad_prep(keel_dtype kt, const void *const *q, int32_t R, int32_t r0
                       kq_quad *Q)
 {
     const void *rows[4];
-    for (int i = 0; i < 4; i++) rows[i] = q[BASE_MIN(r0 + i, R - 1)];
+    for (int i = 0; i < 4; i++)
+        rows[i] = q[BASE_MIN(r0 + i, R - 1)];
     if (kt != KEEL_DTYPE_Q8_0 && kt != KEEL_DTYPE_Q4_0) {
-        for (int i = 0; i < 4; i++) Q->f[i] = rows[i];
+        for (int i = 0; i < 4; i++)
+            Q->f[i] = rows[i];
         return;
     }
     const __m512i bias = _mm512_set1_epi8((char)0x80), eight = _mm512_set1_epi8(8);
@@ -79,12 +81,12 @@ static void quad_prep(keel_dtype kt, const void *const *q, int32_t R, int32_t r0
                 Q->u[p][b] = _mm512_xor_si512(v, bias);
             } else {
                 Q->u[p][b] = v;
-                Q->c[p][b] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                              _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, v));
+                Q->c[p][b] = _mm512_sub_epi32(
+                    _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, v));
             }
-            Q->d[p][b] = _mm512_castpd_ps(_mm512_insertf64x4(
-                _mm512_castps_pd(_mm512_set1_ps(f16_to_f32(b0))),
-                _mm256_castps_pd(_mm256_set1_ps(f16_to_f32(b1))), 1));
+            Q->d[p][b] = _mm512_castpd_ps(
+                _mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(f16_to_f32(b0))),
+                                   _mm256_castps_pd(_mm256_set1_ps(f16_to_f32(b1))), 1));
         }
     }
 }
@@ -142,8 +144,9 @@ static ALWAYS_INLINE __m512 cell_q4(const uint8_t *k, const kq_quad *Q, int32_t 
 
 static ALWAYS_INLINE __m512 load_k16(keel_dtype kt, const uint8_t *k, int32_t i)
 {
-    return kt == KEEL_DTYPE_F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 2 * (size_t)i)))
-                                : _mm512_loadu_ps((const float *)k + i);
+    return kt == KEEL_DTYPE_F16
+               ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 2 * (size_t)i)))
+               : _mm512_loadu_ps((const float *)k + i);
 }
 
 /* f32 / f16 keys: four cells together so that each query vector loaded
@@ -155,16 +158,19 @@ static ALWAYS_INLINE void cells_fp(keel_dtype kt, const uint8_t *const k[4], con
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++)
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) a[c][r] = _mm512_setzero_ps();
+        for (int r = 0; r < 4; r++)
+            a[c][r] = _mm512_setzero_ps();
     for (int32_t i = 0; i < dk; i += 16) {
         __m512 kv[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) kv[c] = load_k16(kt, k[c], i);
+        for (int c = 0; c < 4; c++)
+            kv[c] = load_k16(kt, k[c], i);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             __m512 x = _mm512_loadu_ps(Q->f[r] + i);
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) a[c][r] = _mm512_fmadd_ps(kv[c], x, a[c][r]);
+            for (int c = 0; c < 4; c++)
+                a[c][r] = _mm512_fmadd_ps(kv[c], x, a[c][r]);
         }
     }
 #pragma GCC unroll 4
@@ -178,10 +184,12 @@ static ALWAYS_INLINE void cells(keel_dtype kt, const uint8_t *const k[4], const 
     /* int8 keys one cell at a time: measured faster than four together */
     if (kt == KEEL_DTYPE_Q8_0) {
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) z[c] = cell_q8(k[c], Q, dk / QK);
+        for (int c = 0; c < 4; c++)
+            z[c] = cell_q8(k[c], Q, dk / QK);
     } else if (kt == KEEL_DTYPE_Q4_0) {
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) z[c] = cell_q4(k[c], Q, dk / QK);
+        for (int c = 0; c < 4; c++)
+            z[c] = cell_q4(k[c], Q, dk / QK);
     } else {
         cells_fp(kt, k, Q, dk, z);
     }
@@ -197,9 +205,9 @@ static ALWAYS_INLINE __m512 reduce4(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
                          _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
 }
 
-static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb,
-                                  const int32_t *idx, int32_t n, const void *const *q, int32_t R,
-                                  int32_t dk, float *scores, attn_pf pf)
+static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
+                                  int32_t n, const void *const *q, int32_t R, int32_t dk,
+                                  float *scores, attn_pf pf)
 {
     kq_quad Q;
     attn_pf_cursor pc = attn_pf_begin(pf);
@@ -213,7 +221,8 @@ static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb,
             attn_pf_step(&pc, pl);
             const uint8_t *k[4];
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) k[c] = base + (size_t)idx[j + BASE_MIN(c, m - 1)] * rb;
+            for (int c = 0; c < 4; c++)
+                k[c] = base + (size_t)idx[j + BASE_MIN(c, m - 1)] * rb;
             __m512 z[4];
             cells(kt, k, &Q, dk, z);
             __m512 w = reduce4(z[0], z[1], z[2], z[3]);
@@ -278,11 +287,16 @@ static void kq_f32(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t 
 attn_kq_fn attn_kq_avx512(keel_dtype kt)
 {
     switch (kt) {
-    case KEEL_DTYPE_F32: return kq_f32;
-    case KEEL_DTYPE_F16: return kq_f16;
-    case KEEL_DTYPE_Q8_0: return kq_q8;
-    case KEEL_DTYPE_Q4_0: return kq_q4;
-    default: return NULL;
+    case KEEL_DTYPE_F32:
+        return kq_f32;
+    case KEEL_DTYPE_F16:
+        return kq_f16;
+    case KEEL_DTYPE_Q8_0:
+        return kq_q8;
+    case KEEL_DTYPE_Q4_0:
+        return kq_q4;
+    default:
+        return NULL;
     }
 }
 
@@ -323,7 +337,8 @@ static ALWAYS_INLINE void dq_seg(keel_dtype vt, const uint8_t *row, int32_t seg,
     } else {
         const float *f = (const float *)row + seg;
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) v[i] = _mm512_loadu_ps(f + 16 * i);
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm512_loadu_ps(f + 16 * i);
     }
 }
 
@@ -339,7 +354,8 @@ static ALWAYS_INLINE void pv_group(keel_dtype vt, const uint8_t *base, size_t rb
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_loadu_ps(a[r] + seg + 16 * i);
+            for (int i = 0; i < 4; i++)
+                acc[r][i] = _mm512_loadu_ps(a[r] + seg + 16 * i);
         for (int32_t j = 0; j < n; j++) {
             __m512 v[4];
             attn_pf_step(pc, pl);
@@ -348,24 +364,26 @@ static ALWAYS_INLINE void pv_group(keel_dtype vt, const uint8_t *base, size_t rb
             for (int r = 0; r < nr; r++) {
                 __m512 pj = _mm512_set1_ps(p[r][j]);
 #pragma GCC unroll 4
-                for (int i = 0; i < 4; i++) acc[r][i] = _mm512_fmadd_ps(pj, v[i], acc[r][i]);
+                for (int i = 0; i < 4; i++)
+                    acc[r][i] = _mm512_fmadd_ps(pj, v[i], acc[r][i]);
             }
         }
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) _mm512_storeu_ps(a[r] + seg + 16 * i, acc[r][i]);
+            for (int i = 0; i < 4; i++)
+                _mm512_storeu_ps(a[r] + seg + 16 * i, acc[r][i]);
     }
 }
 
-static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb,
-                                  const int32_t *idx, int32_t n, const float *p,
-                                  const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
-                                  attn_pf pf)
+static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
+                                  int32_t n, const float *p, const uint8_t *active, int32_t R,
+                                  int32_t dv, float *const *acc, attn_pf pf)
 {
     /* inactive rows hold -inf scores, not probabilities: skip them */
     int32_t n_act = 0;
-    for (int32_t i = 0; i < R; i++) n_act += active[i] != 0;
+    for (int32_t i = 0; i < R; i++)
+        n_act += active[i] != 0;
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * (dv / 64) * n);
     int32_t r = 0;
@@ -379,17 +397,27 @@ static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb,
                 ar[nr++] = acc[r];
             }
         switch (nr) {
-        case 4: pv_group(vt, base, rb, idx, n, pr, ar, 4, dv, &pc, pl); break;
-        case 3: pv_group(vt, base, rb, idx, n, pr, ar, 3, dv, &pc, pl); break;
-        case 2: pv_group(vt, base, rb, idx, n, pr, ar, 2, dv, &pc, pl); break;
-        case 1: pv_group(vt, base, rb, idx, n, pr, ar, 1, dv, &pc, pl); break;
-        default: break;
+        case 4:
+            pv_group(vt, base, rb, idx, n, pr, ar, 4, dv, &pc, pl);
+            break;
+        case 3:
+            pv_group(vt, base, rb, idx, n, pr, ar, 3, dv, &pc, pl);
+            break;
+        case 2:
+            pv_group(vt, base, rb, idx, n, pr, ar, 2, dv, &pc, pl);
+            break;
+        case 1:
+            pv_group(vt, base, rb, idx, n, pr, ar, 1, dv, &pc, pl);
+            break;
+        default:
+            break;
         }
     }
 }
 
 static void pv_q8(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                  attn_pf pf)
 {
     if (dv % 64) {
         attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
@@ -399,7 +427,8 @@ static void pv_q8(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *
 }
 
 static void pv_q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                  attn_pf pf)
 {
     if (dv % 64) {
         attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
@@ -409,7 +438,8 @@ static void pv_q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *
 }
 
 static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
 {
     if (dv % 64) {
         attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
@@ -419,7 +449,8 @@ static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
 }
 
 static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc, attn_pf pf)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
 {
     if (dv % 64) {
         attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
@@ -431,11 +462,16 @@ static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
 attn_pv_fn attn_pv_avx512(keel_dtype vt)
 {
     switch (vt) {
-    case KEEL_DTYPE_F32: return pv_f32;
-    case KEEL_DTYPE_F16: return pv_f16;
-    case KEEL_DTYPE_Q8_0: return pv_q8;
-    case KEEL_DTYPE_Q4_0: return pv_q4;
-    default: return NULL;
+    case KEEL_DTYPE_F32:
+        return pv_f32;
+    case KEEL_DTYPE_F16:
+        return pv_f16;
+    case KEEL_DTYPE_Q8_0:
+        return pv_q8;
+    case KEEL_DTYPE_Q4_0:
+        return pv_q4;
+    default:
+        return NULL;
     }
 }
 
@@ -449,7 +485,8 @@ static ALWAYS_INLINE __m512 exp16(__m512 x)
     __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
     x = _mm512_min_ps(x, hi);
     x = _mm512_max_ps(x, lo);
-    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm512_sub_ps(x, _mm512_mul_ps(fx, c1));
     x = _mm512_sub_ps(x, _mm512_mul_ps(fx, c2));
     __m512 z = _mm512_mul_ps(x, x);
@@ -460,7 +497,8 @@ static ALWAYS_INLINE __m512 exp16(__m512 x)
     y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
     y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_fmadd_ps(y, z, _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
     y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
     return _mm512_maskz_mov_ps((__mmask16)~under, y);
 }

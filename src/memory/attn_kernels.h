@@ -27,15 +27,15 @@ typedef struct attn_pf {
 
 /* scores[r * ATTN_CB + j] = dot(K row idx[j], q[r]); q[r] in the K dtype's
  * vec_dot type. */
-typedef void (*attn_kq_fn)(keel_dtype kt, const uint8_t *base, size_t row_bytes,
-                           const int32_t *idx, int32_t n, const void *const *q, int32_t R,
-                           int32_t dk, float *scores, attn_pf pf);
+typedef void (*attn_kq_fn)(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                           int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
+                           attn_pf pf);
 
 /* acc[r][0..dv) += sum_j p[r * ATTN_CB + j] * V row idx[j], for rows r with
  * active[r]. */
-typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes,
-                           const int32_t *idx, int32_t n, const float *p, const uint8_t *active,
-                           int32_t R, int32_t dv, float *const *acc, attn_pf pf);
+typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                           int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                           float *const *acc, attn_pf pf);
 
 /* Cursor over an attn_pf's cache lines: attn_pf_step asks for the next
  * `lines` of them. */
