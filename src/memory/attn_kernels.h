@@ -59,8 +59,9 @@ static inline int32_t attn_pf_lines(attn_pf pf, int32_t n_steps)
 
 static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
 {
-    for (int32_t i = 0; i < lines && c->line < c->end; i++, c->line += 64)
-        __builtin_prefetch((const void *)c->line, 0, 3);
+    uintptr_t e = c->line + (uintptr_t)lines * 64;
+    e = e < c->end ? e : c->end;
+    for (; c->line < e; c->line += 64) __builtin_prefetch((const void *)c->line, 0, 3);
 }
 
 /* x[j] <- exp(x[j] - m) for j < n (-inf -> 0); returns the sum. */
