@@ -64,7 +64,7 @@ static inline size_t up64(size_t x)
     return (x + (BASE_ALIGN - 1)) & ~(size_t)(BASE_ALIGN - 1);
 }
 
-/* per-thread layout: scores [TB * G][CB] f32 | vis [CHUNK][TB] u8 | idx [CHUNK] i32 |
+/* per-thread layout: scores [TB * G][CB] f32 | vis [TB][CHUNK] u8 | idx [CHUNK] i32 |
  * m, l [TB * n_heads] f32 each | q row pointers [TB * G] | acc row pointers
  * [TB * G] | active rows [TB * G] u8 */
 typedef struct thread_layout {
@@ -114,19 +114,21 @@ size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *
 
 /* ---- scalar kernels (every dtype) ---------------------------------------- */
 
-static void kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
-                      int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores)
+void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                    const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
+    (void)pf;
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *k = base + (size_t)idx[j] * rb;
         for (int32_t r = 0; r < R; r++) scores[r * ATTN_CB + j] = tensor_vec_dot(kt, dk, k, q[r]);
     }
 }
 
-static void pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
-                      int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
-                      float *const *acc)
+void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                    attn_pf pf)
 {
+    (void)pf;
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *v = base + (size_t)idx[j] * rb;
         for (int32_t r = 0; r < R; r++)
@@ -135,7 +137,7 @@ static void pv_scalar(keel_dtype vt, const uint8_t *base, size_t rb, const int32
     }
 }
 
-static float exp_scalar(float *x, int32_t n, float m)
+float attn_exp_scalar(float *x, int32_t n, float m)
 {
     float s = 0.0f;
     for (int32_t j = 0; j < n; j++) {
@@ -143,6 +145,57 @@ static float exp_scalar(float *x, int32_t n, float m)
         s += x[j];
     }
     return s;
+}
+
+attn_path attn_path_best(void)
+{
+    const tensor_cpu *c = tensor_cpu_features();
+    if (!c->avx2 || !c->fma || !c->f16c) return ATTN_PATH_SCALAR;
+    if (c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni) return ATTN_PATH_AVX512;
+    return ATTN_PATH_AVX2;
+}
+
+bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                     float *alpha)
+{
+    float bmax = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+        float v = vis[j] ? s[j] * scale : -INFINITY;
+        s[j] = v;
+        bmax = v > bmax ? v : bmax;
+    }
+    *alpha = 1.0f;
+    if (bmax == -INFINITY) return false;
+    float mnew = bmax > *m ? bmax : *m;
+    if (*m != -INFINITY && mnew != *m) {
+        *alpha = expf(*m - mnew);
+        *l *= *alpha;
+    }
+    *m = mnew;
+    *l += attn_exp_scalar(s, n, mnew);
+    return true;
+}
+
+attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt)
+{
+    attn_kernel_set k = {NULL, NULL, attn_exp_scalar, attn_row_scalar};
+    if (path == ATTN_PATH_AVX512) {
+        k.kq = attn_kq_avx512(kt);
+        k.pv = attn_pv_avx512(vt);
+        k.ex = attn_exp_avx512;
+        k.row = attn_row_avx512;
+    }
+    if (path >= ATTN_PATH_AVX2) {
+        if (!k.kq) k.kq = attn_kq_avx2(kt);
+        if (!k.pv) k.pv = attn_pv_avx2(vt);
+        if (path == ATTN_PATH_AVX2) {
+            k.ex = attn_exp_avx2;
+            k.row = attn_row_avx2;
+        }
+    }
+    if (!k.kq) k.kq = attn_kq_scalar;
+    if (!k.pv) k.pv = attn_pv_scalar;
+    return k;
 }
 
 /* ---- the task ------------------------------------------------------------ */
@@ -167,9 +220,7 @@ typedef struct attn_ctx {
     uint8_t *thread_scratch;
     size_t thread_bytes;
     attn_dims d;
-    attn_kq_fn kq;
-    attn_pv_fn pv;
-    attn_exp_fn ex;
+    attn_kernel_set k;
 } attn_ctx;
 
 static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
@@ -180,6 +231,19 @@ static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
     if ((int64_t)kp > (int64_t)p - t->window) return true;
     if (t->n_sink == 0 || t->sink_pos[s] < 0) return false;
     return kp < t->sink_pos[s] || (kp == t->sink_pos[s] && t->stamp[c] <= t->sink_stamp[s]);
+}
+
+/* The bytes of rows idx[0..n) (ascending: cells are listed in order) when
+ * they lie close together, as a block's cells usually do: the range a
+ * kernel prefetches while the previous one's rows are in use. Scattered
+ * rows: nothing. */
+static attn_pf rows_ahead(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n)
+{
+    attn_pf pf = {base, 0};
+    if (n <= 0 || idx[n - 1] - idx[0] + 1 > 2 * n) return pf;
+    pf.p = base + (size_t)idx[0] * rb;
+    pf.bytes = (size_t)(idx[n - 1] - idx[0] + 1) * rb;
+    return pf;
 }
 
 static void attn_task(void *vctx, int64_t task, int thread)
@@ -197,7 +261,7 @@ static void attn_task(void *vctx, int64_t task, int thread)
     uint8_t *ts = x->thread_scratch + (size_t)thread * x->thread_bytes;
     thread_layout tl = layout_of(&x->d);
     float *scores = (float *)ts;                   /* [nt * G][CB] */
-    uint8_t *vis = ts + tl.vis;                    /* [CHUNK][TB] */
+    uint8_t *vis = ts + tl.vis;                    /* [TB][CHUNK] */
     int32_t *idx = (int32_t *)(ts + tl.idx);       /* [CHUNK] */
     float *mrun = (float *)(ts + tl.ml);           /* [nt][nh] */
     float *lrun = mrun + (size_t)ATTN_TB * (size_t)x->d.n_heads_max;
@@ -239,10 +303,9 @@ static void attn_task(void *vctx, int64_t task, int thread)
             int32_t kp = t->pos[c];
             if (kp < 0 || kp > pmax) continue;
             bool any = false;
-            uint8_t *vrow = vis + (size_t)nvis * ATTN_TB;
             for (int32_t ti = 0; ti < nt; ti++) {
                 bool v = visible(t, c, a->seq[t0 + ti], a->pos[t0 + ti]);
-                vrow[ti] = v;
+                vis[(size_t)ti * ATTN_CHUNK + (size_t)nvis] = v;
                 any |= v;
             }
             if (any) idx[nvis++] = c;
@@ -264,35 +327,37 @@ static void attn_task(void *vctx, int64_t task, int thread)
             for (int32_t sb = 0; sb < nvis; sb += ATTN_CB) {
                 int32_t nb = BASE_MIN(ATTN_CB, nvis - sb);
                 const int32_t *bidx = idx + sb;
-                const uint8_t *bvis = vis + (size_t)sb * ATTN_TB;
-                x->kq(x->kt, kbase, kc->head_row_bytes, bidx, nb, qp, R, dk, scores);
+                /* The scores read K while this block's V arrives; the V
+                 * accumulation reads V while the next block's K (or the next
+                 * head's first) arrives. */
+                attn_pf kpf = {kbase, 0};
+                if (sb + nb < nvis)
+                    kpf = rows_ahead(kbase, kc->head_row_bytes, bidx + nb,
+                                     BASE_MIN(ATTN_CB, nvis - sb - nb));
+                else if (hk + 1 < x->n_kv)
+                    kpf = rows_ahead(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,
+                                     BASE_MIN(ATTN_CB, nvis));
+                x->k.kq(x->kt, kbase, kc->head_row_bytes, bidx, nb, qp, R, dk, scores,
+                        rows_ahead(vbase, vc->head_row_bytes, bidx, nb));
                 /* scale, cap, mask; online softmax per row */
                 for (int32_t ti = 0; ti < nt; ti++) {
                     for (int32_t g = 0; g < G; g++) {
                         int32_t r = ti * G + g, h = hk * G + g;
                         float *sc = scores + (size_t)r * ATTN_CB;
-                        float bmax = -INFINITY;
-                        for (int32_t j = 0; j < nb; j++) {
-                            float v = sc[j] * x->scale;
-                            if (x->softcap > 0.0f) v = x->softcap * tanhf(v / x->softcap);
-                            if (!bvis[(size_t)j * ATTN_TB + (size_t)ti]) v = -INFINITY;
-                            sc[j] = v;
-                            bmax = v > bmax ? v : bmax;
+                        float scale = x->scale;
+                        if (x->softcap > 0.0f) {
+                            /* capped before masking; the row kernel then scales by 1 */
+                            for (int32_t j = 0; j < nb; j++)
+                                sc[j] = x->softcap * tanhf(sc[j] * x->scale / x->softcap);
+                            scale = 1.0f;
                         }
-                        act[r] = bmax != -INFINITY;
-                        if (!act[r]) continue;
-                        float *mr = &mrun[ti * nh + h], *lr = &lrun[ti * nh + h];
-                        float mnew = bmax > *mr ? bmax : *mr;
-                        if (*mr != -INFINITY && mnew != *mr) {
-                            float alpha = expf(*mr - mnew);
-                            tensor_scale_f32(ap[r], alpha, dv);
-                            *lr *= alpha;
-                        }
-                        *mr = mnew;
-                        *lr += x->ex(sc, nb, mnew);
+                        float alpha;
+                        act[r] = x->k.row(sc, nb, scale, vis + (size_t)ti * ATTN_CHUNK + (size_t)sb,
+                                          &mrun[ti * nh + h], &lrun[ti * nh + h], &alpha);
+                        if (act[r] && alpha != 1.0f) tensor_scale_f32(ap[r], alpha, dv);
                     }
                 }
-                x->pv(x->vt, vbase, vc->head_row_bytes, bidx, nb, scores, act, R, dv, ap);
+                x->k.pv(x->vt, vbase, vc->head_row_bytes, bidx, nb, scores, act, R, dv, ap, kpf);
             }
         }
     }
@@ -439,13 +504,7 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     x.scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)x.dk);
     x.softcap = a->softcap;
     x.d = dims_of(&m->cfg, m->layers);
-    bool simd = tensor_simd_active() && tensor_cpu_features()->avx2 && tensor_cpu_features()->fma &&
-                tensor_cpu_features()->f16c;
-    x.kq = simd ? attn_kq_avx2(x.kt) : NULL;
-    x.pv = simd ? attn_pv_avx2(x.vt) : NULL;
-    x.ex = simd ? attn_exp_avx2 : exp_scalar;
-    if (!x.kq) x.kq = kq_scalar;
-    if (!x.pv) x.pv = pv_scalar;
+    x.k = attn_kernels(tensor_simd_active() ? attn_path_best() : ATTN_PATH_SCALAR, x.kt, x.vt);
 
     /* sinks of sliding tables must be current before threads read them */
     for (int32_t k = 0; k < grp->n_tables; k++)

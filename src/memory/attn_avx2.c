@@ -4,8 +4,11 @@
  *
  * K . q:   f32 / f16 keys against f32 queries; q8_0 / q4_0 keys against
  *          q8_0 queries (int8 dot products, scales applied per block).
- * p . V:   each V row is converted to f32 once per block of 8 or 32
- *          elements and accumulated into every active row.
+ *          Query rows four at a time: each K vector is loaded, converted or
+ *          unpacked once for the four, and the four sums reduced together.
+ * p . V:   64 columns of the block's V rows are converted to an f32 tile
+ *          once, then accumulated into every active row with the row's
+ *          accumulators in registers across the block.
  * exp:     Cephes-style range reduction and a degree-5 polynomial (relative
  *          error < 2e-7 over the range softmax uses).
  */
@@ -33,16 +36,6 @@ static inline float f16_to_f32(const uint8_t *p)
     return _cvtsh_ss(h);
 }
 
-/* sum of int8 products as 8 int32 lanes (a, b signed) */
-static inline __m256 dot_i8_ps(__m256i a, __m256i b)
-{
-    __m256i ax = _mm256_sign_epi8(a, a);
-    __m256i sy = _mm256_sign_epi8(b, a);
-    __m256i s16 = _mm256_maddubs_epi16(ax, sy);
-    __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    return _mm256_cvtepi32_ps(s32);
-}
-
 static inline __m256i q4_unpack(const uint8_t *qs)
 {
     __m128i x = _mm_loadu_si128((const __m128i *)qs);
@@ -53,105 +46,135 @@ static inline __m256i q4_unpack(const uint8_t *qs)
 
 /* ---- K . q ------------------------------------------------------------- */
 
-static void kq_f32(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const void *const *q, int32_t R, int32_t dk, float *scores)
+/* four row accumulators -> their four sums, in order */
+static inline __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
 {
-    (void)kt;
-    for (int32_t j = 0; j < n; j++) {
-        const float *k = (const float *)(base + (size_t)idx[j] * rb);
-        for (int32_t r = 0; r < R; r++) {
-            const float *x = q[r];
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-            int32_t i = 0;
-            for (; i + 16 <= dk; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), _mm256_loadu_ps(x + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-            }
-            float s = hsum8(_mm256_add_ps(a0, a1));
-            for (; i < dk; i++) s += k[i] * x[i];
-            scores[r * ATTN_CB + j] = s;
-        }
-    }
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const void *const *q, int32_t R, int32_t dk, float *scores)
+/* scores of rows r0 .. r0 + nr - 1 for cell j */
+static inline void store4(float *scores, int32_t r0, int32_t nr, int32_t j, __m128 s)
 {
-    (void)kt;
-    if (dk % 8) {
-        for (int32_t j = 0; j < n; j++)
-            for (int32_t r = 0; r < R; r++)
-                scores[r * ATTN_CB + j] = tensor_vec_dot(KEEL_DTYPE_F16, dk, base + (size_t)idx[j] * rb, q[r]);
-        return;
-    }
-    for (int32_t j = 0; j < n; j++) {
-        const uint16_t *k = (const uint16_t *)(base + (size_t)idx[j] * rb);
-        int32_t r = 0;
-        for (; r + 4 <= R; r += 4) {
-            const float *x0 = q[r], *x1 = q[r + 1], *x2 = q[r + 2], *x3 = q[r + 3];
+    float v[4];
+    _mm_storeu_ps(v, s);
+    for (int32_t i = 0; i < nr; i++)
+        scores[(r0 + i) * ATTN_CB + j] = v[i];
+}
+
+/* Query rows are taken four at a time (the last quad repeats its last row;
+ * those scores are not stored): each K vector is loaded (and converted)
+ * once for the four rows, and the four sums are reduced together. */
+static inline void quad_rows(const void *const *q, int32_t R, int32_t r0, const void *x[4])
+{
+    for (int i = 0; i < 4; i++)
+        x[i] = q[BASE_MIN(r0 + i, R - 1)];
+}
+
+static inline __m256 load_k8(keel_dtype kt, const uint8_t *k, int32_t i)
+{
+    return kt == KEEL_DTYPE_F16
+               ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * (size_t)i)))
+               : _mm256_loadu_ps((const float *)k + i);
+}
+
+static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
+                         int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
+                         attn_pf pf)
+{
+    int32_t d8 = dk & ~7;
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * n);
+    for (int32_t r0 = 0; r0 < R; r0 += 4) {
+        const void *xv[4];
+        quad_rows(q, R, r0, xv);
+        const float *x0 = xv[0], *x1 = xv[1], *x2 = xv[2], *x3 = xv[3];
+        int32_t nr = BASE_MIN(4, R - r0);
+        for (int32_t j = 0; j < n; j++) {
+            const uint8_t *k = base + (size_t)idx[j] * rb;
+            attn_pf_step(&pc, pl);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int32_t i = 0; i < dk; i += 8) {
-                __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+            for (int32_t i = 0; i < d8; i += 8) {
+                __m256 kv = load_k8(kt, k, i);
                 a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x0 + i), a0);
                 a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x1 + i), a1);
                 a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x2 + i), a2);
                 a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x3 + i), a3);
             }
-            scores[r * ATTN_CB + j] = hsum8(a0);
-            scores[(r + 1) * ATTN_CB + j] = hsum8(a1);
-            scores[(r + 2) * ATTN_CB + j] = hsum8(a2);
-            scores[(r + 3) * ATTN_CB + j] = hsum8(a3);
-        }
-        for (; r < R; r++) {
-            const float *x0 = q[r];
-            __m256 a0 = _mm256_setzero_ps();
-            for (int32_t i = 0; i < dk; i += 8)
-                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))),
-                                     _mm256_loadu_ps(x0 + i), a0);
-            scores[r * ATTN_CB + j] = hsum8(a0);
+            __m128 s = hsum8x4(a0, a1, a2, a3);
+            if (d8 < dk) {
+                /* tail of a dim that is not a multiple of 8 */
+                float t[4] = {0, 0, 0, 0};
+                for (int32_t i = d8; i < dk; i++) {
+                    float kf = kt == KEEL_DTYPE_F16 ? f16_to_f32(k + 2 * (size_t)i)
+                                                    : ((const float *)k)[i];
+                    t[0] += kf * x0[i];
+                    t[1] += kf * x1[i];
+                    t[2] += kf * x2[i];
+                    t[3] += kf * x3[i];
+                }
+                s = _mm_add_ps(s, _mm_loadu_ps(t));
+            }
+            store4(scores, r0, nr, j, s);
         }
     }
 }
 
+static void kq_f32(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    (void)kt;
+    kq_fp(KEEL_DTYPE_F32, base, rb, idx, n, q, R, dk, scores, pf);
+}
+
+static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    (void)kt;
+    kq_fp(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores, pf);
+}
+
+/* acc + d_k * d_q * dot(k, q) for one 32-element block: ax = |k|, the sign
+ * of k moved onto the query block xb (q8_0: scale, then 32 int8) */
+static inline __m256 kq_block_row(__m256 acc, __m256i ax, __m256i kv, const uint8_t *xb, float dkb)
+{
+    __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xb + 2)), kv);
+    __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(xb)), _mm256_cvtepi32_ps(s32), acc);
+}
+
 /* q8_0 / q4_0 keys against q8_0 query rows: per block the int8 dot is
- * scaled by d_k * d_q. */
+ * scaled by d_k * d_q. |k| and the unpacked key are computed once per block
+ * for the four rows. */
 static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                    const void *const *q, int32_t R, int32_t dk, float *scores)
+                    const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     int32_t nb = dk / QK;
     size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
-    for (int32_t j = 0; j < n; j++) {
-        const uint8_t *k = base + (size_t)idx[j] * rb;
-        int32_t r = 0;
-        for (; r + 2 <= R; r += 2) {
-            const uint8_t *x0 = q[r], *x1 = q[r + 1];
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * n);
+    for (int32_t r0 = 0; r0 < R; r0 += 4) {
+        const void *xv[4];
+        quad_rows(q, R, r0, xv);
+        const uint8_t *x0 = xv[0], *x1 = xv[1], *x2 = xv[2], *x3 = xv[3];
+        int32_t nr = BASE_MIN(4, R - r0);
+        for (int32_t j = 0; j < n; j++) {
+            const uint8_t *k = base + (size_t)idx[j] * rb;
+            attn_pf_step(&pc, pl);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int32_t b = 0; b < nb; b++) {
                 const uint8_t *kb = k + (size_t)b * kbs;
                 __m256i kv = kt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(kb + 2))
                                                    : q4_unpack(kb + 2);
+                __m256i ax = _mm256_sign_epi8(kv, kv);
                 float dkb = f16_to_f32(kb);
-                const uint8_t *xb0 = x0 + (size_t)b * 34, *xb1 = x1 + (size_t)b * 34;
-                __m256 p0 = dot_i8_ps(kv, _mm256_loadu_si256((const __m256i *)(xb0 + 2)));
-                __m256 p1 = dot_i8_ps(kv, _mm256_loadu_si256((const __m256i *)(xb1 + 2)));
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(xb0)), p0, a0);
-                a1 = _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(xb1)), p1, a1);
+                size_t o = (size_t)b * 34;
+                a0 = kq_block_row(a0, ax, kv, x0 + o, dkb);
+                a1 = kq_block_row(a1, ax, kv, x1 + o, dkb);
+                a2 = kq_block_row(a2, ax, kv, x2 + o, dkb);
+                a3 = kq_block_row(a3, ax, kv, x3 + o, dkb);
             }
-            scores[r * ATTN_CB + j] = hsum8(a0);
-            scores[(r + 1) * ATTN_CB + j] = hsum8(a1);
-        }
-        for (; r < R; r++) {
-            const uint8_t *x0 = q[r];
-            __m256 a0 = _mm256_setzero_ps();
-            for (int32_t b = 0; b < nb; b++) {
-                const uint8_t *kb = k + (size_t)b * kbs;
-                __m256i kv = kt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(kb + 2))
-                                                   : q4_unpack(kb + 2);
-                const uint8_t *xb0 = x0 + (size_t)b * 34;
-                __m256 p0 = dot_i8_ps(kv, _mm256_loadu_si256((const __m256i *)(xb0 + 2)));
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(kb) * f16_to_f32(xb0)), p0, a0);
-            }
-            scores[r * ATTN_CB + j] = hsum8(a0);
+            store4(scores, r0, nr, j, hsum8x4(a0, a1, a2, a3));
         }
     }
 }
@@ -183,8 +206,10 @@ static inline void acc_rows(__m256 v8, const float *p, int32_t j, const uint8_t 
 }
 
 static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
 {
+    (void)pf; /* only the fallback shapes come here */
     if (dv % 8) {
         for (int32_t j = 0; j < n; j++)
             for (int32_t r = 0; r < R; r++)
@@ -198,10 +223,11 @@ static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
 }
 
 static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
 {
     if (dv % 8) {
-        pv_f32(vt, base, rb, idx, n, p, active, R, dv, acc);
+        pv_f32(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
     for (int32_t j = 0; j < n; j++) {
@@ -214,10 +240,11 @@ static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
 /* Dequantizes 64 elements [seg, seg + 64) of n quantized rows into tile
  * [n][64] (f32). */
 static void dq_tile64(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                      int32_t seg, float *tile)
+                      int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
 {
     size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
     for (int32_t j = 0; j < n; j++) {
+        attn_pf_step(pc, pl);
         const uint8_t *v = base + (size_t)idx[j] * rb + (size_t)(seg / QK) * bs;
         float *o = tile + (size_t)j * 64;
         for (int b = 0; b < 2; b++) {
@@ -235,14 +262,15 @@ static void dq_tile64(keel_dtype vt, const uint8_t *base, size_t rb, const int32
     }
 }
 
-static void dq_tile64_f16(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n, int32_t seg,
-                          float *tile)
+static void dq_tile64_fp(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
+                         int32_t n, int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
 {
     for (int32_t j = 0; j < n; j++) {
-        const uint16_t *v = (const uint16_t *)(base + (size_t)idx[j] * rb) + seg;
+        attn_pf_step(pc, pl);
+        const uint8_t *v = base + (size_t)idx[j] * rb;
         float *o = tile + (size_t)j * 64;
         for (int k = 0; k < 64; k += 8)
-            _mm256_storeu_ps(o + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + k))));
+            _mm256_storeu_ps(o + k, load_k8(vt, v, seg + k));
     }
 }
 
@@ -282,7 +310,8 @@ static void tile_accumulate(const float *tile, int32_t n, const float *p, const 
 }
 
 static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                    attn_pf pf)
 {
     if (dv % 64) {
         for (int32_t j = 0; j < n; j++)
@@ -291,22 +320,29 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
         return;
     }
     _Alignas(32) float tile[ATTN_CB * 64];
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, dv / 64 * n);
     for (int32_t seg = 0; seg < dv; seg += 64) {
-        dq_tile64(vt, base, rb, idx, n, seg, tile);
+        dq_tile64(vt, base, rb, idx, n, seg, tile, &pc, pl);
         tile_accumulate(tile, n, p, active, R, acc, seg);
     }
 }
 
-static void pv_f16_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                        const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc)
+/* f16 / f32 rows through the tile: accumulators stay in registers across
+ * the block instead of a load and store per cell */
+static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                       const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                       float *const *acc, attn_pf pf)
 {
     if (dv % 64) {
-        pv_f16(vt, base, rb, idx, n, p, active, R, dv, acc);
+        (vt == KEEL_DTYPE_F16 ? pv_f16 : pv_f32)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
     _Alignas(32) float tile[ATTN_CB * 64];
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, dv / 64 * n);
     for (int32_t seg = 0; seg < dv; seg += 64) {
-        dq_tile64_f16(base, rb, idx, n, seg, tile);
+        dq_tile64_fp(vt, base, rb, idx, n, seg, tile, &pc, pl);
         tile_accumulate(tile, n, p, active, R, acc, seg);
     }
 }
@@ -314,8 +350,9 @@ static void pv_f16_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int
 attn_pv_fn attn_pv_avx2(keel_dtype vt)
 {
     switch (vt) {
-    case KEEL_DTYPE_F32: return pv_f32;
-    case KEEL_DTYPE_F16: return pv_f16_tile;
+    case KEEL_DTYPE_F32:
+    case KEEL_DTYPE_F16:
+        return pv_fp_tile;
     case KEEL_DTYPE_Q8_0:
     case KEEL_DTYPE_Q4_0: return pv_q8q4;
     default: return NULL;
@@ -363,4 +400,25 @@ float attn_exp_avx2(float *x, int32_t n, float m)
         s += x[j];
     }
     return s;
+}
+
+bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                   float *alpha)
+{
+    float bmax = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+        float v = vis[j] ? s[j] * scale : -INFINITY;
+        s[j] = v;
+        bmax = v > bmax ? v : bmax;
+    }
+    *alpha = 1.0f;
+    if (bmax == -INFINITY) return false;
+    float mnew = bmax > *m ? bmax : *m;
+    if (*m != -INFINITY && mnew != *m) {
+        *alpha = expf(*m - mnew);
+        *l *= *alpha;
+    }
+    *m = mnew;
+    *l += attn_exp_avx2(s, n, mnew);
+    return true;
 }

@@ -4,8 +4,10 @@
  * into R accumulators, for one KV head. Each K / V row is read once for all
  * R rows (every query head of the GQA group and every token of the block).
  * Scalar versions (attn.c) cover every dtype through tensor_vec_dot /
- * tensor_axpy_row; AVX2 versions (attn_avx2.c) cover f32, f16, q8_0 and
- * q4_0 rows. Rows are at base + idx[j] * row_bytes.
+ * tensor_axpy_row; AVX2 versions (attn_avx2.c) and AVX-512 versions
+ * (attn_avx512.c, which need F/BW/VL/VNNI) cover f32, f16, q8_0 and q4_0
+ * rows. Rows are at base + idx[j] * row_bytes. Kernels allocate nothing;
+ * the SIMD ones compute the scalar results up to float reordering.
  */
 #ifndef KEEL_ATTN_KERNELS_H
 #define KEEL_ATTN_KERNELS_H
@@ -14,24 +16,110 @@
 
 #define ATTN_CB 32 /* cells per block: scores and p are [R][ATTN_CB] */
 
+/* Bytes the caller reads next ([p, p + bytes), or bytes == 0): a kernel
+ * may prefetch them spread over its work, so that the memory traffic
+ * overlaps the arithmetic (issued all at once, the prefetches fill the
+ * miss buffers and the work waits behind them). */
+typedef struct attn_pf {
+    const uint8_t *p;
+    size_t bytes;
+} attn_pf;
+
 /* scores[r * ATTN_CB + j] = dot(K row idx[j], q[r]); q[r] in the K dtype's
  * vec_dot type. */
-typedef void (*attn_kq_fn)(keel_dtype kt, const uint8_t *base, size_t row_bytes,
-                           const int32_t *idx, int32_t n, const void *const *q, int32_t R,
-                           int32_t dk, float *scores);
+typedef void (*attn_kq_fn)(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                           int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
+                           attn_pf pf);
 
 /* acc[r][0..dv) += sum_j p[r * ATTN_CB + j] * V row idx[j], for rows r with
  * active[r]. */
-typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes,
-                           const int32_t *idx, int32_t n, const float *p, const uint8_t *active,
-                           int32_t R, int32_t dv, float *const *acc);
+typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                           int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                           float *const *acc, attn_pf pf);
+
+/* Cursor over an attn_pf's cache lines: attn_pf_step asks for the next
+ * `lines` of them. */
+typedef struct attn_pf_cursor {
+    uintptr_t line, end; /* next line's address, one past the last byte */
+} attn_pf_cursor;
+
+static inline attn_pf_cursor attn_pf_begin(attn_pf pf)
+{
+    uintptr_t a = (uintptr_t)pf.p;
+    attn_pf_cursor c = {a & ~(uintptr_t)63, pf.bytes ? a + pf.bytes : a & ~(uintptr_t)63};
+    return c;
+}
+
+/* lines per step that spread n_lines over n_steps */
+static inline int32_t attn_pf_lines(attn_pf pf, int32_t n_steps)
+{
+    size_t lines = (pf.bytes + 127) / 64;
+    return n_steps > 0 ? (int32_t)((lines + (size_t)n_steps - 1) / (size_t)n_steps) : 0;
+}
+
+static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
+{
+    uintptr_t e = c->line + (uintptr_t)lines * 64;
+    e = e < c->end ? e : c->end;
+    for (; c->line < e; c->line += 64) __builtin_prefetch((const void *)c->line, 0, 3);
+}
 
 /* x[j] <- exp(x[j] - m) for j < n (-inf -> 0); returns the sum. */
 typedef float (*attn_exp_fn)(float *x, int32_t n, float m);
 
-/* AVX2 kernels, or NULL when the dtype has no AVX2 path (attn_avx2.c). */
+/* One online-softmax step of one row over a block of n <= ATTN_CB scores:
+ * s[j] <- vis[j] ? s[j] * scale : -inf; when some s[j] is finite, the
+ * running max *m becomes max(*m, s), *alpha = exp(m_old - m_new) (1 when
+ * the max did not move or was -inf), *l <- *l * alpha + sum exp(s - m_new),
+ * s[j] <- exp(s[j] - m_new), and it returns true; the caller scales the
+ * row's accumulator by *alpha. Returns false (s all -inf, *m and *l kept)
+ * when no cell is visible. */
+typedef bool (*attn_row_fn)(float *s, int32_t n, float scale, const uint8_t *vis, float *m,
+                            float *l, float *alpha);
+
+/* Scalar kernels (attn.c): every dtype; the reference of the others. */
+void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                    int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
+                    attn_pf pf);
+void attn_pv_scalar(keel_dtype vt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
+                    int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                    float *const *acc, attn_pf pf);
+float attn_exp_scalar(float *x, int32_t n, float m);
+bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                     float *alpha);
+
+/* AVX2 kernels, or NULL when the dtype has no AVX2 path (attn_avx2.c).
+ * Callable only when the CPU has AVX2, FMA and F16C. */
 attn_kq_fn attn_kq_avx2(keel_dtype kt);
 attn_pv_fn attn_pv_avx2(keel_dtype vt);
 float attn_exp_avx2(float *x, int32_t n, float m);
+bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                   float *alpha);
+
+/* AVX-512 kernels, or NULL when the dtype has no AVX-512 path
+ * (attn_avx512.c). Callable only when attn_path_best() is ATTN_PATH_AVX512; shapes they do
+ * not cover fall back to the AVX2 kernels inside. */
+attn_kq_fn attn_kq_avx512(keel_dtype kt);
+attn_pv_fn attn_pv_avx512(keel_dtype vt);
+float attn_exp_avx512(float *x, int32_t n, float m);
+bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                     float *alpha);
+
+/* The kernel paths of attention, fastest last. */
+typedef enum attn_path { ATTN_PATH_SCALAR, ATTN_PATH_AVX2, ATTN_PATH_AVX512 } attn_path;
+
+/* The best path this CPU supports (ignores tensor_set_simd). */
+attn_path attn_path_best(void);
+
+typedef struct attn_kernel_set {
+    attn_kq_fn kq;
+    attn_pv_fn pv;
+    attn_exp_fn ex;
+    attn_row_fn row;
+} attn_kernel_set;
+
+/* The kernels of path for K dtype kt and V dtype vt; dtypes the path does
+ * not cover get the scalar kernels. path must be <= attn_path_best(). */
+attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt);
 
 #endif

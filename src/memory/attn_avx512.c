@@ -1,0 +1,551 @@
+/*
+ * attn_avx512.c — AVX-512 kernels of attention over the cache (see
+ * attn_kernels.h). Compiled with -mavx512f/bw/vl/dq/vnni; chosen at run time
+ * when the CPU has F/BW/VL/VNNI (attn_path_best). Shapes these kernels do
+ * not cover (head dims that are not a multiple of 16 / 64, or more than
+ * KQ_NB_MAX blocks) go to the AVX2 kernels. Rows of the block after this
+ * one (attn_pf) are prefetched a few lines per cell.
+ *
+ * K . q   Query rows are taken four at a time (a quad); each zmm holds two
+ *         query rows, one per 256-bit half, so one K load (broadcast to both
+ *         halves) serves two rows per instruction.
+ *         q8_0 / q4_0 keys: the int8 dots are VNNI dpbusd (u8 x s8). For
+ *         q8_0 keys the query is biased to u8 (q + 128) once per call and
+ *         the bias is removed through the accumulator's start value
+ *         (-128 * sum of the key bytes, one dpbusd per key block shared by
+ *         all rows); for q4_0 keys the nibbles are the u8 operand and the
+ *         -8 offset is removed the same way with -8 * sum of the query
+ *         bytes, precomputed. Integer sums are exact; each block's sum is
+ *         scaled by d_k * d_q in f32 as the scalar kernel does.
+ *         f32 / f16 keys: f32 FMAs against f32 query rows.
+ *         Per cell the quad ends as one zmm of four 4-lane partial sums;
+ *         four cells are reduced together (a 4x4 transpose-add) and stored
+ *         as four 4-score runs. f32 / f16 keys compute the four cells
+ *         together so that each query vector loaded serves four K rows.
+ * p . V   Up to four active rows at a time, 64 columns at a time: 16 zmm
+ *         accumulators stay in registers across the block of cells while
+ *         each V row segment is dequantized into 4 zmm once for all rows.
+ * row     The online-softmax step of one row with the block's 32 scores in
+ *         two zmm; exp is the AVX2 kernel's polynomial on 16 lanes.
+ */
+#include "attn_kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define QK            32 /* elements per q8_0 / q4_0 block */
+#define KQ_NB_MAX     16 /* query blocks a quad holds (dk <= 512) */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+static ALWAYS_INLINE float f16_to_f32(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ---- K . q --------------------------------------------------------------- */
+
+/* A quad of query rows prepared for one kernel call. Pair p holds rows
+ * 2p (low 256 bits) and 2p + 1 (high 256 bits). */
+typedef struct kq_quad {
+    __m512i u[2][KQ_NB_MAX]; /* block b: q8_0 K: q + 128 (u8); q4_0 K: q (s8) */
+    __m512i c[2][KQ_NB_MAX]; /* q4_0 K: -8 * the query's 4-byte lane sums */
+    __m512 d[2][KQ_NB_MAX];  /* query block scale, lanes 0..7 row 2p, 8..15 row 2p + 1 */
+    const float *f[4];       /* f32 / f16 K: the f32 query rows */
+} kq_quad;
+
+/* rows r0 .. r0 + 3 of q (missing rows repeat the last one; their scores
+ * are never stored) */
+static void quad_prep(keel_dtype kt, const void *const *q, int32_t R, int32_t r0, int32_t nb,
+                      kq_quad *Q)
+{
+    const void *rows[4];
+    for (int i = 0; i < 4; i++)
+        rows[i] = q[BASE_MIN(r0 + i, R - 1)];
+    if (kt != KEEL_DTYPE_Q8_0 && kt != KEEL_DTYPE_Q4_0) {
+        for (int i = 0; i < 4; i++)
+            Q->f[i] = rows[i];
+        return;
+    }
+    const __m512i bias = _mm512_set1_epi8((char)0x80), eight = _mm512_set1_epi8(8);
+    for (int p = 0; p < 2; p++) {
+        const uint8_t *x0 = rows[2 * p], *x1 = rows[2 * p + 1];
+        for (int32_t b = 0; b < nb; b++) {
+            const uint8_t *b0 = x0 + (size_t)b * 34, *b1 = x1 + (size_t)b * 34;
+            __m512i v = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+            if (kt == KEEL_DTYPE_Q8_0) {
+                Q->u[p][b] = _mm512_xor_si512(v, bias);
+            } else {
+                Q->u[p][b] = v;
+                Q->c[p][b] = _mm512_sub_epi32(
+                    _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, v));
+            }
+            Q->d[p][b] = _mm512_castpd_ps(
+                _mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(f16_to_f32(b0))),
+                                   _mm256_castps_pd(_mm256_set1_ps(f16_to_f32(b1))), 1));
+        }
+    }
+}
+
+/* pair accumulators (rows 0,1 | rows 2,3) -> [row0 | row1 | row2 | row3],
+ * four partial sums per 128-bit lane */
+static ALWAYS_INLINE __m512 quad_of_pairs(__m512 p01, __m512 p23)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(p01, p23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(p01, p23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* two 16-lane row accumulators -> pair layout (row a low 256, row b high) */
+static ALWAYS_INLINE __m512 pair_of_rows(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+static ALWAYS_INLINE __m512 cell_q8(const uint8_t *k, const kq_quad *Q, int32_t nb)
+{
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    for (int32_t b = 0; b < nb; b++) {
+        const uint8_t *kb = k + (size_t)b * 34;
+        __m512i kv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(kb + 2)));
+        __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, kv));
+        __m512 dk = _mm512_set1_ps(f16_to_f32(kb));
+        __m512i t0 = _mm512_dpbusd_epi32(s, Q->u[0][b], kv);
+        __m512i t1 = _mm512_dpbusd_epi32(s, Q->u[1][b], kv);
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t0), _mm512_mul_ps(dk, Q->d[0][b]), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_mul_ps(dk, Q->d[1][b]), a1);
+    }
+    return quad_of_pairs(a0, a1);
+}
+
+static ALWAYS_INLINE __m512 cell_q4(const uint8_t *k, const kq_quad *Q, int32_t nb)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    for (int32_t b = 0; b < nb; b++) {
+        const uint8_t *kb = k + (size_t)b * 18;
+        /* [lo nibbles | hi nibbles] in each 256-bit half: elements 0..31 */
+        __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(kb + 2)));
+        __m512i kv = _mm512_and_si512(_mm512_mask_srli_epi16(x, 0xff00ff00u, x, 4), m4);
+        __m512 dk = _mm512_set1_ps(f16_to_f32(kb));
+        __m512i t0 = _mm512_dpbusd_epi32(Q->c[0][b], kv, Q->u[0][b]);
+        __m512i t1 = _mm512_dpbusd_epi32(Q->c[1][b], kv, Q->u[1][b]);
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t0), _mm512_mul_ps(dk, Q->d[0][b]), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_mul_ps(dk, Q->d[1][b]), a1);
+    }
+    return quad_of_pairs(a0, a1);
+}
+
+static ALWAYS_INLINE __m512 load_k16(keel_dtype kt, const uint8_t *k, int32_t i)
+{
+    return kt == KEEL_DTYPE_F16
+               ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 2 * (size_t)i)))
+               : _mm512_loadu_ps((const float *)k + i);
+}
+
+/* f32 / f16 keys: four cells together so that each query vector loaded
+ * serves four K rows (one cell at a time is bound by the loads) */
+static ALWAYS_INLINE void cells_fp(keel_dtype kt, const uint8_t *const k[4], const kq_quad *Q,
+                                   int32_t dk, __m512 z[4])
+{
+    __m512 a[4][4]; /* [cell][row] */
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            a[c][r] = _mm512_setzero_ps();
+    for (int32_t i = 0; i < dk; i += 16) {
+        __m512 kv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kv[c] = load_k16(kt, k[c], i);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512 x = _mm512_loadu_ps(Q->f[r] + i);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                a[c][r] = _mm512_fmadd_ps(kv[c], x, a[c][r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        z[c] = quad_of_pairs(pair_of_rows(a[c][0], a[c][1]), pair_of_rows(a[c][2], a[c][3]));
+}
+
+static ALWAYS_INLINE void cells(keel_dtype kt, const uint8_t *const k[4], const kq_quad *Q,
+                                int32_t dk, __m512 z[4])
+{
+    /* int8 keys one cell at a time: measured faster than four together */
+    if (kt == KEEL_DTYPE_Q8_0) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            z[c] = cell_q8(k[c], Q, dk / QK);
+    } else if (kt == KEEL_DTYPE_Q4_0) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            z[c] = cell_q4(k[c], Q, dk / QK);
+    } else {
+        cells_fp(kt, k, Q, dk, z);
+    }
+}
+
+/* Four cells' quads [row r: 4 partials] -> [row r: score of cell 0..3]. */
+static ALWAYS_INLINE __m512 reduce4(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
+{
+    __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(z0, z1), _mm512_unpackhi_ps(z0, z1));
+    __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(z2, z3), _mm512_unpackhi_ps(z2, z3));
+    __m512d a = _mm512_castps_pd(s01), b = _mm512_castps_pd(s23);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+}
+
+static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
+                                  int32_t n, const void *const *q, int32_t R, int32_t dk,
+                                  float *scores, attn_pf pf)
+{
+    kq_quad Q;
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * ((n + 3) / 4));
+    for (int32_t r0 = 0; r0 < R; r0 += 4) {
+        quad_prep(kt, q, R, r0, dk / QK, &Q);
+        int32_t nr = BASE_MIN(4, R - r0);
+        for (int32_t j = 0; j < n; j += 4) {
+            /* a short last group repeats its last cell; masked out on store */
+            int32_t m = BASE_MIN(4, n - j);
+            attn_pf_step(&pc, pl);
+            const uint8_t *k[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                k[c] = base + (size_t)idx[j + BASE_MIN(c, m - 1)] * rb;
+            __m512 z[4];
+            cells(kt, k, &Q, dk, z);
+            __m512 w = reduce4(z[0], z[1], z[2], z[3]);
+            float *s = scores + (size_t)r0 * ATTN_CB + j;
+            if (m == 4 && nr == 4) {
+                /* masked stores are slow on some cores: full groups store plainly */
+                _mm_storeu_ps(s, _mm512_castps512_ps128(w));
+                _mm_storeu_ps(s + ATTN_CB, _mm512_extractf32x4_ps(w, 1));
+                _mm_storeu_ps(s + 2 * ATTN_CB, _mm512_extractf32x4_ps(w, 2));
+                _mm_storeu_ps(s + 3 * ATTN_CB, _mm512_extractf32x4_ps(w, 3));
+                continue;
+            }
+            __mmask8 mk = (__mmask8)((1u << m) - 1);
+            _mm_mask_storeu_ps(s, mk, _mm512_castps512_ps128(w));
+            if (nr > 1) _mm_mask_storeu_ps(s + ATTN_CB, mk, _mm512_extractf32x4_ps(w, 1));
+            if (nr > 2) _mm_mask_storeu_ps(s + 2 * ATTN_CB, mk, _mm512_extractf32x4_ps(w, 2));
+            if (nr > 3) _mm_mask_storeu_ps(s + 3 * ATTN_CB, mk, _mm512_extractf32x4_ps(w, 3));
+        }
+    }
+}
+
+static void kq_q8(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                  const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    if (dk > KQ_NB_MAX * QK) {
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
+        return;
+    }
+    kq_body(KEEL_DTYPE_Q8_0, base, rb, idx, n, q, R, dk, scores, pf);
+}
+
+static void kq_q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                  const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    if (dk > KQ_NB_MAX * QK) {
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
+        return;
+    }
+    kq_body(KEEL_DTYPE_Q4_0, base, rb, idx, n, q, R, dk, scores, pf);
+}
+
+static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    if (dk % 16) {
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
+        return;
+    }
+    kq_body(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores, pf);
+}
+
+static void kq_f32(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    if (dk % 16) {
+        attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
+        return;
+    }
+    kq_body(KEEL_DTYPE_F32, base, rb, idx, n, q, R, dk, scores, pf);
+}
+
+attn_kq_fn attn_kq_avx512(keel_dtype kt)
+{
+    switch (kt) {
+    case KEEL_DTYPE_F32:
+        return kq_f32;
+    case KEEL_DTYPE_F16:
+        return kq_f16;
+    case KEEL_DTYPE_Q8_0:
+        return kq_q8;
+    case KEEL_DTYPE_Q4_0:
+        return kq_q4;
+    default:
+        return NULL;
+    }
+}
+
+/* ---- p . V --------------------------------------------------------------- */
+
+/* v[0..4) = elements [seg, seg + 64) of row */
+static ALWAYS_INLINE void dq_seg(keel_dtype vt, const uint8_t *row, int32_t seg, __m512 v[4])
+{
+    if (vt == KEEL_DTYPE_Q8_0) {
+        const uint8_t *b = row + (size_t)(seg / QK) * 34;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++, b += 34) {
+            __m512 d = _mm512_set1_ps(f16_to_f32(b));
+            __m128i x0 = _mm_loadu_si128((const __m128i *)(b + 2));
+            __m128i x1 = _mm_loadu_si128((const __m128i *)(b + 18));
+            v[2 * h] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x0)));
+            v[2 * h + 1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x1)));
+        }
+    } else if (vt == KEEL_DTYPE_Q4_0) {
+        const uint8_t *b = row + (size_t)(seg / QK) * 18;
+        const __m512i m4 = _mm512_set1_epi32(0x0f);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++, b += 18) {
+            /* (n - 8) * d as n * d - 8 * d: both exact before the one rounding */
+            __m512 d = _mm512_set1_ps(f16_to_f32(b));
+            __m512 m8d = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+            /* one byte per lane: low nibbles are elements 0..15, high 16..31 */
+            __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+            __m512i lo = _mm512_and_si512(x, m4), hi = _mm512_srli_epi32(x, 4);
+            v[2 * h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m8d);
+            v[2 * h + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m8d);
+        }
+    } else if (vt == KEEL_DTYPE_F16) {
+        const uint8_t *h = row + (size_t)seg * 2;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32 * i)));
+    } else {
+        const float *f = (const float *)row + seg;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm512_loadu_ps(f + 16 * i);
+    }
+}
+
+/* acc rows a[0..nr) [seg, seg + 64) += sum_j p[r][j] V row idx[j] */
+static ALWAYS_INLINE void pv_group(keel_dtype vt, const uint8_t *base, size_t rb,
+                                   const int32_t *idx, int32_t n, const float *const *p,
+                                   float *const *a, int nr, int32_t dv, attn_pf_cursor *pc,
+                                   int32_t pl)
+{
+    /* unrolled so that acc stays in 4 * nr registers */
+    for (int32_t seg = 0; seg < dv; seg += 64) {
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                acc[r][i] = _mm512_loadu_ps(a[r] + seg + 16 * i);
+        for (int32_t j = 0; j < n; j++) {
+            __m512 v[4];
+            attn_pf_step(pc, pl);
+            dq_seg(vt, base + (size_t)idx[j] * rb, seg, v);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) {
+                __m512 pj = _mm512_set1_ps(p[r][j]);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    acc[r][i] = _mm512_fmadd_ps(pj, v[i], acc[r][i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                _mm512_storeu_ps(a[r] + seg + 16 * i, acc[r][i]);
+    }
+}
+
+static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
+                                  int32_t n, const float *p, const uint8_t *active, int32_t R,
+                                  int32_t dv, float *const *acc, attn_pf pf)
+{
+    /* inactive rows hold -inf scores, not probabilities: skip them */
+    int32_t n_act = 0;
+    for (int32_t i = 0; i < R; i++)
+        n_act += active[i] != 0;
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * (dv / 64) * n);
+    int32_t r = 0;
+    while (r < R) {
+        const float *pr[4];
+        float *ar[4];
+        int nr = 0;
+        for (; r < R && nr < 4; r++)
+            if (active[r]) {
+                pr[nr] = p + (size_t)r * ATTN_CB;
+                ar[nr++] = acc[r];
+            }
+        switch (nr) {
+        case 4:
+            pv_group(vt, base, rb, idx, n, pr, ar, 4, dv, &pc, pl);
+            break;
+        case 3:
+            pv_group(vt, base, rb, idx, n, pr, ar, 3, dv, &pc, pl);
+            break;
+        case 2:
+            pv_group(vt, base, rb, idx, n, pr, ar, 2, dv, &pc, pl);
+            break;
+        case 1:
+            pv_group(vt, base, rb, idx, n, pr, ar, 1, dv, &pc, pl);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static void pv_q8(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                  attn_pf pf)
+{
+    if (dv % 64) {
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
+        return;
+    }
+    pv_body(KEEL_DTYPE_Q8_0, base, rb, idx, n, p, active, R, dv, acc, pf);
+}
+
+static void pv_q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                  const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                  attn_pf pf)
+{
+    if (dv % 64) {
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
+        return;
+    }
+    pv_body(KEEL_DTYPE_Q4_0, base, rb, idx, n, p, active, R, dv, acc, pf);
+}
+
+static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
+{
+    if (dv % 64) {
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
+        return;
+    }
+    pv_body(KEEL_DTYPE_F16, base, rb, idx, n, p, active, R, dv, acc, pf);
+}
+
+static void pv_f32(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                   const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
+                   attn_pf pf)
+{
+    if (dv % 64) {
+        attn_pv_avx2(vt)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
+        return;
+    }
+    pv_body(KEEL_DTYPE_F32, base, rb, idx, n, p, active, R, dv, acc, pf);
+}
+
+attn_pv_fn attn_pv_avx512(keel_dtype vt)
+{
+    switch (vt) {
+    case KEEL_DTYPE_F32:
+        return pv_f32;
+    case KEEL_DTYPE_F16:
+        return pv_f16;
+    case KEEL_DTYPE_Q8_0:
+        return pv_q8;
+    case KEEL_DTYPE_Q4_0:
+        return pv_q4;
+    default:
+        return NULL;
+    }
+}
+
+/* ---- exp ----------------------------------------------------------------- */
+
+static ALWAYS_INLINE __m512 exp16(__m512 x)
+{
+    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447505531f);
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 c1 = _mm512_set1_ps(0.693359375f), c2 = _mm512_set1_ps(-2.12194440e-4f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_min_ps(x, hi);
+    x = _mm512_max_ps(x, lo);
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, c1));
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, c2));
+    __m512 z = _mm512_mul_ps(x, x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, z, _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+float attn_exp_avx512(float *x, int32_t n, float m)
+{
+    __m512 mm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    for (int32_t j = 0; j < n; j += 16) {
+        /* masked tail: lanes past n are neither read nor written */
+        __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
+        __m512 v = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mm));
+        v = _mm512_maskz_mov_ps(k, v);
+        _mm512_mask_storeu_ps(x + j, k, v);
+        sum = _mm512_add_ps(sum, v);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
+                     float *alpha)
+{
+    /* both halves of the block in registers: lanes past n and invisible
+     * cells are -inf, which exp16 maps to 0 */
+    __mmask16 k0 = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    __mmask16 k1 = n >= 32 ? (__mmask16)0xffff : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+    __m128i v0 = _mm_maskz_loadu_epi8(k0, vis), v1 = _mm_maskz_loadu_epi8(k1, vis + 16);
+    __mmask16 w0 = _mm_test_epi8_mask(v0, v0), w1 = _mm_test_epi8_mask(v1, v1);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+    __m512 x0 = _mm512_mask_mul_ps(ninf, w0, _mm512_maskz_loadu_ps(k0, s), sc);
+    __m512 x1 = _mm512_mask_mul_ps(ninf, w1, _mm512_maskz_loadu_ps(k1, s + 16), sc);
+    float bmax = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
+    *alpha = 1.0f;
+    if (bmax == -INFINITY) {
+        _mm512_mask_storeu_ps(s, k0, x0);
+        _mm512_mask_storeu_ps(s + 16, k1, x1);
+        return false;
+    }
+    float mnew = bmax > *m ? bmax : *m;
+    if (*m != -INFINITY && mnew != *m) {
+        *alpha = expf(*m - mnew);
+        *l *= *alpha;
+    }
+    *m = mnew;
+    __m512 mm = _mm512_set1_ps(mnew);
+    __m512 e0 = exp16(_mm512_sub_ps(x0, mm)), e1 = exp16(_mm512_sub_ps(x1, mm));
+    _mm512_mask_storeu_ps(s, k0, e0);
+    _mm512_mask_storeu_ps(s + 16, k1, e1);
+    *l += _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+    return true;
+}

@@ -1,0 +1,361 @@
+/*
+ * test_attn_kernels.c — the inner kernels of attention (src/memory/
+ * attn_kernels.h) on every path this CPU runs (scalar, AVX2, AVX-512):
+ * K . q scores and p . V accumulators against the scalar kernels (float
+ * reordering only: 1e-5 of the sum of absolute terms), the scalar kernels
+ * against a double-precision reference of the dequantized rows, and exp
+ * against expf. Dtypes with SIMD paths (f32, f16, q8_0, q4_0) and ones that
+ * fall back to scalar (bf16, q4_1, q5_0); head dims 64 and 128, dims that
+ * hit the SIMD kernels' fallbacks (40: not a multiple of 16; 96: not of 64;
+ * 576: more query blocks than the AVX-512 quad holds); R in
+ * {1, 2, 3, 4, 8, 12}; 1..32 cells with random (repeating) cell lists.
+ */
+#include "testutil.h"
+#include "memory/attn_kernels.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_CELLS 48 /* rows in the test's K / V column */
+#define DIM_MAX 576
+#define R_MAX   12
+
+static const keel_dtype k_types[] = {KEEL_DTYPE_F32,  KEEL_DTYPE_F16,  KEEL_DTYPE_Q8_0,
+                                     KEEL_DTYPE_Q4_0, KEEL_DTYPE_BF16, KEEL_DTYPE_Q4_1,
+                                     KEEL_DTYPE_Q5_0};
+static const int32_t k_dims[] = {64, 128, 40, 96, 576};
+static const int32_t k_rows[] = {1, 2, 3, 4, 8, 12};
+static const char *const k_path_names[] = {"scalar", "avx2", "avx512"};
+
+typedef struct fixture {
+    uint8_t *rows; /* [N_CELLS][rb] rows of dtype t */
+    float *rows_f; /* [N_CELLS][dim] the rows dequantized */
+    uint8_t *q;    /* [R_MAX][qrb] queries in t's vec_dot type */
+    float *q_f;    /* [R_MAX][dim] the queries dequantized */
+    size_t rb, qrb;
+} fixture;
+
+static bool dim_fits(keel_dtype t, int32_t dim)
+{
+    return tensor_row_bytes(t, dim) > 0 && tensor_row_bytes(tensor_vec_dot_type(t), dim) > 0;
+}
+
+/* Random rows of t (N(0,1) scaled per row so that magnitudes vary) and
+ * queries in t's vec_dot type. */
+static void fixture_make(fixture *f, keel_dtype t, int32_t dim, uint64_t seed)
+{
+    keel_dtype qt = tensor_vec_dot_type(t);
+    f->rb = tensor_row_bytes(t, dim);
+    f->qrb = tensor_row_bytes(qt, dim);
+    f->rows = malloc(N_CELLS * f->rb);
+    f->rows_f = malloc(N_CELLS * (size_t)dim * sizeof(float));
+    f->q = malloc(R_MAX * f->qrb);
+    f->q_f = malloc(R_MAX * (size_t)dim * sizeof(float));
+    assert_non_null(f->rows);
+    assert_non_null(f->rows_f);
+    assert_non_null(f->q);
+    assert_non_null(f->q_f);
+    float x[DIM_MAX];
+    for (int c = 0; c < N_CELLS; c++) {
+        test_fill_normal(x, dim, seed * 1000 + (uint64_t)c);
+        float s = 0.25f + (float)(c % 7);
+        for (int32_t i = 0; i < dim; i++)
+            x[i] *= s;
+        assert_ok(tensor_quantize_row(t, x, f->rows + (size_t)c * f->rb, dim));
+        assert_ok(tensor_dequantize_row(t, f->rows + (size_t)c * f->rb, f->rows_f + (size_t)c * dim,
+                                        dim));
+    }
+    for (int r = 0; r < R_MAX; r++) {
+        test_fill_normal(x, dim, seed * 1000 + 500 + (uint64_t)r);
+        assert_ok(tensor_quantize_row(qt, x, f->q + (size_t)r * f->qrb, dim));
+        assert_ok(
+            tensor_dequantize_row(qt, f->q + (size_t)r * f->qrb, f->q_f + (size_t)r * dim, dim));
+    }
+}
+
+static void fixture_free(fixture *f)
+{
+    free(f->rows);
+    free(f->rows_f);
+    free(f->q);
+    free(f->q_f);
+}
+
+static void random_idx(int32_t *idx, int32_t n, base_rng *rng)
+{
+    for (int32_t j = 0; j < n; j++)
+        idx[j] = (int32_t)(base_rng_next(rng) % N_CELLS);
+}
+
+static void check_close(double got, double want, double tol, const char *what, const char *path,
+                        keel_dtype t, int32_t dim, int32_t R, int32_t n, int32_t r, int32_t j)
+{
+    if (fabs(got - want) <= tol) return;
+    fail_msg("%s %s %s dim %d R %d n %d: [%d][%d] = %.9g, want %.9g (tol %.3g)", what, path,
+             keel_dtype_name(t), dim, R, n, r, j, got, want, tol);
+}
+
+static void test_kq(void **state)
+{
+    (void)state;
+    attn_path best = attn_path_best();
+    base_rng rng;
+    base_rng_seed(&rng, 7);
+    const void *qp[R_MAX];
+    int32_t idx[ATTN_CB];
+    float ref[R_MAX * ATTN_CB], got[R_MAX * ATTN_CB];
+    int64_t checked = 0;
+    for (size_t ti = 0; ti < BASE_ARRAY_LEN(k_types); ti++)
+        for (size_t di = 0; di < BASE_ARRAY_LEN(k_dims); di++) {
+            keel_dtype t = k_types[ti];
+            int32_t dim = k_dims[di];
+            if (!dim_fits(t, dim)) continue;
+            fixture f;
+            fixture_make(&f, t, dim, 10 * ti + di + 1);
+            /* prefetching (a hint) must not change results */
+            attn_pf no_pf = {NULL, 0}, pf = {f.rows + f.rb, (N_CELLS - 1) * f.rb};
+            for (int r = 0; r < R_MAX; r++)
+                qp[r] = f.q + (size_t)r * f.qrb;
+            for (size_t ri = 0; ri < BASE_ARRAY_LEN(k_rows); ri++)
+                for (int32_t n = 1; n <= ATTN_CB; n++) {
+                    int32_t R = k_rows[ri];
+                    random_idx(idx, n, &rng);
+                    bool prev = tensor_set_simd(false);
+                    attn_kq_scalar(t, f.rows, f.rb, idx, n, qp, R, dim, ref, no_pf);
+                    tensor_set_simd(prev);
+                    for (int32_t r = 0; r < R; r++)
+                        for (int32_t j = 0; j < n; j++) {
+                            const float *k = f.rows_f + (size_t)idx[j] * dim,
+                                        *x = f.q_f + (size_t)r * dim;
+                            double d = 0, a = 0;
+                            for (int32_t i = 0; i < dim; i++) {
+                                d += (double)k[i] * x[i];
+                                a += fabs((double)k[i] * x[i]);
+                            }
+                            check_close(ref[r * ATTN_CB + j], d, 1e-5 * a + 1e-30, "kq vs double",
+                                        "scalar", t, dim, R, n, r, j);
+                        }
+                    for (int p = (int)ATTN_PATH_SCALAR; p <= (int)best; p++) {
+                        attn_kq_fn kq = attn_kernels((attn_path)p, t, t).kq;
+                        for (int32_t i = 0; i < R_MAX * ATTN_CB; i++)
+                            got[i] = NAN;
+                        kq(t, f.rows, f.rb, idx, n, qp, R, dim, got, pf);
+                        for (int32_t r = 0; r < R; r++)
+                            for (int32_t j = 0; j < n; j++) {
+                                const float *k = f.rows_f + (size_t)idx[j] * dim,
+                                            *x = f.q_f + (size_t)r * dim;
+                                double a = 0;
+                                for (int32_t i = 0; i < dim; i++)
+                                    a += fabs((double)k[i] * x[i]);
+                                check_close(got[r * ATTN_CB + j], ref[r * ATTN_CB + j],
+                                            1e-5 * a + 1e-30, "kq", k_path_names[p], t, dim, R, n,
+                                            r, j);
+                                checked++;
+                            }
+                        /* nothing outside [R][n] is written */
+                        for (int32_t r = 0; r < R_MAX; r++)
+                            for (int32_t j = 0; j < ATTN_CB; j++)
+                                if (r >= R || j >= n)
+                                    if (!isnan(got[r * ATTN_CB + j]))
+                                        fail_msg("kq %s %s dim %d R %d n %d wrote [%d][%d]",
+                                                 k_path_names[p], keel_dtype_name(t), dim, R, n, r,
+                                                 j);
+                    }
+                }
+            fixture_free(&f);
+        }
+    printf("kq: %lld scores checked, paths up to %s\n", (long long)checked, k_path_names[best]);
+}
+
+static void test_pv(void **state)
+{
+    (void)state;
+    attn_path best = attn_path_best();
+    base_rng rng;
+    base_rng_seed(&rng, 8);
+    int32_t idx[ATTN_CB];
+    float p[R_MAX * ATTN_CB];
+    uint8_t active[R_MAX];
+    static float acc0[R_MAX][DIM_MAX], ref[R_MAX][DIM_MAX], got[R_MAX][DIM_MAX + 16];
+    float *ap[R_MAX];
+    int64_t checked = 0;
+    for (size_t ti = 0; ti < BASE_ARRAY_LEN(k_types); ti++)
+        for (size_t di = 0; di < BASE_ARRAY_LEN(k_dims); di++) {
+            keel_dtype t = k_types[ti];
+            int32_t dim = k_dims[di];
+            if (tensor_row_bytes(t, dim) == 0) continue;
+            fixture f;
+            fixture_make(&f, t, dim, 100 + 10 * ti + di);
+            attn_pf no_pf = {NULL, 0}, pf = {f.rows, N_CELLS * f.rb};
+            for (size_t ri = 0; ri < BASE_ARRAY_LEN(k_rows); ri++)
+                for (int32_t n = 1; n <= ATTN_CB; n++) {
+                    int32_t R = k_rows[ri];
+                    random_idx(idx, n, &rng);
+                    for (int32_t r = 0; r < R; r++) {
+                        /* about one row in four inactive (as attn_task leaves
+                         * them: -inf scores); active rows have some p == 0 */
+                        active[r] = R == 1 || base_rng_next(&rng) % 4 != 0;
+                        for (int32_t j = 0; j < ATTN_CB; j++) {
+                            float u = (float)(base_rng_next(&rng) % 1000) / 1000.0f;
+                            p[r * ATTN_CB + j] = !active[r] ? -INFINITY : u < 0.1f ? 0.0f : u;
+                        }
+                        test_fill_uniform(acc0[r], dim, base_rng_next(&rng));
+                    }
+                    memcpy(ref, acc0, sizeof ref);
+                    for (int32_t r = 0; r < R; r++)
+                        ap[r] = ref[r];
+                    bool prev = tensor_set_simd(false);
+                    attn_pv_scalar(t, f.rows, f.rb, idx, n, p, active, R, dim, ap, no_pf);
+                    tensor_set_simd(prev);
+                    for (int32_t r = 0; r < R; r++)
+                        for (int32_t i = 0; i < dim; i++) {
+                            double d = acc0[r][i], a = fabs(acc0[r][i]);
+                            if (active[r])
+                                for (int32_t j = 0; j < n; j++) {
+                                    double v = (double)p[r * ATTN_CB + j] *
+                                               f.rows_f[(size_t)idx[j] * dim + i];
+                                    d += v;
+                                    a += fabs(v);
+                                }
+                            check_close(ref[r][i], d, 1e-5 * a + 1e-30, "pv vs double", "scalar", t,
+                                        dim, R, n, r, i);
+                        }
+                    for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
+                        attn_pv_fn pv = attn_kernels((attn_path)pi, t, t).pv;
+                        for (int32_t r = 0; r < R; r++) {
+                            memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
+                            for (int i = 0; i < 16; i++)
+                                got[r][dim + i] = 12345.0f;
+                            ap[r] = got[r];
+                        }
+                        pv(t, f.rows, f.rb, idx, n, p, active, R, dim, ap, pf);
+                        for (int32_t r = 0; r < R; r++) {
+                            for (int32_t i = 0; i < dim; i++) {
+                                double a = fabs(acc0[r][i]);
+                                if (active[r])
+                                    for (int32_t j = 0; j < n; j++)
+                                        a += fabs((double)p[r * ATTN_CB + j] *
+                                                  f.rows_f[(size_t)idx[j] * dim + i]);
+                                if (!active[r] && got[r][i] != acc0[r][i])
+                                    fail_msg("pv %s %s: inactive row %d changed", k_path_names[pi],
+                                             keel_dtype_name(t), r);
+                                check_close(got[r][i], ref[r][i], 1e-5 * a + 1e-30, "pv",
+                                            k_path_names[pi], t, dim, R, n, r, i);
+                                checked++;
+                            }
+                            for (int i = 0; i < 16; i++)
+                                if (got[r][dim + i] != 12345.0f)
+                                    fail_msg("pv %s %s dim %d: wrote past row %d", k_path_names[pi],
+                                             keel_dtype_name(t), dim, r);
+                        }
+                    }
+                }
+            fixture_free(&f);
+        }
+    printf("pv: %lld accumulators checked, paths up to %s\n", (long long)checked,
+           k_path_names[best]);
+}
+
+static void test_exp(void **state)
+{
+    (void)state;
+    attn_path best = attn_path_best();
+    base_rng rng;
+    base_rng_seed(&rng, 9);
+    float x[ATTN_CB + 8], y[ATTN_CB + 8];
+    for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
+        attn_exp_fn ex = attn_kernels((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32).ex;
+        for (int trial = 0; trial < 2000; trial++) {
+            int32_t n = 1 + (int32_t)(base_rng_next(&rng) % ATTN_CB);
+            float m = -INFINITY;
+            for (int32_t j = 0; j < ATTN_CB + 8; j++) {
+                /* scores over the range softmax sees, including underflow
+                 * (< -87.3) and masked cells (-inf) */
+                double u = (double)(base_rng_next(&rng) % 1000000) / 1000000.0;
+                x[j] = base_rng_next(&rng) % 8 == 0 ? -INFINITY : (float)(u * 120.0 - 100.0);
+                if (j < n && x[j] > m) m = x[j];
+            }
+            if (m == -INFINITY) m = 0.0f;
+            memcpy(y, x, sizeof x);
+            float s = ex(y, n, m);
+            double want_s = 0;
+            for (int32_t j = 0; j < n; j++) {
+                float w = x[j] == -INFINITY ? 0.0f : expf(x[j] - m);
+                want_s += w;
+                /* SIMD kernels flush results below FLT_MIN (weights under
+                 * 1e-38 of the row's max) to zero */
+                if (fabsf(y[j] - w) > 2e-7f * w + FLT_MIN)
+                    fail_msg("exp %s: exp(%.9g - %.9g) = %.9g, want %.9g", k_path_names[pi], x[j],
+                             m, y[j], w);
+            }
+            for (int32_t j = n; j < ATTN_CB + 8; j++)
+                if (memcmp(&y[j], &x[j], sizeof(float)) != 0)
+                    fail_msg("exp %s: n %d wrote x[%d]", k_path_names[pi], n, j);
+            if (fabs(s - want_s) > 1e-6 * want_s)
+                fail_msg("exp %s: sum %.9g, want %.9g", k_path_names[pi], s, want_s);
+        }
+    }
+}
+
+/* The online-softmax row step against the scalar one: masking and
+ * scaling exact, the running max and alpha identical (both use expf),
+ * weights within exp's 2e-7, the sum within 1e-6. */
+static void test_row(void **state)
+{
+    (void)state;
+    attn_path best = attn_path_best();
+    base_rng rng;
+    base_rng_seed(&rng, 10);
+    float s0[ATTN_CB + 8], ref[ATTN_CB + 8], got[ATTN_CB + 8];
+    uint8_t vis[ATTN_CB];
+    for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
+        attn_row_fn row = attn_kernels((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32).row;
+        for (int trial = 0; trial < 4000; trial++) {
+            int32_t n = 1 + (int32_t)(base_rng_next(&rng) % ATTN_CB);
+            int dens = (int)(base_rng_next(&rng) % 4); /* 0: nothing visible */
+            for (int32_t j = 0; j < ATTN_CB; j++)
+                vis[j] =
+                    dens > 0 && (int)(base_rng_next(&rng) % 4) < dens + 1 ? (uint8_t)1 : (uint8_t)0;
+            for (int32_t j = 0; j < ATTN_CB + 8; j++)
+                s0[j] = (float)((double)(base_rng_next(&rng) % 2000000) / 10000.0 - 100.0);
+            float scale = trial % 3 == 0 ? 1.0f : 0.0883883476f;
+            float m0 = trial % 4 == 0
+                           ? -INFINITY
+                           : (float)((double)(base_rng_next(&rng) % 20000) / 100.0 - 100.0);
+            float l0 = m0 == -INFINITY ? 0.0f : 3.5f;
+            float mr = m0, lr = l0, ar, mg = m0, lg = l0, ag;
+            memcpy(ref, s0, sizeof s0);
+            memcpy(got, s0, sizeof s0);
+            bool on_r = attn_row_scalar(ref, n, scale, vis, &mr, &lr, &ar);
+            bool on_g = row(got, n, scale, vis, &mg, &lg, &ag);
+            if (on_r != on_g || mr != mg || ar != ag)
+                fail_msg("row %s n %d: active %d/%d, m %.9g/%.9g, alpha %.9g/%.9g",
+                         k_path_names[pi], n, on_g, on_r, mg, mr, ag, ar);
+            if (fabsf(lg - lr) > 1e-6f * lr)
+                fail_msg("row %s n %d: l %.9g, want %.9g", k_path_names[pi], n, lg, lr);
+            for (int32_t j = 0; j < n; j++) {
+                bool same = ref[j] == got[j] || fabsf(ref[j] - got[j]) <= 2e-7f * ref[j] + FLT_MIN;
+                if (!on_r) same = got[j] == -INFINITY && ref[j] == -INFINITY;
+                if (!same)
+                    fail_msg("row %s n %d: s[%d] = %.9g, want %.9g", k_path_names[pi], n, j, got[j],
+                             ref[j]);
+            }
+            if (memcmp(got + n, s0 + n, (size_t)(ATTN_CB + 8 - n) * sizeof(float)) != 0)
+                fail_msg("row %s n %d: wrote past n", k_path_names[pi], n);
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kq),
+        cmocka_unit_test(test_pv),
+        cmocka_unit_test(test_exp),
+        cmocka_unit_test(test_row),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
