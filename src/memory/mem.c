@@ -177,6 +177,27 @@ static bool same_group(const keel_mem_layer *a, const mem_group *g)
     return true;
 }
 
+/* The group a layer belongs to, as a shape (kind, window, sinks). */
+static mem_group group_shape(const keel_mem_layer *a)
+{
+    mem_group g;
+    memset(&g, 0, sizeof g);
+    g.kind = a->kind;
+    g.window = a->kind == KEEL_MEM_LAYER_SLIDING ? a->window : 0;
+    g.n_sink = a->kind == KEEL_MEM_LAYER_SLIDING ? a->n_sink : 0;
+    return g;
+}
+
+/* Layer i has KV and no earlier layer shares its group. */
+static bool opens_group(const keel_mem_config *cfg, int32_t i)
+{
+    if (cfg->layers[i].kind == KEEL_MEM_LAYER_NONE) return false;
+    mem_group shape = group_shape(&cfg->layers[i]);
+    for (int32_t j = 0; j < i; j++)
+        if (same_group(&cfg->layers[j], &shape)) return false;
+    return true;
+}
+
 static int32_t table_cap(const keel_mem_config *cfg, const mem_group *g, int32_t n_streams)
 {
     if (g->kind == KEEL_MEM_LAYER_FULL) return cfg->n_ctx;
@@ -193,11 +214,7 @@ size_t mem_config_kv_bytes(const keel_mem_config *cfg)
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *a = &cfg->layers[i];
         if (a->kind == KEEL_MEM_LAYER_NONE) continue;
-        mem_group shape;
-        memset(&shape, 0, sizeof shape);
-        shape.kind = a->kind;
-        shape.window = a->window;
-        shape.n_sink = a->n_sink;
+        mem_group shape = group_shape(a);
         size_t cells = (size_t)table_cap(cfg, &shape, n_streams) * (size_t)n_streams;
         kv += cells * (size_t)a->n_kv_heads *
               (tensor_row_bytes(a->k_dtype, a->head_dim_k) + tensor_row_bytes(a->v_dtype, a->head_dim_v));
@@ -218,22 +235,10 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
     int32_t *layer_group = lay_take(l, (size_t)nl, sizeof(int32_t));
     int32_t *layer_col = lay_take(l, (size_t)nl, sizeof(int32_t));
     mem_group *groups = lay_take(l, (size_t)nl, sizeof(mem_group));
-    /* Group the layers (count pass uses a stack-free scan: groups are
-     * determined by comparing with earlier layers). */
+    /* Groups in order of the layer that opens each (no scratch needed: the
+     * counting pass runs before anything is allocated). */
     int32_t n_groups = 0;
-    for (int32_t i = 0; i < nl; i++) {
-        const keel_mem_layer *a = &cfg->layers[i];
-        if (a->kind == KEEL_MEM_LAYER_NONE) continue;
-        bool found = false;
-        for (int32_t j = 0; j < i && !found; j++) {
-            const keel_mem_layer *b = &cfg->layers[j];
-            if (b->kind == a->kind &&
-                (a->kind != KEEL_MEM_LAYER_SLIDING ||
-                 (a->window == b->window && a->n_sink == b->n_sink)))
-                found = true;
-        }
-        if (!found) n_groups++;
-    }
+    for (int32_t i = 0; i < nl; i++) n_groups += opens_group(cfg, i);
     if (assign) {
         memcpy(layers, cfg->layers, (size_t)nl * sizeof(keel_mem_layer));
         m->cfg = *cfg;
@@ -252,10 +257,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             int32_t g = 0;
             while (g < m->n_groups && !same_group(a, &groups[g])) g++;
             if (g == m->n_groups) {
-                memset(&groups[g], 0, sizeof groups[g]);
-                groups[g].kind = a->kind;
-                groups[g].window = a->kind == KEEL_MEM_LAYER_SLIDING ? a->window : 0;
-                groups[g].n_sink = a->kind == KEEL_MEM_LAYER_SLIDING ? a->n_sink : 0;
+                groups[g] = group_shape(a);
                 groups[g].n_tables = n_streams;
                 m->n_groups++;
             }
@@ -265,31 +267,10 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
         }
     }
     int32_t seq_words = (cfg->n_seq_max + 63) / 64;
-    for (int32_t g = 0; g < n_groups; g++) {
-        /* in the counting pass, rebuild the group's shape from the layers */
-        mem_group shape;
-        memset(&shape, 0, sizeof shape);
-        int32_t seen = -1;
-        for (int32_t i = 0, k = 0; i < nl; i++) {
-            const keel_mem_layer *a = &cfg->layers[i];
-            if (a->kind == KEEL_MEM_LAYER_NONE) continue;
-            bool first = true;
-            for (int32_t j = 0; j < i && first; j++) {
-                const keel_mem_layer *b = &cfg->layers[j];
-                if (b->kind == a->kind &&
-                    (a->kind != KEEL_MEM_LAYER_SLIDING ||
-                     (a->window == b->window && a->n_sink == b->n_sink)))
-                    first = false;
-            }
-            if (first && k++ == g) {
-                seen = i;
-                break;
-            }
-        }
-        const keel_mem_layer *rep = &cfg->layers[seen];
-        shape.kind = rep->kind;
-        shape.window = rep->kind == KEEL_MEM_LAYER_SLIDING ? rep->window : 0;
-        shape.n_sink = rep->kind == KEEL_MEM_LAYER_SLIDING ? rep->n_sink : 0;
+    for (int32_t g = 0, rep = 0; g < n_groups; g++, rep++) {
+        /* the g-th group is opened by the g-th layer that opens one */
+        while (!opens_group(cfg, rep)) rep++;
+        mem_group shape = group_shape(&cfg->layers[rep]);
         int32_t gl = 0;
         for (int32_t i = 0; i < nl; i++)
             if (cfg->layers[i].kind != KEEL_MEM_LAYER_NONE && same_group(&cfg->layers[i], &shape))
