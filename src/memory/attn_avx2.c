@@ -403,22 +403,7 @@ float attn_exp_avx2(float *x, int32_t n, float m)
 }
 
 bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
-                   float *alpha)
+                    float *alpha)
 {
-    float bmax = -INFINITY;
-    for (int32_t j = 0; j < n; j++) {
-        float v = vis[j] ? s[j] * scale : -INFINITY;
-        s[j] = v;
-        bmax = v > bmax ? v : bmax;
-    }
-    *alpha = 1.0f;
-    if (bmax == -INFINITY) return false;
-    float mnew = bmax > *m ? bmax : *m;
-    if (*m != -INFINITY && mnew != *m) {
-        *alpha = expf(*m - mnew);
-        *l *= *alpha;
-    }
-    *m = mnew;
-    *l += attn_exp_avx2(s, n, mnew);
-    return true;
+    return attn_row_with(s, n, scale, vis, m, l, alpha, attn_exp_avx2);
 }

@@ -14,6 +14,8 @@
 
 #include "memory.h"
 
+#include <math.h>
+
 #define ATTN_CB 32 /* cells per block: scores and p are [R][ATTN_CB] */
 
 /* Bytes the caller reads next ([p, p + bytes), or bytes == 0): a kernel
@@ -76,6 +78,30 @@ typedef float (*attn_exp_fn)(float *x, int32_t n, float m);
  * when no cell is visible. */
 typedef bool (*attn_row_fn)(float *s, int32_t n, float scale, const uint8_t *vis, float *m,
                             float *l, float *alpha);
+
+/* The online-softmax row step with a given exp kernel: scale and mask the
+ * scores, update the running max and sum, exponentiate. Inlined into the
+ * scalar and AVX2 row kernels, which differ only in the exp. */
+static inline bool attn_row_with(float *s, int32_t n, float scale, const uint8_t *vis, float *m,
+                                 float *l, float *alpha, float (*ex)(float *, int32_t, float))
+{
+    float bmax = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+        float v = vis[j] ? s[j] * scale : -INFINITY;
+        s[j] = v;
+        bmax = v > bmax ? v : bmax;
+    }
+    *alpha = 1.0f;
+    if (bmax == -INFINITY) return false;
+    float mnew = bmax > *m ? bmax : *m;
+    if (*m != -INFINITY && mnew != *m) {
+        *alpha = expf(*m - mnew);
+        *l *= *alpha;
+    }
+    *m = mnew;
+    *l += ex(s, n, mnew);
+    return true;
+}
 
 /* Scalar kernels (attn.c): every dtype; the reference of the others. */
 void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
