@@ -23,24 +23,6 @@ static const char *const g_pres[] = {
 enum { N_PRE = sizeof g_pres / sizeof g_pres[0] };
 static text_tokenizer *g_tok[N_PRE];
 
-static size_t enc_byte(unsigned b, char *out)
-{
-    bool pr = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    unsigned cp = b, n = 0;
-    if (!pr) {
-        for (unsigned i = 0; i < b; i++)
-            n += !((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174);
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    out[0] = (char)(0xc0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3f));
-    return 2;
-}
-
 static text_tokenizer *build(const char *pre)
 {
     static char bytes[256][4];
@@ -91,7 +73,7 @@ static text_tokenizer *build(const char *pre)
     const char *toks[N];
     int32_t types[N];
     for (unsigned b = 0; b < 256; b++) {
-        enc_byte(b, bytes[b]);
+        text_gpt2_byte_utf8((uint8_t)b, bytes[b]);
         toks[b] = bytes[b], types[b] = 1;
     }
     for (int i = 0; i < NM; i++)

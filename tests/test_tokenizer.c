@@ -299,7 +299,7 @@ typedef struct trainer {
 
 static size_t enc_byte(uint8_t b, char *out)
 {
-    /* GPT-2 map, as in bpe.c */
+    /* GPT-2 map, restated independently of bpe.c: the test's oracle */
     unsigned cp = b, n = 0;
     bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
     if (!printable) {

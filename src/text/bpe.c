@@ -61,6 +61,11 @@ static size_t cp_utf8(uint32_t cp, char *out)
     return 2;
 }
 
+size_t text_gpt2_byte_utf8(uint8_t b, char *out)
+{
+    return cp_utf8(bpe_byte_to_cp(b), out);
+}
+
 /* ---- pre-tokenizers --------------------------------------------------------- */
 
 #define RE_GPT2         "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"

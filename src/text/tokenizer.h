@@ -146,6 +146,11 @@ keel_status text_stream_push(text_stream *s, int32_t id, char *buf, size_t cap, 
 /* Emits any held-back bytes (at most 4) and resets the hold. */
 keel_status text_stream_flush(text_stream *s, char *buf, size_t cap, size_t *n_out);
 
+/* GPT-2 byte-level BPE's byte-to-code-point map: writes the UTF-8 (1 or 2
+ * bytes) of the code point standing for byte b in gpt2 vocabularies and
+ * returns its length. */
+size_t text_gpt2_byte_utf8(uint8_t b, char *out);
+
 /* Longest piece any token renders to (bytes), for sizing stream buffers. */
 size_t text_tokenizer_max_piece(const text_tokenizer *t);
 

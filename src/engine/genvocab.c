@@ -18,6 +18,8 @@
  */
 #include "genmodel.h"
 
+#include "../text/tokenizer.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,25 +46,6 @@ static size_t utf8_len(const uint8_t *s, size_t n)
         (c == 0xf4 && s[1] >= 0x90))
         return 0;
     return len;
-}
-
-/* GPT-2's byte-to-code-point map (text/bpe.c's bpe_byte_to_cp), as UTF-8. */
-static size_t gpt2_byte(uint8_t b, char *out)
-{
-    unsigned cp = b, n = 0;
-    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    if (!printable) {
-        for (unsigned i = 0; i < b; i++)
-            n += !((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174);
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    out[0] = (char)(0xc0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3f));
-    return 2;
 }
 
 static bool is_letter(uint8_t c)
@@ -506,7 +489,7 @@ keel_status genmodel_bpe_train(const char *text, size_t len, genmodel_bpe_mode m
     if (mode == GENMODEL_BPE_BYTES) {
         for (int c = 0; c < 256; c++) {
             char enc[2];
-            size_t n = gpt2_byte((uint8_t)c, enc), slot;
+            size_t n = text_gpt2_byte_utf8((uint8_t)c, enc), slot;
             sym_find(&t, enc, n, &slot);
             if (sym_add(&t, enc, n, slot) < 0) goto fail;
         }

@@ -5,15 +5,15 @@
  * and gentext.c (the built-in text the vocabularies are learned from).
  * docs/formats.md section 7 describes what is generated.
  *
- * The trainer lives here rather than in src/text because src/text sits
- * above src/model (tokenizer.h includes model/gguf.h); it needs nothing of
- * the tokenizers but the GPT-2 byte map, which is restated in genvocab.c
- * (test_genmodel checks the generated vocabularies with the tokenizers).
+ * The generator lives in src/engine, above src/model and src/text, because
+ * it writes both: model tensors through the GGUF writer and tokenizer
+ * vocabularies (with the tokenizers' own GPT-2 byte map; test_genmodel
+ * checks the generated vocabularies with the tokenizers).
  */
-#ifndef KEEL_MODEL_GENMODEL_H
-#define KEEL_MODEL_GENMODEL_H
+#ifndef KEEL_ENGINE_GENMODEL_H
+#define KEEL_ENGINE_GENMODEL_H
 
-#include "gguf.h"
+#include "../model/gguf.h"
 
 /* The built-in English text (UTF-8, a few KB) and its length in bytes. */
 extern const char genmodel_text[];
@@ -87,4 +87,4 @@ typedef enum genmodel_vocab_kind {
 keel_status genmodel_add_vocab(gguf_writer *w, genmodel_vocab_kind kind, int32_t n_vocab,
                                char *err);
 
-#endif /* KEEL_MODEL_GENMODEL_H */
+#endif /* KEEL_ENGINE_GENMODEL_H */
