@@ -312,7 +312,6 @@ static float dot_q5_K(int64_t n, const void *w, const void *x)
 static float dot_q6_K(int64_t n, const void *w, const void *x)
 {
     const uint8_t *b = w, *xb = x;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++, b += Q6_K_BYTES, xb += Q8_K_BYTES) {
@@ -326,20 +325,8 @@ static float dot_q6_K(int64_t n, const void *w, const void *x)
         __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 2
         for (int nh = 0; nh < 2; nh++) {
-            __m256i ql0 = loadu_256(b + 64 * nh), ql1 = loadu_256(b + 64 * nh + 32);
-            __m256i qh = loadu_256(b + 128 + 32 * nh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(
-                _mm256_and_si256(ql1, m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q6_K_values(b, nh, q);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m256i p = _mm256_maddubs_epi16(q[k], loadu_256(xq + 128 * nh + 32 * k));

@@ -349,25 +349,13 @@ static inline void store_i8x32_2(float *y, __m256i q, __m256 d0, __m256 d1)
 static void dequant_q6_K(const void *x, float *y, int64_t n)
 {
     const uint8_t *b = x;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), o32 = _mm256_set1_epi8(32);
+    const __m256i o32 = _mm256_set1_epi8(32);
     for (int64_t i = 0; i < n / QK_K; i++, b += Q6_K_BYTES, y += QK_K) {
         float d = f16_load(b + 208);
         const int8_t *sc = (const int8_t *)(b + 192);
         for (int nh = 0; nh < 2; nh++) {
-            __m256i ql0 = loadu_256(b + 64 * nh), ql1 = loadu_256(b + 64 * nh + 32);
-            __m256i qh = loadu_256(b + 128 + 32 * nh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(
-                _mm256_and_si256(ql1, m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q6_K_values(b, nh, q);
             for (int k = 0; k < 4; k++) {
                 int s = 8 * nh + 2 * k;
                 store_i8x32_2(y + 128 * nh + 32 * k, _mm256_sub_epi8(q[k], o32),
