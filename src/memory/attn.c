@@ -31,12 +31,9 @@
 #define ATTN_CHUNK 512 /* cells whose visibility is computed at once */
 #define ATTN_SPLIT_MIN_CELLS 512
 
-typedef struct attn_dims {
-    int32_t n_heads_max, g_max, dk_max, dv_max;
-    size_t qrow_max; /* bytes of one prepared query row (vec_dot type) */
-} attn_dims;
+typedef mem_attn_dims attn_dims;
 
-static attn_dims dims_of(const keel_mem_config *cfg, const keel_mem_layer *layers)
+mem_attn_dims mem_attn_dims_of(const keel_mem_config *cfg, const keel_mem_layer *layers)
 {
     attn_dims d = {1, 1, 1, 1, 4};
     for (int32_t i = 0; i < cfg->n_layers; i++) {
@@ -99,7 +96,7 @@ size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *
                               int32_t n_threads, int32_t max_cap)
 {
     (void)max_cap;
-    attn_dims d = dims_of(cfg, layers);
+    attn_dims d = mem_attn_dims_of(cfg, layers);
     size_t nb = (size_t)cfg->n_batch_max;
     size_t s = 0;
     /* prepared queries: f32 rotated + vec_dot rows */
@@ -488,7 +485,7 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     x.qrow = tensor_row_bytes(x.qt, x.dk);
     x.scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)x.dk);
     x.softcap = a->softcap;
-    x.d = dims_of(&m->cfg, m->layers);
+    x.d = m->attn_dims; /* computed once at open */
     x.k = attn_kernels(tensor_simd_active() ? attn_path_best() : ATTN_PATH_SCALAR, x.kt, x.vt);
 
     /* sinks of sliding tables must be current before threads read them */

@@ -537,6 +537,7 @@ static keel_status mem_open_impl(const keel_mem_config *cfg, base_pool *shared, 
     }
     m->bytes_total = total;
     m->block_bytes = block_bytes;
+    m->attn_dims = mem_attn_dims_of(&m->cfg, m->layers);
     m->next_stamp = 1;
     m->max_cell_touched = -1;
     keel_mem_clear(m);

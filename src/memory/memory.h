@@ -95,6 +95,12 @@ typedef struct mem_group {
     mem_table *tables;    /* [n_tables] */
 } mem_group;
 
+/* Largest attention shapes over the layers: sizes attention scratch. */
+typedef struct mem_attn_dims {
+    int32_t n_heads_max, g_max, dk_max, dv_max;
+    size_t qrow_max; /* bytes of one prepared query row (vec_dot type) */
+} mem_attn_dims;
+
 struct keel_mem {
     keel_mem_config cfg;       /* layers points at the copy below */
     keel_mem_layer *layers;    /* [n_layers] */
@@ -107,6 +113,7 @@ struct keel_mem {
     base_pool *pool;
     bool pool_shared;          /* borrowed from the caller (mem_open_shared) */
     base_arena scratch;        /* every operation's scratch, reserved at open */
+    mem_attn_dims attn_dims;   /* of the layers, for keel_mem_attend */
     size_t bytes_total;        /* what open allocated (== keel_mem_config_bytes) */
     size_t block_bytes;        /* the one block holding tables, metadata and columns */
     uint64_t next_stamp;
@@ -227,6 +234,8 @@ void mem_col_unrotate(const mem_col *c, float *x);
 
 /* ---- attention (attn.c) -------------------------------------------------- */
 
+/* The attention shapes of a configuration (attn.c). */
+mem_attn_dims mem_attn_dims_of(const keel_mem_config *cfg, const keel_mem_layer *layers);
 /* Scratch bytes keel_mem_attend needs for this memory's configuration. */
 size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *layers,
                               int32_t n_threads, int32_t max_cap);
