@@ -188,21 +188,6 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     int reps = parse_int_opt(argc, argv, "-r", 3);
     if (n_pp < 0 || n_tg < 0 || threads < 1 || reps < 1 || n_pp > 65536 || n_tg > 65536)
         return KEEL_EINVAL;
-    if (bench_opt(argc, argv, "--kv-compact")) {
-        keel_model_params cmp = keel_model_params_default();
-        cmp.path = path;
-        cmp.tokenizer_path = bench_opt(argc, argv, "--tokenizer");
-        keel_model *cm = NULL;
-        char cerr[BASE_ERR_CAP] = "";
-        keel_status cst = keel_model_open(&cmp, &cm, cerr);
-        if (cst != KEEL_OK) {
-            bench_printf(o, "keel bench: %s: %s\n", path, cerr);
-            return cst;
-        }
-        cst = bench_compact(cm, argc, argv, threads, n_tg > 0 ? n_tg : 128, o);
-        keel_model_close(cm);
-        return cst;
-    }
     keel_model_params mp = keel_model_params_default();
     mp.path = path;
     mp.tokenizer_path = bench_opt(argc, argv, "--tokenizer");
@@ -211,6 +196,11 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     keel_status st = keel_model_open(&mp, &m, err);
     if (st != KEEL_OK) {
         bench_printf(o, "keel bench: %s: %s\n", path, err);
+        return st;
+    }
+    if (bench_opt(argc, argv, "--kv-compact")) {
+        st = bench_compact(m, argc, argv, threads, n_tg > 0 ? n_tg : 128, o);
+        keel_model_close(m);
         return st;
     }
     const model_hp *hp = &m->w.hp;
