@@ -242,6 +242,7 @@ typedef struct score_ctx {
     float *scores;
     uint8_t *thread_scratch;
     size_t thread_bytes;
+    int32_t hd; /* largest head_dim: the cos/sin table follows x[hd] */
     uint64_t salt;
 } score_ctx;
 
@@ -251,9 +252,7 @@ static void score_task(void *vctx, int64_t i, int thread)
     const mem_table *t = sc->t;
     int32_t cell = sc->cells[i];
     float *x = (float *)(sc->thread_scratch + (size_t)thread * sc->thread_bytes);
-    int32_t hd, nrot;
-    dims(&sc->m->cfg, &hd, &nrot);
-    float *cs = x + hd;
+    float *cs = x + sc->hd;
     double sum = 0.0;
     int32_t cnt = 0;
     switch (sc->policy) {
@@ -380,7 +379,8 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
             m->anchor_stamp[s] = newest;
             m->anchor_valid[s] = 1;
         }
-        score_ctx sc = {m, T, s, p->policy, cand, scores, ts, tb, p->seed ^ ((uint64_t)m->n_compact[s] << 32)};
+        score_ctx sc = {m, T, s, p->policy, cand, scores, ts, tb, hd,
+                        p->seed ^ ((uint64_t)m->n_compact[s] << 32)};
         base_pool_run(nc >= 32 && p->policy != KEEL_COMPACT_WINDOW ? m->pool : NULL, nc, score_task, &sc);
         /* candidates by score, best last */
         int32_t *perm = knew; /* reuse as a permutation of candidate indices */
