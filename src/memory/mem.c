@@ -1204,23 +1204,28 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
     if (div == 0 && delta == 0) return KEEL_OK;
     if (div == 1) return KEEL_OK;
     norm_range(&p0, &p1);
-    /* validate: resulting positions and room for copy-on-write splits */
+    /* validate: resulting positions in every group first (a bad request is
+     * KEEL_ERANGE whatever the room), then room for copy-on-write splits */
+    for (int32_t g = 0; g < m->n_groups && div == 0; g++) {
+        mem_table *t = table_of(m, g, s);
+        for (int32_t c = 0; c < t->cap; c++) {
+            int32_t p = t->pos[c];
+            if (p < p0 || p >= p1 || !mem_seq_has(t, c, s)) continue;
+            int64_t np = (int64_t)p + delta;
+            if (np < 0)
+                return base_err(m->err, KEEL_ERANGE, "%s: position %d + %d would be negative",
+                                what, p, delta);
+            if (np >= INT32_MAX)
+                return base_err(m->err, KEEL_ERANGE, "%s: position %d + %d overflows", what, p,
+                                delta);
+        }
+    }
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *t = table_of(m, g, s);
         int32_t shared = 0;
         for (int32_t c = 0; c < t->cap; c++) {
             int32_t p = t->pos[c];
-            if (p < p0 || p >= p1 || !mem_seq_has(t, c, s)) continue;
-            if (div == 0) {
-                int64_t np = (int64_t)p + delta;
-                if (np < 0)
-                    return base_err(m->err, KEEL_ERANGE,
-                                    "%s: position %d + %d would be negative", what, p, delta);
-                if (np >= INT32_MAX)
-                    return base_err(m->err, KEEL_ERANGE, "%s: position %d + %d overflows", what,
-                                    p, delta);
-            }
-            if (mem_seq_count(t, c) > 1) shared++;
+            if (p >= p0 && p < p1 && mem_seq_has(t, c, s) && mem_seq_count(t, c) > 1) shared++;
         }
         if (shared > t->cap - t->n_used)
             return base_err(m->err, KEEL_EFULL,
