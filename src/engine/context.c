@@ -263,6 +263,18 @@ void keel_cancel(keel_context *c)
     if (c) c->cancel = 1;
 }
 
+/* Positions of tokens [from, to): each continues its sequence, from the
+ * previous token of the sequence in that range or else from the memory. */
+static void continue_positions(keel_context *c, int32_t from, int32_t to)
+{
+    for (int32_t i = from; i < to; i++) {
+        int32_t s = c->ub_seq[i], prev = -1;
+        for (int32_t j = i - 1; j >= from && prev < 0; j--)
+            if (c->ub_seq[j] == s) prev = c->ub_pos[j];
+        c->ub_pos[i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
+    }
+}
+
 keel_status keel_decode(keel_context *c, const keel_batch *b)
 {
     if (!c) return KEEL_EINVAL;
@@ -295,12 +307,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
     if (b->pos) {
         memcpy(c->ub_pos, b->pos, (size_t)n * sizeof(int32_t));
     } else {
-        for (int32_t i = 0; i < n; i++) {
-            int32_t s = c->ub_seq[i], prev = -1;
-            for (int32_t j = i - 1; j >= 0 && prev < 0; j--)
-                if (c->ub_seq[j] == s) prev = c->ub_pos[j];
-            c->ub_pos[i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
-        }
+        continue_positions(c, 0, n);
     }
     /* ubatch size: with compaction, a ubatch must fit between target and
      * trigger, so compacting before it keeps every sequence <= trigger */
@@ -356,13 +363,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
                                     keel_mem_last_error(c->mem));
             }
             /* positions of sequences renumbered by the compaction continue */
-            if (!b->pos)
-                for (int32_t i = 0; i < m; i++) {
-                    int32_t s = c->ub_seq[start + i], prev = -1;
-                    for (int32_t j = start + i - 1; j >= start && prev < 0; j--)
-                        if (c->ub_seq[j] == s) prev = c->ub_pos[j];
-                    c->ub_pos[start + i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
-                }
+            if (!b->pos) continue_positions(c, start, start + m);
         }
         keel_mem_batch mb = {m, c->ub_pos + start, c->ub_seq + start, NULL, NULL, c->ub_prot + start};
         keel_status st = keel_mem_place(c->mem, &mb, c->ub_cells);
