@@ -439,7 +439,7 @@ static void prep_task(void *vctx, int64_t i, int thread)
         float *q = p->qf + qi * (size_t)dk;
         memcpy(q, x->a->q + qi * (size_t)dk, (size_t)dk * sizeof(float));
         mem_col_rotate(p->kc, q);
-        if (x->qt != KEEL_DTYPE_F32) (void)tensor_quantize_row(x->qt, q, p->qq + qi * x->qrow, dk);
+        if (x->qt != KEEL_DTYPE_F32) tensor_quantize_row_unchecked(x->qt, q, p->qq + qi * x->qrow, dk);
     }
 }
 

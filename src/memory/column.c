@@ -39,13 +39,12 @@ void mem_col_unrotate(const mem_col *c, float *x)
 void mem_col_encode(const mem_col *c, float *x, uint8_t *row)
 {
     mem_col_rotate(c, x);
-    /* dtype and head_dim were validated at open: cannot fail */
-    (void)tensor_quantize_row(c->dtype, x, row, c->head_dim);
+    tensor_quantize_row_unchecked(c->dtype, x, row, c->head_dim); /* validated at open */
 }
 
 void mem_col_decode(const mem_col *c, const uint8_t *row, float *x)
 {
-    (void)tensor_dequantize_row(c->dtype, row, x, c->head_dim);
+    tensor_dequantize_row_unchecked(c->dtype, row, x, c->head_dim); /* validated at open */
     mem_col_unrotate(c, x);
 }
 

@@ -330,6 +330,16 @@ tensor_dequant_fn tensor_dequant_get_(keel_dtype t)
     return tensor_dequant_scalar_[t];
 }
 
+void tensor_quantize_row_unchecked(keel_dtype t, const float *x, void *y, int64_t n)
+{
+    tensor_quant_get_(t)(x, y, n);
+}
+
+void tensor_dequantize_row_unchecked(keel_dtype t, const void *x, float *y, int64_t n)
+{
+    tensor_dequant_get_(t)(x, y, n);
+}
+
 keel_status tensor_quantize_row(keel_dtype t, const float *x, void *y, int64_t n)
 {
     if (!tensor_dtype_valid(t)) return KEEL_EINVAL;

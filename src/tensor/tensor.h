@@ -61,6 +61,11 @@ uint16_t tensor_f32_to_bf16(float f);
 keel_status tensor_quantize_row(keel_dtype t, const float *x, void *y, int64_t n);
 /* Dequantizes n elements of row x into y. KEEL_EINVAL / KEEL_EUNSUPPORTED. */
 keel_status tensor_dequantize_row(keel_dtype t, const void *x, float *y, int64_t n);
+/* The same without checks or status, for a dtype and n the caller validated
+ * once (keel can write t; n a multiple of its block), e.g. the memory core's
+ * columns at open. */
+void tensor_quantize_row_unchecked(keel_dtype t, const float *x, void *y, int64_t n);
+void tensor_dequantize_row_unchecked(keel_dtype t, const void *x, float *y, int64_t n);
 
 /* ---- dot products ------------------------------------------------------- */
 
