@@ -258,12 +258,16 @@ keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_f
  *
  * Sliding layers: a sequence's cells in a sliding table are its n_sink
  * lowest-position cells (the sinks; never evicted) and the cells the most
- * recent placement still needs (positions > p_first - window). Cells older
- * than that are forgotten at the next placement; the mask lets a query at
+ * recent placement still needs (positions > p_first - window), at most
+ * `window` of them besides the sinks (the most recently placed, by stamp:
+ * this only bites after position edits put several cells on one position,
+ * or for a sequence whose last batch was longer than the window). Cells
+ * beyond that are forgotten at the next placement; the mask lets a query at
  * position p see the sinks and keys at positions in (p - window, p]. The
- * ring's capacity is n_seq * (n_sink + window) + n_batch_max per stream, so
- * placement never fails for lack of room. Physical rows come only from the
- * table; logical counts and positions are never used as row bounds.
+ * ring's capacity is n_seq * (n_sink + window) + n_batch_max per stream
+ * (clipped to n_ctx), so unless n_ctx clips it, placement never fails for
+ * lack of room in a ring. Physical rows come only from the table; logical
+ * counts and positions are never used as row bounds.
  *
  * Thread-safety: a keel_mem is used by one thread at a time; it runs its
  * own worker threads (n_threads) inside keel_mem_attend and position edits.
@@ -283,7 +287,7 @@ typedef enum keel_mem_layer_kind {
 typedef struct keel_mem_rot {
     bool enabled;
     int32_t block;  /* power of two in [32, 512] dividing head_dim; 0 = the
-                       largest such power of two */
+                       largest such power of two; negative is KEEL_EINVAL */
     uint64_t seed;  /* sign diagonal seed; 0 = no signs (plain H) */
 } keel_mem_rot;
 
@@ -327,9 +331,13 @@ keel_mem_config keel_mem_config_default(void);
  * Validates cfg like keel_mem_open. */
 keel_status keel_mem_config_bytes(const keel_mem_config *cfg, size_t *bytes);
 
-/* Opens a memory for cfg. KEEL_EINVAL (bad config; detail in *err if err is
- * not NULL, err has room for 256 bytes), KEEL_EUNSUPPORTED (dtype/head_dim
- * combination), KEEL_ENOMEM, KEEL_EOVERFLOW. *out is NULL on failure. */
+/* Opens a memory for cfg. KEEL_EINVAL (bad config, including RoPE
+ * parameters tensor_rope would reject: non-finite or non-positive freq_base,
+ * freq_scale or attn_factor, non-finite ext_factor, YaRN without n_ctx_orig,
+ * freq_factors not finite > 0; split streams of more than 2^31 - 1 cells;
+ * detail in *err if err is not NULL, err has room for 256 bytes),
+ * KEEL_EUNSUPPORTED (dtype/head_dim combination), KEEL_ENOMEM,
+ * KEEL_EOVERFLOW. *out is NULL on failure. */
 keel_status keel_mem_open(const keel_mem_config *cfg, keel_mem **out, char *err);
 void keel_mem_close(keel_mem *mem);
 
@@ -360,7 +368,8 @@ typedef struct keel_mem_batch {
 /*
  * Places a batch: cells[g * n_tokens + i] receives the cell of token i in
  * group g (cells has room for n_groups * n_tokens). KEEL_EINVAL (bad
- * sequence id, position gap or out of order, n_tokens > n_batch_max),
+ * sequence id, position gap or out of order, n_tokens > n_batch_max, a
+ * missing array: n_seq_id set with seq_id or one seq_id[i] NULL),
  * KEEL_EFULL (a full-attention table has too few free cells). All or
  * nothing. Allocates nothing.
  */
@@ -371,7 +380,8 @@ keel_status keel_mem_place(keel_mem *mem, const keel_mem_batch *batch, int32_t *
  * group of the layer): k is f32 [n][n_kv_heads][head_dim_k] with RoPE
  * already applied at each token's position, v f32 [n][n_kv_heads][head_dim_v].
  * Rows are rotated (if enabled) then quantized. KEEL_EINVAL for a layer
- * without KV, an empty cell or a cell out of range.
+ * without KV, an empty cell, a cell out of range or a cell listed twice
+ * (nothing is written then).
  */
 keel_status keel_mem_write(keel_mem *mem, int32_t layer, int32_t n, const int32_t *cells,
                            const float *k, const float *v);
@@ -408,8 +418,9 @@ keel_status keel_mem_seq_cp(keel_mem *mem, int32_t src, int32_t dst, int32_t p0,
 keel_status keel_mem_seq_keep(keel_mem *mem, int32_t seq);
 /* Adds delta to the positions of seq's cells in [p0, p1) and rotates their
  * stored keys by delta. Cells shared with other sequences are split first
- * (copy on write), so other sequences are untouched. KEEL_ERANGE if a
- * position would become negative; KEEL_EFULL if no room to split. */
+ * (copy on write) when they move, so other sequences are untouched.
+ * KEEL_ERANGE if a position would become negative or reach INT32_MAX;
+ * KEEL_EFULL if no room to split. */
 keel_status keel_mem_seq_add(keel_mem *mem, int32_t seq, int32_t p0, int32_t p1, int32_t delta);
 /* Divides the positions of seq's cells in [p0, p1) by d (integer, > 0),
  * correcting stored keys. */
@@ -420,9 +431,11 @@ void keel_mem_clear(keel_mem *mem);
 /* Smallest / largest position of seq over all tables; -1 if it has no cell. */
 int32_t keel_mem_seq_pos_min(const keel_mem *mem, int32_t seq);
 int32_t keel_mem_seq_pos_max(const keel_mem *mem, int32_t seq);
-/* Smallest p0 such that seq_rm(seq, p0, -1) leaves a memory equal to
- * recomputing the kept prefix (sliding rings may have forgotten keys that
- * a query at p0 would need); 0 when there is no sliding group. */
+/* Smallest p0 such that seq_rm(seq, p', -1) for every p' >= p0 leaves a
+ * memory equal to recomputing the kept prefix (sliding rings may have
+ * forgotten keys that a query at p' would need; a compaction makes every
+ * position up to its end inexact); 0 when nothing was forgotten. A
+ * conservative bound: never below the exact one. */
 int32_t keel_mem_seq_rewind_min(const keel_mem *mem, int32_t seq);
 /* True when stored keys can follow position edits (seq_add / seq_div). */
 bool keel_mem_can_shift(const keel_mem *mem);
@@ -492,6 +505,7 @@ typedef struct keel_mem_stats {
     int64_t tokens_placed; /* logical cursor: tokens ever placed */
 } keel_mem_stats;
 
+/* Fills out (zeros for a NULL mem; a NULL out is a no-op). */
 void keel_mem_stats_get(const keel_mem *mem, keel_mem_stats *out);
 /* Cells used by one group (all streams). */
 int64_t keel_mem_group_cells_used(const keel_mem *mem, int32_t group);

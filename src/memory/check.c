@@ -110,6 +110,56 @@ static keel_status check_table(keel_mem *m, const mem_table *t, int32_t g, int32
     return KEEL_OK;
 }
 
+/* (stamp, pos) order of cells of one table */
+static bool less_stamp_pos(const void *ctx, int32_t a, int32_t b)
+{
+    const mem_table *t = ctx;
+    return t->stamp[a] < t->stamp[b] || (t->stamp[a] == t->stamp[b] && t->pos[a] < t->pos[b]);
+}
+
+static int32_t cells_of(const mem_table *t, int32_t s, int32_t *out)
+{
+    int32_t n = 0;
+    for (int32_t c = 0; c < t->cap; c++)
+        if (t->pos[c] >= 0 && mem_seq_has(t, c, s)) out[n++] = c;
+    mem_heap_sort(out, n, less_stamp_pos, t);
+    return n;
+}
+
+/*
+ * T4 (sliding retention against the full table): every operation reaches a
+ * ring and the full table of a sequence alike (placement, copies, removals,
+ * position edits, copy-on-write), except that rings also forget; so unless
+ * the sequence was compacted, the (stamp, position) multiset of its ring
+ * cells is contained in that of its full-table cells. A ring that kept a
+ * token the full table lost, or moved one differently, breaks it.
+ */
+static keel_status check_ring_subset(keel_mem *m, int32_t s, int32_t gr, const mem_table *R,
+                                     int32_t gf, const mem_table *F, int32_t *a, int32_t *b)
+{
+    int32_t na = cells_of(R, s, a), nb = cells_of(F, s, b);
+    for (int32_t i = 0, j = 0; i < na; i++, j++) {
+        while (j < nb && (F->stamp[b[j]] < R->stamp[a[i]] ||
+                          (F->stamp[b[j]] == R->stamp[a[i]] && F->pos[b[j]] < R->pos[a[i]])))
+            j++;
+        if (j == nb || F->stamp[b[j]] != R->stamp[a[i]] || F->pos[b[j]] != R->pos[a[i]])
+            FAIL("seq %d: sliding group %d holds the token of stamp %llu at position %d, which full "
+                 "group %d does not hold there",
+                 s, gr, (unsigned long long)R->stamp[a[i]], R->pos[a[i]], gf);
+    }
+    return KEEL_OK;
+}
+
+size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap)
+{
+    int32_t hd = 1;
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        hd = BASE_MAX(hd, BASE_MAX(cfg->layers[i].head_dim_k, cfg->layers[i].head_dim_v));
+    size_t x = ((size_t)hd * sizeof(float) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+    size_t c = ((size_t)max_cap * sizeof(int32_t) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+    return x + 2 * c;
+}
+
 keel_status keel_mem_check(keel_mem *m)
 {
     if (!m) return KEEL_EINVAL;
@@ -125,8 +175,12 @@ keel_status keel_mem_check(keel_mem *m)
     for (int32_t i = 0; i < m->cfg.n_layers; i++)
         hd = BASE_MAX(hd, BASE_MAX(m->layers[i].head_dim_k, m->layers[i].head_dim_v));
     base_arena_reset(&m->scratch);
+    int32_t max_cap = 1;
+    for (int32_t g = 0; g < m->n_groups; g++) max_cap = BASE_MAX(max_cap, m->groups[g].tables[0].cap);
     float *x = base_arena_take_n(&m->scratch, (size_t)hd, sizeof(float));
-    if (!x) return base_err(m->err, KEEL_ESCRATCH, "check: scratch exhausted");
+    int32_t *ia = base_arena_take_n(&m->scratch, (size_t)max_cap, sizeof(int32_t));
+    int32_t *ib = base_arena_take_n(&m->scratch, (size_t)max_cap, sizeof(int32_t));
+    if (!x || !ia || !ib) return base_err(m->err, KEEL_ESCRATCH, "check: scratch exhausted");
     for (int32_t g = 0; g < m->n_groups; g++) {
         const mem_group *grp = &m->groups[g];
         if (grp->n_tables != m->n_streams) FAIL("group %d: %d tables for %d streams", g, grp->n_tables, m->n_streams);
@@ -153,6 +207,20 @@ keel_status keel_mem_check(keel_mem *m)
                     FAIL("seq %d: group %d ends at %d beyond full group %d (%d)", s, g2,
                          b->seq_max[s], g, a->seq_cells[s] ? a->seq_max[s] : -1);
             }
+        }
+    }
+    /* T4: rings against the full table, for sequences never compacted */
+    int32_t gf = -1;
+    for (int32_t g = 0; g < m->n_groups && gf < 0; g++)
+        if (m->groups[g].kind == KEEL_MEM_LAYER_FULL) gf = g;
+    for (int32_t s = 0; gf >= 0 && s < m->cfg.n_seq_max; s++) {
+        if (m->exact_from[s] != 0) continue;
+        int32_t k = m->n_streams == 1 ? 0 : s;
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            const mem_table *R = &m->groups[g].tables[k];
+            if (!R->sliding || R->seq_cells[s] == 0) continue;
+            keel_status st = check_ring_subset(m, s, g, R, gf, &m->groups[gf].tables[k], ia, ib);
+            if (st != KEEL_OK) return st;
         }
     }
     return KEEL_OK;

@@ -90,7 +90,7 @@ keel_status keel_compact_params_check(const keel_compact_params *p, char *err)
     if (!(p->recent >= 0.0f && p->recent < 1.0f))
         return base_err(err, KEEL_EINVAL, "compaction recent fraction %g must be in [0, 1)",
                         (double)p->recent);
-    if (p->n_sink + n_recent_of(p) > p->target)
+    if ((int64_t)p->n_sink + n_recent_of(p) > (int64_t)p->target)
         return base_err(err, KEEL_EINVAL,
                         "compaction sinks %d + recent %d exceed target %d", p->n_sink,
                         n_recent_of(p), p->target);
@@ -135,46 +135,47 @@ static void dims(const keel_mem_config *cfg, int32_t *hd, int32_t *nrot)
     }
 }
 
-size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads)
+/*
+ * The scratch of one compaction of a sequence holding n cells, laid out in
+ * the order keel_mem_compact takes it (every take BASE_ALIGN-aligned):
+ * seven per-cell arrays, then one block per thread that serves the key
+ * decoding of scoring and anchors and, after them, the renumbering pass
+ * (mem_edit_marked). keel_mem_compact takes exactly these; open plans the
+ * arena for n = n_ctx, the most a full table holds.
+ */
+static const size_t g_cell_elems[] = {
+    sizeof(int32_t),  /* order: s's cells by (pos, stamp) */
+    sizeof(int32_t),  /* cand: candidate cells, then kept order indices by stamp */
+    sizeof(int32_t),  /* rank: order index of each candidate */
+    sizeof(float),    /* scores */
+    1,                /* keep, by order index */
+    sizeof(uint64_t), /* kst: stamps, by order index */
+    sizeof(int32_t),  /* knew: new positions, by order index (first a permutation) */
+};
+
+static size_t thread_block_bytes(const keel_mem_config *cfg)
 {
     int32_t hd, nrot;
     dims(cfg, &hd, &nrot);
-    size_t cap = (size_t)cfg->n_ctx;
-    /* order, cand, tmp (int32), scores (f32), keep (u8), stamps (u64) + newpos (i32) */
-    size_t shared = cap * (3 * sizeof(int32_t) + sizeof(float) + 1 + sizeof(uint64_t) + sizeof(int32_t));
-    size_t per_thread = ((size_t)hd + (size_t)nrot + 16) * sizeof(float);
-    return shared + per_thread * (size_t)n_threads + 16 * BASE_ALIGN;
+    size_t keys = ((size_t)hd + (size_t)nrot + 16) * sizeof(float);
+    size_t b = BASE_MAX(keys, mem_edit_thread_bytes(cfg));
+    return (b + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
 }
 
-/* ---- sorting (in place, no allocation) ----------------------------------- */
-
-typedef bool (*less_fn)(const void *ctx, int32_t a, int32_t b);
-
-static void sift(int32_t *v, int32_t n, int32_t i, less_fn less, const void *ctx)
+static size_t compact_scratch(const keel_mem_config *cfg, size_t n, int32_t n_threads)
 {
-    for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && less(ctx, v[m], v[l])) m = l;
-        if (r < n && less(ctx, v[m], v[r])) m = r;
-        if (m == i) return;
-        int32_t t = v[i];
-        v[i] = v[m];
-        v[m] = t;
-        i = m;
-    }
+    size_t total = 0;
+    for (size_t i = 0; i < BASE_ARRAY_LEN(g_cell_elems); i++)
+        total += (n * g_cell_elems[i] + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+    return total + thread_block_bytes(cfg) * (size_t)n_threads;
 }
 
-/* Heap sort of v ascending under less. */
-static void heap_sort(int32_t *v, int32_t n, less_fn less, const void *ctx)
+size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads)
 {
-    for (int32_t i = n / 2 - 1; i >= 0; i--) sift(v, n, i, less, ctx);
-    for (int32_t e = n - 1; e > 0; e--) {
-        int32_t t = v[0];
-        v[0] = v[e];
-        v[e] = t;
-        sift(v, e, 0, less, ctx);
-    }
+    return compact_scratch(cfg, (size_t)cfg->n_ctx, n_threads);
 }
+
+/* ---- orders ---------------------------------------------------------------- */
 
 static bool less_pos(const void *ctx, int32_t a, int32_t b)
 {
@@ -318,28 +319,39 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
     if (!T || T->seq_cells[s] <= p->target) return KEEL_OK;
     int32_t n = T->seq_cells[s];
 
-    /* scratch */
+    /* scratch: everything the compaction and its renumbering pass use,
+     * taken before anything changes (compact_scratch plans the same takes) */
     base_arena *ar = &m->scratch;
     base_arena_reset(ar);
-    int32_t *order = base_arena_take_n(ar, (size_t)n, sizeof(int32_t)); /* cells by (pos, stamp) */
-    int32_t *cand = base_arena_take_n(ar, (size_t)n, sizeof(int32_t));  /* candidate cells */
-    int32_t *rank = base_arena_take_n(ar, (size_t)n, sizeof(int32_t));  /* sort permutation */
-    float *scores = base_arena_take_n(ar, (size_t)n, sizeof(float));
-    uint8_t *keep = base_arena_take_n(ar, (size_t)n, 1);                /* by order index */
-    uint64_t *kst = base_arena_take_n(ar, (size_t)n, sizeof(uint64_t)); /* stamps of kept, by order index */
-    int32_t *knew = base_arena_take_n(ar, (size_t)n, sizeof(int32_t));  /* new position, by order index */
+    void *arr[BASE_ARRAY_LEN(g_cell_elems)];
+    bool got = true;
+    for (size_t i = 0; i < BASE_ARRAY_LEN(g_cell_elems); i++)
+        got &= (arr[i] = base_arena_take_n(ar, (size_t)n, g_cell_elems[i])) != NULL;
+    int32_t *order = arr[0], *cand = arr[1], *rank = arr[2];
+    float *scores = arr[3];
+    uint8_t *keep = arr[4];
+    uint64_t *kst = arr[5];
+    int32_t *knew = arr[6];
     int32_t hd, nrot;
     dims(&m->cfg, &hd, &nrot);
-    size_t tb = ((size_t)hd + (size_t)nrot + 16) * sizeof(float);
+    size_t tb = thread_block_bytes(&m->cfg);
     uint8_t *ts = base_arena_take(ar, tb * (size_t)m->n_threads, BASE_ALIGN);
-    if (!order || !cand || !rank || !scores || !keep || !kst || !knew || !ts)
-        return base_err(m->err, KEEL_ESCRATCH, "compact: scratch exhausted");
+    if (!got || !ts)
+        return base_err(m->err, KEEL_ESCRATCH,
+                        "compact: scratch exhausted (%zu bytes needed for %d cells, %zu reserved)",
+                        compact_scratch(&m->cfg, (size_t)n, m->n_threads), n, ar->cap);
 
     /* 1. order s's cells and reserve sinks, recent and protected */
     int32_t k = 0;
     for (int32_t c = 0; c < T->cap; c++)
-        if (T->pos[c] >= 0 && mem_seq_has(T, c, s)) order[k++] = c;
-    heap_sort(order, n, less_pos, T);
+        if (T->pos[c] >= 0 && mem_seq_has(T, c, s)) {
+            if (k < n) order[k] = c;
+            k++;
+        }
+    if (k != n)
+        return base_err(m->err, KEEL_EINTERNAL, "compact: sequence %d has %d cells, statistics say %d",
+                        s, k, n);
+    mem_heap_sort(order, n, less_pos, T);
     memset(keep, 0, (size_t)n);
     int32_t kept = 0, n_sink = BASE_MIN(p->n_sink, n), n_recent = BASE_MIN(n_recent_of(p), n);
     for (int32_t i = 0; i < n_sink; i++) keep[i] = 1;
@@ -386,7 +398,7 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
         int32_t *perm = knew; /* reuse as a permutation of candidate indices */
         for (int32_t i = 0; i < nc; i++) perm[i] = i;
         score_order so = {T, scores, cand};
-        heap_sort(perm, nc, less_score, &so);
+        mem_heap_sort(perm, nc, less_score, &so);
         for (int32_t i = nc - 1; i >= 0 && want > 0; i--, want--) {
             keep[rank[perm[i]]] = 1;
             kept++;
@@ -407,7 +419,7 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
     int32_t nks = 0;
     for (int32_t i = 0; i < n; i++)
         if (keep[i]) cand[nks++] = i;
-    heap_sort(cand, nks, less_u64, kst);
+    mem_heap_sort(cand, nks, less_u64, kst);
     int32_t freed = 0, need = 0;
     for (int32_t i = 0; i < n; i++) {
         int32_t c = order[i];
@@ -451,8 +463,6 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
                                 rneed, R->cap - R->n_used);
         }
     }
-    if (!base_arena_take(ar, 0, 1)) return base_err(m->err, KEEL_ESCRATCH, "compact: scratch exhausted");
-
     /* 4. commit: anchor, evict, renumber */
     if (p->policy == KEEL_COMPACT_KEYDIFF && m->anchor_valid[s]) {
         float *x = (float *)ts, *cs = x + hd;
@@ -477,7 +487,7 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
             T->flags[c] = 1;
             marked++;
         }
-        if (marked) (void)mem_edit_marked(m, T, 0, 0, true);
+        if (marked) mem_edit_marked(m, T, 0, 0, true, ts);
         for (int32_t g = 0; g < m->n_groups; g++) {
             if (g == gfull || m->groups[g].kind != KEEL_MEM_LAYER_SLIDING) continue;
             mem_table *R = &m->groups[g].tables[m->n_streams == 1 ? 0 : s];
@@ -497,7 +507,7 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
                 R->flags[cell] = 1;
                 rm++;
             }
-            if (rm) (void)mem_edit_marked(m, R, 0, 0, true);
+            if (rm) mem_edit_marked(m, R, 0, 0, true, ts);
             R->evict_max[s] = MEM_NO_EVICT; /* exact_from below bounds rewinding */
             mem_table_refresh(R);
         }

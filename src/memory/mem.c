@@ -108,6 +108,9 @@ static keel_status validate_layer(const keel_mem_layer *l, int32_t i, char *err)
                             "layer %d: %s cache type %s with block size %lld does not divide "
                             "head_dim %d",
                             i, names[j], keel_dtype_name(dts[j]), (long long)bs, dims[j]);
+        if (rots[j]->block < 0)
+            return base_err(err, KEEL_EINVAL, "layer %d: %s rotation block %d (0 = auto, or a power of two)",
+                            i, names[j], rots[j]->block);
         if (rots[j]->enabled && rot_block(rots[j], dims[j]) == 0)
             return base_err(err, KEEL_EUNSUPPORTED,
                             "layer %d: %s rotation block %d invalid for head_dim %d (need a "
@@ -121,9 +124,15 @@ static keel_status validate_layer(const keel_mem_layer *l, int32_t i, char *err)
         if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > l->head_dim_k)
             return base_err(err, KEEL_EINVAL, "layer %d: rope n_rot %d invalid for head_dim %d",
                             i, r->n_rot, l->head_dim_k);
-        if (!(r->freq_base > 0.0f) || !(r->freq_scale > 0.0f))
-            return base_err(err, KEEL_EINVAL, "layer %d: rope freq_base/freq_scale must be > 0",
-                            i);
+        if (tensor_rope_check(r) != KEEL_OK)
+            return base_err(err, KEEL_EINVAL,
+                            "layer %d: invalid rope parameters (freq_base %g, freq_scale %g, "
+                            "ext_factor %g, attn_factor %g, n_ctx_orig %d, beta %g/%g%s): need "
+                            "finite freq_base, freq_scale, attn_factor > 0, finite ext_factor, "
+                            "with YaRN n_ctx_orig >= 1 and betas > 0, freq_factors finite > 0",
+                            i, (double)r->freq_base, (double)r->freq_scale, (double)r->ext_factor,
+                            (double)r->attn_factor, r->n_ctx_orig, (double)r->beta_fast,
+                            (double)r->beta_slow, r->freq_factors ? ", freq_factors" : "");
     }
     return KEEL_OK;
 }
@@ -147,6 +156,13 @@ static keel_status validate_config(const keel_mem_config *cfg, char *err)
         keel_status st = validate_layer(&cfg->layers[i], i, err);
         if (st != KEEL_OK) return st;
     }
+    /* group cell ids are stream * cap + cell in int32 */
+    int64_t n_streams = cfg->unified ? 1 : cfg->n_seq_max;
+    if (n_streams * (int64_t)cfg->n_ctx > INT32_MAX)
+        return base_err(err, KEEL_EINVAL,
+                        "n_seq_max %d x n_ctx %d split streams exceed 2^31 - 1 cells (cell ids are "
+                        "int32): use a unified cache or a smaller n_ctx",
+                        cfg->n_seq_max, cfg->n_ctx);
     return KEEL_OK;
 }
 
@@ -156,6 +172,7 @@ typedef struct mem_layout {
     uint8_t *base; /* NULL while counting */
     size_t off;
     bool overflow;
+    bool bad;      /* a descriptor could not be filled (assigning pass) */
 } mem_layout;
 
 static void *lay_take(mem_layout *l, size_t n, size_t elem)
@@ -372,10 +389,9 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
                         }
                         c->freq_factors = ff;
                         float mscale;
-                        if (tensor_rope_rates(&c->rope, rates, &mscale) != KEEL_OK) {
-                            /* validated at open; keep the column usable */
-                            memset(rates, 0, (size_t)half * sizeof(double));
-                        }
+                        /* validate_layer ran tensor_rope_check: cannot fail; if it
+                         * did, open fails rather than store unrotatable keys */
+                        if (tensor_rope_rates(&c->rope, rates, &mscale) != KEEL_OK) l->bad = true;
                         c->rope_rates = rates;
                     } else {
                         c->rope = keel_rope_default();
@@ -414,10 +430,32 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
     }
 }
 
-static size_t edit_thread_bytes(const keel_mem_config *cfg)
+/* Per-thread scratch of a position edit over a table whose largest head
+ * row is hd floats, with ncols columns of at most nrot rotated dims:
+ * x[hd] | cs[ncols][nrot + 2] | cached delta[ncols] (int64), each part
+ * BASE_ALIGN-aligned and the whole rounded up, so that every thread's block
+ * and every part of it is aligned whatever the head dims (odd ones too). */
+typedef struct edit_layout {
+    size_t cs_off, cached_off, bytes;
+} edit_layout;
+
+static size_t align_up_(size_t n)
 {
-    /* x[head_dim_max] + per column cos/sin [n_rot] + cached deltas */
-    size_t hd = 0, ncols = 0, nrot = 0;
+    return (n + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+}
+
+static edit_layout edit_layout_of(size_t hd, size_t ncols, size_t nrot)
+{
+    edit_layout e;
+    e.cs_off = align_up_(hd * sizeof(float));
+    e.cached_off = align_up_(e.cs_off + ncols * (nrot + 2) * sizeof(float));
+    e.bytes = align_up_(e.cached_off + ncols * sizeof(int64_t));
+    return e;
+}
+
+size_t mem_edit_thread_bytes(const keel_mem_config *cfg)
+{
+    size_t hd = 1, ncols = 0, nrot = 0;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *a = &cfg->layers[i];
         if (a->kind == KEEL_MEM_LAYER_NONE) continue;
@@ -425,21 +463,36 @@ static size_t edit_thread_bytes(const keel_mem_config *cfg)
         hd = BASE_MAX(hd, (size_t)BASE_MAX(a->head_dim_k, a->head_dim_v));
         if (a->rope.type != KEEL_ROPE_NONE) nrot = BASE_MAX(nrot, (size_t)a->rope.n_rot);
     }
-    return (hd + ncols * (nrot + 2)) * sizeof(float) + ncols * sizeof(int64_t) + 4 * BASE_ALIGN;
+    return edit_layout_of(hd, ncols, nrot).bytes;
+}
+
+/* Largest sliding table capacity of cfg (0 without sliding layers). */
+static int32_t ring_cap_max(const keel_mem_config *cfg)
+{
+    int32_t n_streams = cfg->unified ? 1 : cfg->n_seq_max, r = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        if (cfg->layers[i].kind == KEEL_MEM_LAYER_SLIDING) {
+            mem_group shape = group_shape(&cfg->layers[i]);
+            r = BASE_MAX(r, table_cap(cfg, &shape, n_streams));
+        }
+    return r;
 }
 
 static size_t place_bytes(const keel_mem_config *cfg)
 {
-    /* expect[n_seq], first[n_seq], need[n_streams] */
-    return (size_t)cfg->n_seq_max * 3 * sizeof(int32_t) + 4 * BASE_ALIGN;
+    /* expect, first [n_seq] i32; need [n_streams] i32; ring retention:
+     * counts [n_seq] i32, keep_from [n_seq] u64, cells [ring cap] i32 */
+    size_t ns = (size_t)cfg->n_seq_max;
+    return align_up_(ns * sizeof(int32_t)) * 4 + align_up_(ns * sizeof(uint64_t)) +
+           align_up_((size_t)ring_cap_max(cfg) * sizeof(int32_t));
 }
 
 static size_t write_thread_bytes(const keel_mem_config *cfg)
 {
-    size_t hd = 0;
+    size_t hd = 1;
     for (int32_t i = 0; i < cfg->n_layers; i++)
         hd = BASE_MAX(hd, (size_t)BASE_MAX(cfg->layers[i].head_dim_k, cfg->layers[i].head_dim_v));
-    return hd * sizeof(float) + BASE_ALIGN;
+    return align_up_(hd * sizeof(float));
 }
 
 static int32_t resolve_threads(const keel_mem_config *cfg)
@@ -450,11 +503,12 @@ static int32_t resolve_threads(const keel_mem_config *cfg)
 
 static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32_t max_cap)
 {
-    size_t per_thread = BASE_MAX(edit_thread_bytes(cfg), write_thread_bytes(cfg));
+    size_t per_thread = BASE_MAX(mem_edit_thread_bytes(cfg), write_thread_bytes(cfg));
     size_t s = place_bytes(cfg) + per_thread * (size_t)n_threads + BASE_ALIGN;
     size_t a = mem_attn_scratch_bytes(cfg, cfg->layers, n_threads, max_cap);
     size_t c = mem_compact_scratch_bytes(cfg, n_threads);
-    return BASE_MAX(BASE_MAX(s, a), c);
+    size_t k = mem_check_scratch_bytes(cfg, max_cap);
+    return BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k));
 }
 
 static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *block,
@@ -462,7 +516,7 @@ static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *b
 {
     keel_status st = validate_config(cfg, err);
     if (st != KEEL_OK) return st;
-    mem_layout l = {NULL, 0, false};
+    mem_layout l = {NULL, 0, false, false};
     mem_lay_out(NULL, cfg, &l);
     if (l.overflow) return base_err(err, KEEL_EOVERFLOW, "memory plan overflows size_t");
     int32_t max_cap = cfg->n_ctx;
@@ -512,8 +566,13 @@ static keel_status mem_open_impl(const keel_mem_config *cfg, base_pool *shared, 
         return base_err(err, KEEL_ENOMEM, "keel_mem: cannot allocate %zu bytes", block_bytes);
     }
     memset(block, 0, block_bytes);
-    mem_layout l = {block, 0, false};
+    mem_layout l = {block, 0, false, false};
     mem_lay_out(m, cfg, &l);
+    if (l.bad) {
+        base_free(block, block_bytes);
+        base_free(m, sizeof *m);
+        return base_err(err, KEEL_EINVAL, "keel_mem: rope angle rates could not be computed");
+    }
     m->n_threads = resolve_threads(cfg);
     st = base_arena_init(&m->scratch, scratch);
     if (st != KEEL_OK) {
@@ -633,6 +692,7 @@ bool keel_mem_can_shift(const keel_mem *m)
 
 void keel_mem_stats_get(const keel_mem *m, keel_mem_stats *o)
 {
+    if (!o) return;
     memset(o, 0, sizeof *o);
     if (!m) return;
     for (int32_t g = 0; g < m->n_groups; g++) {
@@ -701,11 +761,14 @@ uint64_t keel_mem_digest(const keel_mem *m)
     return base_hash64(&m->next_stamp, sizeof m->next_stamp, h);
 }
 
-/* dst inherits src's forgotten positions (rewinding dst cannot be exact
- * below them either). */
-static void evict_max_merge(mem_table *td, int32_t dst, int32_t v)
+/* A copy of [p0, p1) from a sequence whose forgotten positions are <= v
+ * (MEM_NO_EVICT: none): dst inherits those in range, which are <=
+ * min(v, p1 - 1) (its copy lacks them too, whether or not any cell of the
+ * range was copied into this table). */
+static void evict_max_merge(mem_table *td, int32_t dst, int32_t v, int32_t p0, int32_t p1)
 {
-    if (!td->sliding || v == MEM_NO_EVICT) return;
+    if (!td->sliding || v == MEM_NO_EVICT || v < p0) return;
+    if (v >= p1) v = p1 - 1;
     if (td->evict_max[dst] == MEM_NO_EVICT || v > td->evict_max[dst]) td->evict_max[dst] = v;
 }
 
@@ -730,18 +793,79 @@ static inline bool sink_of(const mem_table *t, int32_t c, int32_t s)
     return t->pos[c] < sp || (t->pos[c] == sp && t->stamp[c] <= t->sink_stamp[s]);
 }
 
-/* Would placing tokens whose first position for seq s is first[s] (-1: s
- * not in the batch) forget s at cell c? */
-static inline bool evicts(const mem_table *t, int32_t c, int32_t s, const int32_t *first)
+/*
+ * Ring retention at a placement (docs/memory.md, "Sliding rings"). For each
+ * sequence s the ring holds:
+ *   - its n_sink lowest (pos, stamp) cells (the sinks), always;
+ *   - if s is in the batch (first[s] >= 0), no other cell at a position
+ *     <= first[s] - window (no query at first[s] or later sees it);
+ *   - of its other cells, at most `window`: the most recently placed
+ *     (keep_from[s] is the smallest stamp kept, 0 = all). A tie at the cut
+ *     (copies of one cell in a split stream) keeps none of the tied cells.
+ * Without position edits and with batches processed in order, the window
+ * cap forgets nothing a query at the sequence's next position needs; after
+ * seq_div (several cells per position) or a multi-sequence run, it is what
+ * keeps n_seq * (n_sink + window) + n_batch_max cells enough: placement
+ * never fails for lack of room in a ring.
+ */
+
+/* Would the position rule forget s at cell c (not a sink, first[s] set)? */
+static inline bool evicts_pos(const mem_table *t, int32_t c, int32_t s, const int32_t *first)
 {
-    return first[s] >= 0 && (int64_t)t->pos[c] <= (int64_t)first[s] - t->window &&
-           !sink_of(t, c, s);
+    return first[s] >= 0 && (int64_t)t->pos[c] <= (int64_t)first[s] - t->window;
+}
+
+/* "cell a was placed after cell b" (descending stamps) */
+static bool newer(const void *ctx, int32_t a, int32_t b)
+{
+    const mem_table *t = ctx;
+    return t->stamp[a] > t->stamp[b];
+}
+
+/* keep_from[s] for every sequence of t (scratch: counts [n_seq], cells
+ * [cap]). Updates the sink thresholds first. */
+static void ring_keep_from(mem_table *t, const int32_t *first, uint64_t *keep_from,
+                           int32_t *counts, int32_t *cells)
+{
+    mem_table_update_sinks(t, t->n_seq);
+    for (int32_t s = 0; s < t->n_seq; s++) {
+        keep_from[s] = 0;
+        counts[s] = 0;
+    }
+    for (int32_t c = 0; c < t->cap; c++) {
+        if (t->pos[c] < 0) continue;
+        const uint64_t *w = t->seq + (size_t)c * (size_t)t->seq_words;
+        for (int32_t i = 0; i < t->seq_words; i++)
+            for (uint64_t bits = w[i]; bits; bits &= bits - 1) {
+                int32_t s = i * 64 + __builtin_ctzll(bits);
+                if (!sink_of(t, c, s) && !evicts_pos(t, c, s, first)) counts[s]++;
+            }
+    }
+    for (int32_t s = 0; s < t->n_seq; s++) {
+        if (counts[s] <= t->window) continue;
+        int32_t n = 0;
+        for (int32_t c = 0; c < t->cap; c++)
+            if (t->pos[c] >= 0 && mem_seq_has(t, c, s) && !sink_of(t, c, s) &&
+                !evicts_pos(t, c, s, first))
+                cells[n++] = c;
+        mem_heap_sort(cells, n, newer, t);
+        int32_t k = t->window; /* keep cells[0 .. k) unless the cut splits a tie */
+        while (k > 0 && t->stamp[cells[k - 1]] == t->stamp[cells[k]]) k--;
+        keep_from[s] = k > 0 ? t->stamp[cells[k - 1]] : t->stamp[cells[0]] + 1;
+    }
+}
+
+/* Does the placement forget s at cell c of ring t? */
+static inline bool evicts(const mem_table *t, int32_t c, int32_t s, const int32_t *first,
+                          const uint64_t *keep_from)
+{
+    if (sink_of(t, c, s)) return false;
+    return evicts_pos(t, c, s, first) || t->stamp[c] < keep_from[s];
 }
 
 /* Cells that eviction would free entirely. */
-static int32_t count_evictable(mem_table *t, const int32_t *first)
+static int32_t count_evictable(mem_table *t, const int32_t *first, const uint64_t *keep_from)
 {
-    mem_table_update_sinks(t, t->n_seq);
     int32_t n = 0;
     for (int32_t c = 0; c < t->cap; c++) {
         if (t->pos[c] < 0) continue;
@@ -752,7 +876,7 @@ static int32_t count_evictable(mem_table *t, const int32_t *first)
             while (bits && all) {
                 int32_t s = i * 64 + __builtin_ctzll(bits);
                 bits &= bits - 1;
-                if (!evicts(t, c, s, first)) all = false;
+                if (!evicts(t, c, s, first, keep_from)) all = false;
             }
         }
         if (all) n++;
@@ -760,9 +884,8 @@ static int32_t count_evictable(mem_table *t, const int32_t *first)
     return n;
 }
 
-static void evict(mem_table *t, const int32_t *first)
+static void evict(mem_table *t, const int32_t *first, const uint64_t *keep_from)
 {
-    mem_table_update_sinks(t, t->n_seq);
     bool any = false;
     for (int32_t c = 0; c < t->cap; c++) {
         if (t->pos[c] < 0) continue;
@@ -772,7 +895,7 @@ static void evict(mem_table *t, const int32_t *first)
             while (bits) {
                 int32_t s = i * 64 + __builtin_ctzll(bits);
                 bits &= bits - 1;
-                if (evicts(t, c, s, first)) {
+                if (evicts(t, c, s, first, keep_from)) {
                     mem_seq_unset(t, c, s);
                     if (t->evict_max[s] == MEM_NO_EVICT || t->pos[c] > t->evict_max[s])
                         t->evict_max[s] = t->pos[c];
@@ -794,18 +917,29 @@ keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
 {
     if (!m) return KEEL_EINVAL;
     m->err[0] = 0;
-    if (!b || !cells || !b->pos || (!b->seq_id1 && !(b->n_seq_id && b->seq_id)))
-        return base_err(m->err, KEEL_EINVAL, "place: missing batch arrays");
+    if (!b || !cells || !b->pos)
+        return base_err(m->err, KEEL_EINVAL, "place: missing batch arrays (batch, pos or cells)");
+    if (b->n_seq_id ? !b->seq_id : !b->seq_id1)
+        return base_err(m->err, KEEL_EINVAL,
+                        b->n_seq_id ? "place: n_seq_id is set but seq_id is NULL"
+                                    : "place: no sequence ids (seq_id1, or n_seq_id and seq_id)");
     int32_t n = b->n_tokens;
     if (n < 1 || n > m->cfg.n_batch_max)
         return base_err(m->err, KEEL_EINVAL, "place: n_tokens %d (need 1..n_batch_max %d)", n,
                         m->cfg.n_batch_max);
+    if (b->n_seq_id)
+        for (int32_t i = 0; i < n; i++)
+            if (!b->seq_id[i] && b->n_seq_id[i] != 0)
+                return base_err(m->err, KEEL_EINVAL, "place: token %d: seq_id[%d] is NULL", i, i);
     int32_t ns = m->cfg.n_seq_max;
     base_arena_reset(&m->scratch);
     int32_t *expect = base_arena_take_n(&m->scratch, (size_t)ns, sizeof(int32_t));
     int32_t *first = base_arena_take_n(&m->scratch, (size_t)ns, sizeof(int32_t));
     int32_t *need = base_arena_take_n(&m->scratch, (size_t)m->n_streams, sizeof(int32_t));
-    if (!expect || !first || !need)
+    int32_t *counts = base_arena_take_n(&m->scratch, (size_t)ns, sizeof(int32_t));
+    uint64_t *keep_from = base_arena_take_n(&m->scratch, (size_t)ns, sizeof(uint64_t));
+    int32_t *ring = base_arena_take_n(&m->scratch, (size_t)ring_cap_max(&m->cfg), sizeof(int32_t));
+    if (!expect || !first || !need || !counts || !keep_from || !ring)
         return base_err(m->err, KEEL_ESCRATCH, "place: scratch exhausted");
     for (int32_t s = 0; s < ns; s++) {
         int32_t pm = keel_mem_seq_pos_max(m, s);
@@ -850,7 +984,10 @@ keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
             if (need[k] == 0) continue;
             mem_table *t = &m->groups[g].tables[k];
             int32_t avail = t->cap - t->n_used;
-            if (avail < need[k] && t->sliding) avail += count_evictable(t, first);
+            if (avail < need[k] && t->sliding) {
+                ring_keep_from(t, first, keep_from, counts, ring);
+                avail += count_evictable(t, first, keep_from);
+            }
             if (avail < need[k])
                 return base_err(m->err, KEEL_EFULL,
                                 "place: group %d%s has %d free cells of %d, batch needs %d", g,
@@ -860,7 +997,11 @@ keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
     /* commit */
     for (int32_t g = 0; g < m->n_groups; g++)
         for (int32_t k = 0; k < m->n_streams; k++)
-            if (need[k] > 0 && m->groups[g].tables[k].sliding) evict(&m->groups[g].tables[k], first);
+            if (need[k] > 0 && m->groups[g].tables[k].sliding) {
+                mem_table *t = &m->groups[g].tables[k];
+                ring_keep_from(t, first, keep_from, counts, ring);
+                evict(t, first, keep_from);
+            }
     for (int32_t i = 0; i < n; i++) {
         uint64_t stamp = m->next_stamp++;
         int32_t s0 = batch_seq(b, i, 0);
@@ -940,13 +1081,32 @@ keel_status keel_mem_write(keel_mem *m, int32_t layer, int32_t n, const int32_t 
     if (n < 1 || n > m->cfg.n_batch_max || !cells || !k || !v)
         return base_err(m->err, KEEL_EINVAL, "write: bad n (%d) or NULL arrays", n);
     const mem_group *g = &m->groups[m->layer_group[layer]];
-    for (int32_t i = 0; i < n; i++) {
+    /* every cell occupied and listed once (two tokens writing one cell would
+     * race between threads): marks in the tables' flags, cleared again */
+    int32_t bad = -1;
+    bool dup = false;
+    for (int32_t i = 0; i < n && bad < 0; i++) {
         const mem_table *t = NULL;
         int32_t cell = 0;
-        if (!mem_cell_decode(g, cells[i], &t, &cell) || t->pos[cell] < 0)
-            return base_err(m->err, KEEL_EINVAL, "write: token %d: cell %d is not occupied", i,
-                            cells[i]);
+        if (!mem_cell_decode(g, cells[i], &t, &cell) || t->pos[cell] < 0) {
+            bad = i;
+        } else if (t->flags[cell]) {
+            bad = i;
+            dup = true;
+        } else {
+            t->flags[cell] = 1;
+        }
     }
+    for (int32_t i = 0; i < (bad < 0 ? n : bad); i++) {
+        const mem_table *t = NULL;
+        int32_t cell = 0;
+        if (mem_cell_decode(g, cells[i], &t, &cell)) t->flags[cell] = 0;
+    }
+    if (bad >= 0)
+        return base_err(m->err, KEEL_EINVAL,
+                        dup ? "write: token %d: cell %d is listed twice"
+                            : "write: token %d: cell %d is not occupied",
+                        bad, cells[bad]);
     base_arena_reset(&m->scratch);
     size_t tb = write_thread_bytes(&m->cfg);
     uint8_t *ts = base_arena_take(&m->scratch, tb * (size_t)m->n_threads, BASE_ALIGN);
@@ -1004,18 +1164,28 @@ keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
                 }
             }
             if (any) mem_table_refresh(t);
-            /* an emptied sequence starts over: nothing it needs is forgotten */
-            if (t->sliding)
-                for (int32_t q = 0; q < t->n_seq; q++)
-                    if ((s < 0 || q == s) && t->seq_cells[q] == 0) t->evict_max[q] = MEM_NO_EVICT;
         }
     }
     for (int32_t q = 0; q < m->cfg.n_seq_max; q++) {
         if (s >= 0 && q != s) continue;
         m->anchor_valid[q] = 0;
-        if (keel_mem_seq_pos_max(m, q) < 0) {
-            m->exact_from[q] = 0;
-            m->cells_high[q] = 0;
+        if (keel_mem_seq_pos_max(m, q) >= 0) {
+            /* forgotten positions at or past p0 are gone with the range */
+            for (int32_t g = 0; g < m->n_groups; g++) {
+                mem_table *t = table_of(m, g, q);
+                if (t->sliding && t->evict_max[q] != MEM_NO_EVICT && t->evict_max[q] >= p0 &&
+                    t->evict_max[q] < p1 && p1 == INT32_MAX)
+                    t->evict_max[q] = p0 > 0 ? p0 - 1 : MEM_NO_EVICT;
+            }
+            continue;
+        }
+        /* an emptied sequence (in every group: a ring may be empty while a
+         * full table still holds the sequence) starts over */
+        m->exact_from[q] = 0;
+        m->cells_high[q] = 0;
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            mem_table *t = table_of(m, g, q);
+            if (t->sliding) t->evict_max[q] = MEM_NO_EVICT;
         }
     }
     return KEEL_OK;
@@ -1044,10 +1214,8 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
                     mem_seq_set(t, c, dst);
                     any = true;
                 }
-            if (any) {
-                if (t->sliding) evict_max_merge(t, dst, t->evict_max[src]);
-                mem_table_refresh(t);
-            }
+            if (t->sliding) evict_max_merge(t, dst, t->evict_max[src], p0, p1);
+            if (any) mem_table_refresh(t);
         }
         return KEEL_OK;
     }
@@ -1071,23 +1239,12 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
             if (ts->pos[c] < p0 || ts->pos[c] >= p1) continue;
             int32_t d = mem_table_find_free(td);
             if (d > m->max_cell_touched) m->max_cell_touched = d;
-            td->pos[d] = ts->pos[c];
-            td->stamp[d] = ts->stamp[c];
-            td->cflags[d] = ts->cflags[c];
-            td->n_used++;
+            mem_table_copy_cell_from(td, d, ts, c);
             mem_seq_set(td, d, dst);
-            for (int32_t ci = 0; ci < ts->n_cols; ci++) {
-                const mem_col *cs = &ts->cols[ci], *cd = &td->cols[ci];
-                for (int32_t h = 0; h < cs->n_heads; h++)
-                    memcpy(mem_col_row(td, cd, h, d), mem_col_row(ts, cs, h, c),
-                           cs->head_row_bytes);
-            }
             any = true;
         }
-        if (any) {
-            if (td->sliding) evict_max_merge(td, dst, ts->evict_max[src]);
-            mem_table_refresh(td);
-        }
+        if (td->sliding) evict_max_merge(td, dst, ts->evict_max[src], p0, p1);
+        if (any) mem_table_refresh(td);
     }
     return KEEL_OK;
 }
@@ -1144,15 +1301,15 @@ static void edit_task(void *vctx, int64_t task, int thread)
     int32_t per = (int32_t)((t->cap + e->n_tasks - 1) / e->n_tasks);
     int32_t c0 = (int32_t)task * per, c1 = BASE_MIN(t->cap, c0 + per);
     uint8_t *base = e->thread_scratch + (size_t)thread * e->thread_bytes;
-    /* x[head_dim_max] | per column: cs[n_rot_max] | cached delta per column */
-    int32_t hd_max = 0, nrot_max = 0;
+    int32_t hd_max = 1, nrot_max = 0;
     for (int32_t ci = 0; ci < t->n_cols; ci++) {
         hd_max = BASE_MAX(hd_max, t->cols[ci].head_dim);
         nrot_max = BASE_MAX(nrot_max, t->cols[ci].rope.n_rot);
     }
+    edit_layout lay = edit_layout_of((size_t)hd_max, (size_t)t->n_cols, (size_t)nrot_max);
     float *x = (float *)base;
-    float *cs = x + hd_max;
-    int64_t *cached = (int64_t *)(cs + (size_t)t->n_cols * (size_t)(nrot_max + 2));
+    float *cs = (float *)(base + lay.cs_off);
+    int64_t *cached = (int64_t *)(base + lay.cached_off);
     for (int32_t ci = 0; ci < t->n_cols; ci++) cached[ci] = INT64_MIN;
     for (int32_t c = c0; c < c1; c++) {
         if (!t->flags[c]) continue;
@@ -1177,19 +1334,38 @@ static void edit_task(void *vctx, int64_t task, int thread)
     }
 }
 
-keel_status mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool map)
+void mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool map,
+                     uint8_t *scratch)
 {
-    size_t tb = edit_thread_bytes(&m->cfg);
-    size_t mark = base_arena_mark(&m->scratch);
-    uint8_t *ts = base_arena_take(&m->scratch, tb * (size_t)m->n_threads, BASE_ALIGN);
-    if (!ts) return base_err(m->err, KEEL_ESCRATCH, "edit: scratch exhausted");
     int32_t marked = 0;
     for (int32_t c = 0; c < t->cap; c++) marked += t->flags[c] != 0;
-    edit_ctx e = {m, t, delta, div, map, 0, ts, tb};
+    edit_ctx e = {m, t, delta, div, map, 0, scratch, mem_edit_thread_bytes(&m->cfg)};
     e.n_tasks = BASE_MIN((int64_t)m->n_threads * 4, (int64_t)t->cap);
     base_pool_run(marked >= 64 ? m->pool : NULL, e.n_tasks, edit_task, &e);
-    base_arena_rewind(&m->scratch, mark);
-    return KEEL_OK;
+}
+
+/* The position a cell at p moves to under seq_add (delta) / seq_div (div > 0);
+ * positions were validated to stay in [0, INT32_MAX). */
+static inline int32_t edited_pos(int32_t p, int32_t delta, int32_t div)
+{
+    return div > 0 ? p / div : (int32_t)((int64_t)p + delta);
+}
+
+/*
+ * The bound on forgotten positions after an edit of [p0, p1) (e >= p0 >= 0).
+ * Forgotten positions are all <= e; those in range move, the others stay:
+ * those below p0 are <= p0 - 1, those at or past p1 (if e >= p1) <= e, the
+ * moved ones <= edited(min(e, p1 - 1)). The result is their maximum,
+ * computed in 64 bits and saturated below INT32_MAX (no position above it
+ * can rewind exactly).
+ */
+static int32_t evict_max_edited(int32_t e, int32_t p0, int32_t p1, int32_t delta, int32_t div)
+{
+    int64_t top = BASE_MIN((int64_t)e, (int64_t)p1 - 1);
+    int64_t moved = div > 0 ? top / div : top + delta;
+    int64_t stay = e >= p1 ? e : (int64_t)p0 - 1;
+    int64_t r = BASE_MAX(moved, stay);
+    return (int32_t)BASE_MIN(r, (int64_t)INT32_MAX - 1);
 }
 
 static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0, int32_t p1,
@@ -1205,7 +1381,9 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
     if (div == 1) return KEEL_OK;
     norm_range(&p0, &p1);
     /* validate: resulting positions in every group first (a bad request is
-     * KEEL_ERANGE whatever the room), then room for copy-on-write splits */
+     * KEEL_ERANGE whatever the room), then room for copy-on-write splits of
+     * the shared cells that move (a cell whose position stays needs no copy),
+     * then scratch */
     for (int32_t g = 0; g < m->n_groups && div == 0; g++) {
         mem_table *t = table_of(m, g, s);
         for (int32_t c = 0; c < t->cap; c++) {
@@ -1225,7 +1403,9 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
         int32_t shared = 0;
         for (int32_t c = 0; c < t->cap; c++) {
             int32_t p = t->pos[c];
-            if (p >= p0 && p < p1 && mem_seq_has(t, c, s) && mem_seq_count(t, c) > 1) shared++;
+            if (p >= p0 && p < p1 && mem_seq_has(t, c, s) && edited_pos(p, delta, div) != p &&
+                mem_seq_count(t, c) > 1)
+                shared++;
         }
         if (shared > t->cap - t->n_used)
             return base_err(m->err, KEEL_EFULL,
@@ -1234,28 +1414,27 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
                             what, g, shared, t->cap - t->n_used);
     }
     base_arena_reset(&m->scratch);
-    if (!base_arena_take(&m->scratch, edit_thread_bytes(&m->cfg) * (size_t)m->n_threads, BASE_ALIGN))
-        return base_err(m->err, KEEL_ESCRATCH, "%s: scratch exhausted", what);
-    base_arena_reset(&m->scratch);
-    /* commit: split shared cells, mark, then shift marked cells in parallel */
+    uint8_t *ts = base_arena_take(&m->scratch, mem_edit_thread_bytes(&m->cfg) * (size_t)m->n_threads,
+                                  BASE_ALIGN);
+    if (!ts) return base_err(m->err, KEEL_ESCRATCH, "%s: scratch exhausted", what);
+    /* commit: split the shared cells that move, mark, then shift the marked
+     * cells in parallel; forgotten positions in range move with them */
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *t = table_of(m, g, s);
         int32_t marked = 0;
         for (int32_t c = 0; c < t->cap; c++) {
             int32_t p = t->pos[c];
             if (p < p0 || p >= p1 || !mem_seq_has(t, c, s) || t->flags[c]) continue;
+            if (edited_pos(p, delta, div) == p) continue;
             int32_t cell = mem_table_split(t, c, s);
             if (cell > m->max_cell_touched) m->max_cell_touched = cell;
             t->flags[cell] = 1;
             marked++;
         }
-        if (marked) {
-            (void)mem_edit_marked(m, t, delta, div, false); /* scratch checked above */
-            if (t->sliding && t->evict_max[s] != MEM_NO_EVICT && t->evict_max[s] >= p0 &&
-                t->evict_max[s] < p1)
-                t->evict_max[s] = div > 0 ? t->evict_max[s] / div : t->evict_max[s] + delta;
-            mem_table_refresh(t);
-        }
+        if (marked) mem_edit_marked(m, t, delta, div, false, ts);
+        if (t->sliding && t->evict_max[s] != MEM_NO_EVICT && t->evict_max[s] >= p0)
+            t->evict_max[s] = evict_max_edited(t->evict_max[s], p0, p1, delta, div);
+        if (marked) mem_table_refresh(t);
     }
     return KEEL_OK;
 }

@@ -142,8 +142,13 @@ keel_status mem_config_bytes_shared(const keel_mem_config *cfg, size_t *bytes, c
 
 /* Position edit pass over the cells marked in t->flags: seq_add (delta),
  * seq_div (div > 0) or renumbering (map: t->newpos). Keys are re-encoded;
- * marks are cleared. Scratch from m->scratch (reset by the caller). */
-keel_status mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool map);
+ * marks are cleared. scratch: mem_edit_thread_bytes(&m->cfg) * m->n_threads
+ * bytes, BASE_ALIGN-aligned, taken by the caller while validating (so the
+ * pass cannot fail once the operation commits). */
+void mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool map,
+                     uint8_t *scratch);
+/* Per-thread scratch bytes of mem_edit_marked (a multiple of BASE_ALIGN). */
+size_t mem_edit_thread_bytes(const keel_mem_config *cfg);
 
 /* Bytes of every K/V column of cfg (0 if cfg is invalid). */
 size_t mem_config_kv_bytes(const keel_mem_config *cfg);
@@ -152,6 +157,9 @@ size_t mem_config_kv_bytes(const keel_mem_config *cfg);
  * (sliding rings always make room); INT32_MAX without full layers. */
 int32_t mem_room(const keel_mem *m, int32_t s);
 
+/* Scratch bytes keel_mem_check needs when the largest table has max_cap
+ * cells (check.c). */
+size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
 /* Scratch bytes keel_mem_compact needs (compact.c). */
 size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 
@@ -196,6 +204,8 @@ static inline bool mem_cell_decode(const mem_group *g, int32_t id, const mem_tab
 void mem_table_free_cell(mem_table *t, int32_t cell);
 /* Copies cell src to free cell dst: metadata (not seq set) and all columns. */
 void mem_table_copy_cell(mem_table *t, int32_t dst, int32_t src);
+/* The same from another table of the group (same columns: split streams). */
+void mem_table_copy_cell_from(mem_table *td, int32_t dst, const mem_table *ts, int32_t src);
 /* Copy on write: if cell is shared with other sequences, copies it (all
  * columns) to a free cell and moves s there. Returns the cell that now holds
  * s alone. The caller has checked that a free cell exists. */
@@ -208,6 +218,10 @@ void mem_table_update_sinks(mem_table *t, int32_t n_seq);
 /* Recomputes seq_min/seq_max/seq_cells and n_used from the cells, and
  * marks sinks dirty. O(cap). */
 void mem_table_refresh(mem_table *t);
+/* Sorts v[0..n) ascending under less (heap sort: in place, iterative,
+ * O(n log n) whatever the input). */
+typedef bool (*mem_less_fn)(const void *ctx, int32_t a, int32_t b);
+void mem_heap_sort(int32_t *v, int32_t n, mem_less_fn less, const void *ctx);
 /* Occupies free cell with pos/stamp for sequence s (stats updated). */
 void mem_table_occupy(mem_table *t, int32_t cell, int32_t pos, uint64_t stamp, int32_t s);
 

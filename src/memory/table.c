@@ -36,18 +36,23 @@ void mem_table_free_cell(mem_table *t, int32_t cell)
     t->sinks_dirty = true;
 }
 
+void mem_table_copy_cell_from(mem_table *td, int32_t dst, const mem_table *ts, int32_t src)
+{
+    if (td->pos[dst] < 0 && ts->pos[src] >= 0) td->n_used++;
+    td->pos[dst] = ts->pos[src];
+    td->stamp[dst] = ts->stamp[src];
+    td->cflags[dst] = ts->cflags[src];
+    for (int32_t c = 0; c < td->n_cols; c++) {
+        const mem_col *cd = &td->cols[c], *cs = &ts->cols[c];
+        for (int32_t h = 0; h < cd->n_heads; h++)
+            memcpy(mem_col_row(td, cd, h, dst), mem_col_row(ts, cs, h, src), cd->head_row_bytes);
+    }
+    td->sinks_dirty = true;
+}
+
 void mem_table_copy_cell(mem_table *t, int32_t dst, int32_t src)
 {
-    if (t->pos[dst] < 0 && t->pos[src] >= 0) t->n_used++;
-    t->pos[dst] = t->pos[src];
-    t->stamp[dst] = t->stamp[src];
-    t->cflags[dst] = t->cflags[src];
-    for (int32_t c = 0; c < t->n_cols; c++) {
-        const mem_col *col = &t->cols[c];
-        for (int32_t h = 0; h < col->n_heads; h++)
-            memcpy(mem_col_row(t, col, h, dst), mem_col_row(t, col, h, src), col->head_row_bytes);
-    }
-    t->sinks_dirty = true;
+    mem_table_copy_cell_from(t, dst, t, src);
 }
 
 int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s)
@@ -187,4 +192,29 @@ bool mem_table_is_sink(mem_table *t, int32_t cell, int32_t s)
     if (t->sinks_dirty) mem_table_update_sinks(t, t->n_seq);
     if (t->sink_pos[s] < 0) return false;
     return !key_less(t->sink_pos[s], t->sink_stamp[s], t->pos[cell], t->stamp[cell]);
+}
+
+static void sift(int32_t *v, int32_t n, int32_t i, mem_less_fn less, const void *ctx)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && less(ctx, v[m], v[l])) m = l;
+        if (r < n && less(ctx, v[m], v[r])) m = r;
+        if (m == i) return;
+        int32_t t = v[i];
+        v[i] = v[m];
+        v[m] = t;
+        i = m;
+    }
+}
+
+void mem_heap_sort(int32_t *v, int32_t n, mem_less_fn less, const void *ctx)
+{
+    for (int32_t i = n / 2 - 1; i >= 0; i--) sift(v, n, i, less, ctx);
+    for (int32_t e = n - 1; e > 0; e--) {
+        int32_t t = v[0];
+        v[0] = v[e];
+        v[e] = t;
+        sift(v, e, 0, less, ctx);
+    }
 }

@@ -42,31 +42,40 @@ static float rope_corr_dim(int n_rot, int n_ctx_orig, float beta, float base)
            (2.0f * logf(base));
 }
 
-keel_status tensor_rope_rates(const keel_rope *r, double *rate, float *mscale)
+keel_status tensor_rope_check(const keel_rope *r)
 {
-    if (!r || !rate || !mscale) return KEEL_EINVAL;
+    if (!r) return KEEL_EINVAL;
     if (r->type != KEEL_ROPE_NORM && r->type != KEEL_ROPE_NEOX && r->type != KEEL_ROPE_NONE)
         return KEEL_EINVAL;
     if (r->n_rot <= 0 || r->n_rot % 2 != 0) return KEEL_EINVAL;
     if (!(r->freq_base > 0.0f) || !isfinite(r->freq_base)) return KEEL_EINVAL;
     if (!(r->freq_scale > 0.0f) || !isfinite(r->freq_scale)) return KEEL_EINVAL;
-    if (!isfinite(r->ext_factor) || !isfinite(r->attn_factor)) return KEEL_EINVAL;
+    if (!isfinite(r->ext_factor) || !(r->attn_factor > 0.0f) || !isfinite(r->attn_factor))
+        return KEEL_EINVAL;
+    if (r->ext_factor != 0.0f &&
+        (r->n_ctx_orig <= 0 || !(r->beta_fast > 0.0f) || !(r->beta_slow > 0.0f) ||
+         !isfinite(r->beta_fast) || !isfinite(r->beta_slow) || r->freq_base == 1.0f))
+        return KEEL_EINVAL;
+    if (r->freq_factors)
+        for (int i = 0; i < r->n_rot / 2; i++)
+            if (!(r->freq_factors[i] > 0.0f) || !isfinite(r->freq_factors[i])) return KEEL_EINVAL;
+    return KEEL_OK;
+}
+
+keel_status tensor_rope_rates(const keel_rope *r, double *rate, float *mscale)
+{
+    if (!r || !rate || !mscale) return KEEL_EINVAL;
+    keel_status st = tensor_rope_check(r);
+    if (st != KEEL_OK) return st;
     bool yarn = r->ext_factor != 0.0f;
     float lo = 0.0f, hi = 0.0f;
     if (yarn) {
-        if (r->n_ctx_orig <= 0 || !(r->beta_fast > 0.0f) || !(r->beta_slow > 0.0f) ||
-            !isfinite(r->beta_fast) || !isfinite(r->beta_slow) || r->freq_base == 1.0f)
-            return KEEL_EINVAL;
         float start = floorf(rope_corr_dim(r->n_rot, r->n_ctx_orig, r->beta_fast, r->freq_base));
         float end = ceilf(rope_corr_dim(r->n_rot, r->n_ctx_orig, r->beta_slow, r->freq_base));
         lo = start > 0.0f ? start : 0.0f;
         hi = end < (float)(r->n_rot - 1) ? end : (float)(r->n_rot - 1);
     }
     int half = r->n_rot / 2;
-    if (r->freq_factors) {
-        for (int i = 0; i < half; i++)
-            if (!(r->freq_factors[i] > 0.0f) || !isfinite(r->freq_factors[i])) return KEEL_EINVAL;
-    }
     double base = r->freq_base, fs = r->freq_scale;
     for (int i = 0; i < half; i++) {
         double theta = pow(base, -2.0 * (double)i / (double)r->n_rot);
@@ -80,6 +89,7 @@ keel_status tensor_rope_rates(const keel_rope *r, double *rate, float *mscale)
             mix = (1.0 - y) * (double)r->ext_factor;
         }
         rate[i] = theta * (fs * (1.0 - mix) + mix);
+        if (!isfinite(rate[i])) return KEEL_EINVAL;
     }
     double m = r->attn_factor;
     if (yarn) m *= 1.0 + 0.1 * log(1.0 / fs);

@@ -149,6 +149,10 @@ tensor_gemm_path tensor_matmul_auto_path(keel_dtype t, int64_t n_tok);
  * freq_scale, freq_factors and the YaRN ramp. KEEL_EINVAL for bad params.
  */
 keel_status tensor_rope_rates(const keel_rope *r, double *rate, float *mscale);
+/* The parameter checks of tensor_rope_rates alone (type, even n_rot > 0,
+ * finite freq_base/freq_scale > 0, finite ext_factor, finite attn_factor
+ * > 0, YaRN's n_ctx_orig and betas, freq_factors finite > 0). */
+keel_status tensor_rope_check(const keel_rope *r);
 
 /* Fills cs[2*i] = cos(angle_i) * m, cs[2*i + 1] = sin(angle_i) * m for
  * i in [0, n_rot/2), angle_i = pos * rate[i] in double precision. */

@@ -209,6 +209,21 @@ typedef struct ref_list {
     int32_t n, cap;
 } ref_list;
 
+typedef struct ref_plist {
+    int32_t *p;
+    int32_t n, cap;
+} ref_plist;
+
+static void plist_push(ref_plist *l, int32_t p)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->p = realloc(l->p, (size_t)l->cap * sizeof(int32_t));
+        if (!l->p) abort();
+    }
+    l->p[l->n++] = p;
+}
+
 typedef struct ref_group {
     bool sliding;
     int32_t window, n_sink;
@@ -226,6 +241,12 @@ typedef struct ref {
     int32_t *free_toks;
     int32_t n_free;
     ref_list lists[REF_MAX_SEQ][REF_MAX_LAYERS];
+    /* positions the rings forgot, per sequence and sliding group (moved by
+     * edits, dropped with removed ranges), and where compaction made
+     * rewinding inexact: keel_mem_seq_rewind_min must not be below
+     * max(exact, forgotten + window) */
+    ref_plist forg[REF_MAX_SEQ][REF_MAX_LAYERS];
+    int32_t exact[REF_MAX_SEQ];
     uint64_t next_stamp;
     int64_t next_inst;
     base_rng data; /* values of K, V, Q */
@@ -313,7 +334,10 @@ static void ref_free(ref *r)
     free(r->toks);
     free(r->free_toks);
     for (int s = 0; s < REF_MAX_SEQ; s++)
-        for (int g = 0; g < REF_MAX_LAYERS; g++) free(r->lists[s][g].e);
+        for (int g = 0; g < REF_MAX_LAYERS; g++) {
+            free(r->lists[s][g].e);
+            free(r->forg[s][g].p);
+        }
 }
 
 static bool key_less(int32_t p, uint64_t st, int32_t q, uint64_t su)
@@ -416,6 +440,21 @@ static void note(driver *d, const char *fmt, ...)
 
 static void check_invariants(driver *d, const char *after)
 {
+    const ref *r = &d->r;
+    for (int32_t s = 0; s < r->rc.mc.n_seq_max; s++) {
+        int64_t bound = r->exact[s];
+        for (int32_t g = 0; g < r->n_groups; g++)
+            if (r->groups[g].sliding)
+                for (int32_t i = 0; i < r->forg[s][g].n; i++)
+                    bound = BASE_MAX(bound, (int64_t)r->forg[s][g].p[i] + r->groups[g].window);
+        if (bound > INT32_MAX) bound = INT32_MAX;
+        int32_t got = keel_mem_seq_rewind_min(d->mem, s);
+        if (got < bound) {
+            d->res->invariant_failures++;
+            note(d, "after %s: seq %d rewind_min %d below the reference's exact bound %lld", after,
+                 s, got, (long long)bound);
+        }
+    }
     keel_status st = keel_mem_check(d->mem);
     if (st != KEEL_OK) {
         d->res->invariant_failures++;
@@ -474,6 +513,29 @@ static void write_token_rows(driver *d, int32_t n, const int32_t *toks, const in
 
 static void ref_rm(ref *r, int32_t s, int32_t p0, int32_t p1);
 
+/* A refused placement is legitimate only where a full-attention table (or a
+ * ring clipped to n_ctx, smaller than n_seq * (n_sink + window) + n_batch)
+ * of a stream the batch uses has fewer free cells than the batch needs: a
+ * ring of full size always makes room (docs/memory.md). */
+static bool place_full_ok(driver *d, int32_t n, const int32_t *seq, bool multi)
+{
+    const keel_mem *m = d->mem;
+    const keel_mem_config *mc = &d->r.rc.mc;
+    for (int32_t k = 0; k < m->n_streams; k++) {
+        int32_t need = 0;
+        for (int32_t i = 0; i < n; i++) need += m->n_streams == 1 || (!multi && seq[i] == k);
+        if (need == 0) continue;
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            const mem_table *t = &m->groups[g].tables[k];
+            int64_t seqs = m->n_streams == 1 ? mc->n_seq_max : 1;
+            int64_t ring = seqs * ((int64_t)t->n_sink + t->window) + mc->n_batch_max;
+            bool can_fail = !t->sliding || t->cap < ring;
+            if (can_fail && t->cap - t->n_used < need) return true;
+        }
+    }
+    return false;
+}
+
 static void op_place(driver *d)
 {
     ref *r = &d->r;
@@ -517,6 +579,11 @@ static void op_place(driver *d)
           seq[n - 1], pos[n - 1], multi, keel_status_name(st));
     if (st != KEEL_OK) {
         if (st != KEEL_EFULL) expect_status(d, st, KEEL_EFULL, "place");
+        else if (!place_full_ok(d, n, seq, multi)) {
+            d->res->invariant_failures++;
+            note(d, "place refused with KEEL_EFULL although only rings lacked room (%s)",
+                 keel_mem_last_error(d->mem));
+        }
         refused(d, before, st, "place");
         /* make room: drop a random sequence */
         int32_t victim = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
@@ -531,24 +598,59 @@ static void op_place(driver *d)
     for (int32_t i = 0; i < n; i++)
         for (int32_t j = 0; j < nseq[i]; j++)
             if (first[sets[i][j]] < 0) first[sets[i][j]] = pos[i];
+    /* Ring retention (mem.c ring_keep_from): sinks stay; a placed sequence
+     * forgets entries at positions <= first - window; then every sequence
+     * of a ring the batch touches (all of them when unified) keeps at most
+     * `window` other entries, the newest by stamp, a tie at the cut keeping
+     * none of the tied. */
     for (int32_t g = 0; g < r->n_groups; g++) {
         if (!r->groups[g].sliding) continue;
+        int32_t window = r->groups[g].window;
         for (int32_t s = 0; s < mc->n_seq_max; s++) {
-            if (first[s] < 0) continue;
+            if (first[s] < 0 && !mc->unified) continue;
             ref_list *l = &r->lists[s][g];
+            if (l->n == 0) continue;
             int32_t tp;
             uint64_t tsm;
             sink_threshold(r, l, r->groups[g].n_sink, &tp, &tsm);
+            uint64_t *stv = malloc((size_t)l->n * sizeof(uint64_t));
+            uint8_t *sk = malloc((size_t)l->n);
+            if (!stv || !sk) abort();
+            int32_t ns = 0;
+            for (int32_t i = 0; i < l->n; i++) {
+                ref_entry e = l->e[i];
+                sk[i] = tp >= 0 && !key_less(tp, tsm, e.pos, r->toks[e.tok].stamp);
+                bool by_pos = first[s] >= 0 && (int64_t)e.pos <= (int64_t)first[s] - window;
+                if (!sk[i] && by_pos) sk[i] = 2; /* forgotten by position */
+                if (!sk[i]) stv[ns++] = r->toks[e.tok].stamp;
+            }
+            uint64_t keep_from = 0;
+            if (ns > window) {
+                /* descending (insertion sort: lists are small) */
+                for (int32_t i = 1; i < ns; i++)
+                    for (int32_t j = i; j > 0 && stv[j] > stv[j - 1]; j--) {
+                        uint64_t x = stv[j];
+                        stv[j] = stv[j - 1];
+                        stv[j - 1] = x;
+                    }
+                int32_t k = window;
+                while (k > 0 && stv[k - 1] == stv[k]) k--;
+                keep_from = k > 0 ? stv[k - 1] : stv[0] + 1;
+            }
             int32_t w = 0;
             for (int32_t i = 0; i < l->n; i++) {
                 ref_entry e = l->e[i];
-                bool sink = tp >= 0 && !key_less(tp, tsm, e.pos, r->toks[e.tok].stamp);
-                if ((int64_t)e.pos <= (int64_t)first[s] - r->groups[g].window && !sink)
-                    tok_unref(r, e.tok);
-                else
+                bool keep = sk[i] == 1 || (sk[i] == 0 && r->toks[e.tok].stamp >= keep_from);
+                if (keep) {
                     l->e[w++] = e;
+                } else {
+                    plist_push(&r->forg[s][g], e.pos);
+                    tok_unref(r, e.tok);
+                }
             }
             l->n = w;
+            free(stv);
+            free(sk);
         }
     }
     for (int32_t i = 0; i < n; i++) {
@@ -588,6 +690,15 @@ static void ref_rm(ref *r, int32_t s, int32_t p0, int32_t p1)
                     l->e[w++] = l->e[i];
             }
             l->n = w;
+            ref_plist *f = &r->forg[q][g];
+            w = 0;
+            for (int32_t i = 0; i < f->n; i++)
+                if (f->p[i] < p0 || f->p[i] >= p1) f->p[w++] = f->p[i];
+            f->n = w;
+        }
+        if (ref_pos_max(r, q) < 0) { /* emptied: starts over */
+            r->exact[q] = 0;
+            for (int32_t g = 0; g < r->n_groups; g++) r->forg[q][g].n = 0;
         }
     }
 }
@@ -637,6 +748,12 @@ static void op_cp(driver *d)
         return;
     }
     int32_t a = p0 < 0 ? 0 : p0, b = p1 < 0 ? INT32_MAX : p1;
+    if (r->exact[src] > r->exact[dst]) r->exact[dst] = r->exact[src];
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        ref_plist *fs = &r->forg[src][g];
+        for (int32_t i = 0, n0 = fs->n; i < n0; i++)
+            if (fs->p[i] >= a && fs->p[i] < b) plist_push(&r->forg[dst][g], fs->p[i]);
+    }
     for (int32_t g = 0; g < r->n_groups; g++) {
         ref_list *ls = &r->lists[src][g], *ld = &r->lists[dst][g];
         int32_t n0 = ls->n;
@@ -717,6 +834,31 @@ static void op_edit(driver *d, bool div)
     }
     if (st != KEEL_OK) {
         if (st != KEEL_EFULL) expect_status(d, st, KEEL_EFULL, div ? "seq_div" : "seq_add");
+        else {
+            /* legitimate only where the shared cells that move (copy on
+             * write) outnumber a table's free cells */
+            bool ok = false;
+            for (int32_t g = 0; g < r->n_groups && !ok; g++) {
+                const mem_table *t = &d->mem->groups[g].tables[d->mem->n_streams == 1 ? 0 : s];
+                int32_t moving_shared = 0;
+                for (int32_t i = 0; i < r->lists[s][g].n; i++) {
+                    const ref_entry *e = &r->lists[s][g].e[i];
+                    if (e->pos < a || e->pos >= b) continue;
+                    if ((div ? e->pos / dv : e->pos + delta) == e->pos) continue;
+                    bool shared = false;
+                    for (int32_t q = 0; q < r->rc.mc.n_seq_max && !shared; q++)
+                        for (int32_t j = 0; q != s && j < r->lists[q][g].n && !shared; j++)
+                            shared = r->lists[q][g].e[j].inst == e->inst;
+                    moving_shared += shared;
+                }
+                ok = moving_shared > t->cap - t->n_used;
+            }
+            if (!ok) {
+                d->res->invariant_failures++;
+                note(d, "%s refused with KEEL_EFULL although its moving shared cells fit (%s)",
+                     div ? "seq_div" : "seq_add", keel_mem_last_error(d->mem));
+            }
+        }
         refused(d, before, st, div ? "seq_div" : "seq_add");
         return;
     }
@@ -724,7 +866,10 @@ static void op_edit(driver *d, bool div)
         for (int32_t i = 0; i < r->lists[s][g].n; i++) {
             ref_entry *e = &r->lists[s][g].e[i];
             if (e->pos < a || e->pos >= b) continue;
-            /* copy on write: a cell shared with another sequence is split */
+            /* copy on write: a cell shared with another sequence is split,
+             * unless its position stays (then it stays shared) */
+            int32_t np = div ? e->pos / dv : e->pos + delta;
+            if (np == e->pos) continue;
             bool shared = false;
             for (int32_t q = 0; q < r->rc.mc.n_seq_max && !shared; q++) {
                 if (q == s) continue;
@@ -732,10 +877,14 @@ static void op_edit(driver *d, bool div)
                     shared = r->lists[q][g].e[j].inst == e->inst;
             }
             if (shared) e->inst = r->next_inst++;
-            int32_t np = div ? e->pos / dv : e->pos + delta;
-            if (np != e->pos) e->edits++;
+            e->edits++;
             e->pos = np;
         }
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        ref_plist *f = &r->forg[s][g];
+        for (int32_t i = 0; i < f->n; i++)
+            if (f->p[i] >= a && f->p[i] < b) f->p[i] = div ? f->p[i] / dv : f->p[i] + delta;
+    }
 }
 
 /* Compaction: the memory decides what to keep; the driver checks the
@@ -861,8 +1010,10 @@ static void op_compact(driver *d)
             l->e[w++] = e;
         }
         l->n = w;
+        if (p.renumber) r->forg[s][g].n = 0; /* renumbered: exact covers the sequence */
     }
     free(kt);
+    r->exact[s] = ref_pos_max(r, s) + 1;
 }
 
 static void op_clear(driver *d)
