@@ -1089,8 +1089,8 @@ static void test_llama2c_synthetic(void **state)
                              "</s>",
                              "<0x0A>",
                              "\xe2\x96\x81hello",
-                             "a\xe2\x96\x81"
-                             "b"};
+                             ("a\xe2\x96\x81" /* split: \x81b would be one escape */
+                              "b")};
         const int64_t wty[6] = {2, 3, 3, 6, 1, 1};
         for (int i = 0; i < 6; i++) {
             const char *s;
