@@ -17,6 +17,7 @@
  */
 #include "model.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -101,7 +102,7 @@ static keel_status key_float(loader *l, const char *suffix, double def, float *o
         keel_status st = gguf_get_float(l->g, key, &v, l->err);
         if (st != KEEL_OK) return st;
     }
-    if (!isfinite(v) || !isfinite((float)v))
+    if (!(fabs(v) <= FLT_MAX)) /* NaN, Inf, or an f64 beyond f32 (checked before narrowing) */
         return base_err(l->err, KEEL_EFORMAT, "key %s = %g: not a finite f32 number", key, v);
     *out = (float)v;
     return KEEL_OK;

@@ -24,7 +24,7 @@ static const char *file_kind(mode_t m)
     if (S_ISBLK(m)) return "a block device";
     if (S_ISFIFO(m)) return "a pipe";
     if (S_ISSOCK(m)) return "a socket";
-    return "not a plain file";
+    return "a special file";
 }
 
 /* The first n (<= 4) bytes as text: printable ASCII as is, others \xNN. */
