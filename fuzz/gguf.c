@@ -4,9 +4,14 @@
  * data range are walked, and a tokenizer is built from its metadata; when
  * the bytes are not GGUF they are read as a u32 model length, a llama2.c
  * model.bin and its tokenizer.bin, and run through the converter. Any crash, leak or UB is a bug.
+ * GGUF bytes sit at an odd address, so tensor data is misaligned; a file
+ * that opens is also bound as a model (hyperparameter and tensor checks,
+ * the unused-tensor scan), and the first row of each tensor (up to 4096
+ * elements) is dequantized and dotted with the kernels at that address.
  */
 #include "model/gguf.h"
 #include "model/llama2c.h"
+#include "model/model.h"
 #include "text/tokenizer.h"
 
 #include <stdlib.h>
@@ -49,6 +54,26 @@ static void walk(const gguf *g)
     }
 }
 
+/* Binds g as a model, then runs each tensor's first row through the
+ * dequantize and dot kernels where they read it (any byte address). */
+static void bind_and_read(const gguf *g)
+{
+    char err[BASE_ERR_CAP];
+    model_w w;
+    if (model_load(g, &w, err) == KEEL_OK) model_free(&w);
+    static float row[4096];
+    static uint8_t act[4096 * 4 + 64];
+    memset(act, 0, sizeof act); /* zero blocks are valid in every vec_dot type */
+    for (int64_t i = 0; i < gguf_n_tensors(g) && i < 64; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        if (t->ne[0] > 4096) continue;
+        if (tensor_dequantize_row(t->dtype, t->data, row, t->ne[0]) != KEEL_OK) continue;
+        g_sink += (uint64_t)(row[0] == row[0]);
+        float d = tensor_vec_dot(t->dtype, t->ne[0], t->data, act);
+        g_sink += (uint64_t)(d == d);
+    }
+}
+
 static void tokenize_some(const text_tokenizer *t, const uint8_t *data, size_t size)
 {
     int32_t ids[256];
@@ -65,11 +90,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[BASE_ERR_CAP];
     gguf *g = NULL;
-    /* an exact-size copy: reads past the end are caught */
-    uint8_t *copy = malloc(size ? size : 1);
+    /* an exact-size copy at an odd address: reads past the end are
+     * caught, and no tensor is aligned */
+    uint8_t *block = malloc(size + 1), *copy = block + 1;
     memcpy(copy, data, size);
     if (gguf_open_buffer(copy, size, &g, err) == KEEL_OK) {
         walk(g);
+        bind_and_read(g);
         text_tokenizer *t = NULL;
         if (text_tokenizer_open(g, &t, err) == KEEL_OK) {
             tokenize_some(t, data, size);
@@ -88,6 +115,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             gguf_close(g);
         }
     }
-    free(copy);
+    free(block);
     return 0;
 }

@@ -542,10 +542,16 @@ typedef struct keel_model_params {
 
 keel_model_params keel_model_params_default(void);
 
-/* Opens a model. KEEL_EIO (cannot read), KEEL_EFORMAT (malformed file),
- * KEEL_EUNSUPPORTED (unknown architecture or dtype; the detail names it),
- * KEEL_ENOENT (missing key or tensor; named), KEEL_ENOMEM. err (256 bytes,
- * may be NULL) receives the detail. *out is NULL on failure. */
+/* Opens a model. KEEL_EIO (cannot read; a directory or device),
+ * KEEL_EFORMAT (malformed file, e.g. "not a GGUF file (magic '...'); for a
+ * llama2.c checkpoint pass --tokenizer"; a hyperparameter out of range or
+ * a NaN in a norm, named), KEEL_EUNSUPPORTED (unknown architecture or
+ * dtype; the detail names it), KEEL_ENOENT (missing key or tensor; named),
+ * KEEL_ENOMEM. err (256 bytes, may be NULL) receives the detail; it does
+ * not repeat p->path (the caller has it), but names tokenizer_path when
+ * that file is at fault. Tensors the model does not use (layers beyond
+ * block_count) are a KEEL_LOG_WARN message, not an error. *out is NULL on
+ * failure. */
 keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *err);
 void keel_model_close(keel_model *m);
 

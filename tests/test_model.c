@@ -2,7 +2,10 @@
  * test_model.c — the model runtime against llama.cpp's reference outputs in
  * ../shared/fixtures (skipped with a message when absent), through keel.h
  * only: logits of every prompt position, greedy continuations, quantized
- * KV deltas, the llama2.c checkpoint path, and bad input.
+ * KV deltas, the llama2.c checkpoint path, and bad input. Validation at
+ * load (issue 8 items 8, 9, 18) runs on generated models rewritten with
+ * one defect each (through the private GGUF reader and writer), and
+ * through the CLI (KEEL_BIN) for what a user sees on stderr.
  *
  * Tolerances (max |logit difference| over all 200 x 512 prompt logits):
  * chosen from the fixture README's own spread of llama.cpp configurations
@@ -10,11 +13,15 @@
  * f16 K/V but accumulates attention in f32, so it sits inside that spread.
  */
 #include "testutil.h"
+#include "model/gguf.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define N_PROMPT 200
 #define N_VOCAB 512
@@ -304,6 +311,388 @@ static void test_bad_input(void **state)
     assert_status(keel_model_open(&mp, &m2, err), KEEL_EIO);
 }
 
+/* ---- validation at load (generated models, no fixtures needed) ---------- */
+
+static char g_dir[64]; /* temp folder of the generated files */
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[16][192];
+    static int k;
+    k = (k + 1) % 16;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
+    return buf[k];
+}
+
+static int setup_dir(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/keel_model_XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown_dir(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void gen(const char *arch, int32_t n_layer, const char *path)
+{
+    keel_gen_params p = keel_gen_params_default();
+    p.arch = arch;
+    p.n_layer = n_layer;
+    p.n_embd = 64;
+    p.n_vocab = 320;
+    char err[256] = "";
+    keel_status st = keel_gen_model(&p, path, err);
+    if (st != KEEL_OK) fail_msg("gen %s: %s", arch, err);
+}
+
+/* One defect for rewrite(): a key set to a raw value (type + payload as in
+ * a file; added when absent), an f32 element of a tensor overwritten, a
+ * tensor added as a copy of another. */
+typedef struct edit {
+    const char *key;
+    gguf_type type;
+    const void *payload;
+    size_t nbytes;
+    const char *tensor; /* f32 tensor to patch */
+    int64_t elem;
+    float value;
+    const char *copy_of; /* add tensor `tensor` as a copy of this one */
+} edit;
+
+/* src with edit e applied, written to dst: keys, tensors and alignment as
+ * they were otherwise. */
+static void rewrite(const char *src, const char *dst, const edit *e)
+{
+    gguf *g = NULL;
+    char err[BASE_ERR_CAP] = "";
+    keel_status st = gguf_open_file(src, &g, err);
+    if (st) fail_msg("open %s: %s", src, err);
+    gguf_writer *w;
+    assert_ok(gguf_writer_open(&w));
+    if (gguf_alignment(g) != GGUF_DEFAULT_ALIGNMENT)
+        assert_ok(gguf_writer_set_alignment(w, (uint32_t)gguf_alignment(g)));
+    bool key_done = false;
+    for (int64_t i = 0; i < gguf_n_kv(g); i++) {
+        const char *k = gguf_key_at(g, i);
+        const gguf_value *v = gguf_value_at(g, i);
+        if (strcmp(k, "general.alignment") == 0) continue;
+        if (e->key && strcmp(k, e->key) == 0) {
+            assert_ok(gguf_writer_add_raw(w, k, e->type, e->payload, e->nbytes));
+            key_done = true;
+            continue;
+        }
+        /* the raw payload: strings and arrays start at their length / type */
+        size_t head = v->type == GGUF_TYPE_STRING ? 8 : v->type == GGUF_TYPE_ARRAY ? 12 : 0;
+        assert_ok(gguf_writer_add_raw(w, k, v->type, v->data - head, v->nbytes + head));
+    }
+    if (e->key && !key_done) assert_ok(gguf_writer_add_raw(w, e->key, e->type, e->payload, e->nbytes));
+    float *patched = NULL;
+    size_t patched_bytes = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        const void *data = t->data;
+        if (e->tensor && !e->copy_of && strcmp(t->name, e->tensor) == 0) {
+            assert_int_equal(t->dtype, KEEL_DTYPE_F32);
+            patched = malloc(t->nbytes);
+            patched_bytes = t->nbytes;
+            memcpy(patched, t->data, t->nbytes);
+            patched[e->elem] = e->value;
+            data = patched;
+        }
+        assert_ok(gguf_writer_add_tensor(w, t->name, t->dtype, t->n_dims, t->ne, data, t->nbytes));
+    }
+    if (e->copy_of) {
+        const gguf_tensor *t = gguf_find_tensor(g, e->copy_of);
+        assert_non_null(t);
+        assert_ok(gguf_writer_add_tensor(w, e->tensor, t->dtype, t->n_dims, t->ne, t->data,
+                                         t->nbytes));
+    }
+    st = gguf_writer_write_path(w, dst);
+    if (st) fail_msg("write %s: %s", dst, gguf_writer_last_error(w));
+    (void)patched_bytes;
+    free(patched);
+    gguf_writer_close(w);
+    gguf_close(g);
+}
+
+/* Log messages captured while a test runs. */
+typedef struct log_cap {
+    int n_warn;
+    char last[1024];
+} log_cap;
+
+static void capture_log(void *user, keel_log_level level, const char *message)
+{
+    log_cap *c = user;
+    if (level == KEEL_LOG_WARN) c->n_warn++;
+    snprintf(c->last, sizeof c->last, "%s", message);
+}
+
+/* Opens path; returns the status, err filled; closes a model that opened. */
+static keel_status try_open(const char *path, const char *tok, char *err)
+{
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    mp.tokenizer_path = tok;
+    keel_model *m = (keel_model *)1;
+    err[0] = '\0';
+    keel_status st = keel_model_open(&mp, &m, err);
+    if (st != KEEL_OK) assert_null(m);
+    keel_model_close(m);
+    return st;
+}
+
+static void expect_refused(const char *path, keel_status want, const char *msg)
+{
+    char err[256];
+    keel_status st = try_open(path, NULL, err);
+    if (st != want || !strstr(err, msg))
+        fail_msg("%s: %s '%s', want %s '%s'", path, keel_status_name(st), err,
+                 keel_status_name(want), msg);
+}
+
+/* Issue 8 item 8: bad float hyperparameters and NaN/Inf norm weights were
+ * accepted and failed later as "sample: invalid argument". Each is refused
+ * at load, naming the key or the tensor and element. */
+static void test_invalid_hparams_and_norms(void **state)
+{
+    (void)state;
+    const char *base = tmp_path("base.gguf"), *bad = tmp_path("bad.gguf");
+    gen("llama", 2, base);
+    char err[256];
+    const edit none = {0};
+    rewrite(base, bad, &none); /* the rewriter changes nothing by itself */
+    assert_ok(try_open(bad, NULL, err));
+    static const float neg = -1e-5f, zero = 0.0f, nanv = NAN, inf = INFINITY, nbase = -10000.0f;
+    static const double big = 1e300;
+    const struct {
+        edit e;
+        const char *msg;
+    } cases[] = {
+        {{.key = "llama.attention.layer_norm_rms_epsilon", .type = GGUF_TYPE_FLOAT32, .payload = &neg, .nbytes = 4},
+         "key llama.attention.layer_norm_rms_epsilon = -1e-05: outside (0, 1]"},
+        {{.key = "llama.attention.layer_norm_rms_epsilon", .type = GGUF_TYPE_FLOAT32, .payload = &zero, .nbytes = 4},
+         "key llama.attention.layer_norm_rms_epsilon = 0: outside (0, 1]"},
+        {{.key = "llama.attention.layer_norm_rms_epsilon", .type = GGUF_TYPE_FLOAT32, .payload = &nanv, .nbytes = 4},
+         "key llama.attention.layer_norm_rms_epsilon = nan: not a finite f32 number"},
+        {{.key = "llama.attention.layer_norm_rms_epsilon", .type = GGUF_TYPE_FLOAT32, .payload = &inf, .nbytes = 4},
+         "key llama.attention.layer_norm_rms_epsilon = inf: not a finite f32 number"},
+        {{.key = "llama.attention.layer_norm_rms_epsilon", .type = GGUF_TYPE_FLOAT64, .payload = &big, .nbytes = 8},
+         "key llama.attention.layer_norm_rms_epsilon = 1e+300: not a finite f32 number"},
+        {{.key = "llama.rope.freq_base", .type = GGUF_TYPE_FLOAT32, .payload = &nbase, .nbytes = 4},
+         "key llama.rope.freq_base = -10000: outside (0, 1e+30]"},
+        {{.tensor = "blk.1.ffn_norm.weight", .elem = 3, .value = NAN},
+         "tensor blk.1.ffn_norm.weight: element 3 is NaN: the weights are invalid"},
+        {{.tensor = "blk.0.attn_norm.weight", .elem = 63, .value = -INFINITY},
+         "tensor blk.0.attn_norm.weight: element 63 is -Inf"},
+        {{.tensor = "output_norm.weight", .elem = 0, .value = INFINITY},
+         "tensor output_norm.weight: element 0 is +Inf"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        rewrite(base, bad, &cases[i].e);
+        expect_refused(bad, KEEL_EFORMAT, cases[i].msg);
+    }
+    /* gemma2's soft-caps: negative is refused, 0 (off) is fine */
+    const char *gbase = tmp_path("gemma2.gguf");
+    gen("gemma2", 2, gbase);
+    static const float ncap = -30.0f;
+    edit e = {.key = "gemma2.final_logit_softcapping", .type = GGUF_TYPE_FLOAT32, .payload = &ncap,
+              .nbytes = 4};
+    rewrite(gbase, bad, &e);
+    expect_refused(bad, KEEL_EFORMAT, "key gemma2.final_logit_softcapping = -30: outside [0, 1e+30]");
+    e.payload = &zero;
+    rewrite(gbase, bad, &e);
+    assert_ok(try_open(bad, NULL, err));
+}
+
+/* Issue 8 item 9: layers beyond block_count (and tensors the architecture
+ * has no use for) ran silently. They still run (llama.cpp refuses them;
+ * keel keeps a deliberately cut model usable), with one warning through
+ * the log callback naming them. */
+static void test_unused_tensors_warn(void **state)
+{
+    (void)state;
+    const char *base = tmp_path("three.gguf"), *cut = tmp_path("cut.gguf");
+    const char *extra = tmp_path("extra.gguf");
+    gen("llama", 3, base);
+    uint32_t two = 2;
+    edit e = {.key = "llama.block_count", .type = GGUF_TYPE_UINT32, .payload = &two, .nbytes = 4};
+    rewrite(base, cut, &e);
+    edit x = {.tensor = "token_embd_norm.weight", .copy_of = "output_norm.weight"};
+    rewrite(base, extra, &x);
+    log_cap cap;
+    char err[256];
+    const struct {
+        const char *path;
+        int n_warn;
+        const char *msg;
+    } cases[] = {
+        {base, 0, ""},
+        {cut, 1,
+         "9 of 30 tensors are not used by the llama model and are ignored (llama.block_count is 2, "
+         "but the file has layers blk.2..blk.2): blk.2.attn_norm.weight, blk.2.attn_q.weight, "},
+        {extra, 1,
+         "1 of 31 tensors are not used by the llama model and are ignored: "
+         "token_embd_norm.weight"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        memset(&cap, 0, sizeof cap);
+        keel_set_log(capture_log, &cap, KEEL_LOG_DEBUG);
+        keel_status st = try_open(cases[i].path, NULL, err);
+        keel_set_log(NULL, NULL, KEEL_LOG_INFO);
+        if (st != KEEL_OK) fail_msg("%s: %s", cases[i].path, err);
+        assert_int_equal(cap.n_warn, cases[i].n_warn);
+        if (!strstr(cap.last, cases[i].msg)) fail_msg("warning '%s' lacks '%s'", cap.last, cases[i].msg);
+    }
+    /* the cut model runs on its two layers */
+    keel_model_params mp = keel_model_params_default();
+    mp.path = cut;
+    keel_model *m = NULL;
+    assert_ok(keel_model_open(&mp, &m, err));
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    assert_int_equal(mi.n_layer, 2);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 32;
+    keel_context *c = NULL;
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    int32_t toks[4] = {1, 20, 30, 40};
+    keel_batch b = {4, toks, NULL, NULL, NULL};
+    assert_ok(keel_decode(c, &b));
+    const float *l = keel_logits(c, 3);
+    assert_non_null(l);
+    assert_true(isfinite(l[0]) && isfinite(l[mi.n_vocab - 1]));
+    keel_context_close(c);
+    keel_model_close(m);
+}
+
+/* A tiny llama2.c checkpoint (zero weights, shared classifier, vocab 4). */
+static void write_l2c(const char *path)
+{
+    const int32_t h[7] = {8, 16, 1, 2, 2, 4, 4};
+    /* emb 4x8, rms_att 8, wq/wk/wv/wo 4x64, rms_ffn 8, w1/w2/w3 3x128,
+     * rms_final 8, freq_cis 2 x 4 x 2 */
+    size_t n_floats = 32 + 8 + 4 * 64 + 8 + 3 * 128 + 8 + 16;
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(h, sizeof h, 1, f), 1);
+    float z = 0.0f;
+    for (size_t i = 0; i < n_floats; i++)
+        assert_int_equal(fwrite(&z, 4, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* Runs the keel CLI (KEEL_BIN) with args; stderr into buf; exit status. */
+static int run_cli(const char *args, char *buf, size_t cap)
+{
+    const char *bin = getenv("KEEL_BIN");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", bin && *bin ? bin : "./keel", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(buf, 1, cap - 1, p);
+    buf[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Issue 8 item 18: a path that is not a model says what it found (not a
+ * regular file, a directory, empty, the magic), the CLI prints the path
+ * once, and tokenizer-file errors name the tokenizer's path. */
+static void test_not_a_model(void **state)
+{
+    (void)state;
+    const char *empty = tmp_path("empty.bin"), *text = tmp_path("notes.txt");
+    const char *shortf = tmp_path("short.bin"), *l2c = tmp_path("model.bin");
+    const char *badtok = tmp_path("badtok.bin");
+    FILE *f = fopen(empty, "wb");
+    assert_int_equal(fclose(f), 0);
+    f = fopen(text, "wb");
+    fputs("# my notes\n", f);
+    assert_int_equal(fclose(f), 0);
+    f = fopen(shortf, "wb");
+    fputs("GG", f);
+    assert_int_equal(fclose(f), 0);
+    f = fopen(badtok, "wb");
+    fputs("this is not a tokenizer at all", f);
+    assert_int_equal(fclose(f), 0);
+    write_l2c(l2c);
+    const struct {
+        const char *path, *tok;
+        keel_status st;
+        const char *msg;
+    } cases[] = {
+        {"/dev/null", NULL, KEEL_EIO,
+         "not a regular file (a character device): a model is a GGUF file or a llama2.c checkpoint"},
+        {g_dir, NULL, KEEL_EIO, "is a directory, not a model file"},
+        {empty, NULL, KEEL_EFORMAT, "empty file (0 bytes): not a GGUF file or a llama2.c checkpoint"},
+        {text, NULL, KEEL_EFORMAT,
+         "not a GGUF file (magic '# my'); for a llama2.c checkpoint pass --tokenizer"},
+        {shortf, NULL, KEEL_EFORMAT, "not a GGUF file (2 bytes: 'GG')"},
+        {l2c, NULL, KEEL_EFORMAT,
+         "not a GGUF file (magic '\\x08\\x00\\x00\\x00'); for a llama2.c checkpoint pass --tokenizer"},
+        {tmp_path("missing.gguf"), NULL, KEEL_EIO, "cannot open: No such file or directory"},
+        {l2c, tmp_path("missing-tok.bin"), KEEL_EIO, "tokenizer "},
+        {l2c, badtok, KEEL_EFORMAT, "tokenizer "},
+    };
+    char err[256], out[8192], args[1024];
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        keel_status st = try_open(cases[i].path, cases[i].tok, err);
+        if (st != cases[i].st || !strstr(err, cases[i].msg))
+            fail_msg("%s: %s '%s', want %s '%s'", cases[i].path, keel_status_name(st), err,
+                     keel_status_name(cases[i].st), cases[i].msg);
+        /* the library names the tokenizer, never the model path */
+        assert_null(strstr(err, cases[i].path));
+        if (cases[i].tok) {
+            char want[256];
+            snprintf(want, sizeof want, "tokenizer %s: ", cases[i].tok);
+            if (!strstr(err, want)) fail_msg("'%s' lacks '%s'", err, want);
+        }
+        /* the CLI: one line, the model path once, the detail once */
+        snprintf(args, sizeof args, "run -m '%s'%s%s%s -p hi -n 1", cases[i].path,
+                 cases[i].tok ? " --tokenizer '" : "", cases[i].tok ? cases[i].tok : "",
+                 cases[i].tok ? "'" : "");
+        assert_int_equal(run_cli(args, out, sizeof out), 1);
+        assert_int_equal(count(out, "\n"), 1);
+        assert_int_equal(count(out, cases[i].path), 1);
+        assert_int_equal(count(out, cases[i].msg), 1);
+        if (cases[i].tok) assert_int_equal(count(out, cases[i].tok), 1);
+    }
+}
+
+/* The CLI shows the library's unused-tensor warning on stderr, once. */
+static void test_cli_unused_warning(void **state)
+{
+    (void)state;
+    const char *base = tmp_path("cli3.gguf"), *cut = tmp_path("cli-cut.gguf");
+    gen("llama", 3, base);
+    uint32_t two = 2;
+    edit e = {.key = "llama.block_count", .type = GGUF_TYPE_UINT32, .payload = &two, .nbytes = 4};
+    rewrite(base, cut, &e);
+    char out[8192], args[512];
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 1", cut);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_int_equal(count(out, "keel: warning: 9 of 30 tensors are not used"), 1);
+    assert_int_equal(count(out, "warning"), 1);
+    snprintf(args, sizeof args, "run -m '%s' -p hi -n 1", base);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_null(strstr(out, "warning"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -311,6 +700,10 @@ int main(void)
         cmocka_unit_test(test_fixture_quantized_kv),
         cmocka_unit_test(test_llama2c_matches_gguf),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test_setup_teardown(test_invalid_hparams_and_norms, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_unused_tensors_warn, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_not_a_model, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_cli_unused_warning, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,6 +39,13 @@ int cli_fail(const char *what, keel_status st, const char *detail)
     return 1;
 }
 
+/* Library warnings (e.g. unused tensors in a model) go to stderr. */
+static void cli_log(void *user, keel_log_level level, const char *message)
+{
+    (void)user;
+    fprintf(stderr, "keel: %s: %s\n", level >= KEEL_LOG_ERROR ? "error" : "warning", message);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "keel %s — LLM inference runtime for long agentic sessions\n\n", keel_version());
@@ -55,6 +62,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    keel_set_log(cli_log, NULL, KEEL_LOG_WARN);
     const char *cmd = argv[1];
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
         printf("keel %s\n", keel_version());

@@ -4,8 +4,6 @@
  */
 #include "engine.h"
 
-#include "../model/llama2c.h"
-
 #include <stdio.h>
 #include <string.h>
 
@@ -15,40 +13,14 @@ keel_model_params keel_model_params_default(void)
     return p;
 }
 
-/* GGUF files start with "GGUF"; anything else is tried as llama2.c. */
-static bool is_gguf(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    char magic[4] = {0};
-    size_t n = fread(magic, 1, 4, f);
-    fclose(f);
-    return n == 4 && memcmp(magic, "GGUF", 4) == 0;
-}
-
 keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *err)
 {
     if (!out) return KEEL_EINVAL;
     *out = NULL;
     if (!p || !p->path) return base_err(err, KEEL_EINVAL, "model path is NULL");
-    FILE *f = fopen(p->path, "rb");
-    if (!f) return base_err(err, KEEL_EIO, "cannot open %s", p->path);
-    fclose(f);
     keel_model *m = base_calloc(1, sizeof *m);
     if (!m) return base_err(err, KEEL_ENOMEM, "out of memory");
-    keel_status st;
-    if (is_gguf(p->path)) {
-        st = gguf_open_file(p->path, &m->g, err);
-    } else {
-        if (!p->tokenizer_path) {
-            base_free(m, sizeof *m);
-            return base_err(err, KEEL_EFORMAT,
-                            "%s is not a GGUF file; a llama2.c checkpoint needs a tokenizer "
-                            "(--tokenizer tokenizer.bin)",
-                            p->path);
-        }
-        st = llama2c_open_file(p->path, p->tokenizer_path, &m->g, err);
-    }
+    keel_status st = model_open_file(p->path, p->tokenizer_path, &m->g, err);
     if (st != KEEL_OK) {
         base_free(m, sizeof *m);
         return st;

@@ -11,8 +11,12 @@
  * bounded by GGUF_MAX_ARRAY_DEPTH, never by input size.
  *
  * Invariants after open: every gguf_value/gguf_tensor view lies inside
- * [base, base + size); tensor data is aligned to the file alignment; keys
- * and tensor names are unique.
+ * [base, base + size); the alignment is a power of two >= 8 and tensor data
+ * is aligned to it relative to the file start (so also in memory when the
+ * file is mapped; gguf_open_buffer callers may pass any address, and the
+ * kernels accept any); tensor data lies in tensor-info order, each tensor
+ * at the previous one's padded end, and its byte size is what its dtype
+ * and shape imply; keys and tensor names are unique.
  */
 #include "gguf.h"
 
@@ -387,11 +391,14 @@ static keel_status parse_kvs(parser *c, uint64_t n_kv)
                 return base_err(c->err, KEEL_EFORMAT,
                                 "key general.alignment: type %s, want an integer",
                                 gguf_type_name(v.type));
-            if (a < 1 || a > (1 << 30) || (a & (a - 1)) != 0)
+            /* The GGUF spec requires a multiple of 8 (llama.cpp takes any
+             * power of two): smaller values would leave f32 and f16 tensor
+             * data misaligned. */
+            if (a < GGUF_MIN_ALIGNMENT || a > (1 << 30) || (a & (a - 1)) != 0)
                 return base_err(c->err, KEEL_EFORMAT,
                                 "key general.alignment: %" PRId64 " is not a power of two in "
-                                "1..2^30",
-                                a);
+                                "%d..2^30 (GGUF requires a multiple of %d)",
+                                a, GGUF_MIN_ALIGNMENT, GGUF_MIN_ALIGNMENT);
             c->alignment = (uint32_t)a;
         }
     }
@@ -466,19 +473,39 @@ static keel_status parse_tensor_infos(parser *c, uint64_t n_tensors)
     return KEEL_OK;
 }
 
-/* Checks each tensor's data range (pass 1, positions only) and sets data
- * pointers (pass 2). The infos are re-read from the file in pass 1, so the
- * same function runs on stored tensors in pass 2 only. */
+/* "f32 [4096, 32]": dtype and shape of t, for messages. */
+static const char *tensor_desc(const gguf_tensor *t, char buf[96])
+{
+    const char *dn = keel_dtype_name(t->dtype);
+    int k = snprintf(buf, 96, "%s [%" PRId64, dn ? dn : "?", t->ne[0]);
+    for (uint32_t d = 1; d < t->n_dims && k > 0 && k < 96; d++)
+        k += snprintf(buf + k, 96 - (size_t)k, ", %" PRId64, t->ne[d]);
+    if (k > 0 && k < 95) snprintf(buf + k, 96 - (size_t)k, "]");
+    return buf;
+}
+
+/*
+ * Checks each tensor's data range and sets data pointers (pass 2, on the
+ * stored infos). As llama.cpp's gguf reader requires, tensor data lies in
+ * file order, each tensor at the previous one's end padded to the
+ * alignment: that rules out overlap, gaps, and a size (dtype x shape) that
+ * disagrees with the space the file gives the tensor. The last tensor's
+ * size is checked against the end of the file: at most its padding may
+ * follow it.
+ */
 static keel_status check_tensor_data(parser *c)
 {
     gguf *g = c->g;
+    size_t room = g->size - g->data_offset; /* data_offset <= size checked by caller */
+    size_t expect = 0; /* where the next tensor must start */
+    char d0[96];
     for (int64_t i = 0; i < g->n_tensors; i++) {
         gguf_tensor *t = &g->tensors[i];
+        const gguf_tensor *prev = i > 0 ? &g->tensors[i - 1] : NULL;
         if (t->offset % g->alignment != 0)
             return base_err(c->err, KEEL_EFORMAT,
                             "tensor %s: offset %" PRIu64 " not a multiple of the alignment %u",
                             t->name, t->offset, g->alignment);
-        size_t room = g->size - g->data_offset; /* data_offset <= size checked by caller */
         if (t->offset > room)
             return base_err(c->err, KEEL_EFORMAT,
                             "tensor %s: offset %" PRIu64 " past end of file (%zu)", t->name,
@@ -487,7 +514,38 @@ static keel_status check_tensor_data(parser *c)
             return base_err(c->err, KEEL_EFORMAT,
                             "tensor %s: %zu bytes at offset %" PRIu64 " run past end of file (%zu)",
                             t->name, t->nbytes, t->offset, g->size);
+        if (!prev && t->offset != 0)
+            return base_err(c->err, KEEL_EFORMAT,
+                            "tensor %s: offset %" PRIu64
+                            ", expected 0 (the first tensor starts the data section)",
+                            t->name, t->offset);
+        if (prev && t->offset < expect)
+            return base_err(c->err, KEEL_EFORMAT,
+                            "tensor %s: data at offset %" PRIu64 " overlaps tensor %s (%zu bytes "
+                            "of %s at offset %" PRIu64 ")",
+                            t->name, t->offset, prev->name, prev->nbytes, tensor_desc(prev, d0),
+                            prev->offset);
+        if (prev && t->offset > expect)
+            return base_err(c->err, KEEL_EFORMAT,
+                            "tensor %s: offset %" PRIu64 ", expected %zu: the file leaves %" PRIu64
+                            " bytes for tensor %s, which as %s needs %zu",
+                            t->name, t->offset, expect, t->offset - prev->offset, prev->name,
+                            tensor_desc(prev, d0), prev->nbytes);
+        /* offset + nbytes <= room, so neither sum overflows a size_t that
+         * holds the file size, except in the padding: checked */
+        if (!size_align_up((size_t)t->offset + t->nbytes, g->alignment, &expect))
+            return base_err(c->err, KEEL_EFORMAT, "tensor %s: data end overflows", t->name);
         t->data = g->base + g->data_offset + t->offset;
+    }
+    if (g->n_tensors > 0 && room > expect) {
+        const gguf_tensor *last = &g->tensors[g->n_tensors - 1];
+        size_t end = (size_t)last->offset + last->nbytes;
+        return base_err(c->err, KEEL_EFORMAT,
+                        "%zu bytes follow the data of the last tensor %s (%s, %zu bytes at offset "
+                        "%" PRIu64 "), more than its %zu bytes of padding: its dtype or shape does "
+                        "not match its data",
+                        room - end, last->name, tensor_desc(last, d0), last->nbytes,
+                        last->offset, expect - end);
     }
     return KEEL_OK;
 }

@@ -16,8 +16,12 @@
  *   | tensor[n_tensors]| str name, u32 n_dims,   | ne[0] fastest; offset relative to the   |
  *   |                  | u64 ne[n_dims], u32     | data section, a multiple of alignment   |
  *   |                  | dtype, u64 offset       |                                         |
- *   | padding          |                         | to general.alignment (default 32)       |
- *   | data             |                         | tensor bytes                            |
+ *   | padding          |                         | to general.alignment (default 32; a     |
+ *   |                  |                         | power of two >= 8)                      |
+ *   | data             |                         | tensor bytes in tensor-info order, each |
+ *   |                  |                         | padded to the alignment (no gaps, no    |
+ *   |                  |                         | overlap; only the last padding may be   |
+ *   |                  |                         | cut short by the end of the file)       |
  *
  * Reader: a gguf is immutable after open. Every lookup is const and
  * thread-safe; nothing allocates after open. Strings inside the file are
@@ -40,6 +44,7 @@
 #define GGUF_MAGIC             0x46554747u /* "GGUF" little-endian */
 #define GGUF_VERSION           3
 #define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MIN_ALIGNMENT     8     /* the spec: general.alignment is a multiple of 8 */
 #define GGUF_MAX_DIMS          4
 #define GGUF_MAX_NAME          256   /* bytes of a tensor name, NUL excluded */
 #define GGUF_MAX_KEY           65535 /* bytes of a key */
@@ -231,8 +236,8 @@ void gguf_writer_close(gguf_writer *w);
 /* Detail of the last failure ("" if none). Valid until the next call. */
 const char *gguf_writer_last_error(const gguf_writer *w);
 
-/* Alignment (power of two, 1..2^20); stored as general.alignment (u32) when
- * not 32. Must be called before adding tensors. */
+/* Alignment (power of two, 8..2^20, as the reader requires); stored as
+ * general.alignment (u32) when not 32. Must be called before adding tensors. */
 keel_status gguf_writer_set_alignment(gguf_writer *w, uint32_t alignment);
 
 keel_status gguf_writer_add_u8(gguf_writer *w, const char *key, uint8_t v);

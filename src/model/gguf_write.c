@@ -251,9 +251,9 @@ keel_status gguf_writer_add_raw(gguf_writer *w, const char *key, gguf_type type,
 
 keel_status gguf_writer_set_alignment(gguf_writer *w, uint32_t alignment)
 {
-    if (alignment == 0 || alignment > (1u << 20) || (alignment & (alignment - 1)))
-        return base_err(w->err, KEEL_EINVAL, "alignment %u is not a power of two in 1..2^20",
-                        alignment);
+    if (alignment < GGUF_MIN_ALIGNMENT || alignment > (1u << 20) || (alignment & (alignment - 1)))
+        return base_err(w->err, KEEL_EINVAL, "alignment %u is not a power of two in %d..2^20",
+                        alignment, GGUF_MIN_ALIGNMENT);
     if (w->n_tensors)
         return base_err(w->err, KEEL_EINVAL, "alignment must be set before adding tensors");
     if (alignment == w->alignment && alignment == GGUF_DEFAULT_ALIGNMENT) return KEEL_OK;

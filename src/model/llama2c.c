@@ -135,32 +135,34 @@ static bool is_hex(uint8_t c)
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-static keel_status read_vocab(const uint8_t *p, size_t size, int32_t n, l2c_vocab *v, char *err)
+/* what names the file in messages: "tokenizer" or "tokenizer PATH". */
+static keel_status read_vocab(const uint8_t *p, size_t size, int32_t n, l2c_vocab *v,
+                              const char *what, char *err)
 {
     const uint8_t *end = p + size;
     keel_status st = KEEL_OK;
     memset(v, 0, sizeof *v);
     if (size < 4)
-        return base_err(err, KEEL_EFORMAT, "tokenizer: file of %zu bytes has no header", size);
+        return base_err(err, KEEL_EFORMAT, "%s: file of %zu bytes has no header", what, size);
     p += 4; /* max_token_length: unused */
     /* each token takes at least 8 bytes: bound n before allocating */
     if ((size_t)n > (size_t)(end - p) / 8)
         return base_err(err, KEEL_EFORMAT,
-                        "tokenizer: %d tokens cannot fit in %zu bytes (truncated?)", n, size);
+                        "%s: %d tokens cannot fit in %zu bytes (truncated?)", what, n, size);
     v->n = n;
     v->text = base_calloc((size_t)n, sizeof *v->text);
     v->text_len = base_calloc((size_t)n, sizeof *v->text_len);
     v->scores = base_alloc((size_t)n * sizeof *v->scores);
     v->types = base_alloc((size_t)n * sizeof *v->types);
     if (!v->text || !v->text_len || !v->scores || !v->types) {
-        st = base_err(err, KEEL_ENOMEM, "tokenizer: out of memory for %d tokens", n);
+        st = base_err(err, KEEL_ENOMEM, "%s: out of memory for %d tokens", what, n);
         goto fail;
     }
     for (int32_t i = 0; i < n; i++) {
         float score;
         int32_t len;
         if ((size_t)(end - p) < 8) {
-            st = base_err(err, KEEL_EFORMAT, "tokenizer: token %d: header past end of file", i);
+            st = base_err(err, KEEL_EFORMAT, "%s: token %d: header past end of file", what, i);
             goto fail;
         }
         memcpy(&score, p, 4);
@@ -168,7 +170,7 @@ static keel_status read_vocab(const uint8_t *p, size_t size, int32_t n, l2c_voca
         p += 8;
         if (len < 0 || (size_t)len > (size_t)(end - p)) {
             st = base_err(err, KEEL_EFORMAT,
-                          "tokenizer: token %d: length %d past end of file (%zu bytes left)", i,
+                          "%s: token %d: length %d past end of file (%zu bytes left)", what, i,
                           len, (size_t)(end - p));
             goto fail;
         }
@@ -195,7 +197,7 @@ static keel_status read_vocab(const uint8_t *p, size_t size, int32_t n, l2c_voca
         out_len = slen + 2 * n_sp; /* slen < 2^31: no overflow */
         char *t = base_alloc(out_len + 1);
         if (!t) {
-            st = base_err(err, KEEL_ENOMEM, "tokenizer: out of memory");
+            st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);
             goto fail;
         }
         size_t k = 0;
@@ -214,7 +216,7 @@ static keel_status read_vocab(const uint8_t *p, size_t size, int32_t n, l2c_voca
         v->types[i] = type;
     }
     if (p != end) {
-        st = base_err(err, KEEL_EFORMAT, "tokenizer: %zu trailing bytes after %d tokens",
+        st = base_err(err, KEEL_EFORMAT, "%s: %zu trailing bytes after %d tokens", what,
                       (size_t)(end - p), n);
         goto fail;
     }
@@ -226,8 +228,9 @@ fail:
 
 /* ---- conversion ------------------------------------------------------------ */
 
-keel_status llama2c_convert(const void *model, size_t model_size, const void *tok, size_t tok_size,
-                            void **out, size_t *out_size, char *err)
+/* llama2c_convert; tok_what names the tokenizer in its messages. */
+static keel_status convert(const void *model, size_t model_size, const void *tok, size_t tok_size,
+                           const char *tok_what, void **out, size_t *out_size, char *err)
 {
     keel_status st;
     llama2c_config c;
@@ -237,7 +240,7 @@ keel_status llama2c_convert(const void *model, size_t model_size, const void *to
     *out = NULL;
     *out_size = 0;
     if ((st = llama2c_read_config(model, model_size, &c, err))) return st;
-    if (tok && (st = read_vocab(tok, tok_size, c.vocab_size, &v, err))) return st;
+    if (tok && (st = read_vocab(tok, tok_size, c.vocab_size, &v, tok_what, err))) return st;
     if ((st = gguf_writer_open(&w))) {
         base_err(err, st, "out of memory");
         goto done;
@@ -327,34 +330,48 @@ done:
     return st;
 }
 
-keel_status llama2c_open_buffer(const void *model, size_t model_size, const void *tok,
-                                size_t tok_size, gguf **out, char *err)
+keel_status llama2c_convert(const void *model, size_t model_size, const void *tok, size_t tok_size,
+                            void **out, size_t *out_size, char *err)
+{
+    return convert(model, model_size, tok, tok_size, "tokenizer", out, out_size, err);
+}
+
+static keel_status open_buffer(const void *model, size_t model_size, const void *tok,
+                               size_t tok_size, const char *tok_what, gguf **out, char *err)
 {
     void *data;
     size_t size;
     if (!out) return base_err(err, KEEL_EINVAL, "out is NULL");
     *out = NULL;
-    keel_status st = llama2c_convert(model, model_size, tok, tok_size, &data, &size, err);
+    keel_status st = convert(model, model_size, tok, tok_size, tok_what, &data, &size, err);
     if (st) return st;
     return gguf_open_owned(data, size, out, err);
 }
 
-/* Maps a whole file read-only. */
-static keel_status map_file(const char *path, void **data, size_t *size, char *err)
+keel_status llama2c_open_buffer(const void *model, size_t model_size, const void *tok,
+                                size_t tok_size, gguf **out, char *err)
+{
+    return open_buffer(model, model_size, tok, tok_size, "tokenizer", out, err);
+}
+
+/* Maps a whole file read-only; what names it in messages ("model.bin",
+ * "tokenizer tok.bin"). */
+static keel_status map_file(const char *path, const char *what, void **data, size_t *size,
+                            char *err)
 {
     *data = NULL;
     *size = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
+    if (fd < 0) return base_err(err, KEEL_EIO, "%s: %s", what, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0) {
         close(fd);
-        return base_err(err, KEEL_EIO, "%s: not a readable non-empty file", path);
+        return base_err(err, KEEL_EIO, "%s: not a readable non-empty file", what);
     }
     void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (m == MAP_FAILED) return base_err(err, KEEL_EIO, "%s: mmap: %s", path, strerror(e));
+    if (m == MAP_FAILED) return base_err(err, KEEL_EIO, "%s: mmap: %s", what, strerror(e));
     *data = m;
     *size = (size_t)sb.st_size;
     return KEEL_OK;
@@ -366,9 +383,11 @@ keel_status llama2c_open_file(const char *model_path, const char *tok_path, gguf
     size_t ms = 0, ts = 0;
     if (!out || !model_path) return base_err(err, KEEL_EINVAL, "path or out is NULL");
     *out = NULL;
-    keel_status st = map_file(model_path, &m, &ms, err);
-    if (!st && tok_path) st = map_file(tok_path, &t, &ts, err);
-    if (!st) st = llama2c_open_buffer(m, ms, t, ts, out, err);
+    char tok_what[BASE_ERR_CAP];
+    snprintf(tok_what, sizeof tok_what, "tokenizer %s", tok_path ? tok_path : "");
+    keel_status st = map_file(model_path, model_path, &m, &ms, err);
+    if (!st && tok_path) st = map_file(tok_path, tok_what, &t, &ts, err);
+    if (!st) st = open_buffer(m, ms, t, ts, tok_what, out, err);
     if (m) munmap(m, ms);
     if (t) munmap(t, ts);
     return st;

@@ -64,7 +64,8 @@ keel_status llama2c_open_buffer(const void *model, size_t model_size, const void
                                 size_t tok_size, gguf **out, char *err);
 
 /* Maps both files (tok_path may be NULL), converts and opens. KEEL_EIO when
- * a file cannot be read; other errors as above. */
+ * a file cannot be read; other errors as above. Messages about the
+ * tokenizer name its path ("tokenizer tok.bin: token 17: ..."). */
 keel_status llama2c_open_file(const char *model_path, const char *tok_path, gguf **out, char *err);
 
 #endif /* KEEL_MODEL_LLAMA2C_H */

@@ -4,12 +4,20 @@
  * shape and dtype, keeps 2-D weights as views into the file and converts
  * 1-D tensors to owned f32 arrays.
  *
+ * Validation at load, each failure naming the key or tensor: integer
+ * hyperparameters in range, float ones finite and in range (norm epsilon in
+ * (0, 1], RoPE base > 0, soft-caps >= 0, ...), every 1-D tensor (norms,
+ * biases, RoPE frequency factors) finite after conversion. Matrices are not
+ * scanned (that would read the whole file at open). Tensors the
+ * architecture does not bind are reported once through the log callback.
+ *
  * Architectures: llama (Llama 2/3, Mistral, TinyLlama, stories), qwen2
  * (QKV biases), qwen3 (per-head Q/K RMSNorm), gemma2 (sliding-window layers,
  * soft-caps, post norms, embedding scale, tied output).
  */
 #include "model.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -57,7 +65,14 @@ typedef struct loader {
     float *f32;
     size_t f32_cap, f32_used; /* floats */
     bool counting;
+    uint8_t *used; /* [n_tensors] 1 once bound (filling pass), or NULL */
 } loader;
+
+/* Marks t as bound to the model (for the unused-tensor warning). */
+static void mark_used(loader *l, const gguf_tensor *t)
+{
+    if (l->used && !l->counting) l->used[t - gguf_tensor_at(l->g, 0)] = 1;
+}
 
 static keel_status key_int(loader *l, const char *suffix, bool required, int64_t def, int64_t lo,
                            int64_t hi, int32_t *out)
@@ -87,9 +102,24 @@ static keel_status key_float(loader *l, const char *suffix, double def, float *o
         keel_status st = gguf_get_float(l->g, key, &v, l->err);
         if (st != KEEL_OK) return st;
     }
-    if (!isfinite(v)) return base_err(l->err, KEEL_EFORMAT, "key %s is not finite", key);
+    if (!(fabs(v) <= FLT_MAX)) /* NaN, Inf, or an f64 beyond f32 (checked before narrowing) */
+        return base_err(l->err, KEEL_EFORMAT, "key %s = %g: not a finite f32 number", key, v);
     *out = (float)v;
     return KEEL_OK;
+}
+
+/* key_float, then lo < v <= hi (lo_open) or lo <= v <= hi. */
+static keel_status key_float_in(loader *l, const char *suffix, double def, double lo, bool lo_open,
+                                double hi, float *out)
+{
+    keel_status st = key_float(l, suffix, def, out);
+    if (st != KEEL_OK) return st;
+    double v = *out;
+    if (lo_open ? v > lo : v >= lo) {
+        if (v <= hi) return KEEL_OK;
+    }
+    return base_err(l->err, KEEL_EFORMAT, "key %s.%s = %g: outside %c%g, %g]", l->arch, suffix, v,
+                    lo_open ? '(' : '[', lo, hi);
 }
 
 /* ---- tensors ------------------------------------------------------------- */
@@ -112,6 +142,7 @@ static keel_status get_mat(loader *l, const char *name, bool required, int64_t n
         return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s (id %d) is not supported",
                         name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown",
                         (int)t->dtype);
+    mark_used(l, t);
     out->data = t->data;
     out->dtype = t->dtype;
     out->n_cols = n_cols;
@@ -143,10 +174,18 @@ static keel_status get_vec(loader *l, const char *name, bool required, int64_t n
         *out = NULL;
         return KEEL_OK;
     }
+    mark_used(l, t);
     float *dst = l->f32 + l->f32_used;
     l->f32_used += (nn + 15) & ~(size_t)15;
     keel_status st = tensor_dequantize_row(t->dtype, t->data, dst, n);
     if (st != KEEL_OK) return base_err(l->err, st, "tensor %s: cannot convert", name);
+    /* A NaN or Inf in a norm or bias reaches every logit; say where it is
+     * now rather than as an invalid sampler argument later. */
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(dst[i]))
+            return base_err(l->err, KEEL_EFORMAT,
+                            "tensor %s: element %lld is %s: the weights are invalid", name,
+                            (long long)i, isnan(dst[i]) ? "NaN" : dst[i] > 0 ? "+Inf" : "-Inf");
     *out = dst;
     return KEEL_OK;
 }
@@ -168,6 +207,11 @@ static keel_status bind_tensors(loader *l, model_w *w)
     if (hp->rope.n_rot > 0 &&
         (st = get_vec(l, "rope_freqs.weight", false, hp->rope.n_rot / 2, &ff)) != KEEL_OK)
         return st;
+    for (int32_t i = 0; ff && i < hp->rope.n_rot / 2; i++)
+        if (!(ff[i] > 0.0f)) /* the angle rate is divided by it */
+            return base_err(l->err, KEEL_EFORMAT,
+                            "tensor rope_freqs.weight: element %d is %g, must be > 0", i,
+                            (double)ff[i]);
     if (!l->counting) w->hp.rope.freq_factors = ff;
     for (int32_t i = 0; i < hp->n_layer; i++) {
         model_layer *L = l->counting ? NULL : &w->layers[i];
@@ -240,7 +284,10 @@ static keel_status read_hparams(loader *l, model_w *w)
     int32_t hd_def = hp->n_embd / hp->n_head;
     if ((st = key_int(l, "attention.key_length", false, hd_def, 1, 8192, &hp->hd_k)) != KEEL_OK) return st;
     if ((st = key_int(l, "attention.value_length", false, hd_def, 1, 8192, &hp->hd_v)) != KEEL_OK) return st;
-    if ((st = key_float(l, "attention.layer_norm_rms_epsilon", 1e-5, &hp->norm_eps)) != KEEL_OK) return st;
+    /* eps <= 0 turns the norm of a zero row into 0/0 */
+    if ((st = key_float_in(l, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, true, 1.0,
+                           &hp->norm_eps)) != KEEL_OK)
+        return st;
     /* vocabulary size: the key, else the token list, else token_embd */
     int32_t nv = 0;
     if ((st = key_int(l, "vocab_size", false, 0, 0, BIG, &nv)) != KEEL_OK) return st;
@@ -258,8 +305,8 @@ static keel_status read_hparams(loader *l, model_w *w)
     r->type = ad->rope;
     if ((st = key_int(l, "rope.dimension_count", false, hp->hd_k, 2, hp->hd_k, &r->n_rot)) != KEEL_OK) return st;
     if (r->n_rot % 2) return base_err(l->err, KEEL_EFORMAT, "%s.rope.dimension_count %d is odd", l->arch, r->n_rot);
-    if ((st = key_float(l, "rope.freq_base", 10000.0, &r->freq_base)) != KEEL_OK) return st;
-    if (!(r->freq_base > 0.0f)) return base_err(l->err, KEEL_EFORMAT, "%s.rope.freq_base must be > 0", l->arch);
+    if ((st = key_float_in(l, "rope.freq_base", 10000.0, 0.0, true, 1e30, &r->freq_base)) != KEEL_OK)
+        return st;
     float factor = 1.0f;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", l->arch);
@@ -276,14 +323,18 @@ static keel_status read_hparams(loader *l, model_w *w)
             stn = 6;
         }
     }
-    if (factor < 0.0f) return base_err(l->err, KEEL_EFORMAT, "%s.rope.scaling.factor is negative", l->arch);
+    if (factor < 0.0f)
+        return base_err(l->err, KEEL_EFORMAT, "key %s.rope.scaling.factor = %g: must be >= 0",
+                        l->arch, (double)factor);
     r->freq_scale = 1.0f;
     if (gguf_str_eq(stype, stn, "linear")) {
         r->freq_scale = 1.0f / factor;
     } else if (gguf_str_eq(stype, stn, "yarn")) {
         r->freq_scale = 1.0f / factor;
         r->ext_factor = 1.0f;
-        if ((st = key_float(l, "rope.scaling.attn_factor", 1.0, &r->attn_factor)) != KEEL_OK) return st;
+        if ((st = key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6,
+                               &r->attn_factor)) != KEEL_OK)
+            return st;
         if ((st = key_float(l, "rope.scaling.yarn_beta_fast", 32.0, &r->beta_fast)) != KEEL_OK) return st;
         if ((st = key_float(l, "rope.scaling.yarn_beta_slow", 1.0, &r->beta_slow)) != KEEL_OK) return st;
         if ((st = key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
@@ -298,22 +349,78 @@ static keel_status read_hparams(loader *l, model_w *w)
     hp->embd_scale = 1.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->hd_k);
     if (hp->arch == MODEL_ARCH_GEMMA2) {
-        if ((st = key_float(l, "attn_logit_softcapping", 50.0, &hp->attn_softcap)) != KEEL_OK) return st;
-        if ((st = key_float(l, "final_logit_softcapping", 30.0, &hp->final_softcap)) != KEEL_OK) return st;
+        /* 0 turns a soft-cap off */
+        if ((st = key_float_in(l, "attn_logit_softcapping", 50.0, 0.0, false, 1e30,
+                               &hp->attn_softcap)) != KEEL_OK)
+            return st;
+        if ((st = key_float_in(l, "final_logit_softcapping", 30.0, 0.0, false, 1e30,
+                               &hp->final_softcap)) != KEEL_OK)
+            return st;
         if ((st = key_int(l, "attention.sliding_window", false, 4096, 1, BIG, &hp->n_swa)) != KEEL_OK) return st;
         hp->embd_scale = sqrtf((float)hp->n_embd);
         /* llama.cpp: gemma2 27B scales by 1/sqrt(n_embd / n_head), the others by head_dim */
         if (hp->n_layer == 46) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
-        if (hp->attn_softcap < 0.0f || hp->final_softcap < 0.0f)
-            return base_err(l->err, KEEL_EFORMAT, "gemma2: negative soft-cap");
     }
     return KEEL_OK;
+}
+
+/* Layer number of a "blk.N." tensor name, or -1. */
+static int64_t block_of(const char *name)
+{
+    if (strncmp(name, "blk.", 4) != 0) return -1;
+    int64_t n = 0;
+    const char *p = name + 4;
+    if (*p < '0' || *p > '9') return -1;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if ((n = n * 10 + (*p - '0')) > INT32_MAX) return -1;
+    return *p == '.' ? n : -1;
+}
+
+/*
+ * Tensors the architecture did not bind: one warning through the log
+ * callback, naming them (as many as fit) and, when layers beyond
+ * block_count are present, saying so. llama.cpp refuses such files ("wrong
+ * number of tensors"); keel runs them, since a smaller block_count is also
+ * how a model is cut to its first layers on purpose, but never silently.
+ */
+static void warn_unused(const loader *l, const model_w *w)
+{
+    const gguf *g = l->g;
+    int64_t n_unused = 0, blk_lo = INT64_MAX, blk_hi = -1;
+    char names[640];
+    size_t k = 0;
+    int64_t listed = 0;
+    names[0] = '\0';
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        if (l->used[i]) continue;
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        n_unused++;
+        int64_t b = block_of(t->name);
+        if (b >= w->hp.n_layer) {
+            blk_lo = BASE_MIN(blk_lo, b);
+            blk_hi = BASE_MAX(blk_hi, b);
+        }
+        if (k + t->name_len + 3 < sizeof names - 16) {
+            k += (size_t)snprintf(names + k, sizeof names - k, "%s%s", listed ? ", " : "", t->name);
+            listed++;
+        }
+    }
+    if (n_unused == 0) return;
+    char more[48] = "", blocks[160] = "";
+    if (listed < n_unused)
+        snprintf(more, sizeof more, " and %lld more", (long long)(n_unused - listed));
+    if (blk_hi >= 0)
+        snprintf(blocks, sizeof blocks,
+                 " (%s.block_count is %d, but the file has layers blk.%lld..blk.%lld)", l->arch,
+                 w->hp.n_layer, (long long)blk_lo, (long long)blk_hi);
+    base_log(KEEL_LOG_WARN, "%lld of %lld tensors are not used by the %s model and are ignored%s: %s%s",
+             (long long)n_unused, (long long)gguf_n_tensors(g), l->arch, blocks, names, more);
 }
 
 keel_status model_load(const gguf *g, model_w *w, char *err)
 {
     memset(w, 0, sizeof *w);
-    loader l = {g, NULL, err, NULL, 0, 0, true};
+    loader l = {g, NULL, err, NULL, 0, 0, true, NULL};
     keel_status st = read_hparams(&l, w);
     if (st != KEEL_OK) return st;
     /* pass 1: shapes, dtypes, and how many f32 floats the vectors need */
@@ -335,11 +442,19 @@ keel_status model_load(const gguf *g, model_w *w, char *err)
         model_free(w);
         return base_err(err, KEEL_ENOMEM, "out of memory (model vectors)");
     }
+    size_t n_t = (size_t)gguf_n_tensors(g);
+    l.used = n_t ? base_calloc(n_t, 1) : NULL;
+    if (n_t && !l.used) {
+        model_free(w);
+        return base_err(err, KEEL_ENOMEM, "out of memory (tensor marks)");
+    }
     l.counting = false;
     l.f32 = w->f32_block;
     l.f32_used = 0;
     st = bind_tensors(&l, w);
     if (st == KEEL_OK) st = tensor_rope_rates(&w->hp.rope, w->rope_rates, &w->rope_mscale);
+    if (st == KEEL_OK) warn_unused(&l, w);
+    base_free(l.used, n_t);
     if (st != KEEL_OK) {
         model_free(w);
         return st == KEEL_EINVAL ? base_err(err, KEEL_EFORMAT, "bad RoPE parameters") : st;

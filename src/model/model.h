@@ -75,9 +75,24 @@ typedef struct model_w {
 
 /* Binds the hyperparameters and tensors of g (which must outlive w).
  * KEEL_EUNSUPPORTED (architecture or dtype, named), KEEL_ENOENT (missing
- * key or tensor, named), KEEL_EFORMAT (wrong shape, bad value), KEEL_ENOMEM. */
+ * key or tensor, named), KEEL_EFORMAT (wrong shape; a hyperparameter out of
+ * range or not finite, named with its value; a NaN/Inf element in a 1-D
+ * tensor, named with its index), KEEL_ENOMEM. Tensors left unbound (e.g.
+ * layers beyond block_count) do not fail: one KEEL_LOG_WARN message names
+ * them. */
 keel_status model_load(const gguf *g, model_w *w, char *err);
 void model_free(model_w *w);
+
+/* Opens a model file (model_file.c): a GGUF file is mapped
+ * (gguf_open_file); anything else is a llama2.c checkpoint when tok_path
+ * is given (llama2c_open_file), else refused with what the file starts
+ * with ("not a GGUF file (magic 'ab\x00\x01'); for a llama2.c checkpoint
+ * pass --tokenizer"). Directories, devices, pipes and empty files are
+ * refused as such. err never repeats path (the caller names it); errors
+ * about the tokenizer name tok_path. A tok_path given with a GGUF file is
+ * ignored with a KEEL_LOG_WARN message. KEEL_EIO, KEEL_EFORMAT, and the
+ * errors of the two openers. *out is NULL on failure. */
+keel_status model_open_file(const char *path, const char *tok_path, gguf **out, char *err);
 
 /* The memory layer descriptions for a context (kinds, heads, dims, RoPE).
  * layers has room for hp.n_layer. */

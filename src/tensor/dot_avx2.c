@@ -11,22 +11,50 @@
 
 /* ---- f32 helpers ----------------------------------------------------------------- */
 
-float tensor_dot_f32_avx2(const float *a, const float *b, int64_t n)
+/* 8 floats from any byte address. */
+static inline __m256 loadu_f32x8(const uint8_t *p)
+{
+    return _mm256_loadu_ps((const float *)(const void *)p);
+}
+
+/* Weight rows reach these helpers too (dot_f32, axpy_f32), and a GGUF
+ * buffer may sit at any byte address: the operands are walked as bytes,
+ * vector loads are unaligned and the scalar tails load with memcpy, so no
+ * float is ever read through a misaligned float pointer (UB, and a fault
+ * once the compiler vectorizes with aligned loads). */
+static float dot_f32_bytes(const uint8_t *pa, const uint8_t *pb, int64_t n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+        const uint8_t *qa = pa + 4 * i, *qb = pb + 4 * i;
+        s0 = _mm256_fmadd_ps(loadu_f32x8(qa), loadu_f32x8(qb), s0);
+        s1 = _mm256_fmadd_ps(loadu_f32x8(qa + 32), loadu_f32x8(qb + 32), s1);
+        s2 = _mm256_fmadd_ps(loadu_f32x8(qa + 64), loadu_f32x8(qb + 64), s2);
+        s3 = _mm256_fmadd_ps(loadu_f32x8(qa + 96), loadu_f32x8(qb + 96), s3);
     }
     for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s0 = _mm256_fmadd_ps(loadu_f32x8(pa + 4 * i), loadu_f32x8(pb + 4 * i), s0);
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     for (; i < n; i++)
-        s += a[i] * b[i];
+        s += rd_f32(pa + 4 * i) * rd_f32(pb + 4 * i);
     return s;
+}
+
+static void axpy_f32_bytes(float *y, float a, const uint8_t *px, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, loadu_f32x8(px + 4 * i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * rd_f32(px + 4 * i);
+}
+
+float tensor_dot_f32_avx2(const float *a, const float *b, int64_t n)
+{
+    return dot_f32_bytes((const uint8_t *)a, (const uint8_t *)b, n);
 }
 
 float tensor_sumsq_f32_avx2(const float *x, int64_t n)
@@ -36,13 +64,7 @@ float tensor_sumsq_f32_avx2(const float *x, int64_t n)
 
 void tensor_axpy_f32_avx2(float *y, float a, const float *x, int64_t n)
 {
-    __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i,
-                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
+    axpy_f32_bytes(y, a, (const uint8_t *)x, n);
 }
 
 void tensor_scale_f32_avx2(float *y, float a, int64_t n)
@@ -77,7 +99,7 @@ void tensor_mul_f32_avx2(float *y, const float *x, int64_t n)
 
 static float dot_f32(int64_t n, const void *w, const void *x)
 {
-    return tensor_dot_f32_avx2(w, x, n);
+    return dot_f32_bytes(w, x, n);
 }
 
 static inline __m256 load_f16x8(const uint8_t *p)
@@ -436,7 +458,7 @@ const tensor_dot_fn tensor_dot_avx2_[KEEL_DTYPE_COUNT_] = {
 
 static void axpy_f32(int64_t n, float a, const void *row, float *y)
 {
-    tensor_axpy_f32_avx2(y, a, row, n);
+    axpy_f32_bytes(y, a, row, n);
 }
 
 static void axpy_f16(int64_t n, float a, const void *row, float *y)

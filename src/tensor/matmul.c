@@ -295,6 +295,13 @@ keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *
         n_tok > INT32_MAX)
         return KEEL_EINVAL;
     if (path == TENSOR_GEMM_AUTO) path = tensor_matmul_auto_path(t, n_tok);
+    /* f32 weights go to sgemm in place, and OpenBLAS's C packing code
+     * reads them as floats: rows not 4-byte aligned (a GGUF buffer at an odd
+     * address) take the dot tiles, whose f32 dot reads any address and
+     * needs no scratch. */
+    if (path == TENSOR_GEMM_DEQUANT_SGEMM && t == KEEL_DTYPE_F32 &&
+        (uintptr_t)W % sizeof(float) != 0)
+        path = TENSOR_GEMM_DOT_TILES;
     if (path == TENSOR_GEMM_MATVEC || n_cols == 0) {
         for (int64_t i = 0; i < n_tok; i++) {
             keel_status st =

@@ -7,6 +7,10 @@
  *   - Rows: a matrix W of n_rows x n_cols in dtype t is n_rows contiguous
  *     rows of tensor_row_bytes(t, n_cols) bytes (GGUF's layout: ne[0] =
  *     n_cols is the fastest dimension). y = W x means y[r] = dot(W[r,:], x).
+ *   - Alignment: data given as void * (weight rows, quantized blocks) may
+ *     start at any byte address, f32 weight rows included (a GGUF buffer
+ *     may sit anywhere; test_tensor_kernels checks odd addresses under
+ *     UBSan); float * arguments (activations, outputs) are float-aligned.
  *   - Every kernel has a scalar reference and, where it matters, an
  *     AVX2/FMA path chosen at run time by cpuid. tensor_set_simd(false)
  *     forces the scalar paths (tests compare the two; benchmarks time both).
@@ -122,7 +126,8 @@ keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n
  *   AUTO           what tensor_matmul does
  *   MATVEC         tensor_matvec once per token
  *   DEQUANT_SGEMM  dequantize tiles of W rows to f32, OpenBLAS sgemm
- *                  (f32 weights: sgemm directly)
+ *                  (f32 weights: sgemm directly; DOT_TILES instead when
+ *                  W is not 4-byte aligned)
  *   DOT_TILES      X quantized once to the vec_dot type, then tiles of
  *                  rows x tokens through the dtype's vec_dot */
 typedef enum tensor_gemm_path {
