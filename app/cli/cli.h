@@ -33,6 +33,10 @@ struct cli_opts {
 void cli_opts_init(cli_opts *o);
 /* 0 ok, 1 help printed, 2 usage error (printed). */
 int cli_parse(int argc, char **argv, cli_opts *o, const char *usage);
+/* Strict parsing of option values: false (and *out untouched) unless valid. */
+bool cli_parse_i32(const char *s, int32_t *out);   /* decimal, whole string, in int32 range */
+bool cli_parse_f32(const char *s, float *out);     /* whole string, finite */
+bool cli_parse_u64(const char *s, uint64_t *out);  /* whole string, no sign */
 /* Whole file, NUL-terminated (malloc); NULL on failure. */
 char *cli_read_file(const char *path, size_t *n);
 /* Opens o->model; prints the error; returns 0 or an exit code. */

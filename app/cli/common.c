@@ -4,7 +4,9 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,8 +20,10 @@ void cli_opts_init(cli_opts *o)
     o->samp.seed = 0x5eed;
 }
 
-static bool parse_i32(const char *s, int32_t *out)
+bool cli_parse_i32(const char *s, int32_t *out)
 {
+    /* strtol skips leading space: the whole string must be the number */
+    if (!s || !*s || isspace((unsigned char)*s)) return false;
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
@@ -28,18 +32,21 @@ static bool parse_i32(const char *s, int32_t *out)
     return true;
 }
 
-static bool parse_f32(const char *s, float *out)
+bool cli_parse_f32(const char *s, float *out)
 {
+    if (!s || !*s || isspace((unsigned char)*s)) return false;
     char *end;
     errno = 0;
     float v = strtof(s, &end);
-    if (errno || end == s || *end) return false;
+    if (errno || end == s || *end || !isfinite(v)) return false;
     *out = v;
     return true;
 }
 
-static bool parse_u64(const char *s, uint64_t *out)
+bool cli_parse_u64(const char *s, uint64_t *out)
 {
+    /* strtoull accepts "-1" (wrapping to 2^64 - 1): digits only at the start */
+    if (!s || !(*s >= '0' && *s <= '9')) return false;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 0);
@@ -73,63 +80,63 @@ int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)
         } else if (IS("--ids-out")) {
             o->ids_out = v;
         } else if (IS("-n") || IS("--n-predict")) {
-            ok = v && parse_i32(v, &o->n_predict);
+            ok = v && cli_parse_i32(v, &o->n_predict);
         } else if (IS("-c") || IS("--ctx-size")) {
-            ok = v && parse_i32(v, &o->ctx.n_ctx);
+            ok = v && cli_parse_i32(v, &o->ctx.n_ctx);
         } else if (IS("-b") || IS("--batch-size")) {
-            ok = v && parse_i32(v, &o->ctx.n_batch);
+            ok = v && cli_parse_i32(v, &o->ctx.n_batch);
             o->batch_set = true;
         } else if (IS("-ub") || IS("--ubatch-size")) {
-            ok = v && parse_i32(v, &o->ctx.n_ubatch);
+            ok = v && cli_parse_i32(v, &o->ctx.n_ubatch);
         } else if (IS("-t") || IS("--threads")) {
-            ok = v && parse_i32(v, &o->ctx.n_threads);
+            ok = v && cli_parse_i32(v, &o->ctx.n_threads);
         } else if (IS("-ctk") || IS("--ctk") || IS("--cache-type-k")) {
             ok = v && keel_dtype_from_name(v, &o->ctx.type_k) == KEEL_OK;
         } else if (IS("-ctv") || IS("--ctv") || IS("--cache-type-v")) {
             ok = v && keel_dtype_from_name(v, &o->ctx.type_v) == KEEL_OK;
         } else if (IS("--rot-k")) {
-            ok = v && parse_i32(v, &o->ctx.rot_k);
+            ok = v && cli_parse_i32(v, &o->ctx.rot_k);
         } else if (IS("--rot-v")) {
-            ok = v && parse_i32(v, &o->ctx.rot_v);
+            ok = v && cli_parse_i32(v, &o->ctx.rot_v);
         } else if (IS("--swa-window")) {
-            ok = v && parse_i32(v, &o->ctx.swa_window);
+            ok = v && cli_parse_i32(v, &o->ctx.swa_window);
         } else if (IS("--swa-period")) {
-            ok = v && parse_i32(v, &o->ctx.swa_period);
+            ok = v && cli_parse_i32(v, &o->ctx.swa_period);
         } else if (IS("--swa-sinks")) {
-            ok = v && parse_i32(v, &o->ctx.n_sink);
+            ok = v && cli_parse_i32(v, &o->ctx.n_sink);
         } else if (IS("--kv-compact")) {
             ok = v && keel_compact_policy_from_name(v, &o->ctx.compact.policy) == KEEL_OK;
         } else if (IS("--kv-trigger")) {
-            ok = v && parse_i32(v, &o->ctx.compact.trigger);
+            ok = v && cli_parse_i32(v, &o->ctx.compact.trigger);
         } else if (IS("--kv-target")) {
-            ok = v && parse_i32(v, &o->ctx.compact.target);
+            ok = v && cli_parse_i32(v, &o->ctx.compact.target);
         } else if (IS("--kv-sinks")) {
-            ok = v && parse_i32(v, &o->ctx.compact.n_sink);
+            ok = v && cli_parse_i32(v, &o->ctx.compact.n_sink);
         } else if (IS("--kv-recent")) {
-            ok = v && parse_f32(v, &o->ctx.compact.recent);
+            ok = v && cli_parse_f32(v, &o->ctx.compact.recent);
         } else if (IS("--kv-positions")) {
             ok = v && (strcmp(v, "keep") == 0 || strcmp(v, "renumber") == 0);
             if (ok) o->ctx.compact.renumber = strcmp(v, "renumber") == 0;
         } else if (IS("--kv-seed")) {
-            ok = v && parse_u64(v, &o->ctx.compact.seed);
+            ok = v && cli_parse_u64(v, &o->ctx.compact.seed);
         } else if (IS("--temp")) {
-            ok = v && parse_f32(v, &o->samp.temp);
+            ok = v && cli_parse_f32(v, &o->samp.temp);
         } else if (IS("--top-k")) {
-            ok = v && parse_i32(v, &o->samp.top_k);
+            ok = v && cli_parse_i32(v, &o->samp.top_k);
         } else if (IS("--top-p")) {
-            ok = v && parse_f32(v, &o->samp.top_p);
+            ok = v && cli_parse_f32(v, &o->samp.top_p);
         } else if (IS("--min-p")) {
-            ok = v && parse_f32(v, &o->samp.min_p);
+            ok = v && cli_parse_f32(v, &o->samp.min_p);
         } else if (IS("--repeat-penalty")) {
-            ok = v && parse_f32(v, &o->samp.repeat_penalty);
+            ok = v && cli_parse_f32(v, &o->samp.repeat_penalty);
         } else if (IS("--repeat-last-n")) {
-            ok = v && parse_i32(v, &o->samp.repeat_last_n);
+            ok = v && cli_parse_i32(v, &o->samp.repeat_last_n);
         } else if (IS("--presence-penalty")) {
-            ok = v && parse_f32(v, &o->samp.presence_penalty);
+            ok = v && cli_parse_f32(v, &o->samp.presence_penalty);
         } else if (IS("--frequency-penalty")) {
-            ok = v && parse_f32(v, &o->samp.frequency_penalty);
+            ok = v && cli_parse_f32(v, &o->samp.frequency_penalty);
         } else if (IS("-s") || IS("--seed")) {
-            ok = v && parse_u64(v, &o->samp.seed);
+            ok = v && cli_parse_u64(v, &o->samp.seed);
         } else if (IS("--ignore-eos")) {
             o->ignore_eos = true;
             takes = false;
@@ -143,9 +150,9 @@ int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)
             o->no_tensors = true;
             takes = false;
         } else if (IS("-pp") || IS("--n-prompt")) {
-            ok = v && parse_i32(v, &o->bench_pp);
+            ok = v && cli_parse_i32(v, &o->bench_pp);
         } else if (IS("-tg") || IS("--n-gen")) {
-            ok = v && parse_i32(v, &o->bench_tg);
+            ok = v && cli_parse_i32(v, &o->bench_tg);
         } else if (o->extra && o->extra(o, a, v, &takes)) {
             /* command-specific */
         } else if (a[0] != '-' && !o->positional) {

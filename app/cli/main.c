@@ -18,7 +18,8 @@ static const cli_command g_commands[] = {
     {"inspect", cmd_inspect, "inspect MODEL [-c CTX] [--ctk T]           hyperparameters, tensors, memory plan"},
     {"perplexity", cmd_perplexity, "perplexity -m MODEL -f TEXT -c N [-b N]    llama-perplexity's method"},
     {"eval-compaction", cmd_eval_compaction,
-     "eval-compaction -m MODEL -f TEXT [--json]  compaction quality: PPL and KL vs full context"},
+     "eval-compaction -m MODEL -f TEXT [--json]  compaction quality: PPL and KL vs full context\n"
+     "  eval-compaction ... --task retrieval       recall of a planted fact (eval-compaction -h)"},
     {"bench", cmd_bench,
      "bench kernels|attention [--json]           kernel and attention benchmarks\n"
      "  bench -m MODEL [-p 512] [-n 128] [--json]  prompt and generation speed"},
