@@ -514,6 +514,7 @@ static void test_strict_parsing(void **state)
         {"inspect %s extra", 2, "unexpected argument 'extra'"},
         {"gen-model --arch llama --layers 2x --out /tmp/x", 2, "--layers 2x: must be an integer"},
         {"gen-model --arch llama --seed -1 --out /tmp/x", 2, "--seed -1"},
+        {"run -m %s -p hi --prompt-ids 1,2", 2, "give the prompt once"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

@@ -739,8 +739,8 @@ static void test_alloc_sweep_tokenizers(void **state)
                            "</s>",
                            "\xe2\x96\x81",
                            "a",
-                           "\xe2\x96\x81"
-                           "a",
+                           ("\xe2\x96\x81"
+                            "a"),
                            "b",
                            "<0x41>"};
     int32_t ty[8] = {2, 3, 3, 1, 1, 1, 1, 6};

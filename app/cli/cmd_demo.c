@@ -54,11 +54,11 @@ static const char *g_tool_call[] = {
 
 static const char *g_tool_result[] = {
     "Tool: Lily and Max. The Big Red Ball. Sam and the Puppy.\n",
-    "Tool: Once upon a time, there was a little girl named Lily. She had a dog named Max. Max "
-    "loved to run and jump in the park. One day, Lily and Max went to the park to play with "
-    "a big red ball.\n",
-    "Tool: The ball went up in the tree. Lily was sad. Max barked and barked. A kind man came "
-    "and got the ball down. Lily said thank you and they played all day.\n",
+    ("Tool: Once upon a time, there was a little girl named Lily. She had a dog named Max. Max "
+     "loved to run and jump in the park. One day, Lily and Max went to the park to play with "
+     "a big red ball.\n"),
+    ("Tool: The ball went up in the tree. Lily was sad. Max barked and barked. A kind man came "
+     "and got the ball down. Lily said thank you and they played all day.\n"),
     "Tool: Saved.\n",
 };
 

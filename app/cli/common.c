@@ -574,6 +574,10 @@ int cli_prompt_ids(cli_opts *o, const keel_model *m, int32_t **ids, int32_t *n)
     *n = 0;
     keel_model_info mi;
     keel_model_info_get(m, &mi);
+    if (!!o->prompt_ids + !!o->prompt + !!o->file > 1) {
+        fprintf(stderr, "keel: give the prompt once: -p, -f or --prompt-ids\n");
+        return 2;
+    }
     if (o->prompt_ids) return parse_ids(o->prompt_ids, mi.n_vocab, ids, n);
     char *text = NULL;
     size_t len = 0;
