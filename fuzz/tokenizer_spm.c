@@ -5,7 +5,8 @@
  * then detokenization and streaming decode. Byte 0 of the input picks the
  * flags. Checks: ids in range, the stream equals detokenize, and the exact
  * round trip where it must hold (no parse_special, no U+2581 and no
- * user-defined token text in the input).
+ * user-defined token text in the input), and that a stream started after a
+ * prefix (text_stream_init_after) continues its text exactly.
  */
 #include "model/gguf.h"
 #include "text/tokenizer.h"
@@ -13,6 +14,39 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A stream started after ids[0..k) continues their text exactly:
+ * detokenize(ids[0..k)) + stream(ids[k..n)) == detokenize(ids[0..n)). */
+static void check_continuation(const text_tokenizer *t, const int32_t *ids, int64_t n, int64_t k,
+                               unsigned flags)
+{
+    size_t need_all, got_all, need_pre, got_pre;
+    if (text_detokenize(t, ids, n, flags, NULL, 0, &need_all, NULL) > KEEL_ERANGE ||
+        text_detokenize(t, ids, k, flags, NULL, 0, &need_pre, NULL) > KEEL_ERANGE)
+        abort();
+    char *whole = malloc(need_all + 1), *pre = malloc(need_pre + 1);
+    if (text_detokenize(t, ids, n, flags, whole, need_all, &got_all, NULL) ||
+        text_detokenize(t, ids, k, flags, pre, need_pre, &got_pre, NULL))
+        abort();
+    text_stream s;
+    if (text_stream_init_after(&s, t, flags, ids, k)) abort();
+    size_t cap = text_tokenizer_max_piece(t) + 4, total = got_pre, c;
+    char *chunk = malloc(cap), *cat = malloc(got_pre + (size_t)(n - k + 1) * cap);
+    memcpy(cat, pre, got_pre);
+    for (int64_t i = k; i < n; i++) {
+        if (text_stream_push(&s, ids[i], chunk, cap, &c)) abort();
+        memcpy(cat + total, chunk, c);
+        total += c;
+    }
+    if (text_stream_flush(&s, chunk, cap, &c)) abort();
+    memcpy(cat + total, chunk, c);
+    total += c;
+    if (total != got_all || memcmp(cat, whole, total) != 0) abort();
+    free(chunk);
+    free(cat);
+    free(pre);
+    free(whole);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -140,6 +174,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(all + total, chunk, k);
     total += k;
     if (total != got || memcmp(all, out, got) != 0) abort();
+    /* a continuation after a prefix whose length the last byte picks */
+    check_continuation(t, ids, n, size > 1 ? (int64_t)(data[size - 1] % (uint64_t)(n + 1)) : 0,
+                       flags & TEXT_DECODE_UNPARSE_SPECIAL);
     free(chunk);
     free(all);
     free(out);

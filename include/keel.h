@@ -224,13 +224,17 @@ keel_rope keel_rope_default(void);
 typedef void (*keel_write_fn)(void *user, const char *text, size_t n);
 
 /*
- * Runs the named benchmark ("kernels", "attention", ...) with CLI-style
+ * Runs the named benchmark ("kernels", "attention", "model") with CLI-style
  * arguments (argv[0] is the first option, not a program name) and writes a
- * human table, or one JSON object with "--json", to out.
- * KEEL_ENOENT for an unknown name, KEEL_EINVAL for bad options.
+ * human table, or one JSON object with "--json", to out. Only results go
+ * to out; what failed is written to err (256 bytes, may be NULL).
+ * KEEL_ENOENT for an unknown name, KEEL_EINVAL for bad options (an unknown
+ * option, a stray argument, a missing or malformed value: named in err),
+ * others from what the benchmark runs (model open, context, decode).
  * Allocates; runs threads; takes seconds.
  */
-keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_fn out, void *user);
+keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_fn out, void *user,
+                           char *err);
 
 /* ======================================================================== */
 /* Memory core: the KV cache                                                */
@@ -606,12 +610,29 @@ keel_status keel_token_piece(const keel_model *m, int32_t id, char *buf, size_t 
 bool keel_token_is_eog(const keel_model *m, int32_t id);
 
 /* A streaming detokenizer: push ids, get UTF-8 text that never splits a
- * character across calls. Allocated by the caller (opaque storage). */
+ * character across calls. Allocated by the caller (opaque storage); no
+ * allocation; one stream per thread. Renders as keel_detokenize does. */
 typedef struct keel_detok_stream {
     uint64_t opaque[64];
 } keel_detok_stream;
 
+/* Starts a stream at the start of a text: as keel_detokenize, SPM
+ * vocabularies drop the leading space of the first piece (the one
+ * tokenization added). For generated text that continues a prompt use
+ * keel_detok_stream_init_after. */
 void keel_detok_stream_init(keel_detok_stream *s, const keel_model *m);
+/*
+ * Starts a stream that continues the text of prev[0..n_prev): the prompt
+ * (or the whole conversation) the pushed ids follow. The leading-space rule
+ * then applies only when none of prev renders text (prev is just BOS, or
+ * empty), so printing keel_detokenize(prev) and then the stream's output
+ * gives exactly keel_detokenize(prev followed by the pushed ids):
+ * "Tom went to the" + " park" rather than "park". KEEL_EINVAL for an id of
+ * prev out of range (the stream is then started as keel_detok_stream_init).
+ * O(n_prev); allocates nothing.
+ */
+keel_status keel_detok_stream_init_after(keel_detok_stream *s, const keel_model *m,
+                                         const int32_t *prev, int32_t n_prev);
 keel_status keel_detok_stream_push(keel_detok_stream *s, int32_t id, char *buf, size_t cap,
                                    size_t *n_out);
 keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap, size_t *n_out);
@@ -737,8 +758,19 @@ typedef struct keel_batch {
  * Runs the batch through the model, ubatch by ubatch. KEEL_EINVAL (token
  * id out of range, too many tokens or outputs, bad position or sequence),
  * KEEL_EFULL (the KV cache has no room for the whole batch: checked before
- * anything changes), KEEL_ECANCELED (ubatches completed before the cancel
- * stay in the cache). Detail in keel_context_last_error.
+ * anything changes), KEEL_ERANGE (a continued position would pass
+ * INT32_MAX; nothing changes), KEEL_ECANCELED (ubatches completed before
+ * the cancel stay in the cache), KEEL_EFORMAT ("logits are NaN at position
+ * P: the model's weights or hyperparameters are invalid": every requested
+ * logit row is checked to be finite; the ubatches run so far stay in the
+ * cache). Detail in keel_context_last_error.
+ *
+ * Limits: without compaction a sequence needs one full-attention cell per
+ * token (n_ctx cells in all; sliding layers only their ring). With
+ * compaction on (keel_context_params.compact, keel_context_set_compact) a
+ * sequence never holds more than its trigger: batches of any length stream
+ * through, compacted between ubatches, and positions stay below the
+ * target when renumbered (with keep, they grow up to INT32_MAX).
  */
 keel_status keel_decode(keel_context *c, const keel_batch *b);
 
@@ -771,9 +803,17 @@ typedef struct keel_sampler_params {
  * penalties over the last 64, seed 0. */
 keel_sampler_params keel_sampler_params_default(void);
 
+/* Checks a parameter set: KEEL_EINVAL with the parameter and its value in
+ * err (256 bytes, may be NULL), e.g. "temp nan: must be finite (<= 0:
+ * greedy)", for a non-finite float, repeat_penalty <= 0, repeat_last_n < 0.
+ * Allocates nothing. */
+keel_status keel_sampler_params_check(const keel_sampler_params *p, char *err);
+/* Opens a sampler for n_vocab tokens. KEEL_EINVAL for parameters
+ * keel_sampler_params_check refuses or n_vocab < 1, KEEL_ENOMEM. */
 keel_status keel_sampler_open(const keel_sampler_params *p, int32_t n_vocab, keel_sampler **out);
 void keel_sampler_close(keel_sampler *s);
-/* Picks a token from logits [n_vocab]. Allocates nothing. */
+/* Picks a token from logits [n_vocab]. KEEL_EINVAL when no logit is
+ * finite (keel_decode already refuses non-finite logits). Allocates nothing. */
 keel_status keel_sampler_sample(keel_sampler *s, const float *logits, int32_t *token);
 /* Adds a token to the penalty history (prompt and generated tokens). */
 keel_status keel_sampler_accept(keel_sampler *s, int32_t token);

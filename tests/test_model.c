@@ -693,6 +693,78 @@ static void test_cli_unused_warning(void **state)
     assert_null(strstr(out, "warning"));
 }
 
+/* keel_decode refuses non-finite logits, naming the position (issue 8
+ * item 8), and a continued position past INT32_MAX; generated models, so
+ * it runs without fixtures. */
+static void test_decode_limits(void **state)
+{
+    (void)state;
+    char path[64] = "/tmp/keel_model_nan_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "llama";
+    char err[256] = "";
+    assert_ok(keel_gen_model(&gp, path, err));
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    keel_model *m = NULL;
+    assert_ok(keel_model_open(&mp, &m, err));
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 64;
+    cp.n_threads = 1;
+    cp.n_outputs = 8;
+    keel_context *c = NULL;
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    int32_t toks[4] = {1, 40, 41, 42};
+    int8_t flags[4] = {0, 1, 0, 1};
+    keel_batch b = {4, toks, NULL, NULL, flags};
+    assert_ok(keel_decode(c, &b)); /* finite weights: finite logits */
+    for (int i = 0; i < 4; i += 2) assert_null(keel_logits(c, i));
+    /* positions: the memory's last position is INT32_MAX - 1; continuing a
+     * sequence there is refused up front and nothing changes */
+    keel_mem *mem = keel_context_memory(c);
+    keel_mem_clear(mem);
+    int32_t pos = INT32_MAX - 1;
+    keel_batch at_max = {1, toks, &pos, NULL, NULL};
+    assert_ok(keel_decode(c, &at_max));
+    uint64_t d = keel_mem_digest(mem);
+    keel_batch next = {1, toks, NULL, NULL, NULL};
+    assert_status(keel_decode(c, &next), KEEL_ERANGE);
+    assert_non_null(strstr(keel_context_last_error(c), "position 2147483646 is the last one"));
+    assert_int_equal(keel_mem_digest(mem), d);
+    keel_status st;
+    keel_context_close(c);
+    keel_model_close(m);
+    /* NaN output weights: NaN logits, named with their position */
+    assert_true(test_fill_tensor_f32(path, "output.weight", NAN));
+    assert_ok(keel_model_open(&mp, &m, err));
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    assert_status(keel_decode(c, &b), KEEL_EFORMAT);
+    assert_string_equal(keel_context_last_error(c),
+                        "decode: logits are NaN at position 1 (sequence 0, batch token 1): the model's "
+                        "weights or hyperparameters are invalid");
+    /* no logits requested: nothing to check, the batch runs */
+    keel_mem_clear(keel_context_memory(c));
+    int8_t none[4] = {0, 0, 0, 0};
+    keel_batch quiet = {4, toks, NULL, NULL, none};
+    assert_ok(keel_decode(c, &quiet));
+    keel_context_close(c);
+    keel_model_close(m);
+    /* overflowing (finite) weights: infinite logits */
+    assert_true(test_fill_tensor_f32(path, "output.weight", 3e38f));
+    assert_true(test_fill_tensor_f32(path, "output_norm.weight", 1e3f));
+    assert_ok(keel_model_open(&mp, &m, err));
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    st = keel_decode(c, &b);
+    assert_status(st, KEEL_EFORMAT);
+    assert_non_null(strstr(keel_context_last_error(c), "at position 1 (sequence 0, batch token 1)"));
+    keel_context_close(c);
+    keel_model_close(m);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -704,6 +776,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unused_tensors_warn, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_not_a_model, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cli_unused_warning, setup_dir, teardown_dir),
+        cmocka_unit_test(test_decode_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

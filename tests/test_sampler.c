@@ -340,6 +340,46 @@ static void test_alloc_sweep_sampler(void **state)
     assert_true(test_alloc_sweep(open_op, NULL) >= 4);
 }
 
+/* The public check names the parameter and its value (issue 8 item 17). */
+static void test_public_params_check(void **state)
+{
+    (void)state;
+    char err[256];
+    keel_sampler_params p = keel_sampler_params_default();
+    assert_ok(keel_sampler_params_check(&p, err));
+    p.temp = -1.0f; /* documented: greedy */
+    assert_ok(keel_sampler_params_check(&p, err));
+    p.temp = NAN;
+    assert_status(keel_sampler_params_check(&p, err), KEEL_EINVAL);
+    assert_string_equal(err, "temp nan: must be finite (<= 0: greedy)");
+    p = keel_sampler_params_default();
+    p.top_p = INFINITY;
+    assert_status(keel_sampler_params_check(&p, err), KEEL_EINVAL);
+    assert_string_equal(err, "top_p inf: must be finite (>= 1: off)");
+    p = keel_sampler_params_default();
+    p.frequency_penalty = -INFINITY;
+    assert_status(keel_sampler_params_check(&p, err), KEEL_EINVAL);
+    assert_string_equal(err, "frequency_penalty -inf: must be finite (0: off)");
+    p = keel_sampler_params_default();
+    p.repeat_penalty = 0.0f;
+    assert_status(keel_sampler_params_check(&p, err), KEEL_EINVAL);
+    assert_string_equal(err, "repeat_penalty 0: must be > 0 (1: off)");
+    p = keel_sampler_params_default();
+    p.repeat_last_n = -1;
+    assert_status(keel_sampler_params_check(&p, err), KEEL_EINVAL);
+    assert_string_equal(err, "repeat_last_n -1: must be >= 0 (0: off)");
+    assert_status(keel_sampler_params_check(NULL, NULL), KEEL_EINVAL);
+    /* open refuses what the check refuses, leaving *out NULL */
+    keel_sampler *s = (keel_sampler *)&p;
+    p = keel_sampler_params_default();
+    p.temp = INFINITY;
+    assert_status(keel_sampler_open(&p, 16, &s), KEEL_EINVAL);
+    assert_null(s);
+    p.temp = 0.5f;
+    assert_ok(keel_sampler_open(&p, 16, &s));
+    keel_sampler_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_top_k_top_p_min_p), cmocka_unit_test(test_temperature_distribution),
         cmocka_unit_test(test_seed_determinism),  cmocka_unit_test(test_large_vocab_top_k),
         cmocka_unit_test(test_bad_params),        cmocka_unit_test(test_alloc_sweep_sampler),
+        cmocka_unit_test(test_public_params_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char g_unicode[] =
     "Hello, world! Once upon a time there was a little girl.\n"
@@ -738,8 +739,8 @@ static void test_alloc_sweep_tokenizers(void **state)
                            "</s>",
                            "\xe2\x96\x81",
                            "a",
-                           "\xe2\x96\x81"
-                           "a",
+                           ("\xe2\x96\x81"
+                            "a"),
                            "b",
                            "<0x41>"};
     int32_t ty[8] = {2, 3, 3, 1, 1, 1, 1, 6};
@@ -755,6 +756,116 @@ static void test_alloc_sweep_tokenizers(void **state)
     base_free(data, c.size);
 }
 
+/* ---- streams that continue a prompt (issue 8 item 1) ---------------------- */
+
+/* For every split k of ids: detokenize(ids[0..k)) followed by a stream
+ * started after ids[0..k) and fed ids[k..n) equals detokenize(ids[0..n)).
+ * Returns how many splits changed the continuation's first byte compared
+ * with a stream started at the beginning of a text. */
+static int check_after(const text_tokenizer *t, const int32_t *ids, int64_t n)
+{
+    size_t flen;
+    char *full = detok(t, ids, n, 0, &flen);
+    size_t cap = text_tokenizer_max_piece(t) + 4;
+    char *chunk = malloc(cap);
+    int differs = 0;
+    for (int64_t k = 0; k <= n; k++) {
+        size_t plen;
+        char *pre = detok(t, ids, k, 0, &plen);
+        text_stream s;
+        assert_ok(text_stream_init_after(&s, t, 0, ids, k));
+        char *out = malloc(flen + 8);
+        size_t total = 0, c;
+        for (int64_t i = k; i < n; i++) {
+            assert_ok(text_stream_push(&s, ids[i], chunk, cap, &c));
+            assert_true(total + c <= flen);
+            memcpy(out + total, chunk, c);
+            total += c;
+        }
+        assert_ok(text_stream_flush(&s, chunk, cap, &c));
+        memcpy(out + total, chunk, c);
+        total += c;
+        if (plen + total != flen || memcmp(full, pre, plen) != 0 || memcmp(full + plen, out, total) != 0)
+            fail_msg("split %lld of %lld: '%s' + '%.*s' != '%s'", (long long)k, (long long)n, pre,
+                     (int)total, out, full);
+        /* a stream started as at the start of a text drops the space */
+        size_t slen;
+        char *plain = stream_all(t, ids + k, n - k, 0, &slen, false);
+        if (slen != total || memcmp(plain, out, total) != 0) differs++;
+        free(plain);
+        free(out);
+        free(pre);
+    }
+    free(chunk);
+    free(full);
+    return differs;
+}
+
+static void test_stream_continues_prompt(void **state)
+{
+    (void)state;
+    const char *text = "Tom and his dog went to the park. They played with a ball.";
+    /* generated SPM vocabulary (no fixtures needed), the fixture's, and a BPE one */
+    char path[64] = "/tmp/keel_tok_spm_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "llama";
+    char err[BASE_ERR_CAP] = "";
+    assert_ok(keel_gen_model(&gp, path, err));
+    gguf *g;
+    assert_ok(gguf_open_file(path, &g, err));
+    text_tokenizer *spm[2] = {NULL, fixture_spm()};
+    assert_ok(text_tokenizer_open(g, &spm[0], err));
+    gguf_close(g);
+    unlink(path);
+    for (int v = 0; v < 2; v++) {
+        text_tokenizer *t = spm[v];
+        if (!t) continue;
+        assert_true(text_tokenizer_get_info(t)->add_space_prefix);
+        int64_t n;
+        int32_t *ids = tok(t, text, strlen(text), true, false, &n);
+        /* every split before a word after the first: the old stream lost that space */
+        int words = 0;
+        for (int64_t k = 2; k < n; k++) {
+            char pc[64];
+            size_t pl;
+            assert_ok(text_token_to_piece(t, ids[k], false, pc, sizeof pc, &pl));
+            words += pl > 0 && pc[0] == ' ';
+        }
+        assert_true(words >= 8);
+        assert_int_equal(check_after(t, ids, n), words);
+        /* after BOS alone the space rule still applies (a text starting there) */
+        text_stream s, s0;
+        char buf[64], buf0[64];
+        size_t k, k0;
+        text_stream_init(&s0, t, 0);
+        assert_ok(text_stream_push(&s0, ids[1], buf0, sizeof buf0, &k0));
+        assert_ok(text_stream_init_after(&s, t, 0, ids, 1));
+        assert_ok(text_stream_push(&s, ids[1], buf, sizeof buf, &k));
+        assert_int_equal(k, k0);
+        assert_memory_equal(buf, buf0, k);
+        /* a bad id: EINVAL, the stream starts as at the start of a text */
+        int32_t bad[2] = {ids[1], 1 << 20};
+        assert_status(text_stream_init_after(&s, t, 0, bad, 2), KEEL_EINVAL);
+        assert_ok(text_stream_push(&s, ids[1], buf, sizeof buf, &k));
+        assert_int_equal(k, k0);
+        assert_memory_equal(buf, buf0, k);
+        assert_status(text_stream_init_after(&s, t, 0, NULL, 1), KEEL_EINVAL);
+        free(ids);
+        text_tokenizer_close(t);
+    }
+    trainer tr;
+    text_tokenizer *t = trained_bpe(&tr, "llama3");
+    int64_t n;
+    int32_t *ids = tok(t, g_corpus, 200, false, false, &n);
+    assert_int_equal(check_after(t, ids, n), 0); /* no space rule in BPE: same as before */
+    free(ids);
+    text_tokenizer_close(t);
+    trainer_free(&tr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -766,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_bpe_special_tokens),
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_alloc_sweep_tokenizers),
+        cmocka_unit_test(test_stream_continues_prompt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

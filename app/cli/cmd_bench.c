@@ -1,31 +1,64 @@
 /*
  * cmd_bench.c — `keel bench <name> [options]`: runs a library benchmark and
- * prints its table (or JSON with --json) to stdout.
+ * prints its table (or JSON with --json) to stdout; errors go to stderr
+ * (exit 2 for a usage error, 1 when the benchmark fails).
  */
 #include "cli.h"
 
 #include <string.h>
 
+static const char *g_usage =
+    "usage: keel bench kernels [-t N] [--gemm] [--json]\n"
+    "       keel bench attention [--quick] [--ctx 1024,4096,...] [--kv f16|q8_0|q4_0] [--json]\n"
+    "       keel bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [--ctk T] [--ctv T] [--tokenizer F] [--json]\n"
+    "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
+    "\n"
+    "kernels     tensor kernels beside the memory read bandwidth (about 30 s)\n"
+    "  -t N        also time matvec with N threads, N in [1, 256]\n"
+    "  --gemm      add the GEMM strategy comparison behind the matmul choice\n"
+    "attention   decode attention over a filled cache, 32 layers, f16/q8_0/q4_0, rotation off/on\n"
+    "  --quick     fewer contexts and repetitions\n"
+    "  --ctx LIST  context lengths, up to 8, each in [64, 4194304] (1024,4096,16384,65536)\n"
+    "  --kv T      only this cache type\n"
+    "-m MODEL    prompt (pp) and generation (tg) speed, llama-bench style, beside sgemm and bandwidth\n"
+    "  -p N        prompt tokens, [0, 65536] (512)\n"
+    "  -n N        generated tokens, [0, 65536] (128)\n"
+    "  -t N        threads, [1, 256] (all CPUs)\n"
+    "  -r N        repetitions, [1, 64] (3)\n"
+    "  --ctk T, --ctv T  KV cache types (f16)\n"
+    "  --tokenizer F     llama2.c tokenizer for a .bin checkpoint\n"
+    "  --kv-compact P    instead: compaction cost (window keydiff knorm random), trigger in\n"
+    "                    [2, 16777216] (1024), target below it (trigger / 2)\n"
+    "--json      one JSON object instead of the table\n"
+    "-h, --help  this text";
+
 int cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("%s\n", g_usage);
+            return 0;
+        }
+    const char *name;
+    int first;
     if (argc >= 2 && strcmp(argv[1], "-m") == 0) {
-        /* keel bench -m MODEL ...: the model benchmark (llama-bench style) */
-        keel_status st = keel_bench_run("model", argc - 1, argv + 1, cli_write_file, stdout);
-        fflush(stdout);
-        if (st != KEEL_OK) return cli_fail("bench", st, NULL);
-        return 0;
-    }
-    if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: keel bench kernels|attention [--json]\n"
-                        "       keel bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [--json]\n");
+        name = "model"; /* keel bench -m MODEL ...: the model benchmark */
+        first = 1;
+    } else if (argc >= 2 && argv[1][0] != '-') {
+        name = argv[1];
+        first = 2;
+    } else {
+        fprintf(stderr, "%s\n", g_usage);
         return 2;
     }
-    keel_status st = keel_bench_run(argv[1], argc - 2, argv + 2, cli_write_file, stdout);
-    fflush(stdout);
-    if (st == KEEL_ENOENT) {
-        fprintf(stderr, "keel: bench: unknown benchmark '%s'\n", argv[1]);
+    char err[256] = "";
+    keel_status st = keel_bench_run(name, argc - first, argv + first, cli_write_file, stdout, err);
+    if (st == KEEL_OK) return 0;
+    if (!cli_flush_stdout()) return 1; /* a failed write can make a benchmark fail */
+    fprintf(stderr, "keel: %s\n", err[0] ? err : keel_strerror(st));
+    if (st == KEEL_ENOENT || st == KEEL_EINVAL) {
+        fprintf(stderr, "(keel bench -h lists the benchmarks and their options)\n");
         return 2;
     }
-    if (st != KEEL_OK) return cli_fail("bench", st, NULL);
-    return 0;
+    return 1;
 }

@@ -22,7 +22,8 @@
 #include <unistd.h>
 
 static const char *g_usage =
-    "usage: keel demo [-m MODEL] [--turns N] [--kv-trigger N] [--kv-target M] [-t N] [--seed S]";
+    "usage: keel demo [-m MODEL] [--turns N] [--kv-trigger N] [--kv-target M] [-t N] [--seed S]\n"
+    "A long agentic session under a KV budget (KeyDiff compaction, trigger 128, target 64).";
 
 static const char *g_system =
     "System: You are a helpful assistant in a small town library. You can use tools.\n"
@@ -53,11 +54,11 @@ static const char *g_tool_call[] = {
 
 static const char *g_tool_result[] = {
     "Tool: Lily and Max. The Big Red Ball. Sam and the Puppy.\n",
-    "Tool: Once upon a time, there was a little girl named Lily. She had a dog named Max. Max "
-    "loved to run and jump in the park. One day, Lily and Max went to the park to play with "
-    "a big red ball.\n",
-    "Tool: The ball went up in the tree. Lily was sad. Max barked and barked. A kind man came "
-    "and got the ball down. Lily said thank you and they played all day.\n",
+    ("Tool: Once upon a time, there was a little girl named Lily. She had a dog named Max. Max "
+     "loved to run and jump in the park. One day, Lily and Max went to the park to play with "
+     "a big red ball.\n"),
+    ("Tool: The ball went up in the tree. Lily was sad. Max barked and barked. A kind man came "
+     "and got the ball down. Lily said thank you and they played all day.\n"),
     "Tool: Saved.\n",
 };
 
@@ -69,7 +70,11 @@ static bool demo_extra(cli_opts *o, const char *a, const char *v, bool *takes)
 {
     (void)takes;
     if (strcmp(a, "--turns") == 0) {
-        ((demo_opts *)o->user)->turns = v ? atoi(v) : 0;
+        int32_t t;
+        if (v && (!cli_parse_i32(v, &t) || t < 1 || t > 10000))
+            snprintf(o->extra_err, sizeof o->extra_err, "--turns %s: must be an integer in [1, 10000]", v);
+        else if (v)
+            ((demo_opts *)o->user)->turns = t;
         return true;
     }
     return false;
@@ -115,6 +120,8 @@ int cmd_demo(int argc, char **argv)
     demo_opts d = {12};
     o.extra = demo_extra;
     o.user = &d;
+    o.groups = CLI_G_MODEL | CLI_G_THREADS | CLI_G_SEED | CLI_G_BUDGET;
+    o.extra_help = "  --turns N                      turns to play, in [1, 10000] (12)";
     o.ctx.compact.policy = KEEL_COMPACT_KEYDIFF;
     o.ctx.compact.trigger = 128;
     o.ctx.compact.target = 64;
@@ -122,6 +129,7 @@ int cmd_demo(int argc, char **argv)
     o.ctx.compact.recent = 0.5f;
     int rc = cli_parse(argc, argv, &o, g_usage);
     if (rc) return rc == 1 ? 0 : rc;
+    if (o.kv_trigger_set && !o.kv_target_set) o.ctx.compact.target = o.ctx.compact.trigger / 2;
     char gen_path[64] = "";
     bool generated = false;
     if (!o.model.path) {
@@ -227,20 +235,37 @@ int cmd_demo(int argc, char **argv)
         }
         if ((n = feed(c, m, "Assistant:", buf, cap, false, &t_pp)) < 0) goto decode_fail;
         turn_pp += n;
-        /* the assistant's answer */
+        /* the assistant's answer continues the transcript ("Assistant:" just fed) */
         keel_detok_stream ds;
-        keel_detok_stream_init(&ds, m);
+        if ((st = keel_detok_stream_init_after(&ds, m, buf, n)) != KEEL_OK) {
+            rc = cli_fail("demo: detokenize", st, NULL);
+            goto done;
+        }
         printf("turn %2d  assistant:", turn + 1);
         const float *logits = keel_logits(c, n - 1 - ((n - 1) / 64) * 64);
         uint64_t t0 = keel_time_ns();
         for (int i = 0; i < 48; i++) {
             int32_t tok;
-            keel_sampler_sample(s, logits, &tok);
-            keel_sampler_accept(s, tok);
+            if ((st = keel_sampler_sample(s, logits, &tok)) != KEEL_OK ||
+                (st = keel_sampler_accept(s, tok)) != KEEL_OK) {
+                rc = cli_fail("demo: sample", st, NULL);
+                goto done;
+            }
             if (keel_token_is_eog(m, tok)) break;
             size_t pn = 0;
-            if (keel_detok_stream_push(&ds, tok, piece, sizeof piece, &pn) == KEEL_OK)
-                for (size_t j = 0; j < pn; j++) putchar(piece[j] == '\n' ? ' ' : piece[j]);
+            st = keel_detok_stream_push(&ds, tok, piece, sizeof piece, &pn);
+            if (st == KEEL_ERANGE) { /* a piece longer than the buffer: not shown */
+                st = KEEL_OK;
+                pn = 0;
+            }
+            if (st != KEEL_OK) {
+                rc = cli_fail("demo: detokenize", st, NULL);
+                goto done;
+            }
+            /* one line per turn; other control characters escaped */
+            for (size_t j = 0; j < pn; j++)
+                if (piece[j] == '\n') piece[j] = ' ';
+            cli_put_escaped(stdout, piece, pn);
             keel_batch b = {1, &tok, NULL, NULL, NULL};
             if ((g_feed_status = keel_decode(c, &b)) != KEEL_OK) goto decode_fail;
             logits = keel_logits(c, 0);
@@ -260,7 +285,10 @@ int cmd_demo(int argc, char **argv)
         tg_s += t_tg;
         pp_n += turn_pp;
         tg_n += turn_tg;
-        fflush(stdout);
+        if (!cli_flush_stdout()) {
+            rc = 1;
+            goto done;
+        }
     }
     {
         keel_mem_stats ms;

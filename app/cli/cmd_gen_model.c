@@ -4,7 +4,6 @@
  */
 #include "cli.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,17 +29,6 @@ static void gen_usage(FILE *f)
             keel_dtype_name(d.dtype), d.seed);
 }
 
-/* Parses a whole decimal integer in [lo, hi]. */
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 int cmd_gen_model(int argc, char **argv)
 {
     keel_gen_params p = keel_gen_params_default();
@@ -60,14 +48,23 @@ int cmd_gen_model(int argc, char **argv)
         {"--ctx", offsetof(keel_gen_params, n_ctx)},
         {"--swa", offsetof(keel_gen_params, n_swa)},
     };
+    static const char *const others[] = {"--arch", "--out", "-o", "--dtype", "--seed"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             gen_usage(stdout);
             return 0;
         }
+        bool known = false;
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) known |= strcmp(a, ints[k].flag) == 0;
+        for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) known |= strcmp(a, others[k]) == 0;
+        if (!known) {
+            fprintf(stderr, "keel gen-model: %s '%s'\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
+            gen_usage(stderr);
+            return 2;
+        }
         if (i + 1 >= argc) {
-            fprintf(stderr, "keel gen-model: %s needs a value (or is unknown)\n", a);
+            fprintf(stderr, "keel gen-model: option %s needs a value\n", a);
             gen_usage(stderr);
             return 2;
         }
@@ -75,12 +72,11 @@ int cmd_gen_model(int argc, char **argv)
         bool done = false;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++) {
             if (strcmp(a, ints[k].flag) != 0) continue;
-            int64_t x;
-            if (!parse_i64(v, INT32_MIN, INT32_MAX, &x)) {
-                fprintf(stderr, "keel gen-model: %s: '%s' is not an integer\n", a, v);
+            int32_t x32;
+            if (!cli_parse_i32(v, &x32)) {
+                fprintf(stderr, "keel gen-model: %s %s: must be an integer\n", a, v);
                 return 2;
             }
-            int32_t x32 = (int32_t)x;
             memcpy((char *)&p + ints[k].off, &x32, sizeof x32);
             done = true;
         }
@@ -95,18 +91,10 @@ int cmd_gen_model(int argc, char **argv)
                 return 2;
             }
         } else if (strcmp(a, "--seed") == 0) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-') {
-                fprintf(stderr, "keel gen-model: --seed: '%s' is not an unsigned integer\n", v);
+            if (!cli_parse_u64(v, &p.seed)) {
+                fprintf(stderr, "keel gen-model: --seed %s: must be an unsigned decimal integer\n", v);
                 return 2;
             }
-            p.seed = (uint64_t)s;
-        } else {
-            fprintf(stderr, "keel gen-model: unknown option %s\n", a);
-            gen_usage(stderr);
-            return 2;
         }
     }
     if (!p.arch || !out) {

@@ -7,7 +7,16 @@
 #include <string.h>
 
 static const char *g_usage =
-    "usage: keel inspect MODEL [--tokenizer F] [-c CTX] [-b N] [--ctk T] [--ctv T] [-t N] [--no-tensors]";
+    "usage: keel inspect MODEL [options]   (or -m MODEL)\n"
+    "Hyperparameters, the memory plan of a context with the options below, and the tensor table.\n"
+    "Text from the file (names) is printed with control characters escaped.";
+
+/* "label        <escaped text>" (no newline) */
+static void put_str(const char *label, const char *s)
+{
+    printf("%-13s", label);
+    cli_put_escaped(stdout, s, strlen(s));
+}
 
 static double mib(size_t b)
 {
@@ -18,15 +27,28 @@ int cmd_inspect(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o);
+    o.groups = CLI_G_MODEL | CLI_G_CTX | CLI_G_THREADS | CLI_G_KV | CLI_G_NO_TENSORS;
+    o.positional_name = "MODEL";
     int rc = cli_parse(argc, argv, &o, g_usage);
     if (rc) return rc == 1 ? 0 : rc;
+    if (o.model.path && o.positional) {
+        fprintf(stderr, "keel: inspect: two models ('%s' and -m %s)\n%s\n", o.positional,
+                o.model.path, g_usage);
+        return 2;
+    }
     if (!o.model.path) o.model.path = o.positional;
     keel_model *m = NULL;
     if ((rc = cli_open_model(&o, &m))) return rc;
     keel_model_info mi;
     keel_model_info_get(m, &mi);
-    printf("model        %s\n", o.model.path);
-    printf("arch         %s%s%s\n", mi.arch, mi.name[0] ? "  name " : "", mi.name);
+    put_str("model", o.model.path);
+    printf("\n");
+    put_str("arch", mi.arch);
+    if (mi.name[0]) {
+        printf("  name ");
+        cli_put_escaped(stdout, mi.name, strlen(mi.name));
+    }
+    printf("\n");
     printf("params       %lld (%.2f M), %.2f MiB of tensors, mostly %s\n", (long long)mi.n_params,
            (double)mi.n_params / 1e6, mib(mi.weight_bytes), keel_dtype_name(mi.dtype));
     printf("vocab        %d (%s, bos %d, eos %d, add_bos %s)\n", mi.n_vocab, mi.tokenizer, mi.bos,

@@ -6,6 +6,10 @@
  * empty cache and the second half is scored (positions N/2 .. N-2
  * predicting the next token). Prints running [i]ppl values and
  * "Final estimate: PPL = X +/- Y" (Y from the spread of the per-token NLL).
+ *
+ * With --kv-compact the KV cache holds the compaction budget (the trigger,
+ * n_ctx by default), not the chunk: each chunk streams through it,
+ * compacted between ubatches, so -c may exceed the cells the cache holds.
  */
 #include "cli.h"
 
@@ -14,12 +18,17 @@
 #include <string.h>
 
 static const char *g_usage =
-    "usage: keel perplexity -m MODEL -f TEXT -c N [-b N] [-t N] [--ctk T --ctv T] [--tokenizer F]";
+    "usage: keel perplexity -m MODEL -f TEXT [-c N] [options]\n"
+    "llama-perplexity's method: chunks of -c tokens (0: min(training context, 4096)), each from an\n"
+    "empty cache, the second half scored. With --kv-compact each chunk streams through a cache of\n"
+    "--kv-trigger cells.";
 
 int cmd_perplexity(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o);
+    o.groups = CLI_G_MODEL | CLI_G_FILE | CLI_G_CTX | CLI_G_THREADS | CLI_G_KV | CLI_G_COMPACT |
+               CLI_G_BUDGET;
     int rc = cli_parse(argc, argv, &o, g_usage);
     if (rc) return rc == 1 ? 0 : rc;
     if (!o.file) {
@@ -40,6 +49,8 @@ int cmd_perplexity(int argc, char **argv)
         rc = cli_fail("perplexity", KEEL_EINVAL, "-c must be at least 4");
         goto done;
     }
+    if ((rc = cli_compact_setup(&o, n_ctx))) goto done;
+    bool compact = o.ctx.compact.policy != KEEL_COMPACT_NONE;
     int32_t n_batch = o.batch_set ? o.ctx.n_batch : 512;
     if (n_batch > n_ctx) n_batch = n_ctx;
     int32_t n_chunk = n_tok / n_ctx;
@@ -49,7 +60,7 @@ int cmd_perplexity(int argc, char **argv)
         rc = cli_fail("perplexity", KEEL_ECONTEXT, d);
         goto done;
     }
-    o.ctx.n_ctx = n_ctx;
+    o.ctx.n_ctx = compact ? o.ctx.compact.trigger : n_ctx; /* the budget bounds the cache */
     o.ctx.n_batch = n_batch;
     o.ctx.n_ubatch = n_batch;
     o.ctx.n_outputs = n_batch;
@@ -67,7 +78,12 @@ int cmd_perplexity(int argc, char **argv)
         goto done;
     }
     memset(flags, 1, (size_t)n_batch);
-    fprintf(stderr, "perplexity: %d tokens, %d chunks of %d, batch %d\n", n_tok, n_chunk, n_ctx, n_batch);
+    fprintf(stderr, "perplexity: %d tokens, %d chunks of %d, batch %d", n_tok, n_chunk, n_ctx, n_batch);
+    if (compact)
+        fprintf(stderr, ", KV compaction %s: %d cells, trigger %d, target %d",
+                keel_compact_policy_name(o.ctx.compact.policy), o.ctx.n_ctx, o.ctx.compact.trigger,
+                o.ctx.compact.target);
+    fprintf(stderr, "\n");
     int32_t first = n_ctx / 2;
     double nll = 0.0, nll2 = 0.0;
     int64_t count = 0;
@@ -84,7 +100,7 @@ int cmd_perplexity(int argc, char **argv)
             st = keel_decode(c, &b);
             toks[start + j] = saved;
             if (st != KEEL_OK) {
-                rc = cli_fail("decode", st, keel_context_last_error(c));
+                rc = cli_fail("perplexity", st, keel_context_last_error(c));
                 goto done;
             }
             for (int32_t i = 0; i < n; i++) memcpy(logits + (size_t)(j + i) * V, keel_logits(c, i), V * sizeof(float));
@@ -101,7 +117,10 @@ int cmd_perplexity(int argc, char **argv)
             count++;
         }
         printf("[%d]%.4f,", ch + 1, exp(nll / (double)count));
-        fflush(stdout);
+        if (!cli_flush_stdout()) {
+            rc = 1;
+            goto done;
+        }
     }
     double t = (double)(keel_time_ns() - t0) * 1e-9;
     double mean = nll / (double)count, mean2 = nll2 / (double)count;

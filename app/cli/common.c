@@ -1,12 +1,21 @@
 /*
  * common.c — options shared by the model commands (run, perplexity, bench,
- * tokenize, inspect) and their parsing: llama.cpp's flag names.
+ * tokenize, inspect, demo) and their parsing: llama.cpp's flag names.
+ *
+ * One table (g_flags) describes every shared flag: its names, the group a
+ * command accepts it through, its value type and range, and its help line.
+ * The parser and each command's -h are driven by the same table, so a
+ * command lists exactly the flags it accepts. Values are parsed strictly
+ * (cli_parse_*: whole string, range-checked); a flag the command does not
+ * accept, a stray argument (including a value after a boolean flag) and a
+ * bad value are usage errors that name the flag.
  */
 #include "cli.h"
 
-#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,13 +29,21 @@ void cli_opts_init(cli_opts *o)
     o->samp.seed = 0x5eed;
 }
 
+/* ---- strict numbers ------------------------------------------------------ */
+
+static bool starts_number(const char *s, bool sign)
+{
+    if (!s) return false;
+    if (sign && (*s == '-' || *s == '+')) s++;
+    return (*s >= '0' && *s <= '9') || (*s == '.' && s[1] >= '0' && s[1] <= '9');
+}
+
 bool cli_parse_i32(const char *s, int32_t *out)
 {
-    /* strtol skips leading space: the whole string must be the number */
-    if (!s || !*s || isspace((unsigned char)*s)) return false;
+    if (!starts_number(s, true)) return false;
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
+    long long v = strtoll(s, &end, 10);
     if (errno || end == s || *end || v < INT32_MIN || v > INT32_MAX) return false;
     *out = (int32_t)v;
     return true;
@@ -34,147 +51,425 @@ bool cli_parse_i32(const char *s, int32_t *out)
 
 bool cli_parse_f32(const char *s, float *out)
 {
-    if (!s || !*s || isspace((unsigned char)*s)) return false;
+    if (!starts_number(s, true)) return false;
     char *end;
     errno = 0;
     float v = strtof(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return false;
+    /* ERANGE on underflow returns a usable tiny value; overflow gives inf */
+    if (end == s || *end || !isfinite(v)) return false;
     *out = v;
     return true;
 }
 
 bool cli_parse_u64(const char *s, uint64_t *out)
 {
-    /* strtoull accepts "-1" (wrapping to 2^64 - 1): digits only at the start */
-    if (!s || !(*s >= '0' && *s <= '9')) return false;
+    if (!starts_number(s, false)) return false;
     char *end;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end) return false;
-    *out = v;
+    *out = (uint64_t)v;
     return true;
+}
+
+/* ---- checked output ------------------------------------------------------ */
+
+bool cli_write(FILE *f, const void *p, size_t n, const char *what)
+{
+    if (n == 0 || fwrite(p, 1, n, f) == n) return true;
+    fprintf(stderr, "keel: %s: %s\n", what, strerror(errno ? errno : EIO));
+    return false;
+}
+
+bool cli_close(FILE *f, const char *what)
+{
+    if (!f) return true;
+    errno = 0;
+    bool ok = fflush(f) == 0 && !ferror(f);
+    int e = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
+    if (!ok) fprintf(stderr, "keel: %s: %s\n", what, e ? strerror(e) : "write error");
+    return ok;
+}
+
+static bool g_stdout_reported; /* one message, however many writes fail */
+
+static bool stdout_error(int e)
+{
+    if (!g_stdout_reported)
+        fprintf(stderr, "keel: writing to standard output: %s\n", e ? strerror(e) : "write error");
+    g_stdout_reported = true;
+    return false;
+}
+
+bool cli_flush_stdout(void)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return true;
+    return stdout_error(errno);
+}
+
+bool cli_write_stdout(const void *p, size_t n)
+{
+    errno = 0;
+    if ((n == 0 || fwrite(p, 1, n, stdout) == n) && fflush(stdout) == 0) return true;
+    return stdout_error(errno);
+}
+
+/* Length of a valid UTF-8 sequence at s[0..n) that is not a C1 control
+ * (U+0080..U+009F), or 0. */
+static size_t utf8_ok(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!len || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if (c == 0xc2 && s[1] < 0xa0) return 0;             /* C1 control */
+    if (c == 0xe0 && s[1] < 0xa0) return 0;             /* overlong */
+    if (c == 0xed && s[1] >= 0xa0) return 0;            /* surrogate */
+    if (c == 0xf0 && s[1] < 0x90) return 0;             /* overlong */
+    if (c == 0xf4 && s[1] >= 0x90) return 0;            /* > U+10FFFF */
+    return len;
+}
+
+bool cli_put_escaped(FILE *f, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok;) {
+        unsigned c = u[i];
+        char esc[8];
+        if (c >= 0x20 && c < 0x7f && c != '\\') {
+            ok = fputc((int)c, f) != EOF;
+            i++;
+            continue;
+        }
+        size_t k = c >= 0x80 ? utf8_ok(u + i, n - i) : 0;
+        if (k) {
+            ok = fwrite(u + i, 1, k, f) == k;
+            i += k;
+            continue;
+        }
+        if (c == '\n') snprintf(esc, sizeof esc, "\\n");
+        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
+        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
+        else if (c == '\\') snprintf(esc, sizeof esc, "\\\\");
+        else snprintf(esc, sizeof esc, "\\x%02x", c);
+        ok = fputs(esc, f) != EOF;
+        i++;
+    }
+    return ok;
+}
+
+/* ---- the flag table ------------------------------------------------------ */
+
+typedef enum flag_kind {
+    FK_STR,       /* const char * */
+    FK_BOOL,      /* bool, no value */
+    FK_I32,       /* int32_t in [lo, hi] */
+    FK_F32,       /* float in [lo, hi] (open ends per the flag) */
+    FK_U64,       /* uint64_t */
+    FK_DTYPE,     /* keel_dtype by name */
+    FK_POLICY,    /* keel_compact_policy by name */
+    FK_POSITIONS, /* keep|renumber -> bool renumber */
+} flag_kind;
+
+enum { F_LO_OPEN = 1, F_HI_OPEN = 2 };
+
+typedef struct cli_flag {
+    const char *name, *alias, *alias2; /* alias: short form shown first in help */
+    unsigned group;
+    flag_kind kind;
+    size_t off; /* in cli_opts */
+    double lo, hi;
+    unsigned open; /* F_*_OPEN */
+    const char *arg, *help;
+} cli_flag;
+
+#define OFF(f) offsetof(cli_opts, f)
+#define I32MAX 2147483647.0
+
+static const char g_kv_types[] = "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1";
+
+static const cli_flag g_flags[] = {
+    {"--model", "-m", NULL, CLI_G_MODEL, FK_STR, OFF(model.path), 0, 0, 0, "FILE",
+     "GGUF model, or a llama2.c checkpoint (.bin) with --tokenizer"},
+    {"--tokenizer", NULL, NULL, CLI_G_MODEL, FK_STR, OFF(model.tokenizer_path), 0, 0, 0, "FILE",
+     "llama2.c tokenizer.bin for a .bin checkpoint"},
+    {"--prompt", "-p", NULL, CLI_G_PROMPT, FK_STR, OFF(prompt), 0, 0, 0, "TEXT",
+     "prompt text (tokenized with BOS as the vocabulary asks)"},
+    {"--file", "-f", NULL, CLI_G_FILE, FK_STR, OFF(file), 0, 0, 0, "FILE",
+     "read the text from FILE (a readable, non-empty file)"},
+    {"--prompt-ids", NULL, NULL, CLI_G_PROMPT, FK_STR, OFF(prompt_ids), 0, 0, 0, "LIST",
+     "prompt as token ids, e.g. 1,403,407 (each in [0, n_vocab))"},
+    {"--n-predict", "-n", NULL, CLI_G_GEN, FK_I32, OFF(n_predict), -1, I32MAX, 0, "N",
+     "tokens to generate; -1: until end of generation or the budget (128)"},
+    {"--ignore-eos", NULL, NULL, CLI_G_GEN, FK_BOOL, OFF(ignore_eos), 0, 0, 0, NULL,
+     "do not stop at end-of-generation tokens"},
+    {"--logits-out", NULL, NULL, CLI_G_GEN, FK_STR, OFF(logits_out), 0, 0, 0, "FILE",
+     "write f32 logits of every prompt position, [n_prompt][n_vocab]"},
+    {"--ids-out", NULL, NULL, CLI_G_GEN, FK_STR, OFF(ids_out), 0, 0, 0, "FILE",
+     "write the generated token ids, int32"},
+    {"--temp", NULL, NULL, CLI_G_SAMPLE, FK_F32, OFF(samp.temp), 0, HUGE_VAL, 0, "T",
+     "temperature, >= 0; 0: greedy (0.8)"},
+    {"--top-k", NULL, NULL, CLI_G_SAMPLE, FK_I32, OFF(samp.top_k), 0, I32MAX, 0, "K",
+     "keep the K most likely tokens; 0: off (40)"},
+    {"--top-p", NULL, NULL, CLI_G_SAMPLE, FK_F32, OFF(samp.top_p), 0, 1, 0, "P",
+     "keep the smallest set of mass >= P, in [0, 1]; 1: off (0.95)"},
+    {"--min-p", NULL, NULL, CLI_G_SAMPLE, FK_F32, OFF(samp.min_p), 0, 1, 0, "P",
+     "keep tokens with p >= P * p_max, in [0, 1]; 0: off (0.05)"},
+    {"--repeat-penalty", NULL, NULL, CLI_G_SAMPLE, FK_F32, OFF(samp.repeat_penalty), 0, HUGE_VAL,
+     F_LO_OPEN, "R", "penalty of repeated tokens, > 0; 1: off (1)"},
+    {"--repeat-last-n", NULL, NULL, CLI_G_SAMPLE, FK_I32, OFF(samp.repeat_last_n), 0, 1 << 26, 0,
+     "N", "tokens the penalties look back over; 0: off (64)"},
+    {"--presence-penalty", NULL, NULL, CLI_G_SAMPLE, FK_F32, OFF(samp.presence_penalty), -HUGE_VAL,
+     HUGE_VAL, 0, "P", "subtracted once from seen tokens' logits (0)"},
+    {"--frequency-penalty", NULL, NULL, CLI_G_SAMPLE, FK_F32, OFF(samp.frequency_penalty),
+     -HUGE_VAL, HUGE_VAL, 0, "P", "subtracted per occurrence (0)"},
+    {"--seed", "-s", NULL, CLI_G_SEED, FK_U64, OFF(samp.seed), 0, 0, 0, "S",
+     "sampling seed, unsigned decimal (24301)"},
+    {"--ctx-size", "-c", NULL, CLI_G_CTX, FK_I32, OFF(ctx.n_ctx), 0, 1 << 26, 0, "N",
+     "KV cells; 0: min(training context, 4096) (0)"},
+    {"--batch-size", "-b", NULL, CLI_G_CTX, FK_I32, OFF(ctx.n_batch), 1, 1 << 20, 0, "N",
+     "most tokens per decode call (512)"},
+    {"--ubatch-size", "-ub", NULL, CLI_G_CTX, FK_I32, OFF(ctx.n_ubatch), 1, 1 << 20, 0, "N",
+     "tokens per forward chunk (512)"},
+    {"--threads", "-t", NULL, CLI_G_THREADS, FK_I32, OFF(ctx.n_threads), 0, 256, 0, "N",
+     "threads; 0: all CPUs (0)"},
+    {"--cache-type-k", "-ctk", "--ctk", CLI_G_KV, FK_DTYPE, OFF(ctx.type_k), 0, 0, 0, "T",
+     "K cache type (f16)"},
+    {"--cache-type-v", "-ctv", "--ctv", CLI_G_KV, FK_DTYPE, OFF(ctx.type_v), 0, 0, 0, "T",
+     "V cache type (f16)"},
+    {"--rot-k", NULL, NULL, CLI_G_KV, FK_I32, OFF(ctx.rot_k), -1, 1, 0, "N",
+     "K Hadamard rotation: -1 auto (quantized types, if head_dim allows), 0 off, 1 on (-1)"},
+    {"--rot-v", NULL, NULL, CLI_G_KV, FK_I32, OFF(ctx.rot_v), -1, 1, 0, "N",
+     "V Hadamard rotation: -1 auto (off), 0 off, 1 on (0)"},
+    {"--swa-window", NULL, NULL, CLI_G_KV, FK_I32, OFF(ctx.swa_window), 0, I32MAX, 0, "W",
+     "run layers as StreamingLLM windows of W keys; 0: the model's own (0)"},
+    {"--swa-period", NULL, NULL, CLI_G_KV, FK_I32, OFF(ctx.swa_period), 1, I32MAX, 0, "N",
+     "with --swa-window: every N-th layer stays full attention (2)"},
+    {"--swa-sinks", NULL, NULL, CLI_G_KV, FK_I32, OFF(ctx.n_sink), 0, I32MAX, 0, "N",
+     "attention sinks kept by sliding layers (0)"},
+    {"--kv-compact", NULL, NULL, CLI_G_COMPACT, FK_POLICY, OFF(ctx.compact.policy), 0, 0, 0, "P",
+     "KV compaction: none window keydiff knorm random (none); alone: trigger n_ctx,\n"
+     "                                 target trigger / 2, 4 sinks, recent 0.25"},
+    {"--kv-trigger", NULL, NULL, CLI_G_BUDGET, FK_I32, OFF(ctx.compact.trigger), 1, I32MAX, 0, "N",
+     "compact when the sequence holds more than N cells (n_ctx)"},
+    {"--kv-target", NULL, NULL, CLI_G_BUDGET, FK_I32, OFF(ctx.compact.target), 1, I32MAX, 0, "N",
+     "cells a compaction keeps, < trigger (trigger / 2)"},
+    {"--kv-sinks", NULL, NULL, CLI_G_COMPACT, FK_I32, OFF(ctx.compact.n_sink), 0, I32MAX, 0, "N",
+     "lowest positions a compaction always keeps (4)"},
+    {"--kv-recent", NULL, NULL, CLI_G_COMPACT, FK_F32, OFF(ctx.compact.recent), 0, 1, F_HI_OPEN, "F",
+     "fraction of the target kept for the most recent tokens, in [0, 1) (0.25)"},
+    {"--kv-positions", NULL, NULL, CLI_G_COMPACT, FK_POSITIONS, OFF(ctx.compact.renumber), 0, 0, 0,
+     "keep|renumber", "renumber kept positions 0..target-1, or keep them (renumber)"},
+    {"--kv-seed", NULL, NULL, CLI_G_COMPACT, FK_U64, OFF(ctx.compact.seed), 0, 0, 0, "S",
+     "seed of the random policy (1)"},
+    {"--json", NULL, NULL, CLI_G_JSON, FK_BOOL, OFF(json), 0, 0, 0, NULL, "machine-readable output"},
+    {"--ids", NULL, NULL, CLI_G_IDS, FK_BOOL, OFF(ids_only), 0, 0, 0, NULL, "print only the ids"},
+    {"--no-tensors", NULL, NULL, CLI_G_NO_TENSORS, FK_BOOL, OFF(no_tensors), 0, 0, 0, NULL,
+     "omit the tensor table"},
+};
+
+static bool flag_is(const cli_flag *f, const char *a)
+{
+    return strcmp(a, f->name) == 0 || (f->alias && strcmp(a, f->alias) == 0) ||
+           (f->alias2 && strcmp(a, f->alias2) == 0);
+}
+
+/* "an integer >= 0", "a number in [0, 1)" ... */
+static void describe_range(const cli_flag *f, char *buf, size_t cap)
+{
+    const char *what = f->kind == FK_I32 ? "an integer" : "a finite number";
+    bool lo = isfinite(f->lo), hi = isfinite(f->hi) && !(f->kind == FK_I32 && f->hi == I32MAX);
+    if (lo && hi)
+        snprintf(buf, cap, "%s in %c%.10g, %.10g%c", what, f->open & F_LO_OPEN ? '(' : '[', f->lo,
+                 f->hi, f->open & F_HI_OPEN ? ')' : ']');
+    else if (lo)
+        snprintf(buf, cap, "%s %s %.10g", what, f->open & F_LO_OPEN ? ">" : ">=", f->lo);
+    else
+        snprintf(buf, cap, "%s", what);
+}
+
+static bool in_range(const cli_flag *f, double v)
+{
+    if (f->open & F_LO_OPEN ? !(v > f->lo) : !(v >= f->lo)) return false;
+    if (f->open & F_HI_OPEN ? !(v < f->hi) : !(v <= f->hi)) return false;
+    return true;
+}
+
+/* Stores v into o for f; false (message printed) for a bad value. */
+static bool set_flag(cli_opts *o, const cli_flag *f, const char *a, const char *v)
+{
+    char *dst = (char *)o + f->off;
+    char need[96] = "";
+    switch (f->kind) {
+    case FK_STR:
+        *(const char **)(void *)dst = v;
+        return true;
+    case FK_BOOL:
+        *(bool *)(void *)dst = true;
+        return true;
+    case FK_I32: {
+        int32_t x;
+        if (cli_parse_i32(v, &x) && in_range(f, x)) {
+            *(int32_t *)(void *)dst = x;
+            return true;
+        }
+        describe_range(f, need, sizeof need);
+        break;
+    }
+    case FK_F32: {
+        float x;
+        if (cli_parse_f32(v, &x) && in_range(f, x)) {
+            *(float *)(void *)dst = x;
+            return true;
+        }
+        describe_range(f, need, sizeof need);
+        break;
+    }
+    case FK_U64: {
+        uint64_t x;
+        if (cli_parse_u64(v, &x)) {
+            *(uint64_t *)(void *)dst = x;
+            return true;
+        }
+        snprintf(need, sizeof need, "an unsigned decimal integer below 2^64");
+        break;
+    }
+    case FK_DTYPE: {
+        keel_dtype t;
+        if (keel_dtype_from_name(v, &t) == KEEL_OK) {
+            *(keel_dtype *)(void *)dst = t;
+            return true;
+        }
+        snprintf(need, sizeof need, "one of %s", g_kv_types);
+        break;
+    }
+    case FK_POLICY: {
+        keel_compact_policy p;
+        if (keel_compact_policy_from_name(v, &p) == KEEL_OK) {
+            *(keel_compact_policy *)(void *)dst = p;
+            return true;
+        }
+        snprintf(need, sizeof need, "one of none window keydiff knorm random");
+        break;
+    }
+    case FK_POSITIONS:
+        if (strcmp(v, "keep") == 0 || strcmp(v, "renumber") == 0) {
+            *(bool *)(void *)dst = strcmp(v, "renumber") == 0;
+            return true;
+        }
+        snprintf(need, sizeof need, "keep or renumber");
+        break;
+    }
+    fprintf(stderr, "keel: %s %s: must be %s\n", a, v, need);
+    return false;
+}
+
+static void print_help(const cli_opts *o, const char *usage)
+{
+    printf("%s\n\noptions:\n", usage);
+    for (size_t i = 0; i < sizeof g_flags / sizeof g_flags[0]; i++) {
+        const cli_flag *f = &g_flags[i];
+        if (o->groups && !(o->groups & f->group)) continue;
+        char names[96];
+        snprintf(names, sizeof names, "%s%s%s%s%s%s%s", f->alias ? f->alias : "",
+                 f->alias ? ", " : "", f->alias2 ? f->alias2 : "", f->alias2 ? ", " : "", f->name,
+                 f->arg ? " " : "", f->arg ? f->arg : "");
+        printf("  %-30s %s\n", names, f->help);
+        if (f->kind == FK_DTYPE) printf("  %-30s   %s\n", "", g_kv_types);
+    }
+    if (o->extra_help) printf("%s\n", o->extra_help);
+    printf("  %-30s %s\n", "-h, --help", "this text");
 }
 
 int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)
 {
+    const char *prev_bool = NULL; /* the boolean flag just before, for the message */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true, takes = true;
-#define IS(x) (strcmp(a, x) == 0)
-        if (IS("-h") || IS("--help")) {
-            fprintf(stdout, "%s\n", usage);
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            print_help(o, usage);
             return 1;
-        } else if (IS("-m") || IS("--model")) {
-            o->model.path = v;
-        } else if (IS("--tokenizer")) {
-            o->model.tokenizer_path = v;
-        } else if (IS("-p") || IS("--prompt")) {
-            o->prompt = v;
-        } else if (IS("-f") || IS("--file")) {
-            o->file = v;
-        } else if (IS("--prompt-ids")) {
-            o->prompt_ids = v;
-        } else if (IS("--logits-out")) {
-            o->logits_out = v;
-        } else if (IS("--ids-out")) {
-            o->ids_out = v;
-        } else if (IS("-n") || IS("--n-predict")) {
-            ok = v && cli_parse_i32(v, &o->n_predict);
-        } else if (IS("-c") || IS("--ctx-size")) {
-            ok = v && cli_parse_i32(v, &o->ctx.n_ctx);
-        } else if (IS("-b") || IS("--batch-size")) {
-            ok = v && cli_parse_i32(v, &o->ctx.n_batch);
-            o->batch_set = true;
-        } else if (IS("-ub") || IS("--ubatch-size")) {
-            ok = v && cli_parse_i32(v, &o->ctx.n_ubatch);
-        } else if (IS("-t") || IS("--threads")) {
-            ok = v && cli_parse_i32(v, &o->ctx.n_threads);
-        } else if (IS("-ctk") || IS("--ctk") || IS("--cache-type-k")) {
-            ok = v && keel_dtype_from_name(v, &o->ctx.type_k) == KEEL_OK;
-        } else if (IS("-ctv") || IS("--ctv") || IS("--cache-type-v")) {
-            ok = v && keel_dtype_from_name(v, &o->ctx.type_v) == KEEL_OK;
-        } else if (IS("--rot-k")) {
-            ok = v && cli_parse_i32(v, &o->ctx.rot_k);
-        } else if (IS("--rot-v")) {
-            ok = v && cli_parse_i32(v, &o->ctx.rot_v);
-        } else if (IS("--swa-window")) {
-            ok = v && cli_parse_i32(v, &o->ctx.swa_window);
-        } else if (IS("--swa-period")) {
-            ok = v && cli_parse_i32(v, &o->ctx.swa_period);
-        } else if (IS("--swa-sinks")) {
-            ok = v && cli_parse_i32(v, &o->ctx.n_sink);
-        } else if (IS("--kv-compact")) {
-            ok = v && keel_compact_policy_from_name(v, &o->ctx.compact.policy) == KEEL_OK;
-        } else if (IS("--kv-trigger")) {
-            ok = v && cli_parse_i32(v, &o->ctx.compact.trigger);
-        } else if (IS("--kv-target")) {
-            ok = v && cli_parse_i32(v, &o->ctx.compact.target);
-        } else if (IS("--kv-sinks")) {
-            ok = v && cli_parse_i32(v, &o->ctx.compact.n_sink);
-        } else if (IS("--kv-recent")) {
-            ok = v && cli_parse_f32(v, &o->ctx.compact.recent);
-        } else if (IS("--kv-positions")) {
-            ok = v && (strcmp(v, "keep") == 0 || strcmp(v, "renumber") == 0);
-            if (ok) o->ctx.compact.renumber = strcmp(v, "renumber") == 0;
-        } else if (IS("--kv-seed")) {
-            ok = v && cli_parse_u64(v, &o->ctx.compact.seed);
-        } else if (IS("--temp")) {
-            ok = v && cli_parse_f32(v, &o->samp.temp);
-        } else if (IS("--top-k")) {
-            ok = v && cli_parse_i32(v, &o->samp.top_k);
-        } else if (IS("--top-p")) {
-            ok = v && cli_parse_f32(v, &o->samp.top_p);
-        } else if (IS("--min-p")) {
-            ok = v && cli_parse_f32(v, &o->samp.min_p);
-        } else if (IS("--repeat-penalty")) {
-            ok = v && cli_parse_f32(v, &o->samp.repeat_penalty);
-        } else if (IS("--repeat-last-n")) {
-            ok = v && cli_parse_i32(v, &o->samp.repeat_last_n);
-        } else if (IS("--presence-penalty")) {
-            ok = v && cli_parse_f32(v, &o->samp.presence_penalty);
-        } else if (IS("--frequency-penalty")) {
-            ok = v && cli_parse_f32(v, &o->samp.frequency_penalty);
-        } else if (IS("-s") || IS("--seed")) {
-            ok = v && cli_parse_u64(v, &o->samp.seed);
-        } else if (IS("--ignore-eos")) {
-            o->ignore_eos = true;
-            takes = false;
-        } else if (IS("--json")) {
-            o->json = true;
-            takes = false;
-        } else if (IS("--ids")) {
-            o->ids_only = true;
-            takes = false;
-        } else if (IS("--no-tensors")) {
-            o->no_tensors = true;
-            takes = false;
-        } else if (IS("-pp") || IS("--n-prompt")) {
-            ok = v && cli_parse_i32(v, &o->bench_pp);
-        } else if (IS("-tg") || IS("--n-gen")) {
-            ok = v && cli_parse_i32(v, &o->bench_tg);
+        }
+        const cli_flag *f = NULL;
+        for (size_t k = 0; k < sizeof g_flags / sizeof g_flags[0] && !f; k++)
+            if (flag_is(&g_flags[k], a) && (!o->groups || (o->groups & g_flags[k].group)))
+                f = &g_flags[k];
+        bool takes = true;
+        if (f) {
+            takes = f->kind != FK_BOOL;
+            if (takes && !v) {
+                fprintf(stderr, "keel: option %s needs a value\n%s\n", a, usage);
+                return 2;
+            }
+            if (!set_flag(o, f, a, v)) return 2;
+            bool kv_param = (f->group & CLI_G_BUDGET) || ((f->group & CLI_G_COMPACT) && f->kind != FK_POLICY);
+            if (kv_param && !o->kv_flag) o->kv_flag = f->name;
+            if (f->off == OFF(ctx.compact.trigger)) o->kv_trigger_set = true;
+            if (f->off == OFF(ctx.compact.target)) o->kv_target_set = true;
+            if (f->off == OFF(ctx.n_batch)) o->batch_set = true;
         } else if (o->extra && o->extra(o, a, v, &takes)) {
-            /* command-specific */
-        } else if (a[0] != '-' && !o->positional) {
+            if (o->extra_err[0]) {
+                fprintf(stderr, "keel: %s\n", o->extra_err);
+                return 2;
+            }
+            if (takes && !v) {
+                fprintf(stderr, "keel: option %s needs a value\n%s\n", a, usage);
+                return 2;
+            }
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "keel: unknown option '%s'\n%s\n", a, usage);
+            return 2;
+        } else if (o->positional_name && !o->positional) {
             o->positional = a;
             takes = false;
         } else {
-            fprintf(stderr, "keel: unknown option '%s'\n%s\n", a, usage);
+            if (prev_bool)
+                fprintf(stderr, "keel: unexpected argument '%s' (%s takes no value)\n%s\n", a,
+                        prev_bool, usage);
+            else
+                fprintf(stderr, "keel: unexpected argument '%s'\n%s\n", a, usage);
             return 2;
         }
-#undef IS
-        if (takes && !v) {
-            fprintf(stderr, "keel: option %s needs a value\n", a);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "keel: bad value for %s: '%s'\n", a, v ? v : "");
-            return 2;
-        }
+        prev_bool = takes ? NULL : a;
         if (takes) i++;
     }
     return 0;
 }
+
+int cli_compact_setup(cli_opts *o, int32_t n_ctx)
+{
+    keel_compact_params *cp = &o->ctx.compact;
+    if (cp->policy == KEEL_COMPACT_NONE) {
+        if (o->kv_flag) {
+            fprintf(stderr, "keel: %s needs --kv-compact POLICY (compaction is off)\n", o->kv_flag);
+            return 2;
+        }
+        return 0;
+    }
+    if (!o->kv_trigger_set) cp->trigger = n_ctx;
+    if (!o->kv_target_set) cp->target = cp->trigger / 2;
+    char err[256] = "";
+    keel_status st = keel_compact_params_check(cp, err);
+    if (st != KEEL_OK) {
+        fprintf(stderr, "keel: --kv-compact %s (trigger %d, target %d, %d sinks, recent %g): %s\n",
+                keel_compact_policy_name(cp->policy), cp->trigger, cp->target, cp->n_sink,
+                (double)cp->recent, err);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- input --------------------------------------------------------------- */
+
+#define CLI_FILE_MAX ((size_t)1 << 30)
 
 char *cli_read_file(const char *path, size_t *n)
 {
@@ -182,15 +477,22 @@ char *cli_read_file(const char *path, size_t *n)
     if (!f) return NULL;
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
+    int e = buf ? 0 : ENOMEM;
     while (buf) {
         size_t r = fread(buf + len, 1, cap - len - 1, f);
         len += r;
-        if (r == 0) break;
+        if (r == 0) {
+            if (ferror(f)) e = errno ? errno : EIO; /* e.g. EISDIR for a directory */
+            break;
+        }
         if (len + 1 == cap) {
+            if (cap > CLI_FILE_MAX) {
+                e = EFBIG;
+                break;
+            }
             char *nb = realloc(buf, cap * 2);
             if (!nb) {
-                free(buf);
-                buf = NULL;
+                e = ENOMEM;
                 break;
             }
             buf = nb;
@@ -198,10 +500,13 @@ char *cli_read_file(const char *path, size_t *n)
         }
     }
     fclose(f);
-    if (buf) {
-        buf[len] = 0;
-        *n = len;
+    if (e) {
+        free(buf);
+        errno = e;
+        return NULL;
     }
+    buf[len] = 0;
+    *n = len;
     return buf;
 }
 
@@ -217,47 +522,74 @@ int cli_open_model(cli_opts *o, keel_model **m)
     return 0;
 }
 
+/* --prompt-ids "1,403, 407": every element an id in [0, n_vocab). */
+static int parse_ids(const char *list, int32_t n_vocab, int32_t **ids, int32_t *n)
+{
+    size_t len = strlen(list), cnt = 1;
+    for (size_t i = 0; i < len; i++) cnt += list[i] == ',';
+    if (cnt > (size_t)INT32_MAX / 2) return cli_fail("--prompt-ids", KEEL_ERANGE, "too many ids");
+    int32_t *v = malloc(cnt * sizeof(int32_t));
+    char *tmp = malloc(len + 1);
+    if (!v || !tmp) {
+        free(v);
+        free(tmp);
+        return cli_fail("--prompt-ids", KEEL_ENOMEM, NULL);
+    }
+    memcpy(tmp, list, len + 1);
+    int32_t k = 0;
+    int rc = 0;
+    char *s = tmp;
+    for (;;) {
+        char *comma = strchr(s, ',');
+        if (comma) *comma = 0;
+        while (*s == ' ') s++;
+        char *e = s + strlen(s);
+        while (e > s && e[-1] == ' ') *--e = 0;
+        int32_t x;
+        bool num = cli_parse_i32(s, &x);
+        if (!num || x < 0 || x >= n_vocab) {
+            fprintf(stderr, "keel: --prompt-ids: element %d '%s' %s [0, %d) (n_vocab)\n", k, s,
+                    num ? "is out of range" : "is not a token id in", n_vocab);
+            rc = 2;
+            break;
+        }
+        v[k++] = x;
+        if (!comma) break;
+        s = comma + 1;
+    }
+    free(tmp);
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
 /* The prompt as ids: --prompt-ids, -p or -f (tokenized with BOS). */
 int cli_prompt_ids(cli_opts *o, const keel_model *m, int32_t **ids, int32_t *n)
 {
     *ids = NULL;
     *n = 0;
-    if (o->prompt_ids) {
-        int32_t cap = 16, cnt = 0;
-        int32_t *v = malloc((size_t)cap * sizeof(int32_t));
-        const char *s = o->prompt_ids;
-        while (v && *s) {
-            char *end;
-            long x = strtol(s, &end, 10);
-            if (end == s) {
-                free(v);
-                fprintf(stderr, "keel: --prompt-ids: not a number at '%s'\n", s);
-                return 2;
-            }
-            if (cnt == cap) {
-                int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof(int32_t));
-                if (!nv) {
-                    free(v);
-                    v = NULL;
-                    break;
-                }
-                v = nv;
-            }
-            v[cnt++] = (int32_t)x;
-            s = end;
-            while (*s == ',' || *s == ' ') s++;
-        }
-        if (!v) return cli_fail("prompt", KEEL_ENOMEM, NULL);
-        *ids = v;
-        *n = cnt;
-        return 0;
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    if (!!o->prompt_ids + !!o->prompt + !!o->file > 1) {
+        fprintf(stderr, "keel: give the prompt once: -p, -f or --prompt-ids\n");
+        return 2;
     }
+    if (o->prompt_ids) return parse_ids(o->prompt_ids, mi.n_vocab, ids, n);
     char *text = NULL;
     size_t len = 0;
     if (o->file) {
         text = cli_read_file(o->file, &len);
         if (!text) {
-            fprintf(stderr, "keel: cannot read %s\n", o->file);
+            fprintf(stderr, "keel: -f %s: %s\n", o->file, strerror(errno));
+            return 1;
+        }
+        if (len == 0) {
+            free(text);
+            fprintf(stderr, "keel: -f %s: the file is empty\n", o->file);
             return 1;
         }
     } else if (o->prompt) {

@@ -3,6 +3,7 @@
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <string.h>
 
 typedef struct cli_command {
@@ -21,7 +22,7 @@ static const cli_command g_commands[] = {
      "eval-compaction -m MODEL -f TEXT [--json]  compaction quality: PPL and KL vs full context\n"
      "  eval-compaction ... --task retrieval       recall of a planted fact (eval-compaction -h)"},
     {"bench", cmd_bench,
-     "bench kernels|attention [--json]           kernel and attention benchmarks\n"
+     "bench kernels|attention [options]         kernel and attention benchmarks (bench -h)\n"
      "  bench -m MODEL [-p 512] [-n 128] [--json]  prompt and generation speed"},
     {"gen-model", cmd_gen_model,
      "gen-model --arch A [options] --out F      write a random-weight GGUF model"},
@@ -65,16 +66,26 @@ int main(int argc, char **argv)
     }
     keel_set_log(cli_log, NULL, KEEL_LOG_WARN);
     const char *cmd = argv[1];
+    int rc = -1;
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
         printf("keel %s\n", keel_version());
-        return 0;
-    }
-    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        rc = 0;
+    } else if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
-        return 0;
+        rc = 0;
     }
-    for (size_t i = 0; i < sizeof g_commands / sizeof g_commands[0]; i++)
-        if (strcmp(cmd, g_commands[i].name) == 0) return g_commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "keel: unknown command '%s' (try 'keel help')\n", cmd);
-    return 2;
+    for (size_t i = 0; rc < 0 && i < sizeof g_commands / sizeof g_commands[0]; i++)
+        if (strcmp(cmd, g_commands[i].name) == 0) rc = g_commands[i].fn(argc - 1, argv + 1);
+    if (rc < 0) {
+        fprintf(stderr, "keel: unknown command '%s' (try 'keel help')\n", cmd);
+        return 2;
+    }
+    /* every write is checked: output lost to a full disk or a closed pipe
+     * is an error, even when the command itself succeeded */
+    if (!cli_flush_stdout() && rc == 0) rc = 1;
+    if (fclose(stdout) != 0 && rc == 0) {
+        fprintf(stderr, "keel: closing standard output: %s\n", strerror(errno));
+        rc = 1;
+    }
+    return rc;
 }

@@ -4,7 +4,9 @@
  */
 #include "bench.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -48,13 +50,49 @@ const char *bench_opt(int argc, char **argv, const char *name)
     return NULL;
 }
 
-keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_fn out, void *user)
+keel_status bench_check_args(bench_out *o, const char *bench, int argc, char **argv,
+                             const bench_flag *spec, size_t n_spec)
 {
-    if (!name) return KEEL_EINVAL;
-    bench_out o = {out, user, bench_has_flag(argc, argv, "--json")};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--json") == 0) continue;
+        const bench_flag *f = NULL;
+        for (size_t k = 0; k < n_spec && !f; k++)
+            if (strcmp(a, spec[k].name) == 0) f = &spec[k];
+        if (!f)
+            return base_err(o->err, KEEL_EINVAL, "bench %s: %s '%s'", bench,
+                            a[0] == '-' ? "unknown option" : "unexpected argument", a);
+        if (f->value && ++i >= argc)
+            return base_err(o->err, KEEL_EINVAL, "bench %s: option %s needs a value", bench, a);
+    }
+    return KEEL_OK;
+}
+
+keel_status bench_int_opt(bench_out *o, const char *bench, int argc, char **argv, const char *name,
+                          int64_t lo, int64_t hi, int64_t def, int64_t *out)
+{
+    const char *v = bench_opt(argc, argv, name);
+    *out = def;
+    if (!v) return KEEL_OK;
+    char *end = NULL;
+    errno = 0;
+    long long x = (v[0] == '-' || (v[0] >= '0' && v[0] <= '9')) ? strtoll(v, &end, 10) : 0;
+    if (!end || end == v || *end || errno || x < lo || x > hi)
+        return base_err(o->err, KEEL_EINVAL, "bench %s: %s %s: must be an integer in [%lld, %lld]",
+                        bench, name, v, (long long)lo, (long long)hi);
+    *out = x;
+    return KEEL_OK;
+}
+
+keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_fn out, void *user,
+                           char *err)
+{
+    if (err) err[0] = 0;
+    if (!name || argc < 0 || (argc && !argv)) return base_err(err, KEEL_EINVAL, "bad argument");
+    bench_out o = {out, user, bench_has_flag(argc, argv, "--json"), err};
     for (size_t i = 0; i < BASE_ARRAY_LEN(g_benches); i++)
         if (strcmp(g_benches[i].name, name) == 0) return g_benches[i].fn(argc, argv, &o);
-    return KEEL_ENOENT;
+    return base_err(err, KEEL_ENOENT, "unknown benchmark '%s' (kernels, attention, model)", name);
 }
 
 /* ---- read bandwidth ------------------------------------------------------ */

@@ -13,7 +13,24 @@ typedef struct bench_out {
     keel_write_fn write;
     void *user;
     bool json; /* --json given */
+    char *err; /* [BASE_ERR_CAP] what failed, or NULL */
 } bench_out;
+
+/* A flag a benchmark accepts; value: it takes one. */
+typedef struct bench_flag {
+    const char *name;
+    bool value;
+} bench_flag;
+
+/* Every argument must be one of spec's flags (with its value when it takes
+ * one) or "--json": else KEEL_EINVAL, the unknown option, stray argument or
+ * missing value named in o->err ("bench kernels: unknown option '--bogus'"). */
+keel_status bench_check_args(bench_out *o, const char *bench, int argc, char **argv,
+                             const bench_flag *spec, size_t n_spec);
+/* The integer after flag name (def when absent): the whole value a decimal
+ * in [lo, hi], else KEEL_EINVAL named in o->err. */
+keel_status bench_int_opt(bench_out *o, const char *bench, int argc, char **argv, const char *name,
+                          int64_t lo, int64_t hi, int64_t def, int64_t *out);
 
 /* printf into the sink (chunks of up to 4 KiB). */
 void bench_printf(bench_out *o, const char *fmt, ...) BASE_PRINTF(2, 3);

@@ -135,17 +135,26 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
 {
     int32_t ctxs[8] = {1024, 4096, 16384, 65536};
     int n_ctx = 4;
+    static const bench_flag spec[] = {{"--quick", false}, {"--ctx", true}, {"--kv", true}};
+    keel_status st = bench_check_args(o, "attention", argc, argv, spec, BASE_ARRAY_LEN(spec));
+    if (st != KEEL_OK) return st;
     bool quick = bench_has_flag(argc, argv, "--quick");
     const char *cl = bench_opt(argc, argv, "--ctx");
-    if (cl && !parse_ctx_list(cl, ctxs, &n_ctx)) return KEEL_EINVAL;
+    if (cl && !parse_ctx_list(cl, ctxs, &n_ctx))
+        return base_err(o->err, KEEL_EINVAL,
+                        "bench attention: --ctx %s: must be 1 to 8 comma-separated integers in [64, 4194304]",
+                        cl);
     if (quick && !cl) n_ctx = 2;
+    const char *only = bench_opt(argc, argv, "--kv");
+    if (only && strcmp(only, "f16") != 0 && strcmp(only, "q8_0") != 0 && strcmp(only, "q4_0") != 0)
+        return base_err(o->err, KEEL_EINVAL, "bench attention: --kv %s: must be f16, q8_0 or q4_0", only);
 
     base_pool *p1 = NULL, *p2 = NULL;
-    keel_status st = base_pool_open(1, &p1);
+    st = base_pool_open(1, &p1);
     if (st == KEEL_OK) st = base_pool_open(2, &p2);
     if (st != KEEL_OK) {
         base_pool_close(p1);
-        return st;
+        return base_err(o->err, st, "bench attention: cannot start 2 threads");
     }
     double bw1 = bench_read_bw_gbps(p1, 0, 3), bw2 = bench_read_bw_gbps(p2, 0, 3);
     base_pool_close(p1);
@@ -157,8 +166,9 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     keel_mem_layer *layers = base_alloc(BA_LAYERS * sizeof(keel_mem_layer));
     float *q = base_alloc(BA_HEADS * BA_DIM * sizeof(float));
     float *out = base_alloc(BA_HEADS * BA_DIM * sizeof(float));
-    if (!layers || !q || !out) {
-        st = KEEL_ENOMEM;
+    if (!layers || !q || !out || bw1 < 0 || bw2 < 0) {
+        st = base_err(o->err, KEEL_ENOMEM, "bench attention: out of memory%s",
+                      bw1 < 0 || bw2 < 0 ? " (the 1 GiB bandwidth buffer)" : "");
         goto done;
     }
     base_rng r;
@@ -175,7 +185,6 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
         bench_printf(o, "|------|-----|-------|---------|----------|-------|-------------|\n");
     }
     bool first = true;
-    const char *only = bench_opt(argc, argv, "--kv");
     for (size_t ci = 0; ci < BASE_ARRAY_LEN(cases); ci++) {
         if (only && strcmp(only, keel_dtype_name(cases[ci].kv)) != 0) continue;
         for (int k = 0; k < n_ctx; k++) {
@@ -183,9 +192,10 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
             keel_mem *m = NULL;
             int32_t nb = BASE_MIN(ctx, 4096);
             st = ba_open(cases[ci].kv, cases[ci].rot, ctx, nb, &m, layers);
-            if (st != KEEL_OK) goto done;
-            st = ba_fill(m, ctx, nb);
+            if (st == KEEL_OK) st = ba_fill(m, ctx, nb);
             if (st != KEEL_OK) {
+                base_err(o->err, st, "bench attention: %s cache of %d cells: %s",
+                         keel_dtype_name(cases[ci].kv), ctx, m ? keel_mem_last_error(m) : keel_strerror(st));
                 keel_mem_close(m);
                 goto done;
             }
@@ -204,8 +214,9 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                 m->pool = keep;
                 m->n_threads = keep_n;
                 if (s < 0) {
+                    st = base_err(o->err, KEEL_EINTERNAL, "bench attention: decode over %d %s cells: %s",
+                                  ctx, keel_dtype_name(cases[ci].kv), keel_mem_last_error(m));
                     keel_mem_close(m);
-                    st = KEEL_EINTERNAL;
                     goto done;
                 }
                 double gbps = bytes / s * 1e-9;
@@ -238,7 +249,11 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
         int32_t ctx = 4096;
         keel_mem *m = NULL;
         st = ba_open(cases[ci].kv, cases[ci].rot, ctx, 4096, &m, layers);
-        if (st != KEEL_OK) goto done;
+        if (st != KEEL_OK) {
+            base_err(o->err, st, "bench attention: %s cache of %d cells: %s", keel_dtype_name(cases[ci].kv),
+                     ctx, keel_strerror(st));
+            goto done;
+        }
         st = ba_fill(m, ctx, 4096);
         if (st == KEEL_OK) {
             uint64_t t0 = base_time_ns();
@@ -254,6 +269,9 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                              cases[ci].rot ? "on" : "off", ns, per_row);
             first = false;
         }
+        if (st != KEEL_OK)
+            base_err(o->err, st, "bench attention: position edit on %s: %s", keel_dtype_name(cases[ci].kv),
+                     keel_mem_last_error(m));
         keel_mem_close(m);
         if (st != KEEL_OK) goto done;
     }

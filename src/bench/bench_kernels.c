@@ -456,21 +456,20 @@ static void bk_print_table(bench_out *o, const bk_state *s)
 
 keel_status bench_kernels(int argc, char **argv, bench_out *o)
 {
-    int extra = 0;
-    const char *topt = bench_opt(argc, argv, "-t");
-    if (topt) {
-        extra = atoi(topt);
-        if (extra < 1 || extra > 256) return KEEL_EINVAL;
-    }
+    static const bench_flag spec[] = {{"-t", true}, {"--gemm", false}};
+    keel_status st = bench_check_args(o, "kernels", argc, argv, spec, BASE_ARRAY_LEN(spec));
+    int64_t extra = 0;
+    if (st == KEEL_OK) st = bench_int_opt(o, "kernels", argc, argv, "-t", 1, 256, 0, &extra);
+    if (st != KEEL_OK) return st;
     bool compare = bench_has_flag(argc, argv, "--gemm");
     bk_state *s = base_calloc(1, sizeof *s);
-    if (!s) return KEEL_ENOMEM;
-    keel_status st = KEEL_OK;
-    int want[3] = {1, 2, extra};
+    if (!s) return base_err(o->err, KEEL_ENOMEM, "bench kernels: out of memory");
+    int want[3] = {1, 2, (int)extra};
     for (int i = 0; i < 3 && st == KEEL_OK; i++) {
         if (i == 2 && (extra == 0 || extra <= 2)) break;
         st = base_pool_open(want[i], &s->pools[i]);
         if (st == KEEL_OK) s->n_threads[s->n_pools++] = want[i];
+        else base_err(o->err, st, "bench kernels: cannot start %d threads", want[i]);
     }
     if (st != KEEL_OK) goto done;
     tensor_set_simd(true);
@@ -479,7 +478,7 @@ keel_status bench_kernels(int argc, char **argv, bench_out *o)
     s->bw[0] = bench_read_bw_gbps(s->pools[0], 0, 3);
     s->bw[1] = bench_read_bw_gbps(s->pools[1], 0, 3);
     if (s->bw[0] < 0 || s->bw[1] < 0) {
-        st = KEEL_ENOMEM;
+        st = base_err(o->err, KEEL_ENOMEM, "bench kernels: cannot allocate the 1 GiB bandwidth buffer");
         goto done;
     }
 
@@ -487,7 +486,7 @@ keel_status bench_kernels(int argc, char **argv, bench_out *o)
         bk_buf wb;
         const int n_vec = 32;
         if (!bk_alloc(&wb, (size_t)n_vec * 256 * sizeof(float))) {
-            st = KEEL_ENOMEM;
+            st = base_err(o->err, KEEL_ENOMEM, "bench kernels: out of memory (wht vectors)");
             goto done;
         }
         const int ns[3] = {64, 128, 256};
@@ -502,10 +501,21 @@ keel_status bench_kernels(int argc, char **argv, bench_out *o)
         bk_free(&wb);
     }
 
+    const char *stage = "matvec";
     st = bk_run_matvec(s);
-    if (st == KEEL_OK) st = bk_run_quant(s);
-    if (st == KEEL_OK) st = bk_run_matmul(s, compare);
-    if (st != KEEL_OK) goto done;
+    if (st == KEEL_OK) {
+        stage = "quantize";
+        st = bk_run_quant(s);
+    }
+    if (st == KEEL_OK) {
+        stage = "matmul";
+        st = bk_run_matmul(s, compare);
+    }
+    if (st != KEEL_OK) {
+        base_err(o->err, st, "bench kernels: %s: %s (256 MiB of weights per round)", stage,
+                 keel_strerror(st));
+        goto done;
+    }
     if (o->json)
         bk_print_json(o, s);
     else

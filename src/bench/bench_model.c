@@ -61,12 +61,6 @@ static double sgemm_gflops(base_pool *pool, int n, int m, int k)
     return best;
 }
 
-static int parse_int_opt(int argc, char **argv, const char *name, int def)
-{
-    const char *v = bench_opt(argc, argv, name);
-    return v ? atoi(v) : def;
-}
-
 typedef struct stat2 {
     double mean, sd;
 } stat2;
@@ -87,35 +81,52 @@ static stat2 stats(const double *v, int n)
  *   - decode: n_tg tokens with compaction (cells oscillate between target
  *     and trigger) vs without compaction from a cache prefilled to the same
  *     mean number of cells ((target + trigger) / 2), equal budget. */
+/* --ctk / --ctv into p (KV cache types). */
+static keel_status kv_types(bench_out *o, int argc, char **argv, keel_context_params *p)
+{
+    const char *ctk = bench_opt(argc, argv, "--ctk"), *ctv = bench_opt(argc, argv, "--ctv");
+    if (ctk && keel_dtype_from_name(ctk, &p->type_k) != KEEL_OK)
+        return base_err(o->err, KEEL_EINVAL, "bench model: --ctk %s: unknown type", ctk);
+    if (ctv && keel_dtype_from_name(ctv, &p->type_v) != KEEL_OK)
+        return base_err(o->err, KEEL_EINVAL, "bench model: --ctv %s: unknown type", ctv);
+    return KEEL_OK;
+}
+
 static keel_status bench_compact(keel_model *m, int argc, char **argv, int threads, int n_tg,
                                  bench_out *o)
 {
     keel_compact_params cp = keel_compact_params_default();
     const char *pol = bench_opt(argc, argv, "--kv-compact");
     if (keel_compact_policy_from_name(pol, &cp.policy) != KEEL_OK || cp.policy == KEEL_COMPACT_NONE)
-        return KEEL_EINVAL;
-    cp.trigger = parse_int_opt(argc, argv, "--kv-trigger", 1024);
-    cp.target = parse_int_opt(argc, argv, "--kv-target", cp.trigger / 2);
+        return base_err(o->err, KEEL_EINVAL,
+                        "bench model: --kv-compact %s: must be window, keydiff, knorm or random", pol);
+    int64_t trigger, target;
+    keel_status st = bench_int_opt(o, "model", argc, argv, "--kv-trigger", 2, 1 << 24, 1024, &trigger);
+    if (st == KEEL_OK)
+        st = bench_int_opt(o, "model", argc, argv, "--kv-target", 1, trigger - 1, trigger / 2, &target);
+    if (st != KEEL_OK) return st;
+    cp.trigger = (int32_t)trigger;
+    cp.target = (int32_t)target;
     const model_hp *hp = &m->w.hp;
     keel_context_params p = keel_context_params_default();
     p.n_ctx = cp.trigger + 64;
     p.n_batch = 512;
     p.n_ubatch = 512;
     p.n_threads = threads;
-    const char *ctk = bench_opt(argc, argv, "--ctk");
-    if (ctk && keel_dtype_from_name(ctk, &p.type_k) != KEEL_OK) return KEEL_EINVAL;
+    if ((st = kv_types(o, argc, argv, &p)) != KEEL_OK) return st;
     keel_context *c = NULL;
     char err[BASE_ERR_CAP] = "";
-    keel_status st = keel_context_open(m, &p, &c, err);
-    if (st != KEEL_OK) {
-        bench_printf(o, "keel bench: context: %s\n", err);
-        return st;
+    st = keel_context_open(m, &p, &c, err);
+    if (st != KEEL_OK) return base_err(o->err, st, "bench model: context: %s", err);
+    if ((st = keel_compact_params_check(&cp, err)) != KEEL_OK) {
+        keel_context_close(c);
+        return base_err(o->err, st, "bench model: --kv-compact: %s", err);
     }
     int32_t n_fill = cp.trigger;
     int32_t *toks = base_alloc((size_t)n_fill * sizeof(int32_t));
     if (!toks) {
         keel_context_close(c);
-        return KEEL_ENOMEM;
+        return base_err(o->err, KEEL_ENOMEM, "bench model: out of memory");
     }
     base_rng r;
     base_rng_seed(&r, 3);
@@ -161,7 +172,9 @@ static keel_status bench_compact(keel_model *m, int argc, char **argv, int threa
         tps[on] = n_tg / ((double)(base_time_ns() - t0) * 1e-9);
         if (on) n_events = keel_mem_seq_compactions(c->mem, 0) - ev0;
     }
-    if (st != KEEL_OK) bench_printf(o, "keel bench: %s\n", keel_context_last_error(c));
+    if (st != KEEL_OK)
+        base_err(o->err, st, "bench model: compaction: %s",
+                 keel_context_last_error(c)[0] ? keel_context_last_error(c) : keel_mem_last_error(c->mem));
     else if (o->json)
         bench_printf(o, "{\"compact\": {\"policy\": \"%s\", \"trigger\": %d, \"target\": %d, "
                         "\"us_per_event_per_1000_cells\": %.1f, \"tg_tps_on\": %.2f, \"tg_tps_off\": %.2f, "
@@ -181,23 +194,35 @@ static keel_status bench_compact(keel_model *m, int argc, char **argv, int threa
 
 keel_status bench_model(int argc, char **argv, bench_out *o)
 {
+    static const bench_flag spec[] = {
+        {"-m", true},  {"-p", true},          {"-n", true},          {"-t", true},
+        {"-r", true},  {"--tokenizer", true}, {"--ctk", true},       {"--ctv", true},
+        {"--kv-compact", true}, {"--kv-trigger", true}, {"--kv-target", true},
+    };
+    keel_status st = bench_check_args(o, "model", argc, argv, spec, BASE_ARRAY_LEN(spec));
+    if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
-    if (!path) return KEEL_EINVAL;
-    int n_pp = parse_int_opt(argc, argv, "-p", 512), n_tg = parse_int_opt(argc, argv, "-n", 128);
-    int threads = parse_int_opt(argc, argv, "-t", keel_cpu_count());
-    int reps = parse_int_opt(argc, argv, "-r", 3);
-    if (n_pp < 0 || n_tg < 0 || threads < 1 || reps < 1 || n_pp > 65536 || n_tg > 65536)
-        return KEEL_EINVAL;
+    if (!path) return base_err(o->err, KEEL_EINVAL, "bench model: no model (-m MODEL)");
+    int64_t iv[4];
+    st = bench_int_opt(o, "model", argc, argv, "-p", 0, 65536, 512, &iv[0]);
+    if (st == KEEL_OK) st = bench_int_opt(o, "model", argc, argv, "-n", 0, 65536, 128, &iv[1]);
+    if (st == KEEL_OK) st = bench_int_opt(o, "model", argc, argv, "-t", 1, 256, keel_cpu_count(), &iv[2]);
+    if (st == KEEL_OK) st = bench_int_opt(o, "model", argc, argv, "-r", 1, 64, 3, &iv[3]);
+    if (st != KEEL_OK) return st;
+    int n_pp = (int)iv[0], n_tg = (int)iv[1], threads = (int)iv[2], reps = (int)iv[3];
+    if (!bench_opt(argc, argv, "--kv-compact")) {
+        const char *kv = bench_opt(argc, argv, "--kv-trigger") ? "--kv-trigger"
+                         : bench_opt(argc, argv, "--kv-target") ? "--kv-target"
+                                                                 : NULL;
+        if (kv) return base_err(o->err, KEEL_EINVAL, "bench model: %s needs --kv-compact POLICY", kv);
+    }
     keel_model_params mp = keel_model_params_default();
     mp.path = path;
     mp.tokenizer_path = bench_opt(argc, argv, "--tokenizer");
     keel_model *m = NULL;
     char err[BASE_ERR_CAP] = "";
-    keel_status st = keel_model_open(&mp, &m, err);
-    if (st != KEEL_OK) {
-        bench_printf(o, "keel bench: %s: %s\n", path, err);
-        return st;
-    }
+    st = keel_model_open(&mp, &m, err);
+    if (st != KEEL_OK) return base_err(o->err, st, "bench model: %s: %s", path, err);
     if (bench_opt(argc, argv, "--kv-compact")) {
         st = bench_compact(m, argc, argv, threads, n_tg > 0 ? n_tg : 128, o);
         keel_model_close(m);
@@ -209,15 +234,15 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     cp.n_batch = BASE_MAX(n_pp, 1);
     cp.n_ubatch = BASE_MAX(n_pp, 1);
     cp.n_threads = threads;
-    const char *ctk = bench_opt(argc, argv, "--ctk"), *ctv = bench_opt(argc, argv, "--ctv");
-    if (ctk && keel_dtype_from_name(ctk, &cp.type_k) != KEEL_OK) st = KEEL_EINVAL;
-    if (ctv && keel_dtype_from_name(ctv, &cp.type_v) != KEEL_OK) st = KEEL_EINVAL;
     keel_context *c = NULL;
     int32_t *toks = NULL;
     double *pp_t = NULL, *tg_t = NULL;
-    if (st == KEEL_OK) st = keel_context_open(m, &cp, &c, err);
+    st = kv_types(o, argc, argv, &cp);
+    if (st == KEEL_OK) {
+        st = keel_context_open(m, &cp, &c, err);
+        if (st != KEEL_OK) base_err(o->err, st, "bench model: context: %s", err);
+    }
     if (st != KEEL_OK) {
-        bench_printf(o, "keel bench: context: %s\n", err);
         keel_model_close(m);
         return st;
     }
@@ -226,7 +251,7 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     pp_t = base_calloc((size_t)reps, sizeof(double));
     tg_t = base_calloc((size_t)reps, sizeof(double));
     if (!toks || !pp_t || !tg_t) {
-        st = KEEL_ENOMEM;
+        st = base_err(o->err, KEEL_ENOMEM, "bench model: out of memory");
         goto done;
     }
     base_rng r;
@@ -314,7 +339,7 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     }
     goto done;
 fail_decode:
-    bench_printf(o, "keel bench: decode: %s\n", keel_context_last_error(c));
+    base_err(o->err, st, "bench model: decode: %s", keel_context_last_error(c));
 done:
     base_free(toks, tb);
     base_free(pp_t, (size_t)reps * sizeof(double));

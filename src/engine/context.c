@@ -264,15 +264,51 @@ void keel_cancel(keel_context *c)
 }
 
 /* Positions of tokens [from, to): each continues its sequence, from the
- * previous token of the sequence in that range or else from the memory. */
-static void continue_positions(keel_context *c, int32_t from, int32_t to)
+ * previous token of the sequence in that range or else from the memory.
+ * KEEL_ERANGE (nothing placed yet) when a position would reach INT32_MAX
+ * (the memory's positions are 0..INT32_MAX-1): without renumbering, the
+ * positions of a long session only grow. */
+static keel_status continue_positions(keel_context *c, int32_t from, int32_t to)
 {
     for (int32_t i = from; i < to; i++) {
         int32_t s = c->ub_seq[i], prev = -1;
         for (int32_t j = i - 1; j >= from && prev < 0; j--)
             if (c->ub_seq[j] == s) prev = c->ub_pos[j];
-        c->ub_pos[i] = prev >= 0 ? prev + 1 : keel_mem_seq_pos_max(c->mem, s) + 1;
+        if (prev < 0) prev = keel_mem_seq_pos_max(c->mem, s);
+        if (prev >= INT32_MAX - 1)
+            return base_err(c->err, KEEL_ERANGE,
+                            "decode: sequence %d: position %d is the last one (positions are int32; "
+                            "compaction with renumbering keeps them small)",
+                            s, prev);
+        c->ub_pos[i] = prev + 1;
     }
+    return KEEL_OK;
+}
+
+/* Logit rows [row0, row0 + nout) of a ubatch must be finite: NaN or
+ * infinite logits come from invalid weights or hyperparameters, and a
+ * sampler fed with them fails far from the cause. */
+static keel_status check_logits(keel_context *c, int32_t start, int32_t row0, int32_t nout)
+{
+    size_t V = (size_t)c->model->w.hp.n_vocab;
+    for (int32_t j = 0; j < nout; j++) {
+        const float *row = c->logits + (size_t)(row0 + j) * V;
+        uint32_t bad = 0;
+        for (size_t v = 0; v < V; v++) {
+            uint32_t u;
+            memcpy(&u, &row[v], sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u; /* exponent all ones: inf or NaN */
+        }
+        if (!bad) continue;
+        bool nan = false;
+        for (size_t v = 0; v < V && !nan; v++) nan = isnan(row[v]);
+        int32_t i = start + c->ub_out[j];
+        return base_err(c->err, KEEL_EFORMAT,
+                        "decode: logits are %s at position %d (sequence %d, batch token %d): the "
+                        "model's weights or hyperparameters are invalid",
+                        nan ? "NaN" : "infinite", c->ub_pos[i], c->ub_seq[i], i);
+    }
+    return KEEL_OK;
 }
 
 keel_status keel_decode(keel_context *c, const keel_batch *b)
@@ -307,7 +343,8 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
     if (b->pos) {
         memcpy(c->ub_pos, b->pos, (size_t)n * sizeof(int32_t));
     } else {
-        continue_positions(c, 0, n);
+        keel_status st = continue_positions(c, 0, n);
+        if (st != KEEL_OK) return st;
     }
     /* ubatch size: with compaction, a ubatch must fit between target and
      * trigger, so compacting before it keeps every sequence <= trigger */
@@ -363,7 +400,10 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
                                     keel_mem_last_error(c->mem));
             }
             /* positions of sequences renumbered by the compaction continue */
-            if (!b->pos) continue_positions(c, start, start + m);
+            if (!b->pos) {
+                keel_status st = continue_positions(c, start, start + m);
+                if (st != KEEL_OK) return st;
+            }
         }
         keel_mem_batch mb = {m, c->ub_pos + start, c->ub_seq + start, NULL, NULL, c->ub_prot + start};
         keel_status st = keel_mem_place(c->mem, &mb, c->ub_cells);
@@ -380,6 +420,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
                            c->ub_cells, nout, c->ub_out,
                            c->logits + (size_t)row0 * (size_t)hp->n_vocab};
         st = model_forward(&c->model->w, c->mem, &mu, c->pool, &c->work, &c->cancel, c->err);
+        if (st == KEEL_OK) st = check_logits(c, start, row0, nout);
         if (st != KEEL_OK) return st;
         row0 += nout;
         c->n_last = start + m;

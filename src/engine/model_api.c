@@ -4,6 +4,7 @@
  */
 #include "engine.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -87,10 +88,25 @@ void keel_model_info_get(const keel_model *m, keel_model_info *o)
     o->tokenizer = ti->type == TEXT_VOCAB_SPM ? "spm" : "bpe";
 }
 
+/* Tensor names come from the file: bytes outside printable ASCII (control
+ * characters could drive a terminal) and backslashes become \xHH. */
+static void escape_name(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 5 <= cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\')
+            out[k++] = (char)c;
+        else
+            k += (size_t)snprintf(out + k, cap - k, "\\x%02x", c);
+    }
+    out[k] = 0;
+}
+
 keel_status keel_model_tensors(const keel_model *m, keel_write_fn out, void *user)
 {
     if (!m || !out) return KEEL_EINVAL;
-    char line[512];
+    char line[1024], name[4 * 200 + 8];
     int n = snprintf(line, sizeof line, "%-40s %-6s %-28s %12s\n", "tensor", "dtype", "shape", "bytes");
     out(user, line, (size_t)n);
     for (int64_t i = 0; i < gguf_n_tensors(m->g); i++) {
@@ -101,8 +117,8 @@ keel_status keel_model_tensors(const keel_model *m, keel_write_fn out, void *use
             k += snprintf(shape + k, sizeof shape - (size_t)k, ", %lld", (long long)t->ne[d]);
         if (k < (int)sizeof shape) snprintf(shape + k, sizeof shape - (size_t)k, "]");
         const char *dn = keel_dtype_name(t->dtype);
-        n = snprintf(line, sizeof line, "%-40.*s %-6s %-28s %12zu\n", (int)BASE_MIN(t->name_len, (size_t)200),
-                     t->name, dn ? dn : "?", shape, t->nbytes);
+        escape_name(t->name, BASE_MIN(t->name_len, (size_t)200), name, sizeof name);
+        n = snprintf(line, sizeof line, "%-40s %-6s %-28s %12zu\n", name, dn ? dn : "?", shape, t->nbytes);
         out(user, line, (size_t)BASE_MIN((size_t)n, sizeof line - 1));
     }
     return KEEL_OK;
@@ -145,6 +161,14 @@ void keel_detok_stream_init(keel_detok_stream *s, const keel_model *m)
     text_stream_init((text_stream *)(void *)s, m->tok, 0);
 }
 
+keel_status keel_detok_stream_init_after(keel_detok_stream *s, const keel_model *m,
+                                         const int32_t *prev, int32_t n_prev)
+{
+    if (!s || !m) return KEEL_EINVAL;
+    memset(s, 0, sizeof *s);
+    return text_stream_init_after((text_stream *)(void *)s, m->tok, 0, prev, n_prev);
+}
+
 keel_status keel_detok_stream_push(keel_detok_stream *s, int32_t id, char *buf, size_t cap,
                                    size_t *n_out)
 {
@@ -174,9 +198,38 @@ keel_sampler_params keel_sampler_params_default(void)
     return p;
 }
 
+keel_status keel_sampler_params_check(const keel_sampler_params *p, char *err)
+{
+    if (!p) return base_err(err, KEEL_EINVAL, "sampler params is NULL");
+    const struct {
+        const char *name, *note;
+        float v;
+    } f[] = {
+        {"temp", " (<= 0: greedy)", p->temp},
+        {"top_p", " (>= 1: off)", p->top_p},
+        {"min_p", " (<= 0: off)", p->min_p},
+        {"repeat_penalty", " (1: off)", p->repeat_penalty},
+        {"presence_penalty", " (0: off)", p->presence_penalty},
+        {"frequency_penalty", " (0: off)", p->frequency_penalty},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(f); i++)
+        if (!isfinite(f[i].v))
+            return base_err(err, KEEL_EINVAL, "%s %g: must be finite%s", f[i].name, (double)f[i].v,
+                            f[i].note);
+    if (!(p->repeat_penalty > 0))
+        return base_err(err, KEEL_EINVAL, "repeat_penalty %g: must be > 0 (1: off)",
+                        (double)p->repeat_penalty);
+    if (p->repeat_last_n < 0)
+        return base_err(err, KEEL_EINVAL, "repeat_last_n %d: must be >= 0 (0: off)", p->repeat_last_n);
+    return KEEL_OK;
+}
+
 keel_status keel_sampler_open(const keel_sampler_params *p, int32_t n_vocab, keel_sampler **out)
 {
     if (!p || !out) return KEEL_EINVAL;
+    *out = NULL;
+    keel_status st = keel_sampler_params_check(p, NULL);
+    if (st != KEEL_OK) return st;
     sampler_params d = sampler_params_default();
     d.temperature = p->temp;
     d.top_k = p->top_k;
@@ -188,7 +241,7 @@ keel_status keel_sampler_open(const keel_sampler_params *p, int32_t n_vocab, kee
     d.frequency_penalty = p->frequency_penalty;
     d.seed = p->seed;
     sampler *s = NULL;
-    keel_status st = sampler_open(&d, n_vocab, &s, NULL);
+    st = sampler_open(&d, n_vocab, &s, NULL);
     *out = (keel_sampler *)s;
     return st;
 }

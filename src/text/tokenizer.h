@@ -133,9 +133,21 @@ typedef struct text_stream {
     int n_pend;
 } text_stream;
 
-/* Starts a stream. For a continuation of earlier text pass
- * TEXT_DECODE_KEEP_SPACE. */
+/* Starts a stream at the start of a text. For a continuation of earlier
+ * text use text_stream_init_after (or pass TEXT_DECODE_KEEP_SPACE). */
 void text_stream_init(text_stream *s, const text_tokenizer *t, unsigned flags);
+/*
+ * Starts a stream that continues the text of prev[0..n_prev) (a prompt, or
+ * everything decoded so far): SPM's leading-space rule applies to the first
+ * piece of a text only, so it applies here only if none of prev renders
+ * text (e.g. prev is just BOS). Then text_detokenize(prev) followed by the
+ * stream's output equals text_detokenize(prev + pushed ids) byte for byte
+ * (same flags; CLEAN_SPACES aside). KEEL_EINVAL for an id of prev out of
+ * range; the stream is then initialized as by text_stream_init. O(n_prev),
+ * no allocation.
+ */
+keel_status text_stream_init_after(text_stream *s, const text_tokenizer *t, unsigned flags,
+                                   const int32_t *prev, int64_t n_prev);
 /*
  * Renders id and writes the complete characters now available (at most
  * cap bytes; text_tokenizer_max_piece(t) + 4 always suffices). KEEL_ERANGE

@@ -563,6 +563,19 @@ void text_stream_init(text_stream *s, const text_tokenizer *t, unsigned flags)
     s->first = true;
 }
 
+keel_status text_stream_init_after(text_stream *s, const text_tokenizer *t, unsigned flags,
+                                   const int32_t *prev, int64_t n_prev)
+{
+    text_stream_init(s, t, flags);
+    if (n_prev < 0 || (!prev && n_prev)) return KEEL_EINVAL;
+    for (int64_t i = 0; i < n_prev; i++)
+        if (!id_ok(t, prev[i])) return KEEL_EINVAL;
+    bool special = (flags & TEXT_DECODE_UNPARSE_SPECIAL) != 0;
+    for (int64_t i = 0; i < n_prev && s->first; i++)
+        if (piece_first(t, prev[i], special) >= 0) s->first = false;
+    return KEEL_OK;
+}
+
 /* Length of an incomplete but so far valid UTF-8 sequence ending buf[0..n),
  * 0 if the tail is complete or invalid. */
 static size_t incomplete_tail(const uint8_t *b, size_t n)

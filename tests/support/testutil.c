@@ -3,6 +3,7 @@
  */
 #include "testutil.h"
 #include "base/base.h"
+#include "model/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,4 +143,36 @@ void test_fill_normal(float *x, int64_t n, uint64_t seed)
     base_rng r;
     base_rng_seed(&r, seed);
     for (int64_t i = 0; i < n; i++) x[i] = (float)base_rng_normal(&r);
+}
+
+bool test_fill_tensor_f32(const char *path, const char *tensor, float value)
+{
+    gguf *g = NULL;
+    if (gguf_open_file(path, &g, NULL) != KEEL_OK) return false;
+    const gguf_tensor *t = gguf_find_tensor(g, tensor);
+    bool ok = t && t->dtype == KEEL_DTYPE_F32;
+    size_t off = ok ? gguf_data_offset(g) + (size_t)t->offset : 0, n = ok ? t->nbytes / 4 : 0;
+    gguf_close(g);
+    FILE *f = ok ? fopen(path, "r+b") : NULL;
+    ok = f && fseek(f, (long)off, SEEK_SET) == 0;
+    for (size_t i = 0; ok && i < n; i++) ok = fwrite(&value, sizeof value, 1, f) == 1;
+    if (f && fclose(f) != 0) ok = false;
+    return ok;
+}
+
+bool test_patch_bytes(const char *path, const void *from, const void *to, size_t n)
+{
+    size_t size = 0;
+    uint8_t *d = test_read_file(path, &size);
+    bool ok = false;
+    for (size_t i = 0; d && n && i + n <= size && !ok; i++)
+        if (memcmp(d + i, from, n) == 0) {
+            memcpy(d + i, to, n);
+            ok = true;
+        }
+    FILE *f = ok ? fopen(path, "wb") : NULL;
+    ok = f && fwrite(d, 1, size, f) == size;
+    if (f && fclose(f) != 0) ok = false;
+    free(d);
+    return ok;
 }

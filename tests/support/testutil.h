@@ -44,6 +44,16 @@ const char *test_fixture(const char *rel);
 /* Reads a whole file (malloc'd; caller frees). NULL on failure. */
 void *test_read_file(const char *path, size_t *size);
 
+/* Overwrites every element of the f32 tensor `tensor` in the GGUF file at
+ * path with value (to make a model whose weights are invalid but finite or
+ * not, as a test needs). Returns false if the tensor is missing or not f32,
+ * or on an I/O error. */
+bool test_fill_tensor_f32(const char *path, const char *tensor, float value);
+
+/* Replaces the first occurrence of the n bytes `from` in the file at path
+ * by the n bytes `to` (same length, so offsets stay valid). */
+bool test_patch_bytes(const char *path, const void *from, const void *to, size_t n);
+
 /* Deterministic random floats in [-1, 1) / N(0, 1). */
 void test_fill_uniform(float *x, int64_t n, uint64_t seed);
 void test_fill_normal(float *x, int64_t n, uint64_t seed);
