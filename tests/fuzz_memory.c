@@ -35,6 +35,7 @@ int main(int argc, char **argv)
     printf("attends=%lld refused=%lld tokens_placed=%lld max_cell=%lld max_err/tol=%.3f\n",
            (long long)r.attends, (long long)r.refused, (long long)r.tokens_placed,
            (long long)r.max_cell, r.max_err_ratio);
+    if (r.max_err_case[0]) printf("max_err/tol case: %s\n", r.max_err_case);
     printf("ops=%lld divergences=%lld invariant_failures=%lld\n", (long long)r.ops,
            (long long)r.divergences, (long long)r.invariant_failures);
     return rc;

@@ -144,16 +144,17 @@ static void test_compact_scratch_engine(void **state)
     assert_ok(keel_context_open(md, &cp, &c, err));
     keel_mem *mem = keel_context_memory(c);
     int32_t toks[32];
-    for (int32_t it = 0; it < 2 * 8192 / 32 + 8; it++) {
+    /* the first compaction comes when the 257th ubatch would pass 8192 */
+    for (int32_t it = 0; it < 8192 / 32 + 4; it++) {
         for (int32_t i = 0; i < 32; i++) toks[i] = 3 + (it * 32 + i) * 7 % 500;
         keel_batch b = {32, toks, NULL, NULL, NULL};
         keel_status st = keel_decode(c, &b);
         if (st != KEEL_OK) fail_msg("decode %d: %s", it, keel_context_last_error(c));
-        if (it % 64 == 0 || it > 2 * 8192 / 32) assert_ok(keel_mem_check(mem));
+        if (it >= 8192 / 32 - 1) assert_ok(keel_mem_check(mem));
         assert_true(keel_mem_seq_cells(mem, 0) <= 8192);
     }
     assert_ok(keel_mem_check(mem));
-    assert_true(keel_mem_seq_compactions(mem, 0) >= 2);
+    assert_true(keel_mem_seq_compactions(mem, 0) >= 1);
     assert_true(keel_mem_seq_pos_max(mem, 0) < 8192);
     keel_context_close(c);
     keel_model_close(md);

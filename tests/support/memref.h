@@ -30,6 +30,7 @@ typedef struct memref_result {
     int64_t refused;            /* operations the memory refused (expected or capacity) */
     int64_t attends;            /* attention comparisons */
     double max_err_ratio;       /* max over comparisons of error / tolerance */
+    char max_err_case[192];     /* the comparison that reached it */
     int64_t tokens_placed;
     int64_t max_cell;           /* highest cell index the memory produced */
     int64_t max_cap;            /* largest table capacity */
