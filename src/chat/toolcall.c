@@ -213,12 +213,21 @@ static keel_status out_args_escaped(toolcall_parser *p, const char *s, size_t n)
 
 static const char *cur(const toolcall_parser *p)
 {
-    return p->in.p + p->pos;
+    return p->in.p ? p->in.p + p->pos : "";
 }
 
 static size_t avail(const toolcall_parser *p)
 {
     return p->in.len - p->pos;
+}
+
+static const char g_err_strjson[] = "the arguments string does not hold JSON";
+
+/* Whether t[0..n) is exactly one JSON value (whitespace around allowed). */
+static bool json_whole(const char *t, size_t n)
+{
+    size_t i = 0;
+    return n > 0 && tc_json_skip(t, n, &i, true) == TC_OK && tc_skip_ws(t, n, i) == n;
 }
 
 /* ---- tools ------------------------------------------------------------------------ */
@@ -776,6 +785,7 @@ static tc_pr hdr_tagged(toolcall_parser *p, const char *s, size_t n, bool at_end
     tc_pr r = tc_lit(s, n, &k, p->sp->xml->invoke_open);
     if (r == TC_MORE) return at_end ? TC_FAIL : TC_MORE;
     if (r == TC_OK) return hdr_xml_name(p->sp->xml, s, n, k, h, SUB_XML);
+    if (!p->sp->glm) return TC_FAIL;
     /* GLM: name, then <arg_key> or </tool_call> */
     r = read_name(s, n, &j, "<\n{\"", h->name);
     if (r != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
@@ -1000,6 +1010,15 @@ static void args_begin(toolcall_parser *p)
     p->esc_n = 0;
 }
 
+/* Names are 1..TOOLCALL_NAME_CAP-1 bytes without control bytes. */
+static bool name_ok(const char *s, size_t n)
+{
+    if (n == 0 || n >= TOOLCALL_NAME_CAP) return false;
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)s[i] <= 0x20 || s[i] == 0x7f || strchr("\"'<>{}[]`", s[i])) return false;
+    return true;
+}
+
 static keel_status commit(toolcall_parser *p, const hdr *h, size_t consumed)
 {
     p->pos += consumed;
@@ -1042,7 +1061,7 @@ static keel_status h_hdr(toolcall_parser *p, bool at_end, bool *more)
         json_scan_init(&p->scan);
         return KEEL_OK;
     }
-    if (!tool_known(p, h.name)) return block_fail(p);
+    if (!name_ok(h.name, strlen(h.name)) || !tool_known(p, h.name)) return block_fail(p);
     return commit(p, &h, p->mark_end + h.used);
 }
 
@@ -1081,60 +1100,76 @@ static void block_next(toolcall_parser *p)
 
 /* ---- JSON call object read whole (ST_OBJ) ------------------------------------------- */
 
-/* Appends v, compact, to the open call's arguments. */
-static keel_status dump_json(toolcall_parser *p, const json_t *v)
+/* The name and the arguments' span of a JSON call object s[0..n) that the
+ * scanner has validated; looks one level into a "function" member. */
+static bool obj_fields(const char *s, size_t n, char *name, size_t *as, size_t *ae, int depth)
 {
-    size_t need = json_dumpb(v, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (need == 0) return fail_nomem(p, KEEL_ENOMEM);
-    char *tmp = base_alloc(need);
-    if (!tmp) return fail_nomem(p, KEEL_ENOMEM);
-    size_t got = json_dumpb(v, tmp, need, JSON_COMPACT | JSON_ENCODE_ANY);
-    keel_status st = got == need ? out_args(p, tmp, got) : fail_nomem(p, KEEL_ENOMEM);
-    base_free(tmp, need);
-    return st;
+    size_t j = 1;
+    bool have_name = false;
+    for (;;) {
+        j = tc_skip_ws(s, n, j);
+        if (j >= n || s[j] == '}') break;
+        char key[64];
+        size_t kl, k0 = j;
+        if (tc_json_string(s, n, &j, key, sizeof key, &kl) != TC_OK) {
+            j = k0;
+            key[0] = '\0';
+            if (tc_json_skip(s, n, &j, true) != TC_OK) return false;
+        }
+        j = tc_skip_ws(s, n, j) + 1; /* ':' */
+        j = tc_skip_ws(s, n, j);
+        size_t vs = j;
+        if (tc_json_skip(s, n, &j, true) != TC_OK) return false;
+        if (key_in(key, g_name_keys) && s[vs] == '"' && !have_name) {
+            size_t q = vs, nl;
+            if (tc_json_string(s, n, &q, name, TOOLCALL_NAME_CAP, &nl) != TC_OK) return false;
+            if (!name_ok(name, nl)) return false;
+            have_name = true;
+        } else if (key_in(key, g_args_keys) && *ae == 0) {
+            *as = vs;
+            *ae = j;
+        } else if (strcmp(key, "function") == 0 && s[vs] == '{' && depth == 0 && !have_name) {
+            size_t fs = 0, fe = 0;
+            if (obj_fields(s + vs, j - vs, name, &fs, &fe, 1)) {
+                have_name = true;
+                if (fe) *as = vs + fs, *ae = vs + fe;
+            }
+        }
+        j = tc_skip_ws(s, n, j);
+        if (j < n && s[j] == ',') j++;
+    }
+    return have_name;
 }
 
 static keel_status obj_commit(toolcall_parser *p, const char *s, size_t n)
 {
-    keel_status st = KEEL_OK;
-    json_error_t je;
-    json_t *o = json_loadb(s, n, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, &je);
-    json_t *f = o;
-    const char *name = NULL;
-    json_t *args = NULL;
-    if (!json_is_object(o)) goto reject;
-    if (json_is_object(json_object_get(o, "function"))) f = json_object_get(o, "function");
-    name = json_string_value(json_object_get(f, "name"));
-    if (!name) name = json_string_value(json_object_get(f, "tool_name"));
-    args = json_object_get(f, "arguments");
-    if (!args) args = json_object_get(f, "parameters");
-    if (!name || !name[0] || strlen(name) >= TOOLCALL_NAME_CAP || !tool_known(p, name)) goto reject;
-    for (const char *c = name; *c; c++)
-        if ((uint8_t)*c < 0x20) goto reject;
-    if (!args && p->blk == TC_BLK_LLAMA) goto reject; /* a bare JSON answer, not a call */
+    hdr h = {.kind = H_CALL, .next = ST_HDR, .sub = SUB_JSON};
+    size_t as = 0, ae = 0;
+    if (!obj_fields(s, n, h.name, &as, &ae, 0) || !tool_known(p, h.name)) return block_fail(p);
+    if (ae == 0 && p->blk == TC_BLK_LLAMA) return block_fail(p); /* a bare JSON answer, not a call */
     p->pos += p->obj_off + n;
     p->mark_end = 0;
-    hdr h = {.kind = H_CALL, .next = ST_HDR, .sub = SUB_JSON};
-    memcpy(h.name, name, strlen(name) + 1);
-    st = commit(p, &h, 0);
-    if (st) goto done;
+    keel_status st = commit(p, &h, 0);
+    if (st) return st;
     const char *why = NULL;
-    if (json_is_string(args)) {
-        st = out_args(p, json_string_value(args), json_string_length(args));
-        json_t *inner = json_loadb(json_string_value(args), json_string_length(args),
-                                   JSON_DECODE_ANY, &je);
-        if (!inner && json_string_length(args)) why = "the arguments string does not hold JSON";
-        json_decref(inner);
-    } else if (args && !json_is_null(args)) {
-        st = dump_json(p, args);
+    if (ae > as && s[as] == '"') { /* a string holding the JSON */
+        size_t cap = ae - as, dl;
+        char *d = base_alloc(cap);
+        if (!d) return fail_nomem(p, KEEL_ENOMEM);
+        size_t q = as;
+        if (tc_json_string(s, ae, &q, d, cap, &dl) == TC_OK) {
+            st = out_args(p, d, dl);
+            if (dl && !json_whole(d, dl)) why = g_err_strjson;
+        } else {
+            st = out_args(p, s + as, ae - as);
+            why = g_err_strjson;
+        }
+        base_free(d, cap);
+    } else if (ae > as && !(ae - as == 4 && memcmp(s + as, "null", 4) == 0)) {
+        st = out_args(p, s + as, ae - as);
     }
     if (st == KEEL_OK) st = end_call(p, why);
     if (st == KEEL_OK) block_next(p);
-    goto done;
-reject:
-    st = block_fail(p);
-done:
-    json_decref(o);
     return st;
 }
 
@@ -1158,7 +1193,6 @@ static keel_status h_obj(toolcall_parser *p, bool at_end, bool *more)
 
 static const char g_err_json[] = "the arguments are not valid JSON";
 static const char g_err_cut[] = "the output ended inside the arguments";
-static const char g_err_strjson[] = "the arguments string does not hold JSON";
 
 typedef struct dec_out {
     char b[256];
@@ -1627,12 +1661,6 @@ wait:
     return KEEL_OK;
 }
 
-static bool json_whole(const char *t, size_t n)
-{
-    size_t i = 0;
-    return n > 0 && tc_json_skip(t, n, &i, true) == TC_OK && tc_skip_ws(t, n, i) == n;
-}
-
 static bool ieq(const char *t, size_t n, const char *w)
 {
     return strlen(w) == n && strncasecmp(t, w, n) == 0;
@@ -1790,8 +1818,11 @@ static keel_status h_h_header(toolcall_parser *p, bool at_end, bool *more)
     bool capped = n >= HDR_CAP;
     size_t lim = capped ? HDR_CAP : n;
     size_t j = tc_skip_ws(s, lim, 0), k = j, q;
-    if (j >= lim && !capped) {
+    if (j > 0) { /* whitespace before a header is dropped */
         p->pos += j;
+        return KEEL_OK;
+    }
+    if (n == 0) {
         if (at_end) {
             p->st = ST_TEXT;
             return KEEL_OK;
@@ -1819,7 +1850,7 @@ static keel_status h_h_header(toolcall_parser *p, bool at_end, bool *more)
             hdr hd;
             memset(&hd, 0, sizeof hd);
             if (tl > 10 && memcmp(to, "functions.", 10) == 0) to += 10, tl -= 10;
-            if (tl == 0 || tl >= TOOLCALL_NAME_CAP) goto reject;
+            if (!name_ok(to, tl)) goto reject;
             memcpy(hd.name, to, tl);
             hd.name[tl] = '\0';
             if (!tool_known(p, hd.name)) goto reject;
@@ -1942,6 +1973,7 @@ keel_status toolcall_open(const toolcall_options *o, toolcall_parser **out, char
     p->last_stream = -1;
     p->st = p->sp->harmony ? ST_H_HEADER : ST_TEXT;
     p->reasoning_mode = o->starts_in_reasoning && o->parse_reasoning && !p->sp->harmony;
+    p->skip_ws = p->reasoning_mode; /* whitespace after the prompt's opener */
     *out = p;
     return KEEL_OK;
 }
@@ -2054,12 +2086,19 @@ static size_t utf8_valid_len(const uint8_t *s, size_t n)
     return k;
 }
 
+/* A JSON string of s (NULL: out of memory); invalid UTF-8 becomes U+FFFD. */
 static json_t *str_json(const char *s, size_t n)
 {
-    json_t *v = json_stringn(s, n);
-    if (v) return v;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_valid_len((const uint8_t *)s + i, n - i);
+        if (!k) break;
+        i += k;
+    }
+    if (i == n) return json_stringn(s, n);
+    json_t *v;
     tc_buf b = {0};
-    for (size_t i = 0; i < n;) {
+    for (i = 0; i < n;) {
         size_t k = utf8_valid_len((const uint8_t *)s + i, n - i);
         keel_status st = k ? tc_buf_append(&b, s + i, k) : tc_buf_append(&b, "\xEF\xBF\xBD", 3);
         if (st) {

@@ -194,9 +194,9 @@ static const char *const g_stops_none[] = {NULL};
 static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
     [TOOLCALL_FORMAT_CONTENT] = {g_content_think, g_reason_think, THINK, .raw_stops = g_stops_none},
     [TOOLCALL_FORMAT_HERMES] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
-                                .glm = &g_xml_glm, .raw_stops = g_stops_tagged},
+                                .raw_stops = g_stops_tagged},
     [TOOLCALL_FORMAT_QWEN3_CODER] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
-                                     .glm = &g_xml_glm, .raw_stops = g_stops_tagged},
+                                     .raw_stops = g_stops_tagged},
     [TOOLCALL_FORMAT_GLM] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
                              .glm = &g_xml_glm, .raw_stops = g_stops_tagged},
     [TOOLCALL_FORMAT_LLAMA3] = {g_content_llama, g_reason_llama, THINK, .raw_stops = g_stops_none,
