@@ -397,6 +397,9 @@ static void test_llama3_and_functionary(void **state)
          .calls = {{"a", "{}"}, {"b", "{\"x\": 1}"}}},
         {.fmt = "llama3", .text = "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"q\": \"x\"}}",
          .calls = {{"f", "{\"q\": \"x\"}"}}},
+        /* built-in tools */
+        {.fmt = "llama3", .text = "<|python_tag|>brave_search.call(query=\"weather in Paris\")",
+         .calls = {{"brave_search", "{\"query\":\"weather in Paris\"}"}}},
         /* JSON that is an answer, not a call: content */
         {.fmt = "llama3", .text = "{\"name\": \"Bob\", \"age\": 3}", .content = "{\"name\": \"Bob\", \"age\": 3}"},
         {.fmt = "llama3", .text = "The answer is {\"name\": \"x\", \"parameters\": {}}",
@@ -548,6 +551,19 @@ static void test_other_families(void **state)
          .text = "<|tool_call_start|>[{\"name\": \"get_current_time\", \"arguments\": {\"location\": \"Paris\"}}]"
                  "<|tool_call_end|>Checking.",
          .content = "Checking.", .calls = {{"get_current_time", "{\"location\": \"Paris\"}"}}},
+        /* LFM2's own Python-style list */
+        {.fmt = "lfm2",
+         .text = "<|tool_call_start|>[read_file(path='a.txt'), read_file(path=\"b \\\"x\\\")\", max_bytes=100, "
+                 "opts={'k': [1, -2.5, True, None]}), now()]<|tool_call_end|>",
+         .calls = {{"read_file", "{\"path\":\"a.txt\"}"},
+                   {"read_file", "{\"path\":\"b \\\"x\\\")\",\"max_bytes\":100,\"opts\":{\"k\":[1,-2.5,true,null]}}"},
+                   {"now", "{}"}}},
+        {.fmt = "lfm2", .text = "<|tool_call_start|>[f(1, 2)]<|tool_call_end|>",
+         .content = "<|tool_call_start|>[f(1, 2)]<|tool_call_end|>", .raw = true},
+        {.fmt = "gigachat3",
+         .text = "Checking.<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"read_file\", \"arguments\": "
+                 "{\"path\": \"a.txt\"}}",
+         .content = "Checking.", .calls = {{"read_file", "{\"path\": \"a.txt\"}"}}},
         {.fmt = "minicpm5",
          .text = "<function name=\"read_file\"><param name=\"path\">a.txt</param></function>\n<function "
                  "name=\"read_file\"><param name=\"path\"><![CDATA[b <&>\nc]]></param><param name=\"max_bytes\">100"
@@ -924,7 +940,7 @@ static void test_detect_fixtures(void **state)
         {"Cohere2MoE", TOOLCALL_FORMAT_COMMAND_R7B},
         {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", TOOLCALL_FORMAT_COMMAND_R7B},
         {"GLM-4.6", TOOLCALL_FORMAT_GLM},
-        {"GigaChat3-10B-A1.8B", TOOLCALL_FORMAT_CONTENT},
+        {"GigaChat3-10B-A1.8B", TOOLCALL_FORMAT_GIGACHAT3},
         {"HuggingFaceTB-SmolLM3-3B", TOOLCALL_FORMAT_CONTENT},
         {"Kimi-K2-Instruct", TOOLCALL_FORMAT_KIMI_K2},
         {"Kimi-K2-Thinking", TOOLCALL_FORMAT_KIMI_K2},

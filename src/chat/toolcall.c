@@ -42,6 +42,7 @@ enum {
     ST_XML_PARAMS, /* inside an XML call: a parameter or the close */
     ST_XML_VALUE, /* an XML parameter's value */
     ST_H_HEADER,  /* harmony message header */
+    ST_PY,        /* a Python-style call read whole (pre-commit) */
 };
 
 /* block sub-kinds */
@@ -53,6 +54,7 @@ enum {
     SUB_NAMED, /* Mistral name[ARGS]{json} */
     SUB_R1,    /* DeepSeek R1 / V3: ```json fenced arguments */
     SUB_V31,   /* DeepSeek V3.1 / Kimi / functionary / harmony: JSON then an end marker */
+    SUB_PY,    /* Python-style calls: LFM2 [f(a=1), g()], Llama f.call(q="x") */
 };
 
 /* parameter value types (from the tool's JSON schema) */
@@ -106,8 +108,9 @@ struct toolcall_parser {
     bool inner_bad, inner_done, args_any;
     uint8_t esc[12];
     int esc_n;
-    /* ST_OBJ */
+    /* ST_OBJ, ST_PY */
     size_t obj_off, obj_len;
+    tc_py_scan py;
     /* XML */
     const tc_xml *xml;
     char pname[TOOLCALL_NAME_CAP];
@@ -551,7 +554,7 @@ static keel_status h_text(toolcall_parser *p, bool at_end, bool *more)
 
 /* ---- headers --------------------------------------------------------------------------- */
 
-typedef enum { H_CALL = 1, H_FALLBACK, H_END_BLOCK } hdr_kind;
+typedef enum { H_CALL = 1, H_FALLBACK, H_END_BLOCK, H_PY } hdr_kind;
 
 typedef struct hdr {
     hdr_kind kind;
@@ -636,15 +639,33 @@ static tc_pr hdr_end_block(size_t used, hdr *h)
 }
 
 /* JSON block: the next call object, or the end of the block. */
+static bool py_start(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+static tc_pr hdr_py(size_t j, hdr *h)
+{
+    h->kind = H_PY;
+    h->used = j;
+    h->sub = SUB_PY;
+    return TC_OK;
+}
+
 static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
 {
     size_t j = tc_skip_ws(s, n, 0);
+    /* Python-style calls: in a [ ] list (LFM2), or Llama's built-in tools */
+    bool py_ok = p->sp->python && (p->blk != TC_BLK_LLAMA || p->mark_end > 0);
     if (!p->blk_has_call) {
         if (j >= n) return at_end ? TC_FAIL : TC_MORE;
         if (s[j] == '[') {
             p->blk_array = true;
             j = tc_skip_ws(s, n, j + 1);
             if (j >= n) return at_end ? TC_FAIL : TC_MORE;
+            if (py_ok && py_start(s[j]) && p->blk != TC_BLK_LLAMA) return hdr_py(j, h);
+        } else if (py_ok && py_start(s[j]) && p->blk == TC_BLK_LLAMA) {
+            return hdr_py(j, h);
         }
         if (s[j] != '{') return TC_FAIL;
         return hdr_json_obj(s, n, j, at_end, h);
@@ -654,6 +675,7 @@ static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at
         if (s[j] == ',') {
             j = tc_skip_ws(s, n, j + 1);
             if (j >= n) return at_end ? TC_FAIL : TC_MORE;
+            if (p->sub == SUB_PY && py_start(s[j])) return hdr_py(j, h);
             if (s[j] != '{') return TC_FAIL;
             return hdr_json_obj(s, n, j, at_end, h);
         }
@@ -951,11 +973,9 @@ static tc_pr parse_header(toolcall_parser *p, const char *s, size_t n, bool at_e
 {
     switch (p->blk) {
     case TC_BLK_JSON:
-        p->sub = SUB_JSON;
-        p->blk_close = p->sp->json_close;
-        return hdr_json_block(p, s, n, at_end, h);
     case TC_BLK_LLAMA:
-        p->sub = SUB_JSON;
+        if (!p->blk_has_call) p->sub = SUB_JSON;
+        if (p->blk == TC_BLK_JSON) p->blk_close = p->sp->json_close;
         return hdr_json_block(p, s, n, at_end, h);
     case TC_BLK_TAGGED: return hdr_tagged(p, s, n, at_end, h);
     case TC_BLK_XML: return hdr_xml_block(p, s, n, at_end, h);
@@ -1054,11 +1074,12 @@ static keel_status h_hdr(toolcall_parser *p, bool at_end, bool *more)
         block_done(p);
         return KEEL_OK;
     }
-    if (h.kind == H_FALLBACK) {
-        p->st = ST_OBJ;
+    if (h.kind == H_FALLBACK || h.kind == H_PY) {
+        p->st = h.kind == H_PY ? ST_PY : ST_OBJ;
         p->obj_off = p->mark_end + h.used;
         p->obj_len = 0;
         json_scan_init(&p->scan);
+        tc_py_scan_init(&p->py);
         return KEEL_OK;
     }
     if (!name_ok(h.name, strlen(h.name)) || !tool_known(p, h.name)) return block_fail(p);
@@ -1183,6 +1204,41 @@ static keel_status h_obj(toolcall_parser *p, bool at_end, bool *more)
         if (r != JS_R_CONT && r != JS_R_DONE) return block_fail(p);
         p->obj_len++;
         if (r == JS_R_DONE) return obj_commit(p, s, p->obj_len);
+    }
+    if (at_end) return block_fail(p);
+    *more = true;
+    return KEEL_OK;
+}
+
+/* A Python-style call, read whole, then committed as one (ST_PY). */
+static keel_status h_py(toolcall_parser *p, bool at_end, bool *more)
+{
+    const char *s = cur(p) + p->obj_off;
+    size_t n = avail(p) - p->obj_off;
+    while (p->obj_len < n) {
+        if (p->obj_len >= p->max_held) return block_fail(p);
+        tc_pr r = tc_py_scan_byte(&p->py, (uint8_t)s[p->obj_len]);
+        if (r == TC_FAIL) return block_fail(p);
+        p->obj_len++;
+        if (r == TC_MORE) continue;
+        hdr h = {.kind = H_CALL, .next = ST_HDR, .sub = SUB_PY};
+        tc_buf json = {0};
+        bool ok;
+        keel_status st = tc_py_call(s, p->obj_len, h.name, &json, &ok);
+        if (st == KEEL_OK && (!ok || !name_ok(h.name, strlen(h.name)) || !tool_known(p, h.name))) {
+            tc_buf_free(&json);
+            return block_fail(p);
+        }
+        if (st == KEEL_OK) {
+            p->pos += p->obj_off + p->obj_len;
+            p->mark_end = 0;
+            st = commit(p, &h, 0);
+        }
+        if (st == KEEL_OK) st = out_args(p, json.p, json.len);
+        tc_buf_free(&json);
+        if (st == KEEL_OK) st = end_call(p, NULL);
+        if (st == KEEL_OK) block_next(p);
+        return st ? fail_nomem(p, st) : st;
     }
     if (at_end) return block_fail(p);
     *more = true;
@@ -1907,6 +1963,7 @@ static keel_status step(toolcall_parser *p, bool at_end, bool *more)
     case ST_XML_PARAMS: return h_xml_params(p, at_end, more);
     case ST_XML_VALUE: return h_xml_value(p, at_end, more);
     case ST_H_HEADER: return h_h_header(p, at_end, more);
+    case ST_PY: return h_py(p, at_end, more);
     default: return base_err(p->err, KEEL_EINTERNAL, "tool-call parser: bad state %d", p->st);
     }
 }

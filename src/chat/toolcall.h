@@ -64,7 +64,7 @@
     X(HERMES, "hermes", "Hermes 2/3, Qwen2.5, Qwen3, QwQ, Granite 4, MiMo: <tool_call>{json}")    \
     X(QWEN3_CODER, "qwen3-coder", "Qwen3-Coder, Qwen3.5: <tool_call><function=..><parameter=..>") \
     X(GLM, "glm-4.5", "GLM 4.5/4.6, Laguna: <tool_call>name<arg_key>k</arg_key>...")             \
-    X(LLAMA3, "llama3", "Llama 3.x: bare {\"name\", \"parameters\"} JSON, <|python_tag|>")        \
+    X(LLAMA3, "llama3", "Llama 3.x: bare {\"name\", \"parameters\"} JSON; <|python_tag|>f.call()") \
     X(FUNCTIONARY_V3_1, "functionary-v3.1", "Functionary v3.1: <function=name>{json}</function>") \
     X(MISTRAL, "mistral", "Mistral/Devstral/Ministral: [TOOL_CALLS], [THINK]")                    \
     X(GPT_OSS, "gpt-oss", "gpt-oss harmony channels")                                             \
@@ -78,8 +78,9 @@
     X(COMMAND_R7B, "command-r7b", "Command R7B, Cohere2: <|START_ACTION|>[json]")                  \
     X(GRANITE, "granite", "Granite 3.x: <|tool_call|>[json]; <response>")                         \
     X(NEMOTRON_V2, "nemotron-v2", "Nemotron Nano v2: <TOOLCALL>[json]</TOOLCALL>")                \
-    X(LFM2, "lfm2", "LFM2 / LFM2.5: <|tool_call_start|>[json]<|tool_call_end|>")                  \
-    X(MINICPM5, "minicpm5", "MiniCPM5: <function name=..><param name=..>")
+    X(LFM2, "lfm2", "LFM2 / LFM2.5: <|tool_call_start|>[f(a=1)] or [json]<|tool_call_end|>")      \
+    X(MINICPM5, "minicpm5", "MiniCPM5: <function name=..><param name=..>")                        \
+    X(GIGACHAT3, "gigachat3", "GigaChat 3: function call<|role_sep|>{json}")
 
 typedef enum toolcall_format {
 #define TOOLCALL_FORMAT_ENUM_(e, name, family) TOOLCALL_FORMAT_##e,

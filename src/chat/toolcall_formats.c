@@ -119,6 +119,10 @@ static const tc_marker g_reason_lfm2[] = {M_THINK_CLOSE, M_THINK_OPEN, M_LFM, M_
 static const tc_marker g_content_cpm[] = {M_THINK_OPEN, M_CPM, M_END};
 static const tc_marker g_reason_cpm[] = {M_THINK_CLOSE, M_THINK_OPEN, M_CPM, M_END};
 
+#define M_GIGA {"function call<|role_sep|>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_giga[] = {M_THINK_OPEN, M_GIGA, {"<|message_sep|>", TC_ACT_DROP, 0}, M_END};
+static const tc_marker g_reason_giga[] = {M_THINK_CLOSE, M_THINK_OPEN, M_GIGA, M_END};
+
 /* ---- XML parameter syntaxes ---------------------------------------------------- */
 
 static const tc_xml g_xml_qwen = {
@@ -187,6 +191,7 @@ static const char *const g_stops_m1[] = {"</tool_calls>", NULL};
 static const char *const g_stops_cohere[] = {"<|END_ACTION|>", NULL};
 static const char *const g_stops_nemo[] = {"</TOOLCALL>", NULL};
 static const char *const g_stops_lfm[] = {"<|tool_call_end|>", NULL};
+static const char *const g_stops_giga[] = {"<|message_sep|>", NULL};
 static const char *const g_stops_none[] = {NULL};
 
 #define THINK .reason_open = "<think>", .reason_close = "</think>"
@@ -200,7 +205,7 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
     [TOOLCALL_FORMAT_GLM] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
                              .glm = &g_xml_glm, .raw_stops = g_stops_tagged},
     [TOOLCALL_FORMAT_LLAMA3] = {g_content_llama, g_reason_llama, THINK, .raw_stops = g_stops_none,
-                                .llama_start = true},
+                                .llama_start = true, .python = true},
     [TOOLCALL_FORMAT_FUNCTIONARY_V3_1] = {g_content_func, g_reason_func, THINK,
                                           .raw_stops = g_stops_func},
     [TOOLCALL_FORMAT_MISTRAL] = {g_content_mistral, g_reason_mistral, .reason_open = "[THINK]",
@@ -227,10 +232,12 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
                                  .raw_stops = g_stops_none},
     [TOOLCALL_FORMAT_NEMOTRON_V2] = {g_content_nemotron, g_reason_nemotron, THINK,
                                      .json_close = "</TOOLCALL>", .raw_stops = g_stops_nemo},
-    [TOOLCALL_FORMAT_LFM2] = {g_content_lfm2, g_reason_lfm2, THINK,
-                              .json_close = "<|tool_call_end|>", .raw_stops = g_stops_lfm},
+    [TOOLCALL_FORMAT_LFM2] = {g_content_lfm2, g_reason_lfm2, THINK, .json_close = "<|tool_call_end|>",
+                              .raw_stops = g_stops_lfm, .python = true},
     [TOOLCALL_FORMAT_MINICPM5] = {g_content_cpm, g_reason_cpm, THINK, .xml = &g_xml_cpm,
                                   .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_GIGACHAT3] = {g_content_giga, g_reason_giga, THINK, .json_close = "<|message_sep|>",
+                                   .raw_stops = g_stops_giga},
 };
 
 const tc_spec *tc_spec_of(toolcall_format f)
@@ -358,6 +365,8 @@ toolcall_format toolcall_detect(const char *s, size_t n)
     if (has(s, n, "<tool_call>")) return TOOLCALL_FORMAT_HERMES;
     if (has(s, n, "<|tool_call_start|>") || has(s, n, "<|tool_list_start|>"))
         return TOOLCALL_FORMAT_LFM2;
+    if (has(s, n, "<|role_sep|>") && has(s, n, "<|message_sep|>") && has(s, n, "function call"))
+        return TOOLCALL_FORMAT_GIGACHAT3;
     if (has(s, n, "<|start_header_id|>") && has(s, n, "<function="))
         return TOOLCALL_FORMAT_FUNCTIONARY_V3_1;
     if (has(s, n, "<|start_header_id|>ipython<|end_header_id|>") || has(s, n, "<|python_tag|>"))

@@ -86,6 +86,26 @@ tc_pr tc_json_string(const char *s, size_t n, size_t *i, char *out, size_t cap, 
 /* Skips one JSON value starting at s[*i] (whitespace allowed before). */
 tc_pr tc_json_skip(const char *s, size_t n, size_t *i, bool at_end);
 
+/* ---- Python-style calls (toolcall_py.c) ------------------------------------------ */
+
+/* Finds the end of one `name(k=v, ...)` call, byte by byte. */
+typedef struct tc_py_scan {
+    int32_t depth;  /* open ( [ { */
+    uint8_t quote;  /* inside a string quoted by this byte, or 0 */
+    bool esc;       /* after a backslash inside a string */
+    bool named;     /* name bytes seen */
+    bool opened;    /* '(' seen */
+} tc_py_scan;
+
+void tc_py_scan_init(tc_py_scan *s);
+/* TC_MORE: continue; TC_OK: this byte closed the call; TC_FAIL: not a call. */
+tc_pr tc_py_scan_byte(tc_py_scan *s, uint8_t c);
+/* Converts one call s[0..n) to its name and a JSON object of its keyword
+ * arguments (Python literals: strings, numbers, True/False/None, lists,
+ * tuples, dicts). *ok false when it is not such a call (json then holds
+ * garbage). "x.call(...)" names the tool x. KEEL_ENOMEM. */
+keel_status tc_py_call(const char *s, size_t n, char *name, tc_buf *json, bool *ok);
+
 /* ---- format specification ---------------------------------------------------- */
 
 /* What a marker found in text does. */
@@ -147,6 +167,7 @@ typedef struct tc_spec {
     const tc_xml *glm;        /* <tool_call>name<arg_key>.. inside TC_BLK_TAGGED */
     const char *const *raw_stops; /* where raw (invalid) arguments end, NULL-terminated */
     bool llama_start;         /* a bare JSON object at the start of output is a call */
+    bool python;              /* Python-style calls in JSON blocks (LFM2, Llama built-ins) */
     bool harmony;             /* gpt-oss message structure */
 } tc_spec;
 
