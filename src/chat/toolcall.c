@@ -728,7 +728,7 @@ static tc_pr read_name(const char *s, size_t n, size_t *j, const char *stops, ch
 /* Reads a name up to the literal `end` (not consumed). */
 static tc_pr read_name_to(const char *s, size_t n, size_t *j, const char *end, char *out)
 {
-    size_t k = *j, elen = strlen(end);
+    size_t k = *j;
     for (;;) {
         if (k >= n) return TC_MORE;
         size_t q = k;
@@ -739,7 +739,6 @@ static tc_pr read_name_to(const char *s, size_t n, size_t *j, const char *end, c
         if (k - *j >= TOOLCALL_NAME_CAP - 1) return TC_FAIL;
         k++;
     }
-    (void)elen;
     size_t a = *j, e = k;
     while (a < e && s[a] == ' ')
         a++;
