@@ -560,6 +560,13 @@ static void test_other_families(void **state)
                    {"now", "{}"}}},
         {.fmt = "lfm2", .text = "<|tool_call_start|>[f(1, 2)]<|tool_call_end|>",
          .content = "<|tool_call_start|>[f(1, 2)]<|tool_call_end|>", .raw = true},
+        {.fmt = "gemma4",
+         .text = "<|channel>thought\nTwo reads.<channel|><|tool_call>call:read_file{path:<|\"|>a.txt<|\"|>}"
+                 "<tool_call|><|tool_call>call:read_file{max_bytes:100,path:<|\"|>b {x}, \"y\"<|\"|>,o:{k:[1,true,"
+                 "<|\"|>s<|\"|>]}}<tool_call|>",
+         .reasoning = "Two reads.",
+         .calls = {{"read_file", "{\"path\":\"a.txt\"}"},
+                   {"read_file", "{\"max_bytes\":100,\"path\":\"b {x}, \\\"y\\\"\",\"o\":{\"k\":[1,true,\"s\"]}}"}}},
         {.fmt = "gigachat3",
          .text = "Checking.<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"read_file\", \"arguments\": "
                  "{\"path\": \"a.txt\"}}",
@@ -926,6 +933,8 @@ static void test_detect_snippets(void **state)
     assert_int_equal(det("<TOOLCALL>[...]</TOOLCALL>"), TOOLCALL_FORMAT_NEMOTRON_V2);
     assert_int_equal(det("List of tools: <|tool_list_start|>["), TOOLCALL_FORMAT_LFM2);
     assert_int_equal(det("<function name=\"f\"><param name=\"p\">"), TOOLCALL_FORMAT_MINICPM5);
+    assert_int_equal(det("{{- '<|tool_call>call:' + function['name'] + '{' -}}"), TOOLCALL_FORMAT_GEMMA4);
+    assert_int_equal(det("x<|role_sep|>y<|message_sep|>function call"), TOOLCALL_FORMAT_GIGACHAT3);
 }
 
 /* Every fixture template, with the format its outputs use. */
@@ -964,8 +973,8 @@ static void test_detect_fixtures(void **state)
         {"deepseek-ai-DeepSeek-V3.2", TOOLCALL_FORMAT_DEEPSEEK_V3_2},
         {"deepseek-ai-DeepSeek-V4", TOOLCALL_FORMAT_DEEPSEEK_V3_2},
         {"google-gemma-2-2b-it", TOOLCALL_FORMAT_CONTENT},
-        {"google-gemma-4-31B-it-interleaved", TOOLCALL_FORMAT_CONTENT},
-        {"google-gemma-4-31B-it", TOOLCALL_FORMAT_CONTENT},
+        {"google-gemma-4-31B-it-interleaved", TOOLCALL_FORMAT_GEMMA4},
+        {"google-gemma-4-31B-it", TOOLCALL_FORMAT_GEMMA4},
         {"ibm-granite-granite-3.3-2B-Instruct", TOOLCALL_FORMAT_GRANITE},
         {"ibm-granite-granite-4.0", TOOLCALL_FORMAT_HERMES},
         {"llama-cpp-rwkv-world", TOOLCALL_FORMAT_CONTENT},
@@ -1029,6 +1038,7 @@ static void test_prompt_opens_reasoning(void **state)
         {TOOLCALL_FORMAT_GLM, "<assistant>\n</think>", false}, /* Laguna XS */
         {TOOLCALL_FORMAT_MISTRAL, "[/INST][THINK]", true},
         {TOOLCALL_FORMAT_GPT_OSS, "<|start|>assistant", false},
+        {TOOLCALL_FORMAT_GEMMA4, "<|turn>model\n<|channel>thought\n<channel|>", false},
     };
     for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
         bool got = toolcall_prompt_opens_reasoning(cases[i].f, cases[i].tail, strlen(cases[i].tail));

@@ -55,6 +55,7 @@ enum {
     SUB_R1,    /* DeepSeek R1 / V3: ```json fenced arguments */
     SUB_V31,   /* DeepSeek V3.1 / Kimi / functionary / harmony: JSON then an end marker */
     SUB_PY,    /* Python-style calls: LFM2 [f(a=1), g()], Llama f.call(q="x") */
+    SUB_GEMMA, /* Gemma 4 call:name{k:v} */
 };
 
 /* parameter value types (from the tool's JSON schema) */
@@ -111,6 +112,7 @@ struct toolcall_parser {
     /* ST_OBJ, ST_PY */
     size_t obj_off, obj_len;
     tc_py_scan py;
+    tc_gemma_scan gemma;
     /* XML */
     const tc_xml *xml;
     char pname[TOOLCALL_NAME_CAP];
@@ -968,9 +970,22 @@ static tc_pr hdr_func(toolcall_parser *p, const char *s, size_t n, bool at_end, 
     return hdr_call(h, j, ST_ARGS, SUB_V31);
 }
 
+static tc_pr hdr_gemma(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
+{
+    size_t j = tc_skip_ws(s, n, 0), k = j;
+    if (p->blk_has_call) return hdr_end_block(0, h);
+    tc_pr r = tc_lit(s, n, &k, "call:");
+    if (r != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
+    h->kind = H_PY;
+    h->used = j;
+    h->sub = SUB_GEMMA;
+    return TC_OK;
+}
+
 static tc_pr parse_header(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
 {
     switch (p->blk) {
+    case TC_BLK_GEMMA: return hdr_gemma(p, s, n, at_end, h);
     case TC_BLK_JSON:
     case TC_BLK_LLAMA:
         if (!p->blk_has_call) p->sub = SUB_JSON;
@@ -1075,10 +1090,12 @@ static keel_status h_hdr(toolcall_parser *p, bool at_end, bool *more)
     }
     if (h.kind == H_FALLBACK || h.kind == H_PY) {
         p->st = h.kind == H_PY ? ST_PY : ST_OBJ;
+        p->sub = h.sub;
         p->obj_off = p->mark_end + h.used;
         p->obj_len = 0;
         json_scan_init(&p->scan);
         tc_py_scan_init(&p->py);
+        tc_gemma_scan_init(&p->gemma);
         return KEEL_OK;
     }
     if (!name_ok(h.name, strlen(h.name)) || !tool_known(p, h.name)) return block_fail(p);
@@ -1089,7 +1106,8 @@ static keel_status h_hdr(toolcall_parser *p, bool at_end, bool *more)
 static void block_next(toolcall_parser *p)
 {
     switch (p->blk) {
-    case TC_BLK_FUNC: block_done(p); return;
+    case TC_BLK_FUNC:
+    case TC_BLK_GEMMA: block_done(p); return;
     case TC_BLK_HARMONY:
         p->blk = TC_BLK_NONE;
         p->st = ST_H_HEADER;
@@ -1216,14 +1234,17 @@ static keel_status h_py(toolcall_parser *p, bool at_end, bool *more)
     size_t n = avail(p) - p->obj_off;
     while (p->obj_len < n) {
         if (p->obj_len >= p->max_held) return block_fail(p);
-        tc_pr r = tc_py_scan_byte(&p->py, (uint8_t)s[p->obj_len]);
+        bool gemma = p->sub == SUB_GEMMA;
+        uint8_t c = (uint8_t)s[p->obj_len];
+        tc_pr r = gemma ? tc_gemma_scan_byte(&p->gemma, c) : tc_py_scan_byte(&p->py, c);
         if (r == TC_FAIL) return block_fail(p);
         p->obj_len++;
         if (r == TC_MORE) continue;
-        hdr h = {.kind = H_CALL, .next = ST_HDR, .sub = SUB_PY};
+        hdr h = {.kind = H_CALL, .next = gemma ? ST_CALLEND : ST_HDR, .sub = p->sub};
         tc_buf json = {0};
         bool ok;
-        keel_status st = tc_py_call(s, p->obj_len, h.name, &json, &ok);
+        keel_status st = gemma ? tc_gemma_call(s, p->obj_len, h.name, &json, &ok)
+                               : tc_py_call(s, p->obj_len, h.name, &json, &ok);
         if (st == KEEL_OK && (!ok || !name_ok(h.name, strlen(h.name)) || !tool_known(p, h.name))) {
             tc_buf_free(&json);
             return block_fail(p);
@@ -1235,6 +1256,7 @@ static keel_status h_py(toolcall_parser *p, bool at_end, bool *more)
         }
         if (st == KEEL_OK) st = out_args(p, json.p, json.len);
         tc_buf_free(&json);
+        if (st == KEEL_OK && gemma) return KEEL_OK; /* <tool_call|> next */
         if (st == KEEL_OK) st = end_call(p, NULL);
         if (st == KEEL_OK) block_next(p);
         return st ? fail_nomem(p, st) : st;
@@ -1549,7 +1571,9 @@ static keel_status h_callend(toolcall_parser *p, bool at_end, bool *more)
     static const char *const kimi[] = {"<|tool_call_end|>", NULL};
     static const char *const func[] = {"</function>", NULL};
     static const char *const harmony[] = {"<|call|>", "<|end|>", "<|return|>", NULL};
+    static const char *const gemma[] = {"<tool_call|>", NULL};
     const char *const *ends = ds;
+    if (p->blk == TC_BLK_GEMMA) ends = gemma;
     if (p->blk == TC_BLK_KIMI || p->blk == TC_BLK_KIMI1) ends = kimi;
     if (p->blk == TC_BLK_FUNC) ends = func;
     if (p->blk == TC_BLK_HARMONY) ends = harmony;
@@ -1662,14 +1686,9 @@ static keel_status h_xml_params(toolcall_parser *p, bool at_end, bool *more)
             if (r == TC_FAIL) goto bad;
         }
         p->ptype = param_type(p, p->calls[p->call].name, p->pname);
-        if (x->string_attr && attr_end > attr) {
-            const char *a = s + attr;
-            size_t alen = attr_end - attr;
-            for (size_t q = 0; q + 14 <= alen; q++) {
-                if (memcmp(a + q, "string=\"true\"", 13) == 0) p->ptype = PT_STRING;
-                if (q + 14 <= alen && memcmp(a + q, "string=\"false\"", 14) == 0) p->ptype = PT_JSON;
-            }
-            if (alen >= 13 && memcmp(a + alen - 13, "string=\"true\"", 13) == 0) p->ptype = PT_STRING;
+        if (x->string_attr && attr_end > attr) { /* DSML: string="true|false" */
+            if (memmem(s + attr, attr_end - attr, "string=\"true\"", 13)) p->ptype = PT_STRING;
+            if (memmem(s + attr, attr_end - attr, "string=\"false\"", 14)) p->ptype = PT_JSON;
         }
         p->pos += k;
         p->v_stream = x->stream_strings && p->ptype == PT_STRING;

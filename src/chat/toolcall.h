@@ -80,7 +80,8 @@
     X(NEMOTRON_V2, "nemotron-v2", "Nemotron Nano v2: <TOOLCALL>[json]</TOOLCALL>")                \
     X(LFM2, "lfm2", "LFM2 / LFM2.5: <|tool_call_start|>[f(a=1)] or [json]<|tool_call_end|>")      \
     X(MINICPM5, "minicpm5", "MiniCPM5: <function name=..><param name=..>")                        \
-    X(GIGACHAT3, "gigachat3", "GigaChat 3: function call<|role_sep|>{json}")
+    X(GIGACHAT3, "gigachat3", "GigaChat 3: function call<|role_sep|>{json}")                    \
+    X(GEMMA4, "gemma4", "Gemma 4: <|tool_call>call:name{k:<|\"|>v<|\"|>}<tool_call|>")
 
 typedef enum toolcall_format {
 #define TOOLCALL_FORMAT_ENUM_(e, name, family) TOOLCALL_FORMAT_##e,

@@ -123,6 +123,14 @@ static const tc_marker g_reason_cpm[] = {M_THINK_CLOSE, M_THINK_OPEN, M_CPM, M_E
 static const tc_marker g_content_giga[] = {M_THINK_OPEN, M_GIGA, {"<|message_sep|>", TC_ACT_DROP, 0}, M_END};
 static const tc_marker g_reason_giga[] = {M_THINK_CLOSE, M_THINK_OPEN, M_GIGA, M_END};
 
+#define M_GEMMA {"<|tool_call>", TC_ACT_BLOCK, TC_BLK_GEMMA}
+#define GEMMA_OPEN "<|channel>thought"
+static const tc_marker g_content_gemma[] = {{GEMMA_OPEN, TC_ACT_REASON_OPEN, 0}, M_GEMMA, M_END};
+static const tc_marker g_reason_gemma[] = {{"<channel|>", TC_ACT_REASON_CLOSE, 0},
+                                           {GEMMA_OPEN, TC_ACT_REASON_OPEN, 0},
+                                           M_GEMMA,
+                                           M_END};
+
 /* ---- XML parameter syntaxes ---------------------------------------------------- */
 
 static const tc_xml g_xml_qwen = {
@@ -192,6 +200,7 @@ static const char *const g_stops_cohere[] = {"<|END_ACTION|>", NULL};
 static const char *const g_stops_nemo[] = {"</TOOLCALL>", NULL};
 static const char *const g_stops_lfm[] = {"<|tool_call_end|>", NULL};
 static const char *const g_stops_giga[] = {"<|message_sep|>", NULL};
+static const char *const g_stops_gemma[] = {"<tool_call|>", NULL};
 static const char *const g_stops_none[] = {NULL};
 
 #define THINK .reason_open = "<think>", .reason_close = "</think>"
@@ -236,6 +245,8 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
                               .raw_stops = g_stops_lfm, .python = true},
     [TOOLCALL_FORMAT_MINICPM5] = {g_content_cpm, g_reason_cpm, THINK, .xml = &g_xml_cpm,
                                   .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_GEMMA4] = {g_content_gemma, g_reason_gemma, .reason_open = GEMMA_OPEN,
+                                .reason_close = "<channel|>", .raw_stops = g_stops_gemma},
     [TOOLCALL_FORMAT_GIGACHAT3] = {g_content_giga, g_reason_giga, THINK, .json_close = "<|message_sep|>",
                                    .raw_stops = g_stops_giga},
 };
@@ -365,6 +376,7 @@ toolcall_format toolcall_detect(const char *s, size_t n)
     if (has(s, n, "<tool_call>")) return TOOLCALL_FORMAT_HERMES;
     if (has(s, n, "<|tool_call_start|>") || has(s, n, "<|tool_list_start|>"))
         return TOOLCALL_FORMAT_LFM2;
+    if (has(s, n, "<|tool_call>call:")) return TOOLCALL_FORMAT_GEMMA4;
     if (has(s, n, "<|role_sep|>") && has(s, n, "<|message_sep|>") && has(s, n, "function call"))
         return TOOLCALL_FORMAT_GIGACHAT3;
     if (has(s, n, "<|start_header_id|>") && has(s, n, "<function="))

@@ -106,6 +106,18 @@ tc_pr tc_py_scan_byte(tc_py_scan *s, uint8_t c);
  * garbage). "x.call(...)" names the tool x. KEEL_ENOMEM. */
 keel_status tc_py_call(const char *s, size_t n, char *name, tc_buf *json, bool *ok);
 
+/* Gemma 4's call:NAME{key:value,...} (strings quoted by <|"|>), the same way. */
+typedef struct tc_gemma_scan {
+    int32_t depth;  /* open { [ */
+    bool in_str;    /* inside <|"|>...<|"|> */
+    bool named;
+    uint8_t win[5]; /* the last bytes, to see <|"|> */
+} tc_gemma_scan;
+
+void tc_gemma_scan_init(tc_gemma_scan *s);
+tc_pr tc_gemma_scan_byte(tc_gemma_scan *s, uint8_t c);
+keel_status tc_gemma_call(const char *s, size_t n, char *name, tc_buf *json, bool *ok);
+
 /* ---- format specification ---------------------------------------------------- */
 
 /* What a marker found in text does. */
@@ -132,6 +144,7 @@ typedef enum tc_block {
     TC_BLK_FUNC = 9,      /* functionary <function=name>{json}</function> */
     TC_BLK_LLAMA = 10,    /* Llama 3 bare JSON at the start / after <|python_tag|> */
     TC_BLK_HARMONY = 11,  /* gpt-oss tool call message (internal) */
+    TC_BLK_GEMMA = 12,    /* Gemma 4 <|tool_call>call:name{...}<tool_call|> */
 } tc_block;
 
 typedef struct tc_marker {

@@ -262,3 +262,145 @@ keel_status tc_py_call(const char *s, size_t n, char *name, tc_buf *json, bool *
     *ok = tc_skip_ws(s, n, c.i) == n;
     return KEEL_OK;
 }
+
+/* ---- Gemma 4: call:NAME{key:<|"|>text<|"|>,n:3,o:{a:[1,true]}} ------------------ */
+
+#define GQ "<|\"|>" /* Gemma's string quote */
+#define GQ_LEN 5
+
+void tc_gemma_scan_init(tc_gemma_scan *s)
+{
+    memset(s, 0, sizeof *s);
+}
+
+tc_pr tc_gemma_scan_byte(tc_gemma_scan *s, uint8_t c)
+{
+    memmove(s->win, s->win + 1, sizeof s->win - 1);
+    s->win[sizeof s->win - 1] = c;
+    if (memcmp(s->win, GQ, GQ_LEN) == 0) {
+        if (s->depth == 0) return TC_FAIL;
+        s->in_str = !s->in_str;
+        memset(s->win, 0, sizeof s->win); /* "<|"|>" then "|>": no overlap */
+        return TC_MORE;
+    }
+    if (s->in_str) return TC_MORE;
+    if (s->depth == 0) { /* "call:" NAME, then '{' */
+        if (c == '{') {
+            if (!s->named) return TC_FAIL;
+            s->depth = 1;
+            return TC_MORE;
+        }
+        if (is_ident(c) || c == ':') {
+            s->named = true;
+            return TC_MORE;
+        }
+        return TC_FAIL;
+    }
+    if (c == '{' || c == '[') {
+        if (++s->depth > PY_MAX_DEPTH) return TC_FAIL;
+    } else if (c == '}' || c == ']') {
+        if (--s->depth == 0) return c == '}' ? TC_OK : TC_FAIL;
+    }
+    return TC_MORE;
+}
+
+static bool g_lit(py *c, const char *w)
+{
+    size_t k = strlen(w);
+    if (c->i + k > c->n || memcmp(c->s + c->i, w, k) != 0) return false;
+    c->i += k;
+    return true;
+}
+
+/* A bare or quoted key up to ':' as a JSON string. */
+static bool g_key(py *c)
+{
+    size_t a, e;
+    if (g_lit(c, GQ)) {
+        a = c->i;
+        while (c->i + GQ_LEN <= c->n && memcmp(c->s + c->i, GQ, GQ_LEN) != 0)
+            c->i++;
+        e = c->i;
+        if (!g_lit(c, GQ)) return false;
+    } else {
+        a = c->i;
+        while (c->i < c->n && c->s[c->i] != ':' && c->s[c->i] != ',' && c->s[c->i] != '}')
+            c->i++;
+        e = c->i;
+        while (e > a && tc_is_ws((uint8_t)c->s[e - 1]))
+            e--;
+        if (e == a) return false;
+    }
+    if (!py_put(c, "\"", 1)) return false;
+    if (c->st == KEEL_OK) c->st = tc_buf_append_escaped(c->out, c->s + a, e - a);
+    return py_put(c, "\"", 1);
+}
+
+static bool g_value(py *c, int depth)
+{
+    py_ws(c);
+    if (c->i >= c->n || depth > PY_MAX_DEPTH) return false;
+    if (g_lit(c, GQ)) {
+        size_t a = c->i;
+        while (c->i + GQ_LEN <= c->n && memcmp(c->s + c->i, GQ, GQ_LEN) != 0)
+            c->i++;
+        size_t e = c->i;
+        if (!g_lit(c, GQ)) return false;
+        if (!py_put(c, "\"", 1)) return false;
+        if (c->st == KEEL_OK) c->st = tc_buf_append_escaped(c->out, c->s + a, e - a);
+        return py_put(c, "\"", 1);
+    }
+    char ch = c->s[c->i];
+    if (ch == '{' || ch == '[') {
+        bool obj = ch == '{';
+        char close = obj ? '}' : ']';
+        c->i++;
+        if (!py_put(c, obj ? "{" : "[", 1)) return false;
+        for (bool first = true;; first = false) {
+            py_ws(c);
+            if (c->i >= c->n) return false;
+            if (c->s[c->i] == close) {
+                c->i++;
+                return py_put(c, obj ? "}" : "]", 1);
+            }
+            if (!first) {
+                if (c->s[c->i] != ',') return false;
+                c->i++;
+                py_ws(c);
+                if (!py_put(c, ",", 1)) return false;
+            }
+            if (obj) {
+                if (!g_key(c)) return false;
+                if (c->i >= c->n || c->s[c->i] != ':') return false;
+                c->i++;
+                if (!py_put(c, ":", 1)) return false;
+            }
+            if (!g_value(c, depth + 1)) return false;
+        }
+    }
+    if (py_word(c, "true") || py_word(c, "True")) return py_put(c, "true", 4);
+    if (py_word(c, "false") || py_word(c, "False")) return py_put(c, "false", 5);
+    if (py_word(c, "null") || py_word(c, "None")) return py_put(c, "null", 4);
+    size_t a = c->i, k = 0;
+    while (c->i < c->n && strchr("0123456789.eE+-", c->s[c->i]))
+        c->i++;
+    if (c->i == a || tc_json_skip(c->s + a, c->i - a, &k, true) != TC_OK || k != c->i - a) return false;
+    return py_put(c, c->s + a, c->i - a);
+}
+
+keel_status tc_gemma_call(const char *s, size_t n, char *name, tc_buf *json, bool *ok)
+{
+    py c = {.s = s, .n = n, .out = json};
+    *ok = false;
+    if (!g_lit(&c, "call:")) return KEEL_OK;
+    size_t a = c.i;
+    while (c.i < n && c.s[c.i] != '{')
+        c.i++;
+    size_t nl = c.i - a;
+    if (nl == 0 || nl >= TOOLCALL_NAME_CAP || c.i >= n) return KEEL_OK;
+    memcpy(name, s + a, nl);
+    name[nl] = '\0';
+    if (!g_value(&c, 0)) return c.st;
+    *ok = c.i == n;
+    return c.st;
+}
