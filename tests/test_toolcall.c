@@ -13,6 +13,7 @@
 #include "chat/toolcall.h"
 #include "chat/toolcall_int.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1047,6 +1048,80 @@ static void test_prompt_opens_reasoning(void **state)
     assert_false(toolcall_prompt_opens_reasoning(TOOLCALL_FORMAT_HERMES, NULL, 0));
 }
 
+/* ---- nesting, on a 256 KiB stack (design.md rule 8) ----------------------------------------------- */
+
+typedef struct deep_ctx {
+    int failures;
+} deep_ctx;
+
+static void expect_one(deep_ctx *d, toolcall_format f, const char *text, const char *args_prefix, bool error)
+{
+    toolcall_options o = toolcall_options_default();
+    o.format = f;
+    toolcall_parser *p;
+    toolcall_result r;
+    if (toolcall_open(&o, &p, NULL)) {
+        d->failures++;
+        return;
+    }
+    size_t n = strlen(text);
+    for (size_t i = 0; i < n; i += 5)
+        if (toolcall_feed(p, text + i, BASE_MIN(5, n - i))) d->failures++;
+    if (toolcall_finish(p, &r) || r.n_calls != 1 || (r.calls[0].error != NULL) != error ||
+        strncmp(r.calls[0].arguments, args_prefix, strlen(args_prefix)) != 0)
+        d->failures++;
+    toolcall_close(p);
+}
+
+static void *deep_thread(void *arg)
+{
+    deep_ctx *d = arg;
+    static char t[8192];
+    /* JSON arguments 500 deep stream fine; past the scanner's 512 they are raw and marked */
+    for (int depth = 500; depth <= 600; depth += 100) {
+        strcpy(t, "<tool_call>{\"name\": \"f\", \"arguments\": ");
+        size_t k = strlen(t);
+        for (int i = 0; i < depth; i++)
+            t[k++] = '[';
+        for (int i = 0; i < depth; i++)
+            t[k++] = ']';
+        strcpy(t + k, "}</tool_call>");
+        expect_one(d, TOOLCALL_FORMAT_HERMES, t, "[[[[", depth > 500);
+    }
+    /* Python-style and Gemma literals 30 deep convert; the converters stop at 32 */
+    strcpy(t, "<|tool_call_start|>[f(a=");
+    size_t k = strlen(t);
+    for (int i = 0; i < 30; i++)
+        t[k++] = '[';
+    for (int i = 0; i < 30; i++)
+        t[k++] = ']';
+    strcpy(t + k, ")]<|tool_call_end|>");
+    expect_one(d, TOOLCALL_FORMAT_LFM2, t, "{\"a\":[[[", false);
+    strcpy(t, "<|tool_call>call:f{a:");
+    k = strlen(t);
+    for (int i = 0; i < 30; i++)
+        t[k++] = '[';
+    for (int i = 0; i < 30; i++)
+        t[k++] = ']';
+    strcpy(t + k, "}<tool_call|>");
+    expect_one(d, TOOLCALL_FORMAT_GEMMA4, t, "{\"a\":[[[", false);
+    return NULL;
+}
+
+static void test_deep_nesting_small_stack(void **state)
+{
+    (void)state;
+    pthread_attr_t attr;
+    pthread_t th;
+    deep_ctx d = {0};
+    assert_int_equal(pthread_attr_init(&attr), 0);
+    assert_int_equal(pthread_attr_setstacksize(&attr, 256 * 1024), 0);
+    assert_int_equal(pthread_create(&th, &attr, deep_thread, &d), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    pthread_attr_destroy(&attr);
+    assert_int_equal(d.failures, 0);
+}
+
 /* ---- allocation failures ---------------------------------------------------------------------------- */
 
 typedef struct sweep_ctx {
@@ -1120,6 +1195,7 @@ int main(void)
         cmocka_unit_test(test_detect_snippets),
         cmocka_unit_test(test_detect_fixtures),
         cmocka_unit_test(test_prompt_opens_reasoning),
+        cmocka_unit_test(test_deep_nesting_small_stack),
         cmocka_unit_test(test_alloc_sweep_toolcall),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

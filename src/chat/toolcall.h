@@ -195,7 +195,8 @@ typedef struct toolcall_call {
     char id[TOOLCALL_ID_CAP];
     const char *name;      /* NUL-terminated */
     const char *arguments; /* JSON text as the model wrote it (or built from XML parameters);
-                            * NUL-terminated; "{}" when the model gave none */
+                            * NUL-terminated (raw malformed text may hold NUL bytes: use
+                            * arguments_len); "{}" when the model gave none */
     size_t arguments_len;
     const char *error; /* NULL, or why the call is malformed (static text) */
 } toolcall_call;
