@@ -1,0 +1,404 @@
+/*
+ * toolcall_formats.c — the output formats as data: for each format the
+ * markers that are structure (reasoning, tool-call blocks, markers to drop)
+ * in content and in reasoning, the XML parameter syntax where there is one,
+ * and where raw arguments end; plus names, detection from a template's
+ * source and the "prompt leaves the model in reasoning" check.
+ *
+ * Detection follows llama.cpp's common/chat.cpp: distinctive substrings of
+ * the template source, most specific first (a template that renders
+ * <arg_key> also renders <tool_call>, so GLM is tested before Hermes).
+ */
+#include "toolcall_int.h"
+
+#include <string.h>
+#include <strings.h>
+
+/* ---- markers ----------------------------------------------------------------- */
+
+#define M_THINK_OPEN {"<think>", TC_ACT_REASON_OPEN, 0}
+#define M_THINK_CLOSE {"</think>", TC_ACT_REASON_CLOSE, 0}
+#define M_END {NULL, 0, 0}
+
+static const tc_marker g_content_think[] = {M_THINK_OPEN, M_END};
+static const tc_marker g_reason_think[] = {M_THINK_CLOSE, M_THINK_OPEN, M_END};
+
+#define M_TAGGED {"<tool_call>", TC_ACT_BLOCK, TC_BLK_TAGGED}
+static const tc_marker g_content_tagged[] = {M_THINK_OPEN, M_TAGGED, M_END};
+static const tc_marker g_reason_tagged[] = {M_THINK_CLOSE, M_THINK_OPEN, M_TAGGED, M_END};
+
+#define M_PYTAG {"<|python_tag|>", TC_ACT_BLOCK, TC_BLK_LLAMA}
+static const tc_marker g_content_llama[] = {M_THINK_OPEN, M_PYTAG, M_END};
+static const tc_marker g_reason_llama[] = {M_THINK_CLOSE, M_THINK_OPEN, M_PYTAG, M_END};
+
+#define M_FUNC {"<function=", TC_ACT_BLOCK, TC_BLK_FUNC}
+static const tc_marker g_content_func[] = {M_THINK_OPEN, M_FUNC, M_END};
+static const tc_marker g_reason_func[] = {M_THINK_CLOSE, M_THINK_OPEN, M_FUNC, M_END};
+
+#define M_MISTRAL {"[TOOL_CALLS]", TC_ACT_BLOCK, TC_BLK_MISTRAL}
+static const tc_marker g_content_mistral[] = {{"[THINK]", TC_ACT_REASON_OPEN, 0}, M_MISTRAL, M_END};
+static const tc_marker g_reason_mistral[] = {{"[/THINK]", TC_ACT_REASON_CLOSE, 0},
+                                             {"[THINK]", TC_ACT_REASON_OPEN, 0},
+                                             M_MISTRAL,
+                                             M_END};
+
+static const tc_marker g_harmony[] = {{"<|end|>", TC_ACT_H_END, 0},    {"<|call|>", TC_ACT_H_END, 0},
+                                      {"<|return|>", TC_ACT_H_END, 0}, {"<|start|>", TC_ACT_H_START, 0},
+                                      {"<|channel|>", TC_ACT_H_START, 0}, M_END};
+
+#define M_DS_BLOCKS                                                                                \
+    {"<｜tool▁calls▁begin｜>", TC_ACT_BLOCK, TC_BLK_DEEPSEEK},                                     \
+        {"<｜tool_calls_begin｜>", TC_ACT_BLOCK, TC_BLK_DEEPSEEK},                                 \
+        {"<｜tool calls begin｜>", TC_ACT_BLOCK, TC_BLK_DEEPSEEK},                                 \
+        {"<｜tool\\_calls\\_begin｜>", TC_ACT_BLOCK, TC_BLK_DEEPSEEK},                             \
+        {"<｜tool▁calls｜>", TC_ACT_BLOCK, TC_BLK_DEEPSEEK},                                       \
+        {"<｜tool▁call▁begin｜>", TC_ACT_BLOCK, TC_BLK_DEEPSEEK1}
+static const tc_marker g_content_ds[] = {M_THINK_OPEN, M_DS_BLOCKS, M_END};
+static const tc_marker g_reason_ds[] = {M_THINK_CLOSE, M_THINK_OPEN, M_DS_BLOCKS, M_END};
+
+#define M_DSML                                                                                     \
+    {"<｜DSML｜function_calls>", TC_ACT_BLOCK, TC_BLK_XML},                                        \
+        {"<｜DSML｜tool_calls>", TC_ACT_BLOCK, TC_BLK_XML}
+static const tc_marker g_content_dsml[] = {M_THINK_OPEN, M_DSML, M_END};
+static const tc_marker g_reason_dsml[] = {M_THINK_CLOSE, M_THINK_OPEN, M_DSML, M_END};
+
+#define M_KIMI                                                                                     \
+    {"<|tool_calls_section_begin|>", TC_ACT_BLOCK, TC_BLK_KIMI},                                  \
+        {"<|tool_call_begin|>", TC_ACT_BLOCK, TC_BLK_KIMI1}
+static const tc_marker g_content_kimi[] = {M_THINK_OPEN, M_KIMI, M_END};
+static const tc_marker g_reason_kimi[] = {M_THINK_CLOSE, M_THINK_OPEN, M_KIMI, M_END};
+
+#define M_MINIMAX {"<minimax:tool_call>", TC_ACT_BLOCK, TC_BLK_XML}
+static const tc_marker g_content_minimax[] = {M_THINK_OPEN, M_MINIMAX, M_END};
+static const tc_marker g_reason_minimax[] = {M_THINK_CLOSE, M_THINK_OPEN, M_MINIMAX, M_END};
+
+#define M_TOOL_CALLS {"<tool_calls>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_m1[] = {M_THINK_OPEN, M_TOOL_CALLS, M_END};
+static const tc_marker g_reason_m1[] = {M_THINK_CLOSE, M_THINK_OPEN, M_TOOL_CALLS, M_END};
+
+#define APRIEL_OPEN "Here are my reasoning steps:"
+#define APRIEL_CLOSE "[BEGIN FINAL RESPONSE]"
+static const tc_marker g_content_apriel[] = {{APRIEL_OPEN, TC_ACT_REASON_OPEN, 0},
+                                             {APRIEL_CLOSE, TC_ACT_DROP, 0},
+                                             {"[END FINAL RESPONSE]", TC_ACT_DROP, 0},
+                                             M_TOOL_CALLS,
+                                             M_END};
+static const tc_marker g_reason_apriel[] = {{APRIEL_CLOSE, TC_ACT_REASON_CLOSE, 0},
+                                            {APRIEL_OPEN, TC_ACT_REASON_OPEN, 0},
+                                            M_TOOL_CALLS,
+                                            M_END};
+
+#define M_ACTION {"<|START_ACTION|>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_cohere[] = {{"<|START_THINKING|>", TC_ACT_REASON_OPEN, 0},
+                                             M_ACTION,
+                                             {"<|START_RESPONSE|>", TC_ACT_DROP, 0},
+                                             {"<|END_RESPONSE|>", TC_ACT_DROP, 0},
+                                             {"<|START_TEXT|>", TC_ACT_DROP, 0},
+                                             {"<|END_TEXT|>", TC_ACT_DROP, 0},
+                                             M_END};
+static const tc_marker g_reason_cohere[] = {{"<|END_THINKING|>", TC_ACT_REASON_CLOSE, 0},
+                                            {"<|START_THINKING|>", TC_ACT_REASON_OPEN, 0},
+                                            M_ACTION,
+                                            M_END};
+
+#define M_GRANITE {"<|tool_call|>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_granite[] = {M_THINK_OPEN, M_GRANITE,
+                                              {"<response>", TC_ACT_DROP, 0},
+                                              {"</response>", TC_ACT_DROP, 0}, M_END};
+static const tc_marker g_reason_granite[] = {M_THINK_CLOSE, M_THINK_OPEN, M_GRANITE, M_END};
+
+#define M_NEMO {"<TOOLCALL>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_nemotron[] = {M_THINK_OPEN, M_NEMO, M_END};
+static const tc_marker g_reason_nemotron[] = {M_THINK_CLOSE, M_THINK_OPEN, M_NEMO, M_END};
+
+#define M_LFM {"<|tool_call_start|>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_lfm2[] = {M_THINK_OPEN, M_LFM, M_END};
+static const tc_marker g_reason_lfm2[] = {M_THINK_CLOSE, M_THINK_OPEN, M_LFM, M_END};
+
+#define M_CPM {"<function name=\"", TC_ACT_BLOCK, TC_BLK_XML}
+static const tc_marker g_content_cpm[] = {M_THINK_OPEN, M_CPM, M_END};
+static const tc_marker g_reason_cpm[] = {M_THINK_CLOSE, M_THINK_OPEN, M_CPM, M_END};
+
+#define M_GIGA {"function call<|role_sep|>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_giga[] = {M_THINK_OPEN, M_GIGA, {"<|message_sep|>", TC_ACT_DROP, 0}, M_END};
+static const tc_marker g_reason_giga[] = {M_THINK_CLOSE, M_THINK_OPEN, M_GIGA, M_END};
+
+#define M_GEMMA {"<|tool_call>", TC_ACT_BLOCK, TC_BLK_GEMMA}
+#define GEMMA_OPEN "<|channel>thought"
+static const tc_marker g_content_gemma[] = {{GEMMA_OPEN, TC_ACT_REASON_OPEN, 0}, M_GEMMA, M_END};
+static const tc_marker g_reason_gemma[] = {{"<channel|>", TC_ACT_REASON_CLOSE, 0},
+                                           {GEMMA_OPEN, TC_ACT_REASON_OPEN, 0},
+                                           M_GEMMA,
+                                           M_END};
+
+/* ---- XML parameter syntaxes ---------------------------------------------------- */
+
+static const tc_xml g_xml_qwen = {
+    .invoke_open = "<function=",
+    .invoke_close = "</function>",
+    .param_open = "<parameter=",
+    .param_name_end = '>',
+    .param_close = "</parameter>",
+    .block_close = "</tool_call>",
+    .strip_newlines = true,
+    .stream_strings = true,
+};
+
+static const tc_xml g_xml_glm = {
+    .invoke_open = NULL,
+    .invoke_close = "</tool_call>",
+    .param_open = "<arg_key>",
+    .param_name_end = '<',
+    .param_after = "</arg_key>",
+    .param_after2 = "<arg_value>",
+    .param_close = "</arg_value>",
+    .block_close = "</tool_call>",
+    .stream_strings = true,
+};
+
+static const tc_xml g_xml_minimax = {
+    .invoke_open = "<invoke name=\"",
+    .invoke_close = "</invoke>",
+    .param_open = "<parameter name=\"",
+    .param_name_end = '"',
+    .param_close = "</parameter>",
+    .block_close = "</minimax:tool_call>",
+    .stream_strings = true,
+};
+
+static const tc_xml g_xml_dsml = {
+    .invoke_open = "<｜DSML｜invoke name=\"",
+    .invoke_close = "</｜DSML｜invoke>",
+    .param_open = "<｜DSML｜parameter name=\"",
+    .param_name_end = '"',
+    .param_close = "</｜DSML｜parameter>",
+    .block_close = "</｜DSML｜function_calls>",
+    .block_close2 = "</｜DSML｜tool_calls>",
+    .stream_strings = true,
+    .string_attr = true,
+};
+
+static const tc_xml g_xml_cpm = {
+    .invoke_open = NULL,
+    .invoke_close = "</function>",
+    .param_open = "<param name=\"",
+    .param_name_end = '"',
+    .param_close = "</param>",
+    .cdata = true,
+};
+
+/* ---- the table ---------------------------------------------------------------- */
+
+static const char *const g_stops_tagged[] = {"</tool_call>", NULL};
+static const char *const g_stops_func[] = {"</function>", NULL};
+static const char *const g_stops_mistral[] = {"[TOOL_CALLS]", NULL};
+static const char *const g_stops_harmony[] = {"<|call|>", "<|end|>", "<|return|>", NULL};
+static const char *const g_stops_ds[] = {"<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", NULL};
+static const char *const g_stops_kimi[] = {"<|tool_call_end|>", "<|tool_calls_section_end|>", NULL};
+static const char *const g_stops_m1[] = {"</tool_calls>", NULL};
+static const char *const g_stops_cohere[] = {"<|END_ACTION|>", NULL};
+static const char *const g_stops_nemo[] = {"</TOOLCALL>", NULL};
+static const char *const g_stops_lfm[] = {"<|tool_call_end|>", NULL};
+static const char *const g_stops_giga[] = {"<|message_sep|>", NULL};
+static const char *const g_stops_gemma[] = {"<tool_call|>", NULL};
+static const char *const g_stops_none[] = {NULL};
+
+#define THINK .reason_open = "<think>", .reason_close = "</think>"
+
+static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
+    [TOOLCALL_FORMAT_CONTENT] = {g_content_think, g_reason_think, THINK, .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_HERMES] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
+                                .raw_stops = g_stops_tagged},
+    [TOOLCALL_FORMAT_QWEN3_CODER] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
+                                     .raw_stops = g_stops_tagged},
+    [TOOLCALL_FORMAT_GLM] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
+                             .glm = &g_xml_glm, .raw_stops = g_stops_tagged},
+    [TOOLCALL_FORMAT_LLAMA3] = {g_content_llama, g_reason_llama, THINK, .raw_stops = g_stops_none,
+                                .llama_start = true, .python = true},
+    [TOOLCALL_FORMAT_FUNCTIONARY_V3_1] = {g_content_func, g_reason_func, THINK,
+                                          .raw_stops = g_stops_func},
+    [TOOLCALL_FORMAT_MISTRAL] = {g_content_mistral, g_reason_mistral, .reason_open = "[THINK]",
+                                 .reason_close = "[/THINK]", .raw_stops = g_stops_mistral},
+    [TOOLCALL_FORMAT_GPT_OSS] = {g_harmony, g_harmony, .raw_stops = g_stops_harmony,
+                                 .harmony = true},
+    [TOOLCALL_FORMAT_DEEPSEEK_R1] = {g_content_ds, g_reason_ds, THINK, .raw_stops = g_stops_ds},
+    [TOOLCALL_FORMAT_DEEPSEEK_V3_1] = {g_content_ds, g_reason_ds, THINK, .raw_stops = g_stops_ds},
+    [TOOLCALL_FORMAT_DEEPSEEK_V3_2] = {g_content_dsml, g_reason_dsml, THINK, .xml = &g_xml_dsml,
+                                       .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_KIMI_K2] = {g_content_kimi, g_reason_kimi, THINK, .raw_stops = g_stops_kimi},
+    [TOOLCALL_FORMAT_MINIMAX_M2] = {g_content_minimax, g_reason_minimax, THINK,
+                                    .xml = &g_xml_minimax, .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_MINIMAX_M1] = {g_content_m1, g_reason_m1, THINK, .json_close = "</tool_calls>",
+                                    .raw_stops = g_stops_m1},
+    [TOOLCALL_FORMAT_APRIEL] = {g_content_apriel, g_reason_apriel, .reason_open = APRIEL_OPEN,
+                                .reason_close = APRIEL_CLOSE, .json_close = "</tool_calls>",
+                                .raw_stops = g_stops_m1},
+    [TOOLCALL_FORMAT_COMMAND_R7B] = {g_content_cohere, g_reason_cohere,
+                                     .reason_open = "<|START_THINKING|>",
+                                     .reason_close = "<|END_THINKING|>",
+                                     .json_close = "<|END_ACTION|>", .raw_stops = g_stops_cohere},
+    [TOOLCALL_FORMAT_GRANITE] = {g_content_granite, g_reason_granite, THINK,
+                                 .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_NEMOTRON_V2] = {g_content_nemotron, g_reason_nemotron, THINK,
+                                     .json_close = "</TOOLCALL>", .raw_stops = g_stops_nemo},
+    [TOOLCALL_FORMAT_LFM2] = {g_content_lfm2, g_reason_lfm2, THINK, .json_close = "<|tool_call_end|>",
+                              .raw_stops = g_stops_lfm, .python = true},
+    [TOOLCALL_FORMAT_MINICPM5] = {g_content_cpm, g_reason_cpm, THINK, .xml = &g_xml_cpm,
+                                  .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_GEMMA4] = {g_content_gemma, g_reason_gemma, .reason_open = GEMMA_OPEN,
+                                .reason_close = "<channel|>", .raw_stops = g_stops_gemma},
+    [TOOLCALL_FORMAT_GIGACHAT3] = {g_content_giga, g_reason_giga, THINK, .json_close = "<|message_sep|>",
+                                   .raw_stops = g_stops_giga},
+};
+
+const tc_spec *tc_spec_of(toolcall_format f)
+{
+    return (unsigned)f < TOOLCALL_FORMAT_COUNT_ ? &g_specs[f] : &g_specs[0];
+}
+
+/* ---- names ---------------------------------------------------------------------- */
+
+static const char *const g_names[] = {
+#define TOOLCALL_FORMAT_NAME_(e, name, family) name,
+    TOOLCALL_FORMAT_TABLE(TOOLCALL_FORMAT_NAME_)
+#undef TOOLCALL_FORMAT_NAME_
+};
+
+static const char *const g_families[] = {
+#define TOOLCALL_FORMAT_FAM_(e, name, family) family,
+    TOOLCALL_FORMAT_TABLE(TOOLCALL_FORMAT_FAM_)
+#undef TOOLCALL_FORMAT_FAM_
+};
+
+const char *toolcall_format_name(toolcall_format f)
+{
+    return (unsigned)f < TOOLCALL_FORMAT_COUNT_ ? g_names[f] : "?";
+}
+
+const char *toolcall_format_family(toolcall_format f)
+{
+    return (unsigned)f < TOOLCALL_FORMAT_COUNT_ ? g_families[f] : "?";
+}
+
+static const struct {
+    const char *alias;
+    toolcall_format f;
+} g_aliases[] = {
+    {"none", TOOLCALL_FORMAT_CONTENT},         {"content-only", TOOLCALL_FORMAT_CONTENT},
+    {"qwen", TOOLCALL_FORMAT_HERMES},          {"qwen2.5", TOOLCALL_FORMAT_HERMES},
+    {"qwen3", TOOLCALL_FORMAT_HERMES},         {"hermes-2-pro", TOOLCALL_FORMAT_HERMES},
+    {"qwen3.5", TOOLCALL_FORMAT_QWEN3_CODER},  {"glm", TOOLCALL_FORMAT_GLM},
+    {"glm-4.6", TOOLCALL_FORMAT_GLM},          {"llama3.1", TOOLCALL_FORMAT_LLAMA3},
+    {"llama-3", TOOLCALL_FORMAT_LLAMA3},       {"magistral", TOOLCALL_FORMAT_MISTRAL},
+    {"mistral-nemo", TOOLCALL_FORMAT_MISTRAL}, {"devstral", TOOLCALL_FORMAT_MISTRAL},
+    {"harmony", TOOLCALL_FORMAT_GPT_OSS},      {"deepseek-v3", TOOLCALL_FORMAT_DEEPSEEK_R1},
+    {"deepseek", TOOLCALL_FORMAT_DEEPSEEK_R1}, {"deepseek-v4", TOOLCALL_FORMAT_DEEPSEEK_V3_2},
+    {"kimi", TOOLCALL_FORMAT_KIMI_K2},         {"minimax", TOOLCALL_FORMAT_MINIMAX_M2},
+    {"cohere", TOOLCALL_FORMAT_COMMAND_R7B},   {"lfm2.5", TOOLCALL_FORMAT_LFM2},
+};
+
+keel_status toolcall_format_from_name(const char *name, toolcall_format *out)
+{
+    if (!name) return KEEL_ENOENT;
+    for (int i = 0; i < TOOLCALL_FORMAT_COUNT_; i++) {
+        if (strcasecmp(name, g_names[i]) == 0) {
+            *out = (toolcall_format)i;
+            return KEEL_OK;
+        }
+    }
+    for (size_t i = 0; i < BASE_ARRAY_LEN(g_aliases); i++) {
+        if (strcasecmp(name, g_aliases[i].alias) == 0) {
+            *out = g_aliases[i].f;
+            return KEEL_OK;
+        }
+    }
+    return KEEL_ENOENT;
+}
+
+const char *toolcall_format_names(void)
+{
+    static const char all[] =
+#define TOOLCALL_FORMAT_LIST_(e, name, family) name ", "
+        TOOLCALL_FORMAT_TABLE(TOOLCALL_FORMAT_LIST_)
+#undef TOOLCALL_FORMAT_LIST_
+        ;
+    /* the table's last ", " is cut by the length */
+    static char buf[sizeof all];
+    if (!buf[0]) {
+        memcpy(buf, all, sizeof all - 3);
+        buf[sizeof all - 3] = '\0';
+    }
+    return buf;
+}
+
+/* ---- detection -------------------------------------------------------------------- */
+
+static bool has(const char *src, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    if (n == 0 || n > len) return false;
+    for (size_t i = 0; i + n <= len; i++) {
+        if (src[i] == needle[0] && memcmp(src + i, needle, n) == 0) return true;
+    }
+    return false;
+}
+
+toolcall_format toolcall_detect(const char *s, size_t n)
+{
+    if (!s) return TOOLCALL_FORMAT_CONTENT;
+    if (has(s, n, "<|channel|>")) return TOOLCALL_FORMAT_GPT_OSS;
+    if (has(s, n, "[TOOL_CALLS]") || (has(s, n, "[THINK]") && has(s, n, "[/THINK]")))
+        return TOOLCALL_FORMAT_MISTRAL;
+    if (has(s, n, "dsml_token") || has(s, n, "｜DSML｜")) return TOOLCALL_FORMAT_DEEPSEEK_V3_2;
+    if (has(s, n, "message['prefix'] is defined and message['prefix'] and thinking"))
+        return TOOLCALL_FORMAT_DEEPSEEK_V3_1;
+    if (has(s, n, "<｜tool▁calls▁begin｜>")) {
+        /* V3.1 writes name<｜tool▁sep｜>{json}; R1/V3 write function<｜tool▁sep｜>name ```json */
+        if (has(s, n, "<｜tool▁call▁begin｜>function<｜tool▁sep｜>") || has(s, n, "```json"))
+            return TOOLCALL_FORMAT_DEEPSEEK_R1;
+        return has(s, n, "<｜tool▁sep｜>") ? TOOLCALL_FORMAT_DEEPSEEK_V3_1
+                                         : TOOLCALL_FORMAT_DEEPSEEK_R1;
+    }
+    if (has(s, n, "<|tool_calls_section_begin|>")) return TOOLCALL_FORMAT_KIMI_K2;
+    if (has(s, n, "<minimax:tool_call>")) return TOOLCALL_FORMAT_MINIMAX_M2;
+    if (has(s, n, "<|START_ACTION|>")) return TOOLCALL_FORMAT_COMMAND_R7B;
+    if (has(s, n, "<|tool_call|>")) return TOOLCALL_FORMAT_GRANITE;
+    if (has(s, n, "<arg_key>")) return TOOLCALL_FORMAT_GLM;
+    if (has(s, n, "<tool_call>") && has(s, n, "<function=") && has(s, n, "<parameter="))
+        return TOOLCALL_FORMAT_QWEN3_CODER;
+    if (has(s, n, "<function name=\"") && has(s, n, "<param name=\"")) return TOOLCALL_FORMAT_MINICPM5;
+    if (has(s, n, "<TOOLCALL>")) return TOOLCALL_FORMAT_NEMOTRON_V2;
+    if (has(s, n, "<tool_calls>")) {
+        return has(s, n, "[BEGIN FINAL RESPONSE]") || has(s, n, "<tool_calls>[")
+                   ? TOOLCALL_FORMAT_APRIEL
+                   : TOOLCALL_FORMAT_MINIMAX_M1;
+    }
+    if (has(s, n, "<tool_call>")) return TOOLCALL_FORMAT_HERMES;
+    if (has(s, n, "<|tool_call_start|>") || has(s, n, "<|tool_list_start|>"))
+        return TOOLCALL_FORMAT_LFM2;
+    if (has(s, n, "<|tool_call>call:")) return TOOLCALL_FORMAT_GEMMA4;
+    if (has(s, n, "<|role_sep|>") && has(s, n, "<|message_sep|>") && has(s, n, "function call"))
+        return TOOLCALL_FORMAT_GIGACHAT3;
+    if (has(s, n, "<|start_header_id|>") && has(s, n, "<function="))
+        return TOOLCALL_FORMAT_FUNCTIONARY_V3_1;
+    if (has(s, n, "<|start_header_id|>ipython<|end_header_id|>") || has(s, n, "<|python_tag|>"))
+        return TOOLCALL_FORMAT_LLAMA3;
+    return TOOLCALL_FORMAT_CONTENT;
+}
+
+/* ---- prompt check ------------------------------------------------------------------- */
+
+static bool ends_with(const char *s, size_t n, const char *suf)
+{
+    size_t k = strlen(suf);
+    return k <= n && memcmp(s + n - k, suf, k) == 0;
+}
+
+bool toolcall_prompt_opens_reasoning(toolcall_format f, const char *prompt, size_t len)
+{
+    const tc_spec *sp = tc_spec_of(f);
+    if (!prompt || !sp->reason_open) return false;
+    while (len > 0 && tc_is_ws((uint8_t)prompt[len - 1]))
+        len--;
+    return ends_with(prompt, len, sp->reason_open);
+}

@@ -1,0 +1,189 @@
+/*
+ * toolcall_int.h — what the toolcall_*.c files share: the incremental JSON
+ * scanner, the format specification table and small byte-buffer helpers.
+ * Not used outside src/chat/toolcall*.
+ */
+#ifndef KEEL_CHAT_TOOLCALL_INT_H
+#define KEEL_CHAT_TOOLCALL_INT_H
+
+#include "toolcall.h"
+
+/* ---- growable byte buffer with a NUL after len ---------------------------- */
+
+typedef struct tc_buf {
+    char *p;    /* [cap] bytes, p[len] == '\0' when p != NULL */
+    size_t len; /* bytes used */
+    size_t cap; /* bytes allocated */
+} tc_buf;
+
+keel_status tc_buf_append(tc_buf *b, const char *s, size_t n);
+void tc_buf_free(tc_buf *b);
+/* Appends s as the body of a JSON string (no quotes): escapes '"', '\\' and
+ * control characters; other bytes pass through. */
+keel_status tc_buf_append_escaped(tc_buf *b, const char *s, size_t n);
+
+/* ---- incremental JSON scanner ---------------------------------------------- */
+
+/*
+ * Validates one JSON value byte by byte without building it (RFC 8259
+ * syntax; UTF-8 of strings is not checked), with an explicit stack (no
+ * recursion) of at most JS_MAX_DEPTH containers. Feeding stops at the end
+ * of the value: a top-level number ends at the first byte after it, which
+ * is then not consumed (JS_R_DONE_BEFORE).
+ */
+#define JS_MAX_DEPTH 512
+
+typedef enum js_result {
+    JS_R_CONT = 0,        /* byte consumed, value not complete */
+    JS_R_DONE = 1,        /* byte consumed, value complete */
+    JS_R_DONE_BEFORE = 2, /* value was complete before this byte (not consumed) */
+    JS_R_BAD = 3,         /* byte not valid here (not consumed) */
+} js_result;
+
+typedef struct json_scan {
+    uint8_t stack[JS_MAX_DEPTH / 8]; /* bit d: container at depth d+1 is an object */
+    int32_t depth;                   /* open containers */
+    uint8_t st;                      /* JS_* state */
+    uint8_t sub;                     /* literal index / \u digits seen */
+    uint8_t lit;                     /* which literal (0 true, 1 false, 2 null) */
+    uint8_t key;                     /* the string being scanned is an object key */
+    int64_t n;                       /* bytes consumed */
+} json_scan;
+
+/* Starts before a value (leading whitespace allowed). */
+void json_scan_init(json_scan *s);
+/* Starts inside an object just after a member's value (",", "}" or
+ * whitespace next): the rest of an object whose start was already seen. */
+void json_scan_init_after_member(json_scan *s);
+js_result json_scan_byte(json_scan *s, uint8_t c);
+/* At end of input: JS_R_DONE if the value is complete (a top-level number
+ * that was waiting for a delimiter), JS_R_BAD otherwise. */
+js_result json_scan_end(json_scan *s);
+/* Inside a string now (for callers that decode string arguments). */
+bool json_scan_in_string(const json_scan *s);
+
+/* ---- atomic sub-parsers over held bytes ------------------------------------ */
+
+typedef enum tc_pr {
+    TC_MORE = 0, /* prefix of something that could still parse: need more bytes */
+    TC_FAIL = 1, /* cannot parse */
+    TC_OK = 2,
+} tc_pr;
+
+static inline bool tc_is_ws(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Index of the first non-whitespace byte of s[i..n), or n. */
+size_t tc_skip_ws(const char *s, size_t n, size_t i);
+/* Whether s[i..) starts with lit: TC_OK (*i advanced), TC_MORE (a proper
+ * prefix of lit fills the rest of s), TC_FAIL. */
+tc_pr tc_lit(const char *s, size_t n, size_t *i, const char *lit);
+/* A JSON string at s[*i] ('"'): decoded into out (cap bytes incl. NUL; a
+ * longer string fails). \u escapes become UTF-8 (lone surrogates U+FFFD). */
+tc_pr tc_json_string(const char *s, size_t n, size_t *i, char *out, size_t cap, size_t *out_len);
+/* Skips one JSON value starting at s[*i] (whitespace allowed before). */
+tc_pr tc_json_skip(const char *s, size_t n, size_t *i, bool at_end);
+
+/* ---- Python-style calls (toolcall_py.c) ------------------------------------------ */
+
+/* Finds the end of one `name(k=v, ...)` call, byte by byte. */
+typedef struct tc_py_scan {
+    int32_t depth;  /* open ( [ { */
+    uint8_t quote;  /* inside a string quoted by this byte, or 0 */
+    bool esc;       /* after a backslash inside a string */
+    bool named;     /* name bytes seen */
+    bool opened;    /* '(' seen */
+} tc_py_scan;
+
+void tc_py_scan_init(tc_py_scan *s);
+/* TC_MORE: continue; TC_OK: this byte closed the call; TC_FAIL: not a call. */
+tc_pr tc_py_scan_byte(tc_py_scan *s, uint8_t c);
+/* Converts one call s[0..n) to its name and a JSON object of its keyword
+ * arguments (Python literals: strings, numbers, True/False/None, lists,
+ * tuples, dicts). *ok false when it is not such a call (json then holds
+ * garbage). "x.call(...)" names the tool x. KEEL_ENOMEM. */
+keel_status tc_py_call(const char *s, size_t n, char *name, tc_buf *json, bool *ok);
+
+/* Gemma 4's call:NAME{key:value,...} (strings quoted by <|"|>), the same way. */
+typedef struct tc_gemma_scan {
+    int32_t depth;  /* open { [ */
+    bool in_str;    /* inside <|"|>...<|"|> */
+    bool named;
+    uint8_t win[5]; /* the last bytes, to see <|"|> */
+} tc_gemma_scan;
+
+void tc_gemma_scan_init(tc_gemma_scan *s);
+tc_pr tc_gemma_scan_byte(tc_gemma_scan *s, uint8_t c);
+keel_status tc_gemma_call(const char *s, size_t n, char *name, tc_buf *json, bool *ok);
+
+/* ---- format specification ---------------------------------------------------- */
+
+/* What a marker found in text does. */
+typedef enum tc_act {
+    TC_ACT_REASON_OPEN = 1,  /* opens reasoning (only before any content) */
+    TC_ACT_REASON_CLOSE = 2, /* closes reasoning */
+    TC_ACT_DROP = 3,         /* structural marker without meaning for the result: removed */
+    TC_ACT_BLOCK = 4,        /* opens a tool-call block of kind `arg` */
+    TC_ACT_H_END = 5,        /* harmony: end of a message body */
+    TC_ACT_H_START = 6,      /* harmony: <|start|> / <|channel|>: a message header follows */
+} tc_act;
+
+/* Kinds of tool-call blocks (what follows the block marker). */
+typedef enum tc_block {
+    TC_BLK_NONE = 0,
+    TC_BLK_JSON = 1,      /* JSON call object(s), optionally in [ ]; close marker optional */
+    TC_BLK_TAGGED = 2,    /* <tool_call>: JSON object, <function=..> XML or GLM name + arg_key */
+    TC_BLK_XML = 3,       /* <invoke name=..> sequence (MiniMax M2, DSML) or one <function name=..> */
+    TC_BLK_MISTRAL = 4,   /* [TOOL_CALLS]: [ json... ] or name[CALL_ID]id[ARGS]{json} */
+    TC_BLK_DEEPSEEK = 5,  /* <｜tool▁calls▁begin｜> R1/V3 or V3.1 calls */
+    TC_BLK_DEEPSEEK1 = 6, /* <｜tool▁call▁begin｜> seen without the block opener */
+    TC_BLK_KIMI = 7,      /* <|tool_calls_section_begin|> */
+    TC_BLK_KIMI1 = 8,     /* <|tool_call_begin|> without the section opener */
+    TC_BLK_FUNC = 9,      /* functionary <function=name>{json}</function> */
+    TC_BLK_LLAMA = 10,    /* Llama 3 bare JSON at the start / after <|python_tag|> */
+    TC_BLK_HARMONY = 11,  /* gpt-oss tool call message (internal) */
+    TC_BLK_GEMMA = 12,    /* Gemma 4 <|tool_call>call:name{...}<tool_call|> */
+} tc_block;
+
+typedef struct tc_marker {
+    const char *s; /* marker bytes (NUL-terminated) */
+    uint8_t act;   /* tc_act */
+    uint8_t arg;   /* tc_block for TC_ACT_BLOCK */
+} tc_marker;
+
+/* XML-ish parameter syntax of one format. */
+typedef struct tc_xml {
+    const char *invoke_open;  /* "<invoke name=\"" ; NULL: the block marker opened the invoke */
+    const char *invoke_close; /* "</invoke>" */
+    const char *param_open;   /* "<parameter name=\"" */
+    char param_name_end;      /* '"' (then attributes up to '>') or '>' */
+    const char *param_after;  /* literal after the name (GLM "</arg_key>"), or NULL */
+    const char *param_after2; /* then, after whitespace (GLM "<arg_value>"), or NULL */
+    const char *param_close;  /* "</parameter>" */
+    const char *block_close;  /* "</minimax:tool_call>", or NULL */
+    const char *block_close2; /* an alternative block close, or NULL */
+    bool strip_newlines;      /* Qwen3-Coder: one leading and trailing '\n' of a value */
+    bool stream_strings;      /* string-typed values stream as they arrive */
+    bool cdata;               /* unwrap <![CDATA[...]]> (MiniCPM5) */
+    bool string_attr;         /* DSML: string="true|false" on the parameter says its type */
+} tc_xml;
+
+typedef struct tc_spec {
+    const tc_marker *content;   /* markers active in content, NULL-terminated list */
+    const tc_marker *reasoning; /* markers active in reasoning */
+    const char *reason_open;    /* for toolcall_prompt_opens_reasoning */
+    const char *reason_close;
+    const char *json_close;   /* TC_BLK_JSON: close marker of the block, or NULL */
+    const tc_xml *xml;        /* TC_BLK_XML / <function=..> inside TC_BLK_TAGGED */
+    const tc_xml *glm;        /* <tool_call>name<arg_key>.. inside TC_BLK_TAGGED */
+    const char *const *raw_stops; /* where raw (invalid) arguments end, NULL-terminated */
+    bool llama_start;         /* a bare JSON object at the start of output is a call */
+    bool python;              /* Python-style calls in JSON blocks (LFM2, Llama built-ins) */
+    bool harmony;             /* gpt-oss message structure */
+} tc_spec;
+
+const tc_spec *tc_spec_of(toolcall_format f);
+
+#endif /* KEEL_CHAT_TOOLCALL_INT_H */
