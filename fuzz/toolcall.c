@@ -118,7 +118,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2) return 0;
     if (!g_tools) {
-        chat_json_init();
         g_tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
                              "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
                              "\"string\"},\"days\":{\"type\":\"integer\"},\"opts\":{\"type\":\"object\"},"

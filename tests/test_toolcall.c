@@ -128,7 +128,6 @@ typedef struct tcase {
 static json_t *tools_of(const char *js)
 {
     if (!js) return NULL;
-    chat_json_init();
     json_error_t je;
     json_t *t = json_loads(js, 0, &je);
     if (!t) fail_msg("tools JSON: %s", je.text);
@@ -857,7 +856,6 @@ static void test_bad_arguments(void **state)
     assert_null(p);
     assert_non_null(strstr(err, "format"));
     o.format = TOOLCALL_FORMAT_HERMES;
-    chat_json_init();
     json_t *obj = json_object();
     o.tools = obj;
     assert_status(toolcall_open(&o, &p, err), KEEL_EINVAL);
@@ -1175,7 +1173,6 @@ static void test_alloc_sweep_toolcall(void **state)
 
 int main(void)
 {
-    chat_json_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_content_and_think),
         cmocka_unit_test(test_hermes),

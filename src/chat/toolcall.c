@@ -2035,7 +2035,6 @@ keel_status toolcall_open(const toolcall_options *o, toolcall_parser **out, char
     if (o->id_prefix && strlen(o->id_prefix) > 32)
         return base_err(err, KEEL_EINVAL, "tool-call id prefix \"%.40s\" is longer than 32 bytes",
                         o->id_prefix);
-    chat_json_init();
     toolcall_parser *p = base_calloc(1, sizeof *p);
     if (!p) return base_err(err, KEEL_ENOMEM, "tool-call parser: out of memory");
     p->o = *o;
@@ -2200,7 +2199,6 @@ keel_status toolcall_result_json(const toolcall_result *r, json_t **out, char *e
     if (!out) return base_err(err, KEEL_EINVAL, "toolcall_result_json: out is NULL");
     *out = NULL;
     if (!r) return base_err(err, KEEL_EINVAL, "toolcall_result_json: result is NULL");
-    chat_json_init();
     json_t *m = json_object();
     bool ok = m && set_new(m, "role", json_string("assistant"));
     if (ok)

@@ -237,12 +237,9 @@ const char *toolcall_last_error(const toolcall_parser *p);
 
 /* ---- shared with the fuzz target and tests ------------------------------- */
 
-/* Installs jansson's allocator as keel's hooks (base_alloc with a size header), once per
- * process, before any jansson value exists. Every src/ module that uses jansson calls it
- * first; the toolcall functions do. */
-void chat_json_init(void);
-/* Frees memory jansson returned to the caller (json_dumps): it comes from the hooks, not
- * malloc, so free() must not be used. NULL is a no-op. */
+/* Frees memory jansson returned to the caller (json_dumps) with jansson's own free
+ * function (keel leaves jansson's process-wide allocator as the host set it). NULL is a
+ * no-op. */
 void chat_json_free(void *ptr);
 
 #endif /* KEEL_CHAT_TOOLCALL_H */

@@ -2,8 +2,8 @@
  * toolcall_json.c — the byte-level JSON machinery of the tool-call parser:
  * an incremental validator (json_scan) that finds where a JSON value ends
  * while it streams, atomic helpers that parse small held regions (strings,
- * literals, skipped values), the growable buffer, and jansson's allocator
- * set to keel's hooks.
+ * literals, skipped values), the growable buffer, and freeing jansson's
+ * output.
  *
  * Invariants: nothing here recurses (the scanner's container stack is a bit
  * array of JS_MAX_DEPTH entries); every read is bounded by the length
@@ -11,45 +11,18 @@
  */
 #include "toolcall_int.h"
 
-#include <pthread.h>
 #include <string.h>
 
-/* ---- jansson allocation through the hooks -------------------------------- */
+/* ---- jansson's output ----------------------------------------------------- */
 
-/* jansson's free() is not told the size; a 16-byte header keeps it. */
-#define CJ_HDR 16
-
-static void *cj_malloc(size_t n)
-{
-    size_t t;
-    if (!size_add(n, CJ_HDR, &t)) return NULL;
-    unsigned char *p = base_alloc(t);
-    if (!p) return NULL;
-    memcpy(p, &t, sizeof t);
-    return p + CJ_HDR;
-}
-
-static void cj_free(void *q)
-{
-    if (!q) return;
-    unsigned char *p = (unsigned char *)q - CJ_HDR;
-    size_t t;
-    memcpy(&t, p, sizeof t);
-    base_free(p, t);
-}
-
-static pthread_once_t g_cj_once = PTHREAD_ONCE_INIT;
-
-static void cj_install(void)
-{
-    json_set_alloc_funcs(cj_malloc, cj_free);
-}
-
-void chat_json_init(void)
-{
-    pthread_once(&g_cj_once, cj_install);
-}
-
+/*
+ * jansson keeps one allocator per process (json_set_alloc_funcs). keel does
+ * not install its hooks there: a library must not change a process-wide
+ * setting the host program may rely on (a host using jansson itself would
+ * free its own values with keel's allocator). jansson values keel makes are
+ * therefore allocated by whatever jansson is set to (malloc by default),
+ * bounded by the sizes of the inputs they come from, and freed through it.
+ */
 void chat_json_free(void *ptr)
 {
     json_malloc_t m;
