@@ -823,6 +823,154 @@ void keel_sampler_reset(keel_sampler *s);
 
 /* KEEL_SECTION_ENGINE */
 
+/* ======================================================================== */
+/* Engine: chat completions over slots (keel_complete, the server)          */
+/* ======================================================================== */
+/*
+ * A keel_engine owns a model, one context whose unified cache is shared by
+ * n_slots sequences ("slots"), the model's chat template and its tool-call
+ * format. It turns chat messages (OpenAI JSON) into prompts, reuses the
+ * longest cached prefix of a slot, generates with continuous batching
+ * (every step decodes one token of each generating slot and a chunk of each
+ * prefilling slot in one batch), parses the output back into content,
+ * reasoning and tool calls, and streams it as events. docs/engine.md.
+ *
+ * Two ways to drive it:
+ *   - keel_complete(): one request, synchronously on the calling thread
+ *     (embedding from Python or Swift: a conversation turn after turn);
+ *   - keel_engine_submit() from any thread + keel_engine_run() on one
+ *     scheduler thread (the server): requests run concurrently on the slots.
+ *
+ *     keel_engine *e;
+ *     char err[256];
+ *     if (keel_engine_open("{\"model\": \"m.gguf\", \"n_ctx\": 4096}", &e, err)) ...;
+ *     char resp[65536];
+ *     keel_complete(e, "[{\"role\":\"user\",\"content\":\"Hi\"}]", "{\"max_tokens\":64}",
+ *                   NULL, on_event, user, resp, sizeof resp);
+ *     keel_engine_close(e);
+ */
+
+typedef struct keel_engine keel_engine;
+
+/*
+ * Opens an engine from options, a JSON object:
+ *   "model" (path, required), "tokenizer" (llama2.c tokenizer.bin),
+ *   "n_ctx" (cells of the shared cache; 0: min(training context, 4096) per slot),
+ *   "n_slots" (1), "n_batch" (512), "n_ubatch" (512), "n_threads" (0: all CPUs),
+ *   "type_k", "type_v" ("f16"), "rot_k", "rot_v" (-1 auto / 0 / 1),
+ *   "swa_window", "swa_period", "swa_sinks",
+ *   "kv_compact" (the default of every request: "none" or an object
+ *     {"policy", "trigger", "target", "sinks", "recent", "positions": "keep"|"renumber"};
+ *     a policy alone gets trigger = n_ctx per slot, target = trigger / 2),
+ *   "chat_template" (a built-in name, a file path, or template source; default: the
+ *     model's, else "chatml"), "tool_format" (a parser format name; default: detected
+ *     from the template), "max_prompt_tokens" (default 4 x n_ctx per slot).
+ * Unknown keys are KEEL_EINVAL (named). Errors of keel_model_open and
+ * keel_context_open, with the detail in err (256 bytes, may be NULL). *out is
+ * NULL on failure. Allocates the whole plan (keel_engine_stats reports it).
+ */
+keel_status keel_engine_open(const char *options_json, keel_engine **out, char *err);
+/* Stops a running loop, finishes nothing, frees everything. NULL is a no-op.
+ * Not concurrent with any other call on e. */
+void keel_engine_close(keel_engine *e);
+const keel_model *keel_engine_model(const keel_engine *e);
+/* Detail of the last failed call on e from the calling thread's view ("" if none). */
+const char *keel_engine_last_error(const keel_engine *e);
+
+typedef enum keel_event_kind {
+    KEEL_EVENT_CONTENT = 0,    /* text delta of the answer */
+    KEEL_EVENT_REASONING = 1,  /* text delta of the reasoning (<think> ...) */
+    KEEL_EVENT_TOOL_BEGIN = 2, /* a tool call starts: index, id, name */
+    KEEL_EVENT_TOOL_ARGS = 3,  /* text delta of tool call `index`'s JSON arguments */
+    KEEL_EVENT_TOOL_END = 4,   /* tool call `index` is complete */
+    KEEL_EVENT_DONE = 5,       /* the request ended: response holds the response JSON */
+} keel_event_kind;
+
+typedef struct keel_event {
+    keel_event_kind kind;
+    uint64_t request;     /* the request's id (keel_engine_submit) */
+    int32_t index;        /* tool call index for TOOL_*, else -1 */
+    const char *text;     /* delta bytes (CONTENT, REASONING, TOOL_ARGS), not NUL-terminated */
+    size_t len;
+    const char *id;       /* TOOL_BEGIN: the call id */
+    const char *name;     /* TOOL_BEGIN: the function name */
+    const char *response; /* DONE: the response JSON (NUL-terminated) */
+    keel_status status;   /* DONE: KEEL_OK, or why the request failed (detail in response) */
+} keel_event;
+
+/* Receives events, on the thread that runs the engine (keel_complete's caller
+ * or keel_engine_run's). Pointers are valid only during the call. Returning
+ * false cancels the request (it ends with finish_reason "cancelled"). Must
+ * not call back into the engine except keel_engine_cancel*. */
+typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
+
+/*
+ * One chat turn, synchronously: renders messages_json (an OpenAI messages
+ * array; content as a string or text parts) with tools_json (an OpenAI tools
+ * array, or NULL), reuses the longest common prefix of the cached
+ * conversation (unless compaction made the cache differ from the history:
+ * then the response says so), generates, streams every delta through cb (may
+ * be NULL), and writes the response JSON to response[0 .. cap) (NUL
+ * included; may be NULL with cap 0):
+ *   {"content", "reasoning_content", "tool_calls": [{"id", "type": "function",
+ *    "function": {"name", "arguments"}}], "finish_reason": "stop" | "length" |
+ *    "tool_calls" | "cancelled", "stop_sequence", "usage": {"prompt_tokens",
+ *    "cached_tokens", "completion_tokens"}, "timings": {"prompt_ms",
+ *    "predicted_ms", "prompt_per_second", "predicted_per_second"},
+ *   "memory": {"cells", "compactions", "cache": "reused" | "reset: why"}}
+ * options_json (may be NULL): "max_tokens" (-1: until the end of generation or
+ * the budget), "temperature", "top_p", "top_k", "min_p", "seed",
+ * "repeat_penalty", "presence_penalty", "frequency_penalty", "stop" (string or
+ * array), "kv_compact" (as at open; "none" turns compaction off for this and
+ * the following turns), "chat_template_kwargs" (object of extra template
+ * variables, e.g. {"enable_thinking": false}), "add_generation_prompt" (true),
+ * "prompt" (raw text instead of messages: no template, no tool parsing) or
+ * "prompt_tokens" (ids).
+ * KEEL_ERANGE: the response did not fit cap (the turn happened; get it with
+ * keel_engine_response). KEEL_EINVAL (bad JSON or option, named),
+ * KEEL_ECONTEXT (prompt longer than the cache can ever hold), KEEL_EFULL,
+ * KEEL_ECANCELED (keel_engine_cancel or cb returned false; the response says
+ * so), template errors (KEEL_EINVAL with the template's message). Not
+ * thread-safe against other keel_complete calls on e; with a loop running on
+ * another thread (keel_engine_run) it submits and waits.
+ */
+keel_status keel_complete(keel_engine *e, const char *messages_json, const char *options_json,
+                          const char *tools_json, keel_event_fn cb, void *user, char *response,
+                          size_t cap);
+
+/* The response JSON of the calling thread's last keel_complete (NUL
+ * included in *n_out). KEEL_ERANGE if cap is too small, KEEL_ENOENT if none. */
+keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *n_out);
+
+/*
+ * Queues a request (thread-safe): request_json is an object with "messages"
+ * (and "tools") or "prompt" / "prompt_tokens", plus the options of
+ * keel_complete. Events go to cb on the engine's thread; the last is DONE.
+ * *id receives the request id. KEEL_EINVAL (malformed, named), KEEL_EFULL
+ * (the queue holds max_queue requests), KEEL_ECANCELED (the engine stops).
+ * Validation of the prompt happens when it starts: a bad request still ends
+ * with DONE and a non-OK status.
+ */
+keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_event_fn cb,
+                               void *user, uint64_t *id);
+/* Runs the scheduler on the calling thread until keel_engine_stop: waits for
+ * requests, steps the slots. Returns KEEL_OK after stop (in-flight requests
+ * end with "cancelled"). KEEL_EINVAL if a loop already runs. */
+keel_status keel_engine_run(keel_engine *e);
+/* Asks the loop to return (thread-safe, async-signal-unsafe). */
+void keel_engine_stop(keel_engine *e);
+/* Cancels one request (thread-safe): it ends at the next step with
+ * finish_reason "cancelled". KEEL_ENOENT if it is not queued or running. */
+keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id);
+/* Cancels every queued and running request (thread-safe). */
+void keel_engine_cancel(keel_engine *e);
+/* Clears every slot's cache and history (not while requests run: KEEL_ESTATE). */
+keel_status keel_engine_reset(keel_engine *e);
+/* Statistics and the memory plan as JSON into buf (thread-safe): slots (state,
+ * cached tokens, cells, compactions), requests served, tokens in/out, plan
+ * bytes. KEEL_ERANGE if cap is too small (*n_out says how much). */
+keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out);
+
 #ifdef __cplusplus
 }
 #endif

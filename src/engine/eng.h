@@ -1,0 +1,185 @@
+/*
+ * eng.h — private interface of the chat engine (keel_engine, keel.h): slots
+ * over one context, the request queue, prompt building and the scheduler
+ * step. docs/engine.md explains the design.
+ *
+ *   eng_open.c    options, open/close, stats, reset
+ *   eng_prompt.c  request JSON -> eng_req (options, messages -> prompt tokens)
+ *   eng_sched.c   queue, slot choice and prefix reuse, the batched step,
+ *                 output (stop strings, tool-call parsing), responses
+ *
+ * Threads: the queue (pending list, cancel flags, the running flag) is under
+ * mu; everything else (slots, the context) belongs to the one thread that
+ * steps the engine: keel_engine_run's, or keel_complete's caller when no loop
+ * runs (e->driving marks that the caller steps).
+ */
+#ifndef KEEL_ENGINE_ENG_H
+#define KEEL_ENGINE_ENG_H
+
+#include "../chat/jinja.h"
+#include "../chat/toolcall.h"
+#include "engine.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define ENG_MAX_SLOTS 256 /* = the memory's sequence limit */
+
+/* Per-request options (request JSON or keel_complete's options_json). */
+typedef struct eng_opts {
+    keel_sampler_params samp;
+    int32_t max_tokens;       /* -1: until end of generation or the budget */
+    char **stop;              /* [n_stop] NUL-terminated, owned */
+    int32_t n_stop;
+    bool compact_set;         /* kv_compact given: applies to this slot from now on */
+    keel_compact_params compact;
+    bool add_generation_prompt;
+    json_t *template_kwargs;  /* extra template variables (object) or NULL; owned ref */
+    bool parse_tools;         /* false for raw prompts */
+} eng_opts;
+
+typedef enum eng_req_kind {
+    ENG_REQ_CHAT = 0,   /* messages (+ tools) through the template */
+    ENG_REQ_TEXT = 1,   /* raw prompt text (tokenized with BOS as the vocabulary says) */
+    ENG_REQ_TOKENS = 2, /* prompt token ids */
+} eng_req_kind;
+
+typedef struct eng_req eng_req;
+struct eng_req {
+    uint64_t id;
+    eng_req_kind kind;
+    json_t *messages, *tools;  /* CHAT: owned refs (tools may be NULL) */
+    char *text;                /* TEXT: owned */
+    size_t text_len;
+    int32_t *tokens;           /* TOKENS: owned [n_tokens] */
+    int32_t n_tokens;
+    eng_opts o;
+    keel_event_fn cb;
+    void *user;
+    atomic_int cancel;
+    eng_req *next;             /* queue link, then the done list */
+    eng_req *live_next;        /* every queued or running request (under mu) */
+    bool keep;                 /* a keel_complete caller waits for it and frees it */
+    /* completion (for a waiter on another thread) */
+    bool done;
+    keel_status status;
+    char *response;            /* malloc'd by the engine (hooks), NUL-terminated */
+    size_t response_len;
+};
+
+typedef enum eng_slot_state {
+    ENG_SLOT_IDLE = 0,
+    ENG_SLOT_PREFILL = 1,
+    ENG_SLOT_GEN = 2,
+} eng_slot_state;
+
+/* Output held back while it may still become a stop string. */
+typedef struct eng_text {
+    char *data;
+    size_t len, cap;
+} eng_text;
+
+typedef struct eng_slot {
+    int32_t seq;              /* the context's sequence id */
+    eng_slot_state state;
+    /* the cache: tokens decoded into this sequence, in order (the logical
+     * history; with compaction the memory holds fewer cells) */
+    int32_t *hist;            /* [hist_cap] */
+    int32_t n_hist;
+    bool hist_compacted;      /* a compaction ran: the memory only extends the history */
+    bool hist_lost;           /* the history outgrew hist_cap: the cache cannot be reused */
+    keel_compact_params compact; /* this slot's compaction (sticky across requests) */
+    uint64_t last_used;       /* LRU among equals */
+    /* the request being served */
+    eng_req *req;
+    int32_t *prompt;          /* [hist_cap] the request's prompt tokens */
+    int32_t n_prompt;
+    int32_t n_fed;            /* prompt tokens in the cache (reused + prefilled) */
+    int32_t n_reused;         /* prompt tokens reused from the cache */
+    const char *cache_note;   /* "reused" or "reset: why" (static text) */
+    keel_sampler *samp;
+    keel_detok_stream ds;
+    toolcall_parser *tp;
+    int32_t last_tok;         /* sampled, not yet decoded */
+    int32_t n_gen;
+    eng_text pend;            /* generated text not yet released (stop-string holdback) */
+    char *stop_hit;           /* the stop string that ended the request, or NULL */
+    const char *finish;       /* finish_reason once decided */
+    uint64_t t_start, t_prompt_end, t_end;
+    int64_t compactions_at_start;
+    /* snapshot for other threads (keel_engine_stats), under mu */
+    eng_slot_state stat_state;
+    int32_t stat_hist, stat_cells;
+    bool stat_compacted;
+    int64_t stat_compactions;
+} eng_slot;
+
+struct keel_engine {
+    keel_model *model;
+    keel_context *ctx;
+    keel_context_params cp;
+    int32_t n_slots, n_ctx_slot;
+    int32_t hist_cap;         /* most prompt + generated tokens a slot tracks */
+    eng_slot *slots;
+    int32_t *batch_tok, *batch_seq; /* [n_batch] */
+    int8_t *batch_logits;
+    int32_t *batch_slot;      /* [n_batch] slot of each token with logits, else -1 */
+    /* chat */
+    jinja_template *tmpl;
+    toolcall_format tool_format;
+    char *bos_text, *eos_text;
+    bool template_builtin;
+    const char *template_name;
+    /* default options of every request */
+    keel_compact_params compact_default;
+    /* queue */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* work arrived / a request finished */
+    eng_req *queue_head, *queue_tail;
+    eng_req *live_head;       /* queued and running requests (cancel by id) */
+    eng_req *done_head;       /* finished submitted requests, freed by the stepping thread */
+    int32_t n_queued, max_queue;
+    uint64_t next_id;
+    bool running;             /* a keel_engine_run loop owns the stepping */
+    bool driving;             /* a keel_complete caller steps (no loop) */
+    bool stop;
+    atomic_int cancel_all;
+    uint64_t clock;           /* LRU counter */
+    /* stats (under mu) */
+    int64_t n_requests, n_prompt_tokens, n_cached_tokens, n_gen_tokens;
+    /* the last keel_complete's response */
+    char *last_response;
+    size_t last_response_len;
+    char err[BASE_ERR_CAP];
+};
+
+/* eng_prompt.c */
+void eng_opts_init(const keel_engine *e, eng_opts *o);
+void eng_opts_free(eng_opts *o);
+/* Parses the options members of obj (unknown members are skipped only when
+ * allow_other is set: the request object also holds messages/tools).
+ * KEEL_EINVAL with the member named in err. */
+keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, eng_opts *o,
+                           char *err);
+/* A request from its JSON parts. KEEL_EINVAL named in err, KEEL_ENOMEM. */
+keel_status eng_req_make(keel_engine *e, json_t *request, eng_req **out, char *err);
+void eng_req_free(eng_req *r);
+/* The request's prompt tokens into slot->prompt (at most e->hist_cap):
+ * renders the template (chat requests: the text into *rendered, reused
+ * buffer), tokenizes. KEEL_EINVAL (template), KEEL_ECONTEXT (longer than
+ * hist_cap), KEEL_ENOMEM. */
+keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
+                              jinja_buf *rendered);
+
+/* eng_sched.c */
+/* One scheduler step over the slots (the stepping thread only): admits
+ * queued requests to idle slots, decodes one batch, emits events. Returns
+ * true when any slot is busy or a request is queued. */
+bool eng_step(keel_engine *e);
+void eng_finish_all(keel_engine *e, const char *why);
+void eng_slot_clear(keel_engine *e, eng_slot *sl);
+/* Frees finished submitted requests (the stepping thread, outside callbacks). */
+void eng_reap(keel_engine *e);
+
+#endif

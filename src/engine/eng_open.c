@@ -1,0 +1,636 @@
+/*
+ * eng_open.c — the public keel_engine: options, open and close, the
+ * template and tool-call format, the synchronous keel_complete, the queue
+ * entry points (submit, run, stop, cancel), stats and reset.
+ *
+ * Everything a step needs is allocated here, once: per slot the history
+ * and prompt buffers (max_prompt_tokens tokens each, plus one scratch
+ * prompt), the batch arrays; per request only what its size implies
+ * (messages, the rendered prompt, the parser's output, a sampler).
+ */
+#include "eng.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- options ------------------------------------------------------------- */
+
+typedef struct eng_open_opts {
+    const char *model, *tokenizer, *chat_template, *tool_format;
+    keel_context_params cp;
+    int32_t n_slots, max_prompt_tokens;
+    json_t *compact; /* borrowed */
+} eng_open_opts;
+
+static keel_status get_i32(json_t *v, const char *k, int32_t lo, int32_t hi, int32_t *out, char *err)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return base_err(err, KEEL_EINVAL, "option %s must be an integer in [%d, %d]", k, lo, hi);
+    *out = (int32_t)json_integer_value(v);
+    return KEEL_OK;
+}
+
+static keel_status get_str(json_t *v, const char *k, const char **out, char *err)
+{
+    if (!json_is_string(v)) return base_err(err, KEEL_EINVAL, "option %s must be a string", k);
+    *out = json_string_value(v);
+    return KEEL_OK;
+}
+
+static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
+{
+    memset(p, 0, sizeof *p);
+    p->cp = keel_context_params_default();
+    p->n_slots = 1;
+    if (!json_is_object(o)) return base_err(err, KEEL_EINVAL, "options must be a JSON object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        keel_status st = KEEL_OK;
+        if (strcmp(k, "model") == 0) st = get_str(v, k, &p->model, err);
+        else if (strcmp(k, "tokenizer") == 0) st = get_str(v, k, &p->tokenizer, err);
+        else if (strcmp(k, "chat_template") == 0) st = get_str(v, k, &p->chat_template, err);
+        else if (strcmp(k, "tool_format") == 0) st = get_str(v, k, &p->tool_format, err);
+        else if (strcmp(k, "n_ctx") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.n_ctx, err);
+        else if (strcmp(k, "n_slots") == 0 || strcmp(k, "parallel") == 0) st = get_i32(v, k, 1, ENG_MAX_SLOTS, &p->n_slots, err);
+        else if (strcmp(k, "n_batch") == 0) st = get_i32(v, k, 1, 1 << 20, &p->cp.n_batch, err);
+        else if (strcmp(k, "n_ubatch") == 0) st = get_i32(v, k, 1, 1 << 20, &p->cp.n_ubatch, err);
+        else if (strcmp(k, "n_threads") == 0) st = get_i32(v, k, 0, 256, &p->cp.n_threads, err);
+        else if (strcmp(k, "rot_k") == 0) st = get_i32(v, k, -1, 1, &p->cp.rot_k, err);
+        else if (strcmp(k, "rot_v") == 0) st = get_i32(v, k, -1, 1, &p->cp.rot_v, err);
+        else if (strcmp(k, "swa_window") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.swa_window, err);
+        else if (strcmp(k, "swa_period") == 0) st = get_i32(v, k, 1, 1 << 16, &p->cp.swa_period, err);
+        else if (strcmp(k, "swa_sinks") == 0) st = get_i32(v, k, 0, 1 << 16, &p->cp.n_sink, err);
+        else if (strcmp(k, "max_prompt_tokens") == 0) st = get_i32(v, k, 1, 1 << 26, &p->max_prompt_tokens, err);
+        else if (strcmp(k, "type_k") == 0 || strcmp(k, "type_v") == 0) {
+            const char *name = NULL;
+            if ((st = get_str(v, k, &name, err)) == KEEL_OK &&
+                keel_dtype_from_name(name, k[5] == 'k' ? &p->cp.type_k : &p->cp.type_v) != KEEL_OK)
+                st = base_err(err, KEEL_EINVAL, "option %s: unknown type '%s'", k, name);
+        } else if (strcmp(k, "kv_compact") == 0) {
+            p->compact = v;
+        } else {
+            st = base_err(err, KEEL_EINVAL, "unknown option '%s'", k);
+        }
+        if (st != KEEL_OK) return st;
+    }
+    if (!p->model) return base_err(err, KEEL_EINVAL, "option model (a GGUF path) is required");
+    return KEEL_OK;
+}
+
+/* ---- the template -------------------------------------------------------- */
+
+static keel_status open_template(keel_engine *e, const char *spec, char *err)
+{
+    const char *src = NULL;
+    size_t len = 0;
+    char *file = NULL;
+    size_t file_bytes = 0;
+    if (!spec) {
+        if (keel_model_chat_template(e->model, &src, &len) == KEEL_OK) {
+            e->template_name = "model";
+        } else {
+            keel_status st = keel_chat_template_builtin("chatml", &src);
+            if (st != KEEL_OK) return base_err(err, st, "built-in chatml template missing");
+            len = strlen(src);
+            e->template_name = "chatml";
+        }
+    } else if (keel_chat_template_builtin(spec, &src) == KEEL_OK) {
+        len = strlen(src);
+        e->template_name = spec;
+    } else if (strstr(spec, "{%") || strstr(spec, "{{")) {
+        src = spec;
+        len = strlen(spec);
+        e->template_name = "inline";
+    } else {
+        FILE *f = fopen(spec, "rb");
+        if (!f)
+            return base_err(err, KEEL_EINVAL,
+                            "chat_template '%s' is not a built-in name (chatml, llama3, gemma, mistral, qwen3), "
+                            "template source or a readable file",
+                            spec);
+        size_t cap = 1 << 16;
+        file = base_alloc(cap);
+        while (file) {
+            size_t r = fread(file + file_bytes, 1, cap - file_bytes, f);
+            file_bytes += r;
+            if (r == 0) break;
+            if (file_bytes == cap) {
+                if (cap >= (1u << 24)) break; /* 16 MiB: far beyond any template */
+                char *g = base_realloc(file, cap, cap * 2);
+                if (!g) {
+                    base_free(file, cap);
+                    file = NULL;
+                    break;
+                }
+                file = g;
+                cap *= 2;
+            }
+        }
+        bool bad = ferror(f) != 0;
+        fclose(f);
+        if (!file) return base_err(err, KEEL_ENOMEM, "chat_template %s: out of memory", spec);
+        if (bad) {
+            base_free(file, cap);
+            return base_err(err, KEEL_EIO, "chat_template %s: read error", spec);
+        }
+        src = file;
+        len = file_bytes;
+        e->template_name = "file";
+        char jerr[JINJA_ERR_CAP];
+        keel_status st = jinja_open(src, len, &e->tmpl, jerr);
+        base_free(file, cap);
+        if (st != KEEL_OK) return base_err(err, st, "chat_template %s: %s", spec, jerr);
+        e->tool_format = toolcall_detect(NULL, 0);
+        return KEEL_OK;
+    }
+    char jerr[JINJA_ERR_CAP];
+    keel_status st = jinja_open(src, len, &e->tmpl, jerr);
+    if (st != KEEL_OK) return base_err(err, st, "chat template (%s): %s", e->template_name, jerr);
+    e->tool_format = toolcall_detect(src, len);
+    return KEEL_OK;
+}
+
+static char *token_text_dup(const keel_model *m, int32_t id)
+{
+    size_t len = 0;
+    const char *t = id >= 0 ? text_token_text(m->tok, id, &len) : NULL;
+    char *s = base_alloc(len + 1);
+    if (!s) return NULL;
+    if (t) memcpy(s, t, len);
+    s[len] = 0;
+    return s;
+}
+
+/* ---- open / close ----------------------------------------------------------- */
+
+keel_status keel_engine_open(const char *options_json, keel_engine **out, char *err)
+{
+    if (!out) return KEEL_EINVAL;
+    *out = NULL;
+    if (!options_json) return base_err(err, KEEL_EINVAL, "options are NULL");
+    json_error_t je;
+    json_t *o = json_loads(options_json, JSON_REJECT_DUPLICATES, &je);
+    if (!o) return base_err(err, KEEL_EINVAL, "options: invalid JSON at line %d: %s", je.line, je.text);
+    eng_open_opts p;
+    keel_status st = parse_open(o, &p, err);
+    keel_engine *e = NULL;
+    if (st != KEEL_OK) goto fail;
+    e = base_calloc(1, sizeof *e);
+    if (!e) {
+        st = base_err(err, KEEL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    atomic_init(&e->cancel_all, 0);
+    e->next_id = 1;
+    e->max_queue = 1024;
+    keel_model_params mp = keel_model_params_default();
+    mp.path = p.model;
+    mp.tokenizer_path = p.tokenizer;
+    char merr[256] = "";
+    if ((st = keel_model_open(&mp, &e->model, merr)) != KEEL_OK) {
+        base_err(err, st, "model %s: %s", p.model, merr);
+        goto fail;
+    }
+    keel_model_info mi;
+    keel_model_info_get(e->model, &mi);
+    e->n_slots = p.n_slots;
+    e->cp = p.cp;
+    e->cp.n_seq_max = p.n_slots;
+    e->cp.n_outputs = p.n_slots;
+    e->cp.unified = true;
+    if (e->cp.n_ctx == 0) e->cp.n_ctx = BASE_MIN(mi.n_ctx_train, 4096) * p.n_slots;
+    e->n_ctx_slot = BASE_MAX(1, e->cp.n_ctx / p.n_slots);
+    if (e->cp.n_outputs > e->cp.n_batch) {
+        st = base_err(err, KEEL_EINVAL, "n_batch %d is smaller than n_slots %d", e->cp.n_batch, p.n_slots);
+        goto fail;
+    }
+    e->compact_default = keel_compact_params_default();
+    if (p.compact) {
+        eng_opts tmp;
+        eng_opts_init(e, &tmp);
+        json_t *wrap = json_pack("{sO}", "kv_compact", p.compact);
+        st = wrap ? eng_opts_parse(e, wrap, false, &tmp, err) : KEEL_ENOMEM;
+        if (wrap) json_decref(wrap);
+        e->compact_default = tmp.compact;
+        eng_opts_free(&tmp);
+        if (st != KEEL_OK) goto fail;
+    }
+    e->cp.compact = e->compact_default;
+    e->hist_cap = p.max_prompt_tokens ? p.max_prompt_tokens : 4 * e->n_ctx_slot;
+    char cerr[256] = "";
+    if ((st = keel_context_open(e->model, &e->cp, &e->ctx, cerr)) != KEEL_OK) {
+        base_err(err, st, "context: %s", cerr);
+        goto fail;
+    }
+    /* slots (+ one scratch prompt buffer) and the batch */
+    e->slots = base_calloc((size_t)p.n_slots + 1, sizeof(eng_slot));
+    if (!e->slots) {
+        st = base_err(err, KEEL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int32_t i = 0; i <= p.n_slots; i++) {
+        eng_slot *sl = &e->slots[i];
+        sl->seq = i;
+        sl->compact = e->compact_default;
+        sl->hist = i < p.n_slots ? base_alloc((size_t)e->hist_cap * sizeof(int32_t)) : NULL;
+        sl->prompt = base_alloc((size_t)e->hist_cap * sizeof(int32_t));
+        if ((i < p.n_slots && !sl->hist) || !sl->prompt) {
+            st = base_err(err, KEEL_ENOMEM, "slot buffers: out of memory");
+            goto fail;
+        }
+    }
+    size_t nb = (size_t)e->cp.n_batch;
+    e->batch_tok = base_alloc(nb * sizeof(int32_t));
+    e->batch_seq = base_alloc(nb * sizeof(int32_t));
+    e->batch_slot = base_alloc(nb * sizeof(int32_t));
+    e->batch_logits = base_alloc(nb);
+    if (!e->batch_tok || !e->batch_seq || !e->batch_slot || !e->batch_logits) {
+        st = base_err(err, KEEL_ENOMEM, "batch: out of memory");
+        goto fail;
+    }
+    /* chat */
+    if ((st = open_template(e, p.chat_template, err)) != KEEL_OK) goto fail;
+    if (p.tool_format && toolcall_format_from_name(p.tool_format, &e->tool_format) != KEEL_OK) {
+        st = base_err(err, KEEL_EINVAL, "tool_format '%s' unknown (%s)", p.tool_format, toolcall_format_names());
+        goto fail;
+    }
+    e->bos_text = token_text_dup(e->model, mi.bos);
+    e->eos_text = token_text_dup(e->model, mi.eos);
+    if (!e->bos_text || !e->eos_text) {
+        st = base_err(err, KEEL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    json_decref(o);
+    *out = e;
+    return KEEL_OK;
+fail:
+    json_decref(o);
+    keel_engine_close(e);
+    return st;
+}
+
+void keel_engine_close(keel_engine *e)
+{
+    if (!e) return;
+    if (e->ctx) eng_finish_all(e, "cancelled");
+    if (e->slots)
+        for (int32_t i = 0; i <= e->n_slots; i++) {
+            base_free(e->slots[i].hist, (size_t)e->hist_cap * sizeof(int32_t));
+            base_free(e->slots[i].prompt, (size_t)e->hist_cap * sizeof(int32_t));
+        }
+    base_free(e->slots, ((size_t)e->n_slots + 1) * sizeof(eng_slot));
+    size_t nb = (size_t)e->cp.n_batch;
+    base_free(e->batch_tok, nb * sizeof(int32_t));
+    base_free(e->batch_seq, nb * sizeof(int32_t));
+    base_free(e->batch_slot, nb * sizeof(int32_t));
+    base_free(e->batch_logits, nb);
+    jinja_close(e->tmpl);
+    if (e->bos_text) base_free(e->bos_text, strlen(e->bos_text) + 1);
+    if (e->eos_text) base_free(e->eos_text, strlen(e->eos_text) + 1);
+    base_free(e->last_response, e->last_response_len + 1);
+    keel_context_close(e->ctx);
+    keel_model_close(e->model);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    base_free(e, sizeof *e);
+}
+
+const keel_model *keel_engine_model(const keel_engine *e)
+{
+    return e ? e->model : NULL;
+}
+
+const char *keel_engine_last_error(const keel_engine *e)
+{
+    return e ? e->err : "engine is NULL";
+}
+
+/* ---- the queue --------------------------------------------------------------- */
+
+static keel_status enqueue(keel_engine *e, eng_req *r, uint64_t *id)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->stop && e->running) {
+        pthread_mutex_unlock(&e->mu);
+        return KEEL_ECANCELED;
+    }
+    if (e->n_queued >= e->max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        return KEEL_EFULL;
+    }
+    r->id = e->next_id++;
+    if (id) *id = r->id;
+    if (e->queue_tail)
+        e->queue_tail->next = r;
+    else
+        e->queue_head = r;
+    e->queue_tail = r;
+    e->n_queued++;
+    r->live_next = e->live_head;
+    e->live_head = r;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return KEEL_OK;
+}
+
+keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_event_fn cb, void *user,
+                               uint64_t *id)
+{
+    if (!e) return KEEL_EINVAL;
+    if (id) *id = 0;
+    char err[BASE_ERR_CAP] = "";
+    if (!request_json) return base_err(e->err, KEEL_EINVAL, "request is NULL");
+    json_error_t je;
+    json_t *j = json_loads(request_json, JSON_REJECT_DUPLICATES, &je);
+    if (!j) return base_err(e->err, KEEL_EINVAL, "request: invalid JSON at line %d: %s", je.line, je.text);
+    eng_req *r = NULL;
+    keel_status st = eng_req_make(e, j, &r, err);
+    json_decref(j);
+    if (st != KEEL_OK) return base_err(e->err, st, "%s", err);
+    r->cb = cb;
+    r->user = user;
+    /* a submitted request is owned by the engine: freed after DONE */
+    r->o.parse_tools = r->o.parse_tools && r->kind == ENG_REQ_CHAT;
+    st = enqueue(e, r, id);
+    if (st != KEEL_OK) {
+        eng_req_free(r);
+        return base_err(e->err, st, st == KEEL_EFULL ? "request queue full (%d)" : "engine stopping",
+                        e->max_queue);
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_engine_run(keel_engine *e)
+{
+    if (!e) return KEEL_EINVAL;
+    pthread_mutex_lock(&e->mu);
+    if (e->running) {
+        pthread_mutex_unlock(&e->mu);
+        return base_err(e->err, KEEL_EINVAL, "a loop already runs on this engine");
+    }
+    e->running = true;
+    e->stop = false;
+    pthread_mutex_unlock(&e->mu);
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && !e->queue_head) {
+            bool busy = false;
+            for (int32_t i = 0; i < e->n_slots && !busy; i++) busy = e->slots[i].state != ENG_SLOT_IDLE;
+            if (busy) break;
+            pthread_cond_wait(&e->cv, &e->mu);
+        }
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        eng_step(e);
+        eng_reap(e);
+    }
+    eng_finish_all(e, "cancelled");
+    eng_reap(e);
+    pthread_mutex_lock(&e->mu);
+    e->running = false;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return KEEL_OK;
+}
+
+void keel_engine_stop(keel_engine *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id)
+{
+    if (!e) return KEEL_EINVAL;
+    keel_status st = KEEL_ENOENT;
+    pthread_mutex_lock(&e->mu);
+    for (eng_req *r = e->live_head; r; r = r->live_next)
+        if (r->id == id) {
+            atomic_store(&r->cancel, 1);
+            st = KEEL_OK;
+        }
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+void keel_engine_cancel(keel_engine *e)
+{
+    if (!e) return;
+    atomic_store(&e->cancel_all, 1);
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- keel_complete ------------------------------------------------------------ */
+
+keel_status keel_complete(keel_engine *e, const char *messages_json, const char *options_json,
+                          const char *tools_json, keel_event_fn cb, void *user, char *response, size_t cap)
+{
+    if (!e) return KEEL_EINVAL;
+    e->err[0] = 0;
+    char err[BASE_ERR_CAP] = "";
+    keel_status st = KEEL_OK;
+    json_t *req = json_object(), *opts = NULL, *msgs = NULL, *tools = NULL;
+    json_error_t je;
+    eng_req *r = NULL;
+    if (!req) return base_err(e->err, KEEL_ENOMEM, "out of memory");
+    if (options_json && *options_json) {
+        opts = json_loads(options_json, JSON_REJECT_DUPLICATES, &je);
+        if (!opts) {
+            st = base_err(err, KEEL_EINVAL, "options: invalid JSON at line %d: %s", je.line, je.text);
+            goto out;
+        }
+        eng_opts check;
+        eng_opts_init(e, &check);
+        st = eng_opts_parse(e, opts, false, &check, err); /* unknown options are errors here */
+        eng_opts_free(&check);
+        if (st != KEEL_OK) goto out;
+        if (json_object_update(req, opts) != 0) {
+            st = base_err(err, KEEL_ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    bool has_prompt = opts && (json_object_get(opts, "prompt") || json_object_get(opts, "prompt_tokens"));
+    if (!has_prompt) {
+        if (!messages_json) {
+            st = base_err(err, KEEL_EINVAL, "messages are NULL (and no prompt option)");
+            goto out;
+        }
+        msgs = json_loads(messages_json, JSON_REJECT_DUPLICATES, &je);
+        if (!msgs) {
+            st = base_err(err, KEEL_EINVAL, "messages: invalid JSON at line %d: %s", je.line, je.text);
+            goto out;
+        }
+        if (json_object_set(req, "messages", msgs) != 0) {
+            st = base_err(err, KEEL_ENOMEM, "out of memory");
+            goto out;
+        }
+        if (tools_json && *tools_json) {
+            tools = json_loads(tools_json, JSON_REJECT_DUPLICATES, &je);
+            if (!tools) {
+                st = base_err(err, KEEL_EINVAL, "tools: invalid JSON at line %d: %s", je.line, je.text);
+                goto out;
+            }
+            if (json_object_set(req, "tools", tools) != 0) {
+                st = base_err(err, KEEL_ENOMEM, "out of memory");
+                goto out;
+            }
+        }
+    }
+    if ((st = eng_req_make(e, req, &r, err)) != KEEL_OK) goto out;
+    r->cb = cb;
+    r->user = user;
+    pthread_mutex_lock(&e->mu);
+    bool loop = e->running;
+    if (!loop && e->driving) {
+        pthread_mutex_unlock(&e->mu);
+        st = base_err(err, KEEL_ESTATE, "another keel_complete is running on this engine");
+        goto out;
+    }
+    if (!loop) e->driving = true;
+    pthread_mutex_unlock(&e->mu);
+    r->keep = true; /* this thread frees it */
+    if ((st = enqueue(e, r, NULL)) != KEEL_OK) {
+        pthread_mutex_lock(&e->mu);
+        if (!loop) e->driving = false;
+        pthread_mutex_unlock(&e->mu);
+        st = base_err(err, st, "cannot queue the request");
+        goto out;
+    }
+    if (loop) {
+        pthread_mutex_lock(&e->mu);
+        while (!r->done) pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    } else {
+        for (;;) {
+            pthread_mutex_lock(&e->mu);
+            bool done = r->done;
+            pthread_mutex_unlock(&e->mu);
+            if (done) break;
+            eng_step(e);
+        }
+        eng_reap(e);
+        pthread_mutex_lock(&e->mu);
+        e->driving = false;
+        pthread_mutex_unlock(&e->mu);
+    }
+    /* keep the response for keel_engine_response */
+    base_free(e->last_response, e->last_response_len + 1);
+    e->last_response = r->response;
+    e->last_response_len = r->response_len;
+    r->response = NULL;
+    r->response_len = 0;
+    st = r->status;
+    if (st == KEEL_OK && atomic_load(&r->cancel)) st = KEEL_ECANCELED;
+    if (response && e->last_response) {
+        if (cap < e->last_response_len + 1) {
+            if (st == KEEL_OK) st = KEEL_ERANGE;
+            if (cap) response[0] = 0;
+        } else {
+            memcpy(response, e->last_response, e->last_response_len + 1);
+        }
+    }
+    if (st != KEEL_OK && st != KEEL_ERANGE && e->last_response) {
+        json_t *rj = json_loads(e->last_response, 0, NULL);
+        const char *m = rj ? json_string_value(json_object_get(rj, "error")) : NULL;
+        base_err(err, st, "%s", m ? m : keel_strerror(st));
+        if (rj) json_decref(rj);
+    }
+out:
+    if (st != KEEL_OK && err[0]) base_err(e->err, st, "%s", err);
+    eng_req_free(r);
+    json_decref(req);
+    if (opts) json_decref(opts);
+    if (msgs) json_decref(msgs);
+    if (tools) json_decref(tools);
+    atomic_store(&e->cancel_all, 0);
+    return st;
+}
+
+keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *n_out)
+{
+    if (!e || !n_out) return KEEL_EINVAL;
+    if (!e->last_response) return KEEL_ENOENT;
+    *n_out = e->last_response_len + 1;
+    if (!buf || cap < *n_out) return KEEL_ERANGE;
+    memcpy(buf, e->last_response, *n_out);
+    return KEEL_OK;
+}
+
+keel_status keel_engine_reset(keel_engine *e)
+{
+    if (!e) return KEEL_EINVAL;
+    pthread_mutex_lock(&e->mu);
+    bool busy = e->queue_head != NULL || e->driving || e->running;
+    for (int32_t i = 0; i < e->n_slots && !busy; i++) busy = e->slots[i].state != ENG_SLOT_IDLE;
+    pthread_mutex_unlock(&e->mu);
+    if (busy) return base_err(e->err, KEEL_ESTATE, "reset: requests are running (or a loop runs)");
+    keel_mem_clear(keel_context_memory(e->ctx));
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        eng_slot *sl = &e->slots[i];
+        sl->n_hist = 0;
+        sl->hist_compacted = sl->hist_lost = false;
+        sl->compact = e->compact_default;
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out)
+{
+    if (!e || !n_out) return KEEL_EINVAL;
+    keel_plan plan;
+    keel_context_plan_get(e->ctx, &plan);
+    json_t *o = json_object(), *slots = json_array();
+    if (!o || !slots) {
+        if (o) json_decref(o);
+        if (slots) json_decref(slots);
+        return KEEL_ENOMEM;
+    }
+    pthread_mutex_lock(&e->mu);
+    int bad = 0;
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        const eng_slot *sl = &e->slots[i];
+        bad |= json_array_append_new(
+            slots, json_pack("{sisssisbsIsi}", "id", i, "state",
+                             sl->stat_state == ENG_SLOT_IDLE ? "idle" : sl->stat_state == ENG_SLOT_PREFILL ? "prefill" : "generating",
+                             "cached_tokens", sl->stat_hist, "compacted", sl->stat_compacted, "compactions",
+                             (json_int_t)sl->stat_compactions, "cells", sl->stat_cells));
+    }
+    bad |= json_object_set_new(o, "slots", slots);
+    bad |= json_object_set_new(o, "n_slots", json_integer(e->n_slots));
+    bad |= json_object_set_new(o, "n_ctx", json_integer(e->cp.n_ctx));
+    bad |= json_object_set_new(o, "requests", json_integer(e->n_requests));
+    bad |= json_object_set_new(o, "queued", json_integer(e->n_queued));
+    bad |= json_object_set_new(o, "prompt_tokens", json_integer(e->n_prompt_tokens));
+    bad |= json_object_set_new(o, "cached_tokens", json_integer(e->n_cached_tokens));
+    bad |= json_object_set_new(o, "completion_tokens", json_integer(e->n_gen_tokens));
+    pthread_mutex_unlock(&e->mu);
+    json_t *pj = json_pack("{sIsIsIsIsIsI}", "weights_mapped", (json_int_t)plan.weights_mapped, "kv_bytes",
+                           (json_int_t)plan.kv_bytes, "mem_bytes", (json_int_t)plan.mem_bytes, "work_bytes",
+                           (json_int_t)plan.work_bytes, "logits_bytes", (json_int_t)plan.logits_bytes,
+                           "context_bytes", (json_int_t)plan.total_bytes);
+    bad |= json_object_set_new(o, "plan", pj);
+    bad |= json_object_set_new(o, "chat_template", json_string(e->template_name));
+    bad |= json_object_set_new(o, "tool_format", json_string(toolcall_format_name(e->tool_format)));
+    char *s = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return KEEL_ENOMEM;
+    size_t n = strlen(s) + 1;
+    *n_out = n;
+    keel_status st = KEEL_OK;
+    if (!buf || cap < n)
+        st = KEEL_ERANGE;
+    else
+        memcpy(buf, s, n);
+    chat_json_free(s);
+    return st;
+}

@@ -1,0 +1,443 @@
+/*
+ * eng_prompt.c — requests of the chat engine: options JSON -> eng_opts,
+ * request JSON -> eng_req, and the prompt tokens of a request (chat
+ * messages rendered through the template, raw text, or ids).
+ *
+ * Messages are passed to the template as Hugging Face passes them:
+ * content parts of type "text" are joined (newline-separated) into one
+ * string, and tool-call arguments given as a JSON string (OpenAI's wire
+ * form) become the object they encode, as templates expect.
+ */
+#include "eng.h"
+
+#include <math.h>
+#include <string.h>
+
+#define ENG_MAX_STOP 16
+#define ENG_MAX_STOP_BYTES 1024
+
+void eng_opts_init(const keel_engine *e, eng_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->samp = keel_sampler_params_default();
+    o->samp.seed = 0;
+    o->max_tokens = -1;
+    o->compact = e->compact_default;
+    o->add_generation_prompt = true;
+    o->parse_tools = true;
+}
+
+void eng_opts_free(eng_opts *o)
+{
+    for (int32_t i = 0; i < o->n_stop; i++) base_strfree(o->stop[i]);
+    base_free(o->stop, (size_t)ENG_MAX_STOP * sizeof(char *));
+    o->stop = NULL;
+    o->n_stop = 0;
+    if (o->template_kwargs) json_decref(o->template_kwargs);
+    o->template_kwargs = NULL;
+}
+
+static keel_status num_f(json_t *v, const char *k, double lo, double hi, float *out, char *err)
+{
+    if (!json_is_number(v)) return base_err(err, KEEL_EINVAL, "%s must be a number", k);
+    double d = json_number_value(v);
+    if (!isfinite(d) || d < lo || d > hi)
+        return base_err(err, KEEL_EINVAL, "%s %g out of range [%g, %g]", k, d, lo, hi);
+    *out = (float)d;
+    return KEEL_OK;
+}
+
+static keel_status num_i(json_t *v, const char *k, int64_t lo, int64_t hi, int64_t *out, char *err)
+{
+    if (!json_is_integer(v)) return base_err(err, KEEL_EINVAL, "%s must be an integer", k);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return base_err(err, KEEL_EINVAL, "%s %lld out of range [%lld, %lld]", k, (long long)x,
+                        (long long)lo, (long long)hi);
+    *out = x;
+    return KEEL_OK;
+}
+
+static keel_status parse_stop(json_t *v, eng_opts *o, char *err)
+{
+    json_t *one = NULL;
+    size_t n = 1;
+    if (json_is_string(v))
+        one = v;
+    else if (json_is_array(v))
+        n = json_array_size(v);
+    else if (json_is_null(v))
+        return KEEL_OK;
+    else
+        return base_err(err, KEEL_EINVAL, "stop must be a string or an array of strings");
+    if (n > ENG_MAX_STOP) return base_err(err, KEEL_EINVAL, "stop: %zu strings (at most %d)", n, ENG_MAX_STOP);
+    if (!o->stop) {
+        o->stop = base_calloc(ENG_MAX_STOP, sizeof(char *));
+        if (!o->stop) return base_err(err, KEEL_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = one ? one : json_array_get(v, i);
+        if (!json_is_string(s)) return base_err(err, KEEL_EINVAL, "stop[%zu] must be a string", i);
+        size_t len = json_string_length(s);
+        if (len == 0) continue; /* an empty stop string matches nothing useful */
+        if (len > ENG_MAX_STOP_BYTES)
+            return base_err(err, KEEL_EINVAL, "stop[%zu]: %zu bytes (at most %d)", i, len, ENG_MAX_STOP_BYTES);
+        if (memchr(json_string_value(s), 0, len))
+            return base_err(err, KEEL_EINVAL, "stop[%zu] holds a NUL byte", i);
+        char *c = base_strdup(json_string_value(s));
+        if (!c) return base_err(err, KEEL_ENOMEM, "out of memory");
+        o->stop[o->n_stop++] = c;
+    }
+    return KEEL_OK;
+}
+
+static keel_status parse_compact(const keel_engine *e, json_t *v, keel_compact_params *out, char *err)
+{
+    keel_compact_params p = keel_compact_params_default();
+    json_t *pol = v;
+    if (json_is_object(v)) pol = json_object_get(v, "policy");
+    if (!json_is_string(pol)) return base_err(err, KEEL_EINVAL, "kv_compact: policy must be a string (none, window, keydiff, knorm, random)");
+    if (keel_compact_policy_from_name(json_string_value(pol), &p.policy) != KEEL_OK)
+        return base_err(err, KEEL_EINVAL, "kv_compact: unknown policy '%s' (none, window, keydiff, knorm, random)",
+                        json_string_value(pol));
+    if (p.policy != KEEL_COMPACT_NONE) {
+        p.trigger = e->n_ctx_slot;
+        p.target = p.trigger / 2;
+    }
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            int64_t i = 0;
+            keel_status st = KEEL_OK;
+            if (strcmp(k, "policy") == 0) continue;
+            if (strcmp(k, "trigger") == 0) {
+                if ((st = num_i(x, "kv_compact.trigger", 1, INT32_MAX, &i, err)) == KEEL_OK) p.trigger = (int32_t)i;
+            } else if (strcmp(k, "target") == 0) {
+                if ((st = num_i(x, "kv_compact.target", 1, INT32_MAX, &i, err)) == KEEL_OK) p.target = (int32_t)i;
+            } else if (strcmp(k, "sinks") == 0) {
+                if ((st = num_i(x, "kv_compact.sinks", 0, INT32_MAX, &i, err)) == KEEL_OK) p.n_sink = (int32_t)i;
+            } else if (strcmp(k, "recent") == 0) {
+                st = num_f(x, "kv_compact.recent", 0.0, 1.0, &p.recent, err);
+            } else if (strcmp(k, "positions") == 0) {
+                const char *s = json_string_value(x);
+                if (!s || (strcmp(s, "keep") && strcmp(s, "renumber")))
+                    st = base_err(err, KEEL_EINVAL, "kv_compact.positions must be \"keep\" or \"renumber\"");
+                else
+                    p.renumber = strcmp(s, "renumber") == 0;
+            } else if (strcmp(k, "seed") == 0) {
+                if ((st = num_i(x, "kv_compact.seed", 0, INT64_MAX, &i, err)) == KEEL_OK) p.seed = (uint64_t)i;
+            } else {
+                st = base_err(err, KEEL_EINVAL, "kv_compact: unknown member '%s'", k);
+            }
+            if (st != KEEL_OK) return st;
+        }
+    }
+    char why[BASE_ERR_CAP];
+    if (keel_compact_params_check(&p, why) != KEEL_OK)
+        return base_err(err, KEEL_EINVAL, "kv_compact: %s", why);
+    *out = p;
+    return KEEL_OK;
+}
+
+/* Members of a request object that are not options (skipped by the
+ * options parser when allow_other is set). */
+static bool is_request_member(const char *k)
+{
+    static const char *const names[] = {"messages", "tools", "prompt", "prompt_tokens", NULL};
+    for (int i = 0; names[i]; i++)
+        if (strcmp(k, names[i]) == 0) return true;
+    return false;
+}
+
+keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, eng_opts *o, char *err)
+{
+    if (!obj) return KEEL_OK;
+    if (!json_is_object(obj)) return base_err(err, KEEL_EINVAL, "options must be a JSON object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v) {
+        keel_status st = KEEL_OK;
+        int64_t i = 0;
+        if (strcmp(k, "max_tokens") == 0 || strcmp(k, "max_completion_tokens") == 0 ||
+            strcmp(k, "n_predict") == 0) {
+            if (json_is_null(v)) continue;
+            if ((st = num_i(v, k, -1, INT32_MAX, &i, err)) == KEEL_OK) o->max_tokens = (int32_t)i;
+        } else if (strcmp(k, "temperature") == 0) {
+            st = num_f(v, k, 0.0, 100.0, &o->samp.temp, err);
+        } else if (strcmp(k, "top_p") == 0) {
+            st = num_f(v, k, 0.0, 1.0, &o->samp.top_p, err);
+        } else if (strcmp(k, "min_p") == 0) {
+            st = num_f(v, k, 0.0, 1.0, &o->samp.min_p, err);
+        } else if (strcmp(k, "top_k") == 0) {
+            if ((st = num_i(v, k, -1, INT32_MAX, &i, err)) == KEEL_OK) o->samp.top_k = (int32_t)i;
+        } else if (strcmp(k, "seed") == 0) {
+            if (json_is_null(v)) continue;
+            if ((st = num_i(v, k, -1, INT64_MAX, &i, err)) == KEEL_OK) o->samp.seed = i < 0 ? 0 : (uint64_t)i;
+        } else if (strcmp(k, "repeat_penalty") == 0) {
+            st = num_f(v, k, 1e-3, 100.0, &o->samp.repeat_penalty, err);
+        } else if (strcmp(k, "repeat_last_n") == 0) {
+            if ((st = num_i(v, k, 0, 1 << 20, &i, err)) == KEEL_OK) o->samp.repeat_last_n = (int32_t)i;
+        } else if (strcmp(k, "presence_penalty") == 0) {
+            st = num_f(v, k, -2.0, 2.0, &o->samp.presence_penalty, err);
+        } else if (strcmp(k, "frequency_penalty") == 0) {
+            st = num_f(v, k, -2.0, 2.0, &o->samp.frequency_penalty, err);
+        } else if (strcmp(k, "stop") == 0 || strcmp(k, "stop_sequences") == 0) {
+            st = parse_stop(v, o, err);
+        } else if (strcmp(k, "kv_compact") == 0) {
+            if ((st = parse_compact(e, v, &o->compact, err)) == KEEL_OK) o->compact_set = true;
+        } else if (strcmp(k, "chat_template_kwargs") == 0) {
+            if (!json_is_object(v)) {
+                st = base_err(err, KEEL_EINVAL, "chat_template_kwargs must be an object");
+            } else {
+                if (o->template_kwargs) json_decref(o->template_kwargs);
+                o->template_kwargs = json_incref(v);
+            }
+        } else if (strcmp(k, "add_generation_prompt") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "add_generation_prompt must be a boolean");
+            else
+                o->add_generation_prompt = json_is_true(v);
+        } else if (!allow_other && !is_request_member(k)) {
+            st = base_err(err, KEEL_EINVAL, "unknown option '%s'", k);
+        }
+        if (st != KEEL_OK) return st;
+    }
+    if (o->samp.seed == 0) o->samp.seed = keel_time_ns() ^ 0x9e3779b97f4a7c15ull;
+    return KEEL_OK;
+}
+
+void eng_req_free(eng_req *r)
+{
+    if (!r) return;
+    if (r->messages) json_decref(r->messages);
+    if (r->tools) json_decref(r->tools);
+    base_free(r->text, r->text_len + 1);
+    base_free(r->tokens, (size_t)r->n_tokens * sizeof(int32_t));
+    base_free(r->response, r->response_len + 1);
+    eng_opts_free(&r->o);
+    base_free(r, sizeof *r);
+}
+
+/* OpenAI content (string, null or parts) as the string templates expect. */
+static keel_status flatten_content(json_t *msg, size_t idx, char *err)
+{
+    json_t *c = json_object_get(msg, "content");
+    if (!c || json_is_string(c) || json_is_null(c)) return KEEL_OK;
+    if (!json_is_array(c))
+        return base_err(err, KEEL_EINVAL, "messages[%zu].content must be a string or an array of parts", idx);
+    size_t total = 0;
+    for (size_t i = 0; i < json_array_size(c); i++) {
+        json_t *part = json_array_get(c, i);
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!type || strcmp(type, "text") != 0 || !json_is_string(text))
+            return base_err(err, KEEL_EINVAL,
+                            "messages[%zu].content[%zu]: only parts of type \"text\" are supported%s%s", idx,
+                            i, type ? " (got " : "", type ? type : "");
+        total += json_string_length(text) + 1;
+    }
+    char *buf = base_alloc(total + 1);
+    if (!buf) return base_err(err, KEEL_ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(c); i++) {
+        json_t *text = json_object_get(json_array_get(c, i), "text");
+        if (i) buf[n++] = '\n';
+        memcpy(buf + n, json_string_value(text), json_string_length(text));
+        n += json_string_length(text);
+    }
+    json_t *s = json_stringn(buf, n);
+    base_free(buf, total + 1);
+    if (!s) return base_err(err, KEEL_EINVAL, "messages[%zu].content is not valid UTF-8", idx);
+    return json_object_set_new(msg, "content", s) == 0 ? KEEL_OK : base_err(err, KEEL_ENOMEM, "out of memory");
+}
+
+/* Tool-call arguments given as a JSON string become the object. */
+static keel_status unwrap_arguments(json_t *msg, size_t idx, char *err)
+{
+    json_t *calls = json_object_get(msg, "tool_calls");
+    if (!calls || json_is_null(calls)) return KEEL_OK;
+    if (!json_is_array(calls)) return base_err(err, KEEL_EINVAL, "messages[%zu].tool_calls must be an array", idx);
+    for (size_t i = 0; i < json_array_size(calls); i++) {
+        json_t *fn = json_object_get(json_array_get(calls, i), "function");
+        if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+            return base_err(err, KEEL_EINVAL, "messages[%zu].tool_calls[%zu].function needs a name", idx, i);
+        json_t *a = json_object_get(fn, "arguments");
+        if (!json_is_string(a)) continue;
+        json_t *obj = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, NULL);
+        if (!obj) continue; /* not JSON: the template gets the string */
+        if (json_object_set_new(fn, "arguments", obj) != 0) return base_err(err, KEEL_ENOMEM, "out of memory");
+    }
+    return KEEL_OK;
+}
+
+static keel_status check_messages(json_t *msgs, char *err)
+{
+    if (!json_is_array(msgs)) return base_err(err, KEEL_EINVAL, "messages must be an array");
+    if (json_array_size(msgs) == 0) return base_err(err, KEEL_EINVAL, "messages is empty");
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m)) return base_err(err, KEEL_EINVAL, "messages[%zu] must be an object", i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!role) return base_err(err, KEEL_EINVAL, "messages[%zu].role must be a string", i);
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
+            strcmp(role, "tool") && strcmp(role, "developer"))
+            return base_err(err, KEEL_EINVAL, "messages[%zu]: unknown role '%s'", i, role);
+        keel_status st = flatten_content(m, i, err);
+        if (st == KEEL_OK) st = unwrap_arguments(m, i, err);
+        if (st != KEEL_OK) return st;
+    }
+    return KEEL_OK;
+}
+
+keel_status eng_req_make(keel_engine *e, json_t *request, eng_req **out, char *err)
+{
+    *out = NULL;
+    if (!json_is_object(request)) return base_err(err, KEEL_EINVAL, "request must be a JSON object");
+    eng_req *r = base_calloc(1, sizeof *r);
+    if (!r) return base_err(err, KEEL_ENOMEM, "out of memory");
+    eng_opts_init(e, &r->o);
+    keel_status st = KEEL_OK;
+    json_t *msgs = json_object_get(request, "messages");
+    json_t *prompt = json_object_get(request, "prompt");
+    json_t *ptoks = json_object_get(request, "prompt_tokens");
+    int given = (msgs != NULL) + (prompt != NULL) + (ptoks != NULL);
+    if (given != 1) {
+        st = base_err(err, KEEL_EINVAL, "a request needs exactly one of messages, prompt, prompt_tokens");
+        goto fail;
+    }
+    if (msgs) {
+        r->kind = ENG_REQ_CHAT;
+        /* the template sees a normalized deep copy; the caller's JSON stays as given */
+        r->messages = json_deep_copy(msgs);
+        if (!r->messages) {
+            st = base_err(err, json_is_array(msgs) ? KEEL_ENOMEM : KEEL_EINVAL, "messages must be an array");
+            goto fail;
+        }
+        if ((st = check_messages(r->messages, err)) != KEEL_OK) goto fail;
+        json_t *tools = json_object_get(request, "tools");
+        if (tools && !json_is_null(tools)) {
+            if (!json_is_array(tools)) {
+                st = base_err(err, KEEL_EINVAL, "tools must be an array");
+                goto fail;
+            }
+            if (json_array_size(tools) > 0) r->tools = json_incref(tools);
+        }
+    } else if (prompt) {
+        r->kind = ENG_REQ_TEXT;
+        if (!json_is_string(prompt)) {
+            st = base_err(err, KEEL_EINVAL, "prompt must be a string");
+            goto fail;
+        }
+        r->text_len = json_string_length(prompt);
+        r->text = base_alloc(r->text_len + 1);
+        if (!r->text) {
+            st = base_err(err, KEEL_ENOMEM, "out of memory");
+            goto fail;
+        }
+        memcpy(r->text, json_string_value(prompt), r->text_len + 1);
+        r->o.parse_tools = false;
+    } else {
+        r->kind = ENG_REQ_TOKENS;
+        if (!json_is_array(ptoks) || json_array_size(ptoks) == 0) {
+            st = base_err(err, KEEL_EINVAL, "prompt_tokens must be a non-empty array of token ids");
+            goto fail;
+        }
+        if (json_array_size(ptoks) > (size_t)e->hist_cap) {
+            st = base_err(err, KEEL_ECONTEXT, "prompt_tokens: %zu tokens (at most %d)", json_array_size(ptoks),
+                          e->hist_cap);
+            goto fail;
+        }
+        r->n_tokens = (int32_t)json_array_size(ptoks);
+        r->tokens = base_alloc((size_t)r->n_tokens * sizeof(int32_t));
+        if (!r->tokens) {
+            st = base_err(err, KEEL_ENOMEM, "out of memory");
+            goto fail;
+        }
+        int32_t nv = e->model->w.hp.n_vocab;
+        for (int32_t i = 0; i < r->n_tokens; i++) {
+            json_t *t = json_array_get(ptoks, (size_t)i);
+            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= nv) {
+                st = base_err(err, KEEL_EINVAL, "prompt_tokens[%d] must be a token id in [0, %d)", i, nv);
+                goto fail;
+            }
+            r->tokens[i] = (int32_t)json_integer_value(t);
+        }
+        r->o.parse_tools = false;
+    }
+    if ((st = eng_opts_parse(e, request, true, &r->o, err)) != KEEL_OK) goto fail;
+    atomic_init(&r->cancel, 0);
+    *out = r;
+    return KEEL_OK;
+fail:
+    eng_req_free(r);
+    return st;
+}
+
+/* Template variables of a chat request as one JSON object. */
+static json_t *template_vars(const keel_engine *e, const eng_req *r)
+{
+    json_t *v = json_object();
+    if (!v) return NULL;
+    bool ok = json_object_set(v, "messages", r->messages) == 0 &&
+              json_object_set_new(v, "add_generation_prompt", json_boolean(r->o.add_generation_prompt)) == 0 &&
+              json_object_set_new(v, "bos_token", json_string(e->bos_text ? e->bos_text : "")) == 0 &&
+              json_object_set_new(v, "eos_token", json_string(e->eos_text ? e->eos_text : "")) == 0;
+    if (ok && r->tools) ok = json_object_set(v, "tools", r->tools) == 0;
+    if (ok && r->o.template_kwargs) ok = json_object_update(v, r->o.template_kwargs) == 0;
+    if (!ok) {
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
+keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
+                              jinja_buf *rendered)
+{
+    sl->n_prompt = 0;
+    if (r->kind == ENG_REQ_TOKENS) {
+        memcpy(sl->prompt, r->tokens, (size_t)r->n_tokens * sizeof(int32_t));
+        sl->n_prompt = r->n_tokens;
+        return KEEL_OK;
+    }
+    const char *text = r->text;
+    size_t len = r->text_len;
+    jinja_buf *out = rendered;
+    keel_status st = KEEL_OK;
+    if (r->kind == ENG_REQ_CHAT) {
+        json_t *vars = template_vars(e, r);
+        if (!vars) return base_err(err, KEEL_ENOMEM, "out of memory");
+        char *vj = json_dumps(vars, JSON_COMPACT);
+        json_decref(vars);
+        if (!vj) return base_err(err, KEEL_ENOMEM, "out of memory");
+        jinja_limits lim = jinja_limits_default();
+        size_t cap_bytes = (size_t)e->hist_cap * 64;
+        if (cap_bytes < lim.max_output) lim.max_output = cap_bytes;
+        jinja_render_opts ro = {&lim, NULL};
+        char jerr[JINJA_ERR_CAP];
+        st = jinja_render(e->tmpl, vj, strlen(vj), NULL, 0, &ro, out, jerr);
+        chat_json_free(vj);
+        if (st != KEEL_OK) return base_err(err, st, "chat template: %s", jerr);
+        text = out->data ? out->data : "";
+        len = out->len;
+    }
+    int64_t n = 0;
+    st = text_tokenize(e->model->tok, text, len, true, true, sl->prompt, e->hist_cap, &n, NULL);
+    if (st == KEEL_ERANGE || n > e->hist_cap) {
+        st = base_err(err, KEEL_ECONTEXT, "prompt: %lld tokens, more than the %d a slot holds (max_prompt_tokens)",
+                      (long long)n, e->hist_cap);
+    } else if (st != KEEL_OK) {
+        st = base_err(err, st, "prompt: tokenization failed (%s)", keel_strerror(st));
+    } else {
+        const text_tokenizer_info *ti = text_tokenizer_get_info(e->model->tok);
+        /* a template that renders the BOS text itself gets it once */
+        if (n >= 2 && ti->add_bos && sl->prompt[0] == ti->bos && sl->prompt[1] == ti->bos) {
+            memmove(sl->prompt, sl->prompt + 1, (size_t)(n - 1) * sizeof(int32_t));
+            n--;
+        }
+        if (n == 0) st = base_err(err, KEEL_EINVAL, "prompt: empty");
+        sl->n_prompt = (int32_t)n;
+    }
+    return st;
+}

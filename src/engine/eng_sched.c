@@ -1,0 +1,763 @@
+/*
+ * eng_sched.c — the chat engine's scheduler: the request queue, admission
+ * of a request to a slot (the idle slot whose cache shares the longest
+ * prefix with the prompt; the cache truncated at the divergence where the
+ * memory can rewind there, else reset), one batched step over all slots
+ * (each generating slot's next token and a fair share of prefill chunks),
+ * and the output path of a slot: detokenizer stream -> stop strings ->
+ * tool-call / reasoning parser -> events, then the response JSON.
+ *
+ * Invariants (docs/engine.md):
+ *   - slot->hist[0 .. n_hist) are exactly the tokens decoded into the
+ *     slot's sequence, in order; without compaction the cache holds them at
+ *     positions 0 .. n_hist-1, with it (hist_compacted) the memory holds a
+ *     compacted summary that can only be extended, never truncated;
+ *   - a slot is IDLE with no request, or serves exactly one;
+ *   - every request admitted ends with exactly one DONE event.
+ */
+#include "eng.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static keel_status text_append(eng_text *t, const char *s, size_t n)
+{
+    size_t need;
+    if (!size_add(t->len, n, &need) || !size_add(need, 1, &need)) return KEEL_EOVERFLOW;
+    if (need > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap < need)
+            if (!size_mul(cap, 2, &cap)) return KEEL_EOVERFLOW;
+        char *d = base_realloc(t->data, t->cap, cap);
+        if (!d) return KEEL_ENOMEM;
+        t->data = d;
+        t->cap = cap;
+    }
+    memcpy(t->data + t->len, s, n);
+    t->len += n;
+    t->data[t->len] = 0;
+    return KEEL_OK;
+}
+
+static void text_free(eng_text *t)
+{
+    base_free(t->data, t->cap);
+    memset(t, 0, sizeof *t);
+}
+
+static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb)
+{
+    int32_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static uint64_t now_ns(void)
+{
+    return keel_time_ns();
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static void emit(keel_engine *e, eng_req *r, const keel_event *ev)
+{
+    (void)e;
+    if (r->cb && !r->cb(r->user, ev)) atomic_store(&r->cancel, 1);
+}
+
+static void on_toolcall(void *user, const toolcall_event *tev)
+{
+    eng_slot *sl = user;
+    eng_req *r = sl->req;
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.request = r->id;
+    ev.index = tev->index;
+    ev.text = tev->text;
+    ev.len = tev->len;
+    switch (tev->kind) {
+    case TOOLCALL_EV_CONTENT: ev.kind = KEEL_EVENT_CONTENT; break;
+    case TOOLCALL_EV_REASONING: ev.kind = KEEL_EVENT_REASONING; break;
+    case TOOLCALL_EV_CALL_BEGIN:
+        ev.kind = KEEL_EVENT_TOOL_BEGIN;
+        ev.id = tev->id;
+        ev.name = tev->name;
+        break;
+    case TOOLCALL_EV_CALL_ARGS: ev.kind = KEEL_EVENT_TOOL_ARGS; break;
+    case TOOLCALL_EV_CALL_END: ev.kind = KEEL_EVENT_TOOL_END; break;
+    }
+    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
+}
+
+/* ---- the response ----------------------------------------------------------- */
+
+static int set_num(json_t *o, const char *k, double v)
+{
+    return json_object_set_new(o, k, json_real(v));
+}
+
+static int set_int(json_t *o, const char *k, int64_t v)
+{
+    return json_object_set_new(o, k, json_integer(v));
+}
+
+/* The response JSON of slot's request (status: how it ended). */
+static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result *res, keel_status status,
+                            const char *error, size_t *len)
+{
+    json_t *o = json_object(), *msg = NULL;
+    char err[BASE_ERR_CAP];
+    if (!o) return NULL;
+    int bad = 0;
+    bad |= set_int(o, "id", (int64_t)sl->req->id);
+    if (res && toolcall_result_json(res, &msg, err) == KEEL_OK) {
+        json_t *c = json_object_get(msg, "content");
+        bad |= json_object_set(o, "content", c ? c : json_null());
+        json_t *rc = json_object_get(msg, "reasoning_content");
+        bad |= json_object_set(o, "reasoning_content", rc ? rc : json_null());
+        json_t *tc = json_object_get(msg, "tool_calls");
+        bad |= json_object_set_new(o, "tool_calls", tc ? json_incref(tc) : json_array());
+        json_decref(msg);
+    } else {
+        bad |= json_object_set_new(o, "content", json_null());
+        bad |= json_object_set_new(o, "reasoning_content", json_null());
+        bad |= json_object_set_new(o, "tool_calls", json_array());
+    }
+    bad |= json_object_set_new(o, "finish_reason", json_string(sl->finish ? sl->finish : "error"));
+    bad |= json_object_set_new(o, "stop_sequence", sl->stop_hit ? json_string(sl->stop_hit) : json_null());
+    if (status != KEEL_OK) {
+        bad |= json_object_set_new(o, "error", json_string(error && *error ? error : keel_strerror(status)));
+        bad |= json_object_set_new(o, "status", json_string(keel_status_name(status)));
+    }
+    json_t *u = json_object(), *t = json_object(), *m = json_object();
+    if (!u || !t || !m) bad = 1;
+    if (u) {
+        bad |= set_int(u, "prompt_tokens", sl->n_prompt);
+        bad |= set_int(u, "cached_tokens", sl->n_reused);
+        bad |= set_int(u, "completion_tokens", sl->n_gen);
+        bad |= json_object_set_new(o, "usage", u);
+    }
+    if (t) {
+        uint64_t t0 = sl->t_start, t1 = sl->t_prompt_end ? sl->t_prompt_end : sl->t_end, t2 = sl->t_end;
+        double pms = (double)(t1 - t0) * 1e-6, gms = (double)(t2 - t1) * 1e-6;
+        int32_t np = sl->n_fed - sl->n_reused;
+        bad |= set_int(t, "prompt_n", np);
+        bad |= set_num(t, "prompt_ms", pms);
+        bad |= set_num(t, "prompt_per_second", pms > 0 ? np / (pms * 1e-3) : 0.0);
+        bad |= set_int(t, "predicted_n", sl->n_gen);
+        bad |= set_num(t, "predicted_ms", gms);
+        bad |= set_num(t, "predicted_per_second", gms > 0 ? sl->n_gen / (gms * 1e-3) : 0.0);
+        bad |= json_object_set_new(o, "timings", t);
+    }
+    if (m) {
+        keel_mem *mem = keel_context_memory(e->ctx);
+        bad |= set_int(m, "slot", sl->seq);
+        bad |= set_int(m, "cells", keel_mem_seq_cells(mem, sl->seq));
+        bad |= set_int(m, "compactions", keel_mem_seq_compactions(mem, sl->seq) - sl->compactions_at_start);
+        bad |= json_object_set_new(m, "cache", json_string(sl->cache_note ? sl->cache_note : "reused"));
+        bad |= json_object_set_new(o, "memory", m);
+    }
+    char *s = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    char *copy = base_alloc(n + 1);
+    if (copy) {
+        memcpy(copy, s, n + 1);
+        *len = n;
+    }
+    chat_json_free(s);
+    return copy;
+}
+
+/* ---- finishing a request ------------------------------------------------------ */
+
+static void release_request(keel_engine *e, eng_slot *sl)
+{
+    keel_sampler_close(sl->samp);
+    sl->samp = NULL;
+    toolcall_close(sl->tp);
+    sl->tp = NULL;
+    text_free(&sl->pend);
+    sl->stop_hit = NULL;
+    sl->req = NULL;
+    sl->state = ENG_SLOT_IDLE;
+    sl->last_used = ++e->clock;
+}
+
+/* Hands the response to the request's waiter, or (a submitted request:
+ * its DONE event carried it) queues the request to be freed. Takes mu. */
+static void complete(keel_engine *e, eng_req *r, keel_status status, char *resp, size_t len)
+{
+    pthread_mutex_lock(&e->mu);
+    for (eng_req **pp = &e->live_head; *pp; pp = &(*pp)->live_next)
+        if (*pp == r) {
+            *pp = r->live_next;
+            break;
+        }
+    r->status = status;
+    r->response = resp;
+    r->response_len = len;
+    r->done = true;
+    e->n_requests++;
+    if (!r->keep) {
+        r->next = e->done_head;
+        e->done_head = r;
+    }
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void eng_reap(keel_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    eng_req *list = e->done_head;
+    e->done_head = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (list) {
+        eng_req *next = list->next;
+        eng_req_free(list);
+        list = next;
+    }
+}
+
+/* Ends the slot's request: flushes the output, parses the rest, sends DONE.
+ * status != OK: a failure (error text in the response). */
+static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status status, const char *error)
+{
+    eng_req *r = sl->req;
+    if (!r) return;
+    sl->finish = reason;
+    char piece[1024];
+    size_t pn = 0;
+    toolcall_result res;
+    bool have = false;
+    if (sl->tp) {
+        keel_status st = KEEL_OK;
+        if (status == KEEL_OK && keel_detok_stream_flush(&sl->ds, piece, sizeof piece, &pn) == KEEL_OK && pn)
+            st = text_append(&sl->pend, piece, pn);
+        if (st == KEEL_OK && sl->pend.len && !sl->stop_hit) st = toolcall_feed(sl->tp, sl->pend.data, sl->pend.len);
+        sl->pend.len = 0;
+        if (st == KEEL_OK) st = toolcall_finish(sl->tp, &res);
+        have = st == KEEL_OK;
+        if (st != KEEL_OK && status == KEEL_OK) {
+            status = st;
+            error = "output parser failed";
+        }
+    }
+    if (have && res.n_calls > 0 && strcmp(reason, "stop") == 0) sl->finish = "tool_calls";
+    sl->t_end = now_ns();
+    size_t len = 0;
+    char *resp = build_response(e, sl, have ? &res : NULL, status, error, &len);
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_DONE;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.response = resp ? resp : "{\"error\":\"out of memory\"}";
+    ev.status = resp ? status : KEEL_ENOMEM;
+    if (r->cb) r->cb(r->user, &ev);
+    pthread_mutex_lock(&e->mu);
+    e->n_prompt_tokens += sl->n_prompt;
+    e->n_cached_tokens += sl->n_reused;
+    e->n_gen_tokens += sl->n_gen;
+    pthread_mutex_unlock(&e->mu);
+    release_request(e, sl);
+    complete(e, r, resp ? status : KEEL_ENOMEM, resp, len);
+}
+
+/* A request that never reached a slot (or failed at admission). */
+static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const char *error)
+{
+    eng_slot tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.req = r;
+    tmp.seq = -1;
+    tmp.finish = strcmp(error, "cancelled") == 0 ? "cancelled" : "error";
+    tmp.t_start = tmp.t_end = now_ns();
+    size_t len = 0;
+    char *resp = build_response(e, &tmp, NULL, status, error, &len);
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_DONE;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.response = resp ? resp : "{\"error\":\"out of memory\"}";
+    ev.status = status;
+    if (r->cb) r->cb(r->user, &ev);
+    complete(e, r, status, resp, len);
+}
+
+void eng_slot_clear(keel_engine *e, eng_slot *sl)
+{
+    keel_mem *mem = keel_context_memory(e->ctx);
+    if (keel_mem_seq_rm(mem, sl->seq, -1, -1) != KEEL_OK) {
+        /* cannot happen for a slot's own sequence id; if it did, nothing
+         * cached can be trusted: every slot starts over */
+        keel_mem_clear(mem);
+        for (int32_t i = 0; i < e->n_slots; i++) {
+            e->slots[i].n_hist = 0;
+            e->slots[i].hist_compacted = e->slots[i].hist_lost = false;
+        }
+    }
+    sl->n_hist = 0;
+    sl->hist_compacted = sl->hist_lost = false;
+}
+
+void eng_finish_all(keel_engine *e, const char *why)
+{
+    for (int32_t i = 0; i < e->n_slots; i++)
+        if (e->slots[i].req) finish(e, &e->slots[i], why, KEEL_OK, NULL);
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        eng_req *r = e->queue_head;
+        if (r) {
+            e->queue_head = r->next;
+            if (!e->queue_head) e->queue_tail = NULL;
+            e->n_queued--;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!r) break;
+        fail_unstarted(e, r, KEEL_ECANCELED, "cancelled");
+    }
+}
+
+/* ---- output path: stop strings, then the parser ------------------------------- */
+
+/* Releases pend's text that can no longer start a stop string; returns
+ * true when a stop string matched (the request ends "stop"). */
+static bool slot_output(keel_engine *e, eng_slot *sl, const char *s, size_t n, keel_status *st)
+{
+    (void)e;
+    *st = text_append(&sl->pend, s, n);
+    if (*st != KEEL_OK) return false;
+    const eng_opts *o = &sl->req->o;
+    size_t release = sl->pend.len;
+    bool hit = false;
+    if (o->n_stop > 0) {
+        size_t best = SIZE_MAX;
+        int32_t which = -1;
+        for (int32_t i = 0; i < o->n_stop; i++) {
+            const char *p = memmem(sl->pend.data, sl->pend.len, o->stop[i], strlen(o->stop[i]));
+            if (p && (size_t)(p - sl->pend.data) < best) {
+                best = (size_t)(p - sl->pend.data);
+                which = i;
+            }
+        }
+        if (which >= 0) {
+            release = best;
+            hit = true;
+            sl->stop_hit = o->stop[which];
+        } else {
+            /* hold back the longest suffix that is a proper prefix of a stop string */
+            size_t keep = 0;
+            for (int32_t i = 0; i < o->n_stop; i++) {
+                size_t L = strlen(o->stop[i]);
+                for (size_t k = L - 1 < sl->pend.len ? L - 1 : sl->pend.len; k > keep; k--)
+                    if (memcmp(sl->pend.data + sl->pend.len - k, o->stop[i], k) == 0) {
+                        keep = k;
+                        break;
+                    }
+            }
+            release = sl->pend.len - keep;
+        }
+    }
+    if (release > 0) {
+        *st = toolcall_feed(sl->tp, sl->pend.data, release);
+        memmove(sl->pend.data, sl->pend.data + release, sl->pend.len - release);
+        sl->pend.len -= release;
+    }
+    if (hit) sl->pend.len = 0; /* the stop string and what follows are not output */
+    return hit;
+}
+
+/* ---- admission ------------------------------------------------------------------ */
+
+/* The idle slot to serve prompt: longest reusable prefix, then least
+ * recently used. NULL when none is idle. */
+static eng_slot *pick_slot(keel_engine *e, const int32_t *prompt, int32_t n, int32_t *lcp_out)
+{
+    eng_slot *best = NULL;
+    int32_t best_lcp = -1;
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        eng_slot *sl = &e->slots[i];
+        if (sl->state != ENG_SLOT_IDLE) continue;
+        int32_t lcp = common_prefix(sl->hist, sl->n_hist, prompt, n);
+        if (sl->hist_compacted && lcp < sl->n_hist) lcp = 0; /* a compacted cache only extends */
+        if (lcp > best_lcp || (lcp == best_lcp && sl->last_used < best->last_used)) {
+            best = sl;
+            best_lcp = lcp;
+        }
+    }
+    *lcp_out = best_lcp < 0 ? 0 : best_lcp;
+    return best;
+}
+
+/* Makes the slot's cache the longest usable prefix of its prompt: truncates
+ * at the divergence when the memory can rewind there exactly, else resets. */
+static keel_status reuse_prefix(keel_engine *e, eng_slot *sl, int32_t lcp, char *err)
+{
+    keel_mem *mem = keel_context_memory(e->ctx);
+    if (lcp >= sl->n_prompt) lcp = sl->n_prompt - 1; /* the last prompt token gives the logits */
+    sl->cache_note = "reused";
+    if (sl->hist_lost) {
+        eng_slot_clear(e, sl);
+        lcp = 0;
+        sl->cache_note = "reset: the slot's history outgrew max_prompt_tokens";
+    } else if (sl->hist_compacted) {
+        if (lcp < sl->n_hist) {
+            eng_slot_clear(e, sl);
+            lcp = 0;
+            sl->cache_note = "reset: the cache was compacted and the prompt does not extend it";
+        }
+    } else if (lcp < sl->n_hist) {
+        int32_t rmin = keel_mem_seq_rewind_min(mem, sl->seq);
+        if (lcp >= rmin) {
+            keel_status st = keel_mem_seq_rm(mem, sl->seq, lcp, -1);
+            if (st != KEEL_OK) return base_err(err, st, "cache: %s", keel_mem_last_error(mem));
+            sl->n_hist = lcp;
+        } else {
+            eng_slot_clear(e, sl);
+            lcp = 0;
+            sl->cache_note = "reset: the prompt diverges where the sliding layers no longer hold the tokens";
+        }
+    }
+    sl->n_fed = sl->n_hist;
+    sl->n_reused = sl->n_hist;
+    return KEEL_OK;
+}
+
+/* Frees the caches of idle slots (least recently used first) until the
+ * full-attention tables have need free cells or nothing is left to free.
+ * Returns the free cells. */
+static int32_t make_room(keel_engine *e, int32_t need)
+{
+    keel_mem *mem = keel_context_memory(e->ctx);
+    int32_t room = mem_room(mem, 0);
+    while (room < need) {
+        eng_slot *lru = NULL;
+        for (int32_t i = 0; i < e->n_slots; i++) {
+            eng_slot *sl = &e->slots[i];
+            if (sl->state == ENG_SLOT_IDLE && sl->n_hist > 0 && (!lru || sl->last_used < lru->last_used)) lru = sl;
+        }
+        if (!lru) break;
+        eng_slot_clear(e, lru);
+        room = mem_room(mem, 0);
+    }
+    return room;
+}
+
+/* Starts r on the best idle slot; a request that cannot start ends here
+ * with its DONE event (so the caller has nothing to handle). */
+static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
+{
+    char err[BASE_ERR_CAP] = "";
+    keel_status st;
+    /* the prompt, into the scratch slot's buffer */
+    eng_slot tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.prompt = e->slots[e->n_slots].prompt;
+    if ((st = eng_prompt_tokens(e, &tmp, r, err, rendered)) != KEEL_OK) {
+        fail_unstarted(e, r, st, err);
+        return;
+    }
+    if (r->o.compact.policy == KEEL_COMPACT_NONE && tmp.n_prompt > e->cp.n_ctx) {
+        snprintf(err, sizeof err, "prompt: %d tokens, more than the cache's %d cells (no compaction)", tmp.n_prompt,
+                 e->cp.n_ctx);
+        fail_unstarted(e, r, KEEL_ECONTEXT, err);
+        return;
+    }
+    int32_t lcp = 0;
+    eng_slot *sl = pick_slot(e, tmp.prompt, tmp.n_prompt, &lcp);
+    if (!sl) { /* the caller only admits with an idle slot */
+        fail_unstarted(e, r, KEEL_EINTERNAL, "no idle slot");
+        return;
+    }
+    memcpy(sl->prompt, tmp.prompt, (size_t)tmp.n_prompt * sizeof(int32_t));
+    sl->n_prompt = tmp.n_prompt;
+    sl->req = r;
+    sl->n_gen = 0;
+    sl->finish = NULL;
+    sl->stop_hit = NULL;
+    sl->t_start = now_ns();
+    sl->t_prompt_end = sl->t_end = 0;
+    keel_mem *mem = keel_context_memory(e->ctx);
+    if (r->o.compact_set) sl->compact = r->o.compact;
+    if ((st = keel_context_set_compact(e->ctx, sl->seq, &sl->compact)) != KEEL_OK) {
+        snprintf(err, sizeof err, "kv_compact: %s", keel_context_last_error(e->ctx));
+        goto fail;
+    }
+    if ((st = reuse_prefix(e, sl, lcp, err)) != KEEL_OK) goto fail;
+    sl->compactions_at_start = keel_mem_seq_compactions(mem, sl->seq);
+    if ((st = keel_sampler_open(&r->o.samp, e->model->w.hp.n_vocab, &sl->samp)) != KEEL_OK) {
+        keel_sampler_params_check(&r->o.samp, err);
+        goto fail;
+    }
+    int32_t look = r->o.samp.repeat_last_n;
+    for (int32_t i = sl->n_prompt > look ? sl->n_prompt - look : 0; i < sl->n_prompt; i++)
+        if ((st = keel_sampler_accept(sl->samp, sl->prompt[i])) != KEEL_OK) goto fail;
+    toolcall_options to = toolcall_options_default();
+    to.format = r->o.parse_tools && r->kind == ENG_REQ_CHAT ? e->tool_format : TOOLCALL_FORMAT_CONTENT;
+    to.parse_reasoning = r->kind == ENG_REQ_CHAT;
+    to.tools = r->tools;
+    if (r->kind == ENG_REQ_CHAT && rendered->data)
+        to.starts_in_reasoning = toolcall_prompt_opens_reasoning(to.format, rendered->data, rendered->len);
+    to.id_seed = r->o.samp.seed ^ r->id;
+    to.on_event = on_toolcall;
+    to.event_user = sl;
+    if ((st = toolcall_open(&to, &sl->tp, err)) != KEEL_OK) goto fail;
+    if ((st = keel_detok_stream_init_after(&sl->ds, e->model, sl->prompt, sl->n_prompt)) != KEEL_OK) {
+        snprintf(err, sizeof err, "prompt: a token id is out of range");
+        goto fail;
+    }
+    sl->state = ENG_SLOT_PREFILL;
+    return;
+fail:
+    finish(e, sl, "error", st, err);
+}
+
+/* ---- the step ------------------------------------------------------------------- */
+
+/* Cells the batch needs in the shared full-attention tables, as keel_decode
+ * counts them (a compacting sequence needs at most its trigger). */
+static int32_t batch_need(keel_engine *e, const int32_t *cnt)
+{
+    keel_mem *mem = keel_context_memory(e->ctx);
+    int64_t need = 0;
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        if (!cnt[i]) continue;
+        const keel_compact_params *cp = &e->slots[i].compact;
+        int64_t c = cnt[i];
+        if (cp->policy != KEEL_COMPACT_NONE) c = BASE_MIN(c, BASE_MAX(0, cp->trigger - keel_mem_seq_cells(mem, i)));
+        need += c;
+    }
+    return (int32_t)BASE_MIN(need, INT32_MAX);
+}
+
+/* Processes a sampled token of a generating slot. */
+static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
+{
+    eng_req *r = sl->req;
+    keel_status st = keel_sampler_accept(sl->samp, tok);
+    if (st != KEEL_OK) {
+        finish(e, sl, "error", st, "sampler: token out of range");
+        return;
+    }
+    sl->n_gen++;
+    if (keel_token_is_eog(e->model, tok)) {
+        finish(e, sl, "stop", KEEL_OK, NULL);
+        return;
+    }
+    char piece[1024];
+    size_t pn = 0;
+    st = keel_detok_stream_push(&sl->ds, tok, piece, sizeof piece, &pn);
+    if (st != KEEL_OK) {
+        finish(e, sl, "error", st, "detokenizer failed");
+        return;
+    }
+    if (pn > 0 && slot_output(e, sl, piece, pn, &st)) {
+        finish(e, sl, "stop", KEEL_OK, NULL);
+        return;
+    }
+    if (st != KEEL_OK) {
+        finish(e, sl, "error", st, "output parser failed");
+        return;
+    }
+    if (r->o.max_tokens >= 0 && sl->n_gen >= r->o.max_tokens) {
+        finish(e, sl, "length", KEEL_OK, NULL);
+        return;
+    }
+    sl->last_tok = tok;
+    sl->state = ENG_SLOT_GEN;
+}
+
+bool eng_step(keel_engine *e)
+{
+    keel_mem *mem = keel_context_memory(e->ctx);
+    /* admit queued requests to idle slots */
+    jinja_buf rendered = {NULL, 0, 0};
+    for (;;) {
+        bool idle = false;
+        for (int32_t i = 0; i < e->n_slots && !idle; i++) idle = e->slots[i].state == ENG_SLOT_IDLE;
+        if (!idle) break;
+        pthread_mutex_lock(&e->mu);
+        eng_req *r = e->queue_head;
+        if (r) {
+            e->queue_head = r->next;
+            if (!e->queue_head) e->queue_tail = NULL;
+            e->n_queued--;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!r) break;
+        if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) {
+            fail_unstarted(e, r, KEEL_ECANCELED, "cancelled");
+            continue;
+        }
+        start_request(e, r, &rendered);
+    }
+    jinja_buf_free(&rendered);
+    /* cancellations */
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        eng_slot *sl = &e->slots[i];
+        if (sl->req && (atomic_load(&sl->req->cancel) || atomic_load(&e->cancel_all)))
+            finish(e, sl, "cancelled", KEEL_OK, NULL);
+    }
+    /* the batch: one token per generating slot, then prefill chunks */
+    int32_t nb = e->cp.n_batch, n = 0, n_pref = 0, n_gen = 0;
+    int32_t cnt[ENG_MAX_SLOTS], chunk[ENG_MAX_SLOTS];
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        cnt[i] = e->slots[i].state == ENG_SLOT_GEN;
+        chunk[i] = 0;
+        n_gen += cnt[i];
+        n_pref += e->slots[i].state == ENG_SLOT_PREFILL;
+    }
+    /* room for the generating slots first (idle caches are evicted for it);
+     * one without compaction that still has none ends "length" */
+    for (;;) {
+        int32_t need = batch_need(e, cnt);
+        if (make_room(e, need) >= need) break;
+        eng_slot *victim = NULL;
+        for (int32_t i = 0; i < e->n_slots; i++)
+            if (cnt[i] && e->slots[i].compact.policy == KEEL_COMPACT_NONE &&
+                (!victim || e->slots[i].n_hist > victim->n_hist))
+                victim = &e->slots[i];
+        if (!victim) break;
+        cnt[victim->seq] = 0;
+        n_gen--;
+        finish(e, victim, "length", KEEL_OK, NULL);
+    }
+    /* prefill: fair shares of the rest of the batch (a long prompt cannot
+     * starve the others' decoding), within the room */
+    if (n_pref > 0) {
+        int32_t budget = nb - n_gen, share = (nb - n_gen) / n_pref > 0 ? (nb - n_gen) / n_pref : 1;
+        int32_t tot[ENG_MAX_SLOTS];
+        for (int32_t i = 0; i < e->n_slots && budget > 0; i++) {
+            eng_slot *sl = &e->slots[i];
+            if (sl->state != ENG_SLOT_PREFILL) continue;
+            chunk[i] = BASE_MIN(share, BASE_MIN(budget, sl->n_prompt - sl->n_fed));
+            budget -= chunk[i];
+        }
+        for (int32_t i = 0; i < e->n_slots; i++) tot[i] = cnt[i] + chunk[i];
+        int32_t need = batch_need(e, tot), room = make_room(e, need);
+        /* shrink the chunks of slots without compaction, last first, to fit */
+        for (int32_t i = e->n_slots - 1; i >= 0 && need > room; i--) {
+            if (!chunk[i] || e->slots[i].compact.policy != KEEL_COMPACT_NONE) continue;
+            int32_t cut = BASE_MIN(chunk[i], need - room);
+            chunk[i] -= cut;
+            tot[i] -= cut;
+            need = batch_need(e, tot);
+        }
+        int32_t progress = n_gen;
+        for (int32_t i = 0; i < e->n_slots; i++) progress += chunk[i];
+        if (need > room || progress == 0) {
+            /* nothing fits and nothing else runs that could free cells: the
+             * prefilling slot with the most left fails, named */
+            eng_slot *worst = NULL;
+            for (int32_t i = 0; i < e->n_slots; i++) {
+                eng_slot *sl = &e->slots[i];
+                if (sl->state == ENG_SLOT_PREFILL &&
+                    (!worst || sl->n_prompt - sl->n_fed > worst->n_prompt - worst->n_fed))
+                    worst = sl;
+            }
+            if (worst && (need > room || n_gen == 0)) {
+                char why[BASE_ERR_CAP];
+                snprintf(why, sizeof why, "context full: the prompt needs %d more cells, %d free (n_ctx %d)",
+                         worst->n_prompt - worst->n_fed, mem_room(mem, 0), e->cp.n_ctx);
+                chunk[worst->seq] = 0;
+                finish(e, worst, "error", KEEL_EFULL, why);
+            }
+        }
+    }
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        eng_slot *sl = &e->slots[i];
+        if (cnt[i] && sl->state == ENG_SLOT_GEN) {
+            e->batch_tok[n] = sl->last_tok;
+            e->batch_seq[n] = sl->seq;
+            e->batch_logits[n] = 1;
+            e->batch_slot[n] = i;
+            n++;
+        }
+    }
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        eng_slot *sl = &e->slots[i];
+        if (sl->state != ENG_SLOT_PREFILL || chunk[i] <= 0) continue;
+        for (int32_t j = 0; j < chunk[i]; j++) {
+            int32_t k = sl->n_fed + j;
+            e->batch_tok[n] = sl->prompt[k];
+            e->batch_seq[n] = sl->seq;
+            e->batch_logits[n] = k == sl->n_prompt - 1;
+            e->batch_slot[n] = e->batch_logits[n] ? i : -1;
+            n++;
+        }
+    }
+    if (n > 0) {
+        keel_batch b = {n, e->batch_tok, NULL, e->batch_seq, e->batch_logits};
+        keel_status st = keel_decode(e->ctx, &b);
+        if (st != KEEL_OK) {
+            /* the batch may have reached the cache in part: every slot in it
+             * restarts from an empty cache and its request fails, named */
+            char why[BASE_ERR_CAP];
+            snprintf(why, sizeof why, "decode: %s", keel_context_last_error(e->ctx));
+            for (int32_t i = 0; i < e->n_slots; i++) {
+                eng_slot *sl = &e->slots[i];
+                bool in = false;
+                for (int32_t j = 0; j < n && !in; j++) in = e->batch_seq[j] == sl->seq;
+                if (!in) continue;
+                eng_slot_clear(e, sl);
+                if (sl->req) finish(e, sl, "error", st, why);
+            }
+        } else {
+            /* the cache now holds the batch: extend the histories */
+            for (int32_t j = 0; j < n; j++) {
+                eng_slot *sl = &e->slots[e->batch_seq[j]];
+                if (sl->n_hist < e->hist_cap)
+                    sl->hist[sl->n_hist++] = e->batch_tok[j];
+                else
+                    sl->hist_lost = true; /* the memory holds more than the history: reset on reuse */
+            }
+            for (int32_t i = 0; i < e->n_slots; i++) {
+                eng_slot *sl = &e->slots[i];
+                if (sl->state == ENG_SLOT_PREFILL) sl->n_fed += chunk[i];
+                if (sl->req && keel_mem_seq_compactions(mem, sl->seq) > sl->compactions_at_start)
+                    sl->hist_compacted = true;
+            }
+            for (int32_t j = 0; j < n; j++) {
+                int32_t si = e->batch_slot[j];
+                if (si < 0) continue;
+                eng_slot *sl = &e->slots[si];
+                if (!sl->req) continue;
+                if (sl->state == ENG_SLOT_PREFILL) {
+                    sl->t_prompt_end = now_ns();
+                    sl->state = ENG_SLOT_GEN;
+                    if (sl->req->o.max_tokens == 0) {
+                        finish(e, sl, "length", KEEL_OK, NULL);
+                        continue;
+                    }
+                }
+                int32_t tok;
+                st = keel_sampler_sample(sl->samp, keel_logits(e->ctx, j), &tok);
+                if (st != KEEL_OK) {
+                    finish(e, sl, "error", st, "sampler: no finite logit");
+                    continue;
+                }
+                take_token(e, sl, tok);
+            }
+        }
+    }
+    bool busy = false;
+    pthread_mutex_lock(&e->mu);
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        eng_slot *sl = &e->slots[i];
+        busy |= sl->state != ENG_SLOT_IDLE;
+        sl->stat_state = sl->state;
+        sl->stat_hist = sl->n_hist;
+        sl->stat_compacted = sl->hist_compacted;
+        sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
+        sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);
+    }
+    busy |= e->queue_head != NULL;
+    pthread_mutex_unlock(&e->mu);
+    return busy;
+}
