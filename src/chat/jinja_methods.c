@@ -179,6 +179,24 @@ keel_status jstr_strip(jx *x, jstr *s, jv chars, int which, jv *out)
     return KEEL_OK;
 }
 
+/* CPython's full (one-to-many) case mappings for the common characters:
+ * SpecialCasing.txt entries utf8proc's simple mappings lack. */
+static const char *special_upper(uint32_t c, bool title)
+{
+    switch (c) {
+    case 0x00DF: return title ? "Ss" : "SS";
+    case 0xFB00: return title ? "Ff" : "FF";
+    case 0xFB01: return title ? "Fi" : "FI";
+    case 0xFB02: return title ? "Fl" : "FL";
+    case 0xFB03: return title ? "Ffi" : "FFI";
+    case 0xFB04: return title ? "Ffl" : "FFL";
+    case 0xFB05:
+    case 0xFB06: return title ? "St" : "ST";
+    case 0x0149: return "\xCA\xBCN";
+    default: return NULL;
+    }
+}
+
 keel_status jstr_upper_lower(jx *x, jstr *s, int mode, jv *out)
 {
     jsb b;
@@ -186,23 +204,29 @@ keel_status jstr_upper_lower(jx *x, jstr *s, int mode, jv *out)
     size_t i = 0;
     bool prev_cased = false, first = true;
     while (i < s->n) {
-        uint32_t c = utf8_next(s->s, s->n, &i), m;
+        uint32_t c = utf8_next(s->s, s->n, &i);
+        int kind; /* 0 upper, 1 lower, 2 title, -1 unchanged */
         switch (mode) {
-        case 0: m = to_upper(c); break;
-        case 1: m = to_lower(c); break;
-        case 2: /* str.title */
-            m = prev_cased ? to_lower(c) : to_title(c);
+        case 0: kind = 0; break;
+        case 1: kind = 1; break;
+        case 2: /* str.title: a cased character after a cased one is lowered */
+            kind = prev_cased ? 1 : 2;
             prev_cased = is_cased(c);
             break;
-        case 3: /* str.capitalize */
-            m = first ? to_title(c) : to_lower(c);
-            break;
-        default: /* swapcase */
-            m = is_upper(c) ? to_lower(c) : is_lower(c) ? to_upper(c) : c;
-            break;
+        case 3: kind = first ? 2 : 1; break; /* str.capitalize */
+        default: kind = is_upper(c) ? 1 : is_lower(c) ? 0 : -1; break; /* swapcase */
         }
         first = false;
-        if (!jsb_addcp(&b, m)) break;
+        const char *sp = kind == 0 || kind == 2 ? special_upper(c, kind == 2) : NULL;
+        bool ok;
+        if (sp)
+            ok = jsb_adds(&b, sp);
+        else if (kind == 1 && c == 0x0130)
+            ok = jsb_adds(&b, "i\xCC\x87"); /* İ lower-cases to i + combining dot */
+        else
+            ok = jsb_addcp(&b, kind == 0 ? to_upper(c) : kind == 1 ? to_lower(c)
+                                : kind == 2 ? to_title(c) : c);
+        if (!ok) break;
     }
     return ret_str(x, &b, out);
 }
@@ -688,6 +712,9 @@ keel_status jstr_percent_format(jx *x, jstr *fmt, jv args, jv *out)
             }
         }
         if (f.type == 'i' || f.type == 'u') f.type = 'd';
+        /* printf pads on the left unless '-'; 0 pads numbers only */
+        if (strchr("sra", f.type)) f.zero = false;
+        if (!f.align && !f.zero) f.align = '>';
         if ((f.type == 'd' || strchr("oxXeEfFgGc", f.type)) && val.t != JT_INT &&
             val.t != JT_FLOAT && val.t != JT_BOOL)
             return jx_fail(x, KEEL_EINVAL, "%%%c format: a real number is required, not %s",

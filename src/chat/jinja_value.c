@@ -2318,7 +2318,8 @@ static keel_status loop_attr(jx *x, jv obj, const jstr *name, jv *out)
         *out = jv_bool(!have);
     } else if (NAME_IS("length") || NAME_IS("revindex") || NAME_IS("revindex0")) {
         /* the whole length: materialize every item */
-        while (!lp->complete) {
+        if (lp->live) jx_loop_fetch(x, lp, 0, &st);
+        while (!lp->live && !lp->complete) {
             jx_loop_fetch(x, lp, lp->n, &st);
             if (st != KEEL_OK) return st;
         }
