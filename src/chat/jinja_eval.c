@@ -87,6 +87,9 @@ static keel_status deeper(jx *x)
     if (++x->depth > x->lim.max_depth)
         return jx_fail(x, KEEL_EOVERFLOW, "nested more than %d levels deep when run (recursion?)",
                        x->lim.max_depth);
+    if (jinja_stack_used(x->stack_base) > JINJA_STACK_BUDGET)
+        return jx_fail(x, KEEL_EOVERFLOW, "nested too deeply when run (%d KiB of stack used)",
+                       JINJA_STACK_BUDGET / 1024);
     return KEEL_OK;
 }
 
@@ -115,7 +118,7 @@ keel_status jargs_bind(jx *x, const char *fname, const jargs *a, const char *con
 }
 
 /* Evaluates call arguments (positional, name=, *list, **dict). */
-static keel_status eval_args(jx *x, jscope *sc, const jnode *args, jargs *a, size_t extra_kw)
+static JX_NOINLINE keel_status eval_args(jx *x, jscope *sc, const jnode *args, jargs *a, size_t extra_kw)
 {
     size_t np = 0, nk = extra_kw;
     for (const jnode *n = args; n; n = n->next) {
@@ -202,7 +205,7 @@ static keel_status emit(jx *x, const char *s, size_t n)
 }
 
 /* Runs body into a new buffer; *out is the text. */
-static keel_status capture(jx *x, jscope *sc, const jnode *body, jstr **out)
+static JX_NOINLINE keel_status capture(jx *x, jscope *sc, const jnode *body, jstr **out)
 {
     jsb b, *save = x->out;
     jsb_init(&b, &x->mem, x->lim.max_output);
@@ -216,7 +219,7 @@ static keel_status capture(jx *x, jscope *sc, const jnode *body, jstr **out)
 
 /* ---- macros --------------------------------------------------------------------- */
 
-static keel_status call_macro(jx *x, jmacro *m, const jargs *a, jv *out)
+static JX_NOINLINE keel_status call_macro(jx *x, jmacro *m, const jargs *a, jv *out)
 {
     const jnode *def = m->def;
     const char *mname = def->kind == JK_CALLBLOCK ? "caller" : def->name->s;
@@ -301,7 +304,29 @@ static keel_status call_macro(jx *x, jmacro *m, const jargs *a, jv *out)
     return KEEL_OK;
 }
 
-static keel_status run_for(jx *x, jscope *sc, const jnode *f, jv iter, int32_t depth0);
+static JX_NOINLINE keel_status run_for(jx *x, jscope *sc, const jnode *f, jv iter, int32_t depth0);
+
+/* loop(items) in a recursive for loop: the body over items, one level deeper. */
+static JX_NOINLINE keel_status call_loop(jx *x, jloop *lp, const jargs *a, jv *out)
+{
+    if (!lp->fornode || !lp->fornode->op)
+        return jx_fail(x, KEEL_EINVAL,
+                       "Tried to call non recursive loop.  Maybe you forgot the 'recursive' "
+                       "modifier.");
+    if (a->n_pos != 1 || a->n_kw) return jx_fail(x, KEEL_EINVAL, "loop() takes exactly one argument");
+    jsb b, *save = x->out;
+    jsb_init(&b, &x->mem, x->lim.max_output);
+    x->out = &b;
+    TRY(deeper(x));
+    keel_status st = run_for(x, lp->outer, lp->fornode, a->pos[0], lp->depth0 + 1);
+    x->depth--;
+    x->out = save;
+    if (st != KEEL_OK) return st;
+    jstr *s = jsb_done(&b);
+    if (!s) return jx_oom(x);
+    *out = jv_strv(s);
+    return KEEL_OK;
+}
 
 keel_status jx_call(jx *x, jv fn, const jargs *a, jv *out)
 {
@@ -317,27 +342,8 @@ keel_status jx_call(jx *x, jv fn, const jargs *a, jv *out)
         j->used = true;
         return KEEL_OK;
     }
-    case JT_LOOP: {
-        jloop *lp = fn.u.loop;
-        if (!lp->fornode || !lp->fornode->op)
-            return jx_fail(x, KEEL_EINVAL,
-                           "Tried to call non recursive loop.  Maybe you forgot the 'recursive' "
-                           "modifier.");
-        if (a->n_pos != 1 || a->n_kw)
-            return jx_fail(x, KEEL_EINVAL, "loop() takes exactly one argument");
-        jsb b, *save = x->out;
-        jsb_init(&b, &x->mem, x->lim.max_output);
-        x->out = &b;
-        TRY(deeper(x));
-        keel_status st = run_for(x, lp->outer, lp->fornode, a->pos[0], lp->depth0 + 1);
-        x->depth--;
-        x->out = save;
-        if (st != KEEL_OK) return st;
-        jstr *s = jsb_done(&b);
-        if (!s) return jx_oom(x);
-        *out = jv_strv(s);
-        return KEEL_OK;
-    }
+    case JT_LOOP:
+        return call_loop(x, fn.u.loop, a, out);
     case JT_UNDEF:
         return jx_undef_error(x, fn);
     default:
@@ -347,7 +353,7 @@ keel_status jx_call(jx *x, jv fn, const jargs *a, jv *out)
 
 /* ---- expressions ------------------------------------------------------------------ */
 
-static keel_status eval_call(jx *x, jscope *sc, const jnode *n, jv extra_caller, jv *out)
+static JX_NOINLINE keel_status eval_call(jx *x, jscope *sc, const jnode *n, jv extra_caller, jv *out)
 {
     const jnode *callee = n->a;
     jv fn, self = jv_undef();
@@ -381,7 +387,7 @@ static keel_status eval_call(jx *x, jscope *sc, const jnode *n, jv extra_caller,
 }
 
 /* value | filter(args); a NULL value node takes x's block input */
-static keel_status eval_filter(jx *x, jscope *sc, const jnode *n, jv input, jv *out)
+static JX_NOINLINE keel_status eval_filter(jx *x, jscope *sc, const jnode *n, jv input, jv *out)
 {
     jv v;
     if (n->a) {
@@ -401,7 +407,7 @@ static keel_status eval_filter(jx *x, jscope *sc, const jnode *n, jv input, jv *
 }
 
 /* Left-deep chains of binary operators and and/or, walked in a loop. */
-static keel_status eval_chain(jx *x, jscope *sc, const jnode *n, jv *out)
+static JX_NOINLINE keel_status eval_chain(jx *x, jscope *sc, const jnode *n, jv *out)
 {
     size_t k = 0;
     const jnode *leaf = n;
@@ -435,7 +441,7 @@ static keel_status eval_chain(jx *x, jscope *sc, const jnode *n, jv *out)
     return KEEL_OK;
 }
 
-static keel_status eval_compare(jx *x, jscope *sc, const jnode *n, jv *out)
+static JX_NOINLINE keel_status eval_compare(jx *x, jscope *sc, const jnode *n, jv *out)
 {
     jv left;
     TRY(eval(x, sc, n->a, &left));
@@ -469,7 +475,7 @@ static keel_status eval_compare(jx *x, jscope *sc, const jnode *n, jv *out)
     return KEEL_OK;
 }
 
-static keel_status eval_unary(jx *x, const jnode *n, jv v, jv *out)
+static JX_NOINLINE keel_status eval_unary(jx *x, const jnode *n, jv v, jv *out)
 {
     x->line = n->line;
     if (v.t == JT_UNDEF) return jx_undef_error(x, v);
@@ -487,7 +493,7 @@ static keel_status eval_unary(jx *x, const jnode *n, jv v, jv *out)
                    n->kind == JK_NEG ? '-' : '+', jv_type_name(v));
 }
 
-static keel_status eval_seq(jx *x, jscope *sc, const jnode *n, jv *out)
+static JX_NOINLINE keel_status eval_seq(jx *x, jscope *sc, const jnode *n, jv *out)
 {
     size_t cnt = 0;
     for (const jnode *c = n->a; c; c = c->next) cnt++;
@@ -511,6 +517,31 @@ static keel_status eval_seq(jx *x, jscope *sc, const jnode *n, jv *out)
     if (!l) return jx_oom(x);
     for (const jnode *c = n->a; c; c = c->next) TRY(eval(x, sc, c, &l->v[l->n++]));
     *out = jv_listv(l);
+    return KEEL_OK;
+}
+
+static JX_NOINLINE keel_status eval_slice(jx *x, jscope *sc, const jnode *n, jv *out)
+{
+    jv a, s0 = jv_none(), s1 = jv_none(), s2 = jv_none();
+    TRY(eval(x, sc, n->a, &a));
+    if (n->b) TRY(eval(x, sc, n->b, &s0));
+    if (n->c) TRY(eval(x, sc, n->c, &s1));
+    if (n->d) TRY(eval(x, sc, n->d, &s2));
+    x->line = n->line;
+    return jv_slice(x, a, s0, s1, s2, out);
+}
+
+static JX_NOINLINE keel_status eval_test(jx *x, jscope *sc, const jnode *n, jv *out)
+{
+    jv a;
+    TRY(eval(x, sc, n->a, &a));
+    jargs args;
+    TRY(eval_args(x, sc, n->b, &args, 0));
+    x->line = n->line;
+    if (n->n == 0) return jx_fail(x, KEEL_EINVAL, "No test named '%.*s'.", (int)n->name->n, n->name->s);
+    bool r;
+    TRY(jinja_test_call(x, n->n, a, &args, &r));
+    *out = jv_bool(n->op ? !r : r);
     return KEEL_OK;
 }
 
@@ -543,36 +574,18 @@ static keel_status eval(jx *x, jscope *sc, const jnode *n, jv *out)
         x->line = n->line;
         st = jv_getitem(x, a, b, out);
         break;
-    case JK_SLICE: {
-        jv s0 = jv_none(), s1 = jv_none(), s2 = jv_none();
-        if ((st = eval(x, sc, n->a, &a)) != KEEL_OK) break;
-        if (n->b && (st = eval(x, sc, n->b, &s0)) != KEEL_OK) break;
-        if (n->c && (st = eval(x, sc, n->c, &s1)) != KEEL_OK) break;
-        if (n->d && (st = eval(x, sc, n->d, &s2)) != KEEL_OK) break;
-        x->line = n->line;
-        st = jv_slice(x, a, s0, s1, s2, out);
+    case JK_SLICE:
+        st = eval_slice(x, sc, n, out);
         break;
-    }
     case JK_CALL:
         st = eval_call(x, sc, n, jv_undef(), out);
         break;
     case JK_FILTER:
         st = eval_filter(x, sc, n, jv_undef(), out);
         break;
-    case JK_TEST: {
-        if ((st = eval(x, sc, n->a, &a)) != KEEL_OK) break;
-        jargs args;
-        if ((st = eval_args(x, sc, n->b, &args, 0)) != KEEL_OK) break;
-        x->line = n->line;
-        if (n->n == 0) {
-            st = jx_fail(x, KEEL_EINVAL, "No test named '%.*s'.", (int)n->name->n, n->name->s);
-            break;
-        }
-        bool r;
-        if ((st = jinja_test_call(x, n->n, a, &args, &r)) != KEEL_OK) break;
-        *out = jv_bool(n->op ? !r : r);
+    case JK_TEST:
+        st = eval_test(x, sc, n, out);
         break;
-    }
     case JK_NEG:
     case JK_POS:
         if ((st = eval(x, sc, n->a, &a)) != KEEL_OK) break;
@@ -682,7 +695,7 @@ bool jx_loop_fetch(jx *x, jloop *lp, size_t i, keel_status *st)
     return i < lp->n;
 }
 
-static keel_status run_for(jx *x, jscope *sc, const jnode *f, jv iter, int32_t depth0)
+static JX_NOINLINE keel_status run_for(jx *x, jscope *sc, const jnode *f, jv iter, int32_t depth0)
 {
     jloop *lp = jmem_zalloc(&x->mem, sizeof *lp);
     if (!lp) return jx_oom(x);
@@ -1013,6 +1026,7 @@ keel_status jinja_render(const jinja_template *t, const char *vars_json, size_t 
     }
     jsb_init(&root, &x.mem, x.lim.max_output);
     x.out = &root;
+    x.stack_base = jinja_stack_here();
     st = exec_list(&x, x.root, t->body);
     if (st == KEEL_OK) st = buf_put(out, root.n ? root.d : "", root.n, x.err);
 done:

@@ -466,6 +466,7 @@ typedef struct jx {
     int64_t steps;
     int32_t depth;
     uint32_t line;    /* line of the construct being run (errors) */
+    uintptr_t stack_base; /* frame address at jinja_render's entry */
     int flow;         /* JFLOW_* after break/continue */
     char *err;        /* JINJA_ERR_CAP bytes */
 } jx;
@@ -494,6 +495,39 @@ static inline keel_status jx_steps(jx *x, int64_t n)
 keel_status jx_undef_error(jx *x, jv v);
 /* The message of an undefined value into buf. */
 void jv_undef_message(jv v, char *buf, size_t cap);
+
+#if defined(__GNUC__)
+#define JX_NOINLINE __attribute__((noinline))
+#else
+#define JX_NOINLINE
+#endif
+
+/* Bytes of stack a compile or a render may use below its entry point (its
+ * frame address), whatever the compiler and sanitizers make of the frames:
+ * checked with the depth counters, so that a 256 KiB thread has room left
+ * for its caller. */
+#define JINJA_STACK_BUDGET (112 * 1024)
+
+/* Stack used since base (0 when unknown). */
+static inline size_t jinja_stack_used(uintptr_t base)
+{
+#if defined(__GNUC__)
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    return base > here && base - here < ((size_t)1 << 30) ? (size_t)(base - here) : 0;
+#else
+    (void)base;
+    return 0;
+#endif
+}
+
+static inline uintptr_t jinja_stack_here(void)
+{
+#if defined(__GNUC__)
+    return (uintptr_t)__builtin_frame_address(0);
+#else
+    return 0;
+#endif
+}
 
 #define TRY(e)                                                                                     \
     do {                                                                                           \

@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define PARSE_MAX_DEPTH 64 /* nesting of expressions and blocks */
+#define PARSE_MAX_DEPTH 128 /* nesting of expressions (about 3 per parenthesis) and blocks */
 
 typedef struct parser {
     jinja_template *t;
@@ -26,6 +26,7 @@ typedef struct parser {
     int depth;
     int loops;     /* enclosing for loops in the current macro (break/continue) */
     jnode *macro;  /* the macro or call block whose body is being parsed */
+    uintptr_t stack_base; /* frame address at jinja_parse's entry */
     const jstr **names; /* intern table (open addressing) */
     size_t names_cap, names_n;
     char *err;
@@ -142,6 +143,9 @@ static keel_status enter(parser *p)
         return base_err(p->err, KEEL_EOVERFLOW,
                         "template line %u: nested more than %d levels deep", cur(p)->line,
                         PARSE_MAX_DEPTH);
+    if (jinja_stack_used(p->stack_base) > JINJA_STACK_BUDGET)
+        return base_err(p->err, KEEL_EOVERFLOW, "template line %u: nested too deeply (%d KiB of "
+                        "stack used)", cur(p)->line, JINJA_STACK_BUDGET / 1024);
     return KEEL_OK;
 }
 
@@ -1116,7 +1120,7 @@ static keel_status check_list(parser *p, const jnode *n, bool soft, int depth)
 static keel_status check_node(parser *p, const jnode *n, bool soft, int depth)
 {
     while (n) {
-        if (depth > JINJA_MAX_HEIGHT)
+        if (depth > JINJA_MAX_HEIGHT || jinja_stack_used(p->stack_base) > JINJA_STACK_BUDGET)
             return base_err(p->err, KEEL_EOVERFLOW,
                             "template line %u: nested more than %d levels deep", n->line,
                             JINJA_MAX_HEIGHT);
@@ -1196,6 +1200,7 @@ static keel_status check_node(parser *p, const jnode *n, bool soft, int depth)
 keel_status jinja_parse(jinja_template *t, const char *src, size_t len, char *err)
 {
     parser p = {0};
+    p.stack_base = jinja_stack_here();
     p.t = t;
     p.m = &t->mem;
     p.err = err;

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#define JV_MAX_DEPTH 96   /* nesting of values walked recursively */
+#define JV_MAX_DEPTH 130 /* nesting of values walked recursively (JSON input: 128) */
 #define JMEM_CHUNK (64 * 1024)
 
 /* ---- arena ---------------------------------------------------------------- */
@@ -970,7 +970,7 @@ static bool repr_str(jsb *b, const jstr *s)
 
 keel_status jv_repr(jx *x, jsb *b, jv v, int depth)
 {
-    if (depth > JV_MAX_DEPTH)
+    if (depth > JV_MAX_DEPTH || jinja_stack_used(x->stack_base) > JINJA_STACK_BUDGET)
         return jx_fail(x, KEEL_EINVAL, "value nested more than %d levels deep", JV_MAX_DEPTH);
     bool ok = true;
     switch (v.t) {
@@ -1220,7 +1220,7 @@ static keel_status sort_idx_by_key(jx *x, const jdict *d, size_t *ix)
 
 static keel_status tojson_rec(jx *x, jsb *b, jv v, const jjson_opts *o, int depth)
 {
-    if (depth > JV_MAX_DEPTH)
+    if (depth > JV_MAX_DEPTH || jinja_stack_used(x->stack_base) > JINJA_STACK_BUDGET)
         return jx_fail(x, KEEL_EINVAL, "tojson: value nested more than %d levels deep",
                        JV_MAX_DEPTH);
     bool ok = true;
@@ -1581,7 +1581,7 @@ keel_status jv_from_json(jmem *m, const char *s, size_t n, jv *out, char *err)
 
 static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
 {
-    if (depth > JV_MAX_DEPTH)
+    if (depth > JV_MAX_DEPTH || jinja_stack_used(x->stack_base) > JINJA_STACK_BUDGET)
         return jx_fail(x, KEEL_EINVAL, "value nested more than %d levels deep", JV_MAX_DEPTH);
     double p = 0, q = 0;
     if (jv_as_num(a, &p) && jv_as_num(b, &q)) {
@@ -1686,7 +1686,7 @@ static const char *op_sym(int op)
 /* c < 0, 0, > 0 for orderable a, b; TypeError otherwise. */
 static keel_status cmp_rec(jx *x, int op, jv a, jv b, int *out, int depth)
 {
-    if (depth > JV_MAX_DEPTH)
+    if (depth > JV_MAX_DEPTH || jinja_stack_used(x->stack_base) > JINJA_STACK_BUDGET)
         return jx_fail(x, KEEL_EINVAL, "value nested more than %d levels deep", JV_MAX_DEPTH);
     if (a.t == JT_UNDEF) return jx_undef_error(x, a);
     if (b.t == JT_UNDEF) return jx_undef_error(x, b);
