@@ -150,7 +150,7 @@ static JX_NOINLINE keel_status eval_args(jx *x, jscope *sc, const jnode *args, j
                 jv *np2 = jmem_alloc_n(&x->mem, cap_p + cnt + 1, sizeof(jv));
                 if (!np2) return jx_oom(x);
                 if (ip) memcpy(np2, pos, ip * sizeof(jv));
-                memcpy(np2 + ip, items, cnt * sizeof(jv));
+                if (cnt) memcpy(np2 + ip, items, cnt * sizeof(jv));
                 pos = np2;
                 ip += cnt;
                 cap_p += cnt;

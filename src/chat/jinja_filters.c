@@ -372,7 +372,7 @@ static keel_status select_reject(jx *x, jv value, const jargs *a, bool attr, boo
     if (a->n_pos > off) test = a->pos[off];
     jargs rest = *a;
     size_t skip = a->n_pos > off ? off + 1 : a->n_pos;
-    rest.pos = a->pos + skip;
+    rest.pos = a->pos ? a->pos + skip : NULL;
     rest.n_pos = a->n_pos - skip;
     jv *items = NULL;
     size_t n;
@@ -812,7 +812,7 @@ static keel_status do_batch_slice(jx *x, jv value, const jargs *a, bool slice, j
             size_t end = offset + (s + 1) * per;
             jlist *t = jlist_new(&x->mem, end - start + 1, JL_LIST);
             if (!t) return jx_oom(x);
-            memcpy(t->v, items + start, (end - start) * sizeof(jv));
+            if (end > start) memcpy(t->v, items + start, (end - start) * sizeof(jv));
             t->n = end - start;
             if (fill && s >= extra) t->v[t->n++] = arg[1];
             if (!jlist_push(&x->mem, r, jv_listv(t))) return jx_oom(x);

@@ -1885,7 +1885,7 @@ static keel_status repeat(jx *x, jv seq, int64_t times, jv *out)
     TRY(jx_steps(x, (int64_t)total));
     jlist *r = jlist_new(&x->mem, total, l->kind);
     if (!r) return jx_oom(x);
-    for (int64_t i = 0; i < times; i++) {
+    for (int64_t i = 0; i < times && l->n; i++) {
         memcpy(r->v + r->n, l->v, l->n * sizeof(jv));
         r->n += l->n;
     }
