@@ -769,7 +769,7 @@ void keel_sampler_reset(keel_sampler *s);
  * lists, {% generation %}, tojson = json.dumps(ensure_ascii=False),
  * raise_exception(msg), strftime_now(fmt). The supported language and the
  * limits are in docs/chat.md. Rendering is bounded: output at most 64 MiB,
- * working memory at most 256 MiB, at most 10^7 steps (loop iterations,
+ * working memory at most 256 MiB, at most 5 x 10^7 steps (loop iterations,
  * calls, items visited by filters), nesting at most 200 levels at run time
  * (fits a 256 KiB thread stack); exceeding one is an error, never a hang.
  *

@@ -29,7 +29,7 @@
 typedef struct jinja_limits {
     size_t max_output;  /* bytes of rendered text (64 MiB) */
     size_t max_memory;  /* bytes a render may allocate, values and output (256 MiB) */
-    int64_t max_steps;  /* loop iterations + calls + items filters visit (10^7) */
+    int64_t max_steps;  /* loop iterations + calls + items filters visit (5 x 10^7) */
     int32_t max_depth;  /* run-time nesting: blocks, calls, expressions (200) */
 } jinja_limits;
 

@@ -23,7 +23,7 @@ jinja_limits jinja_limits_default(void)
     jinja_limits l;
     l.max_output = (size_t)64 << 20;
     l.max_memory = (size_t)256 << 20;
-    l.max_steps = 10 * 1000 * 1000;
+    l.max_steps = 50 * 1000 * 1000; /* about a second of the simplest loop */
     l.max_depth = 200;
     return l;
 }
@@ -703,7 +703,12 @@ static JX_NOINLINE keel_status run_for(jx *x, jscope *sc, const jnode *f, jv ite
     lp->fornode = f;
     lp->outer = sc;
     x->line = f->line;
-    if (iter.t == JT_LIST && iter.u.l->kind != JL_GEN && iter.u.l->kind != JL_REVITER && !f->e) {
+    if (iter.t == JT_LIST && iter.u.l->kind == JL_RANGE && !f->e && !iter.u.l->v) {
+        lp->range = iter.u.l; /* items computed as they are needed */
+        lp->n = iter.u.l->n;
+        lp->complete = true;
+    } else if (iter.t == JT_LIST && iter.u.l->kind != JL_GEN && iter.u.l->kind != JL_REVITER &&
+               !f->e) {
         lp->live = iter.u.l; /* appends during the loop are seen, as in Python */
     } else {
         jv *items = NULL;
@@ -737,7 +742,7 @@ static JX_NOINLINE keel_status run_for(jx *x, jscope *sc, const jnode *f, jv ite
         lp->i = i;
         body->n = 0; /* each iteration starts afresh */
         TRY(scope_set(x, body, x->t->names.loop, loopv));
-        TRY(assign(x, body, f->a, lp->items[i]));
+        TRY(assign(x, body, f->a, jx_loop_item(lp, i)));
         TRY(exec_list(x, body, f->c));
         if (x->flow == JFLOW_BREAK) {
             x->flow = JFLOW_NONE;

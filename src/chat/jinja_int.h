@@ -94,7 +94,7 @@ struct jstr {
 typedef enum jlist_kind {
     JL_LIST = 0,
     JL_TUPLE,
-    JL_RANGE,    /* range(start, stop, step): items materialized */
+    JL_RANGE,    /* range(start, stop, step): items made on first need (jv_range_fill) */
     JL_ITEMS,    /* dict.items() */
     JL_KEYS,     /* dict.keys() */
     JL_VALUES,   /* dict.values() */
@@ -448,6 +448,7 @@ struct jloop {
     jv *src;          /* the unfiltered items */
     size_t src_n, src_i;
     jlist *live;      /* an unfiltered list iterated live (appends are seen) */
+    const jlist *range; /* an unfiltered range: item i is computed, never stored */
     int32_t depth0;   /* recursive loops */
     const jnode *fornode;
     jscope *outer;    /* scope the loop was entered from (recursive calls) */
@@ -475,6 +476,13 @@ typedef struct jx {
  * jinja2's LoopContext peeks one item ahead). false past the end or on an
  * error (*st set). */
 bool jx_loop_fetch(jx *x, jloop *lp, size_t i, keel_status *st);
+
+/* Item i of a loop (known: after jx_loop_fetch returned true for it). */
+static inline jv jx_loop_item(const jloop *lp, size_t i)
+{
+    if (lp->range) return jv_int(lp->range->r0 + (int64_t)i * lp->range->r2);
+    return lp->items[i];
+}
 
 #define JFLOW_NONE 0
 #define JFLOW_BREAK 1
@@ -594,6 +602,9 @@ jv jv_undef_name(jx *x, const jstr *name);
 bool jv_as_int(jv v, int64_t *out);
 /* Number value of an int, float or bool. */
 bool jv_as_num(jv v, double *out);
+/* Makes a range's items (they are computed lazily); false on OOM. Any
+ * code reading l->v of a list that may be a range calls this first. */
+bool jv_range_fill(jx *x, jlist *l);
 /* Deep-enough copy for list(), dict.copy(): a new container, same items. */
 jlist *jv_list_copy(jx *x, const jv *items, size_t n, uint8_t kind);
 

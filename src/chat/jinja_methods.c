@@ -798,9 +798,9 @@ static keel_status str_format(jx *x, jstr *fmt, const jargs *a, jv *out)
             if (autoi >= a->n_pos)
                 return jx_fail(x, KEEL_EINVAL, "Replacement index %zu out of range", autoi);
             v = a->pos[autoi++];
-        } else if (field[0] >= '0' && field[0] <= '9') {
+        } else if (strspn(field, "0123456789") >= name_end) {
             size_t k = 0;
-            for (size_t q = 0; q < name_end; q++) k = k * 10 + (size_t)(field[q] - '0');
+            for (size_t q = 0; q < name_end && k < SIZE_MAX / 20; q++) k = k * 10 + (size_t)(field[q] - '0');
             if (k >= a->n_pos)
                 return jx_fail(x, KEEL_EINVAL, "Replacement index %zu out of range", k);
             v = a->pos[k];
@@ -832,9 +832,14 @@ static keel_status str_format(jx *x, jstr *fmt, const jargs *a, jv *out)
                 size_t kl = e - p - 1;
                 bool digits = kl > 0;
                 int64_t iv = 0;
-                for (size_t q = 0; q < kl; q++) {
-                    if (k[q] < '0' || k[q] > '9') digits = false;
-                    iv = iv * 10 + (k[q] - '0');
+                for (size_t q = 0; q < kl && digits; q++) {
+                    if (k[q] < '0' || k[q] > '9') {
+                        digits = false;
+                    } else {
+                        if (iv > INT64_MAX / 10 - 1)
+                            return jx_fail(x, KEEL_EINVAL, "Too many decimal digits in format string");
+                        iv = iv * 10 + (k[q] - '0');
+                    }
                 }
                 jv key;
                 if (digits) {
@@ -871,7 +876,9 @@ static keel_status str_format(jx *x, jstr *fmt, const jargs *a, jv *out)
             TRY(jv_to_str(x, v, &r));
             v = jv_strv(r);
         }
-        if (v.t == JT_UNDEF) return jx_undef_error(x, v);
+        /* Undefined formats as '' (object.__format__), but not with a spec */
+        if (v.t == JT_UNDEF && p < fl && field[p] == ':' && p + 1 < fl)
+            return jx_fail(x, KEEL_EINVAL, "unsupported format string passed to Undefined.__format__");
         TRY(format_value(x, &b, v, &f));
         i = j + 1;
     }
@@ -1621,10 +1628,8 @@ static keel_status g_range(jx *x, const jargs *a, jv *out)
     if (n > RANGE_MAX)
         return jx_fail(x, KEEL_EOVERFLOW, "Range too big. The sandbox blocks ranges larger than "
                                           "MAX_RANGE (%d).", RANGE_MAX);
-    TRY(jx_steps(x, n / 8));
-    jlist *l = jlist_new(&x->mem, (size_t)n, JL_RANGE);
+    jlist *l = jlist_new(&x->mem, 0, JL_RANGE); /* items made when needed */
     if (!l) return jx_oom(x);
-    for (int64_t i = 0; i < n; i++) l->v[i] = jv_int(start + i * step);
     l->n = (size_t)n;
     l->r0 = start;
     l->r1 = stop;
@@ -1695,6 +1700,7 @@ keel_status jinja_builtin_call(jx *x, jfn fn, jv self, const jargs *a, jv *out)
     }
     if (fn >= JF_L_APPEND && fn <= JF_L_CLEAR) {
         if (self.t != JT_LIST) return jx_fail(x, KEEL_EINTERNAL, "list method on %s", jv_type_name(self));
+        if (!jv_range_fill(x, self.u.l)) return jx_oom(x);
         return list_method(x, fn, self, a, out);
     }
     if (fn >= JF_D_GET && fn <= JF_D_POPITEM) {

@@ -1618,6 +1618,7 @@ static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
             *out = false;
             return KEEL_OK;
         }
+        if (!jv_range_fill(x, a.u.l) || !jv_range_fill(x, b.u.l)) return jx_oom(x);
         for (size_t i = 0; i < l->n; i++) {
             bool e;
             TRY(eq_rec(x, l->v[i], m->v[i], &e, depth + 1));
@@ -1758,6 +1759,7 @@ keel_status jv_contains(jx *x, jv c, jv item, bool *out)
         return KEEL_OK;
     }
     case JT_LIST:
+        if (!jv_range_fill(x, c.u.l)) return jx_oom(x);
         for (size_t i = 0; i < c.u.l->n; i++) {
             TRY(jv_eq(x, c.u.l->v[i], item, out));
             if (*out) return KEEL_OK;
@@ -1805,6 +1807,7 @@ keel_status jv_iter(jx *x, jv v, jv **items, size_t *n)
     case JT_UNDEF:
         return KEEL_OK;
     case JT_LIST:
+        if (!jv_range_fill(x, v.u.l)) return jx_oom(x);
         *items = v.u.l->v;
         *n = v.u.l->n;
         /* generators are consumed by iteration */
@@ -1835,6 +1838,18 @@ keel_status jv_iter(jx *x, jv v, jv **items, size_t *n)
     default:
         return jx_fail(x, KEEL_EINVAL, "'%s' object is not iterable", jv_type_name(v));
     }
+}
+
+bool jv_range_fill(jx *x, jlist *l)
+{
+    if (l->kind != JL_RANGE || l->v || l->n == 0) return true;
+    x->steps += (int64_t)(l->n / 8); /* checked by the next step */
+    jv *v = jmem_alloc_n(&x->mem, l->n, sizeof(jv));
+    if (!v) return false;
+    for (size_t i = 0; i < l->n; i++) v[i] = jv_int(l->r0 + (int64_t)i * l->r2);
+    l->v = v;
+    l->cap = l->n;
+    return true;
 }
 
 jlist *jv_list_copy(jx *x, const jv *items, size_t n, uint8_t kind)
@@ -2144,7 +2159,7 @@ keel_status jv_getitem(jx *x, jv obj, jv key, jv *out)
         if (subscriptable && jv_as_int(key, &idx)) {
             if (idx < 0) idx += (int64_t)l->n;
             if (idx >= 0 && (size_t)idx < l->n) {
-                *out = l->v[idx];
+                *out = l->v ? l->v[idx] : jv_int(l->r0 + idx * l->r2); /* a lazy range */
                 return KEEL_OK;
             }
             *out = jv_undef_attr(x, obj, key, true);
@@ -2276,6 +2291,7 @@ keel_status jv_slice(jx *x, jv obj, jv start, jv stop, jv step, jv *out)
     if (obj.t == JT_LIST &&
         (obj.u.l->kind == JL_LIST || obj.u.l->kind == JL_TUPLE || obj.u.l->kind == JL_RANGE)) {
         const jlist *l = obj.u.l;
+        if (!jv_range_fill(x, obj.u.l)) return jx_oom(x);
         TRY(slice_bounds(x, (int64_t)l->n, start, stop, step, &a, &b, &k, &cnt));
         jlist *r = jlist_new(&x->mem, (size_t)cnt, l->kind == JL_TUPLE ? JL_TUPLE : JL_LIST);
         if (!r) return jx_oom(x);
@@ -2307,11 +2323,11 @@ static keel_status loop_attr(jx *x, jv obj, const jstr *name, jv *out)
     } else if (NAME_IS("depth0")) {
         *out = jv_int(lp->depth0);
     } else if (NAME_IS("previtem")) {
-        *out = lp->i > 0 ? lp->items[lp->i - 1] : jv_undef_hint(x, "there is no previous item");
+        *out = lp->i > 0 ? jx_loop_item(lp, lp->i - 1) : jv_undef_hint(x, "there is no previous item");
     } else if (NAME_IS("nextitem")) {
         bool have = jx_loop_fetch(x, lp, lp->i + 1, &st);
         if (st != KEEL_OK) return st;
-        *out = have ? lp->items[lp->i + 1] : jv_undef_hint(x, "there is no next item");
+        *out = have ? jx_loop_item(lp, lp->i + 1) : jv_undef_hint(x, "there is no next item");
     } else if (NAME_IS("last")) {
         bool have = jx_loop_fetch(x, lp, lp->i + 1, &st);
         if (st != KEEL_OK) return st;
