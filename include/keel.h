@@ -819,6 +819,94 @@ keel_status keel_sampler_sample(keel_sampler *s, const float *logits, int32_t *t
 keel_status keel_sampler_accept(keel_sampler *s, int32_t token);
 void keel_sampler_reset(keel_sampler *s);
 
+/* ======================================================================== */
+/* Chat templates                                                           */
+/* ======================================================================== */
+/*
+ * A Jinja2 engine for the chat templates models carry (GGUF
+ * tokenizer.chat_template), configured as Hugging Face transformers renders
+ * them: trim_blocks and lstrip_blocks on, loop controls and `do`, mutable
+ * lists, {% generation %}, tojson = json.dumps(ensure_ascii=False),
+ * raise_exception(msg), strftime_now(fmt). The supported language and the
+ * limits are in docs/chat.md. Rendering is bounded: output at most 64 MiB,
+ * working memory at most 256 MiB, at most 5 x 10^7 steps (loop iterations,
+ * calls, items visited by filters), nesting at most 200 levels at run time
+ * (fits a 256 KiB thread stack); exceeding one is an error, never a hang.
+ *
+ *     keel_chat_template *t;
+ *     char err[256];
+ *     if (keel_chat_template_open(src, strlen(src), &t, err) != KEEL_OK) ...;
+ *     const char *vars = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}],"
+ *                        " \"add_generation_prompt\": true}";
+ *     size_t n;
+ *     keel_status st = keel_chat_template_render(t, vars, strlen(vars), NULL, buf, cap, &n, err);
+ *     // KEEL_ERANGE: buf too small, n is the length needed (plus 1 for the NUL)
+ *     keel_chat_template_close(t);
+ */
+
+typedef struct keel_chat_template keel_chat_template;
+
+/*
+ * Compiles len bytes of template source (UTF-8; need not be NUL-terminated).
+ * KEEL_EFORMAT for a syntax error, invalid UTF-8 or an unknown filter/test
+ * outside a conditional, with "template line N: <what>" in err;
+ * KEEL_EOVERFLOW if the template nests more than 64 blocks or expressions
+ * (96 AST levels); KEEL_EINVAL for NULL arguments; KEEL_ENOMEM. err (256
+ * bytes, may be NULL) receives the detail. *out is NULL on failure.
+ * Allocates through the hooks; the template owns everything and does not
+ * keep source. Thread-safe (no shared state).
+ */
+keel_status keel_chat_template_open(const char *source, size_t len, keel_chat_template **out,
+                                    char *err);
+
+/*
+ * Renders t with the variables in vars_json (len bytes: a JSON object whose
+ * members become template variables: messages, tools,
+ * add_generation_prompt, bos_token, eos_token, ...; NULL or len 0: none).
+ * now ("2026-01-15T09:30:00") is the time strftime_now formats; NULL: the
+ * local time. The text is written to buf followed by a NUL and *n_out is its
+ * length (without the NUL). Errors:
+ *   KEEL_ERANGE     cap < *n_out + 1: nothing written, *n_out is the length
+ *   KEEL_EINVAL     the template refused (raise_exception: err holds its
+ *                   message, "template line N: <message>") or failed at run
+ *                   time (undefined value used, wrong type, ...); a NULL
+ *                   argument; now malformed
+ *   KEEL_EFORMAT    vars_json is not valid JSON or not an object
+ *   KEEL_EOVERFLOW  a limit above was exceeded (err names it)
+ *   KEEL_ENOMEM
+ * err (256 bytes, may be NULL) receives the detail. Allocates working memory
+ * through the hooks and frees it before returning. t is not modified: any
+ * number of threads may render one template at once.
+ */
+keel_status keel_chat_template_render(const keel_chat_template *t, const char *vars_json,
+                                      size_t len, const char *now, char *buf, size_t cap,
+                                      size_t *n_out, char *err);
+
+/* Frees a template. NULL is a no-op. */
+void keel_chat_template_close(keel_chat_template *t);
+
+/*
+ * The source of a built-in template (static storage, NUL-terminated):
+ * "chatml" (<|im_start|>role\ncontent<|im_end|>), "llama3", "gemma",
+ * "mistral", "qwen3" (ChatML with Hermes tool calls and <think>).
+ * KEEL_ENOENT for another name, KEEL_EINVAL for NULL arguments.
+ */
+keel_status keel_chat_template_builtin(const char *name, const char **source);
+
+/* NULL-terminated list of the built-in names (static storage). */
+const char *const *keel_chat_template_builtin_names(void);
+
+/*
+ * The chat template of a model (GGUF tokenizer.chat_template): *source
+ * points at *len bytes inside the model (not NUL-terminated; valid until the
+ * model is closed). KEEL_ENOENT if the model has none (callers then use
+ * "chatml"), KEEL_EFORMAT if the key is not a string, KEEL_EINVAL for NULL
+ * arguments. Allocates nothing.
+ */
+keel_status keel_model_chat_template(const keel_model *m, const char **source, size_t *len);
+
+/* KEEL_SECTION_CHAT */
+
 /* KEEL_SECTION_MODEL */
 
 /* KEEL_SECTION_ENGINE */

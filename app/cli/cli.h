@@ -103,5 +103,6 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_eval_compaction(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 
 #endif

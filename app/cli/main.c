@@ -24,6 +24,7 @@ static const cli_command g_commands[] = {
     {"bench", cmd_bench,
      "bench kernels|attention [options]         kernel and attention benchmarks (bench -h)\n"
      "  bench -m MODEL [-p 512] [-n 128] [--json]  prompt and generation speed"},
+    {"template", cmd_template, "template --file T.jinja --vars V.json      render a chat template (template -h)"},
     {"gen-model", cmd_gen_model,
      "gen-model --arch A [options] --out F      write a random-weight GGUF model"},
 };

@@ -1066,3 +1066,10 @@ keel_status gguf_get_tensor(const gguf *g, const char *name, const gguf_tensor *
     *out = t;
     return KEEL_OK;
 }
+
+keel_status gguf_chat_template(const gguf *g, const char **s, size_t *n, char *err)
+{
+    const gguf_value *v = gguf_find_value(g, "tokenizer.chat_template");
+    if (!v) return base_err(err, KEEL_ENOENT, "the model has no tokenizer.chat_template");
+    return gguf_get_str(g, "tokenizer.chat_template", s, n, err);
+}

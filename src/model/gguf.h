@@ -164,6 +164,10 @@ keel_status gguf_get_f32(const gguf *g, const char *key, float *out, char *err);
 keel_status gguf_get_bool(const gguf *g, const char *key, bool *out, char *err);
 /* String view (not NUL-terminated) and its length. */
 keel_status gguf_get_str(const gguf *g, const char *key, const char **s, size_t *n, char *err);
+/* The chat template (tokenizer.chat_template; bytes in the file, not
+ * NUL-terminated): KEEL_ENOENT if the file has none, KEEL_EFORMAT if it is
+ * not a string. */
+keel_status gguf_chat_template(const gguf *g, const char **s, size_t *n, char *err);
 /* Any integer type (u8..i64, and bool as 0/1); KEEL_ERANGE if a u64 value
  * exceeds INT64_MAX. */
 keel_status gguf_get_int(const gguf *g, const char *key, int64_t *out, char *err);
