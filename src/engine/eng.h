@@ -37,6 +37,7 @@ typedef struct eng_opts {
     bool add_generation_prompt;
     json_t *template_kwargs;  /* extra template variables (object) or NULL; owned ref */
     bool parse_tools;         /* false for raw prompts */
+    bool ignore_eos;          /* end-of-generation tokens are never sampled */
 } eng_opts;
 
 typedef enum eng_req_kind {
@@ -133,6 +134,8 @@ struct keel_engine {
     const char *template_name;
     /* default options of every request */
     keel_compact_params compact_default;
+    int32_t *eog_ids;         /* [n_eog] end-of-generation tokens (ignore_eos) */
+    int32_t n_eog;
     /* queue */
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* work arrived / a request finished */
@@ -148,6 +151,9 @@ struct keel_engine {
     uint64_t clock;           /* LRU counter */
     /* stats (under mu) */
     int64_t n_requests, n_prompt_tokens, n_cached_tokens, n_gen_tokens;
+    /* tests: the logits each request's first token is sampled from */
+    void (*debug_logits)(void *user, uint64_t request, const float *logits, int32_t n_vocab);
+    void *debug_user;
     /* the last keel_complete's response */
     char *last_response;
     size_t last_response_len;

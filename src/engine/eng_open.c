@@ -257,6 +257,22 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
         st = base_err(err, KEEL_EINVAL, "tool_format '%s' unknown (%s)", p.tool_format, toolcall_format_names());
         goto fail;
     }
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t k = 0;
+        for (int32_t id = 0; id < mi.n_vocab; id++)
+            if (keel_token_is_eog(e->model, id)) {
+                if (pass) e->eog_ids[k] = id;
+                k++;
+            }
+        if (pass == 0) {
+            e->n_eog = k;
+            e->eog_ids = base_alloc((size_t)(k ? k : 1) * sizeof(int32_t));
+            if (!e->eog_ids) {
+                st = base_err(err, KEEL_ENOMEM, "out of memory");
+                goto fail;
+            }
+        }
+    }
     e->bos_text = token_text_dup(e->model, mi.bos);
     e->eos_text = token_text_dup(e->model, mi.eos);
     if (!e->bos_text || !e->eos_text) {
@@ -288,6 +304,7 @@ void keel_engine_close(keel_engine *e)
     base_free(e->batch_slot, nb * sizeof(int32_t));
     base_free(e->batch_logits, nb);
     jinja_close(e->tmpl);
+    base_free(e->eog_ids, (size_t)(e->n_eog ? e->n_eog : 1) * sizeof(int32_t));
     if (e->bos_text) base_free(e->bos_text, strlen(e->bos_text) + 1);
     if (e->eos_text) base_free(e->eos_text, strlen(e->eos_text) + 1);
     base_free(e->last_response, e->last_response_len + 1);

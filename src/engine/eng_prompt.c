@@ -193,6 +193,11 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
                 if (o->template_kwargs) json_decref(o->template_kwargs);
                 o->template_kwargs = json_incref(v);
             }
+        } else if (strcmp(k, "ignore_eos") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "ignore_eos must be a boolean");
+            else
+                o->ignore_eos = json_is_true(v);
         } else if (strcmp(k, "add_generation_prompt") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "add_generation_prompt must be a boolean");

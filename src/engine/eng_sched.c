@@ -17,6 +17,7 @@
  */
 #include "eng.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -60,12 +61,6 @@ static uint64_t now_ns(void)
 }
 
 /* ---- events -------------------------------------------------------------- */
-
-static void emit(keel_engine *e, eng_req *r, const keel_event *ev)
-{
-    (void)e;
-    if (r->cb && !r->cb(r->user, ev)) atomic_store(&r->cancel, 1);
-}
 
 static void on_toolcall(void *user, const toolcall_event *tev)
 {
@@ -251,6 +246,9 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     sl->t_end = now_ns();
     size_t len = 0;
     char *resp = build_response(e, sl, have ? &res : NULL, status, error, &len);
+    /* a cancelled request ends without an error in its response, but with
+     * KEEL_ECANCELED as its status */
+    if (strcmp(reason, "cancelled") == 0 && status == KEEL_OK) status = KEEL_ECANCELED;
     keel_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = KEEL_EVENT_DONE;
@@ -737,7 +735,15 @@ bool eng_step(keel_engine *e)
                     }
                 }
                 int32_t tok;
-                st = keel_sampler_sample(sl->samp, keel_logits(e->ctx, j), &tok);
+                const float *lg = keel_logits(e->ctx, j);
+                if (sl->req->o.ignore_eos && lg) {
+                    /* the context's own logits row, the engine's to change */
+                    float *w = e->ctx->logits + (lg - e->ctx->logits);
+                    for (int32_t q = 0; q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
+                }
+                if (sl->n_gen == 0 && e->debug_logits)
+                    e->debug_logits(e->debug_user, sl->req->id, lg, e->model->w.hp.n_vocab);
+                st = keel_sampler_sample(sl->samp, lg, &tok);
                 if (st != KEEL_OK) {
                     finish(e, sl, "error", st, "sampler: no finite logit");
                     continue;

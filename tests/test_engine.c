@@ -1,0 +1,413 @@
+/*
+ * test_engine.c — the chat engine (keel_engine, keel_complete) on generated
+ * models: two turns reuse the cached prefix and give the logits of a fresh
+ * prefill; cancel from another thread; a callback that stops; compaction
+ * switched on and off between turns; stop strings; raw prompts; bad
+ * requests refused with named errors; submit + run on a scheduler thread
+ * with several slots.
+ */
+#include "testutil.h"
+#include "engine/eng.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_model[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_model, sizeof g_model, "/tmp/keel_engine_XXXXXX");
+    int fd = mkstemp(g_model);
+    if (fd < 0) return -1;
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "qwen2"; /* BPE vocabulary with <|im_start|> / <|im_end|> */
+    gp.n_layer = 2;
+    gp.n_embd = 64;
+    gp.n_head = 4;
+    gp.n_head_kv = 2;
+    gp.seed = 7;
+    char err[256];
+    return keel_gen_model(&gp, g_model, err) == KEEL_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(g_model);
+    return 0;
+}
+
+static keel_engine *open_engine(const char *extra)
+{
+    char opts[1024], err[256] = "";
+    snprintf(opts, sizeof opts, "{\"model\": \"%s\", \"n_threads\": 2, \"type_k\": \"f32\", \"type_v\": \"f32\"%s%s}",
+             g_model, extra ? ", " : "", extra ? extra : "");
+    keel_engine *e = NULL;
+    keel_status st = keel_engine_open(opts, &e, err);
+    if (st != KEEL_OK) fail_msg("engine open: %s: %s", keel_status_name(st), err);
+    return e;
+}
+
+static json_t *parse(const char *s)
+{
+    json_t *j = json_loads(s, JSON_ALLOW_NUL, NULL);
+    if (!j) fail_msg("response is not JSON: %s", s);
+    return j;
+}
+
+static int64_t usage(json_t *r, const char *k)
+{
+    return json_integer_value(json_object_get(json_object_get(r, "usage"), k));
+}
+
+static const char *MSG1 = "[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},"
+                          "{\"role\":\"user\",\"content\":\"The little dog ran to the park and\"}]";
+static const char *MSG2 = "[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},"
+                          "{\"role\":\"user\",\"content\":\"The little dog ran to the park and\"},"
+                          "{\"role\":\"assistant\",\"content\":\"it was happy.\"},"
+                          "{\"role\":\"user\",\"content\":\"What did the dog see there?\"}]";
+
+typedef struct logit_cap {
+    float *row;
+    int32_t n;
+} logit_cap;
+
+static void cap_logits(void *user, uint64_t req, const float *logits, int32_t n)
+{
+    (void)req;
+    logit_cap *c = user;
+    free(c->row);
+    c->row = malloc((size_t)n * sizeof(float));
+    memcpy(c->row, logits, (size_t)n * sizeof(float));
+    c->n = n;
+}
+
+static char g_resp[1 << 16];
+
+/* Turn 2 reuses turn 1's prompt tokens and its logits equal a fresh
+ * engine's prefill of the whole prompt. */
+static void test_two_turns_reuse(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    logit_cap cached = {NULL, 0}, fresh = {NULL, 0};
+    e->debug_logits = cap_logits;
+    e->debug_user = &cached;
+    assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 8, \"temperature\": 0}", NULL, NULL, NULL, g_resp,
+                            sizeof g_resp));
+    json_t *r1 = parse(g_resp);
+    assert_int_equal(usage(r1, "cached_tokens"), 0);
+    assert_int_equal(usage(r1, "completion_tokens"), 8);
+    assert_string_equal(json_string_value(json_object_get(r1, "finish_reason")), "length");
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 16, \"temperature\": 0}", NULL, NULL, NULL, g_resp,
+                            sizeof g_resp));
+    json_t *r2 = parse(g_resp);
+    int64_t p1 = usage(r1, "prompt_tokens"), c2 = usage(r2, "cached_tokens");
+    printf("turn 1: %lld prompt tokens; turn 2: %lld prompt, %lld cached\n", (long long)p1,
+           (long long)usage(r2, "prompt_tokens"), (long long)c2);
+    assert_true(c2 > 0);
+    assert_true(c2 >= p1 - 8); /* everything up to turn 1's generation prompt */
+    assert_string_equal(json_string_value(json_object_get(json_object_get(r2, "memory"), "cache")), "reused");
+    keel_engine *f = open_engine(NULL);
+    f->debug_logits = cap_logits;
+    f->debug_user = &fresh;
+    assert_ok(keel_complete(f, MSG2, "{\"max_tokens\": 16, \"temperature\": 0}", NULL, NULL, NULL, g_resp,
+                            sizeof g_resp));
+    json_t *r3 = parse(g_resp);
+    assert_int_equal(usage(r3, "cached_tokens"), 0);
+    assert_int_equal(cached.n, fresh.n);
+    double md = 0;
+    for (int32_t i = 0; i < cached.n; i++) md = fmax(md, fabs((double)cached.row[i] - fresh.row[i]));
+    printf("turn 2 logits vs a fresh prefill: max |diff| %.3g\n", md);
+    assert_true(md < 1e-4);
+    assert_string_equal(json_string_value(json_object_get(r2, "content")),
+                        json_string_value(json_object_get(r3, "content")));
+    json_decref(r1);
+    json_decref(r2);
+    json_decref(r3);
+    free(cached.row);
+    free(fresh.row);
+    keel_engine_close(f);
+    keel_engine_close(e);
+}
+
+typedef struct counter {
+    int content, stop_after;
+    size_t bytes;
+} counter;
+
+static bool count_cb(void *user, const keel_event *ev)
+{
+    counter *c = user;
+    if (ev->kind == KEEL_EVENT_CONTENT || ev->kind == KEEL_EVENT_REASONING) {
+        c->content++;
+        c->bytes += ev->len;
+    }
+    return !(c->stop_after && c->content >= c->stop_after);
+}
+
+static void test_callback_stops(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    counter c = {0, 5, 0};
+    keel_status st = keel_complete(e, MSG1, "{\"max_tokens\": 200, \"temperature\": 0}", NULL, count_cb, &c,
+                                   g_resp, sizeof g_resp);
+    assert_status(st, KEEL_ECANCELED);
+    json_t *r = parse(g_resp);
+    assert_string_equal(json_string_value(json_object_get(r, "finish_reason")), "cancelled");
+    assert_true(usage(r, "completion_tokens") < 200);
+    assert_int_equal(c.content, 5);
+    json_decref(r);
+    /* the engine is usable afterwards */
+    assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp,
+                            sizeof g_resp));
+    keel_engine_close(e);
+}
+
+typedef struct cancel_arg {
+    keel_engine *e;
+    atomic_int started;
+} cancel_arg;
+
+static bool note_start(void *user, const keel_event *ev)
+{
+    cancel_arg *a = user;
+    if (ev->kind == KEEL_EVENT_CONTENT) atomic_store(&a->started, 1);
+    return true;
+}
+
+static void *canceller(void *p)
+{
+    cancel_arg *a = p;
+    while (!atomic_load(&a->started)) usleep(1000);
+    usleep(20000);
+    keel_engine_cancel(a->e);
+    return NULL;
+}
+
+static void test_cancel_from_thread(void **state)
+{
+    (void)state;
+    /* compaction keeps the cache bounded however long it generates */
+    keel_engine *e = open_engine("\"n_ctx\": 256, \"kv_compact\": {\"policy\": \"window\", \"trigger\": 128, \"target\": 64}");
+    cancel_arg a = {e, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, canceller, &a), 0);
+    keel_status st = keel_complete(e, MSG1, "{\"max_tokens\": -1, \"temperature\": 0.8, \"ignore_eos\": true}", NULL, note_start, &a,
+                                   g_resp, sizeof g_resp);
+    pthread_join(th, NULL);
+    assert_status(st, KEEL_ECANCELED);
+    json_t *r = parse(g_resp);
+    assert_string_equal(json_string_value(json_object_get(r, "finish_reason")), "cancelled");
+    assert_true(json_integer_value(json_object_get(json_object_get(r, "memory"), "cells")) <= 128);
+    json_decref(r);
+    keel_engine_close(e);
+}
+
+static int64_t mem_field(json_t *r, const char *k)
+{
+    return json_integer_value(json_object_get(json_object_get(r, "memory"), k));
+}
+
+static void test_compaction_switch(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine("\"n_ctx\": 512");
+    const char *on = "{\"max_tokens\": 120, \"temperature\": 0, \"kv_compact\": {\"policy\": \"keydiff\", \"trigger\": 64, \"target\": 32}}";
+    assert_ok(keel_complete(e, MSG1, on, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r = parse(g_resp);
+    assert_true(mem_field(r, "compactions") > 0);
+    assert_true(mem_field(r, "cells") <= 64);
+    json_decref(r);
+    /* off: the compacted cache cannot be truncated to the new prompt: reset, say so */
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 8, \"temperature\": 0, \"kv_compact\": \"none\"}", NULL, NULL,
+                            NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    assert_int_equal(mem_field(r, "compactions"), 0);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(r, "memory"), "cache")), "reset"));
+    assert_int_equal(usage(r, "cached_tokens"), 0);
+    json_decref(r);
+    /* still off (sticky): a long generation fills the cache without compacting */
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 100, \"temperature\": 0}", NULL, NULL, NULL, g_resp,
+                            sizeof g_resp));
+    r = parse(g_resp);
+    assert_int_equal(mem_field(r, "compactions"), 0);
+    assert_true(usage(r, "cached_tokens") > 0);
+    json_decref(r);
+    /* on again */
+    assert_ok(keel_complete(e, MSG2, on, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    assert_true(mem_field(r, "compactions") > 0);
+    json_decref(r);
+    keel_engine_close(e);
+}
+
+static void test_stop_and_raw_prompt(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    /* find what it says, then stop at its third byte */
+    assert_ok(keel_complete(e, NULL, "{\"prompt\": \"The cat sat on the\", \"max_tokens\": 12, \"temperature\": 0}",
+                            NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r = parse(g_resp);
+    const char *full = json_string_value(json_object_get(r, "content"));
+    assert_true(strlen(full) > 4);
+    char stop[3] = {full[2], full[3], 0};
+    char opts[256];
+    snprintf(opts, sizeof opts, "{\"prompt\": \"The cat sat on the\", \"max_tokens\": 12, \"temperature\": 0, \"stop\": [\"%s\"]}",
+             stop);
+    bool quote = strchr(stop, '"') || strchr(stop, '\\') || (unsigned char)stop[0] < 0x20 || (unsigned char)stop[1] < 0x20;
+    if (!quote) {
+        assert_ok(keel_complete(e, NULL, opts, NULL, NULL, NULL, g_resp, sizeof g_resp));
+        json_t *s = parse(g_resp);
+        const char *cut = json_string_value(json_object_get(s, "content"));
+        assert_string_equal(json_string_value(json_object_get(s, "finish_reason")), "stop");
+        assert_string_equal(json_string_value(json_object_get(s, "stop_sequence")), stop);
+        assert_true(strlen(cut) <= 2);
+        assert_memory_equal(cut, full, strlen(cut));
+        json_decref(s);
+    }
+    json_decref(r);
+    keel_engine_close(e);
+}
+
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine("\"n_ctx\": 64");
+    struct {
+        const char *msgs, *opts, *want;
+        keel_status st;
+    } cases[] = {
+        {"[{\"role\":\"user\"", NULL, "messages: invalid JSON", KEEL_EINVAL},
+        {"[]", NULL, "messages is empty", KEEL_EINVAL},
+        {"[{\"role\":\"wizard\",\"content\":\"x\"}]", NULL, "unknown role 'wizard'", KEEL_EINVAL},
+        {"[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]", NULL, "only parts of type \"text\"", KEEL_EINVAL},
+        {"[{\"role\":\"user\",\"content\":\"x\"}]", "{\"temprature\": 1}", "unknown option 'temprature'", KEEL_EINVAL},
+        {"[{\"role\":\"user\",\"content\":\"x\"}]", "{\"temperature\": -1}", "temperature -1 out of range", KEEL_EINVAL},
+        {"[{\"role\":\"user\",\"content\":\"x\"}]", "{\"stop\": 3}", "stop must be a string", KEEL_EINVAL},
+        {"[{\"role\":\"user\",\"content\":\"x\"}]", "{\"kv_compact\": \"magic\"}", "unknown policy 'magic'", KEEL_EINVAL},
+        {NULL, "{\"prompt_tokens\": [1, 99999]}", "prompt_tokens[1] must be a token id", KEEL_EINVAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        keel_status st = keel_complete(e, cases[i].msgs, cases[i].opts, NULL, NULL, NULL, g_resp, sizeof g_resp);
+        if (st != cases[i].st || !strstr(keel_engine_last_error(e), cases[i].want))
+            fail_msg("case %zu: %s '%s', want %s '%s'", i, keel_status_name(st), keel_engine_last_error(e),
+                     keel_status_name(cases[i].st), cases[i].want);
+    }
+    /* longer than the cache without compaction */
+    char big[8192] = "[{\"role\":\"user\",\"content\":\"";
+    for (int i = 0; i < 200; i++) strcat(big, "dog cat ");
+    strcat(big, "\"}]");
+    assert_status(keel_complete(e, big, NULL, NULL, NULL, NULL, g_resp, sizeof g_resp), KEEL_ECONTEXT);
+    assert_non_null(strstr(keel_engine_last_error(e), "tokens, more than the"));
+    /* a response that does not fit: the turn happened, fetch it */
+    assert_status(keel_complete(e, "[{\"role\":\"user\",\"content\":\"hi\"}]", "{\"max_tokens\": 2}", NULL, NULL, NULL,
+                                g_resp, 8),
+                  KEEL_ERANGE);
+    size_t n = 0;
+    assert_status(keel_engine_response(e, g_resp, 8, &n), KEEL_ERANGE);
+    assert_ok(keel_engine_response(e, g_resp, sizeof g_resp, &n));
+    assert_int_equal(n, strlen(g_resp) + 1);
+    keel_engine_close(e);
+    /* open errors */
+    char err[256];
+    keel_engine *x = (keel_engine *)1;
+    assert_status(keel_engine_open("{\"model\": \"/nonexistent.gguf\"}", &x, err), KEEL_EIO);
+    assert_null(x);
+    assert_status(keel_engine_open("{\"modle\": 1}", &x, err), KEEL_EINVAL);
+    assert_non_null(strstr(err, "unknown option 'modle'"));
+}
+
+/* ---- the loop on a scheduler thread, several slots ------------------------------ */
+
+typedef struct collect {
+    pthread_mutex_t mu;
+    int done;
+    char text[8][4096];
+    size_t len[8];
+    uint64_t ids[8];
+} collect;
+
+static bool collect_cb(void *user, const keel_event *ev)
+{
+    collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < 8; i++)
+        if (c->ids[i] == ev->request) {
+            if (ev->kind == KEEL_EVENT_CONTENT && c->len[i] + ev->len < sizeof c->text[i]) {
+                memcpy(c->text[i] + c->len[i], ev->text, ev->len);
+                c->len[i] += ev->len;
+            }
+            if (ev->kind == KEEL_EVENT_DONE) c->done++;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return true;
+}
+
+static void *run_loop(void *p)
+{
+    keel_status st = keel_engine_run(p);
+    return (void *)(intptr_t)st;
+}
+
+static void test_run_loop_slots(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine("\"n_slots\": 4, \"n_ctx\": 2048");
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_loop, e), 0);
+    collect c;
+    memset(&c, 0, sizeof c);
+    pthread_mutex_init(&c.mu, NULL);
+    const char *users[4] = {"The dog", "A cat and a bird", "Once upon a time there was", "The sun"};
+    pthread_mutex_lock(&c.mu); /* ids are filled before any event is matched */
+    for (int i = 0; i < 8; i++) {
+        char req[512];
+        snprintf(req, sizeof req,
+                 "{\"messages\": [{\"role\":\"user\",\"content\":\"%s\"}], \"max_tokens\": %d, \"temperature\": 0}",
+                 users[i % 4], 6 + i);
+        assert_ok(keel_engine_submit(e, req, collect_cb, &c, &c.ids[i]));
+    }
+    pthread_mutex_unlock(&c.mu);
+    for (int t = 0; t < 30000; t++) {
+        pthread_mutex_lock(&c.mu);
+        int d = c.done;
+        pthread_mutex_unlock(&c.mu);
+        if (d == 8) break;
+        usleep(1000);
+    }
+    assert_int_equal(c.done, 8);
+    /* a keel_complete while the loop runs submits and waits */
+    assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 3, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+    size_t n = 0;
+    assert_ok(keel_engine_stats(e, g_resp, sizeof g_resp, &n));
+    json_t *s = parse(g_resp);
+    assert_int_equal(json_integer_value(json_object_get(s, "requests")), 9);
+    assert_int_equal(json_array_size(json_object_get(s, "slots")), 4);
+    json_decref(s);
+    keel_engine_stop(e);
+    void *rv;
+    pthread_join(th, &rv);
+    assert_int_equal((intptr_t)rv, KEEL_OK);
+    pthread_mutex_destroy(&c.mu);
+    keel_engine_close(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_turns_reuse),   cmocka_unit_test(test_callback_stops),
+        cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
+        cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_run_loop_slots),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
