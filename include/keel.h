@@ -1054,6 +1054,27 @@ keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id);
 void keel_engine_cancel(keel_engine *e);
 /* Clears every slot's cache and history (not while requests run: KEEL_ESTATE). */
 keel_status keel_engine_reset(keel_engine *e);
+/*
+ * Slot actions (the server's /slots/{id}?action=...), thread-safe: with a
+ * loop running they are queued to it and wait; they need the slot idle
+ * (KEEL_ESTATE otherwise) and a valid slot id (KEEL_EINVAL).
+ *   save:    writes the slot's cache and its token history to path
+ *            (keel_session format, docs/formats.md; atomic: a temporary file
+ *            renamed into place). info (may be NULL, cap bytes) receives
+ *            {"id_slot", "n_saved", "n_written", "timings": {"save_ms"}}.
+ *   restore: loads such a file into the slot (validated completely before the
+ *            slot changes: wrong model, other cache types, corrupted or
+ *            truncated files are refused with the memory unchanged); info
+ *            receives {"id_slot", "n_restored", "n_read", "timings": {"restore_ms"}}.
+ *   erase:   empties the slot's cache; info {"id_slot", "n_erased"}.
+ * KEEL_EIO (path and errno text in keel_engine_last_error), KEEL_EFORMAT,
+ * KEEL_EFULL (the cache has no room for the restored cells), KEEL_ERANGE
+ * (info did not fit: the action happened).
+ */
+keel_status keel_engine_slot_save(keel_engine *e, int32_t slot, const char *path, char *info, size_t cap);
+keel_status keel_engine_slot_restore(keel_engine *e, int32_t slot, const char *path, char *info, size_t cap);
+keel_status keel_engine_slot_erase(keel_engine *e, int32_t slot, char *info, size_t cap);
+
 /* Statistics and the memory plan as JSON into buf (thread-safe): slots (state,
  * cached tokens, cells, compactions), requests served, tokens in/out, plan
  * bytes. KEEL_ERANGE if cap is too small (*n_out says how much). */

@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 
 #define ENG_MAX_SLOTS 256 /* = the memory's sequence limit */
+#define ENG_TTFT_BUCKETS 12 /* 0.01 s .. 20 s, see eng_ttft_le */
 
 /* Per-request options (request JSON or keel_complete's options_json). */
 typedef struct eng_opts {
@@ -150,7 +151,14 @@ struct keel_engine {
     atomic_int cancel_all;
     uint64_t clock;           /* LRU counter */
     /* stats (under mu) */
-    int64_t n_requests, n_prompt_tokens, n_cached_tokens, n_gen_tokens;
+    int64_t n_requests, n_failed, n_cancelled, n_prompt_tokens, n_cached_tokens, n_gen_tokens;
+    double prompt_seconds, predicted_seconds;
+    int64_t ttft_counts[ENG_TTFT_BUCKETS + 1]; /* time to first token, cumulative buckets + total */
+    double ttft_sum;
+    /* memory snapshot for other threads (under mu) */
+    keel_mem_stats mem_stats;
+    int64_t group_used[8], group_cap[8];
+    int32_t n_group_stat;
     /* tests: the logits each request's first token is sampled from */
     void (*debug_logits)(void *user, uint64_t request, const float *logits, int32_t n_vocab);
     void *debug_user;
@@ -177,6 +185,9 @@ void eng_req_free(eng_req *r);
  * hist_cap), KEEL_ENOMEM. */
 keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
                               jinja_buf *rendered);
+
+/* Upper bounds (seconds) of the time-to-first-token histogram buckets. */
+extern const double eng_ttft_le[ENG_TTFT_BUCKETS];
 
 /* eng_sched.c */
 /* One scheduler step over the slots (the stepping thread only): admits

@@ -630,7 +630,43 @@ keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_o
     bad |= json_object_set_new(o, "prompt_tokens", json_integer(e->n_prompt_tokens));
     bad |= json_object_set_new(o, "cached_tokens", json_integer(e->n_cached_tokens));
     bad |= json_object_set_new(o, "completion_tokens", json_integer(e->n_gen_tokens));
+    bad |= json_object_set_new(o, "requests_failed", json_integer(e->n_failed));
+    bad |= json_object_set_new(o, "requests_cancelled", json_integer(e->n_cancelled));
+    bad |= json_object_set_new(o, "prompt_seconds", json_real(e->prompt_seconds));
+    bad |= json_object_set_new(o, "predicted_seconds", json_real(e->predicted_seconds));
+    json_t *tt = json_object(), *bk = json_array();
+    if (!tt || !bk) bad = 1;
+    for (int32_t b = 0; bk && b < ENG_TTFT_BUCKETS; b++)
+        bad |= json_array_append_new(bk, json_pack("[fI]", eng_ttft_le[b], (json_int_t)e->ttft_counts[b]));
+    if (tt) {
+        bad |= json_object_set_new(tt, "buckets", bk);
+        bad |= json_object_set_new(tt, "count", json_integer(e->ttft_counts[ENG_TTFT_BUCKETS]));
+        bad |= json_object_set_new(tt, "sum", json_real(e->ttft_sum));
+        bad |= json_object_set_new(o, "ttft_seconds", tt);
+    } else if (bk) {
+        json_decref(bk);
+    }
+    json_t *kv = json_object(), *tabs = json_array();
+    if (!kv || !tabs) bad = 1;
+    for (int32_t g = 0; tabs && g < e->n_group_stat; g++)
+        bad |= json_array_append_new(tabs, json_pack("{sisIsI}", "group", g, "cells_used", (json_int_t)e->group_used[g],
+                                                     "cells_cap", (json_int_t)e->group_cap[g]));
+    if (kv) {
+        bad |= json_object_set_new(kv, "cells_used", json_integer(e->mem_stats.cells_used));
+        bad |= json_object_set_new(kv, "cells_cap", json_integer(e->mem_stats.cells_cap));
+        bad |= json_object_set_new(kv, "bytes_used", json_integer((json_int_t)e->mem_stats.bytes_used));
+        bad |= json_object_set_new(kv, "bytes_total", json_integer((json_int_t)e->mem_stats.bytes_total));
+        bad |= json_object_set_new(kv, "groups", tabs);
+        bad |= json_object_set_new(o, "kv", kv);
+    } else if (tabs) {
+        json_decref(tabs);
+    }
     pthread_mutex_unlock(&e->mu);
+    keel_model_info mi;
+    keel_model_info_get(e->model, &mi);
+    bad |= json_object_set_new(o, "model", json_pack("{sssssIsisisi}", "name", mi.name, "arch", mi.arch, "n_params",
+                                                     (json_int_t)mi.n_params, "n_ctx_train", mi.n_ctx_train, "n_vocab",
+                                                     mi.n_vocab, "n_ctx_slot", e->n_ctx_slot));
     json_t *pj = json_pack("{sIsIsIsIsIsI}", "weights_mapped", (json_int_t)plan.weights_mapped, "kv_bytes",
                            (json_int_t)plan.kv_bytes, "mem_bytes", (json_int_t)plan.mem_bytes, "work_bytes",
                            (json_int_t)plan.work_bytes, "logits_bytes", (json_int_t)plan.logits_bytes,

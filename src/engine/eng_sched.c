@@ -21,6 +21,8 @@
 #include <stdio.h>
 #include <string.h>
 
+const double eng_ttft_le[ENG_TTFT_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20};
+
 /* ---- small helpers ------------------------------------------------------- */
 
 static keel_status text_append(eng_text *t, const char *s, size_t n)
@@ -249,6 +251,18 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     /* a cancelled request ends without an error in its response, but with
      * KEEL_ECANCELED as its status */
     if (strcmp(reason, "cancelled") == 0 && status == KEEL_OK) status = KEEL_ECANCELED;
+    pthread_mutex_lock(&e->mu);
+    e->n_failed += status != KEEL_OK && status != KEEL_ECANCELED;
+    e->n_cancelled += status == KEEL_ECANCELED;
+    if (sl->t_prompt_end) {
+        double ttft = (double)(sl->t_prompt_end - sl->t_start) * 1e-9;
+        e->prompt_seconds += ttft;
+        e->predicted_seconds += (double)(sl->t_end - sl->t_prompt_end) * 1e-9;
+        for (int32_t b = 0; b < ENG_TTFT_BUCKETS; b++) e->ttft_counts[b] += ttft <= eng_ttft_le[b];
+        e->ttft_counts[ENG_TTFT_BUCKETS]++;
+        e->ttft_sum += ttft;
+    }
+    pthread_mutex_unlock(&e->mu);
     keel_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = KEEL_EVENT_DONE;
@@ -762,6 +776,13 @@ bool eng_step(keel_engine *e)
         sl->stat_compacted = sl->hist_compacted;
         sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
         sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);
+    }
+    keel_mem_stats_get(mem, &e->mem_stats);
+    e->n_group_stat = BASE_MIN(keel_mem_n_groups(mem), 8);
+    for (int32_t g = 0; g < e->n_group_stat; g++) {
+        e->group_used[g] = keel_mem_group_cells_used(mem, g);
+        e->group_cap[g] = 0;
+        for (int32_t k = 0; k < mem->groups[g].n_tables; k++) e->group_cap[g] += mem->groups[g].tables[k].cap;
     }
     busy |= e->queue_head != NULL;
     pthread_mutex_unlock(&e->mu);
