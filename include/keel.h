@@ -524,6 +524,39 @@ keel_status keel_mem_check(keel_mem *mem);
  * changed" after a refused operation). */
 uint64_t keel_mem_digest(const keel_mem *mem);
 
+/* ---- sessions: saving and loading the memory --------------------------------
+ * A session blob holds one sequence (seq >= 0) or the whole memory (seq -1):
+ * the column descriptors, the caller's token history, every cell's position,
+ * placement order and flags (and sequence set for the whole memory), every
+ * column's rows, the exactness and compaction state; sections carry their
+ * length and an xxhash64 (docs/formats.md, "Sessions"). */
+
+/*
+ * Writes the session of seq (-1: every sequence) to buf[0 .. cap):
+ * fingerprint (e.g. the model's, 0 for none) is stored and checked at load;
+ * tokens[0 .. n_tokens) is the caller's token history of the sequence,
+ * stored as is. *n_out is the size (also when buf is NULL or too small:
+ * KEEL_ERANGE, nothing written). KEEL_EINVAL. Allocates nothing (scratch
+ * reserved at open).
+ */
+keel_status keel_mem_save(keel_mem *mem, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
+                          int32_t n_tokens, void *buf, size_t cap, size_t *n_out);
+
+/*
+ * Loads a session blob into seq (replacing what seq holds; -1: the whole
+ * memory, replacing everything; the blob must be of the same kind). Every
+ * section is validated first — magic, version, fingerprint (when non-zero),
+ * checksums, lengths, the column descriptors (the same layers, dtypes,
+ * rotation and RoPE as this memory: KEEL_EUNSUPPORTED for other cache
+ * types), cell metadata and room (KEEL_EFULL) — and only then does the
+ * memory change; any failure leaves it byte-identical. The token history
+ * goes to tokens (cap_tokens entries; NULL to skip; KEEL_ERANGE if it does
+ * not fit) and its length to *n_tokens. KEEL_EFORMAT (corrupted or
+ * truncated), KEEL_EINVAL (another model or memory shape). Allocates nothing.
+ */
+keel_status keel_mem_load(keel_mem *mem, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
+                          int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens);
+
 /* KEEL_SECTION_MEMORY */
 
 /* ======================================================================== */

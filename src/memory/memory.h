@@ -160,6 +160,9 @@ int32_t mem_room(const keel_mem *m, int32_t s);
 /* Scratch bytes keel_mem_check needs when the largest table has max_cap
  * cells (check.c). */
 size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
+/* Scratch bytes keel_mem_save / keel_mem_load need for a memory whose
+ * tables hold total_cells cells in all (session.c). */
+size_t mem_session_scratch_bytes(size_t total_cells);
 /* Scratch bytes keel_mem_compact needs (compact.c). */
 size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 
