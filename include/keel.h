@@ -621,6 +621,11 @@ typedef struct keel_model_info {
 /* Fills info (pointers valid until the model is closed). */
 void keel_model_info_get(const keel_model *m, keel_model_info *info);
 
+/* A 64-bit digest of the model's identity: architecture, hyperparameters
+ * and tensor table (names, dtypes, shapes, offsets) and file size (not the
+ * weights' bytes). Sessions store it; never 0 for a model (0 for NULL). */
+uint64_t keel_model_fingerprint(const keel_model *m);
+
 /* Writes the tensor table (name, dtype, shape, bytes) to out. */
 keel_status keel_model_tensors(const keel_model *m, keel_write_fn out, void *user);
 
