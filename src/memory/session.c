@@ -331,6 +331,11 @@ keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const 
     m->err[0] = 0;
     if (seq < -1 || seq >= m->cfg.n_seq_max)
         return base_err(m->err, KEEL_EINVAL, "save: unknown sequence id %d", seq);
+    for (int32_t i = 0; i < m->cfg.n_layers; i++)
+        if (m->layers[i].kind != KEEL_MEM_LAYER_FULL && m->layers[i].kind != KEEL_MEM_LAYER_SLIDING &&
+            m->layers[i].kind != KEEL_MEM_LAYER_NONE)
+            return base_err(m->err, KEEL_EUNSUPPORTED, "save: layer %d's kind is not in session format %u", i,
+                            SESS_VERSION);
     save_ctx c = {m, seq, tokens, n_tokens, NULL, 0, 0};
     keel_status st = rank_stamps(m, seq, &c);
     if (st != KEEL_OK) return st;
