@@ -325,6 +325,10 @@ typedef struct keel_mem_config {
                             false: one stream (table per group) per sequence */
     int32_t n_batch_max; /* most tokens per keel_mem_place / keel_mem_attend */
     int32_t n_threads;   /* threads for attention and edits; 0 = all CPUs */
+    bool deterministic;  /* attention of a query independent of the other queries of
+                            the call and of the cells' physical order (each query alone,
+                            its visible cells in (position, placement) order; slower):
+                            batch-invariant results for concurrent sequences */
 } keel_mem_config;
 
 /* n_seq_max 1, n_ctx 4096, unified, n_batch_max 512, n_threads 0, no layers. */
@@ -744,6 +748,12 @@ typedef struct keel_context_params {
     int32_t swa_period; /* with swa_window: 1 in swa_period layers stays full (2) */
     bool unified;       /* one KV table for all sequences (true) */
     keel_compact_params compact; /* KV compaction of every sequence (policy none) */
+    bool deterministic; /* batch-invariant numerics: a token's logits do not depend on
+                           the other tokens of its batch or on the cells' physical order
+                           (every matrix product through the same per-row kernel, each
+                           query's attention alone over its cells in position order);
+                           concurrent sequences then give exactly the results they
+                           give alone. Slower prefill (false) */
 } keel_context_params;
 
 keel_context_params keel_context_params_default(void);

@@ -493,6 +493,105 @@ static void test_run_loop_slots(void **state)
     keel_engine_close(e);
 }
 
+
+/* Deterministic mode: 8 requests on 4 slots under continuous batching give
+ * exactly (logits of the first token, then every greedy token) what they
+ * give run one at a time. */
+typedef struct det_cap {
+    pthread_mutex_t mu;
+    float *rows[8];
+    uint64_t ids[8];
+    int32_t n;
+} det_cap;
+
+static void det_logits(void *user, uint64_t req, const float *logits, int32_t n)
+{
+    det_cap *c = user;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < 8; i++)
+        if (c->ids[i] == req) {
+            c->rows[i] = malloc((size_t)n * sizeof(float));
+            memcpy(c->rows[i], logits, (size_t)n * sizeof(float));
+            c->n = n;
+        }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void test_deterministic_batching(void **state)
+{
+    (void)state;
+    const char *users[8] = {"The dog", "A cat and a bird sat in the tree", "Once upon a time there was", "The sun",
+                            "Tom and his dog went to the", "Lily liked to play", "It was a big red", "Mom said"};
+    char reqs[8][512];
+    for (int i = 0; i < 8; i++)
+        snprintf(reqs[i], sizeof reqs[i],
+                 "{\"messages\": [{\"role\":\"user\",\"content\":\"%s\"}], \"max_tokens\": %d, \"temperature\": 0, "
+                 "\"ignore_eos\": true}",
+                 users[i], 12 + 3 * i);
+    /* concurrently */
+    keel_engine *e = open_engine("\"n_slots\": 4, \"n_ctx\": 2048, \"deterministic\": true, \"n_batch\": 64");
+    det_cap dc;
+    memset(&dc, 0, sizeof dc);
+    pthread_mutex_init(&dc.mu, NULL);
+    e->debug_logits = det_logits;
+    e->debug_user = &dc;
+    collect c;
+    memset(&c, 0, sizeof c);
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_t th;
+    pthread_mutex_lock(&c.mu);
+    pthread_mutex_lock(&dc.mu);
+    assert_int_equal(pthread_create(&th, NULL, run_loop, e), 0);
+    for (int i = 0; i < 8; i++) {
+        assert_ok(keel_engine_submit(e, reqs[i], collect_cb, &c, &c.ids[i]));
+        dc.ids[i] = c.ids[i];
+    }
+    pthread_mutex_unlock(&dc.mu);
+    pthread_mutex_unlock(&c.mu);
+    for (int t = 0; t < 60000; t++) {
+        pthread_mutex_lock(&c.mu);
+        int d = c.done;
+        pthread_mutex_unlock(&c.mu);
+        if (d == 8) break;
+        usleep(1000);
+    }
+    assert_int_equal(c.done, 8);
+    keel_engine_stop(e);
+    pthread_join(th, NULL);
+    /* one at a time, on a fresh engine */
+    keel_engine *f = open_engine("\"n_slots\": 1, \"n_ctx\": 512, \"deterministic\": true");
+    logit_cap one = {NULL, 0};
+    f->debug_logits = cap_logits;
+    f->debug_user = &one;
+    int same_text = 0;
+    for (int i = 0; i < 8; i++) {
+        char *msgs = strstr(reqs[i], "[");
+        char mj[256];
+        size_t ml = (size_t)(strstr(msgs, "]") - msgs) + 1;
+        memcpy(mj, msgs, ml);
+        mj[ml] = 0;
+        char opts[128];
+        snprintf(opts, sizeof opts, "{\"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}", 12 + 3 * i);
+        /* the streamed bytes (the response JSON replaces invalid UTF-8) */
+        collect a;
+        memset(&a, 0, sizeof a);
+        pthread_mutex_init(&a.mu, NULL);
+        a.ids[0] = (uint64_t)(i + 1);
+        assert_ok(keel_complete(f, mj, opts, NULL, collect_cb, &a, g_resp, sizeof g_resp));
+        pthread_mutex_destroy(&a.mu);
+        assert_non_null(dc.rows[i]);
+        assert_memory_equal(dc.rows[i], one.row, (size_t)one.n * sizeof(float));
+        if (a.len[0] == c.len[i] && memcmp(a.text[0], c.text[i], c.len[i]) == 0) same_text++;
+        else printf("request %d: concurrent and alone outputs differ\n", i);
+        assert_ok(keel_engine_reset(f));
+    }
+    assert_int_equal(same_text, 8);
+    for (int i = 0; i < 8; i++) free(dc.rows[i]);
+    free(one.row);
+    keel_engine_close(f);
+    keel_engine_close(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -500,7 +599,7 @@ int main(void)
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),
-        cmocka_unit_test(test_prompt_cache),
+        cmocka_unit_test(test_prompt_cache),       cmocka_unit_test(test_deterministic_batching),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -63,6 +63,12 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         else if (strcmp(k, "swa_sinks") == 0) st = get_i32(v, k, 0, 1 << 16, &p->cp.n_sink, err);
         else if (strcmp(k, "max_prompt_tokens") == 0) st = get_i32(v, k, 1, 1 << 26, &p->max_prompt_tokens, err);
         else if (strcmp(k, "cache_ram_mib") == 0) st = get_i32(v, k, 0, 1 << 24, &p->cache_ram_mib, err);
+        else if (strcmp(k, "deterministic") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "option deterministic must be a boolean");
+            else
+                p->cp.deterministic = json_is_true(v);
+        }
         else if (strcmp(k, "type_k") == 0 || strcmp(k, "type_v") == 0) {
             const char *name = NULL;
             if ((st = get_str(v, k, &name, err)) == KEEL_OK &&

@@ -98,7 +98,8 @@ typedef struct mem_group {
 /* Largest attention shapes over the layers: sizes attention scratch. */
 typedef struct mem_attn_dims {
     int32_t n_heads_max, g_max, dk_max, dv_max;
-    size_t qrow_max; /* bytes of one prepared query row (vec_dot type) */
+    size_t qrow_max;   /* bytes of one prepared query row (vec_dot type) */
+    int32_t order_cap; /* deterministic mode: cells a query's ordered list may hold, else 0 */
 } mem_attn_dims;
 
 struct keel_mem {
