@@ -538,28 +538,36 @@ uint64_t keel_mem_digest(const keel_mem *mem);
 /*
  * Writes the session of seq (-1: every sequence) to buf[0 .. cap):
  * fingerprint (e.g. the model's, 0 for none) is stored and checked at load;
- * tokens[0 .. n_tokens) is the caller's token history of the sequence,
+ * tokens[0 .. n_tokens) is the caller's token history of the sequence, of
+ * which the last n_pending are not in the memory yet (sampled, not decoded),
  * stored as is. *n_out is the size (also when buf is NULL or too small:
  * KEEL_ERANGE, nothing written). KEEL_EINVAL. Allocates nothing (scratch
  * reserved at open).
  */
 keel_status keel_mem_save(keel_mem *mem, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
-                          int32_t n_tokens, void *buf, size_t cap, size_t *n_out);
+                          int32_t n_tokens, int32_t n_pending, void *buf, size_t cap, size_t *n_out);
+
+/* keel_mem_load / keel_session_load flag: re-encode rows stored with other
+ * K/V types or rotation into this memory's (decode, undo the stored
+ * rotation, encode as the column does); without it they are refused. */
+#define KEEL_SESSION_CONVERT 1u
 
 /*
  * Loads a session blob into seq (replacing what seq holds; -1: the whole
  * memory, replacing everything; the blob must be of the same kind). Every
  * section is validated first — magic, version, fingerprint (when non-zero),
- * checksums, lengths, the column descriptors (the same layers, dtypes,
- * rotation and RoPE as this memory: KEEL_EUNSUPPORTED for other cache
- * types), cell metadata and room (KEEL_EFULL) — and only then does the
- * memory change; any failure leaves it byte-identical. The token history
- * goes to tokens (cap_tokens entries; NULL to skip; KEEL_ERANGE if it does
- * not fit) and its length to *n_tokens. KEEL_EFORMAT (corrupted or
+ * checksums, lengths, the column descriptors (the same layers, heads, dims
+ * and RoPE as this memory; the same dtypes and rotation unless flags has
+ * KEEL_SESSION_CONVERT: else KEEL_EUNSUPPORTED), cell metadata and room
+ * (KEEL_EFULL) — and only then does the memory change; any failure leaves
+ * it byte-identical. The token history goes to tokens (cap_tokens entries;
+ * NULL to skip; KEEL_ERANGE if it does not fit), its length to *n_tokens and
+ * its pending count to *n_pending (may be NULL). KEEL_EFORMAT (corrupted or
  * truncated), KEEL_EINVAL (another model or memory shape). Allocates nothing.
  */
 keel_status keel_mem_load(keel_mem *mem, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
-                          int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens);
+                          unsigned flags, int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens,
+                          int32_t *n_pending);
 
 /* KEEL_SECTION_MEMORY */
 
@@ -821,6 +829,33 @@ typedef struct keel_batch {
  * target when renumbered (with keep, they grow up to INT32_MAX).
  */
 keel_status keel_decode(keel_context *c, const keel_batch *b);
+
+/* ---- sessions of a context -------------------------------------------------
+ * The memory's session blobs (keel_mem_save, docs/formats.md "Sessions")
+ * stamped with the model's fingerprint: a loaded sequence continues exactly
+ * as if it had never been saved. tokens[0 .. n_tokens) is the sequence's
+ * history, of which the last n_pending are not in the cache yet (a sampled
+ * token not decoded); the history comes back on load. Errors name the file
+ * and the reason in keel_context_last_error. */
+
+/* To a caller's buffer (KEEL_ERANGE with *n_out the size when it is too
+ * small or NULL). */
+keel_status keel_session_save_buf(keel_context *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                                  int32_t n_pending, void *buf, size_t cap, size_t *n_out);
+/* To a file, atomically (a temporary file in the same directory, fsync,
+ * rename, directory fsync): an existing file is replaced only by a complete
+ * new one. KEEL_EIO with the path and errno text. Allocates the blob. */
+keel_status keel_session_save(keel_context *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                              int32_t n_pending, const char *path);
+/* From a buffer / a file into seq (-1: the whole memory): validated
+ * completely first (another model, other cache types or rotation unless
+ * flags has KEEL_SESSION_CONVERT, corrupted or truncated, no room: each a
+ * status and message, the memory as before). A file larger than any session
+ * of this context could be is refused before it is read. */
+keel_status keel_session_load_buf(keel_context *c, int32_t seq, const void *buf, size_t len, unsigned flags,
+                                  int32_t *tokens, int32_t cap, int32_t *n_tokens, int32_t *n_pending);
+keel_status keel_session_load(keel_context *c, int32_t seq, const char *path, unsigned flags, int32_t *tokens,
+                              int32_t cap, int32_t *n_tokens, int32_t *n_pending);
 
 /* Logits [n_vocab] of the i-th token of the last batch, or NULL if it did
  * not request logits. Valid until the next keel_decode. */

@@ -10,6 +10,7 @@
 #include "testutil.h"
 #include "memory/memory.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,14 +112,14 @@ static void test_roundtrip_sequence(void **state)
     assert_ok(keel_mem_compact(a, 0, &p));
     int32_t toks[5] = {7, 8, 9, 10, 11}, back[8];
     size_t n = 0;
-    assert_status(keel_mem_save(a, 0, 0x1234, toks, 5, NULL, 0, &n), KEEL_ERANGE);
+    assert_status(keel_mem_save(a, 0, 0x1234, toks, 5, 0, NULL, 0, &n), KEEL_ERANGE);
     assert_true(n > 0 && n < sizeof g_blob);
-    assert_ok(keel_mem_save(a, 0, 0x1234, toks, 5, g_blob, sizeof g_blob, &n));
+    assert_ok(keel_mem_save(a, 0, 0x1234, toks, 5, 0, g_blob, sizeof g_blob, &n));
     /* into another memory, another sequence id, with other cells present */
     keel_mem *b = open_mem(ls, 3, 256);
     fill(b, 2, 0, 30, 3);
     int32_t nt = 0;
-    assert_ok(keel_mem_load(b, 1, g_blob, n, 0x1234, back, 8, &nt));
+    assert_ok(keel_mem_load(b, 1, g_blob, n, 0x1234, 0, back, 8, &nt, NULL));
     assert_ok(keel_mem_check(b));
     assert_int_equal(nt, 5);
     assert_memory_equal(back, toks, sizeof toks);
@@ -156,12 +157,12 @@ static void test_roundtrip_whole(void **state)
     assert_ok(keel_mem_seq_cp(a, 0, 1, -1, -1));
     fill(a, 1, 50, 20, 2);
     size_t n = 0;
-    assert_ok(keel_mem_save(a, -1, 0, NULL, 0, g_blob, sizeof g_blob, &n));
+    assert_ok(keel_mem_save(a, -1, 0, NULL, 0, 0, g_blob, sizeof g_blob, &n));
     keel_mem *b = open_mem(ls, 2, 128);
     fill(b, 0, 0, 10, 9); /* replaced */
     int32_t nt = -1;
-    assert_status(keel_mem_load(b, 0, g_blob, n, 0, NULL, 0, &nt), KEEL_EINVAL); /* wrong kind */
-    assert_ok(keel_mem_load(b, -1, g_blob, n, 0, NULL, 0, &nt));
+    assert_status(keel_mem_load(b, 0, g_blob, n, 0, 0, NULL, 0, &nt, NULL), KEEL_EINVAL); /* wrong kind */
+    assert_ok(keel_mem_load(b, -1, g_blob, n, 0, 0, NULL, 0, &nt, NULL));
     assert_int_equal(nt, 0);
     assert_ok(keel_mem_check(b));
     static float oa[2 * 4 * 4 * 64], ob[2 * 4 * 4 * 64];
@@ -188,30 +189,30 @@ static void test_corruption_refused(void **state)
     fill(a, 0, 0, 20, 1);
     int32_t toks[3] = {1, 2, 3};
     size_t n = 0;
-    assert_ok(keel_mem_save(a, 0, 42, toks, 3, g_blob, sizeof g_blob, &n));
+    assert_ok(keel_mem_save(a, 0, 42, toks, 3, 0, g_blob, sizeof g_blob, &n));
     keel_mem *b = open_mem(ls, 1, 64);
     fill(b, 0, 0, 5, 7);
     uint64_t d0 = keel_mem_digest(b);
     int32_t nt;
     for (size_t len = 0; len < n; len += (len < 200 ? 1 : 97)) {
-        keel_status st = keel_mem_load(b, 0, g_blob, len, 42, NULL, 0, &nt);
+        keel_status st = keel_mem_load(b, 0, g_blob, len, 42, 0, NULL, 0, &nt, NULL);
         if (st == KEEL_OK) fail_msg("truncated to %zu of %zu bytes: loaded", len, n);
         assert_int_equal(keel_mem_digest(b), d0);
     }
     for (size_t i = 0; i < n; i += (i < 256 ? 1 : 61)) {
         memcpy(g_blob2, g_blob, n);
         g_blob2[i] ^= (uint8_t)(1u << (i % 8));
-        keel_status st = keel_mem_load(b, 0, g_blob2, n, 42, NULL, 0, &nt);
+        keel_status st = keel_mem_load(b, 0, g_blob2, n, 42, 0, NULL, 0, &nt, NULL);
         if (st == KEEL_OK) fail_msg("byte %zu flipped: loaded", i);
         assert_int_equal(keel_mem_digest(b), d0);
     }
     assert_ok(keel_mem_check(b));
     /* another model */
-    assert_status(keel_mem_load(b, 0, g_blob, n, 43, NULL, 0, &nt), KEEL_EINVAL);
+    assert_status(keel_mem_load(b, 0, g_blob, n, 43, 0, NULL, 0, &nt, NULL), KEEL_EINVAL);
     assert_non_null(strstr(keel_mem_last_error(b), "another model"));
     /* tokens do not fit */
     int32_t two[2];
-    assert_status(keel_mem_load(b, 0, g_blob, n, 42, two, 2, &nt), KEEL_ERANGE);
+    assert_status(keel_mem_load(b, 0, g_blob, n, 42, 0, two, 2, &nt, NULL), KEEL_ERANGE);
     assert_int_equal(keel_mem_digest(b), d0);
     keel_mem_close(a);
     keel_mem_close(b);
@@ -225,7 +226,7 @@ static void test_other_memory_refused(void **state)
     keel_mem *a = open_mem(ls, 1, 64);
     fill(a, 0, 0, 20, 1);
     size_t n = 0;
-    assert_ok(keel_mem_save(a, 0, 0, NULL, 0, g_blob, sizeof g_blob, &n));
+    assert_ok(keel_mem_save(a, 0, 0, NULL, 0, 0, g_blob, sizeof g_blob, &n));
     int32_t nt;
     struct {
         int what;
@@ -244,16 +245,36 @@ static void test_other_memory_refused(void **state)
         if (cases[i].what == 3) o[0].rope.freq_base = 500000.0f;
         keel_mem *b = open_mem(o, 1, 64);
         uint64_t d0 = keel_mem_digest(b);
-        assert_status(keel_mem_load(b, 0, g_blob, n, 0, NULL, 0, &nt), cases[i].st);
+        assert_status(keel_mem_load(b, 0, g_blob, n, 0, 0, NULL, 0, &nt, NULL), cases[i].st);
         if (!strstr(keel_mem_last_error(b), cases[i].msg)) fail_msg("case %zu: %s", i, keel_mem_last_error(b));
         assert_int_equal(keel_mem_digest(b), d0);
+        keel_mem_close(b);
+    }
+    /* with KEEL_SESSION_CONVERT the other types and rotation are re-encoded:
+     * attention then differs from the original by the codecs' rounding only */
+    static float oa[2 * 4 * 4 * 64], ob[2 * 4 * 4 * 64];
+    attend(a, 0, 20, oa);
+    for (int what = 0; what < 3; what++) {
+        keel_mem_layer o[2];
+        layers(o);
+        if (what == 0) o[0].k_dtype = KEEL_DTYPE_F16;                         /* q8_0 -> f16 */
+        if (what == 1) o[0].k_rot.seed = 12;                                  /* other signs */
+        if (what == 2) o[0].k_rot.enabled = false, o[0].v_dtype = KEEL_DTYPE_F32; /* unrotate, q4_0 V -> f32 */
+        keel_mem *b = open_mem(o, 1, 64);
+        assert_ok(keel_mem_load(b, 0, g_blob, n, 0, KEEL_SESSION_CONVERT, NULL, 0, &nt, NULL));
+        assert_ok(keel_mem_check(b));
+        attend(b, 0, 20, ob);
+        double md = 0;
+        for (size_t i = 0; i < sizeof oa / sizeof oa[0]; i++) md = fmax(md, fabs((double)oa[i] - ob[i]));
+        printf("converted session (case %d): max |attention difference| %.3g\n", what, md);
+        assert_true(md < 2e-2); /* q8_0 keys re-rounded once: well inside the q8_0 tolerance */
         keel_mem_close(b);
     }
     /* no room: 20 cells into a memory with 10 free */
     keel_mem *b = open_mem(ls, 2, 30);
     fill(b, 1, 0, 20, 3);
     uint64_t d0 = keel_mem_digest(b);
-    assert_status(keel_mem_load(b, 0, g_blob, n, 0, NULL, 0, &nt), KEEL_EFULL);
+    assert_status(keel_mem_load(b, 0, g_blob, n, 0, 0, NULL, 0, &nt, NULL), KEEL_EFULL);
     assert_int_equal(keel_mem_digest(b), d0);
     keel_mem_close(b);
     keel_mem_close(a);
