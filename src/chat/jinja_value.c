@@ -2178,6 +2178,7 @@ keel_status jv_getitem(jx *x, jv obj, jv key, jv *out)
                 jstr *c = jstr_new(&x->mem, s->s + b0, b1 - b0);
                 if (!c) return jx_oom(x);
                 *out = jv_strv(c);
+                out->safe = obj.safe; /* Markup[i] is Markup */
                 return KEEL_OK;
             }
             *out = jv_undef_attr(x, obj, key, true);
@@ -2268,6 +2269,7 @@ keel_status jv_slice(jx *x, jv obj, jv start, jv stop, jv step, jv *out)
             jstr *r = jstr_new(&x->mem, s->s + b0, b1 - b0);
             if (!r) return jx_oom(x);
             *out = jv_strv(r);
+            out->safe = obj.safe;
             return KEEL_OK;
         }
         /* general step: offsets of every code point */
@@ -2286,6 +2288,20 @@ keel_status jv_slice(jx *x, jv obj, jv start, jv stop, jv step, jv *out)
         jstr *r = jsb_done(&sb);
         if (!r) return jx_oom(x);
         *out = jv_strv(r);
+        out->safe = obj.safe;
+        return KEEL_OK;
+    }
+    if (obj.t == JT_LIST && obj.u.l->kind == JL_RANGE) {
+        /* a slice of a range is a range */
+        const jlist *l = obj.u.l;
+        TRY(slice_bounds(x, (int64_t)l->n, start, stop, step, &a, &b, &k, &cnt));
+        jlist *r = jlist_new(&x->mem, 0, JL_RANGE);
+        if (!r) return jx_oom(x);
+        r->n = (size_t)cnt;
+        r->r0 = l->r0 + a * l->r2;
+        r->r1 = l->r0 + b * l->r2;
+        r->r2 = l->r2 * k;
+        *out = jv_listv(r);
         return KEEL_OK;
     }
     if (obj.t == JT_LIST &&
@@ -2334,7 +2350,10 @@ static keel_status loop_attr(jx *x, jv obj, const jstr *name, jv *out)
         *out = jv_bool(!have);
     } else if (NAME_IS("length") || NAME_IS("revindex") || NAME_IS("revindex0")) {
         /* the whole length: materialize every item */
-        if (lp->live) jx_loop_fetch(x, lp, 0, &st);
+        if (lp->live) {
+            jx_loop_fetch(x, lp, 0, &st); /* refreshes the live list's length */
+            TRY(st);
+        }
         while (!lp->live && !lp->complete) {
             jx_loop_fetch(x, lp, lp->n, &st);
             if (st != KEEL_OK) return st;
