@@ -366,7 +366,14 @@ bool jsb_addf(jsb *b, const char *fmt, ...)
     int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (k < 0) return false;
-    return jsb_add(b, tmp, BASE_MIN((size_t)k, sizeof tmp - 1));
+    if ((size_t)k < sizeof tmp) return jsb_add(b, tmp, (size_t)k);
+    /* longer (a float printed with %f): format straight into the buffer */
+    if (!jsb_grow(b, (size_t)k + 1)) return false;
+    va_start(ap, fmt);
+    vsnprintf(b->d + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)k;
+    return true;
 }
 
 bool jsb_addcp(jsb *b, uint32_t cp)
