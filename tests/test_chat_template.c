@@ -819,6 +819,13 @@ static void test_limits(void **state)
                              "{% endfor %}",
                              NULL, &lim, &b, err),
                   KEEL_EOVERFLOW);
+    /* steps count the bytes that string operations scan (2 MB / 64 per length) */
+    lim.max_steps = 1000000;
+    assert_status(render_lim("{% set big = '\xc3\xa9' * 1000000 %}{% for i in range(100000) %}"
+                             "{% if big|length and 'x' in big %}{% endif %}{% endfor %}",
+                             NULL, &lim, &b, err),
+                  KEEL_EOVERFLOW);
+    assert_non_null(strstr(err, "steps"));
     /* memory: a string that doubles */
     lim = jinja_limits_default();
     lim.max_memory = 4 << 20;

@@ -901,6 +901,7 @@ keel_status jinja_filter_call(jx *x, uint16_t id, jv value, const jargs *a, jv *
     jv arg[4];
     jstr *s = NULL;
     TRY(jx_step(x));
+    if (value.t == JT_STR) TRY(jx_scan(x, value.u.s->n));
     switch (id) {
     case F_ABS: {
         if (a->n_pos || a->n_kw) return jx_fail(x, KEEL_EINVAL, "abs() takes exactly one argument");

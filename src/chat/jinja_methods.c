@@ -1694,6 +1694,7 @@ keel_status jinja_builtin_call(jx *x, jfn fn, jv self, const jargs *a, jv *out)
     TRY(jx_step(x));
     if (fn >= JF_S_UPPER && fn <= JF_S_ENCODE) {
         if (self.t != JT_STR) return jx_fail(x, KEEL_EINTERNAL, "str method on %s", jv_type_name(self));
+        TRY(jx_scan(x, self.u.s->n));
         TRY(str_method(x, fn, self.u.s, a, out));
         if (self.safe && out->t == JT_STR && keeps_markup(fn)) out->safe = 1;
         return KEEL_OK;

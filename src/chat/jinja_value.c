@@ -1612,6 +1612,7 @@ static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
         *out = true;
         return KEEL_OK;
     case JT_STR:
+        if (a.u.s->n == b.u.s->n) TRY(jx_scan(x, a.u.s->n));
         *out = jstr_eq(a.u.s, b.u.s);
         return KEEL_OK;
     case JT_LIST: {
@@ -1758,6 +1759,7 @@ keel_status jv_contains(jx *x, jv c, jv item, bool *out)
             return jx_fail(x, KEEL_EINVAL, "'in <string>' requires string as left operand, not %s",
                            jv_type_name(item));
         const jstr *h = c.u.s, *nd = item.u.s;
+        TRY(jx_scan(x, h->n));
         if (nd->n == 0) {
             *out = true;
         } else if (nd->n <= h->n) {
@@ -1791,6 +1793,7 @@ keel_status jv_len(jx *x, jv v, int64_t *out)
         *out = 0;
         return KEEL_OK;
     case JT_STR:
+        if (!v.u.s->ascii) TRY(jx_scan(x, v.u.s->n));
         *out = (int64_t)jstr_len_cp(v.u.s);
         return KEEL_OK;
     case JT_LIST:
@@ -2177,6 +2180,7 @@ keel_status jv_getitem(jx *x, jv obj, jv key, jv *out)
     case JT_STR:
         if (jv_as_int(key, &idx)) {
             const jstr *s = obj.u.s;
+            if (!s->ascii) TRY(jx_scan(x, s->n));
             int64_t len = (int64_t)jstr_len_cp(s);
             if (idx < 0) idx += len;
             if (idx >= 0 && idx < len) {
@@ -2269,6 +2273,7 @@ keel_status jv_slice(jx *x, jv obj, jv start, jv stop, jv step, jv *out)
     int64_t a, b, k, cnt;
     if (obj.t == JT_STR) {
         const jstr *s = obj.u.s;
+        TRY(jx_scan(x, s->n));
         int64_t len = (int64_t)jstr_len_cp(s);
         TRY(slice_bounds(x, len, start, stop, step, &a, &b, &k, &cnt));
         if (k == 1) {
