@@ -1627,6 +1627,7 @@ static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
             return KEEL_OK;
         }
         if (!jv_range_fill(x, a.u.l) || !jv_range_fill(x, b.u.l)) return jx_oom(x);
+        TRY(jx_steps(x, (int64_t)(l->n >> 4)));
         for (size_t i = 0; i < l->n; i++) {
             bool e;
             TRY(eq_rec(x, l->v[i], m->v[i], &e, depth + 1));
@@ -1648,6 +1649,7 @@ static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
             *out = false;
             return KEEL_OK;
         }
+        TRY(jx_steps(x, (int64_t)(d->n >> 4)));
         for (size_t i = 0; i < d->n; i++) {
             int64_t j = jdict_find(e, d->k[i]);
             bool same = false;
@@ -1769,6 +1771,7 @@ keel_status jv_contains(jx *x, jv c, jv item, bool *out)
     }
     case JT_LIST:
         if (!jv_range_fill(x, c.u.l)) return jx_oom(x);
+        TRY(jx_steps(x, (int64_t)(c.u.l->n >> 4)));
         for (size_t i = 0; i < c.u.l->n; i++) {
             TRY(jv_eq(x, c.u.l->v[i], item, out));
             if (*out) return KEEL_OK;
@@ -1813,6 +1816,9 @@ keel_status jv_iter(jx *x, jv v, jv **items, size_t *n)
 {
     *items = NULL;
     *n = 0;
+    /* whatever walks the items is bounded in time: n / 16 steps */
+    if (v.t == JT_LIST) TRY(jx_steps(x, (int64_t)(v.u.l->n >> 4)));
+    if (v.t == JT_DICT) TRY(jx_steps(x, (int64_t)(v.u.d->n >> 4)));
     switch (v.t) {
     case JT_UNDEF:
         return KEEL_OK;
