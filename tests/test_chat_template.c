@@ -540,6 +540,9 @@ static void test_fuzz_regressions(void **state)
     expect_error("{{ '{0[99999999999999999999]}'.format([1]) }}", NULL, KEEL_EINVAL,
                  "Too many decimal digits in format string");
     expect_render("{{ '{0[1]}'.format([1, 2]) }}", NULL, "2");
+    /* a slice inside a tuple subscript (evaluated a NULL node) */
+    expect_render("{{ [1, 2][::1, 0] }}|{{ {'a': 1}[1:2, 'a'] }}|{{ [1, 2][::1, 0] is defined }}", NULL,
+                  "||False");
     /* a missing field formats as '' (Undefined), as the sandbox's formatter does */
     expect_render("{{ '{0[5]}'.format([1, 2]) }}|{{ '{0.x}'.format({}) }}|{{ '{}'.format(nope) }}",
                   NULL, "||");
