@@ -933,8 +933,8 @@ typedef struct keel_chat_template keel_chat_template;
  * Compiles len bytes of template source (UTF-8; need not be NUL-terminated).
  * KEEL_EFORMAT for a syntax error, invalid UTF-8 or an unknown filter/test
  * outside a conditional, with "template line N: <what>" in err;
- * KEEL_EOVERFLOW if the template nests more than 64 blocks or expressions
- * (96 AST levels); KEEL_EINVAL for NULL arguments; KEEL_ENOMEM. err (256
+ * KEEL_EOVERFLOW if the template nests too deeply (128 levels of blocks and
+ * expressions, 96 AST levels); KEEL_EINVAL for NULL arguments; KEEL_ENOMEM. err (256
  * bytes, may be NULL) receives the detail. *out is NULL on failure.
  * Allocates through the hooks; the template owns everything and does not
  * keep source. Thread-safe (no shared state).
