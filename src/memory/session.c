@@ -268,9 +268,16 @@ static void sec_group(wr *w, const void *vctx)
     int32_t n = 0;
     for (int32_t k = 0; k < grp->n_tables; k++)
         for (int32_t cell = 0; cell < grp->tables[k].cap; cell++) n += saved_cell(c, &grp->tables[k], cell);
+    int32_t words = grp->tables[0].seq_words;
+    if (!w->p) { /* counting: the size without walking the rows */
+        size_t per = 12 + (c->seq < 0 ? (size_t)words * 8 : 0);
+        for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++)
+            per += grp->tables[0].cols[ci].head_row_bytes * (size_t)grp->tables[0].cols[ci].n_heads;
+        w->n += 8 + per * (size_t)n;
+        return;
+    }
     put_i32(w, c->group);
     put_i32(w, n);
-    int32_t words = grp->tables[0].seq_words;
     for (int32_t k = 0; k < grp->n_tables; k++) {
         const mem_table *t = &grp->tables[k];
         for (int32_t cell = 0; cell < t->cap; cell++) {
@@ -282,14 +289,23 @@ static void sec_group(wr *w, const void *vctx)
                 for (int32_t i = 0; i < words; i++) put_u64(w, t->seq[(size_t)cell * (size_t)words + (size_t)i]);
         }
     }
+    /* rows: per column, head by head, the saved cells in order; a run of
+     * consecutive saved cells is one copy (rows are [head][cell] in memory) */
     for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++)
         for (int32_t k = 0; k < grp->n_tables; k++) {
             const mem_table *t = &grp->tables[k];
             const mem_col *col = &t->cols[ci];
-            for (int32_t cell = 0; cell < t->cap; cell++) {
-                if (!saved_cell(c, t, cell)) continue;
-                for (int32_t h = 0; h < col->n_heads; h++) put(w, mem_col_row(t, col, h, cell), col->head_row_bytes);
-            }
+            for (int32_t h = 0; h < col->n_heads; h++)
+                for (int32_t cell = 0; cell < t->cap;) {
+                    if (!saved_cell(c, t, cell)) {
+                        cell++;
+                        continue;
+                    }
+                    int32_t end = cell + 1;
+                    while (end < t->cap && saved_cell(c, t, end)) end++;
+                    put(w, mem_col_row(t, col, h, cell), (size_t)(end - cell) * col->head_row_bytes);
+                    cell = end;
+                }
         }
 }
 
@@ -749,19 +765,19 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
         for (int32_t ci = 0; ci < t->n_cols; ci++) {
             const mem_col *col = &t->cols[ci];
             const sess_col *sc = &cols[2 * col->layer + (col->kind == MEM_COL_V)];
-            size_t per = sc->row_bytes * (size_t)sc->n_heads;
-            for (int32_t c = 0; c < t->cap; c++) {
-                if (!t->flags[c]) continue;
-                const uint8_t *src = rr.p + (size_t)t->newpos[c] * per;
-                for (int32_t h = 0; h < col->n_heads; h++) {
+            for (int32_t h = 0; h < col->n_heads; h++) {
+                const uint8_t *head_rows = rr.p + (size_t)h * (size_t)gv[g].n_cells * sc->row_bytes;
+                for (int32_t c = 0; c < t->cap; c++) {
+                    if (!t->flags[c]) continue;
+                    const uint8_t *src = head_rows + (size_t)t->newpos[c] * sc->row_bytes;
                     uint8_t *dst = mem_col_row(t, col, h, c);
                     if (sc->same)
-                        memcpy(dst, src + (size_t)h * sc->row_bytes, col->head_row_bytes);
+                        memcpy(dst, src, col->head_row_bytes);
                     else
-                        convert_row(sc, src + (size_t)h * sc->row_bytes, col, dst, x, signs);
+                        convert_row(sc, src, col, dst, x, signs);
                 }
             }
-            rr.p += per * (size_t)gv[g].n_cells;
+            rr.p += sc->row_bytes * (size_t)sc->n_heads * (size_t)gv[g].n_cells;
         }
         for (int32_t c = 0; c < t->cap; c++) t->flags[c] = 0;
         mem_table_refresh(t);
