@@ -147,14 +147,13 @@ struct keel_engine {
     bool running;             /* a keel_engine_run loop owns the stepping */
     bool driving;             /* a keel_complete caller steps (no loop) */
     bool stop;
-    atomic_int cancel_all;
     uint64_t clock;           /* LRU counter */
     /* stats (under mu) */
     int64_t n_requests, n_prompt_tokens, n_cached_tokens, n_gen_tokens;
     /* tests: the logits each request's first token is sampled from */
     void (*debug_logits)(void *user, uint64_t request, const float *logits, int32_t n_vocab);
     void *debug_user;
-    /* the last keel_complete's response */
+    /* the last keel_complete's response (under mu) */
     char *last_response;
     size_t last_response_len;
     char err[BASE_ERR_CAP];
