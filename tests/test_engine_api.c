@@ -10,6 +10,8 @@
  *   - keel_complete from several threads while a loop runs: every caller
  *     gets its own response (the shared last response was swapped without
  *     the lock);
+ *   - keel_engine_stats names a built-in template given at open (the name
+ *     pointed into the freed options JSON);
  *   - keel_engine_run started while a keel_complete steps the engine on its
  *     own thread waits for it (both used to step the slots at once).
  * Responses are parsed with JSON_ALLOW_NUL: a random model may generate a
@@ -245,6 +247,21 @@ static void test_stats_after_reset(void **state)
     keel_engine_close(e);
 }
 
+/* A built-in template named at open: stats name it after the options JSON
+ * is gone (the name pointed into the freed options: garbage or ENOMEM). */
+static void test_stats_builtin_template(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine("\"chat_template\": \"qwen3\"");
+    char resp[8192];
+    assert_ok(keel_complete(e, MSGS, OPTS4, NULL, NULL, NULL, resp, sizeof resp));
+    json_t *s = stats(e);
+    assert_string_equal(str_of(s, "chat_template"), "qwen3");
+    assert_string_equal(str_of(s, "tool_format"), "hermes");
+    json_decref(s);
+    keel_engine_close(e);
+}
+
 /* ---- keel_complete from several threads, a loop running --------------------------- */
 
 typedef struct caller {
@@ -389,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_cancel_idle_then_complete),
         cmocka_unit_test(test_cancel_in_loop),
         cmocka_unit_test(test_stats_after_reset),
+        cmocka_unit_test(test_stats_builtin_template),
         cmocka_unit_test(test_complete_threads_with_loop),
         cmocka_unit_test(test_loop_starts_while_complete_runs),
     };

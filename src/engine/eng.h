@@ -131,7 +131,7 @@ struct keel_engine {
     toolcall_format tool_format;
     char *bos_text, *eos_text;
     bool template_builtin;
-    const char *template_name;
+    const char *template_name; /* static text: "model", "chatml", a built-in name, "inline", "file" */
     /* default options of every request */
     keel_compact_params compact_default;
     int32_t *eog_ids;         /* [n_eog] end-of-generation tokens (ignore_eos) */

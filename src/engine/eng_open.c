@@ -97,7 +97,10 @@ static keel_status open_template(keel_engine *e, const char *spec, char *err)
         }
     } else if (keel_chat_template_builtin(spec, &src) == KEEL_OK) {
         len = strlen(src);
-        e->template_name = spec;
+        /* the static name: spec points into the options JSON, freed after open */
+        e->template_name = "builtin";
+        for (const char *const *n = keel_chat_template_builtin_names(); *n; n++)
+            if (strcmp(*n, spec) == 0) e->template_name = *n;
     } else if (strstr(spec, "{%") || strstr(spec, "{{")) {
         src = spec;
         len = strlen(spec);
