@@ -5,8 +5,9 @@ FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CTEST_JOBS ?= 2
+PREFIX     ?= /usr/local
 
-.PHONY: all deps configure build test test-asan fuzz bench demo format clean
+.PHONY: all deps configure build install test test-asan fuzz bench demo format clean
 
 all: build
 
@@ -20,6 +21,11 @@ configure: $(BUILD)/CMakeCache.txt
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Installs keel.h, libkeel.a, libkeel.so (+ SONAME links), keel.pc and the
+# keel binary under $(PREFIX); DESTDIR=/staging prefixes every path.
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 test: deps
 	$(MAKE) build

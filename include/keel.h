@@ -1109,8 +1109,10 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
                           const char *tools_json, keel_event_fn cb, void *user, char *response,
                           size_t cap);
 
-/* The response JSON of the calling thread's last keel_complete (NUL
- * included in *n_out). KEEL_ERANGE if cap is too small, KEEL_ENOENT if none. */
+/* The response JSON of the last keel_complete on e (NUL included in *n_out;
+ * with several threads calling keel_complete, whichever finished last).
+ * KEEL_ERANGE if cap is too small (buf may be NULL to ask the size),
+ * KEEL_ENOENT if none. Thread-safe. */
 keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *n_out);
 
 /*
@@ -1126,14 +1128,17 @@ keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_ev
                                void *user, uint64_t *id);
 /* Runs the scheduler on the calling thread until keel_engine_stop: waits for
  * requests, steps the slots. Returns KEEL_OK after stop (in-flight requests
- * end with "cancelled"). KEEL_EINVAL if a loop already runs. */
+ * end with "cancelled"). KEEL_EINVAL if a loop already runs. A keel_complete
+ * already stepping the engine on its own thread finishes its request first
+ * (the loop waits for it); later keel_complete calls submit and wait. */
 keel_status keel_engine_run(keel_engine *e);
 /* Asks the loop to return (thread-safe, async-signal-unsafe). */
 void keel_engine_stop(keel_engine *e);
 /* Cancels one request (thread-safe): it ends at the next step with
  * finish_reason "cancelled". KEEL_ENOENT if it is not queued or running. */
 keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id);
-/* Cancels every queued and running request (thread-safe). */
+/* Cancels every queued and running request (thread-safe); requests queued
+ * after it returns are not affected. */
 void keel_engine_cancel(keel_engine *e);
 /* Clears every slot's cache and history (not while requests run: KEEL_ESTATE). */
 keel_status keel_engine_reset(keel_engine *e);

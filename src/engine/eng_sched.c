@@ -605,7 +605,7 @@ bool eng_step(keel_engine *e)
         }
         pthread_mutex_unlock(&e->mu);
         if (!r) break;
-        if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) {
+        if (atomic_load(&r->cancel)) {
             fail_unstarted(e, r, KEEL_ECANCELED, "cancelled");
             continue;
         }
@@ -615,7 +615,7 @@ bool eng_step(keel_engine *e)
     /* cancellations */
     for (int32_t i = 0; i < e->n_slots; i++) {
         eng_slot *sl = &e->slots[i];
-        if (sl->req && (atomic_load(&sl->req->cancel) || atomic_load(&e->cancel_all)))
+        if (sl->req && atomic_load(&sl->req->cancel))
             finish(e, sl, "cancelled", KEEL_OK, NULL);
     }
     /* the batch: one token per generating slot, then prefill chunks */
