@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 60
 CTEST_JOBS ?= 2
 PREFIX     ?= /usr/local
 
-.PHONY: all deps configure build install test test-asan fuzz bench demo format clean
+.PHONY: all deps configure build install test test-asan build-clang fuzz bench demo format clean
 
 all: build
 
@@ -30,6 +30,13 @@ install: build
 test: deps
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(CTEST_JOBS)
+
+# Every target built with clang (warnings are errors there too): the code
+# must compile with both gcc 12 and clang 14.
+CLANG_BUILD ?= build-clang
+build-clang: deps
+	cmake -S . -B $(CLANG_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang
+	cmake --build $(CLANG_BUILD) -j $(JOBS)
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_SANITIZE=ON
@@ -60,4 +67,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(CLANG_BUILD)
