@@ -1045,7 +1045,8 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
  * Not concurrent with any other call on e. */
 void keel_engine_close(keel_engine *e);
 const keel_model *keel_engine_model(const keel_engine *e);
-/* Detail of the last failed call on e from the calling thread's view ("" if none). */
+/* Detail of the last failed call on e ("" if none). One buffer per engine:
+ * with several threads calling, read it right after the failing call. */
 const char *keel_engine_last_error(const keel_engine *e);
 
 typedef enum keel_event_kind {
@@ -1053,7 +1054,7 @@ typedef enum keel_event_kind {
     KEEL_EVENT_REASONING = 1,  /* text delta of the reasoning (<think> ...) */
     KEEL_EVENT_TOOL_BEGIN = 2, /* a tool call starts: index, id, name */
     KEEL_EVENT_TOOL_ARGS = 3,  /* text delta of tool call `index`'s JSON arguments */
-    KEEL_EVENT_TOOL_END = 4,   /* tool call `index` is complete */
+    KEEL_EVENT_TOOL_END = 4,   /* tool call `index` is complete (error: NULL or why it is malformed) */
     KEEL_EVENT_DONE = 5,       /* the request ended: response holds the response JSON */
 } keel_event_kind;
 
@@ -1061,12 +1062,16 @@ typedef struct keel_event {
     keel_event_kind kind;
     uint64_t request;     /* the request's id (keel_engine_submit) */
     int32_t index;        /* tool call index for TOOL_*, else -1 */
-    const char *text;     /* delta bytes (CONTENT, REASONING, TOOL_ARGS), not NUL-terminated */
+    const char *text;     /* delta bytes (CONTENT, REASONING, TOOL_ARGS), not NUL-terminated;
+                             valid UTF-8 (invalid bytes the model produced become U+FFFD,
+                             as in the response) */
     size_t len;
     const char *id;       /* TOOL_BEGIN: the call id */
     const char *name;     /* TOOL_BEGIN: the function name */
     const char *response; /* DONE: the response JSON (NUL-terminated) */
     keel_status status;   /* DONE: KEEL_OK, or why the request failed (detail in response) */
+    const char *error;    /* TOOL_END: NULL, or why the call is malformed (its arguments are
+                             then the raw text the model wrote) */
 } keel_event;
 
 /* Receives events, on the thread that runs the engine (keel_complete's caller

@@ -592,6 +592,36 @@ static void test_deterministic_batching(void **state)
     keel_engine_close(e);
 }
 
+
+/* The streamed deltas are the response's content byte for byte (valid
+ * UTF-8: the random model writes invalid bytes, both get U+FFFD). */
+static void test_stream_equals_response(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    for (int k = 0; k < 3; k++) {
+        collect c;
+        memset(&c, 0, sizeof c);
+        pthread_mutex_init(&c.mu, NULL);
+        c.ids[0] = (uint64_t)(k + 1);
+        char opts[128];
+        snprintf(opts, sizeof opts, "{\"max_tokens\": 60, \"temperature\": 1.0, \"seed\": %d, \"ignore_eos\": true}", 7 + k);
+        assert_ok(keel_complete(e, MSG1, opts, NULL, collect_cb, &c, g_resp, sizeof g_resp));
+        pthread_mutex_destroy(&c.mu);
+        json_t *r = parse(g_resp);
+        json_t *ct = json_object_get(r, "content");
+        size_t len = json_string_length(ct);
+        assert_int_equal(len, c.len[0]);
+        assert_memory_equal(json_string_value(ct), c.text[0], len);
+        /* and it is valid UTF-8 (jansson refuses anything else) */
+        json_t *again = json_stringn(c.text[0], c.len[0]);
+        assert_non_null(again);
+        json_decref(again);
+        json_decref(r);
+    }
+    keel_engine_close(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -600,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),
         cmocka_unit_test(test_prompt_cache),       cmocka_unit_test(test_deterministic_batching),
+        cmocka_unit_test(test_stream_equals_response),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -66,6 +66,7 @@ class KeelEvent(Structure):
         ("name", c_char_p),      # TOOL_BEGIN: the function name
         ("response", c_char_p),  # DONE: the response JSON
         ("status", c_int),       # DONE: keel_status
+        ("error", c_char_p),     # TOOL_END: NULL or why the call is malformed
     ]
 
     def data(self):
