@@ -130,6 +130,21 @@ uint64_t keel_time_ns(void);
 /* Number of online CPUs (>= 1). */
 int keel_cpu_count(void);
 
+/*
+ * Forces the kernel path of every computation (matrix products, attention,
+ * norms, quantization) process-wide: "scalar", "avx2" (AVX2 + FMA + F16C +
+ * BMI2) or "avx512" (AVX-512 F/BW/VL/VNNI on top); "auto", "" or NULL: the
+ * best this CPU has. The environment variable KEEL_SIMD (same names) sets
+ * the starting path, read once at the first kernel call (an unknown value
+ * there is ignored). KEEL_EINVAL for an unknown name, KEEL_EUNSUPPORTED
+ * when the CPU lacks the path (the path in force is unchanged). Not
+ * thread-safe: call while no other keel call runs. Allocates nothing.
+ */
+keel_status keel_set_simd(const char *name);
+
+/* The kernel path in force: "scalar", "avx2" or "avx512". Static string. */
+const char *keel_simd_name(void);
+
 /* ======================================================================== */
 /* Data types                                                               */
 /* ======================================================================== */

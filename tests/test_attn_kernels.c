@@ -9,6 +9,9 @@
  * hit the SIMD kernels' fallbacks (40: not a multiple of 16; 96: not of 64;
  * 576: more query blocks than the AVX-512 quad holds); R in
  * {1, 2, 3, 4, 8, 12}; 1..32 cells with random (repeating) cell lists.
+ * Each path runs with its SIMD level forced process-wide (tensor_simd_force,
+ * what KEEL_SIMD and keel_set_simd do), through the kernels attention
+ * dispatches to under that level.
  */
 #include "testutil.h"
 #include "memory/attn_kernels.h"
@@ -84,6 +87,16 @@ static void fixture_free(fixture *f)
     free(f->q_f);
 }
 
+/* Forces the SIMD level of path p process-wide (as KEEL_SIMD / keel_set_simd
+ * do) and returns the kernels attention dispatches to under it; the caller
+ * restores the level it returns in *prev after running them. */
+static attn_kernel_set forced(attn_path p, keel_dtype kt, keel_dtype vt, tensor_simd *prev)
+{
+    *prev = tensor_simd_force((tensor_simd)p);
+    assert_int_equal(attn_path_active(), p);
+    return attn_kernels(attn_path_active(), kt, vt);
+}
+
 static void random_idx(int32_t *idx, int32_t n, base_rng *rng)
 {
     for (int32_t j = 0; j < n; j++)
@@ -139,10 +152,12 @@ static void test_kq(void **state)
                                         "scalar", t, dim, R, n, r, j);
                         }
                     for (int p = (int)ATTN_PATH_SCALAR; p <= (int)best; p++) {
-                        attn_kq_fn kq = attn_kernels((attn_path)p, t, t).kq;
+                        tensor_simd lv;
+                        attn_kq_fn kq = forced((attn_path)p, t, t, &lv).kq;
                         for (int32_t i = 0; i < R_MAX * ATTN_CB; i++)
                             got[i] = NAN;
                         kq(t, f.rows, f.rb, idx, n, qp, R, dim, got, pf);
+                        tensor_simd_force(lv);
                         for (int32_t r = 0; r < R; r++)
                             for (int32_t j = 0; j < n; j++) {
                                 const float *k = f.rows_f + (size_t)idx[j] * dim,
@@ -224,7 +239,8 @@ static void test_pv(void **state)
                                         dim, R, n, r, i);
                         }
                     for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
-                        attn_pv_fn pv = attn_kernels((attn_path)pi, t, t).pv;
+                        tensor_simd lv;
+                        attn_pv_fn pv = forced((attn_path)pi, t, t, &lv).pv;
                         for (int32_t r = 0; r < R; r++) {
                             memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
                             for (int i = 0; i < 16; i++)
@@ -232,6 +248,7 @@ static void test_pv(void **state)
                             ap[r] = got[r];
                         }
                         pv(t, f.rows, f.rb, idx, n, p, active, R, dim, ap, pf);
+                        tensor_simd_force(lv);
                         for (int32_t r = 0; r < R; r++) {
                             for (int32_t i = 0; i < dim; i++) {
                                 double a = fabs(acc0[r][i]);
@@ -267,7 +284,9 @@ static void test_exp(void **state)
     base_rng_seed(&rng, 9);
     float x[ATTN_CB + 8], y[ATTN_CB + 8];
     for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
-        attn_exp_fn ex = attn_kernels((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32).ex;
+        tensor_simd lv;
+        attn_exp_fn ex = forced((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32, &lv).ex;
+        tensor_simd_force(lv);
         for (int trial = 0; trial < 2000; trial++) {
             int32_t n = 1 + (int32_t)(base_rng_next(&rng) % ATTN_CB);
             float m = -INFINITY;
@@ -312,7 +331,9 @@ static void test_row(void **state)
     float s0[ATTN_CB + 8], ref[ATTN_CB + 8], got[ATTN_CB + 8];
     uint8_t vis[ATTN_CB];
     for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
-        attn_row_fn row = attn_kernels((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32).row;
+        tensor_simd lv;
+        attn_row_fn row = forced((attn_path)pi, KEEL_DTYPE_F32, KEEL_DTYPE_F32, &lv).row;
+        tensor_simd_force(lv);
         for (int trial = 0; trial < 4000; trial++) {
             int32_t n = 1 + (int32_t)(base_rng_next(&rng) % ATTN_CB);
             int dens = (int)(base_rng_next(&rng) % 4); /* 0: nothing visible */

@@ -22,10 +22,13 @@ static const keel_dtype k_weight_types[] = {
 
 static const int64_t k_sizes[] = {1, 3, 7, 8, 9, 31, 64, 100, 257, 1023};
 
-/* Runs body once with SIMD off (simd == 0) and once on (simd == 1). */
-#define FOR_BOTH_PATHS(simd)                                                                       \
-    for (int simd = 0, prev_ = tensor_set_simd(false); simd <= 1;                                  \
-         tensor_set_simd(++simd == 1 ? true : prev_))
+/* Runs body once per SIMD level this CPU has, forced process-wide
+ * (simd: 0 scalar, 1 avx2, 2 avx512), then restores the level before. */
+#define FOR_EACH_LEVEL(simd)                                                                       \
+    for (int simd = 0, prev_ = (int)tensor_simd_force(TENSOR_SIMD_SCALAR);                        \
+         simd <= (int)tensor_simd_best();                                                          \
+         tensor_simd_force(++simd <= (int)tensor_simd_best() ? (tensor_simd)simd                   \
+                                                             : (tensor_simd)prev_))
 
 /* Random weight rows for dtype t (q2_K/q3_K from random bytes with sane scales). */
 static void make_rows(keel_dtype t, int64_t n_rows, int64_t n_cols, uint8_t *W, uint64_t seed)
@@ -69,7 +72,7 @@ static void test_f32_helpers(void **state)
             nx += (double)x[i] * x[i];
             ny += (double)y0[i] * y0[i];
         }
-        FOR_BOTH_PATHS(simd)
+        FOR_EACH_LEVEL(simd)
         {
             assert_close(tensor_dot_f32(x, y0, n), d, 1e-6 * sqrt(nx * ny));
             memcpy(y, y0, n * sizeof(float));
@@ -118,7 +121,7 @@ static void test_norms(void **state)
             var += (xs[i] - mean) * (xs[i] - mean);
         var /= n;
         double rms = 1.0 / sqrt(ss / n + eps), inv = 1.0 / sqrt(var + eps);
-        FOR_BOTH_PATHS(simd)
+        FOR_EACH_LEVEL(simd)
         {
             tensor_rmsnorm(y, xs, w, n, eps);
             for (int64_t i = 0; i < n; i++)
@@ -170,7 +173,7 @@ static void test_softmax(void **state)
             mx = fmax(mx, x0[i]);
         for (int64_t i = 0; i < n; i++)
             sum += exp((double)x0[i] - mx);
-        FOR_BOTH_PATHS(simd)
+        FOR_EACH_LEVEL(simd)
         {
             float *xs = x + 1 + si % 2;
             memcpy(xs, x0, n * sizeof(float));
@@ -222,7 +225,7 @@ static void test_activations(void **state)
     x0[4] = -30.0f;
     x0[5] = 89.0f;
     test_fill_uniform(up, n, 78);
-    FOR_BOTH_PATHS(simd)
+    FOR_EACH_LEVEL(simd)
     {
         float *xs = x + 1;
 #define CHECK_ACT(call, ref_expr, rtol)                                                            \
@@ -370,7 +373,7 @@ static void test_matvec_all_dtypes(void **state)
         assert_ok(tensor_quantize_row(vt, xs, xbuf, n_cols));
         assert_ok(tensor_dequantize_row(vt, xbuf, xq, n_cols));
         assert_true(tensor_matvec_scratch_bytes(f.t, n_cols) <= arena.cap);
-        FOR_BOTH_PATHS(simd)
+        FOR_EACH_LEVEL(simd)
         {
             for (int p = 0; p < 3; p++) {
                 float *ys = y + p;
@@ -447,7 +450,7 @@ static void test_matmul_all_dtypes(void **state)
                 tensor_gemm_path p = paths[pi];
                 tensor_gemm_path eff =
                     p == TENSOR_GEMM_AUTO ? tensor_matmul_auto_path(f.t, n_tok) : p;
-                FOR_BOTH_PATHS(simd)
+                FOR_EACH_LEVEL(simd)
                 {
                     memset(Y, 0xFF, 33 * n_rows * sizeof(float));
                     assert_ok(
@@ -521,7 +524,7 @@ static void test_misaligned_weights(void **state)
         for (int off = 1; off <= 3; off++) {
             uint8_t *W = buf + off;
             memcpy(W, f.W, wb);
-            FOR_BOTH_PATHS(simd)
+            FOR_EACH_LEVEL(simd)
             {
                 for (int64_t r = 0; r < n_rows; r++) {
                     const uint8_t *a = f.W + (size_t)r * rb, *m = W + (size_t)r * rb;

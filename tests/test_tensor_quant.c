@@ -126,7 +126,9 @@ static void test_dtype_table(void **state)
     assert_false(tensor_simd_active());
     tensor_set_simd(prev);
     if (c->avx2 && c->fma && c->f16c && c->bmi2)
-        assert_string_equal(tensor_simd_name(), "avx2+fma");
+        assert_string_equal(tensor_simd_name(),
+                            c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni ? "avx512"
+                                                                                       : "avx2");
 }
 
 /* ---- half precision ------------------------------------------------------------------ */

@@ -47,7 +47,7 @@ enum {
     CLI_G_SAMPLE = 1u << 4,     /* --temp, --top-k, ... penalties */
     CLI_G_SEED = 1u << 5,       /* -s, --seed */
     CLI_G_CTX = 1u << 6,        /* -c, -b, -ub */
-    CLI_G_THREADS = 1u << 7,    /* -t */
+    CLI_G_THREADS = 1u << 7,    /* -t, --simd */
     CLI_G_KV = 1u << 8,         /* --ctk, --ctv, --rot-k, --rot-v, --swa-* */
     CLI_G_COMPACT = 1u << 9,    /* --kv-compact, --kv-sinks, --kv-recent, --kv-positions, --kv-seed */
     CLI_G_BUDGET = 1u << 10,    /* --kv-trigger, --kv-target */
@@ -63,6 +63,7 @@ struct cli_opts {
     keel_context_params ctx;
     keel_sampler_params samp;
     const char *prompt, *file, *prompt_ids, *logits_out, *ids_out, *positional;
+    const char *simd; /* --simd as given (applied while parsing), or NULL */
     int32_t n_predict; /* -1: until end of generation or the budget */
     bool ignore_eos, json, ids_only, no_tensors, batch_set;
     bool kv_trigger_set, kv_target_set;
@@ -86,6 +87,10 @@ int cli_parse(int argc, char **argv, cli_opts *o, const char *usage);
  * trigger = n_ctx and target = trigger / 2 unless given; without it, a
  * compaction parameter flag is an error. 0 or an exit code (printed). */
 int cli_compact_setup(cli_opts *o, int32_t n_ctx);
+/* Forces the kernel path (keel_set_simd) for option flag = name; name NULL:
+ * checks KEEL_SIMD from the environment instead (unset: nothing to do).
+ * 0, or 2 with the message printed (unknown name, path this CPU lacks). */
+int cli_simd(const char *flag, const char *name);
 /* Whole file, NUL-terminated (malloc); NULL on failure with errno set
  * (EISDIR for a directory, EFBIG above 1 GiB). */
 char *cli_read_file(const char *path, size_t *n);

@@ -13,6 +13,7 @@ static const char *g_usage =
     "       keel bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [--ctk T] [--ctv T] [--tokenizer F] [--json]\n"
     "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
     "       keel bench session -m MODEL [-c 4096] [--ctk T] [--ctv T] [--dir /tmp] [-r 3] [-t N] [--json]\n"
+    "       (every form also takes --simd scalar|avx2|avx512|auto: the kernel path, as KEEL_SIMD)\n"
     "\n"
     "kernels     tensor kernels beside the memory read bandwidth (about 30 s)\n"
     "  -t N        also time matvec with N threads, N in [1, 256]\n"
@@ -54,8 +55,23 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "%s\n", g_usage);
         return 2;
     }
+    /* KEEL_SIMD checked, then --simd PATH (any position) applied here and
+     * not passed on */
+    if (cli_simd(NULL, NULL) != 0) return 2;
+    int n_rest = 0;
+    for (int i = first; i < argc; i++) {
+        if (strcmp(argv[i], "--simd") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "keel: option --simd needs a value\n");
+                return 2;
+            }
+            if (cli_simd("--simd", argv[++i]) != 0) return 2;
+            continue;
+        }
+        argv[first + n_rest++] = argv[i];
+    }
     char err[256] = "";
-    keel_status st = keel_bench_run(name, argc - first, argv + first, cli_write_file, stdout, err);
+    keel_status st = keel_bench_run(name, n_rest, argv + first, cli_write_file, stdout, err);
     if (st == KEEL_OK) return 0;
     if (!cli_flush_stdout()) return 1; /* a failed write can make a benchmark fail */
     fprintf(stderr, "keel: %s\n", err[0] ? err : keel_strerror(st));

@@ -176,6 +176,7 @@ typedef enum flag_kind {
     FK_DTYPE,     /* keel_dtype by name */
     FK_POLICY,    /* keel_compact_policy by name */
     FK_POSITIONS, /* keep|renumber -> bool renumber */
+    FK_SIMD,      /* kernel path name, applied at once (keel_set_simd) */
 } flag_kind;
 
 enum { F_LO_OPEN = 1, F_HI_OPEN = 2 };
@@ -240,6 +241,8 @@ static const cli_flag g_flags[] = {
      "tokens per forward chunk (512)"},
     {"--threads", "-t", NULL, CLI_G_THREADS, FK_I32, OFF(ctx.n_threads), 0, 256, 0, "N",
      "threads; 0: all CPUs (0)"},
+    {"--simd", NULL, NULL, CLI_G_THREADS, FK_SIMD, OFF(simd), 0, 0, 0, "PATH",
+     "kernel path: scalar avx2 avx512 auto (KEEL_SIMD, else auto: the best this CPU has)"},
     {"--cache-type-k", "-ctk", "--ctk", CLI_G_KV, FK_DTYPE, OFF(ctx.type_k), 0, 0, 0, "T",
      "K cache type (f16)"},
     {"--cache-type-v", "-ctv", "--ctv", CLI_G_KV, FK_DTYPE, OFF(ctx.type_v), 0, 0, 0, "T",
@@ -359,6 +362,9 @@ static bool set_flag(cli_opts *o, const cli_flag *f, const char *a, const char *
         snprintf(need, sizeof need, "one of none window keydiff knorm random");
         break;
     }
+    case FK_SIMD:
+        *(const char **)(void *)dst = v;
+        return cli_simd(a, v) == 0;
     case FK_POSITIONS:
         if (strcmp(v, "keep") == 0 || strcmp(v, "renumber") == 0) {
             *(bool *)(void *)dst = strcmp(v, "renumber") == 0;
@@ -369,6 +375,27 @@ static bool set_flag(cli_opts *o, const cli_flag *f, const char *a, const char *
     }
     fprintf(stderr, "keel: %s %s: must be %s\n", a, v, need);
     return false;
+}
+
+int cli_simd(const char *flag, const char *name)
+{
+    if (!name) {
+        /* the library ignores a bad KEEL_SIMD; the CLI refuses it */
+        name = getenv("KEEL_SIMD");
+        if (!name || !name[0]) return 0;
+        flag = "KEEL_SIMD";
+    }
+    keel_status st = keel_set_simd(name);
+    if (st == KEEL_OK) return 0;
+    const char *sep = strcmp(flag, "KEEL_SIMD") == 0 ? "=" : " ";
+    if (st == KEEL_EUNSUPPORTED)
+        fprintf(stderr, "keel: %s%s%s: this CPU cannot run that path (its best: ", flag, sep, name);
+    else
+        fprintf(stderr, "keel: %s%s%s: must be one of scalar avx2 avx512 auto (this CPU's best: ",
+                flag, sep, name);
+    keel_status r = keel_set_simd("auto");
+    fprintf(stderr, "%s)\n", r == KEEL_OK ? keel_simd_name() : "?");
+    return 2;
 }
 
 static void print_help(const cli_opts *o, const char *usage)
@@ -391,6 +418,7 @@ static void print_help(const cli_opts *o, const char *usage)
 int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)
 {
     const char *prev_bool = NULL; /* the boolean flag just before, for the message */
+    if ((!o->groups || (o->groups & CLI_G_THREADS)) && cli_simd(NULL, NULL) != 0) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -253,9 +253,9 @@ static keel_status bk_run_matvec(bk_state *s)
                 if (g > r->gbps) r->gbps = g;
             }
             if (round == 0) { /* the scalar reference: once (slow) */
-                bool prev = tensor_set_simd(false);
+                tensor_simd prev = tensor_simd_force(TENSOR_SIMD_SCALAR);
                 r->gbps = bk_time_matvec(types[k], &W[k], n_rows[k], xb.p, yb.p, s->pools[0], &arena, 1);
-                tensor_set_simd(prev);
+                tensor_simd_force(prev);
             }
         }
     }
@@ -290,9 +290,9 @@ static keel_status bk_run_quant(bk_state *s)
         r->t = t;
         r->n = n;
         r->simd_ns = bk_time_quant(t, n, xb.p, yb.p, nr);
-        bool prev = tensor_set_simd(false);
+        tensor_simd prev = tensor_simd_force(TENSOR_SIMD_SCALAR);
         r->scalar_ns = bk_time_quant(t, n, xb.p, yb.p, nr);
-        tensor_set_simd(prev);
+        tensor_simd_force(prev);
     }
     bk_free(&xb);
     bk_free(&yb);
@@ -472,7 +472,6 @@ keel_status bench_kernels(int argc, char **argv, bench_out *o)
         else base_err(o->err, st, "bench kernels: cannot start %d threads", want[i]);
     }
     if (st != KEEL_OK) goto done;
-    tensor_set_simd(true);
     s->simd = tensor_simd_name();
 
     s->bw[0] = bench_read_bw_gbps(s->pools[0], 0, 3);
@@ -494,9 +493,9 @@ keel_status bench_kernels(int argc, char **argv, bench_out *o)
             bk_fill_normal(wb.p, n_vec * ns[i], 3);
             s->wht[i].n = ns[i];
             s->wht[i].simd_ns = bk_time_wht(ns[i], wb.p, n_vec);
-            bool prev = tensor_set_simd(false);
+            tensor_simd prev = tensor_simd_force(TENSOR_SIMD_SCALAR);
             s->wht[i].scalar_ns = bk_time_wht(ns[i], wb.p, n_vec);
-            tensor_set_simd(prev);
+            tensor_simd_force(prev);
         }
         bk_free(&wb);
     }

@@ -146,12 +146,18 @@ float attn_exp_scalar(float *x, int32_t n, float m)
     return s;
 }
 
+_Static_assert((int)ATTN_PATH_AVX2 == (int)TENSOR_SIMD_AVX2 &&
+                   (int)ATTN_PATH_AVX512 == (int)TENSOR_SIMD_AVX512,
+               "attention paths follow the tensor SIMD levels");
+
 attn_path attn_path_best(void)
 {
-    const tensor_cpu *c = tensor_cpu_features();
-    if (!c->avx2 || !c->fma || !c->f16c) return ATTN_PATH_SCALAR;
-    if (c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni) return ATTN_PATH_AVX512;
-    return ATTN_PATH_AVX2;
+    return (attn_path)tensor_simd_best();
+}
+
+attn_path attn_path_active(void)
+{
+    return (attn_path)tensor_simd_level();
 }
 
 bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
@@ -512,7 +518,7 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     x.scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)x.dk);
     x.softcap = a->softcap;
     x.d = m->attn_dims; /* computed once at open */
-    x.k = attn_kernels(tensor_simd_active() ? attn_path_best() : ATTN_PATH_SCALAR, x.kt, x.vt);
+    x.k = attn_kernels(attn_path_active(), x.kt, x.vt);
 
     /* sinks of sliding tables must be current before threads read them */
     for (int32_t k = 0; k < grp->n_tables; k++)

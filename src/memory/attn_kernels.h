@@ -134,8 +134,11 @@ bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float
 /* The kernel paths of attention, fastest last. */
 typedef enum attn_path { ATTN_PATH_SCALAR, ATTN_PATH_AVX2, ATTN_PATH_AVX512 } attn_path;
 
-/* The best path this CPU supports (ignores tensor_set_simd). */
+/* The best path this CPU supports (ignores the forced level). */
 attn_path attn_path_best(void);
+/* The path attention runs now: the SIMD level in force (tensor_simd_level:
+ * KEEL_SIMD, keel_set_simd, tensor_simd_force). */
+attn_path attn_path_active(void);
 
 typedef struct attn_kernel_set {
     attn_kq_fn kq;

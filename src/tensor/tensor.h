@@ -12,8 +12,9 @@
  *     may sit anywhere; test_tensor_kernels checks odd addresses under
  *     UBSan); float * arguments (activations, outputs) are float-aligned.
  *   - Every kernel has a scalar reference and, where it matters, an
- *     AVX2/FMA path chosen at run time by cpuid. tensor_set_simd(false)
- *     forces the scalar paths (tests compare the two; benchmarks time both).
+ *     AVX2/FMA path chosen at run time by cpuid; tensor_simd_force (or
+ *     KEEL_SIMD, keel_set_simd) pins a level process-wide (tests compare
+ *     every level the CPU has with scalar; benchmarks time them).
  *     Where a format defines bytes (quantize), both paths produce identical
  *     bytes.
  *   - Hot-path kernels allocate nothing: scratch comes from a caller's arena
@@ -40,12 +41,31 @@ typedef struct tensor_cpu {
 
 /* Features of this CPU (cpuid + OS support via xgetbv). Static storage. */
 const tensor_cpu *tensor_cpu_features(void);
-/* Enables (default) or disables the SIMD paths process-wide; returns the
- * previous setting. Not thread-safe: call between jobs. */
+/* Kernel paths, in order: a level includes the ones below it. AVX2 needs
+ * AVX2, FMA, F16C and BMI2; AVX512 adds AVX-512 F/BW/VL/VNNI (used by the
+ * attention kernels; the tensor kernels run their AVX2 code there). */
+typedef enum tensor_simd {
+    TENSOR_SIMD_SCALAR = 0,
+    TENSOR_SIMD_AVX2 = 1,
+    TENSOR_SIMD_AVX512 = 2,
+} tensor_simd;
+
+/* The best level this CPU and OS support. */
+tensor_simd tensor_simd_best(void);
+/* The level every dispatch uses now: min(requested, best). The request
+ * starts as KEEL_SIMD (read once, at the first query) or the best. */
+tensor_simd tensor_simd_level(void);
+/* Requests a level process-wide (clamped to the best); returns the level
+ * in force before. Not thread-safe: call between jobs. */
+tensor_simd tensor_simd_force(tensor_simd level);
+/* "scalar", "avx2", "avx512" (case-insensitive) or "auto" (the best). */
+bool tensor_simd_from_name(const char *name, tensor_simd *out);
+/* false: scalar; true: the default level (KEEL_SIMD or the best). Returns
+ * whether a SIMD level was in force. Not thread-safe: call between jobs. */
 bool tensor_set_simd(bool enabled);
-/* True when SIMD paths are in use (enabled and supported). */
+/* True when SIMD paths are in use (level above scalar). */
 bool tensor_simd_active(void);
-/* "avx2+fma" / "scalar": what is in use now. */
+/* "scalar" / "avx2" / "avx512": the level in force. */
 const char *tensor_simd_name(void);
 
 /* ---- half precision ----------------------------------------------------- */
