@@ -165,6 +165,19 @@ void base_pool_run(base_pool *pool, int64_t n_tasks, base_task_fn fn, void *ctx)
 /* Runs fn exactly once per thread with task == thread id. */
 void base_pool_run_per_thread(base_pool *pool, base_task_fn fn, void *ctx);
 
+/* Counters of a pool's jobs while profiling is on (base_pool_profile; off
+ * by default, when nothing is timed): jobs run in parallel and inline,
+ * their tasks, the caller's wall time inside parallel jobs and the part of
+ * it spent waiting for other threads after its own claims ran out (load
+ * imbalance and wake-up latency). The caller's thread only; NULL pool:
+ * no-op / zeros. */
+typedef struct base_pool_stats {
+    int64_t runs, runs_inline, tasks;
+    uint64_t run_ns, wait_ns;
+} base_pool_stats;
+void base_pool_profile(base_pool *pool, bool on);
+void base_pool_stats_get(const base_pool *pool, base_pool_stats *out);
+
 /* ---- hashing ------------------------------------------------------------ */
 
 uint64_t base_hash64(const void *data, size_t n, uint64_t seed);

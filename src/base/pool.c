@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #define POOL_STACK_BYTES (256u * 1024u)
 #define POOL_SPIN_NS 100000ull /* workers spin this long for the next job */
@@ -56,6 +57,9 @@ struct base_pool {
     _Atomic(base_task_fn) fn;
     _Atomic(void *) ctx;
     atomic_bool per_thread;
+    /* profile (base_pool_profile), written by the calling thread only */
+    bool prof;
+    base_pool_stats stats;
 };
 
 /* Claims and runs tasks of generation gen until none are left. */
@@ -236,13 +240,31 @@ static void pool_wait_done(base_pool *p, int64_t n_tasks)
     }
 }
 
+void base_pool_profile(base_pool *p, bool on)
+{
+    if (!p) return;
+    p->prof = on;
+    memset(&p->stats, 0, sizeof p->stats);
+}
+
+void base_pool_stats_get(const base_pool *p, base_pool_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (p) *out = p->stats;
+}
+
 void base_pool_run(base_pool *p, int64_t n_tasks, base_task_fn fn, void *ctx)
 {
     if (n_tasks <= 0) return;
     if (!p || p->n_started == 0 || n_tasks == 1 || n_tasks > 0xffffffffll) {
+        if (p && p->prof) {
+            p->stats.runs_inline++;
+            p->stats.tasks += n_tasks;
+        }
         for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
+    uint64_t t0 = p->prof ? base_time_ns() : 0;
     uint64_t gen = atomic_load(&p->generation) + 1;
     atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
@@ -253,6 +275,16 @@ void base_pool_run(base_pool *p, int64_t n_tasks, base_task_fn fn, void *ctx)
     atomic_store(&p->generation, gen); /* seq_cst: publishes the job, pairs with n_sleeping */
     pool_wake(p);
     pool_work(p, gen, 0);
+    if (t0) {
+        uint64_t t1 = base_time_ns();
+        pool_wait_done(p, n_tasks);
+        uint64_t t2 = base_time_ns();
+        p->stats.runs++;
+        p->stats.tasks += n_tasks;
+        p->stats.run_ns += t2 - t0;
+        p->stats.wait_ns += t2 - t1;
+        return;
+    }
     pool_wait_done(p, n_tasks);
 }
 

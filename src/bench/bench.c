@@ -9,9 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "../tensor/tensor.h"
 
 typedef struct bench_entry {
     const char *name;
@@ -112,18 +110,13 @@ static void bw_task(void *vctx, int64_t task, int thread)
     size_t per = c->bytes / (size_t)c->n_threads;
     per &= ~(size_t)255;
     const uint8_t *p = c->buf + (size_t)task * per;
-#if defined(__AVX2__)
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < per; i += 128) {
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(p + i)));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    /* the widest loads the CPU has, whatever level is forced: the reference
+     * is the machine's bandwidth */
+    if (tensor_simd_best() >= TENSOR_SIMD_AVX2) {
+        c->sums[task] = (double)bench_read_avx2(p, per);
+        return;
     }
-    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-    c->sums[task] = (double)_mm256_extract_epi64(a0, 0);
-#else
-    const uint64_t *q = (const uint64_t *)p;
+    const uint64_t *q = (const uint64_t *)(const void *)p;
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t i = 0; i < per / 8; i += 4) {
         s0 ^= q[i];
@@ -132,7 +125,6 @@ static void bw_task(void *vctx, int64_t task, int thread)
         s3 ^= q[i + 3];
     }
     c->sums[task] = (double)(s0 ^ s1 ^ s2 ^ s3);
-#endif
 }
 
 double bench_read_bw_gbps(base_pool *pool, size_t buf_bytes, int reps)
@@ -154,5 +146,69 @@ double bench_read_bw_gbps(base_pool *pool, size_t buf_bytes, int reps)
         if (gbps > best) best = gbps;
     }
     base_free(buf, buf_bytes);
+    return best;
+}
+
+/* ---- fp32 FMA peak -------------------------------------------------------- */
+
+typedef struct fma_ctx {
+    int level;
+    int64_t iters;
+    volatile float sink[256];
+} fma_ctx;
+
+/* 12 scalar chains, as the SIMD loops (the compiler may vectorize them: the
+ * scalar level's peak is whatever its code reaches) */
+static float fma_scalar(int64_t iters)
+{
+    float c[12];
+    for (int k = 0; k < 12; k++) c[k] = 1.0f + (float)k * 1e-3f;
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) c[k] = c[k] * 0.999999f + 1e-6f;
+    float s = 0.0f;
+    for (int k = 0; k < 12; k++) s += c[k];
+    return s;
+}
+
+static void fma_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    fma_ctx *c = vctx;
+    float r = c->level >= 2 ? bench_fma_avx512(c->iters)
+              : c->level == 1 ? bench_fma_avx2(c->iters)
+                              : fma_scalar(c->iters);
+    c->sink[task & 255] = r;
+}
+
+static double fma_flops_per_iter(int level)
+{
+    return 2.0 * 12.0 * (level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0);
+}
+
+double bench_fma_peak_gflops(base_pool *pool, int level, int reps)
+{
+    int best_level = (int)tensor_simd_best();
+    if (level > best_level) level = best_level;
+    if (level < 0) level = 0;
+    if (reps <= 0) reps = 3;
+    int nt = base_pool_threads(pool);
+    fma_ctx c;
+    memset(&c, 0, sizeof c);
+    c.level = level;
+    /* size the run to about 20 ms per thread from a short calibration */
+    c.iters = 1 << 14;
+    uint64_t t0 = base_time_ns();
+    base_pool_run_per_thread(pool, fma_task, &c);
+    double ns = (double)(base_time_ns() - t0);
+    c.iters = (int64_t)((double)c.iters * 2e7 / (ns > 1.0 ? ns : 1.0));
+    if (c.iters < (1 << 14)) c.iters = 1 << 14;
+    double best = 0.0;
+    for (int r = 0; r < reps; r++) {
+        t0 = base_time_ns();
+        base_pool_run_per_thread(pool, fma_task, &c);
+        ns = (double)(base_time_ns() - t0);
+        double g = fma_flops_per_iter(level) * (double)c.iters * nt / ns;
+        if (g > best) best = g;
+    }
     return best;
 }

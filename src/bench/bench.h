@@ -40,6 +40,20 @@ void bench_printf(bench_out *o, const char *fmt, ...) BASE_PRINTF(2, 3);
  * Returns a negative value if the buffer cannot be allocated. */
 double bench_read_bw_gbps(base_pool *pool, size_t buf_bytes, int reps);
 
+/* fp32 FMA peak in GFLOP/s with the pool's threads running a register-only
+ * FMA loop at once, at SIMD level `level` (tensor_simd: 0 scalar, 1 avx2 ymm,
+ * 2 avx512 zmm; clamped to what the CPU has). Best of reps runs of about
+ * 20 ms each. */
+double bench_fma_peak_gflops(base_pool *pool, int level, int reps);
+
+/* The reference loops (bench_avx2.c / bench_avx512.c; call only when the CPU
+ * has the level): xor of every byte of p[0..bytes) (32-byte aligned, bytes
+ * a multiple of 128) in 32-byte loads; iters iterations of 12 FMA chains
+ * (2 * 8 * 12 and 2 * 16 * 12 flops per iteration). */
+uint64_t bench_read_avx2(const uint8_t *p, size_t bytes);
+float bench_fma_avx2(int64_t iters);
+float bench_fma_avx512(int64_t iters);
+
 /* Parses "--json" and returns the index of the first unparsed argument;
  * benchmarks parse their own other options. */
 bool bench_has_flag(int argc, char **argv, const char *flag);

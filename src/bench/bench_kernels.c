@@ -7,7 +7,10 @@
  *   matvec        weight GB/s on >= 256 MiB of valid quantized weights, as %
  *                 of read bandwidth; 1, 2 (and N) threads; scalar 1 thread
  *   quantize      ns per row (128 wide; K-quants 256), scalar vs SIMD
- *   matmul        prefill GEMM GFLOP/s, 4096 x 4096 weights, 16 and 512 tokens
+ *   fma peak      fp32 GFLOP/s of a register-only FMA loop at the SIMD level
+ *                 in force (1 and 2 threads), the reference of matmul
+ *   matmul        prefill GEMM GFLOP/s, 4096 x 4096 weights, 16 and 512 tokens,
+ *                 and its fraction of the 2-thread FMA peak
  * --gemm adds the strategy comparison behind tensor_matmul's choice (every
  * path over a range of batch sizes; docs/kernels.md).
  * Everything goes through the allocator hooks; nothing is printed except
@@ -192,6 +195,7 @@ typedef struct bk_state {
     int n_threads[3];
     int n_pools;
     double bw[2];
+    double peak[2]; /* fp32 FMA peak GFLOP/s at the level in force, 1 and 2 threads */
     wht_res wht[3];
     mv_res mv[BK_MAX_RES];
     int n_mv;
@@ -373,8 +377,10 @@ static double bk_mv_gbps(const bk_state *s, keel_dtype t, int threads, bool scal
 
 static void bk_print_json(bench_out *o, const bk_state *s)
 {
-    bench_printf(o, "{\"simd\": \"%s\", \"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f}, \"wht\": [",
-                 s->simd, s->bw[0], s->bw[1]);
+    bench_printf(o,
+                 "{\"simd\": \"%s\", \"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f}, "
+                 "\"fma_peak_gflops\": {\"1\": %.1f, \"2\": %.1f}, \"wht\": [",
+                 s->simd, s->bw[0], s->bw[1], s->peak[0], s->peak[1]);
     for (int i = 0; i < 3; i++)
         bench_printf(o, "%s{\"n\": %d, \"scalar_ns\": %.2f, \"simd_ns\": %.2f}", i ? ", " : "",
                      s->wht[i].n, s->wht[i].scalar_ns, s->wht[i].simd_ns);
@@ -395,9 +401,10 @@ static void bk_print_json(bench_out *o, const bk_state *s)
         bench_printf(
             o,
             "%s{\"dtype\": \"%s\", \"rows\": %d, \"cols\": %d, \"n_tok\": %lld, \"threads\": 2, "
-            "\"path\": \"%s\", \"gflops\": %.1f}",
+            "\"path\": \"%s\", \"gflops\": %.1f, \"of_peak\": %.3f}",
             i ? ", " : "", keel_dtype_name(s->mm[i].t), GEMM_ROWS, GEMM_COLS,
-            (long long)s->mm[i].n_tok, path_name(s->mm[i].path), s->mm[i].gflops);
+            (long long)s->mm[i].n_tok, path_name(s->mm[i].path), s->mm[i].gflops,
+            s->peak[1] > 0 ? s->mm[i].gflops / s->peak[1] : 0.0);
     double w128 = s->wht[1].simd_ns, ws128 = s->wht[1].scalar_ns;
     double bw2 = s->bw[1];
     bench_printf(o,
@@ -413,6 +420,8 @@ static void bk_print_table(bench_out *o, const bk_state *s)
     bench_printf(
         o, "memory read bandwidth (best of 1 GiB and 256 MiB runs): 1 thread %.2f GB/s, 2 threads %.2f GB/s\n\n",
         s->bw[0], s->bw[1]);
+    bench_printf(o, "fp32 FMA peak (register-only FMA loop, %s): 1 thread %.1f GFLOP/s, 2 threads %.1f GFLOP/s\n\n",
+                 s->simd, s->peak[0], s->peak[1]);
     bench_printf(o, "Walsh-Hadamard transform, ns per vector\n");
     bench_printf(o, "  %6s %12s %12s %9s\n", "n", "scalar", "simd", "speedup");
     for (int i = 0; i < 3; i++)
@@ -448,10 +457,11 @@ static void bk_print_table(bench_out *o, const bk_state *s)
                          s->q[i].scalar_ns, s->q[i].simd_ns, s->q[i].scalar_ns / s->q[i].simd_ns);
     }
     bench_printf(o, "\nmatmul %dx%d weights, 2 threads, GFLOP/s\n", GEMM_ROWS, GEMM_COLS);
-    bench_printf(o, "  %-6s %6s %-14s %10s\n", "dtype", "n_tok", "path", "GFLOP/s");
+    bench_printf(o, "  %-6s %6s %-14s %10s %12s\n", "dtype", "n_tok", "path", "GFLOP/s", "% FMA peak");
     for (int i = 0; i < s->n_mm; i++)
-        bench_printf(o, "  %-6s %6lld %-14s %10.1f\n", keel_dtype_name(s->mm[i].t),
-                     (long long)s->mm[i].n_tok, path_name(s->mm[i].path), s->mm[i].gflops);
+        bench_printf(o, "  %-6s %6lld %-14s %10.1f %11.1f%%\n", keel_dtype_name(s->mm[i].t),
+                     (long long)s->mm[i].n_tok, path_name(s->mm[i].path), s->mm[i].gflops,
+                     s->peak[1] > 0 ? 100.0 * s->mm[i].gflops / s->peak[1] : 0.0);
 }
 
 keel_status bench_kernels(int argc, char **argv, bench_out *o)
@@ -476,6 +486,8 @@ keel_status bench_kernels(int argc, char **argv, bench_out *o)
 
     s->bw[0] = bench_read_bw_gbps(s->pools[0], 0, 3);
     s->bw[1] = bench_read_bw_gbps(s->pools[1], 0, 3);
+    s->peak[0] = bench_fma_peak_gflops(s->pools[0], (int)tensor_simd_level(), 5);
+    s->peak[1] = bench_fma_peak_gflops(s->pools[1], (int)tensor_simd_level(), 5);
     if (s->bw[0] < 0 || s->bw[1] < 0) {
         st = base_err(o->err, KEEL_ENOMEM, "bench kernels: cannot allocate the 1 GiB bandwidth buffer");
         goto done;

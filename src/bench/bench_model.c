@@ -1,15 +1,28 @@
 /*
- * bench_model.c — `keel bench -m MODEL [-p 512] [-n 128] [-t N] [-r R] [--json]`:
- * prompt processing (pp: one batch of -p tokens from an empty cache) and
- * text generation (tg: -n tokens one at a time) in llama-bench's table
- * style, each beside a reference measured in the same run:
- *   - pp against OpenBLAS sgemm throughput (GFLOP/s) on the model's own
- *     largest projection shape, counting 2 * matmul-params FLOPs per token;
- *   - tg against the memory read bandwidth: weight_bytes * tok/s is the
- *     bandwidth a decode step needs.
+ * bench_model.c — `keel bench -m MODEL [-p 512] [-n 128] [-d 0,...] [-t N] [-r R]
+ * [-ub 512] [--ctk T] [--ctv T] [--profile] [--json]`: prompt processing (pp:
+ * one batch of -p tokens, in ubatches of -ub) and text generation (tg: -n
+ * tokens one at a time) with the cache holding -d tokens before each
+ * measurement (llama-bench's depth: filled once, the measured tokens
+ * removed again), llama-bench's table style, each row beside references
+ * measured in the same run:
+ *   - tg: bytes read per token (every matrix but the embedding table, plus
+ *     the K and V rows of the cells a step sees, averaged over the steps)
+ *     and the bound read bandwidth / bytes (the bandwidth: 1 GiB at the
+ *     start and 256 MiB before every repetition, the best);
+ *   - pp: FLOPs per token (2 x the per-token product parameters, attention
+ *     2 x heads x (dk + dv) x cells seen, the output row of the last token)
+ *     against the fp32 FMA peak of the SIMD level in force (register-only
+ *     FMA loop, same threads) and OpenBLAS sgemm on the model's ffn shape;
+ * t/s is the mean ± sd over the repetitions, with the best in parentheses;
+ * ratios to the bound use the best. --profile adds, per depth, one
+ * profiled run of -n decode steps: time per token of every kernel entry
+ * (kind, dtype, shape and its role in the model), the rest of the step and
+ * the pool's jobs (docs/kernels.md, Decode profile).
  */
 #include "bench.h"
 #include "../engine/engine.h"
+#include "../tensor/tensor.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -192,24 +205,244 @@ static keel_status bench_compact(keel_model *m, int argc, char **argv, int threa
     return st;
 }
 
+/* ---- the model benchmark: pp / tg at depths, beside the references ------ */
+
+#define BM_MAX_DEPTHS 8
+#define BM_MAX_ROWS   (2 * BM_MAX_DEPTHS)
+#define BM_BW_BYTES   ((size_t)256 << 20)
+
+typedef struct bm_row {
+    bool tg;                      /* text generation (else prompt processing) */
+    int n, depth;                 /* tokens measured, tokens in the cache before */
+    double tps_mean, tps_sd, tps_best;
+    double weight_bytes, kv_bytes; /* read per token: weights (pp: per ubatch / tokens), K+V rows */
+    double flops;                 /* per token: matrix products + attention */
+} bm_row;
+
+/* What a model moves and computes per token, from its weights and the
+ * context's memory layers (so it follows whatever layers a model has). */
+typedef struct bm_model {
+    double weight_bytes_tok;  /* decode: every matrix but the embedding table, one embedding row */
+    double mm_flops_tok;      /* 2 * parameters of the per-token products (not the output) */
+    double out_flops;         /* 2 * output parameters (once per output row) */
+    double kv_cell_bytes;     /* K+V bytes of one cell over the attention layers */
+    double attn_flops_cell;   /* 2 * heads * (dk + dv) over the attention layers */
+    const keel_mem_layer *layers;
+    int32_t n_layers;
+} bm_model;
+
+static void bm_model_of(const keel_model *m, const keel_context *c, bm_model *bm)
+{
+    memset(bm, 0, sizeof *bm);
+    const model_w *w = &m->w;
+    bool tied = w->output.data == w->tok_embd.data;
+    double emb = (double)w->tok_embd.nbytes;
+    double row = (double)tensor_row_bytes(w->tok_embd.dtype, w->tok_embd.n_cols);
+    bm->weight_bytes_tok = (double)w->weight_bytes - (tied ? 0.0 : emb) + row;
+    double out_params = (double)w->output.n_rows * (double)w->output.n_cols;
+    double emb_params = (double)w->tok_embd.n_rows * (double)w->tok_embd.n_cols;
+    bm->mm_flops_tok = 2.0 * ((double)w->n_params - out_params - (tied ? 0.0 : emb_params));
+    bm->out_flops = 2.0 * out_params;
+    bm->layers = c->mem->layers;
+    bm->n_layers = c->mem->cfg.n_layers;
+    for (int32_t l = 0; l < bm->n_layers; l++) {
+        const keel_mem_layer *L = &bm->layers[l];
+        if (L->kind == KEEL_MEM_LAYER_NONE) continue;
+        int32_t nh = L->n_heads ? L->n_heads : L->n_kv_heads;
+        bm->kv_cell_bytes += (double)L->n_kv_heads * (double)(tensor_row_bytes(L->k_dtype, L->head_dim_k) +
+                                                              tensor_row_bytes(L->v_dtype, L->head_dim_v));
+        bm->attn_flops_cell += 2.0 * nh * (double)(L->head_dim_k + L->head_dim_v);
+    }
+}
+
+/* K+V bytes read and attention flops for a query that sees `cells` cells of
+ * a sequence (sliding layers: at most their window plus sinks). */
+static void bm_attn_at(const bm_model *bm, double cells, double *kv_bytes, double *flops)
+{
+    *kv_bytes = 0;
+    *flops = 0;
+    for (int32_t l = 0; l < bm->n_layers; l++) {
+        const keel_mem_layer *L = &bm->layers[l];
+        if (L->kind == KEEL_MEM_LAYER_NONE) continue;
+        double seen = cells;
+        if (L->kind == KEEL_MEM_LAYER_SLIDING) seen = BASE_MIN(cells, (double)L->window + L->n_sink);
+        int32_t nh = L->n_heads ? L->n_heads : L->n_kv_heads;
+        *kv_bytes += seen * (double)L->n_kv_heads *
+                     (double)(tensor_row_bytes(L->k_dtype, L->head_dim_k) +
+                              tensor_row_bytes(L->v_dtype, L->head_dim_v));
+        *flops += seen * 2.0 * nh * (double)(L->head_dim_k + L->head_dim_v);
+    }
+}
+
+static bool parse_depths(const char *s, int32_t *d, int *n)
+{
+    *n = 0;
+    if (!s) {
+        d[(*n)++] = 0;
+        return true;
+    }
+    while (*s && *n < BM_MAX_DEPTHS) {
+        char *end;
+        long v = (*s >= '0' && *s <= '9') ? strtol(s, &end, 10) : -1;
+        if (v < 0 || end == s || v > (1 << 24) || (*n > 0 && v < d[*n - 1])) return false;
+        d[(*n)++] = (int32_t)v;
+        if (*end == 0) return true;
+        if (*end != ',') return false;
+        s = end + 1;
+    }
+    return false;
+}
+
+/* Decodes tokens toks[0..n) into sequence 0 in batches of at most nb. */
+static keel_status bm_feed(keel_context *c, const int32_t *toks, int32_t n, int32_t nb)
+{
+    keel_status st = KEEL_OK;
+    for (int32_t i = 0; i < n && st == KEEL_OK; i += nb) {
+        keel_batch b = {BASE_MIN(nb, n - i), toks + i, NULL, NULL, NULL};
+        st = keel_decode(c, &b);
+    }
+    return st;
+}
+
+/* n_tg greedy decode steps from tok (the bench's own argmax included). */
+static keel_status bm_generate(keel_context *c, int32_t tok, int n_tg, int32_t n_vocab)
+{
+    for (int i = 0; i < n_tg; i++) {
+        keel_batch b = {1, &tok, NULL, NULL, NULL};
+        keel_status st = keel_decode(c, &b);
+        if (st != KEEL_OK) return st;
+        const float *lg = keel_logits(c, 0);
+        int32_t best = 0;
+        for (int32_t v = 1; v < n_vocab; v++)
+            if (lg[v] > lg[best]) best = v;
+        tok = best;
+    }
+    return KEEL_OK;
+}
+
+/* The matrix roles a (rows, cols) shape has in this model, "/"-joined. */
+static void bm_role(const model_hp *hp, int64_t rows, int64_t cols, char *buf, size_t cap)
+{
+    int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->hd_k, KD = (int64_t)hp->n_head_kv * hp->hd_k;
+    int64_t VD = (int64_t)hp->n_head_kv * hp->hd_v, OD = (int64_t)hp->n_head * hp->hd_v, F = hp->n_ff;
+    const struct {
+        const char *name;
+        int64_t r, c;
+    } roles[] = {{"attn_q", QD, E},   {"attn_k", KD, E},   {"attn_v", VD, E},        {"attn_output", E, OD},
+                 {"ffn_gate", F, E}, {"ffn_up", F, E},   {"ffn_down", E, F},       {"output", hp->n_vocab, E}};
+    buf[0] = 0;
+    size_t len = 0;
+    for (size_t i = 0; i < BASE_ARRAY_LEN(roles); i++) {
+        if (roles[i].r != rows || roles[i].c != cols) continue;
+        int k = snprintf(buf + len, cap - len, "%s%s", len ? "/" : "", roles[i].name);
+        if (k < 0 || (size_t)k >= cap - len) break;
+        len += (size_t)k;
+    }
+    if (!len) snprintf(buf, cap, "%lldx%lld", (long long)rows, (long long)cols);
+}
+
+/* One profiled run of n_tg decode steps at the current depth: per kernel
+ * entry (kind, dtype, shape) its time per token, and the pool's jobs. */
+static keel_status bm_profile(keel_context *c, const keel_model *m, int depth, int n_tg, int32_t tok,
+                              double bw, bool first_json, bench_out *o)
+{
+    const model_hp *hp = &m->w.hp;
+    tensor_prof_reset();
+    tensor_prof_enable(true);
+    base_pool_profile(c->pool, true);
+    uint64_t t0 = base_time_ns();
+    keel_status st = bm_generate(c, tok, n_tg, hp->n_vocab);
+    double total_ns = (double)(base_time_ns() - t0);
+    tensor_prof_enable(false);
+    base_pool_stats ps;
+    base_pool_stats_get(c->pool, &ps);
+    base_pool_profile(c->pool, false);
+    if (st != KEEL_OK) return st;
+    const tensor_prof_entry *e;
+    int ne = tensor_prof_get(&e);
+    double per = 1e-3 / n_tg; /* ns total -> us per token */
+    double step_us = total_ns * per, known = 0;
+    for (int i = 0; i < ne; i++) known += (double)e[i].ns;
+    if (o->json) {
+        bench_printf(o, "%s{\"depth\": %d, \"tokens\": %d, \"step_us\": %.1f, \"entries\": [", first_json ? "" : ", ",
+                     depth, n_tg, step_us);
+    } else {
+        bench_printf(o, "\nprofile of one decode step at depth %d (%d steps, %s, %d threads): %.1f us per token\n",
+                     depth, n_tg, keel_simd_name(), base_pool_threads(c->pool), step_us);
+        bench_printf(o, "| kernel | dtype | shape (role) | calls/token | us/token | %% of step | GB/s | %% of read bw |\n");
+        bench_printf(o, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+    }
+    for (int i = 0; i < ne; i++) {
+        char role[96];
+        if (e[i].kind == TENSOR_PROF_MATVEC || e[i].kind == TENSOR_PROF_MATMUL)
+            bm_role(hp, e[i].rows, e[i].cols, role, sizeof role);
+        else if (e[i].kind == TENSOR_PROF_ATTN)
+            snprintf(role, sizeof role, "%lld token(s)", (long long)e[i].rows);
+        else
+            snprintf(role, sizeof role, "%lld x %lld", (long long)e[i].rows, (long long)e[i].cols);
+        double us = (double)e[i].ns * per, gbps = e[i].ns ? e[i].bytes / (double)e[i].ns : 0.0;
+        const char *dt = keel_dtype_name(e[i].dtype) ? keel_dtype_name(e[i].dtype) : "?";
+        if (o->json)
+            bench_printf(o, "%s{\"kind\": \"%s\", \"dtype\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"role\": \"%s\", "
+                            "\"calls_per_token\": %.2f, \"us_per_token\": %.2f, \"gbps\": %.2f}",
+                         i ? ", " : "", tensor_prof_kind_name(e[i].kind), dt, (long long)e[i].rows,
+                         (long long)e[i].cols, role, (double)e[i].calls / n_tg, us, gbps);
+        else if (e[i].bytes > 0)
+            bench_printf(o, "| %s | %s | %s | %.1f | %.1f | %.1f%% | %.2f | %.0f%% |\n", tensor_prof_kind_name(e[i].kind),
+                         dt, role, (double)e[i].calls / n_tg, us, 100.0 * us / step_us, gbps,
+                         bw > 0 ? 100.0 * gbps / bw : 0.0);
+        else
+            bench_printf(o, "| %s | %s | %s | %.1f | %.1f | %.1f%% | | |\n", tensor_prof_kind_name(e[i].kind), dt, role,
+                         (double)e[i].calls / n_tg, us, 100.0 * us / step_us);
+    }
+    double other_us = (total_ns - known) * per;
+    double runs = (double)ps.runs / n_tg, inl = (double)ps.runs_inline / n_tg;
+    double wait_us = (double)ps.wait_ns * per, run_us = (double)ps.run_ns * per;
+    if (o->json) {
+        bench_printf(o, "], \"other_us\": %.2f, \"pool\": {\"runs_per_token\": %.1f, \"inline_runs_per_token\": %.1f, "
+                        "\"run_us_per_token\": %.1f, \"wait_us_per_token\": %.2f}}",
+                     other_us, runs, inl, run_us, wait_us);
+    } else {
+        bench_printf(o, "| other (embedding, KV writes, residuals, argmax) | | | | %.1f | %.1f%% | | |\n", other_us,
+                     100.0 * other_us / step_us);
+        bench_printf(o, "thread synchronization: %.1f parallel jobs per token (%.1f inline), %.1f us per token in them, "
+                        "of which %.1f us (%.1f%% of the step) the caller waited for the other threads\n",
+                     runs, inl, run_us, wait_us, 100.0 * wait_us / step_us);
+    }
+    return KEEL_OK;
+}
+
 keel_status bench_model(int argc, char **argv, bench_out *o)
 {
     static const bench_flag spec[] = {
         {"-m", true},  {"-p", true},          {"-n", true},          {"-t", true},
         {"-r", true},  {"--tokenizer", true}, {"--ctk", true},       {"--ctv", true},
         {"--kv-compact", true}, {"--kv-trigger", true}, {"--kv-target", true},
+        {"-d", true},  {"-ub", true},         {"--profile", false},
     };
     keel_status st = bench_check_args(o, "model", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
     if (!path) return base_err(o->err, KEEL_EINVAL, "bench model: no model (-m MODEL)");
-    int64_t iv[4];
+    int64_t iv[5];
     st = bench_int_opt(o, "model", argc, argv, "-p", 0, 65536, 512, &iv[0]);
     if (st == KEEL_OK) st = bench_int_opt(o, "model", argc, argv, "-n", 0, 65536, 128, &iv[1]);
     if (st == KEEL_OK) st = bench_int_opt(o, "model", argc, argv, "-t", 1, 256, keel_cpu_count(), &iv[2]);
     if (st == KEEL_OK) st = bench_int_opt(o, "model", argc, argv, "-r", 1, 64, 3, &iv[3]);
+    if (st == KEEL_OK) st = bench_int_opt(o, "model", argc, argv, "-ub", 1, 65536, 512, &iv[4]);
     if (st != KEEL_OK) return st;
     int n_pp = (int)iv[0], n_tg = (int)iv[1], threads = (int)iv[2], reps = (int)iv[3];
+    int n_ub = (int)BASE_MIN(iv[4], BASE_MAX(iv[0], 1));
+    int32_t depths[BM_MAX_DEPTHS];
+    int n_depth = 0;
+    const char *dl = bench_opt(argc, argv, "-d");
+    if (!parse_depths(dl, depths, &n_depth))
+        return base_err(o->err, KEEL_EINVAL,
+                        "bench model: -d %s: must be 1 to %d ascending comma-separated integers in [0, 16777216]",
+                        dl, BM_MAX_DEPTHS);
+    bool profile = bench_has_flag(argc, argv, "--profile");
+    if (profile && n_tg == 0)
+        return base_err(o->err, KEEL_EINVAL, "bench model: --profile profiles decode steps: needs -n > 0");
     if (!bench_opt(argc, argv, "--kv-compact")) {
         const char *kv = bench_opt(argc, argv, "--kv-trigger") ? "--kv-trigger"
                          : bench_opt(argc, argv, "--kv-target") ? "--kv-target"
@@ -229,14 +462,20 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
         return st;
     }
     const model_hp *hp = &m->w.hp;
+    int32_t max_depth = depths[n_depth - 1];
     keel_context_params cp = keel_context_params_default();
-    cp.n_ctx = BASE_MAX(n_pp + n_tg + 8, 256);
-    cp.n_batch = BASE_MAX(n_pp, 1);
-    cp.n_ubatch = BASE_MAX(n_pp, 1);
+    int64_t need = (int64_t)max_depth + BASE_MAX(n_pp, n_tg) + 8;
+    cp.n_ctx = (int32_t)BASE_MAX(need, 256);
+    cp.n_batch = BASE_MAX(n_pp, 512);
+    cp.n_ubatch = BASE_MAX(n_ub, 1);
     cp.n_threads = threads;
     keel_context *c = NULL;
     int32_t *toks = NULL;
     double *pp_t = NULL, *tg_t = NULL;
+    bm_row *rows = NULL;
+    int n_rows = 0;
+    int32_t n_toks = (int32_t)BASE_MAX(BASE_MAX(n_pp, max_depth), 8);
+    size_t tb = (size_t)n_toks * sizeof(int32_t);
     st = kv_types(o, argc, argv, &cp);
     if (st == KEEL_OK) {
         st = keel_context_open(m, &cp, &c, err);
@@ -246,97 +485,147 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
         keel_model_close(m);
         return st;
     }
-    size_t tb = (size_t)BASE_MAX(n_pp, 1) * sizeof(int32_t);
     toks = base_alloc(tb);
     pp_t = base_calloc((size_t)reps, sizeof(double));
     tg_t = base_calloc((size_t)reps, sizeof(double));
-    if (!toks || !pp_t || !tg_t) {
+    rows = base_calloc(BM_MAX_ROWS, sizeof(bm_row));
+    if (!toks || !pp_t || !tg_t || !rows) {
         st = base_err(o->err, KEEL_ENOMEM, "bench model: out of memory");
         goto done;
     }
     base_rng r;
     base_rng_seed(&r, 7);
-    for (int i = 0; i < BASE_MAX(n_pp, 1); i++) toks[i] = (int32_t)base_rng_below(&r, (uint64_t)hp->n_vocab);
-    /* warm-up: page the weights in */
-    {
-        keel_batch b = {BASE_MIN(8, BASE_MAX(n_pp, 1)), toks, NULL, NULL, NULL};
-        if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode;
-        keel_mem_clear(c->mem);
-    }
-    for (int rep = 0; rep < reps; rep++) {
-        if (n_pp > 0) {
-            keel_mem_clear(c->mem);
-            keel_batch b = {n_pp, toks, NULL, NULL, NULL};
-            uint64_t t0 = base_time_ns();
-            if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode;
-            pp_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
-        }
-        if (n_tg > 0) {
-            keel_mem_clear(c->mem);
-            int32_t tok = toks[0];
-            uint64_t t0 = base_time_ns();
-            for (int i = 0; i < n_tg; i++) {
-                keel_batch b = {1, &tok, NULL, NULL, NULL};
-                if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode;
-                const float *lg = keel_logits(c, 0);
-                int32_t best = 0;
-                for (int32_t v = 1; v < hp->n_vocab; v++)
-                    if (lg[v] > lg[best]) best = v;
-                tok = best;
-            }
-            tg_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
-        }
-    }
-    /* references, same run */
+    for (int32_t i = 0; i < n_toks; i++) toks[i] = (int32_t)base_rng_below(&r, (uint64_t)hp->n_vocab);
+    bm_model bm;
+    bm_model_of(m, c, &bm);
+    /* references, same run: the read bandwidth (1 GiB now, 256 MiB before
+     * every repetition: the best), the FMA peak at the level in force and
+     * OpenBLAS sgemm on the model's ffn shape with the pp batch */
     double bw = bench_read_bw_gbps(c->pool, 0, 3);
-    int64_t mm_params = 0; /* parameters of the per-token matrix products */
-    for (int32_t i = 0; i < hp->n_layer; i++) {
-        const model_layer *L = &m->w.layers[i];
-        const model_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (int j = 0; j < 7; j++) mm_params += ms[j]->n_rows * ms[j]->n_cols;
+    double peak = bench_fma_peak_gflops(c->pool, (int)tensor_simd_level(), 5);
+    double sg = n_pp > 0 ? sgemm_gflops(c->pool, BASE_MIN(n_pp, n_ub), hp->n_ff, hp->n_embd) : 0.0;
+    /* warm-up: page the weights in */
+    if ((st = bm_feed(c, toks, BASE_MIN(8, n_toks), cp.n_batch)) != KEEL_OK) goto fail_decode;
+    keel_mem_clear(c->mem);
+    int32_t filled = 0;
+    bool first_prof = true;
+    if (profile && o->json) bench_printf(o, "{\"profile\": [");
+    for (int di = 0; di < n_depth; di++) {
+        int32_t d = depths[di];
+        /* the cache holds d tokens before each measurement (filled once,
+         * measured tokens removed again) */
+        if ((st = bm_feed(c, toks + filled, d - filled, cp.n_batch)) != KEEL_OK) goto fail_decode;
+        filled = d;
+        for (int rep = 0; rep < reps; rep++) {
+            double b = bench_read_bw_gbps(c->pool, BM_BW_BYTES, 2);
+            if (b > bw) bw = b;
+            if (n_pp > 0) {
+                uint64_t t0 = base_time_ns();
+                if ((st = bm_feed(c, toks, n_pp, cp.n_batch)) != KEEL_OK) goto fail_decode;
+                pp_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
+                if ((st = keel_mem_seq_rm(c->mem, 0, d, -1)) != KEEL_OK) goto fail_mem;
+            }
+            if (n_tg > 0) {
+                uint64_t t0 = base_time_ns();
+                if ((st = bm_generate(c, toks[d % n_toks], n_tg, hp->n_vocab)) != KEEL_OK) goto fail_decode;
+                tg_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
+                if ((st = keel_mem_seq_rm(c->mem, 0, d, -1)) != KEEL_OK) goto fail_mem;
+            }
+        }
+        for (int k = 0; k < 2; k++) {
+            bool tg = k == 1;
+            int n = tg ? n_tg : n_pp;
+            if (n == 0) continue;
+            bm_row *row = &rows[n_rows++];
+            row->tg = tg;
+            row->n = n;
+            row->depth = d;
+            double v[64];
+            int nr = BASE_MIN(reps, 64);
+            row->tps_best = 0;
+            for (int i = 0; i < nr; i++) {
+                v[i] = n / (tg ? tg_t[i] : pp_t[i]);
+                if (v[i] > row->tps_best) row->tps_best = v[i];
+            }
+            stat2 sv = stats(v, nr);
+            row->tps_mean = sv.mean;
+            row->tps_sd = sv.sd;
+            /* tg: each step sees d + 1 .. d + n cells; pp: queries see d + 1 .. d + n */
+            double kv, af;
+            bm_attn_at(&bm, d + (n + 1) / 2.0, &kv, &af);
+            double n_ubatches = tg ? n : ceil((double)n / n_ub);
+            row->weight_bytes = bm.weight_bytes_tok * n_ubatches / n;
+            row->kv_bytes = tg ? kv : 0.0;
+            row->flops = bm.mm_flops_tok + af + bm.out_flops * (tg ? 1.0 : 1.0 / n);
+        }
+        if (profile) {
+            st = bm_profile(c, m, d, n_tg, toks[d % n_toks], bw, first_prof, o);
+            first_prof = false;
+            if (st != KEEL_OK) goto fail_decode;
+            if ((st = keel_mem_seq_rm(c->mem, 0, d, -1)) != KEEL_OK) goto fail_mem;
+        }
     }
-    int64_t out_params = m->w.output.n_rows * m->w.output.n_cols;
-    /* reference GEMM on the model's ffn shape with the same batch */
-    int sg_k = hp->n_embd, sg_m = hp->n_ff, sg_n = BASE_MAX(n_pp, 1);
-    double sg = n_pp > 0 ? sgemm_gflops(c->pool, sg_n, sg_m, sg_k) : 0.0;
-    double pp_tps[64], tg_tps[64];
-    int nr = BASE_MIN(reps, 64);
-    for (int i = 0; i < nr; i++) {
-        pp_tps[i] = n_pp > 0 ? n_pp / pp_t[i] : 0.0;
-        tg_tps[i] = n_tg > 0 ? n_tg / tg_t[i] : 0.0;
-    }
-    stat2 pps = stats(pp_tps, nr), tgs = stats(tg_tps, nr);
-    /* pp FLOPs: matmuls of every token, logits of the last only */
-    double pp_gflops = (2.0 * (double)mm_params * n_pp + 2.0 * (double)out_params) * pps.mean * 1e-9 /
-                       (n_pp > 0 ? n_pp : 1);
-    size_t wb = m->w.weight_bytes;
-    double tg_need = (double)wb * tgs.mean * 1e-9;
+    if (profile && o->json) bench_printf(o, "],\n ");
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    size_t wb = m->w.weight_bytes;
+    const char *core = openblas_get_corename();
     if (o->json) {
         bench_printf(o,
-                     "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"weight_bytes\": %zu, "
-                     "\"n_params\": %lld, \"read_bw_gbps\": %.2f, \"sgemm_gflops\": %.1f,\n"
-                     " \"pp\": {\"n\": %d, \"tps\": %.2f, \"sd\": %.2f, \"gflops\": %.1f, "
-                     "\"of_sgemm\": %.3f},\n"
-                     " \"tg\": {\"n\": %d, \"tps\": %.2f, \"sd\": %.2f, \"gbps\": %.2f, \"of_bw\": %.3f}}\n",
-                     name, hp->arch_name, threads, wb, (long long)m->w.n_params, bw, sg, n_pp, pps.mean,
-                     pps.sd, pp_gflops, sg > 0 ? pp_gflops / sg : 0.0, n_tg, tgs.mean, tgs.sd, tg_need,
-                     bw > 0 ? tg_need / bw : 0.0);
+                     "%s\"model\": \"%s\", \"arch\": \"%s\", \"type\": \"%s\", \"threads\": %d, \"simd\": \"%s\", "
+                     "\"blas_core\": \"%s\", \"weight_bytes\": %zu, \"n_params\": %lld, \"type_k\": \"%s\", "
+                     "\"type_v\": \"%s\", \"n_ubatch\": %d, \"read_bw_gbps\": %.2f, \"fma_peak_gflops\": %.1f, "
+                     "\"sgemm_gflops\": %.1f,\n \"rows\": [",
+                     profile ? "" : "{", name, hp->arch_name, keel_dtype_name(m->w.main_dtype), threads,
+                     keel_simd_name(), core ? core : "?", wb, (long long)m->w.n_params,
+                     keel_dtype_name(cp.type_k), keel_dtype_name(cp.type_v), n_ub, bw, peak, sg);
+        for (int i = 0; i < n_rows; i++) {
+            const bm_row *w = &rows[i];
+            double bytes = w->weight_bytes + w->kv_bytes, bound = bytes > 0 ? bw * 1e9 / bytes : 0;
+            double gflops = w->flops * w->tps_mean * 1e-9;
+            bench_printf(o,
+                         "%s\n  {\"test\": \"%s\", \"n\": %d, \"depth\": %d, \"tps\": %.2f, \"sd\": %.2f, "
+                         "\"tps_best\": %.2f, \"weight_bytes_per_token\": %.0f, \"kv_bytes_per_token\": %.0f, "
+                         "\"bound_tps\": %.2f, \"of_bound\": %.3f, \"gbps\": %.2f, \"flops_per_token\": %.0f, "
+                         "\"gflops\": %.1f, \"of_fma_peak\": %.3f}",
+                         i ? "," : "", w->tg ? "tg" : "pp", w->n, w->depth, w->tps_mean, w->tps_sd, w->tps_best,
+                         w->weight_bytes, w->kv_bytes, bound, bound > 0 ? w->tps_best / bound : 0.0,
+                         bytes * w->tps_best * 1e-9, w->flops, gflops, peak > 0 ? gflops / peak : 0.0);
+        }
+        bench_printf(o, "\n ]}\n");
     } else {
-        bench_printf(o, "| model | size | params | type | threads | test | t/s | reference |\n");
-        bench_printf(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- |\n");
         char size[32], params[32];
         snprintf(size, sizeof size, "%.2f MiB", (double)wb / (1024.0 * 1024.0));
         snprintf(params, sizeof params, "%.2f M", (double)m->w.n_params / 1e6);
-        if (n_pp > 0)
-            bench_printf(o, "| %s | %s | %s | %s | %d | pp%d | %.2f ± %.2f | %.1f GFLOP/s = %.0f%% of sgemm %.1f |\n",
-                         name, size, params, keel_dtype_name(m->w.main_dtype), threads, n_pp, pps.mean,
-                         pps.sd, pp_gflops, sg > 0 ? 100.0 * pp_gflops / sg : 0.0, sg);
-        if (n_tg > 0)
-            bench_printf(o, "| %s | %s | %s | %s | %d | tg%d | %.2f ± %.2f | %.2f GB/s = %.0f%% of read bw %.2f |\n",
-                         name, size, params, keel_dtype_name(m->w.main_dtype), threads, n_tg, tgs.mean,
-                         tgs.sd, tg_need, bw > 0 ? 100.0 * tg_need / bw : 0.0, bw);
+        bench_printf(o, "\nkeel bench: %s, %s, %s weights, K %s / V %s cache, %d threads, %s kernels (OpenBLAS %s)\n",
+                     name, size, keel_dtype_name(m->w.main_dtype), keel_dtype_name(cp.type_k),
+                     keel_dtype_name(cp.type_v), threads, keel_simd_name(), core ? core : "?");
+        bench_printf(o, "references, same run: read bandwidth %.2f GB/s, fp32 FMA peak %.1f GFLOP/s, "
+                        "sgemm %.1f GFLOP/s\n\n", bw, peak, sg);
+        bench_printf(o, "| model | size | params | type | threads | test | t/s (best) | bytes/token | bound t/s | %% of bound | GFLOP/s | %% of FMA peak |\n");
+        bench_printf(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < n_rows; i++) {
+            const bm_row *w = &rows[i];
+            char test[48];
+            if (w->depth > 0)
+                snprintf(test, sizeof test, "%s%d @ d%d", w->tg ? "tg" : "pp", w->n, w->depth);
+            else
+                snprintf(test, sizeof test, "%s%d", w->tg ? "tg" : "pp", w->n);
+            double bytes = w->weight_bytes + w->kv_bytes, bound = bytes > 0 ? bw * 1e9 / bytes : 0;
+            double gflops = w->flops * w->tps_mean * 1e-9;
+            char bnd[48] = "-", ofb[16] = "-"; /* prompts are compute-bound: FLOP columns */
+            if (w->tg) {
+                snprintf(bnd, sizeof bnd, "%.1f", bound);
+                snprintf(ofb, sizeof ofb, "%.0f%%", bound > 0 ? 100.0 * w->tps_best / bound : 0.0);
+            }
+            bench_printf(o, "| %s | %s | %s | %s | %d | %s | %.2f ± %.2f (%.2f) | %.2f MB | %s | %s | %.1f | %.0f%% |\n",
+                         name, size, params, keel_dtype_name(m->w.main_dtype), threads, test, w->tps_mean,
+                         w->tps_sd, w->tps_best, bytes * 1e-6, bnd, ofb, gflops,
+                         peak > 0 ? 100.0 * gflops / peak : 0.0);
+        }
     }
+    goto done;
+fail_mem:
+    base_err(o->err, st, "bench model: cache: %s", keel_mem_last_error(c->mem));
     goto done;
 fail_decode:
     base_err(o->err, st, "bench model: decode: %s", keel_context_last_error(c));
@@ -344,6 +633,7 @@ done:
     base_free(toks, tb);
     base_free(pp_t, (size_t)reps * sizeof(double));
     base_free(tg_t, (size_t)reps * sizeof(double));
+    base_free(rows, BM_MAX_ROWS * sizeof(bm_row));
     keel_context_close(c);
     keel_model_close(m);
     return st;

@@ -475,7 +475,7 @@ static void prep_task(void *vctx, int64_t i, int thread)
     }
 }
 
-keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
+static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *a)
 {
     if (!m) return KEEL_EINVAL;
     m->err[0] = 0;
@@ -582,4 +582,13 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
         base_pool_run(m->pool, (int64_t)nb * ATTN_TB, merge_task, &mc);
     }
     return KEEL_OK;
+}
+
+keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
+{
+    uint64_t t0 = tensor_prof_begin();
+    keel_status st = attend_impl(m, layer, a);
+    if (t0 && st == KEEL_OK)
+        tensor_prof_end(t0, TENSOR_PROF_ATTN, m->layers[layer].k_dtype, a->n_tokens, 0, 0.0);
+    return st;
 }

@@ -86,8 +86,8 @@ static int64_t matvec_rows_per_task(int64_t n_rows, int n_threads)
     return per;
 }
 
-keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
-                          const float *x, float *y, base_pool *pool, base_arena *scratch)
+static keel_status matvec_impl(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                               const float *x, float *y, base_pool *pool, base_arena *scratch)
 {
     if (!shape_ok(t, n_rows, n_cols)) return KEEL_EINVAL;
     if (n_rows == 0) return KEEL_OK;
@@ -112,6 +112,16 @@ keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n
     }
     if (scratch) base_arena_rewind(scratch, mark);
     return KEEL_OK;
+}
+
+keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                          const float *x, float *y, base_pool *pool, base_arena *scratch)
+{
+    uint64_t t0 = tensor_prof_begin();
+    keel_status st = matvec_impl(t, W, n_rows, n_cols, x, y, pool, scratch);
+    if (t0) tensor_prof_end(t0, TENSOR_PROF_MATVEC, t, n_rows, n_cols,
+                            (double)tensor_row_bytes(t, n_cols) * (double)n_rows);
+    return st;
 }
 
 /* ---- matmul ---------------------------------------------------------------------------- */
@@ -282,7 +292,7 @@ tensor_gemm_path tensor_matmul_auto_path(keel_dtype t, int64_t n_tok)
     return TENSOR_GEMM_DEQUANT_SGEMM;
 }
 
-keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *W, int64_t n_rows,
+static keel_status matmul_impl(tensor_gemm_path path, keel_dtype t, const void *W, int64_t n_rows,
                                int64_t n_cols, const float *X, int64_t n_tok, float *Y,
                                base_pool *pool, base_arena *scratch)
 {
@@ -359,6 +369,20 @@ keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *
     base_pool_run(pool, (n_rows + c.rows_per_task - 1) / c.rows_per_task, matmul_task_deq, &c);
     base_arena_rewind(scratch, mark);
     return KEEL_OK;
+}
+
+keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *W, int64_t n_rows,
+                               int64_t n_cols, const float *X, int64_t n_tok, float *Y,
+                               base_pool *pool, base_arena *scratch)
+{
+    /* a product that runs as matvecs lets them record themselves */
+    bool as_matvec = path == TENSOR_GEMM_MATVEC ||
+                     (path == TENSOR_GEMM_AUTO && tensor_matmul_auto_path(t, n_tok) == TENSOR_GEMM_MATVEC);
+    uint64_t t0 = as_matvec ? 0 : tensor_prof_begin();
+    keel_status st = matmul_impl(path, t, W, n_rows, n_cols, X, n_tok, Y, pool, scratch);
+    if (t0) tensor_prof_end(t0, TENSOR_PROF_MATMUL, t, n_rows, n_cols,
+                            (double)tensor_row_bytes(t, n_cols) * (double)n_rows);
+    return st;
 }
 
 keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,

@@ -14,9 +14,8 @@ static double sumsq_scalar(const float *x, int64_t n)
     return s;
 }
 
-void tensor_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps)
+static void rmsnorm_impl(float *y, const float *x, const float *w, int64_t n, float eps)
 {
-    if (n <= 0) return;
     double ss = tensor_use_avx2() ? (double)tensor_sumsq_f32_avx2(x, n) : sumsq_scalar(x, n);
     float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     if (w) {
@@ -29,6 +28,14 @@ void tensor_rmsnorm(float *y, const float *x, const float *w, int64_t n, float e
         for (int64_t i = 0; i < n; i++)
             y[i] = x[i] * scale;
     }
+}
+
+void tensor_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps)
+{
+    if (n <= 0) return;
+    uint64_t t0 = tensor_prof_begin();
+    rmsnorm_impl(y, x, w, n, eps);
+    if (t0) tensor_prof_end(t0, TENSOR_PROF_NORM, KEEL_DTYPE_F32, 1, n, 0.0);
 }
 
 void tensor_layernorm(float *y, const float *x, const float *w, const float *b, int64_t n,
@@ -149,22 +156,26 @@ void tensor_softplus(float *x, int64_t n)
 
 void tensor_swiglu(float *gate, const float *up, int64_t n)
 {
+    uint64_t t0 = tensor_prof_begin();
     if (tensor_use_avx2()) {
         tensor_swiglu_avx2(gate, up, n);
-        return;
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            gate[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
     }
-    for (int64_t i = 0; i < n; i++)
-        gate[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
+    if (t0) tensor_prof_end(t0, TENSOR_PROF_ACT, KEEL_DTYPE_F32, 1, n, 0.0);
 }
 
 void tensor_geglu(float *gate, const float *up, int64_t n)
 {
+    uint64_t t0 = tensor_prof_begin();
     if (tensor_use_avx2()) {
         tensor_geglu_avx2(gate, up, n);
-        return;
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            gate[i] = gelu_tanh_(gate[i]) * up[i];
     }
-    for (int64_t i = 0; i < n; i++)
-        gate[i] = gelu_tanh_(gate[i]) * up[i];
+    if (t0) tensor_prof_end(t0, TENSOR_PROF_ACT, KEEL_DTYPE_F32, 1, n, 0.0);
 }
 
 void tensor_softcap(float *x, int64_t n, float cap)

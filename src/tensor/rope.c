@@ -128,11 +128,12 @@ void tensor_rope_apply(keel_rope_type type, int32_t n_rot, const float *cs, floa
                        int64_t n_heads, int64_t head_dim)
 {
     if (type != KEEL_ROPE_NORM && type != KEEL_ROPE_NEOX) return;
-    if (tensor_use_avx2()) {
+    uint64_t t0 = tensor_prof_begin();
+    if (tensor_use_avx2())
         tensor_rope_apply_avx2(type, n_rot, cs, x, n_heads, head_dim);
-        return;
-    }
-    rope_apply_scalar(type, n_rot, cs, x, n_heads, head_dim);
+    else
+        rope_apply_scalar(type, n_rot, cs, x, n_heads, head_dim);
+    if (t0) tensor_prof_end(t0, TENSOR_PROF_ROPE, KEEL_DTYPE_F32, n_heads, head_dim, 0.0);
 }
 
 static keel_status rope_rotate(const keel_rope *r, float *x, int64_t n_heads, int64_t head_dim,

@@ -239,4 +239,40 @@ void tensor_softcap(float *x, int64_t n, float cap);
  * lower index. k <= n. idx has room for k. Allocates nothing (O(n log k)). */
 void tensor_topk(const float *x, int64_t n, int64_t k, int32_t *idx);
 
+/* ---- profile (prof.c) ---------------------------------------------------- */
+
+/* Opt-in, per thread: while enabled, instrumented calls made by this thread
+ * add their wall time to an entry per (kind, dtype, rows, cols). For
+ * benchmarks (`keel bench -m MODEL --profile`); off by default. */
+typedef enum tensor_prof_kind {
+    TENSOR_PROF_MATVEC = 0, /* tensor_matvec: rows x cols weights of dtype */
+    TENSOR_PROF_MATMUL,     /* tensor_matmul (not as matvecs): rows x cols, per call */
+    TENSOR_PROF_ATTN,       /* keel_mem_attend: dtype = K dtype, rows = tokens */
+    TENSOR_PROF_NORM,       /* rmsnorm / layernorm: cols = n */
+    TENSOR_PROF_ROPE,       /* rope_apply: rows = heads, cols = head dim */
+    TENSOR_PROF_ACT,        /* swiglu / geglu: cols = n */
+} tensor_prof_kind;
+
+#define TENSOR_PROF_MAX 64
+
+typedef struct tensor_prof_entry {
+    tensor_prof_kind kind;
+    keel_dtype dtype;
+    int64_t rows, cols;
+    uint64_t ns;  /* wall time of the calls, this thread's view */
+    int64_t calls;
+    double bytes; /* weight / KV bytes the calls stream */
+} tensor_prof_entry;
+
+void tensor_prof_enable(bool on);
+bool tensor_prof_enabled(void);
+void tensor_prof_reset(void);
+/* The entries so far (thread-local storage of the calling thread). */
+int tensor_prof_get(const tensor_prof_entry **out);
+/* A start time when profiling is on (else 0), and the record of one call. */
+uint64_t tensor_prof_begin(void);
+void tensor_prof_end(uint64_t t0, tensor_prof_kind kind, keel_dtype dtype, int64_t rows,
+                     int64_t cols, double bytes);
+const char *tensor_prof_kind_name(tensor_prof_kind k);
+
 #endif /* KEEL_TENSOR_H */
