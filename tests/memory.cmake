@@ -17,3 +17,9 @@ endforeach()
 foreach(seed 11 22 33 44 55 66 77 88)
   add_test(NAME fuzz_memory_seed${seed} COMMAND fuzz_memory --seed ${seed} --ops ${KEEL_MEMFUZZ_OPS})
 endforeach()
+# The AVX2 attention kernels on machines whose best path is AVX-512 (a level
+# the CPU lacks is clamped to its best, so these run anywhere).
+foreach(seed 12 23)
+  add_test(NAME fuzz_memory_avx2_seed${seed} COMMAND fuzz_memory --seed ${seed} --ops ${KEEL_MEMFUZZ_OPS})
+  set_tests_properties(fuzz_memory_avx2_seed${seed} PROPERTIES ENVIRONMENT "KEEL_SIMD=avx2")
+endforeach()

@@ -29,6 +29,22 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(lo);
 }
 
+static inline float hmax8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline int32_t hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 static inline float f16_to_f32(const uint8_t *p)
 {
     uint16_t h;
@@ -42,6 +58,15 @@ static inline __m256i q4_unpack(const uint8_t *qs)
     __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
     v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
     return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* 16 bytes of packed nibbles -> 32 u8: low nibbles (elements 0..15), then
+ * high nibbles (16..31), each 0..15 (no -8: callers fold it in) */
+static inline __m256i q4_nibbles(const uint8_t *qs)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
 /* ---- K . q ------------------------------------------------------------- */
@@ -134,47 +159,127 @@ static void kq_f16(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t 
     kq_fp(KEEL_DTYPE_F16, base, rb, idx, n, q, R, dk, scores, pf);
 }
 
-/* acc + d_k * d_q * dot(k, q) for one 32-element block: ax = |k|, the sign
- * of k moved onto the query block xb (q8_0: scale, then 32 int8) */
-static inline __m256 kq_block_row(__m256 acc, __m256i ax, __m256i kv, const uint8_t *xb, float dkb)
+/* The query rows of a quad prepared once per call for int8 keys: the rows'
+ * blocks (q8_0: scale, 32 int8), and per 32-element block the four rows'
+ * scales as [dq0 dq1 dq2 dq3 | dq0 dq1 dq2 dq3] and, for q4_0 keys, the
+ * nibble offsets -8 * sum(q) per row, laid out the same way (low half;
+ * zeros in the high one), so that both apply after the rows' dots are
+ * reduced into one vector. */
+#define KQ_NB_MAX 16 /* query blocks prepared (dk <= 512; larger dims: slower path) */
+
+typedef struct kq_quad8 {
+    const uint8_t *x[4];
+    __m256 dq[KQ_NB_MAX];
+    __m256i corr[KQ_NB_MAX];
+} kq_quad8;
+
+static inline void quad8_prep(keel_dtype kt, const void *const *q, int32_t R, int32_t r0, int32_t nb,
+                              kq_quad8 *Q)
 {
-    __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xb + 2)), kv);
-    __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_set1_ps(dkb * f16_to_f32(xb)), _mm256_cvtepi32_ps(s32), acc);
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int i = 0; i < 4; i++) Q->x[i] = q[BASE_MIN(r0 + i, R - 1)];
+    for (int32_t b = 0; b < nb && b < KQ_NB_MAX; b++) {
+        float d[4];
+        int32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *xb = Q->x[i] + (size_t)b * 34;
+            d[i] = f16_to_f32(xb);
+            if (kt == KEEL_DTYPE_Q4_0) {
+                __m256i s16 = _mm256_maddubs_epi16(ones, _mm256_loadu_si256((const __m256i *)(xb + 2)));
+                c[i] = -8 * hsum_i32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+            }
+        }
+        Q->dq[b] = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3]);
+        Q->corr[b] = _mm256_loadu_si256((const __m256i *)c);
+    }
+}
+
+/* The int8 dot of one key block with each of the quad's rows, as 8 int32
+ * lanes per row: q8_0 keys with the sign trick (|k| the u8 operand, k's sign
+ * moved onto q), q4_0 keys as the u8 nibbles themselves (-8 applied later). */
+static inline __attribute__((always_inline)) __m256i kq8_dot(keel_dtype kt, __m256i ku, __m256i kv,
+                                                             const uint8_t *xb)
+{
+    __m256i qv = _mm256_loadu_si256((const __m256i *)(xb + 2));
+    if (kt == KEEL_DTYPE_Q8_0) qv = _mm256_sign_epi8(qv, kv);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ku, qv), _mm256_set1_epi16(1));
+}
+
+/* Scores of the quad's rows for each cell. Per key block the four rows'
+ * int32 lanes are reduced into one vector [r0 r1 r2 r3 | r0 r1 r2 r3]
+ * (two hadds), converted once and scaled by d_q (per row) and d_k (per
+ * block) with one multiply and one FMA for all four rows. */
+static inline __attribute__((always_inline)) void kq8_quad(keel_dtype kt, const uint8_t *base, size_t rb,
+                                                           const int32_t *idx, int32_t n, const kq_quad8 *Q,
+                                                           int NR, int32_t nb, int32_t r0, float *scores,
+                                                           attn_pf_cursor *pc, int32_t pl)
+{
+    size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
+    const __m256i zero = _mm256_setzero_si256();
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *k = base + (size_t)idx[j] * rb;
+        attn_pf_step(pc, pl);
+        __m256 acc = _mm256_setzero_ps();
+        for (int32_t b = 0; b < nb; b++) {
+            const uint8_t *kb = k + (size_t)b * kbs;
+            __m256i kv, ku;
+            if (kt == KEEL_DTYPE_Q8_0) {
+                kv = _mm256_loadu_si256((const __m256i *)(kb + 2));
+                ku = _mm256_sign_epi8(kv, kv);
+            } else {
+                kv = ku = q4_nibbles(kb + 2);
+            }
+            size_t o = (size_t)b * 34;
+            __m256i s0 = kq8_dot(kt, ku, kv, Q->x[0] + o);
+            __m256i s1 = NR > 1 ? kq8_dot(kt, ku, kv, Q->x[1] + o) : zero;
+            __m256i s2 = NR > 2 ? kq8_dot(kt, ku, kv, Q->x[2] + o) : zero;
+            __m256i s3 = NR > 3 ? kq8_dot(kt, ku, kv, Q->x[3] + o) : zero;
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+            __m256 dq;
+            if (b < KQ_NB_MAX) {
+                if (kt == KEEL_DTYPE_Q4_0) h = _mm256_add_epi32(h, Q->corr[b]);
+                dq = Q->dq[b];
+            } else {
+                float d[4];
+                int32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t *xb = Q->x[i] + o;
+                    d[i] = f16_to_f32(xb);
+                    if (kt == KEEL_DTYPE_Q4_0) {
+                        __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1),
+                                                           _mm256_loadu_si256((const __m256i *)(xb + 2)));
+                        c[i] = -8 * hsum_i32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+                    }
+                }
+                dq = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3]);
+                h = _mm256_add_epi32(h, _mm256_loadu_si256((const __m256i *)c));
+            }
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(h), dq), _mm256_set1_ps(f16_to_f32(kb)), acc);
+        }
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        store4(scores, r0, NR, j, s);
+    }
 }
 
 /* q8_0 / q4_0 keys against q8_0 query rows: per block the int8 dot is
- * scaled by d_k * d_q. |k| and the unpacked key are computed once per block
- * for the four rows. */
+ * scaled by d_k * d_q. Each key block is loaded (and |k| or the nibbles
+ * formed) once for the quad's rows; quads of 1..4 rows are compiled apart
+ * so that a short quad does no wasted dots. */
 static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                     const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     int32_t nb = dk / QK;
-    size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * n);
+    kq_quad8 Q;
     for (int32_t r0 = 0; r0 < R; r0 += 4) {
-        const void *xv[4];
-        quad_rows(q, R, r0, xv);
-        const uint8_t *x0 = xv[0], *x1 = xv[1], *x2 = xv[2], *x3 = xv[3];
         int32_t nr = BASE_MIN(4, R - r0);
-        for (int32_t j = 0; j < n; j++) {
-            const uint8_t *k = base + (size_t)idx[j] * rb;
-            attn_pf_step(&pc, pl);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int32_t b = 0; b < nb; b++) {
-                const uint8_t *kb = k + (size_t)b * kbs;
-                __m256i kv = kt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(kb + 2))
-                                                   : q4_unpack(kb + 2);
-                __m256i ax = _mm256_sign_epi8(kv, kv);
-                float dkb = f16_to_f32(kb);
-                size_t o = (size_t)b * 34;
-                a0 = kq_block_row(a0, ax, kv, x0 + o, dkb);
-                a1 = kq_block_row(a1, ax, kv, x1 + o, dkb);
-                a2 = kq_block_row(a2, ax, kv, x2 + o, dkb);
-                a3 = kq_block_row(a3, ax, kv, x3 + o, dkb);
-            }
-            store4(scores, r0, nr, j, hsum8x4(a0, a1, a2, a3));
+        quad8_prep(kt, q, R, r0, nb, &Q);
+        switch (nr) {
+        case 4: kq8_quad(kt, base, rb, idx, n, &Q, 4, nb, r0, scores, &pc, pl); break;
+        case 3: kq8_quad(kt, base, rb, idx, n, &Q, 3, nb, r0, scores, &pc, pl); break;
+        case 2: kq8_quad(kt, base, rb, idx, n, &Q, 2, nb, r0, scores, &pc, pl); break;
+        default: kq8_quad(kt, base, rb, idx, n, &Q, 1, nb, r0, scores, &pc, pl); break;
         }
     }
 }
@@ -237,31 +342,6 @@ static void pv_f16(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t 
     }
 }
 
-/* Dequantizes 64 elements [seg, seg + 64) of n quantized rows into tile
- * [n][64] (f32). */
-static void dq_tile64(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
-                      int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
-{
-    size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
-    for (int32_t j = 0; j < n; j++) {
-        attn_pf_step(pc, pl);
-        const uint8_t *v = base + (size_t)idx[j] * rb + (size_t)(seg / QK) * bs;
-        float *o = tile + (size_t)j * 64;
-        for (int b = 0; b < 2; b++) {
-            const uint8_t *vb = v + (size_t)b * bs;
-            __m256i q = vt == KEEL_DTYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(vb + 2))
-                                              : q4_unpack(vb + 2);
-            __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-            __m256 d = _mm256_set1_ps(f16_to_f32(vb));
-            float *ob = o + b * 32;
-            _mm256_storeu_ps(ob, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
-            _mm256_storeu_ps(ob + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
-            _mm256_storeu_ps(ob + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
-            _mm256_storeu_ps(ob + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
-        }
-    }
-}
-
 static void dq_tile64_fp(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
                          int32_t n, int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
 {
@@ -309,22 +389,114 @@ static void tile_accumulate(const float *tile, int32_t n, const float *p, const 
     }
 }
 
+/* p . V for q8_0 / q4_0 rows straight from their int8 values, for a
+ * group of NR (1..4) active rows: the weights w[b][j][r] = p[r][j] * d(V
+ * row j, block b) are formed once for the group, then for each 16 columns
+ * the group's 2 * NR accumulators stay in registers across the block's
+ * cells; each V value is converted to f32 once for the group and the
+ * weights come from memory as broadcast loads. q4_0's -8 is folded into one
+ * correction per block: sum_j w (n - 8) = sum_j w n - 8 sum_j w. */
+#define PV_NB_MAX 16 /* V blocks per row handled here (dv <= 512) */
+
+static inline __attribute__((always_inline)) void pv8_group(keel_dtype vt, const uint8_t *const *rows,
+                                                            int32_t n, const float *const *pr,
+                                                            float *const *ar, int NR, int32_t nbv,
+                                                            attn_pf_cursor *pc, int32_t pl)
+{
+    size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
+    _Alignas(32) float wt[PV_NB_MAX][ATTN_CB][4];
+    float sw[PV_NB_MAX][4];
+    memset(sw, 0, sizeof sw);
+    for (int32_t j = 0; j < n; j++) {
+        __m128 pj = _mm_setr_ps(pr[0][j], NR > 1 ? pr[1][j] : 0.0f, NR > 2 ? pr[2][j] : 0.0f,
+                                NR > 3 ? pr[3][j] : 0.0f);
+        for (int32_t b = 0; b < nbv; b++)
+            _mm_store_ps(wt[b][j], _mm_mul_ps(pj, _mm_set1_ps(f16_to_f32(rows[j] + (size_t)b * bs))));
+    }
+    if (vt == KEEL_DTYPE_Q4_0)
+        for (int32_t b = 0; b < nbv; b++)
+            for (int32_t j = 0; j < n; j++)
+                #pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) sw[b][r] += wt[b][j][r];
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    for (int32_t b = 0; b < nbv; b++) {
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            attn_pf_step(pc, pl);
+            __m256 a[4][2];
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+            for (int32_t j = 0; j < n; j++) {
+                const uint8_t *vb = rows[j] + (size_t)b * bs + 2;
+                __m256 v0, v1;
+                if (vt == KEEL_DTYPE_Q8_0) {
+                    v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h))));
+                    v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h + 8))));
+                } else {
+                    __m128i x = _mm_loadu_si128((const __m128i *)vb);
+                    x = _mm_and_si128(h ? _mm_srli_epi16(x, 4) : x, m4);
+                    v0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x));
+                    v1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)));
+                }
+                const float *w = wt[b][j];
+                #pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    __m256 wr = _mm256_broadcast_ss(w + r);
+                    a[r][0] = _mm256_fmadd_ps(wr, v0, a[r][0]);
+                    a[r][1] = _mm256_fmadd_ps(wr, v1, a[r][1]);
+                }
+            }
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                float *o = ar[r] + (size_t)b * QK + 16 * h;
+                __m256 c0 = a[r][0], c1 = a[r][1];
+                if (vt == KEEL_DTYPE_Q4_0) {
+                    __m256 m8 = _mm256_set1_ps(-8.0f * sw[b][r]);
+                    c0 = _mm256_add_ps(c0, m8);
+                    c1 = _mm256_add_ps(c1, m8);
+                }
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), c0));
+                _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), c1));
+            }
+        }
+    }
+}
+
 static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                     const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
                     attn_pf pf)
 {
-    if (dv % 64) {
+    if (dv % QK || dv > PV_NB_MAX * QK) {
         for (int32_t j = 0; j < n; j++)
             for (int32_t r = 0; r < R; r++)
                 if (active[r]) tensor_axpy_row(vt, dv, p[r * ATTN_CB + j], base + (size_t)idx[j] * rb, acc[r]);
         return;
     }
-    _Alignas(32) float tile[ATTN_CB * 64];
+    const uint8_t *rows[ATTN_CB];
+    for (int32_t j = 0; j < n; j++) rows[j] = base + (size_t)idx[j] * rb;
+    int32_t n_act = 0;
+    for (int32_t r = 0; r < R; r++) n_act += active[r] != 0;
+    int32_t nbv = dv / QK;
     attn_pf_cursor pc = attn_pf_begin(pf);
-    int32_t pl = attn_pf_lines(pf, dv / 64 * n);
-    for (int32_t seg = 0; seg < dv; seg += 64) {
-        dq_tile64(vt, base, rb, idx, n, seg, tile, &pc, pl);
-        tile_accumulate(tile, n, p, active, R, acc, seg);
+    int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * nbv * 2);
+    int32_t r = 0;
+    while (r < R) {
+        /* inactive rows hold -inf scores, not probabilities: skip them */
+        const float *pr[4];
+        float *ar[4];
+        int nr = 0;
+        for (; r < R && nr < 4; r++)
+            if (active[r]) {
+                pr[nr] = p + (size_t)r * ATTN_CB;
+                ar[nr++] = acc[r];
+            }
+        switch (nr) {
+        case 4: pv8_group(vt, rows, n, pr, ar, 4, nbv, &pc, pl); break;
+        case 3: pv8_group(vt, rows, n, pr, ar, 3, nbv, &pc, pl); break;
+        case 2: pv8_group(vt, rows, n, pr, ar, 2, nbv, &pc, pl); break;
+        case 1: pv8_group(vt, rows, n, pr, ar, 1, nbv, &pc, pl); break;
+        default: break;
+        }
     }
 }
 
@@ -402,8 +574,38 @@ float attn_exp_avx2(float *x, int32_t n, float m)
     return s;
 }
 
+/* A whole block of 32 scores in four ymm: the visibility bytes become lane
+ * masks, invisible cells -inf (which exp8 maps to 0); shorter blocks (the
+ * last of a chunk) take the scalar step with this exp. */
 bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
                     float *alpha)
 {
-    return attn_row_with(s, n, scale, vis, m, l, alpha, attn_exp_avx2);
+    if (n != ATTN_CB) return attn_row_with(s, n, scale, vis, m, l, alpha, attn_exp_avx2);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), sc = _mm256_set1_ps(scale);
+    __m256 x[4];
+    for (int k = 0; k < 4; k++) {
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(vis + 8 * k)));
+        __m256 on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()));
+        x[k] = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(s + 8 * k), sc), on);
+    }
+    float bmax = hmax8(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])));
+    *alpha = 1.0f;
+    if (bmax == -INFINITY) {
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(s + 8 * k, x[k]);
+        return false;
+    }
+    float mnew = bmax > *m ? bmax : *m;
+    if (*m != -INFINITY && mnew != *m) {
+        *alpha = expf(*m - mnew);
+        *l *= *alpha;
+    }
+    *m = mnew;
+    __m256 mm = _mm256_set1_ps(mnew), sum = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        __m256 e = exp8(_mm256_sub_ps(x[k], mm));
+        _mm256_storeu_ps(s + 8 * k, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *l += hsum8(sum);
+    return true;
 }
