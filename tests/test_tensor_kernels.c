@@ -415,6 +415,74 @@ static void test_matvec_all_dtypes(void **state)
     free(xbuf);
 }
 
+/* tensor_matvec_multi: matrices of different dtypes (and vec_dot types)
+ * sharing x give bit for bit what tensor_matvec gives each, with 1..3
+ * threads, under every SIMD level; bad arguments and a small arena are
+ * refused with the arena unchanged. */
+static void test_matvec_multi(void **state)
+{
+    (void)state;
+    const int64_t n_cols = 512;
+    const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_K, KEEL_DTYPE_F16, KEEL_DTYPE_Q6_K,
+                                KEEL_DTYPE_F32, KEEL_DTYPE_Q4_0};
+    const int64_t rows[] = {67, 130, 9, 4, 33, 256};
+    mm_fixture f[6];
+    for (int k = 0; k < 6; k++) mm_make(&f[k], types[k], rows[k], n_cols, 900 + (uint64_t)k);
+    float *x = malloc(n_cols * sizeof(float)), *want = malloc(256 * sizeof(float)),
+          *got[4];
+    for (int k = 0; k < 4; k++) got[k] = malloc(256 * sizeof(float));
+    test_fill_normal(x, n_cols, 77);
+    base_arena arena;
+    assert_ok(base_arena_init(&arena, 1 << 16));
+    base_pool *pools[3];
+    for (int p = 0; p < 3; p++) assert_ok(base_pool_open(p + 1, &pools[p]));
+    /* sets of matrices: q/k/v-like (one vec_dot type), mixed types */
+    const int sets[3][4] = {{0, 5, 5, -1}, {1, 3, 2, 0}, {4, 2, -1, -1}};
+    FOR_EACH_LEVEL(simd)
+    {
+        for (int si = 0; si < 3; si++)
+            for (int p = 0; p < 3; p++) {
+                tensor_mv_job jobs[4];
+                int n = 0;
+                for (int k = 0; k < 4 && sets[si][k] >= 0; k++, n++) {
+                    const mm_fixture *m = &f[sets[si][k]];
+                    jobs[n] = (tensor_mv_job){m->t, m->W, m->n_rows, got[n]};
+                }
+                size_t used = arena.used;
+                assert_true(tensor_matvec_multi_scratch_bytes(jobs, n, n_cols) <= arena.cap);
+                assert_ok(tensor_matvec_multi(jobs, n, n_cols, x, pools[p], &arena));
+                assert_int_equal(arena.used, used);
+                for (int k = 0; k < n; k++) {
+                    const mm_fixture *m = &f[sets[si][k]];
+                    assert_ok(tensor_matvec(m->t, m->W, m->n_rows, n_cols, x, want, pools[p], &arena));
+                    if (memcmp(want, got[k], (size_t)m->n_rows * sizeof(float)) != 0)
+                        fail_msg("multi %s (set %d, %d threads, level %d) differs from tensor_matvec",
+                                 keel_dtype_name(m->t), si, p + 1, simd);
+                    check_rows(m, x, got[k], tensor_vec_dot_type(m->t) == KEEL_DTYPE_F32 ? 2e-6 : 1e-2,
+                               "multi (vs f32 x)");
+                }
+            }
+    }
+    tensor_mv_job bad[5];
+    for (int k = 0; k < 5; k++) bad[k] = (tensor_mv_job){f[0].t, f[0].W, f[0].n_rows, got[0]};
+    assert_status(tensor_matvec_multi(bad, 0, n_cols, x, NULL, &arena), KEEL_EINVAL);
+    assert_status(tensor_matvec_multi(bad, 5, n_cols, x, NULL, &arena), KEEL_EINVAL);
+    assert_status(tensor_matvec_multi(bad, 2, 33, x, NULL, &arena), KEEL_EINVAL);
+    bad[1].W = NULL;
+    assert_status(tensor_matvec_multi(bad, 2, n_cols, x, NULL, &arena), KEEL_EINVAL);
+    base_arena tiny;
+    assert_ok(base_arena_init(&tiny, 64));
+    assert_status(tensor_matvec_multi(bad, 1, n_cols, x, NULL, &tiny), KEEL_ESCRATCH);
+    assert_int_equal(tiny.used, 0);
+    base_arena_free(&tiny);
+    base_arena_free(&arena);
+    for (int p = 0; p < 3; p++) base_pool_close(pools[p]);
+    for (int k = 0; k < 6; k++) mm_free(&f[k]);
+    for (int k = 0; k < 4; k++) free(got[k]);
+    free(x);
+    free(want);
+}
+
 static bool path_quantizes_x(tensor_gemm_path p)
 {
     return p == TENSOR_GEMM_MATVEC || p == TENSOR_GEMM_DOT_TILES;
@@ -621,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_topk),
         cmocka_unit_test(test_matvec_all_dtypes),
+        cmocka_unit_test(test_matvec_multi),
         cmocka_unit_test(test_matmul_all_dtypes),
         cmocka_unit_test(test_misaligned_weights),
         cmocka_unit_test(test_alloc_sweep_matmul_setup),

@@ -123,6 +123,10 @@ static inline void axpy_i8x32(float *y, __m256i q, __m256 ad, __m256 am)
 }
 
 /* The integer values of one legacy block as 32 signed bytes. */
+static inline __m256i q8_0_block_values(const uint8_t *b)
+{
+    return loadu_256(b + 2);
+}
 static inline __m256i q4_0_values(const uint8_t *b)
 {
     return _mm256_sub_epi8(unpack_nibbles_16(b + 2), _mm256_set1_epi8(8));
@@ -158,6 +162,26 @@ static inline void q6_K_values(const uint8_t *b, int nh, __m256i q[4])
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+}
+
+/* The 12-byte scale field of q4_K/q5_K as 16 int16: 8 scales, 8 mins.
+ * Bit form of kq_scale_min: words w0..w2 hold bytes 0-3, 4-7, 8-11. */
+static inline __m256i kq_scales_mins_epi16(const uint8_t *q)
+{
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    uint32_t w0 = rd_u32(q), w1 = rd_u32(q + 4), w2 = rd_u32(q + 8);
+    uint32_t sc_lo = w0 & m6;                                    /* scales 0-3 */
+    uint32_t sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);        /* scales 4-7 */
+    uint32_t mn_lo = w1 & m6;                                    /* mins 0-3 */
+    uint32_t mn_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4); /* mins 4-7 */
+    __m128i b = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
+    return _mm256_cvtepu8_epi16(b);
+}
+
+/* Shuffle controls broadcasting int16 element k of each 128-bit lane. */
+static inline __m256i bcast16_ctrl(int k)
+{
+    return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
 }
 
 #endif /* KEEL_TENSOR_AVX2_UTIL_H */

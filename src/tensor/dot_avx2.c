@@ -232,26 +232,6 @@ DOT_ASYM(dot_q5_1, Q5_1_BYTES, q5_1_values)
 
 /* ---- K-quant dots ----------------------------------------------------------------- */
 
-/* The 12-byte scale field of q4_K/q5_K as 16 int16: 8 scales, 8 mins.
- * Bit form of kq_scale_min: words w0..w2 hold bytes 0-3, 4-7, 8-11. */
-static inline __m256i kq_scales_mins_epi16(const uint8_t *q)
-{
-    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    uint32_t w0 = rd_u32(q), w1 = rd_u32(q + 4), w2 = rd_u32(q + 8);
-    uint32_t sc_lo = w0 & m6;                                    /* scales 0-3 */
-    uint32_t sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);        /* scales 4-7 */
-    uint32_t mn_lo = w1 & m6;                                    /* mins 0-3 */
-    uint32_t mn_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4); /* mins 4-7 */
-    __m128i b = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
-    return _mm256_cvtepu8_epi16(b);
-}
-
-/* Shuffle controls broadcasting int16 element k of each 128-bit lane. */
-static inline __m256i bcast16_ctrl(int k)
-{
-    return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
-}
-
 /* Per super-block: sum over sub-blocks of scale_j * (q . x) as 8 x i32, with
  * the mins term mins . (bsum pairs) as 4 x i32 in *min_out. */
 #define KQ_SUBBLOCK_PAIR(c, lo, hi)                                                                \

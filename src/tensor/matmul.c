@@ -58,6 +58,7 @@ size_t tensor_matvec_scratch_bytes(keel_dtype t, int64_t n_cols)
 
 typedef struct matvec_ctx {
     tensor_dot_fn dot;
+    tensor_mv_fn mv; /* row-group kernel, or NULL */
     const uint8_t *W;
     size_t row_bytes;
     int64_t n_rows, n_cols, rows_per_task;
@@ -74,16 +75,23 @@ static void matvec_task(void *vctx, int64_t task, int thread)
     /* No software prefetch: issued per row it starved the demand loads of
      * wide rows (f16 at 8 KiB rows: 31 -> 13 GB/s) for +5% on q8_0. */
     const uint8_t *w = c->W + (size_t)r0 * c->row_bytes;
+    if (c->mv) {
+        c->mv(r1 - r0, c->n_cols, w, c->row_bytes, c->x, c->y + r0);
+        return;
+    }
     for (int64_t r = r0; r < r1; r++, w += c->row_bytes)
         c->y[r] = c->dot(c->n_cols, w, c->x);
 }
 
+/* Rows per task: a multiple of 4, so that every row lands in the same
+ * row group of the 4-row kernels (or the same tail) however a matrix is
+ * chunked, and its result is the same bits. */
 static int64_t matvec_rows_per_task(int64_t n_rows, int n_threads)
 {
     if (n_threads <= 1) return n_rows > 0 ? n_rows : 1;
     int64_t per = n_rows / ((int64_t)n_threads * MATVEC_TASKS_PER_THREAD);
     if (per < MATVEC_MIN_ROWS) per = MATVEC_MIN_ROWS;
-    return per;
+    return (per + 3) & ~(int64_t)3;
 }
 
 static keel_status matvec_impl(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
@@ -102,7 +110,8 @@ static keel_status matvec_impl(keel_dtype t, const void *W, int64_t n_rows, int6
         tensor_quant_get_(vt)(x, q, n_cols);
         xa = q;
     }
-    matvec_ctx c = {tensor_dot_get_(t), W, tensor_row_bytes(t, n_cols), n_rows, n_cols, 0, xa, y};
+    tensor_mv_fn mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
+    matvec_ctx c = {tensor_dot_get_(t), mv, W, tensor_row_bytes(t, n_cols), n_rows, n_cols, 0, xa, y};
     if (n_cols == 0) {
         memset(y, 0, (size_t)n_rows * sizeof(float));
     } else {
@@ -122,6 +131,115 @@ keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n
     if (t0) tensor_prof_end(t0, TENSOR_PROF_MATVEC, t, n_rows, n_cols,
                             (double)tensor_row_bytes(t, n_cols) * (double)n_rows);
     return st;
+}
+
+/* ---- several matrices, one dispatch -------------------------------------------------- */
+
+typedef struct multi_ctx {
+    int n_jobs;
+    matvec_ctx mv[TENSOR_MV_MULTI_MAX];
+    int64_t first_task[TENSOR_MV_MULTI_MAX + 1]; /* task index where job j starts */
+} multi_ctx;
+
+static void multi_task(void *vctx, int64_t task, int thread)
+{
+    const multi_ctx *c = vctx;
+    int j = 0;
+    while (j + 1 < c->n_jobs && task >= c->first_task[j + 1]) j++;
+    matvec_task((void *)&c->mv[j], task - c->first_task[j], thread);
+}
+
+size_t tensor_matvec_multi_scratch_bytes(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols)
+{
+    size_t need = 0;
+    bool seen[KEEL_DTYPE_COUNT_] = {false};
+    for (int j = 0; j < n_jobs && j < TENSOR_MV_MULTI_MAX; j++) {
+        if (!tensor_dtype_valid(jobs[j].dtype)) return 0;
+        keel_dtype vt = tensor_vec_dot_type(jobs[j].dtype);
+        if (seen[vt]) continue;
+        seen[vt] = true;
+        if (!size_add(need, tensor_matvec_scratch_bytes(jobs[j].dtype, n_cols), &need)) return 0;
+    }
+    return need;
+}
+
+keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols, const float *x,
+                                base_pool *pool, base_arena *scratch)
+{
+    if (!jobs || n_jobs < 1 || n_jobs > TENSOR_MV_MULTI_MAX || n_cols < 0) return KEEL_EINVAL;
+    for (int j = 0; j < n_jobs; j++)
+        if (!shape_ok(jobs[j].dtype, jobs[j].n_rows, n_cols) || (jobs[j].n_rows > 0 && (!jobs[j].W || !jobs[j].y)))
+            return KEEL_EINVAL;
+    if (n_cols > 0 && !x) return KEEL_EINVAL;
+    uint64_t t0 = tensor_prof_begin();
+    size_t mark = scratch ? base_arena_mark(scratch) : 0;
+    multi_ctx c;
+    memset(&c, 0, sizeof c);
+    c.n_jobs = n_jobs;
+    /* x once per distinct vec_dot type */
+    keel_dtype conv_t[TENSOR_MV_MULTI_MAX];
+    const void *conv_x[TENSOR_MV_MULTI_MAX];
+    int n_conv = 0;
+    double total = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        keel_dtype t = jobs[j].dtype, vt = tensor_vec_dot_type(t);
+        const void *xa = x;
+        if (vt != KEEL_DTYPE_F32 && n_cols > 0) {
+            int k = 0;
+            while (k < n_conv && conv_t[k] != vt) k++;
+            if (k == n_conv) {
+                void *q = scratch ? base_arena_take(scratch, tensor_row_bytes(vt, n_cols), BASE_ALIGN) : NULL;
+                if (!q) {
+                    if (scratch) base_arena_rewind(scratch, mark);
+                    return KEEL_ESCRATCH;
+                }
+                tensor_quant_get_(vt)(x, q, n_cols);
+                conv_t[n_conv] = vt;
+                conv_x[n_conv++] = q;
+            }
+            xa = conv_x[k];
+        }
+        matvec_ctx *m = &c.mv[j];
+        m->dot = tensor_dot_get_(t);
+        m->mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
+        m->W = jobs[j].W;
+        m->row_bytes = tensor_row_bytes(t, n_cols);
+        m->n_rows = jobs[j].n_rows;
+        m->n_cols = n_cols;
+        m->x = xa;
+        m->y = jobs[j].y;
+        total += (double)m->row_bytes * (double)m->n_rows;
+    }
+    /* chunks of about the same bytes in every matrix, as tensor_matvec sizes them */
+    int nt = base_pool_threads(pool);
+    double per_task = nt <= 1 ? total : total / ((double)nt * MATVEC_TASKS_PER_THREAD);
+    int64_t n_tasks = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        matvec_ctx *m = &c.mv[j];
+        c.first_task[j] = n_tasks;
+        if (m->n_rows == 0) continue;
+        if (n_cols == 0) {
+            memset(m->y, 0, (size_t)m->n_rows * sizeof(float));
+            continue;
+        }
+        int64_t per = nt <= 1 ? m->n_rows : (int64_t)(per_task / (double)m->row_bytes);
+        per = nt <= 1 ? per : (BASE_MAX(per, MATVEC_MIN_ROWS) + 3) & ~(int64_t)3;
+        m->rows_per_task = per;
+        n_tasks += (m->n_rows + per - 1) / per;
+    }
+    c.first_task[n_jobs] = n_tasks;
+    base_pool_run(pool, n_tasks, multi_task, &c);
+    if (scratch) base_arena_rewind(scratch, mark);
+    if (t0) {
+        /* the run's time shared among the matrices by their bytes */
+        uint64_t now = base_time_ns();
+        for (int j = 0; j < n_jobs; j++) {
+            double bytes = (double)c.mv[j].row_bytes * (double)jobs[j].n_rows;
+            uint64_t ns = total > 0 ? (uint64_t)((double)(now - t0) * bytes / total) : 0;
+            tensor_prof_end(base_time_ns() - ns, TENSOR_PROF_MATVEC, jobs[j].dtype, jobs[j].n_rows, n_cols, bytes);
+        }
+    }
+    return KEEL_OK;
 }
 
 /* ---- matmul ---------------------------------------------------------------------------- */

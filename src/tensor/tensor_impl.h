@@ -186,6 +186,13 @@ extern const tensor_dequant_fn tensor_dequant_avx2_[KEEL_DTYPE_COUNT_];
 extern const tensor_axpy_fn tensor_axpy_scalar_[KEEL_DTYPE_COUNT_];
 extern const tensor_axpy_fn tensor_axpy_avx2_[KEEL_DTYPE_COUNT_];
 
+/* Matrix-vector kernels over a range of rows: y[r] = dot(W row r, x) for
+ * r < n_rows, rows rb bytes apart, x in the dtype's vec_dot type (matvec's
+ * hot loop; NULL: the dtype's dot row by row). */
+typedef void (*tensor_mv_fn)(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb,
+                             const void *x, float *y);
+extern const tensor_mv_fn tensor_mv_avx2_[KEEL_DTYPE_COUNT_];
+
 tensor_dot_fn tensor_dot_get_(keel_dtype t);
 tensor_quant_fn tensor_quant_get_(keel_dtype t);
 tensor_dequant_fn tensor_dequant_get_(keel_dtype t);
