@@ -288,8 +288,17 @@ static void attn_task(void *vctx, int64_t task, int thread)
             lrun[ti * nh + h] = 0.0f;
         }
 
-    int32_t pmax = INT32_MIN;
-    for (int32_t ti = 0; ti < nt; ti++) pmax = BASE_MAX(pmax, a->pos[t0 + ti]);
+    int32_t pmax = INT32_MIN, pmin = INT32_MAX;
+    bool one_seq = true; /* every token of the block in one sequence */
+    for (int32_t ti = 0; ti < nt; ti++) {
+        pmax = BASE_MAX(pmax, a->pos[t0 + ti]);
+        pmin = BASE_MIN(pmin, a->pos[t0 + ti]);
+        one_seq &= a->seq[t0 + ti] == a->seq[t0];
+    }
+    /* full tables, one sequence: a cell holding it is visible to exactly
+     * the tokens at or after its position (one test per cell, not one
+     * visible() per cell and token: prefill blocks have 32 tokens) */
+    bool causal_fast = one_seq && !t->sliding;
 
     /* deterministic mode (one token per block, no splits): the cells are the
      * token's visible ones in (position, placement) order, so the blocks of
@@ -316,6 +325,13 @@ static void attn_task(void *vctx, int64_t task, int thread)
             int32_t c = order ? order[j] : j;
             int32_t kp = t->pos[c];
             if (kp < 0 || kp > pmax) continue;
+            if (causal_fast) {
+                if (!mem_seq_has(t, c, a->seq[t0])) continue;
+                for (int32_t ti = 0; ti < nt; ti++)
+                    vis[(size_t)ti * ATTN_CHUNK + (size_t)nvis] = kp <= pmin || kp <= a->pos[t0 + ti];
+                idx[nvis++] = c; /* kp <= pmax: the block's last token sees it */
+                continue;
+            }
             bool any = false;
             for (int32_t ti = 0; ti < nt; ti++) {
                 bool v = visible(t, c, a->seq[t0 + ti], a->pos[t0 + ti]);
