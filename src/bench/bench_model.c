@@ -304,6 +304,23 @@ static keel_status bm_feed(keel_context *c, const int32_t *toks, int32_t n, int3
     return st;
 }
 
+/* The first index of the largest logit: eight running maxima (a loop the
+ * compiler keeps in registers, no branch per logit), then the first index
+ * holding the maximum. */
+static int32_t bm_argmax(const float *lg, int32_t n)
+{
+    float m[8] = {lg[0], lg[0], lg[0], lg[0], lg[0], lg[0], lg[0], lg[0]};
+    int32_t v = 0;
+    for (; v + 8 <= n; v += 8)
+        for (int k = 0; k < 8; k++) m[k] = lg[v + k] > m[k] ? lg[v + k] : m[k];
+    float best = m[0];
+    for (int k = 1; k < 8; k++) best = m[k] > best ? m[k] : best;
+    for (; v < n; v++) best = lg[v] > best ? lg[v] : best;
+    for (v = 0; v < n; v++)
+        if (lg[v] == best) return v;
+    return 0; /* only NaN logits (a decode refuses them) */
+}
+
 /* n_tg greedy decode steps from tok (the bench's own argmax included). */
 static keel_status bm_generate(keel_context *c, int32_t tok, int n_tg, int32_t n_vocab)
 {
@@ -311,11 +328,7 @@ static keel_status bm_generate(keel_context *c, int32_t tok, int n_tg, int32_t n
         keel_batch b = {1, &tok, NULL, NULL, NULL};
         keel_status st = keel_decode(c, &b);
         if (st != KEEL_OK) return st;
-        const float *lg = keel_logits(c, 0);
-        int32_t best = 0;
-        for (int32_t v = 1; v < n_vocab; v++)
-            if (lg[v] > lg[best]) best = v;
-        tok = best;
+        tok = bm_argmax(keel_logits(c, 0), n_vocab);
     }
     return KEEL_OK;
 }
