@@ -150,7 +150,8 @@ static void test_depth_rows_bytes(void **state)
         assert_close(attn_calls, LAYERS, 1e-9);
         assert_true(output);
         json_t *pool = json_object_get(p, "pool");
-        assert_true(num(pool, "runs_per_token") + num(pool, "inline_runs_per_token") >= 7.0 * LAYERS + 1);
+        /* at least one job per product group: q/k/v, o, gate/up, down per layer, the output */
+        assert_true(num(pool, "runs_per_token") + num(pool, "inline_runs_per_token") >= 4.0 * LAYERS + 1);
     }
     json_decref(root);
     free(s.buf);

@@ -56,6 +56,16 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
             const model_layer *L = &w->layers[i];
             const model_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
             for (int j = 0; j < 7; j++) mm = BASE_MAX(mm, mm_scratch(ms[j], n, n_threads));
+            if (n == 1) {
+                /* the decode groups (q/k/v, gate/up) in one multi-matvec each */
+                tensor_mv_job qkv[3] = {{L->wq.dtype, L->wq.data, L->wq.n_rows, NULL},
+                                        {L->wk.dtype, L->wk.data, L->wk.n_rows, NULL},
+                                        {L->wv.dtype, L->wv.data, L->wv.n_rows, NULL}};
+                tensor_mv_job gu[2] = {{L->ffn_gate.dtype, L->ffn_gate.data, L->ffn_gate.n_rows, NULL},
+                                       {L->ffn_up.dtype, L->ffn_up.data, L->ffn_up.n_rows, NULL}};
+                if (L->wq.data) mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(qkv, 3, L->wq.n_cols));
+                if (L->ffn_gate.data) mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(gu, 2, L->ffn_gate.n_cols));
+            }
         }
         if (n == n_tokens) break;
     }
@@ -73,6 +83,23 @@ static keel_status matmul(const model_mat *m, const float *X, int32_t n, float *
         return tensor_matmul_path(TENSOR_GEMM_DOT_TILES, m->dtype, m->data, m->n_rows, m->n_cols, X, n, Y,
                                   pool, work);
     return tensor_matmul(m->dtype, m->data, m->n_rows, m->n_cols, X, n, Y, pool, work);
+}
+
+/* Decode (one token, not deterministic): the products of one input in one
+ * pool run (tensor_matvec_multi: q/k/v, gate/up), else each its own. */
+static keel_status matmul_same_x(const model_mat *const *ms, float *const *ys, int n_m, const float *X,
+                                 int32_t n, base_pool *pool, base_arena *work)
+{
+    if (n == 1 && !fw_deterministic && n_m <= TENSOR_MV_MULTI_MAX) {
+        tensor_mv_job jobs[TENSOR_MV_MULTI_MAX];
+        for (int j = 0; j < n_m; j++) jobs[j] = (tensor_mv_job){ms[j]->dtype, ms[j]->data, ms[j]->n_rows, ys[j]};
+        return tensor_matvec_multi(jobs, n_m, ms[0]->n_cols, X, pool, work);
+    }
+    for (int j = 0; j < n_m; j++) {
+        keel_status st = matmul(ms[j], X, n, ys[j], pool, work);
+        if (st != KEEL_OK) return st;
+    }
+    return KEEL_OK;
 }
 
 static void add_bias(float *y, const float *b, int32_t n, int64_t dim)
@@ -131,9 +158,11 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
         if (cancel && *cancel) return base_err(err, KEEL_ECANCELED, "forward: canceled at layer %d", l);
         const model_layer *L = &w->layers[l];
         rmsnorm_rows(b.h, b.x, L->attn_norm, n, E, hp->norm_eps);
-        if ((st = matmul(&L->wq, b.h, n, b.q, pool, work)) != KEEL_OK) goto mm_fail;
-        if ((st = matmul(&L->wk, b.h, n, b.k, pool, work)) != KEEL_OK) goto mm_fail;
-        if ((st = matmul(&L->wv, b.h, n, b.v, pool, work)) != KEEL_OK) goto mm_fail;
+        {
+            const model_mat *ms[3] = {&L->wq, &L->wk, &L->wv};
+            float *ys[3] = {b.q, b.k, b.v};
+            if ((st = matmul_same_x(ms, ys, 3, b.h, n, pool, work)) != KEEL_OK) goto mm_fail;
+        }
         add_bias(b.q, L->bq, n, QD);
         add_bias(b.k, L->bk, n, KD);
         add_bias(b.v, L->bv, n, VD);
@@ -159,8 +188,11 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
         tensor_add_f32(b.x, b.o, (int64_t)n * E);
 
         rmsnorm_rows(b.h, b.x, L->ffn_norm, n, E, hp->norm_eps);
-        if ((st = matmul(&L->ffn_gate, b.h, n, b.g, pool, work)) != KEEL_OK) goto mm_fail;
-        if ((st = matmul(&L->ffn_up, b.h, n, b.u, pool, work)) != KEEL_OK) goto mm_fail;
+        {
+            const model_mat *ms[2] = {&L->ffn_gate, &L->ffn_up};
+            float *ys[2] = {b.g, b.u};
+            if ((st = matmul_same_x(ms, ys, 2, b.h, n, pool, work)) != KEEL_OK) goto mm_fail;
+        }
         if (hp->arch == MODEL_ARCH_GEMMA2)
             tensor_geglu(b.g, b.u, (int64_t)n * F);
         else
