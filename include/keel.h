@@ -282,8 +282,21 @@ typedef struct keel_mem keel_mem;
 typedef enum keel_mem_layer_kind {
     KEEL_MEM_LAYER_FULL = 0,    /* full causal attention */
     KEEL_MEM_LAYER_SLIDING = 1, /* ring: sinks + last `window` positions */
-    KEEL_MEM_LAYER_NONE = 2,    /* no KV (recurrent or attention-free layer) */
+    KEEL_MEM_LAYER_NONE = 2,    /* no KV and no state (attention-free layer) */
+    KEEL_MEM_LAYER_RECURRENT = 3, /* no KV: a per-sequence recurrent state (conv + SSM /
+                                     delta rule, f32), see keel_mem_recurrent */
 } keel_mem_layer_kind;
+
+/* Shape of a recurrent layer's per-sequence state (KEEL_MEM_LAYER_RECURRENT):
+ * the causal conv1d keeps its last conv_kernel - 1 inputs, conv
+ * [conv_kernel - 1][conv_channels] f32, and the SSM / delta-rule state is
+ * state_floats f32 (Gated DeltaNet: v_heads x head_v x head_k; Mamba2:
+ * heads x head_dim x d_state). Both are zero for a new sequence. */
+typedef struct keel_mem_recurrent {
+    int32_t conv_kernel;   /* taps of the conv, 1..64 (1: no conv state) */
+    int32_t conv_channels; /* 1..2^20 */
+    int64_t state_floats;  /* 0..2^30 */
+} keel_mem_recurrent;
 
 /* Hadamard rotation of stored rows: each head's row is split into blocks of
  * `block` elements and each block stored as H D x (H normalized
@@ -310,6 +323,7 @@ typedef struct keel_mem_layer {
     keel_mem_rot v_rot;
     keel_rope rope;     /* RoPE of the stored keys, for position edits; type NONE
                            if keys carry no position */
+    keel_mem_recurrent rs; /* KEEL_MEM_LAYER_RECURRENT: the state's shape */
 } keel_mem_layer;
 
 /* A full-attention layer with 1 KV head of dim 64, f16 K/V, no rotation,
@@ -325,6 +339,12 @@ typedef struct keel_mem_config {
                             false: one stream (table per group) per sequence */
     int32_t n_batch_max; /* most tokens per keel_mem_place / keel_mem_attend */
     int32_t n_threads;   /* threads for attention and edits; 0 = all CPUs */
+    /* recurrent layers (docs/memory.md, "The recurrent half") */
+    int32_t n_rs_slots;  /* state slots (one per sequence holding tokens; forks share
+                            one until written); 0 = n_seq_max */
+    int32_t n_ckpt;      /* checkpoints kept per sequence (0: none; needs recurrent layers) */
+    size_t ckpt_bytes;   /* per sequence cap on checkpoint storage (0: no cap beyond
+                            n_ckpt records); fewer records are kept if it bites */
 } keel_mem_config;
 
 /* n_seq_max 1, n_ctx 4096, unified, n_batch_max 512, n_threads 0, no layers. */
@@ -439,7 +459,9 @@ int32_t keel_mem_seq_pos_max(const keel_mem *mem, int32_t seq);
  * memory equal to recomputing the kept prefix (sliding rings may have
  * forgotten keys that a query at p' would need; a compaction makes every
  * position up to its end inexact); 0 when nothing was forgotten. A
- * conservative bound: never below the exact one. */
+ * conservative bound: never below the exact one. On a recurrent sequence
+ * the kept prefix ends at the checkpoint restored: the bound is its oldest
+ * checkpoint, or its end + 1 without one. */
 int32_t keel_mem_seq_rewind_min(const keel_mem *mem, int32_t seq);
 /* True when stored keys can follow position edits (seq_add / seq_div). */
 bool keel_mem_can_shift(const keel_mem *mem);
@@ -523,6 +545,74 @@ keel_status keel_mem_check(keel_mem *mem);
 /* 64-bit digest of all metadata and every column byte (tests: "nothing
  * changed" after a refused operation). */
 uint64_t keel_mem_digest(const keel_mem *mem);
+
+/* ---- the recurrent half ----------------------------------------------------
+ * Layers of kind KEEL_MEM_LAYER_RECURRENT keep, per sequence, a state that
+ * summarizes every token of the sequence (rule 7: valid only at its last
+ * position). It lives in the same keel_mem: one plan, one digest, one
+ * checker, and every sequence operation applies to both halves or to
+ * neither. On a memory with recurrent layers (docs/memory.md):
+ *   - keel_mem_place: a token belongs to one sequence (KEEL_EINVAL
+ *     otherwise); each sequence of the batch gets an exclusive state slot (a
+ *     new sequence a zeroed one, a fork sharing its slot a copy:
+ *     KEEL_EFULL if n_rs_slots has none free).
+ *   - keel_mem_seq_rm(s, p0, -1) with p0 inside the sequence restores the
+ *     newest checkpoint at or before p0 (the sequence then ends at the
+ *     checkpoint: keel_mem_seq_pos_max tells where to resume) and truncates
+ *     attention to match, or returns KEEL_ESTATE naming the nearest
+ *     checkpoint and changes nothing. Removing a range that starts inside
+ *     the sequence and ends before its end is KEEL_ESTATE; removing every
+ *     token is always allowed.
+ *   - keel_mem_seq_cp copies all of src into an empty dst (the state is
+ *     shared, copy on write): KEEL_ESTATE for a partial range or a dst that
+ *     holds tokens. Checkpoints are not copied.
+ *   - keel_mem_seq_add / seq_div edit the attention half; the state does not
+ *     depend on positions and follows the last token; checkpoints reaching
+ *     into the edited range are dropped. KEEL_ESTATE if the edit would move
+ *     the last token below another token of the sequence.
+ *   - keel_mem_compact applies to the attention layers (approximate for the
+ *     recurrent half, which already summarizes everything) and drops the
+ *     sequence's checkpoints.
+ */
+
+/* Pointers to seq's state in recurrent layer `layer`, to be read and
+ * updated in place after keel_mem_place placed tokens of seq (the slot is
+ * then exclusive): *conv [conv_kernel - 1][conv_channels] (oldest input
+ * first; NULL when conv_kernel is 1), *state [state_floats]. Valid until
+ * the next operation on mem. KEEL_EINVAL (not a recurrent layer, bad seq),
+ * KEEL_ESTATE (seq holds no tokens, or shares its state with another
+ * sequence: it is copied at the next placement). Allocates nothing. */
+keel_status keel_mem_rs_state(keel_mem *mem, int32_t layer, int32_t seq, float **conv,
+                              float **state);
+/* True when mem has recurrent layers. */
+bool keel_mem_is_recurrent(const keel_mem *mem);
+
+/* A checkpoint of a sequence: its recurrent state and the sliding rings'
+ * rows a query at `pos` needs, taken when the sequence ended at pos - 1. */
+typedef struct keel_mem_ckpt_info {
+    int32_t pos;     /* covers positions < pos: seq_rm(seq, p0 >= pos, -1) can restore it */
+    int32_t pos_min; /* the sequence's first position when taken */
+    size_t bytes;    /* bytes of the snapshot (state + ring rows) */
+} keel_mem_ckpt_info;
+
+/* Takes a checkpoint of seq at its end (pos = seq_pos_max + 1); the oldest
+ * of seq is dropped when n_ckpt are held. A no-op when the newest already
+ * has that position. KEEL_EINVAL (bad seq), KEEL_EUNSUPPORTED (no
+ * recurrent layers or n_ckpt 0), KEEL_ESTATE (seq holds no tokens).
+ * Allocates nothing (storage planned at open). */
+keel_status keel_mem_ckpt_take(keel_mem *mem, int32_t seq);
+/* seq's checkpoints, oldest first, into out[0 .. cap); *n their number. */
+void keel_mem_ckpt_list(const keel_mem *mem, int32_t seq, keel_mem_ckpt_info *out, int32_t cap,
+                        int32_t *n);
+/* The position seq_rm(seq, p0, -1) would rewind to: p0 itself when
+ * nothing needs restoring (p0 at or past the end, at or before the start,
+ * or a memory without recurrent layers), else the newest checkpoint at or
+ * before p0, or -1 when none covers it (seq_rm would return KEEL_ESTATE). */
+int32_t keel_mem_ckpt_find(const keel_mem *mem, int32_t seq, int32_t p0);
+/* Bytes of one checkpoint record and of all of them (planned at open). */
+size_t keel_mem_ckpt_record_bytes(const keel_mem *mem);
+size_t keel_mem_rs_bytes(const keel_mem *mem);
+size_t keel_mem_ckpt_bytes(const keel_mem *mem);
 
 /* KEEL_SECTION_MEMORY */
 
