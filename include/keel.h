@@ -650,7 +650,8 @@ keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *
 void keel_model_close(keel_model *m);
 
 typedef struct keel_model_info {
-    const char *arch;     /* "llama", "qwen2", "qwen3", "gemma2" */
+    const char *arch;     /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
+                             "mamba2", "gpt-oss" */
     const char *name;     /* general.name, or "" */
     int32_t n_vocab;
     int32_t n_ctx_train;
@@ -729,7 +730,8 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
-    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2" */
+    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
+                            "mamba2", "gpt-oss" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -741,10 +743,21 @@ typedef struct keel_gen_params {
     int32_t n_swa;       /* gemma2: sliding window (0: 32) */
     keel_dtype dtype;    /* weight matrices (norms stay f32) */
     uint64_t seed;       /* 1 */
+    /* issue 11 architectures (0: the default in parentheses) */
+    int32_t n_expert;      /* qwen3next, gpt-oss: experts (4) */
+    int32_t n_expert_used; /* experts per token (2) */
+    int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
 
+/* Shapes of the hybrid and recurrent architectures: qwen35 / qwen3next put
+ * attention in every 4th layer (3, 7, ...) and Gated DeltaNet elsewhere
+ * (n_head v heads and n_head_kv k heads of head_dim, conv kernel 4, rotary
+ * dims head_dim / 4); qwen3next adds MoE (n_ff per expert) and a gated
+ * shared expert (n_ff); mamba2 has d_inner 2 * n_embd in n_head heads and
+ * n_head_kv groups; gpt-oss alternates sliding (n_swa, 0: 32) and full
+ * layers with sinks, biases, MoE of SwiGLU-OAI experts and YaRN (factor 32). */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:
@@ -796,6 +809,13 @@ typedef struct keel_context_params {
     int32_t swa_period; /* with swa_window: 1 in swa_period layers stays full (2) */
     bool unified;       /* one KV table for all sequences (true) */
     keel_compact_params compact; /* KV compaction of every sequence (policy none) */
+    /* models with recurrent layers (qwen35, qwen3next, mamba2): checkpoints
+     * of each sequence's state, so that a prompt sharing a prefix resumes
+     * from the newest one at or before the divergence (keel_context_rewind);
+     * ignored for other models */
+    int32_t n_ctx_checkpoints; /* kept per sequence, oldest dropped (8); 0: none */
+    int32_t checkpoint_every;  /* > 0: also every this many prompt tokens (0: only at
+                                  the end of each prompt) */
 } keel_context_params;
 
 keel_context_params keel_context_params_default(void);
@@ -808,6 +828,8 @@ typedef struct keel_plan {
     size_t work_bytes;     /* forward-pass activations and scratch */
     size_t logits_bytes;   /* n_outputs x n_vocab floats */
     size_t total_bytes;    /* everything keel_context_open allocates */
+    size_t rs_bytes;       /* recurrent state slots (part of mem_bytes) */
+    size_t ckpt_bytes;     /* checkpoint records of every sequence (part of mem_bytes) */
 } keel_plan;
 
 keel_status keel_context_plan(const keel_model *m, const keel_context_params *p, keel_plan *out,
@@ -861,8 +883,28 @@ typedef struct keel_batch {
  * sequence never holds more than its trigger: batches of any length stream
  * through, compacted between ubatches, and positions stay below the
  * target when renumbered (with keep, they grow up to INT32_MAX).
+ *
+ * Models with recurrent layers: a sequence's tokens run through each layer
+ * in order; a sequence given several tokens (a prompt) gets a checkpoint
+ * at its end and, with checkpoint_every, at every multiple of it (ubatches
+ * are cut there). keel_cancel takes effect between ubatches (a state is
+ * updated in place); a ubatch that fails after placing empties its
+ * sequences (KEEL_EINTERNAL-class failures only).
  */
 keel_status keel_decode(keel_context *c, const keel_batch *b);
+
+/*
+ * Prepares sequence seq to continue at position p0 (a prompt that shares
+ * its first p0 tokens with what seq holds): removes positions >= p0. On a
+ * model with recurrent layers this restores the newest checkpoint at or
+ * before p0, or, when none covers it, empties the sequence (the state
+ * cannot be truncated). *resume (may be NULL) receives the position the
+ * caller must feed from (p0 itself for attention-only models, the
+ * checkpoint's position, or 0). KEEL_EINVAL (bad seq), KEEL_EFULL (a
+ * restore found no room), detail in keel_context_last_error. Allocates
+ * nothing.
+ */
+keel_status keel_context_rewind(keel_context *c, int32_t seq, int32_t p0, int32_t *resume);
 
 /* Logits [n_vocab] of the i-th token of the last batch, or NULL if it did
  * not request logits. Valid until the next keel_decode. */

@@ -579,6 +579,24 @@ size_t mem_ckpt_record_bytes(const keel_mem_config *cfg, const keel_mem *m, mem_
     return (off + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
 }
 
+void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt)
+{
+    *rs = *ckpt = 0;
+    if (validate_config(cfg, NULL) != KEEL_OK) return;
+    size_t slot = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        if (cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT) {
+            const keel_mem_recurrent *r = &cfg->layers[i].rs;
+            size_t conv = (size_t)(r->conv_kernel - 1) * (size_t)r->conv_channels;
+            slot += ((conv + 15) & ~(size_t)15) + (((size_t)r->state_floats + 15) & ~(size_t)15);
+        }
+    if (slot == 0) return;
+    int32_t slots = cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
+    *rs = slot * sizeof(float) * (size_t)slots;
+    size_t rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
+    if (rec != SIZE_MAX) *ckpt = rec * (size_t)mem_ckpt_count(cfg, rec) * (size_t)cfg->n_seq_max;
+}
+
 int32_t mem_ckpt_count(const keel_mem_config *cfg, size_t rec_bytes)
 {
     int32_t n = cfg->n_ckpt;

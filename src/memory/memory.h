@@ -215,6 +215,9 @@ size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 size_t mem_ckpt_record_bytes(const keel_mem_config *cfg, const keel_mem *m, mem_ckpt_ring *rings);
 /* Records per sequence after the byte cap (0 if none). */
 int32_t mem_ckpt_count(const keel_mem_config *cfg, size_t rec_bytes);
+/* Bytes of the state slots and of every checkpoint record cfg plans (0 if
+ * cfg is invalid). */
+void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt);
 /* Scratch bytes of the checkpoint operations (selection of ring cells). */
 size_t mem_rs_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
 
