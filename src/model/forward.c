@@ -61,6 +61,9 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
     /* per token, plus one BASE_ALIGN of padding per buffer taken (at most 32
      * per layer function, 4 shared) */
     size_t s = (shared_floats(hp) + layer) * (size_t)n_tokens * sizeof(float) + 40 * BASE_ALIGN;
+    /* buffers not per token: the delta rule's per-thread row, the router's
+     * selection scores */
+    s += ((size_t)n_threads * (size_t)BASE_MAX(hp->ssm_d_state, 1) + (size_t)hp->n_expert) * sizeof(float);
     size_t mm = 0;
     for (int32_t n = 1; n <= n_tokens; n = n < n_tokens ? BASE_MIN(n * 2, n_tokens) : n + 1) {
         /* scratch may depend on the batch size non-monotonically (paths):
