@@ -393,10 +393,35 @@ static void test_plan_and_params(void **state)
     keel_model_close(m);
 }
 
+/* The delta rule takes one row of d_state floats per pool thread: the work
+ * arena counts them beside the per-token buffers (a one-token decode with
+ * many threads and wide heads overran the reservation: KEEL_ESCRATCH). */
+static void test_work_arena_threads(void **state)
+{
+    (void)state;
+    keel_model *m = gen_model("qwen35", 4, 256, 1, 1, 256, 13);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 64;
+    cp.n_batch = cp.n_ubatch = 1; /* the arena sized for one token */
+    cp.n_threads = 16;
+    keel_context *c = NULL;
+    char err[256] = "";
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    int32_t t = 7;
+    for (int i = 0; i < 3; i++) {
+        keel_batch b = {1, &t, NULL, NULL, NULL};
+        keel_status st = keel_decode(c, &b);
+        if (st != KEEL_OK) fail_msg("decode: %s", keel_context_last_error(c));
+    }
+    keel_context_close(c);
+    keel_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_and_params),
+        cmocka_unit_test(test_work_arena_threads),
         cmocka_unit_test(test_selforacle_hybrids),
         cmocka_unit_test(test_checkpoint_restore_equals_recompute),
         cmocka_unit_test(test_shift_regression_hybrid),
