@@ -346,6 +346,8 @@ bool srv_anthropic_parse(srv_api api, json_t *b, const srv_limits *lim, srv_requ
     }
     if (!srv_get_bool(b, "stream", &out->stream, e)) return false;
     out->include_usage = true;
+    json_t *ss = json_object_get(b, "stop_sequences");
+    if (ss && !json_is_null(ss) && !json_is_array(ss)) return srv_fail(e, 400, "stop_sequences must be an array of strings");
     return srv_copy_max_tokens(b, "max_tokens", req, lim, e) && srv_copy_num(b, "temperature", req, "temperature", 0, 2, e) &&
            srv_copy_num(b, "top_p", req, "top_p", 0, 1, e) && srv_copy_int(b, "top_k", req, "top_k", -1, INT32_MAX, e) &&
            srv_copy_stop(b, "stop_sequences", req, lim, e);

@@ -183,8 +183,10 @@ bool srv_http_request(const char *host, int port, const char *method, const char
     r->status = -1;
     int fd = srv_http_connect(host, port);
     if (fd < 0) return false;
-    bool ok = srv_http_send(fd, method, path, extra, body, body ? strlen(body) : 0) &&
-              srv_http_read(fd, r, timeout_ms, NULL, NULL);
+    /* a server may answer (413) and close before the body is all sent:
+     * read its answer either way */
+    bool sent = srv_http_send(fd, method, path, extra, body, body ? strlen(body) : 0);
+    bool ok = srv_http_read(fd, r, timeout_ms, NULL, NULL) && (sent || r->status >= 400);
     close(fd);
     return ok;
 }

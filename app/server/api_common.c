@@ -491,7 +491,7 @@ static bool engine_failed(json_t *resp, keel_status st, srv_err *e)
 
 char *srv_response_body(const srv_meta *m, const char *engine_response, keel_status st, int *status)
 {
-    json_t *resp = engine_response ? json_loads(engine_response, 0, NULL) : NULL;
+    json_t *resp = engine_response ? json_loads(engine_response, JSON_ALLOW_NUL, NULL) : NULL;
     srv_err e;
     char *out = NULL;
     if (!resp) {
@@ -526,7 +526,7 @@ bool srv_stream_done(srv_stream *s, const char *engine_response, keel_status st,
 {
     if (s->ended) return true;
     s->ended = true;
-    json_t *resp = engine_response ? json_loads(engine_response, 0, NULL) : NULL;
+    json_t *resp = engine_response ? json_loads(engine_response, JSON_ALLOW_NUL, NULL) : NULL;
     srv_err e;
     bool ok;
     if (!resp || engine_failed(resp, st, &e)) {

@@ -264,7 +264,7 @@ int cmd_bench_serve(int argc, char **argv)
         char resp[8192];
         keel_status st = keel_complete(e, NULL, req.p, NULL, NULL, NULL, resp, sizeof resp);
         srv_buf_free(&req);
-        json_t *r = st == KEEL_OK ? json_loads(resp, 0, NULL) : NULL;
+        json_t *r = st == KEEL_OK ? json_loads(resp, JSON_ALLOW_NUL, NULL) : NULL;
         json_t *t = json_object_get(r, "timings");
         ref_decode = json_number_value(json_object_get(t, "predicted_per_second"));
         ref_prefill = json_number_value(json_object_get(t, "prompt_per_second"));

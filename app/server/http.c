@@ -408,7 +408,7 @@ static void log_request(srv_server *s, const char *method, const char *url, int 
         fprintf(stderr, "keel serve: %s %s %d\n", method, url, status);
         return;
     }
-    json_t *r = json_loads(j->response, 0, NULL);
+    json_t *r = json_loads(j->response, JSON_ALLOW_NUL, NULL);
     int64_t p = 0, cached = 0, g = 0;
     srv_engine_usage(r, "prompt_tokens", &p);
     srv_engine_usage(r, "cached_tokens", &cached);
