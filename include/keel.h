@@ -325,6 +325,10 @@ typedef struct keel_mem_config {
                             false: one stream (table per group) per sequence */
     int32_t n_batch_max; /* most tokens per keel_mem_place / keel_mem_attend */
     int32_t n_threads;   /* threads for attention and edits; 0 = all CPUs */
+    bool deterministic;  /* attention of a query independent of the other queries of
+                            the call and of the cells' physical order (each query alone,
+                            its visible cells in (position, placement) order; slower):
+                            batch-invariant results for concurrent sequences */
 } keel_mem_config;
 
 /* n_seq_max 1, n_ctx 4096, unified, n_batch_max 512, n_threads 0, no layers. */
@@ -524,6 +528,39 @@ keel_status keel_mem_check(keel_mem *mem);
  * changed" after a refused operation). */
 uint64_t keel_mem_digest(const keel_mem *mem);
 
+/* ---- sessions: saving and loading the memory --------------------------------
+ * A session blob holds one sequence (seq >= 0) or the whole memory (seq -1):
+ * the column descriptors, the caller's token history, every cell's position,
+ * placement order and flags (and sequence set for the whole memory), every
+ * column's rows, the exactness and compaction state; sections carry their
+ * length and an xxhash64 (docs/formats.md, "Sessions"). */
+
+/*
+ * Writes the session of seq (-1: every sequence) to buf[0 .. cap):
+ * fingerprint (e.g. the model's, 0 for none) is stored and checked at load;
+ * tokens[0 .. n_tokens) is the caller's token history of the sequence,
+ * stored as is. *n_out is the size (also when buf is NULL or too small:
+ * KEEL_ERANGE, nothing written). KEEL_EINVAL. Allocates nothing (scratch
+ * reserved at open).
+ */
+keel_status keel_mem_save(keel_mem *mem, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
+                          int32_t n_tokens, void *buf, size_t cap, size_t *n_out);
+
+/*
+ * Loads a session blob into seq (replacing what seq holds; -1: the whole
+ * memory, replacing everything; the blob must be of the same kind). Every
+ * section is validated first — magic, version, fingerprint (when non-zero),
+ * checksums, lengths, the column descriptors (the same layers, dtypes,
+ * rotation and RoPE as this memory: KEEL_EUNSUPPORTED for other cache
+ * types), cell metadata and room (KEEL_EFULL) — and only then does the
+ * memory change; any failure leaves it byte-identical. The token history
+ * goes to tokens (cap_tokens entries; NULL to skip; KEEL_ERANGE if it does
+ * not fit) and its length to *n_tokens. KEEL_EFORMAT (corrupted or
+ * truncated), KEEL_EINVAL (another model or memory shape). Allocates nothing.
+ */
+keel_status keel_mem_load(keel_mem *mem, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
+                          int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens);
+
 /* KEEL_SECTION_MEMORY */
 
 /* ======================================================================== */
@@ -587,6 +624,11 @@ typedef struct keel_model_info {
 
 /* Fills info (pointers valid until the model is closed). */
 void keel_model_info_get(const keel_model *m, keel_model_info *info);
+
+/* A 64-bit digest of the model's identity: architecture, hyperparameters
+ * and tensor table (names, dtypes, shapes, offsets) and file size (not the
+ * weights' bytes). Sessions store it; never 0 for a model (0 for NULL). */
+uint64_t keel_model_fingerprint(const keel_model *m);
 
 /* Writes the tensor table (name, dtype, shape, bytes) to out. */
 keel_status keel_model_tensors(const keel_model *m, keel_write_fn out, void *user);
@@ -706,6 +748,12 @@ typedef struct keel_context_params {
     int32_t swa_period; /* with swa_window: 1 in swa_period layers stays full (2) */
     bool unified;       /* one KV table for all sequences (true) */
     keel_compact_params compact; /* KV compaction of every sequence (policy none) */
+    bool deterministic; /* batch-invariant numerics: a token's logits do not depend on
+                           the other tokens of its batch or on the cells' physical order
+                           (every matrix product through the same per-row kernel, each
+                           query's attention alone over its cells in position order);
+                           concurrent sequences then give exactly the results they
+                           give alone. Slower prefill (false) */
 } keel_context_params;
 
 keel_context_params keel_context_params_default(void);

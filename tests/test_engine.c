@@ -326,6 +326,98 @@ static void test_bad_requests(void **state)
     assert_non_null(strstr(err, "unknown option 'modle'"));
 }
 
+
+/* Slot save / erase / restore: the restored cache serves a turn exactly as
+ * before; a corrupted file is refused and the slot keeps its cache. */
+static void test_slot_save_restore(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    logit_cap a = {NULL, 0}, b = {NULL, 0};
+    assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+    char path[64] = "/tmp/keel_slot_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    char info[512];
+    assert_ok(keel_engine_slot_save(e, 0, path, info, sizeof info));
+    json_t *i1 = parse(info);
+    int64_t saved = json_integer_value(json_object_get(i1, "n_saved"));
+    assert_true(saved > 10);
+    json_decref(i1);
+    e->debug_logits = cap_logits;
+    e->debug_user = &a;
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r1 = parse(g_resp);
+    assert_ok(keel_engine_slot_erase(e, 0, info, sizeof info));
+    assert_ok(keel_engine_slot_restore(e, 0, path, info, sizeof info));
+    json_t *i2 = parse(info);
+    assert_int_equal(json_integer_value(json_object_get(i2, "n_restored")), saved);
+    json_decref(i2);
+    e->debug_user = &b;
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r2 = parse(g_resp);
+    assert_int_equal(usage(r2, "cached_tokens"), usage(r1, "cached_tokens"));
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.row, b.row, (size_t)a.n * sizeof(float));
+    /* a corrupted file: refused, the slot keeps its cache */
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 100, SEEK_SET), 0);
+    assert_int_equal(fputc(0x5a, f), 0x5a);
+    assert_int_equal(fclose(f), 0);
+    keel_status st = keel_engine_slot_restore(e, 0, path, info, sizeof info);
+    assert_true(st == KEEL_EFORMAT);
+    assert_non_null(strstr(keel_engine_last_error(e), "checksum"));
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r3 = parse(g_resp);
+    assert_true(usage(r3, "cached_tokens") > 0);
+    assert_status(keel_engine_slot_save(e, 3, path, info, sizeof info), KEEL_EINVAL);
+    assert_status(keel_engine_slot_restore(e, 0, "/nonexistent/x", info, sizeof info), KEEL_EIO);
+    unlink(path);
+    json_decref(r1);
+    json_decref(r2);
+    json_decref(r3);
+    free(a.row);
+    free(b.row);
+    keel_engine_close(e);
+}
+
+static const char *MSG_B = "[{\"role\":\"system\",\"content\":\"You write poems about the sea and the moon.\"},"
+                           "{\"role\":\"user\",\"content\":\"Tell me something completely different now.\"}]";
+
+/* The RAM prompt cache keeps a slot's cache when another conversation
+ * takes the only slot, and restores it when the first one comes back. */
+static void test_prompt_cache(void **state)
+{
+    (void)state;
+    for (int with = 0; with < 2; with++) {
+        keel_engine *e = open_engine(with ? "\"cache_ram_mib\": 16" : NULL);
+        assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+        assert_ok(keel_complete(e, MSG_B, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+        assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+        json_t *r = parse(g_resp);
+        size_t n;
+        assert_ok(keel_engine_stats(e, g_resp, sizeof g_resp, &n));
+        json_t *s = parse(g_resp);
+        json_t *pc = json_object_get(s, "prompt_cache");
+        printf("prompt cache %s: cached_tokens %lld, hits %lld, entries %lld, bytes %lld\n", with ? "on" : "off",
+               (long long)usage(r, "cached_tokens"), (long long)json_integer_value(json_object_get(pc, "hits")),
+               (long long)json_integer_value(json_object_get(pc, "entries")),
+               (long long)json_integer_value(json_object_get(pc, "bytes")));
+        if (with) {
+            assert_true(usage(r, "cached_tokens") > 40); /* turn 1's whole prompt */
+            assert_int_equal(json_integer_value(json_object_get(pc, "hits")), 1);
+            assert_true(json_integer_value(json_object_get(pc, "bytes")) <= 16 << 20);
+        } else {
+            assert_true(usage(r, "cached_tokens") < 20); /* only the common system-prompt opening */
+        }
+        json_decref(r);
+        json_decref(s);
+        keel_engine_close(e);
+    }
+}
+
 /* ---- the loop on a scheduler thread, several slots ------------------------------ */
 
 typedef struct collect {
@@ -401,13 +493,113 @@ static void test_run_loop_slots(void **state)
     keel_engine_close(e);
 }
 
+
+/* Deterministic mode: 8 requests on 4 slots under continuous batching give
+ * exactly (logits of the first token, then every greedy token) what they
+ * give run one at a time. */
+typedef struct det_cap {
+    pthread_mutex_t mu;
+    float *rows[8];
+    uint64_t ids[8];
+    int32_t n;
+} det_cap;
+
+static void det_logits(void *user, uint64_t req, const float *logits, int32_t n)
+{
+    det_cap *c = user;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < 8; i++)
+        if (c->ids[i] == req) {
+            c->rows[i] = malloc((size_t)n * sizeof(float));
+            memcpy(c->rows[i], logits, (size_t)n * sizeof(float));
+            c->n = n;
+        }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void test_deterministic_batching(void **state)
+{
+    (void)state;
+    const char *users[8] = {"The dog", "A cat and a bird sat in the tree", "Once upon a time there was", "The sun",
+                            "Tom and his dog went to the", "Lily liked to play", "It was a big red", "Mom said"};
+    char reqs[8][512];
+    for (int i = 0; i < 8; i++)
+        snprintf(reqs[i], sizeof reqs[i],
+                 "{\"messages\": [{\"role\":\"user\",\"content\":\"%s\"}], \"max_tokens\": %d, \"temperature\": 0, "
+                 "\"ignore_eos\": true}",
+                 users[i], 12 + 3 * i);
+    /* concurrently */
+    keel_engine *e = open_engine("\"n_slots\": 4, \"n_ctx\": 2048, \"deterministic\": true, \"n_batch\": 64");
+    det_cap dc;
+    memset(&dc, 0, sizeof dc);
+    pthread_mutex_init(&dc.mu, NULL);
+    e->debug_logits = det_logits;
+    e->debug_user = &dc;
+    collect c;
+    memset(&c, 0, sizeof c);
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_t th;
+    pthread_mutex_lock(&c.mu);
+    pthread_mutex_lock(&dc.mu);
+    assert_int_equal(pthread_create(&th, NULL, run_loop, e), 0);
+    for (int i = 0; i < 8; i++) {
+        assert_ok(keel_engine_submit(e, reqs[i], collect_cb, &c, &c.ids[i]));
+        dc.ids[i] = c.ids[i];
+    }
+    pthread_mutex_unlock(&dc.mu);
+    pthread_mutex_unlock(&c.mu);
+    for (int t = 0; t < 60000; t++) {
+        pthread_mutex_lock(&c.mu);
+        int d = c.done;
+        pthread_mutex_unlock(&c.mu);
+        if (d == 8) break;
+        usleep(1000);
+    }
+    assert_int_equal(c.done, 8);
+    keel_engine_stop(e);
+    pthread_join(th, NULL);
+    /* one at a time, on a fresh engine */
+    keel_engine *f = open_engine("\"n_slots\": 1, \"n_ctx\": 512, \"deterministic\": true");
+    logit_cap one = {NULL, 0};
+    f->debug_logits = cap_logits;
+    f->debug_user = &one;
+    int same_text = 0;
+    for (int i = 0; i < 8; i++) {
+        char *msgs = strstr(reqs[i], "[");
+        char mj[256];
+        size_t ml = (size_t)(strstr(msgs, "]") - msgs) + 1;
+        memcpy(mj, msgs, ml);
+        mj[ml] = 0;
+        char opts[128];
+        snprintf(opts, sizeof opts, "{\"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}", 12 + 3 * i);
+        /* the streamed bytes (the response JSON replaces invalid UTF-8) */
+        collect a;
+        memset(&a, 0, sizeof a);
+        pthread_mutex_init(&a.mu, NULL);
+        a.ids[0] = (uint64_t)(i + 1);
+        assert_ok(keel_complete(f, mj, opts, NULL, collect_cb, &a, g_resp, sizeof g_resp));
+        pthread_mutex_destroy(&a.mu);
+        assert_non_null(dc.rows[i]);
+        assert_memory_equal(dc.rows[i], one.row, (size_t)one.n * sizeof(float));
+        if (a.len[0] == c.len[i] && memcmp(a.text[0], c.text[i], c.len[i]) == 0) same_text++;
+        else printf("request %d: concurrent and alone outputs differ\n", i);
+        assert_ok(keel_engine_reset(f));
+    }
+    assert_int_equal(same_text, 8);
+    for (int i = 0; i < 8; i++) free(dc.rows[i]);
+    free(one.row);
+    keel_engine_close(f);
+    keel_engine_close(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_turns_reuse),   cmocka_unit_test(test_callback_stops),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
-        cmocka_unit_test(test_run_loop_slots),
+        cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),
+        cmocka_unit_test(test_prompt_cache),       cmocka_unit_test(test_deterministic_batching),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

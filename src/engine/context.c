@@ -109,6 +109,7 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
     z->mc.unified = p->unified;
     z->mc.n_batch_max = p->n_ubatch;
     z->mc.n_threads = p->n_threads;
+    z->mc.deterministic = p->deterministic;
     keel_status st = mem_config_bytes_shared(&z->mc, &z->mem, err);
     if (st != KEEL_OK) return st;
     z->work = model_work_bytes(&m->w, p->n_ubatch, p->n_threads);
@@ -418,7 +419,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
             if (c->out_row[start + i] >= 0) c->ub_out[nout++] = i;
         model_ubatch mu = {m, b->tokens + start, c->ub_pos + start, c->ub_seq + start,
                            c->ub_cells, nout, c->ub_out,
-                           c->logits + (size_t)row0 * (size_t)hp->n_vocab};
+                           c->logits + (size_t)row0 * (size_t)hp->n_vocab, c->p.deterministic};
         st = model_forward(&c->model->w, c->mem, &mu, c->pool, &c->work, &c->cancel, c->err);
         if (st == KEEL_OK) st = check_logits(c, start, row0, nout);
         if (st != KEEL_OK) return st;

@@ -70,6 +70,35 @@ struct eng_req {
     size_t response_len;
 };
 
+/* A slot action (keel_engine_slot_*), run by the stepping thread. */
+typedef enum eng_ctl_kind { ENG_CTL_SAVE = 0, ENG_CTL_RESTORE = 1, ENG_CTL_ERASE = 2 } eng_ctl_kind;
+
+typedef struct eng_ctl eng_ctl;
+struct eng_ctl {
+    eng_ctl_kind kind;
+    int32_t slot;
+    const char *path;      /* the caller's, valid while it waits */
+    char *info;            /* the caller's buffer */
+    size_t info_cap;
+    bool done;
+    keel_status status;
+    char err[BASE_ERR_CAP];
+    eng_ctl *next;
+};
+
+/* One entry of the RAM prompt cache: a saved slot (keel_mem_save blob)
+ * and its token history. */
+typedef struct eng_pc_entry eng_pc_entry;
+struct eng_pc_entry {
+    uint8_t *blob;
+    size_t blob_len;
+    int32_t *tokens;
+    int32_t n_tokens;
+    bool compacted;        /* the saved memory is a compacted summary: only extended */
+    uint64_t last_used;
+    eng_pc_entry *next;
+};
+
 typedef enum eng_slot_state {
     ENG_SLOT_IDLE = 0,
     ENG_SLOT_PREFILL = 1,
@@ -142,6 +171,7 @@ struct keel_engine {
     pthread_cond_t cv;        /* work arrived / a request finished */
     eng_req *queue_head, *queue_tail;
     eng_req *live_head;       /* queued and running requests (cancel by id) */
+    eng_ctl *ctl_head;        /* slot actions waiting for the stepping thread */
     eng_req *done_head;       /* finished submitted requests, freed by the stepping thread */
     int32_t n_queued, max_queue;
     uint64_t next_id;
@@ -159,6 +189,11 @@ struct keel_engine {
     keel_mem_stats mem_stats;
     int64_t group_used[8], group_cap[8];
     int32_t n_group_stat;
+    uint64_t fingerprint;     /* the model's, stored in and checked against sessions */
+    /* RAM prompt cache (eng_slots.c) */
+    size_t pc_limit, pc_bytes;
+    eng_pc_entry *pc_head;
+    int64_t pc_entries, pc_hits, pc_hit_tokens, pc_saves, pc_evictions;
     /* tests: the logits each request's first token is sampled from */
     void (*debug_logits)(void *user, uint64_t request, const float *logits, int32_t n_vocab);
     void *debug_user;
@@ -198,5 +233,15 @@ void eng_finish_all(keel_engine *e, const char *why);
 void eng_slot_clear(keel_engine *e, eng_slot *sl);
 /* Frees finished submitted requests (the stepping thread, outside callbacks). */
 void eng_reap(keel_engine *e);
+
+/* eng_slots.c */
+/* Runs the queued slot actions (the stepping thread). */
+void eng_run_controls(keel_engine *e);
+/* The prompt cache, at admission: before slot sl (whose cache shares *lcp
+ * tokens with prompt) is taken for prompt, saves its cache when it would be
+ * lost, and restores a cached entry that shares more. Updates *lcp. Never
+ * fails the request: a cache problem only costs reuse. */
+void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t *lcp);
+void eng_pc_free(keel_engine *e);
 
 #endif

@@ -18,7 +18,7 @@
 typedef struct eng_open_opts {
     const char *model, *tokenizer, *chat_template, *tool_format;
     keel_context_params cp;
-    int32_t n_slots, max_prompt_tokens;
+    int32_t n_slots, max_prompt_tokens, cache_ram_mib;
     json_t *compact; /* borrowed */
 } eng_open_opts;
 
@@ -62,6 +62,13 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         else if (strcmp(k, "swa_period") == 0) st = get_i32(v, k, 1, 1 << 16, &p->cp.swa_period, err);
         else if (strcmp(k, "swa_sinks") == 0) st = get_i32(v, k, 0, 1 << 16, &p->cp.n_sink, err);
         else if (strcmp(k, "max_prompt_tokens") == 0) st = get_i32(v, k, 1, 1 << 26, &p->max_prompt_tokens, err);
+        else if (strcmp(k, "cache_ram_mib") == 0) st = get_i32(v, k, 0, 1 << 24, &p->cache_ram_mib, err);
+        else if (strcmp(k, "deterministic") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "option deterministic must be a boolean");
+            else
+                p->cp.deterministic = json_is_true(v);
+        }
         else if (strcmp(k, "type_k") == 0 || strcmp(k, "type_v") == 0) {
             const char *name = NULL;
             if ((st = get_str(v, k, &name, err)) == KEEL_OK &&
@@ -220,6 +227,8 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
     }
     e->cp.compact = e->compact_default;
     e->hist_cap = p.max_prompt_tokens ? p.max_prompt_tokens : 4 * e->n_ctx_slot;
+    e->pc_limit = (size_t)p.cache_ram_mib << 20;
+    e->fingerprint = keel_model_fingerprint(e->model);
     char cerr[256] = "";
     if ((st = keel_context_open(e->model, &e->cp, &e->ctx, cerr)) != KEEL_OK) {
         base_err(err, st, "context: %s", cerr);
@@ -292,6 +301,7 @@ void keel_engine_close(keel_engine *e)
 {
     if (!e) return;
     if (e->ctx) eng_finish_all(e, "cancelled");
+    eng_pc_free(e);
     if (e->slots)
         for (int32_t i = 0; i <= e->n_slots; i++) {
             base_free(e->slots[i].hist, (size_t)e->hist_cap * sizeof(int32_t));
@@ -672,6 +682,13 @@ keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_o
                            (json_int_t)plan.work_bytes, "logits_bytes", (json_int_t)plan.logits_bytes,
                            "context_bytes", (json_int_t)plan.total_bytes);
     bad |= json_object_set_new(o, "plan", pj);
+    pthread_mutex_lock(&e->mu);
+    bad |= json_object_set_new(o, "prompt_cache",
+                               json_pack("{sIsIsIsIsIsIsI}", "entries", (json_int_t)e->pc_entries, "bytes",
+                                         (json_int_t)e->pc_bytes, "limit_bytes", (json_int_t)e->pc_limit, "hits",
+                                         (json_int_t)e->pc_hits, "hit_tokens", (json_int_t)e->pc_hit_tokens, "saves",
+                                         (json_int_t)e->pc_saves, "evictions", (json_int_t)e->pc_evictions));
+    pthread_mutex_unlock(&e->mu);
     bad |= json_object_set_new(o, "chat_template", json_string(e->template_name));
     bad |= json_object_set_new(o, "tool_format", json_string(toolcall_format_name(e->tool_format)));
     char *s = bad ? NULL : json_dumps(o, JSON_COMPACT);

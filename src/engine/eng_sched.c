@@ -487,6 +487,7 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         fail_unstarted(e, r, KEEL_EINTERNAL, "no idle slot");
         return;
     }
+    eng_pc_admit(e, sl, tmp.prompt, tmp.n_prompt, &lcp);
     memcpy(sl->prompt, tmp.prompt, (size_t)tmp.n_prompt * sizeof(int32_t));
     sl->n_prompt = tmp.n_prompt;
     sl->req = r;
@@ -588,6 +589,7 @@ static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
 bool eng_step(keel_engine *e)
 {
     keel_mem *mem = keel_context_memory(e->ctx);
+    eng_run_controls(e);
     /* admit queued requests to idle slots */
     jinja_buf rendered = {NULL, 0, 0};
     for (;;) {

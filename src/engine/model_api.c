@@ -267,3 +267,26 @@ void keel_sampler_reset(keel_sampler *s)
 {
     if (s) sampler_reset((sampler *)s);
 }
+
+uint64_t keel_model_fingerprint(const keel_model *m)
+{
+    if (!m) return 0;
+    const model_hp *hp = &m->w.hp;
+    uint64_t h = base_hash64(hp->arch_name, strlen(hp->arch_name), 0x666970);
+    int32_t dims[10] = {hp->n_vocab, hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv,
+                        hp->hd_k, hp->hd_v, hp->n_ff, hp->n_swa};
+    h = base_hash64(dims, sizeof dims, h);
+    float fl[6] = {hp->norm_eps, hp->rope.freq_base, hp->rope.freq_scale, hp->attn_softcap, hp->final_softcap,
+                   hp->attn_scale};
+    h = base_hash64(fl, sizeof fl, h);
+    for (int64_t i = 0; i < gguf_n_tensors(m->g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(m->g, i);
+        h = base_hash64(t->name, t->name_len, h);
+        int64_t meta[3 + GGUF_MAX_DIMS] = {(int64_t)t->dtype, (int64_t)t->n_dims, (int64_t)t->offset};
+        for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) meta[3 + d] = t->ne[d];
+        h = base_hash64(meta, sizeof meta, h);
+    }
+    uint64_t size = m->file_bytes;
+    h = base_hash64(&size, sizeof size, h);
+    return h ? h : 1; /* 0 means "no fingerprint" to keel_mem_load */
+}

@@ -35,7 +35,7 @@ typedef mem_attn_dims attn_dims;
 
 mem_attn_dims mem_attn_dims_of(const keel_mem_config *cfg, const keel_mem_layer *layers)
 {
-    attn_dims d = {1, 1, 1, 1, 4};
+    attn_dims d = {1, 1, 1, 1, 4, cfg->deterministic ? cfg->n_ctx : 0};
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *l = &layers[i];
         if (l->kind == KEEL_MEM_LAYER_NONE) continue;
@@ -63,9 +63,10 @@ static inline size_t up64(size_t x)
 
 /* per-thread layout: scores [TB * G][CB] f32 | vis [TB][CHUNK] u8 | idx [CHUNK] i32 |
  * m, l [TB * n_heads] f32 each | q row pointers [TB * G] | acc row pointers
- * [TB * G] | active rows [TB * G] u8 */
+ * [TB * G] | active rows [TB * G] u8 | deterministic mode: the query's
+ * ordered visible cells [order_cap] i32 */
 typedef struct thread_layout {
-    size_t vis, idx, ml, qp, ap, act, total;
+    size_t vis, idx, ml, qp, ap, act, order, total;
 } thread_layout;
 
 static thread_layout layout_of(const attn_dims *d)
@@ -78,7 +79,8 @@ static thread_layout layout_of(const attn_dims *d)
     l.qp = l.ml + up64(2 * (size_t)ATTN_TB * (size_t)d->n_heads_max * sizeof(float));
     l.ap = l.qp + up64(rows * sizeof(void *));
     l.act = l.ap + up64(rows * sizeof(float *));
-    l.total = l.act + up64(rows);
+    l.order = l.act + up64(rows);
+    l.total = l.order + up64((size_t)d->order_cap * sizeof(int32_t));
     return l;
 }
 
@@ -228,6 +230,13 @@ static attn_pf rows_ahead(const uint8_t *base, size_t rb, const int32_t *idx, in
     return pf;
 }
 
+/* (position, placement) order of cells */
+static bool cell_before(const void *ctx, int32_t a, int32_t b)
+{
+    const mem_table *t = ctx;
+    return t->pos[a] < t->pos[b] || (t->pos[a] == t->pos[b] && t->stamp[a] < t->stamp[b]);
+}
+
 static void attn_task(void *vctx, int64_t task, int thread)
 {
     attn_ctx *x = vctx;
@@ -239,6 +248,7 @@ static void attn_task(void *vctx, int64_t task, int thread)
     int32_t nh = a->n_heads, G = x->G, dk = x->dk, dv = x->dv;
     int32_t c_begin = (int32_t)((int64_t)t->cap * sp / x->splits);
     int32_t c_end = (int32_t)((int64_t)t->cap * (sp + 1) / x->splits);
+    _Static_assert(ATTN_CHUNK % ATTN_CB == 0, "deterministic blocks need whole CB blocks per chunk");
 
     uint8_t *ts = x->thread_scratch + (size_t)thread * x->thread_bytes;
     thread_layout tl = layout_of(&x->d);
@@ -275,13 +285,29 @@ static void attn_task(void *vctx, int64_t task, int thread)
     int32_t pmax = INT32_MIN;
     for (int32_t ti = 0; ti < nt; ti++) pmax = BASE_MAX(pmax, a->pos[t0 + ti]);
 
+    /* deterministic mode (one token per block, no splits): the cells are the
+     * token's visible ones in (position, placement) order, so the blocks of
+     * the online softmax do not depend on the physical layout or on the
+     * other queries of the call */
+    const int32_t *order = NULL;
+    if (x->d.order_cap > 0) {
+        int32_t *ord = (int32_t *)(ts + tl.order), n_ord = 0;
+        for (int32_t c = 0; c < t->cap; c++)
+            if (visible(t, c, a->seq[t0], a->pos[t0])) ord[n_ord++] = c;
+        mem_heap_sort(ord, n_ord, cell_before, t);
+        order = ord;
+        c_begin = 0;
+        c_end = n_ord;
+    }
+
     /* Chunks of ATTN_CHUNK cells: visibility once per chunk, then per KV head
      * a contiguous run of K and V rows (one stream each for the prefetcher)
      * in blocks of ATTN_CB. */
     for (int32_t cb = c_begin; cb < c_end; cb += ATTN_CHUNK) {
         int32_t ce = BASE_MIN(c_end, cb + ATTN_CHUNK);
         int32_t nvis = 0;
-        for (int32_t c = cb; c < ce; c++) {
+        for (int32_t j = cb; j < ce; j++) {
+            int32_t c = order ? order[j] : j;
             int32_t kp = t->pos[c];
             if (kp < 0 || kp > pmax) continue;
             bool any = false;
@@ -511,7 +537,7 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     int32_t nb = 0;
     for (int32_t i = 0; i < a->n_tokens; i++) {
         int32_t tab = m->n_streams == 1 ? 0 : a->seq[i];
-        if (nb > 0 && bt[nb - 1] == tab && bc[nb - 1] < ATTN_TB) {
+        if (nb > 0 && bt[nb - 1] == tab && bc[nb - 1] < (x.d.order_cap > 0 ? 1 : ATTN_TB)) {
             bc[nb - 1]++;
         } else {
             bt[nb] = tab;
@@ -528,7 +554,7 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     /* split the KV range when there are fewer blocks than threads */
     int32_t cap = grp->tables[0].cap;
     x.splits = 1;
-    if (nb < m->n_threads && cap >= 2 * ATTN_SPLIT_MIN_CELLS) {
+    if (nb < m->n_threads && cap >= 2 * ATTN_SPLIT_MIN_CELLS && x.d.order_cap == 0) {
         int32_t want = (2 * m->n_threads + nb - 1) / nb;
         int32_t most = cap / ATTN_SPLIT_MIN_CELLS;
         x.splits = BASE_MAX(1, BASE_MIN(want, most));

@@ -508,7 +508,16 @@ static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32
     size_t a = mem_attn_scratch_bytes(cfg, cfg->layers, n_threads, max_cap);
     size_t c = mem_compact_scratch_bytes(cfg, n_threads);
     size_t k = mem_check_scratch_bytes(cfg, max_cap);
-    return BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k));
+    /* every cell of every table, for session save/load */
+    int32_t n_streams = cfg->unified ? 1 : cfg->n_seq_max;
+    size_t cells = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        if (opens_group(cfg, i)) {
+            mem_group shape = group_shape(&cfg->layers[i]);
+            cells += (size_t)table_cap(cfg, &shape, n_streams) * (size_t)n_streams;
+        }
+    size_t ss = mem_session_scratch_bytes(cells);
+    return BASE_MAX(BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k)), ss);
 }
 
 static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *block,

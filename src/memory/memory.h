@@ -98,7 +98,8 @@ typedef struct mem_group {
 /* Largest attention shapes over the layers: sizes attention scratch. */
 typedef struct mem_attn_dims {
     int32_t n_heads_max, g_max, dk_max, dv_max;
-    size_t qrow_max; /* bytes of one prepared query row (vec_dot type) */
+    size_t qrow_max;   /* bytes of one prepared query row (vec_dot type) */
+    int32_t order_cap; /* deterministic mode: cells a query's ordered list may hold, else 0 */
 } mem_attn_dims;
 
 struct keel_mem {
@@ -160,6 +161,9 @@ int32_t mem_room(const keel_mem *m, int32_t s);
 /* Scratch bytes keel_mem_check needs when the largest table has max_cap
  * cells (check.c). */
 size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
+/* Scratch bytes keel_mem_save / keel_mem_load need for a memory whose
+ * tables hold total_cells cells in all (session.c). */
+size_t mem_session_scratch_bytes(size_t total_cells);
 /* Scratch bytes keel_mem_compact needs (compact.c). */
 size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 

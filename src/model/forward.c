@@ -62,9 +62,16 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
     return s + mm + 4 * BASE_ALIGN;
 }
 
+/* Set by model_forward for the chunk it runs (on its thread): every product
+ * through the dot tiles, whose rows do not depend on the batch size. */
+static _Thread_local bool fw_deterministic;
+
 static keel_status matmul(const model_mat *m, const float *X, int32_t n, float *Y, base_pool *pool,
                           base_arena *work)
 {
+    if (fw_deterministic)
+        return tensor_matmul_path(TENSOR_GEMM_DOT_TILES, m->dtype, m->data, m->n_rows, m->n_cols, X, n, Y,
+                                  pool, work);
     return tensor_matmul(m->dtype, m->data, m->n_rows, m->n_cols, X, n, Y, pool, work);
 }
 
@@ -90,6 +97,7 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
     int64_t KD = (int64_t)hp->n_head_kv * hp->hd_k, VD = (int64_t)hp->n_head_kv * hp->hd_v;
     int64_t OD = (int64_t)hp->n_head * hp->hd_v, F = hp->n_ff;
     int32_t nrot = hp->rope.n_rot;
+    fw_deterministic = ub->deterministic;
     base_arena_reset(work);
     fw_bufs b;
     b.x = base_arena_take_n(work, (size_t)n * (size_t)E, sizeof(float));

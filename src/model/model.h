@@ -110,6 +110,7 @@ typedef struct model_ubatch {
     int32_t n_out;         /* rows to produce logits for */
     const int32_t *out_idx;/* [n_out] token indices in this chunk */
     float *logits;         /* [n_out][n_vocab] */
+    bool deterministic;    /* batch-invariant products (dot tiles for every size) */
 } model_ubatch;
 
 /* Work arena bytes a forward chunk of up to n_tokens tokens needs. */

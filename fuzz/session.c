@@ -1,0 +1,77 @@
+/*
+ * session.c — libFuzzer target: arbitrary bytes loaded as a session blob
+ * (keel_mem_load) into a memory with a full and a sliding group, quantized
+ * and rotated columns, two sequences. A refused load must leave the memory
+ * byte-identical; an accepted one must pass keel_mem_check and save back to
+ * a blob that loads again. Any violation aborts. The first byte picks the
+ * target sequence (or the whole memory).
+ */
+#include "keel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static keel_mem *open_mem(void)
+{
+    keel_mem_layer ls[2];
+    ls[0] = keel_mem_layer_default();
+    ls[0].n_kv_heads = 1;
+    ls[0].head_dim_k = ls[0].head_dim_v = 32;
+    ls[0].k_dtype = KEEL_DTYPE_Q8_0;
+    ls[0].k_rot.enabled = true;
+    ls[0].k_rot.seed = 3;
+    ls[0].rope.n_rot = 32;
+    ls[1] = ls[0];
+    ls[1].kind = KEEL_MEM_LAYER_SLIDING;
+    ls[1].window = 8;
+    ls[1].n_sink = 1;
+    ls[1].k_dtype = KEEL_DTYPE_F16;
+    ls[1].k_rot.enabled = false;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = ls;
+    cfg.n_layers = 2;
+    cfg.n_ctx = 64;
+    cfg.n_seq_max = 2;
+    cfg.n_batch_max = 8;
+    cfg.n_threads = 1;
+    keel_mem *m = NULL;
+    return keel_mem_open(&cfg, &m, NULL) == KEEL_OK ? m : NULL;
+}
+
+static uint8_t g_out[1 << 20];
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    keel_mem *m = open_mem();
+    if (!m) abort();
+    /* a little state to overwrite: 5 tokens of sequence 1 */
+    int32_t pos[5] = {0, 1, 2, 3, 4}, seq[5] = {1, 1, 1, 1, 1}, cells[10];
+    keel_mem_batch b = {5, pos, seq, NULL, NULL, NULL};
+    float kv[5 * 32];
+    for (int i = 0; i < 5 * 32; i++) kv[i] = (float)((i * 37) % 19) / 19.0f - 0.5f;
+    if (keel_mem_place(m, &b, cells) != KEEL_OK) abort();
+    for (int l = 0; l < 2; l++)
+        if (keel_mem_write(m, l, 5, cells + 5 * keel_mem_layer_group(m, l), kv, kv) != KEEL_OK) abort();
+    int32_t target = data[0] % 3 == 2 ? -1 : data[0] % 3;
+    uint64_t before = keel_mem_digest(m);
+    int32_t toks[256], nt = 0;
+    keel_status st = keel_mem_load(m, target, data + 1, size - 1, 0, toks, 256, &nt);
+    if (st != KEEL_OK) {
+        if (keel_mem_digest(m) != before) abort(); /* a refused load changed the memory */
+    } else {
+        if (keel_mem_check(m) != KEEL_OK) abort();
+        size_t n = 0;
+        if (keel_mem_save(m, target, 0, toks, nt, g_out, sizeof g_out, &n) != KEEL_OK) abort();
+        keel_mem *m2 = open_mem();
+        if (!m2) abort();
+        int32_t nt2 = 0;
+        if (keel_mem_load(m2, target, g_out, n, 0, NULL, 0, &nt2) != KEEL_OK || nt2 != nt) abort();
+        if (keel_mem_check(m2) != KEEL_OK) abort();
+        keel_mem_close(m2);
+    }
+    keel_mem_close(m);
+    return 0;
+}

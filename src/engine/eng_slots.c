@@ -1,0 +1,412 @@
+/*
+ * eng_slots.c — what the engine keeps of a slot beyond its live cache:
+ * slot actions (save to a file, restore from one, erase: the server's
+ * /slots) and the RAM prompt cache (a slot's cache kept as a session blob
+ * when another conversation takes the slot, restored when a prompt with its
+ * prefix comes back), both through keel_mem_save / keel_mem_load.
+ *
+ * Invariants: the prompt cache never holds more than pc_limit bytes (blob
+ * and token history counted before they are allocated; least recently used
+ * entries go first); an entry is restored only into an idle slot and only
+ * when the memory validated it (keel_mem_load is all or nothing); a slot's
+ * history and its memory agree after every action (on any failure the slot
+ * is emptied rather than left with a partial state).
+ */
+#include "eng.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static keel_mem *mem_of(keel_engine *e)
+{
+    return keel_context_memory(e->ctx);
+}
+
+/* The slot's cache as a blob (base_alloc'd; *len bytes). */
+static keel_status save_blob(keel_engine *e, eng_slot *sl, uint8_t **out, size_t *len, char *err)
+{
+    keel_mem *mem = mem_of(e);
+    size_t n = 0;
+    keel_status st = keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, NULL, 0, &n);
+    if (st != KEEL_ERANGE && st != KEEL_OK) return base_err(err, st, "save: %s", keel_mem_last_error(mem));
+    uint8_t *b = base_alloc(n ? n : 1);
+    if (!b) return base_err(err, KEEL_ENOMEM, "save: cannot allocate %zu bytes", n);
+    st = keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, b, n, len);
+    if (st != KEEL_OK) {
+        base_free(b, n ? n : 1);
+        return base_err(err, st, "save: %s", keel_mem_last_error(mem));
+    }
+    *out = b;
+    return KEEL_OK;
+}
+
+/* Loads blob into the slot; on success the slot's history is the blob's. */
+static keel_status load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, size_t len, char *err)
+{
+    keel_mem *mem = mem_of(e);
+    int32_t n = 0;
+    keel_status st = keel_mem_load(mem, sl->seq, blob, len, e->fingerprint, sl->hist, e->hist_cap, &n);
+    if (st != KEEL_OK) return base_err(err, st, "restore: %s", keel_mem_last_error(mem));
+    sl->n_hist = n;
+    sl->hist_lost = false;
+    sl->hist_compacted = keel_mem_seq_compactions(mem, sl->seq) > 0 || mem->exact_from[sl->seq] > 0;
+    return KEEL_OK;
+}
+
+/* ---- files --------------------------------------------------------------------- */
+
+static keel_status write_file(const char *path, const uint8_t *b, size_t n, char *err)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return base_err(err, KEEL_EINVAL, "save: path too long");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return base_err(err, KEEL_EIO, "save: %s: %s", tmp, strerror(errno));
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = write(fd, b + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return base_err(err, KEEL_EIO, "save: %s: %s", tmp, strerror(e));
+        }
+        off += (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return base_err(err, KEEL_EIO, "save: %s: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return base_err(err, KEEL_EIO, "save: rename to %s: %s", path, strerror(e));
+    }
+    return KEEL_OK;
+}
+
+static keel_status read_file(const char *path, size_t limit, uint8_t **out, size_t *len, char *err)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return base_err(err, KEEL_EIO, "restore: %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return base_err(err, KEEL_EIO, "restore: %s: not a regular file", path);
+    }
+    if ((uint64_t)sb.st_size > limit) {
+        close(fd);
+        return base_err(err, KEEL_EFORMAT, "restore: %s: %lld bytes, more than this cache can hold (%zu)", path,
+                        (long long)sb.st_size, limit);
+    }
+    size_t n = (size_t)sb.st_size;
+    uint8_t *b = base_alloc(n ? n : 1);
+    if (!b) {
+        close(fd);
+        return base_err(err, KEEL_ENOMEM, "restore: cannot allocate %zu bytes", n);
+    }
+    size_t off = 0;
+    while (off < n) {
+        ssize_t r = read(fd, b + off, n - off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            close(fd);
+            base_free(b, n ? n : 1);
+            return base_err(err, KEEL_EIO, "restore: %s: %s", path, r < 0 ? strerror(e) : "file shrank while read");
+        }
+        off += (size_t)r;
+    }
+    close(fd);
+    *out = b;
+    *len = n;
+    return KEEL_OK;
+}
+
+/* ---- actions ---------------------------------------------------------------------- */
+
+static keel_status info_json(eng_ctl *c, json_t *o)
+{
+    if (!o) return KEEL_ENOMEM;
+    keel_status st = KEEL_OK;
+    if (c->info) {
+        char *s = json_dumps(o, JSON_COMPACT);
+        if (!s)
+            st = KEEL_ENOMEM;
+        else if (strlen(s) + 1 > c->info_cap)
+            st = KEEL_ERANGE;
+        else
+            memcpy(c->info, s, strlen(s) + 1);
+        chat_json_free(s);
+    }
+    json_decref(o);
+    return st;
+}
+
+static void run_one(keel_engine *e, eng_ctl *c)
+{
+    if (c->slot < 0 || c->slot >= e->n_slots) {
+        c->status = base_err(c->err, KEEL_EINVAL, "slot %d does not exist (0..%d)", c->slot, e->n_slots - 1);
+        return;
+    }
+    eng_slot *sl = &e->slots[c->slot];
+    if (sl->state != ENG_SLOT_IDLE) {
+        c->status = base_err(c->err, KEEL_ESTATE, "slot %d is processing a request", c->slot);
+        return;
+    }
+    uint64_t t0 = keel_time_ns();
+    keel_status st = KEEL_OK;
+    if (c->kind == ENG_CTL_ERASE) {
+        int32_t n = sl->n_hist;
+        eng_slot_clear(e, sl);
+        c->status = info_json(c, json_pack("{sisi}", "id_slot", c->slot, "n_erased", n));
+        return;
+    }
+    if (c->kind == ENG_CTL_SAVE) {
+        uint8_t *b = NULL;
+        size_t n = 0;
+        if ((st = save_blob(e, sl, &b, &n, c->err)) == KEEL_OK) {
+            st = write_file(c->path, b, n, c->err);
+            base_free(b, n ? n : 1);
+        }
+        if (st == KEEL_OK)
+            st = info_json(c, json_pack("{sisisIs{sf}}", "id_slot", c->slot, "n_saved", sl->n_hist, "n_written",
+                                        (json_int_t)n, "timings", "save_ms", (double)(keel_time_ns() - t0) * 1e-6));
+        c->status = st;
+        return;
+    }
+    /* restore: the file is validated completely by keel_mem_load before the slot changes */
+    keel_plan plan;
+    keel_context_plan_get(e->ctx, &plan);
+    size_t limit = plan.kv_bytes + (size_t)e->hist_cap * sizeof(int32_t) + (1u << 20);
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if ((st = read_file(c->path, limit, &b, &n, c->err)) != KEEL_OK) {
+        c->status = st;
+        return;
+    }
+    st = load_blob(e, sl, b, n, c->err);
+    base_free(b, n ? n : 1);
+    if (st == KEEL_OK)
+        st = info_json(c, json_pack("{sisisIs{sf}}", "id_slot", c->slot, "n_restored", sl->n_hist, "n_read",
+                                    (json_int_t)n, "timings", "restore_ms", (double)(keel_time_ns() - t0) * 1e-6));
+    c->status = st;
+}
+
+void eng_run_controls(keel_engine *e)
+{
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        eng_ctl *c = e->ctl_head;
+        if (c) e->ctl_head = c->next;
+        pthread_mutex_unlock(&e->mu);
+        if (!c) return;
+        run_one(e, c);
+        pthread_mutex_lock(&e->mu);
+        c->done = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+static keel_status slot_action(keel_engine *e, eng_ctl_kind kind, int32_t slot, const char *path, char *info,
+                               size_t cap)
+{
+    if (!e) return KEEL_EINVAL;
+    if (kind != ENG_CTL_ERASE && !path) return base_err(e->err, KEEL_EINVAL, "slot action: path is NULL");
+    eng_ctl c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.slot = slot;
+    c.path = path;
+    c.info = info;
+    c.info_cap = info ? cap : 0;
+    pthread_mutex_lock(&e->mu);
+    bool loop = e->running;
+    if (!loop && e->driving) {
+        pthread_mutex_unlock(&e->mu);
+        return base_err(e->err, KEEL_ESTATE, "a keel_complete is running on this engine");
+    }
+    if (!loop) e->driving = true;
+    c.next = NULL;
+    eng_ctl **pp = &e->ctl_head;
+    while (*pp) pp = &(*pp)->next;
+    *pp = &c;
+    pthread_cond_broadcast(&e->cv);
+    if (loop) {
+        while (!c.done) pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    } else {
+        pthread_mutex_unlock(&e->mu);
+        eng_run_controls(e);
+        pthread_mutex_lock(&e->mu);
+        e->driving = false;
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (c.status != KEEL_OK && c.err[0]) base_err(e->err, c.status, "%s", c.err);
+    return c.status;
+}
+
+keel_status keel_engine_slot_save(keel_engine *e, int32_t slot, const char *path, char *info, size_t cap)
+{
+    return slot_action(e, ENG_CTL_SAVE, slot, path, info, cap);
+}
+
+keel_status keel_engine_slot_restore(keel_engine *e, int32_t slot, const char *path, char *info, size_t cap)
+{
+    return slot_action(e, ENG_CTL_RESTORE, slot, path, info, cap);
+}
+
+keel_status keel_engine_slot_erase(keel_engine *e, int32_t slot, char *info, size_t cap)
+{
+    return slot_action(e, ENG_CTL_ERASE, slot, NULL, info, cap);
+}
+
+/* ---- the RAM prompt cache ------------------------------------------------------------ */
+
+#define PC_MIN_TOKENS 16 /* shorter caches are not worth keeping */
+
+static size_t pc_cost(size_t blob, int32_t n_tokens)
+{
+    return blob + (size_t)n_tokens * sizeof(int32_t) + sizeof(eng_pc_entry);
+}
+
+static void pc_drop(keel_engine *e, eng_pc_entry **pp)
+{
+    eng_pc_entry *x = *pp;
+    *pp = x->next;
+    pthread_mutex_lock(&e->mu); /* the counters are read by keel_engine_stats */
+    e->pc_bytes -= pc_cost(x->blob_len, x->n_tokens);
+    e->pc_entries--;
+    pthread_mutex_unlock(&e->mu);
+    base_free(x->blob, x->blob_len ? x->blob_len : 1);
+    base_free(x->tokens, (size_t)(x->n_tokens ? x->n_tokens : 1) * sizeof(int32_t));
+    base_free(x, sizeof *x);
+}
+
+/* Frees least recently used entries until need more bytes fit. */
+static bool pc_make_room(keel_engine *e, size_t need)
+{
+    if (need > e->pc_limit) return false;
+    while (e->pc_bytes + need > e->pc_limit && e->pc_head) {
+        eng_pc_entry **lru = &e->pc_head;
+        for (eng_pc_entry **pp = &e->pc_head; *pp; pp = &(*pp)->next)
+            if ((*pp)->last_used < (*lru)->last_used) lru = pp;
+        pc_drop(e, lru);
+        pthread_mutex_lock(&e->mu);
+        e->pc_evictions++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    return e->pc_bytes + need <= e->pc_limit;
+}
+
+static int32_t lcp(const int32_t *a, int32_t na, const int32_t *b, int32_t nb)
+{
+    int32_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* The entry sharing the longest prefix with prompt (a compacted cache
+ * counts only when the prompt extends its whole history). */
+static eng_pc_entry *pc_best(keel_engine *e, const int32_t *prompt, int32_t n, int32_t *len)
+{
+    eng_pc_entry *best = NULL;
+    *len = 0;
+    for (eng_pc_entry *x = e->pc_head; x; x = x->next) {
+        int32_t l = lcp(x->tokens, x->n_tokens, prompt, n);
+        if (x->compacted && l < x->n_tokens) l = 0;
+        if (l > *len) {
+            best = x;
+            *len = l;
+        }
+    }
+    return best;
+}
+
+/* Keeps the slot's cache: an entry with the same history is refreshed, one
+ * whose history is a prefix of it is replaced. */
+static void pc_store(keel_engine *e, eng_slot *sl)
+{
+    if (sl->n_hist < PC_MIN_TOKENS || sl->hist_lost) return;
+    for (eng_pc_entry **pp = &e->pc_head; *pp;) {
+        eng_pc_entry *x = *pp;
+        int32_t l = lcp(x->tokens, x->n_tokens, sl->hist, sl->n_hist);
+        if (l == sl->n_hist && x->n_tokens >= sl->n_hist) { /* already held (or more) */
+            x->last_used = ++e->clock;
+            return;
+        }
+        if (l == x->n_tokens) { /* the slot extends it: the new entry replaces it */
+            pc_drop(e, pp);
+            continue;
+        }
+        pp = &x->next;
+    }
+    size_t n = 0;
+    keel_mem *mem = mem_of(e);
+    if (keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, NULL, 0, &n) != KEEL_ERANGE) return;
+    size_t cost = pc_cost(n, sl->n_hist);
+    if (!pc_make_room(e, cost)) return; /* accounted before allocating */
+    eng_pc_entry *x = base_calloc(1, sizeof *x);
+    uint8_t *b = x ? base_alloc(n) : NULL;
+    int32_t *t = b ? base_alloc((size_t)sl->n_hist * sizeof(int32_t)) : NULL;
+    size_t got = 0;
+    if (!t || keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, b, n, &got) != KEEL_OK) {
+        base_free(t, (size_t)sl->n_hist * sizeof(int32_t));
+        base_free(b, n);
+        base_free(x, sizeof *x);
+        return;
+    }
+    memcpy(t, sl->hist, (size_t)sl->n_hist * sizeof(int32_t));
+    x->blob = b;
+    x->blob_len = n;
+    x->tokens = t;
+    x->n_tokens = sl->n_hist;
+    x->compacted = sl->hist_compacted;
+    x->last_used = ++e->clock;
+    x->next = e->pc_head;
+    e->pc_head = x;
+    pthread_mutex_lock(&e->mu);
+    e->pc_bytes += cost;
+    e->pc_entries++;
+    e->pc_saves++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t *reuse)
+{
+    if (e->pc_limit == 0) return;
+    /* the best entry for this prompt */
+    int32_t best_l = 0;
+    eng_pc_entry *best = pc_best(e, prompt, n, &best_l);
+    bool restore = best && best_l > *reuse && best_l >= PC_MIN_TOKENS;
+    /* the slot's cache is about to be mostly lost: keep it first */
+    if (restore || sl->n_hist - *reuse >= PC_MIN_TOKENS) pc_store(e, sl);
+    if (!restore) return;
+    /* the entry may have been refreshed or replaced by pc_store: find it again */
+    best = pc_best(e, prompt, n, &best_l);
+    if (!best || best_l <= *reuse) return;
+    char err[BASE_ERR_CAP];
+    if (load_blob(e, sl, best->blob, best->blob_len, err) != KEEL_OK) {
+        /* refused (no room, or it no longer matches the memory): the slot is
+         * as it was; this request just reuses less */
+        return;
+    }
+    best->last_used = ++e->clock;
+    pthread_mutex_lock(&e->mu);
+    e->pc_hits++;
+    e->pc_hit_tokens += best_l;
+    pthread_mutex_unlock(&e->mu);
+    *reuse = lcp(sl->hist, sl->n_hist, prompt, n);
+}
+
+void eng_pc_free(keel_engine *e)
+{
+    while (e->pc_head) pc_drop(e, &e->pc_head);
+}

@@ -1,0 +1,702 @@
+/*
+ * session.c — saving and loading the memory (one sequence, or all of it)
+ * as a self-describing, checksummed blob (docs/formats.md, "Sessions").
+ *
+ *   header   magic "KEELSESS", version, the caller's model fingerprint, the
+ *            saved sequence (-1: the whole memory), section count
+ *   DESC     the column descriptors of every layer (kind, window, sinks,
+ *            heads, head dims, dtypes, rotation block and seed, RoPE), so a
+ *            blob is refused by a memory that would read its bytes otherwise
+ *   TOKENS   the caller's token history of the sequence
+ *   SEQ      per sequence: exactness bound, compactions, cells high-water,
+ *            per sliding group the forgotten-position bound
+ *   GROUP    per group: its cells (position, placement rank, flags, sequence
+ *            set) and then every column's rows of those cells
+ * Every section carries its length and the xxhash64 of its payload.
+ *
+ * Rule 1: the columns saved are exactly the tables' column registry, in
+ * order; there is no second list to forget one. Rule 6: loading parses and
+ * checks the whole blob (bounds, hashes, descriptors, room) before the
+ * memory changes; failure leaves it as it was. Rule 10: every length read
+ * from the blob is checked against what remains before it is used.
+ */
+#include "memory.h"
+
+#include <string.h>
+
+#define SESS_MAGIC "KEELSESS"
+#define SESS_VERSION 1u
+#define SESS_HEADER_BYTES 48u
+
+enum { SEC_DESC = 1, SEC_TOKENS = 2, SEC_SEQ = 3, SEC_GROUP = 4 };
+
+/* ---- byte writer / reader ------------------------------------------------ */
+
+typedef struct wr {
+    uint8_t *p;   /* NULL: counting only */
+    size_t n, cap;
+    bool over;
+} wr;
+
+static void put(wr *w, const void *x, size_t n)
+{
+    if (w->p && !w->over) {
+        if (n > w->cap - w->n) {
+            w->over = true;
+        } else {
+            memcpy(w->p + w->n, x, n);
+        }
+    }
+    w->n += n;
+}
+
+static void put_u32(wr *w, uint32_t v)
+{
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    put(w, b, 4);
+}
+
+static void put_i32(wr *w, int32_t v)
+{
+    put_u32(w, (uint32_t)v);
+}
+
+static void put_u64(wr *w, uint64_t v)
+{
+    put_u32(w, (uint32_t)v);
+    put_u32(w, (uint32_t)(v >> 32));
+}
+
+static void put_f32(wr *w, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    put_u32(w, u);
+}
+
+typedef struct rd {
+    const uint8_t *p, *end;
+    bool bad;
+} rd;
+
+static const uint8_t *take(rd *r, size_t n)
+{
+    if (r->bad || n > (size_t)(r->end - r->p)) {
+        r->bad = true;
+        return NULL;
+    }
+    const uint8_t *q = r->p;
+    r->p += n;
+    return q;
+}
+
+static uint32_t get_u32(rd *r)
+{
+    const uint8_t *b = take(r, 4);
+    return b ? (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24 : 0;
+}
+
+static int32_t get_i32(rd *r)
+{
+    return (int32_t)get_u32(r);
+}
+
+static uint64_t get_u64(rd *r)
+{
+    uint64_t lo = get_u32(r);
+    return lo | (uint64_t)get_u32(r) << 32;
+}
+
+static void skip(rd *r, size_t n)
+{
+    if (!take(r, n)) r->bad = true;
+}
+
+static float get_f32(rd *r)
+{
+    uint32_t u = get_u32(r);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* A section: type, reserved, length, hash, then the payload written by fn. */
+typedef void (*sec_fn)(wr *w, const void *ctx);
+
+static void put_section(wr *w, uint32_t type, sec_fn fn, const void *ctx)
+{
+    wr count = {NULL, 0, 0, false};
+    fn(&count, ctx);
+    put_u32(w, type);
+    put_u32(w, 0);
+    put_u64(w, count.n);
+    size_t hash_at = w->n;
+    put_u64(w, 0); /* patched below */
+    size_t start = w->n;
+    fn(w, ctx);
+    if (w->p && !w->over) {
+        uint64_t h = base_hash64(w->p + start, w->n - start, 0x5e55);
+        uint8_t b[8];
+        for (int i = 0; i < 8; i++) b[i] = (uint8_t)(h >> (8 * i));
+        memcpy(w->p + hash_at, b, 8);
+    }
+}
+
+/* ---- what is saved ----------------------------------------------------------- */
+
+typedef struct save_ctx {
+    const keel_mem *m;
+    int32_t seq;             /* -1: every sequence */
+    const int32_t *tokens;
+    int32_t n_tokens;
+    const uint64_t *ranks;   /* sorted distinct stamps of the saved cells */
+    int32_t n_ranks;
+    int32_t group;           /* GROUP section being written */
+} save_ctx;
+
+static bool saved_cell(const save_ctx *c, const mem_table *t, int32_t cell)
+{
+    return t->pos[cell] >= 0 && (c->seq < 0 || mem_seq_has(t, cell, c->seq));
+}
+
+static void put_rope(wr *w, const keel_rope *r)
+{
+    put_i32(w, (int32_t)r->type);
+    put_i32(w, r->n_rot);
+    put_f32(w, r->freq_base);
+    put_f32(w, r->freq_scale);
+    put_f32(w, r->ext_factor);
+    put_f32(w, r->attn_factor);
+    put_f32(w, r->beta_fast);
+    put_f32(w, r->beta_slow);
+    put_i32(w, r->n_ctx_orig);
+    int32_t half = r->freq_factors ? r->n_rot / 2 : 0;
+    put_i32(w, half);
+    for (int32_t i = 0; i < half; i++) put_f32(w, r->freq_factors[i]);
+}
+
+static void put_rot(wr *w, const keel_mem_rot *r, int32_t resolved_block)
+{
+    put_u32(w, r->enabled);
+    put_i32(w, r->enabled ? resolved_block : 0);
+    put_u64(w, r->enabled ? r->seed : 0);
+}
+
+/* DESC: the layers as the memory stores them (rotation blocks resolved) */
+static void sec_desc(wr *w, const void *vctx)
+{
+    const save_ctx *c = vctx;
+    const keel_mem *m = c->m;
+    put_i32(w, m->cfg.n_layers);
+    put_i32(w, m->cfg.n_seq_max);
+    put_u32(w, m->cfg.unified);
+    for (int32_t i = 0; i < m->cfg.n_layers; i++) {
+        const keel_mem_layer *l = &m->layers[i];
+        put_i32(w, (int32_t)l->kind);
+        if (l->kind == KEEL_MEM_LAYER_NONE) continue;
+        const mem_table *t = &m->groups[m->layer_group[i]].tables[0];
+        const mem_col *kc = &t->cols[m->layer_col[i]], *vc = kc + 1;
+        put_i32(w, l->kind == KEEL_MEM_LAYER_SLIDING ? l->window : 0);
+        put_i32(w, l->kind == KEEL_MEM_LAYER_SLIDING ? l->n_sink : 0);
+        put_i32(w, kc->n_heads);
+        put_i32(w, kc->head_dim);
+        put_i32(w, vc->head_dim);
+        put_i32(w, (int32_t)kc->dtype);
+        put_i32(w, (int32_t)vc->dtype);
+        put_rot(w, &kc->rot, kc->rot.block);
+        put_rot(w, &vc->rot, vc->rot.block);
+        put_rope(w, &kc->rope);
+    }
+}
+
+static void sec_tokens(wr *w, const void *vctx)
+{
+    const save_ctx *c = vctx;
+    put_i32(w, c->n_tokens);
+    for (int32_t i = 0; i < c->n_tokens; i++) put_i32(w, c->tokens[i]);
+}
+
+static void sec_seq(wr *w, const void *vctx)
+{
+    const save_ctx *c = vctx;
+    const keel_mem *m = c->m;
+    int32_t s0 = c->seq < 0 ? 0 : c->seq, s1 = c->seq < 0 ? m->cfg.n_seq_max : c->seq + 1;
+    put_i32(w, s1 - s0);
+    for (int32_t s = s0; s < s1; s++) {
+        put_i32(w, m->exact_from[s]);
+        put_u64(w, (uint64_t)m->n_compact[s]);
+        put_i32(w, m->cells_high[s]);
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            const mem_table *t = &m->groups[g].tables[m->n_streams == 1 ? 0 : s];
+            put_i32(w, t->sliding ? t->evict_max[s] : MEM_NO_EVICT);
+        }
+    }
+}
+
+static int32_t rank_of(const save_ctx *c, uint64_t stamp)
+{
+    int32_t lo = 0, hi = c->n_ranks - 1;
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (c->ranks[mid] == stamp) return mid;
+        if (c->ranks[mid] < stamp)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1; /* not reached: every saved stamp is ranked */
+}
+
+/* GROUP: cell metadata of every saved cell of the group's tables (all
+ * streams, in table then cell order), then each column's rows of them. */
+static void sec_group(wr *w, const void *vctx)
+{
+    const save_ctx *c = vctx;
+    const mem_group *grp = &c->m->groups[c->group];
+    int32_t n = 0;
+    for (int32_t k = 0; k < grp->n_tables; k++)
+        for (int32_t cell = 0; cell < grp->tables[k].cap; cell++) n += saved_cell(c, &grp->tables[k], cell);
+    put_i32(w, c->group);
+    put_i32(w, n);
+    int32_t words = grp->tables[0].seq_words;
+    for (int32_t k = 0; k < grp->n_tables; k++) {
+        const mem_table *t = &grp->tables[k];
+        for (int32_t cell = 0; cell < t->cap; cell++) {
+            if (!saved_cell(c, t, cell)) continue;
+            put_i32(w, t->pos[cell]);
+            put_i32(w, rank_of(c, t->stamp[cell]));
+            put_u32(w, t->cflags[cell]);
+            if (c->seq < 0)
+                for (int32_t i = 0; i < words; i++) put_u64(w, t->seq[(size_t)cell * (size_t)words + (size_t)i]);
+        }
+    }
+    for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++)
+        for (int32_t k = 0; k < grp->n_tables; k++) {
+            const mem_table *t = &grp->tables[k];
+            const mem_col *col = &t->cols[ci];
+            for (int32_t cell = 0; cell < t->cap; cell++) {
+                if (!saved_cell(c, t, cell)) continue;
+                for (int32_t h = 0; h < col->n_heads; h++) put(w, mem_col_row(t, col, h, cell), col->head_row_bytes);
+            }
+        }
+}
+
+static bool less_u64_at(const void *ctx, int32_t a, int32_t b)
+{
+    const uint64_t *v = ctx;
+    return v[a] < v[b];
+}
+
+size_t mem_session_scratch_bytes(size_t total_cells)
+{
+    /* stamps, distinct stamps (u64) and an order (i32) of every cell */
+    size_t a8 = (total_cells * sizeof(uint64_t) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+    size_t a4 = (total_cells * sizeof(int32_t) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+    return 2 * a8 + a4;
+}
+
+/* The distinct stamps of the saved cells, ascending, in scratch. */
+static keel_status rank_stamps(keel_mem *m, int32_t seq, save_ctx *c)
+{
+    int64_t total = 0;
+    for (int32_t g = 0; g < m->n_groups; g++)
+        for (int32_t k = 0; k < m->groups[g].n_tables; k++) total += m->groups[g].tables[k].cap;
+    base_arena_reset(&m->scratch);
+    uint64_t *st = base_arena_take_n(&m->scratch, (size_t)total, sizeof(uint64_t));
+    uint64_t *uniq = base_arena_take_n(&m->scratch, (size_t)total, sizeof(uint64_t));
+    int32_t *idx = base_arena_take_n(&m->scratch, (size_t)total, sizeof(int32_t));
+    if (!st || !uniq || !idx) return base_err(m->err, KEEL_ESCRATCH, "session: scratch exhausted");
+    int32_t n = 0;
+    c->seq = seq;
+    for (int32_t g = 0; g < m->n_groups; g++)
+        for (int32_t k = 0; k < m->groups[g].n_tables; k++) {
+            const mem_table *t = &m->groups[g].tables[k];
+            for (int32_t cell = 0; cell < t->cap; cell++)
+                if (saved_cell(c, t, cell)) st[n++] = t->stamp[cell];
+        }
+    for (int32_t i = 0; i < n; i++) idx[i] = i;
+    mem_heap_sort(idx, n, less_u64_at, st);
+    int32_t u = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (u == 0 || st[idx[i]] != uniq[u - 1]) uniq[u++] = st[idx[i]];
+    c->ranks = uniq;
+    c->n_ranks = u;
+    return KEEL_OK;
+}
+
+keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
+                          int32_t n_tokens, void *buf, size_t cap, size_t *n_out)
+{
+    if (!m || !n_out || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (seq < -1 || seq >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "save: unknown sequence id %d", seq);
+    for (int32_t i = 0; i < m->cfg.n_layers; i++)
+        if (m->layers[i].kind != KEEL_MEM_LAYER_FULL && m->layers[i].kind != KEEL_MEM_LAYER_SLIDING &&
+            m->layers[i].kind != KEEL_MEM_LAYER_NONE)
+            return base_err(m->err, KEEL_EUNSUPPORTED, "save: layer %d's kind is not in session format %u", i,
+                            SESS_VERSION);
+    save_ctx c = {m, seq, tokens, n_tokens, NULL, 0, 0};
+    keel_status st = rank_stamps(m, seq, &c);
+    if (st != KEEL_OK) return st;
+    for (int pass = 0; pass < 2; pass++) {
+        wr w = {pass ? buf : NULL, 0, pass ? cap : 0, false};
+        put(&w, SESS_MAGIC, 8);
+        put_u32(&w, SESS_VERSION);
+        put_u32(&w, SESS_HEADER_BYTES);
+        put_u64(&w, fingerprint);
+        put_i32(&w, seq);
+        put_u32(&w, (uint32_t)(3 + m->n_groups));
+        put_u64(&w, (uint64_t)c.n_ranks);
+        /* the header's own checksum */
+        put_u64(&w, w.p && !w.over ? base_hash64(w.p, 40, 0x5e55) : 0);
+        put_section(&w, SEC_DESC, sec_desc, &c);
+        put_section(&w, SEC_TOKENS, sec_tokens, &c);
+        put_section(&w, SEC_SEQ, sec_seq, &c);
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            c.group = g;
+            put_section(&w, SEC_GROUP, sec_group, &c);
+        }
+        *n_out = w.n;
+        if (pass == 0 && (!buf || cap < w.n)) return buf ? base_err(m->err, KEEL_ERANGE, "save: %zu bytes needed, %zu given", w.n, cap) : KEEL_ERANGE;
+    }
+    return KEEL_OK;
+}
+
+/* ---- loading ------------------------------------------------------------------ */
+
+typedef struct sect {
+    uint32_t type;
+    rd body;
+} sect;
+
+#define SESS_MAX_SECTIONS 64
+
+typedef struct parsed {
+    int32_t seq;
+    uint64_t n_ranks;
+    sect s[SESS_MAX_SECTIONS];
+    int32_t n;
+} parsed;
+
+static keel_status parse_blob(keel_mem *m, const uint8_t *p, size_t len, uint64_t fingerprint, parsed *out)
+{
+    rd r = {p, p + len, false};
+    const uint8_t *magic = take(&r, 8);
+    if (!magic || memcmp(magic, SESS_MAGIC, 8) != 0)
+        return base_err(m->err, KEEL_EFORMAT, "load: not a keel session (bad magic)");
+    uint32_t ver = get_u32(&r), hb = get_u32(&r);
+    uint64_t fp = get_u64(&r);
+    out->seq = get_i32(&r);
+    uint32_t n_sec = get_u32(&r);
+    out->n_ranks = get_u64(&r);
+    uint64_t hh = get_u64(&r);
+    if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated header");
+    if (hh != base_hash64(p, 40, 0x5e55)) return base_err(m->err, KEEL_EFORMAT, "load: header checksum mismatch (corrupted)");
+    if (ver != SESS_VERSION || hb != SESS_HEADER_BYTES)
+        return base_err(m->err, KEEL_EFORMAT, "load: session version %u (this build reads %u)", ver, SESS_VERSION);
+    if (fingerprint && fp != fingerprint)
+        return base_err(m->err, KEEL_EINVAL, "load: the session was saved with another model (fingerprint %016llx, this one %016llx)",
+                        (unsigned long long)fp, (unsigned long long)fingerprint);
+    if (n_sec > SESS_MAX_SECTIONS) return base_err(m->err, KEEL_EFORMAT, "load: %u sections", n_sec);
+    out->n = 0;
+    for (uint32_t i = 0; i < n_sec; i++) {
+        uint32_t type = get_u32(&r), reserved = get_u32(&r);
+        uint64_t slen = get_u64(&r), h = get_u64(&r);
+        if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated section %u header", i);
+        if (reserved != 0 || type < SEC_DESC || type > SEC_GROUP)
+            return base_err(m->err, KEEL_EFORMAT, "load: section %u: type %u (reserved %u)", i, type, reserved);
+        if (slen > (uint64_t)(r.end - r.p))
+            return base_err(m->err, KEEL_EFORMAT, "load: section %u: %llu bytes, %zu left (truncated file?)", i,
+                            (unsigned long long)slen, (size_t)(r.end - r.p));
+        const uint8_t *body = take(&r, (size_t)slen);
+        if (base_hash64(body, (size_t)slen, 0x5e55) != h)
+            return base_err(m->err, KEEL_EFORMAT, "load: section %u (type %u): checksum mismatch (corrupted)", i, type);
+        out->s[out->n].type = type;
+        out->s[out->n].body = (rd){body, body + slen, false};
+        out->n++;
+    }
+    if (r.p != r.end) return base_err(m->err, KEEL_EFORMAT, "load: %zu trailing bytes", (size_t)(r.end - r.p));
+    return KEEL_OK;
+}
+
+static const sect *find(const parsed *ps, uint32_t type, int32_t nth)
+{
+    for (int32_t i = 0; i < ps->n; i++)
+        if (ps->s[i].type == type && nth-- == 0) return &ps->s[i];
+    return NULL;
+}
+
+static bool rope_same(rd *r, const keel_rope *a)
+{
+    bool ok = get_i32(r) == (int32_t)a->type && get_i32(r) == a->n_rot;
+    float f[6] = {a->freq_base, a->freq_scale, a->ext_factor, a->attn_factor, a->beta_fast, a->beta_slow};
+    for (int i = 0; i < 6; i++) {
+        float g = get_f32(r);
+        ok = ok && memcmp(&g, &f[i], 4) == 0;
+    }
+    ok = ok && get_i32(r) == a->n_ctx_orig;
+    int32_t half = get_i32(r);
+    int32_t want = a->freq_factors ? a->n_rot / 2 : 0;
+    if (half != want || half < 0 || half > 4096) return false;
+    for (int32_t i = 0; i < half; i++) {
+        float g = get_f32(r);
+        ok = ok && memcmp(&g, &a->freq_factors[i], 4) == 0;
+    }
+    return ok && !r->bad;
+}
+
+static const char *dname(int32_t t)
+{
+    const char *n = keel_dtype_name((keel_dtype)t);
+    return n ? n : "?";
+}
+
+/* DESC against this memory: the same layers stored the same way. */
+static keel_status check_desc(keel_mem *m, const sect *d, bool whole)
+{
+    rd r = d->body;
+    int32_t nl = get_i32(&r), nseq = get_i32(&r);
+    uint32_t unified = get_u32(&r);
+    if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor");
+    if (nl != m->cfg.n_layers)
+        return base_err(m->err, KEEL_EINVAL, "load: the session has %d layers, this memory %d", nl, m->cfg.n_layers);
+    if (nseq < 1 || unified > 1) return base_err(m->err, KEEL_EFORMAT, "load: descriptor header");
+    /* a whole memory's sequence sets are as wide as n_seq_max */
+    if (whole && (nseq != m->cfg.n_seq_max || unified != (uint32_t)m->cfg.unified))
+        return base_err(m->err, KEEL_EINVAL, "load: the session is of a memory with %d sequences (%s), this one %d (%s)",
+                        nseq, unified ? "unified" : "split", m->cfg.n_seq_max, m->cfg.unified ? "unified" : "split");
+    for (int32_t i = 0; i < nl; i++) {
+        const keel_mem_layer *l = &m->layers[i];
+        int32_t kind = get_i32(&r);
+        if (kind != (int32_t)l->kind)
+            return base_err(m->err, KEEL_EINVAL, "load: layer %d is kind %d in the session, %d here", i, kind, (int)l->kind);
+        if (l->kind == KEEL_MEM_LAYER_NONE) continue;
+        const mem_table *t = &m->groups[m->layer_group[i]].tables[0];
+        const mem_col *kc = &t->cols[m->layer_col[i]], *vc = kc + 1;
+        int32_t window = get_i32(&r), sinks = get_i32(&r), heads = get_i32(&r), dk = get_i32(&r), dv = get_i32(&r);
+        int32_t kt = get_i32(&r), vt = get_i32(&r);
+        if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
+        if (window != (l->kind == KEEL_MEM_LAYER_SLIDING ? l->window : 0) ||
+            sinks != (l->kind == KEEL_MEM_LAYER_SLIDING ? l->n_sink : 0))
+            return base_err(m->err, KEEL_EINVAL, "load: layer %d: sliding window %d/%d sinks in the session, %d/%d here", i,
+                            window, sinks, l->window, l->n_sink);
+        if (heads != kc->n_heads || dk != kc->head_dim || dv != vc->head_dim)
+            return base_err(m->err, KEEL_EINVAL, "load: layer %d: %d heads of %d/%d in the session, %d of %d/%d here", i,
+                            heads, dk, dv, kc->n_heads, kc->head_dim, vc->head_dim);
+        if (kt != (int32_t)kc->dtype || vt != (int32_t)vc->dtype)
+            return base_err(m->err, KEEL_EUNSUPPORTED,
+                            "load: layer %d: the session stores K %s / V %s, this cache K %s / V %s (re-encoding is "
+                            "not done implicitly)",
+                            i, dname(kt), dname(vt), dname((int32_t)kc->dtype), dname((int32_t)vc->dtype));
+        const mem_col *cols[2] = {kc, vc};
+        for (int j = 0; j < 2; j++) {
+            uint32_t en = get_u32(&r);
+            int32_t blk = get_i32(&r);
+            uint64_t seed = get_u64(&r);
+            const mem_col *c = cols[j];
+            if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
+            if (en != (uint32_t)c->rot.enabled || (en && (blk != c->rot.block || seed != c->rot.seed)))
+                return base_err(m->err, KEEL_EUNSUPPORTED,
+                                "load: layer %d %s: rotation %s (block %d, seed %llu) in the session, %s (block %d, "
+                                "seed %llu) here",
+                                i, j ? "V" : "K", en ? "on" : "off", blk, (unsigned long long)seed,
+                                c->rot.enabled ? "on" : "off", c->rot.block, (unsigned long long)c->rot.seed);
+        }
+        if (!rope_same(&r, &kc->rope))
+            return base_err(m->err, KEEL_EINVAL, "load: layer %d: the session's keys carry other RoPE parameters", i);
+    }
+    if (r.p != r.end) return base_err(m->err, KEEL_EFORMAT, "load: descriptor has trailing bytes");
+    return KEEL_OK;
+}
+
+/* A GROUP section's header and sizes, checked. */
+typedef struct grp_view {
+    int32_t group, n_cells;
+    rd meta;       /* n_cells x (pos, rank, flags[, seq words]) */
+    rd rows;       /* every column's rows */
+    size_t meta_bytes;
+} grp_view;
+
+static keel_status view_group(keel_mem *m, const parsed *ps, int32_t g, grp_view *v)
+{
+    const sect *s = find(ps, SEC_GROUP, g);
+    if (!s) return base_err(m->err, KEEL_EFORMAT, "load: group %d missing", g);
+    rd r = s->body;
+    v->group = get_i32(&r);
+    v->n_cells = get_i32(&r);
+    if (r.bad || v->group != g || v->n_cells < 0)
+        return base_err(m->err, KEEL_EFORMAT, "load: group %d header", g);
+    const mem_group *grp = &m->groups[g];
+    int64_t cap_all = (int64_t)grp->tables[0].cap * grp->n_tables;
+    if (v->n_cells > cap_all)
+        return base_err(m->err, KEEL_EFULL, "load: group %d: %d cells, the tables hold %lld", g, v->n_cells,
+                        (long long)cap_all);
+    int32_t words = grp->tables[0].seq_words;
+    size_t per = 12 + (ps->seq < 0 ? (size_t)words * 8 : 0);
+    v->meta_bytes = per * (size_t)v->n_cells;
+    size_t row_bytes = 0;
+    for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++)
+        row_bytes += grp->tables[0].cols[ci].head_row_bytes * (size_t)grp->tables[0].cols[ci].n_heads;
+    size_t rows_bytes;
+    if (!size_mul(row_bytes, (size_t)v->n_cells, &rows_bytes) || v->meta_bytes + rows_bytes != (size_t)(r.end - r.p))
+        return base_err(m->err, KEEL_EFORMAT, "load: group %d: %zu bytes for %d cells, expected %zu", g,
+                        (size_t)(r.end - r.p), v->n_cells, v->meta_bytes + rows_bytes);
+    v->meta = (rd){r.p, r.p + v->meta_bytes, false};
+    v->rows = (rd){r.p + v->meta_bytes, r.end, false};
+    return KEEL_OK;
+}
+
+keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
+                          int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens)
+{
+    if (!m || (!buf && len) || !n_tokens) return KEEL_EINVAL;
+    m->err[0] = 0;
+    *n_tokens = 0;
+    parsed ps;
+    keel_status st = parse_blob(m, buf, len, fingerprint, &ps);
+    if (st != KEEL_OK) return st;
+    bool whole = ps.seq < 0;
+    if (whole != (seq < 0))
+        return base_err(m->err, KEEL_EINVAL, whole ? "load: the session holds the whole memory; load it with seq -1"
+                                                   : "load: the session holds one sequence; load it into a sequence id");
+    if (!whole && seq >= m->cfg.n_seq_max) return base_err(m->err, KEEL_EINVAL, "load: unknown sequence id %d", seq);
+    /* validate every section before anything changes */
+    const sect *desc = find(&ps, SEC_DESC, 0), *tok = find(&ps, SEC_TOKENS, 0), *sq = find(&ps, SEC_SEQ, 0);
+    if (!desc || !tok || !sq) return base_err(m->err, KEEL_EFORMAT, "load: a section is missing");
+    if ((st = check_desc(m, desc, whole)) != KEEL_OK) return st;
+    rd tr = tok->body;
+    int32_t nt = get_i32(&tr);
+    if (tr.bad || nt < 0 || (size_t)nt * 4 != (size_t)(tr.end - tr.p))
+        return base_err(m->err, KEEL_EFORMAT, "load: token section size");
+    if (nt > cap_tokens && tokens) return base_err(m->err, KEEL_ERANGE, "load: %d tokens, room for %d", nt, cap_tokens);
+    rd sr = sq->body;
+    int32_t nseq = get_i32(&sr);
+    if (sr.bad || nseq != (whole ? m->cfg.n_seq_max : 1) ||
+        (size_t)(sr.end - sr.p) != (size_t)nseq * (4 + 8 + 4 + 4 * (size_t)m->n_groups))
+        return base_err(m->err, KEEL_EFORMAT, "load: sequence section size");
+    for (int32_t i = 0; i < nseq; i++) {
+        int32_t ex = get_i32(&sr);
+        uint64_t nc = get_u64(&sr);
+        int32_t hi = get_i32(&sr);
+        if (ex < 0 || nc > (uint64_t)INT64_MAX || hi < 0)
+            return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: exactness %d, compactions %llu, high %d", i, ex,
+                            (unsigned long long)nc, hi);
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            int32_t e = get_i32(&sr);
+            if (e != MEM_NO_EVICT && e < -INT32_MAX / 2)
+                return base_err(m->err, KEEL_EFORMAT, "load: sequence %d group %d: forgotten bound %d", i, g, e);
+        }
+    }
+    if (ps.n != 3 + m->n_groups) return base_err(m->err, KEEL_EFORMAT, "load: %d sections for %d groups", ps.n, m->n_groups);
+    grp_view gv[8];
+    if (m->n_groups > 8) return base_err(m->err, KEEL_EUNSUPPORTED, "load: %d groups", m->n_groups);
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        if ((st = view_group(m, &ps, g, &gv[g])) != KEEL_OK) return st;
+        /* cell metadata: positions, ranks, flags, sequence sets in range */
+        rd mr = gv[g].meta;
+        int32_t words = m->groups[g].tables[0].seq_words;
+        for (int32_t i = 0; i < gv[g].n_cells; i++) {
+            int32_t pos = get_i32(&mr), rank = get_i32(&mr);
+            uint32_t fl = get_u32(&mr);
+            if (pos < 0 || pos == INT32_MAX || rank < 0 || (uint64_t)rank >= ps.n_ranks || fl > 0xff)
+                return base_err(m->err, KEEL_EFORMAT, "load: group %d cell %d: position %d rank %d flags %u", g, i, pos,
+                                rank, fl);
+            if (whole) {
+                bool any = false;
+                for (int32_t w = 0; w < words; w++) {
+                    uint64_t bits = get_u64(&mr);
+                    if (w == words - 1 && m->cfg.n_seq_max % 64 && (bits >> (m->cfg.n_seq_max % 64)))
+                        return base_err(m->err, KEEL_EFORMAT, "load: group %d cell %d: sequence id out of range", g, i);
+                    any |= bits != 0;
+                }
+                if (!any) return base_err(m->err, KEEL_EFORMAT, "load: group %d cell %d has no sequence", g, i);
+            }
+        }
+        /* room */
+        if (whole) {
+            if (m->n_streams > 1)
+                return base_err(m->err, KEEL_EUNSUPPORTED, "load: whole-memory sessions need a unified cache");
+            if (gv[g].n_cells > m->groups[g].tables[0].cap)
+                return base_err(m->err, KEEL_EFULL, "load: group %d: %d cells, %d in the table", g, gv[g].n_cells,
+                                m->groups[g].tables[0].cap);
+        } else {
+            const mem_table *t = &m->groups[g].tables[m->n_streams == 1 ? 0 : seq];
+            int32_t free_cells = t->cap - t->n_used;
+            for (int32_t c = 0; c < t->cap; c++)
+                free_cells += t->pos[c] >= 0 && mem_seq_has(t, c, seq) && mem_seq_count(t, c) == 1;
+            if (gv[g].n_cells > free_cells)
+                return base_err(m->err, KEEL_EFULL, "load: group %d: %d cells to restore, %d free", g, gv[g].n_cells,
+                                free_cells);
+        }
+    }
+    if (ps.n_ranks > (uint64_t)INT32_MAX) return base_err(m->err, KEEL_EFORMAT, "load: %llu ranks", (unsigned long long)ps.n_ranks);
+    /* commit (cannot fail from here) */
+    if (whole)
+        keel_mem_clear(m);
+    else if (keel_mem_seq_rm(m, seq, -1, -1) != KEEL_OK)
+        return base_err(m->err, KEEL_EINTERNAL, "load: could not empty sequence %d", seq);
+    uint64_t base = m->next_stamp;
+    m->next_stamp += ps.n_ranks;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        mem_group *grp = &m->groups[g];
+        mem_table *t = &grp->tables[m->n_streams == 1 ? 0 : (whole ? 0 : seq)];
+        int32_t words = t->seq_words;
+        rd mr = gv[g].meta, rr = gv[g].rows;
+        /* cells first (placed in order), then the rows column by column */
+        int32_t first_cell = -1;
+        for (int32_t i = 0; i < gv[g].n_cells; i++) {
+            int32_t pos = get_i32(&mr), rank = get_i32(&mr);
+            uint32_t fl = get_u32(&mr);
+            int32_t c = mem_table_find_free(t);
+            if (first_cell < 0) first_cell = c;
+            t->pos[c] = pos;
+            t->stamp[c] = base + (uint64_t)rank;
+            t->cflags[c] = (uint8_t)fl;
+            t->n_used++;
+            t->newpos[c] = i; /* the cell's index in the blob, for the rows below */
+            t->flags[c] = 1;
+            if (whole) {
+                for (int32_t w = 0; w < words; w++) t->seq[(size_t)c * (size_t)words + (size_t)w] = get_u64(&mr);
+            } else {
+                mem_seq_set(t, c, seq);
+            }
+            if (c > m->max_cell_touched) m->max_cell_touched = c;
+        }
+        for (int32_t ci = 0; ci < t->n_cols; ci++) {
+            const mem_col *col = &t->cols[ci];
+            size_t per = col->head_row_bytes * (size_t)col->n_heads;
+            const uint8_t *base_rows = rr.p;
+            for (int32_t c = 0; c < t->cap; c++) {
+                if (!t->flags[c]) continue;
+                const uint8_t *src = base_rows + (size_t)t->newpos[c] * per;
+                for (int32_t h = 0; h < col->n_heads; h++)
+                    memcpy(mem_col_row(t, col, h, c), src + (size_t)h * col->head_row_bytes, col->head_row_bytes);
+            }
+            rr.p += per * (size_t)gv[g].n_cells;
+        }
+        for (int32_t c = 0; c < t->cap; c++) t->flags[c] = 0;
+        mem_table_refresh(t);
+    }
+    rd sr2 = sq->body;
+    skip(&sr2, 4); /* the count, checked above */
+    int32_t s0 = whole ? 0 : seq, s1 = whole ? m->cfg.n_seq_max : seq + 1;
+    for (int32_t s = s0; s < s1; s++) {
+        m->exact_from[s] = get_i32(&sr2);
+        m->n_compact[s] = (int64_t)get_u64(&sr2);
+        m->cells_high[s] = get_i32(&sr2);
+        m->anchor_valid[s] = 0;
+        for (int32_t g = 0; g < m->n_groups; g++) {
+            int32_t e = get_i32(&sr2);
+            mem_table *t = &m->groups[g].tables[m->n_streams == 1 ? 0 : s];
+            if (t->sliding) t->evict_max[s] = e;
+        }
+    }
+    if (tokens) {
+        rd tr2 = tok->body;
+        skip(&tr2, 4); /* the count */
+        for (int32_t i = 0; i < nt; i++) tokens[i] = get_i32(&tr2);
+    }
+    *n_tokens = nt;
+    return KEEL_OK;
+}

@@ -1,0 +1,271 @@
+/*
+ * test_session.c — saving and loading the memory (keel_mem_save /
+ * keel_mem_load): a sequence saved from one memory and loaded into another
+ * attends exactly as the original (every column, sliding rings, quantized
+ * and rotated rows, compaction state, the rewind bound); the whole memory
+ * round-trips; every truncation and single-byte corruption is refused with
+ * the memory byte-identical; other cache types, rotation, model or room are
+ * refused, named.
+ */
+#include "testutil.h"
+#include "memory/memory.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtest.h"
+
+static void layers(keel_mem_layer *ls)
+{
+    ls[0] = keel_mem_layer_default();
+    ls[0].n_kv_heads = 2;
+    ls[0].n_heads = 4;
+    ls[0].head_dim_k = ls[0].head_dim_v = 64;
+    ls[0].k_dtype = KEEL_DTYPE_Q8_0;
+    ls[0].v_dtype = KEEL_DTYPE_Q4_0;
+    ls[0].k_rot.enabled = true;
+    ls[0].k_rot.seed = 11;
+    ls[0].rope.n_rot = 64;
+    ls[1] = ls[0];
+    ls[1].kind = KEEL_MEM_LAYER_SLIDING;
+    ls[1].window = 16;
+    ls[1].n_sink = 2;
+    ls[1].k_dtype = KEEL_DTYPE_F16;
+    ls[1].v_dtype = KEEL_DTYPE_F16;
+    ls[1].k_rot.enabled = false;
+}
+
+static keel_mem *open_mem(const keel_mem_layer *ls, int32_t n_seq, int32_t n_ctx)
+{
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = ls;
+    cfg.n_layers = 2;
+    cfg.n_ctx = n_ctx;
+    cfg.n_seq_max = n_seq;
+    cfg.n_batch_max = 32;
+    cfg.n_threads = 2;
+    keel_mem *m = NULL;
+    char err[256];
+    if (keel_mem_open(&cfg, &m, err) != KEEL_OK) fail_msg("open: %s", err);
+    return m;
+}
+
+/* Places n tokens of seq at pos0.. and writes both layers. */
+static void fill(keel_mem *m, int32_t seq, int32_t pos0, int32_t n, uint64_t seed)
+{
+    int32_t pos[32], sq[32], cells[64];
+    float k[32 * 2 * 64], v[32 * 2 * 64];
+    for (int32_t i = 0; i < n; i += 32) {
+        int32_t c = BASE_MIN(32, n - i);
+        for (int32_t j = 0; j < c; j++) {
+            pos[j] = pos0 + i + j;
+            sq[j] = seq;
+        }
+        keel_mem_batch b = {c, pos, sq, NULL, NULL, NULL};
+        assert_ok(keel_mem_place(m, &b, cells));
+        for (int32_t l = 0; l < 2; l++) {
+            test_fill_uniform(k, (int64_t)c * 128, seed + (uint64_t)(i * 7 + l));
+            test_fill_uniform(v, (int64_t)c * 128, seed + (uint64_t)(i * 7 + l) + 1000);
+            assert_ok(keel_mem_write(m, l, c, cells + (size_t)keel_mem_layer_group(m, l) * (size_t)c, k, v));
+        }
+    }
+
+}
+
+/* Attention of 4 queries of seq at pos..pos+3 on both layers into out. */
+static void attend(keel_mem *m, int32_t seq, int32_t pos, float *out)
+{
+    float q[4 * 4 * 64];
+    test_fill_uniform(q, 4 * 4 * 64, 99);
+    int32_t ps[4] = {pos, pos, pos, pos}, ss[4] = {seq, seq, seq, seq};
+    for (int32_t l = 0; l < 2; l++) {
+        keel_mem_attn a;
+        memset(&a, 0, sizeof a);
+        a.n_tokens = 4;
+        a.n_heads = 4;
+        a.q = q;
+        a.pos = ps;
+        a.seq = ss;
+        a.out = out + (size_t)l * 4 * 4 * 64;
+        assert_ok(keel_mem_attend(m, l, &a));
+    }
+}
+
+static uint8_t g_blob[1 << 20], g_blob2[1 << 20];
+
+static void test_roundtrip_sequence(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2];
+    layers(ls);
+    keel_mem *a = open_mem(ls, 2, 256);
+    fill(a, 0, 0, 100, 1);
+    fill(a, 1, 0, 40, 2);
+    assert_ok(keel_mem_seq_cp(a, 0, 1, 0, 10)); /* shared cells */
+    keel_compact_params p = keel_compact_params_default();
+    p.policy = KEEL_COMPACT_KEYDIFF;
+    p.trigger = 80;
+    p.target = 64;
+    p.recent = 0.5f;
+    assert_ok(keel_mem_compact(a, 0, &p));
+    int32_t toks[5] = {7, 8, 9, 10, 11}, back[8];
+    size_t n = 0;
+    assert_status(keel_mem_save(a, 0, 0x1234, toks, 5, NULL, 0, &n), KEEL_ERANGE);
+    assert_true(n > 0 && n < sizeof g_blob);
+    assert_ok(keel_mem_save(a, 0, 0x1234, toks, 5, g_blob, sizeof g_blob, &n));
+    /* into another memory, another sequence id, with other cells present */
+    keel_mem *b = open_mem(ls, 3, 256);
+    fill(b, 2, 0, 30, 3);
+    int32_t nt = 0;
+    assert_ok(keel_mem_load(b, 1, g_blob, n, 0x1234, back, 8, &nt));
+    assert_ok(keel_mem_check(b));
+    assert_int_equal(nt, 5);
+    assert_memory_equal(back, toks, sizeof toks);
+    assert_int_equal(keel_mem_seq_cells(b, 1), keel_mem_seq_cells(a, 0));
+    assert_int_equal(keel_mem_seq_pos_max(b, 1), keel_mem_seq_pos_max(a, 0));
+    assert_int_equal(keel_mem_seq_rewind_min(b, 1), keel_mem_seq_rewind_min(a, 0));
+    assert_int_equal(keel_mem_seq_compactions(b, 1), keel_mem_seq_compactions(a, 0));
+    static float oa[2 * 4 * 4 * 64], ob[2 * 4 * 4 * 64];
+    int32_t next = keel_mem_seq_pos_max(a, 0) + 1;
+    attend(a, 0, next, oa);
+    attend(b, 1, next, ob);
+    assert_memory_equal(oa, ob, sizeof oa); /* the same rows: bit-identical */
+    /* it continues: both take the same next tokens */
+    fill(a, 0, next, 8, 5);
+    fill(b, 1, next, 8, 5); /* b places the new cells in another physical order than a */
+    attend(a, 0, next + 8, oa);
+    attend(b, 1, next + 8, ob);
+    /* the same cells, placed in another physical order: the softmax sums
+     * in another order (float rounding only) */
+    for (size_t i = 0; i < sizeof oa / sizeof oa[0]; i++) assert_close(oa[i], ob[i], 2e-6);
+    assert_ok(keel_mem_check(b));
+    /* seq 2 of b untouched by the load */
+    assert_int_equal(keel_mem_seq_cells(b, 2), 30);
+    keel_mem_close(a);
+    keel_mem_close(b);
+}
+
+static void test_roundtrip_whole(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2];
+    layers(ls);
+    keel_mem *a = open_mem(ls, 2, 128);
+    fill(a, 0, 0, 50, 1);
+    assert_ok(keel_mem_seq_cp(a, 0, 1, -1, -1));
+    fill(a, 1, 50, 20, 2);
+    size_t n = 0;
+    assert_ok(keel_mem_save(a, -1, 0, NULL, 0, g_blob, sizeof g_blob, &n));
+    keel_mem *b = open_mem(ls, 2, 128);
+    fill(b, 0, 0, 10, 9); /* replaced */
+    int32_t nt = -1;
+    assert_status(keel_mem_load(b, 0, g_blob, n, 0, NULL, 0, &nt), KEEL_EINVAL); /* wrong kind */
+    assert_ok(keel_mem_load(b, -1, g_blob, n, 0, NULL, 0, &nt));
+    assert_int_equal(nt, 0);
+    assert_ok(keel_mem_check(b));
+    static float oa[2 * 4 * 4 * 64], ob[2 * 4 * 4 * 64];
+    for (int32_t s = 0; s < 2; s++) {
+        attend(a, s, 69, oa);
+        attend(b, s, 69, ob);
+        assert_memory_equal(oa, ob, sizeof oa);
+    }
+    keel_mem_stats sa, sb;
+    keel_mem_stats_get(a, &sa);
+    keel_mem_stats_get(b, &sb);
+    assert_int_equal(sa.cells_used, sb.cells_used); /* shared cells stay shared */
+    keel_mem_close(a);
+    keel_mem_close(b);
+}
+
+/* Every truncation and every single-byte change is refused, nothing changed. */
+static void test_corruption_refused(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2];
+    layers(ls);
+    keel_mem *a = open_mem(ls, 1, 64);
+    fill(a, 0, 0, 20, 1);
+    int32_t toks[3] = {1, 2, 3};
+    size_t n = 0;
+    assert_ok(keel_mem_save(a, 0, 42, toks, 3, g_blob, sizeof g_blob, &n));
+    keel_mem *b = open_mem(ls, 1, 64);
+    fill(b, 0, 0, 5, 7);
+    uint64_t d0 = keel_mem_digest(b);
+    int32_t nt;
+    for (size_t len = 0; len < n; len += (len < 200 ? 1 : 97)) {
+        keel_status st = keel_mem_load(b, 0, g_blob, len, 42, NULL, 0, &nt);
+        if (st == KEEL_OK) fail_msg("truncated to %zu of %zu bytes: loaded", len, n);
+        assert_int_equal(keel_mem_digest(b), d0);
+    }
+    for (size_t i = 0; i < n; i += (i < 256 ? 1 : 61)) {
+        memcpy(g_blob2, g_blob, n);
+        g_blob2[i] ^= (uint8_t)(1u << (i % 8));
+        keel_status st = keel_mem_load(b, 0, g_blob2, n, 42, NULL, 0, &nt);
+        if (st == KEEL_OK) fail_msg("byte %zu flipped: loaded", i);
+        assert_int_equal(keel_mem_digest(b), d0);
+    }
+    assert_ok(keel_mem_check(b));
+    /* another model */
+    assert_status(keel_mem_load(b, 0, g_blob, n, 43, NULL, 0, &nt), KEEL_EINVAL);
+    assert_non_null(strstr(keel_mem_last_error(b), "another model"));
+    /* tokens do not fit */
+    int32_t two[2];
+    assert_status(keel_mem_load(b, 0, g_blob, n, 42, two, 2, &nt), KEEL_ERANGE);
+    assert_int_equal(keel_mem_digest(b), d0);
+    keel_mem_close(a);
+    keel_mem_close(b);
+}
+
+static void test_other_memory_refused(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2];
+    layers(ls);
+    keel_mem *a = open_mem(ls, 1, 64);
+    fill(a, 0, 0, 20, 1);
+    size_t n = 0;
+    assert_ok(keel_mem_save(a, 0, 0, NULL, 0, g_blob, sizeof g_blob, &n));
+    int32_t nt;
+    struct {
+        int what;
+        keel_status st;
+        const char *msg;
+    } cases[] = {{0, KEEL_EUNSUPPORTED, "K q8_0 / V q4_0, this cache K f16"},
+                 {1, KEEL_EUNSUPPORTED, "rotation on (block 64, seed 11) in the session, on (block 64, seed 12)"},
+                 {2, KEEL_EINVAL, "sliding window 16/2 sinks in the session, 8/2 here"},
+                 {3, KEEL_EINVAL, "other RoPE parameters"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        keel_mem_layer o[2];
+        layers(o);
+        if (cases[i].what == 0) o[0].k_dtype = KEEL_DTYPE_F16;
+        if (cases[i].what == 1) o[0].k_rot.seed = 12;
+        if (cases[i].what == 2) o[1].window = 8;
+        if (cases[i].what == 3) o[0].rope.freq_base = 500000.0f;
+        keel_mem *b = open_mem(o, 1, 64);
+        uint64_t d0 = keel_mem_digest(b);
+        assert_status(keel_mem_load(b, 0, g_blob, n, 0, NULL, 0, &nt), cases[i].st);
+        if (!strstr(keel_mem_last_error(b), cases[i].msg)) fail_msg("case %zu: %s", i, keel_mem_last_error(b));
+        assert_int_equal(keel_mem_digest(b), d0);
+        keel_mem_close(b);
+    }
+    /* no room: 20 cells into a memory with 10 free */
+    keel_mem *b = open_mem(ls, 2, 30);
+    fill(b, 1, 0, 20, 3);
+    uint64_t d0 = keel_mem_digest(b);
+    assert_status(keel_mem_load(b, 0, g_blob, n, 0, NULL, 0, &nt), KEEL_EFULL);
+    assert_int_equal(keel_mem_digest(b), d0);
+    keel_mem_close(b);
+    keel_mem_close(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_sequence),
+        cmocka_unit_test(test_roundtrip_whole),
+        cmocka_unit_test(test_corruption_refused),
+        cmocka_unit_test(test_other_memory_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
