@@ -403,7 +403,7 @@ keel_status keel_engine_run(keel_engine *e)
     pthread_mutex_unlock(&e->mu);
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->queue_head) {
+        while (!e->stop && !e->queue_head && !e->ctl_head) { /* slot actions wake it too */
             bool busy = false;
             for (int32_t i = 0; i < e->n_slots && !busy; i++) busy = e->slots[i].state != ENG_SLOT_IDLE;
             if (busy) break;
@@ -417,6 +417,7 @@ keel_status keel_engine_run(keel_engine *e)
     }
     eng_finish_all(e, "cancelled");
     eng_reap(e);
+    eng_run_controls(e); /* slot actions queued before the stop: their callers wait */
     pthread_mutex_lock(&e->mu);
     e->running = false;
     pthread_cond_broadcast(&e->cv);
