@@ -141,10 +141,10 @@ char *srv_metrics_text(const char *stats_json, size_t rss_bytes)
             if (!json_is_number(v)) continue;
             srv_buf_addf(&b, "keel_plan_bytes{part=\"%s\"} %.17g\n", k, json_number_value(v));
         }
-        planned = num(plan, "weights_mapped") + num(plan, "context_bytes") + num(plan, "cache_ram_bytes") +
-                  num(plan, "checkpoint_bytes");
+        planned = num(plan, "weights_mapped") + num(plan, "context_bytes") + num(plan, "checkpoint_bytes");
     }
-    metric(&b, "keel_plan_total_bytes", "gauge", "Weights mapped plus everything the plan allocates.", planned);
+    planned += num(pc, "limit_bytes");
+    metric(&b, "keel_plan_total_bytes", "gauge", "Weights mapped, the context and the prompt cache's bound.", planned);
     metric(&b, "keel_rss_bytes", "gauge", "Resident set size of the process.", (double)rss_bytes);
     json_decref(s);
     if (b.overflow) {

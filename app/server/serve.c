@@ -48,7 +48,7 @@ static const char g_help[] =
     "  -np, --parallel N              slots: requests served at once (1)\n"
     "  -n, --n-predict N              max_tokens of requests that give none; -1: up to the context (-1)\n"
     "  -s, --seed S                   default sampling seed of requests (random per request)\n"
-    "  --cache-ram MIB                RAM prompt cache in MiB; 0: off (8192; needs engine support)\n"
+    "  --cache-ram MIB                RAM prompt cache bound in MiB; 0: off (8192)\n"
     "  --ctx-checkpoints N            context checkpoints per slot (8; needs engine support)\n"
     "  --checkpoint-every N           a checkpoint every N prefilled tokens (needs engine support)\n"
     "  --slot-save-path DIR           directory for /slots/{id}?action=save|restore files\n"
@@ -63,7 +63,8 @@ static const char g_help[] =
     "  -to, --timeout S               idle connection timeout in seconds (600)\n"
     "  --threads-http N               most connections at once, one thread each (max(64, 4 x slots))\n"
     "  --max-body MIB                 largest request body in MiB (8)\n"
-    "  --deterministic                batch-invariant decoding (needs engine support)\n"
+    "  --deterministic                batch-invariant numerics: a request's tokens do not depend on\n"
+    "                                 what else is batched with it (slower)\n"
     "  --log-disable                  no per-request log lines on stderr\n"
     "  --jinja                        accepted for llama-server compatibility (templates are always Jinja)\n"
     "  serve defaults differ from the table above: -b 2048 (llama-server's)";
@@ -135,7 +136,9 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         so->seed_set = true;
     } else if (strcmp(a, "--cache-ram") == 0 || strcmp(a, "-cram") == 0) {
         so->cache_ram_set = true;
-        return int_in(o, a, v, -1, 1 << 30, &so->cache_ram);
+        if (v && strcmp(v, "-1") == 0)
+            return bad(o, a, v, "a bound in MiB, [0, 16777216] (keel never allocates past its plan; 0: off)");
+        return int_in(o, a, v, 0, 1 << 24, &so->cache_ram);
     } else if (strcmp(a, "--ctx-checkpoints") == 0 || strcmp(a, "--swa-checkpoints") == 0) {
         so->ckpt_set = true;
         return int_in(o, a, v, 0, 4096, &so->ctx_checkpoints);
@@ -245,9 +248,9 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     }
     if (so->chat_template) bad_ |= set(j, "chat_template", json_string(so->chat_template));
     if (so->tool_format) bad_ |= set(j, "tool_format", json_string(so->tool_format));
-    /* options of engine features that arrive later: passed only when asked
-     * for, so that an engine without them still opens by default */
-    if (so->cache_ram_set) bad_ |= set(j, "cache_ram_mib", json_integer(so->cache_ram));
+    /* options of engine features still to come: passed only when asked
+     * for, so that the engine opens by default */
+    bad_ |= set(j, "cache_ram_mib", json_integer(so->cache_ram));
     if (so->ckpt_set) bad_ |= set(j, "ctx_checkpoints", json_integer(so->ctx_checkpoints));
     if (so->every_set) bad_ |= set(j, "checkpoint_every", json_integer(so->checkpoint_every));
     if (so->deterministic) bad_ |= set(j, "deterministic", json_true());
@@ -327,6 +330,12 @@ static void print_plan(srv_server *s, const srv_config *cfg)
         if (!json_is_number(v)) continue;
         print_bytes(plan_label(k), json_number_value(v));
         if (!plan_part(k)) total += json_number_value(v);
+    }
+    json_t *pc = json_object_get(st, "prompt_cache");
+    if (json_is_number(json_object_get(pc, "limit_bytes"))) {
+        double lim = json_number_value(json_object_get(pc, "limit_bytes"));
+        print_bytes(lim > 0 ? "prompt cache (bound)" : "prompt cache (off)", lim);
+        total += lim;
     }
     print_bytes("total", total);
     printf("  %-28s %d connections x (%zu MiB body + 4 MiB event queue) at most\n", "HTTP buffers", cfg->threads_http,

@@ -221,9 +221,9 @@ bool srv_anthropic_done(srv_stream *s, json_t *resp, srv_buf *out);
 
 /* ---- the server (http.c) ------------------------------------------------------------ */
 
-/* Slot save/restore/erase through keel_engine_slot_* (declared in keel.h;
- * the engine implements them from the session-file work on). */
-#define SRV_SLOT_ACTIONS 0
+/* Slot save/restore/erase through keel_engine_slot_* (1: the engine has
+ * them; 0 answers 501 after validating the request). */
+#define SRV_SLOT_ACTIONS 1
 
 typedef struct srv_config {
     const char *host;          /* "127.0.0.1"; a numeric IPv4/IPv6 address or a host name */
