@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +45,34 @@ bool srvt_gen_model(char *path, size_t cap, const char *arch, int32_t n_embd, in
         return false;
     }
     return true;
+}
+
+/* Children still running: killed at exit, so a failed assertion (cmocka
+ * jumps out of the test) leaves no server behind. */
+static pid_t g_children[16];
+
+static void kill_children(void)
+{
+    for (int i = 0; i < 16; i++)
+        if (g_children[i] > 0) {
+            kill(g_children[i], SIGKILL);
+            waitpid(g_children[i], NULL, 0);
+            g_children[i] = 0;
+        }
+}
+
+static void track(pid_t pid, bool add)
+{
+    static bool registered;
+    if (!registered) {
+        atexit(kill_children);
+        registered = true;
+    }
+    for (int i = 0; i < 16; i++)
+        if (add ? g_children[i] == 0 : g_children[i] == pid) {
+            g_children[i] = add ? pid : 0;
+            return;
+        }
 }
 
 static uint64_t now_ms(void)
@@ -95,12 +124,14 @@ bool srvt_start(srvt_proc *p, const char *model, const char *const *args, bool w
         return false;
     }
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
         dup2(fds[1], 1);
         execv(bin, (char *const *)argv);
         _exit(127);
     }
     close(fds[1]);
     p->pid = pid;
+    track(pid, true);
     p->out_fd = fds[0];
     uint64_t t0 = now_ms(), limit = 60000u * (uint64_t)srvt_slow();
     while (now_ms() - t0 < limit) {
@@ -123,6 +154,7 @@ bool srvt_start(srvt_proc *p, const char *model, const char *const *args, bool w
         int st;
         if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
             fprintf(stderr, "keel serve exited while loading; it printed: %s\n", p->out.p ? p->out.p : "");
+            track(p->pid, false);
             p->pid = -1;
             return false;
         }
@@ -148,16 +180,36 @@ int srvt_stop(srvt_proc *p, int timeout_s)
             fprintf(stderr, "keel serve did not exit within %d s of SIGTERM: killed\n", timeout_s);
             kill(p->pid, SIGKILL);
             waitpid(p->pid, &st, 0);
+            code = -1;
         } else if (w == p->pid && WIFEXITED(st)) {
             code = WEXITSTATUS(st);
         } else if (w == p->pid && WIFSIGNALED(st)) {
             fprintf(stderr, "keel serve died of signal %d\n", WTERMSIG(st));
         }
+        track(p->pid, false);
         p->pid = -1;
     }
     if (p->out_fd > 0) close(p->out_fd);
     p->out_fd = -1;
     srv_buf_free(&p->out);
+    return code;
+}
+
+int srvt_wait_exit(srvt_proc *p, int timeout_s)
+{
+    int code = -2;
+    uint64_t t0 = now_ms();
+    while (p->pid > 0 && now_ms() - t0 < (uint64_t)timeout_s * 1000u) {
+        int st;
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+            code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            track(p->pid, false);
+            p->pid = -1;
+            break;
+        }
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     return code;
 }
 

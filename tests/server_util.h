@@ -37,6 +37,10 @@ bool srvt_start(srvt_proc *p, const char *model, const char *const *args, bool w
  * (killed after the timeout, or died of a signal: ASan aborts on a leak). */
 int srvt_stop(srvt_proc *p, int timeout_s);
 
+/* Waits up to timeout_s for the server to exit by itself: its exit code,
+ * -1 for a signal, -2 if still running. */
+int srvt_wait_exit(srvt_proc *p, int timeout_s);
+
 /* A request; the HTTP status (-1 on a transport failure). r receives the
  * response (free with srv_http_resp_free). extra: header lines or NULL. */
 int srvt_req(const srvt_proc *p, const char *method, const char *path, const char *extra, const char *body,

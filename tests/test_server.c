@@ -85,16 +85,7 @@ static void test_loading(void **state)
     assert_true(fd >= 0);
     assert_int_equal(write(fd, "not a model", 11), 11);
     close(fd);
-    int code = -2;
-    for (int i = 0; i < 200 * srvt_slow(); i++) {
-        int ws;
-        if (waitpid(p.pid, &ws, WNOHANG) == p.pid) {
-            code = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
-            p.pid = -1;
-            break;
-        }
-        usleep(20000);
-    }
+    int code = srvt_wait_exit(&p, 10 * srvt_slow());
     srvt_stop(&p, 5);
     unlink(fifo);
     assert_int_equal(code, 1);
