@@ -298,6 +298,11 @@ static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const
     ev.index = -1;
     ev.response = resp ? resp : "{\"error\":\"out of memory\"}";
     ev.status = status;
+    /* counted as finish() counts: requests = ok + failed + cancelled */
+    pthread_mutex_lock(&e->mu);
+    e->n_failed += status != KEEL_OK && status != KEEL_ECANCELED;
+    e->n_cancelled += status == KEEL_ECANCELED;
+    pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev);
     complete(e, r, status, resp, len);
 }
