@@ -588,8 +588,36 @@ static void test_helpers(void **state)
     srv_buf_free(&b);
 }
 
-int main(void)
+/* test_server_api --write-sse DIR: the SSE bytes of the tool-call streams
+ * (both APIs) for tests/server-clients, whose SDK clients must parse them. */
+static int write_sse(const char *dir)
 {
+    static const srv_api apis[2] = {SRV_API_CHAT, SRV_API_MESSAGES};
+    static const char *const names[2] = {"openai_tools.sse", "anthropic_tools.sse"};
+    for (int i = 0; i < 2; i++) {
+        srv_meta m;
+        srv_meta_init(&m, apis[i], "keel-test");
+        srv_stream s;
+        srv_stream_init(&s, &m, true);
+        srv_buf out = {0};
+        feed(&s, &out);
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *f = fopen(path, "wb");
+        bool ok = f && fwrite(out.p, 1, out.len, f) == out.len;
+        if (f && fclose(f) != 0) ok = false;
+        srv_buf_free(&out);
+        if (!ok) {
+            fprintf(stderr, "test_server_api: cannot write %s\n", path);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--write-sse") == 0) return write_sse(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_openai_chat_parse), cmocka_unit_test(test_openai_errors),
         cmocka_unit_test(test_completions_parse), cmocka_unit_test(test_anthropic_parse),
