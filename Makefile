@@ -5,8 +5,9 @@ FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CTEST_JOBS ?= 2
+PREFIX     ?= /usr/local
 
-.PHONY: all deps configure build test test-asan fuzz bench demo format clean
+.PHONY: all deps configure build install test test-asan build-clang fuzz bench demo format clean
 
 all: build
 
@@ -21,9 +22,21 @@ configure: $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Installs keel.h, libkeel.a, libkeel.so (+ SONAME links), keel.pc and the
+# keel binary under $(PREFIX); DESTDIR=/staging prefixes every path.
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
+
 test: deps
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(CTEST_JOBS)
+
+# Every target built with clang (warnings are errors there too): the code
+# must compile with both gcc 12 and clang 14.
+CLANG_BUILD ?= build-clang
+build-clang: deps
+	cmake -S . -B $(CLANG_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang
+	cmake --build $(CLANG_BUILD) -j $(JOBS)
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_SANITIZE=ON
@@ -54,4 +67,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(CLANG_BUILD)

@@ -58,17 +58,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int32_t target = data[0] % 3 == 2 ? -1 : data[0] % 3;
     uint64_t before = keel_mem_digest(m);
     int32_t toks[256], nt = 0;
-    keel_status st = keel_mem_load(m, target, data + 1, size - 1, 0, toks, 256, &nt);
+    keel_status st = keel_mem_load(m, target, data + 1, size - 1, 0, data[0] & 4 ? KEEL_SESSION_CONVERT : 0, toks, 256, &nt, NULL);
     if (st != KEEL_OK) {
         if (keel_mem_digest(m) != before) abort(); /* a refused load changed the memory */
     } else {
         if (keel_mem_check(m) != KEEL_OK) abort();
         size_t n = 0;
-        if (keel_mem_save(m, target, 0, toks, nt, g_out, sizeof g_out, &n) != KEEL_OK) abort();
+        if (keel_mem_save(m, target, 0, toks, nt, 0, g_out, sizeof g_out, &n) != KEEL_OK) abort();
         keel_mem *m2 = open_mem();
         if (!m2) abort();
         int32_t nt2 = 0;
-        if (keel_mem_load(m2, target, g_out, n, 0, NULL, 0, &nt2) != KEEL_OK || nt2 != nt) abort();
+        if (keel_mem_load(m2, target, g_out, n, 0, 0, NULL, 0, &nt2, NULL) != KEEL_OK || nt2 != nt) abort();
         if (keel_mem_check(m2) != KEEL_OK) abort();
         keel_mem_close(m2);
     }

@@ -538,28 +538,36 @@ uint64_t keel_mem_digest(const keel_mem *mem);
 /*
  * Writes the session of seq (-1: every sequence) to buf[0 .. cap):
  * fingerprint (e.g. the model's, 0 for none) is stored and checked at load;
- * tokens[0 .. n_tokens) is the caller's token history of the sequence,
+ * tokens[0 .. n_tokens) is the caller's token history of the sequence, of
+ * which the last n_pending are not in the memory yet (sampled, not decoded),
  * stored as is. *n_out is the size (also when buf is NULL or too small:
  * KEEL_ERANGE, nothing written). KEEL_EINVAL. Allocates nothing (scratch
  * reserved at open).
  */
 keel_status keel_mem_save(keel_mem *mem, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
-                          int32_t n_tokens, void *buf, size_t cap, size_t *n_out);
+                          int32_t n_tokens, int32_t n_pending, void *buf, size_t cap, size_t *n_out);
+
+/* keel_mem_load / keel_session_load flag: re-encode rows stored with other
+ * K/V types or rotation into this memory's (decode, undo the stored
+ * rotation, encode as the column does); without it they are refused. */
+#define KEEL_SESSION_CONVERT 1u
 
 /*
  * Loads a session blob into seq (replacing what seq holds; -1: the whole
  * memory, replacing everything; the blob must be of the same kind). Every
  * section is validated first — magic, version, fingerprint (when non-zero),
- * checksums, lengths, the column descriptors (the same layers, dtypes,
- * rotation and RoPE as this memory: KEEL_EUNSUPPORTED for other cache
- * types), cell metadata and room (KEEL_EFULL) — and only then does the
- * memory change; any failure leaves it byte-identical. The token history
- * goes to tokens (cap_tokens entries; NULL to skip; KEEL_ERANGE if it does
- * not fit) and its length to *n_tokens. KEEL_EFORMAT (corrupted or
+ * checksums, lengths, the column descriptors (the same layers, heads, dims
+ * and RoPE as this memory; the same dtypes and rotation unless flags has
+ * KEEL_SESSION_CONVERT: else KEEL_EUNSUPPORTED), cell metadata and room
+ * (KEEL_EFULL) — and only then does the memory change; any failure leaves
+ * it byte-identical. The token history goes to tokens (cap_tokens entries;
+ * NULL to skip; KEEL_ERANGE if it does not fit), its length to *n_tokens and
+ * its pending count to *n_pending (may be NULL). KEEL_EFORMAT (corrupted or
  * truncated), KEEL_EINVAL (another model or memory shape). Allocates nothing.
  */
 keel_status keel_mem_load(keel_mem *mem, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
-                          int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens);
+                          unsigned flags, int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens,
+                          int32_t *n_pending);
 
 /* KEEL_SECTION_MEMORY */
 
@@ -822,6 +830,33 @@ typedef struct keel_batch {
  */
 keel_status keel_decode(keel_context *c, const keel_batch *b);
 
+/* ---- sessions of a context -------------------------------------------------
+ * The memory's session blobs (keel_mem_save, docs/formats.md "Sessions")
+ * stamped with the model's fingerprint: a loaded sequence continues exactly
+ * as if it had never been saved. tokens[0 .. n_tokens) is the sequence's
+ * history, of which the last n_pending are not in the cache yet (a sampled
+ * token not decoded); the history comes back on load. Errors name the file
+ * and the reason in keel_context_last_error. */
+
+/* To a caller's buffer (KEEL_ERANGE with *n_out the size when it is too
+ * small or NULL). */
+keel_status keel_session_save_buf(keel_context *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                                  int32_t n_pending, void *buf, size_t cap, size_t *n_out);
+/* To a file, atomically (a temporary file in the same directory, fsync,
+ * rename, directory fsync): an existing file is replaced only by a complete
+ * new one. KEEL_EIO with the path and errno text. Allocates the blob. */
+keel_status keel_session_save(keel_context *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                              int32_t n_pending, const char *path);
+/* From a buffer / a file into seq (-1: the whole memory): validated
+ * completely first (another model, other cache types or rotation unless
+ * flags has KEEL_SESSION_CONVERT, corrupted or truncated, no room: each a
+ * status and message, the memory as before). A file larger than any session
+ * of this context could be is refused before it is read. */
+keel_status keel_session_load_buf(keel_context *c, int32_t seq, const void *buf, size_t len, unsigned flags,
+                                  int32_t *tokens, int32_t cap, int32_t *n_tokens, int32_t *n_pending);
+keel_status keel_session_load(keel_context *c, int32_t seq, const char *path, unsigned flags, int32_t *tokens,
+                              int32_t cap, int32_t *n_tokens, int32_t *n_pending);
+
 /* Logits [n_vocab] of the i-th token of the last batch, or NULL if it did
  * not request logits. Valid until the next keel_decode. */
 const float *keel_logits(const keel_context *c, int32_t i);
@@ -898,8 +933,8 @@ typedef struct keel_chat_template keel_chat_template;
  * Compiles len bytes of template source (UTF-8; need not be NUL-terminated).
  * KEEL_EFORMAT for a syntax error, invalid UTF-8 or an unknown filter/test
  * outside a conditional, with "template line N: <what>" in err;
- * KEEL_EOVERFLOW if the template nests more than 64 blocks or expressions
- * (96 AST levels); KEEL_EINVAL for NULL arguments; KEEL_ENOMEM. err (256
+ * KEEL_EOVERFLOW if the template nests too deeply (128 levels of blocks and
+ * expressions, 96 AST levels); KEEL_EINVAL for NULL arguments; KEEL_ENOMEM. err (256
  * bytes, may be NULL) receives the detail. *out is NULL on failure.
  * Allocates through the hooks; the template owns everything and does not
  * keep source. Thread-safe (no shared state).
@@ -1010,7 +1045,8 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
  * Not concurrent with any other call on e. */
 void keel_engine_close(keel_engine *e);
 const keel_model *keel_engine_model(const keel_engine *e);
-/* Detail of the last failed call on e from the calling thread's view ("" if none). */
+/* Detail of the last failed call on e ("" if none). One buffer per engine:
+ * with several threads calling, read it right after the failing call. */
 const char *keel_engine_last_error(const keel_engine *e);
 
 typedef enum keel_event_kind {
@@ -1018,7 +1054,7 @@ typedef enum keel_event_kind {
     KEEL_EVENT_REASONING = 1,  /* text delta of the reasoning (<think> ...) */
     KEEL_EVENT_TOOL_BEGIN = 2, /* a tool call starts: index, id, name */
     KEEL_EVENT_TOOL_ARGS = 3,  /* text delta of tool call `index`'s JSON arguments */
-    KEEL_EVENT_TOOL_END = 4,   /* tool call `index` is complete */
+    KEEL_EVENT_TOOL_END = 4,   /* tool call `index` is complete (error: NULL or why it is malformed) */
     KEEL_EVENT_DONE = 5,       /* the request ended: response holds the response JSON */
 } keel_event_kind;
 
@@ -1026,12 +1062,16 @@ typedef struct keel_event {
     keel_event_kind kind;
     uint64_t request;     /* the request's id (keel_engine_submit) */
     int32_t index;        /* tool call index for TOOL_*, else -1 */
-    const char *text;     /* delta bytes (CONTENT, REASONING, TOOL_ARGS), not NUL-terminated */
+    const char *text;     /* delta bytes (CONTENT, REASONING, TOOL_ARGS), not NUL-terminated;
+                             valid UTF-8 (invalid bytes the model produced become U+FFFD,
+                             as in the response) */
     size_t len;
     const char *id;       /* TOOL_BEGIN: the call id */
     const char *name;     /* TOOL_BEGIN: the function name */
     const char *response; /* DONE: the response JSON (NUL-terminated) */
     keel_status status;   /* DONE: KEEL_OK, or why the request failed (detail in response) */
+    const char *error;    /* TOOL_END: NULL, or why the call is malformed (its arguments are
+                             then the raw text the model wrote) */
 } keel_event;
 
 /* Receives events, on the thread that runs the engine (keel_complete's caller
@@ -1074,8 +1114,10 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
                           const char *tools_json, keel_event_fn cb, void *user, char *response,
                           size_t cap);
 
-/* The response JSON of the calling thread's last keel_complete (NUL
- * included in *n_out). KEEL_ERANGE if cap is too small, KEEL_ENOENT if none. */
+/* The response JSON of the last keel_complete on e (NUL included in *n_out;
+ * with several threads calling keel_complete, whichever finished last).
+ * KEEL_ERANGE if cap is too small (buf may be NULL to ask the size),
+ * KEEL_ENOENT if none. Thread-safe. */
 keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *n_out);
 
 /*
@@ -1091,14 +1133,17 @@ keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_ev
                                void *user, uint64_t *id);
 /* Runs the scheduler on the calling thread until keel_engine_stop: waits for
  * requests, steps the slots. Returns KEEL_OK after stop (in-flight requests
- * end with "cancelled"). KEEL_EINVAL if a loop already runs. */
+ * end with "cancelled"). KEEL_EINVAL if a loop already runs. A keel_complete
+ * already stepping the engine on its own thread finishes its request first
+ * (the loop waits for it); later keel_complete calls submit and wait. */
 keel_status keel_engine_run(keel_engine *e);
 /* Asks the loop to return (thread-safe, async-signal-unsafe). */
 void keel_engine_stop(keel_engine *e);
 /* Cancels one request (thread-safe): it ends at the next step with
  * finish_reason "cancelled". KEEL_ENOENT if it is not queued or running. */
 keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id);
-/* Cancels every queued and running request (thread-safe). */
+/* Cancels every queued and running request (thread-safe); requests queued
+ * after it returns are not affected. */
 void keel_engine_cancel(keel_engine *e);
 /* Clears every slot's cache and history (not while requests run: KEEL_ESTATE). */
 keel_status keel_engine_reset(keel_engine *e);

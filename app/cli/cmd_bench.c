@@ -12,6 +12,7 @@ static const char *g_usage =
     "       keel bench attention [--quick] [--ctx 1024,4096,...] [--kv f16|q8_0|q4_0] [--json]\n"
     "       keel bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [--ctk T] [--ctv T] [--tokenizer F] [--json]\n"
     "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
+    "       keel bench session -m MODEL [-c 4096] [--ctk T] [--ctv T] [--dir /tmp] [-r 3] [-t N] [--json]\n"
     "\n"
     "kernels     tensor kernels beside the memory read bandwidth (about 30 s)\n"
     "  -t N        also time matvec with N threads, N in [1, 256]\n"
@@ -29,6 +30,8 @@ static const char *g_usage =
     "  --tokenizer F     llama2.c tokenizer for a .bin checkpoint\n"
     "  --kv-compact P    instead: compaction cost (window keydiff knorm random), trigger in\n"
     "                    [2, 16777216] (1024), target below it (trigger / 2)\n"
+    "session     session save/load MB/s (buffer and file) beside memcpy and plain write+fsync/read\n"
+    "  -c N        tokens in the saved cache, [16, 1048576] (4096); --dir D: where the files go (/tmp)\n"
     "--json      one JSON object instead of the table\n"
     "-h, --help  this text";
 

@@ -10,6 +10,14 @@
  * generations of any length stream through it (-n -1: until end of
  * generation). The CLI never turns a position or -c into a limit of its
  * own.
+ *
+ * Sessions: --session-save F writes the sequence when the run ends (the
+ * prompt and every generated token, the last sampled one included as
+ * pending: it is not in the cache yet); --session-load F continues such a
+ * run, decoding only what the saved state does not hold (its pending token,
+ * then the tokens of -p, which follow the saved text without a BOS), so a
+ * run split in two with a save in between prints exactly the tokens of one
+ * run of the whole length.
  */
 #include "cli.h"
 
@@ -19,8 +27,48 @@
 
 static const char *g_usage =
     "usage: keel run -m MODEL [-p PROMPT | -f FILE | --prompt-ids 1,2,...] [options]\n"
+    "       keel run -m MODEL --session-load F [-p MORE] [options]\n"
     "Streams the continuation to stdout (the prompt is not echoed); timings and the reason\n"
     "generation stopped go to stderr.";
+
+typedef struct run_opts {
+    const char *save, *load;
+    bool convert;
+} run_opts;
+
+static bool run_extra(cli_opts *o, const char *a, const char *v, bool *takes)
+{
+    run_opts *r = o->user;
+    if (strcmp(a, "--session-save") == 0) {
+        r->save = v;
+        return true;
+    }
+    if (strcmp(a, "--session-load") == 0) {
+        r->load = v;
+        return true;
+    }
+    if (strcmp(a, "--session-convert") == 0) {
+        r->convert = true;
+        *takes = false;
+        return true;
+    }
+    return false;
+}
+
+/* A saved history loaded into sequence 0 (grown until it fits). */
+static keel_status load_session(keel_context *c, const char *path, unsigned flags, int32_t **hist, int32_t *n,
+                                int32_t *pending)
+{
+    int32_t cap = 1 << 14;
+    for (;;) {
+        int32_t *h = realloc(*hist, (size_t)cap * sizeof(int32_t));
+        if (!h) return KEEL_ENOMEM;
+        *hist = h;
+        keel_status st = keel_session_load(c, 0, path, flags, h, cap, n, pending);
+        if (st != KEEL_ERANGE || cap >= (1 << 28)) return st;
+        cap *= 4;
+    }
+}
 
 /* Pushes tok through the stream into *buf (grown when a piece needs more
  * than *cap bytes). */
@@ -41,6 +89,12 @@ int cmd_run(int argc, char **argv)
     cli_opts_init(&o);
     o.groups = CLI_G_MODEL | CLI_G_PROMPT | CLI_G_FILE | CLI_G_GEN | CLI_G_SAMPLE | CLI_G_SEED |
                CLI_G_CTX | CLI_G_THREADS | CLI_G_KV | CLI_G_COMPACT | CLI_G_BUDGET;
+    run_opts ro = {NULL, NULL, false};
+    o.user = &ro;
+    o.extra = run_extra;
+    o.extra_help = "  --session-save FILE            save the sequence when the run ends (prompt, generated tokens)\n"
+                   "  --session-load FILE            continue a saved run (-p MORE: text that follows it)\n"
+                   "  --session-convert              re-encode a session saved with other --ctk/--ctv or rotation";
     int rc = cli_parse(argc, argv, &o, g_usage);
     if (rc) return rc == 1 ? 0 : rc;
     char err[256] = "";
@@ -55,16 +109,37 @@ int cmd_run(int argc, char **argv)
     keel_sampler *s = NULL;
     FILE *lf = NULL, *idf = NULL;
     int8_t *flags = NULL;
+    int32_t *hist = NULL, n_hist = 0, pending = 0;   /* --session-load: the saved history */
+    int32_t *gen = NULL, gen_n = 0, gen_cap = 0;     /* --session-save: generated tokens */
     size_t piece_cap = 4096;
     char *piece = malloc(piece_cap);
     if (!piece) {
         rc = cli_fail("run", KEEL_ENOMEM, NULL);
         goto done;
     }
-    if ((rc = cli_prompt_ids(&o, m, &ids, &n_prompt))) goto done;
-    if (n_prompt == 0) {
-        rc = cli_fail("run", KEEL_EINVAL, "empty prompt (no tokens)");
-        goto done;
+    if (ro.load) {
+        /* the new text follows the saved one: no BOS */
+        if (o.file || o.prompt_ids) {
+            rc = cli_fail("run", KEEL_EINVAL, "--session-load takes -p MORE (not -f or --prompt-ids)");
+            goto done;
+        }
+        if (o.prompt && *o.prompt) {
+            size_t len = strlen(o.prompt);
+            int32_t need = 0;
+            st = keel_tokenize(m, o.prompt, len, false, false, NULL, 0, &need);
+            if ((st != KEEL_OK && st != KEEL_ERANGE) || !(ids = malloc((size_t)(need ? need : 1) * sizeof(int32_t))) ||
+                (need > 0 && (st = keel_tokenize(m, o.prompt, len, false, false, ids, need, &need)) != KEEL_OK)) {
+                rc = cli_fail("tokenize", st != KEEL_OK ? st : KEEL_ENOMEM, NULL);
+                goto done;
+            }
+            n_prompt = need;
+        }
+    } else {
+        if ((rc = cli_prompt_ids(&o, m, &ids, &n_prompt))) goto done;
+        if (n_prompt == 0) {
+            rc = cli_fail("run", KEEL_EINVAL, "empty prompt (no tokens)");
+            goto done;
+        }
     }
     if (o.ctx.n_ctx == 0) o.ctx.n_ctx = mi.n_ctx_train < 4096 ? mi.n_ctx_train : 4096;
     if ((rc = cli_compact_setup(&o, o.ctx.n_ctx))) goto done;
@@ -89,6 +164,37 @@ int cmd_run(int argc, char **argv)
     if ((st = keel_context_open(m, &o.ctx, &c, err)) != KEEL_OK) {
         rc = cli_fail("context", st, err);
         goto done;
+    }
+    if (ro.load) {
+        st = load_session(c, ro.load, ro.convert ? KEEL_SESSION_CONVERT : 0, &hist, &n_hist, &pending);
+        if (st != KEEL_OK) {
+            rc = cli_fail("--session-load", st, keel_context_last_error(c));
+            if (st == KEEL_EUNSUPPORTED && !ro.convert)
+                fprintf(stderr, "keel: --session-convert re-encodes it into this cache's types\n");
+            goto done;
+        }
+        /* what the run decodes: the saved run's pending tokens, then the new text */
+        int32_t n_new = pending + n_prompt;
+        if (n_new == 0) {
+            rc = cli_fail("--session-load", KEEL_EINVAL,
+                          "the session holds no pending token (it was not saved by keel run): give -p MORE");
+            goto done;
+        }
+        int32_t *todo = malloc((size_t)n_new * sizeof(int32_t));
+        int32_t *h2 = realloc(hist, ((size_t)n_hist + (size_t)n_prompt + 1) * sizeof(int32_t));
+        if (!todo || !h2) {
+            free(todo);
+            rc = cli_fail("run", KEEL_ENOMEM, NULL);
+            goto done;
+        }
+        hist = h2;
+        memcpy(todo, hist + n_hist - pending, (size_t)pending * sizeof(int32_t));
+        if (n_prompt) memcpy(todo + pending, ids, (size_t)n_prompt * sizeof(int32_t));
+        memcpy(hist + n_hist, ids, (size_t)n_prompt * sizeof(int32_t));
+        n_hist += n_prompt;
+        free(ids);
+        ids = todo;
+        n_prompt = n_new;
     }
     if ((st = keel_sampler_open(&o.samp, mi.n_vocab, &s)) != KEEL_OK) {
         rc = cli_fail("sampler", st, NULL);
@@ -131,15 +237,18 @@ int cmd_run(int argc, char **argv)
         goto done;
     }
     lf = NULL;
-    for (int32_t i = 0; i < n_prompt; i++)
-        if ((st = keel_sampler_accept(s, ids[i])) != KEEL_OK) {
+    /* the penalties see the whole text (with a loaded session, its history) */
+    const int32_t *seen = ro.load ? hist : ids;
+    int32_t n_seen = ro.load ? n_hist : n_prompt;
+    for (int32_t i = 0; i < n_seen; i++)
+        if ((st = keel_sampler_accept(s, seen[i])) != KEEL_OK) {
             rc = cli_fail("sampler", st, NULL);
             goto done;
         }
     uint64_t t1 = keel_time_ns();
-    /* generation: the text continues the prompt's */
+    /* generation: the text continues the prompt's (the saved run's) */
     keel_detok_stream ds;
-    if ((st = keel_detok_stream_init_after(&ds, m, ids, n_prompt)) != KEEL_OK) {
+    if ((st = keel_detok_stream_init_after(&ds, m, seen, n_seen)) != KEEL_OK) {
         rc = cli_fail("detokenize", st, NULL);
         goto done;
     }
@@ -155,6 +264,17 @@ int cmd_run(int argc, char **argv)
             goto done;
         }
         n_gen++;
+        if (ro.save) {
+            if (gen_n == gen_cap) {
+                int32_t *g = realloc(gen, (size_t)(gen_cap = gen_cap ? 2 * gen_cap : 256) * sizeof(int32_t));
+                if (!g) {
+                    rc = cli_fail("run", KEEL_ENOMEM, NULL);
+                    goto done;
+                }
+                gen = g;
+            }
+            gen[gen_n++] = tok;
+        }
         if (idf && !cli_write(idf, &tok, sizeof tok, idf_what)) {
             rc = 1;
             goto done;
@@ -202,6 +322,22 @@ int cmd_run(int argc, char **argv)
     }
     if (!cli_close(idf, idf_what)) rc = 1;
     idf = NULL;
+    if (ro.save && rc == 0) {
+        /* the text so far and the generated tokens; the last sampled one is
+         * not in the cache (pending) */
+        const int32_t *base = ro.load ? hist : ids;
+        int32_t nb0 = ro.load ? n_hist : n_prompt;
+        int32_t *all = malloc(((size_t)nb0 + (size_t)gen_n + 1) * sizeof(int32_t));
+        if (!all) {
+            rc = cli_fail("run", KEEL_ENOMEM, NULL);
+        } else {
+            memcpy(all, base, (size_t)nb0 * sizeof(int32_t));
+            memcpy(all + nb0, gen, (size_t)gen_n * sizeof(int32_t));
+            st = keel_session_save(c, 0, all, nb0 + gen_n, gen_n > 0 ? 1 : 0, ro.save);
+            free(all);
+            if (st != KEEL_OK) rc = cli_fail("--session-save", st, keel_context_last_error(c));
+        }
+    }
     uint64_t t2 = keel_time_ns();
     double pp_s = (double)(t1 - t0) * 1e-9, tg_s = (double)(t2 - t1) * 1e-9;
     keel_mem *mem = keel_context_memory(c);
@@ -215,6 +351,8 @@ int cmd_run(int argc, char **argv)
             n_prompt, pp_s, pp_s > 0 ? n_prompt / pp_s : 0.0, n_gen, tg_s,
             tg_s > 0 ? n_gen / tg_s : 0.0, cmp, stop);
 done:
+    free(gen);
+    free(hist);
     if (lf) fclose(lf); /* only on an error path: the data is incomplete anyway */
     if (idf) fclose(idf);
     free(flags);

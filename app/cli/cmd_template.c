@@ -41,10 +41,11 @@ static bool template_flag(cli_opts *o, const char *a, const char *v, bool *takes
     return true;
 }
 
-/* A template source: a built-in name or a file (malloc'd into *owned). */
-static int load_source(const char *what, const char **src, size_t *len, char **owned)
+/* A template source: a built-in name (when allowed) or a file (malloc'd
+ * into *owned). */
+static int load_source(const char *what, bool builtin, const char **src, size_t *len, char **owned)
 {
-    if (keel_chat_template_builtin(what, src) == KEEL_OK) {
+    if (builtin && keel_chat_template_builtin(what, src) == KEEL_OK) {
         *len = strlen(*src);
         return 0;
     }
@@ -78,17 +79,18 @@ int cmd_template(int argc, char **argv)
     size_t len = 0, vars_len = 0;
     char err[256] = "";
     if (t.chat_template) {
-        rc = load_source(t.chat_template, &src, &len, &owned);
+        rc = load_source(t.chat_template, true, &src, &len, &owned);
     } else if (o.file) {
-        rc = load_source(o.file, &src, &len, &owned);
+        rc = load_source(o.file, false, &src, &len, &owned);
     } else {
         rc = cli_open_model(&o, &m);
         if (!rc) {
             keel_status st = keel_model_chat_template(m, &src, &len);
             if (st == KEEL_ENOENT) {
-                keel_chat_template_builtin("chatml", &src);
-                len = strlen(src);
-            } else if (st != KEEL_OK) {
+                st = keel_chat_template_builtin("chatml", &src);
+                if (st == KEEL_OK) len = strlen(src);
+            }
+            if (st != KEEL_OK) {
                 rc = cli_fail("template", st, "the model's tokenizer.chat_template");
             }
         }

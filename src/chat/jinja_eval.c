@@ -522,12 +522,25 @@ static JX_NOINLINE keel_status eval_seq(jx *x, jscope *sc, const jnode *n, jv *o
 
 static JX_NOINLINE keel_status eval_slice(jx *x, jscope *sc, const jnode *n, jv *out)
 {
-    jv a, s0 = jv_none(), s1 = jv_none(), s2 = jv_none();
-    TRY(eval(x, sc, n->a, &a));
+    jv a = jv_undef(), s0 = jv_none(), s1 = jv_none(), s2 = jv_none();
+    if (n->a) TRY(eval(x, sc, n->a, &a));
     if (n->b) TRY(eval(x, sc, n->b, &s0));
     if (n->c) TRY(eval(x, sc, n->c, &s1));
     if (n->d) TRY(eval(x, sc, n->d, &s2));
     x->line = n->line;
+    if (!n->a) {
+        /* a slice inside a tuple subscript (x[1:2, 3]): Python's slice object
+         * fits no index or key, so the lookup gives undefined; an unhashable
+         * list stands for it */
+        jlist *l = jlist_new(&x->mem, 3, JL_LIST);
+        if (!l) return jx_oom(x);
+        l->v[0] = s0;
+        l->v[1] = s1;
+        l->v[2] = s2;
+        l->n = 3;
+        *out = jv_listv(l);
+        return KEEL_OK;
+    }
     return jv_slice(x, a, s0, s1, s2, out);
 }
 

@@ -295,7 +295,7 @@ static bool parse_float(const jstr *s, double *out)
                 return false;
             continue;
         }
-        if (!(c >= '0' && c <= '9') && !strchr("+-.eEinfatyINFATY", c)) return false;
+        if (!(c >= '0' && c <= '9') && (!c || !strchr("+-.eEinfatyINFATY", c))) return false;
         buf[k++] = c;
     }
     buf[k] = 0;
@@ -327,7 +327,8 @@ static keel_status html_escape(jx *x, jstr *s, jv *out)
 static double py_round(double v, int64_t nd)
 {
     if (!isfinite(v)) return v;
-    if (nd > 300) return v;
+    /* from 2^52 on every double is an integer: nothing to round */
+    if (nd > 300 || (nd >= 0 && fabs(v) >= 4503599627370496.0)) return v;
     if (nd >= 0) {
         char buf[400];
         snprintf(buf, sizeof buf, "%.*f", (int)nd, v);
@@ -724,7 +725,7 @@ static keel_status do_filesizeformat(jx *x, jv value, const jargs *a, jv *out)
     static const char *const si[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
     static const char *const iec[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
     jsb b;
-    jsb_init(&b, &x->mem, 256);
+    jsb_init(&b, &x->mem, x->lim.max_output);
     if (bytes == 1) {
         jsb_adds(&b, "1 Byte");
     } else if (bytes < base) {
@@ -900,6 +901,7 @@ keel_status jinja_filter_call(jx *x, uint16_t id, jv value, const jargs *a, jv *
     jv arg[4];
     jstr *s = NULL;
     TRY(jx_step(x));
+    if (value.t == JT_STR) TRY(jx_scan(x, value.u.s->n));
     switch (id) {
     case F_ABS: {
         if (a->n_pos || a->n_kw) return jx_fail(x, KEEL_EINVAL, "abs() takes exactly one argument");

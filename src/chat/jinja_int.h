@@ -499,6 +499,13 @@ static inline keel_status jx_steps(jx *x, int64_t n)
     x->steps += n;
     return x->steps > x->lim.max_steps ? jx_step(x) : KEEL_OK;
 }
+/* Counts a scan of n bytes (a string operation that allocates nothing,
+ * such as len() of a non-ASCII string or `in`) as n / 64 steps, so that
+ * repeating it over a long string is bounded in time too. */
+static inline keel_status jx_scan(jx *x, size_t n)
+{
+    return jx_steps(x, (int64_t)(n >> 6));
+}
 /* Error for using an undefined value (its jinja2 message). */
 keel_status jx_undef_error(jx *x, jv v);
 /* The message of an undefined value into buf. */

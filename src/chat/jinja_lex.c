@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #define LEX_MAX_BRACKETS 256
 
@@ -132,6 +133,23 @@ static bool is_digit(char c)
 static bool is_name0(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+/* Bytes of a non-ASCII identifier character at s[i] (Python's XID classes,
+ * approximated by Unicode categories: letters and letter numbers start a
+ * name, marks, digits and connectors continue it), or 0. */
+static size_t uni_name_char(const char *s, size_t n, size_t i, bool start)
+{
+    if ((unsigned char)s[i] < 0x80) return 0;
+    size_t k = i;
+    uint32_t c = utf8_next(s, n, &k);
+    utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)c);
+    bool ok = (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
+              cat == UTF8PROC_CATEGORY_NL;
+    if (!start)
+        ok = ok || cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC ||
+             cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_PC;
+    return ok ? k - i : 0;
 }
 
 /* digits with single underscores between them: (\d+_)*\d+ ; returns end */
@@ -410,9 +428,17 @@ static keel_status lex_tag(lexer *L, bool block)
             TRY(lex_number(L, &L->pos));
             continue;
         }
-        if (is_name0(c)) {
-            size_t j = i + 1;
-            while (j < n && (is_name0(s[j]) || is_digit(s[j]))) j++;
+        size_t u0 = is_name0(c) ? 1 : uni_name_char(s, n, i, true);
+        if (u0) {
+            size_t j = i + u0, u;
+            for (;;) {
+                if (j < n && (is_name0(s[j]) || is_digit(s[j])))
+                    j++;
+                else if (j < n && (u = uni_name_char(s, n, j, false)) > 0)
+                    j += u;
+                else
+                    break;
+            }
             jtok *t = lex_push(L, TK_NAME, L->line);
             if (!t) return L->m->fail;
             t->s = s + i;

@@ -522,7 +522,7 @@ typedef struct fspec {
 /* Formats one number or string per spec into b. */
 static keel_status format_value(jx *x, jsb *b, jv v, const fspec *f)
 {
-    char tmp[512];
+    char tmp[1024]; /* the longest: 309 integer digits, '.', 100 decimals */
     jsb body;
     jsb_init(&body, &x->mem, x->lim.max_output);
     char type = f->type;
@@ -591,7 +591,7 @@ static keel_status format_value(jx *x, jsb *b, jv v, const fspec *f)
                 snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)u);
             }
             jsb_adds(&body, tmp);
-        } else if (strchr("eEfFgG%", type)) {
+        } else if (type && strchr("eEfFgG%", type)) {
             int prec = f->have_prec ? (int)BASE_MIN(f->prec, 100) : 6;
             neg = signbit(d) && !isnan(d);
             double a = fabs(d);
@@ -679,7 +679,7 @@ keel_status jstr_percent_format(jx *x, jstr *fmt, jv args, jv *out)
             i = j + 1;
         }
         fspec f = {0};
-        while (i < len && strchr("-+ #0", s[i])) {
+        while (i < len && s[i] && strchr("-+ #0", s[i])) {
             if (s[i] == '-') f.align = '<';
             if (s[i] == '+') f.sign = '+';
             if (s[i] == ' ' && !f.sign) f.sign = ' ';
@@ -700,7 +700,7 @@ keel_status jstr_percent_format(jx *x, jstr *fmt, jv args, jv *out)
         while (i < len && (s[i] == 'l' || s[i] == 'h' || s[i] == 'L')) i++;
         if (i >= len) return jx_fail(x, KEEL_EINVAL, "incomplete format");
         f.type = s[i++];
-        if (!strchr("sradiuoxXeEfFgGc", f.type))
+        if (!f.type || !strchr("sradiuoxXeEfFgGc", f.type))
             return jx_fail(x, KEEL_EINVAL, "unsupported format character '%c' (0x%x)", f.type,
                            (unsigned char)f.type);
         if (!have_val) {
@@ -715,7 +715,7 @@ keel_status jstr_percent_format(jx *x, jstr *fmt, jv args, jv *out)
         /* printf pads on the left unless '-'; 0 pads numbers only */
         if (strchr("sra", f.type)) f.zero = false;
         if (!f.align && !f.zero) f.align = '>';
-        if ((f.type == 'd' || strchr("oxXeEfFgGc", f.type)) && val.t != JT_INT &&
+        if (strchr("doxXeEfFgGc", f.type) && val.t != JT_INT &&
             val.t != JT_FLOAT && val.t != JT_BOOL)
             return jx_fail(x, KEEL_EINVAL, "%%%c format: a real number is required, not %s",
                            f.type, jv_type_name(val));
@@ -732,15 +732,15 @@ static keel_status parse_spec(jx *x, const char *s, size_t n, fspec *f)
 {
     memset(f, 0, sizeof *f);
     size_t i = 0;
-    if (n >= 2 && strchr("<>=^", s[1])) {
+    if (n >= 2 && s[1] && strchr("<>=^", s[1])) {
         f->fill = s[0];
         f->align = s[1];
         i = 2;
-    } else if (n >= 1 && strchr("<>=^", s[0])) {
+    } else if (n >= 1 && s[0] && strchr("<>=^", s[0])) {
         f->align = s[0];
         i = 1;
     }
-    if (i < n && strchr("+- ", s[i])) f->sign = s[i++];
+    if (i < n && s[i] && strchr("+- ", s[i])) f->sign = s[i++];
     if (f->sign == '-') f->sign = 0;
     if (i < n && s[i] == '#') f->alt = true, i++;
     if (i < n && s[i] == '0') f->zero = true, i++;
@@ -1694,6 +1694,7 @@ keel_status jinja_builtin_call(jx *x, jfn fn, jv self, const jargs *a, jv *out)
     TRY(jx_step(x));
     if (fn >= JF_S_UPPER && fn <= JF_S_ENCODE) {
         if (self.t != JT_STR) return jx_fail(x, KEEL_EINTERNAL, "str method on %s", jv_type_name(self));
+        TRY(jx_scan(x, self.u.s->n));
         TRY(str_method(x, fn, self.u.s, a, out));
         if (self.safe && out->t == JT_STR && keeps_markup(fn)) out->safe = 1;
         return KEEL_OK;

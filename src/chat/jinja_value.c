@@ -366,7 +366,14 @@ bool jsb_addf(jsb *b, const char *fmt, ...)
     int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (k < 0) return false;
-    return jsb_add(b, tmp, BASE_MIN((size_t)k, sizeof tmp - 1));
+    if ((size_t)k < sizeof tmp) return jsb_add(b, tmp, (size_t)k);
+    /* longer (a float printed with %f): format straight into the buffer */
+    if (!jsb_grow(b, (size_t)k + 1)) return false;
+    va_start(ap, fmt);
+    vsnprintf(b->d + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)k;
+    return true;
 }
 
 bool jsb_addcp(jsb *b, uint32_t cp)
@@ -1605,6 +1612,7 @@ static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
         *out = true;
         return KEEL_OK;
     case JT_STR:
+        if (a.u.s->n == b.u.s->n) TRY(jx_scan(x, a.u.s->n));
         *out = jstr_eq(a.u.s, b.u.s);
         return KEEL_OK;
     case JT_LIST: {
@@ -1619,6 +1627,7 @@ static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
             return KEEL_OK;
         }
         if (!jv_range_fill(x, a.u.l) || !jv_range_fill(x, b.u.l)) return jx_oom(x);
+        TRY(jx_steps(x, (int64_t)(l->n >> 4)));
         for (size_t i = 0; i < l->n; i++) {
             bool e;
             TRY(eq_rec(x, l->v[i], m->v[i], &e, depth + 1));
@@ -1640,6 +1649,7 @@ static keel_status eq_rec(jx *x, jv a, jv b, bool *out, int depth)
             *out = false;
             return KEEL_OK;
         }
+        TRY(jx_steps(x, (int64_t)(d->n >> 4)));
         for (size_t i = 0; i < d->n; i++) {
             int64_t j = jdict_find(e, d->k[i]);
             bool same = false;
@@ -1751,6 +1761,7 @@ keel_status jv_contains(jx *x, jv c, jv item, bool *out)
             return jx_fail(x, KEEL_EINVAL, "'in <string>' requires string as left operand, not %s",
                            jv_type_name(item));
         const jstr *h = c.u.s, *nd = item.u.s;
+        TRY(jx_scan(x, h->n));
         if (nd->n == 0) {
             *out = true;
         } else if (nd->n <= h->n) {
@@ -1760,6 +1771,7 @@ keel_status jv_contains(jx *x, jv c, jv item, bool *out)
     }
     case JT_LIST:
         if (!jv_range_fill(x, c.u.l)) return jx_oom(x);
+        TRY(jx_steps(x, (int64_t)(c.u.l->n >> 4)));
         for (size_t i = 0; i < c.u.l->n; i++) {
             TRY(jv_eq(x, c.u.l->v[i], item, out));
             if (*out) return KEEL_OK;
@@ -1784,6 +1796,7 @@ keel_status jv_len(jx *x, jv v, int64_t *out)
         *out = 0;
         return KEEL_OK;
     case JT_STR:
+        if (!v.u.s->ascii) TRY(jx_scan(x, v.u.s->n));
         *out = (int64_t)jstr_len_cp(v.u.s);
         return KEEL_OK;
     case JT_LIST:
@@ -1803,6 +1816,9 @@ keel_status jv_iter(jx *x, jv v, jv **items, size_t *n)
 {
     *items = NULL;
     *n = 0;
+    /* whatever walks the items is bounded in time: n / 16 steps */
+    if (v.t == JT_LIST) TRY(jx_steps(x, (int64_t)(v.u.l->n >> 4)));
+    if (v.t == JT_DICT) TRY(jx_steps(x, (int64_t)(v.u.d->n >> 4)));
     switch (v.t) {
     case JT_UNDEF:
         return KEEL_OK;
@@ -2170,6 +2186,7 @@ keel_status jv_getitem(jx *x, jv obj, jv key, jv *out)
     case JT_STR:
         if (jv_as_int(key, &idx)) {
             const jstr *s = obj.u.s;
+            if (!s->ascii) TRY(jx_scan(x, s->n));
             int64_t len = (int64_t)jstr_len_cp(s);
             if (idx < 0) idx += len;
             if (idx >= 0 && idx < len) {
@@ -2178,6 +2195,7 @@ keel_status jv_getitem(jx *x, jv obj, jv key, jv *out)
                 jstr *c = jstr_new(&x->mem, s->s + b0, b1 - b0);
                 if (!c) return jx_oom(x);
                 *out = jv_strv(c);
+                out->safe = obj.safe; /* Markup[i] is Markup */
                 return KEEL_OK;
             }
             *out = jv_undef_attr(x, obj, key, true);
@@ -2261,6 +2279,7 @@ keel_status jv_slice(jx *x, jv obj, jv start, jv stop, jv step, jv *out)
     int64_t a, b, k, cnt;
     if (obj.t == JT_STR) {
         const jstr *s = obj.u.s;
+        TRY(jx_scan(x, s->n));
         int64_t len = (int64_t)jstr_len_cp(s);
         TRY(slice_bounds(x, len, start, stop, step, &a, &b, &k, &cnt));
         if (k == 1) {
@@ -2268,6 +2287,7 @@ keel_status jv_slice(jx *x, jv obj, jv start, jv stop, jv step, jv *out)
             jstr *r = jstr_new(&x->mem, s->s + b0, b1 - b0);
             if (!r) return jx_oom(x);
             *out = jv_strv(r);
+            out->safe = obj.safe;
             return KEEL_OK;
         }
         /* general step: offsets of every code point */
@@ -2286,6 +2306,20 @@ keel_status jv_slice(jx *x, jv obj, jv start, jv stop, jv step, jv *out)
         jstr *r = jsb_done(&sb);
         if (!r) return jx_oom(x);
         *out = jv_strv(r);
+        out->safe = obj.safe;
+        return KEEL_OK;
+    }
+    if (obj.t == JT_LIST && obj.u.l->kind == JL_RANGE) {
+        /* a slice of a range is a range */
+        const jlist *l = obj.u.l;
+        TRY(slice_bounds(x, (int64_t)l->n, start, stop, step, &a, &b, &k, &cnt));
+        jlist *r = jlist_new(&x->mem, 0, JL_RANGE);
+        if (!r) return jx_oom(x);
+        r->n = (size_t)cnt;
+        r->r0 = l->r0 + a * l->r2;
+        r->r1 = l->r0 + b * l->r2;
+        r->r2 = l->r2 * k;
+        *out = jv_listv(r);
         return KEEL_OK;
     }
     if (obj.t == JT_LIST &&
@@ -2334,7 +2368,10 @@ static keel_status loop_attr(jx *x, jv obj, const jstr *name, jv *out)
         *out = jv_bool(!have);
     } else if (NAME_IS("length") || NAME_IS("revindex") || NAME_IS("revindex0")) {
         /* the whole length: materialize every item */
-        if (lp->live) jx_loop_fetch(x, lp, 0, &st);
+        if (lp->live) {
+            jx_loop_fetch(x, lp, 0, &st); /* refreshes the live list's length */
+            TRY(st);
+        }
         while (!lp->live && !lp->complete) {
             jx_loop_fetch(x, lp, lp->n, &st);
             if (st != KEEL_OK) return st;

@@ -161,7 +161,7 @@ struct keel_engine {
     toolcall_format tool_format;
     char *bos_text, *eos_text;
     bool template_builtin;
-    const char *template_name;
+    const char *template_name; /* static text: "model", "chatml", a built-in name, "inline", "file" */
     /* default options of every request */
     keel_compact_params compact_default;
     int32_t *eog_ids;         /* [n_eog] end-of-generation tokens (ignore_eos) */
@@ -178,7 +178,6 @@ struct keel_engine {
     bool running;             /* a keel_engine_run loop owns the stepping */
     bool driving;             /* a keel_complete caller steps (no loop) */
     bool stop;
-    atomic_int cancel_all;
     uint64_t clock;           /* LRU counter */
     /* stats (under mu) */
     int64_t n_requests, n_failed, n_cancelled, n_prompt_tokens, n_cached_tokens, n_gen_tokens;
@@ -197,7 +196,7 @@ struct keel_engine {
     /* tests: the logits each request's first token is sampled from */
     void (*debug_logits)(void *user, uint64_t request, const float *logits, int32_t n_vocab);
     void *debug_user;
-    /* the last keel_complete's response */
+    /* the last keel_complete's response (under mu) */
     char *last_response;
     size_t last_response_len;
     char err[BASE_ERR_CAP];

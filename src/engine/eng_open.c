@@ -104,7 +104,10 @@ static keel_status open_template(keel_engine *e, const char *spec, char *err)
         }
     } else if (keel_chat_template_builtin(spec, &src) == KEEL_OK) {
         len = strlen(src);
-        e->template_name = spec;
+        /* the static name: spec points into the options JSON, freed after open */
+        e->template_name = "builtin";
+        for (const char *const *n = keel_chat_template_builtin_names(); *n; n++)
+            if (strcmp(*n, spec) == 0) e->template_name = *n;
     } else if (strstr(spec, "{%") || strstr(spec, "{{")) {
         src = spec;
         len = strlen(spec);
@@ -190,7 +193,6 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
     }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    atomic_init(&e->cancel_all, 0);
     e->next_id = 1;
     e->max_queue = 1024;
     keel_model_params mp = keel_model_params_default();
@@ -400,6 +402,9 @@ keel_status keel_engine_run(keel_engine *e)
     }
     e->running = true;
     e->stop = false;
+    /* a keel_complete stepping on its own thread finishes its request
+     * first (calls from now on submit and wait): one stepping thread */
+    while (e->driving) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     for (;;) {
         pthread_mutex_lock(&e->mu);
@@ -449,11 +454,14 @@ keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id)
     return st;
 }
 
+/* Marks the requests live now; a request queued later is not affected (a
+ * sticky engine-wide flag would cancel the next keel_complete, or every
+ * later request of a loop). */
 void keel_engine_cancel(keel_engine *e)
 {
     if (!e) return;
-    atomic_store(&e->cancel_all, 1);
     pthread_mutex_lock(&e->mu);
+    for (eng_req *r = e->live_head; r; r = r->live_next) atomic_store(&r->cancel, 1);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -530,6 +538,7 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
     if ((st = enqueue(e, r, NULL)) != KEEL_OK) {
         pthread_mutex_lock(&e->mu);
         if (!loop) e->driving = false;
+        pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
         st = base_err(err, st, "cannot queue the request");
         goto out;
@@ -549,29 +558,37 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
         eng_reap(e);
         pthread_mutex_lock(&e->mu);
         e->driving = false;
+        pthread_cond_broadcast(&e->cv); /* a keel_engine_run waiting to start */
         pthread_mutex_unlock(&e->mu);
     }
-    /* keep the response for keel_engine_response */
-    base_free(e->last_response, e->last_response_len + 1);
-    e->last_response = r->response;
-    e->last_response_len = r->response_len;
-    r->response = NULL;
-    r->response_len = 0;
     st = r->status;
     if (st == KEEL_OK && atomic_load(&r->cancel)) st = KEEL_ECANCELED;
-    if (response && e->last_response) {
-        if (cap < e->last_response_len + 1) {
+    if (response && r->response) {
+        if (cap < r->response_len + 1) {
             if (st == KEEL_OK) st = KEEL_ERANGE;
             if (cap) response[0] = 0;
         } else {
-            memcpy(response, e->last_response, e->last_response_len + 1);
+            memcpy(response, r->response, r->response_len + 1);
         }
     }
-    if (st != KEEL_OK && st != KEEL_ERANGE && e->last_response) {
-        json_t *rj = json_loads(e->last_response, 0, NULL);
+    if (st != KEEL_OK && st != KEEL_ERANGE && r->response) {
+        json_t *rj = json_loads(r->response, 0, NULL);
         const char *m = rj ? json_string_value(json_object_get(rj, "error")) : NULL;
         base_err(err, st, "%s", m ? m : keel_strerror(st));
         if (rj) json_decref(rj);
+    }
+    /* keep the response for keel_engine_response; with a loop running,
+     * other threads' keel_complete calls swap it too: under mu */
+    if (r->response) {
+        pthread_mutex_lock(&e->mu);
+        char *old = e->last_response;
+        size_t old_len = e->last_response_len;
+        e->last_response = r->response;
+        e->last_response_len = r->response_len;
+        pthread_mutex_unlock(&e->mu);
+        base_free(old, old_len + 1);
+        r->response = NULL;
+        r->response_len = 0;
     }
 out:
     if (st != KEEL_OK && err[0]) base_err(e->err, st, "%s", err);
@@ -580,18 +597,25 @@ out:
     if (opts) json_decref(opts);
     if (msgs) json_decref(msgs);
     if (tools) json_decref(tools);
-    atomic_store(&e->cancel_all, 0);
     return st;
 }
 
 keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *n_out)
 {
     if (!e || !n_out) return KEEL_EINVAL;
-    if (!e->last_response) return KEEL_ENOENT;
-    *n_out = e->last_response_len + 1;
-    if (!buf || cap < *n_out) return KEEL_ERANGE;
-    memcpy(buf, e->last_response, *n_out);
-    return KEEL_OK;
+    keel_status st = KEEL_OK;
+    pthread_mutex_lock(&e->mu);
+    if (!e->last_response) {
+        st = KEEL_ENOENT;
+    } else {
+        *n_out = e->last_response_len + 1;
+        if (!buf || cap < *n_out)
+            st = KEEL_ERANGE;
+        else
+            memcpy(buf, e->last_response, *n_out);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return st;
 }
 
 keel_status keel_engine_reset(keel_engine *e)
@@ -602,13 +626,21 @@ keel_status keel_engine_reset(keel_engine *e)
     for (int32_t i = 0; i < e->n_slots && !busy; i++) busy = e->slots[i].state != ENG_SLOT_IDLE;
     pthread_mutex_unlock(&e->mu);
     if (busy) return base_err(e->err, KEEL_ESTATE, "reset: requests are running (or a loop runs)");
-    keel_mem_clear(keel_context_memory(e->ctx));
+    keel_mem *mem = keel_context_memory(e->ctx);
+    keel_mem_clear(mem);
+    pthread_mutex_lock(&e->mu);
     for (int32_t i = 0; i < e->n_slots; i++) {
         eng_slot *sl = &e->slots[i];
         sl->n_hist = 0;
         sl->hist_compacted = sl->hist_lost = false;
         sl->compact = e->compact_default;
+        /* keel_engine_stats reads the snapshot, not the slot */
+        sl->stat_hist = 0;
+        sl->stat_compacted = false;
+        sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
+        sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);
     }
+    pthread_mutex_unlock(&e->mu);
     return KEEL_OK;
 }
 

@@ -83,7 +83,10 @@ static void on_toolcall(void *user, const toolcall_event *tev)
         ev.name = tev->name;
         break;
     case TOOLCALL_EV_CALL_ARGS: ev.kind = KEEL_EVENT_TOOL_ARGS; break;
-    case TOOLCALL_EV_CALL_END: ev.kind = KEEL_EVENT_TOOL_END; break;
+    case TOOLCALL_EV_CALL_END:
+        ev.kind = KEEL_EVENT_TOOL_END;
+        ev.error = tev->error;
+        break;
     }
     if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
 }
@@ -169,6 +172,8 @@ static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result 
     return copy;
 }
 
+static bool slot_output(keel_engine *e, eng_slot *sl, const char *s, size_t n, keel_status *st);
+
 /* ---- finishing a request ------------------------------------------------------ */
 
 static void release_request(keel_engine *e, eng_slot *sl)
@@ -233,8 +238,11 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     bool have = false;
     if (sl->tp) {
         keel_status st = KEEL_OK;
-        if (status == KEEL_OK && keel_detok_stream_flush(&sl->ds, piece, sizeof piece, &pn) == KEEL_OK && pn)
-            st = text_append(&sl->pend, piece, pn);
+        /* the stream's last bytes go through the same path (UTF-8, stop strings) */
+        if (status == KEEL_OK && !sl->stop_hit && keel_detok_stream_flush(&sl->ds, piece, sizeof piece, &pn) == KEEL_OK &&
+            pn && slot_output(e, sl, piece, pn, &st))
+            reason = sl->finish = "stop";
+        /* text held back for a stop string that never came is output */
         if (st == KEEL_OK && sl->pend.len && !sl->stop_hit) st = toolcall_feed(sl->tp, sl->pend.data, sl->pend.len);
         sl->pend.len = 0;
         if (st == KEEL_OK) st = toolcall_finish(sl->tp, &res);
@@ -341,13 +349,59 @@ void eng_finish_all(keel_engine *e, const char *why)
     }
 }
 
-/* ---- output path: stop strings, then the parser ------------------------------- */
+/* ---- output path: UTF-8, stop strings, then the parser -------------------------- */
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), or 0. */
+static size_t utf8_seq(const uint8_t *s, size_t n)
+{
+    uint8_t c = s[0];
+    if (c < 0x80) return 1;
+    size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    if (len == 0 || c > 0xf4 || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if (c == 0xe0 && s[1] < 0xa0) return 0;                  /* overlong */
+    if (c == 0xed && s[1] >= 0xa0) return 0;                 /* surrogates */
+    if (c == 0xf0 && s[1] < 0x90) return 0;                  /* overlong */
+    if (c == 0xf4 && s[1] >= 0x90) return 0;                 /* beyond U+10FFFF */
+    return len;
+}
+
+/* in[0..n) with every invalid byte replaced by U+FFFD; out has 3n bytes.
+ * The detokenizer stream never splits a character across pieces, so
+ * cleaning piece by piece equals cleaning the whole text. */
+static size_t utf8_clean(const char *in, size_t n, char *out)
+{
+    const uint8_t *s = (const uint8_t *)in;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(s + i, n - i);
+        if (k == 0) {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        } else {
+            memcpy(out + o, s + i, k);
+            o += k;
+            i += k;
+        }
+    }
+    return o;
+}
 
 /* Releases pend's text that can no longer start a stop string; returns
  * true when a stop string matched (the request ends "stop"). */
 static bool slot_output(keel_engine *e, eng_slot *sl, const char *s, size_t n, keel_status *st)
 {
     (void)e;
+    char clean[3 * 1024];
+    if (n <= 1024) {
+        n = utf8_clean(s, n, clean);
+        s = clean;
+    } else {
+        *st = KEEL_EINTERNAL; /* pieces are at most 1 KiB (the caller's buffer) */
+        return false;
+    }
     *st = text_append(&sl->pend, s, n);
     if (*st != KEEL_OK) return false;
     const eng_opts *o = &sl->req->o;
@@ -443,6 +497,7 @@ static keel_status reuse_prefix(keel_engine *e, eng_slot *sl, int32_t lcp, char 
     }
     sl->n_fed = sl->n_hist;
     sl->n_reused = sl->n_hist;
+    if (sl->n_reused == 0 && strncmp(sl->cache_note, "reset", 5) != 0) sl->cache_note = "new";
     return KEEL_OK;
 }
 
@@ -610,7 +665,7 @@ bool eng_step(keel_engine *e)
         }
         pthread_mutex_unlock(&e->mu);
         if (!r) break;
-        if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) {
+        if (atomic_load(&r->cancel)) {
             fail_unstarted(e, r, KEEL_ECANCELED, "cancelled");
             continue;
         }
@@ -620,7 +675,7 @@ bool eng_step(keel_engine *e)
     /* cancellations */
     for (int32_t i = 0; i < e->n_slots; i++) {
         eng_slot *sl = &e->slots[i];
-        if (sl->req && (atomic_load(&sl->req->cancel) || atomic_load(&e->cancel_all)))
+        if (sl->req && atomic_load(&sl->req->cancel))
             finish(e, sl, "cancelled", KEEL_OK, NULL);
     }
     /* the batch: one token per generating slot, then prefill chunks */

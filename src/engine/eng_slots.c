@@ -14,34 +14,13 @@
  */
 #include "eng.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 static keel_mem *mem_of(keel_engine *e)
 {
     return keel_context_memory(e->ctx);
-}
-
-/* The slot's cache as a blob (base_alloc'd; *len bytes). */
-static keel_status save_blob(keel_engine *e, eng_slot *sl, uint8_t **out, size_t *len, char *err)
-{
-    keel_mem *mem = mem_of(e);
-    size_t n = 0;
-    keel_status st = keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, NULL, 0, &n);
-    if (st != KEEL_ERANGE && st != KEEL_OK) return base_err(err, st, "save: %s", keel_mem_last_error(mem));
-    uint8_t *b = base_alloc(n ? n : 1);
-    if (!b) return base_err(err, KEEL_ENOMEM, "save: cannot allocate %zu bytes", n);
-    st = keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, b, n, len);
-    if (st != KEEL_OK) {
-        base_free(b, n ? n : 1);
-        return base_err(err, st, "save: %s", keel_mem_last_error(mem));
-    }
-    *out = b;
-    return KEEL_OK;
 }
 
 /* Loads blob into the slot; on success the slot's history is the blob's. */
@@ -49,83 +28,14 @@ static keel_status load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, 
 {
     keel_mem *mem = mem_of(e);
     int32_t n = 0;
-    keel_status st = keel_mem_load(mem, sl->seq, blob, len, e->fingerprint, sl->hist, e->hist_cap, &n);
+    int32_t pending = 0;
+    keel_status st = keel_mem_load(mem, sl->seq, blob, len, e->fingerprint, 0, sl->hist, e->hist_cap, &n, &pending);
     if (st != KEEL_OK) return base_err(err, st, "restore: %s", keel_mem_last_error(mem));
-    sl->n_hist = n;
+    /* a slot's history is what the cache holds: pending tokens (a file from
+     * keel run) are the next prompt's to decode */
+    sl->n_hist = n - pending;
     sl->hist_lost = false;
     sl->hist_compacted = keel_mem_seq_compactions(mem, sl->seq) > 0 || mem->exact_from[sl->seq] > 0;
-    return KEEL_OK;
-}
-
-/* ---- files --------------------------------------------------------------------- */
-
-static keel_status write_file(const char *path, const uint8_t *b, size_t n, char *err)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return base_err(err, KEEL_EINVAL, "save: path too long");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return base_err(err, KEEL_EIO, "save: %s: %s", tmp, strerror(errno));
-    size_t off = 0;
-    while (off < n) {
-        ssize_t w = write(fd, b + off, n - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            return base_err(err, KEEL_EIO, "save: %s: %s", tmp, strerror(e));
-        }
-        off += (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return base_err(err, KEEL_EIO, "save: %s: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return base_err(err, KEEL_EIO, "save: rename to %s: %s", path, strerror(e));
-    }
-    return KEEL_OK;
-}
-
-static keel_status read_file(const char *path, size_t limit, uint8_t **out, size_t *len, char *err)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return base_err(err, KEEL_EIO, "restore: %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return base_err(err, KEEL_EIO, "restore: %s: not a regular file", path);
-    }
-    if ((uint64_t)sb.st_size > limit) {
-        close(fd);
-        return base_err(err, KEEL_EFORMAT, "restore: %s: %lld bytes, more than this cache can hold (%zu)", path,
-                        (long long)sb.st_size, limit);
-    }
-    size_t n = (size_t)sb.st_size;
-    uint8_t *b = base_alloc(n ? n : 1);
-    if (!b) {
-        close(fd);
-        return base_err(err, KEEL_ENOMEM, "restore: cannot allocate %zu bytes", n);
-    }
-    size_t off = 0;
-    while (off < n) {
-        ssize_t r = read(fd, b + off, n - off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            close(fd);
-            base_free(b, n ? n : 1);
-            return base_err(err, KEEL_EIO, "restore: %s: %s", path, r < 0 ? strerror(e) : "file shrank while read");
-        }
-        off += (size_t)r;
-    }
-    close(fd);
-    *out = b;
-    *len = n;
     return KEEL_OK;
 }
 
@@ -169,33 +79,33 @@ static void run_one(keel_engine *e, eng_ctl *c)
         return;
     }
     if (c->kind == ENG_CTL_SAVE) {
-        uint8_t *b = NULL;
-        size_t n = 0;
-        if ((st = save_blob(e, sl, &b, &n, c->err)) == KEEL_OK) {
-            st = write_file(c->path, b, n, c->err);
-            base_free(b, n ? n : 1);
+        if ((st = keel_session_save(e->ctx, sl->seq, sl->hist, sl->n_hist, 0, c->path)) != KEEL_OK) {
+            c->status = base_err(c->err, st, "%s", keel_context_last_error(e->ctx));
+            return;
         }
-        if (st == KEEL_OK)
-            st = info_json(c, json_pack("{sisisIs{sf}}", "id_slot", c->slot, "n_saved", sl->n_hist, "n_written",
-                                        (json_int_t)n, "timings", "save_ms", (double)(keel_time_ns() - t0) * 1e-6));
-        c->status = st;
+        struct stat sb;
+        int64_t written = stat(c->path, &sb) == 0 ? (int64_t)sb.st_size : -1;
+        c->status = info_json(c, json_pack("{sisisIs{sf}}", "id_slot", c->slot, "n_saved", sl->n_hist, "n_written",
+                                           (json_int_t)written, "timings", "save_ms",
+                                           (double)(keel_time_ns() - t0) * 1e-6));
         return;
     }
-    /* restore: the file is validated completely by keel_mem_load before the slot changes */
-    keel_plan plan;
-    keel_context_plan_get(e->ctx, &plan);
-    size_t limit = plan.kv_bytes + (size_t)e->hist_cap * sizeof(int32_t) + (1u << 20);
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if ((st = read_file(c->path, limit, &b, &n, c->err)) != KEEL_OK) {
-        c->status = st;
+    /* restore: validated completely before the slot changes */
+    int32_t n = 0, pending = 0;
+    if ((st = keel_session_load(e->ctx, sl->seq, c->path, 0, sl->hist, e->hist_cap, &n, &pending)) != KEEL_OK) {
+        c->status = base_err(c->err, st, "%s", keel_context_last_error(e->ctx));
         return;
     }
-    st = load_blob(e, sl, b, n, c->err);
-    base_free(b, n ? n : 1);
-    if (st == KEEL_OK)
-        st = info_json(c, json_pack("{sisisIs{sf}}", "id_slot", c->slot, "n_restored", sl->n_hist, "n_read",
-                                    (json_int_t)n, "timings", "restore_ms", (double)(keel_time_ns() - t0) * 1e-6));
+    keel_mem *mem = mem_of(e);
+    /* a slot's history is what the cache holds: pending tokens (a file from
+     * keel run) are the next prompt's to decode */
+    sl->n_hist = n - pending;
+    sl->hist_lost = false;
+    sl->hist_compacted = keel_mem_seq_compactions(mem, sl->seq) > 0 || mem->exact_from[sl->seq] > 0;
+    struct stat sb;
+    int64_t read_bytes = stat(c->path, &sb) == 0 ? (int64_t)sb.st_size : -1;
+    st = info_json(c, json_pack("{sisisIs{sf}}", "id_slot", c->slot, "n_restored", sl->n_hist, "n_read",
+                                (json_int_t)read_bytes, "timings", "restore_ms", (double)(keel_time_ns() - t0) * 1e-6));
     c->status = st;
 }
 
@@ -350,14 +260,14 @@ static void pc_store(keel_engine *e, eng_slot *sl)
     }
     size_t n = 0;
     keel_mem *mem = mem_of(e);
-    if (keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, NULL, 0, &n) != KEEL_ERANGE) return;
+    if (keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, 0, NULL, 0, &n) != KEEL_ERANGE) return;
     size_t cost = pc_cost(n, sl->n_hist);
     if (!pc_make_room(e, cost)) return; /* accounted before allocating */
     eng_pc_entry *x = base_calloc(1, sizeof *x);
     uint8_t *b = x ? base_alloc(n) : NULL;
     int32_t *t = b ? base_alloc((size_t)sl->n_hist * sizeof(int32_t)) : NULL;
     size_t got = 0;
-    if (!t || keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, b, n, &got) != KEEL_OK) {
+    if (!t || keel_mem_save(mem, sl->seq, e->fingerprint, sl->hist, sl->n_hist, 0, b, n, &got) != KEEL_OK) {
         base_free(t, (size_t)sl->n_hist * sizeof(int32_t));
         base_free(b, n);
         base_free(x, sizeof *x);

@@ -516,7 +516,8 @@ static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32
             mem_group shape = group_shape(&cfg->layers[i]);
             cells += (size_t)table_cap(cfg, &shape, n_streams) * (size_t)n_streams;
         }
-    size_t ss = mem_session_scratch_bytes(cells);
+    mem_attn_dims ad = mem_attn_dims_of(cfg, cfg->layers);
+    size_t ss = mem_session_scratch_bytes(cells, cfg->n_layers, ad.dk_max + ad.dv_max);
     return BASE_MAX(BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k)), ss);
 }
 

@@ -163,7 +163,7 @@ int32_t mem_room(const keel_mem *m, int32_t s);
 size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
 /* Scratch bytes keel_mem_save / keel_mem_load need for a memory whose
  * tables hold total_cells cells in all (session.c). */
-size_t mem_session_scratch_bytes(size_t total_cells);
+size_t mem_session_scratch_bytes(size_t total_cells, int32_t n_layers, int32_t hd_sum);
 /* Scratch bytes keel_mem_compact needs (compact.c). */
 size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 

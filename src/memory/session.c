@@ -30,6 +30,17 @@
 
 enum { SEC_DESC = 1, SEC_TOKENS = 2, SEC_SEQ = 3, SEC_GROUP = 4 };
 
+/* A column as the session stored it (DESC), and what reading it takes. */
+typedef struct sess_col {
+    keel_dtype dtype;
+    int32_t head_dim, n_heads;
+    size_t row_bytes;      /* per head */
+    bool rot;
+    int32_t rot_block;
+    uint64_t rot_seed;
+    bool same;             /* stored exactly as this memory stores it: rows copied */
+} sess_col;
+
 /* ---- byte writer / reader ------------------------------------------------ */
 
 typedef struct wr {
@@ -148,7 +159,7 @@ typedef struct save_ctx {
     const keel_mem *m;
     int32_t seq;             /* -1: every sequence */
     const int32_t *tokens;
-    int32_t n_tokens;
+    int32_t n_tokens, n_pending;
     const uint64_t *ranks;   /* sorted distinct stamps of the saved cells */
     int32_t n_ranks;
     int32_t group;           /* GROUP section being written */
@@ -213,6 +224,7 @@ static void sec_tokens(wr *w, const void *vctx)
 {
     const save_ctx *c = vctx;
     put_i32(w, c->n_tokens);
+    put_i32(w, c->n_pending);
     for (int32_t i = 0; i < c->n_tokens; i++) put_i32(w, c->tokens[i]);
 }
 
@@ -256,9 +268,16 @@ static void sec_group(wr *w, const void *vctx)
     int32_t n = 0;
     for (int32_t k = 0; k < grp->n_tables; k++)
         for (int32_t cell = 0; cell < grp->tables[k].cap; cell++) n += saved_cell(c, &grp->tables[k], cell);
+    int32_t words = grp->tables[0].seq_words;
+    if (!w->p) { /* counting: the size without walking the rows */
+        size_t per = 12 + (c->seq < 0 ? (size_t)words * 8 : 0);
+        for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++)
+            per += grp->tables[0].cols[ci].head_row_bytes * (size_t)grp->tables[0].cols[ci].n_heads;
+        w->n += 8 + per * (size_t)n;
+        return;
+    }
     put_i32(w, c->group);
     put_i32(w, n);
-    int32_t words = grp->tables[0].seq_words;
     for (int32_t k = 0; k < grp->n_tables; k++) {
         const mem_table *t = &grp->tables[k];
         for (int32_t cell = 0; cell < t->cap; cell++) {
@@ -270,14 +289,23 @@ static void sec_group(wr *w, const void *vctx)
                 for (int32_t i = 0; i < words; i++) put_u64(w, t->seq[(size_t)cell * (size_t)words + (size_t)i]);
         }
     }
+    /* rows: per column, head by head, the saved cells in order; a run of
+     * consecutive saved cells is one copy (rows are [head][cell] in memory) */
     for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++)
         for (int32_t k = 0; k < grp->n_tables; k++) {
             const mem_table *t = &grp->tables[k];
             const mem_col *col = &t->cols[ci];
-            for (int32_t cell = 0; cell < t->cap; cell++) {
-                if (!saved_cell(c, t, cell)) continue;
-                for (int32_t h = 0; h < col->n_heads; h++) put(w, mem_col_row(t, col, h, cell), col->head_row_bytes);
-            }
+            for (int32_t h = 0; h < col->n_heads; h++)
+                for (int32_t cell = 0; cell < t->cap;) {
+                    if (!saved_cell(c, t, cell)) {
+                        cell++;
+                        continue;
+                    }
+                    int32_t end = cell + 1;
+                    while (end < t->cap && saved_cell(c, t, end)) end++;
+                    put(w, mem_col_row(t, col, h, cell), (size_t)(end - cell) * col->head_row_bytes);
+                    cell = end;
+                }
         }
 }
 
@@ -287,12 +315,19 @@ static bool less_u64_at(const void *ctx, int32_t a, int32_t b)
     return v[a] < v[b];
 }
 
-size_t mem_session_scratch_bytes(size_t total_cells)
+static size_t up64(size_t n)
 {
-    /* stamps, distinct stamps (u64) and an order (i32) of every cell */
-    size_t a8 = (total_cells * sizeof(uint64_t) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
-    size_t a4 = (total_cells * sizeof(int32_t) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
-    return 2 * a8 + a4;
+    return (n + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+}
+
+size_t mem_session_scratch_bytes(size_t total_cells, int32_t n_layers, int32_t hd_sum)
+{
+    /* save: stamps, distinct stamps (u64) and an order (i32) of every cell;
+     * load: the stored descriptors, a decoded row, a sign diagonal */
+    size_t save = 2 * up64(total_cells * sizeof(uint64_t)) + up64(total_cells * sizeof(int32_t));
+    size_t load = up64(2 * (size_t)n_layers * sizeof(sess_col)) + up64((size_t)hd_sum * sizeof(float)) +
+                  up64(512 * sizeof(float));
+    return BASE_MAX(save, load);
 }
 
 /* The distinct stamps of the saved cells, ascending, in scratch. */
@@ -325,9 +360,10 @@ static keel_status rank_stamps(keel_mem *m, int32_t seq, save_ctx *c)
 }
 
 keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
-                          int32_t n_tokens, void *buf, size_t cap, size_t *n_out)
+                          int32_t n_tokens, int32_t n_pending, void *buf, size_t cap, size_t *n_out)
 {
-    if (!m || !n_out || n_tokens < 0 || (n_tokens > 0 && !tokens)) return KEEL_EINVAL;
+    if (!m || !n_out || n_tokens < 0 || (n_tokens > 0 && !tokens) || n_pending < 0 || n_pending > n_tokens)
+        return KEEL_EINVAL;
     m->err[0] = 0;
     if (seq < -1 || seq >= m->cfg.n_seq_max)
         return base_err(m->err, KEEL_EINVAL, "save: unknown sequence id %d", seq);
@@ -336,7 +372,7 @@ keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const 
             m->layers[i].kind != KEEL_MEM_LAYER_NONE)
             return base_err(m->err, KEEL_EUNSUPPORTED, "save: layer %d's kind is not in session format %u", i,
                             SESS_VERSION);
-    save_ctx c = {m, seq, tokens, n_tokens, NULL, 0, 0};
+    save_ctx c = {m, seq, tokens, n_tokens, n_pending, NULL, 0, 0};
     keel_status st = rank_stamps(m, seq, &c);
     if (st != KEEL_OK) return st;
     for (int pass = 0; pass < 2; pass++) {
@@ -452,8 +488,24 @@ static const char *dname(int32_t t)
     return n ? n : "?";
 }
 
-/* DESC against this memory: the same layers stored the same way. */
-static keel_status check_desc(keel_mem *m, const sect *d, bool whole)
+/* A stored column this memory can re-encode into its own (KEEL_SESSION_CONVERT). */
+static bool readable(const sess_col *c)
+{
+    if (!tensor_dtype_valid(c->dtype) || keel_dtype_block_size(c->dtype) < 1 ||
+        c->head_dim % keel_dtype_block_size(c->dtype))
+        return false;
+    if (c->dtype != KEEL_DTYPE_F32 && c->dtype != KEEL_DTYPE_F16 && c->dtype != KEEL_DTYPE_BF16 &&
+        c->dtype != KEEL_DTYPE_Q8_0 && c->dtype != KEEL_DTYPE_Q4_0 && c->dtype != KEEL_DTYPE_Q4_1 &&
+        c->dtype != KEEL_DTYPE_Q5_0 && c->dtype != KEEL_DTYPE_Q5_1)
+        return false;
+    int32_t b = c->rot_block;
+    return !c->rot || (b >= 32 && b <= 512 && !(b & (b - 1)) && c->head_dim % b == 0);
+}
+
+/* DESC against this memory: the same layers stored the same way, or (with
+ * convert) other dtypes / rotation that can be re-encoded. cols receives the
+ * stored descriptors, two per layer with KV (K then V), in layer order. */
+static keel_status check_desc(keel_mem *m, const sect *d, bool whole, bool convert, sess_col *cols)
 {
     rd r = d->body;
     int32_t nl = get_i32(&r), nseq = get_i32(&r);
@@ -484,24 +536,38 @@ static keel_status check_desc(keel_mem *m, const sect *d, bool whole)
         if (heads != kc->n_heads || dk != kc->head_dim || dv != vc->head_dim)
             return base_err(m->err, KEEL_EINVAL, "load: layer %d: %d heads of %d/%d in the session, %d of %d/%d here", i,
                             heads, dk, dv, kc->n_heads, kc->head_dim, vc->head_dim);
-        if (kt != (int32_t)kc->dtype || vt != (int32_t)vc->dtype)
+        if (!convert && (kt != (int32_t)kc->dtype || vt != (int32_t)vc->dtype))
             return base_err(m->err, KEEL_EUNSUPPORTED,
                             "load: layer %d: the session stores K %s / V %s, this cache K %s / V %s (re-encoding is "
-                            "not done implicitly)",
+                            "not done implicitly: convert on request)",
                             i, dname(kt), dname(vt), dname((int32_t)kc->dtype), dname((int32_t)vc->dtype));
-        const mem_col *cols[2] = {kc, vc};
+        const mem_col *mc[2] = {kc, vc};
+        const int32_t dts[2] = {kt, vt};
         for (int j = 0; j < 2; j++) {
             uint32_t en = get_u32(&r);
             int32_t blk = get_i32(&r);
             uint64_t seed = get_u64(&r);
-            const mem_col *c = cols[j];
+            const mem_col *c = mc[j];
             if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
-            if (en != (uint32_t)c->rot.enabled || (en && (blk != c->rot.block || seed != c->rot.seed)))
+            bool same_rot = en == (uint32_t)c->rot.enabled && (!en || (blk == c->rot.block && seed == c->rot.seed));
+            if (!convert && !same_rot)
                 return base_err(m->err, KEEL_EUNSUPPORTED,
                                 "load: layer %d %s: rotation %s (block %d, seed %llu) in the session, %s (block %d, "
                                 "seed %llu) here",
                                 i, j ? "V" : "K", en ? "on" : "off", blk, (unsigned long long)seed,
                                 c->rot.enabled ? "on" : "off", c->rot.block, (unsigned long long)c->rot.seed);
+            sess_col *sc = &cols[2 * i + j];
+            sc->dtype = (keel_dtype)dts[j];
+            sc->head_dim = c->head_dim;
+            sc->n_heads = c->n_heads;
+            sc->rot = en != 0;
+            sc->rot_block = blk;
+            sc->rot_seed = seed;
+            if (en > 1 || !readable(sc))
+                return base_err(m->err, KEEL_EFORMAT, "load: layer %d %s: stored as %s (rotation %s, block %d): not readable",
+                                i, j ? "V" : "K", dname(dts[j]), en ? "on" : "off", blk);
+            sc->row_bytes = tensor_row_bytes(sc->dtype, sc->head_dim);
+            sc->same = same_rot && sc->dtype == c->dtype;
         }
         if (!rope_same(&r, &kc->rope))
             return base_err(m->err, KEEL_EINVAL, "load: layer %d: the session's keys carry other RoPE parameters", i);
@@ -518,7 +584,7 @@ typedef struct grp_view {
     size_t meta_bytes;
 } grp_view;
 
-static keel_status view_group(keel_mem *m, const parsed *ps, int32_t g, grp_view *v)
+static keel_status view_group(keel_mem *m, const parsed *ps, int32_t g, const sess_col *cols, grp_view *v)
 {
     const sect *s = find(ps, SEC_GROUP, g);
     if (!s) return base_err(m->err, KEEL_EFORMAT, "load: group %d missing", g);
@@ -536,8 +602,11 @@ static keel_status view_group(keel_mem *m, const parsed *ps, int32_t g, grp_view
     size_t per = 12 + (ps->seq < 0 ? (size_t)words * 8 : 0);
     v->meta_bytes = per * (size_t)v->n_cells;
     size_t row_bytes = 0;
-    for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++)
-        row_bytes += grp->tables[0].cols[ci].head_row_bytes * (size_t)grp->tables[0].cols[ci].n_heads;
+    for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++) {
+        const mem_col *mc = &grp->tables[0].cols[ci];
+        const sess_col *sc = &cols[2 * mc->layer + (mc->kind == MEM_COL_V)];
+        row_bytes += sc->row_bytes * (size_t)sc->n_heads;
+    }
     size_t rows_bytes;
     if (!size_mul(row_bytes, (size_t)v->n_cells, &rows_bytes) || v->meta_bytes + rows_bytes != (size_t)(r.end - r.p))
         return base_err(m->err, KEEL_EFORMAT, "load: group %d: %zu bytes for %d cells, expected %zu", g,
@@ -547,12 +616,37 @@ static keel_status view_group(keel_mem *m, const parsed *ps, int32_t g, grp_view
     return KEEL_OK;
 }
 
+/* Re-encodes one stored head row (stored descriptor sc) into this memory's
+ * column: decode, undo the stored rotation, then the column's own encode. */
+static void convert_row(const sess_col *sc, const uint8_t *src, const mem_col *col, uint8_t *dst, float *x,
+                        float *signs)
+{
+    tensor_dequantize_row_unchecked(sc->dtype, src, x, sc->head_dim);
+    if (sc->rot) {
+        const float *sg = NULL;
+        if (sc->rot_seed) {
+            tensor_wht_signs(sc->rot_seed, sc->rot_block, signs);
+            sg = signs;
+        }
+        for (int32_t o = 0; o < sc->head_dim; o += sc->rot_block) tensor_wht_inverse(x + o, sc->rot_block, sg);
+    }
+    mem_col_encode(col, x, dst);
+}
+
 keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
-                          int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens)
+                          unsigned flags, int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens,
+                          int32_t *n_pending)
 {
     if (!m || (!buf && len) || !n_tokens) return KEEL_EINVAL;
     m->err[0] = 0;
     *n_tokens = 0;
+    if (n_pending) *n_pending = 0;
+    if (flags & ~(unsigned)KEEL_SESSION_CONVERT) return base_err(m->err, KEEL_EINVAL, "load: unknown flags %#x", flags);
+    for (int32_t i = 0; i < m->cfg.n_layers; i++)
+        if (m->layers[i].kind != KEEL_MEM_LAYER_FULL && m->layers[i].kind != KEEL_MEM_LAYER_SLIDING &&
+            m->layers[i].kind != KEEL_MEM_LAYER_NONE)
+            return base_err(m->err, KEEL_EUNSUPPORTED, "load: layer %d's kind is not in session format %u", i,
+                            SESS_VERSION);
     parsed ps;
     keel_status st = parse_blob(m, buf, len, fingerprint, &ps);
     if (st != KEEL_OK) return st;
@@ -561,13 +655,20 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
         return base_err(m->err, KEEL_EINVAL, whole ? "load: the session holds the whole memory; load it with seq -1"
                                                    : "load: the session holds one sequence; load it into a sequence id");
     if (!whole && seq >= m->cfg.n_seq_max) return base_err(m->err, KEEL_EINVAL, "load: unknown sequence id %d", seq);
+    /* scratch: the stored descriptors, a decoded row and a sign diagonal */
+    base_arena_reset(&m->scratch);
+    sess_col *cols = base_arena_take_n(&m->scratch, 2 * (size_t)m->cfg.n_layers, sizeof(sess_col));
+    float *x = base_arena_take_n(&m->scratch, (size_t)m->attn_dims.dk_max + (size_t)m->attn_dims.dv_max, sizeof(float));
+    float *signs = base_arena_take_n(&m->scratch, 512, sizeof(float));
+    if (!cols || !x || !signs) return base_err(m->err, KEEL_ESCRATCH, "load: scratch exhausted");
+    memset(cols, 0, 2 * (size_t)m->cfg.n_layers * sizeof(sess_col));
     /* validate every section before anything changes */
     const sect *desc = find(&ps, SEC_DESC, 0), *tok = find(&ps, SEC_TOKENS, 0), *sq = find(&ps, SEC_SEQ, 0);
     if (!desc || !tok || !sq) return base_err(m->err, KEEL_EFORMAT, "load: a section is missing");
-    if ((st = check_desc(m, desc, whole)) != KEEL_OK) return st;
+    if ((st = check_desc(m, desc, whole, (flags & KEEL_SESSION_CONVERT) != 0, cols)) != KEEL_OK) return st;
     rd tr = tok->body;
-    int32_t nt = get_i32(&tr);
-    if (tr.bad || nt < 0 || (size_t)nt * 4 != (size_t)(tr.end - tr.p))
+    int32_t nt = get_i32(&tr), np = get_i32(&tr);
+    if (tr.bad || nt < 0 || np < 0 || np > nt || (size_t)nt * 4 != (size_t)(tr.end - tr.p))
         return base_err(m->err, KEEL_EFORMAT, "load: token section size");
     if (nt > cap_tokens && tokens) return base_err(m->err, KEEL_ERANGE, "load: %d tokens, room for %d", nt, cap_tokens);
     rd sr = sq->body;
@@ -592,7 +693,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     grp_view gv[8];
     if (m->n_groups > 8) return base_err(m->err, KEEL_EUNSUPPORTED, "load: %d groups", m->n_groups);
     for (int32_t g = 0; g < m->n_groups; g++) {
-        if ((st = view_group(m, &ps, g, &gv[g])) != KEEL_OK) return st;
+        if ((st = view_group(m, &ps, g, cols, &gv[g])) != KEEL_OK) return st;
         /* cell metadata: positions, ranks, flags, sequence sets in range */
         rd mr = gv[g].meta;
         int32_t words = m->groups[g].tables[0].seq_words;
@@ -643,13 +744,11 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
         mem_table *t = &grp->tables[m->n_streams == 1 ? 0 : (whole ? 0 : seq)];
         int32_t words = t->seq_words;
         rd mr = gv[g].meta, rr = gv[g].rows;
-        /* cells first (placed in order), then the rows column by column */
-        int32_t first_cell = -1;
+        /* cells first (in the blob's order), then the rows column by column */
         for (int32_t i = 0; i < gv[g].n_cells; i++) {
             int32_t pos = get_i32(&mr), rank = get_i32(&mr);
             uint32_t fl = get_u32(&mr);
             int32_t c = mem_table_find_free(t);
-            if (first_cell < 0) first_cell = c;
             t->pos[c] = pos;
             t->stamp[c] = base + (uint64_t)rank;
             t->cflags[c] = (uint8_t)fl;
@@ -665,15 +764,20 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
         }
         for (int32_t ci = 0; ci < t->n_cols; ci++) {
             const mem_col *col = &t->cols[ci];
-            size_t per = col->head_row_bytes * (size_t)col->n_heads;
-            const uint8_t *base_rows = rr.p;
-            for (int32_t c = 0; c < t->cap; c++) {
-                if (!t->flags[c]) continue;
-                const uint8_t *src = base_rows + (size_t)t->newpos[c] * per;
-                for (int32_t h = 0; h < col->n_heads; h++)
-                    memcpy(mem_col_row(t, col, h, c), src + (size_t)h * col->head_row_bytes, col->head_row_bytes);
+            const sess_col *sc = &cols[2 * col->layer + (col->kind == MEM_COL_V)];
+            for (int32_t h = 0; h < col->n_heads; h++) {
+                const uint8_t *head_rows = rr.p + (size_t)h * (size_t)gv[g].n_cells * sc->row_bytes;
+                for (int32_t c = 0; c < t->cap; c++) {
+                    if (!t->flags[c]) continue;
+                    const uint8_t *src = head_rows + (size_t)t->newpos[c] * sc->row_bytes;
+                    uint8_t *dst = mem_col_row(t, col, h, c);
+                    if (sc->same)
+                        memcpy(dst, src, col->head_row_bytes);
+                    else
+                        convert_row(sc, src, col, dst, x, signs);
+                }
             }
-            rr.p += per * (size_t)gv[g].n_cells;
+            rr.p += sc->row_bytes * (size_t)sc->n_heads * (size_t)gv[g].n_cells;
         }
         for (int32_t c = 0; c < t->cap; c++) t->flags[c] = 0;
         mem_table_refresh(t);
@@ -694,9 +798,10 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     }
     if (tokens) {
         rd tr2 = tok->body;
-        skip(&tr2, 4); /* the count */
+        skip(&tr2, 8); /* the counts */
         for (int32_t i = 0; i < nt; i++) tokens[i] = get_i32(&tr2);
     }
     *n_tokens = nt;
+    if (n_pending) *n_pending = np;
     return KEEL_OK;
 }

@@ -332,6 +332,32 @@ static int32_t tok_new(ref *r)
     return t;
 }
 
+/* A copy of token t (same K/V, no draw from the data stream), refs 0. */
+static int32_t tok_clone(ref *r, int32_t t)
+{
+    int32_t c;
+    if (r->n_free > 0) {
+        c = r->free_toks[--r->n_free];
+    } else {
+        if (r->n_toks == r->cap_toks) {
+            r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 256;
+            r->toks = realloc(r->toks, (size_t)r->cap_toks * sizeof(ref_token));
+            r->free_toks = realloc(r->free_toks, (size_t)r->cap_toks * sizeof(int32_t));
+            if (!r->toks || !r->free_toks) abort();
+        }
+        c = r->n_toks++;
+    }
+    ref_token *k = &r->toks[c];
+    k->refs = 0;
+    k->stamp = r->toks[t].stamp;
+    k->k = malloc(r->k_floats * sizeof(float));
+    k->v = malloc(r->v_floats * sizeof(float));
+    if (!k->k || !k->v) abort();
+    memcpy(k->k, r->toks[t].k, r->k_floats * sizeof(float));
+    memcpy(k->v, r->toks[t].v, r->v_floats * sizeof(float));
+    return c;
+}
+
 static void ref_init(ref *r, const ref_cfg *rc, keel_mem *mem, uint64_t data_seed)
 {
     memset(r, 0, sizeof *r);
@@ -1058,6 +1084,103 @@ static void op_clear(driver *d)
     ref_rm(&d->r, -1, -1, -1);
 }
 
+/* A session round trip: the sequence (or the whole memory) saved and loaded
+ * back into the same memory. The memory's content must be the same after it
+ * (attention keeps matching the reference); a refused load (no room for the
+ * copies of shared cells, a whole-memory load into split streams) changes
+ * nothing. Run every 97th step without a draw of its own, so the seeds'
+ * operation streams stay as they were. */
+static void op_session(driver *d)
+{
+    ref *r = &d->r;
+    int32_t ns = r->rc.mc.n_seq_max;
+    int32_t s = (int32_t)((d->step / 97) % (ns + 1)) - 1;
+    size_t n = 0;
+    keel_status st = keel_mem_save(d->mem, s, 77, NULL, 0, 0, NULL, 0, &n);
+    expect_status(d, st, KEEL_ERANGE, "session size");
+    if (st != KEEL_ERANGE) return;
+    uint8_t *buf = malloc(n);
+    if (!buf) abort();
+    size_t got = 0;
+    st = keel_mem_save(d->mem, s, 77, NULL, 0, 0, buf, n, &got);
+    expect_status(d, st, KEEL_OK, "session save");
+    uint64_t before = keel_mem_digest(d->mem);
+    uint64_t base = d->mem->next_stamp; /* the load stamps its cells base + rank */
+    int32_t nt = -1;
+    st = keel_mem_load(d->mem, s, buf, got, 77, 0, NULL, 0, &nt, NULL);
+    free(buf);
+    TRACE("session seq %d (%zu bytes) -> %s", s, got, keel_status_name(st));
+    if (st != KEEL_OK) {
+        bool ok = st == KEEL_EFULL || (st == KEEL_EUNSUPPORTED && s < 0 && !r->rc.mc.unified);
+        if (!ok) expect_status(d, st, KEEL_OK, "session load");
+        refused(d, before, st, "session load");
+        return;
+    }
+    /* the memory re-stamped the loaded cells base + the rank of their old
+     * stamp among the saved ones (order kept): so does the reference. A
+     * loaded sequence holds copies: its tokens are cloned (other sequences
+     * keep theirs, with the old stamps) and no longer share cells. */
+    int32_t n_st = 0, cap_st = 64;
+    uint64_t *st_list = malloc((size_t)cap_st * sizeof(uint64_t));
+    if (!st_list) abort();
+    for (int32_t q = 0; q < ns; q++) {
+        if (s >= 0 && q != s) continue;
+        for (int32_t g = 0; g < r->n_groups; g++)
+            for (int32_t i = 0; i < r->lists[q][g].n; i++) {
+                if (n_st == cap_st) {
+                    st_list = realloc(st_list, (size_t)(cap_st *= 2) * sizeof(uint64_t));
+                    if (!st_list) abort();
+                }
+                st_list[n_st++] = r->toks[r->lists[q][g].e[i].tok].stamp;
+            }
+    }
+    for (int32_t i = 1; i < n_st; i++) /* insertion sort, then unique */
+        for (int32_t j = i; j > 0 && st_list[j] < st_list[j - 1]; j--) {
+            uint64_t x = st_list[j];
+            st_list[j] = st_list[j - 1];
+            st_list[j - 1] = x;
+        }
+    int32_t u = 0;
+    for (int32_t i = 0; i < n_st; i++)
+        if (u == 0 || st_list[i] != st_list[u - 1]) st_list[u++] = st_list[i];
+    if (s < 0) {
+        /* whole memory: every token re-stamped in place (sharing is kept) */
+        for (int32_t t = 0; t < r->n_toks; t++) {
+            if (r->toks[t].refs <= 0) continue;
+            for (int32_t k = 0; k < u; k++)
+                if (st_list[k] == r->toks[t].stamp) {
+                    r->toks[t].stamp = base + (uint64_t)k;
+                    break;
+                }
+        }
+    } else {
+        for (int32_t g = 0; g < r->n_groups; g++) {
+            ref_list *l = &r->lists[s][g];
+            for (int32_t i = 0; i < l->n; i++) {
+                int32_t old = l->e[i].tok, k = 0;
+                while (k < u && st_list[k] != r->toks[old].stamp) k++;
+                /* one clone per old token, shared by its entries in every group */
+                int32_t clone = -1;
+                for (int32_t g2 = 0; g2 < g && clone < 0; g2++)
+                    for (int32_t j = 0; j < r->lists[s][g2].n && clone < 0; j++)
+                        if (r->toks[r->lists[s][g2].e[j].tok].stamp == base + (uint64_t)k) clone = r->lists[s][g2].e[j].tok;
+                for (int32_t j = 0; j < i && clone < 0; j++)
+                    if (r->toks[l->e[j].tok].stamp == base + (uint64_t)k) clone = l->e[j].tok;
+                if (clone < 0) {
+                    clone = tok_clone(r, old);
+                    r->toks[clone].stamp = base + (uint64_t)k;
+                }
+                r->toks[clone].refs++;
+                tok_unref(r, old);
+                l->e[i].tok = clone;
+                l->e[i].inst = r->next_inst++;
+            }
+        }
+    }
+    r->next_stamp = base + (uint64_t)u;
+    free(st_list);
+}
+
 /* Bad input: each must be refused with a clear status and change nothing. */
 static void op_bad(driver *d)
 {
@@ -1361,7 +1484,6 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
     d.dacc = calloc(64, sizeof(double));
     keel_mem_stats ms;
     keel_mem_stats_get(d.mem, &ms);
-    for (int32_t g = 0; g < keel_mem_n_groups(d.mem); g++) (void)g;
     res->max_cap = rc.mc.n_ctx;
     res->max_cell = -1;
     for (d.step = 0; d.step < n_ops; d.step++) {
@@ -1399,6 +1521,11 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
             name = "bad input";
         }
         if (d.ch.exhausted) break;
+        if (d.step % 97 == 96) {
+            check_invariants(&d, name);
+            op_session(&d);
+            name = "session";
+        }
         check_invariants(&d, name);
         compare_all(&d);
         res->ops++;

@@ -1,0 +1,66 @@
+# exports.cmake — ctest pkg_exports (cmake -P): libkeel.so exports exactly
+# the functions keel.h declares. Every symbol `nm -D --defined-only` lists
+# must start with keel_ and be declared in keel.h, and every function
+# keel.h declares must be exported.
+#   cmake -DLIB=build/libkeel.so -DHEADER=include/keel.h -DNM=nm -P exports.cmake
+cmake_minimum_required(VERSION 3.18)
+foreach(v LIB HEADER NM)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "exports.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+
+# The declared API: names followed by '(' outside comments and preprocessor
+# lines (function pointer typedefs read `(*keel_x_fn)(`, which does not match).
+file(READ "${HEADER}" src)
+string(REGEX REPLACE "/\\*([^*]|\\*+[^*/])*\\*+/" " " src "${src}")
+string(REGEX REPLACE "//[^\n]*" "" src "${src}")
+string(REGEX REPLACE "(^|\n)[ \t]*#[^\n]*" "\n" src "${src}")
+string(REGEX MATCHALL "keel_[a-z0-9_]+[ \t\r\n]*\\(" calls "${src}")
+set(declared "")
+foreach(c ${calls})
+  string(REGEX REPLACE "[ \t\r\n]*\\($" "" name "${c}")
+  list(APPEND declared ${name})
+endforeach()
+list(REMOVE_DUPLICATES declared)
+list(LENGTH declared n_declared)
+# the embedding API (issue 9) must be among them, or the parse above broke
+foreach(f keel_engine_open keel_engine_close keel_complete keel_engine_response keel_engine_cancel
+          keel_engine_reset keel_engine_stats keel_strerror keel_version keel_gen_model)
+  if(NOT f IN_LIST declared)
+    message(FATAL_ERROR "exports.cmake: ${f} not found among the ${n_declared} functions of ${HEADER}")
+  endif()
+endforeach()
+
+execute_process(COMMAND "${NM}" -D --defined-only "${LIB}" OUTPUT_VARIABLE out
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${NM} -D --defined-only ${LIB} failed (${rc}): ${err}")
+endif()
+string(REPLACE "\n" ";" lines "${out}")
+set(exported "")
+set(bad "")
+foreach(l ${lines})
+  if(l MATCHES "^[0-9a-fA-F]* *([A-Za-z]) ([^ @]+)")
+    set(name "${CMAKE_MATCH_2}")
+    list(APPEND exported ${name})
+    if(NOT name MATCHES "^keel_")
+      list(APPEND bad "${name} (not keel_*)")
+    elseif(NOT name IN_LIST declared)
+      list(APPEND bad "${name} (not declared in keel.h)")
+    endif()
+  endif()
+endforeach()
+set(missing "")
+foreach(name ${declared})
+  if(NOT name IN_LIST exported)
+    list(APPEND missing ${name})
+  endif()
+endforeach()
+list(LENGTH exported n_exported)
+message(STATUS "${LIB}: ${n_exported} exported symbols; ${HEADER}: ${n_declared} functions")
+if(bad OR missing)
+  string(REPLACE ";" ", " bad "${bad}")
+  string(REPLACE ";" ", " missing "${missing}")
+  message(FATAL_ERROR "exported but not the public API: [${bad}]; declared but not exported: [${missing}]")
+endif()
