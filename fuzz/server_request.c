@@ -89,11 +89,13 @@ static void fuzz_outputs(const char *text, size_t n)
             ev.len = len;
             ev.id = "call_fuzz";
             ev.name = len ? "tool" : NULL;
+            ev.error = ev.kind == KEEL_EVENT_TOOL_END && (len & 1) ? "malformed" : NULL;
             pos = (pos + len) % (n ? n : 1);
             if (!srv_stream_event(&s, &ev, &out)) break;
             if (i % 7 == 0) srv_stream_ping(&s, &out);
         }
         srv_stream_done(&s, resp, n & 4 ? KEEL_OK : KEEL_EFULL, &out);
+        srv_stream_free(&s);
         srv_buf_free(&out);
     }
     free(resp);

@@ -446,9 +446,28 @@ static bool start(srv_stream *s, srv_buf *out)
            srv_buf_adds(out, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
 }
 
+static bool delta(srv_stream *s, json_t *d, srv_buf *out);
+
+/* A tool_use block's input goes out whole when the call ends: a valid JSON
+ * object as the model wrote it, else {} (what the response holds then). A
+ * malformed call streamed piece by piece would make clients' partial-JSON
+ * parsers fail mid-stream. */
+static bool flush_args(srv_stream *s, const char *error, srv_buf *out)
+{
+    json_t *v = !error && s->args.len ? json_loadb(s->args.p, s->args.len, 0, NULL) : NULL;
+    bool obj = json_is_object(v);
+    if (v) json_decref(v);
+    bool ok = delta(s, json_pack("{ssso}", "type", "input_json_delta", "partial_json",
+                                 obj ? json_stringn(s->args.p, s->args.len) : json_string("{}")),
+                    out);
+    srv_buf_reset(&s->args);
+    return ok;
+}
+
 static bool close_block(srv_stream *s, srv_buf *out)
 {
     if (s->block < 0) return true;
+    if (s->block_kind == SRV_BLOCK_TOOL && !flush_args(s, s->args.overflow ? "too long" : NULL, out)) return false;
     bool ok = emit(out, "content_block_stop", json_pack("{sssi}", "type", "content_block_stop", "index", s->block));
     s->block = -1;
     s->block_kind = SRV_BLOCK_NONE;
@@ -503,11 +522,13 @@ bool srv_anthropic_event(srv_stream *s, const keel_event *ev, srv_buf *out)
     case KEEL_EVENT_TOOL_ARGS:
         /* arguments of a call whose block is not open cannot be placed */
         if (!ev->len || s->block_kind != SRV_BLOCK_TOOL || s->tool != ev->index) return true;
-        return delta(s, json_pack("{ssso}", "type", "input_json_delta", "partial_json", srv_json_text(ev->text, ev->len)),
-                     out);
-    case KEEL_EVENT_TOOL_END:
-        if (s->block_kind == SRV_BLOCK_TOOL && s->tool == ev->index) return close_block(s, out);
+        srv_buf_add(&s->args, ev->text, ev->len); /* an overflow makes the input {} */
         return true;
+    case KEEL_EVENT_TOOL_END:
+        if (s->block_kind != SRV_BLOCK_TOOL || s->tool != ev->index) return true;
+        if (!flush_args(s, ev->error ? ev->error : s->args.overflow ? "too long" : NULL, out)) return false;
+        s->block_kind = SRV_BLOCK_NONE; /* its input is out: close_block must not send it again */
+        return close_block(s, out);
     default:
         return true;
     }

@@ -514,6 +514,12 @@ void srv_stream_init(srv_stream *s, const srv_meta *m, bool include_usage)
     s->include_usage = include_usage;
     s->block = -1;
     s->tool = -1;
+    s->args.max = (size_t)4 << 20;
+}
+
+void srv_stream_free(srv_stream *s)
+{
+    srv_buf_free(&s->args);
 }
 
 bool srv_stream_event(srv_stream *s, const keel_event *ev, srv_buf *out)

@@ -185,6 +185,7 @@ static void job_release(job *j)
     qev_free(j->head);
     free(j->response);
     srv_buf_free(&j->out);
+    srv_stream_free(&j->stream);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

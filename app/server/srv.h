@@ -173,12 +173,14 @@ typedef struct srv_stream {
     int32_t n_blocks; /* Anthropic: blocks started so far */
     int32_t tool;     /* engine tool index of the open tool_use block, -1 none */
     int32_t n_tools;  /* OpenAI: tool calls announced so far (indexes are dense) */
+    srv_buf args;     /* Anthropic: the open tool call's arguments, sent whole at its end */
     bool ended;
 } srv_stream;
 
 enum { SRV_BLOCK_NONE = 0, SRV_BLOCK_TEXT = 1, SRV_BLOCK_THINKING = 2, SRV_BLOCK_TOOL = 3 };
 
 void srv_stream_init(srv_stream *s, const srv_meta *m, bool include_usage);
+void srv_stream_free(srv_stream *s);
 /* Appends the SSE bytes of one engine event (not DONE) to out. */
 bool srv_stream_event(srv_stream *s, const keel_event *ev, srv_buf *out);
 /* Appends the stream's end: the final chunk(s) with finish_reason and usage
