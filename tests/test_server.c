@@ -640,13 +640,39 @@ static void test_shutdown(void **state)
     srv_http_resp_free(&b.r);
 }
 
+/* keel bench-serve on a small model: the JSON it prints. */
+static void test_bench_serve(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench-serve -m %s -t 1 -p 8 -n 4 --requests 1 --concurrency 1,2 --json", getenv("KEEL_BIN"),
+             g_model);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    static char out[16384];
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    assert_int_equal(pclose(f), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    if (!j) fail_msg("bench-serve printed: %s", out);
+    assert_true(json_number_value(json_object_get(json_object_get(j, "single_stream"), "decode_tokens_per_second")) > 0);
+    json_t *runs = json_object_get(j, "runs");
+    assert_int_equal(json_array_size(runs), 2);
+    assert_int_equal(srvt_int(runs, "1.concurrency"), 2);
+    assert_int_equal(srvt_int(runs, "1.requests"), 2);
+    assert_int_equal(srvt_int(runs, "1.failures"), 0);
+    assert_true(json_number_value(json_object_get(json_array_get(runs, 1), "tokens_per_second")) > 0);
+    assert_true(json_number_value(json_object_get(json_array_get(runs, 0), "ttft_mean_ms")) > 0);
+    json_decref(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loading),       cmocka_unit_test(test_info_endpoints), cmocka_unit_test(test_chat),
         cmocka_unit_test(test_chat_stream),   cmocka_unit_test(test_completions),    cmocka_unit_test(test_messages),
         cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_slot_actions),   cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_auth),          cmocka_unit_test(test_shutdown),
+        cmocka_unit_test(test_auth),          cmocka_unit_test(test_shutdown),       cmocka_unit_test(test_bench_serve),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

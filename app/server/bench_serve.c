@@ -214,7 +214,7 @@ int cmd_bench_serve(int argc, char **argv)
     }
     int32_t n_slots = b.max_conc;
     int32_t n_ctx = n_slots * (b.n_prompt + b.n_gen + 16);
-    json_t *opts = json_pack("{sssisisisisisssss}", "model", model, "n_ctx", n_ctx, "n_slots", n_slots, "n_threads",
+    json_t *opts = json_pack("{sssisisisisissss}", "model", model, "n_ctx", n_ctx, "n_slots", n_slots, "n_threads",
                              o.ctx.n_threads, "n_batch", 2048 > n_ctx ? n_ctx : 2048, "n_ubatch", 512,
                              "type_k", keel_dtype_name(o.ctx.type_k), "type_v", keel_dtype_name(o.ctx.type_v));
     char *opts_text = opts ? json_dumps(opts, JSON_COMPACT) : NULL;
