@@ -241,6 +241,32 @@ json_t *srvt_get_json(const srvt_proc *p, const char *path, int *status)
     return parse_resp(&r);
 }
 
+double srvt_metric(const srvt_proc *p, const char *name)
+{
+    srv_http_resp r;
+    double v = -1;
+    if (srvt_req(p, "GET", "/metrics", NULL, NULL, &r) == 200 && r.body.p) {
+        char key[128];
+        snprintf(key, sizeof key, "\n%s ", name);
+        const char *q = strstr(r.body.p, key);
+        if (q) v = atof(q + strlen(key));
+    }
+    srv_http_resp_free(&r);
+    return v;
+}
+
+double srvt_wait_metric(const srvt_proc *p, const char *name, double want, int timeout_s)
+{
+    double v = -1;
+    for (int i = 0; i < timeout_s * 50; i++) {
+        v = srvt_metric(p, name);
+        if (v >= want) break;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return v;
+}
+
 bool srvt_alive(const srvt_proc *p)
 {
     srv_http_resp r;

@@ -49,6 +49,13 @@ int srvt_req(const srvt_proc *p, const char *method, const char *path, const cha
  * the HTTP status. */
 json_t *srvt_post_json(const srvt_proc *p, const char *path, const char *body, int *status);
 json_t *srvt_get_json(const srvt_proc *p, const char *path, int *status);
+/* A sample of GET /metrics (-1 if absent). */
+double srvt_metric(const srvt_proc *p, const char *name);
+/* Waits until the metric reaches want: the engine updates counters and slot
+ * snapshots after it delivered a request's last event, so right after a
+ * response they may lag by a step. The last value read. */
+double srvt_wait_metric(const srvt_proc *p, const char *name, double want, int timeout_s);
+
 /* GET /health is 200. */
 bool srvt_alive(const srvt_proc *p);
 /* Waits (up to timeout_s) until every slot of /slots is idle. */

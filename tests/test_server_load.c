@@ -37,33 +37,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static double metric(const srvt_proc *p, const char *name)
-{
-    srv_http_resp r;
-    double v = -1;
-    if (srvt_req(p, "GET", "/metrics", NULL, NULL, &r) == 200 && r.body.p) {
-        char key[128];
-        snprintf(key, sizeof key, "\n%s ", name);
-        const char *q = strstr(r.body.p, key);
-        if (q) v = atof(q + strlen(key));
-    }
-    srv_http_resp_free(&r);
-    return v;
-}
 
-/* Waits until metric name reaches want (slot snapshots and counters are
- * updated at the end of the engine's step, so they lag the events a
- * client sees). The last value read. */
-static double wait_metric(const srvt_proc *p, const char *name, double want, int timeout_s)
-{
-    double v = -1;
-    for (int i = 0; i < timeout_s * 50; i++) {
-        v = metric(p, name);
-        if (v >= want) break;
-        usleep(20000);
-    }
-    return v;
-}
 
 /* ---- 8 concurrent streams vs one at a time ------------------------------------------- */
 
@@ -174,7 +148,7 @@ static void test_disconnect_mid_stream(void **state)
     const char *args[] = {"-np", "2", "-c", "65536", "--kv-compact", "window", "-t", "1", "--metrics", "--log-disable", NULL};
     srvt_proc p;
     assert_true(srvt_start(&p, g_model, args, true));
-    double c0 = metric(&p, "keel_requests_cancelled_total");
+    double c0 = srvt_metric(&p, "keel_requests_cancelled_total");
     assert_true(c0 >= 0);
     /* streaming: read the first piece, then hang up */
     int fd = srv_http_connect("127.0.0.1", p.port);
@@ -187,7 +161,7 @@ static void test_disconnect_mid_stream(void **state)
     assert_int_equal(pieces, 1);
     srv_http_resp_free(&r);
     close(fd);
-    assert_int_equal(wait_metric(&p, "keel_requests_cancelled_total", c0 + 1, 5 * srvt_slow()), c0 + 1);
+    assert_int_equal(srvt_wait_metric(&p, "keel_requests_cancelled_total", c0 + 1, 5 * srvt_slow()), c0 + 1);
     assert_true(srvt_slots_idle(&p, 5 * srvt_slow()));
     /* not streaming: hang up while it generates */
     fd = srv_http_connect("127.0.0.1", p.port);
@@ -203,7 +177,7 @@ static void test_disconnect_mid_stream(void **state)
         usleep(10000);
     }
     close(fd);
-    assert_int_equal(wait_metric(&p, "keel_requests_cancelled_total", c0 + 2, 5 * srvt_slow()), c0 + 2);
+    assert_int_equal(srvt_wait_metric(&p, "keel_requests_cancelled_total", c0 + 2, 5 * srvt_slow()), c0 + 2);
     assert_true(srvt_slots_idle(&p, 5 * srvt_slow()));
     /* the server is fine afterwards */
     int st;
@@ -301,7 +275,7 @@ static void test_random_disconnects(void **state)
     const char *args[] = {"-np", "4", "-c", "65536", "--kv-compact", "window", "-t", "2", "--metrics", "--log-disable", NULL};
     srvt_proc p;
     assert_true(srvt_start(&p, g_model, args, true));
-    double r0 = metric(&p, "keel_requests_total");
+    double r0 = srvt_metric(&p, "keel_requests_total");
     load_ctx c;
     memset(&c, 0, sizeof c);
     c.port = p.port;
@@ -311,10 +285,10 @@ static void test_random_disconnects(void **state)
     for (int i = 0; i < 6; i++) pthread_join(dt[i], NULL);
     atomic_store(&c.stop, 1);
     for (int i = 0; i < 2; i++) pthread_join(lt[i], NULL);
-    wait_metric(&p, "keel_requests_total", r0 + atomic_load(&c.submitted), 10 * srvt_slow());
+    srvt_wait_metric(&p, "keel_requests_total", r0 + atomic_load(&c.submitted), 10 * srvt_slow());
     assert_true(srvt_slots_idle(&p, 10 * srvt_slow()));
-    double r1 = metric(&p, "keel_requests_total"), cancelled = metric(&p, "keel_requests_cancelled_total");
-    double failed = metric(&p, "keel_requests_failed_total");
+    double r1 = srvt_metric(&p, "keel_requests_total"), cancelled = srvt_metric(&p, "keel_requests_cancelled_total");
+    double failed = srvt_metric(&p, "keel_requests_failed_total");
     printf("random disconnects: %d load requests answered (%d bad), 50 disconnects; the engine saw %.0f requests "
            "(%.0f cancelled, %.0f failed)\n",
            atomic_load(&c.ok), atomic_load(&c.bad), r1 - r0, cancelled, failed);

@@ -225,19 +225,6 @@ static double rss_of(pid_t pid)
     return v;
 }
 
-static double metric(const srvt_proc *p, const char *name)
-{
-    srv_http_resp r;
-    double v = -1;
-    if (srvt_req(p, "GET", "/metrics", NULL, NULL, &r) == 200 && r.body.p) {
-        char key[128];
-        snprintf(key, sizeof key, "\n%s ", name);
-        const char *q = strstr(r.body.p, key);
-        if (q) v = atof(q + strlen(key));
-    }
-    srv_http_resp_free(&r);
-    return v;
-}
 
 /* The body with max_tokens replaced. */
 static char *with_max_tokens(const char *body, int n)
@@ -280,12 +267,13 @@ static void replay_model(const char *model, bool anthropic, bool full_attention,
     r.p = &p;
     r.anthropic = anthropic;
     run_replay(&r, full_attention);
-    double failed = metric(&p, "keel_requests_failed_total"), total = metric(&p, "keel_requests_total");
+    double total = srvt_wait_metric(&p, "keel_requests_total", 2 * TURNS, 5 * srvt_slow());
+    double failed = srvt_metric(&p, "keel_requests_failed_total");
     assert_int_equal(failed, 0);
     assert_int_equal(total, 2 * TURNS);
-    printf("  prompt cache: %.0f entries, %.0f hits, %.0f hit tokens\n", metric(&p, "keel_prompt_cache_entries"),
-           metric(&p, "keel_prompt_cache_hits"), metric(&p, "keel_prompt_cache_hit_tokens"));
-    double rss = rss_of(p.pid), plan = metric(&p, "keel_plan_total_bytes");
+    printf("  prompt cache: %.0f entries, %.0f hits, %.0f hit tokens\n", srvt_metric(&p, "keel_prompt_cache_entries"),
+           srvt_metric(&p, "keel_prompt_cache_hits"), srvt_metric(&p, "keel_prompt_cache_hit_tokens"));
+    double rss = rss_of(p.pid), plan = srvt_metric(&p, "keel_plan_total_bytes");
     printf("  RSS %.1f MiB, plan %.1f MiB\n", rss / 1048576.0, plan / 1048576.0);
     assert_true(plan > 0);
     /* the plan bounds what the engine allocates; allow the process's own
