@@ -156,6 +156,69 @@ static void test_two_turns_reuse(void **state)
     keel_engine_close(e);
 }
 
+/* A hybrid model (Gated DeltaNet + attention): turn 2 resumes the state
+ * from the checkpoint at the end of turn 1's prompt, the same prompt sent
+ * again from the one a token before its end; the logits are bit-identical
+ * to a fresh engine's (deterministic mode). */
+static void test_recurrent_reuse(void **state)
+{
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/keel_engine_rs_XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "qwen35";
+    gp.n_layer = 4;
+    gp.n_embd = 64;
+    gp.n_head = 4;
+    gp.n_head_kv = 2;
+    gp.seed = 9;
+    char err[256], opts[512];
+    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
+    snprintf(opts, sizeof opts, "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16}", path);
+    keel_engine *e = NULL, *f = NULL;
+    assert_ok(keel_engine_open(opts, &e, err));
+    assert_ok(keel_engine_open(opts, &f, err));
+    logit_cap a = {NULL, 0}, b = {NULL, 0};
+    const char *o1 = "{\"max_tokens\": 6, \"temperature\": 0}";
+    assert_ok(keel_complete(e, MSG1, o1, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r1 = parse(g_resp);
+    e->debug_logits = cap_logits;
+    e->debug_user = &a;
+    assert_ok(keel_complete(e, MSG2, o1, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r2 = parse(g_resp);
+    int64_t p1 = usage(r1, "prompt_tokens"), c2 = usage(r2, "cached_tokens");
+    printf("hybrid: turn 1 %lld prompt tokens; turn 2 %lld prompt, %lld cached (%s)\n", (long long)p1,
+           (long long)usage(r2, "prompt_tokens"), (long long)c2,
+           json_string_value(json_object_get(json_object_get(r2, "memory"), "cache")));
+    assert_true(c2 >= p1 - 1 && c2 < usage(r2, "prompt_tokens")); /* from the checkpoint at turn 1's prompt end */
+    f->debug_logits = cap_logits;
+    f->debug_user = &b;
+    assert_ok(keel_complete(f, MSG2, o1, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r3 = parse(g_resp);
+    assert_int_equal(usage(r3, "cached_tokens"), 0);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.row, b.row, (size_t)a.n * sizeof(float));
+    assert_string_equal(json_string_value(json_object_get(r2, "content")), json_string_value(json_object_get(r3, "content")));
+    /* the same prompt again: everything but its last token is reused */
+    assert_ok(keel_complete(e, MSG2, o1, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r4 = parse(g_resp);
+    assert_int_equal(usage(r4, "cached_tokens"), usage(r4, "prompt_tokens") - 1);
+    assert_memory_equal(a.row, b.row, (size_t)a.n * sizeof(float)); /* a: the resent prompt's logits */
+    assert_string_equal(json_string_value(json_object_get(r4, "content")), json_string_value(json_object_get(r3, "content")));
+    json_decref(r1);
+    json_decref(r2);
+    json_decref(r3);
+    json_decref(r4);
+    free(a.row);
+    free(b.row);
+    keel_engine_close(e);
+    keel_engine_close(f);
+    unlink(path);
+}
+
 typedef struct counter {
     int content, stop_after;
     size_t bytes;
@@ -645,6 +708,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_turns_reuse),   cmocka_unit_test(test_callback_stops),
+        cmocka_unit_test(test_recurrent_reuse),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),

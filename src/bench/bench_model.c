@@ -5,8 +5,11 @@
  * style, each beside a reference measured in the same run:
  *   - pp against OpenBLAS sgemm throughput (GFLOP/s) on the model's own
  *     largest projection shape, counting 2 * matmul-params FLOPs per token;
- *   - tg against the memory read bandwidth: weight_bytes * tok/s is the
- *     bandwidth a decode step needs.
+ *   - tg against the memory read bandwidth: the weight bytes a decode step
+ *     reads (experts: the used fraction) * tok/s;
+ *   - recurrent models: a checkpoint's bytes, the time to take one and to
+ *     restore one (seq_rm one token back), the restore's bytes/s beside the
+ *     read bandwidth.
  */
 #include "bench.h"
 #include "../engine/engine.h"
@@ -287,17 +290,62 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
             tg_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
         }
     }
+    /* recurrent models: a checkpoint's size, the time to take one and to
+     * restore one (seq_rm one token back), after the last pp run */
+    double ck_take_us = 0.0, ck_restore_us = 0.0;
+    size_t ck_bytes = keel_mem_ckpt_record_bytes(c->mem);
+    if (ck_bytes > 0 && n_pp > 0) {
+        keel_mem_clear(c->mem);
+        keel_batch b = {n_pp, toks, NULL, NULL, NULL};
+        if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode; /* takes one at n_pp */
+        int32_t tok = toks[0];
+        int nck = 16;
+        for (int i = 0; i < nck; i++) {
+            keel_batch one = {1, &tok, NULL, NULL, NULL};
+            if ((st = keel_decode(c, &one)) != KEEL_OK) goto fail_decode;
+            uint64_t t0 = base_time_ns();
+            st = keel_mem_ckpt_take(c->mem, 0);
+            uint64_t t1 = base_time_ns();
+            if (st == KEEL_OK) st = keel_mem_seq_rm(c->mem, 0, n_pp, -1); /* back to n_pp */
+            uint64_t t2 = base_time_ns();
+            if (st != KEEL_OK) {
+                base_err(o->err, st, "bench model: checkpoint: %s", keel_mem_last_error(c->mem));
+                goto done;
+            }
+            ck_take_us += (double)(t1 - t0) * 1e-3 / nck;
+            ck_restore_us += (double)(t2 - t1) * 1e-3 / nck;
+        }
+    }
     /* references, same run */
     double bw = bench_read_bw_gbps(c->pool, 0, 3);
-    int64_t mm_params = 0; /* parameters of the per-token matrix products */
+    /* parameters of the per-token matrix products (experts: the used
+     * fraction), the largest one's shape for the sgemm reference, and the
+     * weight bytes a decode step reads */
+    int64_t mm_params = 0, big = 0;
+    int sg_k = hp->n_embd, sg_m = hp->n_ff;
+    double active = (double)m->w.weight_bytes;
     for (int32_t i = 0; i < hp->n_layer; i++) {
-        const model_layer *L = &m->w.layers[i];
-        const model_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (int j = 0; j < 7; j++) mm_params += ms[j]->n_rows * ms[j]->n_cols;
+        const model_mat *ms[32];
+        int32_t k = model_layer_mats(&m->w.layers[i], ms, 32);
+        for (int j = 0; j < k; j++) {
+            int64_t pr = ms[j]->n_rows * ms[j]->n_cols;
+            if (ms[j]->n_expert > 0) {
+                double used = (double)hp->n_expert_used / (double)ms[j]->n_expert;
+                mm_params += (int64_t)((double)pr * ms[j]->n_expert * used);
+                active -= (double)ms[j]->nbytes * (1.0 - used);
+            } else {
+                mm_params += pr;
+                if (pr > big) {
+                    big = pr;
+                    sg_k = (int)ms[j]->n_cols;
+                    sg_m = (int)ms[j]->n_rows;
+                }
+            }
+        }
     }
     int64_t out_params = m->w.output.n_rows * m->w.output.n_cols;
-    /* reference GEMM on the model's ffn shape with the same batch */
-    int sg_k = hp->n_embd, sg_m = hp->n_ff, sg_n = BASE_MAX(n_pp, 1);
+    /* reference GEMM on the model's largest projection with the same batch */
+    int sg_n = BASE_MAX(n_pp, 1);
     double sg = n_pp > 0 ? sgemm_gflops(c->pool, sg_n, sg_m, sg_k) : 0.0;
     double pp_tps[64], tg_tps[64];
     int nr = BASE_MIN(reps, 64);
@@ -310,7 +358,7 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     double pp_gflops = (2.0 * (double)mm_params * n_pp + 2.0 * (double)out_params) * pps.mean * 1e-9 /
                        (n_pp > 0 ? n_pp : 1);
     size_t wb = m->w.weight_bytes;
-    double tg_need = (double)wb * tgs.mean * 1e-9;
+    double tg_need = active * tgs.mean * 1e-9;
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     if (o->json) {
         bench_printf(o,
@@ -318,10 +366,11 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                      "\"n_params\": %lld, \"read_bw_gbps\": %.2f, \"sgemm_gflops\": %.1f,\n"
                      " \"pp\": {\"n\": %d, \"tps\": %.2f, \"sd\": %.2f, \"gflops\": %.1f, "
                      "\"of_sgemm\": %.3f},\n"
-                     " \"tg\": {\"n\": %d, \"tps\": %.2f, \"sd\": %.2f, \"gbps\": %.2f, \"of_bw\": %.3f}}\n",
+                     " \"tg\": {\"n\": %d, \"tps\": %.2f, \"sd\": %.2f, \"gbps\": %.2f, \"of_bw\": %.3f},\n"
+                     " \"ckpt\": {\"bytes\": %zu, \"take_us\": %.2f, \"restore_us\": %.2f}}\n",
                      name, hp->arch_name, threads, wb, (long long)m->w.n_params, bw, sg, n_pp, pps.mean,
                      pps.sd, pp_gflops, sg > 0 ? pp_gflops / sg : 0.0, n_tg, tgs.mean, tgs.sd, tg_need,
-                     bw > 0 ? tg_need / bw : 0.0);
+                     bw > 0 ? tg_need / bw : 0.0, ck_bytes, ck_take_us, ck_restore_us);
     } else {
         bench_printf(o, "| model | size | params | type | threads | test | t/s | reference |\n");
         bench_printf(o, "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- |\n");
@@ -336,6 +385,15 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
             bench_printf(o, "| %s | %s | %s | %s | %d | tg%d | %.2f ± %.2f | %.2f GB/s = %.0f%% of read bw %.2f |\n",
                          name, size, params, keel_dtype_name(m->w.main_dtype), threads, n_tg, tgs.mean,
                          tgs.sd, tg_need, bw > 0 ? 100.0 * tg_need / bw : 0.0, bw);
+        if (ck_bytes > 0 && n_pp > 0) {
+            /* a restore copies a record back: its bytes over the time, beside
+             * the read bandwidth */
+            double gbps = ck_restore_us > 0 ? (double)ck_bytes / (ck_restore_us * 1e3) : 0.0;
+            bench_printf(o, "| %s | %s | %s | %s | %d | ckpt %zu B | take %.1f us, restore %.1f us | "
+                            "restore %.2f GB/s = %.0f%% of read bw %.2f |\n",
+                         name, size, params, keel_dtype_name(m->w.main_dtype), threads, ck_bytes,
+                         ck_take_us, ck_restore_us, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
+        }
     }
     goto done;
 fail_decode:

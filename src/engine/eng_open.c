@@ -63,6 +63,8 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         else if (strcmp(k, "swa_sinks") == 0) st = get_i32(v, k, 0, 1 << 16, &p->cp.n_sink, err);
         else if (strcmp(k, "max_prompt_tokens") == 0) st = get_i32(v, k, 1, 1 << 26, &p->max_prompt_tokens, err);
         else if (strcmp(k, "cache_ram_mib") == 0) st = get_i32(v, k, 0, 1 << 24, &p->cache_ram_mib, err);
+        else if (strcmp(k, "ctx_checkpoints") == 0) st = get_i32(v, k, 0, 4096, &p->cp.n_ctx_checkpoints, err);
+        else if (strcmp(k, "checkpoint_every") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.checkpoint_every, err);
         else if (strcmp(k, "deterministic") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "option deterministic must be a boolean");
@@ -236,6 +238,7 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
         base_err(err, st, "context: %s", cerr);
         goto fail;
     }
+    e->recurrent = keel_mem_is_recurrent(keel_context_memory(e->ctx));
     /* slots (+ one scratch prompt buffer) and the batch */
     e->slots = base_calloc((size_t)p.n_slots + 1, sizeof(eng_slot));
     if (!e->slots) {

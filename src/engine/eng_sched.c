@@ -486,9 +486,14 @@ static keel_status reuse_prefix(keel_engine *e, eng_slot *sl, int32_t lcp, char 
     } else if (lcp < sl->n_hist) {
         int32_t rmin = keel_mem_seq_rewind_min(mem, sl->seq);
         if (lcp >= rmin) {
-            keel_status st = keel_mem_seq_rm(mem, sl->seq, lcp, -1);
-            if (st != KEEL_OK) return base_err(err, st, "cache: %s", keel_mem_last_error(mem));
-            sl->n_hist = lcp;
+            /* a recurrent state resumes from its newest checkpoint at or
+             * before the divergence (or from nothing) */
+            int32_t resume = lcp;
+            keel_status st = keel_context_rewind(e->ctx, sl->seq, lcp, &resume);
+            if (st != KEEL_OK) return base_err(err, st, "cache: %s", keel_context_last_error(e->ctx));
+            sl->n_hist = BASE_MIN(resume, lcp);
+            if (sl->n_hist == 0 && lcp > 0)
+                sl->cache_note = "reset: no recurrent-state checkpoint at or before the divergence";
         } else {
             eng_slot_clear(e, sl);
             lcp = 0;
@@ -711,6 +716,11 @@ bool eng_step(keel_engine *e)
             eng_slot *sl = &e->slots[i];
             if (sl->state != ENG_SLOT_PREFILL) continue;
             chunk[i] = BASE_MIN(share, BASE_MIN(budget, sl->n_prompt - sl->n_fed));
+            /* a recurrent model checkpoints each chunk's end: the chunk that
+             * would end the prompt stops one token short, so a checkpoint
+             * lies at n_prompt - 1, where the same prompt sent again (or one
+             * extending it) resumes */
+            if (e->recurrent && chunk[i] > 2 && sl->n_fed + chunk[i] == sl->n_prompt) chunk[i]--;
             budget -= chunk[i];
         }
         for (int32_t i = 0; i < e->n_slots; i++) tot[i] = cnt[i] + chunk[i];
