@@ -9,7 +9,9 @@
  *     K/V, the RAM prompt cache on, through the Anthropic API;
  *   - a generated full-attention model (qwen2), through the OpenAI API;
  *   - the gemma2 fixture (../shared/fixtures) when present, through the
- *     Anthropic API.
+ *     Anthropic API;
+ *   - the qwen35 fixture (Gated DeltaNet + attention; reuse through the
+ *     recurrent state's checkpoints) when present, through the OpenAI API.
  * Checks: every request succeeds; the follow-ups (whose prefix survives)
  * reuse the cache (cached tokens cover the previous prompt); on the
  * full-attention model every request reuses at least the system prompt
@@ -26,8 +28,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* --ctx-checkpoints once the engine has them (issue 11). */
-#define REPLAY_CHECKPOINTS 0
+/* --ctx-checkpoints (the engine keeps them for recurrent states; a no-op
+ * for the attention-only models here). */
+#define REPLAY_CHECKPOINTS 1
 
 #define TURNS 20
 
@@ -355,12 +358,30 @@ static void test_replay_gemma2_fixture(void **state)
     replay_model(path, true, false, extra);
 }
 
+/* A hybrid model (Gated DeltaNet + attention): reuse goes through the
+ * recurrent state's checkpoints. */
+static void test_replay_qwen35_fixture(void **state)
+{
+    (void)state;
+    const char *model = test_fixture("models/qwen35.gguf");
+    if (!model) {
+        printf("qwen35 fixture absent: skipped\n");
+        return;
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s", model);
+    printf("qwen35 fixture (recurrent + attention), checkpoints every 64 prompt tokens, OpenAI API:\n");
+    const char *extra[] = {"--cache-ram", "64", "--ctx-checkpoints", "8", "--checkpoint-every", "64", NULL};
+    replay_model(path, false, false, extra);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_swa_q8),
         cmocka_unit_test(test_replay_full_attention),
         cmocka_unit_test(test_replay_gemma2_fixture),
+        cmocka_unit_test(test_replay_qwen35_fixture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,7 +30,7 @@
 typedef struct serve_opts {
     const char *host, *slot_save_path, *api_key_file, *chat_template, *alias, *tool_format;
     int32_t port, n_slots, cache_ram, ctx_checkpoints, checkpoint_every, timeout, threads_http, n_predict, max_body;
-    bool cache_ram_set, ckpt_set, every_set, metrics, no_slots, log_disable, deterministic;
+    bool cache_ram_set, every_set, metrics, no_slots, log_disable, deterministic;
     uint64_t seed;
     bool seed_set;
     char *keys[SERVE_MAX_KEYS];
@@ -49,8 +49,8 @@ static const char g_help[] =
     "  -n, --n-predict N              max_tokens of requests that give none; -1: up to the context (-1)\n"
     "  -s, --seed S                   default sampling seed of requests (random per request)\n"
     "  --cache-ram MIB                RAM prompt cache bound in MiB; 0: off (8192)\n"
-    "  --ctx-checkpoints N            context checkpoints per slot (8; needs engine support)\n"
-    "  --checkpoint-every N           a checkpoint every N prefilled tokens (needs engine support)\n"
+    "  --ctx-checkpoints N            checkpoints of a slot's recurrent state kept (8; recurrent models)\n"
+    "  --checkpoint-every N           also a checkpoint every N prompt tokens (0: at prompt ends)\n"
     "  --slot-save-path DIR           directory for /slots/{id}?action=save|restore files\n"
     "  --api-key KEY                  require KEY (Bearer or x-api-key); repeatable, comma-separated\n"
     "  --api-key-file FILE            keys, one per line\n"
@@ -140,11 +140,10 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
             return bad(o, a, v, "a bound in MiB, [0, 16777216] (keel never allocates past its plan; 0: off)");
         return int_in(o, a, v, 0, 1 << 24, &so->cache_ram);
     } else if (strcmp(a, "--ctx-checkpoints") == 0 || strcmp(a, "--swa-checkpoints") == 0) {
-        so->ckpt_set = true;
         return int_in(o, a, v, 0, 4096, &so->ctx_checkpoints);
     } else if (strcmp(a, "--checkpoint-every") == 0) {
         so->every_set = true;
-        return int_in(o, a, v, 0, INT32_MAX, &so->checkpoint_every);
+        return int_in(o, a, v, 0, 1 << 26, &so->checkpoint_every);
     } else if (strcmp(a, "--slot-save-path") == 0) {
         so->slot_save_path = v;
     } else if (strcmp(a, "--api-key") == 0) {
@@ -248,10 +247,8 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     }
     if (so->chat_template) bad_ |= set(j, "chat_template", json_string(so->chat_template));
     if (so->tool_format) bad_ |= set(j, "tool_format", json_string(so->tool_format));
-    /* options of engine features still to come: passed only when asked
-     * for, so that the engine opens by default */
     bad_ |= set(j, "cache_ram_mib", json_integer(so->cache_ram));
-    if (so->ckpt_set) bad_ |= set(j, "ctx_checkpoints", json_integer(so->ctx_checkpoints));
+    bad_ |= set(j, "ctx_checkpoints", json_integer(so->ctx_checkpoints));
     if (so->every_set) bad_ |= set(j, "checkpoint_every", json_integer(so->checkpoint_every));
     if (so->deterministic) bad_ |= set(j, "deterministic", json_true());
     if (bad_) {
