@@ -297,8 +297,21 @@ typedef struct keel_mem keel_mem;
 typedef enum keel_mem_layer_kind {
     KEEL_MEM_LAYER_FULL = 0,    /* full causal attention */
     KEEL_MEM_LAYER_SLIDING = 1, /* ring: sinks + last `window` positions */
-    KEEL_MEM_LAYER_NONE = 2,    /* no KV (recurrent or attention-free layer) */
+    KEEL_MEM_LAYER_NONE = 2,    /* no KV and no state (attention-free layer) */
+    KEEL_MEM_LAYER_RECURRENT = 3, /* no KV: a per-sequence recurrent state (conv + SSM /
+                                     delta rule, f32), see keel_mem_recurrent */
 } keel_mem_layer_kind;
+
+/* Shape of a recurrent layer's per-sequence state (KEEL_MEM_LAYER_RECURRENT):
+ * the causal conv1d keeps its last conv_kernel - 1 inputs, conv
+ * [conv_kernel - 1][conv_channels] f32, and the SSM / delta-rule state is
+ * state_floats f32 (Gated DeltaNet: v_heads x head_v x head_k; Mamba2:
+ * heads x head_dim x d_state). Both are zero for a new sequence. */
+typedef struct keel_mem_recurrent {
+    int32_t conv_kernel;   /* taps of the conv, 1..64 (1: no conv state) */
+    int32_t conv_channels; /* 1..2^20 */
+    int64_t state_floats;  /* 0..2^30 */
+} keel_mem_recurrent;
 
 /* Hadamard rotation of stored rows: each head's row is split into blocks of
  * `block` elements and each block stored as H D x (H normalized
@@ -325,6 +338,7 @@ typedef struct keel_mem_layer {
     keel_mem_rot v_rot;
     keel_rope rope;     /* RoPE of the stored keys, for position edits; type NONE
                            if keys carry no position */
+    keel_mem_recurrent rs; /* KEEL_MEM_LAYER_RECURRENT: the state's shape */
 } keel_mem_layer;
 
 /* A full-attention layer with 1 KV head of dim 64, f16 K/V, no rotation,
@@ -344,6 +358,12 @@ typedef struct keel_mem_config {
                             the call and of the cells' physical order (each query alone,
                             its visible cells in (position, placement) order; slower):
                             batch-invariant results for concurrent sequences */
+    /* recurrent layers (docs/memory.md, "The recurrent half") */
+    int32_t n_rs_slots;  /* state slots (one per sequence holding tokens; forks share
+                            one until written); 0 = n_seq_max */
+    int32_t n_ckpt;      /* checkpoints kept per sequence (0: none; needs recurrent layers) */
+    size_t ckpt_bytes;   /* per sequence cap on checkpoint storage (0: no cap beyond
+                            n_ckpt records); fewer records are kept if it bites */
 } keel_mem_config;
 
 /* n_seq_max 1, n_ctx 4096, unified, n_batch_max 512, n_threads 0, no layers. */
@@ -458,7 +478,9 @@ int32_t keel_mem_seq_pos_max(const keel_mem *mem, int32_t seq);
  * memory equal to recomputing the kept prefix (sliding rings may have
  * forgotten keys that a query at p' would need; a compaction makes every
  * position up to its end inexact); 0 when nothing was forgotten. A
- * conservative bound: never below the exact one. */
+ * conservative bound: never below the exact one. On a recurrent sequence
+ * the kept prefix ends at the checkpoint restored: the bound is its oldest
+ * checkpoint, or its end + 1 without one. */
 int32_t keel_mem_seq_rewind_min(const keel_mem *mem, int32_t seq);
 /* True when stored keys can follow position edits (seq_add / seq_div). */
 bool keel_mem_can_shift(const keel_mem *mem);
@@ -583,6 +605,88 @@ keel_status keel_mem_save(keel_mem *mem, int32_t seq, uint64_t fingerprint, cons
 keel_status keel_mem_load(keel_mem *mem, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
                           unsigned flags, int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens,
                           int32_t *n_pending);
+/* ---- the recurrent half ----------------------------------------------------
+ * Layers of kind KEEL_MEM_LAYER_RECURRENT keep, per sequence, a state that
+ * summarizes every token of the sequence (rule 7: valid only at its last
+ * position). It lives in the same keel_mem: one plan, one digest, one
+ * checker, and every sequence operation applies to both halves or to
+ * neither. On a memory with recurrent layers (docs/memory.md):
+ *   - keel_mem_place: a token belongs to one sequence (KEEL_EINVAL
+ *     otherwise); each sequence of the batch gets an exclusive state slot (a
+ *     new sequence a zeroed one, a fork sharing its slot a copy:
+ *     KEEL_EFULL if n_rs_slots has none free).
+ *   - keel_mem_seq_rm(s, p0, -1) with p0 inside the sequence restores the
+ *     newest checkpoint at or before p0 (the sequence then ends at the
+ *     checkpoint: keel_mem_seq_pos_max tells where to resume) and truncates
+ *     attention to match, or returns KEEL_ESTATE naming the nearest
+ *     checkpoint and changes nothing. Removing a range that starts inside
+ *     the sequence and ends before its end is KEEL_ESTATE; removing every
+ *     token is always allowed.
+ *   - keel_mem_seq_cp copies all of src into an empty dst (the state is
+ *     shared, copy on write): KEEL_ESTATE for a partial range or a dst that
+ *     holds tokens. Checkpoints are not copied.
+ *   - keel_mem_seq_add / seq_div edit the attention half; the state does not
+ *     depend on positions and follows the last token; checkpoints reaching
+ *     into the edited range are dropped. KEEL_ESTATE if the edit would move
+ *     the last token below another token of the sequence.
+ *   - keel_mem_compact applies to the attention layers (approximate for the
+ *     recurrent half, which already summarizes everything) and drops the
+ *     sequence's checkpoints.
+ */
+
+/* Pointers to seq's state in recurrent layer `layer`, to be read and
+ * updated in place after keel_mem_place placed tokens of seq (the slot is
+ * then exclusive): *conv [conv_kernel - 1][conv_channels] (oldest input
+ * first; NULL when conv_kernel is 1), *state [state_floats]. Valid until
+ * the next operation on mem. KEEL_EINVAL (not a recurrent layer, bad seq),
+ * KEEL_ESTATE (seq holds no tokens, or shares its state with another
+ * sequence: it is copied at the next placement). Allocates nothing. */
+keel_status keel_mem_rs_state(keel_mem *mem, int32_t layer, int32_t seq, float **conv,
+                              float **state);
+/* True when mem has recurrent layers. */
+bool keel_mem_is_recurrent(const keel_mem *mem);
+
+/* A checkpoint of a sequence: its recurrent state and the sliding rings'
+ * rows a query at `pos` needs, taken when the sequence ended at pos - 1.
+ * A memory without recurrent layers but with sliding ones keeps
+ * checkpoints of ring rows alone (n_ckpt > 0): a rewind below
+ * keel_mem_seq_rewind_min, which seq_rm cannot do exactly (the rings forgot
+ * those tokens), restores one (keel_mem_ckpt_restore). Such checkpoints are
+ * dropped by every operation that changes what the sequence holds below
+ * them (removals, copies into it, position edits, compaction). */
+typedef struct keel_mem_ckpt_info {
+    int32_t pos;     /* covers positions < pos: seq_rm(seq, p0 >= pos, -1) can restore it */
+    int32_t pos_min; /* the sequence's first position when taken */
+    size_t bytes;    /* bytes of the snapshot (state + ring rows) */
+} keel_mem_ckpt_info;
+
+/* Takes a checkpoint of seq at its end (pos = seq_pos_max + 1); the oldest
+ * of seq is dropped when n_ckpt are held. A no-op when the newest already
+ * has that position. KEEL_EINVAL (bad seq), KEEL_EUNSUPPORTED (n_ckpt 0),
+ * KEEL_ESTATE (seq holds no tokens). Allocates nothing (storage planned at
+ * open). */
+keel_status keel_mem_ckpt_take(keel_mem *mem, int32_t seq);
+/* Restores seq's newest checkpoint at or before p0: attention truncated to
+ * positions below its pos, the rings' cells of seq replaced by the saved
+ * ones, the recurrent state copied back; *pos (may be NULL) receives the
+ * checkpoint's pos, where the caller resumes feeding tokens. KEEL_ESTATE
+ * (none at or before p0), KEEL_EFULL (the rings lack room for the saved
+ * cells, or a shared state needs a free slot), KEEL_EINVAL; nothing changed
+ * on failure. Allocates nothing. */
+keel_status keel_mem_ckpt_restore(keel_mem *mem, int32_t seq, int32_t p0, int32_t *pos);
+/* seq's checkpoints, oldest first, into out[0 .. cap); *n their number. */
+void keel_mem_ckpt_list(const keel_mem *mem, int32_t seq, keel_mem_ckpt_info *out, int32_t cap,
+                        int32_t *n);
+/* The position a rewind to p0 resumes from: p0 itself when nothing needs
+ * restoring (p0 at or past the end, at or before the start; on an
+ * attention memory p0 at or above keel_mem_seq_rewind_min, where seq_rm is
+ * exact), else the newest checkpoint's position at or before p0, or -1 when
+ * none covers it (a recurrent seq_rm would return KEEL_ESTATE). */
+int32_t keel_mem_ckpt_find(const keel_mem *mem, int32_t seq, int32_t p0);
+/* Bytes of one checkpoint record and of all of them (planned at open). */
+size_t keel_mem_ckpt_record_bytes(const keel_mem *mem);
+size_t keel_mem_rs_bytes(const keel_mem *mem);
+size_t keel_mem_ckpt_bytes(const keel_mem *mem);
 
 /* KEEL_SECTION_MEMORY */
 
@@ -620,7 +724,8 @@ keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *
 void keel_model_close(keel_model *m);
 
 typedef struct keel_model_info {
-    const char *arch;     /* "llama", "qwen2", "qwen3", "gemma2" */
+    const char *arch;     /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
+                             "mamba2", "gpt-oss" */
     const char *name;     /* general.name, or "" */
     int32_t n_vocab;
     int32_t n_ctx_train;
@@ -704,7 +809,8 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
-    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2" */
+    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
+                            "mamba2", "gpt-oss" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -716,10 +822,21 @@ typedef struct keel_gen_params {
     int32_t n_swa;       /* gemma2: sliding window (0: 32) */
     keel_dtype dtype;    /* weight matrices (norms stay f32) */
     uint64_t seed;       /* 1 */
+    /* issue 11 architectures (0: the default in parentheses) */
+    int32_t n_expert;      /* qwen3next, gpt-oss: experts (4) */
+    int32_t n_expert_used; /* experts per token (2) */
+    int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
 
+/* Shapes of the hybrid and recurrent architectures: qwen35 / qwen3next put
+ * attention in every 4th layer (3, 7, ...) and Gated DeltaNet elsewhere
+ * (n_head v heads and n_head_kv k heads of head_dim, conv kernel 4, rotary
+ * dims head_dim / 4); qwen3next adds MoE (n_ff per expert) and a gated
+ * shared expert (n_ff); mamba2 has d_inner 2 * n_embd in n_head heads and
+ * n_head_kv groups; gpt-oss alternates sliding (n_swa, 0: 32) and full
+ * layers with sinks, biases, MoE of SwiGLU-OAI experts and YaRN (factor 32). */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:
@@ -777,6 +894,18 @@ typedef struct keel_context_params {
                            query's attention alone over its cells in position order);
                            concurrent sequences then give exactly the results they
                            give alone. Slower prefill (false) */
+    /* checkpoints of each sequence, taken at the end of every prompt batch,
+     * so that a prompt sharing a prefix resumes from the newest one at or
+     * before the divergence (keel_context_rewind): on models with
+     * recurrent layers (qwen35, qwen3next, mamba2) the state and the rings'
+     * rows; on attention models with sliding layers (gemma2, gpt-oss, or
+     * swa_window) the rings' rows, for divergences the rings have already
+     * forgotten (each costs a copy of the sequence's rings: see keel_plan);
+     * full attention needs none (ignored) */
+    int32_t n_ctx_checkpoints; /* kept per sequence, oldest dropped; 0: none; -1 (default):
+                                  8 with recurrent layers, else 0 */
+    int32_t checkpoint_every;  /* > 0: also every this many prompt tokens (0: only at
+                                  the end of each prompt) */
 } keel_context_params;
 
 keel_context_params keel_context_params_default(void);
@@ -789,6 +918,8 @@ typedef struct keel_plan {
     size_t work_bytes;     /* forward-pass activations and scratch */
     size_t logits_bytes;   /* n_outputs x n_vocab floats */
     size_t total_bytes;    /* everything keel_context_open allocates */
+    size_t rs_bytes;       /* recurrent state slots (part of mem_bytes) */
+    size_t ckpt_bytes;     /* checkpoint records of every sequence (part of mem_bytes) */
 } keel_plan;
 
 keel_status keel_context_plan(const keel_model *m, const keel_context_params *p, keel_plan *out,
@@ -842,6 +973,13 @@ typedef struct keel_batch {
  * sequence never holds more than its trigger: batches of any length stream
  * through, compacted between ubatches, and positions stay below the
  * target when renumbered (with keep, they grow up to INT32_MAX).
+ *
+ * Models with recurrent layers: a sequence's tokens run through each layer
+ * in order; a sequence given several tokens (a prompt) gets a checkpoint
+ * at its end and, with checkpoint_every, at every multiple of it (ubatches
+ * are cut there). keel_cancel takes effect between ubatches (a state is
+ * updated in place); a ubatch that fails after placing empties its
+ * sequences (KEEL_EINTERNAL-class failures only).
  */
 keel_status keel_decode(keel_context *c, const keel_batch *b);
 
@@ -871,6 +1009,19 @@ keel_status keel_session_load_buf(keel_context *c, int32_t seq, const void *buf,
                                   int32_t *tokens, int32_t cap, int32_t *n_tokens, int32_t *n_pending);
 keel_status keel_session_load(keel_context *c, int32_t seq, const char *path, unsigned flags, int32_t *tokens,
                               int32_t cap, int32_t *n_tokens, int32_t *n_pending);
+/*
+ * Prepares sequence seq to continue at position p0 (a prompt that shares
+ * its first p0 tokens with what seq holds), exactly: removes positions
+ * >= p0 where that is exact (attention at or above keel_mem_seq_rewind_min),
+ * else restores the newest checkpoint at or before p0 (a recurrent state
+ * cannot be truncated; sliding rings forgot the tokens a query at p0
+ * needs), else empties the sequence. *resume (may be NULL) receives the
+ * position the caller must feed from (p0 itself, the checkpoint's
+ * position, or 0). KEEL_EINVAL (bad seq), KEEL_EFULL (a
+ * restore found no room), detail in keel_context_last_error. Allocates
+ * nothing.
+ */
+keel_status keel_context_rewind(keel_context *c, int32_t seq, int32_t p0, int32_t *resume);
 
 /* Logits [n_vocab] of the i-th token of the last batch, or NULL if it did
  * not request logits. Valid until the next keel_decode. */

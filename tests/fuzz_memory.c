@@ -36,6 +36,9 @@ int main(int argc, char **argv)
            (long long)r.attends, (long long)r.refused, (long long)r.tokens_placed,
            (long long)r.max_cell, r.max_err_ratio);
     if (r.max_err_case[0]) printf("max_err/tol case: %s\n", r.max_err_case);
+    if (r.rs_ckpts || r.rs_refused)
+        printf("recurrent: checkpoints=%lld restores=%lld refused(ESTATE)=%lld\n",
+               (long long)r.rs_ckpts, (long long)r.rs_restores, (long long)r.rs_refused);
     printf("ops=%lld divergences=%lld invariant_failures=%lld\n", (long long)r.ops,
            (long long)r.divergences, (long long)r.invariant_failures);
     return rc;

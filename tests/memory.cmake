@@ -10,7 +10,7 @@ if(KEEL_SANITIZE)
 else()
   set(KEEL_MEMFUZZ_OPS 25000)
 endif()
-foreach(cfg RANGE 0 4)
+foreach(cfg RANGE 0 7)
   add_test(NAME fuzz_memory_preset${cfg}
     COMMAND fuzz_memory --seed ${cfg}1 --ops ${KEEL_MEMFUZZ_OPS} --config ${cfg})
 endforeach()

@@ -595,17 +595,94 @@ static void test_bench_and_sampler_messages(void **state)
 
 /* Item 19: each command's -h lists the flags it accepts, others are refused;
  * inspect escapes control characters from the file. */
+/* issue 11: keel run on the hybrid and recurrent fixtures with --prompt-ids,
+ * --logits-out, --ids-out and the checkpoint flags; gen-model's new archs. */
+static void test_run_hybrid_fixtures(void **state)
+{
+    (void)state;
+    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss"};
+    const int exact[] = {64, 64, 64, 20}; /* gpt-oss: docs/models.md, step 20 */
+    const double tol[] = {1e-3, 1e-3, 1e-4, 4e-3};
+    char cmd[16384], ids[4096], rel[128], m[1024];
+    char idsout[] = "/tmp/keel_test_hids_XXXXXX", lgout[] = "/tmp/keel_test_hlg_XXXXXX";
+    int fd1 = mkstemp(idsout), fd2 = mkstemp(lgout);
+    assert_true(fd1 >= 0 && fd2 >= 0);
+    for (int k = 0; k < 4; k++) {
+        snprintf(rel, sizeof rel, "models/%s.gguf", models[k]);
+        const char *mdl = test_fixture(rel);
+        if (!mdl) break;
+        snprintf(m, sizeof m, "%s", mdl);
+        size_t n = 0;
+        snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[k]);
+        int32_t *prompt = test_read_file(test_fixture(rel), &n);
+        snprintf(rel, sizeof rel, "ref/%s.greedy.i32", models[k]);
+        int32_t *greedy = test_read_file(test_fixture(rel), &n);
+        snprintf(rel, sizeof rel, "ref/%s.logits.f32", models[k]);
+        float *ref = test_read_file(test_fixture(rel), &n);
+        size_t kk = 0;
+        for (int i = 0; i < 200; i++) kk += (size_t)snprintf(ids + kk, sizeof ids - kk, "%s%d", i ? "," : "", prompt[i]);
+        snprintf(cmd, sizeof cmd,
+                 "%s run -m %s -c 512 --prompt-ids %s -n 64 --temp 0 --ignore-eos --ids-out %s "
+                 "--logits-out %s --ctx-checkpoints 4 --checkpoint-every 64",
+                 bin(), m, ids, idsout, lgout);
+        assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+        size_t gn = 0, ln = 0;
+        int32_t *got = test_read_file(idsout, &gn);
+        float *lg = test_read_file(lgout, &ln);
+        assert_int_equal(gn, 64 * sizeof(int32_t));
+        assert_int_equal(ln, 200 * 512 * sizeof(float));
+        assert_memory_equal(got, greedy, (size_t)exact[k] * sizeof(int32_t));
+        double mx = 0.0;
+        for (size_t i = 0; i < 200 * 512; i++) {
+            double d = lg[i] > ref[i] ? lg[i] - ref[i] : ref[i] - lg[i];
+            if (d > mx) mx = d;
+        }
+        if (!(mx <= tol[k])) fail_msg("%s: --logits-out differs from llama.cpp's by %.3g", models[k], mx);
+        free(got);
+        free(lg);
+        free(prompt);
+        free(greedy);
+        free(ref);
+    }
+    close(fd1);
+    close(fd2);
+    unlink(idsout);
+    unlink(lgout);
+    /* the flags are checked */
+    char err[8192];
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p x --ctx-checkpoints -1", bin(), g_spm);
+    assert_int_equal(run_err(cmd, err, sizeof err), 2);
+    assert_non_null(strstr(err, "--ctx-checkpoints -1"));
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p x --checkpoint-every x", bin(), g_spm);
+    assert_int_equal(run_err(cmd, err, sizeof err), 2);
+    /* gen-model writes the new architectures and run reads them */
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss"};
+    for (int k = 0; k < 4; k++) {
+        char path[64] = "/tmp/keel_cli_hyb_XXXXXX";
+        assert_int_equal(make_temp(path), 0);
+        snprintf(cmd, sizeof cmd, "%s gen-model --arch %s --layers 4 --embd 64 --vocab 320 --out %s",
+                 bin(), archs[k], path);
+        assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+        assert_non_null(strstr(g_out, archs[k]));
+        snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Once upon a time' -n 8 --temp 0 --checkpoint-every 2",
+                 bin(), path);
+        assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+        unlink(path);
+    }
+}
+
 static void test_help_and_inspect_escapes(void **state)
 {
     (void)state;
     char cmd[4096], err[8192];
     const struct {
         const char *cmd;
-        const char *flags[16];
+        const char *flags[18];
     } cases[] = {
         {"run", {"--swa-window", "--swa-period", "--swa-sinks", "--rot-k", "--rot-v", "--kv-seed",
                  "--kv-positions", "--kv-recent", "--ubatch-size", "--logits-out", "--ids-out",
-                 "--frequency-penalty", "--tokenizer", "--prompt-ids", "--cache-type-v", NULL}},
+                 "--frequency-penalty", "--tokenizer", "--prompt-ids", "--cache-type-v",
+                 "--ctx-checkpoints", NULL}},
         {"perplexity", {"--kv-compact", "--kv-trigger", "--swa-window", "--rot-v", "--batch-size",
                         "--threads", "--file", NULL}},
         {"tokenize", {"--ids", "--prompt-ids", "--file", "--tokenizer", NULL}},
@@ -658,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_logits),
         cmocka_unit_test(test_strict_parsing),
         cmocka_unit_test(test_bench_and_sampler_messages),
+        cmocka_unit_test(test_run_hybrid_fixtures),
         cmocka_unit_test(test_help_and_inspect_escapes),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -31,19 +31,34 @@ typedef struct fixture_case {
     const char *model;
     double tol;      /* max |dlogit| vs ref logits (f16 KV) */
     int argmax_flips; /* prompt rows whose argmax may differ */
+    int greedy_exact; /* greedy tokens that must match (0: all 64) */
 } fixture_case;
 
 static const fixture_case g_cases[] = {
     /* README: FA off vs ref 2.3e-2, f32 KV 2.2e-2 (logit std 7.5) */
-    {"stories260K", 3e-2, 0},
-    {"llama-gqa-f32", 1e-3, 0},
+    {"stories260K", 3e-2, 0, 0},
+    {"llama-gqa-f32", 1e-3, 0, 0},
     /* f16 weights: FA off vs ref 2.6e-3 */
-    {"llama-gqa-f16", 4e-3, 1},
+    {"llama-gqa-f16", 4e-3, 1, 0},
     /* q8_0 weights, activations quantized per 32: FA off vs ref 5.8e-2 (5 argmax) */
-    {"llama-gqa-q8_0", 8e-2, 6},
-    {"llama-hd64-f32", 1e-3, 0},
+    {"llama-gqa-q8_0", 8e-2, 6, 0},
+    {"llama-hd64-f32", 1e-3, 0, 0},
     /* gemma2: FA off vs ref 6.1e-3 */
-    {"gemma2", 8e-3, 0},
+    {"gemma2", 8e-3, 0, 0},
+    /* issue 11. qwen35 / qwen3next: llama.cpp's FA off vs ref 1.9e-4 / 2.3e-4,
+     * its own incremental spread 5.5e-4 / 5.2e-4 (logit std 1.0) */
+    {"qwen35", 1e-3, 0, 0},
+    {"qwen3next", 1e-3, 0, 0},
+    /* mamba2 (no attention): llama.cpp's AVX-512 build vs its portable one
+     * 4.9e-6, incremental 4.3e-6 (logit std 2.0); keel's sums run in
+     * another order: 10x that spread */
+    {"mamba2", 1e-4, 0, 0},
+    /* gpt-oss: FA off vs ref 1.9e-3, f32 KV 2.0e-3. Greedy: identical for 20
+     * tokens; step 20 follows a router near-tie at position 212 (layer 0,
+     * experts 2 and 3 are 0.0108 apart in llama.cpp's decode and keel picks
+     * the other one; docs/models.md): test_fixture_teacher_forced checks
+     * the other 63 steps */
+    {"gpt-oss", 4e-3, 0, 20},
 };
 
 static float *read_f32(const char *rel, size_t want)
@@ -171,7 +186,8 @@ static void test_fixture_logits_and_greedy(void **state)
                mean, flips, fc->tol, fc->argmax_flips);
         assert_true(mx <= fc->tol);
         assert_true(flips <= fc->argmax_flips);
-        for (int t = 0; t < N_GREEDY; t++)
+        int exact = fc->greedy_exact ? fc->greedy_exact : N_GREEDY;
+        for (int t = 0; t < exact; t++)
             if (greedy[t] != gref[t])
                 fail_msg("%s: greedy token %d is %d, reference %d", fc->model, t, greedy[t], gref[t]);
         free(got);
@@ -179,6 +195,53 @@ static void test_fixture_logits_and_greedy(void **state)
         free(gref);
         free(prompt);
         keel_model_close(m);
+    }
+}
+
+/* Teacher forcing: the prompt followed by the reference's 64 greedy tokens
+ * in one batch; the argmax after each must be the reference's next token,
+ * except where a case documents a near-tie (gpt-oss step 20). */
+static void test_fixture_teacher_forced(void **state)
+{
+    (void)state;
+    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss"};
+    const int skip[] = {-1, -1, -1, 20};
+    for (int mi = 0; mi < 4; mi++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
+        int32_t *prompt = read_i32(rel, N_PROMPT);
+        if (!prompt) return;
+        snprintf(rel, sizeof rel, "ref/%s.greedy.i32", models[mi]);
+        int32_t *gref = read_i32(rel, N_GREEDY);
+        keel_model *m = open_fixture(models[mi]);
+        int32_t all[N_PROMPT + N_GREEDY];
+        memcpy(all, prompt, sizeof(int32_t) * N_PROMPT);
+        memcpy(all + N_PROMPT, gref, sizeof(int32_t) * N_GREEDY);
+        keel_context_params cp = keel_context_params_default();
+        cp.n_ctx = 512;
+        cp.n_batch = cp.n_ubatch = cp.n_outputs = N_PROMPT + N_GREEDY;
+        cp.n_threads = 2;
+        keel_context *c = NULL;
+        char err[256] = "";
+        assert_ok(keel_context_open(m, &cp, &c, err));
+        int8_t flags[N_PROMPT + N_GREEDY];
+        memset(flags, 1, sizeof flags);
+        keel_batch b = {N_PROMPT + N_GREEDY - 1, all, NULL, NULL, flags};
+        assert_ok(keel_decode(c, &b));
+        int agree = 0;
+        for (int t = 0; t < N_GREEDY; t++) {
+            int a = argmax(keel_logits(c, N_PROMPT - 1 + t), N_VOCAB);
+            if (a == gref[t]) agree++;
+            else if (t != skip[mi])
+                fail_msg("%s: teacher-forced step %d predicts %d, reference %d", models[mi], t, a, gref[t]);
+        }
+        printf("%-10s teacher-forced argmax agrees with llama.cpp's greedy at %d of 64 steps\n",
+               models[mi], agree);
+        assert_true(agree >= (skip[mi] >= 0 ? 63 : 64));
+        keel_context_close(c);
+        keel_model_close(m);
+        free(prompt);
+        free(gref);
     }
 }
 
@@ -769,6 +832,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixture_logits_and_greedy),
+        cmocka_unit_test(test_fixture_teacher_forced),
         cmocka_unit_test(test_fixture_quantized_kv),
         cmocka_unit_test(test_llama2c_matches_gguf),
         cmocka_unit_test(test_bad_input),

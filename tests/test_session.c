@@ -306,6 +306,7 @@ static keel_model *gen_model(const char *arch)
     gp.n_head = 4; /* head_dim 32: q8_0 keys */
     gp.n_head_kv = 2;
     gp.n_swa = 16;
+    if (strcmp(arch, "qwen35") == 0) gp.n_layer = 4; /* one full-attention layer in four */
     char err[256];
     if (keel_gen_model(&gp, g_model_path, err) != KEEL_OK) fail_msg("gen: %s", err);
     keel_model_params mp = keel_model_params_default();
@@ -320,7 +321,25 @@ static keel_model *gen_model(const char *arch)
  * rewind, a compaction; with save_load, sessions of one sequence and of the
  * whole memory are saved and loaded back (into the same or another sequence
  * id) at seeded points. Returns a hash of every logit row. */
-static int32_t g_loads;
+static int32_t g_loads, g_resumes; /* loads done; rewinds that resumed a recurrent state mid-sequence */
+
+/* Feeds toks[0 .. n) to seq s (positions continue), logits of the last. */
+static keel_status feed(keel_context *c, int32_t s, const int32_t *toks, int32_t n, bool logits)
+{
+    int32_t sq[32];
+    int8_t lg[32];
+    for (int32_t i0 = 0; i0 < n; i0 += 32) {
+        int32_t k = BASE_MIN(32, n - i0);
+        for (int32_t i = 0; i < k; i++) {
+            sq[i] = s;
+            lg[i] = logits && i0 + i == n - 1;
+        }
+        keel_batch b = {k, toks + i0, NULL, sq, lg};
+        keel_status st = keel_decode(c, &b);
+        if (st != KEEL_OK) return st;
+    }
+    return KEEL_OK;
+}
 
 static uint64_t script(keel_model *m, bool save_load, uint64_t seed)
 {
@@ -337,33 +356,45 @@ static uint64_t script(keel_model *m, bool save_load, uint64_t seed)
     char err[256];
     if (keel_context_open(m, &cp, &c, err) != KEEL_OK) fail_msg("context: %s", err);
     keel_mem *mem = keel_context_memory(c);
+    bool rs = keel_mem_is_recurrent(mem);
     base_rng rng;
     base_rng_seed(&rng, seed);
     uint64_t h = 0;
     int32_t seq_of[2] = {0, 1}; /* where each conversation lives (a load may move it) */
-    int32_t toks[32], sq[32];
-    int8_t lg[32];
+    static int32_t hist[2][256]; /* each conversation's tokens (position = index) */
+    int32_t used[2] = {0, 0};
+    int32_t toks[32];
     static uint8_t blob[1 << 21];
     for (int32_t step = 0; step < 60; step++) {
         int32_t conv = (int32_t)(base_rng_next(&rng) % 2), s = seq_of[conv];
         int32_t n = 1 + (int32_t)(base_rng_next(&rng) % 12);
-        for (int32_t i = 0; i < n; i++) {
-            toks[i] = 3 + (int32_t)(base_rng_next(&rng) % 200);
-            sq[i] = s;
-            lg[i] = i == n - 1;
-        }
-        keel_batch b = {n, toks, NULL, sq, lg};
-        keel_status st = keel_decode(c, &b);
+        for (int32_t i = 0; i < n; i++) toks[i] = 3 + (int32_t)(base_rng_next(&rng) % 200);
+        keel_status st = used[conv] + n > 256 ? KEEL_EFULL : feed(c, s, toks, n, true);
         if (st == KEEL_EFULL) {
             assert_ok(keel_mem_seq_rm(mem, s, 0, -1));
+            used[conv] = 0;
             continue;
         }
         assert_ok(st);
+        memcpy(hist[conv] + used[conv], toks, (size_t)n * sizeof(int32_t));
+        used[conv] += n;
         h = base_hash64(keel_logits(c, n - 1), (size_t)model_vocab(m) * sizeof(float), h);
         uint64_t r = base_rng_next(&rng) % 10;
-        if (r == 0 && keel_mem_seq_pos_max(mem, s) > 8) /* rewind a few tokens */
-            assert_ok(keel_mem_seq_rm(mem, s, keel_mem_seq_pos_max(mem, s) - 3, -1));
-        if (r == 1 && keel_mem_seq_cells(mem, s) > 40) {
+        if (r == 0 && used[conv] > 8) { /* rewind a few tokens (a recurrent state from a checkpoint) */
+            int32_t p0 = used[conv] - 3 - (int32_t)(base_rng_next(&rng) % 6), resume = -1;
+            assert_ok(keel_context_rewind(c, s, p0, &resume));
+            assert_true(resume >= 0 && resume <= p0);
+            g_resumes += rs && resume > 0;
+            st = feed(c, s, hist[conv] + resume, p0 - resume, false);
+            if (st == KEEL_EFULL) { /* the other conversation took the room */
+                assert_ok(keel_mem_seq_rm(mem, s, 0, -1));
+                p0 = 0;
+            } else {
+                assert_ok(st);
+            }
+            used[conv] = p0;
+        }
+        if (r == 1 && !rs && keel_mem_seq_cells(mem, s) > 40) { /* compaction renumbers: not replayable */
             keel_compact_params p = keel_compact_params_default();
             p.policy = KEEL_COMPACT_KEYDIFF;
             p.trigger = 40;
@@ -396,15 +427,19 @@ static uint64_t script(keel_model *m, bool save_load, uint64_t seed)
 static void test_model_sessions_change_nothing(void **state)
 {
     (void)state;
-    const char *archs[2] = {"llama", "gemma2"};
-    for (int a = 0; a < 2; a++) {
+    /* attention (full, sliding), hybrid (Gated DeltaNet + attention, the
+     * states and checkpoints in the blob), recurrent only */
+    const char *archs[4] = {"llama", "gemma2", "qwen35", "mamba2"};
+    for (int a = 0; a < 4; a++) {
         keel_model *m = gen_model(archs[a]);
+        g_resumes = 0;
         for (uint64_t seed = 1; seed <= 3; seed++) {
             g_loads = 0;
             uint64_t plain = script(m, false, seed), with = script(m, true, seed);
             assert_true(g_loads >= 8); /* sequences moved and whole memories reloaded */
             if (plain != with) fail_msg("%s seed %llu: logits differ after save/load", archs[a], (unsigned long long)seed);
         }
+        if (a >= 2) assert_true(g_resumes >= 2); /* checkpoints restored, loaded ones among them */
         keel_model_close(m);
     }
 }

@@ -77,6 +77,9 @@ int cmd_inspect(int argc, char **argv)
         printf("  weights mapped    %10.2f MiB (file, not allocated)\n", mib(pl.weights_mapped));
         printf("  KV cache          %10.2f MiB\n", mib(pl.kv_bytes));
         printf("  memory core       %10.2f MiB (KV + cell tables + scratch)\n", mib(pl.mem_bytes));
+        if (pl.rs_bytes)
+            printf("  recurrent states  %10.2f MiB, checkpoints %.2f MiB (in the memory core)\n",
+                   mib(pl.rs_bytes), mib(pl.ckpt_bytes));
         printf("  forward work      %10.2f MiB\n", mib(pl.work_bytes));
         printf("  logits            %10.2f MiB\n", mib(pl.logits_bytes));
         printf("  total allocated   %10.2f MiB (%zu bytes)\n", mib(pl.total_bytes), pl.total_bytes);

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,6 +240,10 @@ static const cli_flag g_flags[] = {
      "most tokens per decode call (512)"},
     {"--ubatch-size", "-ub", NULL, CLI_G_CTX, FK_I32, OFF(ctx.n_ubatch), 1, 1 << 20, 0, "N",
      "tokens per forward chunk (512)"},
+    {"--ctx-checkpoints", NULL, NULL, CLI_G_CTX, FK_I32, OFF(ctx.n_ctx_checkpoints), -1, 4096, 0, "N",
+     "checkpoints per sequence of recurrent states / sliding rings (-1: 8 with recurrent layers, else 0)"},
+    {"--checkpoint-every", NULL, NULL, CLI_G_CTX, FK_I32, OFF(ctx.checkpoint_every), 0, 1 << 26, 0,
+     "T", "a checkpoint every T prompt tokens; 0: at prompt ends only (0)"},
     {"--threads", "-t", NULL, CLI_G_THREADS, FK_I32, OFF(ctx.n_threads), 0, 256, 0, "N",
      "threads; 0: all CPUs (0)"},
     {"--simd", NULL, NULL, CLI_G_THREADS, FK_SIMD, OFF(simd), 0, 0, 0, "PATH",
@@ -398,9 +403,23 @@ int cli_simd(const char *flag, const char *name)
     return 2;
 }
 
+/* printf for the help text, keeping the errno of the first failed write: a
+ * text longer than stdout's buffer fails inside printf, and the final flush
+ * would see only the error flag, not why. */
+static void help_printf(int *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void help_printf(int *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    errno = 0;
+    if (vprintf(fmt, ap) < 0 && *err == 0) *err = errno ? errno : EIO;
+    va_end(ap);
+}
+
 static void print_help(const cli_opts *o, const char *usage)
 {
-    printf("%s\n\noptions:\n", usage);
+    int err = 0;
+    help_printf(&err, "%s\n\noptions:\n", usage);
     for (size_t i = 0; i < sizeof g_flags / sizeof g_flags[0]; i++) {
         const cli_flag *f = &g_flags[i];
         if (o->groups && !(o->groups & f->group)) continue;
@@ -408,11 +427,12 @@ static void print_help(const cli_opts *o, const char *usage)
         snprintf(names, sizeof names, "%s%s%s%s%s%s%s", f->alias ? f->alias : "",
                  f->alias ? ", " : "", f->alias2 ? f->alias2 : "", f->alias2 ? ", " : "", f->name,
                  f->arg ? " " : "", f->arg ? f->arg : "");
-        printf("  %-30s %s\n", names, f->help);
-        if (f->kind == FK_DTYPE) printf("  %-30s   %s\n", "", g_kv_types);
+        help_printf(&err, "  %-30s %s\n", names, f->help);
+        if (f->kind == FK_DTYPE) help_printf(&err, "  %-30s   %s\n", "", g_kv_types);
     }
-    if (o->extra_help) printf("%s\n", o->extra_help);
-    printf("  %-30s %s\n", "-h, --help", "this text");
+    if (o->extra_help) help_printf(&err, "%s\n", o->extra_help);
+    help_printf(&err, "  %-30s %s\n", "-h, --help", "this text");
+    if (err) stdout_error(err); /* reported once; main's final flush fails too */
 }
 
 int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)

@@ -9,11 +9,16 @@
  *   - tg: bytes read per token (every matrix but the embedding table, plus
  *     the K and V rows of the cells a step sees, averaged over the steps)
  *     and the bound read bandwidth / bytes (the bandwidth: 1 GiB at the
- *     start and 256 MiB before every repetition, the best);
+ *     start and 256 MiB before every repetition, the best); experts count
+ *     with the fraction a token uses;
  *   - pp: FLOPs per token (2 x the per-token product parameters, attention
  *     2 x heads x (dk + dv) x cells seen, the output row of the last token)
  *     against the fp32 FMA peak of the SIMD level in force (register-only
- *     FMA loop, same threads) and OpenBLAS sgemm on the model's ffn shape;
+ *     FMA loop, same threads) and OpenBLAS sgemm on the model's largest
+ *     projection (not an expert) with the ubatch;
+ *   - recurrent models (with -p): a checkpoint's bytes, the time to take
+ *     one and to restore one (seq_rm one token back), the restore's bytes/s
+ *     beside the read bandwidth;
  * t/s is the mean ± sd over the repetitions, with the best in parentheses;
  * ratios to the bound use the best. --profile adds, per depth, one
  * profiled run of -n decode steps: time per token of every kernel entry
@@ -227,6 +232,7 @@ typedef struct bm_model {
     double out_flops;         /* 2 * output parameters (once per output row) */
     double kv_cell_bytes;     /* K+V bytes of one cell over the attention layers */
     double attn_flops_cell;   /* 2 * heads * (dk + dv) over the attention layers */
+    int sg_m, sg_k;           /* the largest projection (not an expert): the sgemm reference */
     const keel_mem_layer *layers;
     int32_t n_layers;
 } bm_model;
@@ -243,6 +249,26 @@ static void bm_model_of(const keel_model *m, const keel_context *c, bm_model *bm
     double emb_params = (double)w->tok_embd.n_rows * (double)w->tok_embd.n_cols;
     bm->mm_flops_tok = 2.0 * ((double)w->n_params - out_params - (tied ? 0.0 : emb_params));
     bm->out_flops = 2.0 * out_params;
+    /* experts: a token reads and multiplies the used fraction */
+    int64_t big = 0;
+    bm->sg_m = w->hp.n_ff;
+    bm->sg_k = w->hp.n_embd;
+    for (int32_t i = 0; i < w->hp.n_layer; i++) {
+        const model_mat *ms[32];
+        int32_t k = model_layer_mats(&w->layers[i], ms, 32);
+        for (int j = 0; j < k; j++) {
+            int64_t pr = ms[j]->n_rows * ms[j]->n_cols;
+            if (ms[j]->n_expert > 0) {
+                double unused = 1.0 - (double)w->hp.n_expert_used / (double)ms[j]->n_expert;
+                bm->weight_bytes_tok -= (double)ms[j]->nbytes * unused;
+                bm->mm_flops_tok -= 2.0 * (double)pr * (double)ms[j]->n_expert * unused;
+            } else if (pr > big) {
+                big = pr;
+                bm->sg_m = (int)ms[j]->n_rows;
+                bm->sg_k = (int)ms[j]->n_cols;
+            }
+        }
+    }
     bm->layers = c->mem->layers;
     bm->n_layers = c->mem->cfg.n_layers;
     for (int32_t l = 0; l < bm->n_layers; l++) {
@@ -516,7 +542,7 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
      * OpenBLAS sgemm on the model's ffn shape with the pp batch */
     double bw = bench_read_bw_gbps(c->pool, 0, 3);
     double peak = bench_fma_peak_gflops(c->pool, (int)tensor_simd_level(), 5);
-    double sg = n_pp > 0 ? sgemm_gflops(c->pool, BASE_MIN(n_pp, n_ub), hp->n_ff, hp->n_embd) : 0.0;
+    double sg = n_pp > 0 ? sgemm_gflops(c->pool, BASE_MIN(n_pp, n_ub), bm.sg_m, bm.sg_k) : 0.0;
     /* warm-up: page the weights in */
     if ((st = bm_feed(c, toks, BASE_MIN(8, n_toks), cp.n_batch)) != KEEL_OK) goto fail_decode;
     keel_mem_clear(c->mem);
@@ -529,6 +555,10 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
          * measured tokens removed again) */
         if ((st = bm_feed(c, toks + filled, d - filled, cp.n_batch)) != KEEL_OK) goto fail_decode;
         filled = d;
+        /* a recurrent state (or a ring) returns to d through a checkpoint */
+        if (d > 0 && keel_mem_ckpt_bytes(c->mem) > 0 &&
+            (st = keel_mem_ckpt_take(c->mem, 0)) != KEEL_OK)
+            goto fail_mem;
         for (int rep = 0; rep < reps; rep++) {
             double b = bench_read_bw_gbps(c->pool, BM_BW_BYTES, 2);
             if (b > bw) bw = b;
@@ -579,6 +609,32 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
         }
     }
     if (profile && o->json) bench_printf(o, "],\n ");
+    /* recurrent models: a checkpoint's size, the time to take one and to
+     * restore one (seq_rm one token back), after the measurements */
+    double ck_take_us = 0.0, ck_restore_us = 0.0;
+    size_t ck_bytes = keel_mem_ckpt_record_bytes(c->mem);
+    if (ck_bytes > 0 && n_pp > 0) {
+        keel_mem_clear(c->mem);
+        keel_batch b = {n_pp, toks, NULL, NULL, NULL};
+        if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail_decode; /* takes one at n_pp */
+        int32_t tok = toks[0];
+        int nck = 16;
+        for (int i = 0; i < nck; i++) {
+            keel_batch one = {1, &tok, NULL, NULL, NULL};
+            if ((st = keel_decode(c, &one)) != KEEL_OK) goto fail_decode;
+            uint64_t t0 = base_time_ns();
+            st = keel_mem_ckpt_take(c->mem, 0);
+            uint64_t t1 = base_time_ns();
+            if (st == KEEL_OK) st = keel_mem_seq_rm(c->mem, 0, n_pp, -1); /* back to n_pp */
+            uint64_t t2 = base_time_ns();
+            if (st != KEEL_OK) {
+                base_err(o->err, st, "bench model: checkpoint: %s", keel_mem_last_error(c->mem));
+                goto done;
+            }
+            ck_take_us += (double)(t1 - t0) * 1e-3 / nck;
+            ck_restore_us += (double)(t2 - t1) * 1e-3 / nck;
+        }
+    }
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     size_t wb = m->w.weight_bytes;
     const char *core = openblas_get_corename();
@@ -604,7 +660,8 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                          w->weight_bytes, w->kv_bytes, bound, bound > 0 ? w->tps_best / bound : 0.0,
                          bytes * w->tps_best * 1e-9, w->flops, gflops, peak > 0 ? gflops / peak : 0.0);
         }
-        bench_printf(o, "\n ]}\n");
+        bench_printf(o, "\n ],\n \"ckpt\": {\"bytes\": %zu, \"take_us\": %.2f, \"restore_us\": %.2f}}\n", ck_bytes,
+                     ck_take_us, ck_restore_us);
     } else {
         char size[32], params[32];
         snprintf(size, sizeof size, "%.2f MiB", (double)wb / (1024.0 * 1024.0));
@@ -634,6 +691,14 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                          name, size, params, keel_dtype_name(m->w.main_dtype), threads, test, w->tps_mean,
                          w->tps_sd, w->tps_best, bytes * 1e-6, bnd, ofb, gflops,
                          peak > 0 ? 100.0 * gflops / peak : 0.0);
+        }
+        if (ck_bytes > 0 && n_pp > 0) {
+            /* a restore copies a record back: its bytes over the time, beside
+             * the read bandwidth */
+            double gbps = ck_restore_us > 0 ? (double)ck_bytes / (ck_restore_us * 1e3) : 0.0;
+            bench_printf(o, "\ncheckpoint: %zu B, take %.1f us, restore %.1f us (restore %.2f GB/s = %.0f%% of "
+                            "read bw %.2f)\n",
+                         ck_bytes, ck_take_us, ck_restore_us, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
         }
     }
     goto done;

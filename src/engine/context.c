@@ -28,6 +28,8 @@ keel_context_params keel_context_params_default(void)
     p.swa_period = 2;
     p.unified = true;
     p.compact = keel_compact_params_default();
+    p.n_ctx_checkpoints = -1; /* 8 with recurrent layers, else none */
+    p.checkpoint_every = 0;
     return p;
 }
 
@@ -44,6 +46,7 @@ static keel_status check_compact(const keel_model *m, const keel_context_params 
     bool any_full = false, any_swa = false;
     int32_t window = p->swa_window > 0 ? p->swa_window : hp->n_swa;
     for (int32_t i = 0; i < hp->n_layer; i++) {
+        if (m->w.layers[i].mixer != MODEL_MIXER_ATTN) continue; /* recurrent: no KV */
         bool swa = p->swa_window > 0 ? !(i % p->swa_period == p->swa_period - 1) : m->w.layers[i].swa;
         any_full |= !swa;
         any_swa |= swa;
@@ -87,6 +90,15 @@ static keel_status resolve(const keel_model *m, const keel_context_params *in,
     if (p->n_sink < 0) return base_err(err, KEEL_EINVAL, "n_sink %d", p->n_sink);
     if (p->swa_window < 0 || (p->swa_window > 0 && p->swa_period < 1))
         return base_err(err, KEEL_EINVAL, "swa_window %d / swa_period %d", p->swa_window, p->swa_period);
+    if (p->n_ctx_checkpoints < -1 || p->n_ctx_checkpoints > 4096)
+        return base_err(err, KEEL_EINVAL, "n_ctx_checkpoints %d (need 0..4096, or -1: the default)",
+                        p->n_ctx_checkpoints);
+    if (p->checkpoint_every < 0 || p->checkpoint_every > (1 << 26))
+        return base_err(err, KEEL_EINVAL, "checkpoint_every %d (need 0..2^26)", p->checkpoint_every);
+    /* recurrent states rewind only through checkpoints: 8 by default; an
+     * attention model's (ring rows, only with sliding layers: see sizes)
+     * cost a ring copy each, so they are taken only when asked for */
+    if (p->n_ctx_checkpoints < 0) p->n_ctx_checkpoints = hp->n_recurrent > 0 ? 8 : 0;
     return check_compact(m, p, &p->compact, err);
 }
 
@@ -110,6 +122,9 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
     z->mc.n_batch_max = p->n_ubatch;
     z->mc.n_threads = p->n_threads;
     z->mc.deterministic = p->deterministic;
+    bool sliding = false;
+    for (int32_t i = 0; i < hp->n_layer; i++) sliding |= z->layers[i].kind == KEEL_MEM_LAYER_SLIDING;
+    z->mc.n_ckpt = hp->n_recurrent > 0 || sliding ? p->n_ctx_checkpoints : 0; /* full attention needs none */
     keel_status st = mem_config_bytes_shared(&z->mc, &z->mem, err);
     if (st != KEEL_OK) return st;
     z->work = model_work_bytes(&m->w, p->n_ubatch, p->n_threads);
@@ -151,6 +166,7 @@ static void fill_plan(const keel_model *m, const ctx_sizes *z, keel_plan *out)
     out->work_bytes = z->work;
     out->logits_bytes = z->logits;
     out->total_bytes = z->total;
+    mem_config_rs_bytes(&z->mc, &out->rs_bytes, &out->ckpt_bytes);
 }
 
 keel_status keel_context_plan(const keel_model *m, const keel_context_params *in, keel_plan *out,
@@ -382,9 +398,22 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
         text_token_type tt = text_token_get_type(tok, b->tokens[i]);
         c->ub_prot[i] = tt == TEXT_TOKEN_CONTROL || tt == TEXT_TOKEN_USER_DEFINED;
     }
-    int32_t row0 = 0;
-    for (int32_t start = 0; start < n; start += ub) {
-        int32_t m = BASE_MIN(ub, n - start);
+    int32_t row0 = 0, every = c->p.checkpoint_every;
+    bool ckpt = keel_mem_ckpt_record_bytes(c->mem) > 0;
+    /* sequences given several tokens: a prompt, checkpointed at its end */
+    uint8_t prompt[MEM_SEQ_MAX];
+    memset(prompt, 0, sizeof prompt);
+    for (int32_t i = 0, cnt[MEM_SEQ_MAX] = {0}; ckpt && i < n; i++)
+        if (++cnt[c->ub_seq[i]] > 1) prompt[c->ub_seq[i]] = 1;
+    for (int32_t start = 0, m = 0; start < n; start += m) {
+        m = BASE_MIN(ub, n - start);
+        /* a periodic checkpoint at position P is taken after the ubatch
+         * that ends just before the token at P: cut there */
+        for (int32_t i = start + 1; ckpt && every > 0 && i < start + m; i++)
+            if (prompt[c->ub_seq[i]] && c->ub_pos[i] % every == 0) {
+                m = i - start;
+                break;
+            }
         if (any_compact) {
             /* bounded prefill: compact every sequence this ubatch would push
              * past its trigger, between chunks */
@@ -421,11 +450,61 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
                            c->ub_cells, nout, c->ub_out,
                            c->logits + (size_t)row0 * (size_t)hp->n_vocab, c->p.deterministic};
         st = model_forward(&c->model->w, c->mem, &mu, c->pool, &c->work, &c->cancel, c->err);
+        if (st != KEEL_OK && hp->n_recurrent > 0 && st != KEEL_ECANCELED) {
+            /* a failure inside the chunk left some layers' states updated:
+             * drop the chunk's sequences rather than keep half a state */
+            for (int32_t i = 0; i < m; i++) {
+                keel_status st2 = keel_mem_seq_rm(c->mem, c->ub_seq[start + i], -1, -1);
+                if (st2 != KEEL_OK) break; /* removing a whole sequence cannot fail */
+            }
+            return st;
+        }
         if (st == KEEL_OK) st = check_logits(c, start, row0, nout);
         if (st != KEEL_OK) return st;
         row0 += nout;
         c->n_last = start + m;
+        if (ckpt && every > 0)
+            for (int32_t i = start; i < start + m; i++) {
+                int32_t s = c->ub_seq[i];
+                if (!prompt[s] || (keel_mem_seq_pos_max(c->mem, s) + 1) % every != 0) continue;
+                if ((st = keel_mem_ckpt_take(c->mem, s)) != KEEL_OK)
+                    return base_err(c->err, st, "decode: checkpoint of sequence %d: %s", s,
+                                    keel_mem_last_error(c->mem));
+            }
     }
+    for (int32_t s = 0; ckpt && s < c->p.n_seq_max; s++) {
+        if (!prompt[s]) continue;
+        keel_status st = keel_mem_ckpt_take(c->mem, s); /* a no-op where one was just taken */
+        if (st != KEEL_OK)
+            return base_err(c->err, st, "decode: checkpoint of sequence %d: %s", s,
+                            keel_mem_last_error(c->mem));
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_context_rewind(keel_context *c, int32_t seq, int32_t p0, int32_t *resume)
+{
+    if (resume) *resume = 0;
+    if (!c) return KEEL_EINVAL;
+    c->err[0] = 0;
+    if (seq < 0 || seq >= c->p.n_seq_max)
+        return base_err(c->err, KEEL_EINVAL, "rewind: sequence %d out of range (n_seq_max %d)", seq,
+                        c->p.n_seq_max);
+    if (p0 < 0) p0 = 0;
+    keel_status st;
+    if (keel_mem_is_recurrent(c->mem)) {
+        st = keel_mem_seq_rm(c->mem, seq, p0, -1);
+    } else if (p0 >= keel_mem_seq_rewind_min(c->mem, seq)) {
+        st = keel_mem_seq_rm(c->mem, seq, p0, -1); /* exact */
+    } else {
+        /* the rings forgot tokens the query at p0 needs: a checkpoint of
+         * them at or before p0 */
+        st = keel_mem_ckpt_restore(c->mem, seq, p0, NULL);
+    }
+    if (st == KEEL_ESTATE) /* no checkpoint covers p0: recompute from the start */
+        st = keel_mem_seq_rm(c->mem, seq, -1, -1);
+    if (st != KEEL_OK) return base_err(c->err, st, "rewind: %s", keel_mem_last_error(c->mem));
+    if (resume) *resume = keel_mem_seq_pos_max(c->mem, seq) + 1;
     return KEEL_OK;
 }
 

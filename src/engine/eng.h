@@ -151,6 +151,7 @@ struct keel_engine {
     keel_context *ctx;
     keel_context_params cp;
     int32_t n_slots, n_ctx_slot;
+    bool recurrent;           /* the model has recurrent layers: rewinds go through checkpoints */
     int32_t hist_cap;         /* most prompt + generated tokens a slot tracks */
     eng_slot *slots;
     int32_t *batch_tok, *batch_seq; /* [n_batch] */

@@ -63,6 +63,8 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         else if (strcmp(k, "swa_sinks") == 0) st = get_i32(v, k, 0, 1 << 16, &p->cp.n_sink, err);
         else if (strcmp(k, "max_prompt_tokens") == 0) st = get_i32(v, k, 1, 1 << 26, &p->max_prompt_tokens, err);
         else if (strcmp(k, "cache_ram_mib") == 0) st = get_i32(v, k, 0, 1 << 24, &p->cache_ram_mib, err);
+        else if (strcmp(k, "ctx_checkpoints") == 0) st = get_i32(v, k, -1, 4096, &p->cp.n_ctx_checkpoints, err);
+        else if (strcmp(k, "checkpoint_every") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.checkpoint_every, err);
         else if (strcmp(k, "deterministic") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "option deterministic must be a boolean");
@@ -236,6 +238,7 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
         base_err(err, st, "context: %s", cerr);
         goto fail;
     }
+    e->recurrent = keel_mem_is_recurrent(keel_context_memory(e->ctx));
     /* slots (+ one scratch prompt buffer) and the batch */
     e->slots = base_calloc((size_t)p.n_slots + 1, sizeof(eng_slot));
     if (!e->slots) {
@@ -408,7 +411,7 @@ keel_status keel_engine_run(keel_engine *e)
     pthread_mutex_unlock(&e->mu);
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->queue_head) {
+        while (!e->stop && !e->queue_head && !e->ctl_head) { /* slot actions wake it too */
             bool busy = false;
             for (int32_t i = 0; i < e->n_slots && !busy; i++) busy = e->slots[i].state != ENG_SLOT_IDLE;
             if (busy) break;
@@ -422,6 +425,7 @@ keel_status keel_engine_run(keel_engine *e)
     }
     eng_finish_all(e, "cancelled");
     eng_reap(e);
+    eng_run_controls(e); /* slot actions queued before the stop: their callers wait */
     pthread_mutex_lock(&e->mu);
     e->running = false;
     pthread_cond_broadcast(&e->cv);

@@ -1,6 +1,7 @@
 /*
  * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
- * the llama, qwen2, qwen3 and gemma2 architectures, with the keys, tensor
+ * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2 and gpt-oss
+ * architectures (keel.h describes the shapes), with the keys, tensor
  * names and shapes llama.cpp's loader expects, and a vocabulary learned
  * from a built-in text (genvocab.c). docs/formats.md section 7.
  *
@@ -50,11 +51,22 @@ keel_gen_params keel_gen_params_default(void)
         .n_swa = 0,
         .dtype = KEEL_DTYPE_F32,
         .seed = 1,
+        .n_expert = 0,
+        .n_expert_used = 0,
+        .ssm_state = 0,
     };
     return p;
 }
 
 /* ---- architectures ----------------------------------------------------------- */
+
+typedef enum gen_family {
+    GEN_DENSE = 0, /* llama, qwen2, qwen3, gemma2 */
+    GEN_QWEN35,    /* Gated DeltaNet + gated attention, dense FFN */
+    GEN_QWEN3NEXT, /* the same with MoE and a shared expert */
+    GEN_MAMBA2,    /* selective scan only */
+    GEN_GPT_OSS,   /* sinks, biases, sliding / full, MoE SwiGLU-OAI, YaRN */
+} gen_family;
 
 typedef struct gen_arch {
     const char *name;
@@ -66,14 +78,24 @@ typedef struct gen_arch {
     bool gemma;      /* softcapping and sliding-window keys, scaled embeddings */
     float rope_base;
     float rms_eps;
+    gen_family family;
 } gen_arch;
 
 static const gen_arch g_archs[] = {
-    {"llama", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f},
-    {"qwen2", GENMODEL_VOCAB_BPE, true, false, false, false, false, 1000000.0f, 1e-6f},
-    {"qwen3", GENMODEL_VOCAB_BPE, false, true, false, false, false, 1000000.0f, 1e-6f},
-    {"gemma2", GENMODEL_VOCAB_SPM, false, false, true, true, true, 10000.0f, 1e-6f},
+    {"llama", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_DENSE},
+    {"qwen2", GENMODEL_VOCAB_BPE, true, false, false, false, false, 1000000.0f, 1e-6f, GEN_DENSE},
+    {"qwen3", GENMODEL_VOCAB_BPE, false, true, false, false, false, 1000000.0f, 1e-6f, GEN_DENSE},
+    {"gemma2", GENMODEL_VOCAB_SPM, false, false, true, true, true, 10000.0f, 1e-6f, GEN_DENSE},
+    {"qwen35", GENMODEL_VOCAB_BPE, false, true, false, false, false, 10000000.0f, 1e-6f, GEN_QWEN35},
+    {"qwen3next", GENMODEL_VOCAB_BPE, false, true, false, false, false, 10000000.0f, 1e-6f,
+     GEN_QWEN3NEXT},
+    {"mamba2", GENMODEL_VOCAB_SPM, false, false, false, true, false, 10000.0f, 1e-5f, GEN_MAMBA2},
+    {"gpt-oss", GENMODEL_VOCAB_BPE, true, false, false, false, false, 150000.0f, 1e-5f, GEN_GPT_OSS},
 };
+
+#define GEN_FULL_ATTN_INTERVAL 4
+#define GEN_CONV_KERNEL        4
+#define GEN_YARN_FACTOR        32.0f
 
 #define GEMMA2_ATTN_SOFTCAP  50.0f
 #define GEMMA2_FINAL_SOFTCAP 30.0f
@@ -115,12 +137,13 @@ static uint32_t file_type(keel_dtype t)
 typedef enum gen_init {
     GEN_INIT_NORMAL, /* N(0, std) */
     GEN_INIT_NORM,   /* 1 + N(0, std) */
+    GEN_INIT_NEG,    /* -(0.05 + |N(0, std)|): SSM decay rates A, negative */
 } gen_init;
 
 typedef struct gen_tensor {
     char name[64];
     uint32_t n_dims;
-    int64_t ne[2]; /* ne[0] fastest (a row), ne[1] rows; 1 for 1-D */
+    int64_t ne[3]; /* ne[0] fastest (a row), then rows, then experts; 1 when absent */
     keel_dtype dtype;
     gen_init init;
     float std;
@@ -153,19 +176,30 @@ static keel_dtype matrix_dtype(keel_dtype want, int64_t n)
     return KEEL_DTYPE_F16;
 }
 
+/* A tensor of ne0 x ne1 x ne2 (ne1, ne2 <= 0: absent). 2-D and 3-D tensors
+ * are matrices in the requested dtype unless f32 is forced (vector-like
+ * 2-D tensors: conv weights, per-expert biases, grouped norms). */
+static void add_t3(gen_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                   gen_init init, float std, bool f32)
+{
+    if (m->n_t >= m->cap_t) return; /* the cap covers every list (build checks the count) */
+    gen_tensor *t = &m->t[m->n_t++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = ne2 > 0 ? 3 : ne1 > 0 ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1 > 0 ? ne1 : 1;
+    t->ne[2] = ne2 > 0 ? ne2 : 1;
+    t->dtype = t->n_dims >= 2 && !f32 ? matrix_dtype(m->p.dtype, ne0) : KEEL_DTYPE_F32;
+    t->init = init;
+    t->std = std;
+    m->n_params += ne0 * t->ne[1] * t->ne[2];
+    if (ne0 > m->max_row) m->max_row = ne0;
+}
+
 static void add_t(gen_model *m, const char *name, int64_t ne0, int64_t ne1, gen_init init,
                   float std)
 {
-    gen_tensor *t = &m->t[m->n_t++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = ne1 > 0 ? 2 : 1;
-    t->ne[0] = ne0;
-    t->ne[1] = ne1 > 0 ? ne1 : 1;
-    t->dtype = t->n_dims == 2 ? matrix_dtype(m->p.dtype, ne0) : KEEL_DTYPE_F32;
-    t->init = init;
-    t->std = std;
-    m->n_params += ne0 * t->ne[1];
-    if (ne0 > m->max_row) m->max_row = ne0;
+    add_t3(m, name, ne0, ne1, 0, init, std, false);
 }
 
 static void add_blk(gen_model *m, int32_t l, const char *what, int64_t ne0, int64_t ne1,
@@ -176,6 +210,14 @@ static void add_blk(gen_model *m, int32_t l, const char *what, int64_t ne0, int6
     add_t(m, name, ne0, ne1, init, std);
 }
 
+static void add_blk3(gen_model *m, int32_t l, const char *what, int64_t ne0, int64_t ne1,
+                     int64_t ne2, gen_init init, float std, bool f32)
+{
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.%s", (int)l, what);
+    add_t3(m, name, ne0, ne1, ne2, init, std, f32);
+}
+
 #define NORM_STD 0.02f /* norms: 1 + N(0, 0.02); biases: N(0, 0.02) */
 
 static float inv_sqrt(int64_t n)
@@ -183,7 +225,86 @@ static float inv_sqrt(int64_t n)
     return (float)(1.0 / sqrt((double)n));
 }
 
-/* Lists every tensor (m->t must hold gen_tensor_count entries). */
+/* The layers of the issue 11 families (list_tensors does the dense ones). */
+static void list_family_layer(gen_model *m, int32_t l)
+{
+    const gen_arch *a = m->arch;
+    const keel_gen_params *p = &m->p;
+    int64_t E = p->n_embd, F = p->n_ff, D = p->head_dim, ne = p->n_expert;
+    int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
+    add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (a->family == GEN_MAMBA2) {
+        int64_t Din = 2 * E, H = p->n_head, G = p->n_head_kv, N = p->ssm_state;
+        int64_t C = Din + 2 * G * N;
+        add_blk(m, l, "ssm_in.weight", E, Din + C + H, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk3(m, l, "ssm_conv1d.weight", GEN_CONV_KERNEL, C, 0, GEN_INIT_NORMAL, 0.3f, true);
+        add_blk(m, l, "ssm_conv1d.bias", C, 0, GEN_INIT_NORMAL, NORM_STD);
+        add_blk(m, l, "ssm_dt.bias", H, 0, GEN_INIT_NORMAL, 0.5f);
+        add_blk3(m, l, "ssm_a", 1, H, 0, GEN_INIT_NEG, 1.0f, true);
+        add_blk3(m, l, "ssm_d", 1, H, 0, GEN_INIT_NORM, 0.1f, true);
+        add_blk3(m, l, "ssm_norm.weight", Din / G, G, 0, GEN_INIT_NORM, NORM_STD, true);
+        add_blk(m, l, "ssm_out.weight", Din, E, GEN_INIT_NORMAL, inv_sqrt(Din));
+        return;
+    }
+    bool gdn = a->family == GEN_QWEN35 || a->family == GEN_QWEN3NEXT;
+    if (gdn) add_blk(m, l, "post_attention_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (gdn && (l + 1) % GEN_FULL_ATTN_INTERVAL != 0) {
+        int64_t nv = p->n_head, nk = p->n_head_kv, Vd = nv * D, C = 2 * nk * D + Vd;
+        add_blk(m, l, "attn_qkv.weight", E, C, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "attn_gate.weight", E, Vd, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk3(m, l, "ssm_conv1d.weight", GEN_CONV_KERNEL, C, 0, GEN_INIT_NORMAL, 0.3f, true);
+        add_blk(m, l, "ssm_dt.bias", nv, 0, GEN_INIT_NORMAL, 0.5f);
+        add_blk(m, l, "ssm_a", nv, 0, GEN_INIT_NEG, 0.5f);
+        if (a->family == GEN_QWEN3NEXT) {
+            add_blk(m, l, "ssm_ba.weight", E, 2 * nv, GEN_INIT_NORMAL, inv_sqrt(E));
+        } else {
+            add_blk(m, l, "ssm_beta.weight", E, nv, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk(m, l, "ssm_alpha.weight", E, nv, GEN_INIT_NORMAL, inv_sqrt(E));
+        }
+        add_blk(m, l, "ssm_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "ssm_out.weight", Vd, E, GEN_INIT_NORMAL, inv_sqrt(Vd));
+    } else {
+        add_blk(m, l, "attn_q.weight", E, gdn ? 2 * Q : Q, GEN_INIT_NORMAL, inv_sqrt(E));
+        if (a->qkv_bias) add_blk(m, l, "attn_q.bias", Q, 0, GEN_INIT_NORMAL, NORM_STD);
+        add_blk(m, l, "attn_k.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+        if (a->qkv_bias) add_blk(m, l, "attn_k.bias", KV, 0, GEN_INIT_NORMAL, NORM_STD);
+        add_blk(m, l, "attn_v.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+        if (a->qkv_bias) add_blk(m, l, "attn_v.bias", KV, 0, GEN_INIT_NORMAL, NORM_STD);
+        if (a->qk_norm) {
+            add_blk(m, l, "attn_q_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+            add_blk(m, l, "attn_k_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+        }
+        add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
+        if (a->family == GEN_GPT_OSS) {
+            add_blk(m, l, "attn_output.bias", E, 0, GEN_INIT_NORMAL, NORM_STD);
+            add_blk(m, l, "attn_sinks.weight", p->n_head, 0, GEN_INIT_NORMAL, 1.0f);
+        }
+    }
+    if (a->family == GEN_GPT_OSS) add_blk(m, l, "post_attention_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (a->family == GEN_QWEN35) {
+        add_blk(m, l, "ffn_gate.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+        return;
+    }
+    bool eb = a->family == GEN_GPT_OSS;
+    add_blk(m, l, "ffn_gate_inp.weight", E, ne, GEN_INIT_NORMAL, inv_sqrt(E));
+    if (eb) add_blk(m, l, "ffn_gate_inp.bias", ne, 0, GEN_INIT_NORMAL, NORM_STD);
+    add_blk3(m, l, "ffn_gate_exps.weight", E, F, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
+    if (eb) add_blk3(m, l, "ffn_gate_exps.bias", F, ne, 0, GEN_INIT_NORMAL, NORM_STD, true);
+    add_blk3(m, l, "ffn_up_exps.weight", E, F, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
+    if (eb) add_blk3(m, l, "ffn_up_exps.bias", F, ne, 0, GEN_INIT_NORMAL, NORM_STD, true);
+    add_blk3(m, l, "ffn_down_exps.weight", F, E, ne, GEN_INIT_NORMAL, inv_sqrt(F), false);
+    if (eb) add_blk3(m, l, "ffn_down_exps.bias", E, ne, 0, GEN_INIT_NORMAL, NORM_STD, true);
+    if (a->family == GEN_QWEN3NEXT) {
+        add_blk(m, l, "ffn_gate_inp_shexp.weight", E, 0, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_gate_shexp.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_up_shexp.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down_shexp.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+    }
+}
+
+/* Lists every tensor (m->t must hold tensor_count entries). */
 static void list_tensors(gen_model *m)
 {
     const gen_arch *a = m->arch;
@@ -193,7 +314,8 @@ static void list_tensors(gen_model *m)
     add_t(m, "token_embd.weight", E, V, GEN_INIT_NORMAL, a->gemma ? inv_sqrt(E) : 1.0f);
     add_t(m, "output_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
     if (!a->tied) add_t(m, "output.weight", E, V, GEN_INIT_NORMAL, inv_sqrt(E));
-    for (int32_t l = 0; l < p->n_layer; l++) {
+    for (int32_t l = 0; l < p->n_layer && a->family != GEN_DENSE; l++) list_family_layer(m, l);
+    for (int32_t l = 0; l < p->n_layer && a->family == GEN_DENSE; l++) {
         add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
         add_blk(m, l, "attn_q.weight", E, Q, GEN_INIT_NORMAL, inv_sqrt(E));
         if (a->qkv_bias) add_blk(m, l, "attn_q.bias", Q, 0, GEN_INIT_NORMAL, NORM_STD);
@@ -216,10 +338,13 @@ static void list_tensors(gen_model *m)
     }
 }
 
+/* An upper bound of the tensor count (list_tensors stops at it; build
+ * checks the list fits). */
 static int64_t tensor_count(const gen_model *m)
 {
     const gen_arch *a = m->arch;
     int64_t per = 9 + (a->qkv_bias ? 3 : 0) + (a->qk_norm ? 2 : 0) + (a->post_norms ? 2 : 0);
+    if (a->family != GEN_DENSE) per = 32;
     return 3 + per * m->p.n_layer;
 }
 
@@ -243,7 +368,9 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
         if (strcmp(p->arch, g_archs[i].name) == 0) m->arch = &g_archs[i];
     if (!m->arch)
         return base_err(err, KEEL_EUNSUPPORTED,
-                        "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2)", p->arch);
+                        "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
+                        "qwen3next, mamba2, gpt-oss)",
+                        p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
     if ((st = check_range(err, "n_layer", q->n_layer, 1, GEN_MAX_LAYER)) ||
@@ -271,6 +398,25 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
         (st = check_range(err, "n_swa", q->n_swa, 0, GEN_MAX_CTX)))
         return st;
     if (m->arch->gemma && q->n_swa == 0) q->n_swa = GEMMA2_DEFAULT_SWA;
+    gen_family fam = m->arch->family;
+    if (fam == GEN_GPT_OSS && q->n_swa == 0) q->n_swa = GEMMA2_DEFAULT_SWA;
+    if ((st = check_range(err, "n_expert", q->n_expert, 0, 256)) ||
+        (st = check_range(err, "n_expert_used", q->n_expert_used, 0, q->n_expert ? q->n_expert : 4)) ||
+        (st = check_range(err, "ssm_state", q->ssm_state, 0, 4096)))
+        return st;
+    if (fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS) {
+        if (q->n_expert == 0) q->n_expert = 4;
+        if (q->n_expert_used == 0) q->n_expert_used = BASE_MIN(2, q->n_expert);
+    }
+    if (fam == GEN_MAMBA2 && q->ssm_state == 0) q->ssm_state = 32;
+    if ((fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT) && q->head_dim < 8)
+        return base_err(err, KEEL_EINVAL, "head_dim = %d: %s needs >= 8 (rotary dims are head_dim / 4)",
+                        q->head_dim, m->arch->name);
+    if (fam == GEN_MAMBA2 && (q->n_head % q->n_head_kv != 0 || (2 * q->n_embd) % q->n_head != 0))
+        return base_err(err, KEEL_EINVAL,
+                        "mamba2: n_head = %d (heads) must divide 2 * n_embd = %d and be a multiple of "
+                        "n_head_kv = %d (groups)",
+                        q->n_head, 2 * q->n_embd, q->n_head_kv);
     if (!keel_dtype_name(q->dtype))
         return base_err(err, KEEL_EINVAL, "dtype = %d is not a known type", (int)q->dtype);
     if (file_type(q->dtype) == UINT32_MAX || !keel_dtype_can_quantize(q->dtype))
@@ -316,6 +462,9 @@ static void draw_row(base_rng *rng, float *x, int64_t n, gen_init init, float st
     if (init == GEN_INIT_NORM)
         for (int64_t i = 0; i < n; i++)
             x[i] += 1.0f;
+    if (init == GEN_INIT_NEG)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = -(0.05f + fabsf(x[i]));
 }
 
 static void fill_task(void *ctx, int64_t task, int thread)
@@ -323,7 +472,7 @@ static void fill_task(void *ctx, int64_t task, int thread)
     fill_job *j = ctx;
     const gen_tensor *t = j->t;
     float *x = j->m->scratch + (size_t)thread * (size_t)j->m->max_row;
-    int64_t r0 = task * j->rows_per_task, r1 = BASE_MIN(r0 + j->rows_per_task, t->ne[1]);
+    int64_t r0 = task * j->rows_per_task, r1 = BASE_MIN(r0 + j->rows_per_task, t->ne[1] * t->ne[2]);
     for (int64_t r = r0; r < r1; r++) {
         base_rng rng;
         base_rng_seed(&rng, j->seed + (uint64_t)(r + 1) * 0x9e3779b97f4a7c15ULL);
@@ -349,8 +498,9 @@ static keel_status fill_tensor(void *user, int64_t index, const char *name, void
         .row_bytes = tensor_row_bytes(t->dtype, t->ne[0]),
         .rows_per_task = BASE_MAX(1, GEN_ROW_ELEMS_PER_TASK / t->ne[0]),
     };
-    if (j.row_bytes * (size_t)t->ne[1] != nbytes) return KEEL_EINTERNAL;
-    int64_t n_tasks = (t->ne[1] + j.rows_per_task - 1) / j.rows_per_task;
+    int64_t rows = t->ne[1] * t->ne[2];
+    if (j.row_bytes * (size_t)rows != nbytes) return KEEL_EINTERNAL;
+    int64_t n_tasks = (rows + j.rows_per_task - 1) / j.rows_per_task;
     for (int i = 0; i < m->n_threads; i++)
         m->task_st[i] = KEEL_OK;
     base_pool_run(n_tasks > 1 ? m->pool : NULL, n_tasks, fill_task, &j);
@@ -377,12 +527,23 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
     keel_status st;
     const gen_arch *a = m->arch;
     const keel_gen_params *p = &m->p;
-    m->cap_t = tensor_count(m);
+    m->cap_t = tensor_count(m) + 1; /* one spare: a full list means the bound was short */
     if (!(m->t = base_alloc((size_t)m->cap_t * sizeof *m->t)))
         return base_err(err, KEEL_ENOMEM, "out of memory for %" PRId64 " tensor records", m->cap_t);
     list_tensors(m);
+    if (m->n_t >= m->cap_t)
+        return base_err(err, KEEL_EINTERNAL, "tensor list longer than its bound (%" PRId64 ")",
+                        m->cap_t);
+    if (m->n_params > GEN_MAX_PARAMS)
+        return base_err(err, KEEL_EINVAL, "model too large (%" PRId64 " parameters, at most %" PRId64 ")",
+                        m->n_params, GEN_MAX_PARAMS);
     char key[96], name[96];
     snprintf(name, sizeof name, "keel-gen %s seed %" PRIu64, a->name, p->seed);
+    gen_family fam = a->family;
+    bool mamba = fam == GEN_MAMBA2, gdn = fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT;
+    /* qwen35 / qwen3next rotate a quarter of each head (llama.cpp's
+     * partial_rotary_factor 0.25) */
+    uint32_t n_rot = gdn ? (uint32_t)(p->head_dim / 4) & ~1u : (uint32_t)p->head_dim;
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, a->name), key)
     if ((st = gguf_writer_add_str(w, "general.architecture", a->name)) ||
         (st = gguf_writer_add_str(w, "general.name", name)) ||
@@ -391,14 +552,49 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         (st = gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)p->n_ctx)) ||
         (st = gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd)) ||
         (st = gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)p->n_layer)) ||
-        (st = gguf_writer_add_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff)) ||
-        (st = gguf_writer_add_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head)) ||
-        (st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)) ||
-        (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)) ||
-        (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
-        (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
-        (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), (uint32_t)p->head_dim)) ||
-        (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base)))
+        (st = gguf_writer_add_u32(w, KEY("feed_forward_length"), mamba ? 0 : (uint32_t)p->n_ff)) ||
+        (st = gguf_writer_add_u32(w, KEY("attention.head_count"), mamba ? 0 : (uint32_t)p->n_head)) ||
+        (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)))
+        goto fail;
+    if (!mamba &&
+        ((st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)) ||
+         (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
+         (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
+         (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), n_rot)) ||
+         (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base))))
+        goto fail;
+    if (mamba || gdn) {
+        uint32_t inner = mamba ? 2 * (uint32_t)p->n_embd : (uint32_t)(p->n_head * p->head_dim);
+        uint32_t state = mamba ? (uint32_t)p->ssm_state : (uint32_t)p->head_dim;
+        if ((st = gguf_writer_add_u32(w, KEY("ssm.conv_kernel"), GEN_CONV_KERNEL)) ||
+            (st = gguf_writer_add_u32(w, KEY("ssm.inner_size"), inner)) ||
+            (st = gguf_writer_add_u32(w, KEY("ssm.state_size"), state)) ||
+            (st = gguf_writer_add_u32(w, KEY("ssm.time_step_rank"), (uint32_t)p->n_head)) ||
+            (st = gguf_writer_add_u32(w, KEY("ssm.group_count"), (uint32_t)p->n_head_kv)))
+            goto fail;
+    }
+    if (gdn && (st = gguf_writer_add_u32(w, KEY("full_attention_interval"), GEN_FULL_ATTN_INTERVAL)))
+        goto fail;
+    if (fam == GEN_QWEN35) {
+        /* IMRoPE sections over the rotated pairs, llama.cpp's [3, 3, 2, 0] shape */
+        int32_t pairs = (int32_t)n_rot / 2, sec[4] = {pairs * 3 / 8, pairs * 3 / 8, 0, 0};
+        sec[2] = pairs - sec[0] - sec[1];
+        if ((st = gguf_writer_add_arr(w, KEY("rope.dimension_sections"), GGUF_TYPE_INT32, sec, 4)))
+            goto fail;
+    }
+    if ((fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS) &&
+        ((st = gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)p->n_expert)) ||
+         (st = gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used)) ||
+         (st = gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff))))
+        goto fail;
+    if (fam == GEN_QWEN3NEXT &&
+        (st = gguf_writer_add_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff)))
+        goto fail;
+    if (fam == GEN_GPT_OSS &&
+        ((st = gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa)) ||
+         (st = gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn")) ||
+         (st = gguf_writer_add_f32(w, KEY("rope.scaling.factor"), GEN_YARN_FACTOR)) ||
+         (st = gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)p->n_ctx))))
         goto fail;
     if (a->gemma &&
         ((st = gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa)) ||

@@ -38,7 +38,7 @@ mem_attn_dims mem_attn_dims_of(const keel_mem_config *cfg, const keel_mem_layer 
     attn_dims d = {1, 1, 1, 1, 4, cfg->deterministic ? cfg->n_ctx : 0};
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *l = &layers[i];
-        if (l->kind == KEEL_MEM_LAYER_NONE) continue;
+        if (!mem_layer_has_kv(l)) continue;
         int32_t nh = l->n_heads ? l->n_heads : l->n_kv_heads;
         d.n_heads_max = BASE_MAX(d.n_heads_max, nh);
         d.g_max = BASE_MAX(d.g_max, nh / BASE_MAX(l->n_kv_heads, 1));

@@ -167,7 +167,7 @@ keel_status keel_mem_check(keel_mem *m)
     if (m->n_groups < 0 || m->n_groups > m->cfg.n_layers) FAIL("n_groups %d", m->n_groups);
     for (int32_t i = 0; i < m->cfg.n_layers; i++) {
         int32_t g = m->layer_group[i];
-        bool none = m->layers[i].kind == KEEL_MEM_LAYER_NONE;
+        bool none = !mem_layer_has_kv(&m->layers[i]);
         if ((g < 0) != none || g >= m->n_groups)
             FAIL("layer %d: group %d for kind %d", i, g, (int)m->layers[i].kind);
     }
@@ -223,5 +223,5 @@ keel_status keel_mem_check(keel_mem *m)
             if (st != KEEL_OK) return st;
         }
     }
-    return KEEL_OK;
+    return mem_rs_check(m, x);
 }

@@ -129,7 +129,7 @@ static void dims(const keel_mem_config *cfg, int32_t *hd, int32_t *nrot)
     *nrot = 2;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *l = &cfg->layers[i];
-        if (l->kind == KEEL_MEM_LAYER_NONE) continue;
+        if (!mem_layer_has_kv(l)) continue;
         *hd = BASE_MAX(*hd, l->head_dim_k);
         if (l->rope.type != KEEL_ROPE_NONE) *nrot = BASE_MAX(*nrot, l->rope.n_rot);
     }
@@ -354,6 +354,10 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
     mem_heap_sort(order, n, less_pos, T);
     memset(keep, 0, (size_t)n);
     int32_t kept = 0, n_sink = BASE_MIN(p->n_sink, n), n_recent = BASE_MIN(n_recent_of(p), n);
+    /* a recurrent state ends on the sequence's last token (the newest at
+     * its largest position): the attention half keeps it too, so the next
+     * token continues both at the same position */
+    if (m->n_rs_layers > 0 && n_recent < 1) n_recent = 1;
     for (int32_t i = 0; i < n_sink; i++) keep[i] = 1;
     for (int32_t i = n - n_recent; i < n; i++) keep[i] = 1;
     for (int32_t i = 0; i < n; i++) kept += keep[i];
@@ -513,6 +517,7 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
         }
     }
     mem_table_refresh(T);
+    mem_rs_after_compact(m, s);
     m->exact_from[s] = keel_mem_seq_pos_max(m, s) + 1;
     m->n_compact[s]++;
     return KEEL_OK;

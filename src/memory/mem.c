@@ -78,6 +78,16 @@ static int32_t rot_block(const keel_mem_rot *r, int32_t head_dim)
 static keel_status validate_layer(const keel_mem_layer *l, int32_t i, char *err)
 {
     if (l->kind == KEEL_MEM_LAYER_NONE) return KEEL_OK;
+    if (l->kind == KEEL_MEM_LAYER_RECURRENT) {
+        const keel_mem_recurrent *r = &l->rs;
+        if (r->conv_kernel < 1 || r->conv_kernel > 64 || r->conv_channels < 1 ||
+            r->conv_channels > (1 << 20) || r->state_floats < 0 || r->state_floats > (1 << 30))
+            return base_err(err, KEEL_EINVAL,
+                            "layer %d: recurrent state conv_kernel %d (need 1..64), conv_channels "
+                            "%d (need 1..2^20), state_floats %lld (need 0..2^30)",
+                            i, r->conv_kernel, r->conv_channels, (long long)r->state_floats);
+        return KEEL_OK;
+    }
     if (l->kind != KEEL_MEM_LAYER_FULL && l->kind != KEEL_MEM_LAYER_SLIDING)
         return base_err(err, KEEL_EINVAL, "layer %d: unknown kind %d", i, (int)l->kind);
     if (l->n_kv_heads < 1 || l->n_kv_heads > 4096 || l->head_dim_k < 1 || l->head_dim_k > 8192 ||
@@ -152,10 +162,23 @@ static keel_status validate_config(const keel_mem_config *cfg, char *err)
         return base_err(err, KEEL_EINVAL, "n_batch_max %d (need 1..2^20)", cfg->n_batch_max);
     if (cfg->n_threads < 0 || cfg->n_threads > 256)
         return base_err(err, KEEL_EINVAL, "n_threads %d (need 0..256)", cfg->n_threads);
+    bool recurrent = false, sliding = false;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         keel_status st = validate_layer(&cfg->layers[i], i, err);
         if (st != KEEL_OK) return st;
+        recurrent |= cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT;
+        sliding |= cfg->layers[i].kind == KEEL_MEM_LAYER_SLIDING;
     }
+    if (cfg->n_rs_slots < 0 || cfg->n_rs_slots > (1 << 16))
+        return base_err(err, KEEL_EINVAL, "n_rs_slots %d (need 0..65536; 0 = n_seq_max)",
+                        cfg->n_rs_slots);
+    if (cfg->n_ckpt < 0 || cfg->n_ckpt > 4096)
+        return base_err(err, KEEL_EINVAL, "n_ckpt %d (need 0..4096)", cfg->n_ckpt);
+    if (cfg->n_ckpt > 0 && !recurrent && !sliding)
+        return base_err(err, KEEL_EINVAL,
+                        "n_ckpt %d: checkpoints need recurrent or sliding layers (full attention "
+                        "alone rewinds exactly anywhere)",
+                        cfg->n_ckpt);
     /* group cell ids are stream * cap + cell in int32 */
     int64_t n_streams = cfg->unified ? 1 : cfg->n_seq_max;
     if (n_streams * (int64_t)cfg->n_ctx > INT32_MAX)
@@ -208,7 +231,7 @@ static mem_group group_shape(const keel_mem_layer *a)
 /* Layer i has KV and no earlier layer shares its group. */
 static bool opens_group(const keel_mem_config *cfg, int32_t i)
 {
-    if (cfg->layers[i].kind == KEEL_MEM_LAYER_NONE) return false;
+    if (!mem_layer_has_kv(&cfg->layers[i])) return false;
     mem_group shape = group_shape(&cfg->layers[i]);
     for (int32_t j = 0; j < i; j++)
         if (same_group(&cfg->layers[j], &shape)) return false;
@@ -230,7 +253,7 @@ size_t mem_config_kv_bytes(const keel_mem_config *cfg)
     size_t kv = 0;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *a = &cfg->layers[i];
-        if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+        if (!mem_layer_has_kv(a)) continue;
         mem_group shape = group_shape(a);
         size_t cells = (size_t)table_cap(cfg, &shape, n_streams) * (size_t)n_streams;
         kv += cells * (size_t)a->n_kv_heads *
@@ -270,7 +293,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             const keel_mem_layer *a = &layers[i];
             layer_group[i] = -1;
             layer_col[i] = -1;
-            if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+            if (!mem_layer_has_kv(a)) continue;
             int32_t g = 0;
             while (g < m->n_groups && !same_group(a, &groups[g])) g++;
             if (g == m->n_groups) {
@@ -290,7 +313,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
         mem_group shape = group_shape(&cfg->layers[rep]);
         int32_t gl = 0;
         for (int32_t i = 0; i < nl; i++)
-            if (cfg->layers[i].kind != KEEL_MEM_LAYER_NONE && same_group(&cfg->layers[i], &shape))
+            if (mem_layer_has_kv(&cfg->layers[i]) && same_group(&cfg->layers[i], &shape))
                 gl++;
         int32_t cap = table_cap(cfg, &shape, n_streams);
         mem_table *tables = lay_take(l, (size_t)n_streams, sizeof(mem_table));
@@ -347,7 +370,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             /* columns: K then V for each layer of the group, in layer order */
             for (int32_t i = 0, ci = 0; i < nl; i++) {
                 const keel_mem_layer *a = &cfg->layers[i];
-                if (a->kind == KEEL_MEM_LAYER_NONE || !same_group(a, &shape)) continue;
+                if (!mem_layer_has_kv(a) || !same_group(a, &shape)) continue;
                 for (int kv = 0; kv < 2; kv++, ci++) {
                     keel_dtype dt = kv == 0 ? a->k_dtype : a->v_dtype;
                     int32_t hd = kv == 0 ? a->head_dim_k : a->head_dim_v;
@@ -428,6 +451,161 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
         m->anchor_stamp = anchor_stamp;
         m->anchor_valid = anchor_valid;
     }
+    /* the recurrent half: slots, per-sequence positions, checkpoint records */
+    int32_t n_rs = 0;
+    size_t slot_floats = 0;
+    for (int32_t i = 0; i < nl; i++)
+        if (cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT) {
+            const keel_mem_recurrent *r = &cfg->layers[i].rs;
+            size_t conv = (size_t)(r->conv_kernel - 1) * (size_t)r->conv_channels;
+            slot_floats += ((conv + 15) & ~(size_t)15) + (((size_t)r->state_floats + 15) & ~(size_t)15);
+            n_rs++;
+        }
+    int32_t n_slots = n_rs == 0 ? 0 : cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
+    int32_t *layer_rs = lay_take(l, (size_t)nl, sizeof(int32_t));
+    size_t *conv_off = lay_take(l, (size_t)(n_rs ? n_rs : 1), sizeof(size_t));
+    size_t *state_off = lay_take(l, (size_t)(n_rs ? n_rs : 1), sizeof(size_t));
+    size_t slots_total = 0;
+    if (!size_mul(slot_floats, (size_t)n_slots, &slots_total)) l->overflow = true;
+    float *rs_data = lay_take(l, slots_total ? slots_total : 1, sizeof(float));
+    int32_t *rs_refs = lay_take(l, (size_t)(n_slots ? n_slots : 1), sizeof(int32_t));
+    int32_t *seq_slot = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+    int32_t *rs_pos_min = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+    int32_t *rs_pos_max = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+    uint64_t *rs_stamp = lay_take(l, (size_t)cfg->n_seq_max, sizeof(uint64_t));
+    mem_ckpt_ring *rings = lay_take(l, (size_t)nl, sizeof(mem_ckpt_ring));
+    size_t rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
+    if (rec == SIZE_MAX) l->overflow = true;
+    int32_t n_ck = rec == SIZE_MAX ? 0 : mem_ckpt_count(cfg, rec);
+    size_t n_rec = (size_t)cfg->n_seq_max * (size_t)n_ck, data_bytes = 0;
+    if (!size_mul(n_rec, rec == SIZE_MAX ? 0 : rec, &data_bytes)) l->overflow = true;
+    mem_ckpt *ckpts = lay_take(l, n_rec ? n_rec : 1, sizeof(mem_ckpt));
+    uint8_t *ckpt_data = lay_take(l, data_bytes ? data_bytes : 1, 1);
+    if (assign) {
+        m->n_rs_layers = n_rs;
+        m->layer_rs = layer_rs;
+        m->rs_conv_off = conv_off;
+        m->rs_state_off = state_off;
+        m->rs_slot_floats = slot_floats;
+        m->n_rs_slots = n_slots;
+        m->rs_data = rs_data;
+        m->rs_refs = rs_refs;
+        m->seq_slot = seq_slot;
+        m->rs_pos_min = rs_pos_min;
+        m->rs_pos_max = rs_pos_max;
+        m->rs_stamp = rs_stamp;
+        m->ckpt_ring = rings;
+        m->n_ckpt = n_ck;
+        m->ckpt_rec_bytes = rec;
+        m->ckpts = ckpts;
+        m->ckpt_data = ckpt_data;
+        size_t off = 0;
+        for (int32_t i = 0, k = 0; i < nl; i++) {
+            layer_rs[i] = -1;
+            if (cfg->layers[i].kind != KEEL_MEM_LAYER_RECURRENT) continue;
+            const keel_mem_recurrent *r = &cfg->layers[i].rs;
+            size_t conv = (size_t)(r->conv_kernel - 1) * (size_t)r->conv_channels;
+            layer_rs[i] = k;
+            conv_off[k] = off;
+            off += (conv + 15) & ~(size_t)15;
+            state_off[k] = off;
+            off += ((size_t)r->state_floats + 15) & ~(size_t)15;
+            k++;
+        }
+        (void)mem_ckpt_record_bytes(cfg, m, rings);
+    }
+}
+
+/* Row bytes of one cell over every K/V column of the layers in a group
+ * shaped like layer `rep`. */
+static size_t group_cell_bytes(const keel_mem_config *cfg, int32_t rep)
+{
+    mem_group shape = group_shape(&cfg->layers[rep]);
+    size_t b = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++) {
+        const keel_mem_layer *a = &cfg->layers[i];
+        if (!mem_layer_has_kv(a) || !same_group(a, &shape)) continue;
+        b += (size_t)a->n_kv_heads *
+             (tensor_row_bytes(a->k_dtype, a->head_dim_k) + tensor_row_bytes(a->v_dtype, a->head_dim_v));
+    }
+    return b;
+}
+
+static size_t align8_(size_t n)
+{
+    return (n + 7) & ~(size_t)7;
+}
+
+/*
+ * A checkpoint record: the state of every recurrent layer (one slot's
+ * floats), then per sliding group the ring cells a query at the
+ * checkpoint's position needs: int32 n, int32 evict_max, pos [max],
+ * stamp [max], cflags [max], rows [max][cell_bytes] (columns in table
+ * order, heads in order), max = n_sink + window. SIZE_MAX on overflow.
+ * With rings (and m laid out) fills each group's offsets.
+ */
+size_t mem_ckpt_record_bytes(const keel_mem_config *cfg, const keel_mem *m, mem_ckpt_ring *rings)
+{
+    (void)m;
+    size_t slot = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        if (cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT) {
+            const keel_mem_recurrent *r = &cfg->layers[i].rs;
+            size_t conv = (size_t)(r->conv_kernel - 1) * (size_t)r->conv_channels;
+            slot += ((conv + 15) & ~(size_t)15) + (((size_t)r->state_floats + 15) & ~(size_t)15);
+        }
+    size_t off;
+    if (!size_mul(slot, sizeof(float), &off)) return SIZE_MAX;
+    for (int32_t i = 0, g = 0; i < cfg->n_layers; i++) {
+        if (!opens_group(cfg, i)) continue;
+        const keel_mem_layer *a = &cfg->layers[i];
+        mem_ckpt_ring rr;
+        memset(&rr, 0, sizeof rr);
+        if (a->kind == KEEL_MEM_LAYER_SLIDING) {
+            size_t max = (size_t)a->n_sink + (size_t)a->window, rows;
+            rr.max = (int32_t)max;
+            rr.cell_bytes = group_cell_bytes(cfg, i);
+            rr.off = off;
+            rr.pos_off = off + 8;
+            rr.stamp_off = align8_(rr.pos_off + max * sizeof(int32_t));
+            rr.cflags_off = rr.stamp_off + max * sizeof(uint64_t);
+            rr.rows_off = align8_(rr.cflags_off + max);
+            if (!size_mul(max, rr.cell_bytes, &rows) || !size_add(rr.rows_off, rows, &off))
+                return SIZE_MAX;
+            off = align8_(off);
+        }
+        if (rings) rings[g] = rr;
+        g++;
+    }
+    return (off + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
+}
+
+void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt)
+{
+    *rs = *ckpt = 0;
+    if (validate_config(cfg, NULL) != KEEL_OK) return;
+    size_t slot = 0;
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        if (cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT) {
+            const keel_mem_recurrent *r = &cfg->layers[i].rs;
+            size_t conv = (size_t)(r->conv_kernel - 1) * (size_t)r->conv_channels;
+            slot += ((conv + 15) & ~(size_t)15) + (((size_t)r->state_floats + 15) & ~(size_t)15);
+        }
+    if (slot == 0) return;
+    int32_t slots = cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
+    *rs = slot * sizeof(float) * (size_t)slots;
+    size_t rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
+    if (rec != SIZE_MAX) *ckpt = rec * (size_t)mem_ckpt_count(cfg, rec) * (size_t)cfg->n_seq_max;
+}
+
+int32_t mem_ckpt_count(const keel_mem_config *cfg, size_t rec_bytes)
+{
+    int32_t n = cfg->n_ckpt;
+    if (n > 0 && cfg->ckpt_bytes > 0 && rec_bytes > 0) {
+        size_t fit = cfg->ckpt_bytes / rec_bytes;
+        if (fit < (size_t)n) n = (int32_t)fit;
+    }
+    return n;
 }
 
 /* Per-thread scratch of a position edit over a table whose largest head
@@ -458,7 +636,7 @@ size_t mem_edit_thread_bytes(const keel_mem_config *cfg)
     size_t hd = 1, ncols = 0, nrot = 0;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *a = &cfg->layers[i];
-        if (a->kind == KEEL_MEM_LAYER_NONE) continue;
+        if (!mem_layer_has_kv(a)) continue;
         ncols += 2;
         hd = BASE_MAX(hd, (size_t)BASE_MAX(a->head_dim_k, a->head_dim_v));
         if (a->rope.type != KEEL_ROPE_NONE) nrot = BASE_MAX(nrot, (size_t)a->rope.n_rot);
@@ -516,9 +694,24 @@ static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32
             mem_group shape = group_shape(&cfg->layers[i]);
             cells += (size_t)table_cap(cfg, &shape, n_streams) * (size_t)n_streams;
         }
+    /* and of the recurrent half: each sequence's last stamp, its
+     * checkpoints' stamps and their ring cells' */
+    size_t n_ck = 0;
+    bool rs = false;
+    for (int32_t i = 0; i < cfg->n_layers; i++) rs |= cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT;
+    if (rs) {
+        size_t ring = 0, rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
+        for (int32_t i = 0; i < cfg->n_layers; i++)
+            if (opens_group(cfg, i) && cfg->layers[i].kind == KEEL_MEM_LAYER_SLIDING)
+                ring += (size_t)cfg->layers[i].window + (size_t)cfg->layers[i].n_sink;
+        n_ck = rec == SIZE_MAX ? 0 : (size_t)cfg->n_seq_max * (size_t)mem_ckpt_count(cfg, rec);
+        cells += (size_t)cfg->n_seq_max + n_ck * (1 + ring);
+    }
     mem_attn_dims ad = mem_attn_dims_of(cfg, cfg->layers);
-    size_t ss = mem_session_scratch_bytes(cells, cfg->n_layers, ad.dk_max + ad.dv_max);
-    return BASE_MAX(BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k)), ss);
+    size_t ss = mem_session_scratch_bytes(cells, n_ck, cfg->n_layers, ad.dk_max + ad.dv_max);
+    size_t r = mem_rs_scratch_bytes(cfg, max_cap);
+    size_t cp = align_up_((size_t)max_cap * sizeof(int32_t)); /* seq_cp: dst's cells sorted */
+    return BASE_MAX(BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k)), BASE_MAX(BASE_MAX(ss, r), cp));
 }
 
 static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *block,
@@ -529,6 +722,13 @@ static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *b
     mem_layout l = {NULL, 0, false, false};
     mem_lay_out(NULL, cfg, &l);
     if (l.overflow) return base_err(err, KEEL_EOVERFLOW, "memory plan overflows size_t");
+    if (cfg->n_ckpt > 0) {
+        size_t rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
+        if (mem_ckpt_count(cfg, rec) < 1)
+            return base_err(err, KEEL_EINVAL,
+                            "ckpt_bytes %zu is below one checkpoint record (%zu bytes)",
+                            cfg->ckpt_bytes, rec);
+    }
     int32_t max_cap = cfg->n_ctx;
     int32_t nt = resolve_threads(cfg);
     size_t sb;
@@ -660,9 +860,8 @@ static inline mem_table *table_of(const keel_mem *m, int32_t g, int32_t s)
 
 /* ---- queries ------------------------------------------------------------- */
 
-int32_t keel_mem_seq_pos_min(const keel_mem *m, int32_t s)
+int32_t mem_tables_pos_min(const keel_mem *m, int32_t s)
 {
-    if (!m || s < 0 || s >= m->cfg.n_seq_max) return -1;
     int32_t r = -1;
     for (int32_t g = 0; g < m->n_groups; g++) {
         const mem_table *t = table_of(m, g, s);
@@ -671,9 +870,8 @@ int32_t keel_mem_seq_pos_min(const keel_mem *m, int32_t s)
     return r;
 }
 
-int32_t keel_mem_seq_pos_max(const keel_mem *m, int32_t s)
+int32_t mem_tables_pos_max(const keel_mem *m, int32_t s)
 {
-    if (!m || s < 0 || s >= m->cfg.n_seq_max) return -1;
     int32_t r = -1;
     for (int32_t g = 0; g < m->n_groups; g++) {
         const mem_table *t = table_of(m, g, s);
@@ -682,9 +880,34 @@ int32_t keel_mem_seq_pos_max(const keel_mem *m, int32_t s)
     return r;
 }
 
+/* The attention tables hold a sequence's positions; a memory of recurrent
+ * layers only records the span itself. */
+int32_t keel_mem_seq_pos_min(const keel_mem *m, int32_t s)
+{
+    if (!m || s < 0 || s >= m->cfg.n_seq_max) return -1;
+    return m->n_groups == 0 && m->n_rs_layers > 0 ? m->rs_pos_min[s] : mem_tables_pos_min(m, s);
+}
+
+int32_t keel_mem_seq_pos_max(const keel_mem *m, int32_t s)
+{
+    if (!m || s < 0 || s >= m->cfg.n_seq_max) return -1;
+    return m->n_groups == 0 && m->n_rs_layers > 0 ? m->rs_pos_max[s] : mem_tables_pos_max(m, s);
+}
+
 int32_t keel_mem_seq_rewind_min(const keel_mem *m, int32_t s)
 {
     if (!m || s < 0 || s >= m->cfg.n_seq_max) return 0;
+    if (m->n_rs_layers > 0) {
+        /* a recurrent sequence rewinds only to a checkpoint (which brings
+         * the ring rows it needs), or not at all */
+        if (m->seq_slot[s] < 0) return 0;
+        int32_t r = keel_mem_seq_pos_max(m, s) + 1;
+        for (int32_t i = 0; i < m->n_ckpt; i++) {
+            const mem_ckpt *c = &m->ckpts[(size_t)s * (size_t)m->n_ckpt + (size_t)i];
+            if (c->pos >= 0 && c->pos < r) r = c->pos;
+        }
+        return BASE_MAX(r, m->exact_from[s]);
+    }
     int64_t r = m->exact_from[s];
     for (int32_t g = 0; g < m->n_groups; g++) {
         const mem_table *t = table_of(m, g, s);
@@ -764,6 +987,7 @@ uint64_t keel_mem_digest(const keel_mem *m)
                 h = base_hash64(t->cols[c].data, t->cols[c].data_bytes, h);
         }
     }
+    if (m->n_rs_layers > 0 || m->n_ckpt > 0) h = mem_rs_digest(m, h);
     int64_t tp = m->tokens_placed;
     h = base_hash64(&tp, sizeof tp, h);
     h = base_hash64(m->exact_from, (size_t)m->cfg.n_seq_max * sizeof(int32_t), h);
@@ -989,6 +1213,10 @@ keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
         }
         need[m->n_streams == 1 ? 0 : batch_seq(b, i, 0)]++;
     }
+    if (m->n_rs_layers > 0) {
+        keel_status st = mem_rs_place_check(m, b);
+        if (st != KEEL_OK) return st;
+    }
     for (int32_t g = 0; g < m->n_groups; g++) {
         for (int32_t k = 0; k < m->n_streams; k++) {
             if (need[k] == 0) continue;
@@ -1012,6 +1240,7 @@ keel_status keel_mem_place(keel_mem *m, const keel_mem_batch *b, int32_t *cells)
                 ring_keep_from(t, first, keep_from, counts, ring);
                 evict(t, first, keep_from);
             }
+    if (m->n_rs_layers > 0) mem_rs_place_commit(m, b, m->next_stamp);
     for (int32_t i = 0; i < n; i++) {
         uint64_t stamp = m->next_stamp++;
         int32_t s0 = batch_seq(b, i, 0);
@@ -1155,6 +1384,17 @@ keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
     if (p0 >= 0 && p1 >= 0 && p1 <= p0)
         return base_err(m->err, KEEL_ERANGE, "seq_rm: empty range [%d, %d)", p0, p1);
     norm_range(&p0, &p1);
+    if (m->n_rs_layers > 0) return mem_rs_seq_rm(m, s, p0, p1);
+    mem_attn_rm(m, s, p0, p1);
+    /* an attention memory's checkpoints covering removed positions go, and
+     * all of an emptied sequence's (it starts over) */
+    for (int32_t q = 0; m->n_ckpt > 0 && q < m->cfg.n_seq_max; q++)
+        if (s < 0 || q == s) mem_ck_drop(m, q, mem_seq_holds(m, q) ? p0 : -1);
+    return KEEL_OK;
+}
+
+void mem_attn_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
+{
     int32_t k0, k1;
     stream_range(m, s, &k0, &k1);
     for (int32_t g = 0; g < m->n_groups; g++) {
@@ -1179,7 +1419,7 @@ keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
     for (int32_t q = 0; q < m->cfg.n_seq_max; q++) {
         if (s >= 0 && q != s) continue;
         m->anchor_valid[q] = 0;
-        if (keel_mem_seq_pos_max(m, q) >= 0) {
+        if (mem_tables_pos_max(m, q) >= 0) {
             /* forgotten positions at or past p0 are gone with the range */
             for (int32_t g = 0; g < m->n_groups; g++) {
                 mem_table *t = table_of(m, g, q);
@@ -1198,7 +1438,39 @@ keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
             if (t->sliding) t->evict_max[q] = MEM_NO_EVICT;
         }
     }
-    return KEEL_OK;
+}
+
+/* (stamp, position) order of cells of one table */
+static bool less_stamp_pos_cell(const void *ctx, int32_t a, int32_t b)
+{
+    const mem_table *t = ctx;
+    return t->stamp[a] < t->stamp[b] || (t->stamp[a] == t->stamp[b] && t->pos[a] < t->pos[b]);
+}
+
+/* s's cells of t in (stamp, position) order into idx; returns how many. */
+static int32_t seq_sorted(const mem_table *t, int32_t s, int32_t *idx)
+{
+    int32_t n = 0;
+    for (int32_t c = 0; c < t->cap; c++)
+        if (t->pos[c] >= 0 && mem_seq_has(t, c, s)) idx[n++] = c;
+    mem_heap_sort(idx, n, less_stamp_pos_cell, t);
+    return n;
+}
+
+/* Does one of idx[0 .. n) (sorted by seq_sorted) hold the token of stamp
+ * st at position p? */
+static bool sorted_has(const mem_table *t, const int32_t *idx, int32_t n, uint64_t st, int32_t p)
+{
+    int32_t lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2, c = idx[mid];
+        if (t->stamp[c] == st && t->pos[c] == p) return true;
+        if (t->stamp[c] < st || (t->stamp[c] == st && t->pos[c] < p))
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return false;
 }
 
 keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, int32_t p1)
@@ -1212,29 +1484,45 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
         return base_err(m->err, KEEL_ERANGE, "seq_cp: empty range [%d, %d)", p0, p1);
     if (src == dst) return KEEL_OK;
     norm_range(&p0, &p1);
+    if (m->n_rs_layers > 0) {
+        keel_status st = mem_rs_seq_cp_check(m, src, dst, p0, p1);
+        if (st != KEEL_OK) return st;
+        if (m->seq_slot[src] < 0) return KEEL_OK; /* nothing to copy */
+    }
+    /* a token dst already holds at that position is not copied again: a
+     * sequence never holds two cells of one (stamp, position), so its sinks
+     * and ring cap count tokens (scratch: dst's cells sorted, per table) */
+    int32_t max_cap = 1;
+    for (int32_t g = 0; g < m->n_groups; g++) max_cap = BASE_MAX(max_cap, m->groups[g].tables[0].cap);
+    base_arena_reset(&m->scratch);
+    int32_t *have = base_arena_take_n(&m->scratch, (size_t)max_cap, sizeof(int32_t));
+    if (!have) return base_err(m->err, KEEL_ESCRATCH, "seq_cp: scratch exhausted");
     if (m->n_streams == 1) {
         m->anchor_valid[dst] = 0;
         if (m->exact_from[src] > m->exact_from[dst]) m->exact_from[dst] = m->exact_from[src];
         for (int32_t g = 0; g < m->n_groups; g++) {
             mem_table *t = &m->groups[g].tables[0];
             bool any = false;
+            int32_t nh = seq_sorted(t, dst, have);
             for (int32_t c = 0; c < t->cap; c++)
                 if (t->pos[c] >= p0 && t->pos[c] < p1 && mem_seq_has(t, c, src) &&
-                    !mem_seq_has(t, c, dst)) {
+                    !mem_seq_has(t, c, dst) && !sorted_has(t, have, nh, t->stamp[c], t->pos[c])) {
                     mem_seq_set(t, c, dst);
                     any = true;
                 }
             if (t->sliding) evict_max_merge(t, dst, t->evict_max[src], p0, p1);
             if (any) mem_table_refresh(t);
         }
+        if (m->n_rs_layers > 0) mem_rs_seq_cp_commit(m, src, dst);
+        else if (m->n_ckpt > 0) mem_ck_drop(m, dst, p0); /* dst now holds more below them */
         return KEEL_OK;
     }
     /* split streams: copy cells into dst's tables; validate room first */
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *ts = &m->groups[g].tables[src], *td = &m->groups[g].tables[dst];
-        int32_t cnt = 0;
+        int32_t cnt = 0, nh = seq_sorted(td, dst, have);
         for (int32_t c = 0; c < ts->cap; c++)
-            if (ts->pos[c] >= p0 && ts->pos[c] < p1) cnt++;
+            if (ts->pos[c] >= p0 && ts->pos[c] < p1 && !sorted_has(td, have, nh, ts->stamp[c], ts->pos[c])) cnt++;
         if (cnt > td->cap - td->n_used)
             return base_err(m->err, KEEL_EFULL,
                             "seq_cp: group %d: %d cells to copy, %d free in sequence %d's stream",
@@ -1245,8 +1533,9 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *ts = &m->groups[g].tables[src], *td = &m->groups[g].tables[dst];
         bool any = false;
+        int32_t nh = seq_sorted(td, dst, have); /* before this group's copies */
         for (int32_t c = 0; c < ts->cap; c++) {
-            if (ts->pos[c] < p0 || ts->pos[c] >= p1) continue;
+            if (ts->pos[c] < p0 || ts->pos[c] >= p1 || sorted_has(td, have, nh, ts->stamp[c], ts->pos[c])) continue;
             int32_t d = mem_table_find_free(td);
             if (d > m->max_cell_touched) m->max_cell_touched = d;
             mem_table_copy_cell_from(td, d, ts, c);
@@ -1256,6 +1545,8 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
         if (td->sliding) evict_max_merge(td, dst, ts->evict_max[src], p0, p1);
         if (any) mem_table_refresh(td);
     }
+    if (m->n_rs_layers > 0) mem_rs_seq_cp_commit(m, src, dst);
+    else if (m->n_ckpt > 0) mem_ck_drop(m, dst, p0);
     return KEEL_OK;
 }
 
@@ -1289,6 +1580,9 @@ keel_status keel_mem_seq_keep(keel_mem *m, int32_t s)
             mem_table_refresh(t);
         }
     }
+    if (m->n_rs_layers > 0) mem_rs_seq_keep(m, s);
+    for (int32_t q = 0; m->n_rs_layers == 0 && m->n_ckpt > 0 && q < m->cfg.n_seq_max; q++)
+        if (q != s) mem_ck_drop(m, q, -1);
     return KEEL_OK;
 }
 
@@ -1423,6 +1717,11 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
                             "free",
                             what, g, shared, t->cap - t->n_used);
     }
+    int32_t ck_floor = p0;
+    if (m->n_rs_layers > 0) {
+        keel_status st = mem_rs_edit_check(m, what, s, p0, p1, delta, div, &ck_floor);
+        if (st != KEEL_OK) return st;
+    }
     base_arena_reset(&m->scratch);
     uint8_t *ts = base_arena_take(&m->scratch, mem_edit_thread_bytes(&m->cfg) * (size_t)m->n_threads,
                                   BASE_ALIGN);
@@ -1445,6 +1744,13 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
         if (t->sliding && t->evict_max[s] != MEM_NO_EVICT && t->evict_max[s] >= p0)
             t->evict_max[s] = evict_max_edited(t->evict_max[s], p0, p1, delta, div);
         if (marked) mem_table_refresh(t);
+    }
+    if (m->n_rs_layers > 0) {
+        mem_rs_edit_commit(m, s, p0, p1, delta, div, ck_floor);
+    } else if (m->n_ckpt > 0) {
+        /* checkpoints below every moved token's new position still hold */
+        int64_t low = div > 0 ? (int64_t)p0 / div : BASE_MIN((int64_t)p0, (int64_t)p0 + delta);
+        mem_ck_drop(m, s, (int32_t)BASE_MAX(low, 0));
     }
     return KEEL_OK;
 }
@@ -1483,4 +1789,5 @@ void keel_mem_clear(keel_mem *m)
             mem_table_refresh(t);
         }
     }
+    mem_rs_clear(m);
 }

@@ -32,6 +32,12 @@
 #define MEM_NO_EVICT INT32_MIN
 #define MEM_CELL_PROTECTED 1u /* cflags: compaction keeps the cell */
 
+/* Layers with K/V columns (full or sliding); NONE and RECURRENT have none. */
+static inline bool mem_layer_has_kv(const keel_mem_layer *l)
+{
+    return l->kind == KEEL_MEM_LAYER_FULL || l->kind == KEEL_MEM_LAYER_SLIDING;
+}
+
 typedef enum mem_col_kind {
     MEM_COL_K = 0, /* keys: rotated (opt) + quantized, RoPE'd at stored position */
     MEM_COL_V = 1, /* values: rotated (opt) + quantized */
@@ -102,6 +108,23 @@ typedef struct mem_attn_dims {
     int32_t order_cap; /* deterministic mode: cells a query's ordered list may hold, else 0 */
 } mem_attn_dims;
 
+/* A checkpoint record's header (its data lies in keel_mem.ckpt_data). */
+typedef struct mem_ckpt {
+    int32_t pos;      /* covers positions < pos; -1: record unused */
+    int32_t pos_min;  /* the sequence's first position when taken */
+    uint64_t stamp;   /* stamp of the sequence's last token when taken */
+    uint64_t order;   /* take order (oldest first) */
+    size_t bytes;     /* bytes of the snapshot in use */
+} mem_ckpt;
+
+/* Per sliding group, where a checkpoint record keeps the ring's rows. */
+typedef struct mem_ckpt_ring {
+    size_t off;       /* byte offset in a record: int32 n, int32 evict_max, then below */
+    int32_t max;      /* n_sink + window cells at most */
+    size_t pos_off, stamp_off, cflags_off, rows_off; /* [max] int32 / u64 / u8; rows */
+    size_t cell_bytes; /* row bytes of one cell over every column of the group */
+} mem_ckpt_ring;
+
 struct keel_mem {
     keel_mem_config cfg;       /* layers points at the copy below */
     keel_mem_layer *layers;    /* [n_layers] */
@@ -130,8 +153,60 @@ struct keel_mem {
     size_t *anchor_off;        /* [n_layers] offset of the layer's heads, or SIZE_MAX */
     uint64_t *anchor_stamp;    /* [n_seq] cells with stamp <= this are counted */
     uint8_t *anchor_valid;     /* [n_seq] */
+    /* the recurrent half (recurrent.c): one slot per sequence holding tokens,
+     * shared by forks until one of them is written (copy on write) */
+    int32_t n_rs_layers;
+    int32_t *layer_rs;         /* [n_layers] index among recurrent layers, or -1 */
+    size_t *rs_conv_off;       /* [n_rs_layers] float offset of the conv state in a slot */
+    size_t *rs_state_off;      /* [n_rs_layers] float offset of the SSM state in a slot */
+    size_t rs_slot_floats;     /* floats of one slot (every recurrent layer) */
+    int32_t n_rs_slots;
+    float *rs_data;            /* [n_rs_slots][rs_slot_floats] */
+    int32_t *rs_refs;          /* [n_rs_slots] sequences using the slot */
+    int32_t *seq_slot;         /* [n_seq] the sequence's slot, or -1 (no tokens) */
+    int32_t *rs_pos_min;       /* [n_seq] first / last position of the sequence, -1 none */
+    int32_t *rs_pos_max;
+    uint64_t *rs_stamp;        /* [n_seq] stamp of its last placed token */
+    /* checkpoints: n_ckpt records per sequence, each ckpt_rec_bytes */
+    int32_t n_ckpt;
+    size_t ckpt_rec_bytes;
+    mem_ckpt *ckpts;           /* [n_seq][n_ckpt] */
+    uint8_t *ckpt_data;        /* [n_seq][n_ckpt][ckpt_rec_bytes] */
+    mem_ckpt_ring *ckpt_ring;  /* [n_groups] (max 0 for full groups) */
+    uint64_t ckpt_order;
     char err[BASE_ERR_CAP];
 };
+
+/* The recurrent half's storage (recurrent.c, session.c). */
+static inline float *mem_rs_slot(const keel_mem *m, int32_t k)
+{
+    return m->rs_data + (size_t)k * m->rs_slot_floats;
+}
+
+static inline mem_ckpt *mem_ck(const keel_mem *m, int32_t s, int32_t i)
+{
+    return &m->ckpts[(size_t)s * (size_t)m->n_ckpt + (size_t)i];
+}
+
+static inline uint8_t *mem_ck_data(const keel_mem *m, int32_t s, int32_t i)
+{
+    return m->ckpt_data + ((size_t)s * (size_t)m->n_ckpt + (size_t)i) * m->ckpt_rec_bytes;
+}
+
+static inline int32_t mem_rs_free_slots(const keel_mem *m)
+{
+    int32_t n = 0;
+    for (int32_t k = 0; k < m->n_rs_slots; k++) n += m->rs_refs[k] == 0;
+    return n;
+}
+
+/* A free slot (the caller validated that one exists), or -1. */
+static inline int32_t mem_rs_take_slot(const keel_mem *m)
+{
+    for (int32_t k = 0; k < m->n_rs_slots; k++)
+        if (m->rs_refs[k] == 0) return k;
+    return -1;
+}
 
 /* Opens a memory that runs its threads on the caller's pool (which must
  * outlive it); cfg->n_threads is ignored. */
@@ -161,11 +236,74 @@ int32_t mem_room(const keel_mem *m, int32_t s);
 /* Scratch bytes keel_mem_check needs when the largest table has max_cap
  * cells (check.c). */
 size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
-/* Scratch bytes keel_mem_save / keel_mem_load need for a memory whose
- * tables hold total_cells cells in all (session.c). */
-size_t mem_session_scratch_bytes(size_t total_cells, int32_t n_layers, int32_t hd_sum);
+/* Scratch bytes keel_mem_save / keel_mem_load need for a memory with
+ * total_stamps stamps to rank (every table cell, each sequence's last
+ * stamp, its checkpoints' and their ring cells') and n_ckpts checkpoint
+ * records in all (session.c). */
+size_t mem_session_scratch_bytes(size_t total_stamps, size_t n_ckpts, int32_t n_layers, int32_t hd_sum);
 /* Scratch bytes keel_mem_compact needs (compact.c). */
 size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
+
+/* ---- the recurrent half (recurrent.c) ------------------------------------ */
+
+/* Bytes of one checkpoint record for cfg and the ring layout of each group
+ * (rings may be NULL to only count). groups must be laid out already when
+ * rings is given. */
+size_t mem_ckpt_record_bytes(const keel_mem_config *cfg, const keel_mem *m, mem_ckpt_ring *rings);
+/* Records per sequence after the byte cap (0 if none). */
+int32_t mem_ckpt_count(const keel_mem_config *cfg, size_t rec_bytes);
+/* Bytes of the state slots and of every checkpoint record cfg plans (0 if
+ * cfg is invalid). */
+void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt);
+/* Scratch bytes of the checkpoint operations (selection of ring cells). */
+size_t mem_rs_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
+
+/* Placement on a recurrent memory: validate (tokens of one sequence each,
+ * free slots) then commit (slots made exclusive, positions, stamps). */
+keel_status mem_rs_place_check(keel_mem *m, const keel_mem_batch *b);
+void mem_rs_place_commit(keel_mem *m, const keel_mem_batch *b, uint64_t first_stamp);
+/* seq_rm / seq_cp / seq_keep / position edits / compaction / clear on a
+ * recurrent memory (validate and commit inside; KEEL_ESTATE as keel.h). */
+keel_status mem_rs_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1);
+keel_status mem_rs_seq_cp_check(keel_mem *m, int32_t src, int32_t dst, int32_t p0, int32_t p1);
+void mem_rs_seq_cp_commit(keel_mem *m, int32_t src, int32_t dst);
+void mem_rs_seq_keep(keel_mem *m, int32_t s);
+keel_status mem_rs_edit_check(keel_mem *m, const char *what, int32_t s, int32_t p0, int32_t p1,
+                              int32_t delta, int32_t div, int32_t *floor);
+void mem_rs_edit_commit(keel_mem *m, int32_t s, int32_t p0, int32_t p1, int32_t delta,
+                        int32_t div, int32_t floor);
+void mem_rs_after_compact(keel_mem *m, int32_t s);
+void mem_rs_clear(keel_mem *m);
+/* A sequence's span, whether it holds tokens, and the stamp of its last
+ * token (0: none), from the recurrent state on a recurrent memory, else
+ * from the tables. */
+int32_t mem_seq_lo(const keel_mem *m, int32_t s);
+int32_t mem_seq_hi(const keel_mem *m, int32_t s);
+bool mem_seq_holds(const keel_mem *m, int32_t s);
+uint64_t mem_seq_last_stamp(const keel_mem *m, int32_t s);
+/* Drops the checkpoints of s covering positions >= above (pos > above;
+ * above < 0: all). An attention memory's checkpoints (ring rows only) are
+ * dropped by every operation that changes what a sequence holds below
+ * them: removals, copies into it, edits, compaction, keep, clear. */
+void mem_ck_drop(keel_mem *m, int32_t s, int32_t above);
+/* Releases seq s's slot and checkpoints (the sequence was emptied). */
+void mem_rs_drop_seq(keel_mem *m, int32_t s);
+/* keel_mem_check's part for the recurrent half (x: scratch of the largest
+ * head row); digest of it. */
+keel_status mem_rs_check(keel_mem *m, float *x);
+uint64_t mem_rs_digest(const keel_mem *m, uint64_t h);
+
+/* Attention-half removal of s's cells with p0 <= pos < p1 (s < 0: all),
+ * and its bookkeeping (mem.c); cannot fail. */
+void mem_attn_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1);
+/* Largest / smallest position of s over the attention tables, -1 none. */
+int32_t mem_tables_pos_max(const keel_mem *m, int32_t s);
+int32_t mem_tables_pos_min(const keel_mem *m, int32_t s);
+/* The table of group g that holds sequence s. */
+static inline mem_table *mem_table_of(const keel_mem *m, int32_t g, int32_t s)
+{
+    return &m->groups[g].tables[m->n_streams == 1 ? 0 : s];
+}
 
 /* ---- table (table.c) ----------------------------------------------------- */
 

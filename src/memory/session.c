@@ -12,6 +12,12 @@
  *            per sliding group the forgotten-position bound
  *   GROUP    per group: its cells (position, placement rank, flags, sequence
  *            set) and then every column's rows of those cells
+ *   RSTATE   (memories with recurrent layers) per sequence: whether it holds
+ *            a state, of its own or shared with an earlier sequence (forks),
+ *            its span, the rank of its last token's stamp, the state floats
+ *   CKPT     (likewise) per sequence its checkpoints, oldest first: position,
+ *            span start, stamp rank, take-order rank, the state floats and
+ *            per sliding group the ring cells (position, rank, flags, rows)
  * Every section carries its length and the xxhash64 of its payload.
  *
  * Rule 1: the columns saved are exactly the tables' column registry, in
@@ -22,13 +28,14 @@
  */
 #include "memory.h"
 
+#include <math.h>
 #include <string.h>
 
 #define SESS_MAGIC "KEELSESS"
 #define SESS_VERSION 1u
 #define SESS_HEADER_BYTES 48u
 
-enum { SEC_DESC = 1, SEC_TOKENS = 2, SEC_SEQ = 3, SEC_GROUP = 4 };
+enum { SEC_DESC = 1, SEC_TOKENS = 2, SEC_SEQ = 3, SEC_GROUP = 4, SEC_RSTATE = 5, SEC_CKPT = 6 };
 
 /* A column as the session stored it (DESC), and what reading it takes. */
 typedef struct sess_col {
@@ -160,8 +167,10 @@ typedef struct save_ctx {
     int32_t seq;             /* -1: every sequence */
     const int32_t *tokens;
     int32_t n_tokens, n_pending;
-    const uint64_t *ranks;   /* sorted distinct stamps of the saved cells */
+    const uint64_t *ranks;   /* sorted distinct stamps of the saved cells, states, checkpoints */
     int32_t n_ranks;
+    const uint64_t *orders;  /* sorted take orders of the saved checkpoints */
+    int32_t n_orders;
     int32_t group;           /* GROUP section being written */
 } save_ctx;
 
@@ -205,6 +214,12 @@ static void sec_desc(wr *w, const void *vctx)
         const keel_mem_layer *l = &m->layers[i];
         put_i32(w, (int32_t)l->kind);
         if (l->kind == KEEL_MEM_LAYER_NONE) continue;
+        if (l->kind == KEEL_MEM_LAYER_RECURRENT) {
+            put_i32(w, l->rs.conv_kernel);
+            put_i32(w, l->rs.conv_channels);
+            put_u64(w, (uint64_t)l->rs.state_floats);
+            continue;
+        }
         const mem_table *t = &m->groups[m->layer_group[i]].tables[0];
         const mem_col *kc = &t->cols[m->layer_col[i]], *vc = kc + 1;
         put_i32(w, l->kind == KEEL_MEM_LAYER_SLIDING ? l->window : 0);
@@ -245,18 +260,130 @@ static void sec_seq(wr *w, const void *vctx)
     }
 }
 
-static int32_t rank_of(const save_ctx *c, uint64_t stamp)
+/* Index of v in the sorted distinct v[0 .. n). */
+static int32_t index_in(const uint64_t *sorted, int32_t n, uint64_t v)
 {
-    int32_t lo = 0, hi = c->n_ranks - 1;
+    int32_t lo = 0, hi = n - 1;
     while (lo <= hi) {
         int32_t mid = lo + (hi - lo) / 2;
-        if (c->ranks[mid] == stamp) return mid;
-        if (c->ranks[mid] < stamp)
+        if (sorted[mid] == v) return mid;
+        if (sorted[mid] < v)
             lo = mid + 1;
         else
             hi = mid - 1;
     }
-    return -1; /* not reached: every saved stamp is ranked */
+    return -1; /* not reached: every saved value is ranked */
+}
+
+static int32_t rank_of(const save_ctx *c, uint64_t stamp)
+{
+    return index_in(c->ranks, c->n_ranks, stamp);
+}
+
+/* Memories whose sessions carry RSTATE and CKPT: recurrent states, or
+ * checkpoints (an attention memory's hold ring rows only). */
+static bool rs_sections(const keel_mem *m)
+{
+    return m->n_rs_layers > 0 || m->n_ckpt > 0;
+}
+
+static void seq_range(const keel_mem *m, int32_t seq, int32_t *s0, int32_t *s1)
+{
+    *s0 = seq < 0 ? 0 : seq;
+    *s1 = seq < 0 ? m->cfg.n_seq_max : seq + 1;
+}
+
+/* The checkpoint record of s with the smallest take order above `after`
+ * (-1 when none): walking from 0 lists them oldest first. */
+static int32_t ck_next(const keel_mem *m, int32_t s, uint64_t after)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < m->n_ckpt; i++) {
+        const mem_ckpt *c = mem_ck(m, s, i);
+        if (c->pos >= 0 && c->order > after && (best < 0 || c->order < mem_ck(m, s, best)->order)) best = i;
+    }
+    return best;
+}
+
+static int32_t rd_i32_at(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static uint64_t rd_u64_at(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* RSTATE: per sequence its state (own or shared with an earlier one). */
+static void sec_rstate(wr *w, const void *vctx)
+{
+    const save_ctx *c = vctx;
+    const keel_mem *m = c->m;
+    int32_t s0, s1;
+    seq_range(m, c->seq, &s0, &s1);
+    put_i32(w, s1 - s0);
+    put_u64(w, (uint64_t)m->rs_slot_floats);
+    for (int32_t s = s0; s < s1; s++) {
+        if (!mem_seq_holds(m, s)) {
+            put_u32(w, 0);
+            continue;
+        }
+        /* an attention memory: kind 1 with no floats (its span and last stamp) */
+        int32_t k = m->n_rs_layers > 0 ? m->seq_slot[s] : -1, share = -1;
+        for (int32_t q = s0; k >= 0 && q < s && share < 0; q++)
+            if (m->seq_slot[q] == k) share = q - s0;
+        put_u32(w, share >= 0 ? 2 : 1);
+        put_i32(w, share);
+        put_i32(w, mem_seq_lo(m, s));
+        put_i32(w, mem_seq_hi(m, s));
+        put_i32(w, rank_of(c, mem_seq_last_stamp(m, s)));
+        if (share < 0 && k >= 0) put(w, mem_rs_slot(m, k), m->rs_slot_floats * sizeof(float));
+    }
+}
+
+/* CKPT: per sequence its checkpoints, oldest first, in a layout of their
+ * own (not the record's, whose offsets depend on this memory). */
+static void sec_ckpt(wr *w, const void *vctx)
+{
+    const save_ctx *c = vctx;
+    const keel_mem *m = c->m;
+    int32_t s0, s1;
+    seq_range(m, c->seq, &s0, &s1);
+    put_i32(w, s1 - s0);
+    for (int32_t s = s0; s < s1; s++) {
+        int32_t n = 0;
+        for (int32_t i = 0; i < m->n_ckpt; i++) n += mem_ck(m, s, i)->pos >= 0;
+        put_i32(w, n);
+        uint64_t last = 0;
+        for (int32_t i; (i = ck_next(m, s, last)) >= 0;) {
+            const mem_ckpt *ck = mem_ck(m, s, i);
+            const uint8_t *data = mem_ck_data(m, s, i);
+            last = ck->order;
+            put_i32(w, ck->pos);
+            put_i32(w, ck->pos_min);
+            put_i32(w, rank_of(c, ck->stamp));
+            put_i32(w, index_in(c->orders, c->n_orders, ck->order));
+            put(w, data, m->rs_slot_floats * sizeof(float));
+            for (int32_t g = 0; g < m->n_groups; g++) {
+                if (!m->groups[g].tables[0].sliding) continue;
+                const mem_ckpt_ring *rr = &m->ckpt_ring[g];
+                int32_t nr = rd_i32_at(data + rr->off), forgot = rd_i32_at(data + rr->off + 4);
+                put_i32(w, nr);
+                put_i32(w, forgot);
+                for (int32_t j = 0; j < nr; j++) {
+                    put_i32(w, rd_i32_at(data + rr->pos_off + (size_t)j * 4));
+                    put_i32(w, rank_of(c, rd_u64_at(data + rr->stamp_off + (size_t)j * 8)));
+                    put_u32(w, data[rr->cflags_off + (size_t)j]);
+                }
+                put(w, data + rr->rows_off, (size_t)nr * rr->cell_bytes);
+            }
+        }
+    }
 }
 
 /* GROUP: cell metadata of every saved cell of the group's tables (all
@@ -320,28 +447,60 @@ static size_t up64(size_t n)
     return (n + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
 }
 
-size_t mem_session_scratch_bytes(size_t total_cells, int32_t n_layers, int32_t hd_sum)
+size_t mem_session_scratch_bytes(size_t total_stamps, size_t n_ckpts, int32_t n_layers, int32_t hd_sum)
 {
-    /* save: stamps, distinct stamps (u64) and an order (i32) of every cell;
-     * load: the stored descriptors, a decoded row, a sign diagonal */
-    size_t save = 2 * up64(total_cells * sizeof(uint64_t)) + up64(total_cells * sizeof(int32_t));
+    /* save: stamps, distinct stamps (u64) and an order (i32) of every
+     * stamp, the same of every checkpoint's take order; load: the stored
+     * descriptors, a decoded row, a sign diagonal */
+    size_t save = 2 * up64(total_stamps * sizeof(uint64_t)) + up64(total_stamps * sizeof(int32_t)) +
+                  2 * up64(n_ckpts * sizeof(uint64_t)) + up64(n_ckpts * sizeof(int32_t));
     size_t load = up64(2 * (size_t)n_layers * sizeof(sess_col)) + up64((size_t)hd_sum * sizeof(float)) +
-                  up64(512 * sizeof(float));
+                  up64(512 * sizeof(float)) + 2 * up64(total_stamps * sizeof(uint64_t));
     return BASE_MAX(save, load);
 }
 
-/* The distinct stamps of the saved cells, ascending, in scratch. */
+/* Sorts v[0 .. n) (idx: n scratch entries) into out as distinct values;
+ * returns how many. */
+static int32_t sort_distinct(const uint64_t *v, int32_t n, int32_t *idx, uint64_t *out)
+{
+    for (int32_t i = 0; i < n; i++) idx[i] = i;
+    mem_heap_sort(idx, n, less_u64_at, v);
+    int32_t u = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (u == 0 || v[idx[i]] != out[u - 1]) out[u++] = v[idx[i]];
+    return u;
+}
+
+/* The distinct stamps of what is saved (cells; each sequence's last
+ * token, checkpoints and their ring cells), ascending, and the take orders
+ * of the saved checkpoints, in scratch. */
 static keel_status rank_stamps(keel_mem *m, int32_t seq, save_ctx *c)
 {
-    int64_t total = 0;
+    int32_t s0, s1;
+    seq_range(m, seq, &s0, &s1);
+    int64_t total = 0, n_ck = 0;
     for (int32_t g = 0; g < m->n_groups; g++)
         for (int32_t k = 0; k < m->groups[g].n_tables; k++) total += m->groups[g].tables[k].cap;
+    if (rs_sections(m))
+        for (int32_t s = s0; s < s1; s++) {
+            total++;
+            for (int32_t i = 0; i < m->n_ckpt; i++) {
+                if (mem_ck(m, s, i)->pos < 0) continue;
+                n_ck++;
+                total++;
+                for (int32_t g = 0; g < m->n_groups; g++)
+                    if (m->groups[g].tables[0].sliding) total += rd_i32_at(mem_ck_data(m, s, i) + m->ckpt_ring[g].off);
+            }
+        }
     base_arena_reset(&m->scratch);
     uint64_t *st = base_arena_take_n(&m->scratch, (size_t)total, sizeof(uint64_t));
     uint64_t *uniq = base_arena_take_n(&m->scratch, (size_t)total, sizeof(uint64_t));
     int32_t *idx = base_arena_take_n(&m->scratch, (size_t)total, sizeof(int32_t));
-    if (!st || !uniq || !idx) return base_err(m->err, KEEL_ESCRATCH, "session: scratch exhausted");
-    int32_t n = 0;
+    uint64_t *ord = base_arena_take_n(&m->scratch, (size_t)n_ck, sizeof(uint64_t));
+    uint64_t *ord_u = base_arena_take_n(&m->scratch, (size_t)n_ck, sizeof(uint64_t));
+    if (!st || !uniq || !idx || (n_ck && (!ord || !ord_u)))
+        return base_err(m->err, KEEL_ESCRATCH, "session: scratch exhausted");
+    int32_t n = 0, no = 0;
     c->seq = seq;
     for (int32_t g = 0; g < m->n_groups; g++)
         for (int32_t k = 0; k < m->groups[g].n_tables; k++) {
@@ -349,13 +508,27 @@ static keel_status rank_stamps(keel_mem *m, int32_t seq, save_ctx *c)
             for (int32_t cell = 0; cell < t->cap; cell++)
                 if (saved_cell(c, t, cell)) st[n++] = t->stamp[cell];
         }
-    for (int32_t i = 0; i < n; i++) idx[i] = i;
-    mem_heap_sort(idx, n, less_u64_at, st);
-    int32_t u = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (u == 0 || st[idx[i]] != uniq[u - 1]) uniq[u++] = st[idx[i]];
+    if (rs_sections(m))
+        for (int32_t s = s0; s < s1; s++) {
+            if (mem_seq_holds(m, s)) st[n++] = mem_seq_last_stamp(m, s);
+            for (int32_t i = 0; i < m->n_ckpt; i++) {
+                const mem_ckpt *ck = mem_ck(m, s, i);
+                if (ck->pos < 0) continue;
+                const uint8_t *data = mem_ck_data(m, s, i);
+                ord[no++] = ck->order;
+                st[n++] = ck->stamp;
+                for (int32_t g = 0; g < m->n_groups; g++) {
+                    const mem_ckpt_ring *rr = &m->ckpt_ring[g];
+                    if (!m->groups[g].tables[0].sliding) continue;
+                    int32_t nr = rd_i32_at(data + rr->off);
+                    for (int32_t j = 0; j < nr; j++) st[n++] = rd_u64_at(data + rr->stamp_off + (size_t)j * 8);
+                }
+            }
+        }
     c->ranks = uniq;
-    c->n_ranks = u;
+    c->n_ranks = sort_distinct(st, n, idx, uniq);
+    c->orders = ord_u;
+    c->n_orders = sort_distinct(ord, no, idx, ord_u);
     return KEEL_OK;
 }
 
@@ -367,12 +540,7 @@ keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const 
     m->err[0] = 0;
     if (seq < -1 || seq >= m->cfg.n_seq_max)
         return base_err(m->err, KEEL_EINVAL, "save: unknown sequence id %d", seq);
-    for (int32_t i = 0; i < m->cfg.n_layers; i++)
-        if (m->layers[i].kind != KEEL_MEM_LAYER_FULL && m->layers[i].kind != KEEL_MEM_LAYER_SLIDING &&
-            m->layers[i].kind != KEEL_MEM_LAYER_NONE)
-            return base_err(m->err, KEEL_EUNSUPPORTED, "save: layer %d's kind is not in session format %u", i,
-                            SESS_VERSION);
-    save_ctx c = {m, seq, tokens, n_tokens, n_pending, NULL, 0, 0};
+    save_ctx c = {m, seq, tokens, n_tokens, n_pending, NULL, 0, NULL, 0, 0};
     keel_status st = rank_stamps(m, seq, &c);
     if (st != KEEL_OK) return st;
     for (int pass = 0; pass < 2; pass++) {
@@ -382,7 +550,7 @@ keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const 
         put_u32(&w, SESS_HEADER_BYTES);
         put_u64(&w, fingerprint);
         put_i32(&w, seq);
-        put_u32(&w, (uint32_t)(3 + m->n_groups));
+        put_u32(&w, (uint32_t)(3 + m->n_groups + (rs_sections(m) ? 2 : 0)));
         put_u64(&w, (uint64_t)c.n_ranks);
         /* the header's own checksum */
         put_u64(&w, w.p && !w.over ? base_hash64(w.p, 40, 0x5e55) : 0);
@@ -392,6 +560,10 @@ keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const 
         for (int32_t g = 0; g < m->n_groups; g++) {
             c.group = g;
             put_section(&w, SEC_GROUP, sec_group, &c);
+        }
+        if (rs_sections(m)) {
+            put_section(&w, SEC_RSTATE, sec_rstate, &c);
+            put_section(&w, SEC_CKPT, sec_ckpt, &c);
         }
         *n_out = w.n;
         if (pass == 0 && (!buf || cap < w.n)) return buf ? base_err(m->err, KEEL_ERANGE, "save: %zu bytes needed, %zu given", w.n, cap) : KEEL_ERANGE;
@@ -440,7 +612,7 @@ static keel_status parse_blob(keel_mem *m, const uint8_t *p, size_t len, uint64_
         uint32_t type = get_u32(&r), reserved = get_u32(&r);
         uint64_t slen = get_u64(&r), h = get_u64(&r);
         if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated section %u header", i);
-        if (reserved != 0 || type < SEC_DESC || type > SEC_GROUP)
+        if (reserved != 0 || type < SEC_DESC || type > SEC_CKPT)
             return base_err(m->err, KEEL_EFORMAT, "load: section %u: type %u (reserved %u)", i, type, reserved);
         if (slen > (uint64_t)(r.end - r.p))
             return base_err(m->err, KEEL_EFORMAT, "load: section %u: %llu bytes, %zu left (truncated file?)", i,
@@ -524,6 +696,18 @@ static keel_status check_desc(keel_mem *m, const sect *d, bool whole, bool conve
         if (kind != (int32_t)l->kind)
             return base_err(m->err, KEEL_EINVAL, "load: layer %d is kind %d in the session, %d here", i, kind, (int)l->kind);
         if (l->kind == KEEL_MEM_LAYER_NONE) continue;
+        if (l->kind == KEEL_MEM_LAYER_RECURRENT) {
+            int32_t ck = get_i32(&r), cc = get_i32(&r);
+            uint64_t sf = get_u64(&r);
+            if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
+            if (ck != l->rs.conv_kernel || cc != l->rs.conv_channels || sf != (uint64_t)l->rs.state_floats)
+                return base_err(m->err, KEEL_EINVAL,
+                                "load: layer %d: recurrent state conv %d x %d, %llu state floats in the session, "
+                                "conv %d x %d, %lld here",
+                                i, ck, cc, (unsigned long long)sf, l->rs.conv_kernel, l->rs.conv_channels,
+                                (long long)l->rs.state_floats);
+            continue;
+        }
         const mem_table *t = &m->groups[m->layer_group[i]].tables[0];
         const mem_col *kc = &t->cols[m->layer_col[i]], *vc = kc + 1;
         int32_t window = get_i32(&r), sinks = get_i32(&r), heads = get_i32(&r), dk = get_i32(&r), dv = get_i32(&r);
@@ -633,6 +817,396 @@ static void convert_row(const sess_col *sc, const uint8_t *src, const mem_col *c
     mem_col_encode(col, x, dst);
 }
 
+/* ---- the tables against each other, the recurrent half ------------------------------------------------------ */
+
+static void sort_u64(uint64_t *a, int32_t n)
+{
+    /* heap sort: allocates nothing */
+    for (int32_t start = n / 2 - 1, end = n;; ) {
+        int32_t root;
+        if (start >= 0) {
+            root = start--;
+        } else {
+            if (--end <= 0) return;
+            uint64_t t = a[0];
+            a[0] = a[end];
+            a[end] = t;
+            root = 0;
+        }
+        for (int32_t child; (child = 2 * root + 1) < end; root = child) {
+            if (child + 1 < end && a[child + 1] > a[child]) child++;
+            if (a[root] >= a[child]) break;
+            uint64_t t = a[root];
+            a[root] = a[child];
+            a[child] = t;
+        }
+    }
+}
+
+
+/* Cell i of a GROUP view: position and rank; whether sequence s holds it
+ * (whole-memory blobs carry sequence sets, a sequence's blob holds one). */
+static size_t meta_per(const keel_mem *m, int32_t g, bool whole)
+{
+    return 12 + (whole ? (size_t)m->groups[g].tables[0].seq_words * 8 : 0);
+}
+
+static bool view_cell(const grp_view *v, size_t per, bool whole, int32_t i, int32_t s, int32_t *pos, int32_t *rank)
+{
+    const uint8_t *p = v->meta.p + per * (size_t)i;
+    *pos = rd_i32_at(p);
+    *rank = rd_i32_at(p + 4);
+    if (!whole) return true;
+    uint64_t bits = rd_u64_at(p + 12 + (size_t)(s / 64) * 8);
+    return (bits >> (s % 64)) & 1;
+}
+
+/* The smallest and largest position sequence s holds in the blob's tables
+ * (-1, -1: none), s the blob's sequence index. */
+static void view_span_group(const keel_mem *m, const grp_view *gv, int32_t g, bool whole, int32_t s, int32_t *lo,
+                            int32_t *hi)
+{
+    *lo = *hi = -1;
+    size_t per = meta_per(m, g, whole);
+    for (int32_t i = 0; i < gv[g].n_cells; i++) {
+        int32_t pos, rank;
+        if (!view_cell(&gv[g], per, whole, i, s, &pos, &rank)) continue;
+        if (*lo < 0 || pos < *lo) *lo = pos;
+        if (pos > *hi) *hi = pos;
+    }
+}
+
+static void view_span(const keel_mem *m, const grp_view *gv, bool whole, int32_t s, int32_t *lo, int32_t *hi)
+{
+    *lo = *hi = -1;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        int32_t a, b;
+        view_span_group(m, gv, g, whole, s, &a, &b);
+        if (b < 0) continue;
+        if (*lo < 0 || a < *lo) *lo = a;
+        *hi = BASE_MAX(*hi, b);
+    }
+}
+
+static bool view_has(const keel_mem *m, const grp_view *gv, int32_t g, bool whole, int32_t s, int32_t pos,
+                     int32_t rank)
+{
+    size_t per = meta_per(m, g, whole);
+    for (int32_t i = 0; i < gv[g].n_cells; i++) {
+        int32_t p, r;
+        if (view_cell(&gv[g], per, whole, i, s, &p, &r) && p == pos && r == rank) return true;
+    }
+    return false;
+}
+
+/* The (position, rank) keys of the cells of blob sequence s in group g,
+ * sorted, into keys; returns how many. */
+static int32_t view_keys(const keel_mem *m, const grp_view *gv, int32_t g, bool whole, int32_t s, uint64_t *keys)
+{
+    size_t per = meta_per(m, g, whole);
+    int32_t n = 0;
+    for (int32_t i = 0; i < gv[g].n_cells; i++) {
+        int32_t pos, rank;
+        if (view_cell(&gv[g], per, whole, i, s, &pos, &rank)) keys[n++] = (uint64_t)(uint32_t)pos << 32 | (uint32_t)rank;
+    }
+    sort_u64(keys, n);
+    return n;
+}
+
+/* What keel_mem_check requires of the groups of one sequence never
+ * compacted (check.c, T4 and T5): every full group holds it up to at least
+ * the last position any group holds, and each ring's (position, stamp)
+ * multiset lies within the first full group's. kf, kr: room for the
+ * largest group's cells. */
+static keel_status check_cross(keel_mem *m, const grp_view *gv, bool whole, int32_t s, uint64_t *kf, uint64_t *kr)
+{
+    int32_t gf = -1, hi_any = -1;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        int32_t lo, hi;
+        view_span_group(m, gv, g, whole, s, &lo, &hi);
+        hi_any = BASE_MAX(hi_any, hi);
+        if (gf < 0 && m->groups[g].kind == KEEL_MEM_LAYER_FULL) gf = g;
+    }
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        int32_t lo, hi;
+        view_span_group(m, gv, g, whole, s, &lo, &hi);
+        if (m->groups[g].kind == KEEL_MEM_LAYER_FULL && hi < hi_any)
+            return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: full group %d ends at %d, another group at %d", s,
+                            g, hi, hi_any);
+    }
+    if (gf < 0) return KEEL_OK;
+    int32_t nf = view_keys(m, gv, gf, whole, s, kf);
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        if (!m->groups[g].tables[0].sliding) continue;
+        int32_t nr = view_keys(m, gv, g, whole, s, kr);
+        for (int32_t i = 0, j = 0; i < nr; i++, j++) {
+            while (j < nf && kf[j] < kr[i]) j++;
+            if (j == nf || kf[j] != kr[i])
+                return base_err(m->err, KEEL_EFORMAT,
+                                "load: sequence %d: sliding group %d holds a token at position %d that full group %d "
+                                "does not",
+                                s, g, (int32_t)(kr[i] >> 32), gf);
+        }
+    }
+    return KEEL_OK;
+}
+
+static bool floats_finite(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        if (!isfinite(f)) return false;
+    }
+    return true;
+}
+
+/* Bytes of one ring cell's rows as stored (the session's column types). */
+static size_t stored_cell_bytes(const keel_mem *m, int32_t g, const sess_col *cols)
+{
+    const mem_table *t = &m->groups[g].tables[0];
+    size_t b = 0;
+    for (int32_t ci = 0; ci < t->n_cols; ci++) {
+        const sess_col *sc = &cols[2 * t->cols[ci].layer + (t->cols[ci].kind == MEM_COL_V)];
+        b += sc->row_bytes * (size_t)sc->n_heads;
+    }
+    return b;
+}
+
+typedef struct rs_seq {
+    uint32_t kind; /* 0 no state, 1 its own, 2 shared with an earlier sequence */
+    int32_t share, lo, hi, rank;
+} rs_seq;
+
+/* Reads one sequence's RSTATE entry (bounds only; *floats: its state, or NULL). */
+static void get_rs_seq(const keel_mem *m, rd *r, rs_seq *o, const uint8_t **floats)
+{
+    memset(o, 0, sizeof *o);
+    *floats = NULL;
+    o->kind = get_u32(r);
+    if (o->kind == 0) return;
+    o->share = get_i32(r);
+    o->lo = get_i32(r);
+    o->hi = get_i32(r);
+    o->rank = get_i32(r);
+    if (o->kind == 1) *floats = take(r, m->rs_slot_floats * sizeof(float));
+}
+
+static keel_status read_rs_seq(keel_mem *m, rd *r, int32_t i, uint64_t n_ranks, const rs_seq *prev, rs_seq *o)
+{
+    const uint8_t *f;
+    get_rs_seq(m, r, o, &f);
+    if (r->bad) return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: truncated recurrent state", i);
+    if (o->kind == 0) return KEEL_OK;
+    if (o->kind > (m->n_rs_layers > 0 ? 2u : 1u) || o->lo < 0 || o->hi < o->lo || o->hi == INT32_MAX || o->rank < 0 ||
+        (uint64_t)o->rank >= n_ranks || (o->kind == 1 && o->share != -1) ||
+        (o->kind == 2 && (o->share < 0 || o->share >= i || prev[o->share].kind == 0)))
+        return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: recurrent state header (kind %u, shares %d, span %d..%d)",
+                        i, o->kind, o->share, o->lo, o->hi);
+    if (o->kind == 1 && !floats_finite(f, m->rs_slot_floats))
+        return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: non-finite recurrent state", i);
+    return KEEL_OK;
+}
+
+/* One stored checkpoint: header checked against its sequence, the state
+ * and ring cells checked (positions, ranks, finite rows); r is advanced
+ * past it. *ord receives its take-order rank. */
+static keel_status read_ckpt(keel_mem *m, rd *r, const grp_view *gv, const sess_col *cols, bool whole, int32_t i,
+                             const rs_seq *q, int32_t exact, uint64_t n_ranks, int32_t *ord)
+{
+    int32_t pos = get_i32(r), pos_min = get_i32(r), rank = get_i32(r);
+    *ord = get_i32(r);
+    /* (an attention memory's rings forget its first positions: the span
+     * start it was taken at is not checked) */
+    bool rs = m->n_rs_layers > 0;
+    int32_t gf = -1;
+    for (int32_t g = 0; g < m->n_groups && gf < 0; g++)
+        if (m->groups[g].kind == KEEL_MEM_LAYER_FULL) gf = g;
+    if (r->bad || (rs && (pos_min != q->lo || pos <= q->lo)) || pos < 1 || pos_min < 0 ||
+        ((rs || gf >= 0) && pos > q->hi + 1) || rank < 0 || (uint64_t)rank >= n_ranks || *ord < 0)
+        return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d (from %d) of span %d..%d", i, pos,
+                        pos_min, q->lo, q->hi);
+    const uint8_t *f = take(r, m->rs_slot_floats * sizeof(float));
+    if (!f || !floats_finite(f, m->rs_slot_floats))
+        return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: bad state", i, pos);
+    /* R3: the token it was taken after is in the (first) full table */
+    if (gf >= 0 && (rs || exact == 0) && !view_has(m, gv, gf, whole, i, pos - 1, rank))
+        return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: its last token is not at %d", i,
+                        pos, pos - 1);
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        const mem_table *t = &m->groups[g].tables[0];
+        if (!t->sliding) continue;
+        int32_t nr = get_i32(r), forgot = get_i32(r);
+        if (r->bad || nr < 0 || nr > m->ckpt_ring[g].max || (forgot != MEM_NO_EVICT && forgot < -INT32_MAX / 2))
+            return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: %d ring cells in group %d", i,
+                            pos, nr, g);
+        for (int32_t j = 0; j < nr; j++) {
+            int32_t p = get_i32(r), rk = get_i32(r);
+            uint32_t fl = get_u32(r);
+            if (r->bad || p < 0 || p >= pos || rk < 0 || (uint64_t)rk >= n_ranks || fl > 0xff)
+                return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: ring cell %d", i, pos, j);
+        }
+        size_t cb = stored_cell_bytes(m, g, cols);
+        const uint8_t *rows = take(r, (size_t)nr * cb);
+        if (!rows) return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: truncated rows", i, pos);
+        for (int32_t j = 0; j < nr; j++)
+            for (int32_t ci = 0; ci < t->n_cols; ci++) {
+                const sess_col *sc = &cols[2 * t->cols[ci].layer + (t->cols[ci].kind == MEM_COL_V)];
+                for (int32_t h = 0; h < sc->n_heads; h++, rows += sc->row_bytes)
+                    if (!tensor_row_finite(sc->dtype, rows, sc->head_dim))
+                        return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: non-finite ring row",
+                                        i, pos);
+            }
+    }
+    return KEEL_OK;
+}
+
+/* RSTATE and CKPT against the blob's tables and this memory's room. */
+static keel_status check_rs(keel_mem *m, const parsed *ps, const grp_view *gv, const sess_col *cols, int32_t seq,
+                            const int32_t *exact)
+{
+    bool whole = seq < 0;
+    const sect *rs = find(ps, SEC_RSTATE, 0), *ck = find(ps, SEC_CKPT, 0);
+    if (!rs || !ck) return base_err(m->err, KEEL_EFORMAT, "load: the recurrent sections are missing");
+    int32_t nseq = whole ? m->cfg.n_seq_max : 1;
+    rd r = rs->body;
+    int32_t n = get_i32(&r);
+    uint64_t nf = get_u64(&r);
+    if (r.bad || n != nseq || nf != (uint64_t)m->rs_slot_floats)
+        return base_err(m->err, KEEL_EFORMAT, "load: recurrent state of %d sequences, %llu floats (this memory: %d, %zu)",
+                        n, (unsigned long long)nf, nseq, m->rs_slot_floats);
+    rs_seq q[MEM_SEQ_MAX];
+    int32_t need = 0;
+    for (int32_t i = 0; i < nseq; i++) {
+        keel_status st = read_rs_seq(m, &r, i, ps->n_ranks, q, &q[i]);
+        if (st != KEEL_OK) return st;
+        need += q[i].kind == 1 && m->n_rs_layers > 0;
+        if (m->n_groups > 0) { /* R1, R2: a state iff tokens; the last token agrees */
+            int32_t lo, hi;
+            view_span(m, gv, whole, i, &lo, &hi);
+            if ((q[i].kind != 0) != (hi >= 0) || (q[i].kind && (hi != q[i].hi || lo < q[i].lo)))
+                return base_err(m->err, KEEL_EFORMAT,
+                                "load: sequence %d: recurrent span %d..%d, attention cells %d..%d", i, q[i].lo, q[i].hi,
+                                lo, hi);
+        }
+    }
+    if (r.p != r.end) return base_err(m->err, KEEL_EFORMAT, "load: recurrent state has trailing bytes");
+    int32_t avail = whole ? m->n_rs_slots : mem_rs_free_slots(m);
+    if (!whole && m->seq_slot[seq] >= 0 && m->rs_refs[m->seq_slot[seq]] == 1) avail++;
+    if (need > avail)
+        return base_err(m->err, KEEL_EFULL, "load: %d recurrent states to restore, %d of n_rs_slots %d free", need, avail,
+                        m->n_rs_slots);
+    r = ck->body;
+    if (get_i32(&r) != nseq || r.bad) return base_err(m->err, KEEL_EFORMAT, "load: checkpoint section header");
+    int64_t total = 0;
+    int32_t max_ord = -1;
+    for (int32_t i = 0; i < nseq; i++) {
+        int32_t nc = get_i32(&r), prev = -1;
+        if (r.bad || nc < 0 || (nc > 0 && q[i].kind == 0))
+            return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: %d checkpoints", i, nc);
+        for (int32_t j = 0; j < nc; j++) {
+            int32_t ord;
+            keel_status st = read_ckpt(m, &r, gv, cols, whole, i, &q[i], exact[i], ps->n_ranks, &ord);
+            if (st != KEEL_OK) return st;
+            if (ord <= prev) /* oldest first: take orders ascend */
+                return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint take orders out of order", i);
+            prev = ord;
+            max_ord = BASE_MAX(max_ord, ord);
+            total++;
+        }
+    }
+    if (r.p != r.end) return base_err(m->err, KEEL_EFORMAT, "load: checkpoint section has trailing bytes");
+    if (max_ord >= total) return base_err(m->err, KEEL_EFORMAT, "load: checkpoint take order %d of %lld", max_ord, (long long)total);
+    return KEEL_OK;
+}
+
+/* Writes the validated recurrent sections into the memory (whose loaded
+ * sequences hold nothing yet): states, shares, checkpoint records (the
+ * newest n_ckpt of each sequence when it keeps fewer), stamps rebased. */
+static void commit_rs(keel_mem *m, const parsed *ps, const sess_col *cols, int32_t seq, uint64_t base, float *x,
+                      float *signs)
+{
+    bool whole = seq < 0;
+    int32_t nseq = whole ? m->cfg.n_seq_max : 1, s0 = whole ? 0 : seq;
+    rd r = find(ps, SEC_RSTATE, 0)->body;
+    skip(&r, 12);
+    rs_seq q[MEM_SEQ_MAX];
+    for (int32_t i = 0; i < nseq; i++) {
+        int32_t s = s0 + i;
+        const uint8_t *f;
+        get_rs_seq(m, &r, &q[i], &f); /* validated */
+        if (q[i].kind == 0 || m->n_rs_layers == 0) continue; /* an attention memory: spans are its tables' */
+        int32_t k;
+        if (q[i].kind == 1) {
+            k = mem_rs_take_slot(m); /* room validated */
+            memcpy(mem_rs_slot(m, k), f, m->rs_slot_floats * sizeof(float));
+        } else {
+            k = m->seq_slot[s0 + q[i].share];
+        }
+        m->rs_refs[k]++;
+        m->seq_slot[s] = k;
+        m->rs_pos_min[s] = q[i].lo;
+        m->rs_pos_max[s] = q[i].hi;
+        m->rs_stamp[s] = base + (uint64_t)q[i].rank;
+    }
+    r = find(ps, SEC_CKPT, 0)->body;
+    skip(&r, 4);
+    int64_t total = 0;
+    for (int32_t i = 0; i < nseq; i++) {
+        int32_t s = s0 + i, nc = get_i32(&r);
+        for (int32_t j = 0; j < nc; j++) {
+            int32_t pos = get_i32(&r), pos_min = get_i32(&r), rank = get_i32(&r), ord = get_i32(&r);
+            const uint8_t *f = take(&r, m->rs_slot_floats * sizeof(float));
+            int32_t rec = j - (nc - m->n_ckpt); /* the newest n_ckpt are kept */
+            uint8_t *data = rec >= 0 ? mem_ck_data(m, s, rec) : NULL;
+            size_t bytes = m->rs_slot_floats * sizeof(float);
+            if (data) memcpy(data, f, bytes);
+            for (int32_t g = 0; g < m->n_groups; g++) {
+                mem_table *t = &m->groups[g].tables[0];
+                if (!t->sliding) continue;
+                const mem_ckpt_ring *rr = &m->ckpt_ring[g];
+                int32_t hdr[2] = {get_i32(&r), get_i32(&r)};
+                const uint8_t *meta = take(&r, (size_t)hdr[0] * 12);
+                size_t cb = stored_cell_bytes(m, g, cols);
+                const uint8_t *rows = take(&r, (size_t)hdr[0] * cb);
+                if (!data) continue;
+                memcpy(data + rr->off, hdr, sizeof hdr);
+                for (int32_t c = 0; c < hdr[0]; c++) {
+                    int32_t p = rd_i32_at(meta + 12 * (size_t)c);
+                    uint64_t stp = base + (uint64_t)rd_i32_at(meta + 12 * (size_t)c + 4);
+                    memcpy(data + rr->pos_off + (size_t)c * 4, &p, 4);
+                    memcpy(data + rr->stamp_off + (size_t)c * 8, &stp, 8);
+                    data[rr->cflags_off + (size_t)c] = meta[12 * (size_t)c + 8];
+                    uint8_t *dst = data + rr->rows_off + (size_t)c * rr->cell_bytes;
+                    const uint8_t *src = rows + (size_t)c * cb;
+                    for (int32_t ci = 0; ci < t->n_cols; ci++) {
+                        const mem_col *col = &t->cols[ci];
+                        const sess_col *sc = &cols[2 * col->layer + (col->kind == MEM_COL_V)];
+                        for (int32_t h = 0; h < col->n_heads; h++) {
+                            if (sc->same)
+                                memcpy(dst, src, col->head_row_bytes);
+                            else
+                                convert_row(sc, src, col, dst, x, signs);
+                            dst += col->head_row_bytes;
+                            src += sc->row_bytes;
+                        }
+                    }
+                }
+                bytes += (size_t)hdr[0] * (rr->cell_bytes + sizeof(int32_t) + sizeof(uint64_t) + 1);
+            }
+            total++;
+            if (!data) continue;
+            mem_ckpt *c = mem_ck(m, s, rec);
+            c->pos = pos;
+            c->pos_min = pos_min;
+            c->stamp = base + (uint64_t)rank;
+            c->order = m->ckpt_order + 1 + (uint64_t)ord;
+            c->bytes = bytes;
+        }
+    }
+    m->ckpt_order += (uint64_t)total;
+}
+
 keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
                           unsigned flags, int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens,
                           int32_t *n_pending)
@@ -642,11 +1216,6 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     *n_tokens = 0;
     if (n_pending) *n_pending = 0;
     if (flags & ~(unsigned)KEEL_SESSION_CONVERT) return base_err(m->err, KEEL_EINVAL, "load: unknown flags %#x", flags);
-    for (int32_t i = 0; i < m->cfg.n_layers; i++)
-        if (m->layers[i].kind != KEEL_MEM_LAYER_FULL && m->layers[i].kind != KEEL_MEM_LAYER_SLIDING &&
-            m->layers[i].kind != KEEL_MEM_LAYER_NONE)
-            return base_err(m->err, KEEL_EUNSUPPORTED, "load: layer %d's kind is not in session format %u", i,
-                            SESS_VERSION);
     parsed ps;
     keel_status st = parse_blob(m, buf, len, fingerprint, &ps);
     if (st != KEEL_OK) return st;
@@ -676,8 +1245,10 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     if (sr.bad || nseq != (whole ? m->cfg.n_seq_max : 1) ||
         (size_t)(sr.end - sr.p) != (size_t)nseq * (4 + 8 + 4 + 4 * (size_t)m->n_groups))
         return base_err(m->err, KEEL_EFORMAT, "load: sequence section size");
+    int32_t exact[MEM_SEQ_MAX];
     for (int32_t i = 0; i < nseq; i++) {
         int32_t ex = get_i32(&sr);
+        exact[i] = ex;
         uint64_t nc = get_u64(&sr);
         int32_t hi = get_i32(&sr);
         if (ex < 0 || nc > (uint64_t)INT64_MAX || hi < 0)
@@ -689,11 +1260,24 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
                 return base_err(m->err, KEEL_EFORMAT, "load: sequence %d group %d: forgotten bound %d", i, g, e);
         }
     }
-    if (ps.n != 3 + m->n_groups) return base_err(m->err, KEEL_EFORMAT, "load: %d sections for %d groups", ps.n, m->n_groups);
+    int32_t want_sec = 3 + m->n_groups + (rs_sections(m) ? 2 : 0);
+    if (ps.n != want_sec)
+        return base_err(m->err, KEEL_EFORMAT, "load: %d sections, this memory's sessions have %d", ps.n, want_sec);
     grp_view gv[8];
     if (m->n_groups > 8) return base_err(m->err, KEEL_EUNSUPPORTED, "load: %d groups", m->n_groups);
     for (int32_t g = 0; g < m->n_groups; g++) {
         if ((st = view_group(m, &ps, g, cols, &gv[g])) != KEEL_OK) return st;
+        /* rows: every one decodes to finite values (rule 10: nothing the
+         * attention would turn into NaN gets in) */
+        const uint8_t *rp = gv[g].rows.p;
+        for (int32_t ci = 0; ci < m->groups[g].tables[0].n_cols; ci++) {
+            const mem_col *mc = &m->groups[g].tables[0].cols[ci];
+            const sess_col *sc = &cols[2 * mc->layer + (mc->kind == MEM_COL_V)];
+            size_t nrows = (size_t)gv[g].n_cells * (size_t)sc->n_heads;
+            for (size_t i = 0; i < nrows; i++, rp += sc->row_bytes)
+                if (!tensor_row_finite(sc->dtype, rp, sc->head_dim))
+                    return base_err(m->err, KEEL_EFORMAT, "load: group %d: column %d: row %zu is not finite", g, ci, i);
+        }
         /* cell metadata: positions, ranks, flags, sequence sets in range */
         rd mr = gv[g].meta;
         int32_t words = m->groups[g].tables[0].seq_words;
@@ -732,6 +1316,15 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
         }
     }
     if (ps.n_ranks > (uint64_t)INT32_MAX) return base_err(m->err, KEEL_EFORMAT, "load: %llu ranks", (unsigned long long)ps.n_ranks);
+    /* the groups against each other, as keel_mem_check holds them */
+    int32_t cap_max = 1;
+    for (int32_t g = 0; g < m->n_groups; g++) cap_max = BASE_MAX(cap_max, gv[g].n_cells);
+    uint64_t *kf = base_arena_take_n(&m->scratch, (size_t)cap_max, sizeof(uint64_t));
+    uint64_t *kr = base_arena_take_n(&m->scratch, (size_t)cap_max, sizeof(uint64_t));
+    if (!kf || !kr) return base_err(m->err, KEEL_ESCRATCH, "load: scratch exhausted");
+    for (int32_t i = 0; i < nseq; i++)
+        if (exact[i] == 0 && (st = check_cross(m, gv, whole, i, kf, kr)) != KEEL_OK) return st;
+    if (rs_sections(m) && (st = check_rs(m, &ps, gv, cols, seq, exact)) != KEEL_OK) return st;
     /* commit (cannot fail from here) */
     if (whole)
         keel_mem_clear(m);
@@ -796,6 +1389,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
             if (t->sliding) t->evict_max[s] = e;
         }
     }
+    if (rs_sections(m)) commit_rs(m, &ps, cols, seq, base, x, signs);
     if (tokens) {
         rd tr2 = tok->body;
         skip(&tr2, 8); /* the counts */

@@ -1,41 +1,31 @@
 /*
- * forward.c — the forward pass of the supported architectures, a loop over
- * layers (no graph, no recursion: design.md rule 8), on the memory core.
+ * forward.c — the forward pass of every supported architecture: a loop over
+ * layers (no graph, no recursion: design.md rule 8) on the memory core.
+ * Each layer is a mixer (attention, Gated DeltaNet or Mamba2: layer_attn.c,
+ * layer_gdn.c, layer_mamba2.c) and an optional FFN (dense or mixture of
+ * experts: ffn.c):
  *
  *   x = embed(tokens) * embd_scale
  *   for each layer:
  *     h = rmsnorm(x) * attn_norm
- *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)
- *     qwen3: q, k = rmsnorm per head * q_norm / k_norm
- *     q, k = rope(q), rope(k) at each token's position
- *     memory: write k, v at the tokens' cells; a = attend(q)   (masks, GQA, soft-cap)
- *     o = a Wo (+bo);  gemma2: o = rmsnorm(o) * post_attn_norm
+ *     o = mixer(h)                  gemma2: o = rmsnorm(o) * post_attn_norm
  *     x = x + o
- *     h = rmsnorm(x) * ffn_norm
- *     f = (silu(h Wgate) * h Wup) Wdown      gemma2: gelu instead of silu, then
- *                                            f = rmsnorm(f) * post_ffw_norm
- *     x = x + f
+ *     if the layer has an FFN:
+ *       h = rmsnorm(x) * ffn_norm   (qwen35 / qwen3next / gpt-oss: the tensor is
+ *                                    post_attention_norm)
+ *       o = ffn(h)                  gemma2: o = rmsnorm(o) * post_ffw_norm
+ *       x = x + o
  *   logits = (rmsnorm(x) * output_norm) Wout;  gemma2: final soft-cap
  *
- * All activations live in the work arena (model_work_bytes); nothing is
- * allocated here.
+ * Activations live in the work arena (model_work_bytes): x, h, o and the
+ * RoPE tables for the whole chunk, then each layer function takes its own
+ * buffers above them and releases them (mark / rewind) before returning,
+ * so the reservation is the shared part plus the largest layer kind plus
+ * the largest matrix product's scratch. Nothing is allocated here.
  */
 #include "model.h"
 
 #include <string.h>
-
-typedef struct fw_bufs {
-    float *x, *h, *q, *k, *v, *a, *o, *g, *u, *cs;
-} fw_bufs;
-
-static size_t fw_floats(const model_hp *hp, int32_t n)
-{
-    size_t E = (size_t)hp->n_embd, QD = (size_t)hp->n_head * (size_t)hp->hd_k;
-    size_t KD = (size_t)hp->n_head_kv * (size_t)hp->hd_k, VD = (size_t)hp->n_head_kv * (size_t)hp->hd_v;
-    size_t OD = (size_t)hp->n_head * (size_t)hp->hd_v, F = (size_t)hp->n_ff;
-    size_t per_tok = 3 * E + QD + KD + VD + OD + 2 * F + (size_t)hp->rope.n_rot;
-    return per_tok * (size_t)n + 16 * 10;
-}
 
 static size_t mm_scratch(const model_mat *m, int32_t n, int32_t threads)
 {
@@ -43,69 +33,104 @@ static size_t mm_scratch(const model_mat *m, int32_t n, int32_t threads)
     return tensor_matmul_scratch_bytes(m->dtype, m->n_rows, m->n_cols, n, threads);
 }
 
+int32_t model_layer_mats(const model_layer *L, const model_mat **out, int32_t cap)
+{
+    const model_mat *all[] = {&L->wq,        &L->wk,         &L->wv,        &L->wo,
+                              &L->ssm_in,    &L->ssm_qkv,    &L->ssm_z,     &L->ssm_beta,
+                              &L->ssm_alpha, &L->ssm_ba,     &L->ssm_out,   &L->ffn_gate,
+                              &L->ffn_up,    &L->ffn_down,   &L->gate_inp,  &L->gate_exps,
+                              &L->up_exps,   &L->down_exps,  &L->gate_shexp, &L->up_shexp,
+                              &L->down_shexp};
+    int32_t n = 0;
+    for (size_t i = 0; i < BASE_ARRAY_LEN(all) && n < cap; i++)
+        if (all[i]->data) out[n++] = all[i];
+    return n;
+}
+
+/* Scratch of decode's grouped products (model_matmul_group): q/k/v,
+ * gate/up, the shared expert's gate/up. */
+static size_t group_scratch(const model_layer *L)
+{
+    const model_mat *g[3][3] = {{&L->wq, &L->wk, &L->wv}, {&L->ffn_gate, &L->ffn_up, NULL},
+                                {&L->gate_shexp, &L->up_shexp, NULL}};
+    size_t mm = 0;
+    for (int i = 0; i < 3; i++) {
+        tensor_mv_job jobs[3];
+        int k = 0;
+        for (int j = 0; j < 3 && g[i][j] && g[i][j]->data; j++)
+            jobs[k++] = (tensor_mv_job){g[i][j]->dtype, g[i][j]->data, g[i][j]->n_rows, NULL};
+        if (k > 0) mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(jobs, k, g[i][0]->n_cols));
+    }
+    return mm;
+}
+
+/* Floats per token of the shared activations: x, h, o and a RoPE table. */
+static size_t shared_floats(const model_hp *hp)
+{
+    return 3 * (size_t)hp->n_embd + (size_t)(hp->rope.n_rot > 0 ? hp->rope.n_rot : 1);
+}
+
 size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
 {
     const model_hp *hp = &w->hp;
-    size_t s = fw_floats(hp, n_tokens) * sizeof(float) + 16 * BASE_ALIGN;
+    size_t layer = BASE_MAX(BASE_MAX(model_attn_floats(w), model_gdn_floats(w)),
+                            BASE_MAX(model_mamba2_floats(w), model_ffn_floats(w)));
+    /* per token, plus one BASE_ALIGN of padding per buffer taken (at most 32
+     * per layer function, 4 shared) */
+    size_t s = (shared_floats(hp) + layer) * (size_t)n_tokens * sizeof(float) + 40 * BASE_ALIGN;
+    /* buffers not per token: the delta rule's per-thread row, the router's
+     * selection scores */
+    s += ((size_t)n_threads * (size_t)BASE_MAX(hp->ssm_d_state, 1) + (size_t)hp->n_expert) * sizeof(float);
     size_t mm = 0;
     for (int32_t n = 1; n <= n_tokens; n = n < n_tokens ? BASE_MIN(n * 2, n_tokens) : n + 1) {
         /* scratch may depend on the batch size non-monotonically (paths):
-         * take the max over the sizes that occur (powers of two and n_tokens) */
+         * take the max over the sizes that occur (powers of two and n_tokens;
+         * experts see any count up to n_tokens, bounded by the same max) */
         mm = BASE_MAX(mm, mm_scratch(&w->output, n, n_threads));
         for (int32_t i = 0; i < hp->n_layer; i++) {
-            const model_layer *L = &w->layers[i];
-            const model_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-            for (int j = 0; j < 7; j++) mm = BASE_MAX(mm, mm_scratch(ms[j], n, n_threads));
-            if (n == 1) {
-                /* the decode groups (q/k/v, gate/up) in one multi-matvec each */
-                tensor_mv_job qkv[3] = {{L->wq.dtype, L->wq.data, L->wq.n_rows, NULL},
-                                        {L->wk.dtype, L->wk.data, L->wk.n_rows, NULL},
-                                        {L->wv.dtype, L->wv.data, L->wv.n_rows, NULL}};
-                tensor_mv_job gu[2] = {{L->ffn_gate.dtype, L->ffn_gate.data, L->ffn_gate.n_rows, NULL},
-                                       {L->ffn_up.dtype, L->ffn_up.data, L->ffn_up.n_rows, NULL}};
-                if (L->wq.data) mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(qkv, 3, L->wq.n_cols));
-                if (L->ffn_gate.data) mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(gu, 2, L->ffn_gate.n_cols));
-            }
+            const model_mat *ms[32];
+            int32_t k = model_layer_mats(&w->layers[i], ms, 32);
+            for (int j = 0; j < k; j++) mm = BASE_MAX(mm, mm_scratch(ms[j], n, n_threads));
+            if (n == 1) mm = BASE_MAX(mm, group_scratch(&w->layers[i]));
         }
         if (n == n_tokens) break;
     }
     return s + mm + 4 * BASE_ALIGN;
 }
 
-/* Set by model_forward for the chunk it runs (on its thread): every product
- * through the dot tiles, whose rows do not depend on the batch size. */
-static _Thread_local bool fw_deterministic;
-
-static keel_status matmul(const model_mat *m, const float *X, int32_t n, float *Y, base_pool *pool,
-                          base_arena *work)
+/* With ub->deterministic every product goes through the dot tiles, whose
+ * rows do not depend on the batch size. */
+keel_status model_matmul(const model_fw *f, const model_mat *m, const float *x, int32_t n, float *y)
 {
-    if (fw_deterministic)
-        return tensor_matmul_path(TENSOR_GEMM_DOT_TILES, m->dtype, m->data, m->n_rows, m->n_cols, X, n, Y,
-                                  pool, work);
-    return tensor_matmul(m->dtype, m->data, m->n_rows, m->n_cols, X, n, Y, pool, work);
-}
-
-/* Decode (one token, not deterministic): the products of one input in one
- * pool run (tensor_matvec_multi: q/k/v, gate/up), else each its own. */
-static keel_status matmul_same_x(const model_mat *const *ms, float *const *ys, int n_m, const float *X,
-                                 int32_t n, base_pool *pool, base_arena *work)
-{
-    if (n == 1 && !fw_deterministic && n_m <= TENSOR_MV_MULTI_MAX) {
-        tensor_mv_job jobs[TENSOR_MV_MULTI_MAX];
-        for (int j = 0; j < n_m; j++) jobs[j] = (tensor_mv_job){ms[j]->dtype, ms[j]->data, ms[j]->n_rows, ys[j]};
-        return tensor_matvec_multi(jobs, n_m, ms[0]->n_cols, X, pool, work);
-    }
-    for (int j = 0; j < n_m; j++) {
-        keel_status st = matmul(ms[j], X, n, ys[j], pool, work);
-        if (st != KEEL_OK) return st;
-    }
+    keel_status st = f->ub->deterministic
+                         ? tensor_matmul_path(TENSOR_GEMM_DOT_TILES, m->dtype, m->data, m->n_rows,
+                                              m->n_cols, x, n, y, f->pool, f->work)
+                         : tensor_matmul(m->dtype, m->data, m->n_rows, m->n_cols, x, n, y, f->pool, f->work);
+    if (st != KEEL_OK)
+        return base_err(f->err, st, "forward: layer %d: matrix product failed (%s)", f->l,
+                        keel_strerror(st));
     return KEEL_OK;
 }
 
-static void add_bias(float *y, const float *b, int32_t n, int64_t dim)
+keel_status model_matmul_group(const model_fw *f, const model_mat *const *ms, float *const *ys, int n_m,
+                               const float *x, int32_t n)
 {
-    if (!b) return;
-    for (int32_t i = 0; i < n; i++) tensor_add_f32(y + (size_t)i * (size_t)dim, b, dim);
+    bool multi = n == 1 && !f->ub->deterministic && n_m >= 1 && n_m <= TENSOR_MV_MULTI_MAX;
+    for (int j = 0; j < n_m && multi; j++) multi = ms[j]->n_cols == ms[0]->n_cols && ms[j]->n_expert == 0;
+    if (multi) {
+        tensor_mv_job jobs[TENSOR_MV_MULTI_MAX];
+        for (int j = 0; j < n_m; j++) jobs[j] = (tensor_mv_job){ms[j]->dtype, ms[j]->data, ms[j]->n_rows, ys[j]};
+        keel_status st = tensor_matvec_multi(jobs, n_m, ms[0]->n_cols, x, f->pool, f->work);
+        if (st != KEEL_OK)
+            return base_err(f->err, st, "forward: layer %d: matrix products failed (%s)", f->l,
+                            keel_strerror(st));
+        return KEEL_OK;
+    }
+    for (int j = 0; j < n_m; j++) {
+        keel_status st = model_matmul(f, ms[j], x, n, ys[j]);
+        if (st != KEEL_OK) return st;
+    }
+    return KEEL_OK;
 }
 
 static void rmsnorm_rows(float *y, const float *x, const float *wt, int32_t n, int64_t dim, float eps)
@@ -120,98 +145,63 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
 {
     const model_hp *hp = &w->hp;
     int32_t n = ub->n;
-    int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->hd_k;
-    int64_t KD = (int64_t)hp->n_head_kv * hp->hd_k, VD = (int64_t)hp->n_head_kv * hp->hd_v;
-    int64_t OD = (int64_t)hp->n_head * hp->hd_v, F = hp->n_ff;
+    int64_t E = hp->n_embd;
     int32_t nrot = hp->rope.n_rot;
-    fw_deterministic = ub->deterministic;
     base_arena_reset(work);
-    fw_bufs b;
-    b.x = base_arena_take_n(work, (size_t)n * (size_t)E, sizeof(float));
-    b.h = base_arena_take_n(work, (size_t)n * (size_t)E, sizeof(float));
-    b.o = base_arena_take_n(work, (size_t)n * (size_t)E, sizeof(float));
-    b.q = base_arena_take_n(work, (size_t)n * (size_t)QD, sizeof(float));
-    b.k = base_arena_take_n(work, (size_t)n * (size_t)KD, sizeof(float));
-    b.v = base_arena_take_n(work, (size_t)n * (size_t)VD, sizeof(float));
-    b.a = base_arena_take_n(work, (size_t)n * (size_t)OD, sizeof(float));
-    b.g = base_arena_take_n(work, (size_t)n * (size_t)F, sizeof(float));
-    b.u = base_arena_take_n(work, (size_t)n * (size_t)F, sizeof(float));
-    b.cs = base_arena_take_n(work, (size_t)n * (size_t)(nrot > 0 ? nrot : 1), sizeof(float));
-    if (!b.x || !b.h || !b.o || !b.q || !b.k || !b.v || !b.a || !b.g || !b.u || !b.cs)
+    float *x = base_arena_take_n(work, (size_t)n * (size_t)E, sizeof(float));
+    float *h = base_arena_take_n(work, (size_t)n * (size_t)E, sizeof(float));
+    float *o = base_arena_take_n(work, (size_t)n * (size_t)E, sizeof(float));
+    float *cs = base_arena_take_n(work, (size_t)n * (size_t)(nrot > 0 ? nrot : 1), sizeof(float));
+    if (!x || !h || !o || !cs)
         return base_err(err, KEEL_ESCRATCH, "forward: work arena too small for %d tokens", n);
     keel_status st;
+    model_fw f = {w, mem, ub, pool, work, err, -1, cs};
 
     /* embeddings */
     size_t erow = tensor_row_bytes(w->tok_embd.dtype, E);
     for (int32_t i = 0; i < n; i++) {
         const uint8_t *row = (const uint8_t *)w->tok_embd.data + (size_t)ub->tokens[i] * erow;
-        st = tensor_dequantize_row(w->tok_embd.dtype, row, b.x + (size_t)i * (size_t)E, E);
+        st = tensor_dequantize_row(w->tok_embd.dtype, row, x + (size_t)i * (size_t)E, E);
         if (st != KEEL_OK) return base_err(err, st, "forward: token_embd row %d", ub->tokens[i]);
-        if (hp->embd_scale != 1.0f) tensor_scale_f32(b.x + (size_t)i * (size_t)E, hp->embd_scale, E);
+        if (hp->embd_scale != 1.0f) tensor_scale_f32(x + (size_t)i * (size_t)E, hp->embd_scale, E);
     }
     if (nrot > 0)
         for (int32_t i = 0; i < n; i++)
             tensor_rope_cos_sin(w->rope_rates, nrot, (double)ub->pos[i], w->rope_mscale,
-                                b.cs + (size_t)i * (size_t)nrot);
+                                cs + (size_t)i * (size_t)nrot);
 
     for (int32_t l = 0; l < hp->n_layer; l++) {
-        if (cancel && *cancel) return base_err(err, KEEL_ECANCELED, "forward: canceled at layer %d", l);
+        /* a recurrent state is updated in place: a chunk runs through every
+         * layer or none */
+        if (cancel && *cancel && (l == 0 || hp->n_recurrent == 0))
+            return base_err(err, KEEL_ECANCELED, "forward: canceled at layer %d", l);
         const model_layer *L = &w->layers[l];
-        rmsnorm_rows(b.h, b.x, L->attn_norm, n, E, hp->norm_eps);
-        {
-            const model_mat *ms[3] = {&L->wq, &L->wk, &L->wv};
-            float *ys[3] = {b.q, b.k, b.v};
-            if ((st = matmul_same_x(ms, ys, 3, b.h, n, pool, work)) != KEEL_OK) goto mm_fail;
+        f.l = l;
+        rmsnorm_rows(h, x, L->attn_norm, n, E, hp->norm_eps);
+        switch (L->mixer) {
+        case MODEL_MIXER_GDN: st = model_gdn(&f, h, o); break;
+        case MODEL_MIXER_MAMBA2: st = model_mamba2(&f, h, o); break;
+        default: st = model_attn(&f, h, o); break;
         }
-        add_bias(b.q, L->bq, n, QD);
-        add_bias(b.k, L->bk, n, KD);
-        add_bias(b.v, L->bv, n, VD);
-        if (L->q_norm)
-            rmsnorm_rows(b.q, b.q, L->q_norm, n * hp->n_head, hp->hd_k, hp->norm_eps);
-        if (L->k_norm)
-            rmsnorm_rows(b.k, b.k, L->k_norm, n * hp->n_head_kv, hp->hd_k, hp->norm_eps);
-        if (nrot > 0)
-            for (int32_t i = 0; i < n; i++) {
-                const float *cs = b.cs + (size_t)i * (size_t)nrot;
-                tensor_rope_apply(hp->rope.type, nrot, cs, b.q + (size_t)i * (size_t)QD, hp->n_head, hp->hd_k);
-                tensor_rope_apply(hp->rope.type, nrot, cs, b.k + (size_t)i * (size_t)KD, hp->n_head_kv, hp->hd_k);
-            }
-        int32_t g = keel_mem_layer_group(mem, l);
-        st = keel_mem_write(mem, l, n, ub->cells + (size_t)g * (size_t)n, b.k, b.v);
-        if (st != KEEL_OK) return base_err(err, st, "forward: layer %d: %s", l, keel_mem_last_error(mem));
-        keel_mem_attn at = {n, hp->n_head, b.q, ub->pos, ub->seq, b.a, hp->attn_scale, hp->attn_softcap, NULL};
-        st = keel_mem_attend(mem, l, &at);
-        if (st != KEEL_OK) return base_err(err, st, "forward: layer %d: %s", l, keel_mem_last_error(mem));
-        if ((st = matmul(&L->wo, b.a, n, b.o, pool, work)) != KEEL_OK) goto mm_fail;
-        add_bias(b.o, L->bo, n, E);
-        if (L->post_attn_norm) rmsnorm_rows(b.o, b.o, L->post_attn_norm, n, E, hp->norm_eps);
-        tensor_add_f32(b.x, b.o, (int64_t)n * E);
-
-        rmsnorm_rows(b.h, b.x, L->ffn_norm, n, E, hp->norm_eps);
-        {
-            const model_mat *ms[2] = {&L->ffn_gate, &L->ffn_up};
-            float *ys[2] = {b.g, b.u};
-            if ((st = matmul_same_x(ms, ys, 2, b.h, n, pool, work)) != KEEL_OK) goto mm_fail;
-        }
-        if (hp->arch == MODEL_ARCH_GEMMA2)
-            tensor_geglu(b.g, b.u, (int64_t)n * F);
-        else
-            tensor_swiglu(b.g, b.u, (int64_t)n * F);
-        if ((st = matmul(&L->ffn_down, b.g, n, b.o, pool, work)) != KEEL_OK) goto mm_fail;
-        if (L->post_ffw_norm) rmsnorm_rows(b.o, b.o, L->post_ffw_norm, n, E, hp->norm_eps);
-        tensor_add_f32(b.x, b.o, (int64_t)n * E);
+        if (st != KEEL_OK) return st;
+        if (L->post_attn_norm) rmsnorm_rows(o, o, L->post_attn_norm, n, E, hp->norm_eps);
+        tensor_add_f32(x, o, (int64_t)n * E);
+        if (L->ffn == MODEL_FFN_NONE) continue;
+        rmsnorm_rows(h, x, L->ffn_norm, n, E, hp->norm_eps);
+        if ((st = model_ffn(&f, h, o)) != KEEL_OK) return st;
+        if (L->post_ffw_norm) rmsnorm_rows(o, o, L->post_ffw_norm, n, E, hp->norm_eps);
+        tensor_add_f32(x, o, (int64_t)n * E);
     }
 
     /* logits of the requested rows */
     if (ub->n_out > 0) {
         for (int32_t r = 0; r < ub->n_out; r++)
-            tensor_rmsnorm(b.h + (size_t)r * (size_t)E, b.x + (size_t)ub->out_idx[r] * (size_t)E,
+            tensor_rmsnorm(h + (size_t)r * (size_t)E, x + (size_t)ub->out_idx[r] * (size_t)E,
                            w->output_norm, E, hp->norm_eps);
-        if ((st = matmul(&w->output, b.h, ub->n_out, ub->logits, pool, work)) != KEEL_OK) goto mm_fail;
+        f.l = hp->n_layer;
+        if ((st = model_matmul(&f, &w->output, h, ub->n_out, ub->logits)) != KEEL_OK) return st;
         if (hp->final_softcap > 0.0f)
             tensor_softcap(ub->logits, (int64_t)ub->n_out * hp->n_vocab, hp->final_softcap);
     }
     return KEEL_OK;
-mm_fail:
-    return base_err(err, st, "forward: matrix product failed (%s)", keel_strerror(st));
 }

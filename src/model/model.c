@@ -13,7 +13,10 @@
  *
  * Architectures: llama (Llama 2/3, Mistral, TinyLlama, stories), qwen2
  * (QKV biases), qwen3 (per-head Q/K RMSNorm), gemma2 (sliding-window layers,
- * soft-caps, post norms, embedding scale, tied output).
+ * soft-caps, post norms, embedding scale, tied output), qwen35 (Gated
+ * DeltaNet + gated attention), qwen3next (the same with MoE and a shared
+ * expert), mamba2 (selective scan only), gpt-oss (MoE with SwiGLU-OAI,
+ * attention sinks, alternating sliding layers, YaRN).
  */
 #include "model.h"
 
@@ -28,12 +31,24 @@ typedef struct arch_desc {
     keel_rope_type rope;
 } arch_desc;
 
+/* qwen35's IMRoPE (type 40) rotates every pair of a text token by its one
+ * position (its sections choose among equal t/h/w positions): NEOX
+ * (docs/models.md). */
 static const arch_desc g_archs[] = {
     {"llama", MODEL_ARCH_LLAMA, KEEL_ROPE_NORM},
     {"qwen2", MODEL_ARCH_QWEN2, KEEL_ROPE_NEOX},
     {"qwen3", MODEL_ARCH_QWEN3, KEEL_ROPE_NEOX},
     {"gemma2", MODEL_ARCH_GEMMA2, KEEL_ROPE_NEOX},
+    {"qwen35", MODEL_ARCH_QWEN35, KEEL_ROPE_NEOX},
+    {"qwen3next", MODEL_ARCH_QWEN3NEXT, KEEL_ROPE_NEOX},
+    {"mamba2", MODEL_ARCH_MAMBA2, KEEL_ROPE_NONE},
+    {"gpt-oss", MODEL_ARCH_GPT_OSS, KEEL_ROPE_NEOX},
 };
+
+static bool arch_gdn(model_arch a)
+{
+    return a == MODEL_ARCH_QWEN35 || a == MODEL_ARCH_QWEN3NEXT;
+}
 
 static bool weight_dtype_ok(keel_dtype t)
 {
@@ -190,6 +205,77 @@ static keel_status get_vec(loader *l, const char *name, bool required, int64_t n
     return KEEL_OK;
 }
 
+/* A tensor of any shape with n elements in all (1-D or 2-D f32/f16/bf16:
+ * conv weights [channels][kernel], per-expert biases [n_expert][rows],
+ * grouped norms), converted like get_vec. ne0, when > 0, must match. */
+static keel_status get_vec_n(loader *l, const char *name, bool required, int64_t ne0, int64_t n,
+                             const float **out)
+{
+    *out = NULL;
+    const gguf_tensor *t = gguf_find_tensor(l->g, name);
+    if (!t) {
+        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
+        return KEEL_OK;
+    }
+    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (count != n || (ne0 > 0 && t->ne[0] != ne0))
+        return base_err(l->err, KEEL_EFORMAT,
+                        "tensor %s: shape [%lld, %lld, %lld], expected %lld elements (ne0 %lld)", name,
+                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        (long long)n, (long long)(ne0 > 0 ? ne0 : t->ne[0]));
+    if (t->dtype != KEEL_DTYPE_F32 && t->dtype != KEEL_DTYPE_F16 && t->dtype != KEEL_DTYPE_BF16)
+        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s not supported for a vector",
+                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown");
+    size_t nn = (size_t)n;
+    if (l->counting) {
+        l->f32_cap += (nn + 15) & ~(size_t)15;
+        return KEEL_OK;
+    }
+    mark_used(l, t);
+    float *dst = l->f32 + l->f32_used;
+    l->f32_used += (nn + 15) & ~(size_t)15;
+    keel_status st = tensor_dequantize_row(t->dtype, t->data, dst, n);
+    if (st != KEEL_OK) return base_err(l->err, st, "tensor %s: cannot convert", name);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(dst[i]))
+            return base_err(l->err, KEEL_EFORMAT,
+                            "tensor %s: element %lld is %s: the weights are invalid", name,
+                            (long long)i, isnan(dst[i]) ? "NaN" : dst[i] > 0 ? "+Inf" : "-Inf");
+    *out = dst;
+    return KEEL_OK;
+}
+
+/* Expert weights: n_expert matrices of n_rows x n_cols, ne = [n_cols,
+ * n_rows, n_expert]. */
+static keel_status get_mat3(loader *l, const char *name, bool required, int64_t n_cols,
+                            int64_t n_rows, int64_t n_exp, model_mat *out)
+{
+    memset(out, 0, sizeof *out);
+    const gguf_tensor *t = gguf_find_tensor(l->g, name);
+    if (!t) {
+        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
+        return KEEL_OK;
+    }
+    if (t->n_dims != 3 || t->ne[0] != n_cols || t->ne[1] != n_rows || t->ne[2] != n_exp)
+        return base_err(l->err, KEEL_EFORMAT,
+                        "tensor %s: shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld, %lld]",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        t->n_dims, (long long)n_cols, (long long)n_rows, (long long)n_exp);
+    if (!weight_dtype_ok(t->dtype))
+        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s (id %d) is not supported",
+                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown",
+                        (int)t->dtype);
+    mark_used(l, t);
+    out->data = t->data;
+    out->dtype = t->dtype;
+    out->n_cols = n_cols;
+    out->n_rows = n_rows;
+    out->nbytes = t->nbytes;
+    out->n_expert = n_exp;
+    out->expert_bytes = t->nbytes / (size_t)n_exp;
+    return KEEL_OK;
+}
+
 static keel_status bind_tensors(loader *l, model_w *w)
 {
     const model_hp *hp = &w->hp;
@@ -198,7 +284,6 @@ static keel_status bind_tensors(loader *l, model_w *w)
     int64_t E = hp->n_embd, V = hp->n_vocab;
     int64_t QD = (int64_t)hp->n_head * hp->hd_k, KD = (int64_t)hp->n_head_kv * hp->hd_k;
     int64_t VD = (int64_t)hp->n_head_kv * hp->hd_v, OD = (int64_t)hp->n_head * hp->hd_v;
-    bool gemma = hp->arch == MODEL_ARCH_GEMMA2;
     if ((st = get_mat(l, "token_embd.weight", true, E, V, &w->tok_embd)) != KEEL_OK) return st;
     if ((st = get_vec(l, "output_norm.weight", true, E, &w->output_norm)) != KEEL_OK) return st;
     if ((st = get_mat(l, "output.weight", false, E, V, &w->output)) != KEEL_OK) return st;
@@ -224,29 +309,196 @@ static keel_status bind_tensors(loader *l, model_w *w)
 #define VEC(field, nm, suffix, req, n)                                                             \
     snprintf(name, sizeof name, "blk.%d." nm "." suffix, i);                                       \
     if ((st = get_vec(l, name, req, n, &L->field)) != KEEL_OK) return st
+#define VECN(field, nm, req, ne0, n)                                                               \
+    snprintf(name, sizeof name, "blk.%d." nm, i);                                                  \
+    if ((st = get_vec_n(l, name, req, ne0, n, &L->field)) != KEEL_OK) return st
+#define EXP(field, nm, req, cols, rows)                                                            \
+    snprintf(name, sizeof name, "blk.%d." nm ".weight", i);                                        \
+    if ((st = get_mat3(l, name, req, cols, rows, hp->n_expert, &L->field)) != KEEL_OK) return st
+        model_arch a = hp->arch;
+        bool gdn = arch_gdn(a);
+        L->mixer = a == MODEL_ARCH_MAMBA2 ? MODEL_MIXER_MAMBA2
+                   : gdn && (i + 1) % hp->full_attn_interval != 0 ? MODEL_MIXER_GDN
+                                                                   : MODEL_MIXER_ATTN;
+        L->ffn = a == MODEL_ARCH_MAMBA2 ? MODEL_FFN_NONE
+                 : hp->n_expert > 0     ? MODEL_FFN_MOE
+                                        : MODEL_FFN_DENSE;
         VEC(attn_norm, "attn_norm", "weight", true, E);
-        MAT(wq, "attn_q", true, E, QD);
-        MAT(wk, "attn_k", true, E, KD);
-        MAT(wv, "attn_v", true, E, VD);
-        MAT(wo, "attn_output", true, OD, E);
-        bool biases = hp->arch == MODEL_ARCH_QWEN2;
-        VEC(bq, "attn_q", "bias", biases, QD);
-        VEC(bk, "attn_k", "bias", biases, KD);
-        VEC(bv, "attn_v", "bias", biases, VD);
-        VEC(bo, "attn_output", "bias", false, E);
-        bool qk = hp->arch == MODEL_ARCH_QWEN3;
-        VEC(q_norm, "attn_q_norm", "weight", qk, hp->hd_k);
-        VEC(k_norm, "attn_k_norm", "weight", qk, hp->hd_k);
-        VEC(post_attn_norm, "post_attention_norm", "weight", gemma, E);
-        VEC(ffn_norm, "ffn_norm", "weight", true, E);
-        MAT(ffn_gate, "ffn_gate", true, E, hp->n_ff);
-        MAT(ffn_up, "ffn_up", true, E, hp->n_ff);
-        MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
-        VEC(post_ffw_norm, "post_ffw_norm", "weight", gemma, E);
+        if (L->mixer == MODEL_MIXER_ATTN) {
+            L->attn_gate = gdn;
+            MAT(wq, "attn_q", true, E, L->attn_gate ? 2 * QD : QD);
+            MAT(wk, "attn_k", true, E, KD);
+            MAT(wv, "attn_v", true, E, VD);
+            MAT(wo, "attn_output", true, OD, E);
+            bool biases = a == MODEL_ARCH_QWEN2 || a == MODEL_ARCH_GPT_OSS;
+            VEC(bq, "attn_q", "bias", biases, QD);
+            VEC(bk, "attn_k", "bias", biases, KD);
+            VEC(bv, "attn_v", "bias", biases, VD);
+            VEC(bo, "attn_output", "bias", a == MODEL_ARCH_GPT_OSS, E);
+            bool qk = a == MODEL_ARCH_QWEN3 || gdn;
+            VEC(q_norm, "attn_q_norm", "weight", qk, hp->hd_k);
+            VEC(k_norm, "attn_k_norm", "weight", qk, hp->hd_k);
+            if (a == MODEL_ARCH_GPT_OSS) {
+                VEC(sinks, "attn_sinks", "weight", true, hp->n_head);
+            }
+        } else if (L->mixer == MODEL_MIXER_GDN) {
+            int64_t C = model_gdn_conv_channels(hp), VI = hp->ssm_d_inner, nv = hp->ssm_dt_rank;
+            MAT(ssm_qkv, "attn_qkv", true, E, C);
+            MAT(ssm_z, "attn_gate", true, E, VI);
+            if (a == MODEL_ARCH_QWEN3NEXT) {
+                MAT(ssm_ba, "ssm_ba", true, E, 2 * nv);
+            } else {
+                MAT(ssm_beta, "ssm_beta", true, E, nv);
+                MAT(ssm_alpha, "ssm_alpha", true, E, nv);
+            }
+            VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
+            VECN(ssm_dt_b, "ssm_dt.bias", true, 0, nv);
+            VECN(ssm_a, "ssm_a", true, 0, nv);
+            VECN(ssm_norm, "ssm_norm.weight", true, hp->ssm_d_state, hp->ssm_d_state);
+            MAT(ssm_out, "ssm_out", true, VI, E);
+        } else {
+            int64_t C = model_mamba2_conv_channels(hp), D = hp->ssm_d_inner, H = hp->ssm_dt_rank;
+            MAT(ssm_in, "ssm_in", true, E, D + C + H);
+            VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
+            VECN(ssm_conv_b, "ssm_conv1d.bias", true, C, C);
+            VECN(ssm_dt_b, "ssm_dt.bias", true, 0, H);
+            VECN(ssm_a, "ssm_a", true, 0, H);
+            VECN(ssm_d, "ssm_d", true, 0, H);
+            VECN(ssm_norm, "ssm_norm.weight", true, D / hp->ssm_n_group, D);
+            MAT(ssm_out, "ssm_out", true, D, E);
+        }
+        if (a == MODEL_ARCH_GEMMA2) {
+            VEC(post_attn_norm, "post_attention_norm", "weight", true, E);
+        }
+        if (L->ffn != MODEL_FFN_NONE) {
+            /* qwen35, qwen3next, gpt-oss name the FFN's pre-norm
+             * post_attention_norm */
+            bool post = gdn || a == MODEL_ARCH_GPT_OSS;
+            if (post) {
+                VEC(ffn_norm, "post_attention_norm", "weight", true, E);
+            } else {
+                VEC(ffn_norm, "ffn_norm", "weight", true, E);
+            }
+        }
+        if (L->ffn == MODEL_FFN_DENSE) {
+            MAT(ffn_gate, "ffn_gate", true, E, hp->n_ff);
+            MAT(ffn_up, "ffn_up", true, E, hp->n_ff);
+            MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
+        } else if (L->ffn == MODEL_FFN_MOE) {
+            int64_t ne = hp->n_expert, Fe = hp->n_ff_exp;
+            bool eb = a == MODEL_ARCH_GPT_OSS; /* router and expert biases */
+            MAT(gate_inp, "ffn_gate_inp", true, E, ne);
+            VEC(gate_inp_b, "ffn_gate_inp", "bias", eb, ne);
+            VECN(exp_probs_b, "exp_probs_b.bias", false, ne, ne);
+            EXP(gate_exps, "ffn_gate_exps", true, E, Fe);
+            EXP(up_exps, "ffn_up_exps", true, E, Fe);
+            EXP(down_exps, "ffn_down_exps", true, Fe, E);
+            VECN(gate_exps_b, "ffn_gate_exps.bias", eb, Fe, Fe * ne);
+            VECN(up_exps_b, "ffn_up_exps.bias", eb, Fe, Fe * ne);
+            VECN(down_exps_b, "ffn_down_exps.bias", eb, E, E * ne);
+            if (a == MODEL_ARCH_QWEN3NEXT) {
+                int64_t Fs = hp->n_ff_shexp;
+                VEC(shexp_gate, "ffn_gate_inp_shexp", "weight", true, E);
+                MAT(gate_shexp, "ffn_gate_shexp", true, E, Fs);
+                MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
+                MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
+            }
+        }
+        if (a == MODEL_ARCH_GEMMA2) {
+            VEC(post_ffw_norm, "post_ffw_norm", "weight", true, E);
+        }
 #undef MAT
 #undef VEC
-        /* gemma2: every other layer, starting with layer 0, is sliding */
-        L->swa = gemma && hp->n_swa > 0 && i % 2 == 0;
+#undef VECN
+#undef EXP
+        /* gemma2, gpt-oss: every other layer, starting with layer 0, is sliding */
+        L->swa = (a == MODEL_ARCH_GEMMA2 || a == MODEL_ARCH_GPT_OSS) && hp->n_swa > 0 && i % 2 == 0;
+    }
+    return KEEL_OK;
+}
+
+/*
+ * The keys of the recurrent mixers and the experts (llama.cpp's names):
+ * ssm.conv_kernel, ssm.inner_size, ssm.state_size, ssm.time_step_rank (v
+ * heads / heads), ssm.group_count (k heads / groups), full_attention_interval;
+ * expert_count, expert_used_count, expert_feed_forward_length,
+ * expert_shared_feed_forward_length, attention.sliding_window (gpt-oss).
+ */
+static keel_status read_arch_hparams(loader *l, model_w *w)
+{
+    model_hp *hp = &w->hp;
+    model_arch a = hp->arch;
+    keel_status st;
+    hp->ffn_act = a == MODEL_ARCH_GEMMA2 ? MODEL_ACT_GELU
+                  : a == MODEL_ARCH_GPT_OSS ? MODEL_ACT_SWIGLU_OAI
+                                            : MODEL_ACT_SILU;
+    hp->oai_alpha = 1.702f; /* llama.cpp's constants for gpt-oss */
+    hp->oai_limit = 7.0f;
+    hp->expert_scale = 1.0f;
+    if (arch_gdn(a) || a == MODEL_ARCH_MAMBA2) {
+        if ((st = key_int(l, "ssm.conv_kernel", true, 0, 1, 64, &hp->ssm_conv_kernel)) ||
+            (st = key_int(l, "ssm.inner_size", true, 0, 1, 1 << 20, &hp->ssm_d_inner)) ||
+            (st = key_int(l, "ssm.state_size", true, 0, 1, 4096, &hp->ssm_d_state)) ||
+            (st = key_int(l, "ssm.time_step_rank", true, 0, 1, 4096, &hp->ssm_dt_rank)) ||
+            (st = key_int(l, "ssm.group_count", true, 0, 1, 4096, &hp->ssm_n_group)))
+            return st;
+        int32_t H = hp->ssm_dt_rank, G = hp->ssm_n_group, D = hp->ssm_d_inner;
+        if (H % G || D % H || D % G)
+            return base_err(l->err, KEEL_EFORMAT,
+                            "%s.ssm: inner_size %d, time_step_rank %d and group_count %d: the heads "
+                            "must divide inner_size and be a multiple of the groups",
+                            l->arch, D, H, G);
+        if (arch_gdn(a) && D / H != hp->ssm_d_state)
+            return base_err(l->err, KEEL_EFORMAT,
+                            "%s.ssm: inner_size %d / time_step_rank %d = %d must equal state_size %d "
+                            "(key and value heads of the delta rule have one size)",
+                            l->arch, D, H, D / H, hp->ssm_d_state);
+    }
+    if (arch_gdn(a)) {
+        if ((st = key_int(l, "full_attention_interval", false, 4, 1, hp->n_layer, &hp->full_attn_interval)))
+            return st;
+        if (hp->hd_k != hp->hd_v)
+            return base_err(l->err, KEEL_EFORMAT,
+                            "%s: gated attention needs key_length %d == value_length %d", l->arch,
+                            hp->hd_k, hp->hd_v);
+        /* llama.cpp broadcasts the k heads over the v heads by tiling */
+        hp->gdn_kv_tiled = a == MODEL_ARCH_QWEN35;
+        const gguf_value *sec = NULL;
+        char key[128];
+        snprintf(key, sizeof key, "%s.rope.dimension_sections", l->arch);
+        if (gguf_find_key(l->g, key) >= 0) {
+            if ((st = gguf_get_arr(l->g, key, GGUF_TYPE_COUNT_, &sec, l->err)) != KEEL_OK) return st;
+            int64_t sum = 0;
+            for (uint64_t i = 0; i < sec->n && i < 4; i++) {
+                int64_t v = 0;
+                if ((st = gguf_arr_int(sec, i, &v)) != KEEL_OK || v < 0 || v > 4096)
+                    return base_err(l->err, KEEL_EFORMAT, "key %s: element %llu out of range", key,
+                                    (unsigned long long)i);
+                hp->rope_sections[i] = (int32_t)v;
+                sum += v;
+            }
+            if (sum > hp->rope.n_rot / 2)
+                return base_err(l->err, KEEL_EFORMAT,
+                                "key %s: sections sum to %lld pairs, more than rope.dimension_count %d / 2",
+                                key, (long long)sum, hp->rope.n_rot);
+        }
+    }
+    for (int32_t i = 0; i < hp->n_layer; i++)
+        hp->n_recurrent += a == MODEL_ARCH_MAMBA2 || (arch_gdn(a) && (i + 1) % hp->full_attn_interval != 0);
+    if (a == MODEL_ARCH_QWEN3NEXT || a == MODEL_ARCH_GPT_OSS) {
+        if ((st = key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
+            (st = key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
+            (st = key_int(l, "expert_feed_forward_length", false, hp->n_ff, 1, 1 << 20, &hp->n_ff_exp)))
+            return st;
+        hp->router = a == MODEL_ARCH_GPT_OSS ? MODEL_ROUTER_SOFTMAX_WEIGHT : MODEL_ROUTER_SOFTMAX;
+        hp->router_norm = a == MODEL_ARCH_QWEN3NEXT;
+    }
+    if (a == MODEL_ARCH_QWEN3NEXT &&
+        (st = key_int(l, "expert_shared_feed_forward_length", false, hp->n_ff, 1, 1 << 20, &hp->n_ff_shexp)))
+        return st;
+    if (a == MODEL_ARCH_GPT_OSS) {
+        if ((st = key_int(l, "attention.sliding_window", false, 128, 1, 1 << 24, &hp->n_swa))) return st;
+        hp->attn_scale = 1.0f / sqrtf((float)hp->rope.n_rot);
     }
     return KEEL_OK;
 }
@@ -264,24 +516,30 @@ static keel_status read_hparams(loader *l, model_w *w)
         if (gguf_str_eq(a, an, g_archs[i].name)) ad = &g_archs[i];
     if (!ad)
         return base_err(l->err, KEEL_EUNSUPPORTED,
-                        "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2)",
+                        "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
+                        "qwen35, qwen3next, mamba2, gpt-oss)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
     l->arch = ad->name;
     const int32_t BIG = 1 << 24;
+    bool mamba = hp->arch == MODEL_ARCH_MAMBA2; /* no attention, no FFN */
     if ((st = key_int(l, "embedding_length", true, 0, 1, 1 << 17, &hp->n_embd)) != KEEL_OK) return st;
     if ((st = key_int(l, "block_count", true, 0, 1, 4096, &hp->n_layer)) != KEEL_OK) return st;
-    if ((st = key_int(l, "feed_forward_length", true, 0, 1, 1 << 20, &hp->n_ff)) != KEEL_OK) return st;
-    if ((st = key_int(l, "attention.head_count", true, 0, 1, 4096, &hp->n_head)) != KEEL_OK) return st;
-    if ((st = key_int(l, "attention.head_count_kv", false, hp->n_head, 1, hp->n_head,
+    if ((st = key_int(l, "feed_forward_length", !mamba, 0, mamba ? 0 : 1, 1 << 20, &hp->n_ff)) != KEEL_OK)
+        return st;
+    if ((st = key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
+                      &hp->n_head)) != KEEL_OK)
+        return st;
+    if ((st = key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
                       &hp->n_head_kv)) != KEEL_OK)
         return st;
-    if (hp->n_head % hp->n_head_kv)
+    if (!mamba && hp->n_head % hp->n_head_kv)
         return base_err(l->err, KEEL_EFORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d",
                         l->arch, hp->n_head, hp->n_head_kv);
     if ((st = key_int(l, "context_length", false, 4096, 1, BIG, &hp->n_ctx_train)) != KEEL_OK) return st;
-    int32_t hd_def = hp->n_embd / hp->n_head;
+    int32_t hd_def = mamba ? 1 : hp->n_embd / hp->n_head;
+    if (hd_def < 1) hd_def = 1;
     if ((st = key_int(l, "attention.key_length", false, hd_def, 1, 8192, &hp->hd_k)) != KEEL_OK) return st;
     if ((st = key_int(l, "attention.value_length", false, hd_def, 1, 8192, &hp->hd_v)) != KEEL_OK) return st;
     /* eps <= 0 turns the norm of a zero row into 0/0 */
@@ -303,46 +561,50 @@ static keel_status read_hparams(loader *l, model_w *w)
     keel_rope *r = &hp->rope;
     *r = keel_rope_default();
     r->type = ad->rope;
-    if ((st = key_int(l, "rope.dimension_count", false, hp->hd_k, 2, hp->hd_k, &r->n_rot)) != KEEL_OK) return st;
-    if (r->n_rot % 2) return base_err(l->err, KEEL_EFORMAT, "%s.rope.dimension_count %d is odd", l->arch, r->n_rot);
-    if ((st = key_float_in(l, "rope.freq_base", 10000.0, 0.0, true, 1e30, &r->freq_base)) != KEEL_OK)
-        return st;
-    float factor = 1.0f;
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", l->arch);
-    const char *stype = "none";
-    size_t stn = 4;
-    if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_str(l->g, key, &stype, &stn, l->err)) != KEEL_OK) return st;
-    if ((st = key_float(l, "rope.scaling.factor", 0.0, &factor)) != KEEL_OK) return st;
-    if (factor == 0.0f) {
-        float lin = 0.0f; /* older key */
-        if ((st = key_float(l, "rope.scale_linear", 0.0, &lin)) != KEEL_OK) return st;
-        factor = lin > 0.0f ? lin : 1.0f;
-        if (lin > 0.0f && gguf_str_eq(stype, stn, "none")) {
-            stype = "linear";
-            stn = 6;
+    if (r->type == KEEL_ROPE_NONE) {
+        r->n_rot = 0; /* no positions in the model (mamba2) */
+    } else {
+        if ((st = key_int(l, "rope.dimension_count", false, hp->hd_k, 2, hp->hd_k, &r->n_rot)) != KEEL_OK) return st;
+        if (r->n_rot % 2) return base_err(l->err, KEEL_EFORMAT, "%s.rope.dimension_count %d is odd", l->arch, r->n_rot);
+        if ((st = key_float_in(l, "rope.freq_base", 10000.0, 0.0, true, 1e30, &r->freq_base)) != KEEL_OK)
+            return st;
+        float factor = 1.0f;
+        char key[128];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", l->arch);
+        const char *stype = "none";
+        size_t stn = 4;
+        if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_str(l->g, key, &stype, &stn, l->err)) != KEEL_OK) return st;
+        if ((st = key_float(l, "rope.scaling.factor", 0.0, &factor)) != KEEL_OK) return st;
+        if (factor == 0.0f) {
+            float lin = 0.0f; /* older key */
+            if ((st = key_float(l, "rope.scale_linear", 0.0, &lin)) != KEEL_OK) return st;
+            factor = lin > 0.0f ? lin : 1.0f;
+            if (lin > 0.0f && gguf_str_eq(stype, stn, "none")) {
+                stype = "linear";
+                stn = 6;
+            }
         }
-    }
-    if (factor < 0.0f)
-        return base_err(l->err, KEEL_EFORMAT, "key %s.rope.scaling.factor = %g: must be >= 0",
-                        l->arch, (double)factor);
-    r->freq_scale = 1.0f;
-    if (gguf_str_eq(stype, stn, "linear")) {
-        r->freq_scale = 1.0f / factor;
-    } else if (gguf_str_eq(stype, stn, "yarn")) {
-        r->freq_scale = 1.0f / factor;
-        r->ext_factor = 1.0f;
-        if ((st = key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6,
-                               &r->attn_factor)) != KEEL_OK)
-            return st;
-        if ((st = key_float(l, "rope.scaling.yarn_beta_fast", 32.0, &r->beta_fast)) != KEEL_OK) return st;
-        if ((st = key_float(l, "rope.scaling.yarn_beta_slow", 1.0, &r->beta_slow)) != KEEL_OK) return st;
-        if ((st = key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
-                          &r->n_ctx_orig)) != KEEL_OK)
-            return st;
-    } else if (!gguf_str_eq(stype, stn, "none")) {
-        return base_err(l->err, KEEL_EUNSUPPORTED, "%s.rope.scaling.type '%.*s' is not supported",
-                        l->arch, (int)BASE_MIN(stn, (size_t)32), stype);
+        if (factor < 0.0f)
+            return base_err(l->err, KEEL_EFORMAT, "key %s.rope.scaling.factor = %g: must be >= 0",
+                            l->arch, (double)factor);
+        r->freq_scale = 1.0f;
+        if (gguf_str_eq(stype, stn, "linear")) {
+            r->freq_scale = 1.0f / factor;
+        } else if (gguf_str_eq(stype, stn, "yarn")) {
+            r->freq_scale = 1.0f / factor;
+            r->ext_factor = 1.0f;
+            if ((st = key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6,
+                                   &r->attn_factor)) != KEEL_OK)
+                return st;
+            if ((st = key_float(l, "rope.scaling.yarn_beta_fast", 32.0, &r->beta_fast)) != KEEL_OK) return st;
+            if ((st = key_float(l, "rope.scaling.yarn_beta_slow", 1.0, &r->beta_slow)) != KEEL_OK) return st;
+            if ((st = key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
+                              &r->n_ctx_orig)) != KEEL_OK)
+                return st;
+        } else if (!gguf_str_eq(stype, stn, "none")) {
+            return base_err(l->err, KEEL_EUNSUPPORTED, "%s.rope.scaling.type '%.*s' is not supported",
+                            l->arch, (int)BASE_MIN(stn, (size_t)32), stype);
+        }
     }
     if (r->n_ctx_orig == 0) r->n_ctx_orig = hp->n_ctx_train;
     /* arch specifics */
@@ -361,7 +623,7 @@ static keel_status read_hparams(loader *l, model_w *w)
         /* llama.cpp: gemma2 27B scales by 1/sqrt(n_embd / n_head), the others by head_dim */
         if (hp->n_layer == 46) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
     }
-    return KEEL_OK;
+    return read_arch_hparams(l, w);
 }
 
 /* Layer number of a "blk.N." tensor name, or -1. */
@@ -452,7 +714,8 @@ keel_status model_load(const gguf *g, model_w *w, char *err)
     l.f32 = w->f32_block;
     l.f32_used = 0;
     st = bind_tensors(&l, w);
-    if (st == KEEL_OK) st = tensor_rope_rates(&w->hp.rope, w->rope_rates, &w->rope_mscale);
+    if (st == KEEL_OK && w->hp.rope.type != KEEL_ROPE_NONE)
+        st = tensor_rope_rates(&w->hp.rope, w->rope_rates, &w->rope_mscale);
     if (st == KEEL_OK) warn_unused(&l, w);
     base_free(l.used, n_t);
     if (st != KEEL_OK) {
@@ -493,7 +756,21 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
     for (int32_t i = 0; i < hp->n_layer; i++) {
         keel_mem_layer *L = &layers[i];
         *L = keel_mem_layer_default();
-        L->kind = w->layers[i].swa ? KEEL_MEM_LAYER_SLIDING : KEEL_MEM_LAYER_FULL;
+        const model_layer *ML = &w->layers[i];
+        if (ML->mixer != MODEL_MIXER_ATTN) {
+            /* the state shapes of layer_gdn.c / layer_mamba2.c */
+            L->kind = KEEL_MEM_LAYER_RECURRENT;
+            L->rs.conv_kernel = hp->ssm_conv_kernel;
+            if (ML->mixer == MODEL_MIXER_GDN) {
+                L->rs.conv_channels = model_gdn_conv_channels(hp);
+                L->rs.state_floats = (int64_t)hp->ssm_dt_rank * hp->ssm_d_state * hp->ssm_d_state;
+            } else {
+                L->rs.conv_channels = model_mamba2_conv_channels(hp);
+                L->rs.state_floats = (int64_t)hp->ssm_d_inner * hp->ssm_d_state;
+            }
+            continue;
+        }
+        L->kind = ML->swa ? KEEL_MEM_LAYER_SLIDING : KEEL_MEM_LAYER_FULL;
         L->window = hp->n_swa;
         if (swa_window > 0) {
             /* StreamingLLM-style override: sinks + window on all but every

@@ -19,27 +19,95 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN2 = 1,
     MODEL_ARCH_QWEN3 = 2,
     MODEL_ARCH_GEMMA2 = 3,
+    MODEL_ARCH_QWEN35 = 4,    /* Gated DeltaNet + gated attention, dense FFN */
+    MODEL_ARCH_QWEN3NEXT = 5, /* the same hybrid with MoE + shared expert */
+    MODEL_ARCH_MAMBA2 = 6,    /* SSD selective scan, no attention, no FFN */
+    MODEL_ARCH_GPT_OSS = 7,   /* MoE (SwiGLU-OAI), attention sinks, alternating SWA */
 } model_arch;
 
-/* A 2-D weight: n_rows rows of n_cols elements (ne[0] = n_cols). */
+/* What mixes tokens in a layer (one file per kind: layer_attn.c,
+ * layer_gdn.c, layer_mamba2.c). */
+typedef enum model_mixer {
+    MODEL_MIXER_ATTN = 0,   /* attention over the memory core */
+    MODEL_MIXER_GDN = 1,    /* Gated DeltaNet: conv1d + gated delta rule */
+    MODEL_MIXER_MAMBA2 = 2, /* Mamba2 selective scan */
+} model_mixer;
+
+typedef enum model_ffn_kind {
+    MODEL_FFN_NONE = 0,  /* mamba2: the mixer is the whole block */
+    MODEL_FFN_DENSE = 1, /* gate/up/down */
+    MODEL_FFN_MOE = 2,   /* routed experts (+ an optional gated shared expert) */
+} model_ffn_kind;
+
+typedef enum model_act {
+    MODEL_ACT_SILU = 0,       /* silu(gate) * up */
+    MODEL_ACT_GELU = 1,       /* gelu(gate) * up (tanh form) */
+    MODEL_ACT_SWIGLU_OAI = 2, /* min(g, L) sigmoid(a min(g, L)) (clamp(u, -L, L) + 1) */
+} model_act;
+
+/* How a router turns its logits into expert choices and weights. */
+typedef enum model_router {
+    /* probabilities = softmax over all experts; the k largest chosen; their
+     * probabilities (renormalized to sum 1 when router_norm) weight them
+     * (qwen3next, qwen3moe, mixtral) */
+    MODEL_ROUTER_SOFTMAX = 0,
+    /* the k largest logits chosen; softmax over the chosen logits weights
+     * them (gpt-oss) */
+    MODEL_ROUTER_SOFTMAX_WEIGHT = 1,
+    /* probabilities = sigmoid(logits); chosen by probability + a selection
+     * bias (exp_probs_b), weighted by the unbiased probabilities,
+     * renormalized when router_norm (deepseek v3 / 3.2) */
+    MODEL_ROUTER_SIGMOID = 2,
+} model_router;
+
+/* A 2-D weight: n_rows rows of n_cols elements (ne[0] = n_cols). Experts:
+ * n_expert such matrices, expert_bytes apart. */
 typedef struct model_mat {
     const void *data;  /* in the mapped file; NULL when absent */
     keel_dtype dtype;
     int64_t n_cols;    /* input features */
     int64_t n_rows;    /* output features */
     size_t nbytes;
+    int64_t n_expert;  /* 0 for a plain matrix */
+    size_t expert_bytes;
 } model_mat;
 
 typedef struct model_layer {
+    model_mixer mixer;
+    model_ffn_kind ffn;
     const float *attn_norm;      /* [n_embd] */
-    model_mat wq, wk, wv, wo;    /* [n_embd -> n_head*hd_k], ..., [n_head*hd_v -> n_embd] */
+    /* attention */
+    model_mat wq, wk, wv, wo;    /* [n_embd -> n_head*hd_k (x2 with attn_gate)], ..., [n_head*hd_v -> n_embd] */
     const float *bq, *bk, *bv, *bo; /* optional biases */
-    const float *q_norm, *k_norm;   /* qwen3: [hd_k] */
+    const float *q_norm, *k_norm;   /* qwen3, qwen35: [hd_k] */
+    bool attn_gate;              /* wq yields per head [q | gate]; out *= sigmoid(gate) */
+    const float *sinks;          /* gpt-oss: [n_head] learned sink logits */
     const float *post_attn_norm; /* gemma2: [n_embd] */
+    bool swa;                    /* sliding-window layer */
+    /* recurrent mixers (Gated DeltaNet, Mamba2) */
+    model_mat ssm_in;            /* mamba2: [n_embd -> 2 d_inner + 2 n_group d_state + n_head] */
+    model_mat ssm_qkv;           /* gdn: [n_embd -> conv channels (q | k | v)] */
+    model_mat ssm_z;             /* gdn: [n_embd -> v_dim] output gate */
+    model_mat ssm_beta, ssm_alpha; /* gdn: [n_embd -> v heads] */
+    model_mat ssm_ba;            /* gdn fused (qwen3next): [n_embd -> 2 v heads], per k head [b | a] */
+    model_mat ssm_out;           /* [v_dim or d_inner -> n_embd] */
+    const float *ssm_conv;       /* [conv channels][conv kernel] */
+    const float *ssm_conv_b;     /* mamba2: [conv channels] */
+    const float *ssm_dt_b;       /* [v heads / heads] */
+    const float *ssm_a;          /* [v heads / heads] (negative: -exp(A_log)) */
+    const float *ssm_d;          /* mamba2: [heads] skip */
+    const float *ssm_norm;       /* gdn: [head_v]; mamba2: [n_group][d_inner / n_group] */
+    /* feed-forward */
     const float *ffn_norm;       /* [n_embd] */
     model_mat ffn_gate, ffn_up, ffn_down;
     const float *post_ffw_norm;  /* gemma2: [n_embd] */
-    bool swa;                    /* sliding-window layer */
+    model_mat gate_inp;          /* moe: router [n_embd -> n_expert] */
+    const float *gate_inp_b;     /* [n_expert] or NULL */
+    const float *exp_probs_b;    /* [n_expert] selection bias or NULL */
+    model_mat gate_exps, up_exps, down_exps; /* [n_expert] x [n_embd -> n_ff_exp], [n_ff_exp -> n_embd] */
+    const float *gate_exps_b, *up_exps_b, *down_exps_b; /* [n_expert][rows] or NULL */
+    const float *shexp_gate;     /* [n_embd] sigmoid gate of the shared expert, or NULL */
+    model_mat gate_shexp, up_shexp, down_shexp; /* shared expert, n_ff_shexp */
 } model_layer;
 
 typedef struct model_hp {
@@ -49,12 +117,35 @@ typedef struct model_hp {
     int32_t hd_k, hd_v, n_ff;
     float norm_eps;
     keel_rope rope;           /* freq_factors points into model_w when present */
+    int32_t rope_sections[4]; /* qwen35 IMRoPE sections (text positions: NEOX, see models.md) */
     int32_t n_swa;            /* sliding window, 0 if none */
     float attn_softcap;       /* 0 if none */
     float final_softcap;      /* 0 if none */
     float embd_scale;         /* multiply embeddings (gemma2: sqrt(n_embd)), else 1 */
     float attn_scale;         /* scale of q.k */
+    /* recurrent layers */
+    int32_t n_recurrent;      /* layers with a recurrent mixer */
+    int32_t ssm_conv_kernel, ssm_d_inner, ssm_d_state, ssm_dt_rank, ssm_n_group;
+    int32_t full_attn_interval; /* gdn hybrids: every interval-th layer is attention */
+    bool gdn_kv_tiled;        /* gdn: v head h reads k head h % n_k (else h / (n_v / n_k)) */
+    /* mixture of experts */
+    int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    model_router router;
+    bool router_norm;         /* renormalize the chosen weights to sum 1 */
+    float expert_scale;       /* multiply the weights (1: none) */
+    model_act ffn_act;        /* of the FFN and the experts */
+    float oai_alpha, oai_limit; /* SwiGLU-OAI */
 } model_hp;
+
+/* Derived shapes of the recurrent mixers. */
+static inline int32_t model_gdn_conv_channels(const model_hp *hp)
+{
+    return 2 * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
+}
+static inline int32_t model_mamba2_conv_channels(const model_hp *hp)
+{
+    return hp->ssm_d_inner + 2 * hp->ssm_n_group * hp->ssm_d_state;
+}
 
 typedef struct model_w {
     model_hp hp;
@@ -94,8 +185,9 @@ void model_free(model_w *w);
  * errors of the two openers. *out is NULL on failure. */
 keel_status model_open_file(const char *path, const char *tok_path, gguf **out, char *err);
 
-/* The memory layer descriptions for a context (kinds, heads, dims, RoPE).
- * layers has room for hp.n_layer. */
+/* The memory layer descriptions for a context (kinds, heads, dims, RoPE;
+ * recurrent layers with their state shapes). layers has room for
+ * hp.n_layer. */
 void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, int32_t rot_k,
                       int32_t rot_v, int32_t n_sink, int32_t swa_window, int32_t swa_period,
                       keel_mem_layer *layers);
@@ -117,10 +209,52 @@ typedef struct model_ubatch {
 size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads);
 
 /* Runs the chunk: embeddings, every layer (writing K/V into mem and
- * attending), final norm and logits for the requested rows. cancel (may be
- * NULL) is polled between layers: KEEL_ECANCELED. */
+ * attending; updating the recurrent states of the chunk's sequences, each
+ * sequence's tokens in order), final norm and logits for the requested
+ * rows. cancel (may be NULL) is polled between layers, and for models with
+ * recurrent layers only before the first one (a state is updated in place:
+ * stopping inside a chunk would leave the layers disagreeing):
+ * KEEL_ECANCELED. */
 keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *ub,
                           base_pool *pool, base_arena *work, const volatile int *cancel,
                           char *err);
+
+/* ---- layer kinds (forward.c, layer_*.c, ffn.c) ---------------------------- */
+
+/* What a layer function gets: the chunk, its activations and the shared
+ * resources. Buffers are [n][...] rows. */
+typedef struct model_fw {
+    const model_w *w;
+    keel_mem *mem;
+    const model_ubatch *ub;
+    base_pool *pool;
+    base_arena *work;
+    char *err;
+    int32_t l;        /* the layer */
+    float *cs;        /* [n][n_rot] RoPE tables of the chunk's positions */
+} model_fw;
+
+/* y = x W (+ bias per row) for n rows. */
+keel_status model_matmul(const model_fw *f, const model_mat *m, const float *x, int32_t n, float *y);
+/* y_j = x W_j for n_m <= TENSOR_MV_MULTI_MAX matrices sharing x (same
+ * n_cols): decode (n == 1, not deterministic) runs them in one pool run
+ * (tensor_matvec_multi: x converted once, one task list; each y_j equals
+ * its own model_matmul), otherwise one model_matmul each. */
+keel_status model_matmul_group(const model_fw *f, const model_mat *const *ms, float *const *ys, int n_m,
+                               const float *x, int32_t n);
+/* Floats per token a mixer / FFN kind takes from the work arena (beyond
+ * the shared x, h, o), and the functions. Each takes h [n][n_embd] and
+ * writes o [n][n_embd]; buffers are taken from f->work and released. */
+size_t model_attn_floats(const model_w *w);
+keel_status model_attn(const model_fw *f, const float *h, float *o);
+size_t model_gdn_floats(const model_w *w);
+keel_status model_gdn(const model_fw *f, const float *h, float *o);
+size_t model_mamba2_floats(const model_w *w);
+keel_status model_mamba2(const model_fw *f, const float *h, float *o);
+size_t model_ffn_floats(const model_w *w);
+keel_status model_ffn(const model_fw *f, const float *h, float *o);
+
+/* Every matrix of a layer (for scratch planning): fills out, returns n. */
+int32_t model_layer_mats(const model_layer *L, const model_mat **out, int32_t cap);
 
 #endif

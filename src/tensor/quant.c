@@ -12,6 +12,8 @@
  */
 #include "tensor_impl.h"
 
+#include <math.h>
+
 /* ---- float formats ---------------------------------------------------------- */
 
 void tq_quant_f32(const float *x, void *y, int64_t n)
@@ -338,6 +340,55 @@ void tensor_quantize_row_unchecked(keel_dtype t, const float *x, void *y, int64_
 void tensor_dequantize_row_unchecked(keel_dtype t, const void *x, float *y, int64_t n)
 {
     tensor_dequant_get_(t)(x, y, n);
+}
+
+static bool half_bits_finite(const uint8_t *p)
+{
+    return ((p[1] >> 2) & 0x1f) != 0x1f; /* exponent not all ones: not inf / NaN */
+}
+
+bool tensor_row_finite(keel_dtype t, const void *x, int64_t n)
+{
+    const uint8_t *p = x;
+    int64_t bs = keel_dtype_block_size(t);
+    size_t blk = tensor_row_bytes(t, bs);
+    /* the legacy block codecs: values are small integers times the f16
+     * scale (plus the f16 minimum): finite iff those are */
+    int scales = t == KEEL_DTYPE_Q8_0 || t == KEEL_DTYPE_Q4_0 || t == KEEL_DTYPE_Q5_0 ? 1
+                 : t == KEEL_DTYPE_Q4_1 || t == KEEL_DTYPE_Q5_1                      ? 2
+                                                                                      : 0;
+    switch (t) {
+    case KEEL_DTYPE_F32:
+        for (int64_t i = 0; i < n; i++)
+            if ((p[4 * i + 3] & 0x7f) == 0x7f && (p[4 * i + 2] & 0x80)) return false;
+        return true;
+    case KEEL_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++)
+            if ((p[2 * i + 1] & 0x7f) == 0x7f && (p[2 * i] & 0x80)) return false;
+        return true;
+    case KEEL_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++)
+            if (!half_bits_finite(p + 2 * i)) return false;
+        return true;
+    default:
+        break;
+    }
+    if (scales) {
+        for (int64_t b = 0; b < n / bs; b++, p += blk)
+            for (int k = 0; k < scales; k++)
+                if (!half_bits_finite(p + 2 * k)) return false;
+        return true;
+    }
+    /* any other codec: decode block by block */
+    tensor_dequant_fn fn = tensor_dequant_get_(t);
+    if (!fn || bs > 256) return false;
+    float y[256];
+    for (int64_t b = 0; b < n / bs; b++, p += blk) {
+        fn(p, y, bs);
+        for (int64_t i = 0; i < bs; i++)
+            if (!isfinite(y[i])) return false;
+    }
+    return true;
 }
 
 keel_status tensor_quantize_row(keel_dtype t, const float *x, void *y, int64_t n)

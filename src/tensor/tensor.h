@@ -90,6 +90,10 @@ keel_status tensor_dequantize_row(keel_dtype t, const void *x, float *y, int64_t
  * columns at open. */
 void tensor_quantize_row_unchecked(keel_dtype t, const float *x, void *y, int64_t n);
 void tensor_dequantize_row_unchecked(keel_dtype t, const void *x, float *y, int64_t n);
+/* Whether every one of the n elements of row x (n a multiple of the block,
+ * t valid) decodes to a finite value, from the stored bits where the codec
+ * allows (floats, the block scales of q4_0..q8_0), else by decoding. */
+bool tensor_row_finite(keel_dtype t, const void *x, int64_t n);
 
 /* ---- dot products ------------------------------------------------------- */
 

@@ -14,6 +14,15 @@
  *     position <= p and, in sliding groups, position > p - window or among
  *     the n_sink lowest; keys are RoPE'd at the entry's current position.
  * Attention is recomputed from these lists in double precision.
+ *
+ * Recurrent layers (docs/memory.md, "The recurrent half"): each sequence
+ * has a history (the stamps of its tokens, in order); the driver updates
+ * the memory's state of every placed token with a fixed toy recurrence
+ * (rs_update) and the reference recomputes the state from the history,
+ * from zero, with the same float operations: the two must be bitwise
+ * equal after every operation. Checkpoints are modelled as snapshots of
+ * the history length and of the ring lists; every refusal (KEEL_ESTATE)
+ * is predicted from the reference alone.
  */
 #include "memref.h"
 
@@ -28,6 +37,7 @@
 #define REF_MAX_LAYERS 4
 #define REF_MAX_SEQ 4
 #define REF_MAX_BATCH 16
+#define REF_MAX_CKPT 4
 
 /* ---- choices -------------------------------------------------------------- */
 
@@ -151,12 +161,61 @@ static void make_config(chooser *c, int preset, ref_cfg *rc)
         rc->layers[0].k_rot.enabled = true;
         rc->layers[0].v_dtype = KEEL_DTYPE_Q4_0;
         break;
+    case 5: /* hybrid: full + sliding + recurrent, f32, checkpoints */
+        rc->mc.n_layers = 3;
+        rc->mc.unified = true;
+        rc->mc.n_seq_max = 3;
+        for (int i = 0; i < 3; i++) {
+            rc->layers[i].k_dtype = rc->layers[i].v_dtype = KEEL_DTYPE_F32;
+            rc->layers[i].k_rot.enabled = rc->layers[i].v_rot.enabled = false;
+        }
+        rc->layers[0].kind = KEEL_MEM_LAYER_RECURRENT;
+        rc->layers[1].kind = KEEL_MEM_LAYER_SLIDING;
+        rc->layers[2].kind = KEEL_MEM_LAYER_FULL;
+        break;
+    case 6: /* recurrent only, fewer state slots than sequences */
+        rc->mc.n_layers = 2;
+        rc->mc.n_seq_max = 3;
+        rc->layers[0].kind = rc->layers[1].kind = KEEL_MEM_LAYER_RECURRENT;
+        break;
+    case 7: /* hybrid with quantized, rotated K in a ring, split streams */
+        rc->mc.n_layers = 3;
+        rc->mc.unified = false;
+        rc->mc.n_seq_max = 2;
+        rc->layers[0].kind = KEEL_MEM_LAYER_SLIDING;
+        rc->layers[0].k_dtype = KEEL_DTYPE_Q8_0;
+        rc->layers[0].k_rot.enabled = true;
+        rc->layers[1].kind = KEEL_MEM_LAYER_RECURRENT;
+        rc->layers[2].kind = KEEL_MEM_LAYER_FULL;
+        break;
     default:
         break;
+    }
+    /* recurrent layers: in presets 5-7, and in a quarter of random configs */
+    bool rs_cfg = preset >= 5 || (preset < 0 && chance(c, 25));
+    if (preset < 0 && rs_cfg)
+        for (int i = 0; i < rc->mc.n_layers; i++)
+            if (chance(c, 35)) rc->layers[i].kind = KEEL_MEM_LAYER_RECURRENT;
+    for (int i = 0; i < REF_MAX_LAYERS; i++) {
+        keel_mem_recurrent *r = &rc->layers[i].rs;
+        r->conv_kernel = 1 + (int32_t)pick(c, 4);
+        r->conv_channels = 1 + (int32_t)pick(c, 6);
+        r->state_floats = (int64_t)pick(c, 12);
+    }
+    bool any_rs = false;
+    for (int i = 0; i < rc->mc.n_layers; i++) any_rs |= rc->layers[i].kind == KEEL_MEM_LAYER_RECURRENT;
+    if (any_rs) {
+        rc->mc.n_ckpt = preset == 6 ? 2 : preset >= 5 ? 3 : (int32_t)pick(c, REF_MAX_CKPT + 1);
+        rc->mc.n_rs_slots = preset == 6 ? 2 : chance(c, 25) ? 1 + (int32_t)pick(c, (uint32_t)rc->mc.n_seq_max) : 0;
     }
     /* deterministic attention in about a fifth of the configurations,
      * derived without a draw (the seeds' operation streams stay as they were) */
     rc->mc.deterministic = rc->mc.n_ctx % 5 == 0;
+    /* checkpoints of ring rows on attention memories with sliding layers,
+     * in about a third of them (derived without a draw) */
+    bool any_sliding = false;
+    for (int i = 0; i < rc->mc.n_layers; i++) any_sliding |= rc->layers[i].kind == KEEL_MEM_LAYER_SLIDING;
+    if (!any_rs && any_sliding && rc->mc.n_ctx % 3 == 0) rc->mc.n_ckpt = 1 + rc->mc.n_ctx % REF_MAX_CKPT;
 }
 
 /*
@@ -264,6 +323,20 @@ typedef struct ref_group {
     int32_t window, n_sink;
 } ref_group;
 
+typedef struct ref_hist {
+    uint64_t *st; /* stamps of the sequence's tokens, in placement order */
+    int32_t n, cap;
+} ref_hist;
+
+/* A checkpoint: the history length, the ring lists and forgotten positions
+ * a restore brings back (ring entries hold a reference to their token). */
+typedef struct ref_ckpt {
+    int32_t pos, pos_min, hist_n;
+    uint64_t stamp;
+    ref_list ring[REF_MAX_LAYERS];
+    ref_plist forg[REF_MAX_LAYERS];
+} ref_ckpt;
+
 typedef struct ref {
     ref_cfg rc;
     int32_t n_groups;
@@ -285,6 +358,18 @@ typedef struct ref {
     uint64_t next_stamp;
     int64_t next_inst;
     base_rng data; /* values of K, V, Q */
+    /* recurrent half */
+    bool rs;                        /* the config has recurrent layers */
+    ref_hist hist[REF_MAX_SEQ];
+    int32_t rs_lo[REF_MAX_SEQ], rs_hi[REF_MAX_SEQ];
+    uint64_t rs_last[REF_MAX_SEQ];  /* the memory's stamp of the state's last token (the
+                                       history keeps the stamps the state was computed
+                                       from; a session load re-stamps only this) */
+    int64_t rs_id[REF_MAX_SEQ];     /* state identity: equal ids share a slot (forks) */
+    int64_t next_rs_id;
+    int32_t n_slots, n_ckpt;        /* n_rs_slots and checkpoints kept per sequence */
+    ref_ckpt ck[REF_MAX_SEQ][REF_MAX_CKPT]; /* oldest first */
+    int32_t n_ck[REF_MAX_SEQ];
 } ref;
 
 static void list_push(ref_list *l, ref_entry e)
@@ -384,6 +469,13 @@ static void ref_init(ref *r, const ref_cfg *rc, keel_mem *mem, uint64_t data_see
     if (r->v_floats == 0) r->v_floats = 1;
     r->next_stamp = 1;
     base_rng_seed(&r->data, data_seed);
+    r->rs = keel_mem_is_recurrent(mem);
+    r->n_slots = rc->mc.n_rs_slots > 0 ? rc->mc.n_rs_slots : rc->mc.n_seq_max;
+    r->n_ckpt = rc->mc.n_ckpt; /* recurrent, or ring rows of an attention memory */
+    for (int32_t q = 0; q < REF_MAX_SEQ; q++) {
+        r->rs_lo[q] = r->rs_hi[q] = -1;
+        r->rs_id[q] = -1;
+    }
 }
 
 static void ref_free(ref *r)
@@ -394,11 +486,18 @@ static void ref_free(ref *r)
     }
     free(r->toks);
     free(r->free_toks);
-    for (int s = 0; s < REF_MAX_SEQ; s++)
+    for (int s = 0; s < REF_MAX_SEQ; s++) {
         for (int g = 0; g < REF_MAX_LAYERS; g++) {
             free(r->lists[s][g].e);
             free(r->forg[s][g].p);
         }
+        free(r->hist[s].st);
+        for (int i = 0; i < REF_MAX_CKPT; i++)
+            for (int g = 0; g < REF_MAX_LAYERS; g++) {
+                free(r->ck[s][i].ring[g].e);
+                free(r->ck[s][i].forg[g].p);
+            }
+    }
 }
 
 static bool key_less(int32_t p, uint64_t st, int32_t q, uint64_t su)
@@ -436,7 +535,7 @@ static void sink_threshold(const ref *r, const ref_list *l, int32_t n_sink, int3
     }
 }
 
-static int32_t ref_pos_max(const ref *r, int32_t s)
+static int32_t ref_lists_max(const ref *r, int32_t s)
 {
     int32_t mx = -1;
     for (int32_t g = 0; g < r->n_groups; g++)
@@ -445,11 +544,125 @@ static int32_t ref_pos_max(const ref *r, int32_t s)
     return mx;
 }
 
+static int32_t ref_lists_min(const ref *r, int32_t s)
+{
+    int32_t mn = -1;
+    for (int32_t g = 0; g < r->n_groups; g++)
+        for (int32_t i = 0; i < r->lists[s][g].n; i++)
+            if (mn < 0 || r->lists[s][g].e[i].pos < mn) mn = r->lists[s][g].e[i].pos;
+    return mn;
+}
+
+static int32_t ref_pos_max(const ref *r, int32_t s)
+{
+    int32_t mx = ref_lists_max(r, s);
+    if (r->rs && r->rs_hi[s] > mx) mx = r->rs_hi[s];
+    return mx;
+}
+
 static bool ref_seq_empty(const ref *r, int32_t s)
 {
+    if (r->rs && r->hist[s].n) return false;
     for (int32_t g = 0; g < r->n_groups; g++)
         if (r->lists[s][g].n) return false;
     return true;
+}
+
+/* ---- the recurrent half of the reference ----------------------------------- */
+
+static void hist_push(ref_hist *h, uint64_t st)
+{
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 64;
+        h->st = realloc(h->st, (size_t)h->cap * sizeof(uint64_t));
+        if (!h->st) abort();
+    }
+    h->st[h->n++] = st;
+}
+
+/* The toy recurrence of layer l for the token of stamp st: a causal conv
+ * over the last conv_kernel inputs, then a decaying state fed by the conv's
+ * output. Driver and reference run exactly these float operations. */
+static void rs_update(const keel_mem_recurrent *R, int32_t l, uint64_t st, float *conv, float *state)
+{
+    float u[8], o[8];
+    base_rng g;
+    base_rng_seed(&g, st * 131 + (uint64_t)l);
+    int32_t C = R->conv_channels, K = R->conv_kernel;
+    for (int32_t c = 0; c < C; c++) {
+        u[c] = (float)(base_rng_uniform(&g) * 2 - 1);
+        o[c] = u[c];
+        for (int32_t k = 0; k < K - 1; k++) o[c] += conv[(size_t)k * (size_t)C + (size_t)c] * 0.25f * (float)(k + 1);
+    }
+    for (int32_t k = 0; k + 1 < K - 1; k++)
+        for (int32_t c = 0; c < C; c++) conv[(size_t)k * (size_t)C + (size_t)c] = conv[(size_t)(k + 1) * (size_t)C + (size_t)c];
+    if (K > 1)
+        for (int32_t c = 0; c < C; c++) conv[(size_t)(K - 2) * (size_t)C + (size_t)c] = u[c];
+    for (int64_t j = 0; j < R->state_floats; j++) state[j] = 0.5f * state[j] + o[j % C];
+}
+
+static void ref_ck_free(ref *r, ref_ckpt *c)
+{
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        for (int32_t i = 0; i < c->ring[g].n; i++) tok_unref(r, c->ring[g].e[i].tok);
+        c->ring[g].n = 0;
+        c->forg[g].n = 0;
+    }
+}
+
+/* Drops s's checkpoints covering positions >= above (above < 0: all). */
+static void ref_ck_drop(ref *r, int32_t s, int32_t above)
+{
+    int32_t w = 0;
+    for (int32_t i = 0; i < r->n_ck[s]; i++) {
+        if (above < 0 || r->ck[s][i].pos > above) {
+            ref_ck_free(r, &r->ck[s][i]);
+            continue;
+        }
+        if (w != i) { /* move, keeping the arrays' storage with the slot */
+            ref_ckpt tmp = r->ck[s][w];
+            r->ck[s][w] = r->ck[s][i];
+            r->ck[s][i] = tmp;
+        }
+        w++;
+    }
+    r->n_ck[s] = w;
+}
+
+static void ref_rs_drop(ref *r, int32_t s)
+{
+    r->hist[s].n = 0;
+    r->rs_lo[s] = r->rs_hi[s] = -1;
+    r->rs_id[s] = -1;
+    ref_ck_drop(r, s, -1);
+}
+
+static int32_t ref_slots_used(const ref *r)
+{
+    int32_t n = 0;
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++) {
+        if (!r->hist[q].n) continue;
+        bool first = true;
+        for (int32_t p = 0; p < q; p++) first &= !(r->hist[p].n && r->rs_id[p] == r->rs_id[q]);
+        n += first;
+    }
+    return n;
+}
+
+static bool ref_shared(const ref *r, int32_t s)
+{
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++)
+        if (q != s && r->hist[q].n && r->rs_id[q] == r->rs_id[s]) return true;
+    return false;
+}
+
+/* The newest checkpoint of s at or before p0, or -1. */
+static int32_t ref_ck_find(const ref *r, int32_t s, int32_t p0)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < r->n_ck[s]; i++)
+        if (r->ck[s][i].pos <= p0 && (best < 0 || r->ck[s][i].pos > r->ck[s][best].pos)) best = i;
+    return best;
 }
 
 /* RoPE in double at position p, the layer's parameters (no YaRN here). */
@@ -499,10 +712,86 @@ static void note(driver *d, const char *fmt, ...)
 
 #define TRACE(...) do { if (d->trace) note(d, __VA_ARGS__); } while (0)
 
+/* Recomputes every sequence's recurrent state from its history and
+ * compares it bitwise with the memory's. */
+static void check_states(driver *d, const char *after)
+{
+    const ref *r = &d->r;
+    const keel_mem *m = d->mem;
+    for (int32_t s = 0; s < r->rc.mc.n_seq_max; s++) {
+        int32_t k = m->seq_slot[s];
+        int32_t want_min = r->n_groups > 0 ? ref_lists_min(r, s) : r->hist[s].n ? r->rs_lo[s] : -1;
+        if ((k >= 0) != (r->hist[s].n > 0) || keel_mem_seq_pos_max(m, s) != ref_pos_max(r, s) ||
+            keel_mem_seq_pos_min(m, s) != want_min || m->rs_pos_min[s] != r->rs_lo[s] ||
+            m->rs_pos_max[s] != r->rs_hi[s]) {
+            d->res->invariant_failures++;
+            note(d, "after %s: seq %d: memory slot %d span %d..%d, reference %d tokens span %d..%d",
+                 after, s, k, keel_mem_seq_pos_min(m, s), keel_mem_seq_pos_max(m, s),
+                 r->hist[s].n, r->rs_lo[s], r->rs_hi[s]);
+            continue;
+        }
+        if (k < 0) continue;
+        for (int32_t l = 0; l < r->rc.mc.n_layers; l++) {
+            const keel_mem_layer *L = &r->rc.layers[l];
+            if (L->kind != KEEL_MEM_LAYER_RECURRENT) continue;
+            int32_t ri = m->layer_rs[l];
+            size_t nc = (size_t)(L->rs.conv_kernel - 1) * (size_t)L->rs.conv_channels;
+            float conv[64], st[16];
+            memset(conv, 0, sizeof conv);
+            memset(st, 0, sizeof st);
+            for (int32_t i = 0; i < r->hist[s].n; i++) rs_update(&L->rs, l, r->hist[s].st[i], conv, st);
+            const float *base = m->rs_data + (size_t)k * m->rs_slot_floats;
+            if (memcmp(conv, base + m->rs_conv_off[ri], nc * sizeof(float)) != 0 ||
+                memcmp(st, base + m->rs_state_off[ri], (size_t)L->rs.state_floats * sizeof(float)) != 0) {
+                d->res->divergences++;
+                note(d, "after %s: seq %d layer %d: recurrent state differs from the recomputation "
+                     "over its %d tokens", after, s, l, r->hist[s].n);
+            }
+        }
+    }
+}
+
 static void check_invariants(driver *d, const char *after)
 {
     const ref *r = &d->r;
-    for (int32_t s = 0; s < r->rc.mc.n_seq_max; s++) {
+    if (r->rs) {
+        check_states(d, after);
+        for (int32_t s = 0; s < r->rc.mc.n_seq_max; s++) {
+            int32_t want = 0;
+            if (r->hist[s].n) {
+                want = r->rs_hi[s] + 1;
+                for (int32_t i = 0; i < r->n_ck[s]; i++) want = BASE_MIN(want, r->ck[s][i].pos);
+                want = BASE_MAX(want, r->exact[s]);
+            }
+            int32_t got = keel_mem_seq_rewind_min(d->mem, s);
+            keel_mem_ckpt_info info[REF_MAX_CKPT + 1];
+            int32_t n = 0;
+            keel_mem_ckpt_list(d->mem, s, info, REF_MAX_CKPT + 1, &n);
+            bool same = n == r->n_ck[s];
+            for (int32_t i = 0; same && i < n; i++)
+                same = info[i].pos == r->ck[s][i].pos && info[i].pos_min == r->ck[s][i].pos_min;
+            if (got != want || !same) {
+                d->res->invariant_failures++;
+                note(d, "after %s: seq %d rewind_min %d (reference %d), %d checkpoints (reference %d)",
+                     after, s, got, want, n, r->n_ck[s]);
+            }
+        }
+    }
+    for (int32_t s = 0; s < r->rc.mc.n_seq_max && !r->rs && r->n_ckpt > 0; s++) {
+        /* an attention memory's checkpoints (ring rows) */
+        keel_mem_ckpt_info info[REF_MAX_CKPT + 1];
+        int32_t n = 0;
+        keel_mem_ckpt_list(d->mem, s, info, REF_MAX_CKPT + 1, &n);
+        bool same = n == r->n_ck[s];
+        for (int32_t i = 0; same && i < n; i++)
+            same = info[i].pos == r->ck[s][i].pos && info[i].pos_min == r->ck[s][i].pos_min;
+        if (!same) {
+            d->res->invariant_failures++;
+            note(d, "after %s: seq %d has %d checkpoints (first at %d), the reference %d (first at %d)", after, s, n,
+                 n ? info[0].pos : -1, r->n_ck[s], r->n_ck[s] ? r->ck[s][0].pos : -1);
+        }
+    }
+    for (int32_t s = 0; s < r->rc.mc.n_seq_max && !r->rs; s++) {
         int64_t bound = r->exact[s];
         for (int32_t g = 0; g < r->n_groups; g++)
             if (r->groups[g].sliding)
@@ -574,6 +863,34 @@ static void write_token_rows(driver *d, int32_t n, const int32_t *toks, const in
 
 static void ref_rm(ref *r, int32_t s, int32_t p0, int32_t p1);
 
+/* Removes every token of s (s < 0: of every sequence), both halves. */
+static void ref_rm_all(ref *r, int32_t s)
+{
+    ref_rm(r, s, -1, -1);
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++) {
+        if (s >= 0 && q != s) continue;
+        if (r->rs)
+            ref_rs_drop(r, q);
+        else
+            ref_ck_drop(r, q, -1);
+    }
+}
+
+/* Slots a batch needs that are not free: placement's KEEL_EFULL of the
+ * recurrent half is legitimate exactly then. */
+static bool rs_slots_short(const ref *r, int32_t n, const int32_t *seq)
+{
+    if (!r->rs) return false;
+    bool seen[REF_MAX_SEQ] = {false};
+    int32_t need = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (seen[seq[i]]) continue;
+        seen[seq[i]] = true;
+        need += r->hist[seq[i]].n == 0 || ref_shared(r, seq[i]);
+    }
+    return need > r->n_slots - ref_slots_used(r);
+}
+
 /* A refused placement is legitimate only where a full-attention table (or a
  * ring clipped to n_ctx, smaller than n_seq * (n_sink + window) + n_batch)
  * of a stream the batch uses has fewer free cells than the batch needs: a
@@ -606,12 +923,19 @@ static void op_place(driver *d)
     int32_t sets[REF_MAX_BATCH][REF_MAX_SEQ];
     const int32_t *setp[REF_MAX_BATCH];
     int32_t next[REF_MAX_SEQ];
+    /* recurrent histories stay short (the recomputation checks them all) */
+    for (int32_t s = 0; r->rs && s < mc->n_seq_max; s++)
+        if (r->hist[s].n > 160) {
+            expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (long history)");
+            ref_rm_all(r, s);
+        }
     for (int32_t s = 0; s < mc->n_seq_max; s++) {
         int32_t pm = ref_pos_max(r, s);
         next[s] = pm >= 0 ? pm + 1 : (int32_t)pick(&d->ch, 5);
     }
-    /* shared tokens: sequences with the same next position (unified only) */
-    bool multi = mc->unified && mc->n_seq_max > 1 && chance(&d->ch, 25);
+    /* shared tokens: sequences with the same next position (unified only;
+     * recurrent states are per sequence) */
+    bool multi = mc->unified && mc->n_seq_max > 1 && !r->rs && chance(&d->ch, 25);
     for (int32_t i = 0; i < n; i++) {
         int32_t s = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
         if (chance(&d->ch, 60) && i > 0) s = seq[i - 1];
@@ -640,18 +964,31 @@ static void op_place(driver *d)
           seq[n - 1], pos[n - 1], multi, keel_status_name(st));
     if (st != KEEL_OK) {
         if (st != KEEL_EFULL) expect_status(d, st, KEEL_EFULL, "place");
-        else if (!place_full_ok(d, n, seq, multi)) {
+        else if (!place_full_ok(d, n, seq, multi) && !rs_slots_short(r, n, seq)) {
             d->res->invariant_failures++;
             note(d, "place refused with KEEL_EFULL although only rings lacked room (%s)",
                  keel_mem_last_error(d->mem));
+            if (getenv("MEMREF_DUMP"))
+                for (int32_t g = 0; g < d->mem->n_groups; g++)
+                    for (int32_t k = 0; k < d->mem->groups[g].n_tables; k++) {
+                        const mem_table *t = &d->mem->groups[g].tables[k];
+                        fprintf(stderr, "group %d table %d cap %d window %d sinks %d:", g, k, t->cap, t->window, t->n_sink);
+                        for (int32_t c = 0; c < t->cap; c++)
+                            if (t->pos[c] >= 0) fprintf(stderr, " %d/%llu/%llx", t->pos[c], (unsigned long long)t->stamp[c], (unsigned long long)t->seq[(size_t)c * (size_t)t->seq_words]);
+                        fprintf(stderr, "\n");
+                    }
         }
         refused(d, before, st, "place");
         /* make room: drop a random sequence */
         int32_t victim = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
         keel_status st2 = keel_mem_seq_rm(d->mem, victim, -1, -1);
         expect_status(d, st2, KEEL_OK, "seq_rm (room)");
-        if (st2 == KEEL_OK) ref_rm(r, victim, -1, -1);
+        if (st2 == KEEL_OK) ref_rm_all(r, victim);
         return;
+    }
+    if (r->rs && rs_slots_short(r, n, seq)) {
+        d->res->invariant_failures++;
+        note(d, "place succeeded although the recurrent state slots were short");
     }
     /* reference: forget in sliding groups, then append */
     int32_t first[REF_MAX_SEQ];
@@ -730,6 +1067,34 @@ static void op_place(driver *d)
         }
     }
     write_token_rows(d, n, toks, pos);
+    if (r->rs) {
+        /* the recurrent half: slots made exclusive by the placement; the
+         * driver runs the recurrence token by token, the reference records
+         * the history */
+        bool seen[REF_MAX_SEQ] = {false};
+        for (int32_t i = 0; i < n; i++) {
+            int32_t s = seq[i];
+            if (!seen[s]) {
+                seen[s] = true;
+                if (r->hist[s].n == 0) r->rs_lo[s] = pos[i];
+                if (r->hist[s].n == 0 || ref_shared(r, s)) r->rs_id[s] = r->next_rs_id++;
+            }
+            uint64_t stp = r->toks[toks[i]].stamp;
+            hist_push(&r->hist[s], stp);
+            r->rs_hi[s] = pos[i];
+            r->rs_last[s] = stp;
+            for (int32_t l = 0; l < mc->n_layers; l++) {
+                const keel_mem_layer *L = &r->rc.layers[l];
+                if (L->kind != KEEL_MEM_LAYER_RECURRENT) continue;
+                float *conv = NULL, *state = NULL;
+                keel_status st3 = keel_mem_rs_state(d->mem, l, s, &conv, &state);
+                expect_status(d, st3, KEEL_OK, "rs_state");
+                if (st3 != KEEL_OK) continue;
+                float dummy[1] = {0};
+                rs_update(&L->rs, l, stp, conv ? conv : dummy, state);
+            }
+        }
+    }
     d->res->tokens_placed += n;
     for (int32_t i = 0; i < r->n_groups * n; i++)
         if (d->cells[i] > d->res->max_cell) d->res->max_cell = d->cells[i];
@@ -757,11 +1122,109 @@ static void ref_rm(ref *r, int32_t s, int32_t p0, int32_t p1)
                 if (f->p[i] < p0 || f->p[i] >= p1) f->p[w++] = f->p[i];
             f->n = w;
         }
-        if (ref_pos_max(r, q) < 0) { /* emptied: starts over */
+        if (ref_lists_max(r, q) < 0) { /* emptied: starts over */
             r->exact[q] = 0;
             for (int32_t g = 0; g < r->n_groups; g++) r->forg[q][g].n = 0;
         }
     }
+}
+
+/* Room the memory's restore needs in s's rings (clipped rings may lack it). */
+static bool ring_room_short(driver *d, int32_t s, const ref_ckpt *c)
+{
+    const keel_mem *m = d->mem;
+    for (int32_t g = 0; g < d->r.n_groups; g++) {
+        if (!d->r.groups[g].sliding) continue;
+        const mem_table *t = &m->groups[g].tables[m->n_streams == 1 ? 0 : s];
+        int32_t avail = t->cap - t->n_used;
+        for (int32_t cc = 0; cc < t->cap; cc++)
+            if (t->pos[cc] >= 0 && mem_seq_has(t, cc, s) && mem_seq_count(t, cc) == 1) avail++;
+        if (avail < c->ring[g].n) return true;
+    }
+    return false;
+}
+
+/* Restores checkpoint i of s in the reference. */
+static void ref_restore(ref *r, int32_t s, int32_t i)
+{
+    ref_ckpt *c = &r->ck[s][i];
+    ref_rm(r, s, c->pos, -1);
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        if (!r->groups[g].sliding) continue;
+        ref_list *l = &r->lists[s][g];
+        for (int32_t j = 0; j < l->n; j++) tok_unref(r, l->e[j].tok);
+        l->n = 0;
+        for (int32_t j = 0; j < c->ring[g].n; j++) {
+            ref_entry e = c->ring[g].e[j];
+            e.inst = r->next_inst++;
+            list_push(l, e);
+            r->toks[e.tok].refs++;
+        }
+        r->forg[s][g].n = 0;
+        for (int32_t j = 0; j < c->forg[g].n; j++) plist_push(&r->forg[s][g], c->forg[g].p[j]);
+    }
+    r->hist[s].n = c->hist_n;
+    r->rs_hi[s] = c->pos - 1;
+    r->rs_last[s] = c->stamp;
+    r->rs_id[s] = r->next_rs_id++;
+    ref_ck_drop(r, s, c->pos);
+}
+
+/* seq_rm on a recurrent configuration: the reference predicts nothing,
+ * everything, a restore, or a refusal, and checks the memory did that. */
+static void op_rm_rs(driver *d, int32_t s, int32_t p0, int32_t p1, keel_status st, uint64_t before)
+{
+    ref *r = &d->r;
+    int32_t a = p0 < 0 ? 0 : p0, b = p1 < 0 ? INT32_MAX : p1;
+    keel_status want = KEEL_OK;
+    int32_t restore_seq = -1, restore_ck = -1;
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max && want == KEEL_OK; q++) {
+        if ((s >= 0 && q != s) || r->hist[q].n == 0) continue;
+        int32_t lo = r->rs_lo[q], hi = r->rs_hi[q];
+        if (b <= lo || a > hi || (a <= lo && b > hi)) continue;
+        if (b <= hi || s < 0) {
+            want = KEEL_ESTATE;
+            break;
+        }
+        int32_t i = ref_ck_find(r, q, a);
+        if (i < 0) {
+            want = KEEL_ESTATE;
+        } else if ((ref_shared(r, q) && ref_slots_used(r) >= r->n_slots) ||
+                   ring_room_short(d, q, &r->ck[q][i])) {
+            want = KEEL_EFULL;
+        } else {
+            restore_seq = q;
+            restore_ck = i;
+        }
+    }
+    if (st != want) {
+        expect_status(d, st, want, "seq_rm (recurrent)");
+        if (st != KEEL_OK) refused(d, before, st, "seq_rm");
+        /* resynchronize: drop the sequence in both */
+        int32_t v = s < 0 ? -1 : s;
+        expect_status(d, keel_mem_seq_rm(d->mem, v, -1, -1), KEEL_OK, "seq_rm (resync)");
+        ref_rm_all(r, v);
+        return;
+    }
+    if (st != KEEL_OK) {
+        if (st == KEEL_ESTATE) d->res->rs_refused++;
+        refused(d, before, st, "seq_rm");
+        return;
+    }
+    if (restore_seq >= 0) {
+        d->res->rs_restores++;
+        int32_t at = r->ck[restore_seq][restore_ck].pos;
+        ref_restore(r, restore_seq, restore_ck);
+        if (keel_mem_seq_pos_max(d->mem, restore_seq) != at - 1) {
+            d->res->invariant_failures++;
+            note(d, "seq_rm restored sequence %d to end at %d, reference checkpoint at %d",
+                 restore_seq, keel_mem_seq_pos_max(d->mem, restore_seq), at);
+        }
+        return;
+    }
+    ref_rm(r, s, p0, p1);
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++)
+        if ((s < 0 || q == s) && r->hist[q].n && a <= r->rs_lo[q] && b > r->rs_hi[q]) ref_rs_drop(r, q);
 }
 
 static void op_rm(driver *d)
@@ -773,15 +1236,27 @@ static void op_rm(driver *d)
     int32_t p0 = chance(&d->ch, 20) ? -1 : (int32_t)pick(&d->ch, (uint32_t)(pm + 2));
     int32_t p1 = chance(&d->ch, 50) ? -1 : p0 + 1 + (int32_t)pick(&d->ch, 8);
     if (p0 < 0 && p1 >= 0) p1 = (int32_t)pick(&d->ch, (uint32_t)(pm + 2)) + 1;
+    /* recurrent: mostly truncations near a checkpoint (the agent pattern) */
+    if (r->rs && s >= 0 && r->n_ck[s] && chance(&d->ch, 60)) {
+        p0 = r->ck[s][pick(&d->ch, (uint32_t)r->n_ck[s])].pos + (int32_t)pick(&d->ch, 4) - 1;
+        p1 = -1;
+    }
     uint64_t before = keel_mem_digest(d->mem);
     keel_status st = keel_mem_seq_rm(d->mem, s, p0, p1);
     TRACE("seq_rm %d [%d, %d) -> %s", s, p0, p1, keel_status_name(st));
+    if (r->rs) {
+        op_rm_rs(d, s, p0, p1, st, before);
+        return;
+    }
     if (st != KEEL_OK) {
         expect_status(d, st, KEEL_OK, "seq_rm");
         refused(d, before, st, "seq_rm");
         return;
     }
     ref_rm(r, s, p0, p1);
+    /* an attention memory's checkpoints covering removed positions go */
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++)
+        if (s < 0 || q == s) ref_ck_drop(r, q, ref_seq_empty(r, q) ? -1 : p0 < 0 ? 0 : p0);
 }
 
 static void op_cp(driver *d)
@@ -795,7 +1270,7 @@ static void op_cp(driver *d)
     if (chance(&d->ch, 70)) {
         keel_status st = keel_mem_seq_rm(d->mem, dst, -1, -1);
         expect_status(d, st, KEEL_OK, "seq_rm (fork)");
-        ref_rm(r, dst, -1, -1);
+        ref_rm_all(r, dst);
     }
     int32_t pm = ref_pos_max(r, src);
     int32_t p0 = chance(&d->ch, 60) ? -1 : (int32_t)pick(&d->ch, (uint32_t)(pm + 2));
@@ -803,12 +1278,30 @@ static void op_cp(driver *d)
     uint64_t before = keel_mem_digest(d->mem);
     keel_status st = keel_mem_seq_cp(d->mem, src, dst, p0, p1);
     TRACE("seq_cp %d -> %d [%d, %d) -> %s", src, dst, p0, p1, keel_status_name(st));
+    int32_t a = p0 < 0 ? 0 : p0, b = p1 < 0 ? INT32_MAX : p1;
+    bool rs_refuse = r->rs && r->hist[src].n &&
+                     (a > r->rs_lo[src] || b <= r->rs_hi[src] || r->hist[dst].n > 0);
+    if (rs_refuse) {
+        expect_status(d, st, KEEL_ESTATE, "seq_cp (recurrent)");
+        if (st != KEEL_OK) refused(d, before, st, "seq_cp");
+        else {
+            expect_status(d, keel_mem_seq_rm(d->mem, dst, -1, -1), KEEL_OK, "seq_rm (resync)");
+            ref_rm_all(r, dst);
+        }
+        return;
+    }
     if (st != KEEL_OK) {
         if (st != KEEL_EFULL) expect_status(d, st, KEEL_EFULL, "seq_cp");
         refused(d, before, st, "seq_cp");
         return;
     }
-    int32_t a = p0 < 0 ? 0 : p0, b = p1 < 0 ? INT32_MAX : p1;
+    if (r->rs && r->hist[src].n) {
+        for (int32_t i = 0; i < r->hist[src].n; i++) hist_push(&r->hist[dst], r->hist[src].st[i]);
+        r->rs_lo[dst] = r->rs_lo[src];
+        r->rs_hi[dst] = r->rs_hi[src];
+        r->rs_id[dst] = r->rs_id[src];
+        r->rs_last[dst] = r->rs_last[src];
+    }
     if (r->exact[src] > r->exact[dst]) r->exact[dst] = r->exact[src];
     for (int32_t g = 0; g < r->n_groups; g++) {
         ref_plist *fs = &r->forg[src][g];
@@ -817,22 +1310,25 @@ static void op_cp(driver *d)
     }
     for (int32_t g = 0; g < r->n_groups; g++) {
         ref_list *ls = &r->lists[src][g], *ld = &r->lists[dst][g];
-        int32_t n0 = ls->n;
+        int32_t n0 = ls->n, n_dst = ld->n; /* dst's entries before the copy */
         for (int32_t i = 0; i < n0; i++) {
             ref_entry e = ls->e[i];
             if (e.pos < a || e.pos >= b) continue;
             /* unified: dst joins the cell unless it is in it already;
-             * split streams: the cell is copied into dst's stream */
+             * split streams: the cell is copied into dst's stream; either
+             * way not when dst holds that token at that position already
+             * (in another cell): a sequence never holds a token twice */
             bool dup = false;
-            if (r->rc.mc.unified)
-                for (int32_t j = 0; j < ld->n && !dup; j++) dup = ld->e[j].inst == e.inst;
-            else
-                e.inst = r->next_inst++;
+            for (int32_t j = 0; j < n_dst && !dup; j++)
+                dup = (r->rc.mc.unified && ld->e[j].inst == e.inst) ||
+                      (ld->e[j].pos == e.pos && r->toks[ld->e[j].tok].stamp == r->toks[e.tok].stamp);
+            if (!r->rc.mc.unified) e.inst = r->next_inst++;
             if (dup) continue;
             list_push(ld, e);
             r->toks[e.tok].refs++;
         }
     }
+    if (!r->rs) ref_ck_drop(r, dst, a); /* dst may hold more below its checkpoints */
 }
 
 static void op_keep(driver *d)
@@ -844,7 +1340,7 @@ static void op_keep(driver *d)
     expect_status(d, st, KEEL_OK, "seq_keep");
     if (st != KEEL_OK) return;
     for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++)
-        if (q != s) ref_rm(r, q, -1, -1);
+        if (q != s) ref_rm_all(r, q);
 }
 
 static void op_edit(driver *d, bool div)
@@ -876,6 +1372,30 @@ static void op_edit(driver *d, bool div)
             int32_t p = r->lists[s][g].e[i].pos;
             if (p >= a && p < b && (int64_t)p + delta < 0) negative = true;
         }
+    /* recurrent: the last token must stay last (predicted from the lists,
+     * or from the span without attention layers) */
+    bool rs_refuse = false;
+    int64_t lo2 = 0, hi2 = 0;
+    int32_t ck_floor = a;
+    if (r->rs && r->hist[s].n) {
+        int32_t lo = r->rs_lo[s], hi = r->rs_hi[s];
+        uint64_t last = r->rs_last[s];
+        hi2 = hi >= a && hi < b ? (div ? hi / dv : (int64_t)hi + delta) : hi;
+        lo2 = lo >= a && lo < b ? (div ? lo / dv : (int64_t)lo + delta) : lo;
+        if (hi2 < 0 || lo2 < 0) negative = true;
+        int64_t other = lo2, low = lo >= a && lo < b ? lo2 : INT64_MAX;
+        for (int32_t g = 0; g < r->n_groups; g++)
+            for (int32_t i = 0; i < r->lists[s][g].n; i++) {
+                const ref_entry *e = &r->lists[s][g].e[i];
+                bool moves = e->pos >= a && e->pos < b;
+                int64_t np = moves ? (div ? e->pos / dv : (int64_t)e->pos + delta) : e->pos;
+                if (moves && np < low) low = np;
+                if (r->toks[e->tok].stamp != last && np > other) other = np;
+            }
+        ck_floor = low < a ? (int32_t)BASE_MAX(low, 0) : a;
+        rs_refuse = other > hi2;
+        if (r->n_groups == 0 && !(b <= lo || a > hi) && !(a <= lo && b > hi)) rs_refuse = true;
+    }
     uint64_t before = keel_mem_digest(d->mem);
     keel_status st = div ? keel_mem_seq_div(d->mem, s, p0, p1, dv) : keel_mem_seq_add(d->mem, s, p0, p1, delta);
     TRACE("%s %d [%d, %d) %d -> %s", div ? "seq_div" : "seq_add", s, p0, p1, div ? dv : delta,
@@ -891,6 +1411,17 @@ static void op_edit(driver *d, bool div)
     if (negative) {
         expect_status(d, st, KEEL_ERANGE, "seq_add (negative)");
         if (st != KEEL_OK) refused(d, before, st, "seq_add");
+        return;
+    }
+    if (st == KEEL_ESTATE || (st == KEEL_OK && rs_refuse)) {
+        if (!rs_refuse) expect_status(d, st, KEEL_OK, div ? "seq_div" : "seq_add");
+        if (st == KEEL_OK) {
+            expect_status(d, st, KEEL_ESTATE, div ? "seq_div (recurrent)" : "seq_add (recurrent)");
+            expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (resync)");
+            ref_rm_all(r, s);
+            return;
+        }
+        refused(d, before, st, div ? "seq_div" : "seq_add");
         return;
     }
     if (st != KEEL_OK) {
@@ -945,6 +1476,20 @@ static void op_edit(driver *d, bool div)
         ref_plist *f = &r->forg[s][g];
         for (int32_t i = 0; i < f->n; i++)
             if (f->p[i] >= a && f->p[i] < b) f->p[i] = div ? f->p[i] / dv : f->p[i] + delta;
+    }
+    if (r->rs && r->hist[s].n) {
+        if (r->n_groups > 0) {
+            r->rs_lo[s] = (int32_t)BASE_MIN(lo2, (int64_t)ref_lists_min(r, s));
+            r->rs_hi[s] = ref_lists_max(r, s);
+        } else {
+            r->rs_lo[s] = (int32_t)lo2;
+            r->rs_hi[s] = (int32_t)hi2;
+        }
+        ref_ck_drop(r, s, ck_floor);
+    } else if (!r->rs) {
+        /* checkpoints below every moved token's new position hold */
+        int64_t low = div ? (int64_t)a / dv : BASE_MIN((int64_t)a, (int64_t)a + delta);
+        ref_ck_drop(r, s, (int32_t)BASE_MAX(low, 0));
     }
 }
 
@@ -1074,14 +1619,199 @@ static void op_compact(driver *d)
         if (p.renumber) r->forg[s][g].n = 0; /* renumbered: exact covers the sequence */
     }
     free(kt);
+    if (r->rs && r->hist[s].n) {
+        r->rs_lo[s] = BASE_MIN(r->rs_lo[s], ref_lists_min(r, s));
+        r->rs_hi[s] = ref_lists_max(r, s);
+        ref_ck_drop(r, s, -1);
+    } else if (!r->rs) {
+        ref_ck_drop(r, s, -1);
+    }
     r->exact[s] = ref_pos_max(r, s) + 1;
+}
+
+/* Checkpoint of a sequence at its end: the reference snapshots its
+ * history length and what each ring keeps for a query at the end. */
+/* The stamp of s's last token: the newest entry at its largest position
+ * (the state's on a recurrent configuration). */
+static uint64_t ref_last_stamp(const ref *r, int32_t s)
+{
+    if (r->rs) return r->rs_last[s];
+    int32_t hi = ref_lists_max(r, s);
+    uint64_t best = 0;
+    for (int32_t g = 0; g < r->n_groups; g++)
+        for (int32_t i = 0; i < r->lists[s][g].n; i++) {
+            const ref_entry *e = &r->lists[s][g].e[i];
+            if (e->pos == hi && r->toks[e->tok].stamp > best) best = r->toks[e->tok].stamp;
+        }
+    return best;
+}
+
+static bool ref_holds(const ref *r, int32_t s)
+{
+    return r->rs ? r->hist[s].n > 0 : !ref_seq_empty(r, s);
+}
+
+/* keel_mem_ckpt_restore: the newest checkpoint at or before p0, or a
+ * refusal (none: ESTATE; no room or slot: EFULL) that changes nothing. */
+static void op_ckpt_restore(driver *d)
+{
+    ref *r = &d->r;
+    int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+    int32_t p0 = r->n_ck[s] ? r->ck[s][pick(&d->ch, (uint32_t)r->n_ck[s])].pos + (int32_t)pick(&d->ch, 4) - 1
+                            : (int32_t)pick(&d->ch, (uint32_t)(ref_pos_max(r, s) + 2));
+    uint64_t before = keel_mem_digest(d->mem);
+    int32_t at = -2;
+    keel_status st = keel_mem_ckpt_restore(d->mem, s, p0, &at);
+    TRACE("ckpt_restore %d at %d -> %s (%d)", s, p0, keel_status_name(st), at);
+    int32_t i = ref_holds(r, s) ? ref_ck_find(r, s, p0 < 0 ? 0 : p0) : -1;
+    keel_status want = i < 0 ? KEEL_ESTATE
+                       : (r->rs && ref_shared(r, s) && ref_slots_used(r) >= r->n_slots) || ring_room_short(d, s, &r->ck[s][i])
+                           ? KEEL_EFULL
+                           : KEEL_OK;
+    expect_status(d, st, want, "ckpt_restore");
+    if (st != KEEL_OK) {
+        refused(d, before, st, "ckpt_restore");
+        if (want == KEEL_OK) { /* resynchronize: drop the sequence in both */
+            expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (resync)");
+            ref_rm_all(r, s);
+        }
+        return;
+    }
+    if (want != KEEL_OK) { /* the memory restored what the reference has not: resynchronize */
+        expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (resync)");
+        ref_rm_all(r, s);
+        return;
+    }
+    d->res->rs_restores++;
+    int32_t want_at = r->ck[s][i].pos;
+    ref_restore(r, s, i);
+    if (at != want_at || keel_mem_seq_pos_max(d->mem, s) != want_at - 1) {
+        d->res->invariant_failures++;
+        note(d, "ckpt_restore of sequence %d: at %d ending at %d, reference checkpoint at %d", s, at,
+             keel_mem_seq_pos_max(d->mem, s), want_at);
+    }
+}
+
+static void op_ckpt(driver *d)
+{
+    ref *r = &d->r;
+    if (r->n_ckpt > 0 && chance(&d->ch, 30)) {
+        op_ckpt_restore(d);
+        return;
+    }
+    int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st = keel_mem_ckpt_take(d->mem, s);
+    TRACE("ckpt_take %d -> %s", s, keel_status_name(st));
+    keel_status want = r->n_ckpt == 0 ? KEEL_EUNSUPPORTED : !ref_holds(r, s) ? KEEL_ESTATE : KEEL_OK;
+    expect_status(d, st, want, "ckpt_take");
+    if (st != KEEL_OK) {
+        refused(d, before, st, "ckpt_take");
+        return;
+    }
+    if (want != KEEL_OK) return;
+    d->res->rs_ckpts++;
+    int32_t pos = ref_pos_max(r, s) + 1;
+    uint64_t last = ref_last_stamp(r, s);
+    if (r->n_ck[s] && r->ck[s][r->n_ck[s] - 1].pos == pos && r->ck[s][r->n_ck[s] - 1].stamp == last)
+        return;
+    if (r->n_ck[s] == r->n_ckpt) { /* the oldest goes */
+        ref_ck_free(r, &r->ck[s][0]);
+        ref_ckpt tmp = r->ck[s][0];
+        for (int32_t i = 1; i < r->n_ck[s]; i++) r->ck[s][i - 1] = r->ck[s][i];
+        r->ck[s][r->n_ck[s] - 1] = tmp;
+        r->n_ck[s]--;
+    }
+    ref_ckpt *c = &r->ck[s][r->n_ck[s]++];
+    c->pos = pos;
+    c->pos_min = r->rs ? r->rs_lo[s] : ref_lists_min(r, s);
+    c->stamp = last;
+    c->hist_n = r->hist[s].n;
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        c->ring[g].n = 0;
+        c->forg[g].n = 0;
+        if (!r->groups[g].sliding) continue;
+        const ref_list *l = &r->lists[s][g];
+        int32_t window = r->groups[g].window, tp;
+        uint64_t tsm;
+        sink_threshold(r, l, r->groups[g].n_sink, &tp, &tsm);
+        int32_t cand[512], nc = 0;
+        for (int32_t i = 0; i < l->n; i++) {
+            const ref_entry *e = &l->e[i];
+            bool sink = tp >= 0 && !key_less(tp, tsm, e->pos, r->toks[e->tok].stamp);
+            if (sink) {
+                list_push(&c->ring[g], *e);
+                r->toks[e->tok].refs++;
+            } else if ((int64_t)e->pos > (int64_t)pos - window && nc < 512) {
+                cand[nc++] = i;
+            } else {
+                plist_push(&c->forg[g], e->pos);
+            }
+        }
+        for (int32_t i = 1; i < nc; i++) /* newest first */
+            for (int32_t j = i; j > 0 && r->toks[l->e[cand[j]].tok].stamp > r->toks[l->e[cand[j - 1]].tok].stamp; j--) {
+                int32_t x = cand[j];
+                cand[j] = cand[j - 1];
+                cand[j - 1] = x;
+            }
+        for (int32_t i = 0; i < nc; i++) {
+            const ref_entry *e = &l->e[cand[i]];
+            if (i < window) {
+                list_push(&c->ring[g], *e);
+                r->toks[e->tok].refs++;
+            } else {
+                plist_push(&c->forg[g], e->pos);
+            }
+        }
+        for (int32_t i = 0; i < r->forg[s][g].n; i++) plist_push(&c->forg[g], r->forg[s][g].p[i]);
+    }
 }
 
 static void op_clear(driver *d)
 {
     TRACE("clear");
     keel_mem_clear(d->mem);
-    ref_rm(&d->r, -1, -1, -1);
+    ref_rm_all(&d->r, -1);
+}
+
+/* Index of stamp v in the sorted distinct list (-1: not in it). */
+static int32_t stamp_rank(const uint64_t *list, int32_t n, uint64_t v)
+{
+    for (int32_t k = 0; k < n; k++)
+        if (list[k] == v) return k;
+    return -1;
+}
+
+/* A token with stamp `stamp` among s's entries (lists and checkpoint
+ * rings), or -1. */
+static int32_t find_stamped(const ref *r, int32_t s, uint64_t stamp)
+{
+    for (int32_t g = 0; g < r->n_groups; g++) {
+        for (int32_t i = 0; i < r->lists[s][g].n; i++)
+            if (r->toks[r->lists[s][g].e[i].tok].stamp == stamp) return r->lists[s][g].e[i].tok;
+        for (int32_t c = 0; c < r->n_ck[s]; c++)
+            for (int32_t i = 0; i < r->ck[s][c].ring[g].n; i++)
+                if (r->toks[r->ck[s][c].ring[g].e[i].tok].stamp == stamp) return r->ck[s][c].ring[g].e[i].tok;
+    }
+    return -1;
+}
+
+/* Points entry e of loaded sequence s at a copy of its token stamped
+ * base + rank (one copy per old token, shared by its entries: the old
+ * stamps are all below base, so a match is a copy made here). */
+static void restamp_entry(ref *r, int32_t s, ref_entry *e, const uint64_t *list, int32_t n, uint64_t base)
+{
+    int32_t old = e->tok;
+    uint64_t ns = base + (uint64_t)stamp_rank(list, n, r->toks[old].stamp);
+    int32_t clone = find_stamped(r, s, ns);
+    if (clone < 0) {
+        clone = tok_clone(r, old);
+        r->toks[clone].stamp = ns;
+    }
+    r->toks[clone].refs++;
+    tok_unref(r, old);
+    e->tok = clone;
+    e->inst = r->next_inst++;
 }
 
 /* A session round trip: the sequence (or the whole memory) saved and loaded
@@ -1117,23 +1847,35 @@ static void op_session(driver *d)
         return;
     }
     /* the memory re-stamped the loaded cells base + the rank of their old
-     * stamp among the saved ones (order kept): so does the reference. A
-     * loaded sequence holds copies: its tokens are cloned (other sequences
-     * keep theirs, with the old stamps) and no longer share cells. */
+     * stamp among the saved ones (order kept), and so the states' last
+     * stamps, the checkpoints' and their ring cells': so does the
+     * reference. A loaded sequence holds copies: its tokens are cloned
+     * (other sequences keep theirs, with the old stamps), no longer share
+     * cells, and its state has a slot of its own. */
     int32_t n_st = 0, cap_st = 64;
     uint64_t *st_list = malloc((size_t)cap_st * sizeof(uint64_t));
     if (!st_list) abort();
+#define ST_PUSH(v)                                                                      \
+    do {                                                                                \
+        if (n_st == cap_st) {                                                           \
+            st_list = realloc(st_list, (size_t)(cap_st *= 2) * sizeof(uint64_t));       \
+            if (!st_list) abort();                                                      \
+        }                                                                               \
+        st_list[n_st++] = (v);                                                          \
+    } while (0)
     for (int32_t q = 0; q < ns; q++) {
         if (s >= 0 && q != s) continue;
         for (int32_t g = 0; g < r->n_groups; g++)
-            for (int32_t i = 0; i < r->lists[q][g].n; i++) {
-                if (n_st == cap_st) {
-                    st_list = realloc(st_list, (size_t)(cap_st *= 2) * sizeof(uint64_t));
-                    if (!st_list) abort();
-                }
-                st_list[n_st++] = r->toks[r->lists[q][g].e[i].tok].stamp;
-            }
+            for (int32_t i = 0; i < r->lists[q][g].n; i++) ST_PUSH(r->toks[r->lists[q][g].e[i].tok].stamp);
+        if (!ref_holds(r, q)) continue;
+        if (r->rs) ST_PUSH(r->rs_last[q]); /* an attention memory's is a cell's */
+        for (int32_t i = 0; i < r->n_ck[q]; i++) {
+            ST_PUSH(r->ck[q][i].stamp);
+            for (int32_t g = 0; g < r->n_groups; g++)
+                for (int32_t j = 0; j < r->ck[q][i].ring[g].n; j++) ST_PUSH(r->toks[r->ck[q][i].ring[g].e[j].tok].stamp);
+        }
     }
+#undef ST_PUSH
     for (int32_t i = 1; i < n_st; i++) /* insertion sort, then unique */
         for (int32_t j = i; j > 0 && st_list[j] < st_list[j - 1]; j--) {
             uint64_t x = st_list[j];
@@ -1143,39 +1885,26 @@ static void op_session(driver *d)
     int32_t u = 0;
     for (int32_t i = 0; i < n_st; i++)
         if (u == 0 || st_list[i] != st_list[u - 1]) st_list[u++] = st_list[i];
+    for (int32_t q = 0; q < ns; q++) { /* states' and checkpoints' stamps */
+        if ((s >= 0 && q != s) || !ref_holds(r, q)) continue;
+        if (r->rs) r->rs_last[q] = base + (uint64_t)stamp_rank(st_list, u, r->rs_last[q]);
+        for (int32_t i = 0; i < r->n_ck[q]; i++) r->ck[q][i].stamp = base + (uint64_t)stamp_rank(st_list, u, r->ck[q][i].stamp);
+    }
     if (s < 0) {
         /* whole memory: every token re-stamped in place (sharing is kept) */
         for (int32_t t = 0; t < r->n_toks; t++) {
             if (r->toks[t].refs <= 0) continue;
-            for (int32_t k = 0; k < u; k++)
-                if (st_list[k] == r->toks[t].stamp) {
-                    r->toks[t].stamp = base + (uint64_t)k;
-                    break;
-                }
+            int32_t k = stamp_rank(st_list, u, r->toks[t].stamp);
+            if (k >= 0) r->toks[t].stamp = base + (uint64_t)k;
         }
     } else {
-        for (int32_t g = 0; g < r->n_groups; g++) {
-            ref_list *l = &r->lists[s][g];
-            for (int32_t i = 0; i < l->n; i++) {
-                int32_t old = l->e[i].tok, k = 0;
-                while (k < u && st_list[k] != r->toks[old].stamp) k++;
-                /* one clone per old token, shared by its entries in every group */
-                int32_t clone = -1;
-                for (int32_t g2 = 0; g2 < g && clone < 0; g2++)
-                    for (int32_t j = 0; j < r->lists[s][g2].n && clone < 0; j++)
-                        if (r->toks[r->lists[s][g2].e[j].tok].stamp == base + (uint64_t)k) clone = r->lists[s][g2].e[j].tok;
-                for (int32_t j = 0; j < i && clone < 0; j++)
-                    if (r->toks[l->e[j].tok].stamp == base + (uint64_t)k) clone = l->e[j].tok;
-                if (clone < 0) {
-                    clone = tok_clone(r, old);
-                    r->toks[clone].stamp = base + (uint64_t)k;
-                }
-                r->toks[clone].refs++;
-                tok_unref(r, old);
-                l->e[i].tok = clone;
-                l->e[i].inst = r->next_inst++;
-            }
-        }
+        for (int32_t g = 0; g < r->n_groups; g++)
+            for (int32_t i = 0; i < r->lists[s][g].n; i++) restamp_entry(r, s, &r->lists[s][g].e[i], st_list, u, base);
+        for (int32_t i = 0; i < r->n_ck[s]; i++)
+            for (int32_t g = 0; g < r->n_groups; g++)
+                for (int32_t j = 0; j < r->ck[s][i].ring[g].n; j++)
+                    restamp_entry(r, s, &r->ck[s][i].ring[g].e[j], st_list, u, base);
+        if (r->rs && r->hist[s].n) r->rs_id[s] = r->next_rs_id++;
     }
     r->next_stamp = base + (uint64_t)u;
     free(st_list);
@@ -1516,6 +2245,15 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
         } else if (op < 92) {
             op_compact(&d);
             name = "compact";
+        } else if (op < 96 && (d.r.rs || op < 93)) {
+            op_ckpt(&d);
+            name = "ckpt_take";
+        } else if (op < 99 && d.r.rs) {
+            /* the engine's pattern: a batch, then a checkpoint at its end */
+            op_place(&d);
+            check_invariants(&d, "place");
+            op_ckpt(&d);
+            name = "place + ckpt_take";
         } else {
             op_bad(&d);
             name = "bad input";
@@ -1575,8 +2313,15 @@ void memref_describe(const memref_opts *o, char *buf, size_t cap)
     size_t n = (size_t)snprintf(buf, cap, "n_seq %d %s n_ctx %d n_batch %d threads %d%s layers:",
                                 rc.mc.n_seq_max, rc.mc.unified ? "unified" : "split", rc.mc.n_ctx,
                                 rc.mc.n_batch_max, rc.mc.n_threads, rc.mc.deterministic ? " deterministic" : "");
+    if (n < cap && (rc.mc.n_ckpt || rc.mc.n_rs_slots))
+        n += (size_t)snprintf(buf + n, cap - n, " n_ckpt %d n_rs_slots %d", rc.mc.n_ckpt, rc.mc.n_rs_slots);
     for (int32_t l = 0; l < rc.mc.n_layers && n < cap; l++) {
         const keel_mem_layer *L = &rc.layers[l];
+        if (L->kind == KEEL_MEM_LAYER_RECURRENT) {
+            n += (size_t)snprintf(buf + n, cap - n, " [recurrent conv %dx%d state %lld]",
+                                  L->rs.conv_kernel, L->rs.conv_channels, (long long)L->rs.state_floats);
+            continue;
+        }
         n += (size_t)snprintf(buf + n, cap - n, " [%s%s kv%d/q%d dk%d dv%d K %s%s V %s%s]",
                               L->kind == KEEL_MEM_LAYER_FULL ? "full" : L->kind == KEEL_MEM_LAYER_NONE ? "none" : "sliding",
                               "", L->n_kv_heads, L->n_heads, L->head_dim_k, L->head_dim_v,

@@ -34,6 +34,9 @@ typedef struct memref_result {
     int64_t tokens_placed;
     int64_t max_cell;           /* highest cell index the memory produced */
     int64_t max_cap;            /* largest table capacity */
+    int64_t rs_restores;        /* checkpoint restores by seq_rm (recurrent configs) */
+    int64_t rs_refused;         /* operations refused with KEEL_ESTATE as predicted */
+    int64_t rs_ckpts;           /* checkpoints taken */
 } memref_result;
 
 typedef struct memref_opts {

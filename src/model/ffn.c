@@ -1,0 +1,207 @@
+/*
+ * ffn.c — the feed-forward kinds:
+ *
+ *   dense:  o = act(h Wgate, h Wup) Wdown
+ *   moe:    logits = h Wrouter (+ router bias)
+ *           per token, the router picks n_expert_used experts and weights
+ *           (model_router: softmax then top-k renormalized, top-k then
+ *           softmax of the chosen logits, sigmoid with a selection bias);
+ *           y_j = act(h Wgate_e (+b), h Wup_e (+b)) Wdown_e (+b) for each choice
+ *           o = sum_j w_j y_j  (in the order of the choices, as llama.cpp sums)
+ *           shared expert: o += sigmoid(h . g_shexp) * dense_shexp(h)
+ *
+ * act: silu(g) u, gelu(g) u, or SwiGLU-OAI. Experts run over the tokens
+ * that chose them (rows gathered, one matrix product per expert and
+ * projection). Buffers come from the work arena and are released.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <string.h>
+
+static void act_apply(const model_hp *hp, float *g, const float *u, int64_t n)
+{
+    switch (hp->ffn_act) {
+    case MODEL_ACT_GELU: tensor_geglu(g, u, n); break;
+    case MODEL_ACT_SWIGLU_OAI:
+        for (int64_t i = 0; i < n; i++) {
+            float x = fminf(g[i], hp->oai_limit);
+            float y = fminf(fmaxf(u[i], -hp->oai_limit), hp->oai_limit);
+            g[i] = x / (1.0f + expf(-hp->oai_alpha * x)) * (y + 1.0f);
+        }
+        break;
+    default: tensor_swiglu(g, u, n); break;
+    }
+}
+
+static void add_bias_rows(float *y, const float *b, int32_t n, int64_t dim)
+{
+    if (!b) return;
+    for (int32_t i = 0; i < n; i++) tensor_add_f32(y + (size_t)i * (size_t)dim, b, dim);
+}
+
+size_t model_ffn_floats(const model_w *w)
+{
+    const model_hp *hp = &w->hp;
+    size_t E = (size_t)hp->n_embd, dense = 2 * (size_t)hp->n_ff, moe = 0;
+    if (hp->n_expert > 0) {
+        size_t k = (size_t)hp->n_expert_used, Fe = (size_t)hp->n_ff_exp, Fs = (size_t)hp->n_ff_shexp;
+        moe = (size_t)hp->n_expert + 3 * k + 2 * E + 2 * Fe + k * E + (Fs ? 2 * Fs + E : 0);
+    }
+    return BASE_MAX(dense, moe);
+}
+
+/* The matrix of expert e. */
+static model_mat expert(const model_mat *m, int32_t e)
+{
+    model_mat r = *m;
+    r.data = (const uint8_t *)m->data + (size_t)e * m->expert_bytes;
+    r.nbytes = m->expert_bytes;
+    r.n_expert = 0;
+    return r;
+}
+
+/* Picks k experts of ne for one token from its logits (clobbered) and
+ * writes their indices and weights. */
+static void route(const model_hp *hp, const model_layer *L, float *lg, int32_t *idx, float *wt,
+                  float *sel)
+{
+    int32_t ne = hp->n_expert, k = hp->n_expert_used;
+    if (L->gate_inp_b) tensor_add_f32(lg, L->gate_inp_b, ne);
+    switch (hp->router) {
+    case MODEL_ROUTER_SOFTMAX_WEIGHT:
+        tensor_topk(lg, ne, k, idx);
+        for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
+        tensor_softmax(wt, k);
+        break;
+    case MODEL_ROUTER_SIGMOID:
+        tensor_sigmoid(lg, ne);
+        for (int32_t e = 0; e < ne; e++) sel[e] = lg[e] + (L->exp_probs_b ? L->exp_probs_b[e] : 0.0f);
+        tensor_topk(sel, ne, k, idx);
+        for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
+        break;
+    default:
+        tensor_softmax(lg, ne);
+        tensor_topk(lg, ne, k, idx);
+        for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
+        break;
+    }
+    if (hp->router_norm && hp->router != MODEL_ROUTER_SOFTMAX_WEIGHT) {
+        float sum = 0.0f;
+        for (int32_t j = 0; j < k; j++) sum += wt[j];
+        sum = fmaxf(sum, 6.103515625e-5f); /* llama.cpp's clamp: f16's smallest normal */
+        for (int32_t j = 0; j < k; j++) wt[j] /= sum;
+    }
+    if (hp->expert_scale != 1.0f)
+        for (int32_t j = 0; j < k; j++) wt[j] *= hp->expert_scale;
+}
+
+static keel_status ffn_dense(const model_fw *f, const model_mat *gate, const model_mat *up,
+                             const model_mat *down, const float *h, float *o, float *g, float *u)
+{
+    const model_hp *hp = &f->w->hp;
+    int32_t n = f->ub->n;
+    keel_status st;
+    const model_mat *ms[2] = {gate, up};
+    float *ys[2] = {g, u};
+    if ((st = model_matmul_group(f, ms, ys, 2, h, n)) != KEEL_OK) return st;
+    act_apply(hp, g, u, (int64_t)n * gate->n_rows);
+    return model_matmul(f, down, g, n, o);
+}
+
+static keel_status ffn_moe(const model_fw *f, const float *h, float *o)
+{
+    const model_w *w = f->w;
+    const model_hp *hp = &w->hp;
+    const model_layer *L = &w->layers[f->l];
+    int32_t n = f->ub->n, ne = hp->n_expert, k = hp->n_expert_used;
+    int64_t E = hp->n_embd, Fe = hp->n_ff_exp, Fs = hp->n_ff_shexp;
+    keel_status st = KEEL_OK;
+    base_arena *ar = f->work;
+    float *lg = base_arena_take_n(ar, (size_t)n * (size_t)ne, sizeof(float));
+    float *sel = base_arena_take_n(ar, (size_t)ne, sizeof(float));
+    int32_t *idx = base_arena_take_n(ar, (size_t)n * (size_t)k, sizeof(int32_t));
+    float *wt = base_arena_take_n(ar, (size_t)n * (size_t)k, sizeof(float));
+    int32_t *rows = base_arena_take_n(ar, (size_t)n * (size_t)k, sizeof(int32_t));
+    float *xs = base_arena_take_n(ar, (size_t)n * (size_t)E, sizeof(float));
+    float *gs = base_arena_take_n(ar, (size_t)n * (size_t)Fe, sizeof(float));
+    float *us = base_arena_take_n(ar, (size_t)n * (size_t)Fe, sizeof(float));
+    float *ys = base_arena_take_n(ar, (size_t)n * (size_t)E, sizeof(float));
+    float *slot = base_arena_take_n(ar, (size_t)n * (size_t)k * (size_t)E, sizeof(float));
+    if (!lg || !sel || !idx || !wt || !rows || !xs || !gs || !us || !ys || !slot)
+        return base_err(f->err, KEEL_ESCRATCH, "forward: layer %d: work arena too small for experts",
+                        f->l);
+    if ((st = model_matmul(f, &L->gate_inp, h, n, lg)) != KEEL_OK) return st;
+    for (int32_t i = 0; i < n; i++)
+        route(hp, L, lg + (size_t)i * (size_t)ne, idx + (size_t)i * (size_t)k, wt + (size_t)i * (size_t)k,
+              sel);
+    /* each expert over the tokens that chose it */
+    for (int32_t e = 0; e < ne; e++) {
+        int32_t m = 0;
+        for (int32_t r = 0; r < n * k; r++)
+            if (idx[r] == e) rows[m++] = r;
+        if (m == 0) continue;
+        for (int32_t j = 0; j < m; j++)
+            memcpy(xs + (size_t)j * (size_t)E, h + (size_t)(rows[j] / k) * (size_t)E, (size_t)E * sizeof(float));
+        model_mat mg = expert(&L->gate_exps, e), mu = expert(&L->up_exps, e), md = expert(&L->down_exps, e);
+        if ((st = model_matmul(f, &mg, xs, m, gs)) != KEEL_OK) return st;
+        if ((st = model_matmul(f, &mu, xs, m, us)) != KEEL_OK) return st;
+        if (L->gate_exps_b) add_bias_rows(gs, L->gate_exps_b + (size_t)e * (size_t)Fe, m, Fe);
+        if (L->up_exps_b) add_bias_rows(us, L->up_exps_b + (size_t)e * (size_t)Fe, m, Fe);
+        act_apply(hp, gs, us, (int64_t)m * Fe);
+        if ((st = model_matmul(f, &md, gs, m, ys)) != KEEL_OK) return st;
+        if (L->down_exps_b) add_bias_rows(ys, L->down_exps_b + (size_t)e * (size_t)E, m, E);
+        for (int32_t j = 0; j < m; j++) {
+            float *dst = slot + (size_t)rows[j] * (size_t)E;
+            const float *src = ys + (size_t)j * (size_t)E;
+            float wj = wt[rows[j]];
+            for (int64_t c = 0; c < E; c++) dst[c] = src[c] * wj;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        float *oi = o + (size_t)i * (size_t)E;
+        memcpy(oi, slot + (size_t)i * (size_t)k * (size_t)E, (size_t)E * sizeof(float));
+        for (int32_t j = 1; j < k; j++) tensor_add_f32(oi, slot + ((size_t)i * (size_t)k + (size_t)j) * (size_t)E, E);
+    }
+    if (L->up_shexp.data) {
+        float *sg = base_arena_take_n(ar, (size_t)n * (size_t)Fs, sizeof(float));
+        float *su = base_arena_take_n(ar, (size_t)n * (size_t)Fs, sizeof(float));
+        float *sd = base_arena_take_n(ar, (size_t)n * (size_t)E, sizeof(float));
+        if (!sg || !su || !sd)
+            return base_err(f->err, KEEL_ESCRATCH,
+                            "forward: layer %d: work arena too small for the shared expert", f->l);
+        if ((st = ffn_dense(f, &L->gate_shexp, &L->up_shexp, &L->down_shexp, h, sd, sg, su)) != KEEL_OK)
+            return st;
+        for (int32_t i = 0; i < n; i++) {
+            float *si = sd + (size_t)i * (size_t)E;
+            if (L->shexp_gate) {
+                float gt = tensor_dot_f32(h + (size_t)i * (size_t)E, L->shexp_gate, E);
+                tensor_scale_f32(si, 1.0f / (1.0f + expf(-gt)), E);
+            }
+            tensor_add_f32(o + (size_t)i * (size_t)E, si, E);
+        }
+    }
+    return KEEL_OK;
+}
+
+keel_status model_ffn(const model_fw *f, const float *h, float *o)
+{
+    const model_layer *L = &f->w->layers[f->l];
+    int32_t n = f->ub->n;
+    size_t mark = base_arena_mark(f->work);
+    keel_status st;
+    if (L->ffn == MODEL_FFN_MOE) {
+        st = ffn_moe(f, h, o);
+    } else {
+        int64_t F = L->ffn_gate.n_rows;
+        float *g = base_arena_take_n(f->work, (size_t)n * (size_t)F, sizeof(float));
+        float *u = base_arena_take_n(f->work, (size_t)n * (size_t)F, sizeof(float));
+        if (!g || !u)
+            st = base_err(f->err, KEEL_ESCRATCH, "forward: layer %d: work arena too small for the FFN",
+                          f->l);
+        else
+            st = ffn_dense(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, h, o, g, u);
+    }
+    base_arena_rewind(f->work, mark);
+    return st;
+}

@@ -1,0 +1,431 @@
+/*
+ * test_hybrid.c — the issue 11 architectures through keel.h (keel_decode
+ * on generated models; the fixtures when present):
+ *   - self-oracle: decoding one token at a time through the memory (states
+ *     and cache) equals recomputing the whole prefix in one batch, for
+ *     qwen35, qwen3next, mamba2 and gpt-oss, with two sequences interleaved
+ *     in one batch equal to each alone;
+ *   - checkpoint restore equals recompute (keel_context_rewind);
+ *   - the agent pattern of design.md 1.2 on qwen35 with q8_0 K/V and
+ *     rotation: a 2,000-token prompt with checkpoints every 256, a second
+ *     prompt sharing 1,500 tokens resumes from 1,280 and equals a full
+ *     recompute, a third diverging at 100 recomputes from scratch, then 20
+ *     turns with random divergence points;
+ *   - the shift regression on the hybrid: seq_add over the attention layers
+ *     of a qwen35-shaped model with q8_0 rotated keys (head_dim 64 and 256)
+ *     takes the same scratch at 4,096 and 32,768 cells;
+ *   - the plan counts the states and checkpoints exactly; bad parameters.
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIN_(a, b) ((a) < (b) ? (a) : (b))
+
+static keel_model *gen_model(const char *arch, int32_t n_layer, int32_t n_embd, int32_t n_head,
+                             int32_t n_head_kv, int32_t head_dim, uint64_t seed)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/keel_hybrid_XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = arch;
+    gp.n_layer = n_layer;
+    gp.n_embd = n_embd;
+    gp.n_head = n_head;
+    gp.n_head_kv = n_head_kv;
+    gp.head_dim = head_dim;
+    gp.n_ff = 2 * n_embd;
+    gp.n_swa = 8;
+    gp.seed = seed;
+    char err[256] = "";
+    keel_status st = keel_gen_model(&gp, path, err);
+    if (st != KEEL_OK) fail_msg("gen %s: %s", arch, err);
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    keel_model *m = NULL;
+    st = keel_model_open(&mp, &m, err);
+    unlink(path);
+    if (st != KEEL_OK) fail_msg("open %s: %s", arch, err);
+    return m;
+}
+
+static keel_context *ctx(keel_model *m, int32_t n_ctx, int32_t n_batch, int32_t n_seq,
+                         keel_dtype kv, int32_t every)
+{
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = cp.n_ubatch = n_batch;
+    cp.n_outputs = n_batch;
+    cp.n_seq_max = n_seq;
+    cp.n_threads = 2;
+    cp.type_k = cp.type_v = kv;
+    cp.rot_k = cp.rot_v = kv == KEEL_DTYPE_Q8_0 ? 1 : 0;
+    cp.checkpoint_every = every;
+    keel_context *c = NULL;
+    char err[256] = "";
+    keel_status st = keel_context_open(m, &cp, &c, err);
+    if (st != KEEL_OK) fail_msg("context: %s", err);
+    return c;
+}
+
+/* max |a - b| / max(1, max |b|) over n values */
+static double rel_diff(const float *a, const float *b, size_t n)
+{
+    double mx = 1.0, d = 0.0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs((double)b[i]));
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    return d / mx;
+}
+
+#define N_TOK 40
+
+static void test_selforacle_hybrids(void **state)
+{
+    (void)state;
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss"};
+    int32_t toks[N_TOK], toks2[N_TOK];
+    for (int i = 0; i < N_TOK; i++) {
+        toks[i] = 3 + (i * 131) % 290;
+        toks2[i] = 5 + (i * 71) % 280;
+    }
+    for (size_t a = 0; a < 4; a++) {
+        keel_model *m = gen_model(archs[a], 4, 128, 4, 2, 32, 7);
+        keel_model_info mi;
+        keel_model_info_get(m, &mi);
+        size_t V = (size_t)mi.n_vocab;
+        keel_context *inc = ctx(m, 128, N_TOK, 1, KEEL_DTYPE_F32, 0);
+        keel_context *full = ctx(m, 128, N_TOK, 1, KEEL_DTYPE_F32, 0);
+        float *step = malloc(V * sizeof(float));
+        double worst = 0.0;
+        for (int32_t t = 0; t < N_TOK; t++) {
+            keel_batch one = {1, &toks[t], NULL, NULL, NULL};
+            assert_ok(keel_decode(inc, &one));
+            memcpy(step, keel_logits(inc, 0), V * sizeof(float));
+            keel_mem_clear(keel_context_memory(full));
+            keel_batch all = {t + 1, toks, NULL, NULL, NULL};
+            assert_ok(keel_decode(full, &all));
+            worst = fmax(worst, rel_diff(step, keel_logits(full, t), V));
+        }
+        assert_ok(keel_mem_check(keel_context_memory(inc)));
+        /* two sequences interleaved in one batch equal each alone */
+        keel_context *two = ctx(m, 128, 2 * N_TOK, 2, KEEL_DTYPE_F32, 0);
+        int32_t bt[2 * N_TOK], bs[2 * N_TOK];
+        int8_t bl[2 * N_TOK];
+        for (int i = 0; i < N_TOK; i++) {
+            bt[2 * i] = toks[i];
+            bs[2 * i] = 0;
+            bt[2 * i + 1] = toks2[i];
+            bs[2 * i + 1] = 1;
+            bl[2 * i] = bl[2 * i + 1] = i == N_TOK - 1;
+        }
+        keel_batch both = {2 * N_TOK, bt, NULL, bs, bl};
+        assert_ok(keel_decode(two, &both));
+        keel_mem_clear(keel_context_memory(full));
+        keel_batch b1 = {N_TOK, toks2, NULL, NULL, NULL};
+        assert_ok(keel_decode(full, &b1));
+        double inter = rel_diff(keel_logits(two, 2 * N_TOK - 1), keel_logits(full, N_TOK - 1), V);
+        keel_mem_clear(keel_context_memory(full));
+        keel_batch b0 = {N_TOK, toks, NULL, NULL, NULL};
+        assert_ok(keel_decode(full, &b0));
+        inter = fmax(inter, rel_diff(keel_logits(two, 2 * N_TOK - 2), keel_logits(full, N_TOK - 1), V));
+        printf("%-10s max |incremental - recompute| / max|logit| = %.2e, interleaved sequences %.2e\n",
+               archs[a], worst, inter);
+        /* f32 weights and cache: only the order of float sums differs (matvec
+         * for one token, GEMM for a batch), compounded through the states */
+        assert_true(worst <= 2e-5);
+        assert_true(inter <= 2e-5);
+        free(step);
+        keel_context_close(inc);
+        keel_context_close(full);
+        keel_context_close(two);
+        keel_model_close(m);
+    }
+}
+
+/* Rewinding to a checkpoint then feeding the rest equals a fresh context
+ * given the whole prompt (the same ubatch cuts at multiples of `every`
+ * and, with few cells, the same cells: bitwise). */
+static void test_checkpoint_restore_equals_recompute(void **state)
+{
+    (void)state;
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2"};
+    int32_t a_[N_TOK], b_[N_TOK];
+    for (int i = 0; i < N_TOK; i++) a_[i] = b_[i] = 3 + (i * 37) % 290;
+    for (int i = 21; i < N_TOK; i++) b_[i] = 7 + (i * 53) % 250;
+    for (size_t a = 0; a < 3; a++) {
+        keel_model *m = gen_model(archs[a], 4, 128, 4, 2, 32, 11);
+        keel_model_info mi;
+        keel_model_info_get(m, &mi);
+        size_t V = (size_t)mi.n_vocab;
+        keel_context *c = ctx(m, 128, N_TOK, 1, KEEL_DTYPE_F32, 8);
+        keel_batch pa = {N_TOK, a_, NULL, NULL, NULL};
+        assert_ok(keel_decode(c, &pa));
+        keel_mem *mem = keel_context_memory(c);
+        keel_mem_ckpt_info info[8];
+        int32_t n = 0;
+        keel_mem_ckpt_list(mem, 0, info, 8, &n);
+        assert_int_equal(n, 5); /* 8, 16, 24, 32 and the prompt end 40 */
+        assert_int_equal(info[0].pos, 8);
+        assert_int_equal(info[4].pos, 40);
+        int32_t resume = -1;
+        assert_ok(keel_context_rewind(c, 0, 21, &resume));
+        assert_int_equal(resume, 16);
+        keel_batch rest = {N_TOK - resume, b_ + resume, NULL, NULL, NULL};
+        assert_ok(keel_decode(c, &rest));
+        keel_context *f = ctx(m, 128, N_TOK, 1, KEEL_DTYPE_F32, 8);
+        keel_batch pb = {N_TOK, b_, NULL, NULL, NULL};
+        assert_ok(keel_decode(f, &pb));
+        assert_memory_equal(keel_logits(c, N_TOK - resume - 1), keel_logits(f, N_TOK - 1), V * sizeof(float));
+        assert_ok(keel_mem_check(mem));
+        /* a divergence before the oldest checkpoint: from scratch */
+        assert_ok(keel_context_rewind(c, 0, 5, &resume));
+        assert_int_equal(resume, 0);
+        assert_int_equal(keel_mem_seq_pos_max(mem, 0), -1);
+        keel_context_close(c);
+        keel_context_close(f);
+        keel_model_close(m);
+    }
+}
+
+/* The agent pattern: qwen35 (the fixture if present, else generated) with
+ * q8_0 K/V and rotation, checkpoints every 256. */
+#define AG_LEN 2000
+#define AG_EVERY 256
+
+static keel_model *agent_model(void)
+{
+    const char *p = test_fixture("models/qwen35.gguf");
+    if (!p) return gen_model("qwen35", 4, 128, 4, 2, 64, 23);
+    keel_model_params mp = keel_model_params_default();
+    mp.path = p;
+    keel_model *m = NULL;
+    char err[256] = "";
+    keel_status st = keel_model_open(&mp, &m, err);
+    if (st != KEEL_OK) fail_msg("open qwen35: %s", err);
+    return m;
+}
+
+/* Feeds toks[from, n) to c; the last logit row. */
+static const float *feed(keel_context *c, const int32_t *toks, int32_t from, int32_t n)
+{
+    for (int32_t i = from; i < n; i += 512) {
+        int32_t k = MIN_(512, n - i);
+        keel_batch b = {k, toks + i, NULL, NULL, NULL};
+        keel_status st = keel_decode(c, &b);
+        if (st != KEEL_OK) fail_msg("decode: %s", keel_context_last_error(c));
+    }
+    return keel_logits(c, (n - from - 1) % 512);
+}
+
+static void test_agent_pattern(void **state)
+{
+    (void)state;
+    keel_model *m = agent_model();
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    size_t V = (size_t)mi.n_vocab;
+    keel_context *c = ctx(m, 4096, 512, 1, KEEL_DTYPE_Q8_0, AG_EVERY);
+    keel_context *f = ctx(m, 4096, 512, 1, KEEL_DTYPE_Q8_0, AG_EVERY);
+    int32_t *cur = malloc(AG_LEN * sizeof(int32_t)), *next = malloc(AG_LEN * sizeof(int32_t));
+    uint64_t rng = 0x5eed;
+    for (int i = 0; i < AG_LEN; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        cur[i] = 3 + (int32_t)((rng >> 33) % (uint64_t)(mi.n_vocab - 3));
+    }
+    feed(c, cur, 0, AG_LEN);
+    keel_mem_ckpt_info info[16];
+    int32_t n = 0;
+    keel_mem_ckpt_list(keel_context_memory(c), 0, info, 16, &n);
+    assert_int_equal(n, 8); /* 256, 512, ..., 1792 and the prompt end 2000 */
+    assert_int_equal(info[7].pos, AG_LEN);
+    /* turn 1: shares 1,500 tokens; turn 2: diverges at 100; then random */
+    int32_t shared[22] = {1500, 100};
+    for (int t = 2; t < 22; t++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        shared[t] = (int32_t)((rng >> 33) % AG_LEN);
+    }
+    int restored = 0, scratch = 0;
+    double worst = 0.0;
+    for (int t = 0; t < 22; t++) {
+        memcpy(next, cur, sizeof(int32_t) * (size_t)shared[t]);
+        for (int i = shared[t]; i < AG_LEN; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            next[i] = 3 + (int32_t)((rng >> 33) % (uint64_t)(mi.n_vocab - 3));
+        }
+        int32_t resume = -1;
+        assert_ok(keel_context_rewind(c, 0, shared[t], &resume));
+        int32_t want = shared[t] / AG_EVERY * AG_EVERY; /* the newest checkpoint at or before */
+        int32_t oldest = info[0].pos;
+        if (shared[t] < oldest) want = 0;
+        if (t == 0) assert_int_equal(resume, 1280);
+        if (t == 1) assert_int_equal(resume, 0);
+        assert_int_equal(resume, want);
+        restored += resume > 0;
+        scratch += resume == 0;
+        const float *got = feed(c, next, resume, AG_LEN);
+        keel_mem_clear(keel_context_memory(f));
+        const float *ref = feed(f, next, 0, AG_LEN);
+        /* the K/V bytes and the states are the same; the new tokens sit in
+         * other cells, so attention sums in another order: float rounding */
+        double e = rel_diff(got, ref, V);
+        worst = e > worst ? e : worst;
+        if (!(e <= 1e-5))
+            fail_msg("turn %d (shared %d, resumed at %d): logits differ from a recompute by %.3g", t,
+                     shared[t], resume, e);
+        assert_ok(keel_mem_check(keel_context_memory(c)));
+        keel_mem_ckpt_list(keel_context_memory(c), 0, info, 16, &n);
+        memcpy(cur, next, sizeof(int32_t) * AG_LEN);
+    }
+    printf("agent pattern: 22 turns, %d resumed from a checkpoint, %d from scratch; max |logit - "
+           "recompute| / max|logit| = %.2e\n", restored, scratch, worst);
+    assert_true(restored >= 10 && scratch >= 1);
+    free(cur);
+    free(next);
+    keel_context_close(c);
+    keel_context_close(f);
+    keel_model_close(m);
+}
+
+/* seq_add over the attention layers of a qwen35-shaped model with q8_0
+ * rotated keys takes scratch independent of the context length (design.md
+ * 1.2: the K-shift scratch was sized for another graph). The memory is
+ * filled through keel_mem (random K/V rows, the states updated), so 32,768
+ * cells cost no forward passes. */
+static void test_shift_regression_hybrid(void **state)
+{
+    (void)state;
+    const int32_t dims[2] = {64, 256};
+    for (int d = 0; d < 2; d++) {
+        int32_t nh = 256 / dims[d], kvh = nh >= 2 ? nh / 2 : 1;
+        keel_model *m = gen_model("qwen35", 4, 256, nh, kvh, dims[d], 3);
+        size_t high[2] = {0, 0};
+        const int32_t ctxs[2] = {4096, 32768};
+        for (int k = 0; k < 2; k++) {
+            keel_context *c = ctx(m, ctxs[k], 512, 1, KEEL_DTYPE_Q8_0, 0);
+            keel_mem *mem = keel_context_memory(c);
+            int32_t n_layers = 4;
+            float *kbuf = malloc(sizeof(float) * 512 * (size_t)(kvh * dims[d]));
+            test_fill_uniform(kbuf, 512LL * kvh * dims[d], 9);
+            int32_t pos[512], seq[512], cells[512 * 2];
+            for (int32_t p0 = 0; p0 + 512 <= ctxs[k]; p0 += 512) {
+                for (int i = 0; i < 512; i++) {
+                    pos[i] = p0 + i;
+                    seq[i] = 0;
+                }
+                keel_mem_batch b = {512, pos, seq, NULL, NULL, NULL};
+                assert_ok(keel_mem_place(mem, &b, cells));
+                for (int32_t l = 0; l < n_layers; l++) {
+                    int32_t g = keel_mem_layer_group(mem, l);
+                    if (g < 0) continue;
+                    assert_ok(keel_mem_write(mem, l, 512, cells + (size_t)g * 512, kbuf, kbuf));
+                }
+            }
+            keel_mem_stats st;
+            keel_mem_stats_get(mem, &st);
+            size_t before = st.scratch_high;
+            assert_ok(keel_mem_seq_add(mem, 0, 0, -1, 7));
+            assert_int_equal(keel_mem_seq_pos_max(mem, 0), ctxs[k] - 1 + 7);
+            keel_mem_stats_get(mem, &st);
+            high[k] = st.scratch_high;
+            assert_true(high[k] >= before);
+            assert_ok(keel_mem_check(mem));
+            free(kbuf);
+            keel_context_close(c);
+        }
+        printf("hybrid shift, head_dim %d: scratch high-water %zu bytes at 4,096 cells, %zu at 32,768\n",
+               dims[d], high[0], high[1]);
+        assert_int_equal(high[0], high[1]);
+        keel_model_close(m);
+    }
+}
+
+static void test_plan_and_params(void **state)
+{
+    (void)state;
+    keel_model *m = gen_model("qwen35", 4, 128, 4, 2, 32, 5);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 256;
+    cp.n_seq_max = 3;
+    cp.n_threads = 1;
+    cp.n_ctx_checkpoints = 5;
+    keel_plan pl;
+    char err[256] = "";
+    assert_ok(keel_context_plan(m, &cp, &pl, err));
+    /* 3 GDN layers: conv 3 x (2*2*32 + 128) = 768 floats, state 4 x 32 x 32 */
+    size_t slot = (768 + 4096) * sizeof(float);
+    assert_int_equal(pl.rs_bytes, 3 * 3 * slot);
+    assert_true(pl.ckpt_bytes >= 3 * 5 * 3 * slot);
+    test_alloc_install(0);
+    keel_context *c = NULL;
+    keel_status st = keel_context_open(m, &cp, &c, err);
+    int64_t live = test_alloc_live_bytes();
+    keel_context_close(c);
+    test_alloc_uninstall();
+    assert_ok(st);
+    assert_int_equal(live, (int64_t)pl.total_bytes);
+    cp.n_ctx_checkpoints = -2;
+    assert_status(keel_context_plan(m, &cp, &pl, err), KEEL_EINVAL);
+    assert_non_null(strstr(err, "n_ctx_checkpoints -2"));
+    cp.n_ctx_checkpoints = 0;
+    cp.checkpoint_every = -3;
+    assert_status(keel_context_plan(m, &cp, &pl, err), KEEL_EINVAL);
+    assert_non_null(strstr(err, "checkpoint_every -3"));
+    /* without checkpoints a divergence inside the prompt recomputes */
+    cp.checkpoint_every = 0;
+    c = NULL;
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    int32_t toks[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    keel_batch b = {10, toks, NULL, NULL, NULL};
+    assert_ok(keel_decode(c, &b));
+    int32_t resume = -1;
+    assert_status(keel_mem_seq_rm(keel_context_memory(c), 0, 4, -1), KEEL_ESTATE);
+    assert_ok(keel_context_rewind(c, 0, 4, &resume));
+    assert_int_equal(resume, 0);
+    assert_status(keel_context_rewind(c, 9, 4, &resume), KEEL_EINVAL);
+    keel_context_close(c);
+    keel_model_close(m);
+}
+
+/* The delta rule takes one row of d_state floats per pool thread: the work
+ * arena counts them beside the per-token buffers (a one-token decode with
+ * many threads and wide heads overran the reservation: KEEL_ESCRATCH). */
+static void test_work_arena_threads(void **state)
+{
+    (void)state;
+    keel_model *m = gen_model("qwen35", 4, 256, 1, 1, 256, 13);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 64;
+    cp.n_batch = cp.n_ubatch = 1; /* the arena sized for one token */
+    cp.n_threads = 16;
+    keel_context *c = NULL;
+    char err[256] = "";
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    int32_t t = 7;
+    for (int i = 0; i < 3; i++) {
+        keel_batch b = {1, &t, NULL, NULL, NULL};
+        keel_status st = keel_decode(c, &b);
+        if (st != KEEL_OK) fail_msg("decode: %s", keel_context_last_error(c));
+    }
+    keel_context_close(c);
+    keel_model_close(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_and_params),
+        cmocka_unit_test(test_work_arena_threads),
+        cmocka_unit_test(test_selforacle_hybrids),
+        cmocka_unit_test(test_checkpoint_restore_equals_recompute),
+        cmocka_unit_test(test_shift_regression_hybrid),
+        cmocka_unit_test(test_agent_pattern),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
