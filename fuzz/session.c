@@ -6,8 +6,9 @@
  * byte-identical; an accepted one must pass keel_mem_check and save back to
  * a blob that loads again. Any violation aborts. The first byte picks the
  * target sequence (or the whole memory), conversion (bit 2), the memory
- * (bit 3) and whether the section checksums are recomputed first (bit 4),
- * so that mutations reach the parser behind them.
+ * (bit 3: hybrid; else bit 5: attention only with ring checkpoints) and
+ * whether the section checksums are recomputed first (bit 4), so that
+ * mutations reach the parser behind them.
  */
 #include "keel.h"
 #include "base/base.h"
@@ -17,7 +18,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static keel_mem *open_mem(bool hybrid)
+static keel_mem *open_mem(bool hybrid, bool ring_ckpt)
 {
     keel_mem_layer ls[3];
     ls[0] = keel_mem_layer_default();
@@ -45,7 +46,7 @@ static keel_mem *open_mem(bool hybrid)
     cfg.n_seq_max = 2;
     cfg.n_batch_max = 8;
     cfg.n_threads = 1;
-    cfg.n_ckpt = hybrid ? 2 : 0;
+    cfg.n_ckpt = hybrid || ring_ckpt ? 2 : 0;
     keel_mem *m = NULL;
     return keel_mem_open(&cfg, &m, NULL) == KEEL_OK ? m : NULL;
 }
@@ -74,8 +75,8 @@ static uint8_t g_out[1 << 20];
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
-    bool hybrid = data[0] & 8;
-    keel_mem *m = open_mem(hybrid);
+    bool hybrid = data[0] & 8, ring_ckpt = !hybrid && (data[0] & 32);
+    keel_mem *m = open_mem(hybrid, ring_ckpt);
     if (!m) abort();
     /* a little state to overwrite: 5 tokens of sequence 1 (and a checkpoint) */
     int32_t pos[5] = {0, 1, 2, 3, 4}, seq[5] = {1, 1, 1, 1, 1}, cells[10];
@@ -85,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (keel_mem_place(m, &b, cells) != KEEL_OK) abort();
     for (int l = 0; l < 2; l++)
         if (keel_mem_write(m, l, 5, cells + 5 * keel_mem_layer_group(m, l), kv, kv) != KEEL_OK) abort();
-    if (hybrid && keel_mem_ckpt_take(m, 1) != KEEL_OK) abort();
+    if ((hybrid || ring_ckpt) && keel_mem_ckpt_take(m, 1) != KEEL_OK) abort();
     int32_t target = data[0] % 3 == 2 ? -1 : data[0] % 3;
     uint8_t *blob = malloc(size);
     if (!blob) abort();
@@ -101,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (keel_mem_check(m) != KEEL_OK) abort();
         size_t n = 0;
         if (keel_mem_save(m, target, 0, toks, nt, 0, g_out, sizeof g_out, &n) != KEEL_OK) abort();
-        keel_mem *m2 = open_mem(hybrid);
+        keel_mem *m2 = open_mem(hybrid, ring_ckpt);
         if (!m2) abort();
         int32_t nt2 = 0;
         if (keel_mem_load(m2, target, g_out, n, 0, 0, NULL, 0, &nt2, NULL) != KEEL_OK || nt2 != nt) abort();
