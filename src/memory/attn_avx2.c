@@ -3,12 +3,17 @@
  * attn_kernels.h). Compiled with -mavx2 -mfma -mf16c; chosen at run time.
  *
  * K . q:   f32 / f16 keys against f32 queries; q8_0 / q4_0 keys against
- *          q8_0 queries (int8 dot products, scales applied per block).
+ *          q8_0 queries (maddubs int8 dots: q8_0 with the sign trick, q4_0
+ *          keys as unsigned nibbles with -8 * sum(q) added per block).
  *          Query rows four at a time: each K vector is loaded, converted or
- *          unpacked once for the four, and the four sums reduced together.
- * p . V:   64 columns of the block's V rows are converted to an f32 tile
- *          once, then accumulated into every active row with the row's
- *          accumulators in registers across the block.
+ *          unpacked once for the four; int8 keys reduce the four rows'
+ *          lanes into one vector per block before one convert and scale.
+ * p . V:   f32 / f16 rows: 64 columns of the block's V rows are converted to
+ *          an f32 tile once, then accumulated into every active row with
+ *          the row's accumulators in registers across the block. q8_0 /
+ *          q4_0 rows: straight from the int8 / nibble values, weights
+ *          p * d_v formed once per group of up to four rows, 2 * rows
+ *          accumulators per 16 columns in registers (no tile).
  * exp:     Cephes-style range reduction and a degree-5 polynomial (relative
  *          error < 2e-7 over the range softmax uses).
  */
