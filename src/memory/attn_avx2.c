@@ -57,14 +57,6 @@ static inline float f16_to_f32(const uint8_t *p)
     return _cvtsh_ss(h);
 }
 
-static inline __m256i q4_unpack(const uint8_t *qs)
-{
-    __m128i x = _mm_loadu_si128((const __m128i *)qs);
-    __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-}
-
 /* 16 bytes of packed nibbles -> 32 u8: low nibbles (elements 0..15), then
  * high nibbles (16..31), each 0..15 (no -8: callers fold it in) */
 static inline __m256i q4_nibbles(const uint8_t *qs)
