@@ -888,7 +888,9 @@ typedef struct keel_context_params {
      * forgotten (each costs a copy of the sequence's rings: see keel_plan);
      * full attention needs none (ignored) */
     int32_t n_ctx_checkpoints; /* kept per sequence, oldest dropped; 0: none; -1 (default):
-                                  8 with recurrent layers, else 0 */
+                                  8 with recurrent layers; with sliding layers, up to 8
+                                  where they cost at most a quarter of the KV bytes,
+                                  else 0 (keel_plan.ckpt_bytes says what they cost) */
     int32_t checkpoint_every;  /* > 0: also every this many prompt tokens (0: only at
                                   the end of each prompt) */
 } keel_context_params;
