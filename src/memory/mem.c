@@ -512,7 +512,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             off += ((size_t)r->state_floats + 15) & ~(size_t)15;
             k++;
         }
-        (void)mem_ckpt_record_bytes(cfg, m, rings);
+        mem_ckpt_record_bytes(cfg, m, rings); /* fills rings; its size was checked at open */
     }
 }
 
