@@ -1253,6 +1253,11 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * array), "kv_compact" (as at open; "none" turns compaction off for this and
  * the following turns), "chat_template_kwargs" (object of extra template
  * variables, e.g. {"enable_thinking": false}), "add_generation_prompt" (true),
+ * "ignore_eos", "tool_choice" ("auto"; "none": tools neither rendered nor
+ * parsed; "required", or {"name": N} / {"type": "function", "function":
+ * {"name": N}}: the prompt ends with the opening of a call (to N) where the
+ * tool-call format has one — hermes, qwen3-coder, llama3 JSON — so the
+ * answer is a call; other formats are only told about the tools),
  * "prompt" (raw text instead of messages: no template, no tool parsing) or
  * "prompt_tokens" (ids).
  * KEEL_ERANGE: the response did not fit cap (the turn happened; get it with
