@@ -156,6 +156,26 @@ static void test_two_turns_reuse(void **state)
     keel_engine_close(e);
 }
 
+/* A small generated model of arch (4 heads, 2 KV heads, embd 64) at a
+ * temporary path (path: 64 bytes); the caller unlinks it. */
+static void gen_small(const char *arch, int32_t n_layer, int32_t n_swa, uint64_t seed, char *path)
+{
+    snprintf(path, 64, "/tmp/keel_engine_%s_XXXXXX", arch);
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = arch;
+    gp.n_layer = n_layer;
+    gp.n_embd = 64;
+    gp.n_head = 4;
+    gp.n_head_kv = 2;
+    gp.n_swa = n_swa;
+    gp.seed = seed;
+    char err[256];
+    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen %s: %s", arch, err);
+}
+
 /* A hybrid model (Gated DeltaNet + attention): turn 2 resumes the state
  * from the checkpoint at the end of turn 1's prompt, the same prompt sent
  * again from the one a token before its end; the logits are bit-identical
@@ -164,19 +184,8 @@ static void test_recurrent_reuse(void **state)
 {
     (void)state;
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_engine_rs_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "qwen35";
-    gp.n_layer = 4;
-    gp.n_embd = 64;
-    gp.n_head = 4;
-    gp.n_head_kv = 2;
-    gp.seed = 9;
+    gen_small("qwen35", 4, 0, 9, path);
     char err[256], opts[512];
-    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
     snprintf(opts, sizeof opts, "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16}", path);
     keel_engine *e = NULL, *f = NULL;
     assert_ok(keel_engine_open(opts, &e, err));
@@ -228,20 +237,8 @@ static void test_swa_checkpoint_reuse(void **state)
 {
     (void)state;
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_engine_swa_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "gemma2";
-    gp.n_layer = 2;
-    gp.n_embd = 64;
-    gp.n_head = 4;
-    gp.n_head_kv = 2;
-    gp.n_swa = 8;
-    gp.seed = 11;
+    gen_small("gemma2", 2, 8, 11, path);
     char err[256], opts[512], opts0[512];
-    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
     const char *base = "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16%s}";
     snprintf(opts, sizeof opts, base, path, ", \"ctx_checkpoints\": 8, \"checkpoint_every\": 4");
     snprintf(opts0, sizeof opts0, base, path, ", \"ctx_checkpoints\": 0");
