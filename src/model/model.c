@@ -166,27 +166,17 @@ static keel_status get_mat(loader *l, const char *name, bool required, int64_t n
     return KEEL_OK;
 }
 
-/* A 1-D tensor of n elements, converted to f32 in the owned block. */
-static keel_status get_vec(loader *l, const char *name, bool required, int64_t n,
-                           const float **out)
+/* Converts tensor t of n elements (already shape-checked) to f32 in the
+ * owned block (only counted in the counting pass); non-finite values are
+ * refused where they are. */
+static keel_status vec_convert(loader *l, const char *name, const gguf_tensor *t, int64_t n, const float **out)
 {
-    *out = NULL;
-    const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
-    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    if (t->ne[0] != n || count != n)
-        return base_err(l->err, KEEL_EFORMAT, "tensor %s: %lld elements (ne0 %lld), expected %lld",
-                        name, (long long)count, (long long)t->ne[0], (long long)n);
     if (t->dtype != KEEL_DTYPE_F32 && t->dtype != KEEL_DTYPE_F16 && t->dtype != KEEL_DTYPE_BF16)
         return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s not supported for a vector",
                         name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown");
     size_t nn = (size_t)n;
     if (l->counting) {
         l->f32_cap += (nn + 15) & ~(size_t)15;
-        *out = NULL;
         return KEEL_OK;
     }
     mark_used(l, t);
@@ -203,6 +193,23 @@ static keel_status get_vec(loader *l, const char *name, bool required, int64_t n
                             (long long)i, isnan(dst[i]) ? "NaN" : dst[i] > 0 ? "+Inf" : "-Inf");
     *out = dst;
     return KEEL_OK;
+}
+
+/* A 1-D tensor of n elements, converted to f32 in the owned block. */
+static keel_status get_vec(loader *l, const char *name, bool required, int64_t n,
+                           const float **out)
+{
+    *out = NULL;
+    const gguf_tensor *t = gguf_find_tensor(l->g, name);
+    if (!t) {
+        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
+        return KEEL_OK;
+    }
+    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->ne[0] != n || count != n)
+        return base_err(l->err, KEEL_EFORMAT, "tensor %s: %lld elements (ne0 %lld), expected %lld",
+                        name, (long long)count, (long long)t->ne[0], (long long)n);
+    return vec_convert(l, name, t, n, out);
 }
 
 /* A tensor of any shape with n elements in all (1-D or 2-D f32/f16/bf16:
@@ -223,26 +230,7 @@ static keel_status get_vec_n(loader *l, const char *name, bool required, int64_t
                         "tensor %s: shape [%lld, %lld, %lld], expected %lld elements (ne0 %lld)", name,
                         (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
                         (long long)n, (long long)(ne0 > 0 ? ne0 : t->ne[0]));
-    if (t->dtype != KEEL_DTYPE_F32 && t->dtype != KEEL_DTYPE_F16 && t->dtype != KEEL_DTYPE_BF16)
-        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s not supported for a vector",
-                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown");
-    size_t nn = (size_t)n;
-    if (l->counting) {
-        l->f32_cap += (nn + 15) & ~(size_t)15;
-        return KEEL_OK;
-    }
-    mark_used(l, t);
-    float *dst = l->f32 + l->f32_used;
-    l->f32_used += (nn + 15) & ~(size_t)15;
-    keel_status st = tensor_dequantize_row(t->dtype, t->data, dst, n);
-    if (st != KEEL_OK) return base_err(l->err, st, "tensor %s: cannot convert", name);
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(dst[i]))
-            return base_err(l->err, KEEL_EFORMAT,
-                            "tensor %s: element %lld is %s: the weights are invalid", name,
-                            (long long)i, isnan(dst[i]) ? "NaN" : dst[i] > 0 ? "+Inf" : "-Inf");
-    *out = dst;
-    return KEEL_OK;
+    return vec_convert(l, name, t, n, out);
 }
 
 /* Expert weights: n_expert matrices of n_rows x n_cols, ne = [n_cols,
