@@ -345,6 +345,45 @@ static void test_tool_choice_forced(void **state)
     keel_engine_close(e);
 }
 
+typedef struct done_probe {
+    keel_engine *e;
+    int64_t requests, completion;
+} done_probe;
+
+static bool stats_at_done(void *user, const keel_event *ev)
+{
+    done_probe *d = user;
+    if (ev->kind != KEEL_EVENT_DONE) return true;
+    char buf[1 << 14];
+    size_t n = 0;
+    assert_ok(keel_engine_stats(d->e, buf, sizeof buf, &n));
+    json_t *j = parse(buf);
+    d->requests = json_integer_value(json_object_get(j, "requests"));
+    d->completion = json_integer_value(json_object_get(j, "completion_tokens"));
+    json_decref(j);
+    return true;
+}
+
+/* The stats count a request before its DONE event (a client reading
+ * /metrics right after its response sees it). */
+static void test_stats_before_done(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    done_probe d = {e, -1, -1};
+    for (int t = 1; t <= 2; t++) {
+        assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 5, \"temperature\": 0, \"ignore_eos\": true}", NULL,
+                                stats_at_done, &d, g_resp, sizeof g_resp));
+        assert_int_equal(d.requests, t);
+        assert_int_equal(d.completion, 5 * t);
+    }
+    /* a refused request is counted before its DONE too */
+    assert_status(keel_complete(e, MSG1, "{\"tool_choice\": \"required\"}", NULL, stats_at_done, &d, g_resp,
+                                sizeof g_resp), KEEL_EINVAL);
+    assert_int_equal(d.requests, 3);
+    keel_engine_close(e);
+}
+
 typedef struct counter {
     int content, stop_after;
     size_t bytes;
@@ -837,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_recurrent_reuse),
         cmocka_unit_test(test_swa_checkpoint_reuse),
         cmocka_unit_test(test_tool_choice_forced),
+        cmocka_unit_test(test_stats_before_done),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),

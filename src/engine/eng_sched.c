@@ -203,7 +203,6 @@ static void complete(keel_engine *e, eng_req *r, keel_status status, char *resp,
     r->response = resp;
     r->response_len = len;
     r->done = true;
-    e->n_requests++;
     if (!r->keep) {
         r->next = e->done_head;
         e->done_head = r;
@@ -259,9 +258,15 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     /* a cancelled request ends without an error in its response, but with
      * KEEL_ECANCELED as its status */
     if (strcmp(reason, "cancelled") == 0 && status == KEEL_OK) status = KEEL_ECANCELED;
+    /* every counter of the request before its DONE event: a client that
+     * reads the stats (/metrics) after its response sees this request */
     pthread_mutex_lock(&e->mu);
+    e->n_requests++;
     e->n_failed += status != KEEL_OK && status != KEEL_ECANCELED;
     e->n_cancelled += status == KEEL_ECANCELED;
+    e->n_prompt_tokens += sl->n_prompt;
+    e->n_cached_tokens += sl->n_reused;
+    e->n_gen_tokens += sl->n_gen;
     if (sl->t_prompt_end) {
         double ttft = (double)(sl->t_prompt_end - sl->t_start) * 1e-9;
         e->prompt_seconds += ttft;
@@ -279,11 +284,6 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     ev.response = resp ? resp : "{\"error\":\"out of memory\"}";
     ev.status = resp ? status : KEEL_ENOMEM;
     if (r->cb) r->cb(r->user, &ev);
-    pthread_mutex_lock(&e->mu);
-    e->n_prompt_tokens += sl->n_prompt;
-    e->n_cached_tokens += sl->n_reused;
-    e->n_gen_tokens += sl->n_gen;
-    pthread_mutex_unlock(&e->mu);
     release_request(e, sl);
     complete(e, r, resp ? status : KEEL_ENOMEM, resp, len);
 }
@@ -308,6 +308,7 @@ static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const
     ev.status = status;
     /* counted as finish() counts: requests = ok + failed + cancelled */
     pthread_mutex_lock(&e->mu);
+    e->n_requests++;
     e->n_failed += status != KEEL_OK && status != KEEL_ECANCELED;
     e->n_cancelled += status == KEEL_ECANCELED;
     pthread_mutex_unlock(&e->mu);
