@@ -1253,7 +1253,10 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * array), "kv_compact" (as at open; "none" turns compaction off for this and
  * the following turns), "chat_template_kwargs" (object of extra template
  * variables, e.g. {"enable_thinking": false}), "add_generation_prompt" (true),
- * "ignore_eos", "tool_choice" ("auto"; "none": tools neither rendered nor
+ * "ignore_eos", "logprobs" (true: the response's "logprobs": {"content":
+ * [{"token", "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one
+ * entry per generated token, log-softmax of the model's logits), "top_logprobs"
+ * (0..20, with logprobs), "tool_choice" ("auto"; "none": tools neither rendered nor
  * parsed; "required", or {"name": N} / {"type": "function", "function":
  * {"name": N}}: the prompt ends with the opening of a call (to N) where the
  * tool-call format has one — hermes, qwen3-coder, llama3 JSON — so the

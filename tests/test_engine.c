@@ -345,6 +345,70 @@ static void test_tool_choice_forced(void **state)
     keel_engine_close(e);
 }
 
+/* logprobs: one entry per generated token; greedy picks the most likely
+ * token, so each entry's token and logprob are its first top entry; the
+ * first equals a log-softmax of the logits computed here; top entries
+ * descend and their probabilities sum to at most 1. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    logit_cap first = {NULL, 0};
+    e->debug_logits = cap_logits;
+    e->debug_user = &first;
+    assert_ok(keel_complete(e, MSG1,
+                            "{\"max_tokens\": 6, \"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3}",
+                            NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r = parse(g_resp);
+    json_t *lp = json_object_get(json_object_get(r, "logprobs"), "content");
+    /* an end-of-generation token ends the answer and is not listed */
+    bool eog = strcmp(json_string_value(json_object_get(r, "finish_reason")), "stop") == 0;
+    size_t n_lp = json_array_size(lp);
+    assert_int_equal(n_lp, usage(r, "completion_tokens") - eog);
+    assert_true(n_lp >= 1);
+    double m = -INFINITY, s = 0.0;
+    for (int32_t i = 0; i < first.n; i++) m = fmax(m, first.row[i]);
+    for (int32_t i = 0; i < first.n; i++) s += exp((double)first.row[i] - m);
+    for (size_t i = 0; i < n_lp; i++) {
+        json_t *x = json_array_get(lp, i), *top = json_object_get(x, "top_logprobs");
+        double v = json_real_value(json_object_get(x, "logprob"));
+        assert_true(v <= 0.0);
+        assert_int_equal(json_array_size(top), 3);
+        assert_string_equal(json_string_value(json_object_get(x, "token")),
+                            json_string_value(json_object_get(json_array_get(top, 0), "token")));
+        assert_true(fabs(v - json_real_value(json_object_get(json_array_get(top, 0), "logprob"))) < 1e-6);
+        double p = 0.0, prev = 0.0;
+        for (size_t j = 0; j < 3; j++) {
+            double t = json_real_value(json_object_get(json_array_get(top, j), "logprob"));
+            if (j) assert_true(t <= prev);
+            prev = t;
+            p += exp(t);
+        }
+        assert_true(p <= 1.0 + 1e-6);
+        assert_true(json_array_size(json_object_get(x, "bytes")) > 0 || json_string_length(json_object_get(x, "token")) == 0);
+        if (i == 0) { /* the first step's logits, recomputed */
+            float mx = first.row[0];
+            for (int32_t k = 1; k < first.n; k++) mx = fmaxf(mx, first.row[k]);
+            double want = (double)mx - m - log(s);
+            printf("logprobs: first token %g (recomputed %g)\n", v, want);
+            assert_true(fabs(v - want) < 1e-5);
+        }
+    }
+    json_decref(r);
+    e->debug_logits = NULL;
+    free(first.row);
+    /* without the option: no logprobs; top_logprobs alone or out of range: refused */
+    assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 2}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    assert_null(json_object_get(r, "logprobs"));
+    json_decref(r);
+    assert_status(keel_complete(e, MSG1, "{\"top_logprobs\": 2}", NULL, NULL, NULL, g_resp, sizeof g_resp), KEEL_EINVAL);
+    assert_non_null(strstr(keel_engine_last_error(e), "top_logprobs needs logprobs"));
+    assert_status(keel_complete(e, MSG1, "{\"logprobs\": true, \"top_logprobs\": 21}", NULL, NULL, NULL, g_resp,
+                                sizeof g_resp), KEEL_EINVAL);
+    keel_engine_close(e);
+}
+
 typedef struct done_probe {
     keel_engine *e;
     int64_t requests, completion;
@@ -877,6 +941,7 @@ int main(void)
         cmocka_unit_test(test_swa_checkpoint_reuse),
         cmocka_unit_test(test_tool_choice_forced),
         cmocka_unit_test(test_stats_before_done),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),

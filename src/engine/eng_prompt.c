@@ -228,6 +228,14 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
                 o->ignore_eos = json_is_true(v);
         } else if (strcmp(k, "tool_choice") == 0) {
             st = parse_tool_choice(v, o, err);
+        } else if (strcmp(k, "logprobs") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "logprobs must be a boolean");
+            else
+                o->logprobs = json_is_true(v);
+        } else if (strcmp(k, "top_logprobs") == 0) {
+            if (json_is_null(v)) continue;
+            if ((st = num_i(v, k, 0, ENG_MAX_TOP_LOGPROBS, &i, err)) == KEEL_OK) o->top_logprobs = (int32_t)i;
         } else if (strcmp(k, "add_generation_prompt") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "add_generation_prompt must be a boolean");
@@ -238,6 +246,8 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
         }
         if (st != KEEL_OK) return st;
     }
+    if (o->top_logprobs > 0 && !o->logprobs)
+        return base_err(err, KEEL_EINVAL, "top_logprobs needs logprobs: true");
     if (o->samp.seed == 0) o->samp.seed = keel_time_ns() ^ 0x9e3779b97f4a7c15ull;
     return KEEL_OK;
 }
