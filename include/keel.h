@@ -467,10 +467,13 @@ typedef struct keel_mem_attn {
  * query scores every cell it may see (the sequence, causal and sliding
  * rules of dense attention) with score = sum_h iw[h] * max(0, iq_h . ik),
  * ik the cell's stored indexer key, keeps the top_k highest (all of them
- * when fewer are visible; equal scores: the lower (position, placement
- * stamp) first, so the set depends neither on the cells' physical order
- * nor on other queries or sequences), and attends over those alone in
- * (position, placement) order. A NaN score ranks below every number. */
+ * when fewer are visible), and attends over those alone in (position,
+ * placement) order. Equal scores across the top_k boundary (relu makes
+ * exact zeros common) are kept or dropped as std::partial_sort's heap
+ * selection (libstdc++, which llama.cpp's CPU top_k uses) does over the
+ * visible cells in (position, placement) order: deterministic, and
+ * independent of the cells' physical order, other queries and other
+ * sequences. A NaN score ranks below every number. */
 keel_status keel_mem_attend(keel_mem *mem, int32_t layer, const keel_mem_attn *a);
 
 /* Sequence edits. seq < 0 means every sequence where noted; p0 < 0 means 0

@@ -115,12 +115,17 @@ static void tok_data(uint64_t conv, int32_t pos, float *k, float *v, float *ik)
     test_fill_uniform(ik, DI, s + 2);
 }
 
+/* Head weights in (0.1, 1.1): a score is 0 only when no head sees a positive
+ * q.k (1 in 16 cells), so the double-precision reference below, which
+ * breaks ties by position, meets no tie at the top_k boundary
+ * (test_ties_as_llamacpp covers ties). */
 static void query_data(uint64_t conv, int32_t pos, float *q, float *iq, float *iw)
 {
     uint64_t s = base_hash64(&pos, sizeof pos, conv * 0x9e3779b97f4a7c15ull + 91);
     test_fill_uniform(q, NH * DK, s);
     test_fill_uniform(iq, IH * DI, s + 1);
     test_fill_uniform(iw, IH, s + 2);
+    for (int32_t h = 0; h < IH; h++) iw[h] = 0.6f + 0.5f * iw[h];
 }
 
 static void rope_f(const keel_rope *r, float *x, int32_t d, int32_t pos)
@@ -474,6 +479,75 @@ static void test_ties_and_visibility(void **state)
     keel_mem_close(m);
 }
 
+/* Equal scores across the top_k boundary are kept or dropped as llama.cpp's
+ * CPU top_k (libstdc++'s std::partial_sort over the cells in position
+ * order) keeps them: scores from {-1, 0, 1, 2} (exact in f32), and the
+ * kept positions std::partial_sort gave for them (g++ 12, libstdc++),
+ * each case one where "the lower position wins" would keep others. */
+static const struct {
+    int32_t n, k;
+    int8_t v[40];
+    int32_t keep[12];
+} g_tie_cases[] = {
+    {25, 12, {2, 1, 2, 0, 2, 0, 2, -1, 2, 0, 1, 1, -1, 2, 1, 0, 1, -1, 2, 0, 1, -1, 0, 2, 0}, {0, 1, 2, 4, 6, 8, 10, 13, 14, 16, 18, 23}},
+    {23, 12, {0, -1, 0, -1, 0, 0, -1, 2, 1, -1, 1, 1, -1, -1, 0, -1, 0, -1, 0, -1, 2, -1, 1}, {0, 4, 5, 7, 8, 10, 11, 14, 16, 18, 20, 22}},
+    {25, 11, {-1, 2, 1, -1, 2, 0, 1, 0, 1, 1, 0, -1, 1, 0, 0, 1, -1, 2, 0, -1, -1, -1, -1, 2, -1}, {1, 2, 4, 6, 7, 8, 9, 12, 15, 17, 23}},
+    {21, 5, {0, 2, -1, 0, 0, 2, -1, 1, 1, 1, 2, -1, 0, 0, -1, -1, -1, 1, 1, 0, -1}, {1, 5, 8, 9, 10}},
+    {27, 8, {2, 0, 1, 0, 1, 1, 1, 0, 1, -1, -1, 0, 0, -1, 2, 1, -1, -1, -1, -1, 2, 2, 0, 0, 1, 2, 2}, {0, 4, 8, 14, 20, 21, 25, 26}},
+};
+
+static void test_ties_as_llamacpp(void **state)
+{
+    (void)state;
+    h_cfg c = cfg_default();
+    c.idx_rope = false;
+    c.top_k = 16;
+    for (size_t tc = 0; tc < sizeof g_tie_cases / sizeof g_tie_cases[0]; tc++) {
+        keel_mem *m = open_mem(&c);
+        int32_t n = g_tie_cases[tc].n, k = g_tie_cases[tc].k;
+        /* score = relu(ik_0) - relu(ik_1) = v: head 0 reads dim 0 with weight
+         * 1, head 1 dim 1 with weight -1 */
+        for (int32_t p = 0; p < n; p++) {
+            int32_t pos = p, seq = 0, cell;
+            float kk[DK] = {0}, vv[DV] = {0}, ik[DI] = {0};
+            float v = g_tie_cases[tc].v[p];
+            ik[0] = v > 0 ? v : 0;
+            ik[1] = v < 0 ? -v : 0;
+            vv[0] = (float)p;
+            keel_mem_batch b = {1, &pos, &seq, NULL, NULL, NULL};
+            assert_ok(keel_mem_place(m, &b, &cell));
+            assert_ok(keel_mem_write_kvi(m, 0, 1, &cell, kk, vv, ik));
+        }
+        float q[NH * DK] = {0}, iq[2 * DI] = {0}, iw[2] = {1.0f, -1.0f}, out[NH * DV];
+        iq[0] = 1.0f;
+        iq[DI + 1] = 1.0f;
+        int32_t pos = n - 1, seq = 0, sel[16];
+        keel_mem_attn a;
+        memset(&a, 0, sizeof a);
+        a.n_tokens = 1;
+        a.n_heads = NH;
+        a.q = q;
+        a.pos = &pos;
+        a.seq = &seq;
+        a.out = out;
+        a.iq = iq;
+        a.iw = iw;
+        a.n_iq_heads = 2;
+        a.top_k = k;
+        a.sel = sel;
+        assert_ok(keel_mem_attend(m, 0, &a));
+        for (int32_t j = 0; j < k; j++)
+            if (sel[j] != g_tie_cases[tc].keep[j])
+                fail_msg("case %zu: kept cell %d is %d, std::partial_sort keeps %d", tc, j, sel[j],
+                         g_tie_cases[tc].keep[j]);
+        /* equal q.k everywhere: the output is the mean of the kept values */
+        double mean = 0;
+        for (int32_t j = 0; j < k; j++) mean += g_tie_cases[tc].keep[j];
+        assert_close(out[0], mean / k, 1e-4);
+        keel_mem_close(m);
+    }
+}
+
 /* One scripted run of three conversations: A decodes throughout in seq 0,
  * B in seq 1 is released (seq_rm) at step 25 and C starts in seq 1 reusing
  * its cells, D in seq 2 runs until step 40; with `alone`, only
@@ -775,6 +849,7 @@ int main(void)
         cmocka_unit_test(test_plan_and_misuse),
         cmocka_unit_test(test_topk_matches_reference),
         cmocka_unit_test(test_ties_and_visibility),
+        cmocka_unit_test(test_ties_as_llamacpp),
         cmocka_unit_test(test_two_slot_release),
         cmocka_unit_test(test_edit_rerotates),
         cmocka_unit_test(test_compaction),

@@ -19,11 +19,15 @@
  *   - Scores are scaled, then soft-capped (cap * tanh(s / cap)), then masked.
  *   - Sparse attention (an indexer column and a->iq): each query token is its
  *     own block; it scores every cell it may see against its indexer query
- *     (sum_h w_h relu(q_h . ik)), keeps the top_k in a heap ordered by
- *     (score, then lower (position, stamp)), and attends over those cells
- *     sorted by (position, stamp): the same path as deterministic mode over
- *     a list, so the result depends neither on the physical layout nor on
- *     the other queries.
+ *     (sum_h w_h relu(q_h . ik)), keeps the top_k highest, and attends over
+ *     those cells sorted by (position, stamp): the same path as
+ *     deterministic mode over a list, so the result depends neither on the
+ *     physical layout nor on the other queries. Equal scores across the
+ *     top_k boundary (relu makes exact zeros common) are resolved by the
+ *     binary-heap selection of libstdc++'s std::partial_sort run over the
+ *     visible cells in (position, stamp) order, which is how llama.cpp's CPU
+ *     top_k resolves them for a sequence in a fresh context (its cells in
+ *     position order); without such a tie the kept set is simply the top_k.
  *
  * Scratch (reserved at open by mem_attn_scratch_bytes): prepared queries for
  * n_batch_max tokens, per-thread score tiles, partials for split tasks. None
@@ -42,7 +46,10 @@ typedef mem_attn_dims attn_dims;
 
 mem_attn_dims mem_attn_dims_of(const keel_mem_config *cfg, const keel_mem_layer *layers)
 {
-    attn_dims d = {1, 1, 1, 1, 4, cfg->deterministic ? cfg->n_ctx : 0, 0, 0, 0, 0};
+    attn_dims d = {1, 1, 1, 1, 4, cfg->deterministic ? cfg->n_ctx : 0, 0, 0, 0, 0, 0};
+    /* sparse attention lists a query's visible cells (and scores them) */
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        if (mem_layer_has_kv(&layers[i]) && layers[i].idx_head_dim > 0) d.vis_cap = cfg->n_ctx;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *l = &layers[i];
         if (!mem_layer_has_kv(l)) continue;
@@ -78,10 +85,11 @@ static inline size_t up64(size_t x)
 /* per-thread layout: scores [TB * G][CB] f32 | vis [TB][CHUNK] u8 | idx [CHUNK] i32 |
  * m, l [TB * n_heads] f32 each | q row pointers [TB * G] | acc row pointers
  * [TB * G] | active rows [TB * G] u8 | deterministic mode: the query's
- * ordered visible cells [order_cap] i32, sparse attention: its kept cells
- * [topk_max] i32 (the larger of the two) | sparse: their scores [topk_max] f32 */
+ * ordered visible cells [order_cap] i32 (sparse attention: its visible cells,
+ * [vis_cap]; the larger of the two) | sparse attention: the kept cells
+ * [topk_max] i32, their scores [topk_max] f32, every cell's score [vis_cap] f32 */
 typedef struct thread_layout {
-    size_t vis, idx, ml, qp, ap, act, order, hs, total;
+    size_t vis, idx, ml, qp, ap, act, order, kept, hs, sall, total;
 } thread_layout;
 
 static thread_layout layout_of(const attn_dims *d)
@@ -95,8 +103,10 @@ static thread_layout layout_of(const attn_dims *d)
     l.ap = l.qp + up64(rows * sizeof(void *));
     l.act = l.ap + up64(rows * sizeof(float *));
     l.order = l.act + up64(rows);
-    l.hs = l.order + up64((size_t)BASE_MAX(d->order_cap, d->topk_max) * sizeof(int32_t));
-    l.total = l.hs + up64((size_t)d->topk_max * sizeof(float));
+    l.kept = l.order + up64((size_t)BASE_MAX(d->order_cap, d->vis_cap) * sizeof(int32_t));
+    l.hs = l.kept + up64((size_t)d->topk_max * sizeof(int32_t));
+    l.sall = l.hs + up64((size_t)d->topk_max * sizeof(float));
+    l.total = l.sall + up64((size_t)d->vis_cap * sizeof(float));
     return l;
 }
 
@@ -306,18 +316,75 @@ static void keep_push(const mem_table *t, int32_t *hc, float *hs, int32_t i)
     }
 }
 
+/*
+ * Ties across the top_k boundary: the selection libstdc++'s
+ * std::partial_sort(first, first + k, last, greater-by-score) makes, which
+ * llama.cpp's CPU top_k uses: a heap of the first k elements (make_heap),
+ * then each later element larger than the heap's smallest replaces it
+ * (pop_heap into its place); hole-to-leaf sift-down, then sift-up, as that
+ * library does. Run over the visible cells in (position, stamp) order (cell
+ * order of a fresh single-sequence llama.cpp context), so that equal
+ * scores are kept or dropped as the reference keeps them; f[0 .. k) then
+ * holds the kept cells. v: every cell's score.
+ */
+static void ps_push(int32_t *f, int64_t hole, int64_t top, int32_t value, const float *v)
+{
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && v[f[parent]] > v[value]) {
+        f[hole] = f[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    f[hole] = value;
+}
+
+static void ps_adjust(int32_t *f, int64_t hole, int64_t len, int32_t value, const float *v)
+{
+    int64_t top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (v[f[child]] > v[f[child - 1]]) child--;
+        f[hole] = f[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        f[hole] = f[child - 1];
+        hole = child - 1;
+    }
+    ps_push(f, hole, top, value, v);
+}
+
+static void partial_sort_select(int32_t *f, int32_t n, int32_t k, const float *v)
+{
+    if (k >= 2)
+        for (int64_t parent = (k - 2) / 2;; parent--) {
+            ps_adjust(f, parent, k, f[parent], v);
+            if (parent == 0) break;
+        }
+    for (int32_t i = k; i < n; i++)
+        if (v[f[i]] > v[f[0]]) {
+            int32_t value = f[i];
+            f[i] = f[0];
+            ps_adjust(f, 0, k, value, v);
+        }
+}
+
 /* The indexer's choice for query token ti: the top_k cells it may see by
- * score (sum_h w_h relu(q_h . ik)), ties to the lower (position, stamp),
- * into hc[0 .. n) (hs: their scores); returns n. */
-static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t ti, int32_t *hc, float *hs)
+ * score (sum_h w_h relu(q_h . ik)) into hc[0 .. n) (hs: their scores);
+ * returns n. vis: scratch for the visible cells, sall: every cell's score
+ * ([cap] each). Ties across the boundary: partial_sort_select. */
+static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t ti, int32_t *hc, float *hs, int32_t *vis,
+                            float *sall)
 {
     const keel_mem_attn *a = x->a;
     const mem_col *ic = &t->cols[x->col + MEM_COL_IDX];
-    int32_t s = a->seq[ti], p = a->pos[ti], H = x->n_iq, K = x->top_k, n = 0;
+    int32_t s = a->seq[ti], p = a->pos[ti], H = x->n_iq, K = x->top_k, n = 0, n_vis = 0;
     const float *w = a->iw + (size_t)ti * (size_t)H;
     const uint8_t *base = mem_col_row(t, ic, 0, 0);
     for (int32_t c = 0; c < t->cap; c++) {
         if (!visible(t, c, s, p)) continue;
+        vis[n_vis++] = c;
         const uint8_t *row = base + (size_t)c * ic->head_row_bytes;
         float sc = 0.0f;
         for (int32_t h = 0; h < H; h++) {
@@ -328,6 +395,7 @@ static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t ti, i
             if (d > 0.0f) sc += w[h] * d;
         }
         if (sc != sc) sc = -INFINITY; /* NaN ranks below every number */
+        sall[c] = sc;
         if (n < K) {
             hc[n] = c;
             hs[n] = sc;
@@ -338,6 +406,19 @@ static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t ti, i
             hs[0] = sc;
             keep_sift(t, hc, hs, n, 0);
         }
+    }
+    if (n_vis <= K) return n;
+    /* a tie across the boundary: a dropped cell scores as the lowest kept */
+    float lo = hs[0];
+    int32_t eq_kept = 0, eq_all = 0;
+    for (int32_t j = 0; j < n; j++) eq_kept += hs[j] == lo;
+    for (int32_t j = 0; j < n_vis; j++) eq_all += sall[vis[j]] == lo;
+    if (eq_all == eq_kept) return n;
+    mem_heap_sort(vis, n_vis, cell_before, t);
+    partial_sort_select(vis, n_vis, K, sall);
+    for (int32_t j = 0; j < K; j++) {
+        hc[j] = vis[j];
+        hs[j] = sall[vis[j]];
     }
     return n;
 }
@@ -398,8 +479,9 @@ static void attn_task(void *vctx, int64_t task, int thread)
     if (x->sparse) {
         /* sparse attention (one token per block, no splits): the cells the
          * indexer keeps, in (position, placement) order */
-        int32_t *ord = (int32_t *)(ts + tl.order);
-        int32_t n_ord = select_top_k(x, t, t0, ord, (float *)(ts + tl.hs));
+        int32_t *ord = (int32_t *)(ts + tl.kept);
+        int32_t n_ord = select_top_k(x, t, t0, ord, (float *)(ts + tl.hs), (int32_t *)(ts + tl.order),
+                                     (float *)(ts + tl.sall));
         mem_heap_sort(ord, n_ord, cell_before, t);
         if (a->sel) {
             int32_t *out = a->sel + (size_t)t0 * (size_t)x->sel_stride;

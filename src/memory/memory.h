@@ -160,6 +160,7 @@ typedef struct mem_attn_dims {
     int32_t order_cap; /* deterministic mode: cells a query's ordered list may hold, else 0 */
     /* sparse attention (0 without indexer columns) */
     int32_t ih_max, ik_max, topk_max; /* indexer query heads, key dims, top_k */
+    int32_t vis_cap;   /* cells a query's visible list may hold (n_ctx), else 0 */
     size_t iqrow_max;  /* bytes of one prepared indexer query row */
 } mem_attn_dims;
 
