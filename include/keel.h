@@ -738,7 +738,7 @@ void keel_model_close(keel_model *m);
 
 typedef struct keel_model_info {
     const char *arch;     /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                             "mamba2", "gpt-oss" */
+                             "mamba2", "gpt-oss", "deepseek32" */
     const char *name;     /* general.name, or "" */
     int32_t n_vocab;
     int32_t n_ctx_train;
@@ -823,7 +823,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                            "mamba2", "gpt-oss" */
+                            "mamba2", "gpt-oss", "deepseek32" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -839,6 +839,7 @@ typedef struct keel_gen_params {
     int32_t n_expert;      /* qwen3next, gpt-oss: experts (4) */
     int32_t n_expert_used; /* experts per token (2) */
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
+    int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
@@ -849,7 +850,13 @@ keel_gen_params keel_gen_params_default(void);
  * dims head_dim / 4); qwen3next adds MoE (n_ff per expert) and a gated
  * shared expert (n_ff); mamba2 has d_inner 2 * n_embd in n_head heads and
  * n_head_kv groups; gpt-oss alternates sliding (n_swa, 0: 32) and full
- * layers with sinks, biases, MoE of SwiGLU-OAI experts and YaRN (factor 32). */
+ * layers with sinks, biases, MoE of SwiGLU-OAI experts and YaRN (factor 32);
+ * deepseek32 has multi-head latent attention in n_head heads (q.k dims
+ * head_dim + head_dim RoPE, values head_dim, q and kv ranks 2 head_dim:
+ * a cache row of 3 head_dim, values of 2), the DSA indexer (4 heads of
+ * 2 head_dim, top_k), layer 0 dense and MoE after it (sigmoid router with
+ * a selection bias, weights normalized and scaled by 2.5, a shared expert
+ * of n_ff); head_dim a multiple of 16; n_head_kv is ignored (MLA). */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:
