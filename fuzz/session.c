@@ -2,17 +2,17 @@
  * session.c — libFuzzer target: arbitrary bytes loaded as a session blob
  * (keel_mem_load) into a memory with a full and a sliding group, quantized
  * and rotated columns, two sequences, and (bit 3 of the first byte) a
- * recurrent layer with checkpoints, and (bit 5) indexer columns on both
- * attention layers (sparse attention: q8_0 rotated keys in the full group,
- * f16 in the ring). A refused load must leave the memory
+ * recurrent layer with checkpoints. A refused load must leave the memory
  * byte-identical; an accepted one must pass keel_mem_check and save back to
  * a blob that loads again. Any violation aborts. The first byte picks the
  * target sequence (or the whole memory), conversion (bit 2), the memory
- * (bits 3 and 5) and whether the section checksums are recomputed first (bit 4),
- * so that mutations reach the parser behind them. Seeds
- * (fuzz/corpus/libfuzzer_session): blobs keel_mem_save wrote from this
- * target's own memories (dense, hybrid, sparse, sparse hybrid; sequence 0
- * and whole; plain and resealed), a converted load, and a dense blob into
+ * (bit 3: hybrid; else bit 5: attention only with ring checkpoints; bit 6,
+ * with either: indexer columns on both attention layers, sparse attention,
+ * q8_0 rotated keys in the full group and f16 in the ring) and whether the
+ * section checksums are recomputed first (bit 4), so that mutations reach
+ * the parser behind them. Seeds (fuzz/corpus/libfuzzer_session): blobs
+ * keel_mem_save wrote from this target's own memories (each memory; sequence
+ * 0 and whole; plain and resealed), a converted load, and a dense blob into
  * the sparse memory and back (refused: the column registries differ).
  */
 #include "keel.h"
@@ -23,7 +23,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static keel_mem *open_mem(bool hybrid, bool sparse)
+static keel_mem *open_mem(bool hybrid, bool ring_ckpt, bool sparse)
 {
     keel_mem_layer ls[3];
     ls[0] = keel_mem_layer_default();
@@ -62,7 +62,7 @@ static keel_mem *open_mem(bool hybrid, bool sparse)
     cfg.n_seq_max = 2;
     cfg.n_batch_max = 8;
     cfg.n_threads = 1;
-    cfg.n_ckpt = hybrid ? 2 : 0;
+    cfg.n_ckpt = hybrid || ring_ckpt ? 2 : 0;
     keel_mem *m = NULL;
     return keel_mem_open(&cfg, &m, NULL) == KEEL_OK ? m : NULL;
 }
@@ -91,8 +91,8 @@ static uint8_t g_out[1 << 20];
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
-    bool hybrid = data[0] & 8, sparse = data[0] & 32;
-    keel_mem *m = open_mem(hybrid, sparse);
+    bool hybrid = data[0] & 8, ring_ckpt = !hybrid && (data[0] & 32), sparse = data[0] & 64;
+    keel_mem *m = open_mem(hybrid, ring_ckpt, sparse);
     if (!m) abort();
     /* a little state to overwrite: 5 tokens of sequence 1 (and a checkpoint) */
     int32_t pos[5] = {0, 1, 2, 3, 4}, seq[5] = {1, 1, 1, 1, 1}, cells[10];
@@ -104,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (keel_mem_write_kvi(m, l, 5, cells + 5 * keel_mem_layer_group(m, l), kv, kv, sparse ? kv : NULL) !=
             KEEL_OK)
             abort();
-    if (hybrid && keel_mem_ckpt_take(m, 1) != KEEL_OK) abort();
+    if ((hybrid || ring_ckpt) && keel_mem_ckpt_take(m, 1) != KEEL_OK) abort();
     int32_t target = data[0] % 3 == 2 ? -1 : data[0] % 3;
     uint8_t *blob = malloc(size);
     if (!blob) abort();
@@ -120,7 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (keel_mem_check(m) != KEEL_OK) abort();
         size_t n = 0;
         if (keel_mem_save(m, target, 0, toks, nt, 0, g_out, sizeof g_out, &n) != KEEL_OK) abort();
-        keel_mem *m2 = open_mem(hybrid, sparse);
+        keel_mem *m2 = open_mem(hybrid, ring_ckpt, sparse);
         if (!m2) abort();
         int32_t nt2 = 0;
         if (keel_mem_load(m2, target, g_out, n, 0, 0, NULL, 0, &nt2, NULL) != KEEL_OK || nt2 != nt) abort();

@@ -675,7 +675,13 @@ keel_status keel_mem_rs_state(keel_mem *mem, int32_t layer, int32_t seq, float *
 bool keel_mem_is_recurrent(const keel_mem *mem);
 
 /* A checkpoint of a sequence: its recurrent state and the sliding rings'
- * rows a query at `pos` needs, taken when the sequence ended at pos - 1. */
+ * rows a query at `pos` needs, taken when the sequence ended at pos - 1.
+ * A memory without recurrent layers but with sliding ones keeps
+ * checkpoints of ring rows alone (n_ckpt > 0): a rewind below
+ * keel_mem_seq_rewind_min, which seq_rm cannot do exactly (the rings forgot
+ * those tokens), restores one (keel_mem_ckpt_restore). Such checkpoints are
+ * dropped by every operation that changes what the sequence holds below
+ * them (removals, copies into it, position edits, compaction). */
 typedef struct keel_mem_ckpt_info {
     int32_t pos;     /* covers positions < pos: seq_rm(seq, p0 >= pos, -1) can restore it */
     int32_t pos_min; /* the sequence's first position when taken */
@@ -684,17 +690,26 @@ typedef struct keel_mem_ckpt_info {
 
 /* Takes a checkpoint of seq at its end (pos = seq_pos_max + 1); the oldest
  * of seq is dropped when n_ckpt are held. A no-op when the newest already
- * has that position. KEEL_EINVAL (bad seq), KEEL_EUNSUPPORTED (no
- * recurrent layers or n_ckpt 0), KEEL_ESTATE (seq holds no tokens).
- * Allocates nothing (storage planned at open). */
+ * has that position. KEEL_EINVAL (bad seq), KEEL_EUNSUPPORTED (n_ckpt 0),
+ * KEEL_ESTATE (seq holds no tokens). Allocates nothing (storage planned at
+ * open). */
 keel_status keel_mem_ckpt_take(keel_mem *mem, int32_t seq);
+/* Restores seq's newest checkpoint at or before p0: attention truncated to
+ * positions below its pos, the rings' cells of seq replaced by the saved
+ * ones, the recurrent state copied back; *pos (may be NULL) receives the
+ * checkpoint's pos, where the caller resumes feeding tokens. KEEL_ESTATE
+ * (none at or before p0), KEEL_EFULL (the rings lack room for the saved
+ * cells, or a shared state needs a free slot), KEEL_EINVAL; nothing changed
+ * on failure. Allocates nothing. */
+keel_status keel_mem_ckpt_restore(keel_mem *mem, int32_t seq, int32_t p0, int32_t *pos);
 /* seq's checkpoints, oldest first, into out[0 .. cap); *n their number. */
 void keel_mem_ckpt_list(const keel_mem *mem, int32_t seq, keel_mem_ckpt_info *out, int32_t cap,
                         int32_t *n);
-/* The position seq_rm(seq, p0, -1) would rewind to: p0 itself when
- * nothing needs restoring (p0 at or past the end, at or before the start,
- * or a memory without recurrent layers), else the newest checkpoint at or
- * before p0, or -1 when none covers it (seq_rm would return KEEL_ESTATE). */
+/* The position a rewind to p0 resumes from: p0 itself when nothing needs
+ * restoring (p0 at or past the end, at or before the start; on an
+ * attention memory p0 at or above keel_mem_seq_rewind_min, where seq_rm is
+ * exact), else the newest checkpoint's position at or before p0, or -1 when
+ * none covers it (a recurrent seq_rm would return KEEL_ESTATE). */
 int32_t keel_mem_ckpt_find(const keel_mem *mem, int32_t seq, int32_t p0);
 /* Bytes of one checkpoint record and of all of them (planned at open). */
 size_t keel_mem_ckpt_record_bytes(const keel_mem *mem);
@@ -914,11 +929,16 @@ typedef struct keel_context_params {
                            query's attention alone over its cells in position order);
                            concurrent sequences then give exactly the results they
                            give alone. Slower prefill (false) */
-    /* models with recurrent layers (qwen35, qwen3next, mamba2): checkpoints
-     * of each sequence's state, so that a prompt sharing a prefix resumes
-     * from the newest one at or before the divergence (keel_context_rewind);
-     * ignored for other models */
-    int32_t n_ctx_checkpoints; /* kept per sequence, oldest dropped (8); 0: none */
+    /* checkpoints of each sequence, taken at the end of every prompt batch,
+     * so that a prompt sharing a prefix resumes from the newest one at or
+     * before the divergence (keel_context_rewind): on models with
+     * recurrent layers (qwen35, qwen3next, mamba2) the state and the rings'
+     * rows; on attention models with sliding layers (gemma2, gpt-oss, or
+     * swa_window) the rings' rows, for divergences the rings have already
+     * forgotten (each costs a copy of the sequence's rings: see keel_plan);
+     * full attention needs none (ignored) */
+    int32_t n_ctx_checkpoints; /* kept per sequence, oldest dropped; 0: none; -1 (default):
+                                  8 with recurrent layers, else 0 */
     int32_t checkpoint_every;  /* > 0: also every this many prompt tokens (0: only at
                                   the end of each prompt) */
 } keel_context_params;
@@ -1026,12 +1046,13 @@ keel_status keel_session_load(keel_context *c, int32_t seq, const char *path, un
                               int32_t cap, int32_t *n_tokens, int32_t *n_pending);
 /*
  * Prepares sequence seq to continue at position p0 (a prompt that shares
- * its first p0 tokens with what seq holds): removes positions >= p0. On a
- * model with recurrent layers this restores the newest checkpoint at or
- * before p0, or, when none covers it, empties the sequence (the state
- * cannot be truncated). *resume (may be NULL) receives the position the
- * caller must feed from (p0 itself for attention-only models, the
- * checkpoint's position, or 0). KEEL_EINVAL (bad seq), KEEL_EFULL (a
+ * its first p0 tokens with what seq holds), exactly: removes positions
+ * >= p0 where that is exact (attention at or above keel_mem_seq_rewind_min),
+ * else restores the newest checkpoint at or before p0 (a recurrent state
+ * cannot be truncated; sliding rings forgot the tokens a query at p0
+ * needs), else empties the sequence. *resume (may be NULL) receives the
+ * position the caller must feed from (p0 itself, the checkpoint's
+ * position, or 0). KEEL_EINVAL (bad seq), KEEL_EFULL (a
  * restore found no room), detail in keel_context_last_error. Allocates
  * nothing.
  */

@@ -6,10 +6,13 @@ set -u
 
 PKGS="build-essential cmake pkg-config clang llvm libclang-rt-14-dev
 libopenblas-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev
-libzstd-dev libjansson-dev libmicrohttpd-dev"
+libzstd-dev libjansson-dev libmicrohttpd-dev nodejs npm"
 
 missing=""
 for p in $PKGS; do
+    # node and npm from elsewhere (e.g. a newer nodejs that bundles npm) will do
+    if [ "$p" = nodejs ] && command -v node >/dev/null 2>&1; then continue; fi
+    if [ "$p" = npm ] && command -v npm >/dev/null 2>&1; then continue; fi
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
         missing="$missing $p"
     fi

@@ -109,6 +109,28 @@ static void test_pool_parallel_for(void **state)
     assert_int_equal(atomic_load(&c.sum), 45);
 }
 
+/* Per-thread jobs right after ordinary ones: a worker still leaving the previous job (its
+ * generation read, the job already done by others) must not take the per-thread flag of the
+ * next job as its own and run it twice (seen once under ASan load before the fix). */
+static void test_pool_per_thread_after_run(void **state)
+{
+    (void)state;
+    for (int nt = 2; nt <= 4; nt++) {
+        base_pool *p;
+        assert_ok(base_pool_open(nt, &p));
+        for (int rep = 0; rep < 3000; rep++) {
+            sum_ctx c;
+            memset(&c, 0, sizeof c);
+            base_pool_run(p, 2 + rep % 3, sum_task, &c);
+            sum_ctx d;
+            memset(&d, 0, sizeof d);
+            base_pool_run_per_thread(p, per_thread_task, &d);
+            for (int t = 0; t < nt; t++) assert_int_equal(atomic_load(&d.per_thread_hits[t]), 1);
+        }
+        base_pool_close(p);
+    }
+}
+
 static void test_rng_deterministic(void **state)
 {
     (void)state;
@@ -167,6 +189,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_table),      cmocka_unit_test(test_size_math),
         cmocka_unit_test(test_arena_bounds),      cmocka_unit_test(test_pool_parallel_for),
+        cmocka_unit_test(test_pool_per_thread_after_run),
         cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_alloc_sweep_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -650,9 +650,9 @@ static void test_run_hybrid_fixtures(void **state)
     unlink(lgout);
     /* the flags are checked */
     char err[8192];
-    snprintf(cmd, sizeof cmd, "%s run -m %s -p x --ctx-checkpoints -1", bin(), g_spm);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p x --ctx-checkpoints -2", bin(), g_spm);
     assert_int_equal(run_err(cmd, err, sizeof err), 2);
-    assert_non_null(strstr(err, "--ctx-checkpoints -1"));
+    assert_non_null(strstr(err, "--ctx-checkpoints -2"));
     snprintf(cmd, sizeof cmd, "%s run -m %s -p x --checkpoint-every x", bin(), g_spm);
     assert_int_equal(run_err(cmd, err, sizeof err), 2);
     /* gen-model writes the new architectures and run reads them */

@@ -219,6 +219,83 @@ static void test_recurrent_reuse(void **state)
     unlink(path);
 }
 
+/* A sliding-window model (gemma2, window 8): turn 1 generates past the
+ * window, so turn 2's divergence lies where the rings no longer hold the
+ * tokens it needs. With ring checkpoints the cache resumes from the newest
+ * one at or before the divergence, bit-identical to a fresh engine
+ * (deterministic mode); without them the cache is reset, named. */
+static void test_swa_checkpoint_reuse(void **state)
+{
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/keel_engine_swa_XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "gemma2";
+    gp.n_layer = 2;
+    gp.n_embd = 64;
+    gp.n_head = 4;
+    gp.n_head_kv = 2;
+    gp.n_swa = 8;
+    gp.seed = 11;
+    char err[256], opts[512], opts0[512];
+    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
+    const char *base = "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16%s}";
+    snprintf(opts, sizeof opts, base, path, ", \"ctx_checkpoints\": 8, \"checkpoint_every\": 4");
+    snprintf(opts0, sizeof opts0, base, path, ", \"ctx_checkpoints\": 0");
+    keel_engine *e = NULL, *f = NULL, *z = NULL;
+    assert_ok(keel_engine_open(opts, &e, err));
+    assert_ok(keel_engine_open(opts, &f, err));
+    assert_ok(keel_engine_open(opts0, &z, err));
+    logit_cap a = {NULL, 0}, b = {NULL, 0};
+    const char *o1 = "{\"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true}";
+    const char *o2 = "{\"max_tokens\": 4, \"temperature\": 0}";
+    assert_ok(keel_complete(e, MSG1, o1, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r1 = parse(g_resp);
+    assert_int_equal(usage(r1, "completion_tokens"), 24);
+    e->debug_logits = cap_logits;
+    e->debug_user = &a;
+    assert_ok(keel_complete(e, MSG2, o2, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r2 = parse(g_resp);
+    int64_t p1 = usage(r1, "prompt_tokens"), c2 = usage(r2, "cached_tokens");
+    printf("swa: turn 1 %lld prompt + 24 generated; turn 2 %lld prompt, %lld cached (%s)\n", (long long)p1,
+           (long long)usage(r2, "prompt_tokens"), (long long)c2,
+           json_string_value(json_object_get(json_object_get(r2, "memory"), "cache")));
+    assert_true(c2 > 0 && c2 <= p1 + 24);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(r2, "memory"), "cache")), "reused");
+    f->debug_logits = cap_logits;
+    f->debug_user = &b;
+    assert_ok(keel_complete(f, MSG2, o2, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r3 = parse(g_resp);
+    assert_int_equal(usage(r3, "cached_tokens"), 0);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.row, b.row, (size_t)a.n * sizeof(float));
+    assert_string_equal(json_string_value(json_object_get(r2, "content")), json_string_value(json_object_get(r3, "content")));
+    /* no checkpoints: the same turns reset the cache and say why */
+    assert_ok(keel_complete(z, MSG1, o1, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *z1 = parse(g_resp);
+    assert_ok(keel_complete(z, MSG2, o2, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *z2 = parse(g_resp);
+    const char *note = json_string_value(json_object_get(json_object_get(z2, "memory"), "cache"));
+    printf("swa without checkpoints: %lld cached (%s)\n", (long long)usage(z2, "cached_tokens"), note);
+    assert_int_equal(usage(z2, "cached_tokens"), 0);
+    assert_true(note && strncmp(note, "reset", 5) == 0);
+    assert_string_equal(json_string_value(json_object_get(z2, "content")), json_string_value(json_object_get(r3, "content")));
+    json_decref(r1);
+    json_decref(r2);
+    json_decref(r3);
+    json_decref(z1);
+    json_decref(z2);
+    free(a.row);
+    free(b.row);
+    keel_engine_close(e);
+    keel_engine_close(f);
+    keel_engine_close(z);
+    unlink(path);
+}
+
 typedef struct counter {
     int content, stop_after;
     size_t bytes;
@@ -709,6 +786,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_turns_reuse),   cmocka_unit_test(test_callback_stops),
         cmocka_unit_test(test_recurrent_reuse),
+        cmocka_unit_test(test_swa_checkpoint_reuse),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),

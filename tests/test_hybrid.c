@@ -370,9 +370,9 @@ static void test_plan_and_params(void **state)
     test_alloc_uninstall();
     assert_ok(st);
     assert_int_equal(live, (int64_t)pl.total_bytes);
-    cp.n_ctx_checkpoints = -1;
+    cp.n_ctx_checkpoints = -2;
     assert_status(keel_context_plan(m, &cp, &pl, err), KEEL_EINVAL);
-    assert_non_null(strstr(err, "n_ctx_checkpoints -1"));
+    assert_non_null(strstr(err, "n_ctx_checkpoints -2"));
     cp.n_ctx_checkpoints = 0;
     cp.checkpoint_every = -3;
     assert_status(keel_context_plan(m, &cp, &pl, err), KEEL_EINVAL);

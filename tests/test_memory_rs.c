@@ -147,14 +147,14 @@ static void test_plan_exact_and_failing_allocator(void **state)
     char err[BASE_ERR_CAP];
     assert_status(keel_mem_open(&c2, &m, err), KEEL_EINVAL);
     assert_non_null(strstr(err, "below one checkpoint record"));
-    /* checkpoints without recurrent layers; a bad recurrent shape */
+    /* checkpoints of full attention alone (it needs none); a bad recurrent shape */
     keel_mem_layer full = attn_layer(KEEL_MEM_LAYER_FULL);
     keel_mem_config c3 = keel_mem_config_default();
     c3.layers = &full;
     c3.n_layers = 1;
     c3.n_ckpt = 2;
     assert_status(keel_mem_open(&c3, &m, err), KEEL_EINVAL);
-    assert_non_null(strstr(err, "checkpoints need recurrent layers"));
+    assert_non_null(strstr(err, "checkpoints need recurrent or sliding layers"));
     keel_mem_layer bad = rs_layer();
     bad.rs.conv_kernel = 0;
     c3.layers = &bad;

@@ -341,7 +341,7 @@ static keel_status feed(keel_context *c, int32_t s, const int32_t *toks, int32_t
     return KEEL_OK;
 }
 
-static uint64_t script(keel_model *m, bool save_load, uint64_t seed)
+static uint64_t script(keel_model *m, bool save_load, uint64_t seed, int32_t n_ckpt)
 {
     keel_context_params cp = keel_context_params_default();
     cp.n_ctx = 256;
@@ -352,6 +352,8 @@ static uint64_t script(keel_model *m, bool save_load, uint64_t seed)
     cp.n_threads = 2;
     cp.type_k = KEEL_DTYPE_Q8_0;
     cp.deterministic = true; /* the loaded cells' physical order must not matter */
+    cp.n_ctx_checkpoints = n_ckpt; /* > 0 on a sliding model: ring checkpoints */
+    cp.checkpoint_every = n_ckpt > 0 ? 8 : 0;
     keel_context *c = NULL;
     char err[256];
     if (keel_context_open(m, &cp, &c, err) != KEEL_OK) fail_msg("context: %s", err);
@@ -381,10 +383,14 @@ static uint64_t script(keel_model *m, bool save_load, uint64_t seed)
         h = base_hash64(keel_logits(c, n - 1), (size_t)model_vocab(m) * sizeof(float), h);
         uint64_t r = base_rng_next(&rng) % 10;
         if (r == 0 && used[conv] > 8) { /* rewind a few tokens (a recurrent state from a checkpoint) */
-            int32_t p0 = used[conv] - 3 - (int32_t)(base_rng_next(&rng) % 6), resume = -1;
+            /* ring checkpoints: deep enough that the rings (window 16) forgot the tokens */
+            int32_t depth = n_ckpt > 0 && !rs ? 40 : 6;
+            int32_t p0 = used[conv] - 3 - (int32_t)(base_rng_next(&rng) % (uint64_t)depth), resume = -1;
+            if (p0 < 0) p0 = 0;
+            bool below = p0 < keel_mem_seq_rewind_min(mem, s); /* attention: only a checkpoint helps */
             assert_ok(keel_context_rewind(c, s, p0, &resume));
             assert_true(resume >= 0 && resume <= p0);
-            g_resumes += rs && resume > 0;
+            g_resumes += rs ? resume > 0 : below && resume > 0;
             st = feed(c, s, hist[conv] + resume, p0 - resume, false);
             if (st == KEEL_EFULL) { /* the other conversation took the room */
                 assert_ok(keel_mem_seq_rm(mem, s, 0, -1));
@@ -428,19 +434,27 @@ static void test_model_sessions_change_nothing(void **state)
 {
     (void)state;
     /* attention (full, sliding), hybrid (Gated DeltaNet + attention, the
-     * states and checkpoints in the blob), recurrent only, sparse attention
-     * (deepseek32: the indexer keys in the blob, top_k 16 of up to 256) */
-    const char *archs[5] = {"llama", "gemma2", "qwen35", "mamba2", "deepseek32"};
-    for (int a = 0; a < 5; a++) {
+     * states and checkpoints in the blob), recurrent only */
+    /* the fifth: the sliding model with ring checkpoints (the rows a rewind
+     * below the rings' reach restores, saved and loaded with the rest); the
+     * sixth: sparse attention (deepseek32: the indexer keys in the blob,
+     * top_k 16 of up to 256 cells) */
+    const char *archs[6] = {"llama", "gemma2", "qwen35", "mamba2", "gemma2", "deepseek32"};
+    const int32_t ckpts[6] = {-1, -1, -1, -1, 6, -1};
+    for (int a = 0; a < 6; a++) {
         keel_model *m = gen_model(archs[a]);
         g_resumes = 0;
         for (uint64_t seed = 1; seed <= 3; seed++) {
             g_loads = 0;
-            uint64_t plain = script(m, false, seed), with = script(m, true, seed);
+            uint64_t plain = script(m, false, seed, ckpts[a]), with = script(m, true, seed, ckpts[a]);
             assert_true(g_loads >= 8); /* sequences moved and whole memories reloaded */
-            if (plain != with) fail_msg("%s seed %llu: logits differ after save/load", archs[a], (unsigned long long)seed);
+            if (plain != with)
+                fail_msg("%s (checkpoints %d) seed %llu: logits differ after save/load", archs[a], ckpts[a],
+                         (unsigned long long)seed);
         }
-        if (a == 2 || a == 3) assert_true(g_resumes >= 2); /* checkpoints restored, loaded ones among them */
+        printf("%s (checkpoints %d): %d rewinds resumed from a checkpoint\n", archs[a], ckpts[a], g_resumes);
+        if (a >= 2 && a <= 4) assert_true(g_resumes >= 2); /* checkpoints restored, loaded ones among them */
+        if (a < 2 || a == 5) assert_int_equal(g_resumes, 0); /* no checkpoints without asking */
         keel_model_close(m);
     }
 }

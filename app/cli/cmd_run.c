@@ -190,7 +190,7 @@ int cmd_run(int argc, char **argv)
         hist = h2;
         memcpy(todo, hist + n_hist - pending, (size_t)pending * sizeof(int32_t));
         if (n_prompt) memcpy(todo + pending, ids, (size_t)n_prompt * sizeof(int32_t));
-        memcpy(hist + n_hist, ids, (size_t)n_prompt * sizeof(int32_t));
+        if (n_prompt) memcpy(hist + n_hist, ids, (size_t)n_prompt * sizeof(int32_t)); /* ids NULL without -p */
         n_hist += n_prompt;
         free(ids);
         ids = todo;

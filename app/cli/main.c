@@ -2,6 +2,7 @@
  * main.c — the keel CLI entry: dispatches to one command per file.
  */
 #include "cli.h"
+#include "../server/srv.h"
 
 #include <errno.h>
 #include <string.h>
@@ -27,6 +28,9 @@ static const cli_command g_commands[] = {
     {"template", cmd_template, "template --file T.jinja --vars V.json      render a chat template (template -h)"},
     {"gen-model", cmd_gen_model,
      "gen-model --arch A [options] --out F      write a random-weight GGUF model"},
+    {"serve", cmd_serve, "serve -m MODEL [--port 8080] [-np N] ...     OpenAI/Anthropic HTTP server (serve -h)"},
+    {"bench-serve", cmd_bench_serve,
+     "bench-serve [-m MODEL] [--json]           server throughput and TTFT at concurrency 1..8"},
 };
 
 void cli_write_file(void *user, const char *text, size_t n)

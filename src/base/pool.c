@@ -104,6 +104,11 @@ static void *pool_worker_main(void *arg)
         if (atomic_load(&p->stop)) break;
         seen = gen;
         if (atomic_load_explicit(&p->per_thread, memory_order_acquire)) {
+            /* A per-thread job stores claim before per_thread: a worker that read a stale
+             * generation (a finished job) may see the flag of the next one; its claim names
+             * that job's generation, so skip and wait for the generation to catch up. */
+            uint_fast64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+            if ((c >> 32) != (gen & 0xffffffffu)) continue;
             /* the caller waits for every worker in this mode: fields are stable */
             base_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
             void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);

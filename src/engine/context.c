@@ -28,7 +28,7 @@ keel_context_params keel_context_params_default(void)
     p.swa_period = 2;
     p.unified = true;
     p.compact = keel_compact_params_default();
-    p.n_ctx_checkpoints = 8;
+    p.n_ctx_checkpoints = -1; /* 8 with recurrent layers, else none */
     p.checkpoint_every = 0;
     return p;
 }
@@ -91,11 +91,15 @@ static keel_status resolve(const keel_model *m, const keel_context_params *in,
     if (p->n_sink < 0) return base_err(err, KEEL_EINVAL, "n_sink %d", p->n_sink);
     if (p->swa_window < 0 || (p->swa_window > 0 && p->swa_period < 1))
         return base_err(err, KEEL_EINVAL, "swa_window %d / swa_period %d", p->swa_window, p->swa_period);
-    if (p->n_ctx_checkpoints < 0 || p->n_ctx_checkpoints > 4096)
-        return base_err(err, KEEL_EINVAL, "n_ctx_checkpoints %d (need 0..4096)", p->n_ctx_checkpoints);
+    if (p->n_ctx_checkpoints < -1 || p->n_ctx_checkpoints > 4096)
+        return base_err(err, KEEL_EINVAL, "n_ctx_checkpoints %d (need 0..4096, or -1: the default)",
+                        p->n_ctx_checkpoints);
     if (p->checkpoint_every < 0 || p->checkpoint_every > (1 << 26))
         return base_err(err, KEEL_EINVAL, "checkpoint_every %d (need 0..2^26)", p->checkpoint_every);
-    if (hp->n_recurrent == 0) p->n_ctx_checkpoints = 0; /* attention rewinds without them */
+    /* recurrent states rewind only through checkpoints: 8 by default; an
+     * attention model's (ring rows, only with sliding layers: see sizes)
+     * cost a ring copy each, so they are taken only when asked for */
+    if (p->n_ctx_checkpoints < 0) p->n_ctx_checkpoints = hp->n_recurrent > 0 ? 8 : 0;
     return check_compact(m, p, &p->compact, err);
 }
 
@@ -119,7 +123,9 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
     z->mc.n_batch_max = p->n_ubatch;
     z->mc.n_threads = p->n_threads;
     z->mc.deterministic = p->deterministic;
-    z->mc.n_ckpt = p->n_ctx_checkpoints;
+    bool sliding = false;
+    for (int32_t i = 0; i < hp->n_layer; i++) sliding |= z->layers[i].kind == KEEL_MEM_LAYER_SLIDING;
+    z->mc.n_ckpt = hp->n_recurrent > 0 || sliding ? p->n_ctx_checkpoints : 0; /* full attention needs none */
     keel_status st = mem_config_bytes_shared(&z->mc, &z->mem, err);
     if (st != KEEL_OK) return st;
     z->work = model_work_bytes(&m->w, p->n_ubatch, p->n_threads);
@@ -394,7 +400,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
         c->ub_prot[i] = tt == TEXT_TOKEN_CONTROL || tt == TEXT_TOKEN_USER_DEFINED;
     }
     int32_t row0 = 0, every = c->p.checkpoint_every;
-    bool ckpt = hp->n_recurrent > 0 && c->p.n_ctx_checkpoints > 0;
+    bool ckpt = keel_mem_ckpt_record_bytes(c->mem) > 0;
     /* sequences given several tokens: a prompt, checkpointed at its end */
     uint8_t prompt[MEM_SEQ_MAX];
     memset(prompt, 0, sizeof prompt);
@@ -486,7 +492,16 @@ keel_status keel_context_rewind(keel_context *c, int32_t seq, int32_t p0, int32_
         return base_err(c->err, KEEL_EINVAL, "rewind: sequence %d out of range (n_seq_max %d)", seq,
                         c->p.n_seq_max);
     if (p0 < 0) p0 = 0;
-    keel_status st = keel_mem_seq_rm(c->mem, seq, p0, -1);
+    keel_status st;
+    if (keel_mem_is_recurrent(c->mem)) {
+        st = keel_mem_seq_rm(c->mem, seq, p0, -1);
+    } else if (p0 >= keel_mem_seq_rewind_min(c->mem, seq)) {
+        st = keel_mem_seq_rm(c->mem, seq, p0, -1); /* exact */
+    } else {
+        /* the rings forgot tokens the query at p0 needs: a checkpoint of
+         * them at or before p0 */
+        st = keel_mem_ckpt_restore(c->mem, seq, p0, NULL);
+    }
     if (st == KEEL_ESTATE) /* no checkpoint covers p0: recompute from the start */
         st = keel_mem_seq_rm(c->mem, seq, -1, -1);
     if (st != KEEL_OK) return base_err(c->err, st, "rewind: %s", keel_mem_last_error(c->mem));

@@ -63,7 +63,7 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         else if (strcmp(k, "swa_sinks") == 0) st = get_i32(v, k, 0, 1 << 16, &p->cp.n_sink, err);
         else if (strcmp(k, "max_prompt_tokens") == 0) st = get_i32(v, k, 1, 1 << 26, &p->max_prompt_tokens, err);
         else if (strcmp(k, "cache_ram_mib") == 0) st = get_i32(v, k, 0, 1 << 24, &p->cache_ram_mib, err);
-        else if (strcmp(k, "ctx_checkpoints") == 0) st = get_i32(v, k, 0, 4096, &p->cp.n_ctx_checkpoints, err);
+        else if (strcmp(k, "ctx_checkpoints") == 0) st = get_i32(v, k, -1, 4096, &p->cp.n_ctx_checkpoints, err);
         else if (strcmp(k, "checkpoint_every") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.checkpoint_every, err);
         else if (strcmp(k, "deterministic") == 0) {
             if (!json_is_boolean(v))
@@ -411,7 +411,7 @@ keel_status keel_engine_run(keel_engine *e)
     pthread_mutex_unlock(&e->mu);
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->queue_head) {
+        while (!e->stop && !e->queue_head && !e->ctl_head) { /* slot actions wake it too */
             bool busy = false;
             for (int32_t i = 0; i < e->n_slots && !busy; i++) busy = e->slots[i].state != ENG_SLOT_IDLE;
             if (busy) break;
@@ -425,6 +425,7 @@ keel_status keel_engine_run(keel_engine *e)
     }
     eng_finish_all(e, "cancelled");
     eng_reap(e);
+    eng_run_controls(e); /* slot actions queued before the stop: their callers wait */
     pthread_mutex_lock(&e->mu);
     e->running = false;
     pthread_cond_broadcast(&e->cv);

@@ -306,6 +306,11 @@ static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const
     ev.index = -1;
     ev.response = resp ? resp : "{\"error\":\"out of memory\"}";
     ev.status = status;
+    /* counted as finish() counts: requests = ok + failed + cancelled */
+    pthread_mutex_lock(&e->mu);
+    e->n_failed += status != KEEL_OK && status != KEEL_ECANCELED;
+    e->n_cancelled += status == KEEL_ECANCELED;
+    pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev);
     complete(e, r, status, resp, len);
 }
@@ -479,21 +484,18 @@ static keel_status reuse_prefix(keel_engine *e, eng_slot *sl, int32_t lcp, char 
             sl->cache_note = "reset: the cache was compacted and the prompt does not extend it";
         }
     } else if (lcp < sl->n_hist) {
-        int32_t rmin = keel_mem_seq_rewind_min(mem, sl->seq);
-        if (lcp >= rmin) {
-            /* a recurrent state resumes from its newest checkpoint at or
-             * before the divergence (or from nothing) */
-            int32_t resume = lcp;
-            keel_status st = keel_context_rewind(e->ctx, sl->seq, lcp, &resume);
-            if (st != KEEL_OK) return base_err(err, st, "cache: %s", keel_context_last_error(e->ctx));
-            sl->n_hist = BASE_MIN(resume, lcp);
-            if (sl->n_hist == 0 && lcp > 0)
-                sl->cache_note = "reset: no recurrent-state checkpoint at or before the divergence";
-        } else {
-            eng_slot_clear(e, sl);
-            lcp = 0;
-            sl->cache_note = "reset: the prompt diverges where the sliding layers no longer hold the tokens";
-        }
+        /* exact where the memory still holds what the divergence needs; else
+         * the newest checkpoint at or before it (a recurrent state, or the
+         * sliding rings' rows); else from nothing */
+        int32_t resume = lcp;
+        keel_status st = keel_context_rewind(e->ctx, sl->seq, lcp, &resume);
+        if (st != KEEL_OK) return base_err(err, st, "cache: %s", keel_context_last_error(e->ctx));
+        sl->n_hist = BASE_MIN(resume, lcp);
+        if (sl->n_hist == 0 && lcp > 0)
+            sl->cache_note = keel_mem_is_recurrent(mem)
+                                 ? "reset: no recurrent-state checkpoint at or before the divergence"
+                                 : "reset: the prompt diverges where the sliding layers no longer hold the "
+                                   "tokens and no checkpoint covers it";
     }
     sl->n_fed = sl->n_hist;
     sl->n_reused = sl->n_hist;

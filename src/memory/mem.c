@@ -178,21 +178,22 @@ static keel_status validate_config(const keel_mem_config *cfg, char *err)
         return base_err(err, KEEL_EINVAL, "n_batch_max %d (need 1..2^20)", cfg->n_batch_max);
     if (cfg->n_threads < 0 || cfg->n_threads > 256)
         return base_err(err, KEEL_EINVAL, "n_threads %d (need 0..256)", cfg->n_threads);
-    bool recurrent = false;
+    bool recurrent = false, sliding = false;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         keel_status st = validate_layer(&cfg->layers[i], i, err);
         if (st != KEEL_OK) return st;
         recurrent |= cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT;
+        sliding |= cfg->layers[i].kind == KEEL_MEM_LAYER_SLIDING;
     }
     if (cfg->n_rs_slots < 0 || cfg->n_rs_slots > (1 << 16))
         return base_err(err, KEEL_EINVAL, "n_rs_slots %d (need 0..65536; 0 = n_seq_max)",
                         cfg->n_rs_slots);
     if (cfg->n_ckpt < 0 || cfg->n_ckpt > 4096)
         return base_err(err, KEEL_EINVAL, "n_ckpt %d (need 0..4096)", cfg->n_ckpt);
-    if (cfg->n_ckpt > 0 && !recurrent)
+    if (cfg->n_ckpt > 0 && !recurrent && !sliding)
         return base_err(err, KEEL_EINVAL,
-                        "n_ckpt %d: checkpoints need recurrent layers (attention alone rewinds "
-                        "exactly down to keel_mem_seq_rewind_min)",
+                        "n_ckpt %d: checkpoints need recurrent or sliding layers (full attention "
+                        "alone rewinds exactly anywhere)",
                         cfg->n_ckpt);
     /* group cell ids are stream * cap + cell in int32 */
     int64_t n_streams = cfg->unified ? 1 : cfg->n_seq_max;
@@ -735,7 +736,8 @@ static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32
     mem_attn_dims ad = mem_attn_dims_of(cfg, cfg->layers);
     size_t ss = mem_session_scratch_bytes(cells, n_ck, cfg->n_layers, BASE_MAX(ad.dk_max + ad.dv_max, ad.ik_max));
     size_t r = mem_rs_scratch_bytes(cfg, max_cap);
-    return BASE_MAX(BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k)), BASE_MAX(ss, r));
+    size_t cp = align_up_((size_t)max_cap * sizeof(int32_t)); /* seq_cp: dst's cells sorted */
+    return BASE_MAX(BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k)), BASE_MAX(BASE_MAX(ss, r), cp));
 }
 
 static keel_status mem_plan(const keel_mem_config *cfg, bool own_pool, size_t *block,
@@ -1011,7 +1013,7 @@ uint64_t keel_mem_digest(const keel_mem *m)
                 h = base_hash64(t->cols[c].data, t->cols[c].data_bytes, h);
         }
     }
-    if (m->n_rs_layers > 0) h = mem_rs_digest(m, h);
+    if (m->n_rs_layers > 0 || m->n_ckpt > 0) h = mem_rs_digest(m, h);
     int64_t tp = m->tokens_placed;
     h = base_hash64(&tp, sizeof tp, h);
     h = base_hash64(m->exact_from, (size_t)m->cfg.n_seq_max * sizeof(int32_t), h);
@@ -1426,6 +1428,10 @@ keel_status keel_mem_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
     norm_range(&p0, &p1);
     if (m->n_rs_layers > 0) return mem_rs_seq_rm(m, s, p0, p1);
     mem_attn_rm(m, s, p0, p1);
+    /* an attention memory's checkpoints covering removed positions go, and
+     * all of an emptied sequence's (it starts over) */
+    for (int32_t q = 0; m->n_ckpt > 0 && q < m->cfg.n_seq_max; q++)
+        if (s < 0 || q == s) mem_ck_drop(m, q, mem_seq_holds(m, q) ? p0 : -1);
     return KEEL_OK;
 }
 
@@ -1476,6 +1482,39 @@ void mem_attn_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
     }
 }
 
+/* (stamp, position) order of cells of one table */
+static bool less_stamp_pos_cell(const void *ctx, int32_t a, int32_t b)
+{
+    const mem_table *t = ctx;
+    return t->stamp[a] < t->stamp[b] || (t->stamp[a] == t->stamp[b] && t->pos[a] < t->pos[b]);
+}
+
+/* s's cells of t in (stamp, position) order into idx; returns how many. */
+static int32_t seq_sorted(const mem_table *t, int32_t s, int32_t *idx)
+{
+    int32_t n = 0;
+    for (int32_t c = 0; c < t->cap; c++)
+        if (t->pos[c] >= 0 && mem_seq_has(t, c, s)) idx[n++] = c;
+    mem_heap_sort(idx, n, less_stamp_pos_cell, t);
+    return n;
+}
+
+/* Does one of idx[0 .. n) (sorted by seq_sorted) hold the token of stamp
+ * st at position p? */
+static bool sorted_has(const mem_table *t, const int32_t *idx, int32_t n, uint64_t st, int32_t p)
+{
+    int32_t lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2, c = idx[mid];
+        if (t->stamp[c] == st && t->pos[c] == p) return true;
+        if (t->stamp[c] < st || (t->stamp[c] == st && t->pos[c] < p))
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return false;
+}
+
 keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, int32_t p1)
 {
     if (!m) return KEEL_EINVAL;
@@ -1492,15 +1531,24 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
         if (st != KEEL_OK) return st;
         if (m->seq_slot[src] < 0) return KEEL_OK; /* nothing to copy */
     }
+    /* a token dst already holds at that position is not copied again: a
+     * sequence never holds two cells of one (stamp, position), so its sinks
+     * and ring cap count tokens (scratch: dst's cells sorted, per table) */
+    int32_t max_cap = 1;
+    for (int32_t g = 0; g < m->n_groups; g++) max_cap = BASE_MAX(max_cap, m->groups[g].tables[0].cap);
+    base_arena_reset(&m->scratch);
+    int32_t *have = base_arena_take_n(&m->scratch, (size_t)max_cap, sizeof(int32_t));
+    if (!have) return base_err(m->err, KEEL_ESCRATCH, "seq_cp: scratch exhausted");
     if (m->n_streams == 1) {
         m->anchor_valid[dst] = 0;
         if (m->exact_from[src] > m->exact_from[dst]) m->exact_from[dst] = m->exact_from[src];
         for (int32_t g = 0; g < m->n_groups; g++) {
             mem_table *t = &m->groups[g].tables[0];
             bool any = false;
+            int32_t nh = seq_sorted(t, dst, have);
             for (int32_t c = 0; c < t->cap; c++)
                 if (t->pos[c] >= p0 && t->pos[c] < p1 && mem_seq_has(t, c, src) &&
-                    !mem_seq_has(t, c, dst)) {
+                    !mem_seq_has(t, c, dst) && !sorted_has(t, have, nh, t->stamp[c], t->pos[c])) {
                     mem_seq_set(t, c, dst);
                     any = true;
                 }
@@ -1508,14 +1556,15 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
             if (any) mem_table_refresh(t);
         }
         if (m->n_rs_layers > 0) mem_rs_seq_cp_commit(m, src, dst);
+        else if (m->n_ckpt > 0) mem_ck_drop(m, dst, p0); /* dst now holds more below them */
         return KEEL_OK;
     }
     /* split streams: copy cells into dst's tables; validate room first */
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *ts = &m->groups[g].tables[src], *td = &m->groups[g].tables[dst];
-        int32_t cnt = 0;
+        int32_t cnt = 0, nh = seq_sorted(td, dst, have);
         for (int32_t c = 0; c < ts->cap; c++)
-            if (ts->pos[c] >= p0 && ts->pos[c] < p1) cnt++;
+            if (ts->pos[c] >= p0 && ts->pos[c] < p1 && !sorted_has(td, have, nh, ts->stamp[c], ts->pos[c])) cnt++;
         if (cnt > td->cap - td->n_used)
             return base_err(m->err, KEEL_EFULL,
                             "seq_cp: group %d: %d cells to copy, %d free in sequence %d's stream",
@@ -1526,8 +1575,9 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
     for (int32_t g = 0; g < m->n_groups; g++) {
         mem_table *ts = &m->groups[g].tables[src], *td = &m->groups[g].tables[dst];
         bool any = false;
+        int32_t nh = seq_sorted(td, dst, have); /* before this group's copies */
         for (int32_t c = 0; c < ts->cap; c++) {
-            if (ts->pos[c] < p0 || ts->pos[c] >= p1) continue;
+            if (ts->pos[c] < p0 || ts->pos[c] >= p1 || sorted_has(td, have, nh, ts->stamp[c], ts->pos[c])) continue;
             int32_t d = mem_table_find_free(td);
             if (d > m->max_cell_touched) m->max_cell_touched = d;
             mem_table_copy_cell_from(td, d, ts, c);
@@ -1538,6 +1588,7 @@ keel_status keel_mem_seq_cp(keel_mem *m, int32_t src, int32_t dst, int32_t p0, i
         if (any) mem_table_refresh(td);
     }
     if (m->n_rs_layers > 0) mem_rs_seq_cp_commit(m, src, dst);
+    else if (m->n_ckpt > 0) mem_ck_drop(m, dst, p0);
     return KEEL_OK;
 }
 
@@ -1572,6 +1623,8 @@ keel_status keel_mem_seq_keep(keel_mem *m, int32_t s)
         }
     }
     if (m->n_rs_layers > 0) mem_rs_seq_keep(m, s);
+    for (int32_t q = 0; m->n_rs_layers == 0 && m->n_ckpt > 0 && q < m->cfg.n_seq_max; q++)
+        if (q != s) mem_ck_drop(m, q, -1);
     return KEEL_OK;
 }
 
@@ -1734,7 +1787,13 @@ static keel_status seq_edit(keel_mem *m, const char *what, int32_t s, int32_t p0
             t->evict_max[s] = evict_max_edited(t->evict_max[s], p0, p1, delta, div);
         if (marked) mem_table_refresh(t);
     }
-    if (m->n_rs_layers > 0) mem_rs_edit_commit(m, s, p0, p1, delta, div, ck_floor);
+    if (m->n_rs_layers > 0) {
+        mem_rs_edit_commit(m, s, p0, p1, delta, div, ck_floor);
+    } else if (m->n_ckpt > 0) {
+        /* checkpoints below every moved token's new position still hold */
+        int64_t low = div > 0 ? (int64_t)p0 / div : BASE_MIN((int64_t)p0, (int64_t)p0 + delta);
+        mem_ck_drop(m, s, (int32_t)BASE_MAX(low, 0));
+    }
     return KEEL_OK;
 }
 

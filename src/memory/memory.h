@@ -331,6 +331,18 @@ void mem_rs_edit_commit(keel_mem *m, int32_t s, int32_t p0, int32_t p1, int32_t 
                         int32_t div, int32_t floor);
 void mem_rs_after_compact(keel_mem *m, int32_t s);
 void mem_rs_clear(keel_mem *m);
+/* A sequence's span, whether it holds tokens, and the stamp of its last
+ * token (0: none), from the recurrent state on a recurrent memory, else
+ * from the tables. */
+int32_t mem_seq_lo(const keel_mem *m, int32_t s);
+int32_t mem_seq_hi(const keel_mem *m, int32_t s);
+bool mem_seq_holds(const keel_mem *m, int32_t s);
+uint64_t mem_seq_last_stamp(const keel_mem *m, int32_t s);
+/* Drops the checkpoints of s covering positions >= above (pos > above;
+ * above < 0: all). An attention memory's checkpoints (ring rows only) are
+ * dropped by every operation that changes what a sequence holds below
+ * them: removals, copies into it, edits, compaction, keep, clear. */
+void mem_ck_drop(keel_mem *m, int32_t s, int32_t above);
 /* Releases seq s's slot and checkpoints (the sequence was emptied). */
 void mem_rs_drop_seq(keel_mem *m, int32_t s);
 /* keel_mem_check's part for the recurrent half (x: scratch of the largest

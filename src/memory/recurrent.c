@@ -40,6 +40,39 @@ static inline int32_t rs_hi(const keel_mem *m, int32_t s)
     return m->rs_pos_max[s];
 }
 
+/* A sequence's span and last stamp, whichever half describes it: the
+ * recurrent state's on a recurrent memory, the tables' on an attention
+ * memory (whose checkpoints hold ring rows only). */
+int32_t mem_seq_hi(const keel_mem *m, int32_t s)
+{
+    return m->n_rs_layers > 0 ? rs_hi(m, s) : mem_tables_pos_max(m, s);
+}
+
+int32_t mem_seq_lo(const keel_mem *m, int32_t s)
+{
+    return m->n_rs_layers > 0 ? rs_lo(m, s) : mem_tables_pos_min(m, s);
+}
+
+bool mem_seq_holds(const keel_mem *m, int32_t s)
+{
+    return m->n_rs_layers > 0 ? m->seq_slot[s] >= 0 : mem_tables_pos_max(m, s) >= 0;
+}
+
+/* The stamp of s's last token (the newest of its cells at its largest
+ * position), 0 when it holds none. */
+uint64_t mem_seq_last_stamp(const keel_mem *m, int32_t s)
+{
+    if (m->n_rs_layers > 0) return m->rs_stamp[s];
+    int32_t hi = mem_tables_pos_max(m, s);
+    uint64_t best = 0;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        const mem_table *t = mem_table_of(m, g, s);
+        for (int32_t c = 0; c < t->cap; c++)
+            if (t->pos[c] == hi && mem_seq_has(t, c, s) && t->stamp[c] > best) best = t->stamp[c];
+    }
+    return best;
+}
+
 bool keel_mem_is_recurrent(const keel_mem *m)
 {
     return m && m->n_rs_layers > 0;
@@ -59,8 +92,7 @@ size_t mem_rs_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap)
     return 2 * c + x;
 }
 
-/* Drops the checkpoints of s covering positions >= above (above < 0: all). */
-static void drop_ckpts(keel_mem *m, int32_t s, int32_t above)
+void mem_ck_drop(keel_mem *m, int32_t s, int32_t above)
 {
     for (int32_t i = 0; i < m->n_ckpt; i++) {
         mem_ckpt *c = mem_ck(m, s, i);
@@ -70,17 +102,17 @@ static void drop_ckpts(keel_mem *m, int32_t s, int32_t above)
 
 void mem_rs_drop_seq(keel_mem *m, int32_t s)
 {
+    mem_ck_drop(m, s, -1);
     if (m->n_rs_layers == 0) return;
     if (m->seq_slot[s] >= 0) m->rs_refs[m->seq_slot[s]]--;
     m->seq_slot[s] = -1;
     m->rs_pos_min[s] = m->rs_pos_max[s] = -1;
     m->rs_stamp[s] = 0;
-    drop_ckpts(m, s, -1);
+    mem_ck_drop(m, s, -1);
 }
 
 void mem_rs_clear(keel_mem *m)
 {
-    if (m->n_rs_layers == 0) return;
     for (int32_t k = 0; k < m->n_rs_slots; k++) m->rs_refs[k] = 0;
     for (int32_t s = 0; s < m->cfg.n_seq_max; s++) {
         m->seq_slot[s] = -1;
@@ -231,16 +263,16 @@ keel_status keel_mem_ckpt_take(keel_mem *m, int32_t s)
     m->err[0] = 0;
     if (s < 0 || s >= m->cfg.n_seq_max)
         return base_err(m->err, KEEL_EINVAL, "ckpt_take: unknown sequence id %d", s);
-    if (m->n_rs_layers == 0 || m->n_ckpt == 0)
+    if (m->n_ckpt == 0)
         return base_err(m->err, KEEL_EUNSUPPORTED,
-                        m->n_rs_layers == 0
-                            ? "ckpt_take: the memory has no recurrent layers"
-                            : "ckpt_take: no checkpoint storage (n_ckpt 0)");
-    int32_t k = m->seq_slot[s];
-    if (k < 0) return base_err(m->err, KEEL_ESTATE, "ckpt_take: sequence %d holds no tokens", s);
-    int32_t pos = rs_hi(m, s) + 1;
+                        "ckpt_take: no checkpoint storage (n_ckpt 0; checkpoints need recurrent or "
+                        "sliding layers)");
+    if (!mem_seq_holds(m, s)) return base_err(m->err, KEEL_ESTATE, "ckpt_take: sequence %d holds no tokens", s);
+    int32_t k = m->n_rs_layers > 0 ? m->seq_slot[s] : -1;
+    int32_t pos = mem_seq_hi(m, s) + 1;
+    uint64_t last = mem_seq_last_stamp(m, s);
     int32_t nw = ck_newest(m, s);
-    if (nw >= 0 && mem_ck(m, s, nw)->pos == pos && mem_ck(m, s, nw)->stamp == m->rs_stamp[s])
+    if (nw >= 0 && mem_ck(m, s, nw)->pos == pos && mem_ck(m, s, nw)->stamp == last)
         return KEEL_OK;
     base_arena_reset(&m->scratch);
     int32_t max_cap = 1;
@@ -258,7 +290,7 @@ keel_status keel_mem_ckpt_take(keel_mem *m, int32_t s)
     }
     uint8_t *data = mem_ck_data(m, s, rec);
     size_t bytes = m->rs_slot_floats * sizeof(float);
-    memcpy(data, mem_rs_slot(m, k), bytes);
+    if (k >= 0) memcpy(data, mem_rs_slot(m, k), bytes);
     for (int32_t g = 0; g < m->n_groups; g++) {
         const mem_ckpt_ring *rr = &m->ckpt_ring[g];
         mem_table *t = mem_table_of(m, g, s);
@@ -301,8 +333,8 @@ keel_status keel_mem_ckpt_take(keel_mem *m, int32_t s)
     }
     mem_ckpt *c = mem_ck(m, s, rec);
     c->pos = pos;
-    c->pos_min = rs_lo(m, s);
-    c->stamp = m->rs_stamp[s];
+    c->pos_min = mem_seq_lo(m, s);
+    c->stamp = last;
     c->order = ++m->ckpt_order;
     c->bytes = bytes;
     return KEEL_OK;
@@ -341,7 +373,12 @@ int32_t keel_mem_ckpt_find(const keel_mem *m, int32_t s, int32_t p0)
 {
     if (!m || s < 0 || s >= m->cfg.n_seq_max) return -1;
     if (p0 < 0) p0 = 0;
-    if (m->n_rs_layers == 0 || m->seq_slot[s] < 0) return p0;
+    if (!mem_seq_holds(m, s)) return p0;
+    if (m->n_rs_layers == 0) { /* attention truncates exactly down to the rewind bound */
+        if (p0 >= keel_mem_seq_rewind_min(m, s)) return p0;
+        int32_t j = ck_at_or_before(m, s, p0);
+        return j < 0 ? -1 : mem_ck(m, s, j)->pos;
+    }
     if (p0 > rs_hi(m, s) || p0 <= rs_lo(m, s)) return p0;
     int32_t i = ck_at_or_before(m, s, p0);
     return i < 0 ? -1 : mem_ck(m, s, i)->pos;
@@ -379,7 +416,7 @@ static keel_status ring_room(keel_mem *m, int32_t s, int32_t rec)
             if (t->pos[c] >= 0 && mem_seq_has(t, c, s) && mem_seq_count(t, c) == 1) avail++;
         if (avail < hdr[0])
             return base_err(m->err, KEEL_EFULL,
-                            "seq_rm: restoring the checkpoint of sequence %d needs %d cells in "
+                            "restoring the checkpoint of sequence %d needs %d cells in "
                             "sliding group %d, %d free",
                             s, hdr[0], g, avail);
     }
@@ -419,17 +456,51 @@ static void restore(keel_mem *m, int32_t s, int32_t rec)
         t->evict_max[s] = hdr[1];
         mem_table_refresh(t);
     }
-    int32_t k = m->seq_slot[s];
-    if (m->rs_refs[k] > 1) {
-        m->rs_refs[k]--;
-        k = mem_rs_take_slot(m); /* validated */
-        m->rs_refs[k] = 1;
-        m->seq_slot[s] = k;
+    int32_t pos = ck->pos;
+    if (m->n_rs_layers > 0) {
+        int32_t k = m->seq_slot[s];
+        if (m->rs_refs[k] > 1) {
+            m->rs_refs[k]--;
+            k = mem_rs_take_slot(m); /* validated */
+            m->rs_refs[k] = 1;
+            m->seq_slot[s] = k;
+        }
+        memcpy(mem_rs_slot(m, k), data, m->rs_slot_floats * sizeof(float));
+        m->rs_pos_max[s] = pos - 1;
+        m->rs_stamp[s] = ck->stamp;
     }
-    memcpy(mem_rs_slot(m, k), data, m->rs_slot_floats * sizeof(float));
-    m->rs_pos_max[s] = ck->pos - 1;
-    m->rs_stamp[s] = ck->stamp;
-    drop_ckpts(m, s, ck->pos);
+    mem_ck_drop(m, s, pos);
+}
+
+/* Validates restoring record rec of s: a state slot of its own when s
+ * shares one, room in the rings. */
+static keel_status restore_check(keel_mem *m, int32_t s, int32_t rec)
+{
+    if (m->n_rs_layers > 0 && m->rs_refs[m->seq_slot[s]] > 1 && mem_rs_free_slots(m) < 1)
+        return base_err(m->err, KEEL_EFULL,
+                        "restoring sequence %d's checkpoint needs a free recurrent state slot (it "
+                        "shares its state), none of %d is free",
+                        s, m->n_rs_slots);
+    return ring_room(m, s, rec);
+}
+
+keel_status keel_mem_ckpt_restore(keel_mem *m, int32_t s, int32_t p0, int32_t *pos)
+{
+    if (pos) *pos = -1;
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (s < 0 || s >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "ckpt_restore: unknown sequence id %d", s);
+    if (p0 < 0) p0 = 0;
+    int32_t rec = mem_seq_holds(m, s) ? ck_at_or_before(m, s, p0) : -1;
+    if (rec < 0)
+        return base_err(m->err, KEEL_ESTATE,
+                        "ckpt_restore: sequence %d has no checkpoint at or before %d: nothing changed", s, p0);
+    keel_status st = restore_check(m, s, rec);
+    if (st != KEEL_OK) return st;
+    if (pos) *pos = mem_ck(m, s, rec)->pos;
+    restore(m, s, rec);
+    return KEEL_OK;
 }
 
 keel_status mem_rs_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
@@ -472,12 +543,7 @@ keel_status mem_rs_seq_rm(keel_mem *m, int32_t s, int32_t p0, int32_t p1)
                             "%d): nothing changed",
                             q, p0, p0, hi);
         }
-        if (m->rs_refs[m->seq_slot[q]] > 1 && mem_rs_free_slots(m) < 1)
-            return base_err(m->err, KEEL_EFULL,
-                            "seq_rm: restoring sequence %d's checkpoint needs a free recurrent "
-                            "state slot (it shares its state), none of %d is free",
-                            q, m->n_rs_slots);
-        keel_status st = ring_room(m, q, rec);
+        keel_status st = restore_check(m, q, rec);
         if (st != KEEL_OK) return st;
         restore_rec = rec;
     }
@@ -596,17 +662,18 @@ void mem_rs_edit_commit(keel_mem *m, int32_t s, int32_t p0, int32_t p1, int32_t 
     }
     /* checkpoints covering edited positions, or positions moved tokens
      * now take, no longer describe the sequence */
-    drop_ckpts(m, s, floor);
+    mem_ck_drop(m, s, floor);
 }
 
 void mem_rs_after_compact(keel_mem *m, int32_t s)
 {
+    mem_ck_drop(m, s, -1);
     if (m->n_rs_layers == 0 || m->seq_slot[s] < 0) return;
     /* renumbering moves the kept tokens to 0..; keeping positions leaves
      * the first one where it was */
     m->rs_pos_min[s] = BASE_MIN(m->rs_pos_min[s], mem_tables_pos_min(m, s));
     m->rs_pos_max[s] = mem_tables_pos_max(m, s);
-    drop_ckpts(m, s, -1);
+    mem_ck_drop(m, s, -1);
 }
 
 /* ---- invariants and digest -------------------------------------------------------- */
@@ -622,7 +689,7 @@ static bool all_finite(const float *x, size_t n)
 
 keel_status mem_rs_check(keel_mem *m, float *x)
 {
-    if (m->n_rs_layers == 0) return KEEL_OK;
+    if (m->n_rs_layers == 0 && m->n_ckpt == 0) return KEEL_OK;
     int32_t ns = m->cfg.n_seq_max;
     for (int32_t k = 0; k < m->n_rs_slots; k++) {
         int32_t cnt = 0;
@@ -636,15 +703,16 @@ keel_status mem_rs_check(keel_mem *m, float *x)
     for (int32_t g = 0; g < m->n_groups && gf < 0; g++)
         if (m->groups[g].kind == KEEL_MEM_LAYER_FULL) gf = g;
     for (int32_t s = 0; s < ns; s++) {
-        int32_t k = m->seq_slot[s], lo = rs_lo(m, s), hi = rs_hi(m, s);
-        if (k < -1 || k >= m->n_rs_slots) FAIL("seq %d: slot %d out of range", s, k);
+        bool rs = m->n_rs_layers > 0;
+        int32_t k = rs ? m->seq_slot[s] : (mem_seq_holds(m, s) ? 0 : -1), lo = mem_seq_lo(m, s), hi = mem_seq_hi(m, s);
+        if (rs && (k < -1 || k >= m->n_rs_slots)) FAIL("seq %d: slot %d out of range", s, k);
         int32_t th = m->n_groups > 0 ? mem_tables_pos_max(m, s) : hi;
-        if ((k >= 0) != (th >= 0))
+        if (rs && (k >= 0) != (th >= 0))
             FAIL("seq %d: %s a recurrent state but %s tokens", s, k >= 0 ? "has" : "lacks",
                  th >= 0 ? "holds" : "no");
         if (k >= 0 && (lo < 0 || hi < lo)) FAIL("seq %d: span %d..%d", s, lo, hi);
         if (k < 0 && (lo != -1 || hi != -1)) FAIL("seq %d: span %d..%d without tokens", s, lo, hi);
-        if (k >= 0 && m->n_groups > 0) {
+        if (rs && k >= 0 && m->n_groups > 0) {
             int32_t tmin = mem_tables_pos_min(m, s), tmax = mem_tables_pos_max(m, s);
             if (tmax != hi || tmin < lo)
                 FAIL("seq %d: recurrent span %d..%d, attention tables %d..%d (the last token must "
@@ -654,7 +722,10 @@ keel_status mem_rs_check(keel_mem *m, float *x)
             const mem_ckpt *c = mem_ck(m, s, i);
             if (c->pos < 0) continue;
             if (k < 0) FAIL("seq %d: checkpoint at %d of an empty sequence", s, c->pos);
-            if (c->pos <= lo || c->pos > hi + 1 || c->pos_min != lo)
+            /* (an attention memory's rings forget: its span start is not the
+             * one recorded, and without a full table, which keeps every
+             * token, its end may fall below pos - 1 after a removal) */
+            if (c->pos < 1 || ((rs || gf >= 0) && c->pos > hi + 1) || (rs && (c->pos <= lo || c->pos_min != lo)))
                 FAIL("seq %d: checkpoint at %d (from %d) outside the sequence %d..%d", s, c->pos,
                      c->pos_min, lo, hi);
             if (c->order == 0 || c->order > m->ckpt_order || c->bytes > m->ckpt_rec_bytes)
@@ -666,7 +737,9 @@ keel_status mem_rs_check(keel_mem *m, float *x)
             const uint8_t *data = mem_ck_data(m, s, i);
             if (!all_finite((const float *)data, m->rs_slot_floats))
                 FAIL("seq %d: checkpoint at %d: non-finite state", s, c->pos);
-            if (gf >= 0) { /* its last token is still there */
+            /* its last token is still there (an attention memory's compaction
+             * may drop it from the full table: rings keep it) */
+            if (gf >= 0 && (rs || m->exact_from[s] == 0)) {
                 const mem_table *t = mem_table_of(m, gf, s);
                 bool found = false;
                 for (int32_t cc = 0; cc < t->cap && !found; cc++)

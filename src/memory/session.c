@@ -290,6 +290,13 @@ static int32_t rank_of(const save_ctx *c, uint64_t stamp)
     return index_in(c->ranks, c->n_ranks, stamp);
 }
 
+/* Memories whose sessions carry RSTATE and CKPT: recurrent states, or
+ * checkpoints (an attention memory's hold ring rows only). */
+static bool rs_sections(const keel_mem *m)
+{
+    return m->n_rs_layers > 0 || m->n_ckpt > 0;
+}
+
 static void seq_range(const keel_mem *m, int32_t seq, int32_t *s0, int32_t *s1)
 {
     *s0 = seq < 0 ? 0 : seq;
@@ -332,20 +339,20 @@ static void sec_rstate(wr *w, const void *vctx)
     put_i32(w, s1 - s0);
     put_u64(w, (uint64_t)m->rs_slot_floats);
     for (int32_t s = s0; s < s1; s++) {
-        int32_t k = m->seq_slot[s];
-        if (k < 0) {
+        if (!mem_seq_holds(m, s)) {
             put_u32(w, 0);
             continue;
         }
-        int32_t share = -1;
-        for (int32_t q = s0; q < s && share < 0; q++)
+        /* an attention memory: kind 1 with no floats (its span and last stamp) */
+        int32_t k = m->n_rs_layers > 0 ? m->seq_slot[s] : -1, share = -1;
+        for (int32_t q = s0; k >= 0 && q < s && share < 0; q++)
             if (m->seq_slot[q] == k) share = q - s0;
         put_u32(w, share >= 0 ? 2 : 1);
         put_i32(w, share);
-        put_i32(w, m->rs_pos_min[s]);
-        put_i32(w, m->rs_pos_max[s]);
-        put_i32(w, rank_of(c, m->rs_stamp[s]));
-        if (share < 0) put(w, mem_rs_slot(m, k), m->rs_slot_floats * sizeof(float));
+        put_i32(w, mem_seq_lo(m, s));
+        put_i32(w, mem_seq_hi(m, s));
+        put_i32(w, rank_of(c, mem_seq_last_stamp(m, s)));
+        if (share < 0 && k >= 0) put(w, mem_rs_slot(m, k), m->rs_slot_floats * sizeof(float));
     }
 }
 
@@ -484,7 +491,7 @@ static keel_status rank_stamps(keel_mem *m, int32_t seq, save_ctx *c)
     int64_t total = 0, n_ck = 0;
     for (int32_t g = 0; g < m->n_groups; g++)
         for (int32_t k = 0; k < m->groups[g].n_tables; k++) total += m->groups[g].tables[k].cap;
-    if (m->n_rs_layers > 0)
+    if (rs_sections(m))
         for (int32_t s = s0; s < s1; s++) {
             total++;
             for (int32_t i = 0; i < m->n_ckpt; i++) {
@@ -511,9 +518,9 @@ static keel_status rank_stamps(keel_mem *m, int32_t seq, save_ctx *c)
             for (int32_t cell = 0; cell < t->cap; cell++)
                 if (saved_cell(c, t, cell)) st[n++] = t->stamp[cell];
         }
-    if (m->n_rs_layers > 0)
+    if (rs_sections(m))
         for (int32_t s = s0; s < s1; s++) {
-            if (m->seq_slot[s] >= 0) st[n++] = m->rs_stamp[s];
+            if (mem_seq_holds(m, s)) st[n++] = mem_seq_last_stamp(m, s);
             for (int32_t i = 0; i < m->n_ckpt; i++) {
                 const mem_ckpt *ck = mem_ck(m, s, i);
                 if (ck->pos < 0) continue;
@@ -553,7 +560,7 @@ keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const 
         put_u32(&w, SESS_HEADER_BYTES);
         put_u64(&w, fingerprint);
         put_i32(&w, seq);
-        put_u32(&w, (uint32_t)(3 + m->n_groups + (m->n_rs_layers > 0 ? 2 : 0)));
+        put_u32(&w, (uint32_t)(3 + m->n_groups + (rs_sections(m) ? 2 : 0)));
         put_u64(&w, (uint64_t)c.n_ranks);
         /* the header's own checksum */
         put_u64(&w, w.p && !w.over ? base_hash64(w.p, 40, 0x5e55) : 0);
@@ -564,7 +571,7 @@ keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const 
             c.group = g;
             put_section(&w, SEC_GROUP, sec_group, &c);
         }
-        if (m->n_rs_layers > 0) {
+        if (rs_sections(m)) {
             put_section(&w, SEC_RSTATE, sec_rstate, &c);
             put_section(&w, SEC_CKPT, sec_ckpt, &c);
         }
@@ -1035,7 +1042,7 @@ static keel_status read_rs_seq(keel_mem *m, rd *r, int32_t i, uint64_t n_ranks, 
     get_rs_seq(m, r, o, &f);
     if (r->bad) return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: truncated recurrent state", i);
     if (o->kind == 0) return KEEL_OK;
-    if (o->kind > 2 || o->lo < 0 || o->hi < o->lo || o->hi == INT32_MAX || o->rank < 0 ||
+    if (o->kind > (m->n_rs_layers > 0 ? 2u : 1u) || o->lo < 0 || o->hi < o->lo || o->hi == INT32_MAX || o->rank < 0 ||
         (uint64_t)o->rank >= n_ranks || (o->kind == 1 && o->share != -1) ||
         (o->kind == 2 && (o->share < 0 || o->share >= i || prev[o->share].kind == 0)))
         return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: recurrent state header (kind %u, shares %d, span %d..%d)",
@@ -1049,22 +1056,25 @@ static keel_status read_rs_seq(keel_mem *m, rd *r, int32_t i, uint64_t n_ranks, 
  * and ring cells checked (positions, ranks, finite rows); r is advanced
  * past it. *ord receives its take-order rank. */
 static keel_status read_ckpt(keel_mem *m, rd *r, const grp_view *gv, const sess_col *cols, bool whole, int32_t i,
-                             const rs_seq *q, uint64_t n_ranks, int32_t *ord)
+                             const rs_seq *q, int32_t exact, uint64_t n_ranks, int32_t *ord)
 {
     int32_t pos = get_i32(r), pos_min = get_i32(r), rank = get_i32(r);
     *ord = get_i32(r);
-    if (r->bad || pos_min != q->lo || pos <= q->lo || pos > q->hi + 1 || rank < 0 || (uint64_t)rank >= n_ranks ||
-        *ord < 0)
+    /* (an attention memory's rings forget its first positions: the span
+     * start it was taken at is not checked) */
+    bool rs = m->n_rs_layers > 0;
+    int32_t gf = -1;
+    for (int32_t g = 0; g < m->n_groups && gf < 0; g++)
+        if (m->groups[g].kind == KEEL_MEM_LAYER_FULL) gf = g;
+    if (r->bad || (rs && (pos_min != q->lo || pos <= q->lo)) || pos < 1 || pos_min < 0 ||
+        ((rs || gf >= 0) && pos > q->hi + 1) || rank < 0 || (uint64_t)rank >= n_ranks || *ord < 0)
         return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d (from %d) of span %d..%d", i, pos,
                         pos_min, q->lo, q->hi);
     const uint8_t *f = take(r, m->rs_slot_floats * sizeof(float));
     if (!f || !floats_finite(f, m->rs_slot_floats))
         return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: bad state", i, pos);
     /* R3: the token it was taken after is in the (first) full table */
-    int32_t gf = -1;
-    for (int32_t g = 0; g < m->n_groups && gf < 0; g++)
-        if (m->groups[g].kind == KEEL_MEM_LAYER_FULL) gf = g;
-    if (gf >= 0 && !view_has(m, gv, gf, whole, i, pos - 1, rank))
+    if (gf >= 0 && (rs || exact == 0) && !view_has(m, gv, gf, whole, i, pos - 1, rank))
         return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: its last token is not at %d", i,
                         pos, pos - 1);
     for (int32_t g = 0; g < m->n_groups; g++) {
@@ -1096,7 +1106,8 @@ static keel_status read_ckpt(keel_mem *m, rd *r, const grp_view *gv, const sess_
 }
 
 /* RSTATE and CKPT against the blob's tables and this memory's room. */
-static keel_status check_rs(keel_mem *m, const parsed *ps, const grp_view *gv, const sess_col *cols, int32_t seq)
+static keel_status check_rs(keel_mem *m, const parsed *ps, const grp_view *gv, const sess_col *cols, int32_t seq,
+                            const int32_t *exact)
 {
     bool whole = seq < 0;
     const sect *rs = find(ps, SEC_RSTATE, 0), *ck = find(ps, SEC_CKPT, 0);
@@ -1113,7 +1124,7 @@ static keel_status check_rs(keel_mem *m, const parsed *ps, const grp_view *gv, c
     for (int32_t i = 0; i < nseq; i++) {
         keel_status st = read_rs_seq(m, &r, i, ps->n_ranks, q, &q[i]);
         if (st != KEEL_OK) return st;
-        need += q[i].kind == 1;
+        need += q[i].kind == 1 && m->n_rs_layers > 0;
         if (m->n_groups > 0) { /* R1, R2: a state iff tokens; the last token agrees */
             int32_t lo, hi;
             view_span(m, gv, whole, i, &lo, &hi);
@@ -1139,7 +1150,7 @@ static keel_status check_rs(keel_mem *m, const parsed *ps, const grp_view *gv, c
             return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: %d checkpoints", i, nc);
         for (int32_t j = 0; j < nc; j++) {
             int32_t ord;
-            keel_status st = read_ckpt(m, &r, gv, cols, whole, i, &q[i], ps->n_ranks, &ord);
+            keel_status st = read_ckpt(m, &r, gv, cols, whole, i, &q[i], exact[i], ps->n_ranks, &ord);
             if (st != KEEL_OK) return st;
             if (ord <= prev) /* oldest first: take orders ascend */
                 return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint take orders out of order", i);
@@ -1168,7 +1179,7 @@ static void commit_rs(keel_mem *m, const parsed *ps, const sess_col *cols, int32
         int32_t s = s0 + i;
         const uint8_t *f;
         get_rs_seq(m, &r, &q[i], &f); /* validated */
-        if (q[i].kind == 0) continue;
+        if (q[i].kind == 0 || m->n_rs_layers == 0) continue; /* an attention memory: spans are its tables' */
         int32_t k;
         if (q[i].kind == 1) {
             k = mem_rs_take_slot(m); /* room validated */
@@ -1294,7 +1305,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
                 return base_err(m->err, KEEL_EFORMAT, "load: sequence %d group %d: forgotten bound %d", i, g, e);
         }
     }
-    int32_t want_sec = 3 + m->n_groups + (m->n_rs_layers > 0 ? 2 : 0);
+    int32_t want_sec = 3 + m->n_groups + (rs_sections(m) ? 2 : 0);
     if (ps.n != want_sec)
         return base_err(m->err, KEEL_EFORMAT, "load: %d sections, this memory's sessions have %d", ps.n, want_sec);
     grp_view gv[8];
@@ -1358,7 +1369,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     if (!kf || !kr) return base_err(m->err, KEEL_ESCRATCH, "load: scratch exhausted");
     for (int32_t i = 0; i < nseq; i++)
         if (exact[i] == 0 && (st = check_cross(m, gv, whole, i, kf, kr)) != KEEL_OK) return st;
-    if (m->n_rs_layers > 0 && (st = check_rs(m, &ps, gv, cols, seq)) != KEEL_OK) return st;
+    if (rs_sections(m) && (st = check_rs(m, &ps, gv, cols, seq, exact)) != KEEL_OK) return st;
     /* commit (cannot fail from here) */
     if (whole)
         keel_mem_clear(m);
@@ -1423,7 +1434,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
             if (t->sliding) t->evict_max[s] = e;
         }
     }
-    if (m->n_rs_layers > 0) commit_rs(m, &ps, cols, seq, base, x, signs);
+    if (rs_sections(m)) commit_rs(m, &ps, cols, seq, base, x, signs);
     if (tokens) {
         rd tr2 = tok->body;
         skip(&tr2, 8); /* the counts */

@@ -252,6 +252,11 @@ static void make_config(chooser *c, int preset, ref_cfg *rc)
     /* deterministic attention in about a fifth of the configurations,
      * derived without a draw (the seeds' operation streams stay as they were) */
     rc->mc.deterministic = rc->mc.n_ctx % 5 == 0;
+    /* checkpoints of ring rows on attention memories with sliding layers,
+     * in about a third of them (derived without a draw) */
+    bool any_sliding = false;
+    for (int i = 0; i < rc->mc.n_layers; i++) any_sliding |= rc->layers[i].kind == KEEL_MEM_LAYER_SLIDING;
+    if (!any_rs && any_sliding && rc->mc.n_ctx % 3 == 0) rc->mc.n_ckpt = 1 + rc->mc.n_ctx % REF_MAX_CKPT;
 }
 
 /*
@@ -519,7 +524,7 @@ static void ref_init(ref *r, const ref_cfg *rc, keel_mem *mem, uint64_t data_see
     base_rng_seed(&r->idata, data_seed ^ 0x1d7);
     r->rs = keel_mem_is_recurrent(mem);
     r->n_slots = rc->mc.n_rs_slots > 0 ? rc->mc.n_rs_slots : rc->mc.n_seq_max;
-    r->n_ckpt = r->rs ? rc->mc.n_ckpt : 0;
+    r->n_ckpt = rc->mc.n_ckpt; /* recurrent, or ring rows of an attention memory */
     for (int32_t q = 0; q < REF_MAX_SEQ; q++) {
         r->rs_lo[q] = r->rs_hi[q] = -1;
         r->rs_id[q] = -1;
@@ -834,6 +839,20 @@ static void check_invariants(driver *d, const char *after)
             }
         }
     }
+    for (int32_t s = 0; s < r->rc.mc.n_seq_max && !r->rs && r->n_ckpt > 0; s++) {
+        /* an attention memory's checkpoints (ring rows) */
+        keel_mem_ckpt_info info[REF_MAX_CKPT + 1];
+        int32_t n = 0;
+        keel_mem_ckpt_list(d->mem, s, info, REF_MAX_CKPT + 1, &n);
+        bool same = n == r->n_ck[s];
+        for (int32_t i = 0; same && i < n; i++)
+            same = info[i].pos == r->ck[s][i].pos && info[i].pos_min == r->ck[s][i].pos_min;
+        if (!same) {
+            d->res->invariant_failures++;
+            note(d, "after %s: seq %d has %d checkpoints (first at %d), the reference %d (first at %d)", after, s, n,
+                 n ? info[0].pos : -1, r->n_ck[s], r->n_ck[s] ? r->ck[s][0].pos : -1);
+        }
+    }
     for (int32_t s = 0; s < r->rc.mc.n_seq_max && !r->rs; s++) {
         int64_t bound = r->exact[s];
         for (int32_t g = 0; g < r->n_groups; g++)
@@ -916,8 +935,13 @@ static void ref_rm(ref *r, int32_t s, int32_t p0, int32_t p1);
 static void ref_rm_all(ref *r, int32_t s)
 {
     ref_rm(r, s, -1, -1);
-    for (int32_t q = 0; r->rs && q < r->rc.mc.n_seq_max; q++)
-        if (s < 0 || q == s) ref_rs_drop(r, q);
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++) {
+        if (s >= 0 && q != s) continue;
+        if (r->rs)
+            ref_rs_drop(r, q);
+        else
+            ref_ck_drop(r, q, -1);
+    }
 }
 
 /* Slots a batch needs that are not free: placement's KEEL_EFULL of the
@@ -1012,6 +1036,15 @@ static void op_place(driver *d)
             d->res->invariant_failures++;
             note(d, "place refused with KEEL_EFULL although only rings lacked room (%s)",
                  keel_mem_last_error(d->mem));
+            if (getenv("MEMREF_DUMP"))
+                for (int32_t g = 0; g < d->mem->n_groups; g++)
+                    for (int32_t k = 0; k < d->mem->groups[g].n_tables; k++) {
+                        const mem_table *t = &d->mem->groups[g].tables[k];
+                        fprintf(stderr, "group %d table %d cap %d window %d sinks %d:", g, k, t->cap, t->window, t->n_sink);
+                        for (int32_t c = 0; c < t->cap; c++)
+                            if (t->pos[c] >= 0) fprintf(stderr, " %d/%llu/%llx", t->pos[c], (unsigned long long)t->stamp[c], (unsigned long long)t->seq[(size_t)c * (size_t)t->seq_words]);
+                        fprintf(stderr, "\n");
+                    }
         }
         refused(d, before, st, "place");
         /* make room: drop a random sequence */
@@ -1289,6 +1322,9 @@ static void op_rm(driver *d)
         return;
     }
     ref_rm(r, s, p0, p1);
+    /* an attention memory's checkpoints covering removed positions go */
+    for (int32_t q = 0; q < r->rc.mc.n_seq_max; q++)
+        if (s < 0 || q == s) ref_ck_drop(r, q, ref_seq_empty(r, q) ? -1 : p0 < 0 ? 0 : p0);
 }
 
 static void op_cp(driver *d)
@@ -1342,22 +1378,25 @@ static void op_cp(driver *d)
     }
     for (int32_t g = 0; g < r->n_groups; g++) {
         ref_list *ls = &r->lists[src][g], *ld = &r->lists[dst][g];
-        int32_t n0 = ls->n;
+        int32_t n0 = ls->n, n_dst = ld->n; /* dst's entries before the copy */
         for (int32_t i = 0; i < n0; i++) {
             ref_entry e = ls->e[i];
             if (e.pos < a || e.pos >= b) continue;
             /* unified: dst joins the cell unless it is in it already;
-             * split streams: the cell is copied into dst's stream */
+             * split streams: the cell is copied into dst's stream; either
+             * way not when dst holds that token at that position already
+             * (in another cell): a sequence never holds a token twice */
             bool dup = false;
-            if (r->rc.mc.unified)
-                for (int32_t j = 0; j < ld->n && !dup; j++) dup = ld->e[j].inst == e.inst;
-            else
-                e.inst = r->next_inst++;
+            for (int32_t j = 0; j < n_dst && !dup; j++)
+                dup = (r->rc.mc.unified && ld->e[j].inst == e.inst) ||
+                      (ld->e[j].pos == e.pos && r->toks[ld->e[j].tok].stamp == r->toks[e.tok].stamp);
+            if (!r->rc.mc.unified) e.inst = r->next_inst++;
             if (dup) continue;
             list_push(ld, e);
             r->toks[e.tok].refs++;
         }
     }
+    if (!r->rs) ref_ck_drop(r, dst, a); /* dst may hold more below its checkpoints */
 }
 
 static void op_keep(driver *d)
@@ -1515,6 +1554,10 @@ static void op_edit(driver *d, bool div)
             r->rs_hi[s] = (int32_t)hi2;
         }
         ref_ck_drop(r, s, ck_floor);
+    } else if (!r->rs) {
+        /* checkpoints below every moved token's new position hold */
+        int64_t low = div ? (int64_t)a / dv : BASE_MIN((int64_t)a, (int64_t)a + delta);
+        ref_ck_drop(r, s, (int32_t)BASE_MAX(low, 0));
     }
 }
 
@@ -1648,22 +1691,87 @@ static void op_compact(driver *d)
         r->rs_lo[s] = BASE_MIN(r->rs_lo[s], ref_lists_min(r, s));
         r->rs_hi[s] = ref_lists_max(r, s);
         ref_ck_drop(r, s, -1);
+    } else if (!r->rs) {
+        ref_ck_drop(r, s, -1);
     }
     r->exact[s] = ref_pos_max(r, s) + 1;
 }
 
 /* Checkpoint of a sequence at its end: the reference snapshots its
  * history length and what each ring keeps for a query at the end. */
+/* The stamp of s's last token: the newest entry at its largest position
+ * (the state's on a recurrent configuration). */
+static uint64_t ref_last_stamp(const ref *r, int32_t s)
+{
+    if (r->rs) return r->rs_last[s];
+    int32_t hi = ref_lists_max(r, s);
+    uint64_t best = 0;
+    for (int32_t g = 0; g < r->n_groups; g++)
+        for (int32_t i = 0; i < r->lists[s][g].n; i++) {
+            const ref_entry *e = &r->lists[s][g].e[i];
+            if (e->pos == hi && r->toks[e->tok].stamp > best) best = r->toks[e->tok].stamp;
+        }
+    return best;
+}
+
+static bool ref_holds(const ref *r, int32_t s)
+{
+    return r->rs ? r->hist[s].n > 0 : !ref_seq_empty(r, s);
+}
+
+/* keel_mem_ckpt_restore: the newest checkpoint at or before p0, or a
+ * refusal (none: ESTATE; no room or slot: EFULL) that changes nothing. */
+static void op_ckpt_restore(driver *d)
+{
+    ref *r = &d->r;
+    int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+    int32_t p0 = r->n_ck[s] ? r->ck[s][pick(&d->ch, (uint32_t)r->n_ck[s])].pos + (int32_t)pick(&d->ch, 4) - 1
+                            : (int32_t)pick(&d->ch, (uint32_t)(ref_pos_max(r, s) + 2));
+    uint64_t before = keel_mem_digest(d->mem);
+    int32_t at = -2;
+    keel_status st = keel_mem_ckpt_restore(d->mem, s, p0, &at);
+    TRACE("ckpt_restore %d at %d -> %s (%d)", s, p0, keel_status_name(st), at);
+    int32_t i = ref_holds(r, s) ? ref_ck_find(r, s, p0 < 0 ? 0 : p0) : -1;
+    keel_status want = i < 0 ? KEEL_ESTATE
+                       : (r->rs && ref_shared(r, s) && ref_slots_used(r) >= r->n_slots) || ring_room_short(d, s, &r->ck[s][i])
+                           ? KEEL_EFULL
+                           : KEEL_OK;
+    expect_status(d, st, want, "ckpt_restore");
+    if (st != KEEL_OK) {
+        refused(d, before, st, "ckpt_restore");
+        if (want == KEEL_OK) { /* resynchronize: drop the sequence in both */
+            expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (resync)");
+            ref_rm_all(r, s);
+        }
+        return;
+    }
+    if (want != KEEL_OK) { /* the memory restored what the reference has not: resynchronize */
+        expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (resync)");
+        ref_rm_all(r, s);
+        return;
+    }
+    d->res->rs_restores++;
+    int32_t want_at = r->ck[s][i].pos;
+    ref_restore(r, s, i);
+    if (at != want_at || keel_mem_seq_pos_max(d->mem, s) != want_at - 1) {
+        d->res->invariant_failures++;
+        note(d, "ckpt_restore of sequence %d: at %d ending at %d, reference checkpoint at %d", s, at,
+             keel_mem_seq_pos_max(d->mem, s), want_at);
+    }
+}
+
 static void op_ckpt(driver *d)
 {
     ref *r = &d->r;
+    if (r->n_ckpt > 0 && chance(&d->ch, 30)) {
+        op_ckpt_restore(d);
+        return;
+    }
     int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
     uint64_t before = keel_mem_digest(d->mem);
     keel_status st = keel_mem_ckpt_take(d->mem, s);
     TRACE("ckpt_take %d -> %s", s, keel_status_name(st));
-    keel_status want = !r->rs || r->n_ckpt == 0 ? KEEL_EUNSUPPORTED
-                       : r->hist[s].n == 0      ? KEEL_ESTATE
-                                                : KEEL_OK;
+    keel_status want = r->n_ckpt == 0 ? KEEL_EUNSUPPORTED : !ref_holds(r, s) ? KEEL_ESTATE : KEEL_OK;
     expect_status(d, st, want, "ckpt_take");
     if (st != KEEL_OK) {
         refused(d, before, st, "ckpt_take");
@@ -1671,8 +1779,8 @@ static void op_ckpt(driver *d)
     }
     if (want != KEEL_OK) return;
     d->res->rs_ckpts++;
-    int32_t pos = r->rs_hi[s] + 1;
-    uint64_t last = r->rs_last[s];
+    int32_t pos = ref_pos_max(r, s) + 1;
+    uint64_t last = ref_last_stamp(r, s);
     if (r->n_ck[s] && r->ck[s][r->n_ck[s] - 1].pos == pos && r->ck[s][r->n_ck[s] - 1].stamp == last)
         return;
     if (r->n_ck[s] == r->n_ckpt) { /* the oldest goes */
@@ -1684,7 +1792,7 @@ static void op_ckpt(driver *d)
     }
     ref_ckpt *c = &r->ck[s][r->n_ck[s]++];
     c->pos = pos;
-    c->pos_min = r->rs_lo[s];
+    c->pos_min = r->rs ? r->rs_lo[s] : ref_lists_min(r, s);
     c->stamp = last;
     c->hist_n = r->hist[s].n;
     for (int32_t g = 0; g < r->n_groups; g++) {
@@ -1827,8 +1935,8 @@ static void op_session(driver *d)
         if (s >= 0 && q != s) continue;
         for (int32_t g = 0; g < r->n_groups; g++)
             for (int32_t i = 0; i < r->lists[q][g].n; i++) ST_PUSH(r->toks[r->lists[q][g].e[i].tok].stamp);
-        if (!r->rs || !r->hist[q].n) continue;
-        ST_PUSH(r->rs_last[q]);
+        if (!ref_holds(r, q)) continue;
+        if (r->rs) ST_PUSH(r->rs_last[q]); /* an attention memory's is a cell's */
         for (int32_t i = 0; i < r->n_ck[q]; i++) {
             ST_PUSH(r->ck[q][i].stamp);
             for (int32_t g = 0; g < r->n_groups; g++)
@@ -1846,8 +1954,8 @@ static void op_session(driver *d)
     for (int32_t i = 0; i < n_st; i++)
         if (u == 0 || st_list[i] != st_list[u - 1]) st_list[u++] = st_list[i];
     for (int32_t q = 0; q < ns; q++) { /* states' and checkpoints' stamps */
-        if ((s >= 0 && q != s) || !r->rs || !r->hist[q].n) continue;
-        r->rs_last[q] = base + (uint64_t)stamp_rank(st_list, u, r->rs_last[q]);
+        if ((s >= 0 && q != s) || !ref_holds(r, q)) continue;
+        if (r->rs) r->rs_last[q] = base + (uint64_t)stamp_rank(st_list, u, r->rs_last[q]);
         for (int32_t i = 0; i < r->n_ck[q]; i++) r->ck[q][i].stamp = base + (uint64_t)stamp_rank(st_list, u, r->ck[q][i].stamp);
     }
     if (s < 0) {

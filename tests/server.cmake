@@ -1,0 +1,19 @@
+# keel serve: the test_server* executables also link the server's client
+# and converters (keel_server_api) and the harness tests/server_util.c, and
+# run the keel binary (so they depend on it).
+foreach(t test_server test_server_api test_server_load test_server_replay)
+  if(TARGET ${t})
+    target_sources(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests/server_util.c)
+    target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    target_link_libraries(${t} PRIVATE keel_server_api)
+    add_dependencies(${t} keel)
+  endif()
+endforeach()
+
+# The real SDK clients (npm packages openai and @anthropic-ai/sdk, pinned in
+# tests/server-clients/package-lock.json, installed by `npm ci` into the
+# build dir). Exit 77 (no node/npm, or npm cannot reach the registry) is a skip.
+add_test(NAME server_clients COMMAND sh ${PROJECT_SOURCE_DIR}/tests/server-clients/run.sh)
+set_tests_properties(server_clients PROPERTIES
+  ENVIRONMENT "KEEL_BIN=${CMAKE_BINARY_DIR}/keel;KEEL_BUILD=${CMAKE_BINARY_DIR}"
+  SKIP_RETURN_CODE 77 TIMEOUT 1500)

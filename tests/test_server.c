@@ -1,0 +1,678 @@
+/*
+ * test_server.c — keel serve over real HTTP on loopback ($KEEL_BIN serve as
+ * a child process, a generated qwen2 model): /health while loading and
+ * after, every endpoint streaming and not, SSE framing, both APIs' response
+ * and error shapes, prompt reuse across turns (cached_tokens), auth with
+ * --api-key (Bearer, x-api-key, public routes), the bad-request corpus of
+ * issue 10 with the server alive after each, /metrics, slot actions'
+ * filename validation, and SIGTERM with a stream in flight (exit 0; under
+ * ASan also no leak).
+ */
+#include "testutil.h"
+#include "server_util.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_model[64];
+static char g_slot_dir[64];
+static srvt_proc g_srv; /* -np 2 -c 4096 --metrics --slot-save-path */
+
+static int setup(void **state)
+{
+    (void)state;
+    if (!srvt_gen_model(g_model, sizeof g_model, "qwen2", 64, 2, 0, 7)) return -1;
+    snprintf(g_slot_dir, sizeof g_slot_dir, "/tmp/keel_srvslots_XXXXXX");
+    if (!mkdtemp(g_slot_dir)) return -1;
+    const char *args[] = {"-np", "2", "-c", "4096", "-t", "1", "--metrics", "--slot-save-path", g_slot_dir,
+                          "--log-disable", NULL};
+    return srvt_start(&g_srv, g_model, args, true) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (g_srv.pid > 0) srvt_stop(&g_srv, 10 * srvt_slow());
+    unlink(g_model);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_slot_dir);
+    if (system(cmd) != 0) return -1;
+    return 0;
+}
+
+static const char *CHAT1 = "{\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},"
+                           "{\"role\":\"user\",\"content\":\"The little dog ran to the park and\"}],"
+                           "\"max_tokens\":6,\"temperature\":0";
+
+/* ---- loading ---------------------------------------------------------------------- */
+
+static void test_loading(void **state)
+{
+    (void)state;
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "/tmp/keel_srvfifo_%d", (int)getpid());
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    srvt_proc p;
+    const char *args[] = {"--log-disable", NULL};
+    /* the model "file" blocks in open() until a writer comes: the server
+     * listens meanwhile */
+    assert_true(srvt_start(&p, fifo, args, false));
+    int st = 0;
+    json_t *h = srvt_get_json(&p, "/health", &st);
+    assert_int_equal(st, 503);
+    assert_string_equal(srvt_str(h, "status"), "loading");
+    json_decref(h);
+    json_t *m = srvt_post_json(&p, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &st);
+    assert_int_equal(st, 503);
+    assert_string_equal(srvt_str(m, "error.message"), "Loading model");
+    assert_string_equal(srvt_str(m, "error.type"), "unavailable_error");
+    json_decref(m);
+    m = srvt_post_json(&p, "/v1/messages", "{}", &st);
+    assert_int_equal(st, 503);
+    assert_string_equal(srvt_str(m, "type"), "error");
+    assert_string_equal(srvt_str(m, "error.type"), "overloaded_error");
+    json_decref(m);
+    /* not a model: the load fails, the server says so and exits 1 */
+    int fd = open(fifo, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "not a model", 11), 11);
+    close(fd);
+    int code = srvt_wait_exit(&p, 10 * srvt_slow());
+    srvt_stop(&p, 5);
+    unlink(fifo);
+    assert_int_equal(code, 1);
+}
+
+/* ---- endpoints ----------------------------------------------------------------------- */
+
+static void test_info_endpoints(void **state)
+{
+    (void)state;
+    int st;
+    json_t *j = srvt_get_json(&g_srv, "/health", &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(srvt_str(j, "status"), "ok");
+    json_decref(j);
+    j = srvt_get_json(&g_srv, "/v1/models", &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(srvt_str(j, "object"), "list");
+    assert_string_equal(srvt_str(j, "data.0.id"), strrchr(g_model, '/') + 1);
+    assert_string_equal(srvt_str(j, "data.0.object"), "model");
+    assert_int_equal(srvt_int(j, "data.0.meta.n_ctx"), 2048);
+    json_decref(j);
+    j = srvt_get_json(&g_srv, "/props", &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(j, "total_slots"), 2);
+    assert_int_equal(srvt_int(j, "default_generation_settings.n_ctx"), 2048);
+    assert_string_equal(srvt_str(j, "chat_template"), "chatml"); /* a generated model carries none */
+    assert_true(srvt_int(j, "plan.context_bytes") > 0);
+    json_decref(j);
+    j = srvt_get_json(&g_srv, "/slots", &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(json_array_size(j), 2);
+    assert_int_equal(srvt_int(j, "1.id"), 1);
+    assert_int_equal(srvt_int(j, "0.n_ctx"), 2048);
+    assert_true(json_is_false(json_object_get(json_array_get(j, 0), "is_processing")));
+    json_decref(j);
+    /* tokenize / detokenize round trip */
+    j = srvt_post_json(&g_srv, "/tokenize", "{\"content\":\"Hello world, the dog ran.\"}", &st);
+    assert_int_equal(st, 200);
+    json_t *toks = json_object_get(j, "tokens");
+    assert_true(json_array_size(toks) > 3);
+    json_t *req = json_pack("{sO}", "tokens", toks);
+    char *body = json_dumps(req, 0);
+    json_t *d = srvt_post_json(&g_srv, "/detokenize", body, &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(srvt_str(d, "content"), "Hello world, the dog ran.");
+    free(body);
+    json_decref(req);
+    json_decref(d);
+    json_decref(j);
+    j = srvt_post_json(&g_srv, "/tokenize", "{\"content\":\"dog\",\"with_pieces\":true,\"add_special\":false}", &st);
+    assert_int_equal(st, 200);
+    assert_true(json_is_integer(json_object_get(json_array_get(json_object_get(j, "tokens"), 0), "id")));
+    assert_non_null(srvt_str(j, "tokens.0.piece"));
+    json_decref(j);
+}
+
+static void test_chat(void **state)
+{
+    (void)state;
+    char body[1024];
+    snprintf(body, sizeof body, "%s}", CHAT1);
+    int st;
+    json_t *r = srvt_post_json(&g_srv, "/v1/chat/completions", body, &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(srvt_str(r, "object"), "chat.completion");
+    assert_memory_equal(srvt_str(r, "id"), "chatcmpl-", 9);
+    assert_string_equal(srvt_str(r, "choices.0.message.role"), "assistant");
+    assert_non_null(srvt_str(r, "choices.0.message.content"));
+    assert_string_equal(srvt_str(r, "choices.0.finish_reason"), "length");
+    assert_int_equal(srvt_int(r, "usage.completion_tokens"), 6);
+    int64_t p1 = srvt_int(r, "usage.prompt_tokens");
+    assert_true(p1 > 10);
+    assert_int_equal(srvt_int(r, "usage.total_tokens"), p1 + 6);
+    /* the next turn extends the conversation: its prefix comes from the cache */
+    json_t *turn = json_loads(body, 0, NULL);
+    json_t *msgs = json_object_get(turn, "messages");
+    json_array_append_new(msgs, json_pack("{ssss}", "role", "assistant", "content", srvt_str(r, "choices.0.message.content")));
+    json_array_append_new(msgs, json_pack("{ssss}", "role", "user", "content", "And then what happened?"));
+    char *b2 = json_dumps(turn, 0);
+    json_t *r2 = srvt_post_json(&g_srv, "/v1/chat/completions", b2, &st);
+    assert_int_equal(st, 200);
+    int64_t cached = srvt_int(r2, "usage.prompt_tokens_details.cached_tokens");
+    printf("turn 1: %lld prompt tokens; turn 2: %lld prompt, %lld cached\n", (long long)p1,
+           (long long)srvt_int(r2, "usage.prompt_tokens"), (long long)cached);
+    assert_true(cached >= p1 - 2);
+    free(b2);
+    json_decref(turn);
+    json_decref(r2);
+    json_decref(r);
+}
+
+/* Concatenated deltas of an OpenAI chat stream. */
+static void chat_stream_text(json_t *data, char *out, size_t cap, const char *field)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < json_array_size(data); i++) {
+        const char *t = srvt_str(json_array_get(data, i), field);
+        if (t && n + strlen(t) < cap) {
+            memcpy(out + n, t, strlen(t) + 1);
+            n += strlen(t);
+        }
+    }
+}
+
+static void test_chat_stream(void **state)
+{
+    (void)state;
+    char body[1024];
+    snprintf(body, sizeof body, "%s}", CHAT1);
+    int st;
+    json_t *plain = srvt_post_json(&g_srv, "/v1/chat/completions", body, &st);
+    assert_int_equal(st, 200);
+    snprintf(body, sizeof body, "%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", CHAT1);
+    srv_http_resp r;
+    assert_int_equal(srvt_req(&g_srv, "POST", "/v1/chat/completions", NULL, body, &r), 200);
+    char ct[128];
+    assert_true(srv_http_header(&r, "Content-Type", ct, sizeof ct));
+    assert_non_null(strstr(ct, "text/event-stream"));
+    srvt_events ev;
+    if (!srvt_parse_sse(r.body.p, r.body.len, &ev)) fail_msg("framing:\n%s", r.body.p);
+    size_t n = json_array_size(ev.data);
+    assert_true(n >= 4);
+    assert_string_equal(json_string_value(json_array_get(ev.data, n - 1)), "[DONE]");
+    json_t *usage = json_array_get(ev.data, n - 2);
+    assert_int_equal(json_array_size(json_object_get(usage, "choices")), 0);
+    assert_int_equal(srvt_int(usage, "usage.completion_tokens"), 6);
+    assert_true(srvt_int(usage, "usage.prompt_tokens_details.cached_tokens") > 0);
+    assert_string_equal(srvt_str(ev.data, "0.choices.0.delta.role"), "assistant");
+    assert_string_equal(srvt_str(json_array_get(ev.data, n - 3), "choices.0.finish_reason"), "length");
+    const char *id = srvt_str(ev.data, "0.id");
+    for (size_t i = 0; i + 1 < n; i++) {
+        assert_string_equal(srvt_str(json_array_get(ev.data, i), "id"), id);
+        assert_string_equal(srvt_str(json_array_get(ev.data, i), "object"), "chat.completion.chunk");
+    }
+    char text[4096];
+    chat_stream_text(ev.data, text, sizeof text, "choices.0.delta.content");
+    assert_string_equal(text, srvt_str(plain, "choices.0.message.content"));
+    srvt_events_free(&ev);
+    srv_http_resp_free(&r);
+    json_decref(plain);
+}
+
+static void test_completions(void **state)
+{
+    (void)state;
+    int st;
+    json_t *r = srvt_post_json(&g_srv, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":5,\"temperature\":0}", &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(srvt_str(r, "object"), "text_completion");
+    assert_memory_equal(srvt_str(r, "id"), "cmpl-", 5);
+    assert_non_null(srvt_str(r, "choices.0.text"));
+    assert_int_equal(srvt_int(r, "usage.completion_tokens"), 5);
+    json_decref(r);
+    /* a token array prompt, streamed */
+    srv_http_resp h;
+    assert_int_equal(srvt_req(&g_srv, "POST", "/v1/completions", NULL,
+                              "{\"prompt\":[300,301,302,303],\"max_tokens\":4,\"temperature\":0,\"stream\":true}", &h),
+                     200);
+    srvt_events ev;
+    assert_true(srvt_parse_sse(h.body.p, h.body.len, &ev));
+    size_t n = json_array_size(ev.data);
+    assert_string_equal(json_string_value(json_array_get(ev.data, n - 1)), "[DONE]");
+    assert_string_equal(srvt_str(json_array_get(ev.data, n - 2), "object"), "text_completion");
+    assert_non_null(srvt_str(json_array_get(ev.data, n - 2), "choices.0.finish_reason"));
+    srvt_events_free(&ev);
+    srv_http_resp_free(&h);
+}
+
+static const char *MSG = "{\"model\":\"claude-test\",\"max_tokens\":6,\"temperature\":0,"
+                         "\"system\":[{\"type\":\"text\",\"text\":\"You are terse.\",\"cache_control\":{\"type\":\"ephemeral\"}}],"
+                         "\"tools\":[{\"name\":\"get_weather\",\"description\":\"Weather of a city\","
+                         "\"input_schema\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}],"
+                         "\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+                         "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get_weather\","
+                         "\"input\":{\"city\":\"Paris\"}}]},"
+                         "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"sunny\"}]}]";
+
+static void test_messages(void **state)
+{
+    (void)state;
+    char body[2048];
+    snprintf(body, sizeof body, "%s}", MSG);
+    int st;
+    json_t *r = srvt_post_json(&g_srv, "/v1/messages", body, &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(srvt_str(r, "type"), "message");
+    assert_string_equal(srvt_str(r, "role"), "assistant");
+    assert_memory_equal(srvt_str(r, "id"), "msg_", 4);
+    assert_string_equal(srvt_str(r, "stop_reason"), "max_tokens");
+    assert_int_equal(srvt_int(r, "usage.output_tokens"), 6);
+    int64_t total = srvt_int(r, "usage.input_tokens") + srvt_int(r, "usage.cache_read_input_tokens");
+    assert_true(total > 20);
+    json_decref(r);
+    /* count_tokens renders the same prompt */
+    json_t *c = srvt_post_json(&g_srv, "/v1/messages/count_tokens", body, &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(c, "input_tokens"), total);
+    json_decref(c);
+    /* the stream: message_start, ping, blocks, message_delta, message_stop */
+    snprintf(body, sizeof body, "%s,\"stream\":true}", MSG);
+    srv_http_resp h;
+    assert_int_equal(srvt_req(&g_srv, "POST", "/v1/messages", NULL, body, &h), 200);
+    srvt_events ev;
+    if (!srvt_parse_sse(h.body.p, h.body.len, &ev)) fail_msg("framing:\n%s", h.body.p);
+    size_t n = json_array_size(ev.names);
+    assert_true(n >= 5);
+    assert_string_equal(json_string_value(json_array_get(ev.names, 0)), "message_start");
+    assert_string_equal(json_string_value(json_array_get(ev.names, 1)), "ping");
+    assert_string_equal(json_string_value(json_array_get(ev.names, n - 2)), "message_delta");
+    assert_string_equal(json_string_value(json_array_get(ev.names, n - 1)), "message_stop");
+    assert_int_equal(srvt_int(json_array_get(ev.data, n - 2), "usage.output_tokens"), 6);
+    assert_string_equal(srvt_str(json_array_get(ev.data, n - 2), "delta.stop_reason"), "max_tokens");
+    /* blocks open and close in order, deltas go to the open block */
+    int64_t open = -1, next = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *name = json_string_value(json_array_get(ev.names, i));
+        json_t *d = json_array_get(ev.data, i);
+        assert_string_equal(srvt_str(d, "type"), name);
+        if (strcmp(name, "content_block_start") == 0) {
+            assert_int_equal(open, -1);
+            assert_int_equal(srvt_int(d, "index"), next);
+            open = next++;
+        } else if (strcmp(name, "content_block_delta") == 0) {
+            assert_int_equal(srvt_int(d, "index"), open);
+        } else if (strcmp(name, "content_block_stop") == 0) {
+            assert_int_equal(srvt_int(d, "index"), open);
+            open = -1;
+        }
+    }
+    assert_int_equal(open, -1);
+    srvt_events_free(&ev);
+    srv_http_resp_free(&h);
+}
+
+/* ---- errors --------------------------------------------------------------------------- */
+
+typedef struct bad_case {
+    const char *method, *path, *body, *headers;
+    int status;
+    const char *want; /* substring of the error message */
+} bad_case;
+
+static void check_error(const char *path, int want_status, const char *want, srv_http_resp *r)
+{
+    json_t *j = r->body.p ? json_loadb(r->body.p, r->body.len, 0, NULL) : NULL;
+    if (r->status != want_status || !j)
+        fail_msg("%s: status %d (want %d), body %s", path, r->status, want_status, r->body.p ? r->body.p : "");
+    bool anth = strncmp(path, "/v1/messages", 12) == 0;
+    const char *msg = srvt_str(j, "error.message");
+    if (anth) {
+        assert_string_equal(srvt_str(j, "type"), "error");
+        assert_non_null(srvt_str(j, "error.type"));
+    } else {
+        assert_int_equal(srvt_int(j, "error.code") || srvt_str(j, "error.code"), 1);
+        assert_non_null(srvt_str(j, "error.type"));
+    }
+    if (!msg || !strstr(msg, want)) fail_msg("%s: message '%s', want '%s'", path, msg ? msg : "(none)", want);
+    json_decref(j);
+}
+
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    const char *C = "/v1/chat/completions", *M = "/v1/messages";
+    char *deep = malloc(200100);
+    strcpy(deep, "{\"messages\":");
+    size_t n = strlen(deep);
+    for (int i = 0; i < 100000; i++) deep[n++] = '[';
+    for (int i = 0; i < 100000; i++) deep[n++] = ']';
+    strcpy(deep + n, "}");
+    char *longp = malloc(40000);
+    strcpy(longp, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 1200; i++) strcat(longp, "dog cat bird tree ");
+    strcat(longp, "\"}]}");
+    char *longs = malloc(40100);
+    snprintf(longs, 40100, "%.*s,\"stream\":true}", (int)strlen(longp) - 1, longp);
+    bad_case cases[] = {
+        {"POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}", NULL, 400, "invalid JSON"},
+        {"POST", M, "{\"messages\": nope}", NULL, 400, "invalid JSON"},
+        {"POST", C, "", NULL, 400, "empty"},
+        {"POST", C, "[]", NULL, 400, "must be a JSON object"},
+        {"POST", C, "{\"messages\":{\"role\":\"user\"}}", NULL, 400, "messages must be an array"},
+        {"POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"ten\"}", NULL, 400, "max_tokens"},
+        {"POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":123456789012345678901234567890}", NULL, 400, "invalid JSON"},
+        {"POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1e999}", NULL, 400, "invalid JSON"},
+        {"POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":1e300}", NULL, 400, "seed must be an integer"},
+        {"POST", C, deep, NULL, 400, "nested deeper"},
+        {"POST", M, deep, NULL, 400, "nested deeper"},
+        {"POST", C, "{\"messages\":[]}", NULL, 400, "must not be empty"},
+        {"POST", M, "{\"messages\":[],\"max_tokens\":3}", NULL, 400, "at least one message"},
+        {"POST", C, "{\"messages\":[{\"role\":\"pirate\",\"content\":\"arr\"}]}", NULL, 400, "unknown role 'pirate'"},
+        {"POST", M, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", NULL, 400, "unknown role 'tool'"},
+        {"POST", C, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", NULL, 400, "invalid JSON"},
+        {"POST", M, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xed\xa0\x80\"}]}", NULL, 400, "invalid JSON"},
+        {"POST", C, longp, NULL, 400, "tokens"},
+        {"POST", C, longs, NULL, 400, "tokens"},
+        {"POST", "/v1/completions", "{\"prompt\":[1,99999]}", NULL, 400, "token id"},
+        {"POST", "/detokenize", "{\"tokens\":[-1]}", NULL, 400, "token id"},
+        {"POST", "/tokenize", "{\"content\":5}", NULL, 400, "content must be a string"},
+        {"POST", "/slots/0?action=save", "{\"filename\":\"../escape.bin\"}", NULL, 400, "path separator"},
+        {"POST", "/slots/0?action=restore", "{\"filename\":\"..\"}", NULL, 400, "\"..\""},
+        {"POST", "/slots/0?action=save", "{\"filename\":\"a\\\\b\"}", NULL, 400, "path separator"},
+        {"POST", "/slots/0?action=save", "{\"filename\":\"x..y\"}", NULL, 400, "\"..\""},
+        {"POST", "/slots/0?action=save", "{\"filename\":\"\"}", NULL, 400, "non-empty"},
+        {"POST", "/slots/0?action=save", "{\"filename\":\"a\\u0000b\"}", NULL, 400, "invalid JSON"},
+        {"POST", "/slots/0?action=save", "{}", NULL, 400, "filename must be"},
+        {"POST", "/slots/9?action=erase", NULL, NULL, 400, "slot 9 does not exist"},
+        {"POST", "/slots/0?action=fly", NULL, NULL, 400, "action must be"},
+        {"GET", "/nowhere", NULL, NULL, 404, "Not Found"},
+        {"GET", C, NULL, NULL, 405, "method not allowed"},
+        {"DELETE", "/health", NULL, NULL, 405, "method not allowed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        srv_http_resp r;
+        int st = srvt_req(&g_srv, cases[i].method, cases[i].path, cases[i].headers, cases[i].body, &r);
+        if (st < 0) fail_msg("case %zu (%s): no response", i, cases[i].path);
+        char what[128];
+        snprintf(what, sizeof what, "%s (case %zu)", cases[i].path, i);
+        check_error(cases[i].path, cases[i].status, cases[i].want, &r);
+        srv_http_resp_free(&r);
+        if (!srvt_alive(&g_srv)) fail_msg("the server died after %s", what);
+    }
+    /* 10 MB bodies: refused by Content-Length (413) in both shapes */
+    size_t big = 10u << 20;
+    char *huge = malloc(big + 1);
+    memset(huge, ' ', big);
+    memcpy(huge, "{\"messages\":\"", 13);
+    huge[big - 2] = '"';
+    huge[big - 1] = '}';
+    huge[big] = 0;
+    const char *paths[] = {C, M, "/tokenize"};
+    for (int i = 0; i < 3; i++) {
+        srv_http_resp r;
+        int st = srvt_req(&g_srv, "POST", paths[i], NULL, huge, &r);
+        if (st != 413) fail_msg("%s: 10 MB body: status %d", paths[i], st);
+        check_error(paths[i], 413, "larger than the limit", &r);
+        srv_http_resp_free(&r);
+        assert_true(srvt_alive(&g_srv));
+    }
+    /* a chunked upload without Content-Length is cut off at the limit too */
+    int fd = srv_http_connect("127.0.0.1", g_srv.port);
+    assert_true(fd >= 0);
+    const char *hdr = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    assert_true(send(fd, hdr, strlen(hdr), MSG_NOSIGNAL) > 0);
+    char chunk[64];
+    size_t sent = 0;
+    bool refused = false;
+    while (sent < big && !refused) {
+        int k = snprintf(chunk, sizeof chunk, "%x\r\n", 1 << 16);
+        if (send(fd, chunk, (size_t)k, MSG_NOSIGNAL) <= 0 || send(fd, huge, 1 << 16, MSG_NOSIGNAL) <= 0 ||
+            send(fd, "\r\n", 2, MSG_NOSIGNAL) <= 0)
+            refused = true; /* the server answered and closed */
+        sent += 1 << 16;
+    }
+    srv_http_resp r;
+    if (srv_http_read(fd, &r, 10000 * srvt_slow(), NULL, NULL) || r.status > 0) assert_int_equal(r.status, 413);
+    srv_http_resp_free(&r);
+    close(fd);
+    assert_true(srvt_alive(&g_srv));
+    free(huge);
+    free(deep);
+    free(longp);
+    free(longs);
+}
+
+static void test_slot_actions(void **state)
+{
+    (void)state;
+    int st;
+    json_t *j = srvt_post_json(&g_srv, "/slots/0?action=save", "{\"filename\":\"slot0.bin\"}", &st);
+#if SRV_SLOT_ACTIONS
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(j, "id_slot"), 0);
+    assert_string_equal(srvt_str(j, "filename"), "slot0.bin");
+    char path[128];
+    snprintf(path, sizeof path, "%s/slot0.bin", g_slot_dir);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    json_decref(j);
+    j = srvt_post_json(&g_srv, "/slots/1?action=restore", "{\"filename\":\"slot0.bin\"}", &st);
+    assert_int_equal(st, 200);
+    json_decref(j);
+    j = srvt_post_json(&g_srv, "/slots/1?action=restore", "{\"filename\":\"missing.bin\"}", &st);
+    assert_true(st == 404 || st == 400);
+    json_decref(j);
+    j = srvt_post_json(&g_srv, "/slots/1?action=erase", NULL, &st);
+    assert_int_equal(st, 200);
+#else
+    assert_int_equal(st, 501);
+    assert_non_null(strstr(srvt_str(j, "error.message"), "not available in this build"));
+#endif
+    json_decref(j);
+}
+
+static void test_metrics(void **state)
+{
+    (void)state;
+    srv_http_resp r;
+    assert_int_equal(srvt_req(&g_srv, "GET", "/metrics", NULL, NULL, &r), 200);
+    char ct[128];
+    assert_true(srv_http_header(&r, "Content-Type", ct, sizeof ct));
+    assert_non_null(strstr(ct, "text/plain"));
+    const char *t = r.body.p;
+    const char *q = strstr(t, "\nkeel_requests_total ");
+    assert_non_null(q);
+    assert_true(atof(q + 21) >= 5); /* the requests of the tests before */
+    assert_non_null(strstr(t, "# TYPE keel_time_to_first_token_seconds histogram"));
+    assert_non_null(strstr(t, "keel_time_to_first_token_seconds_bucket{le=\"+Inf\"}"));
+    assert_non_null(strstr(t, "keel_kv_cells_used{group=\"0\"}"));
+    assert_non_null(strstr(t, "keel_kv_cells_capacity{group=\"0\"}"));
+    assert_non_null(strstr(t, "\nkeel_prompt_tokens_total "));
+    assert_non_null(strstr(t, "\nkeel_tokens_predicted_total "));
+    assert_non_null(strstr(t, "\nkeel_prompt_tokens_cached_total "));
+    const char *rss = strstr(t, "\nkeel_rss_bytes ");
+    assert_non_null(rss);
+    assert_true(atof(rss + 16) > 1e6);
+    /* every sample line is "name{labels} value" with a value that parses */
+    int samples = 0;
+    for (const char *l = t; *l;) {
+        const char *nl = strchr(l, '\n');
+        assert_non_null(nl);
+        if (*l != '#') {
+            const char *sp = NULL;
+            for (const char *q2 = l; q2 < nl; q2++)
+                if (*q2 == ' ') sp = q2;
+            assert_non_null(sp);
+            char *end;
+            strtod(sp + 1, &end);
+            if (end != nl) fail_msg("sample line: %.*s", (int)(nl - l), l);
+            samples++;
+        }
+        l = nl + 1;
+    }
+    assert_true(samples > 20);
+    srv_http_resp_free(&r);
+}
+
+static void test_auth(void **state)
+{
+    (void)state;
+    char keyfile[64];
+    snprintf(keyfile, sizeof keyfile, "/tmp/keel_srvkeys_%d", (int)getpid());
+    FILE *f = fopen(keyfile, "w");
+    assert_non_null(f);
+    fputs("\nfile-key-1\n  file-key-2  \n", f);
+    fclose(f);
+    srvt_proc p;
+    const char *args[] = {"--api-key", "sk-one,sk-two", "--api-key-file", keyfile, "--log-disable", NULL};
+    assert_true(srvt_start(&p, g_model, args, true));
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}";
+    const char *mbody = "{\"max_tokens\":2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    struct {
+        const char *method, *path, *headers, *body;
+        int status;
+    } cases[] = {
+        {"POST", "/v1/chat/completions", NULL, body, 401},
+        {"POST", "/v1/chat/completions", "Authorization: Bearer sk-wrong\r\n", body, 401},
+        {"POST", "/v1/chat/completions", "Authorization: Bearer sk-on\r\n", body, 401},
+        {"POST", "/v1/chat/completions", "Authorization: Bearer sk-one1\r\n", body, 401},
+        {"POST", "/v1/chat/completions", "Authorization: Basic sk-one\r\n", body, 401},
+        {"POST", "/v1/chat/completions", "Authorization: Bearer sk-one\r\n", body, 200},
+        {"POST", "/v1/chat/completions", "authorization: bearer sk-two\r\n", body, 200},
+        {"POST", "/v1/chat/completions", "x-api-key: file-key-2\r\n", body, 200},
+        {"POST", "/v1/messages", NULL, mbody, 401},
+        {"POST", "/v1/messages", "x-api-key: nope\r\n", mbody, 401},
+        {"POST", "/v1/messages", "x-api-key: file-key-1\r\n", mbody, 200},
+        {"POST", "/v1/messages/count_tokens", NULL, mbody, 401},
+        {"POST", "/tokenize", NULL, "{\"content\":\"a\"}", 401},
+        {"GET", "/props", NULL, NULL, 401},
+        {"GET", "/slots", NULL, NULL, 401},
+        {"GET", "/metrics", NULL, NULL, 401},
+        {"GET", "/health", NULL, NULL, 200},
+        {"GET", "/v1/health", NULL, NULL, 200},
+        {"GET", "/v1/models", NULL, NULL, 200},
+        {"GET", "/models", NULL, NULL, 200},
+        {"GET", "/props", "Authorization: Bearer sk-two\r\n", NULL, 200},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        srv_http_resp r;
+        int st = srvt_req(&p, cases[i].method, cases[i].path, cases[i].headers, cases[i].body, &r);
+        if (st != cases[i].status)
+            fail_msg("case %zu %s %s: %d, want %d: %s", i, cases[i].method, cases[i].path, st, cases[i].status,
+                     r.body.p ? r.body.p : "");
+        if (st == 401) check_error(cases[i].path, 401, "Invalid API Key", &r);
+        srv_http_resp_free(&r);
+    }
+    assert_int_equal(srvt_stop(&p, 10 * srvt_slow()), 0);
+    unlink(keyfile);
+    /* flags are parsed strictly */
+    const char *bin = getenv("KEEL_BIN");
+    char cmd[512];
+    const char *bad[] = {"--port 70000", "--port x", "-np 0", "--timeout 0", "--api-key-file /nonexistent/keys",
+                         "--bogus", "--kv-trigger 10", "--max-body 0", "--cache-ram -5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s serve -m %s %s >/dev/null 2>&1", bin, g_model, bad[i]);
+        int rc = system(cmd);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) == 0) fail_msg("keel serve %s was accepted", bad[i]);
+    }
+}
+
+/* SIGTERM with a stream in flight: the client sees the stream end, the
+ * server exits 0 promptly. */
+typedef struct bg_stream {
+    int port;
+    srv_http_resp r;
+    bool ok;
+} bg_stream;
+
+static void *stream_forever(void *p)
+{
+    bg_stream *b = p;
+    b->ok = srv_http_request("127.0.0.1", b->port, "POST", "/v1/chat/completions", NULL,
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"go\"}],\"max_tokens\":-1,\"ignore_eos\":true,"
+                             "\"stream\":true}",
+                             &b->r, 60000 * srvt_slow());
+    return NULL;
+}
+
+static void test_shutdown(void **state)
+{
+    (void)state;
+    srvt_proc p;
+    const char *args[] = {"-c", "65536", "--kv-compact", "window", "--log-disable", "-t", "1", NULL};
+    assert_true(srvt_start(&p, g_model, args, true));
+    bg_stream b;
+    memset(&b, 0, sizeof b);
+    b.port = p.port;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stream_forever, &b), 0);
+    /* wait until it generates */
+    for (int i = 0; i < 500 * srvt_slow(); i++) {
+        int st;
+        json_t *s = srvt_get_json(&p, "/slots", &st);
+        bool busy = json_is_true(json_object_get(json_array_get(s, 0), "is_processing"));
+        if (s) json_decref(s);
+        if (busy) break;
+        usleep(10000);
+    }
+    uint64_t t0 = keel_time_ns();
+    int code = srvt_stop(&p, 10 * srvt_slow());
+    double secs = (double)(keel_time_ns() - t0) * 1e-9;
+    pthread_join(th, NULL);
+    printf("SIGTERM with a stream in flight: exit %d after %.2f s; the client got %zu bytes\n", code, secs, b.r.body.len);
+    assert_int_equal(code, 0);
+    assert_true(secs < 5.0 * srvt_slow());
+    assert_int_equal(b.r.status, 200);
+    /* the stream ended with an error event: cancelled by the shutdown */
+    assert_non_null(b.r.body.p);
+    assert_non_null(strstr(b.r.body.p, "\"error\""));
+    srv_http_resp_free(&b.r);
+}
+
+/* keel bench-serve on a small model: the JSON it prints. */
+static void test_bench_serve(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench-serve -m %s -t 1 -p 8 -n 4 --requests 1 --concurrency 1,2 --json", getenv("KEEL_BIN"),
+             g_model);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    static char out[16384];
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    assert_int_equal(pclose(f), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    if (!j) fail_msg("bench-serve printed: %s", out);
+    assert_true(json_number_value(json_object_get(json_object_get(j, "single_stream"), "decode_tokens_per_second")) > 0);
+    json_t *runs = json_object_get(j, "runs");
+    assert_int_equal(json_array_size(runs), 2);
+    assert_int_equal(srvt_int(runs, "1.concurrency"), 2);
+    assert_int_equal(srvt_int(runs, "1.requests"), 2);
+    assert_int_equal(srvt_int(runs, "1.failures"), 0);
+    assert_true(json_number_value(json_object_get(json_array_get(runs, 1), "tokens_per_second")) > 0);
+    assert_true(json_number_value(json_object_get(json_array_get(runs, 0), "ttft_mean_ms")) > 0);
+    json_decref(j);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_loading),       cmocka_unit_test(test_info_endpoints), cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_chat_stream),   cmocka_unit_test(test_completions),    cmocka_unit_test(test_messages),
+        cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_slot_actions),   cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_auth),          cmocka_unit_test(test_shutdown),       cmocka_unit_test(test_bench_serve),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
