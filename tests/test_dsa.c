@@ -9,7 +9,9 @@
  *     that of the same sequence run alone, bit for bit (deterministic
  *     mode), also when its slot is saved mid-way with
  *     keel_session_save_buf and restored into another slot with
- *     keel_session_load_buf;
+ *     keel_session_load_buf; and the indexer's kept sets there (a probe
+ *     query through keel_mem_attend on every layer's stored indexer keys,
+ *     the kept cells' positions) equal those of the sequence alone;
  *   - compaction (KeyDiff, renumbered) of a deepseek32 context: the
  *     indexer keys leave with their cells, decoding continues, the memory
  *     checks;
@@ -18,6 +20,7 @@
  */
 #include "testutil.h"
 #include "base/base.h"
+#include "memory/memory.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -150,6 +153,49 @@ static uint64_t feed(keel_context *c, int32_t s, const int32_t *toks, int32_t n,
     return h;
 }
 
+/* The indexer's choice for a probe query of seq s at its last position on
+ * every layer (fixed queries and weights, the model's stored indexer keys):
+ * the hash of the kept cells' positions; *n_kept counts them. */
+static uint64_t probe_topk(keel_mem *mem, int32_t s, int32_t *n_kept)
+{
+    uint64_t h = 0;
+    int32_t pos = keel_mem_seq_pos_max(mem, s);
+    for (int32_t l = 0; l < mem->cfg.n_layers; l++) {
+        const keel_mem_layer *L = &mem->layers[l];
+        assert_true(L->idx_head_dim > 0);
+        static float q[4096], out[4096], iq[4096], iw[64];
+        int32_t sel[256];
+        assert_true((size_t)L->n_heads * (size_t)L->head_dim_k <= 4096 && L->idx_top_k <= 256);
+        assert_true((size_t)L->idx_n_heads * (size_t)L->idx_head_dim <= 4096 && L->idx_n_heads <= 64);
+        for (int32_t i = 0; i < L->n_heads * L->head_dim_k; i++) q[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+        for (int32_t i = 0; i < L->idx_n_heads * L->idx_head_dim; i++)
+            iq[i] = (float)((i * 11 + l) % 17) / 17.0f - 0.5f;
+        for (int32_t i = 0; i < L->idx_n_heads; i++) iw[i] = 0.25f + 0.125f * (float)i;
+        keel_mem_attn a;
+        memset(&a, 0, sizeof a);
+        a.n_tokens = 1;
+        a.n_heads = L->n_heads;
+        a.q = q;
+        a.pos = &pos;
+        a.seq = &s;
+        a.out = out;
+        a.iq = iq;
+        a.iw = iw;
+        a.n_iq_heads = L->idx_n_heads;
+        a.sel = sel;
+        assert_ok(keel_mem_attend(mem, l, &a));
+        const mem_group *g = &mem->groups[mem->layer_group[l]];
+        for (int32_t j = 0; j < L->idx_top_k && sel[j] >= 0; j++) {
+            const mem_table *t = NULL;
+            int32_t c = -1;
+            assert_true(mem_cell_decode(g, sel[j], &t, &c));
+            h = base_hash64(&t->pos[c], sizeof(int32_t), h);
+            (*n_kept)++;
+        }
+    }
+    return h;
+}
+
 static void test_two_slot_release(void **state)
 {
     (void)state;
@@ -160,7 +206,8 @@ static void test_two_slot_release(void **state)
     static int32_t text[4][256];
     for (int cv = 0; cv < 4; cv++)
         for (int i = 0; i < 256; i++) text[cv][i] = 3 + (int32_t)((i * (37 + 10 * cv) + cv * 11) % 300);
-    uint64_t alone[12], shared[12], moved[12];
+    uint64_t alone[12], shared[12], moved[12], ka[12], ks[12], km[12];
+    int32_t kept = 0;
     static uint8_t blob[1 << 22];
     for (int run = 0; run < 3; run++) {
         keel_context *c = ctx(m, 256, 8, run == 0 ? 1 : 4, KEEL_DTYPE_F16, true);
@@ -174,7 +221,10 @@ static void test_two_slot_release(void **state)
                 int32_t n = 1 + (round * 5 + cv) % 8 + (round == 0 ? 12 : 0);
                 uint64_t h = feed(c, s, text[cv] + used[cv], n, V);
                 used[cv] += n;
-                if (cv == 0) (run == 0 ? alone : run == 1 ? shared : moved)[round] = h;
+                if (cv == 0) {
+                    (run == 0 ? alone : run == 1 ? shared : moved)[round] = h;
+                    (run == 0 ? ka : run == 1 ? ks : km)[round] = probe_topk(mem, s, &kept);
+                }
             }
             if (run > 0 && round == 3) assert_ok(keel_mem_seq_rm(mem, 1, -1, -1)); /* B released */
             if (run > 0 && round == 5) assert_ok(keel_mem_seq_rm(mem, 2, -1, -1)); /* D released */
@@ -195,7 +245,10 @@ static void test_two_slot_release(void **state)
     for (int r = 0; r < 12; r++) {
         if (alone[r] != shared[r]) fail_msg("round %d: A's logits differ with B, C and D in the context", r);
         if (alone[r] != moved[r]) fail_msg("round %d: A's logits differ after its slot was saved and restored", r);
+        if (ka[r] != ks[r]) fail_msg("round %d: A's indexer top-k differs with B, C and D in the context", r);
+        if (ka[r] != km[r]) fail_msg("round %d: A's indexer top-k differs after its slot was saved and restored", r);
     }
+    assert_true(kept >= 3 * 12 * 3 * 10); /* three runs, 12 rounds, 3 layers: sets of 16 once past 16 tokens */
     keel_model_close(m);
 }
 
