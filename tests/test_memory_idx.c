@@ -41,11 +41,12 @@ typedef struct h_cfg {
     bool sliding;       /* layer 0 sliding (window 12, 2 sinks) */
     bool deterministic;
     bool recurrent;     /* a recurrent layer too (checkpoints) */
+    bool ring_ckpt;     /* checkpoints of an attention-only memory (ring rows) */
 } h_cfg;
 
 static h_cfg cfg_default(void)
 {
-    h_cfg c = {KEEL_DTYPE_F32, KEEL_DTYPE_F32, false, true, 8, 128, 4, false, false, false};
+    h_cfg c = {KEEL_DTYPE_F32, KEEL_DTYPE_F32, false, true, 8, 128, 4, false, false, false, false};
     return c;
 }
 
@@ -91,7 +92,7 @@ static keel_mem_config mem_cfg(const h_cfg *c, keel_mem_layer *ls)
     mc.n_batch_max = 16;
     mc.n_threads = 2;
     mc.deterministic = c->deterministic;
-    mc.n_ckpt = c->recurrent ? 2 : 0;
+    mc.n_ckpt = c->recurrent || c->ring_ckpt ? 2 : 0;
     return mc;
 }
 
@@ -819,6 +820,34 @@ static void test_sessions_and_checkpoints(void **state)
     feed(m2, &L, 0, 11, 16, 1, NULL);
     query(m, &L, 0, 11, 16, 0, o1, s1);
     query(m2, &L, 0, 11, 16, 0, o2, s2);
+    assert_memory_equal(s1, s2, 8 * sizeof(int32_t));
+    assert_memory_equal(o1, o2, sizeof o1);
+    keel_mem_close(m2);
+    keel_mem_close(m);
+    /* attention only, ring checkpoints: keel_mem_ckpt_restore brings back
+     * the ring cells with their indexer keys (sinks 0, 1 and positions 4..15
+     * of the window 12: the rows the later tokens had evicted) */
+    c = cfg_default();
+    c.sliding = true;
+    c.ring_ckpt = true;
+    c.n_seq = 1;
+    m = open_mem(&c);
+    L = idx_layer(&c);
+    feed(m, &L, 0, 12, 0, 16, NULL);
+    assert_ok(keel_mem_ckpt_take(m, 0));
+    feed(m, &L, 0, 12, 16, 16, NULL);
+    feed(m, &L, 0, 12, 32, 16, NULL);
+    int32_t at = -1;
+    assert_ok(keel_mem_ckpt_restore(m, 0, 16, &at));
+    assert_int_equal(at, 16);
+    assert_int_equal(keel_mem_seq_pos_max(m, 0), 15);
+    assert_ok(keel_mem_check(m));
+    feed(m, &L, 0, 12, 16, 1, NULL);
+    m2 = open_mem(&c);
+    feed(m2, &L, 0, 12, 0, 16, NULL);
+    feed(m2, &L, 0, 12, 16, 1, NULL);
+    query(m, &L, 0, 12, 16, 0, o1, s1);
+    query(m2, &L, 0, 12, 16, 0, o2, s2);
     assert_memory_equal(s1, s2, 8 * sizeof(int32_t));
     assert_memory_equal(o1, o2, sizeof o1);
     keel_mem_close(m2);
