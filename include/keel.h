@@ -938,7 +938,9 @@ typedef struct keel_context_params {
      * forgotten (each costs a copy of the sequence's rings: see keel_plan);
      * full attention needs none (ignored) */
     int32_t n_ctx_checkpoints; /* kept per sequence, oldest dropped; 0: none; -1 (default):
-                                  8 with recurrent layers, else 0 */
+                                  8 with recurrent layers; with sliding layers, up to 8
+                                  where they cost at most a quarter of the KV bytes,
+                                  else 0 (keel_plan.ckpt_bytes says what they cost) */
     int32_t checkpoint_every;  /* > 0: also every this many prompt tokens (0: only at
                                   the end of each prompt) */
 } keel_context_params;
@@ -1301,6 +1303,11 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * array), "kv_compact" (as at open; "none" turns compaction off for this and
  * the following turns), "chat_template_kwargs" (object of extra template
  * variables, e.g. {"enable_thinking": false}), "add_generation_prompt" (true),
+ * "ignore_eos", "tool_choice" ("auto"; "none": tools neither rendered nor
+ * parsed; "required", or {"name": N} / {"type": "function", "function":
+ * {"name": N}}: the prompt ends with the opening of a call (to N) where the
+ * tool-call format has one — hermes, qwen3-coder, llama3 JSON — so the
+ * answer is a call; other formats are only told about the tools),
  * "prompt" (raw text instead of messages: no template, no tool parsing) or
  * "prompt_tokens" (ids).
  * KEEL_ERANGE: the response did not fit cap (the turn happened; get it with

@@ -156,6 +156,26 @@ static void test_two_turns_reuse(void **state)
     keel_engine_close(e);
 }
 
+/* A small generated model of arch (4 heads, 2 KV heads, embd 64) at a
+ * temporary path (path: 64 bytes); the caller unlinks it. */
+static void gen_small(const char *arch, int32_t n_layer, int32_t n_swa, uint64_t seed, char *path)
+{
+    snprintf(path, 64, "/tmp/keel_engine_%s_XXXXXX", arch);
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = arch;
+    gp.n_layer = n_layer;
+    gp.n_embd = 64;
+    gp.n_head = 4;
+    gp.n_head_kv = 2;
+    gp.n_swa = n_swa;
+    gp.seed = seed;
+    char err[256];
+    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen %s: %s", arch, err);
+}
+
 /* A hybrid model (Gated DeltaNet + attention): turn 2 resumes the state
  * from the checkpoint at the end of turn 1's prompt, the same prompt sent
  * again from the one a token before its end; the logits are bit-identical
@@ -164,19 +184,8 @@ static void test_recurrent_reuse(void **state)
 {
     (void)state;
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_engine_rs_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "qwen35";
-    gp.n_layer = 4;
-    gp.n_embd = 64;
-    gp.n_head = 4;
-    gp.n_head_kv = 2;
-    gp.seed = 9;
+    gen_small("qwen35", 4, 0, 9, path);
     char err[256], opts[512];
-    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
     snprintf(opts, sizeof opts, "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16}", path);
     keel_engine *e = NULL, *f = NULL;
     assert_ok(keel_engine_open(opts, &e, err));
@@ -228,20 +237,8 @@ static void test_swa_checkpoint_reuse(void **state)
 {
     (void)state;
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_engine_swa_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "gemma2";
-    gp.n_layer = 2;
-    gp.n_embd = 64;
-    gp.n_head = 4;
-    gp.n_head_kv = 2;
-    gp.n_swa = 8;
-    gp.seed = 11;
+    gen_small("gemma2", 2, 8, 11, path);
     char err[256], opts[512], opts0[512];
-    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
     const char *base = "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16%s}";
     snprintf(opts, sizeof opts, base, path, ", \"ctx_checkpoints\": 8, \"checkpoint_every\": 4");
     snprintf(opts0, sizeof opts0, base, path, ", \"ctx_checkpoints\": 0");
@@ -294,6 +291,58 @@ static void test_swa_checkpoint_reuse(void **state)
     keel_engine_close(f);
     keel_engine_close(z);
     unlink(path);
+}
+
+/* tool_choice on a Hermes-format template (qwen3's): a named tool or
+ * "required" opens the call in the prompt, so even an untrained model's
+ * answer is a call (to that tool, when named); "none" renders and parses no
+ * tools; naming a tool that is not there is refused. */
+static void test_tool_choice_forced(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine("\"chat_template\": \"qwen3\"");
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"parameters\":{\"type\":"
+                        "\"object\",\"properties\":{\"path\":{\"type\":\"string\"}}}}},{\"type\":\"function\","
+                        "\"function\":{\"name\":\"run_tests\",\"parameters\":{\"type\":\"object\"}}}]";
+    const char *named = "{\"max_tokens\": 12, \"temperature\": 0, \"tool_choice\": {\"type\": \"function\", "
+                        "\"function\": {\"name\": \"run_tests\"}}}";
+    assert_ok(keel_complete(e, MSG1, named, tools, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r = parse(g_resp);
+    json_t *calls = json_object_get(r, "tool_calls");
+    printf("named: %s\n", g_resp);
+    assert_true(json_array_size(calls) >= 1);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "name")),
+                        "run_tests");
+    assert_string_equal(json_string_value(json_object_get(r, "finish_reason")), "tool_calls");
+    json_decref(r);
+    /* required: the model writes the name itself (whatever an untrained model writes) */
+    const char *req = "{\"max_tokens\": 12, \"temperature\": 0, \"tool_choice\": \"required\"}";
+    assert_ok(keel_complete(e, MSG1, req, tools, NULL, NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    printf("required: %s\n", g_resp);
+    /* a call, or (a name the untrained model never closed) the cut-off call
+     * given back as text: either way the answer opened with the call */
+    const char *content = json_string_value(json_object_get(r, "content"));
+    assert_true(json_array_size(json_object_get(r, "tool_calls")) >= 1 ||
+                (content && strncmp(content, "<tool_call>\n{\"name\": \"", 21) == 0));
+    json_decref(r);
+    /* auto and none: no call opened (an untrained model writes no call markup) */
+    const char *none = "{\"max_tokens\": 12, \"temperature\": 0, \"tool_choice\": \"none\"}";
+    assert_ok(keel_complete(e, MSG1, none, tools, NULL, NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    assert_int_equal(json_array_size(json_object_get(r, "tool_calls")), 0);
+    json_decref(r);
+    /* refused: a name not among the tools, a bad value, required without tools */
+    const char *bad[3] = {"{\"tool_choice\": {\"name\": \"rm_rf\"}}", "{\"tool_choice\": \"always\"}",
+                          "{\"tool_choice\": \"required\"}"};
+    const char *bad_tools[3] = {tools, tools, NULL};
+    for (int i = 0; i < 3; i++) {
+        keel_status st = keel_complete(e, MSG1, bad[i], bad_tools[i], NULL, NULL, g_resp, sizeof g_resp);
+        printf("refused: %s: %s\n", keel_status_name(st), keel_engine_last_error(e));
+        assert_int_equal(st, KEEL_EINVAL);
+        assert_non_null(strstr(keel_engine_last_error(e), "tool_choice"));
+    }
+    keel_engine_close(e);
 }
 
 typedef struct counter {
@@ -787,6 +836,7 @@ int main(void)
         cmocka_unit_test(test_two_turns_reuse),   cmocka_unit_test(test_callback_stops),
         cmocka_unit_test(test_recurrent_reuse),
         cmocka_unit_test(test_swa_checkpoint_reuse),
+        cmocka_unit_test(test_tool_choice_forced),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),

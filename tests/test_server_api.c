@@ -94,6 +94,7 @@ static void test_openai_chat_parse(void **state)
     assert_int_equal(json_array_size(json_object_get(r, "tools")), 1);
     assert_string_equal(srvt_str(r, "tools.0.function.name"), "put");
     assert_string_equal(srvt_str(r, "tools.0.function.parameters.type"), "object");
+    assert_string_equal(srvt_str(r, "tool_choice.name"), "put"); /* the engine opens that call */
     srv_request_free(&rq);
     /* tool_choice none: no tools; default max_tokens; required keeps all */
     r = parse_ok(SRV_API_CHAT,
@@ -110,6 +111,7 @@ static void test_openai_chat_parse(void **state)
                  &rq);
     assert_int_equal(json_array_size(json_object_get(r, "tools")), 2);
     assert_int_equal(srvt_int(r, "max_tokens"), 7);
+    assert_string_equal(srvt_str(r, "tool_choice"), "required");
     srv_request_free(&rq);
 }
 
@@ -251,6 +253,7 @@ static void test_anthropic_parse(void **state)
     assert_string_equal(srvt_str(r, "stop.0"), "###");
     assert_int_equal(srvt_int(r, "max_tokens"), 20);
     assert_int_equal(srvt_int(r, "top_k"), 5);
+    assert_string_equal(srvt_str(r, "tool_choice"), "required"); /* any */
     srv_request_free(&rq);
     /* named tool, none, count_tokens */
     const char *T = "\"tools\":[{\"name\":\"a\",\"input_schema\":{}},{\"name\":\"b\",\"input_schema\":{}}]";
@@ -259,6 +262,7 @@ static void test_anthropic_parse(void **state)
     r = parse_ok(SRV_API_MESSAGES, b, &rq);
     assert_int_equal(json_array_size(json_object_get(r, "tools")), 1);
     assert_string_equal(srvt_str(r, "tools.0.function.name"), "b");
+    assert_string_equal(srvt_str(r, "tool_choice.name"), "b");
     assert_int_equal(srvt_int(r, "max_tokens"), 50);
     srv_request_free(&rq);
     snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":{\"type\":\"none\"},\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024}}", T);

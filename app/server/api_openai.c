@@ -199,7 +199,8 @@ static bool norm_tools(json_t *body, const srv_limits *lim, json_t *req, srv_err
         return srv_fail(e, 400, "tool_choice names '%s', which is not among the tools", only);
     }
     if (json_object_set_new(req, "tools", out) != 0) return srv_fail(e, 500, "out of memory");
-    return true;
+    bool required = json_is_string(choice) && strcmp(json_string_value(choice), "required") == 0;
+    return srv_set_tool_choice(req, only, required, e);
 }
 
 /* Sampling and generation options shared by both endpoints. */

@@ -50,7 +50,7 @@ static const char g_help[] =
     "  -s, --seed S                   default sampling seed of requests (random per request)\n"
     "  --cache-ram MIB                RAM prompt cache bound in MiB; 0: off (8192)\n"
     "  --ctx-checkpoints N            checkpoints per slot of its recurrent state or sliding rings, reserved\n"
-    "                                 in the plan (8 with recurrent layers; 0 for sliding-only models)\n"
+    "                                 in the plan (8 with recurrent layers; sliding: up to 8 in 1/4 of the KV)\n"
     "  --checkpoint-every N           also a checkpoint every N prompt tokens (0: at prompt ends)\n"
     "  --slot-save-path DIR           directory for /slots/{id}?action=save|restore files\n"
     "  --api-key KEY                  require KEY (Bearer or x-api-key); repeatable, comma-separated\n"

@@ -28,6 +28,12 @@
 #define ENG_TTFT_BUCKETS 12 /* 0.01 s .. 20 s, see eng_ttft_le */
 
 /* Per-request options (request JSON or keel_complete's options_json). */
+typedef enum eng_tool_choice {
+    ENG_TOOLS_AUTO = 0,     /* the model decides */
+    ENG_TOOLS_NONE = 1,     /* tools neither rendered nor parsed */
+    ENG_TOOLS_REQUIRED = 2, /* a call is forced where the format allows it (tool_name: that one) */
+} eng_tool_choice;
+
 typedef struct eng_opts {
     keel_sampler_params samp;
     int32_t max_tokens;       /* -1: until end of generation or the budget */
@@ -39,6 +45,8 @@ typedef struct eng_opts {
     json_t *template_kwargs;  /* extra template variables (object) or NULL; owned ref */
     bool parse_tools;         /* false for raw prompts */
     bool ignore_eos;          /* end-of-generation tokens are never sampled */
+    eng_tool_choice tool_choice;
+    char *tool_name;          /* tool_choice naming one tool (owned), else NULL */
 } eng_opts;
 
 typedef enum eng_req_kind {
@@ -129,6 +137,8 @@ typedef struct eng_slot {
     int32_t n_fed;            /* prompt tokens in the cache (reused + prefilled) */
     int32_t n_reused;         /* prompt tokens reused from the cache */
     const char *cache_note;   /* "reused" or "reset: why" (static text) */
+    char forced[320];         /* a forced tool call's opening, appended to the prompt */
+    size_t n_forced;          /* 0: none */
     keel_sampler *samp;
     keel_detok_stream ds;
     toolcall_parser *tp;

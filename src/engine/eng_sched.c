@@ -552,6 +552,8 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     eng_pc_admit(e, sl, tmp.prompt, tmp.n_prompt, &lcp);
     memcpy(sl->prompt, tmp.prompt, (size_t)tmp.n_prompt * sizeof(int32_t));
     sl->n_prompt = tmp.n_prompt;
+    memcpy(sl->forced, tmp.forced, sizeof sl->forced);
+    sl->n_forced = tmp.n_forced;
     sl->req = r;
     sl->n_gen = 0;
     sl->finish = NULL;
@@ -574,7 +576,9 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     for (int32_t i = sl->n_prompt > look ? sl->n_prompt - look : 0; i < sl->n_prompt; i++)
         if ((st = keel_sampler_accept(sl->samp, sl->prompt[i])) != KEEL_OK) goto fail;
     toolcall_options to = toolcall_options_default();
-    to.format = r->o.parse_tools && r->kind == ENG_REQ_CHAT ? e->tool_format : TOOLCALL_FORMAT_CONTENT;
+    to.format = r->o.parse_tools && r->kind == ENG_REQ_CHAT && r->o.tool_choice != ENG_TOOLS_NONE
+                    ? e->tool_format
+                    : TOOLCALL_FORMAT_CONTENT;
     to.parse_reasoning = r->kind == ENG_REQ_CHAT;
     to.tools = r->tools;
     if (r->kind == ENG_REQ_CHAT && rendered->data)
@@ -583,6 +587,11 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     to.on_event = on_toolcall;
     to.event_user = sl;
     if ((st = toolcall_open(&to, &sl->tp, err)) != KEEL_OK) goto fail;
+    /* a forced call: the parser reads its opening as the model's own output */
+    if (sl->n_forced > 0 && (st = toolcall_feed(sl->tp, sl->forced, sl->n_forced)) != KEEL_OK) {
+        snprintf(err, sizeof err, "tool_choice: %s", toolcall_last_error(sl->tp));
+        goto fail;
+    }
     if ((st = keel_detok_stream_init_after(&sl->ds, e->model, sl->prompt, sl->n_prompt)) != KEEL_OK) {
         snprintf(err, sizeof err, "prompt: a token id is out of range");
         goto fail;

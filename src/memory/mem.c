@@ -535,7 +535,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             off += ((size_t)r->state_floats + 15) & ~(size_t)15;
             k++;
         }
-        (void)mem_ckpt_record_bytes(cfg, m, rings);
+        mem_ckpt_record_bytes(cfg, m, rings); /* fills rings; its size was checked at open */
     }
 }
 
@@ -616,9 +616,12 @@ void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt)
             size_t conv = (size_t)(r->conv_kernel - 1) * (size_t)r->conv_channels;
             slot += ((conv + 15) & ~(size_t)15) + (((size_t)r->state_floats + 15) & ~(size_t)15);
         }
-    if (slot == 0) return;
-    int32_t slots = cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
-    *rs = slot * sizeof(float) * (size_t)slots;
+    if (slot > 0) {
+        int32_t slots = cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
+        *rs = slot * sizeof(float) * (size_t)slots;
+    }
+    if (cfg->n_ckpt <= 0) return;
+    /* recurrent states, or an attention memory's ring rows only */
     size_t rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
     if (rec != SIZE_MAX) *ckpt = rec * (size_t)mem_ckpt_count(cfg, rec) * (size_t)cfg->n_seq_max;
 }
