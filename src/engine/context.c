@@ -46,7 +46,8 @@ static keel_status check_compact(const keel_model *m, const keel_context_params 
     bool any_full = false, any_swa = false;
     int32_t window = p->swa_window > 0 ? p->swa_window : hp->n_swa;
     for (int32_t i = 0; i < hp->n_layer; i++) {
-        if (m->w.layers[i].mixer != MODEL_MIXER_ATTN) continue; /* recurrent: no KV */
+        if (m->w.layers[i].mixer != MODEL_MIXER_ATTN && m->w.layers[i].mixer != MODEL_MIXER_MLA)
+            continue; /* recurrent: no KV */
         bool swa = p->swa_window > 0 ? !(i % p->swa_period == p->swa_period - 1) : m->w.layers[i].swa;
         any_full |= !swa;
         any_swa |= swa;
