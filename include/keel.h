@@ -339,10 +339,24 @@ typedef struct keel_mem_layer {
     keel_rope rope;     /* RoPE of the stored keys, for position edits; type NONE
                            if keys carry no position */
     keel_mem_recurrent rs; /* KEEL_MEM_LAYER_RECURRENT: the state's shape */
+    /* Sparse attention (DSA lightning indexer, deepseek32): idx_head_dim > 0
+     * gives the layer a third column in its table, one indexer key per token
+     * (a single head), written with K and V (keel_mem_write_kvi) and moved,
+     * copied, evicted, compacted, saved and loaded with them; attention then
+     * keeps the idx_top_k visible cells a query's indexer scores rank first
+     * (keel_mem_attn.iq; docs/memory.md, "Sparse attention"). */
+    int32_t idx_head_dim;  /* 0: no indexer column; else 1..8192 */
+    int32_t idx_n_heads;   /* indexer query heads a call may pass (1..4096; scratch) */
+    keel_dtype idx_dtype;  /* storage type of the indexer keys (as K) */
+    keel_mem_rot idx_rot;  /* their Hadamard rotation (deepseek32: on, seed 0) */
+    keel_rope idx_rope;    /* RoPE of the stored indexer keys (first n_rot dims), for
+                              position edits; type NONE if they carry no position */
+    int32_t idx_top_k;     /* cells a query attends at most (1..2^20) */
 } keel_mem_layer;
 
 /* A full-attention layer with 1 KV head of dim 64, f16 K/V, no rotation,
- * rope NORM over the whole head (set n_kv_heads/head dims/rope as needed). */
+ * rope NORM over the whole head, no indexer column (idx_rope type NONE)
+ * (set n_kv_heads/head dims/rope as needed). */
 keel_mem_layer keel_mem_layer_default(void);
 
 typedef struct keel_mem_config {
@@ -423,11 +437,19 @@ keel_status keel_mem_place(keel_mem *mem, const keel_mem_batch *batch, int32_t *
  * group of the layer): k is f32 [n][n_kv_heads][head_dim_k] with RoPE
  * already applied at each token's position, v f32 [n][n_kv_heads][head_dim_v].
  * Rows are rotated (if enabled) then quantized. KEEL_EINVAL for a layer
- * without KV, an empty cell, a cell out of range or a cell listed twice
- * (nothing is written then).
+ * without KV, a layer with an indexer column (keel_mem_write_kvi), an empty
+ * cell, a cell out of range or a cell listed twice (nothing is written then).
  */
 keel_status keel_mem_write(keel_mem *mem, int32_t layer, int32_t n, const int32_t *cells,
                            const float *k, const float *v);
+
+/* keel_mem_write with the layer's indexer keys: ik is f32
+ * [n][idx_head_dim] with RoPE applied, stored (rotated, quantized) in the
+ * same cells as K and V; NULL for layers without an indexer column.
+ * KEEL_EINVAL as keel_mem_write, and for ik missing on a layer with an
+ * indexer column or given for one without. Allocates nothing. */
+keel_status keel_mem_write_kvi(keel_mem *mem, int32_t layer, int32_t n, const int32_t *cells,
+                               const float *k, const float *v, const float *ik);
 
 /* Attention of query tokens over the cache of one layer. */
 typedef struct keel_mem_attn {
@@ -440,12 +462,33 @@ typedef struct keel_mem_attn {
     float scale;             /* 0: 1/sqrt(head_dim_k) */
     float softcap;           /* > 0: s <- softcap * tanh(s / softcap) */
     const float *sinks;      /* [n_heads] learned sink logits, or NULL */
+    /* sparse attention (layers with an indexer column; iq NULL: dense) */
+    const float *iq;         /* [n_tokens][n_iq_heads][idx_head_dim] indexer queries, RoPE
+                                applied (rotated into the column's basis here) */
+    const float *iw;         /* [n_tokens][n_iq_heads] head weights, scales folded in */
+    int32_t n_iq_heads;      /* 1..idx_n_heads */
+    int32_t top_k;           /* 0: the layer's idx_top_k; else 1..idx_top_k */
+    int32_t *sel;            /* optional out [n_tokens][top_k]: the cells each query kept
+                                (group cell ids) in (position, placement) order, -1 after
+                                the last; NULL to skip */
 } keel_mem_attn;
 
 /* Computes out. Accumulates in f32 with an online softmax; splits the KV
  * range across threads for long contexts. A query that sees no cell (and
  * has no sink logit) gets zeros. KEEL_EINVAL for bad shapes or sequence
- * ids. Allocates nothing (scratch reserved at open). */
+ * ids. Allocates nothing (scratch reserved at open).
+ *
+ * Sparse attention (a->iq set, the layer has an indexer column): each
+ * query scores every cell it may see (the sequence, causal and sliding
+ * rules of dense attention) with score = sum_h iw[h] * max(0, iq_h . ik),
+ * ik the cell's stored indexer key, keeps the top_k highest (all of them
+ * when fewer are visible), and attends over those alone in (position,
+ * placement) order. Equal scores across the top_k boundary (relu makes
+ * exact zeros common) are kept or dropped as std::partial_sort's heap
+ * selection (libstdc++, which llama.cpp's CPU top_k uses) does over the
+ * visible cells in (position, placement) order: deterministic, and
+ * independent of the cells' physical order, other queries and other
+ * sequences. A NaN score ranks below every number. */
 keel_status keel_mem_attend(keel_mem *mem, int32_t layer, const keel_mem_attn *a);
 
 /* Sequence edits. seq < 0 means every sequence where noted; p0 < 0 means 0
@@ -725,7 +768,7 @@ void keel_model_close(keel_model *m);
 
 typedef struct keel_model_info {
     const char *arch;     /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                             "mamba2", "gpt-oss" */
+                             "mamba2", "gpt-oss", "deepseek32" */
     const char *name;     /* general.name, or "" */
     int32_t n_vocab;
     int32_t n_ctx_train;
@@ -810,7 +853,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                            "mamba2", "gpt-oss" */
+                            "mamba2", "gpt-oss", "deepseek32" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -826,6 +869,7 @@ typedef struct keel_gen_params {
     int32_t n_expert;      /* qwen3next, gpt-oss: experts (4) */
     int32_t n_expert_used; /* experts per token (2) */
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
+    int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
@@ -836,7 +880,13 @@ keel_gen_params keel_gen_params_default(void);
  * dims head_dim / 4); qwen3next adds MoE (n_ff per expert) and a gated
  * shared expert (n_ff); mamba2 has d_inner 2 * n_embd in n_head heads and
  * n_head_kv groups; gpt-oss alternates sliding (n_swa, 0: 32) and full
- * layers with sinks, biases, MoE of SwiGLU-OAI experts and YaRN (factor 32). */
+ * layers with sinks, biases, MoE of SwiGLU-OAI experts and YaRN (factor 32);
+ * deepseek32 has multi-head latent attention in n_head heads (q.k dims
+ * head_dim + head_dim RoPE, values head_dim, q and kv ranks 2 head_dim:
+ * a cache row of 3 head_dim, values of 2), the DSA indexer (4 heads of
+ * 2 head_dim, top_k), layer 0 dense and MoE after it (sigmoid router with
+ * a selection bias, weights normalized and scaled by 2.5, a shared expert
+ * of n_ff); head_dim a multiple of 16; n_head_kv is ignored (MLA). */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:
@@ -903,7 +953,9 @@ typedef struct keel_context_params {
      * forgotten (each costs a copy of the sequence's rings: see keel_plan);
      * full attention needs none (ignored) */
     int32_t n_ctx_checkpoints; /* kept per sequence, oldest dropped; 0: none; -1 (default):
-                                  8 with recurrent layers, else 0 */
+                                  8 with recurrent layers; with sliding layers, up to 8
+                                  where they cost at most a quarter of the KV bytes,
+                                  else 0 (keel_plan.ckpt_bytes says what they cost) */
     int32_t checkpoint_every;  /* > 0: also every this many prompt tokens (0: only at
                                   the end of each prompt) */
 } keel_context_params;
@@ -1266,6 +1318,14 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * array), "kv_compact" (as at open; "none" turns compaction off for this and
  * the following turns), "chat_template_kwargs" (object of extra template
  * variables, e.g. {"enable_thinking": false}), "add_generation_prompt" (true),
+ * "ignore_eos", "logprobs" (true: the response's "logprobs": {"content":
+ * [{"token", "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one
+ * entry per generated token, log-softmax of the model's logits), "top_logprobs"
+ * (0..20, with logprobs), "tool_choice" ("auto"; "none": tools neither rendered nor
+ * parsed; "required", or {"name": N} / {"type": "function", "function":
+ * {"name": N}}: the prompt ends with the opening of a call (to N) where the
+ * tool-call format has one — hermes, qwen3-coder, llama3 JSON — so the
+ * answer is a call; other formats are only told about the tools),
  * "prompt" (raw text instead of messages: no template, no tool parsing) or
  * "prompt_tokens" (ids).
  * KEEL_ERANGE: the response did not fit cap (the turn happened; get it with

@@ -39,6 +39,9 @@ int main(int argc, char **argv)
     if (r.rs_ckpts || r.rs_refused)
         printf("recurrent: checkpoints=%lld restores=%lld refused(ESTATE)=%lld\n",
                (long long)r.rs_ckpts, (long long)r.rs_restores, (long long)r.rs_refused);
+    if (r.sparse_checks)
+        printf("sparse: queries checked=%lld (top_k < visible: %lld)\n", (long long)r.sparse_checks,
+               (long long)r.sparse_chosen);
     printf("ops=%lld divergences=%lld invariant_failures=%lld\n", (long long)r.ops,
            (long long)r.divergences, (long long)r.invariant_failures);
     return rc;

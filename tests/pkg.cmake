@@ -15,5 +15,6 @@ if(NOT KEEL_FUZZ)
   add_test(NAME pkg_install
     COMMAND sh ${PROJECT_SOURCE_DIR}/tests/pkg/install_test.sh ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}
       ${CMAKE_C_COMPILER} ${KEEL_PKG_CFLAGS})
-  set_tests_properties(pkg_install PROPERTIES TIMEOUT 600)
+  # make install builds first: alone, so that no test runs a binary it relinks
+  set_tests_properties(pkg_install PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)
 endif()

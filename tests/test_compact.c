@@ -210,7 +210,7 @@ static void test_other_sequence_untouched(void **state)
     float q[2 * 64], out1[2 * 64], out2[2 * 64];
     memtest_make_query(&L, 59, 9, q);
     int32_t qp = 59, qs = 1;
-    keel_mem_attn a = {1, 2, q, &qp, &qs, out1, 0, 0, NULL};
+    keel_mem_attn a = {1, 2, q, &qp, &qs, out1, 0, 0, NULL, NULL, NULL, 0, 0, NULL};
     assert_ok(keel_mem_attend(m, 0, &a));
     keel_compact_params p = keel_compact_params_default();
     p.policy = KEEL_COMPACT_KEYDIFF;

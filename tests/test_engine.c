@@ -156,6 +156,26 @@ static void test_two_turns_reuse(void **state)
     keel_engine_close(e);
 }
 
+/* A small generated model of arch (4 heads, 2 KV heads, embd 64) at a
+ * temporary path (path: 64 bytes); the caller unlinks it. */
+static void gen_small(const char *arch, int32_t n_layer, int32_t n_swa, uint64_t seed, char *path)
+{
+    snprintf(path, 64, "/tmp/keel_engine_%s_XXXXXX", arch);
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = arch;
+    gp.n_layer = n_layer;
+    gp.n_embd = 64;
+    gp.n_head = 4;
+    gp.n_head_kv = 2;
+    gp.n_swa = n_swa;
+    gp.seed = seed;
+    char err[256];
+    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen %s: %s", arch, err);
+}
+
 /* A hybrid model (Gated DeltaNet + attention): turn 2 resumes the state
  * from the checkpoint at the end of turn 1's prompt, the same prompt sent
  * again from the one a token before its end; the logits are bit-identical
@@ -164,19 +184,8 @@ static void test_recurrent_reuse(void **state)
 {
     (void)state;
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_engine_rs_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "qwen35";
-    gp.n_layer = 4;
-    gp.n_embd = 64;
-    gp.n_head = 4;
-    gp.n_head_kv = 2;
-    gp.seed = 9;
+    gen_small("qwen35", 4, 0, 9, path);
     char err[256], opts[512];
-    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
     snprintf(opts, sizeof opts, "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16}", path);
     keel_engine *e = NULL, *f = NULL;
     assert_ok(keel_engine_open(opts, &e, err));
@@ -228,20 +237,8 @@ static void test_swa_checkpoint_reuse(void **state)
 {
     (void)state;
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_engine_swa_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "gemma2";
-    gp.n_layer = 2;
-    gp.n_embd = 64;
-    gp.n_head = 4;
-    gp.n_head_kv = 2;
-    gp.n_swa = 8;
-    gp.seed = 11;
+    gen_small("gemma2", 2, 8, 11, path);
     char err[256], opts[512], opts0[512];
-    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen: %s", err);
     const char *base = "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_batch\": 16%s}";
     snprintf(opts, sizeof opts, base, path, ", \"ctx_checkpoints\": 8, \"checkpoint_every\": 4");
     snprintf(opts0, sizeof opts0, base, path, ", \"ctx_checkpoints\": 0");
@@ -294,6 +291,161 @@ static void test_swa_checkpoint_reuse(void **state)
     keel_engine_close(f);
     keel_engine_close(z);
     unlink(path);
+}
+
+/* tool_choice on a Hermes-format template (qwen3's): a named tool or
+ * "required" opens the call in the prompt, so even an untrained model's
+ * answer is a call (to that tool, when named); "none" renders and parses no
+ * tools; naming a tool that is not there is refused. */
+static void test_tool_choice_forced(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine("\"chat_template\": \"qwen3\"");
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"parameters\":{\"type\":"
+                        "\"object\",\"properties\":{\"path\":{\"type\":\"string\"}}}}},{\"type\":\"function\","
+                        "\"function\":{\"name\":\"run_tests\",\"parameters\":{\"type\":\"object\"}}}]";
+    const char *named = "{\"max_tokens\": 12, \"temperature\": 0, \"tool_choice\": {\"type\": \"function\", "
+                        "\"function\": {\"name\": \"run_tests\"}}}";
+    assert_ok(keel_complete(e, MSG1, named, tools, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r = parse(g_resp);
+    json_t *calls = json_object_get(r, "tool_calls");
+    printf("named: %s\n", g_resp);
+    assert_true(json_array_size(calls) >= 1);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "name")),
+                        "run_tests");
+    assert_string_equal(json_string_value(json_object_get(r, "finish_reason")), "tool_calls");
+    json_decref(r);
+    /* required: the model writes the name itself (whatever an untrained model writes) */
+    const char *req = "{\"max_tokens\": 12, \"temperature\": 0, \"tool_choice\": \"required\"}";
+    assert_ok(keel_complete(e, MSG1, req, tools, NULL, NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    printf("required: %s\n", g_resp);
+    /* a call, or (a name the untrained model never closed) the cut-off call
+     * given back as text: either way the answer opened with the call */
+    const char *content = json_string_value(json_object_get(r, "content"));
+    assert_true(json_array_size(json_object_get(r, "tool_calls")) >= 1 ||
+                (content && strncmp(content, "<tool_call>\n{\"name\": \"", 21) == 0));
+    json_decref(r);
+    /* auto and none: no call opened (an untrained model writes no call markup) */
+    const char *none = "{\"max_tokens\": 12, \"temperature\": 0, \"tool_choice\": \"none\"}";
+    assert_ok(keel_complete(e, MSG1, none, tools, NULL, NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    assert_int_equal(json_array_size(json_object_get(r, "tool_calls")), 0);
+    json_decref(r);
+    /* refused: a name not among the tools, a bad value, required without tools */
+    const char *bad[3] = {"{\"tool_choice\": {\"name\": \"rm_rf\"}}", "{\"tool_choice\": \"always\"}",
+                          "{\"tool_choice\": \"required\"}"};
+    const char *bad_tools[3] = {tools, tools, NULL};
+    for (int i = 0; i < 3; i++) {
+        keel_status st = keel_complete(e, MSG1, bad[i], bad_tools[i], NULL, NULL, g_resp, sizeof g_resp);
+        printf("refused: %s: %s\n", keel_status_name(st), keel_engine_last_error(e));
+        assert_int_equal(st, KEEL_EINVAL);
+        assert_non_null(strstr(keel_engine_last_error(e), "tool_choice"));
+    }
+    keel_engine_close(e);
+}
+
+/* logprobs: one entry per generated token; greedy picks the most likely
+ * token, so each entry's token and logprob are its first top entry; the
+ * first equals a log-softmax of the logits computed here; top entries
+ * descend and their probabilities sum to at most 1. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    logit_cap first = {NULL, 0};
+    e->debug_logits = cap_logits;
+    e->debug_user = &first;
+    assert_ok(keel_complete(e, MSG1,
+                            "{\"max_tokens\": 6, \"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3}",
+                            NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r = parse(g_resp);
+    json_t *lp = json_object_get(json_object_get(r, "logprobs"), "content");
+    /* an end-of-generation token ends the answer and is not listed */
+    bool eog = strcmp(json_string_value(json_object_get(r, "finish_reason")), "stop") == 0;
+    size_t n_lp = json_array_size(lp);
+    assert_int_equal(n_lp, usage(r, "completion_tokens") - eog);
+    assert_true(n_lp >= 1);
+    double m = -INFINITY, s = 0.0;
+    for (int32_t i = 0; i < first.n; i++) m = fmax(m, first.row[i]);
+    for (int32_t i = 0; i < first.n; i++) s += exp((double)first.row[i] - m);
+    for (size_t i = 0; i < n_lp; i++) {
+        json_t *x = json_array_get(lp, i), *top = json_object_get(x, "top_logprobs");
+        double v = json_real_value(json_object_get(x, "logprob"));
+        assert_true(v <= 0.0);
+        assert_int_equal(json_array_size(top), 3);
+        assert_string_equal(json_string_value(json_object_get(x, "token")),
+                            json_string_value(json_object_get(json_array_get(top, 0), "token")));
+        assert_true(fabs(v - json_real_value(json_object_get(json_array_get(top, 0), "logprob"))) < 1e-6);
+        double p = 0.0, prev = 0.0;
+        for (size_t j = 0; j < 3; j++) {
+            double t = json_real_value(json_object_get(json_array_get(top, j), "logprob"));
+            if (j) assert_true(t <= prev);
+            prev = t;
+            p += exp(t);
+        }
+        assert_true(p <= 1.0 + 1e-6);
+        assert_true(json_array_size(json_object_get(x, "bytes")) > 0 || json_string_length(json_object_get(x, "token")) == 0);
+        if (i == 0) { /* the first step's logits, recomputed */
+            float mx = first.row[0];
+            for (int32_t k = 1; k < first.n; k++) mx = fmaxf(mx, first.row[k]);
+            double want = (double)mx - m - log(s);
+            printf("logprobs: first token %g (recomputed %g)\n", v, want);
+            assert_true(fabs(v - want) < 1e-5);
+        }
+    }
+    json_decref(r);
+    e->debug_logits = NULL;
+    free(first.row);
+    /* without the option: no logprobs; top_logprobs alone or out of range: refused */
+    assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 2}", NULL, NULL, NULL, g_resp, sizeof g_resp));
+    r = parse(g_resp);
+    assert_null(json_object_get(r, "logprobs"));
+    json_decref(r);
+    assert_status(keel_complete(e, MSG1, "{\"top_logprobs\": 2}", NULL, NULL, NULL, g_resp, sizeof g_resp), KEEL_EINVAL);
+    assert_non_null(strstr(keel_engine_last_error(e), "top_logprobs needs logprobs"));
+    assert_status(keel_complete(e, MSG1, "{\"logprobs\": true, \"top_logprobs\": 21}", NULL, NULL, NULL, g_resp,
+                                sizeof g_resp), KEEL_EINVAL);
+    keel_engine_close(e);
+}
+
+typedef struct done_probe {
+    keel_engine *e;
+    int64_t requests, completion;
+} done_probe;
+
+static bool stats_at_done(void *user, const keel_event *ev)
+{
+    done_probe *d = user;
+    if (ev->kind != KEEL_EVENT_DONE) return true;
+    char buf[1 << 14];
+    size_t n = 0;
+    assert_ok(keel_engine_stats(d->e, buf, sizeof buf, &n));
+    json_t *j = parse(buf);
+    d->requests = json_integer_value(json_object_get(j, "requests"));
+    d->completion = json_integer_value(json_object_get(j, "completion_tokens"));
+    json_decref(j);
+    return true;
+}
+
+/* The stats count a request before its DONE event (a client reading
+ * /metrics right after its response sees it). */
+static void test_stats_before_done(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    done_probe d = {e, -1, -1};
+    for (int t = 1; t <= 2; t++) {
+        assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 5, \"temperature\": 0, \"ignore_eos\": true}", NULL,
+                                stats_at_done, &d, g_resp, sizeof g_resp));
+        assert_int_equal(d.requests, t);
+        assert_int_equal(d.completion, 5 * t);
+    }
+    /* a refused request is counted before its DONE too */
+    assert_status(keel_complete(e, MSG1, "{\"tool_choice\": \"required\"}", NULL, stats_at_done, &d, g_resp,
+                                sizeof g_resp), KEEL_EINVAL);
+    assert_int_equal(d.requests, 3);
+    keel_engine_close(e);
 }
 
 typedef struct counter {
@@ -787,6 +939,9 @@ int main(void)
         cmocka_unit_test(test_two_turns_reuse),   cmocka_unit_test(test_callback_stops),
         cmocka_unit_test(test_recurrent_reuse),
         cmocka_unit_test(test_swa_checkpoint_reuse),
+        cmocka_unit_test(test_tool_choice_forced),
+        cmocka_unit_test(test_stats_before_done),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),

@@ -391,6 +391,32 @@ static void test_plan_and_params(void **state)
     assert_status(keel_context_rewind(c, 9, 4, &resume), KEEL_EINVAL);
     keel_context_close(c);
     keel_model_close(m);
+    /* an attention model with sliding layers (gpt-oss: window 8): by default
+     * as many ring checkpoints as fit, up to 8, in a quarter of the KV bytes;
+     * an explicit count is used as given; the plan counts them */
+    m = gen_model("gpt-oss", 4, 64, 4, 2, 16, 5);
+    cp = keel_context_params_default();
+    cp.n_threads = 1;
+    const int32_t n_ctxs[3] = {1024, 64, 16};
+    for (int k = 0; k < 3; k++) {
+        cp.n_ctx = n_ctxs[k];
+        cp.n_ctx_checkpoints = 1;
+        assert_ok(keel_context_plan(m, &cp, &pl, err));
+        size_t rec = pl.ckpt_bytes;
+        assert_true(rec > 0);
+        cp.n_ctx_checkpoints = -1;
+        assert_ok(keel_context_plan(m, &cp, &pl, err));
+        size_t want = pl.kv_bytes / 4 / rec < 8 ? pl.kv_bytes / 4 / rec : 8;
+        printf("gpt-oss n_ctx %d: ring checkpoint %zu B, KV %zu B: %zu by default\n", n_ctxs[k], rec, pl.kv_bytes,
+               want);
+        assert_int_equal(pl.ckpt_bytes, want * rec);
+        if (k == 0) assert_int_equal(want, 8);
+        if (k == 2) assert_int_equal(want, 0);
+        cp.n_ctx_checkpoints = 3;
+        assert_ok(keel_context_plan(m, &cp, &pl, err));
+        assert_int_equal(pl.ckpt_bytes, 3 * rec);
+    }
+    keel_model_close(m);
 }
 
 /* The delta rule takes one row of d_state floats per pool thread: the work

@@ -59,6 +59,10 @@ static const fixture_case g_cases[] = {
      * the other one; docs/models.md): test_fixture_teacher_forced checks
      * the other 63 steps */
     {"gpt-oss", 4e-3, 0, 20},
+    /* issue 12. deepseek32: llama.cpp's FA off vs ref 1.3e-3, its own
+     * incremental spread 5.5e-4 (FA off) / 3.6e-3 (logit std 1.0); keel
+     * 1.1e-4 once top-k ties fall as std::partial_sort's (docs/models.md) */
+    {"deepseek32", 2e-3, 0, 0},
 };
 
 static float *read_f32(const char *rel, size_t want)
@@ -204,9 +208,9 @@ static void test_fixture_logits_and_greedy(void **state)
 static void test_fixture_teacher_forced(void **state)
 {
     (void)state;
-    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss"};
-    const int skip[] = {-1, -1, -1, 20};
-    for (int mi = 0; mi < 4; mi++) {
+    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32"};
+    const int skip[] = {-1, -1, -1, 20, -1};
+    for (int mi = 0; mi < 5; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);

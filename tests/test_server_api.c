@@ -94,6 +94,7 @@ static void test_openai_chat_parse(void **state)
     assert_int_equal(json_array_size(json_object_get(r, "tools")), 1);
     assert_string_equal(srvt_str(r, "tools.0.function.name"), "put");
     assert_string_equal(srvt_str(r, "tools.0.function.parameters.type"), "object");
+    assert_string_equal(srvt_str(r, "tool_choice.name"), "put"); /* the engine opens that call */
     srv_request_free(&rq);
     /* tool_choice none: no tools; default max_tokens; required keeps all */
     r = parse_ok(SRV_API_CHAT,
@@ -110,6 +111,13 @@ static void test_openai_chat_parse(void **state)
                  &rq);
     assert_int_equal(json_array_size(json_object_get(r, "tools")), 2);
     assert_int_equal(srvt_int(r, "max_tokens"), 7);
+    assert_string_equal(srvt_str(r, "tool_choice"), "required");
+    srv_request_free(&rq);
+    /* logprobs (chat only) pass to the engine */
+    r = parse_ok(SRV_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":3}",
+                 &rq);
+    assert_true(json_is_true(json_object_get(r, "logprobs")));
+    assert_int_equal(srvt_int(r, "top_logprobs"), 3);
     srv_request_free(&rq);
 }
 
@@ -124,7 +132,6 @@ static void test_openai_errors(void **state)
         parse_err(SRV_API_CHAT, b, st, want);                                                                          \
     } while (0)
     E("{%s,\"n\":2}", 400, "n must be 1");
-    E("{%s,\"logprobs\":true}", 400, "logprobs");
     E("{%s,\"max_tokens\":\"x\"}", 400, "max_tokens must be an integer");
     E("{%s,\"max_tokens\":-5}", 400, "out of range");
     E("{%s,\"max_tokens\":99999999999999999999}", 400, "invalid JSON");
@@ -139,6 +146,9 @@ static void test_openai_errors(void **state)
     E("{%s,\"tools\":[{\"type\":\"function\",\"function\":{}}]}", 400, "function.name");
     E("{%s,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"zz\"}}}", 400, "not among the tools");
     E("{%s,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}}],\"tool_choice\":\"sometimes\"}", 400, "tool_choice 'sometimes'");
+    E("{%s,\"top_logprobs\":2}", 400, "top_logprobs needs logprobs");
+    E("{%s,\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs must be an integer");
+    E("{%s,\"logprobs\":1}", 400, "logprobs must be a boolean");
     E("{%s,\"response_format\":{\"type\":\"json_object\"}}", 400, "no constrained decoding");
     E("{%s,\"model\":5}", 400, "model must be a string");
     E("{%s,\"messages\":[]}", 400, "invalid JSON"); /* duplicate key */
@@ -193,6 +203,7 @@ static void test_completions_parse(void **state)
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":[1,512]}", 400, "prompt[1] must be a token id in [0, 512)");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"]}", 400, "one prompt per request");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":[]}", 400, "non-empty array");
+    parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":2}", 400, "not supported on /v1/completions");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"\"}", 400, "prompt is empty");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo");
     parse_err(SRV_API_COMPLETIONS, "{\"max_tokens\":3}", 400, "prompt is required");
@@ -251,6 +262,7 @@ static void test_anthropic_parse(void **state)
     assert_string_equal(srvt_str(r, "stop.0"), "###");
     assert_int_equal(srvt_int(r, "max_tokens"), 20);
     assert_int_equal(srvt_int(r, "top_k"), 5);
+    assert_string_equal(srvt_str(r, "tool_choice"), "required"); /* any */
     srv_request_free(&rq);
     /* named tool, none, count_tokens */
     const char *T = "\"tools\":[{\"name\":\"a\",\"input_schema\":{}},{\"name\":\"b\",\"input_schema\":{}}]";
@@ -259,6 +271,7 @@ static void test_anthropic_parse(void **state)
     r = parse_ok(SRV_API_MESSAGES, b, &rq);
     assert_int_equal(json_array_size(json_object_get(r, "tools")), 1);
     assert_string_equal(srvt_str(r, "tools.0.function.name"), "b");
+    assert_string_equal(srvt_str(r, "tool_choice.name"), "b");
     assert_int_equal(srvt_int(r, "max_tokens"), 50);
     srv_request_free(&rq);
     snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":{\"type\":\"none\"},\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024}}", T);

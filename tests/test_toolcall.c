@@ -1112,6 +1112,57 @@ static void *deep_thread(void *arg)
     return NULL;
 }
 
+/* The opening of a forced call (tool_choice required / named) per format,
+ * and the model's continuation after it parsed as one call. */
+static void test_forced_prefix(void **state)
+{
+    (void)state;
+    char buf[320], text[640];
+    typedef struct fcase {
+        const char *fmt, *name;
+        bool in_reasoning;
+        const char *want, *rest, *call, *args;
+    } fcase;
+    static const fcase cases[] = {
+        {"hermes", "get_weather", false, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+         "{\"city\": \"Paris\"}}\n</tool_call>", "get_weather", "{\"city\": \"Paris\"}"},
+        {"hermes", NULL, false, "<tool_call>\n{\"name\": \"",
+         "read_file\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call>", "read_file", "{\"path\": \"a.txt\"}"},
+        {"hermes", "read_file", true, "</think>\n\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": ",
+         "{\"path\": \"b\"}}\n</tool_call>", "read_file", "{\"path\": \"b\"}"},
+        {"qwen3-coder", "read_file", false, "<tool_call>\n<function=read_file>\n",
+         "<parameter=path>\na.txt\n</parameter>\n</function>\n</tool_call>", "read_file", "{\"path\": \"a.txt\"}"},
+        {"qwen3-coder", NULL, false, "<tool_call>\n<function=",
+         "read_file>\n<parameter=path>\nc\n</parameter>\n</function>\n</tool_call>", "read_file", "{\"path\": \"c\"}"},
+        {"llama3", "get_weather", false, "{\"name\": \"get_weather\", \"parameters\": ", "{\"city\": \"Oslo\"}}",
+         "get_weather", "{\"city\": \"Oslo\"}"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        const fcase *f = &cases[i];
+        toolcall_format fmt;
+        assert_ok(toolcall_format_from_name(f->fmt, &fmt));
+        size_t n = toolcall_forced_prefix(fmt, f->name, f->in_reasoning, buf, sizeof buf);
+        assert_int_equal(n, strlen(f->want));
+        assert_string_equal(buf, f->want);
+        snprintf(text, sizeof text, "%s%s", buf, f->rest);
+        tcase t = {.fmt = f->fmt, .text = text, .calls = {{f->call, f->args}}, .sir = f->in_reasoning,
+                   .tools = TOOLS_WEATHER};
+        run_case(&t);
+    }
+    toolcall_format fmt;
+    assert_ok(toolcall_format_from_name("hermes", &fmt));
+    /* names that cannot be written verbatim, a buffer too small, formats without an opening */
+    assert_int_equal(toolcall_forced_prefix(fmt, "a\"b", false, buf, sizeof buf), 0);
+    assert_int_equal(toolcall_forced_prefix(fmt, "", false, buf, sizeof buf), 0);
+    assert_int_equal(toolcall_forced_prefix(fmt, "read_file", false, buf, 12), 0);
+    assert_string_equal(buf, "");
+    assert_int_equal(toolcall_forced_prefix(fmt, NULL, false, NULL, 0), 0);
+    assert_ok(toolcall_format_from_name("mistral", &fmt));
+    assert_int_equal(toolcall_forced_prefix(fmt, NULL, false, buf, sizeof buf), 0);
+    assert_ok(toolcall_format_from_name("content", &fmt));
+    assert_int_equal(toolcall_forced_prefix(fmt, "x", false, buf, sizeof buf), 0);
+}
+
 static void test_deep_nesting_small_stack(void **state)
 {
     (void)state;
@@ -1198,6 +1249,7 @@ int main(void)
         cmocka_unit_test(test_detect_snippets),
         cmocka_unit_test(test_detect_fixtures),
         cmocka_unit_test(test_prompt_opens_reasoning),
+        cmocka_unit_test(test_forced_prefix),
         cmocka_unit_test(test_deep_nesting_small_stack),
         cmocka_unit_test(test_alloc_sweep_toolcall),
     };

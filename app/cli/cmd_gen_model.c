@@ -12,7 +12,8 @@ static void gen_usage(FILE *f)
 {
     keel_gen_params d = keel_gen_params_default();
     fprintf(f,
-            "usage: keel gen-model --arch llama|qwen2|qwen3|gemma2|qwen35|qwen3next|mamba2|gpt-oss\n"
+            "usage: keel gen-model --arch llama|qwen2|qwen3|gemma2|qwen35|qwen3next|mamba2|gpt-oss|\n"
+            "                      deepseek32\n"
             "                      [options] --out FILE\n"
             "  --layers N     blocks (%d)\n"
             "  --embd N       embedding width (%d)\n"
@@ -26,6 +27,7 @@ static void gen_usage(FILE *f)
             "  --experts N    qwen3next, gpt-oss experts (0: 4)\n"
             "  --experts-used N  experts per token (0: 2)\n"
             "  --ssm-state N  mamba2 state size (0: 32)\n"
+            "  --top-k N      deepseek32 indexer: cells kept per query (0: 16)\n"
             "  --dtype T      weight matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1\n"
             "                 q4_K q5_K q6_K (%s)\n"
             "  --seed S       random seed (%" PRIu64 ")\n",
@@ -54,6 +56,7 @@ int cmd_gen_model(int argc, char **argv)
         {"--experts", offsetof(keel_gen_params, n_expert)},
         {"--experts-used", offsetof(keel_gen_params, n_expert_used)},
         {"--ssm-state", offsetof(keel_gen_params, ssm_state)},
+        {"--top-k", offsetof(keel_gen_params, top_k)},
     };
     static const char *const others[] = {"--arch", "--out", "-o", "--dtype", "--seed"};
     for (int i = 1; i < argc; i++) {

@@ -241,7 +241,7 @@ static const cli_flag g_flags[] = {
     {"--ubatch-size", "-ub", NULL, CLI_G_CTX, FK_I32, OFF(ctx.n_ubatch), 1, 1 << 20, 0, "N",
      "tokens per forward chunk (512)"},
     {"--ctx-checkpoints", NULL, NULL, CLI_G_CTX, FK_I32, OFF(ctx.n_ctx_checkpoints), -1, 4096, 0, "N",
-     "checkpoints per sequence of recurrent states / sliding rings (-1: 8 with recurrent layers, else 0)"},
+     "checkpoints per sequence of recurrent states / sliding rings (-1: 8 with recurrent layers; sliding: up to 8 in 1/4 of the KV)"},
     {"--checkpoint-every", NULL, NULL, CLI_G_CTX, FK_I32, OFF(ctx.checkpoint_every), 0, 1 << 26, 0,
      "T", "a checkpoint every T prompt tokens; 0: at prompt ends only (0)"},
     {"--threads", "-t", NULL, CLI_G_THREADS, FK_I32, OFF(ctx.n_threads), 0, 256, 0, "N",

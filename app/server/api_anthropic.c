@@ -310,7 +310,8 @@ static bool convert_tools(json_t *body, const srv_limits *lim, json_t *req, srv_
         return srv_fail(e, 400, "tool_choice names '%s', which is not among the tools", only);
     }
     if (json_object_set_new(req, "tools", out) != 0) return srv_fail(e, 500, "out of memory");
-    return true;
+    const char *ct = choice ? json_string_value(json_object_get(choice, "type")) : NULL;
+    return srv_set_tool_choice(req, only, ct && strcmp(ct, "any") == 0, e);
 }
 
 static bool convert_thinking(json_t *body, json_t *req, srv_err *e)

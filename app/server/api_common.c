@@ -557,3 +557,11 @@ bool srv_stream_ping(srv_stream *s, srv_buf *out)
         return s->started ? srv_buf_adds(out, "event: ping\ndata: {\"type\":\"ping\"}\n\n") : true;
     return srv_buf_adds(out, ": keep-alive\n\n");
 }
+
+bool srv_set_tool_choice(json_t *req, const char *only, bool required, srv_err *e)
+{
+    if (!only && !required) return true;
+    json_t *tc = only ? json_pack("{ss}", "name", only) : json_string("required");
+    if (!tc || json_object_set_new(req, "tool_choice", tc) != 0) return srv_fail(e, 500, "out of memory");
+    return true;
+}

@@ -199,7 +199,8 @@ static bool norm_tools(json_t *body, const srv_limits *lim, json_t *req, srv_err
         return srv_fail(e, 400, "tool_choice names '%s', which is not among the tools", only);
     }
     if (json_object_set_new(req, "tools", out) != 0) return srv_fail(e, 500, "out of memory");
-    return true;
+    bool required = json_is_string(choice) && strcmp(json_string_value(choice), "required") == 0;
+    return srv_set_tool_choice(req, only, required, e);
 }
 
 /* Sampling and generation options shared by both endpoints. */
@@ -216,9 +217,23 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
     json_t *n = json_object_get(b, "n");
     if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
         return srv_fail(e, 400, "n must be 1 (one choice per request)");
-    json_t *lp = json_object_get(b, "logprobs");
-    if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0))
-        return srv_fail(e, 400, "logprobs are not supported");
+    /* chat: logprobs true with top_logprobs 0..20 (the engine's shape is
+     * OpenAI's); completions' legacy integer logprobs are not supported */
+    json_t *lp = json_object_get(b, "logprobs"), *top = json_object_get(b, "top_logprobs");
+    if (out->api == SRV_API_CHAT) {
+        if (lp && !json_is_null(lp) && !json_is_boolean(lp)) return srv_fail(e, 400, "logprobs must be a boolean");
+        bool want = json_is_true(lp);
+        if (top && !json_is_null(top)) {
+            if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > 20)
+                return srv_fail(e, 400, "top_logprobs must be an integer in [0, 20]");
+            if (!want) return srv_fail(e, 400, "top_logprobs needs logprobs: true");
+        }
+        if (want && (json_object_set_new(req, "logprobs", json_true()) != 0 ||
+                     (top && !json_is_null(top) && json_object_set(req, "top_logprobs", top) != 0)))
+            return srv_fail(e, 500, "out of memory");
+    } else if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0)) {
+        return srv_fail(e, 400, "logprobs are not supported on /v1/completions (use /v1/chat/completions)");
+    }
     bool ignore_eos = false;
     if (!srv_get_bool(b, "ignore_eos", &ignore_eos, e)) return false;
     if (ignore_eos) json_object_set_new(req, "ignore_eos", json_true());
@@ -341,7 +356,8 @@ char *srv_openai_response(const srv_meta *m, json_t *resp)
 {
     bool chat = m->api == SRV_API_CHAT;
     json_t *o = envelope(m, chat ? "chat.completion" : "text_completion");
-    json_t *choice = json_pack("{sisoss}", "index", 0, "logprobs", json_null(), "finish_reason", finish_of(resp));
+    json_t *lp = json_object_get(resp, "logprobs");
+    json_t *choice = json_pack("{sisOss}", "index", 0, "logprobs", lp ? lp : json_null(), "finish_reason", finish_of(resp));
     json_t *content = json_object_get(resp, "content");
     if (!o || !choice) {
         if (o) json_decref(o);
@@ -438,8 +454,10 @@ bool srv_openai_done(srv_stream *s, json_t *resp, srv_buf *out)
     if (!start(s, out)) return false;
     bool chat = s->m.api == SRV_API_CHAT;
     json_t *last = chunk(s, chat ? json_object() : json_string(""), finish_of(resp));
-    json_t *t = json_object_get(resp, "timings");
+    json_t *t = json_object_get(resp, "timings"), *lp = json_object_get(resp, "logprobs");
     if (last && t) json_object_set(last, "timings", t);
+    /* every token's logprobs in the last chunk (clients concatenate them) */
+    if (last && lp) json_object_set(json_array_get(json_object_get(last, "choices"), 0), "logprobs", lp);
     if (!emit(out, last)) return false;
     if (s->include_usage) {
         json_t *u = envelope(&s->m, chat ? "chat.completion.chunk" : "text_completion");

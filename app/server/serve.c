@@ -49,7 +49,8 @@ static const char g_help[] =
     "  -n, --n-predict N              max_tokens of requests that give none; -1: up to the context (-1)\n"
     "  -s, --seed S                   default sampling seed of requests (random per request)\n"
     "  --cache-ram MIB                RAM prompt cache bound in MiB; 0: off (8192)\n"
-    "  --ctx-checkpoints N            checkpoints per slot of its recurrent state or sliding rings (8)\n"
+    "  --ctx-checkpoints N            checkpoints per slot of its recurrent state or sliding rings, reserved\n"
+    "                                 in the plan (8 with recurrent layers; sliding: up to 8 in 1/4 of the KV)\n"
     "  --checkpoint-every N           also a checkpoint every N prompt tokens (0: at prompt ends)\n"
     "  --slot-save-path DIR           directory for /slots/{id}?action=save|restore files\n"
     "  --api-key KEY                  require KEY (Bearer or x-api-key); repeatable, comma-separated\n"
@@ -388,7 +389,7 @@ int cmd_serve(int argc, char **argv)
     so.port = 8080;
     so.n_slots = 1;
     so.cache_ram = 8192;
-    so.ctx_checkpoints = 8;
+    so.ctx_checkpoints = -1; /* the engine's automatic choice */
     so.timeout = 600;
     so.threads_http = -1;
     so.n_predict = -1;

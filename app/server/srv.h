@@ -111,6 +111,12 @@ json_t *srv_parse_body(const char *body, size_t n, const srv_limits *lim, srv_er
  * hold) becomes U+FFFD instead of failing. NULL only on OOM. */
 json_t *srv_json_text(const char *s, size_t n);
 
+/* Passes a forced tool call on to the engine request req: tool_choice
+ * {"name": only} for a named tool, else "required" when required (the
+ * engine then opens the call in the prompt where the format has an
+ * opening); nothing when neither. False with e set (500) on OOM. */
+bool srv_set_tool_choice(json_t *req, const char *only, bool required, srv_err *e);
+
 /* Random lowercase hex of n characters into out (n + 1 bytes). */
 void srv_random_hex(char *out, size_t n);
 

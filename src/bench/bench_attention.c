@@ -105,7 +105,7 @@ static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
 static double ba_decode(keel_mem *m, int32_t ctx, int reps, float *q, float *out)
 {
     int32_t pos = ctx - 1, seq = 0;
-    keel_mem_attn a = {1, BA_HEADS, q, &pos, &seq, out, 0.0f, 0.0f, NULL};
+    keel_mem_attn a = {1, BA_HEADS, q, &pos, &seq, out, 0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = base_time_ns();

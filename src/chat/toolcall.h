@@ -116,6 +116,15 @@ toolcall_format toolcall_detect(const char *src, size_t len);
  */
 bool toolcall_prompt_opens_reasoning(toolcall_format f, const char *prompt, size_t len);
 
+/* The text that opens a tool call in format f, appended to the prompt to
+ * force a call (tool_choice "required", or a named tool: then the name is
+ * written too and the model continues with the arguments). in_reasoning:
+ * the prompt leaves the model inside its reasoning, which is closed first.
+ * Returns the length written to buf (NUL-terminated), or 0 where f has no
+ * such prefix (the call cannot be forced), the name cannot be written
+ * verbatim, or cap is too small. */
+size_t toolcall_forced_prefix(toolcall_format f, const char *name, bool in_reasoning, char *buf, size_t cap);
+
 /* ---- events --------------------------------------------------------------- */
 
 typedef enum toolcall_event_kind {

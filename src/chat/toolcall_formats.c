@@ -11,6 +11,7 @@
  */
 #include "toolcall_int.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -392,6 +393,43 @@ static bool ends_with(const char *s, size_t n, const char *suf)
 {
     size_t k = strlen(suf);
     return k <= n && memcmp(s + n - k, suf, k) == 0;
+}
+
+size_t toolcall_forced_prefix(toolcall_format f, const char *name, bool in_reasoning, char *buf, size_t cap)
+{
+    if (!buf || cap == 0) return 0;
+    buf[0] = 0;
+    const tc_spec *sp = tc_spec_of(f);
+    if (in_reasoning && !sp->reason_close) return 0;
+    if (name) { /* names go into JSON strings and tags verbatim */
+        if (!name[0]) return 0;
+        for (const char *c = name; *c; c++)
+            if ((uint8_t)*c < 0x20 || *c == '"' || *c == '\\' || *c == '<' || *c == '>') return 0;
+    }
+    const char *open, *named_tail;
+    switch (f) {
+    case TOOLCALL_FORMAT_HERMES:
+        open = "<tool_call>\n{\"name\": \"";
+        named_tail = "\", \"arguments\": ";
+        break;
+    case TOOLCALL_FORMAT_QWEN3_CODER:
+        open = "<tool_call>\n<function=";
+        named_tail = ">\n";
+        break;
+    case TOOLCALL_FORMAT_LLAMA3:
+        open = "{\"name\": \"";
+        named_tail = "\", \"parameters\": ";
+        break;
+    default:
+        return 0;
+    }
+    int n = snprintf(buf, cap, "%s%s%s%s%s", in_reasoning ? sp->reason_close : "", in_reasoning ? "\n\n" : "", open,
+                     name ? name : "", name ? named_tail : "");
+    if (n < 0 || (size_t)n >= cap) {
+        buf[0] = 0;
+        return 0;
+    }
+    return (size_t)n;
 }
 
 bool toolcall_prompt_opens_reasoning(toolcall_format f, const char *prompt, size_t len)

@@ -46,7 +46,8 @@ static keel_status check_compact(const keel_model *m, const keel_context_params 
     bool any_full = false, any_swa = false;
     int32_t window = p->swa_window > 0 ? p->swa_window : hp->n_swa;
     for (int32_t i = 0; i < hp->n_layer; i++) {
-        if (m->w.layers[i].mixer != MODEL_MIXER_ATTN) continue; /* recurrent: no KV */
+        if (m->w.layers[i].mixer != MODEL_MIXER_ATTN && m->w.layers[i].mixer != MODEL_MIXER_MLA)
+            continue; /* recurrent: no KV */
         bool swa = p->swa_window > 0 ? !(i % p->swa_period == p->swa_period - 1) : m->w.layers[i].swa;
         any_full |= !swa;
         any_swa |= swa;
@@ -96,9 +97,9 @@ static keel_status resolve(const keel_model *m, const keel_context_params *in,
     if (p->checkpoint_every < 0 || p->checkpoint_every > (1 << 26))
         return base_err(err, KEEL_EINVAL, "checkpoint_every %d (need 0..2^26)", p->checkpoint_every);
     /* recurrent states rewind only through checkpoints: 8 by default; an
-     * attention model's (ring rows, only with sliding layers: see sizes)
-     * cost a ring copy each, so they are taken only when asked for */
-    if (p->n_ctx_checkpoints < 0) p->n_ctx_checkpoints = hp->n_recurrent > 0 ? 8 : 0;
+     * attention model's (ring rows, only with sliding layers) are sized in
+     * prepare() */
+    if (p->n_ctx_checkpoints < 0 && hp->n_recurrent > 0) p->n_ctx_checkpoints = 8;
     return check_compact(m, p, &p->compact, err);
 }
 
@@ -150,6 +151,20 @@ static keel_status prepare(const keel_model *m, const keel_context_params *in,
     *layers_bytes = (size_t)m->w.hp.n_layer * sizeof(keel_mem_layer);
     z->layers = base_alloc(*layers_bytes);
     if (!z->layers) return base_err(err, KEEL_ENOMEM, "out of memory");
+    if (p->n_ctx_checkpoints < 0) {
+        /* automatic on an attention model: ring checkpoints (a copy of every
+         * sliding ring each, reserved at open) where up to 8 of them cost
+         * at most a quarter of the KV cache, else none */
+        p->n_ctx_checkpoints = 1;
+        st = sizes(m, p, z, err);
+        int32_t n = 0;
+        if (st == KEEL_OK) {
+            size_t rs, ck, kv = mem_config_kv_bytes(&z->mc);
+            mem_config_rs_bytes(&z->mc, &rs, &ck);
+            if (ck > 0) n = (int32_t)BASE_MIN((size_t)8, kv / 4 / ck);
+        }
+        p->n_ctx_checkpoints = n;
+    }
     st = sizes(m, p, z, err);
     if (st != KEEL_OK) {
         base_free(z->layers, *layers_bytes);

@@ -28,6 +28,12 @@
 #define ENG_TTFT_BUCKETS 12 /* 0.01 s .. 20 s, see eng_ttft_le */
 
 /* Per-request options (request JSON or keel_complete's options_json). */
+typedef enum eng_tool_choice {
+    ENG_TOOLS_AUTO = 0,     /* the model decides */
+    ENG_TOOLS_NONE = 1,     /* tools neither rendered nor parsed */
+    ENG_TOOLS_REQUIRED = 2, /* a call is forced where the format allows it (tool_name: that one) */
+} eng_tool_choice;
+
 typedef struct eng_opts {
     keel_sampler_params samp;
     int32_t max_tokens;       /* -1: until end of generation or the budget */
@@ -39,7 +45,23 @@ typedef struct eng_opts {
     json_t *template_kwargs;  /* extra template variables (object) or NULL; owned ref */
     bool parse_tools;         /* false for raw prompts */
     bool ignore_eos;          /* end-of-generation tokens are never sampled */
+    eng_tool_choice tool_choice;
+    char *tool_name;          /* tool_choice naming one tool (owned), else NULL */
+    bool logprobs;            /* each generated token's log-probability in the response */
+    int32_t top_logprobs;     /* 0..ENG_MAX_TOP_LOGPROBS most likely tokens beside it */
 } eng_opts;
+
+/* One generated token's log-probability under the model (log-softmax of
+ * its logits, before any sampling transform) and the most likely tokens
+ * at that step. */
+#define ENG_MAX_TOP_LOGPROBS 20
+typedef struct eng_lp {
+    int32_t tok;
+    float lp;
+    int32_t n_top;
+    int32_t top_tok[ENG_MAX_TOP_LOGPROBS];
+    float top_lp[ENG_MAX_TOP_LOGPROBS];
+} eng_lp;
 
 typedef enum eng_req_kind {
     ENG_REQ_CHAT = 0,   /* messages (+ tools) through the template */
@@ -129,6 +151,10 @@ typedef struct eng_slot {
     int32_t n_fed;            /* prompt tokens in the cache (reused + prefilled) */
     int32_t n_reused;         /* prompt tokens reused from the cache */
     const char *cache_note;   /* "reused" or "reset: why" (static text) */
+    eng_lp *lp;               /* [cap_lp] with logprobs, else NULL */
+    int32_t n_lp, cap_lp;
+    char forced[320];         /* a forced tool call's opening, appended to the prompt */
+    size_t n_forced;          /* 0: none */
     keel_sampler *samp;
     keel_detok_stream ds;
     toolcall_parser *tp;

@@ -35,6 +35,34 @@ void eng_opts_free(eng_opts *o)
     o->n_stop = 0;
     if (o->template_kwargs) json_decref(o->template_kwargs);
     o->template_kwargs = NULL;
+    base_strfree(o->tool_name);
+    o->tool_name = NULL;
+}
+
+/* tool_choice: "auto", "none", "required" (or Anthropic's "any"), or a
+ * named tool: {"name": N}, {"type": "function", "function": {"name": N}}
+ * or {"type": "tool", "name": N}. */
+static keel_status parse_tool_choice(json_t *v, eng_opts *o, char *err)
+{
+    const char *name = NULL;
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        if (strcmp(s, "auto") == 0) o->tool_choice = ENG_TOOLS_AUTO;
+        else if (strcmp(s, "none") == 0) o->tool_choice = ENG_TOOLS_NONE;
+        else if (strcmp(s, "required") == 0 || strcmp(s, "any") == 0) o->tool_choice = ENG_TOOLS_REQUIRED;
+        else return base_err(err, KEEL_EINVAL, "tool_choice '%s' is not one of auto, none, required", s);
+    } else if (json_is_object(v)) {
+        json_t *f = json_object_get(v, "function");
+        name = json_string_value(json_object_get(f ? f : v, "name"));
+        if (!name || !name[0]) return base_err(err, KEEL_EINVAL, "tool_choice: an object must name a tool");
+        o->tool_choice = ENG_TOOLS_REQUIRED;
+    } else {
+        return base_err(err, KEEL_EINVAL, "tool_choice must be a string or an object");
+    }
+    base_strfree(o->tool_name);
+    o->tool_name = NULL;
+    if (name && !(o->tool_name = base_strdup(name))) return base_err(err, KEEL_ENOMEM, "out of memory");
+    return KEEL_OK;
 }
 
 static keel_status num_f(json_t *v, const char *k, double lo, double hi, float *out, char *err)
@@ -198,6 +226,16 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
                 st = base_err(err, KEEL_EINVAL, "ignore_eos must be a boolean");
             else
                 o->ignore_eos = json_is_true(v);
+        } else if (strcmp(k, "tool_choice") == 0) {
+            st = parse_tool_choice(v, o, err);
+        } else if (strcmp(k, "logprobs") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "logprobs must be a boolean");
+            else
+                o->logprobs = json_is_true(v);
+        } else if (strcmp(k, "top_logprobs") == 0) {
+            if (json_is_null(v)) continue;
+            if ((st = num_i(v, k, 0, ENG_MAX_TOP_LOGPROBS, &i, err)) == KEEL_OK) o->top_logprobs = (int32_t)i;
         } else if (strcmp(k, "add_generation_prompt") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "add_generation_prompt must be a boolean");
@@ -208,6 +246,8 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
         }
         if (st != KEEL_OK) return st;
     }
+    if (o->top_logprobs > 0 && !o->logprobs)
+        return base_err(err, KEEL_EINVAL, "top_logprobs needs logprobs: true");
     if (o->samp.seed == 0) o->samp.seed = keel_time_ns() ^ 0x9e3779b97f4a7c15ull;
     return KEEL_OK;
 }
@@ -388,7 +428,7 @@ static json_t *template_vars(const keel_engine *e, const eng_req *r)
               json_object_set_new(v, "add_generation_prompt", json_boolean(r->o.add_generation_prompt)) == 0 &&
               json_object_set_new(v, "bos_token", json_string(e->bos_text ? e->bos_text : "")) == 0 &&
               json_object_set_new(v, "eos_token", json_string(e->eos_text ? e->eos_text : "")) == 0;
-    if (ok && r->tools) ok = json_object_set(v, "tools", r->tools) == 0;
+    if (ok && r->tools && r->o.tool_choice != ENG_TOOLS_NONE) ok = json_object_set(v, "tools", r->tools) == 0;
     if (ok && r->o.template_kwargs) ok = json_object_update(v, r->o.template_kwargs) == 0;
     if (!ok) {
         json_decref(v);
@@ -397,10 +437,44 @@ static json_t *template_vars(const keel_engine *e, const eng_req *r)
     return v;
 }
 
+/* Whether tools (OpenAI {"type": "function", "function": {"name"}} or
+ * plain {"name"} items) hold one called name. */
+static bool tools_have(json_t *tools, const char *name)
+{
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *f = json_object_get(t, "function");
+        const char *n = json_string_value(json_object_get(f ? f : t, "name"));
+        if (n && strcmp(n, name) == 0) return true;
+    }
+    return false;
+}
+
+/* The opening of a forced tool call (tool_choice required or named) into
+ * sl->forced, where the tool-call format has one; 0 bytes otherwise (the
+ * model is then only told about the tools). */
+static keel_status forced_call(const keel_engine *e, eng_slot *sl, const eng_req *r, const char *text, size_t len,
+                               char *err)
+{
+    sl->n_forced = 0;
+    sl->forced[0] = 0;
+    if (r->kind != ENG_REQ_CHAT || r->o.tool_choice != ENG_TOOLS_REQUIRED || !r->o.parse_tools) return KEEL_OK;
+    if (!r->tools || json_array_size(r->tools) == 0)
+        return base_err(err, KEEL_EINVAL, "tool_choice requires a tool call but no tools were given");
+    if (r->o.tool_name && !tools_have(r->tools, r->o.tool_name))
+        return base_err(err, KEEL_EINVAL, "tool_choice names '%s', which is not among the tools", r->o.tool_name);
+    if (!r->o.add_generation_prompt) return KEEL_OK;
+    bool in_reasoning = toolcall_prompt_opens_reasoning(e->tool_format, text, len);
+    sl->n_forced = toolcall_forced_prefix(e->tool_format, r->o.tool_name, in_reasoning, sl->forced, sizeof sl->forced);
+    return KEEL_OK;
+}
+
 keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
                               jinja_buf *rendered)
 {
     sl->n_prompt = 0;
+    sl->n_forced = 0;
     if (r->kind == ENG_REQ_TOKENS) {
         memcpy(sl->prompt, r->tokens, (size_t)r->n_tokens * sizeof(int32_t));
         sl->n_prompt = r->n_tokens;
@@ -426,9 +500,19 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
         if (st != KEEL_OK) return base_err(err, st, "chat template: %s", jerr);
         text = out->data ? out->data : "";
         len = out->len;
+        if ((st = forced_call(e, sl, r, text, len, err)) != KEEL_OK) return st;
+    }
+    char *joined = NULL; /* the prompt and a forced call's opening */
+    if (sl->n_forced > 0) {
+        if (!(joined = base_alloc(len + sl->n_forced + 1))) return base_err(err, KEEL_ENOMEM, "out of memory");
+        memcpy(joined, text, len);
+        memcpy(joined + len, sl->forced, sl->n_forced + 1);
+        text = joined;
+        len += sl->n_forced;
     }
     int64_t n = 0;
     st = text_tokenize(e->model->tok, text, len, true, true, sl->prompt, e->hist_cap, &n, NULL);
+    if (joined) base_free(joined, len + 1);
     if (st == KEEL_ERANGE || n > e->hist_cap) {
         st = base_err(err, KEEL_ECONTEXT, "prompt: %lld tokens, more than the %d a slot holds (max_prompt_tokens)",
                       (long long)n, e->hist_cap);

@@ -103,6 +103,78 @@ static int set_int(json_t *o, const char *k, int64_t v)
     return json_object_set_new(o, k, json_integer(v));
 }
 
+/* in[0..n) with every invalid byte replaced by U+FFFD; out has 3n bytes. */
+static size_t utf8_clean(const char *in, size_t n, char *out);
+
+/* {"token", "logprob", "bytes"} of one token (the piece's raw bytes; the
+ * text with invalid UTF-8 as U+FFFD). NULL on OOM. */
+static json_t *lp_token_json(const keel_engine *e, int32_t tok, float lp)
+{
+    char piece[256], clean[3 * 256];
+    size_t n = 0;
+    if (keel_token_piece(e->model, tok, piece, sizeof piece, &n) != KEEL_OK) n = 0;
+    json_t *bytes = json_array();
+    for (size_t i = 0; bytes && i < n; i++)
+        if (json_array_append_new(bytes, json_integer((uint8_t)piece[i])) != 0) {
+            json_decref(bytes);
+            bytes = NULL;
+        }
+    if (!bytes) return NULL;
+    size_t c = utf8_clean(piece, n, clean);
+    return json_pack("{s:s%,s:f,s:o}", "token", clean, c, "logprob", (double)lp, "bytes", bytes);
+}
+
+/* {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}:
+ * OpenAI's shape. NULL on OOM. */
+static json_t *logprobs_json(const keel_engine *e, const eng_slot *sl)
+{
+    json_t *content = json_array();
+    for (int32_t i = 0; content && i < sl->n_lp; i++) {
+        const eng_lp *x = &sl->lp[i];
+        json_t *t = lp_token_json(e, x->tok, x->lp), *top = json_array();
+        for (int32_t j = 0; t && top && j < x->n_top; j++)
+            if (json_array_append_new(top, lp_token_json(e, x->top_tok[j], x->top_lp[j])) != 0) {
+                json_decref(top);
+                top = NULL;
+            }
+        if (!t || !top || json_object_set_new(t, "top_logprobs", top) != 0 || json_array_append_new(content, t) != 0) {
+            if (t) json_decref(t);
+            else if (top) json_decref(top);
+            json_decref(content);
+            content = NULL;
+        }
+    }
+    return content ? json_pack("{s:o}", "content", content) : NULL;
+}
+
+/* The log-sum-exp of the n logits (non-finite ones left out) and, into
+ * out, their k largest as log-probabilities, descending (ties: the lower
+ * id first). */
+static double lp_row(const float *lg, int32_t n, int32_t k, eng_lp *out)
+{
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        if (isfinite(lg[i]) && lg[i] > mx) mx = lg[i];
+    double s = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        if (isfinite(lg[i])) s += exp((double)lg[i] - mx);
+    double lse = (double)mx + log(s);
+    out->n_top = 0;
+    for (int32_t i = 0; i < n && k > 0; i++) {
+        float v = lg[i];
+        if (!isfinite(v) || (out->n_top == k && v <= out->top_lp[k - 1])) continue;
+        int32_t j = out->n_top < k ? out->n_top++ : k - 1;
+        for (; j > 0 && out->top_lp[j - 1] < v; j--) {
+            out->top_lp[j] = out->top_lp[j - 1];
+            out->top_tok[j] = out->top_tok[j - 1];
+        }
+        out->top_lp[j] = v;
+        out->top_tok[j] = i;
+    }
+    for (int32_t j = 0; j < out->n_top; j++) out->top_lp[j] = (float)((double)out->top_lp[j] - lse);
+    return lse;
+}
+
 /* The response JSON of slot's request (status: how it ended). */
 static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result *res, keel_status status,
                             const char *error, size_t *len)
@@ -125,6 +197,7 @@ static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result 
         bad |= json_object_set_new(o, "reasoning_content", json_null());
         bad |= json_object_set_new(o, "tool_calls", json_array());
     }
+    if (sl->lp) bad |= json_object_set_new(o, "logprobs", logprobs_json(e, sl));
     bad |= json_object_set_new(o, "finish_reason", json_string(sl->finish ? sl->finish : "error"));
     bad |= json_object_set_new(o, "stop_sequence", sl->stop_hit ? json_string(sl->stop_hit) : json_null());
     if (status != KEEL_OK) {
@@ -178,6 +251,9 @@ static bool slot_output(keel_engine *e, eng_slot *sl, const char *s, size_t n, k
 
 static void release_request(keel_engine *e, eng_slot *sl)
 {
+    base_free(sl->lp, (size_t)sl->cap_lp * sizeof(eng_lp));
+    sl->lp = NULL;
+    sl->n_lp = sl->cap_lp = 0;
     keel_sampler_close(sl->samp);
     sl->samp = NULL;
     toolcall_close(sl->tp);
@@ -203,7 +279,6 @@ static void complete(keel_engine *e, eng_req *r, keel_status status, char *resp,
     r->response = resp;
     r->response_len = len;
     r->done = true;
-    e->n_requests++;
     if (!r->keep) {
         r->next = e->done_head;
         e->done_head = r;
@@ -259,9 +334,15 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     /* a cancelled request ends without an error in its response, but with
      * KEEL_ECANCELED as its status */
     if (strcmp(reason, "cancelled") == 0 && status == KEEL_OK) status = KEEL_ECANCELED;
+    /* every counter of the request before its DONE event: a client that
+     * reads the stats (/metrics) after its response sees this request */
     pthread_mutex_lock(&e->mu);
+    e->n_requests++;
     e->n_failed += status != KEEL_OK && status != KEEL_ECANCELED;
     e->n_cancelled += status == KEEL_ECANCELED;
+    e->n_prompt_tokens += sl->n_prompt;
+    e->n_cached_tokens += sl->n_reused;
+    e->n_gen_tokens += sl->n_gen;
     if (sl->t_prompt_end) {
         double ttft = (double)(sl->t_prompt_end - sl->t_start) * 1e-9;
         e->prompt_seconds += ttft;
@@ -279,11 +360,6 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     ev.response = resp ? resp : "{\"error\":\"out of memory\"}";
     ev.status = resp ? status : KEEL_ENOMEM;
     if (r->cb) r->cb(r->user, &ev);
-    pthread_mutex_lock(&e->mu);
-    e->n_prompt_tokens += sl->n_prompt;
-    e->n_cached_tokens += sl->n_reused;
-    e->n_gen_tokens += sl->n_gen;
-    pthread_mutex_unlock(&e->mu);
     release_request(e, sl);
     complete(e, r, resp ? status : KEEL_ENOMEM, resp, len);
 }
@@ -308,6 +384,7 @@ static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const
     ev.status = status;
     /* counted as finish() counts: requests = ok + failed + cancelled */
     pthread_mutex_lock(&e->mu);
+    e->n_requests++;
     e->n_failed += status != KEEL_OK && status != KEEL_ECANCELED;
     e->n_cancelled += status == KEEL_ECANCELED;
     pthread_mutex_unlock(&e->mu);
@@ -552,6 +629,8 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     eng_pc_admit(e, sl, tmp.prompt, tmp.n_prompt, &lcp);
     memcpy(sl->prompt, tmp.prompt, (size_t)tmp.n_prompt * sizeof(int32_t));
     sl->n_prompt = tmp.n_prompt;
+    memcpy(sl->forced, tmp.forced, sizeof sl->forced);
+    sl->n_forced = tmp.n_forced;
     sl->req = r;
     sl->n_gen = 0;
     sl->finish = NULL;
@@ -559,6 +638,16 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     sl->t_start = now_ns();
     sl->t_prompt_end = sl->t_end = 0;
     keel_mem *mem = keel_context_memory(e->ctx);
+    if (r->o.logprobs) { /* one entry per token the request may generate */
+        int32_t cap = r->o.max_tokens >= 0 ? BASE_MIN(r->o.max_tokens, e->n_ctx_slot) : e->n_ctx_slot;
+        sl->cap_lp = BASE_MAX(cap, 1);
+        if (!(sl->lp = base_alloc((size_t)sl->cap_lp * sizeof(eng_lp)))) {
+            sl->cap_lp = 0;
+            st = base_err(err, KEEL_ENOMEM, "logprobs: out of memory");
+            goto fail;
+        }
+        sl->n_lp = 0;
+    }
     if (r->o.compact_set) sl->compact = r->o.compact;
     if ((st = keel_context_set_compact(e->ctx, sl->seq, &sl->compact)) != KEEL_OK) {
         snprintf(err, sizeof err, "kv_compact: %s", keel_context_last_error(e->ctx));
@@ -574,7 +663,9 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     for (int32_t i = sl->n_prompt > look ? sl->n_prompt - look : 0; i < sl->n_prompt; i++)
         if ((st = keel_sampler_accept(sl->samp, sl->prompt[i])) != KEEL_OK) goto fail;
     toolcall_options to = toolcall_options_default();
-    to.format = r->o.parse_tools && r->kind == ENG_REQ_CHAT ? e->tool_format : TOOLCALL_FORMAT_CONTENT;
+    to.format = r->o.parse_tools && r->kind == ENG_REQ_CHAT && r->o.tool_choice != ENG_TOOLS_NONE
+                    ? e->tool_format
+                    : TOOLCALL_FORMAT_CONTENT;
     to.parse_reasoning = r->kind == ENG_REQ_CHAT;
     to.tools = r->tools;
     if (r->kind == ENG_REQ_CHAT && rendered->data)
@@ -583,6 +674,11 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     to.on_event = on_toolcall;
     to.event_user = sl;
     if ((st = toolcall_open(&to, &sl->tp, err)) != KEEL_OK) goto fail;
+    /* a forced call: the parser reads its opening as the model's own output */
+    if (sl->n_forced > 0 && (st = toolcall_feed(sl->tp, sl->forced, sl->n_forced)) != KEEL_OK) {
+        snprintf(err, sizeof err, "tool_choice: %s", toolcall_last_error(sl->tp));
+        goto fail;
+    }
     if ((st = keel_detok_stream_init_after(&sl->ds, e->model, sl->prompt, sl->n_prompt)) != KEEL_OK) {
         snprintf(err, sizeof err, "prompt: a token id is out of range");
         goto fail;
@@ -622,6 +718,7 @@ static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
     }
     sl->n_gen++;
     if (keel_token_is_eog(e->model, tok)) {
+        if (sl->n_lp > 0 && sl->lp[sl->n_lp - 1].tok == tok) sl->n_lp--; /* not part of the answer */
         finish(e, sl, "stop", KEEL_OK, NULL);
         return;
     }
@@ -819,6 +916,8 @@ bool eng_step(keel_engine *e)
                 }
                 int32_t tok;
                 const float *lg = keel_logits(e->ctx, j);
+                eng_lp *ent = sl->lp && lg && sl->n_lp < sl->cap_lp ? &sl->lp[sl->n_lp] : NULL;
+                double lse = ent ? lp_row(lg, e->model->w.hp.n_vocab, sl->req->o.top_logprobs, ent) : 0.0;
                 if (sl->req->o.ignore_eos && lg) {
                     /* the context's own logits row, the engine's to change */
                     float *w = e->ctx->logits + (lg - e->ctx->logits);
@@ -830,6 +929,11 @@ bool eng_step(keel_engine *e)
                 if (st != KEEL_OK) {
                     finish(e, sl, "error", st, "sampler: no finite logit");
                     continue;
+                }
+                if (ent) { /* the sampled token's row entry is untouched by ignore_eos */
+                    ent->tok = tok;
+                    ent->lp = (float)((double)lg[tok] - lse);
+                    sl->n_lp++;
                 }
                 take_token(e, sl, tok);
             }

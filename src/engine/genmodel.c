@@ -1,7 +1,7 @@
 /*
  * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
- * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2 and gpt-oss
- * architectures (keel.h describes the shapes), with the keys, tensor
+ * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2, gpt-oss and
+ * deepseek32 architectures (keel.h describes the shapes), with the keys, tensor
  * names and shapes llama.cpp's loader expects, and a vocabulary learned
  * from a built-in text (genvocab.c). docs/formats.md section 7.
  *
@@ -54,6 +54,7 @@ keel_gen_params keel_gen_params_default(void)
         .n_expert = 0,
         .n_expert_used = 0,
         .ssm_state = 0,
+        .top_k = 0,
     };
     return p;
 }
@@ -66,6 +67,7 @@ typedef enum gen_family {
     GEN_QWEN3NEXT, /* the same with MoE and a shared expert */
     GEN_MAMBA2,    /* selective scan only */
     GEN_GPT_OSS,   /* sinks, biases, sliding / full, MoE SwiGLU-OAI, YaRN */
+    GEN_DEEPSEEK32, /* MLA + DSA indexer, a dense lead layer, sigmoid MoE + shared expert */
 } gen_family;
 
 typedef struct gen_arch {
@@ -91,11 +93,20 @@ static const gen_arch g_archs[] = {
      GEN_QWEN3NEXT},
     {"mamba2", GENMODEL_VOCAB_SPM, false, false, false, true, false, 10000.0f, 1e-5f, GEN_MAMBA2},
     {"gpt-oss", GENMODEL_VOCAB_BPE, true, false, false, false, false, 150000.0f, 1e-5f, GEN_GPT_OSS},
+    {"deepseek32", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-6f, GEN_DEEPSEEK32},
 };
 
 #define GEN_FULL_ATTN_INTERVAL 4
 #define GEN_CONV_KERNEL        4
 #define GEN_YARN_FACTOR        32.0f
+
+/* deepseek32 from head_dim D: q.k heads of D without and D with RoPE,
+ * values D, ranks q_lora = kv_lora = 2D, 4 indexer heads of 2D (the
+ * cache's K row is kv_lora + D = 3D, a multiple of 32 for D = 32: q8_0
+ * caches work), layer 0 dense, shared expert of n_ff */
+#define GEN_DS_IDX_HEADS   4
+#define GEN_DS_TOP_K       16
+#define GEN_DS_EXPERT_SCALE 2.5f
 
 #define GEMMA2_ATTN_SOFTCAP  50.0f
 #define GEMMA2_FINAL_SOFTCAP 30.0f
@@ -225,6 +236,43 @@ static float inv_sqrt(int64_t n)
     return (float)(1.0 / sqrt((double)n));
 }
 
+/* A deepseek32 layer (shapes as the fixture's, from head_dim D). */
+static void list_deepseek32_layer(gen_model *m, int32_t l)
+{
+    const keel_gen_params *p = &m->p;
+    int64_t E = p->n_embd, F = p->n_ff, D = p->head_dim, H = p->n_head, ne = p->n_expert;
+    int64_t N = D, R = D, KL = 2 * D, QL = 2 * D, VH = D, IH = GEN_DS_IDX_HEADS, ID = 2 * D;
+    add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "attn_q_a.weight", E, QL, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "attn_q_a_norm.weight", QL, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "attn_q_b.weight", QL, H * (N + R), GEN_INIT_NORMAL, inv_sqrt(QL));
+    add_blk(m, l, "attn_kv_a_mqa.weight", E, KL + R, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "attn_kv_a_norm.weight", KL, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk3(m, l, "attn_k_b.weight", N, KL, H, GEN_INIT_NORMAL, inv_sqrt(N), false);
+    add_blk3(m, l, "attn_v_b.weight", KL, VH, H, GEN_INIT_NORMAL, inv_sqrt(KL), false);
+    add_blk(m, l, "attn_output.weight", H * VH, E, GEN_INIT_NORMAL, inv_sqrt(H * VH));
+    add_blk(m, l, "indexer.attn_q_b.weight", QL, IH * ID, GEN_INIT_NORMAL, inv_sqrt(QL));
+    add_blk(m, l, "indexer.attn_k.weight", E, ID, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "indexer.k_norm.weight", ID, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "indexer.k_norm.bias", ID, 0, GEN_INIT_NORMAL, NORM_STD);
+    add_blk(m, l, "indexer.proj.weight", E, IH, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "ffn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (l == 0) { /* leading_dense_block_count 1 */
+        add_blk(m, l, "ffn_gate.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+        return;
+    }
+    add_blk(m, l, "ffn_gate_inp.weight", E, ne, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "exp_probs_b.bias", ne, 0, GEN_INIT_NORMAL, 0.1f);
+    add_blk3(m, l, "ffn_gate_exps.weight", E, F, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
+    add_blk3(m, l, "ffn_up_exps.weight", E, F, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
+    add_blk3(m, l, "ffn_down_exps.weight", F, E, ne, GEN_INIT_NORMAL, inv_sqrt(F), false);
+    add_blk(m, l, "ffn_gate_shexp.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "ffn_up_shexp.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "ffn_down_shexp.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+}
+
 /* The layers of the issue 11 families (list_tensors does the dense ones). */
 static void list_family_layer(gen_model *m, int32_t l)
 {
@@ -232,6 +280,10 @@ static void list_family_layer(gen_model *m, int32_t l)
     const keel_gen_params *p = &m->p;
     int64_t E = p->n_embd, F = p->n_ff, D = p->head_dim, ne = p->n_expert;
     int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
+    if (a->family == GEN_DEEPSEEK32) {
+        list_deepseek32_layer(m, l);
+        return;
+    }
     add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
     if (a->family == GEN_MAMBA2) {
         int64_t Din = 2 * E, H = p->n_head, G = p->n_head_kv, N = p->ssm_state;
@@ -369,7 +421,7 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
     if (!m->arch)
         return base_err(err, KEEL_EUNSUPPORTED,
                         "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
-                        "qwen3next, mamba2, gpt-oss)",
+                        "qwen3next, mamba2, gpt-oss, deepseek32)",
                         p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
@@ -404,9 +456,19 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
         (st = check_range(err, "n_expert_used", q->n_expert_used, 0, q->n_expert ? q->n_expert : 4)) ||
         (st = check_range(err, "ssm_state", q->ssm_state, 0, 4096)))
         return st;
-    if (fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS) {
+    if (fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS || fam == GEN_DEEPSEEK32) {
         if (q->n_expert == 0) q->n_expert = 4;
         if (q->n_expert_used == 0) q->n_expert_used = BASE_MIN(2, q->n_expert);
+    }
+    if ((st = check_range(err, "top_k", q->top_k, 0, 1 << 20))) return st;
+    if (fam == GEN_DEEPSEEK32) {
+        if (q->top_k == 0) q->top_k = GEN_DS_TOP_K;
+        /* the indexer key (2 head_dim) is Hadamard-rotated in blocks of >= 32 */
+        if (q->head_dim < 16 || (2 * q->head_dim) % 32)
+            return base_err(err, KEEL_EINVAL,
+                            "head_dim = %d: deepseek32 needs a multiple of 16 (indexer keys of 2 head_dim "
+                            "are rotated in blocks of 32 or more)",
+                            q->head_dim);
     }
     if (fam == GEN_MAMBA2 && q->ssm_state == 0) q->ssm_state = 32;
     if ((fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT) && q->head_dim < 8)
@@ -556,13 +618,38 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         (st = gguf_writer_add_u32(w, KEY("attention.head_count"), mamba ? 0 : (uint32_t)p->n_head)) ||
         (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)))
         goto fail;
-    if (!mamba &&
+    bool ds = fam == GEN_DEEPSEEK32;
+    if (!mamba && !ds &&
         ((st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)) ||
          (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
          (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
          (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), n_rot)) ||
          (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base))))
         goto fail;
+    if (ds) { /* the absorbed MLA form's keys (llama.cpp's deepseek2 family) */
+        uint32_t D = (uint32_t)p->head_dim;
+        if ((st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), 1)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.q_lora_rank"), 2 * D)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.kv_lora_rank"), 2 * D)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.key_length"), 3 * D)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.value_length"), 2 * D)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.key_length_mla"), 2 * D)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.value_length_mla"), D)) ||
+            (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), D)) ||
+            (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.indexer.head_count"), GEN_DS_IDX_HEADS)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.indexer.key_length"), 2 * D)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.indexer.top_k"), (uint32_t)p->top_k)) ||
+            (st = gguf_writer_add_u32(w, KEY("leading_dense_block_count"), 1)) ||
+            (st = gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)p->n_expert)) ||
+            (st = gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used)) ||
+            (st = gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff)) ||
+            (st = gguf_writer_add_u32(w, KEY("expert_shared_count"), 1)) ||
+            (st = gguf_writer_add_u32(w, KEY("expert_gating_func"), 2)) ||
+            (st = gguf_writer_add_f32(w, KEY("expert_weights_scale"), GEN_DS_EXPERT_SCALE)) ||
+            (st = gguf_writer_add_bool(w, KEY("expert_weights_norm"), true)))
+            goto fail;
+    }
     if (mamba || gdn) {
         uint32_t inner = mamba ? 2 * (uint32_t)p->n_embd : (uint32_t)(p->n_head * p->head_dim);
         uint32_t state = mamba ? (uint32_t)p->ssm_state : (uint32_t)p->head_dim;

@@ -17,6 +17,17 @@
  *     threads; partial (m, l, acc) are merged afterwards.
  *   - Learned sink logits add exp(sink - m) to the denominator only.
  *   - Scores are scaled, then soft-capped (cap * tanh(s / cap)), then masked.
+ *   - Sparse attention (an indexer column and a->iq): each query token is its
+ *     own block; it scores every cell it may see against its indexer query
+ *     (sum_h w_h relu(q_h . ik)), keeps the top_k highest, and attends over
+ *     those cells sorted by (position, stamp): the same path as
+ *     deterministic mode over a list, so the result depends neither on the
+ *     physical layout nor on the other queries. Equal scores across the
+ *     top_k boundary (relu makes exact zeros common) are resolved by the
+ *     binary-heap selection of libstdc++'s std::partial_sort run over the
+ *     visible cells in (position, stamp) order, which is how llama.cpp's CPU
+ *     top_k resolves them for a sequence in a fresh context (its cells in
+ *     position order); without such a tie the kept set is simply the top_k.
  *
  * Scratch (reserved at open by mem_attn_scratch_bytes): prepared queries for
  * n_batch_max tokens, per-thread score tiles, partials for split tasks. None
@@ -35,7 +46,10 @@ typedef mem_attn_dims attn_dims;
 
 mem_attn_dims mem_attn_dims_of(const keel_mem_config *cfg, const keel_mem_layer *layers)
 {
-    attn_dims d = {1, 1, 1, 1, 4, cfg->deterministic ? cfg->n_ctx : 0};
+    attn_dims d = {1, 1, 1, 1, 4, cfg->deterministic ? cfg->n_ctx : 0, 0, 0, 0, 0, 0};
+    /* sparse attention lists a query's visible cells (and scores them) */
+    for (int32_t i = 0; i < cfg->n_layers; i++)
+        if (mem_layer_has_kv(&layers[i]) && layers[i].idx_head_dim > 0) d.vis_cap = cfg->n_ctx;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *l = &layers[i];
         if (!mem_layer_has_kv(l)) continue;
@@ -47,6 +61,13 @@ mem_attn_dims mem_attn_dims_of(const keel_mem_config *cfg, const keel_mem_layer 
         keel_dtype vt = tensor_vec_dot_type(l->k_dtype);
         size_t rb = tensor_row_bytes(vt, l->head_dim_k);
         d.qrow_max = BASE_MAX(d.qrow_max, rb);
+        if (l->idx_head_dim > 0) {
+            d.ih_max = BASE_MAX(d.ih_max, l->idx_n_heads);
+            d.ik_max = BASE_MAX(d.ik_max, l->idx_head_dim);
+            d.topk_max = BASE_MAX(d.topk_max, BASE_MIN(l->idx_top_k, cfg->n_ctx));
+            keel_dtype it = tensor_vec_dot_type(l->idx_dtype);
+            d.iqrow_max = BASE_MAX(d.iqrow_max, tensor_row_bytes(it, l->idx_head_dim));
+        }
     }
     return d;
 }
@@ -64,9 +85,11 @@ static inline size_t up64(size_t x)
 /* per-thread layout: scores [TB * G][CB] f32 | vis [TB][CHUNK] u8 | idx [CHUNK] i32 |
  * m, l [TB * n_heads] f32 each | q row pointers [TB * G] | acc row pointers
  * [TB * G] | active rows [TB * G] u8 | deterministic mode: the query's
- * ordered visible cells [order_cap] i32 */
+ * ordered visible cells [order_cap] i32 (sparse attention: its visible cells,
+ * [vis_cap]; the larger of the two) | sparse attention: the kept cells
+ * [topk_max] i32, their scores [topk_max] f32, every cell's score [vis_cap] f32 */
 typedef struct thread_layout {
-    size_t vis, idx, ml, qp, ap, act, order, total;
+    size_t vis, idx, ml, qp, ap, act, order, kept, hs, sall, total;
 } thread_layout;
 
 static thread_layout layout_of(const attn_dims *d)
@@ -80,7 +103,10 @@ static thread_layout layout_of(const attn_dims *d)
     l.ap = l.qp + up64(rows * sizeof(void *));
     l.act = l.ap + up64(rows * sizeof(float *));
     l.order = l.act + up64(rows);
-    l.total = l.order + up64((size_t)d->order_cap * sizeof(int32_t));
+    l.kept = l.order + up64((size_t)BASE_MAX(d->order_cap, d->vis_cap) * sizeof(int32_t));
+    l.hs = l.kept + up64((size_t)d->topk_max * sizeof(int32_t));
+    l.sall = l.hs + up64((size_t)d->topk_max * sizeof(float));
+    l.total = l.sall + up64((size_t)d->vis_cap * sizeof(float));
     return l;
 }
 
@@ -104,6 +130,9 @@ size_t mem_attn_scratch_bytes(const keel_mem_config *cfg, const keel_mem_layer *
     /* prepared queries: f32 rotated + vec_dot rows */
     s += nb * (size_t)d.n_heads_max * (size_t)d.dk_max * sizeof(float) + BASE_ALIGN;
     s += nb * (size_t)d.n_heads_max * d.qrow_max + BASE_ALIGN;
+    /* prepared indexer queries: f32 rotated + vec_dot rows */
+    s += nb * (size_t)d.ih_max * (size_t)d.ik_max * sizeof(float) + BASE_ALIGN;
+    s += nb * (size_t)d.ih_max * d.iqrow_max + BASE_ALIGN;
     /* token blocks: table index, first token, count */
     s += (nb + 1) * 3 * sizeof(int32_t) + BASE_ALIGN;
     s += thread_bytes(&d) * (size_t)n_threads + BASE_ALIGN;
@@ -201,6 +230,16 @@ typedef struct attn_ctx {
     const float *qf;         /* [n_tokens][n_heads][dk] rotated f32 */
     const uint8_t *qq;       /* [n_tokens][n_heads][qrow] (qt != f32) */
     float scale, softcap;
+    /* sparse attention: prepared indexer queries, rotated into the IDX
+     * column's basis ([n_tokens][n_iq_heads][ik] f32, and vec_dot rows) */
+    bool sparse;
+    int32_t top_k;           /* cells kept at most (the table's capacity bounds it) */
+    int32_t sel_stride;      /* entries per token of a->sel: the requested top_k */
+    int32_t n_iq, ik;
+    keel_dtype iqt;
+    size_t iqrow;
+    const float *iqf;
+    const uint8_t *iqq;
     /* blocks */
     int32_t n_blocks;
     const int32_t *blk_table, *blk_first, *blk_count;
@@ -241,6 +280,153 @@ static bool cell_before(const void *ctx, int32_t a, int32_t b)
 {
     const mem_table *t = ctx;
     return t->pos[a] < t->pos[b] || (t->pos[a] == t->pos[b] && t->stamp[a] < t->stamp[b]);
+}
+
+/* "cell a with score sa ranks after cell b with score sb": lower score,
+ * or equal scores and a later (position, stamp) */
+static inline bool ranks_after(const mem_table *t, float sa, int32_t a, float sb, int32_t b)
+{
+    return sa < sb || (sa == sb && cell_before(t, b, a));
+}
+
+/* Min-heap of the kept cells: the root ranks last. */
+static void keep_sift(const mem_table *t, int32_t *hc, float *hs, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && ranks_after(t, hs[l], hc[l], hs[m], hc[m])) m = l;
+        if (r < n && ranks_after(t, hs[r], hc[r], hs[m], hc[m])) m = r;
+        if (m == i) return;
+        int32_t c = hc[i];
+        float v = hs[i];
+        hc[i] = hc[m];
+        hs[i] = hs[m];
+        hc[m] = c;
+        hs[m] = v;
+        i = m;
+    }
+}
+
+static void keep_push(const mem_table *t, int32_t *hc, float *hs, int32_t i)
+{
+    while (i > 0) {
+        int32_t p = (i - 1) / 2;
+        if (!ranks_after(t, hs[i], hc[i], hs[p], hc[p])) return;
+        int32_t c = hc[i];
+        float v = hs[i];
+        hc[i] = hc[p];
+        hs[i] = hs[p];
+        hc[p] = c;
+        hs[p] = v;
+        i = p;
+    }
+}
+
+/*
+ * Ties across the top_k boundary: the selection libstdc++'s
+ * std::partial_sort(first, first + k, last, greater-by-score) makes, which
+ * llama.cpp's CPU top_k uses: a heap of the first k elements (make_heap),
+ * then each later element larger than the heap's smallest replaces it
+ * (pop_heap into its place); hole-to-leaf sift-down, then sift-up, as that
+ * library does. Run over the visible cells in (position, stamp) order (cell
+ * order of a fresh single-sequence llama.cpp context), so that equal
+ * scores are kept or dropped as the reference keeps them; f[0 .. k) then
+ * holds the kept cells. v: every cell's score.
+ */
+static void ps_push(int32_t *f, int64_t hole, int64_t top, int32_t value, const float *v)
+{
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && v[f[parent]] > v[value]) {
+        f[hole] = f[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    f[hole] = value;
+}
+
+static void ps_adjust(int32_t *f, int64_t hole, int64_t len, int32_t value, const float *v)
+{
+    int64_t top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (v[f[child]] > v[f[child - 1]]) child--;
+        f[hole] = f[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        f[hole] = f[child - 1];
+        hole = child - 1;
+    }
+    ps_push(f, hole, top, value, v);
+}
+
+static void partial_sort_select(int32_t *f, int32_t n, int32_t k, const float *v)
+{
+    if (k >= 2)
+        for (int64_t parent = (k - 2) / 2;; parent--) {
+            ps_adjust(f, parent, k, f[parent], v);
+            if (parent == 0) break;
+        }
+    for (int32_t i = k; i < n; i++)
+        if (v[f[i]] > v[f[0]]) {
+            int32_t value = f[i];
+            f[i] = f[0];
+            ps_adjust(f, 0, k, value, v);
+        }
+}
+
+/* The indexer's choice for query token ti: the top_k cells it may see by
+ * score (sum_h w_h relu(q_h . ik)) into hc[0 .. n) (hs: their scores);
+ * returns n. vis: scratch for the visible cells, sall: every cell's score
+ * ([cap] each). Ties across the boundary: partial_sort_select. */
+static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t ti, int32_t *hc, float *hs, int32_t *vis,
+                            float *sall)
+{
+    const keel_mem_attn *a = x->a;
+    const mem_col *ic = &t->cols[x->col + MEM_COL_IDX];
+    int32_t s = a->seq[ti], p = a->pos[ti], H = x->n_iq, K = x->top_k, n = 0, n_vis = 0;
+    const float *w = a->iw + (size_t)ti * (size_t)H;
+    const uint8_t *base = mem_col_row(t, ic, 0, 0);
+    for (int32_t c = 0; c < t->cap; c++) {
+        if (!visible(t, c, s, p)) continue;
+        vis[n_vis++] = c;
+        const uint8_t *row = base + (size_t)c * ic->head_row_bytes;
+        float sc = 0.0f;
+        for (int32_t h = 0; h < H; h++) {
+            size_t qi = (size_t)ti * (size_t)H + (size_t)h;
+            const void *q = x->iqt == KEEL_DTYPE_F32 ? (const void *)(x->iqf + qi * (size_t)x->ik)
+                                                     : (const void *)(x->iqq + qi * x->iqrow);
+            float d = tensor_vec_dot(ic->dtype, x->ik, row, q);
+            if (d > 0.0f) sc += w[h] * d;
+        }
+        if (sc != sc) sc = -INFINITY; /* NaN ranks below every number */
+        sall[c] = sc;
+        if (n < K) {
+            hc[n] = c;
+            hs[n] = sc;
+            keep_push(t, hc, hs, n);
+            n++;
+        } else if (ranks_after(t, hs[0], hc[0], sc, c)) {
+            hc[0] = c;
+            hs[0] = sc;
+            keep_sift(t, hc, hs, n, 0);
+        }
+    }
+    if (n_vis <= K) return n;
+    /* a tie across the boundary: a dropped cell scores as the lowest kept */
+    float lo = hs[0];
+    int32_t eq_kept = 0, eq_all = 0;
+    for (int32_t j = 0; j < n; j++) eq_kept += hs[j] == lo;
+    for (int32_t j = 0; j < n_vis; j++) eq_all += sall[vis[j]] == lo;
+    if (eq_all == eq_kept) return n;
+    mem_heap_sort(vis, n_vis, cell_before, t);
+    partial_sort_select(vis, n_vis, K, sall);
+    for (int32_t j = 0; j < K; j++) {
+        hc[j] = vis[j];
+        hs[j] = sall[vis[j]];
+    }
+    return n;
 }
 
 static void attn_task(void *vctx, int64_t task, int thread)
@@ -305,7 +491,22 @@ static void attn_task(void *vctx, int64_t task, int thread)
      * the online softmax do not depend on the physical layout or on the
      * other queries of the call */
     const int32_t *order = NULL;
-    if (x->d.order_cap > 0) {
+    if (x->sparse) {
+        /* sparse attention (one token per block, no splits): the cells the
+         * indexer keeps, in (position, placement) order */
+        int32_t *ord = (int32_t *)(ts + tl.kept);
+        int32_t n_ord = select_top_k(x, t, t0, ord, (float *)(ts + tl.hs), (int32_t *)(ts + tl.order),
+                                     (float *)(ts + tl.sall));
+        mem_heap_sort(ord, n_ord, cell_before, t);
+        if (a->sel) {
+            int32_t *out = a->sel + (size_t)t0 * (size_t)x->sel_stride;
+            int32_t tab = (int32_t)(t - x->grp->tables);
+            for (int32_t j = 0; j < x->sel_stride; j++) out[j] = j < n_ord ? tab * t->cap + ord[j] : -1;
+        }
+        order = ord;
+        c_begin = 0;
+        c_end = n_ord;
+    } else if (x->d.order_cap > 0) {
         int32_t *ord = (int32_t *)(ts + tl.order), n_ord = 0;
         for (int32_t c = 0; c < t->cap; c++)
             if (visible(t, c, a->seq[t0], a->pos[t0])) ord[n_ord++] = c;
@@ -471,9 +672,9 @@ static void merge_task(void *vctx, int64_t task, int thread)
 
 typedef struct prep_ctx {
     attn_ctx *x;
-    const mem_col *kc;
-    float *qf;
-    uint8_t *qq;
+    const mem_col *kc, *ic;
+    float *qf, *iqf;
+    uint8_t *qq, *iqq;
 } prep_ctx;
 
 static void prep_task(void *vctx, int64_t i, int thread)
@@ -488,6 +689,13 @@ static void prep_task(void *vctx, int64_t i, int thread)
         memcpy(q, x->a->q + qi * (size_t)dk, (size_t)dk * sizeof(float));
         mem_col_rotate(p->kc, q);
         if (x->qt != KEEL_DTYPE_F32) tensor_quantize_row_unchecked(x->qt, q, p->qq + qi * x->qrow, dk);
+    }
+    for (int32_t h = 0; x->sparse && h < x->n_iq; h++) {
+        size_t qi = (size_t)i * (size_t)x->n_iq + (size_t)h;
+        float *q = p->iqf + qi * (size_t)x->ik;
+        memcpy(q, x->a->iq + qi * (size_t)x->ik, (size_t)x->ik * sizeof(float));
+        mem_col_rotate(p->ic, q);
+        if (x->iqt != KEEL_DTYPE_F32) tensor_quantize_row_unchecked(x->iqt, q, p->iqq + qi * x->iqrow, x->ik);
     }
 }
 
@@ -517,6 +725,19 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     }
     const mem_group *grp = &m->groups[m->layer_group[layer]];
     int32_t col = m->layer_col[layer];
+    bool sparse = a->iq != NULL;
+    int32_t top_k = 0;
+    if (sparse) {
+        if (L->idx_head_dim == 0)
+            return base_err(m->err, KEEL_EINVAL, "attend: layer %d has no indexer column (iq given)", layer);
+        if (!a->iw || a->n_iq_heads < 1 || a->n_iq_heads > L->idx_n_heads)
+            return base_err(m->err, KEEL_EINVAL, "attend: indexer heads %d (need 1..%d and head weights)",
+                            a->n_iq_heads, L->idx_n_heads);
+        if (a->top_k < 0 || a->top_k > L->idx_top_k)
+            return base_err(m->err, KEEL_EINVAL, "attend: top_k %d (need 0..%d; 0: the layer's)", a->top_k,
+                            L->idx_top_k);
+        top_k = a->top_k > 0 ? a->top_k : L->idx_top_k;
+    }
     attn_ctx x;
     memset(&x, 0, sizeof x);
     x.m = m;
@@ -534,6 +755,15 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     x.scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)x.dk);
     x.softcap = a->softcap;
     x.d = m->attn_dims; /* computed once at open */
+    x.sparse = sparse;
+    if (sparse) {
+        x.sel_stride = top_k;
+        x.top_k = BASE_MIN(top_k, grp->tables[0].cap); /* at most every cell of a table */
+        x.n_iq = a->n_iq_heads;
+        x.ik = L->idx_head_dim;
+        x.iqt = tensor_vec_dot_type(L->idx_dtype);
+        x.iqrow = tensor_row_bytes(x.iqt, x.ik);
+    }
     x.k = attn_kernels(attn_path_active(), x.kt, x.vt);
 
     /* sinks of sliding tables must be current before threads read them */
@@ -545,6 +775,15 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     size_t nq = (size_t)a->n_tokens * (size_t)a->n_heads;
     float *qf = base_arena_take_n(ar, nq * (size_t)x.dk, sizeof(float));
     uint8_t *qq = x.qt != KEEL_DTYPE_F32 ? base_arena_take_n(ar, nq, x.qrow) : NULL;
+    float *iqf = NULL;
+    uint8_t *iqq = NULL;
+    if (sparse) {
+        size_t ni = (size_t)a->n_tokens * (size_t)x.n_iq;
+        iqf = base_arena_take_n(ar, ni * (size_t)x.ik, sizeof(float));
+        iqq = x.iqt != KEEL_DTYPE_F32 ? base_arena_take_n(ar, ni, x.iqrow) : NULL;
+        if (!iqf || (x.iqt != KEEL_DTYPE_F32 && !iqq))
+            return base_err(m->err, KEEL_ESCRATCH, "attend: scratch exhausted (indexer queries)");
+    }
     int32_t *blk = base_arena_take_n(ar, ((size_t)a->n_tokens + 1) * 3, sizeof(int32_t));
     x.thread_bytes = thread_bytes(&x.d);
     uint8_t *ts = base_arena_take(ar, x.thread_bytes * (size_t)m->n_threads, BASE_ALIGN);
@@ -552,6 +791,8 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
         return base_err(m->err, KEEL_ESCRATCH, "attend: scratch exhausted");
     x.qf = qf;
     x.qq = qq;
+    x.iqf = iqf;
+    x.iqq = iqq;
     x.thread_scratch = ts;
 
     /* token blocks: consecutive tokens of one table, at most TB */
@@ -559,7 +800,7 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     int32_t nb = 0;
     for (int32_t i = 0; i < a->n_tokens; i++) {
         int32_t tab = m->n_streams == 1 ? 0 : a->seq[i];
-        if (nb > 0 && bt[nb - 1] == tab && bc[nb - 1] < (x.d.order_cap > 0 ? 1 : ATTN_TB)) {
+        if (nb > 0 && bt[nb - 1] == tab && bc[nb - 1] < (x.d.order_cap > 0 || sparse ? 1 : ATTN_TB)) {
             bc[nb - 1]++;
         } else {
             bt[nb] = tab;
@@ -576,7 +817,7 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     /* split the KV range when there are fewer blocks than threads */
     int32_t cap = grp->tables[0].cap;
     x.splits = 1;
-    if (nb < m->n_threads && cap >= 2 * ATTN_SPLIT_MIN_CELLS && x.d.order_cap == 0) {
+    if (nb < m->n_threads && cap >= 2 * ATTN_SPLIT_MIN_CELLS && x.d.order_cap == 0 && !sparse) {
         int32_t want = (2 * m->n_threads + nb - 1) / nb;
         int32_t most = cap / ATTN_SPLIT_MIN_CELLS;
         x.splits = BASE_MAX(1, BASE_MIN(want, most));
@@ -590,7 +831,8 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
         if (!x.partials) return base_err(m->err, KEEL_ESCRATCH, "attend: scratch exhausted");
     }
 
-    prep_ctx p = {&x, &grp->tables[0].cols[col], qf, qq};
+    prep_ctx p = {&x, &grp->tables[0].cols[col], sparse ? &grp->tables[0].cols[col + MEM_COL_IDX] : NULL,
+                  qf, iqf, qq, iqq};
     base_pool_run(a->n_tokens >= 16 ? m->pool : NULL, a->n_tokens, prep_task, &p);
     base_pool_run(m->pool, (int64_t)nb * x.splits, attn_task, &x);
     if (x.splits > 1) {

@@ -21,13 +21,14 @@ static keel_status check_col(keel_mem *m, const mem_table *t, int32_t g, int32_t
     if (c->data_bytes != (size_t)c->n_heads * (size_t)t->cap * c->head_row_bytes || !c->data)
         FAIL("group %d col %d: data_bytes %zu for %d heads x %d cells", g, ci, c->data_bytes,
              c->n_heads, t->cap);
+    if (c->layer < 0 || c->layer >= m->cfg.n_layers) FAIL("group %d col %d: layer %d", g, ci, c->layer);
     const keel_mem_layer *L = &m->layers[c->layer];
     if (m->layer_group[c->layer] != g) FAIL("group %d col %d: layer %d not in group", g, ci, c->layer);
-    if (m->layer_col[c->layer] + (c->kind == MEM_COL_V) != ci)
+    if ((int32_t)c->kind < 0 || (int32_t)c->kind >= mem_layer_n_cols(L) ||
+        m->layer_col[c->layer] + (int32_t)c->kind != ci)
         FAIL("group %d col %d: layer %d's column index disagrees", g, ci, c->layer);
-    if (c->n_heads != L->n_kv_heads ||
-        c->head_dim != (c->kind == MEM_COL_K ? L->head_dim_k : L->head_dim_v) ||
-        c->dtype != (c->kind == MEM_COL_K ? L->k_dtype : L->v_dtype))
+    mem_col_spec sp = mem_layer_col_spec(L, (int32_t)c->kind);
+    if (c->n_heads != sp.n_heads || c->head_dim != sp.head_dim || c->dtype != sp.dtype)
         FAIL("group %d col %d: descriptor disagrees with layer %d", g, ci, c->layer);
     if (c->rot.enabled) {
         int32_t b = c->rot.block;
@@ -40,7 +41,7 @@ static keel_status check_col(keel_mem *m, const mem_table *t, int32_t g, int32_t
                 if (c->signs[i] != 1.0f && c->signs[i] != -1.0f)
                     FAIL("group %d col %d: sign %d is %g", g, ci, i, (double)c->signs[i]);
     }
-    if (c->kind == MEM_COL_K && c->rope.type != KEEL_ROPE_NONE && !c->rope_rates)
+    if (c->kind != MEM_COL_V && c->rope.type != KEEL_ROPE_NONE && !c->rope_rates)
         FAIL("group %d col %d: rope without angle rates", g, ci);
     return KEEL_OK;
 }
@@ -50,7 +51,10 @@ static keel_status check_table(keel_mem *m, const mem_table *t, int32_t g, int32
     const mem_group *grp = &m->groups[g];
     if (t->cap < 1 || t->head < 0 || t->head >= t->cap)
         FAIL("group %d table %d: cap %d head %d", g, k, t->cap, t->head);
-    if (t->sliding != (grp->kind == KEEL_MEM_LAYER_SLIDING) || t->n_cols != 2 * grp->n_layers)
+    int32_t n_cols = 0;
+    for (int32_t i = 0; i < m->cfg.n_layers; i++)
+        if (m->layer_group[i] == g) n_cols += mem_layer_n_cols(&m->layers[i]);
+    if (t->sliding != (grp->kind == KEEL_MEM_LAYER_SLIDING) || t->n_cols != n_cols)
         FAIL("group %d table %d: kind or column count disagrees with the group", g, k);
     int32_t used = 0;
     int32_t ns = m->cfg.n_seq_max;
@@ -84,7 +88,8 @@ static keel_status check_table(keel_mem *m, const mem_table *t, int32_t g, int32
                 for (int32_t i = 0; i < col->head_dim; i++)
                     if (!isfinite(x[i]))
                         FAIL("group %d table %d cell %d layer %d %s head %d: non-finite value", g,
-                             k, c, col->layer, col->kind == MEM_COL_K ? "K" : "V", h);
+                             k, c, col->layer,
+                             col->kind == MEM_COL_K ? "K" : col->kind == MEM_COL_V ? "V" : "indexer key", h);
             }
         }
     }
@@ -153,8 +158,7 @@ static keel_status check_ring_subset(keel_mem *m, int32_t s, int32_t gr, const m
 size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap)
 {
     int32_t hd = 1;
-    for (int32_t i = 0; i < cfg->n_layers; i++)
-        hd = BASE_MAX(hd, BASE_MAX(cfg->layers[i].head_dim_k, cfg->layers[i].head_dim_v));
+    for (int32_t i = 0; i < cfg->n_layers; i++) hd = BASE_MAX(hd, mem_layer_dim_max(&cfg->layers[i]));
     size_t x = ((size_t)hd * sizeof(float) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
     size_t c = ((size_t)max_cap * sizeof(int32_t) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
     return x + 2 * c;
@@ -172,8 +176,7 @@ keel_status keel_mem_check(keel_mem *m)
             FAIL("layer %d: group %d for kind %d", i, g, (int)m->layers[i].kind);
     }
     int32_t hd = 1;
-    for (int32_t i = 0; i < m->cfg.n_layers; i++)
-        hd = BASE_MAX(hd, BASE_MAX(m->layers[i].head_dim_k, m->layers[i].head_dim_v));
+    for (int32_t i = 0; i < m->cfg.n_layers; i++) hd = BASE_MAX(hd, mem_layer_dim_max(&m->layers[i]));
     base_arena_reset(&m->scratch);
     int32_t max_cap = 1;
     for (int32_t g = 0; g < m->n_groups; g++) max_cap = BASE_MAX(max_cap, m->groups[g].tables[0].cap);

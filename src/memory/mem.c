@@ -29,6 +29,10 @@ keel_mem_layer keel_mem_layer_default(void)
     l.v_dtype = KEEL_DTYPE_F16;
     l.rope = keel_rope_default();
     l.rope.n_rot = 64;
+    l.idx_dtype = KEEL_DTYPE_F16;
+    l.idx_rope = keel_rope_default();
+    l.idx_rope.type = KEEL_ROPE_NONE;
+    l.idx_rope.n_rot = 0;
     return l;
 }
 
@@ -104,11 +108,19 @@ static keel_status validate_layer(const keel_mem_layer *l, int32_t i, char *err)
             return base_err(err, KEEL_EINVAL, "layer %d: bad window %d or n_sink %d", i,
                             l->window, l->n_sink);
     }
-    const keel_dtype dts[2] = {l->k_dtype, l->v_dtype};
-    const int32_t dims[2] = {l->head_dim_k, l->head_dim_v};
-    const char *names[2] = {"K", "V"};
-    const keel_mem_rot *rots[2] = {&l->k_rot, &l->v_rot};
-    for (int j = 0; j < 2; j++) {
+    if (l->idx_head_dim < 0 || l->idx_head_dim > 8192)
+        return base_err(err, KEEL_EINVAL, "layer %d: indexer head dim %d (0: none, else 1..8192)", i,
+                        l->idx_head_dim);
+    if (l->idx_head_dim > 0 && (l->idx_n_heads < 1 || l->idx_n_heads > 4096 || l->idx_top_k < 1 ||
+                                l->idx_top_k > (1 << 20)))
+        return base_err(err, KEEL_EINVAL,
+                        "layer %d: indexer query heads %d (need 1..4096) or top_k %d (need 1..2^20)", i,
+                        l->idx_n_heads, l->idx_top_k);
+    const keel_dtype dts[3] = {l->k_dtype, l->v_dtype, l->idx_dtype};
+    const int32_t dims[3] = {l->head_dim_k, l->head_dim_v, l->idx_head_dim};
+    const char *names[3] = {"K", "V", "indexer"};
+    const keel_mem_rot *rots[3] = {&l->k_rot, &l->v_rot, &l->idx_rot};
+    for (int j = 0; j < mem_layer_n_cols(l); j++) {
         if (!kv_dtype_ok(dts[j]))
             return base_err(err, KEEL_EUNSUPPORTED, "layer %d: %s cache type %s is not supported",
                             i, names[j], keel_dtype_name(dts[j]) ? keel_dtype_name(dts[j]) : "?");
@@ -127,20 +139,24 @@ static keel_status validate_layer(const keel_mem_layer *l, int32_t i, char *err)
                             "power of two in [32, 512] dividing it)",
                             i, names[j], rots[j]->block, dims[j]);
     }
-    const keel_rope *r = &l->rope;
-    if (r->type != KEEL_ROPE_NONE) {
+    for (int j = 0; j < 2; j++) {
+        if (j == 1 && l->idx_head_dim == 0) break;
+        const keel_rope *r = j == 0 ? &l->rope : &l->idx_rope;
+        int32_t hd = j == 0 ? l->head_dim_k : l->idx_head_dim;
+        const char *what = j == 0 ? "rope" : "indexer rope";
+        if (r->type == KEEL_ROPE_NONE) continue;
         if (r->type != KEEL_ROPE_NORM && r->type != KEEL_ROPE_NEOX)
-            return base_err(err, KEEL_EINVAL, "layer %d: unknown rope type %d", i, (int)r->type);
-        if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > l->head_dim_k)
-            return base_err(err, KEEL_EINVAL, "layer %d: rope n_rot %d invalid for head_dim %d",
-                            i, r->n_rot, l->head_dim_k);
+            return base_err(err, KEEL_EINVAL, "layer %d: unknown %s type %d", i, what, (int)r->type);
+        if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > hd)
+            return base_err(err, KEEL_EINVAL, "layer %d: %s n_rot %d invalid for head_dim %d",
+                            i, what, r->n_rot, hd);
         if (tensor_rope_check(r) != KEEL_OK)
             return base_err(err, KEEL_EINVAL,
-                            "layer %d: invalid rope parameters (freq_base %g, freq_scale %g, "
+                            "layer %d: invalid %s parameters (freq_base %g, freq_scale %g, "
                             "ext_factor %g, attn_factor %g, n_ctx_orig %d, beta %g/%g%s): need "
                             "finite freq_base, freq_scale, attn_factor > 0, finite ext_factor, "
                             "with YaRN n_ctx_orig >= 1 and betas > 0, freq_factors finite > 0",
-                            i, (double)r->freq_base, (double)r->freq_scale, (double)r->ext_factor,
+                            i, what, (double)r->freq_base, (double)r->freq_scale, (double)r->ext_factor,
                             (double)r->attn_factor, r->n_ctx_orig, (double)r->beta_fast,
                             (double)r->beta_slow, r->freq_factors ? ", freq_factors" : "");
     }
@@ -256,8 +272,10 @@ size_t mem_config_kv_bytes(const keel_mem_config *cfg)
         if (!mem_layer_has_kv(a)) continue;
         mem_group shape = group_shape(a);
         size_t cells = (size_t)table_cap(cfg, &shape, n_streams) * (size_t)n_streams;
-        kv += cells * (size_t)a->n_kv_heads *
-              (tensor_row_bytes(a->k_dtype, a->head_dim_k) + tensor_row_bytes(a->v_dtype, a->head_dim_v));
+        for (int32_t j = 0; j < mem_layer_n_cols(a); j++) {
+            mem_col_spec cs = mem_layer_col_spec(a, j);
+            kv += cells * (size_t)cs.n_heads * tensor_row_bytes(cs.dtype, cs.head_dim);
+        }
     }
     return kv;
 }
@@ -302,7 +320,11 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
                 m->n_groups++;
             }
             layer_group[i] = g;
-            layer_col[i] = 2 * groups[g].n_layers;
+            /* the group's columns so far: those of its earlier layers */
+            int32_t ci = 0;
+            for (int32_t j = 0; j < i; j++)
+                if (layer_group[j] == g) ci += mem_layer_n_cols(&layers[j]);
+            layer_col[i] = ci;
             groups[g].n_layers++;
         }
     }
@@ -311,10 +333,10 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
         /* the g-th group is opened by the g-th layer that opens one */
         while (!opens_group(cfg, rep)) rep++;
         mem_group shape = group_shape(&cfg->layers[rep]);
-        int32_t gl = 0;
+        int32_t gc = 0; /* columns of the group's layers */
         for (int32_t i = 0; i < nl; i++)
             if (mem_layer_has_kv(&cfg->layers[i]) && same_group(&cfg->layers[i], &shape))
-                gl++;
+                gc += mem_layer_n_cols(&cfg->layers[i]);
         int32_t cap = table_cap(cfg, &shape, n_streams);
         mem_table *tables = lay_take(l, (size_t)n_streams, sizeof(mem_table));
         if (assign) groups[g].tables = tables;
@@ -329,7 +351,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             int32_t *seq_min = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
             int32_t *seq_max = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
             int32_t *seq_cells = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
-            mem_col *cols = lay_take(l, (size_t)gl * 2, sizeof(mem_col));
+            mem_col *cols = lay_take(l, (size_t)gc, sizeof(mem_col));
             int32_t *evict_max = NULL, *sink_pos = NULL, *heap_pos = NULL;
             uint64_t *sink_stamp = NULL, *heap_stamp = NULL;
             if (shape.kind == KEEL_MEM_LAYER_SLIDING) {
@@ -356,7 +378,7 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
                 t->seq_cells = seq_cells;
                 t->n_seq = cfg->n_seq_max;
                 t->cols = cols;
-                t->n_cols = 2 * gl;
+                t->n_cols = gc;
                 t->sliding = shape.kind == KEEL_MEM_LAYER_SLIDING;
                 t->window = shape.window;
                 t->n_sink = shape.n_sink;
@@ -367,35 +389,36 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
                 t->heap_stamp = heap_stamp;
                 t->sinks_dirty = true;
             }
-            /* columns: K then V for each layer of the group, in layer order */
+            /* columns: K, V (and IDX) of each layer of the group, in layer order */
             for (int32_t i = 0, ci = 0; i < nl; i++) {
                 const keel_mem_layer *a = &cfg->layers[i];
                 if (!mem_layer_has_kv(a) || !same_group(a, &shape)) continue;
-                for (int kv = 0; kv < 2; kv++, ci++) {
-                    keel_dtype dt = kv == 0 ? a->k_dtype : a->v_dtype;
-                    int32_t hd = kv == 0 ? a->head_dim_k : a->head_dim_v;
-                    const keel_mem_rot *rot = kv == 0 ? &a->k_rot : &a->v_rot;
+                for (int32_t kv = 0; kv < mem_layer_n_cols(a); kv++, ci++) {
+                    mem_col_spec spec = mem_layer_col_spec(a, kv);
+                    keel_dtype dt = spec.dtype;
+                    int32_t hd = spec.head_dim;
+                    const keel_mem_rot *rot = spec.rot;
                     size_t hrb = tensor_row_bytes(dt, hd);
                     size_t data_bytes = 0;
-                    if (!size_mul((size_t)a->n_kv_heads * (size_t)cap, hrb, &data_bytes))
+                    if (!size_mul((size_t)spec.n_heads * (size_t)cap, hrb, &data_bytes))
                         l->overflow = true;
                     uint8_t *data = lay_take(l, data_bytes, 1);
                     int32_t blk = rot->enabled ? rot_block(rot, hd) : 0;
                     float *signs = NULL;
                     if (rot->enabled && rot->seed != 0) signs = lay_take(l, (size_t)blk, sizeof(float));
-                    bool has_rope = kv == 0 && a->rope.type != KEEL_ROPE_NONE;
-                    int32_t half = has_rope ? a->rope.n_rot / 2 : 0;
+                    bool has_rope = spec.rope && spec.rope->type != KEEL_ROPE_NONE;
+                    int32_t half = has_rope ? spec.rope->n_rot / 2 : 0;
                     double *rates = has_rope ? lay_take(l, (size_t)half, sizeof(double)) : NULL;
-                    float *ff = has_rope && a->rope.freq_factors
+                    float *ff = has_rope && spec.rope->freq_factors
                                     ? lay_take(l, (size_t)half, sizeof(float))
                                     : NULL;
                     if (!t) continue;
                     mem_col *c = &cols[ci];
                     memset(c, 0, sizeof *c);
-                    c->kind = kv == 0 ? MEM_COL_K : MEM_COL_V;
+                    c->kind = (mem_col_kind)kv;
                     c->layer = i;
                     c->dtype = dt;
-                    c->n_heads = a->n_kv_heads;
+                    c->n_heads = spec.n_heads;
                     c->head_dim = hd;
                     c->head_row_bytes = hrb;
                     c->rot = *rot;
@@ -405,9 +428,9 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
                     c->data = data;
                     c->data_bytes = data_bytes;
                     if (has_rope) {
-                        c->rope = a->rope;
+                        c->rope = *spec.rope;
                         if (ff) {
-                            memcpy(ff, a->rope.freq_factors, (size_t)half * sizeof(float));
+                            memcpy(ff, spec.rope->freq_factors, (size_t)half * sizeof(float));
                             c->rope.freq_factors = ff;
                         }
                         c->freq_factors = ff;
@@ -512,12 +535,12 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             off += ((size_t)r->state_floats + 15) & ~(size_t)15;
             k++;
         }
-        (void)mem_ckpt_record_bytes(cfg, m, rings);
+        mem_ckpt_record_bytes(cfg, m, rings); /* fills rings; its size was checked at open */
     }
 }
 
-/* Row bytes of one cell over every K/V column of the layers in a group
- * shaped like layer `rep`. */
+/* Row bytes of one cell over every column (K, V, IDX) of the layers in a
+ * group shaped like layer `rep`. */
 static size_t group_cell_bytes(const keel_mem_config *cfg, int32_t rep)
 {
     mem_group shape = group_shape(&cfg->layers[rep]);
@@ -525,8 +548,10 @@ static size_t group_cell_bytes(const keel_mem_config *cfg, int32_t rep)
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *a = &cfg->layers[i];
         if (!mem_layer_has_kv(a) || !same_group(a, &shape)) continue;
-        b += (size_t)a->n_kv_heads *
-             (tensor_row_bytes(a->k_dtype, a->head_dim_k) + tensor_row_bytes(a->v_dtype, a->head_dim_v));
+        for (int32_t j = 0; j < mem_layer_n_cols(a); j++) {
+            mem_col_spec cs = mem_layer_col_spec(a, j);
+            b += (size_t)cs.n_heads * tensor_row_bytes(cs.dtype, cs.head_dim);
+        }
     }
     return b;
 }
@@ -591,9 +616,12 @@ void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt)
             size_t conv = (size_t)(r->conv_kernel - 1) * (size_t)r->conv_channels;
             slot += ((conv + 15) & ~(size_t)15) + (((size_t)r->state_floats + 15) & ~(size_t)15);
         }
-    if (slot == 0) return;
-    int32_t slots = cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
-    *rs = slot * sizeof(float) * (size_t)slots;
+    if (slot > 0) {
+        int32_t slots = cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
+        *rs = slot * sizeof(float) * (size_t)slots;
+    }
+    if (cfg->n_ckpt <= 0) return;
+    /* recurrent states, or an attention memory's ring rows only */
     size_t rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
     if (rec != SIZE_MAX) *ckpt = rec * (size_t)mem_ckpt_count(cfg, rec) * (size_t)cfg->n_seq_max;
 }
@@ -637,9 +665,11 @@ size_t mem_edit_thread_bytes(const keel_mem_config *cfg)
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         const keel_mem_layer *a = &cfg->layers[i];
         if (!mem_layer_has_kv(a)) continue;
-        ncols += 2;
-        hd = BASE_MAX(hd, (size_t)BASE_MAX(a->head_dim_k, a->head_dim_v));
+        ncols += (size_t)mem_layer_n_cols(a);
+        hd = BASE_MAX(hd, (size_t)mem_layer_dim_max(a));
         if (a->rope.type != KEEL_ROPE_NONE) nrot = BASE_MAX(nrot, (size_t)a->rope.n_rot);
+        if (a->idx_head_dim > 0 && a->idx_rope.type != KEEL_ROPE_NONE)
+            nrot = BASE_MAX(nrot, (size_t)a->idx_rope.n_rot);
     }
     return edit_layout_of(hd, ncols, nrot).bytes;
 }
@@ -668,8 +698,7 @@ static size_t place_bytes(const keel_mem_config *cfg)
 static size_t write_thread_bytes(const keel_mem_config *cfg)
 {
     size_t hd = 1;
-    for (int32_t i = 0; i < cfg->n_layers; i++)
-        hd = BASE_MAX(hd, (size_t)BASE_MAX(cfg->layers[i].head_dim_k, cfg->layers[i].head_dim_v));
+    for (int32_t i = 0; i < cfg->n_layers; i++) hd = BASE_MAX(hd, (size_t)mem_layer_dim_max(&cfg->layers[i]));
     return align_up_(hd * sizeof(float));
 }
 
@@ -708,7 +737,7 @@ static size_t scratch_bytes(const keel_mem_config *cfg, int32_t n_threads, int32
         cells += (size_t)cfg->n_seq_max + n_ck * (1 + ring);
     }
     mem_attn_dims ad = mem_attn_dims_of(cfg, cfg->layers);
-    size_t ss = mem_session_scratch_bytes(cells, n_ck, cfg->n_layers, ad.dk_max + ad.dv_max);
+    size_t ss = mem_session_scratch_bytes(cells, n_ck, cfg->n_layers, BASE_MAX(ad.dk_max + ad.dv_max, ad.ik_max));
     size_t r = mem_rs_scratch_bytes(cfg, max_cap);
     size_t cp = align_up_((size_t)max_cap * sizeof(int32_t)); /* seq_cp: dst's cells sorted */
     return BASE_MAX(BASE_MAX(BASE_MAX(s, a), BASE_MAX(c, k)), BASE_MAX(BASE_MAX(ss, r), cp));
@@ -1284,9 +1313,10 @@ int32_t keel_mem_seq_cells_high(const keel_mem *m, int32_t s)
 typedef struct write_ctx {
     keel_mem *m;
     const mem_group *g;
-    int32_t col;       /* the layer's K column; V is col + 1 */
+    int32_t col;       /* the layer's K column; V is col + 1, IDX col + 2 */
+    int32_t n_cols;    /* the layer's columns: 2, or 3 with an indexer */
     const int32_t *ids; /* group cell ids */
-    const float *kx, *vx;
+    const float *kx, *vx, *ix;
     uint8_t *thread_scratch;
     size_t thread_bytes;
 } write_ctx;
@@ -1298,8 +1328,8 @@ static void write_task(void *vctx, int64_t i, int thread)
     const mem_table *t = NULL;
     int32_t cell = 0;
     if (!mem_cell_decode(w->g, w->ids[i], &t, &cell)) return; /* validated by the caller */
-    const float *src[2] = {w->kx, w->vx};
-    for (int kv = 0; kv < 2; kv++) {
+    const float *src[3] = {w->kx, w->vx, w->ix};
+    for (int32_t kv = 0; kv < w->n_cols; kv++) {
         const mem_col *c = &t->cols[w->col + kv];
         size_t stride = (size_t)c->n_heads * (size_t)c->head_dim;
         for (int32_t h = 0; h < c->n_heads; h++) {
@@ -1313,12 +1343,27 @@ static void write_task(void *vctx, int64_t i, int thread)
 keel_status keel_mem_write(keel_mem *m, int32_t layer, int32_t n, const int32_t *cells,
                            const float *k, const float *v)
 {
+    return keel_mem_write_kvi(m, layer, n, cells, k, v, NULL);
+}
+
+keel_status keel_mem_write_kvi(keel_mem *m, int32_t layer, int32_t n, const int32_t *cells,
+                               const float *k, const float *v, const float *ik)
+{
     if (!m) return KEEL_EINVAL;
     m->err[0] = 0;
     if (layer < 0 || layer >= m->cfg.n_layers || m->layer_group[layer] < 0)
         return base_err(m->err, KEEL_EINVAL, "write: layer %d has no KV", layer);
     if (n < 1 || n > m->cfg.n_batch_max || !cells || !k || !v)
         return base_err(m->err, KEEL_EINVAL, "write: bad n (%d) or NULL arrays", n);
+    /* indexer keys go in with K and V, never apart (rule 1: a cell's
+     * columns are written together) */
+    bool has_idx = m->layers[layer].idx_head_dim > 0;
+    if (has_idx != (ik != NULL))
+        return base_err(m->err, KEEL_EINVAL,
+                        has_idx ? "write: layer %d has an indexer column: its keys are written with "
+                                  "K and V (keel_mem_write_kvi)"
+                                : "write: layer %d has no indexer column, indexer keys given",
+                        layer);
     const mem_group *g = &m->groups[m->layer_group[layer]];
     /* every cell occupied and listed once (two tokens writing one cell would
      * race between threads): marks in the tables' flags, cleared again */
@@ -1350,7 +1395,7 @@ keel_status keel_mem_write(keel_mem *m, int32_t layer, int32_t n, const int32_t 
     size_t tb = write_thread_bytes(&m->cfg);
     uint8_t *ts = base_arena_take(&m->scratch, tb * (size_t)m->n_threads, BASE_ALIGN);
     if (!ts) return base_err(m->err, KEEL_ESCRATCH, "write: scratch exhausted");
-    write_ctx w = {m, g, m->layer_col[layer], cells, k, v, ts, tb};
+    write_ctx w = {m, g, m->layer_col[layer], mem_layer_n_cols(&m->layers[layer]), cells, k, v, ik, ts, tb};
     base_pool_run(n >= 8 ? m->pool : NULL, n, write_task, &w);
     return KEEL_OK;
 }
@@ -1623,7 +1668,7 @@ static void edit_task(void *vctx, int64_t task, int thread)
         if (d != 0) {
             for (int32_t ci = 0; ci < t->n_cols; ci++) {
                 const mem_col *col = &t->cols[ci];
-                if (col->kind != MEM_COL_K || col->rope.type == KEEL_ROPE_NONE) continue;
+                if (col->kind == MEM_COL_V || col->rope.type == KEEL_ROPE_NONE) continue;
                 float *ccs = cs + (size_t)ci * (size_t)(nrot_max + 2);
                 if (cached[ci] != d) {
                     mem_col_shift_cs(col, d, ccs);

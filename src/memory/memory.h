@@ -39,9 +39,61 @@ static inline bool mem_layer_has_kv(const keel_mem_layer *l)
 }
 
 typedef enum mem_col_kind {
-    MEM_COL_K = 0, /* keys: rotated (opt) + quantized, RoPE'd at stored position */
-    MEM_COL_V = 1, /* values: rotated (opt) + quantized */
+    MEM_COL_K = 0,   /* keys: rotated (opt) + quantized, RoPE'd at stored position */
+    MEM_COL_V = 1,   /* values: rotated (opt) + quantized */
+    MEM_COL_IDX = 2, /* sparse-attention indexer keys: one head, rotated (opt) +
+                        quantized, RoPE'd (opt) at stored position */
 } mem_col_kind;
+
+/* Columns a layer registers with its table: K, V and, with an indexer,
+ * IDX, at layer_col + kind. */
+static inline int32_t mem_layer_n_cols(const keel_mem_layer *l)
+{
+    return !mem_layer_has_kv(l) ? 0 : l->idx_head_dim > 0 ? 3 : 2;
+}
+
+/* What a layer's column of a kind stores (the descriptor's source). */
+typedef struct mem_col_spec {
+    keel_dtype dtype;
+    int32_t n_heads, head_dim;
+    const keel_mem_rot *rot;
+    const keel_rope *rope; /* NULL: no position (V) */
+} mem_col_spec;
+
+static inline mem_col_spec mem_layer_col_spec(const keel_mem_layer *l, int32_t kind)
+{
+    mem_col_spec c;
+    if (kind == MEM_COL_K) {
+        c.dtype = l->k_dtype;
+        c.n_heads = l->n_kv_heads;
+        c.head_dim = l->head_dim_k;
+        c.rot = &l->k_rot;
+        c.rope = &l->rope;
+    } else if (kind == MEM_COL_V) {
+        c.dtype = l->v_dtype;
+        c.n_heads = l->n_kv_heads;
+        c.head_dim = l->head_dim_v;
+        c.rot = &l->v_rot;
+        c.rope = NULL;
+    } else {
+        c.dtype = l->idx_dtype;
+        c.n_heads = 1;
+        c.head_dim = l->idx_head_dim;
+        c.rot = &l->idx_rot;
+        c.rope = &l->idx_rope;
+    }
+    return c;
+}
+
+/* Largest head row (elements) over the columns of a layer (1 without KV). */
+static inline int32_t mem_layer_dim_max(const keel_mem_layer *l)
+{
+    int32_t d = 1;
+    if (!mem_layer_has_kv(l)) return d;
+    d = l->head_dim_k > d ? l->head_dim_k : d;
+    d = l->head_dim_v > d ? l->head_dim_v : d;
+    return l->idx_head_dim > d ? l->idx_head_dim : d;
+}
 
 /* A column: one per-token datum of one layer, registered with a table. Its
  * descriptor records exactly what is stored (design.md rule 4). */
@@ -54,9 +106,9 @@ typedef struct mem_col {
     size_t head_row_bytes; /* tensor_row_bytes(dtype, head_dim) */
     keel_mem_rot rot;      /* rot.block resolved (> 0) when enabled */
     float *signs;          /* [rot.block] +-1 sign diagonal, or NULL (no rotation or seed 0) */
-    keel_rope rope;        /* K: RoPE of stored keys (freq_factors copied below) */
+    keel_rope rope;        /* K, IDX: RoPE of stored keys (freq_factors copied below) */
     float *freq_factors;   /* [rope.n_rot / 2] owned copy, or NULL */
-    double *rope_rates;    /* [rope.n_rot / 2] angle per position per pair, K with rope */
+    double *rope_rates;    /* [rope.n_rot / 2] angle per position per pair, K / IDX with rope */
     uint8_t *data;         /* [n_heads][cap][head_row_bytes] */
     size_t data_bytes;
 } mem_col;
@@ -106,6 +158,10 @@ typedef struct mem_attn_dims {
     int32_t n_heads_max, g_max, dk_max, dv_max;
     size_t qrow_max;   /* bytes of one prepared query row (vec_dot type) */
     int32_t order_cap; /* deterministic mode: cells a query's ordered list may hold, else 0 */
+    /* sparse attention (0 without indexer columns) */
+    int32_t ih_max, ik_max, topk_max; /* indexer query heads, key dims, top_k */
+    int32_t vis_cap;   /* cells a query's visible list may hold (n_ctx), else 0 */
+    size_t iqrow_max;  /* bytes of one prepared indexer query row */
 } mem_attn_dims;
 
 /* A checkpoint record's header (its data lies in keel_mem.ckpt_data). */
@@ -129,7 +185,8 @@ struct keel_mem {
     keel_mem_config cfg;       /* layers points at the copy below */
     keel_mem_layer *layers;    /* [n_layers] */
     int32_t *layer_group;      /* [n_layers] group or -1 */
-    int32_t *layer_col;        /* [n_layers] index of the layer's K column in its tables (V = +1) */
+    int32_t *layer_col;        /* [n_layers] index of the layer's K column in its tables
+                                  (V = +1, IDX = +2 when the layer has one) */
     mem_group *groups;         /* [n_groups] */
     int32_t n_groups;
     int32_t n_streams;

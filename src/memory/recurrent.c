@@ -84,8 +84,7 @@ size_t mem_rs_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap)
     int32_t hd = 1;
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         rs |= cfg->layers[i].kind == KEEL_MEM_LAYER_RECURRENT;
-        if (mem_layer_has_kv(&cfg->layers[i]))
-            hd = BASE_MAX(hd, BASE_MAX(cfg->layers[i].head_dim_k, cfg->layers[i].head_dim_v));
+        if (mem_layer_has_kv(&cfg->layers[i])) hd = BASE_MAX(hd, mem_layer_dim_max(&cfg->layers[i]));
     }
     if (!rs) return 0;
     size_t c = ((size_t)max_cap * sizeof(int32_t) + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);

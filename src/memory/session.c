@@ -5,8 +5,9 @@
  *   header   magic "KEELSESS", version, the caller's model fingerprint, the
  *            saved sequence (-1: the whole memory), section count
  *   DESC     the column descriptors of every layer (kind, window, sinks,
- *            heads, head dims, dtypes, rotation block and seed, RoPE), so a
- *            blob is refused by a memory that would read its bytes otherwise
+ *            heads, head dims, dtypes, rotation block and seed, RoPE; the
+ *            indexer column's when the layer has one), so a blob is refused
+ *            by a memory that would read its bytes otherwise
  *   TOKENS   the caller's token history of the sequence
  *   SEQ      per sequence: exactness bound, compactions, cells high-water,
  *            per sliding group the forgotten-position bound
@@ -32,7 +33,7 @@
 #include <string.h>
 
 #define SESS_MAGIC "KEELSESS"
-#define SESS_VERSION 1u
+#define SESS_VERSION 2u /* 2: the indexer column's descriptor in DESC */
 #define SESS_HEADER_BYTES 48u
 
 enum { SEC_DESC = 1, SEC_TOKENS = 2, SEC_SEQ = 3, SEC_GROUP = 4, SEC_RSTATE = 5, SEC_CKPT = 6 };
@@ -232,6 +233,15 @@ static void sec_desc(wr *w, const void *vctx)
         put_rot(w, &kc->rot, kc->rot.block);
         put_rot(w, &vc->rot, vc->rot.block);
         put_rope(w, &kc->rope);
+        /* the indexer column (sparse attention), when the layer has one */
+        bool idx = mem_layer_n_cols(l) == 3;
+        put_u32(w, idx);
+        if (!idx) continue;
+        const mem_col *ic = kc + MEM_COL_IDX;
+        put_i32(w, ic->head_dim);
+        put_i32(w, (int32_t)ic->dtype);
+        put_rot(w, &ic->rot, ic->rot.block);
+        put_rope(w, &ic->rope);
     }
 }
 
@@ -454,7 +464,7 @@ size_t mem_session_scratch_bytes(size_t total_stamps, size_t n_ckpts, int32_t n_
      * descriptors, a decoded row, a sign diagonal */
     size_t save = 2 * up64(total_stamps * sizeof(uint64_t)) + up64(total_stamps * sizeof(int32_t)) +
                   2 * up64(n_ckpts * sizeof(uint64_t)) + up64(n_ckpts * sizeof(int32_t));
-    size_t load = up64(2 * (size_t)n_layers * sizeof(sess_col)) + up64((size_t)hd_sum * sizeof(float)) +
+    size_t load = up64(3 * (size_t)n_layers * sizeof(sess_col)) + up64((size_t)hd_sum * sizeof(float)) +
                   up64(512 * sizeof(float)) + 2 * up64(total_stamps * sizeof(uint64_t));
     return BASE_MAX(save, load);
 }
@@ -674,9 +684,43 @@ static bool readable(const sess_col *c)
     return !c->rot || (b >= 32 && b <= 512 && !(b & (b - 1)) && c->head_dim % b == 0);
 }
 
+static const char *col_name(mem_col_kind k)
+{
+    return k == MEM_COL_K ? "K" : k == MEM_COL_V ? "V" : "indexer";
+}
+
+/* One column's stored rotation (DESC) against this memory's column c of
+ * stored dtype dt: the same, or (with convert) readable; fills sc. */
+static keel_status read_col(keel_mem *m, rd *r, int32_t i, const mem_col *c, int32_t dt, bool convert, sess_col *sc)
+{
+    uint32_t en = get_u32(r);
+    int32_t blk = get_i32(r);
+    uint64_t seed = get_u64(r);
+    if (r->bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
+    bool same_rot = en == (uint32_t)c->rot.enabled && (!en || (blk == c->rot.block && seed == c->rot.seed));
+    if (!convert && !same_rot)
+        return base_err(m->err, KEEL_EUNSUPPORTED,
+                        "load: layer %d %s: rotation %s (block %d, seed %llu) in the session, %s (block %d, "
+                        "seed %llu) here",
+                        i, col_name(c->kind), en ? "on" : "off", blk, (unsigned long long)seed,
+                        c->rot.enabled ? "on" : "off", c->rot.block, (unsigned long long)c->rot.seed);
+    sc->dtype = (keel_dtype)dt;
+    sc->head_dim = c->head_dim;
+    sc->n_heads = c->n_heads;
+    sc->rot = en != 0;
+    sc->rot_block = blk;
+    sc->rot_seed = seed;
+    if (en > 1 || !readable(sc))
+        return base_err(m->err, KEEL_EFORMAT, "load: layer %d %s: stored as %s (rotation %s, block %d): not readable",
+                        i, col_name(c->kind), dname(dt), en ? "on" : "off", blk);
+    sc->row_bytes = tensor_row_bytes(sc->dtype, sc->head_dim);
+    sc->same = same_rot && sc->dtype == c->dtype;
+    return KEEL_OK;
+}
+
 /* DESC against this memory: the same layers stored the same way, or (with
  * convert) other dtypes / rotation that can be re-encoded. cols receives the
- * stored descriptors, two per layer with KV (K then V), in layer order. */
+ * stored descriptors at 3 * layer + kind (K, V, IDX). */
 static keel_status check_desc(keel_mem *m, const sect *d, bool whole, bool convert, sess_col *cols)
 {
     rd r = d->body;
@@ -725,36 +769,36 @@ static keel_status check_desc(keel_mem *m, const sect *d, bool whole, bool conve
                             "load: layer %d: the session stores K %s / V %s, this cache K %s / V %s (re-encoding is "
                             "not done implicitly: convert on request)",
                             i, dname(kt), dname(vt), dname((int32_t)kc->dtype), dname((int32_t)vc->dtype));
-        const mem_col *mc[2] = {kc, vc};
-        const int32_t dts[2] = {kt, vt};
-        for (int j = 0; j < 2; j++) {
-            uint32_t en = get_u32(&r);
-            int32_t blk = get_i32(&r);
-            uint64_t seed = get_u64(&r);
-            const mem_col *c = mc[j];
-            if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
-            bool same_rot = en == (uint32_t)c->rot.enabled && (!en || (blk == c->rot.block && seed == c->rot.seed));
-            if (!convert && !same_rot)
-                return base_err(m->err, KEEL_EUNSUPPORTED,
-                                "load: layer %d %s: rotation %s (block %d, seed %llu) in the session, %s (block %d, "
-                                "seed %llu) here",
-                                i, j ? "V" : "K", en ? "on" : "off", blk, (unsigned long long)seed,
-                                c->rot.enabled ? "on" : "off", c->rot.block, (unsigned long long)c->rot.seed);
-            sess_col *sc = &cols[2 * i + j];
-            sc->dtype = (keel_dtype)dts[j];
-            sc->head_dim = c->head_dim;
-            sc->n_heads = c->n_heads;
-            sc->rot = en != 0;
-            sc->rot_block = blk;
-            sc->rot_seed = seed;
-            if (en > 1 || !readable(sc))
-                return base_err(m->err, KEEL_EFORMAT, "load: layer %d %s: stored as %s (rotation %s, block %d): not readable",
-                                i, j ? "V" : "K", dname(dts[j]), en ? "on" : "off", blk);
-            sc->row_bytes = tensor_row_bytes(sc->dtype, sc->head_dim);
-            sc->same = same_rot && sc->dtype == c->dtype;
-        }
+        keel_status st;
+        if ((st = read_col(m, &r, i, kc, kt, convert, &cols[3 * i + MEM_COL_K])) != KEEL_OK ||
+            (st = read_col(m, &r, i, vc, vt, convert, &cols[3 * i + MEM_COL_V])) != KEEL_OK)
+            return st;
         if (!rope_same(&r, &kc->rope))
             return base_err(m->err, KEEL_EINVAL, "load: layer %d: the session's keys carry other RoPE parameters", i);
+        /* the indexer column: present on both sides or on neither */
+        uint32_t idx = get_u32(&r);
+        bool here = mem_layer_n_cols(l) == 3;
+        if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
+        if (idx > 1 || (idx == 1) != here)
+            return base_err(m->err, idx > 1 ? KEEL_EFORMAT : KEEL_EINVAL,
+                            "load: layer %d: %s indexer column in the session, %s here", i,
+                            idx == 1 ? "an" : idx == 0 ? "no" : "a bad", here ? "one" : "none");
+        if (!here) continue;
+        const mem_col *ic = kc + MEM_COL_IDX;
+        int32_t di = get_i32(&r), it = get_i32(&r);
+        if (r.bad) return base_err(m->err, KEEL_EFORMAT, "load: truncated descriptor of layer %d", i);
+        if (di != ic->head_dim)
+            return base_err(m->err, KEEL_EINVAL, "load: layer %d: indexer keys of %d dims in the session, %d here", i,
+                            di, ic->head_dim);
+        if (!convert && it != (int32_t)ic->dtype)
+            return base_err(m->err, KEEL_EUNSUPPORTED,
+                            "load: layer %d: the session stores indexer keys as %s, this cache as %s (re-encoding "
+                            "is not done implicitly: convert on request)",
+                            i, dname(it), dname((int32_t)ic->dtype));
+        if ((st = read_col(m, &r, i, ic, it, convert, &cols[3 * i + MEM_COL_IDX])) != KEEL_OK) return st;
+        if (!rope_same(&r, &ic->rope))
+            return base_err(m->err, KEEL_EINVAL,
+                            "load: layer %d: the session's indexer keys carry other RoPE parameters", i);
     }
     if (r.p != r.end) return base_err(m->err, KEEL_EFORMAT, "load: descriptor has trailing bytes");
     return KEEL_OK;
@@ -788,7 +832,7 @@ static keel_status view_group(keel_mem *m, const parsed *ps, int32_t g, const se
     size_t row_bytes = 0;
     for (int32_t ci = 0; ci < grp->tables[0].n_cols; ci++) {
         const mem_col *mc = &grp->tables[0].cols[ci];
-        const sess_col *sc = &cols[2 * mc->layer + (mc->kind == MEM_COL_V)];
+        const sess_col *sc = &cols[3 * mc->layer + mc->kind];
         row_bytes += sc->row_bytes * (size_t)sc->n_heads;
     }
     size_t rows_bytes;
@@ -967,7 +1011,7 @@ static size_t stored_cell_bytes(const keel_mem *m, int32_t g, const sess_col *co
     const mem_table *t = &m->groups[g].tables[0];
     size_t b = 0;
     for (int32_t ci = 0; ci < t->n_cols; ci++) {
-        const sess_col *sc = &cols[2 * t->cols[ci].layer + (t->cols[ci].kind == MEM_COL_V)];
+        const sess_col *sc = &cols[3 * t->cols[ci].layer + t->cols[ci].kind];
         b += sc->row_bytes * (size_t)sc->n_heads;
     }
     return b;
@@ -1051,7 +1095,7 @@ static keel_status read_ckpt(keel_mem *m, rd *r, const grp_view *gv, const sess_
         if (!rows) return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: truncated rows", i, pos);
         for (int32_t j = 0; j < nr; j++)
             for (int32_t ci = 0; ci < t->n_cols; ci++) {
-                const sess_col *sc = &cols[2 * t->cols[ci].layer + (t->cols[ci].kind == MEM_COL_V)];
+                const sess_col *sc = &cols[3 * t->cols[ci].layer + t->cols[ci].kind];
                 for (int32_t h = 0; h < sc->n_heads; h++, rows += sc->row_bytes)
                     if (!tensor_row_finite(sc->dtype, rows, sc->head_dim))
                         return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: checkpoint at %d: non-finite ring row",
@@ -1181,7 +1225,7 @@ static void commit_rs(keel_mem *m, const parsed *ps, const sess_col *cols, int32
                     const uint8_t *src = rows + (size_t)c * cb;
                     for (int32_t ci = 0; ci < t->n_cols; ci++) {
                         const mem_col *col = &t->cols[ci];
-                        const sess_col *sc = &cols[2 * col->layer + (col->kind == MEM_COL_V)];
+                        const sess_col *sc = &cols[3 * col->layer + col->kind];
                         for (int32_t h = 0; h < col->n_heads; h++) {
                             if (sc->same)
                                 memcpy(dst, src, col->head_row_bytes);
@@ -1226,11 +1270,12 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     if (!whole && seq >= m->cfg.n_seq_max) return base_err(m->err, KEEL_EINVAL, "load: unknown sequence id %d", seq);
     /* scratch: the stored descriptors, a decoded row and a sign diagonal */
     base_arena_reset(&m->scratch);
-    sess_col *cols = base_arena_take_n(&m->scratch, 2 * (size_t)m->cfg.n_layers, sizeof(sess_col));
-    float *x = base_arena_take_n(&m->scratch, (size_t)m->attn_dims.dk_max + (size_t)m->attn_dims.dv_max, sizeof(float));
+    sess_col *cols = base_arena_take_n(&m->scratch, 3 * (size_t)m->cfg.n_layers, sizeof(sess_col));
+    size_t x_floats = BASE_MAX((size_t)m->attn_dims.dk_max + (size_t)m->attn_dims.dv_max, (size_t)m->attn_dims.ik_max);
+    float *x = base_arena_take_n(&m->scratch, x_floats, sizeof(float));
     float *signs = base_arena_take_n(&m->scratch, 512, sizeof(float));
     if (!cols || !x || !signs) return base_err(m->err, KEEL_ESCRATCH, "load: scratch exhausted");
-    memset(cols, 0, 2 * (size_t)m->cfg.n_layers * sizeof(sess_col));
+    memset(cols, 0, 3 * (size_t)m->cfg.n_layers * sizeof(sess_col));
     /* validate every section before anything changes */
     const sect *desc = find(&ps, SEC_DESC, 0), *tok = find(&ps, SEC_TOKENS, 0), *sq = find(&ps, SEC_SEQ, 0);
     if (!desc || !tok || !sq) return base_err(m->err, KEEL_EFORMAT, "load: a section is missing");
@@ -1272,7 +1317,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
         const uint8_t *rp = gv[g].rows.p;
         for (int32_t ci = 0; ci < m->groups[g].tables[0].n_cols; ci++) {
             const mem_col *mc = &m->groups[g].tables[0].cols[ci];
-            const sess_col *sc = &cols[2 * mc->layer + (mc->kind == MEM_COL_V)];
+            const sess_col *sc = &cols[3 * mc->layer + mc->kind];
             size_t nrows = (size_t)gv[g].n_cells * (size_t)sc->n_heads;
             for (size_t i = 0; i < nrows; i++, rp += sc->row_bytes)
                 if (!tensor_row_finite(sc->dtype, rp, sc->head_dim))
@@ -1357,7 +1402,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
         }
         for (int32_t ci = 0; ci < t->n_cols; ci++) {
             const mem_col *col = &t->cols[ci];
-            const sess_col *sc = &cols[2 * col->layer + (col->kind == MEM_COL_V)];
+            const sess_col *sc = &cols[3 * col->layer + col->kind];
             for (int32_t h = 0; h < col->n_heads; h++) {
                 const uint8_t *head_rows = rr.p + (size_t)h * (size_t)gv[g].n_cells * sc->row_bytes;
                 for (int32_t c = 0; c < t->cap; c++) {

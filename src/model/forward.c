@@ -1,9 +1,9 @@
 /*
  * forward.c — the forward pass of every supported architecture: a loop over
  * layers (no graph, no recursion: design.md rule 8) on the memory core.
- * Each layer is a mixer (attention, Gated DeltaNet or Mamba2: layer_attn.c,
- * layer_gdn.c, layer_mamba2.c) and an optional FFN (dense or mixture of
- * experts: ffn.c):
+ * Each layer is a mixer (attention, Gated DeltaNet, Mamba2 or multi-head
+ * latent attention: layer_attn.c, layer_gdn.c, layer_mamba2.c, layer_mla.c)
+ * and an optional FFN (dense or mixture of experts: ffn.c):
  *
  *   x = embed(tokens) * embd_scale
  *   for each layer:
@@ -40,7 +40,9 @@ int32_t model_layer_mats(const model_layer *L, const model_mat **out, int32_t ca
                               &L->ssm_alpha, &L->ssm_ba,     &L->ssm_out,   &L->ffn_gate,
                               &L->ffn_up,    &L->ffn_down,   &L->gate_inp,  &L->gate_exps,
                               &L->up_exps,   &L->down_exps,  &L->gate_shexp, &L->up_shexp,
-                              &L->down_shexp};
+                              &L->down_shexp, &L->wq_a,      &L->wq_b,      &L->wkv_a,
+                              &L->wk_b,      &L->wv_b,       &L->idx_wq_b,  &L->idx_wk,
+                              &L->idx_proj};
     int32_t n = 0;
     for (size_t i = 0; i < BASE_ARRAY_LEN(all) && n < cap; i++)
         if (all[i]->data) out[n++] = all[i];
@@ -74,7 +76,7 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
 {
     const model_hp *hp = &w->hp;
     size_t layer = BASE_MAX(BASE_MAX(model_attn_floats(w), model_gdn_floats(w)),
-                            BASE_MAX(model_mamba2_floats(w), model_ffn_floats(w)));
+                            BASE_MAX(BASE_MAX(model_mamba2_floats(w), model_mla_floats(w)), model_ffn_floats(w)));
     /* per token, plus one BASE_ALIGN of padding per buffer taken (at most 32
      * per layer function, 4 shared) */
     size_t s = (shared_floats(hp) + layer) * (size_t)n_tokens * sizeof(float) + 40 * BASE_ALIGN;
@@ -181,6 +183,7 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
         switch (L->mixer) {
         case MODEL_MIXER_GDN: st = model_gdn(&f, h, o); break;
         case MODEL_MIXER_MAMBA2: st = model_mamba2(&f, h, o); break;
+        case MODEL_MIXER_MLA: st = model_mla(&f, h, o); break;
         default: st = model_attn(&f, h, o); break;
         }
         if (st != KEEL_OK) return st;

@@ -103,7 +103,8 @@ keel_status model_attn(const model_fw *f, const float *h, float *o)
         st = base_err(f->err, st, "forward: layer %d: %s", f->l, keel_mem_last_error(f->mem));
         goto done;
     }
-    keel_mem_attn at = {n, hp->n_head, q, ub->pos, ub->seq, a, hp->attn_scale, hp->attn_softcap, L->sinks};
+    keel_mem_attn at = {n, hp->n_head, q, ub->pos, ub->seq, a, hp->attn_scale, hp->attn_softcap, L->sinks,
+                        NULL, NULL, 0, 0, NULL};
     st = keel_mem_attend(f->mem, f->l, &at);
     if (st != KEEL_OK) {
         st = base_err(f->err, st, "forward: layer %d: %s", f->l, keel_mem_last_error(f->mem));

@@ -16,7 +16,10 @@
  * soft-caps, post norms, embedding scale, tied output), qwen35 (Gated
  * DeltaNet + gated attention), qwen3next (the same with MoE and a shared
  * expert), mamba2 (selective scan only), gpt-oss (MoE with SwiGLU-OAI,
- * attention sinks, alternating sliding layers, YaRN).
+ * attention sinks, alternating sliding layers, YaRN), deepseek32 (multi-head
+ * latent attention in the absorbed MQA form with the DSA lightning indexer,
+ * dense lead layers then MoE with a sigmoid router, selection bias and a
+ * shared expert).
  */
 #include "model.h"
 
@@ -43,6 +46,8 @@ static const arch_desc g_archs[] = {
     {"qwen3next", MODEL_ARCH_QWEN3NEXT, KEEL_ROPE_NEOX},
     {"mamba2", MODEL_ARCH_MAMBA2, KEEL_ROPE_NONE},
     {"gpt-oss", MODEL_ARCH_GPT_OSS, KEEL_ROPE_NEOX},
+    /* the indexer's RoPE is NEOX (layer_mla.c) */
+    {"deepseek32", MODEL_ARCH_DEEPSEEK32, KEEL_ROPE_NORM},
 };
 
 static bool arch_gdn(model_arch a)
@@ -166,27 +171,17 @@ static keel_status get_mat(loader *l, const char *name, bool required, int64_t n
     return KEEL_OK;
 }
 
-/* A 1-D tensor of n elements, converted to f32 in the owned block. */
-static keel_status get_vec(loader *l, const char *name, bool required, int64_t n,
-                           const float **out)
+/* Converts tensor t of n elements (already shape-checked) to f32 in the
+ * owned block (only counted in the counting pass); non-finite values are
+ * refused where they are. */
+static keel_status vec_convert(loader *l, const char *name, const gguf_tensor *t, int64_t n, const float **out)
 {
-    *out = NULL;
-    const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
-    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    if (t->ne[0] != n || count != n)
-        return base_err(l->err, KEEL_EFORMAT, "tensor %s: %lld elements (ne0 %lld), expected %lld",
-                        name, (long long)count, (long long)t->ne[0], (long long)n);
     if (t->dtype != KEEL_DTYPE_F32 && t->dtype != KEEL_DTYPE_F16 && t->dtype != KEEL_DTYPE_BF16)
         return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s not supported for a vector",
                         name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown");
     size_t nn = (size_t)n;
     if (l->counting) {
         l->f32_cap += (nn + 15) & ~(size_t)15;
-        *out = NULL;
         return KEEL_OK;
     }
     mark_used(l, t);
@@ -203,6 +198,23 @@ static keel_status get_vec(loader *l, const char *name, bool required, int64_t n
                             (long long)i, isnan(dst[i]) ? "NaN" : dst[i] > 0 ? "+Inf" : "-Inf");
     *out = dst;
     return KEEL_OK;
+}
+
+/* A 1-D tensor of n elements, converted to f32 in the owned block. */
+static keel_status get_vec(loader *l, const char *name, bool required, int64_t n,
+                           const float **out)
+{
+    *out = NULL;
+    const gguf_tensor *t = gguf_find_tensor(l->g, name);
+    if (!t) {
+        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
+        return KEEL_OK;
+    }
+    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->ne[0] != n || count != n)
+        return base_err(l->err, KEEL_EFORMAT, "tensor %s: %lld elements (ne0 %lld), expected %lld",
+                        name, (long long)count, (long long)t->ne[0], (long long)n);
+    return vec_convert(l, name, t, n, out);
 }
 
 /* A tensor of any shape with n elements in all (1-D or 2-D f32/f16/bf16:
@@ -223,26 +235,7 @@ static keel_status get_vec_n(loader *l, const char *name, bool required, int64_t
                         "tensor %s: shape [%lld, %lld, %lld], expected %lld elements (ne0 %lld)", name,
                         (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
                         (long long)n, (long long)(ne0 > 0 ? ne0 : t->ne[0]));
-    if (t->dtype != KEEL_DTYPE_F32 && t->dtype != KEEL_DTYPE_F16 && t->dtype != KEEL_DTYPE_BF16)
-        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s not supported for a vector",
-                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown");
-    size_t nn = (size_t)n;
-    if (l->counting) {
-        l->f32_cap += (nn + 15) & ~(size_t)15;
-        return KEEL_OK;
-    }
-    mark_used(l, t);
-    float *dst = l->f32 + l->f32_used;
-    l->f32_used += (nn + 15) & ~(size_t)15;
-    keel_status st = tensor_dequantize_row(t->dtype, t->data, dst, n);
-    if (st != KEEL_OK) return base_err(l->err, st, "tensor %s: cannot convert", name);
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(dst[i]))
-            return base_err(l->err, KEEL_EFORMAT,
-                            "tensor %s: element %lld is %s: the weights are invalid", name,
-                            (long long)i, isnan(dst[i]) ? "NaN" : dst[i] > 0 ? "+Inf" : "-Inf");
-    *out = dst;
-    return KEEL_OK;
+    return vec_convert(l, name, t, n, out);
 }
 
 /* Expert weights: n_expert matrices of n_rows x n_cols, ne = [n_cols,
@@ -318,11 +311,12 @@ static keel_status bind_tensors(loader *l, model_w *w)
         model_arch a = hp->arch;
         bool gdn = arch_gdn(a);
         L->mixer = a == MODEL_ARCH_MAMBA2 ? MODEL_MIXER_MAMBA2
+                   : a == MODEL_ARCH_DEEPSEEK32 ? MODEL_MIXER_MLA
                    : gdn && (i + 1) % hp->full_attn_interval != 0 ? MODEL_MIXER_GDN
                                                                    : MODEL_MIXER_ATTN;
-        L->ffn = a == MODEL_ARCH_MAMBA2 ? MODEL_FFN_NONE
-                 : hp->n_expert > 0     ? MODEL_FFN_MOE
-                                        : MODEL_FFN_DENSE;
+        L->ffn = a == MODEL_ARCH_MAMBA2                   ? MODEL_FFN_NONE
+                 : hp->n_expert > 0 && i >= hp->n_dense_lead ? MODEL_FFN_MOE
+                                                            : MODEL_FFN_DENSE;
         VEC(attn_norm, "attn_norm", "weight", true, E);
         if (L->mixer == MODEL_MIXER_ATTN) {
             L->attn_gate = gdn;
@@ -341,6 +335,24 @@ static keel_status bind_tensors(loader *l, model_w *w)
             if (a == MODEL_ARCH_GPT_OSS) {
                 VEC(sinks, "attn_sinks", "weight", true, hp->n_head);
             }
+        } else if (L->mixer == MODEL_MIXER_MLA) {
+            int64_t H = hp->n_head, N = hp->qk_nope, R = hp->qk_rope, KL = hp->kv_lora, QL = hp->q_lora;
+            int64_t IH = hp->idx_heads, ID = hp->idx_dim;
+            MAT(wq_a, "attn_q_a", true, E, QL);
+            VEC(q_a_norm, "attn_q_a_norm", "weight", true, QL);
+            MAT(wq_b, "attn_q_b", true, QL, H * (N + R));
+            MAT(wkv_a, "attn_kv_a_mqa", true, E, KL + R);
+            VEC(kv_a_norm, "attn_kv_a_norm", "weight", true, KL);
+            snprintf(name, sizeof name, "blk.%d.attn_k_b.weight", i);
+            if ((st = get_mat3(l, name, true, N, KL, H, &L->wk_b)) != KEEL_OK) return st;
+            snprintf(name, sizeof name, "blk.%d.attn_v_b.weight", i);
+            if ((st = get_mat3(l, name, true, KL, hp->v_head, H, &L->wv_b)) != KEEL_OK) return st;
+            MAT(wo, "attn_output", true, H * hp->v_head, E);
+            MAT(idx_wq_b, "indexer.attn_q_b", true, QL, IH * ID);
+            MAT(idx_wk, "indexer.attn_k", true, E, ID);
+            VEC(idx_k_norm, "indexer.k_norm", "weight", true, ID);
+            VEC(idx_k_norm_b, "indexer.k_norm", "bias", true, ID);
+            MAT(idx_proj, "indexer.proj", true, E, IH);
         } else if (L->mixer == MODEL_MIXER_GDN) {
             int64_t C = model_gdn_conv_channels(hp), VI = hp->ssm_d_inner, nv = hp->ssm_dt_rank;
             MAT(ssm_qkv, "attn_qkv", true, E, C);
@@ -403,6 +415,12 @@ static keel_status bind_tensors(loader *l, model_w *w)
                 MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
                 MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
             }
+            if (a == MODEL_ARCH_DEEPSEEK32 && hp->n_ff_shexp > 0) { /* ungated shared experts */
+                int64_t Fs = hp->n_ff_shexp;
+                MAT(gate_shexp, "ffn_gate_shexp", true, E, Fs);
+                MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
+                MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
+            }
         }
         if (a == MODEL_ARCH_GEMMA2) {
             VEC(post_ffw_norm, "post_ffw_norm", "weight", true, E);
@@ -413,6 +431,71 @@ static keel_status bind_tensors(loader *l, model_w *w)
 #undef EXP
         /* gemma2, gpt-oss: every other layer, starting with layer 0, is sliding */
         L->swa = (a == MODEL_ARCH_GEMMA2 || a == MODEL_ARCH_GPT_OSS) && hp->n_swa > 0 && i % 2 == 0;
+    }
+    return KEEL_OK;
+}
+
+/*
+ * deepseek32 (llama.cpp's keys): attention.q_lora_rank, kv_lora_rank,
+ * key_length / value_length (the absorbed form's cache row kv_lora + rope
+ * and its value kv_lora), key_length_mla / value_length_mla (per head q.k
+ * and value dims), rope.dimension_count (the rope part), the indexer's
+ * attention.indexer.head_count / key_length / top_k,
+ * leading_dense_block_count, expert_count, expert_used_count,
+ * expert_feed_forward_length, expert_shared_count, expert_weights_scale,
+ * expert_weights_norm, expert_gating_func (2: sigmoid; 1: softmax).
+ */
+static keel_status read_mla_hparams(loader *l, model_w *w)
+{
+    model_hp *hp = &w->hp;
+    keel_status st;
+    int32_t kd = 0, vd = 0, gating = 2, n_shared = 0;
+    if ((st = key_int(l, "attention.q_lora_rank", true, 0, 1, 1 << 16, &hp->q_lora)) ||
+        (st = key_int(l, "attention.kv_lora_rank", true, 0, 1, 1 << 16, &hp->kv_lora)) ||
+        (st = key_int(l, "attention.key_length_mla", true, 0, 2, 8192, &kd)) ||
+        (st = key_int(l, "attention.value_length_mla", true, 0, 1, 8192, &vd)) ||
+        (st = key_int(l, "attention.indexer.head_count", true, 0, 1, 4096, &hp->idx_heads)) ||
+        (st = key_int(l, "attention.indexer.key_length", true, 0, 2, 8192, &hp->idx_dim)) ||
+        (st = key_int(l, "attention.indexer.top_k", true, 0, 1, 1 << 20, &hp->idx_top_k)) ||
+        (st = key_int(l, "leading_dense_block_count", false, 0, 0, hp->n_layer, &hp->n_dense_lead)))
+        return st;
+    int32_t R = hp->rope.n_rot;
+    if (hp->rope.ext_factor != 0.0f || hp->rope.freq_scale != 1.0f)
+        return base_err(l->err, KEEL_EUNSUPPORTED,
+                        "%s: RoPE scaling (YaRN / linear) is not implemented for this architecture (the "
+                        "attention scale's mscale correction)",
+                        l->arch);
+    if (hp->n_head_kv != 1 || hp->hd_k != hp->kv_lora + R || hp->hd_v != hp->kv_lora || kd <= R || kd % 2)
+        return base_err(l->err, KEEL_EFORMAT,
+                        "%s: the absorbed MLA form needs head_count_kv 1 (%d), key_length = kv_lora_rank + "
+                        "rope dims (%d != %d + %d), value_length = kv_lora_rank (%d), key_length_mla %d > "
+                        "rope dims and even",
+                        l->arch, hp->n_head_kv, hp->hd_k, hp->kv_lora, R, hp->hd_v, kd);
+    if (hp->idx_dim <= R || hp->idx_dim % 2)
+        return base_err(l->err, KEEL_EFORMAT, "%s.attention.indexer.key_length %d: must be even and above the %d rope dims",
+                        l->arch, hp->idx_dim, R);
+    hp->qk_rope = R;
+    hp->qk_nope = kd - R;
+    hp->v_head = vd;
+    hp->attn_scale = 1.0f / sqrtf((float)kd);
+    hp->idx_norm_eps = 1e-6f; /* llama.cpp's LayerNorm epsilon of the indexer key */
+    if ((st = key_float_in(l, "attention.layer_norm_epsilon", 1e-6, 0.0, true, 1.0, &hp->idx_norm_eps)))
+        return st;
+    if (hp->n_dense_lead < hp->n_layer) {
+        if ((st = key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
+            (st = key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
+            (st = key_int(l, "expert_feed_forward_length", true, 0, 1, 1 << 20, &hp->n_ff_exp)) ||
+            (st = key_int(l, "expert_shared_count", false, 0, 0, 64, &n_shared)) ||
+            (st = key_int(l, "expert_gating_func", false, 2, 1, 2, &gating)) ||
+            (st = key_float_in(l, "expert_weights_scale", 1.0, 0.0, true, 1e6, &hp->expert_scale)))
+            return st;
+        hp->n_ff_shexp = hp->n_ff_exp * n_shared;
+        hp->router = gating == 2 ? MODEL_ROUTER_SIGMOID : MODEL_ROUTER_SOFTMAX;
+        char key[128];
+        snprintf(key, sizeof key, "%s.expert_weights_norm", l->arch);
+        bool norm = false;
+        if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_bool(l->g, key, &norm, l->err)) != KEEL_OK) return st;
+        hp->router_norm = norm;
     }
     return KEEL_OK;
 }
@@ -500,6 +583,7 @@ static keel_status read_arch_hparams(loader *l, model_w *w)
         if ((st = key_int(l, "attention.sliding_window", false, 128, 1, 1 << 24, &hp->n_swa))) return st;
         hp->attn_scale = 1.0f / sqrtf((float)hp->rope.n_rot);
     }
+    if (a == MODEL_ARCH_DEEPSEEK32) return read_mla_hparams(l, w);
     return KEEL_OK;
 }
 
@@ -517,7 +601,7 @@ static keel_status read_hparams(loader *l, model_w *w)
     if (!ad)
         return base_err(l->err, KEEL_EUNSUPPORTED,
                         "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-                        "qwen35, qwen3next, mamba2, gpt-oss)",
+                        "qwen35, qwen3next, mamba2, gpt-oss, deepseek32)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
@@ -757,7 +841,7 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         keel_mem_layer *L = &layers[i];
         *L = keel_mem_layer_default();
         const model_layer *ML = &w->layers[i];
-        if (ML->mixer != MODEL_MIXER_ATTN) {
+        if (ML->mixer != MODEL_MIXER_ATTN && ML->mixer != MODEL_MIXER_MLA) {
             /* the state shapes of layer_gdn.c / layer_mamba2.c */
             L->kind = KEEL_MEM_LAYER_RECURRENT;
             L->rs.conv_kernel = hp->ssm_conv_kernel;
@@ -795,5 +879,21 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         L->v_rot.block = 0;
         L->v_rot.seed = 0x6b65656c0002ull;
         L->rope = hp->rope;
+        if (ML->mixer != MODEL_MIXER_MLA) continue;
+        /* the absorbed MLA form: one KV head, K = [rope | kv_lora] (RoPE on
+         * its first dims, so position edits rotate them), V = the kv_lora
+         * part; the indexer key as the table's third column, stored like K
+         * (llama.cpp: the indexer cache takes type_k) and always
+         * Hadamard-rotated with the plain matrix (seed 0), as llama.cpp's
+         * indexer cache is (attn_rot_k = 1); its RoPE is NEOX */
+        L->idx_head_dim = hp->idx_dim;
+        L->idx_n_heads = hp->idx_heads;
+        L->idx_dtype = type_k;
+        L->idx_rot.enabled = true;
+        L->idx_rot.block = 0;
+        L->idx_rot.seed = 0;
+        L->idx_rope = hp->rope;
+        L->idx_rope.type = KEEL_ROPE_NEOX;
+        L->idx_top_k = hp->idx_top_k;
     }
 }

@@ -23,6 +23,8 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN3NEXT = 5, /* the same hybrid with MoE + shared expert */
     MODEL_ARCH_MAMBA2 = 6,    /* SSD selective scan, no attention, no FFN */
     MODEL_ARCH_GPT_OSS = 7,   /* MoE (SwiGLU-OAI), attention sinks, alternating SWA */
+    MODEL_ARCH_DEEPSEEK32 = 8, /* MLA (absorbed MQA form) + DSA lightning indexer, dense
+                                  lead layers then MoE (sigmoid router, shared expert) */
 } model_arch;
 
 /* What mixes tokens in a layer (one file per kind: layer_attn.c,
@@ -31,6 +33,7 @@ typedef enum model_mixer {
     MODEL_MIXER_ATTN = 0,   /* attention over the memory core */
     MODEL_MIXER_GDN = 1,    /* Gated DeltaNet: conv1d + gated delta rule */
     MODEL_MIXER_MAMBA2 = 2, /* Mamba2 selective scan */
+    MODEL_MIXER_MLA = 3,    /* multi-head latent attention with the DSA indexer (layer_mla.c) */
 } model_mixer;
 
 typedef enum model_ffn_kind {
@@ -84,6 +87,20 @@ typedef struct model_layer {
     const float *sinks;          /* gpt-oss: [n_head] learned sink logits */
     const float *post_attn_norm; /* gemma2: [n_embd] */
     bool swa;                    /* sliding-window layer */
+    /* multi-head latent attention (deepseek32), absorbed form: the cache
+     * row is [rope | kv_lora] (one KV head), V its kv_lora part */
+    model_mat wq_a;              /* [n_embd -> q_lora] */
+    const float *q_a_norm;       /* [q_lora] */
+    model_mat wq_b;              /* [q_lora -> n_head * (nope + rope)], per head [nope | rope] */
+    model_mat wkv_a;             /* [n_embd -> kv_lora + rope] = [kv_lora | k rope] */
+    const float *kv_a_norm;      /* [kv_lora] */
+    model_mat wk_b;              /* per head ("experts"): [nope -> kv_lora], absorbs q_nope */
+    model_mat wv_b;              /* per head: [kv_lora -> v_head] */
+    /* the DSA lightning indexer */
+    model_mat idx_wq_b;          /* [q_lora -> idx_heads * idx_dim], per head [rope | nope] */
+    model_mat idx_wk;            /* [n_embd -> idx_dim] */
+    const float *idx_k_norm, *idx_k_norm_b; /* [idx_dim] LayerNorm */
+    model_mat idx_proj;          /* [n_embd -> idx_heads] head weights */
     /* recurrent mixers (Gated DeltaNet, Mamba2) */
     model_mat ssm_in;            /* mamba2: [n_embd -> 2 d_inner + 2 n_group d_state + n_head] */
     model_mat ssm_qkv;           /* gdn: [n_embd -> conv channels (q | k | v)] */
@@ -135,6 +152,13 @@ typedef struct model_hp {
     float expert_scale;       /* multiply the weights (1: none) */
     model_act ffn_act;        /* of the FFN and the experts */
     float oai_alpha, oai_limit; /* SwiGLU-OAI */
+    /* multi-head latent attention + DSA indexer (deepseek32) */
+    int32_t q_lora, kv_lora;  /* ranks of the q and kv compressions */
+    int32_t qk_nope, qk_rope; /* per head: q.k dims without / with RoPE (qk_rope = rope.n_rot) */
+    int32_t v_head;           /* per head value dims after wv_b */
+    int32_t idx_heads, idx_dim, idx_top_k; /* indexer query heads, key dims, cells kept */
+    float idx_norm_eps;       /* the indexer key's LayerNorm */
+    int32_t n_dense_lead;     /* leading layers with a dense FFN (then MoE) */
 } model_hp;
 
 /* Derived shapes of the recurrent mixers. */
@@ -251,6 +275,8 @@ size_t model_gdn_floats(const model_w *w);
 keel_status model_gdn(const model_fw *f, const float *h, float *o);
 size_t model_mamba2_floats(const model_w *w);
 keel_status model_mamba2(const model_fw *f, const float *h, float *o);
+size_t model_mla_floats(const model_w *w);
+keel_status model_mla(const model_fw *f, const float *h, float *o);
 size_t model_ffn_floats(const model_w *w);
 keel_status model_ffn(const model_fw *f, const float *h, float *o);
 

@@ -81,6 +81,18 @@ async function openaiReal() {
   const fin = await st.finalChatCompletion();
   check(fin.choices[0].message.content === deltas, 'ChatCompletionStream accumulation');
 
+  // logprobs, answered and streamed (the SDK's accumulator concatenates them)
+  const lr = await client.chat.completions.create({ model: 'keel', messages: chatMessages, max_tokens: 4, temperature: 0,
+    logprobs: true, top_logprobs: 2 });
+  const lc = lr.choices[0].logprobs && lr.choices[0].logprobs.content;
+  check(Array.isArray(lc) && lc.length >= 1 && lc.length <= lr.usage.completion_tokens, 'logprobs.content');
+  check(lc.every((t) => typeof t.token === 'string' && t.logprob <= 0 && Array.isArray(t.bytes) &&
+    t.top_logprobs.length === 2 && t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob), 'logprob entries');
+  const ls = client.chat.completions.stream({ model: 'keel', messages: chatMessages, max_tokens: 4, temperature: 0,
+    logprobs: true, top_logprobs: 2 });
+  const lf = await ls.finalChatCompletion();
+  check(JSON.stringify(lf.choices[0].logprobs.content) === JSON.stringify(lc), 'streamed logprobs equal the answer\'s');
+
   const comp = await client.completions.create({ model: 'keel', prompt: 'Once upon a time', max_tokens: 5, stream: true });
   let cn = 0;
   for await (const c of comp) { if (c.choices.length) cn++; }

@@ -15,6 +15,16 @@
  *     the n_sink lowest; keys are RoPE'd at the entry's current position.
  * Attention is recomputed from these lists in double precision.
  *
+ * Sparse attention (layers with an indexer column, docs/memory.md "Sparse
+ * attention"): a token also owns an indexer key per such layer (before
+ * RoPE); a sparse query's scores sum_h w_h relu(q_h . ik) are recomputed
+ * in double over the entries it may see, from the reference's own copy of
+ * the keys RoPE'd at the entries' current positions. The memory's kept
+ * cells must be min(top_k, visible) distinct visible cells in (position,
+ * stamp) order (a cell copied into a stream twice is two cells), and no dropped entry may outscore a kept one beyond the
+ * codec's noise; attention is then compared over exactly the kept set (so
+ * an indexer key that drifted from its cell shows as a wrong choice).
+ *
  * Recurrent layers (docs/memory.md, "The recurrent half"): each sequence
  * has a history (the stamps of its tokens, in order); the driver updates
  * the memory's state of every placed token with a fixed toy recurrence
@@ -208,6 +218,37 @@ static void make_config(chooser *c, int preset, ref_cfg *rc)
         rc->mc.n_ckpt = preset == 6 ? 2 : preset >= 5 ? 3 : (int32_t)pick(c, REF_MAX_CKPT + 1);
         rc->mc.n_rs_slots = preset == 6 ? 2 : chance(c, 25) ? 1 + (int32_t)pick(c, (uint32_t)rc->mc.n_seq_max) : 0;
     }
+    /* indexer columns (sparse attention) on the attention layers of preset
+     * 8 and of about a seventh of the random configurations, derived from
+     * what was drawn (without a draw: the seeds' streams stay as they were) */
+    if (preset == 8) {
+        rc->mc.n_layers = 2;
+        rc->mc.unified = true;
+        rc->mc.n_seq_max = 3;
+        rc->layers[0].kind = KEEL_MEM_LAYER_FULL;
+        rc->layers[0].k_dtype = rc->layers[0].v_dtype = KEEL_DTYPE_F32;
+        rc->layers[0].k_rot.enabled = false;
+        rc->layers[1].kind = KEEL_MEM_LAYER_SLIDING;
+        rc->layers[1].k_dtype = KEEL_DTYPE_F16;
+    }
+    if (preset == 8 || (preset < 0 && rc->mc.n_ctx % 7 == 3))
+        for (int i = 0; i < rc->mc.n_layers; i++) {
+            keel_mem_layer *l = &rc->layers[i];
+            if (l->kind != KEEL_MEM_LAYER_FULL && l->kind != KEEL_MEM_LAYER_SLIDING) continue;
+            l->idx_head_dim = l->head_dim_k == 32 ? 64 : 32;
+            l->idx_n_heads = 1 + l->window % 4;
+            l->idx_dtype = l->k_dtype;
+            l->idx_rot = l->k_rot;
+            l->idx_rot.seed = l->k_rot.seed ? l->k_rot.seed + 7 : 0;
+            l->idx_rope = l->rope;
+            l->idx_rope.n_rot = BASE_MIN(l->rope.n_rot, l->idx_head_dim);
+            l->idx_top_k = 1 + (l->window * 7 + l->n_sink) % 12;
+            if (preset == 8) { /* exact f32 keys in the full layer, q8_0 rotated in the ring */
+                l->idx_dtype = i == 0 ? KEEL_DTYPE_F32 : KEEL_DTYPE_Q8_0;
+                l->idx_rot.enabled = i == 1;
+                l->idx_top_k = i == 0 ? 6 : 4;
+            }
+        }
     /* deterministic attention in about a fifth of the configurations,
      * derived without a draw (the seeds' operation streams stay as they were) */
     rc->mc.deterministic = rc->mc.n_ctx % 5 == 0;
@@ -288,6 +329,7 @@ typedef struct ref_token {
     uint64_t stamp;
     float *k; /* [n_layers][kvh][dk] before RoPE */
     float *v; /* [n_layers][kvh][dv] */
+    float *ik; /* [n_layers][idx_head_dim] indexer keys before RoPE */
 } ref_token;
 
 typedef struct ref_entry {
@@ -344,6 +386,8 @@ typedef struct ref {
     int32_t layer_group[REF_MAX_LAYERS];
     size_t k_off[REF_MAX_LAYERS], v_off[REF_MAX_LAYERS]; /* floats into token k / v */
     size_t k_floats, v_floats;
+    size_t ik_off[REF_MAX_LAYERS], ik_floats;
+    base_rng idata; /* indexer keys, queries and weights: a stream of its own */
     ref_token *toks;
     int32_t n_toks, cap_toks;
     int32_t *free_toks;
@@ -387,7 +431,8 @@ static void tok_unref(ref *r, int32_t t)
     if (--r->toks[t].refs == 0) {
         free(r->toks[t].k);
         free(r->toks[t].v);
-        r->toks[t].k = r->toks[t].v = NULL;
+        free(r->toks[t].ik);
+        r->toks[t].k = r->toks[t].v = r->toks[t].ik = NULL;
         r->free_toks[r->n_free++] = t;
     }
 }
@@ -411,9 +456,11 @@ static int32_t tok_new(ref *r)
     k->stamp = r->next_stamp++;
     k->k = malloc(r->k_floats * sizeof(float));
     k->v = malloc(r->v_floats * sizeof(float));
-    if (!k->k || !k->v) abort();
+    k->ik = malloc(r->ik_floats * sizeof(float));
+    if (!k->k || !k->v || !k->ik) abort();
     for (size_t i = 0; i < r->k_floats; i++) k->k[i] = (float)(base_rng_uniform(&r->data) * 2 - 1);
     for (size_t i = 0; i < r->v_floats; i++) k->v[i] = (float)(base_rng_uniform(&r->data) * 2 - 1);
+    for (size_t i = 0; i < r->ik_floats; i++) k->ik[i] = (float)(base_rng_uniform(&r->idata) * 2 - 1);
     return t;
 }
 
@@ -437,9 +484,11 @@ static int32_t tok_clone(ref *r, int32_t t)
     k->stamp = r->toks[t].stamp;
     k->k = malloc(r->k_floats * sizeof(float));
     k->v = malloc(r->v_floats * sizeof(float));
-    if (!k->k || !k->v) abort();
+    k->ik = malloc(r->ik_floats * sizeof(float));
+    if (!k->k || !k->v || !k->ik) abort();
     memcpy(k->k, r->toks[t].k, r->k_floats * sizeof(float));
     memcpy(k->v, r->toks[t].v, r->v_floats * sizeof(float));
+    memcpy(k->ik, r->toks[t].ik, r->ik_floats * sizeof(float));
     return c;
 }
 
@@ -460,15 +509,19 @@ static void ref_init(ref *r, const ref_cfg *rc, keel_mem *mem, uint64_t data_see
         }
         r->k_off[l] = r->k_floats;
         r->v_off[l] = r->v_floats;
+        r->ik_off[l] = r->ik_floats;
         if (g >= 0) {
             r->k_floats += (size_t)L->n_kv_heads * (size_t)L->head_dim_k;
             r->v_floats += (size_t)L->n_kv_heads * (size_t)L->head_dim_v;
+            r->ik_floats += (size_t)L->idx_head_dim;
         }
     }
     if (r->k_floats == 0) r->k_floats = 1;
     if (r->v_floats == 0) r->v_floats = 1;
+    if (r->ik_floats == 0) r->ik_floats = 1;
     r->next_stamp = 1;
     base_rng_seed(&r->data, data_seed);
+    base_rng_seed(&r->idata, data_seed ^ 0x1d7);
     r->rs = keel_mem_is_recurrent(mem);
     r->n_slots = rc->mc.n_rs_slots > 0 ? rc->mc.n_rs_slots : rc->mc.n_seq_max;
     r->n_ckpt = rc->mc.n_ckpt; /* recurrent, or ring rows of an attention memory */
@@ -483,6 +536,7 @@ static void ref_free(ref *r)
     for (int32_t t = 0; t < r->n_toks; t++) {
         free(r->toks[t].k);
         free(r->toks[t].v);
+        free(r->toks[t].ik);
     }
     free(r->toks);
     free(r->free_toks);
@@ -665,21 +719,27 @@ static int32_t ref_ck_find(const ref *r, int32_t s, int32_t p0)
     return best;
 }
 
-/* RoPE in double at position p, the layer's parameters (no YaRN here). */
-static void ref_rope(const keel_mem_layer *L, const float *x, double p, double *y)
+/* RoPE in double at position p of a row of d elements (no YaRN here). */
+static void ref_rope_row(const keel_rope *R, int32_t d, const float *x, double p, double *y)
 {
-    int32_t d = L->head_dim_k, nr = L->rope.n_rot;
+    int32_t nr = R->type == KEEL_ROPE_NONE ? 0 : R->n_rot;
     for (int32_t i = 0; i < d; i++) y[i] = x[i];
     for (int32_t i = 0; i < nr / 2; i++) {
-        double theta = p * (double)L->rope.freq_scale *
-                       pow((double)L->rope.freq_base, -2.0 * i / (double)nr);
+        double theta = p * (double)R->freq_scale *
+                       pow((double)R->freq_base, -2.0 * i / (double)nr);
         double c = cos(theta), s = sin(theta);
-        int32_t a = L->rope.type == KEEL_ROPE_NEOX ? i : 2 * i;
-        int32_t b = L->rope.type == KEEL_ROPE_NEOX ? i + nr / 2 : 2 * i + 1;
+        int32_t a = R->type == KEEL_ROPE_NEOX ? i : 2 * i;
+        int32_t b = R->type == KEEL_ROPE_NEOX ? i + nr / 2 : 2 * i + 1;
         double x0 = x[a], x1 = x[b];
         y[a] = x0 * c - x1 * s;
         y[b] = x0 * s + x1 * c;
     }
+}
+
+/* The layer's K RoPE. */
+static void ref_rope(const keel_mem_layer *L, const float *x, double p, double *y)
+{
+    ref_rope_row(&L->rope, L->head_dim_k, x, p, y);
 }
 
 /* ---- the driver ----------------------------------------------------------- */
@@ -694,6 +754,8 @@ typedef struct driver {
     bool trace; /* MEMREF_TRACE=1: log every operation */
     /* buffers */
     float *kbuf, *vbuf, *qbuf, *out;
+    float *ibuf, *iqbuf, *iwbuf; /* indexer keys, queries, weights */
+    int32_t *sel;
     double *dq, *dk, *dacc;
     int32_t cells[REF_MAX_LAYERS * REF_MAX_BATCH];
 } driver;
@@ -855,8 +917,14 @@ static void write_token_rows(driver *d, int32_t n, const int32_t *toks, const in
                     d->kbuf[(size_t)i * kn + (size_t)h * (size_t)L->head_dim_k + (size_t)j] = (float)d->dk[j];
             }
             memcpy(d->vbuf + (size_t)i * vn, t->v + d->r.v_off[l], vn * sizeof(float));
+            if (L->idx_head_dim > 0) {
+                ref_rope_row(&L->idx_rope, L->idx_head_dim, t->ik + d->r.ik_off[l], pos[i], d->dk);
+                for (int32_t j = 0; j < L->idx_head_dim; j++)
+                    d->ibuf[(size_t)i * (size_t)L->idx_head_dim + (size_t)j] = (float)d->dk[j];
+            }
         }
-        keel_status st = keel_mem_write(d->mem, l, n, d->cells + (size_t)g * (size_t)n, d->kbuf, d->vbuf);
+        keel_status st = keel_mem_write_kvi(d->mem, l, n, d->cells + (size_t)g * (size_t)n, d->kbuf, d->vbuf,
+                                            L->idx_head_dim > 0 ? d->ibuf : NULL);
         expect_status(d, st, KEEL_OK, "write");
     }
 }
@@ -1990,6 +2058,121 @@ static void dump_seq(driver *d, int32_t s, int32_t g)
     fprintf(d->log, "\n");
 }
 
+/* Checks a sparse query's kept cells sel[0 .. top_k) (query i of the call
+ * in d->iqbuf / d->iwbuf) against the reference's scores of the visible
+ * entries (use[k] set; n_vis of them), and narrows use to the kept ones. */
+static void check_selection(driver *d, int32_t layer, int32_t i, const ref_list *l, uint8_t *use,
+                            int32_t n_vis, int32_t top_k, const int32_t *sel)
+{
+    ref *r = &d->r;
+    const keel_mem_layer *L = &r->rc.layers[layer];
+    int32_t g = r->layer_group[layer], nih = L->idx_n_heads, di = L->idx_head_dim;
+    const mem_group *grp = &d->mem->groups[g];
+    const mem_col *icol = &grp->tables[0].cols[d->mem->layer_col[layer] + MEM_COL_IDX];
+    keel_dtype qt = query_dot_type(L->idx_dtype);
+    const float *w = d->iwbuf + (size_t)i * (size_t)nih;
+    /* reference scores and their tolerance (relu is 1-Lipschitz: a dot's
+     * error passes through scaled by |w_h| at most) */
+    double *sc = calloc((size_t)l->n + 1, sizeof(double)), *tol = calloc((size_t)l->n + 1, sizeof(double));
+    if (!sc || !tol) abort();
+    float qr[64], kr[64];
+    double vq[64], vk[64];
+    for (int32_t k = 0; k < l->n; k++) {
+        if (!use[k]) continue;
+        const ref_entry *e = &l->e[k];
+        ref_rope_row(&L->idx_rope, di, r->toks[e->tok].ik + r->ik_off[layer], e->pos, d->dk);
+        for (int32_t j = 0; j < di; j++) kr[j] = (float)d->dk[j];
+        mem_col_rotate(icol, kr);
+        codec_var(L->idx_dtype, kr, di, vk);
+        for (int32_t h = 0; h < nih; h++) {
+            const float *q = d->iqbuf + ((size_t)i * (size_t)nih + (size_t)h) * (size_t)di;
+            double dot = 0.0, mag = 0.0, se = 0.0;
+            for (int32_t j = 0; j < di; j++) {
+                dot += (double)q[j] * d->dk[j];
+                mag += fabs((double)q[j] * d->dk[j]);
+                qr[j] = q[j];
+            }
+            mem_col_rotate(icol, qr);
+            codec_var(qt, qr, di, vq);
+            for (int32_t j = 0; j < di; j++) {
+                se += (double)qr[j] * qr[j] * vk[j] * (1.0 + e->edits);
+                if (qt != KEEL_DTYPE_F32) se += vq[j] * (double)kr[j] * kr[j];
+            }
+            if (dot > 0) sc[k] += (double)w[h] * dot;
+            tol[k] += fabs((double)w[h]) * (NOISE_Z * sqrt(se) + 1e-5 * (mag + 1.0));
+        }
+    }
+    int32_t want = BASE_MIN(top_k, n_vis), n_sel = 0;
+    uint8_t *kept = calloc((size_t)l->n + 1, 1);
+    if (!kept) abort();
+    bool bad = false;
+    int32_t last_pos = -1;
+    uint64_t last_stamp = 0;
+    for (int32_t j = 0; j < top_k && !bad; j++) {
+        if (sel[j] < 0) {
+            for (int32_t x = j; x < top_k; x++) bad |= sel[x] >= 0;
+            break;
+        }
+        const mem_table *t = NULL;
+        int32_t c = -1;
+        if (!mem_cell_decode(grp, sel[j], &t, &c) || t->pos[c] < 0) {
+            bad = true;
+            break;
+        }
+        int32_t k = 0;
+        while (k < l->n && !(use[k] && !kept[k] && l->e[k].pos == t->pos[c] &&
+                             r->toks[l->e[k].tok].stamp == t->stamp[c]))
+            k++;
+        if (k == l->n || (j > 0 && key_less(t->pos[c], t->stamp[c], last_pos, last_stamp))) {
+            bad = true;
+            break;
+        }
+        last_pos = t->pos[c];
+        last_stamp = t->stamp[c];
+        kept[k] = 1;
+        n_sel++;
+    }
+    if (bad || n_sel != want) {
+        d->res->divergences++;
+        note(d, "sparse layer %d query %d: the kept cells are not %d distinct visible cells in order "
+             "(%d kept, %d visible)", layer, i, want, n_sel, n_vis);
+        if (d->log) {
+            fprintf(d->log, "  kept:");
+            for (int32_t j = 0; j < top_k; j++) {
+                const mem_table *t = NULL;
+                int32_t c = -1;
+                if (sel[j] >= 0 && mem_cell_decode(grp, sel[j], &t, &c))
+                    fprintf(d->log, " %d=%d/%llu", sel[j], t->pos[c], (unsigned long long)t->stamp[c]);
+                else
+                    fprintf(d->log, " %d", sel[j]);
+            }
+            fprintf(d->log, "\n  visible:");
+            for (int32_t k = 0; k < l->n; k++)
+                if (use[k])
+                    fprintf(d->log, " %d/%llu(%.3g)", l->e[k].pos, (unsigned long long)r->toks[l->e[k].tok].stamp, sc[k]);
+            fprintf(d->log, "\n");
+        }
+    } else {
+        double lo = INFINITY, hi = -INFINITY;
+        for (int32_t k = 0; k < l->n; k++) {
+            if (!use[k]) continue;
+            if (kept[k]) lo = fmin(lo, sc[k] + tol[k]);
+            else hi = fmax(hi, sc[k] - tol[k]);
+        }
+        if (hi > lo) {
+            d->res->divergences++;
+            note(d, "sparse layer %d query %d: a dropped cell scores %.6g beyond a kept one's %.6g "
+                 "(top_k %d of %d visible)", layer, i, hi, lo, top_k, n_vis);
+        }
+        d->res->sparse_checks++;
+        if (n_vis > top_k) d->res->sparse_chosen++;
+        memcpy(use, kept, (size_t)l->n);
+    }
+    free(kept);
+    free(sc);
+    free(tol);
+}
+
 /* Compares attention for n_q random queries of one layer. */
 static void op_attend(driver *d, int32_t layer, int32_t n_q)
 {
@@ -2027,12 +2210,35 @@ static void op_attend(driver *d, int32_t layer, int32_t n_q)
     a.scale = chance(&d->ch, 70) ? 0.0f : (float)((0.5 + base_rng_uniform(&r->data)) / sqrt((double)dk));
     a.softcap = chance(&d->ch, 20) ? 1.0f + (float)pick(&d->ch, 10) : 0.0f;
     a.sinks = use_sinks ? sinks : NULL;
+    /* sparse on three calls in four of a layer with an indexer column
+     * (queries, weights and top_k from the indexer's own stream) */
+    int32_t nih = L->idx_n_heads, di = L->idx_head_dim, top_k = 0;
+    bool sparse = di > 0 && d->step % 4 != 3;
+    if (sparse) {
+        uint64_t u = base_rng_next(&r->idata);
+        top_k = u % 3 == 0 ? L->idx_top_k : 1 + (int32_t)((u >> 8) % (uint64_t)L->idx_top_k);
+        for (int32_t i = 0; i < n_q; i++)
+            for (int32_t h = 0; h < nih; h++) {
+                float raw[64];
+                for (int32_t j = 0; j < di; j++) raw[j] = (float)(base_rng_uniform(&r->idata) * 2 - 1);
+                ref_rope_row(&L->idx_rope, di, raw, pos[i], d->dq);
+                for (int32_t j = 0; j < di; j++)
+                    d->iqbuf[((size_t)i * (size_t)nih + (size_t)h) * (size_t)di + (size_t)j] = (float)d->dq[j];
+                d->iwbuf[(size_t)i * (size_t)nih + (size_t)h] = (float)(base_rng_uniform(&r->idata) * 1.25 - 0.25);
+            }
+        a.iq = d->iqbuf;
+        a.iw = d->iwbuf;
+        a.n_iq_heads = nih;
+        a.top_k = top_k == L->idx_top_k && (u & 1) ? 0 : top_k;
+        a.sel = d->sel;
+    }
     keel_status st = keel_mem_attend(d->mem, layer, &a);
     expect_status(d, st, KEEL_OK, "attend");
     if (st != KEEL_OK) return;
     d->res->attends++;
     double scale = a.scale > 0 ? a.scale : 1.0 / sqrt((double)dk);
-    const mem_table *t0 = &d->mem->groups[g].tables[0];
+    const mem_group *grp = &d->mem->groups[g];
+    const mem_table *t0 = &grp->tables[0];
     const mem_col *kcol = &t0->cols[d->mem->layer_col[layer]], *vcol = kcol + 1;
     for (int32_t i = 0; i < n_q; i++) {
         const ref_list *l = &r->lists[seq[i]][g];
@@ -2041,6 +2247,22 @@ static void op_attend(driver *d, int32_t layer, int32_t n_q)
         uint64_t tsm = 0;
         if (rg->sliding) sink_threshold(r, l, rg->n_sink, &tp, &tsm);
         int32_t max_edits = 0;
+        /* the entries the query attends: the visible ones, of those the
+         * memory's kept set when sparse (checked against the scores) */
+        uint8_t *use = calloc((size_t)l->n + 1, 1);
+        if (!use) abort();
+        int32_t n_vis = 0;
+        for (int32_t k = 0; k < l->n; k++) {
+            const ref_entry *e = &l->e[k];
+            if (e->pos > pos[i]) continue;
+            if (rg->sliding && (int64_t)e->pos <= (int64_t)pos[i] - rg->window) {
+                bool sink = tp >= 0 && !key_less(tp, tsm, e->pos, r->toks[e->tok].stamp);
+                if (!sink) continue;
+            }
+            use[k] = 1;
+            n_vis++;
+        }
+        if (sparse) check_selection(d, layer, i, l, use, n_vis, top_k, a.sel + (size_t)i * (size_t)top_k);
         for (int32_t h = 0; h < nh; h++) {
             int32_t hk = h / G;
             const float *q = d->qbuf + ((size_t)i * (size_t)nh + (size_t)h) * (size_t)dk;
@@ -2050,11 +2272,7 @@ static void op_attend(driver *d, int32_t layer, int32_t n_q)
             for (int pass = 0; pass < 2; pass++) {
                 for (int32_t k = 0; k < l->n; k++) {
                     const ref_entry *e = &l->e[k];
-                    if (e->pos > pos[i]) continue;
-                    if (rg->sliding && (int64_t)e->pos <= (int64_t)pos[i] - rg->window) {
-                        bool sink = tp >= 0 && !key_less(tp, tsm, e->pos, r->toks[e->tok].stamp);
-                        if (!sink) continue;
-                    }
+                    if (!use[k]) continue;
                     const ref_token *t = &r->toks[e->tok];
                     ref_rope(L, t->k + r->k_off[layer] + (size_t)hk * (size_t)dk, e->pos, d->dk);
                     double sc = 0.0;
@@ -2092,11 +2310,7 @@ static void op_attend(driver *d, int32_t layer, int32_t n_q)
             codec_var(query_dot_type(L->k_dtype), qr, dk, vq);
             for (int32_t k = 0; k < l->n && lsum > 0; k++) {
                 const ref_entry *e = &l->e[k];
-                if (e->pos > pos[i]) continue;
-                if (rg->sliding && (int64_t)e->pos <= (int64_t)pos[i] - rg->window) {
-                    bool sink = tp >= 0 && !key_less(tp, tsm, e->pos, r->toks[e->tok].stamp);
-                    if (!sink) continue;
-                }
+                if (!use[k]) continue;
                 const ref_token *t = &r->toks[e->tok];
                 ref_rope(L, t->k + r->k_off[layer] + (size_t)hk * (size_t)dk, e->pos, d->dk);
                 double sc = 0.0;
@@ -2168,6 +2382,7 @@ static void op_attend(driver *d, int32_t layer, int32_t n_q)
                 if (d->res->divergences == 1) dump_seq(d, seq[i], g);
             }
         }
+        free(use);
     }
 }
 
@@ -2197,8 +2412,11 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
         return 1;
     }
     ref_init(&d.r, &rc, d.mem, base_rng_next(&d.ch.rng) ^ 0x5eed);
-    size_t maxk = 0, maxv = 0, maxq = 0;
+    size_t maxk = 0, maxv = 0, maxq = 0, maxi = 1, maxiq = 1, maxtk = 1;
     for (int32_t l = 0; l < rc.mc.n_layers; l++) {
+        maxi = BASE_MAX(maxi, (size_t)rc.layers[l].idx_head_dim);
+        maxiq = BASE_MAX(maxiq, (size_t)rc.layers[l].idx_n_heads * (size_t)rc.layers[l].idx_head_dim);
+        maxtk = BASE_MAX(maxtk, (size_t)rc.layers[l].idx_top_k);
         maxk = BASE_MAX(maxk, (size_t)rc.layers[l].n_kv_heads * (size_t)rc.layers[l].head_dim_k);
         maxv = BASE_MAX(maxv, (size_t)BASE_MAX(rc.layers[l].n_heads, rc.layers[l].n_kv_heads) *
                                   (size_t)rc.layers[l].head_dim_v);
@@ -2208,6 +2426,10 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
     d.vbuf = calloc(maxv * REF_MAX_BATCH, sizeof(float));
     d.qbuf = calloc(maxq * REF_MAX_BATCH, sizeof(float));
     d.out = calloc(maxv * REF_MAX_BATCH, sizeof(float));
+    d.ibuf = calloc(maxi * REF_MAX_BATCH, sizeof(float));
+    d.iqbuf = calloc(maxiq * REF_MAX_BATCH, sizeof(float));
+    d.iwbuf = calloc(16 * REF_MAX_BATCH, sizeof(float));
+    d.sel = calloc(maxtk * REF_MAX_BATCH, sizeof(int32_t));
     d.dq = calloc(64, sizeof(double));
     d.dk = calloc(64, sizeof(double));
     d.dacc = calloc(64, sizeof(double));
@@ -2274,6 +2496,10 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
     free(d.vbuf);
     free(d.qbuf);
     free(d.out);
+    free(d.ibuf);
+    free(d.iqbuf);
+    free(d.iwbuf);
+    free(d.sel);
     free(d.dq);
     free(d.dk);
     free(d.dacc);
@@ -2322,10 +2548,14 @@ void memref_describe(const memref_opts *o, char *buf, size_t cap)
                                   L->rs.conv_kernel, L->rs.conv_channels, (long long)L->rs.state_floats);
             continue;
         }
-        n += (size_t)snprintf(buf + n, cap - n, " [%s%s kv%d/q%d dk%d dv%d K %s%s V %s%s]",
+        n += (size_t)snprintf(buf + n, cap - n, " [%s%s kv%d/q%d dk%d dv%d K %s%s V %s%s",
                               L->kind == KEEL_MEM_LAYER_FULL ? "full" : L->kind == KEEL_MEM_LAYER_NONE ? "none" : "sliding",
                               "", L->n_kv_heads, L->n_heads, L->head_dim_k, L->head_dim_v,
                               keel_dtype_name(L->k_dtype), L->k_rot.enabled ? "+rot" : "",
                               keel_dtype_name(L->v_dtype), L->v_rot.enabled ? "+rot" : "");
+        if (n < cap && L->idx_head_dim > 0)
+            n += (size_t)snprintf(buf + n, cap - n, " IDX %dx%d %s%s top_k %d", L->idx_n_heads, L->idx_head_dim,
+                                  keel_dtype_name(L->idx_dtype), L->idx_rot.enabled ? "+rot" : "", L->idx_top_k);
+        if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "]");
     }
 }

@@ -7,7 +7,9 @@
  * the same random operations to it and to a keel_mem: placing and writing,
  * seq_rm / cp / keep / add / div, clear, and attention for random queries,
  * with sliding rings, sinks, several sequences, unified or split streams,
- * every KV dtype and rotation on and off. After every operation it runs
+ * every KV dtype and rotation on and off, and indexer columns (sparse
+ * attention: the memory's top-k choice checked against the reference's
+ * scores from its own copy of the indexer keys). After every operation it runs
  * keel_mem_check and, for refused operations, checks that the memory's
  * digest did not change; after every attention it compares outputs: within
  * float rounding for f32, within the codec's stated tolerance otherwise.
@@ -37,6 +39,8 @@ typedef struct memref_result {
     int64_t rs_restores;        /* checkpoint restores by seq_rm (recurrent configs) */
     int64_t rs_refused;         /* operations refused with KEEL_ESTATE as predicted */
     int64_t rs_ckpts;           /* checkpoints taken */
+    int64_t sparse_checks;      /* sparse queries whose kept cells were checked */
+    int64_t sparse_chosen;      /* of them, with more visible cells than top_k */
 } memref_result;
 
 typedef struct memref_opts {

@@ -34,7 +34,7 @@ double memtest_attn_err(keel_mem *m, int32_t layer, const keel_mem_layer *L, con
     int32_t nh = L->n_heads, G = nh / L->n_kv_heads, dk = L->head_dim_k, dv = L->head_dim_v;
     float *out = malloc((size_t)nh * (size_t)dv * sizeof(float));
     int32_t seq = 0;
-    keel_mem_attn a = {1, nh, q, &qpos, &seq, out, 0.0f, 0.0f, NULL};
+    keel_mem_attn a = {1, nh, q, &qpos, &seq, out, 0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
     assert_ok(keel_mem_attend(m, layer, &a));
     double *kk = malloc((size_t)dk * sizeof(double)), *acc = malloc((size_t)dv * sizeof(double));
     double *sc = malloc((size_t)n * sizeof(double));
