@@ -80,6 +80,23 @@ static inline bool size_from_i64(int64_t v, size_t *out)
     return true;
 }
 
+/* Length (1..4) of the well-formed UTF-8 character at s[0..n), or 0 when
+ * s[0] does not start one: a stray continuation byte, an overlong form, a
+ * surrogate, beyond U+10FFFF, or cut off by n. n >= 1. */
+static inline size_t base_utf8_len(const uint8_t *s, size_t n)
+{
+    uint8_t c = s[0];
+    if (c < 0x80) return 1;
+    size_t len = (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3 : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
+    if (len == 0 || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) || (c == 0xf0 && s[1] < 0x90) ||
+        (c == 0xf4 && s[1] >= 0x90))
+        return 0;
+    return len;
+}
+
 /* ---- bounded arenas ----------------------------------------------------- */
 
 /*

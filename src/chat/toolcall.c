@@ -2143,29 +2143,12 @@ const char *toolcall_last_error(const toolcall_parser *p)
 
 /* ---- result as JSON ----------------------------------------------------------------------------- */
 
-/* Length of the valid UTF-8 sequence at s (as jansson accepts), 0 if invalid. */
-static size_t utf8_valid_len(const uint8_t *s, size_t n)
-{
-    uint8_t c = s[0];
-    if (c < 0x80) return 1;
-    size_t k = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (k == 0 || k > n) return 0;
-    uint32_t cp = c & (k == 2 ? 0x1F : k == 3 ? 0x0F : 0x07);
-    for (size_t i = 1; i < k; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
-    if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
-    return k;
-}
-
 /* A JSON string of s (NULL: out of memory); invalid UTF-8 becomes U+FFFD. */
 static json_t *str_json(const char *s, size_t n)
 {
     size_t i = 0;
     while (i < n) {
-        size_t k = utf8_valid_len((const uint8_t *)s + i, n - i);
+        size_t k = base_utf8_len((const uint8_t *)s + i, n - i);
         if (!k) break;
         i += k;
     }
@@ -2173,7 +2156,7 @@ static json_t *str_json(const char *s, size_t n)
     json_t *v;
     tc_buf b = {0};
     for (i = 0; i < n;) {
-        size_t k = utf8_valid_len((const uint8_t *)s + i, n - i);
+        size_t k = base_utf8_len((const uint8_t *)s + i, n - i);
         keel_status st = k ? tc_buf_append(&b, s + i, k) : tc_buf_append(&b, "\xEF\xBF\xBD", 3);
         if (st) {
             tc_buf_free(&b);

@@ -428,22 +428,6 @@ void eng_finish_all(keel_engine *e, const char *why)
 
 /* ---- output path: UTF-8, stop strings, then the parser -------------------------- */
 
-/* Length of the valid UTF-8 sequence at s (n bytes left), or 0. */
-static size_t utf8_seq(const uint8_t *s, size_t n)
-{
-    uint8_t c = s[0];
-    if (c < 0x80) return 1;
-    size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
-    if (len == 0 || c > 0xf4 || len > n) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    if (c == 0xe0 && s[1] < 0xa0) return 0;                  /* overlong */
-    if (c == 0xed && s[1] >= 0xa0) return 0;                 /* surrogates */
-    if (c == 0xf0 && s[1] < 0x90) return 0;                  /* overlong */
-    if (c == 0xf4 && s[1] >= 0x90) return 0;                 /* beyond U+10FFFF */
-    return len;
-}
-
 /* in[0..n) with every invalid byte replaced by U+FFFD; out has 3n bytes.
  * The detokenizer stream never splits a character across pieces, so
  * cleaning piece by piece equals cleaning the whole text. */
@@ -452,7 +436,7 @@ static size_t utf8_clean(const char *in, size_t n, char *out)
     const uint8_t *s = (const uint8_t *)in;
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(s + i, n - i);
+        size_t k = base_utf8_len(s + i, n - i);
         if (k == 0) {
             memcpy(out + o, "\xef\xbf\xbd", 3);
             o += 3;

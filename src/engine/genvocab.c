@@ -29,25 +29,6 @@
 
 /* ---- characters ----------------------------------------------------------- */
 
-/* Length of the well-formed UTF-8 character at s[0..n), or 0 when s[0]
- * does not start one (same rules as text/tok_int.h's tok_char_len). */
-static size_t utf8_len(const uint8_t *s, size_t n)
-{
-    uint8_t c = s[0];
-    size_t len = c < 0x80                   ? 1
-                 : (c >= 0xc2 && c <= 0xdf) ? 2
-                 : (c >= 0xe0 && c <= 0xef) ? 3
-                 : (c >= 0xf0 && c <= 0xf4) ? 4
-                                            : 0;
-    if (len == 0 || len > n) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) || (c == 0xf0 && s[1] < 0x90) ||
-        (c == 0xf4 && s[1] >= 0x90))
-        return 0;
-    return len;
-}
-
 static bool is_letter(uint8_t c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
@@ -87,7 +68,7 @@ static void cut_spm(const uint8_t *e, size_t n, span *w, uint32_t *nw)
     size_t start = 0, i = 0;
     int cls = CL_NONE; /* class of the open word; NONE: no open word */
     while (i < n) {
-        size_t l = utf8_len(e + i, n - i);
+        size_t l = base_utf8_len(e + i, n - i);
         if (l == 0) { /* invalid byte: belongs to no word */
             if (cls != CL_NONE) add_span(w, nw, start, i - start);
             cls = CL_NONE;
@@ -503,7 +484,7 @@ keel_status genmodel_bpe_train(const char *text, size_t len, genmodel_bpe_mode m
             int32_t id = s[i];
             size_t l = 1;
             if (mode == GENMODEL_BPE_SPM) {
-                l = utf8_len(s + i, n - i); /* words hold whole characters only */
+                l = base_utf8_len(s + i, n - i); /* words hold whole characters only */
                 if (l == 0) l = 1;
                 size_t slot;
                 id = sym_find(&t, (const char *)s + i, l, &slot);

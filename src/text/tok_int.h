@@ -79,21 +79,8 @@ static inline size_t tok_utf8_len(uint8_t c)
  */
 static inline size_t tok_char_len(const uint8_t *s, size_t n)
 {
-    uint8_t c = s[0];
-    size_t len = c < 0x80                   ? 1
-                 : (c >= 0xc2 && c <= 0xdf) ? 2
-                 : (c >= 0xe0 && c <= 0xef) ? 3
-                 : (c >= 0xf0 && c <= 0xf4) ? 4
-                                            : 0;
-    if (len <= 1 || len > n) return 1;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80) return 1;
-    /* overlong 3/4-byte forms, surrogates and > U+10FFFF */
-    if (c == 0xe0 && s[1] < 0xa0) return 1;
-    if (c == 0xed && s[1] >= 0xa0) return 1;
-    if (c == 0xf0 && s[1] < 0x90) return 1;
-    if (c == 0xf4 && s[1] >= 0x90) return 1;
-    return len;
+    size_t len = base_utf8_len(s, n);
+    return len ? len : 1;
 }
 
 /* Id of the token whose text is s[0..n), or TEXT_TOKEN_NULL (vocab.c). */
