@@ -8,8 +8,8 @@
  * so what a single-row dot pays per row and per block for the activation
  * (its scale's conversion, the row's setup and horizontal sum) is a large
  * part of the work. How rows are walked decides the DRAM rate, measured on
- * AMD Zen 4 with the AVX2 path (1 thread, 768-column q8_0 rows, GB/s of
- * weights): one row after another streams (19-22 GB/s with this file's
+ * this AMD EPYC VM with the AVX2 path forced (1 thread, 768-column q8_0
+ * rows, GB/s of weights): one row after another streams (19-22 GB/s with this file's
  * kernel, 15-21 with the plain dot); two or four rows in lockstep, sharing
  * each activation load, fell to 5-8 GB/s (the hardware prefetchers lose
  * the interleaved 34-byte steps). So q8_0/q4_0 rows go one at a time with
@@ -26,7 +26,7 @@
 
 /* q8_0 / q4_0 rows against a q8_0 activation, one row at a time: rows
  * taken in lockstep (2 or 4 at once, sharing each activation load) ran
- * 2.5-3x slower from DRAM on AMD Zen 4 (the prefetchers lost the
+ * 2.5-3x slower from DRAM on this VM (the prefetchers lost the
  * interleaved 34-byte steps of several rows), so the gain here is the
  * activation's scales converted once per matvec and four accumulators per
  * row. VALUES gives a block's 32 signed values; |w| with w's sign moved onto
