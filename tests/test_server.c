@@ -11,8 +11,10 @@
 #include "testutil.h"
 #include "server_util.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +85,12 @@ static void test_loading(void **state)
     /* not a model: the load fails, the server says so and exits 1 */
     int fd = open(fifo, O_WRONLY);
     assert_true(fd >= 0);
-    assert_int_equal(write(fd, "not a model", 11), 11);
+    /* the loader may refuse the FIFO (not a regular file) and close it before
+     * the bytes arrive: EPIPE then, not a SIGPIPE that ends the test */
+    void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN);
+    ssize_t wn = write(fd, "not a model", 11);
+    assert_true(wn == 11 || (wn < 0 && errno == EPIPE));
+    signal(SIGPIPE, old_pipe);
     close(fd);
     int code = srvt_wait_exit(&p, 10 * srvt_slow());
     srvt_stop(&p, 5);
