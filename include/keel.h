@@ -791,6 +791,12 @@ typedef struct keel_model_info {
     int32_t bos, eos;     /* -1 if none */
     bool add_bos;
     const char *tokenizer; /* "spm" or "bpe" */
+    /* architecture-specific shapes, 0 where the model has none */
+    int32_t n_recurrent_layers; /* Gated DeltaNet / Mamba2 layers */
+    int32_t ssm_d_state, ssm_d_inner, ssm_conv_kernel, ssm_n_group;
+    int32_t n_expert, n_expert_used, n_ff_expert, n_ff_shared_expert;
+    int32_t q_lora_rank, kv_lora_rank; /* multi-head latent attention */
+    int32_t indexer_heads, indexer_dim, indexer_top_k; /* sparse-attention indexer */
 } keel_model_info;
 
 /* Fills info (pointers valid until the model is closed). */

@@ -667,6 +667,16 @@ static void test_run_hybrid_fixtures(void **state)
         snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Once upon a time' -n 8 --temp 0 --checkpoint-every 2",
                  bin(), path);
         assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+        /* inspect names each architecture's own shapes */
+        static const char *const want[5][2] = {{"recurrent    3 of 4 layers", NULL},
+                                               {"recurrent    3 of 4 layers", "experts "},
+                                               {"recurrent    4 of 4 layers", NULL},
+                                               {"sliding ", "experts "},
+                                               {"mla          q_lora", "indexer "}};
+        snprintf(cmd, sizeof cmd, "%s inspect -m %s", bin(), path);
+        assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+        for (int w = 0; w < 2; w++)
+            if (want[k][w] && !strstr(g_out, want[k][w])) fail_msg("%s inspect: no '%s' in\n%s", archs[k], want[k][w], g_out);
         unlink(path);
     }
 }

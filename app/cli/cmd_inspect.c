@@ -65,6 +65,15 @@ int cmd_inspect(int argc, char **argv)
     if (mi.n_swa) printf("sliding      window %d on %d of %d layers\n", mi.n_swa, mi.n_swa_layers, mi.n_layer);
     if (mi.attn_softcap > 0 || mi.final_softcap > 0)
         printf("softcap      attention %g, final %g\n", (double)mi.attn_softcap, (double)mi.final_softcap);
+    if (mi.n_recurrent_layers)
+        printf("recurrent    %d of %d layers (state %d, inner %d, conv kernel %d, groups %d)\n", mi.n_recurrent_layers,
+               mi.n_layer, mi.ssm_d_state, mi.ssm_d_inner, mi.ssm_conv_kernel, mi.ssm_n_group);
+    if (mi.n_expert)
+        printf("experts      %d, %d used per token (ff %d, shared expert ff %d)\n", mi.n_expert, mi.n_expert_used,
+               mi.n_ff_expert, mi.n_ff_shared_expert);
+    if (mi.kv_lora_rank) printf("mla          q_lora %d, kv_lora %d\n", mi.q_lora_rank, mi.kv_lora_rank);
+    if (mi.indexer_top_k)
+        printf("indexer      %d heads, key dims %d, top_k %d\n", mi.indexer_heads, mi.indexer_dim, mi.indexer_top_k);
     keel_plan pl;
     char err[256] = "";
     keel_status st = keel_context_plan(m, &o.ctx, &pl, err);

@@ -86,6 +86,26 @@ void keel_model_info_get(const keel_model *m, keel_model_info *o)
     o->eos = ti->eos;
     o->add_bos = ti->add_bos;
     o->tokenizer = ti->type == TEXT_VOCAB_SPM ? "spm" : "bpe";
+    o->n_recurrent_layers = hp->n_recurrent;
+    if (hp->n_recurrent > 0) {
+        o->ssm_d_state = hp->ssm_d_state;
+        o->ssm_d_inner = hp->ssm_d_inner;
+        o->ssm_conv_kernel = hp->ssm_conv_kernel;
+        o->ssm_n_group = hp->ssm_n_group;
+    }
+    if (hp->n_expert > 0) {
+        o->n_expert = hp->n_expert;
+        o->n_expert_used = hp->n_expert_used;
+        o->n_ff_expert = hp->n_ff_exp;
+        o->n_ff_shared_expert = hp->n_ff_shexp;
+    }
+    o->q_lora_rank = hp->q_lora;
+    o->kv_lora_rank = hp->kv_lora;
+    if (hp->idx_top_k > 0) {
+        o->indexer_heads = hp->idx_heads;
+        o->indexer_dim = hp->idx_dim;
+        o->indexer_top_k = hp->idx_top_k;
+    }
 }
 
 /* Tensor names come from the file: bytes outside printable ASCII (control
