@@ -807,10 +807,56 @@ static void test_fixture_llamacpp_weights(void **state)
     free(q8.data);
 }
 
+/* tensor_row_finite on f32 / f16 / bf16 rows of every length 1..70: rows of
+ * extreme finite values (largest, smallest subnormal, -0) pass; one inf,
+ * -inf or NaN (quiet or signalling) at any position fails. */
+static void test_row_finite(void **state)
+{
+    (void)state;
+    static const uint32_t f32_ok[] = {0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x80000000u, 0x3f800000u, 0x00800000u};
+    static const uint32_t f32_bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu};
+    static const uint16_t h_ok[] = {0x7bffu, 0xfbffu, 0x0001u, 0x8000u, 0x3c00u, 0x0400u};
+    static const uint16_t h_bad[] = {0x7c00u, 0xfc00u, 0x7e00u, 0x7c01u, 0xffffu};
+    static const uint16_t b_ok[] = {0x7f7fu, 0xff7fu, 0x0001u, 0x8000u, 0x3f80u, 0x0080u};
+    static const uint16_t b_bad[] = {0x7f80u, 0xff80u, 0x7fc0u, 0x7f81u, 0xffffu};
+    uint8_t row[70 * 4];
+    for (int64_t n = 1; n <= 70; n++) {
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t f = f32_ok[i % 6];
+            memcpy(row + 4 * i, &f, 4);
+        }
+        assert_true(tensor_row_finite(KEEL_DTYPE_F32, row, n));
+        for (int64_t at = 0; at < n; at++)
+            for (int k = 0; k < 5; k++) {
+                uint32_t keep;
+                memcpy(&keep, row + 4 * at, 4);
+                memcpy(row + 4 * at, &f32_bad[k], 4);
+                if (tensor_row_finite(KEEL_DTYPE_F32, row, n)) fail_msg("f32 n %lld: bad value at %lld passed", (long long)n, (long long)at);
+                memcpy(row + 4 * at, &keep, 4);
+            }
+        for (int d = 0; d < 2; d++) {
+            keel_dtype t = d ? KEEL_DTYPE_BF16 : KEEL_DTYPE_F16;
+            const uint16_t *ok = d ? b_ok : h_ok, *bad = d ? b_bad : h_bad;
+            for (int64_t i = 0; i < n; i++) memcpy(row + 2 * i, &ok[i % 6], 2);
+            assert_true(tensor_row_finite(t, row, n));
+            for (int64_t at = 0; at < n; at++)
+                for (int k = 0; k < 5; k++) {
+                    uint16_t keep;
+                    memcpy(&keep, row + 2 * at, 2);
+                    memcpy(row + 2 * at, &bad[k], 2);
+                    if (tensor_row_finite(t, row, n))
+                        fail_msg("%s n %lld: bad value at %lld passed", keel_dtype_name(t), (long long)n, (long long)at);
+                    memcpy(row + 2 * at, &keep, 2);
+                }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_table),
+        cmocka_unit_test(test_row_finite),
         cmocka_unit_test(test_half_exact),
         cmocka_unit_test(test_quant_error_bounds),
         cmocka_unit_test(test_quant_simd_bytes_identical),

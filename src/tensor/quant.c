@@ -347,6 +347,29 @@ static bool half_bits_finite(const uint8_t *p)
     return ((p[1] >> 2) & 0x1f) != 0x1f; /* exponent not all ones: not inf / NaN */
 }
 
+/* Whether none of the nb bytes at p, read as little-endian lanes whose
+ * exponent field is mask (one per lane, repeated over a 64-bit word), has
+ * that field all ones (inf / NaN). Adding the field's lowest bit carries
+ * into the bit above it (top) exactly when the field is all ones; the
+ * lanes cannot carry into each other. A word at a time, no early exit, so
+ * that the compiler keeps it branch-free; lane_bytes divides nb. */
+static bool lanes_finite(const uint8_t *p, size_t nb, size_t lane_bytes, uint64_t mask, uint64_t add, uint64_t top)
+{
+    uint64_t bad = 0;
+    size_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        bad |= ((w & mask) + add) & top;
+    }
+    for (; i < nb; i += lane_bytes) { /* the tail: one lane at a time */
+        uint64_t w = 0;
+        memcpy(&w, p + i, lane_bytes);
+        bad |= ((w & mask) + add) & top;
+    }
+    return bad == 0;
+}
+
 bool tensor_row_finite(keel_dtype t, const void *x, int64_t n)
 {
     const uint8_t *p = x;
@@ -359,17 +382,11 @@ bool tensor_row_finite(keel_dtype t, const void *x, int64_t n)
                                                                                       : 0;
     switch (t) {
     case KEEL_DTYPE_F32:
-        for (int64_t i = 0; i < n; i++)
-            if ((p[4 * i + 3] & 0x7f) == 0x7f && (p[4 * i + 2] & 0x80)) return false;
-        return true;
+        return lanes_finite(p, (size_t)n * 4, 4, 0x7f8000007f800000ull, 0x0080000000800000ull, 0x8000000080000000ull);
     case KEEL_DTYPE_BF16:
-        for (int64_t i = 0; i < n; i++)
-            if ((p[2 * i + 1] & 0x7f) == 0x7f && (p[2 * i] & 0x80)) return false;
-        return true;
+        return lanes_finite(p, (size_t)n * 2, 2, 0x7f807f807f807f80ull, 0x0080008000800080ull, 0x8000800080008000ull);
     case KEEL_DTYPE_F16:
-        for (int64_t i = 0; i < n; i++)
-            if (!half_bits_finite(p + 2 * i)) return false;
-        return true;
+        return lanes_finite(p, (size_t)n * 2, 2, 0x7c007c007c007c00ull, 0x0400040004000400ull, 0x8000800080008000ull);
     default:
         break;
     }
