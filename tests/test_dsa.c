@@ -33,10 +33,7 @@
 static keel_model *gen(int32_t top_k, uint64_t seed)
 {
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_dsa_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    assert_true(test_temp_file(path, sizeof path, "dsa"));
     keel_gen_params gp = keel_gen_params_default();
     gp.arch = "deepseek32";
     gp.n_layer = 3;

@@ -21,10 +21,7 @@ static char g_model[64];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(g_model, sizeof g_model, "/tmp/keel_engine_XXXXXX");
-    int fd = mkstemp(g_model);
-    if (fd < 0) return -1;
-    close(fd);
+    if (!test_temp_file(g_model, sizeof g_model, "engine")) return -1;
     keel_gen_params gp = keel_gen_params_default();
     gp.arch = "qwen2"; /* BPE vocabulary with <|im_start|> / <|im_end|> */
     gp.n_layer = 2;
@@ -160,10 +157,7 @@ static void test_two_turns_reuse(void **state)
  * temporary path (path: 64 bytes); the caller unlinks it. */
 static void gen_small(const char *arch, int32_t n_layer, int32_t n_swa, uint64_t seed, char *path)
 {
-    snprintf(path, 64, "/tmp/keel_engine_%s_XXXXXX", arch);
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    assert_true(test_temp_file(path, 64, arch));
     keel_gen_params gp = keel_gen_params_default();
     gp.arch = arch;
     gp.n_layer = n_layer;
@@ -646,10 +640,8 @@ static void test_slot_save_restore(void **state)
     keel_engine *e = open_engine(NULL);
     logit_cap a = {NULL, 0}, b = {NULL, 0};
     assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 4, \"temperature\": 0}", NULL, NULL, NULL, g_resp, sizeof g_resp));
-    char path[64] = "/tmp/keel_slot_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    char path[64];
+    assert_true(test_temp_file(path, sizeof path, "slot"));
     char info[512];
     assert_ok(keel_engine_slot_save(e, 0, path, info, sizeof info));
     json_t *i1 = parse(info);

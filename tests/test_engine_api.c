@@ -32,10 +32,7 @@ static char g_model[64];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(g_model, sizeof g_model, "/tmp/keel_engine_api_XXXXXX");
-    int fd = mkstemp(g_model);
-    if (fd < 0) return -1;
-    close(fd);
+    if (!test_temp_file(g_model, sizeof g_model, "engine_api")) return -1;
     keel_gen_params gp = keel_gen_params_default();
     gp.arch = "qwen2";
     gp.n_layer = 1;

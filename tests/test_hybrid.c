@@ -30,10 +30,7 @@ static keel_model *gen_model(const char *arch, int32_t n_layer, int32_t n_embd, 
                              int32_t n_head_kv, int32_t head_dim, uint64_t seed)
 {
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_hybrid_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    assert_true(test_temp_file(path, sizeof path, "hybrid"));
     keel_gen_params gp = keel_gen_params_default();
     gp.arch = arch;
     gp.n_layer = n_layer;

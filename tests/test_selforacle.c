@@ -19,10 +19,7 @@
 static keel_model *gen(const char *arch, keel_dtype wt)
 {
     char path[64];
-    snprintf(path, sizeof path, "/tmp/keel_oracle_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    assert_true(test_temp_file(path, sizeof path, "oracle"));
     keel_gen_params gp = keel_gen_params_default();
     gp.arch = arch;
     gp.n_layer = 3;

@@ -296,10 +296,7 @@ static int32_t model_vocab(const keel_model *m)
 
 static keel_model *gen_model(const char *arch)
 {
-    snprintf(g_model_path, sizeof g_model_path, "/tmp/keel_sess_model_XXXXXX");
-    int fd = mkstemp(g_model_path);
-    assert_true(fd >= 0);
-    close(fd);
+    assert_true(test_temp_file(g_model_path, sizeof g_model_path, "sess_model"));
     keel_gen_params gp = keel_gen_params_default();
     gp.arch = arch;
     gp.n_embd = 128;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 static _Atomic int64_t g_count, g_fail_at, g_live;
 static _Atomic bool g_failed;
@@ -108,6 +109,15 @@ const char *test_fixture(const char *rel)
     }
     fclose(f);
     return path;
+}
+
+bool test_temp_file(char *path, size_t cap, const char *stem)
+{
+    int n = snprintf(path, cap, "/tmp/keel_%s_XXXXXX", stem);
+    if (n < 0 || (size_t)n >= cap) return false;
+    int fd = mkstemp(path);
+    if (fd < 0) return false;
+    return close(fd) == 0;
 }
 
 void *test_read_file(const char *path, size_t *size)

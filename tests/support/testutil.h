@@ -44,6 +44,10 @@ const char *test_fixture(const char *rel);
 /* Reads a whole file (malloc'd; caller frees). NULL on failure. */
 void *test_read_file(const char *path, size_t *size);
 
+/* Creates an empty file /tmp/keel_<stem>_XXXXXX (a unique name) and writes
+ * its path into path[cap]; false if it cannot. The caller unlinks it. */
+bool test_temp_file(char *path, size_t cap, const char *stem);
+
 /* Overwrites every element of the f32 tensor `tensor` in the GGUF file at
  * path with value (to make a model whose weights are invalid but finite or
  * not, as a test needs). Returns false if the tensor is missing or not f32,
