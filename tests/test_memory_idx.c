@@ -745,6 +745,40 @@ static void test_compaction(void **state)
     keel_mem_close(m);
 }
 
+/* 48 tokens fed with a checkpoint at 16, then a rewind to 16 (seq_rm, or
+ * via_restore: keel_mem_ckpt_restore) and token 16 again: its kept set and
+ * output equal those of a memory that only ever saw tokens 0..16. */
+static void rewind_equals_recompute(const h_cfg *c, uint64_t seed, bool via_restore)
+{
+    keel_mem *m = open_mem(c), *m2 = NULL;
+    keel_mem_layer L = idx_layer(c);
+    float o1[NH * DV], o2[NH * DV];
+    int32_t s1[MAXT], s2[MAXT];
+    feed(m, &L, 0, seed, 0, 16, NULL);
+    assert_ok(keel_mem_ckpt_take(m, 0));
+    feed(m, &L, 0, seed, 16, 16, NULL);
+    feed(m, &L, 0, seed, 32, 16, NULL);
+    if (via_restore) {
+        int32_t at = -1;
+        assert_ok(keel_mem_ckpt_restore(m, 0, 16, &at));
+        assert_int_equal(at, 16);
+    } else {
+        assert_ok(keel_mem_seq_rm(m, 0, 16, -1));
+    }
+    assert_int_equal(keel_mem_seq_pos_max(m, 0), 15);
+    assert_ok(keel_mem_check(m));
+    feed(m, &L, 0, seed, 16, 1, NULL);
+    m2 = open_mem(c);
+    feed(m2, &L, 0, seed, 0, 16, NULL);
+    feed(m2, &L, 0, seed, 16, 1, NULL);
+    query(m, &L, 0, seed, 16, 0, o1, s1);
+    query(m2, &L, 0, seed, 16, 0, o2, s2);
+    assert_memory_equal(s1, s2, 8 * sizeof(int32_t));
+    assert_memory_equal(o1, o2, sizeof o1);
+    keel_mem_close(m2);
+    keel_mem_close(m);
+}
+
 /* sessions carry the column: a round trip is byte-identical, a memory
  * without it refuses the blob, another dtype converts on request; a
  * hybrid's checkpoints keep the ring's indexer keys */
@@ -805,25 +839,7 @@ static void test_sessions_and_checkpoints(void **state)
     c.sliding = true;
     c.recurrent = true;
     c.n_seq = 1;
-    m = open_mem(&c);
-    L = idx_layer(&c);
-    feed(m, &L, 0, 11, 0, 16, NULL);
-    assert_ok(keel_mem_ckpt_take(m, 0));
-    feed(m, &L, 0, 11, 16, 16, NULL);
-    feed(m, &L, 0, 11, 32, 16, NULL);
-    assert_ok(keel_mem_seq_rm(m, 0, 16, -1));
-    assert_int_equal(keel_mem_seq_pos_max(m, 0), 15);
-    assert_ok(keel_mem_check(m));
-    feed(m, &L, 0, 11, 16, 1, NULL);
-    m2 = open_mem(&c);
-    feed(m2, &L, 0, 11, 0, 16, NULL);
-    feed(m2, &L, 0, 11, 16, 1, NULL);
-    query(m, &L, 0, 11, 16, 0, o1, s1);
-    query(m2, &L, 0, 11, 16, 0, o2, s2);
-    assert_memory_equal(s1, s2, 8 * sizeof(int32_t));
-    assert_memory_equal(o1, o2, sizeof o1);
-    keel_mem_close(m2);
-    keel_mem_close(m);
+    rewind_equals_recompute(&c, 11, false);
     /* attention only, ring checkpoints: keel_mem_ckpt_restore brings back
      * the ring cells with their indexer keys (sinks 0, 1 and positions 4..15
      * of the window 12: the rows the later tokens had evicted) */
@@ -831,27 +847,7 @@ static void test_sessions_and_checkpoints(void **state)
     c.sliding = true;
     c.ring_ckpt = true;
     c.n_seq = 1;
-    m = open_mem(&c);
-    L = idx_layer(&c);
-    feed(m, &L, 0, 12, 0, 16, NULL);
-    assert_ok(keel_mem_ckpt_take(m, 0));
-    feed(m, &L, 0, 12, 16, 16, NULL);
-    feed(m, &L, 0, 12, 32, 16, NULL);
-    int32_t at = -1;
-    assert_ok(keel_mem_ckpt_restore(m, 0, 16, &at));
-    assert_int_equal(at, 16);
-    assert_int_equal(keel_mem_seq_pos_max(m, 0), 15);
-    assert_ok(keel_mem_check(m));
-    feed(m, &L, 0, 12, 16, 1, NULL);
-    m2 = open_mem(&c);
-    feed(m2, &L, 0, 12, 0, 16, NULL);
-    feed(m2, &L, 0, 12, 16, 1, NULL);
-    query(m, &L, 0, 12, 16, 0, o1, s1);
-    query(m2, &L, 0, 12, 16, 0, o2, s2);
-    assert_memory_equal(s1, s2, 8 * sizeof(int32_t));
-    assert_memory_equal(o1, o2, sizeof o1);
-    keel_mem_close(m2);
-    keel_mem_close(m);
+    rewind_equals_recompute(&c, 12, true);
 }
 
 /* keel_mem_check reads the column: a NaN indexer key is caught and named */
