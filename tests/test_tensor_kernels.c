@@ -8,6 +8,7 @@
  */
 #include "testutil.h"
 #include "tensor/tensor.h"
+#include "tensor/tensor_impl.h" /* tensor_mv_prep_avx2_: which row kernels prepare x */
 
 #include <math.h>
 #include <stdio.h>
@@ -351,53 +352,70 @@ static void check_rows(const mm_fixture *f, const float *xr, const float *y, dou
     }
 }
 
+/* Column counts the row kernels must get right: fewer blocks than a
+ * kernel's step, odd block counts (q4_0 takes blocks in pairs), a step
+ * plus a tail, and wide rows (ffn_down of large models). */
+static const int64_t k_mv_cols[] = {32, 96, 256, 288, 512, 800, 2816, 14336};
+
 static void test_matvec_all_dtypes(void **state)
 {
     (void)state;
-    const int64_t n_rows = 67, n_cols = 512;
+    const int64_t n_rows = 67, max_cols = 14336;
     base_pool *pools[3];
     for (int p = 0; p < 3; p++)
         assert_ok(base_pool_open(p + 1, &pools[p]));
     base_arena arena;
-    assert_ok(base_arena_init(&arena, 1 << 16));
-    float *x = malloc((n_cols + 3) * sizeof(float)), *xq = malloc(n_cols * sizeof(float));
+    assert_ok(base_arena_init(&arena, 1 << 17));
+    float *x = malloc((max_cols + 3) * sizeof(float)), *xq = malloc(max_cols * sizeof(float));
     float *y = malloc((n_rows + 3) * sizeof(float));
-    uint8_t *xbuf = malloc(4096);
+    uint8_t *xbuf = malloc((size_t)max_cols * sizeof(float));
     for (size_t k = 0; k < BASE_ARRAY_LEN(k_weight_types); k++) {
-        mm_fixture f;
-        mm_make(&f, k_weight_types[k], n_rows, n_cols, 300 + k);
-        keel_dtype vt = tensor_vec_dot_type(f.t);
-        float *xs = x + k % 4;
-        test_fill_normal(xs, n_cols, 400 + k);
-        /* the activation as the kernel sees it (quantized to the vec_dot type) */
-        assert_ok(tensor_quantize_row(vt, xs, xbuf, n_cols));
-        assert_ok(tensor_dequantize_row(vt, xbuf, xq, n_cols));
-        assert_true(tensor_matvec_scratch_bytes(f.t, n_cols) <= arena.cap);
-        FOR_EACH_LEVEL(simd)
-        {
-            for (int p = 0; p < 3; p++) {
-                float *ys = y + p;
-                size_t used = arena.used;
-                assert_ok(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, ys, pools[p], &arena));
-                assert_int_equal(arena.used, used); /* scratch rewound */
-                /* exact up to f32 summation against the quantized activation */
-                check_rows(&f, xq, ys, 2e-6, "matvec (vs quantized x)");
-                /* and close to the f32 activation (q8 activation error) */
-                check_rows(&f, xs, ys, vt == KEEL_DTYPE_F32 ? 2e-6 : 1e-2, "matvec (vs f32 x)");
+        for (size_t c = 0; c < BASE_ARRAY_LEN(k_mv_cols); c++) {
+            int64_t n_cols = k_mv_cols[c];
+            if (n_cols % keel_dtype_block_size(k_weight_types[k])) continue;
+            mm_fixture f;
+            mm_make(&f, k_weight_types[k], n_rows, n_cols, 300 + k + 17 * c);
+            keel_dtype vt = tensor_vec_dot_type(f.t);
+            float *xs = x + (k + c) % 4;
+            test_fill_normal(xs, n_cols, 400 + k + 17 * c);
+            /* the activation as the kernel sees it (quantized to the vec_dot type) */
+            assert_ok(tensor_quantize_row(vt, xs, xbuf, n_cols));
+            assert_ok(tensor_dequantize_row(vt, xbuf, xq, n_cols));
+            assert_true(tensor_matvec_scratch_bytes(f.t, n_cols) <= arena.cap);
+            FOR_EACH_LEVEL(simd)
+            {
+                for (int p = 0; p < 3; p++) {
+                    float *ys = y + p;
+                    size_t used = arena.used;
+                    assert_ok(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, ys, pools[p], &arena));
+                    assert_int_equal(arena.used, used); /* scratch rewound */
+                    /* exact up to f32 summation against the quantized activation */
+                    check_rows(&f, xq, ys, 2e-6, "matvec (vs quantized x)");
+                    /* and close to the f32 activation (q8 activation error) */
+                    check_rows(&f, xs, ys, vt == KEEL_DTYPE_F32 ? 2e-6 : 1e-2, "matvec (vs f32 x)");
+                }
             }
+            /* scratch too small: KEEL_ESCRATCH, arena unchanged; also when only
+             * the row kernel's prepared activation does not fit (room for
+             * the quantized x alone: the scalar path runs, AVX2 refuses) */
+            if (vt != KEEL_DTYPE_F32) {
+                size_t caps[2] = {0, (tensor_row_bytes(vt, n_cols) + 63) & ~(size_t)63};
+                for (int i = 0; i < 2; i++) {
+                    base_arena tiny;
+                    assert_ok(base_arena_init(&tiny, caps[i]));
+                    FOR_EACH_LEVEL(simd2)
+                    {
+                        keel_status st = tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], &tiny);
+                        bool fits = i == 1 && (simd2 == 0 || !tensor_mv_prep_avx2_[f.t].run);
+                        assert_status(st, fits ? KEEL_OK : KEEL_ESCRATCH);
+                        assert_int_equal(tiny.used, 0);
+                    }
+                    base_arena_free(&tiny);
+                }
+                assert_status(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], NULL), KEEL_ESCRATCH);
+            }
+            mm_free(&f);
         }
-        /* scratch too small: KEEL_ESCRATCH, arena unchanged */
-        if (vt != KEEL_DTYPE_F32) {
-            base_arena tiny;
-            assert_ok(base_arena_init(&tiny, 64));
-            assert_status(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], &tiny),
-                          KEEL_ESCRATCH);
-            assert_int_equal(tiny.used, 0);
-            assert_status(tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], NULL),
-                          KEEL_ESCRATCH);
-            base_arena_free(&tiny);
-        }
-        mm_free(&f);
     }
     /* bad shapes */
     float w[64] = {0};

@@ -46,19 +46,46 @@ static bool shape_ok(keel_dtype t, int64_t n_rows, int64_t n_cols)
 
 /* ---- matvec ---------------------------------------------------------------------------- */
 
+/* Scratch of the row kernels' prepared activation (counted whatever SIMD
+ * level runs, so that plans do not depend on it). */
+static size_t mv_prep_bytes(keel_dtype t, int64_t n_cols)
+{
+    const tensor_mv_prep *p = &tensor_mv_prep_avx2_[t];
+    size_t out;
+    if (!p->bytes || n_cols <= 0 || !size_add(p->bytes(n_cols), BASE_ALIGN, &out)) return 0;
+    return out;
+}
+
+/* The prepared activation of the row kernel mv for dtype t (x in its
+ * vec_dot type), in the arena; NULL when it needs none. false: no room. */
+static bool mv_prep(keel_dtype t, tensor_mv_fn mv, const void *x, int64_t n_cols, base_arena *scratch,
+                    const void **out)
+{
+    const tensor_mv_prep *p = &tensor_mv_prep_avx2_[t];
+    *out = NULL;
+    if (!mv || !p->run || n_cols <= 0) return true;
+    void *xp = scratch ? base_arena_take(scratch, p->bytes(n_cols), BASE_ALIGN) : NULL;
+    if (!xp) return false;
+    p->run(x, n_cols, xp);
+    *out = xp;
+    return true;
+}
+
 size_t tensor_matvec_scratch_bytes(keel_dtype t, int64_t n_cols)
 {
     if (!tensor_dtype_valid(t)) return 0;
     keel_dtype vt = tensor_vec_dot_type(t);
-    if (vt == KEEL_DTYPE_F32) return 0;
-    size_t rb = tensor_row_bytes(vt, n_cols), out;
-    if (rb == 0 || !size_add(rb, BASE_ALIGN, &out)) return 0;
+    size_t out = mv_prep_bytes(t, n_cols);
+    if (vt == KEEL_DTYPE_F32) return out;
+    size_t rb = tensor_row_bytes(vt, n_cols);
+    if (rb == 0 || !size_add(out, rb, &out) || !size_add(out, BASE_ALIGN, &out)) return 0;
     return out;
 }
 
 typedef struct matvec_ctx {
     tensor_dot_fn dot;
-    tensor_mv_fn mv; /* row-group kernel, or NULL */
+    tensor_mv_fn mv; /* row-range kernel, or NULL */
+    const void *xp;  /* its prepared activation, or NULL */
     const uint8_t *W;
     size_t row_bytes;
     int64_t n_rows, n_cols, rows_per_task;
@@ -76,7 +103,7 @@ static void matvec_task(void *vctx, int64_t task, int thread)
      * wide rows (f16 at 8 KiB rows: 31 -> 13 GB/s) for +5% on q8_0. */
     const uint8_t *w = c->W + (size_t)r0 * c->row_bytes;
     if (c->mv) {
-        c->mv(r1 - r0, c->n_cols, w, c->row_bytes, c->x, c->y + r0);
+        c->mv(r1 - r0, c->n_cols, w, c->row_bytes, c->x, c->xp, c->y + r0);
         return;
     }
     for (int64_t r = r0; r < r1; r++, w += c->row_bytes)
@@ -111,7 +138,12 @@ static keel_status matvec_impl(keel_dtype t, const void *W, int64_t n_rows, int6
         xa = q;
     }
     tensor_mv_fn mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
-    matvec_ctx c = {tensor_dot_get_(t), mv, W, tensor_row_bytes(t, n_cols), n_rows, n_cols, 0, xa, y};
+    const void *xp;
+    if (!mv_prep(t, mv, xa, n_cols, scratch, &xp)) {
+        base_arena_rewind(scratch, mark);
+        return KEEL_ESCRATCH;
+    }
+    matvec_ctx c = {tensor_dot_get_(t), mv, xp, W, tensor_row_bytes(t, n_cols), n_rows, n_cols, 0, xa, y};
     if (n_cols == 0) {
         memset(y, 0, (size_t)n_rows * sizeof(float));
     } else {
@@ -160,6 +192,10 @@ size_t tensor_matvec_multi_scratch_bytes(const tensor_mv_job *jobs, int n_jobs, 
         seen[vt] = true;
         if (!size_add(need, tensor_matvec_scratch_bytes(jobs[j].dtype, n_cols), &need)) return 0;
     }
+    /* every job's prepared activation (tensor_matvec_scratch_bytes counted
+     * one per vec_dot type above) */
+    for (int j = 0; j < n_jobs && j < TENSOR_MV_MULTI_MAX; j++)
+        if (!size_add(need, mv_prep_bytes(jobs[j].dtype, n_cols), &need)) return 0;
     return need;
 }
 
@@ -202,6 +238,14 @@ keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n
         matvec_ctx *m = &c.mv[j];
         m->dot = tensor_dot_get_(t);
         m->mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
+        int k = 0;
+        while (k < j && !(jobs[k].dtype == t && c.mv[k].xp)) k++;
+        if (k < j) {
+            m->xp = c.mv[k].xp; /* same dtype: same prepared activation */
+        } else if (!mv_prep(t, m->mv, xa, n_cols, scratch, &m->xp)) {
+            if (scratch) base_arena_rewind(scratch, mark);
+            return KEEL_ESCRATCH;
+        }
         m->W = jobs[j].W;
         m->row_bytes = tensor_row_bytes(t, n_cols);
         m->n_rows = jobs[j].n_rows;

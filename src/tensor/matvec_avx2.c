@@ -4,82 +4,508 @@
  * per-row dots of dot_avx2.c serve the rest: dot tiles, tails, other
  * dtypes).
  *
- * Decode's products have short rows (hundreds to a few thousand columns),
- * so what a single-row dot pays per row and per block for the activation
- * (its scale's conversion, the row's setup and horizontal sum) is a large
- * part of the work. How rows are walked decides the DRAM rate, measured on
- * this AMD EPYC VM with the AVX2 path forced (1 thread, 768-column q8_0
- * rows, GB/s of weights): one row after another streams (19-22 GB/s with this file's
- * kernel, 15-21 with the plain dot); two or four rows in lockstep, sharing
- * each activation load, fell to 5-8 GB/s (the hardware prefetchers lose
- * the interleaved 34-byte steps). So q8_0/q4_0 rows go one at a time with
- * the activation's scales converted once per call. q4_K stays with the
- * per-row dot: four rows in lockstep (each activation super-block loaded
- * once for the four) measured no faster at 768 columns and 3-4x slower at
- * 2048 and 8192 (1 thread, 8192 x 2048: 3.9 vs 12.1 GB/s; 768 x 2048: 3.0
- * vs 11.7), the same prefetch loss. Integer parts are exact as in the dots;
- * only the f32 summation order differs.
+ * Decode streams every weight once per token, so a kernel is good when the
+ * memory system never waits for it and it never waits for memory:
+ *
+ * - Prefetch. Each kernel walks its row range as one byte stream and asks
+ *   for the lines MV_PF bytes ahead of what it reads, about one line per 64
+ *   bytes consumed, and not past the range (the next range is usually
+ *   another thread's). A dot does much more work per byte than a plain
+ *   read, so the out-of-order window alone keeps few lines in flight, and
+ *   the hardware streamers did not make up for it (an Intel VM with 4 KiB
+ *   pages, 1 thread, 300 MB of 768-column rows from DRAM, GB/s before ->
+ *   after: q8_0 7.8 -> 10.9, q4_0 3.5 -> 11.4, q4_K 4.9 -> 9.9, f16
+ *   10.9 -> 14.6, a plain read 12.4-15). Issued a whole row at a time the
+ *   prefetches starved the demand loads of wide rows on AMD; spread over
+ *   the row they do not.
+ * - Less work per block, with what depends only on the activation done once
+ *   per product (tensor_mv_prep_avx2, into the caller's scratch): its block
+ *   scales as f32; for q4_0 rows the -8 correction -8 d_x sum(x) per block
+ *   and the activation's quants laid out per pair of blocks; for q4_K /
+ *   q5_K the activation's sums per 32-value sub-block (what the mins
+ *   multiply). Weight block scales are converted eight at a time and
+ *   broadcast from memory (a load, not a shuffle).
+ * - q4_0 takes two blocks per vector: their 16 nibble bytes side by side,
+ *   the low nibbles of both in one mask, the high ones in one shift and
+ *   mask, against the activation's quants in the same order; the two
+ *   maddubs results add in int16 (|sum| <= 2 * 2 * 15 * 128) before one
+ *   widening, one conversion and one FMA with [s_a x 4 | s_b x 4]. The
+ *   nibbles stay unsigned: sum (q - 8) x = sum q x - 8 sum x.
+ * - q4_K / q5_K decode their 12-byte scale field with two shuffles and a
+ *   few masks (no scalar bit work), widen the scales into int16 pairs
+ *   broadcast from memory, and keep two accumulator chains.
+ * - Rows go one at a time: rows in lockstep lost the hardware prefetch on
+ *   AMD (2.5-3x slower from DRAM).
+ *
+ * Integer parts are exact as in the dots; only the f32 summation order
+ * differs from tensor_vec_dot (tests compare with the scalar path within a
+ * bound; deterministic mode uses the dot tiles, not these kernels).
  */
 #include "avx2_util.h"
 
-#define MV_XS_MAX 1024 /* activation blocks whose scales are kept as f32 (32768 columns) */
+#define MV_PF 3072 /* prefetch distance in bytes (1024-4096 swept on the VM above: 3072 best with 2 threads) */
 
-/* q8_0 / q4_0 rows against a q8_0 activation, one row at a time: rows
- * taken in lockstep (2 or 4 at once, sharing each activation load) ran
- * 2.5-3x slower from DRAM on this VM (the prefetchers lost the
- * interleaved 34-byte steps of several rows), so the gain here is the
- * activation's scales converted once per matvec and four accumulators per
- * row. VALUES gives a block's 32 signed values; |w| with w's sign moved onto
- * x (the dot's sign trick). */
-#define MV_SYM(NAME, WBYTES, VALUES, SCALAR_DOT)                                                   \
-    static void NAME(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *xv, float *y) \
-    {                                                                                              \
-        const uint8_t *x = xv;                                                                     \
-        int64_t nb = n / QK;                                                                       \
-        if (nb > MV_XS_MAX) {                                                                      \
-            for (int64_t r = 0; r < nr; r++) y[r] = SCALAR_DOT(n, W + (size_t)r * rb, x);          \
-            return;                                                                                \
-        }                                                                                          \
-        float dx[MV_XS_MAX];                                                                       \
-        for (int64_t b = 0; b < nb; b++) dx[b] = f16_load(x + (size_t)b * Q8_0_BYTES);            \
-        for (int64_t r = 0; r < nr; r++) {                                                         \
-            const uint8_t *w = W + (size_t)r * rb;                                                 \
-            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),          \
-                           _mm256_setzero_ps()};                                                   \
-            int64_t b = 0;                                                                         \
-            for (; b + 4 <= nb; b += 4) {                                                          \
-                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)                                \
-                {                                                                                  \
-                    const uint8_t *wb = w + (size_t)(b + k) * (WBYTES);                            \
-                    __m256i wq = VALUES(wb), xq = loadu_256(x + (size_t)(b + k) * Q8_0_BYTES + 2); \
-                    __m256i p = dot_us8_i32(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));   \
-                    a[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(wb) * dx[b + k]),               \
-                                           _mm256_cvtepi32_ps(p), a[k]);                           \
-                }                                                                                  \
-            }                                                                                      \
-            for (; b < nb; b++) {                                                                  \
-                const uint8_t *wb = w + (size_t)b * (WBYTES);                                      \
-                __m256i wq = VALUES(wb), xq = loadu_256(x + (size_t)b * Q8_0_BYTES + 2);           \
-                __m256i p = dot_us8_i32(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));       \
-                a[0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(wb) * dx[b]), _mm256_cvtepi32_ps(p), a[0]); \
-            }                                                                                      \
-            y[r] = hsum_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));   \
-        }                                                                                          \
+/* ---- prefetch ------------------------------------------------------------------------ */
+
+/* The last byte of a range, as an address: prefetches are clamped to it
+ * (integer arithmetic: the clamped address may lie past the object). */
+static inline uintptr_t mv_pf_last(const uint8_t *W, size_t bytes)
+{
+    return (uintptr_t)W + (bytes ? bytes - 1 : 0);
+}
+
+/* Asks for the `lines` lines from cur + MV_PF on (clamped to the range's
+ * last line: a repeated request for it costs a load slot, no traffic).
+ * __builtin_prefetch, not _mm_prefetch: gcc 12 at -O2 dropped the latter
+ * inside the always_inline kernels below (no prefetch left in the code). */
+static inline void mv_pf(const uint8_t *cur, uintptr_t last, int lines)
+{
+    uintptr_t a = (uintptr_t)cur + MV_PF;
+    for (int k = 0; k < lines; k++, a += 64) __builtin_prefetch((const void *)(a < last ? a : last), 0, 3);
+}
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+/* Eight f16 values at p, p + stride, ... as f32. */
+static inline __m256 f16x8_strided(const uint8_t *p, size_t stride)
+{
+    uint64_t lo = (uint64_t)rd_u16(p) | (uint64_t)rd_u16(p + stride) << 16 |
+                  (uint64_t)rd_u16(p + 2 * stride) << 32 | (uint64_t)rd_u16(p + 3 * stride) << 48;
+    p += 4 * stride;
+    uint64_t hi = (uint64_t)rd_u16(p) | (uint64_t)rd_u16(p + stride) << 16 |
+                  (uint64_t)rd_u16(p + 2 * stride) << 32 | (uint64_t)rd_u16(p + 3 * stride) << 48;
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+static inline size_t up8(int64_t n)
+{
+    return ((size_t)n + 7) & ~(size_t)7;
+}
+
+static inline size_t up64b(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+/* ---- prepared activations ------------------------------------------------------------- */
+
+/* q8_0 rows: dx [nb8] f32 (block scales, zero past nb). */
+static size_t prep_q8_0_bytes(int64_t n)
+{
+    return up8(n / QK) * sizeof(float);
+}
+
+static void prep_x_scales(const uint8_t *x, int64_t nb, float *dx)
+{
+    for (int64_t b = 0; b < nb; b++) dx[b] = f16_load(x + (size_t)b * Q8_0_BYTES);
+    for (int64_t b = nb; b < (int64_t)up8(nb); b++) dx[b] = 0.0f;
+}
+
+static void prep_q8_0(const void *x, int64_t n, void *xp)
+{
+    prep_x_scales(x, n / QK, xp);
+}
+
+/* q4_0 rows: dx [nb8] f32 | dxs [nb8] f32 (-8 d_x sum(q_x) per block) |
+ * pairs [nb / 2][64] u8 (blocks 2k, 2k+1: values 0-15 of both, then 16-31
+ * of both), 64-byte aligned offsets. */
+typedef struct q4_0_prep {
+    float *dx, *dxs;
+    uint8_t *pairs;
+} q4_0_prep;
+
+static q4_0_prep q4_0_prep_at(const void *xp, int64_t nb)
+{
+    uint8_t *p = (uint8_t *)(uintptr_t)xp;
+    size_t f = up64b(up8(nb) * sizeof(float));
+    q4_0_prep q = {(float *)(void *)p, (float *)(void *)(p + f), p + 2 * f};
+    return q;
+}
+
+static size_t prep_q4_0_bytes(int64_t n)
+{
+    int64_t nb = n / QK;
+    return 2 * up64b(up8(nb) * sizeof(float)) + (size_t)(nb / 2) * 64;
+}
+
+static void prep_q4_0(const void *xv, int64_t n, void *xp)
+{
+    const uint8_t *x = xv;
+    int64_t nb = n / QK;
+    q4_0_prep q = q4_0_prep_at(xp, nb);
+    prep_x_scales(x, nb, q.dx);
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < (int64_t)up8(nb); b++)
+        q.dxs[b] = b < nb ? -8.0f * q.dx[b] *
+                                (float)hsum_epi32(dot_us8_i32(ones, loadu_256(x + (size_t)b * Q8_0_BYTES + 2)))
+                          : 0.0f;
+    for (int64_t k = 0; k + 1 < nb; k += 2) {
+        const uint8_t *a = x + (size_t)k * Q8_0_BYTES + 2, *c = a + Q8_0_BYTES;
+        uint8_t *o = q.pairs + (size_t)(k / 2) * 64;
+        _mm256_storeu_si256((__m256i *)o, _mm256_loadu2_m128i((const __m128i *)c, (const __m128i *)a));
+        _mm256_storeu_si256((__m256i *)(o + 32),
+                            _mm256_loadu2_m128i((const __m128i *)(c + 16), (const __m128i *)(a + 16)));
     }
-
-static float dot_q8_0_row(int64_t n, const void *w, const void *x)
-{
-    return tensor_dot_avx2_[KEEL_DTYPE_Q8_0](n, w, x);
-}
-static float dot_q4_0_row(int64_t n, const void *w, const void *x)
-{
-    return tensor_dot_avx2_[KEEL_DTYPE_Q4_0](n, w, x);
 }
 
-MV_SYM(mv_q8_0, Q8_0_BYTES, q8_0_block_values, dot_q8_0_row)
-MV_SYM(mv_q4_0, Q4_0_BYTES, q4_0_values, dot_q4_0_row)
+/* q4_K / q5_K rows: pairs [nsb][8] i16 (the activation's sums over each
+ * 32-value sub-block) | dx [nsb] f32. */
+static size_t prep_kq_bytes(int64_t n)
+{
+    int64_t nsb = n / QK_K;
+    return (size_t)nsb * 16 + (size_t)nsb * sizeof(float);
+}
+
+static void prep_kq(const void *xv, int64_t n, void *xp)
+{
+    const uint8_t *x = xv;
+    int64_t nsb = n / QK_K;
+    uint8_t *pairs = xp;
+    float *dx = (float *)(void *)(pairs + (size_t)nsb * 16);
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t *xb = x + (size_t)i * Q8_K_BYTES;
+        __m256i bs = loadu_256(xb + Q8_K_BSUMS);
+        _mm_storeu_si128((__m128i *)(pairs + (size_t)i * 16),
+                         _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+        dx[i] = rd_f32(xb);
+    }
+}
+
+/* ---- q8_0 --------------------------------------------------------------------------- */
+
+/* int8 dot of one q8_0 weight block with the activation's block, 8 x i32
+ * (the sign trick: |w| the unsigned operand, w's sign moved onto x) */
+static inline __m256i mv_dot_q8_0(const uint8_t *wb, const uint8_t *xb)
+{
+    __m256i wq = loadu_256(wb + 2), xq = loadu_256(xb + 2);
+    return dot_us8_i32(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+}
+
+/* Per eight blocks: the weight scales converted at once, multiplied by the
+ * activation's and broadcast from memory per block; four accumulators. */
+static void mv_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *xv, const void *xp,
+                    float *y)
+{
+    const uint8_t *x = xv;
+    const float *dx = xp;
+    int64_t nb = n / QK;
+    uintptr_t last = mv_pf_last(W, (size_t)nr * rb);
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *w = W + (size_t)r * rb;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t b = 0;
+#define Q8_STEP(k, A)                                                                              \
+    A = _mm256_fmadd_ps(_mm256_broadcast_ss(s + (k)),                                              \
+                        _mm256_cvtepi32_ps(mv_dot_q8_0(wb + (k) * Q8_0_BYTES, xb + (k) * Q8_0_BYTES)), A)
+        for (; b + 8 <= nb; b += 8) {
+            const uint8_t *wb = w + (size_t)b * Q8_0_BYTES, *xb = x + (size_t)b * Q8_0_BYTES;
+            mv_pf(wb, last, 5);
+            _Alignas(32) float s[8];
+            _mm256_store_ps(s, _mm256_mul_ps(f16x8_strided(wb, Q8_0_BYTES), _mm256_load_ps(dx + b)));
+            Q8_STEP(0, a0);
+            Q8_STEP(1, a1);
+            Q8_STEP(2, a2);
+            Q8_STEP(3, a3);
+            Q8_STEP(4, a0);
+            Q8_STEP(5, a1);
+            Q8_STEP(6, a2);
+            Q8_STEP(7, a3);
+        }
+#undef Q8_STEP
+        for (; b < nb; b++) {
+            const uint8_t *wb = w + (size_t)b * Q8_0_BYTES;
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(wb) * dx[b]),
+                                 _mm256_cvtepi32_ps(mv_dot_q8_0(wb, x + (size_t)b * Q8_0_BYTES)), a0);
+        }
+        y[r] = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    }
+}
+
+/* ---- q4_0 --------------------------------------------------------------------------- */
+
+/* Blocks a (at wa) and a + 1 against the activation's pair layout xq:
+ * sum over each block's values of q x as [a x 4 | a+1 x 4] int32 lanes. */
+static inline __m256i mv_dot_q4_0_pair(const uint8_t *wa, const uint8_t *xq)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i v = _mm256_loadu2_m128i((const __m128i *)(wa + Q4_0_BYTES + 2), (const __m128i *)(wa + 2));
+    __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v, m4), loadu_256(xq));
+    __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), loadu_256(xq + 32));
+    return _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1));
+}
+
+static void mv_q4_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *xv, const void *xpv,
+                    float *y)
+{
+    const uint8_t *x = xv;
+    int64_t nb = n / QK;
+    q4_0_prep xp = q4_0_prep_at(xpv, nb);
+    uintptr_t last = mv_pf_last(W, (size_t)nr * rb);
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *w = W + (size_t)r * rb;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, corr = a0;
+        int64_t b = 0;
+#define Q4_STEP(k, A)                                                                              \
+    A = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, _mm256_setr_epi32(2 * (k), 2 * (k), 2 * (k), 2 * (k), \
+                                                                       2 * (k) + 1, 2 * (k) + 1,   \
+                                                                       2 * (k) + 1, 2 * (k) + 1)), \
+                        _mm256_cvtepi32_ps(mv_dot_q4_0_pair(wb + 2 * (k) * Q4_0_BYTES, xq + (k) * 64)), A)
+        for (; b + 8 <= nb; b += 8) {
+            const uint8_t *wb = w + (size_t)b * Q4_0_BYTES, *xq = xp.pairs + (size_t)b * 32;
+            mv_pf(wb, last, 3);
+            __m256 dw = f16x8_strided(wb, Q4_0_BYTES);
+            __m256 s = _mm256_mul_ps(dw, _mm256_load_ps(xp.dx + b));
+            corr = _mm256_fmadd_ps(dw, _mm256_load_ps(xp.dxs + b), corr);
+            Q4_STEP(0, a0);
+            Q4_STEP(1, a1);
+            Q4_STEP(2, a2);
+            Q4_STEP(3, a3);
+        }
+#undef Q4_STEP
+        float tail = 0.0f;
+        for (; b < nb; b++) {
+            /* one block: nibbles 0-15 | 16-31 against the activation as stored */
+            const uint8_t *wb = w + (size_t)b * Q4_0_BYTES;
+            __m256i v = _mm256_broadcastsi128_si256(loadu_128(wb + 2));
+            v = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+            float dw = f16_load(wb);
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(dw * xp.dx[b]),
+                                 _mm256_cvtepi32_ps(dot_us8_i32(v, loadu_256(x + (size_t)b * Q8_0_BYTES + 2))), a0);
+            tail += dw * xp.dxs[b];
+        }
+        __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+        y[r] = hsum_ps(_mm256_add_ps(a, corr)) + tail;
+    }
+}
+
+/* ---- K-quants ----------------------------------------------------------------------- */
+
+/* The 12-byte scale field of q4_K / q5_K at q (16 bytes readable) as 16
+ * u8: scales 0-7, then mins 0-7 (kq_scale_min's bit layout): bytes 0-3
+ * hold scales 0-3 (low 6 bits) and the top bits of scales 4-7, bytes 4-7
+ * the same for the mins, bytes 8-11 the low nibbles of scales 4-7 and
+ * (high nibbles) of mins 4-7. Two shuffles put each value's sources in its
+ * lane; masks and shifts do the rest, no scalar work. */
+static inline __m128i kq_scales_mins_u8(const uint8_t *q)
+{
+    const char z = (char)0x80;
+    __m128i v = loadu_128(q);
+    /* low-bit sources: sc0-3 <- q0-3, sc4-7 <- q8-11, mn0-3 <- q4-7, mn4-7 <- q8-11 */
+    __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    /* high-bit sources: sc4-7 <- top bits of q0-3, mn4-7 <- top bits of q4-7 */
+    __m128i h = _mm_shuffle_epi8(v, _mm_setr_epi8(z, z, z, z, 0, 1, 2, 3, z, z, z, z, 4, 5, 6, 7));
+    __m128i lo = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    __m128i ln = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    __m128i hb = _mm_and_si128(_mm_srli_epi16(h, 2), _mm_set1_epi8(0x30)); /* (b >> 6) << 4 */
+    return _mm_or_si128(_mm_or_si128(lo, ln), hb);
+}
+
+/* From kq_scales_mins_u8's result: the sub-block scales as dword pairs
+ * (s, s) of int16 in s32[0..8) (a 32-bit broadcast from memory then puts
+ * the scale in every 16-bit lane), and the mins as 8 x i16. */
+static inline __m128i kq_scale_pairs(__m128i sm, int32_t *s32)
+{
+    const char z = (char)0x80;
+    _mm_store_si128((__m128i *)s32, _mm_shuffle_epi8(sm, _mm_setr_epi8(0, z, 0, z, 1, z, 1, z, 2, z, 2, z, 3, z, 3, z)));
+    _mm_store_si128((__m128i *)(s32 + 4), _mm_shuffle_epi8(sm, _mm_setr_epi8(4, z, 4, z, 5, z, 5, z, 6, z, 6, z, 7, z, 7, z)));
+    return _mm_unpackhi_epi8(sm, _mm_setzero_si128());
+}
+
+static inline __m256i bcast_i32(const int32_t *p)
+{
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)p));
+}
+
+static inline float hsum_128(__m128 m)
+{
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* q4_K / q5_K rows against q8_K: per super-block sum_j sc_j (q . x)_j as
+ * 8 x i32, scaled by d d_x; the mins term dmin d_x sum_j m_j xsum_j apart.
+ * Q5 adds the fifth bit from qh. */
+static inline __attribute__((always_inline)) void mv_q45_K(int Q5, int64_t nr, int64_t n,
+                                                           const uint8_t *W, size_t rb,
+                                                           const uint8_t *x, const void *xp, float *y)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
+    const size_t bb = Q5 ? Q5_K_BYTES : Q4_K_BYTES;
+    int64_t nsb = n / QK_K;
+    const uint8_t *pairs = xp;
+    const float *dxs = (const float *)(const void *)(pairs + (size_t)nsb * 16);
+    uintptr_t last = mv_pf_last(W, (size_t)nr * rb);
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *b = W + (size_t)r * rb, *xb = x;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+        __m128 accm = _mm_setzero_ps();
+        for (int64_t i = 0; i < nsb; i++, b += bb, xb += Q8_K_BYTES) {
+            mv_pf(b, last, Q5 ? 3 : 2 + (int)(i & 1));
+            float dx = dxs[i];
+            _Alignas(16) int32_t s32[8];
+            __m128i mn16 = kq_scale_pairs(kq_scales_mins_u8(b + 4), s32);
+            __m128i mins = _mm_madd_epi16(mn16, loadu_128(pairs + (size_t)i * 16));
+            accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)), _mm_cvtepi32_ps(mins), accm);
+            const uint8_t *xq = xb + Q8_K_QS, *qs = b + (Q5 ? 48 : 16);
+            __m256i hb = Q5 ? loadu_256(b + 16) : _mm256_setzero_si256();
+            __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m256i q = loadu_256(qs + 32 * c);
+                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (Q5) {
+                    /* bit 2c of qh -> 0x10 for the low half, bit 2c + 1 for the high half */
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), b16));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), b16));
+                    hb = _mm256_srli_epi16(hb, 2);
+                }
+                __m256i p0 = _mm256_maddubs_epi16(lo, loadu_256(xq + 64 * c));
+                __m256i p1 = _mm256_maddubs_epi16(hi, loadu_256(xq + 64 * c + 32));
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, bcast_i32(s32 + 2 * c)));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, bcast_i32(s32 + 2 * c + 1)));
+            }
+            __m256 d = _mm256_set1_ps(dx * f16_load(b));
+            if (i & 1)
+                acc1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc1);
+            else
+                acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc0);
+        }
+        y[r] = hsum_ps(_mm256_add_ps(acc0, acc1)) - hsum_128(accm);
+    }
+}
+
+static void mv_q4_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *x, const void *xp,
+                    float *y)
+{
+    mv_q45_K(0, nr, n, W, rb, x, xp, y);
+}
+
+static void mv_q5_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *x, const void *xp,
+                    float *y)
+{
+    mv_q45_K(1, nr, n, W, rb, x, xp, y);
+}
+
+/* q6_K rows against q8_K: 16 signed sub-block scales of 16 values; the
+ * -32 offset as 32 sum_g sc_g bsum_g (the dot of dot_avx2.c, with the
+ * prefetch and two accumulator chains). */
+static void mv_q6_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *xv, const void *xp,
+                    float *y)
+{
+    (void)xp;
+    const uint8_t *x = xv;
+    int64_t nsb = n / QK_K;
+    uintptr_t last = mv_pf_last(W, (size_t)nr * rb);
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *b = W + (size_t)r * rb, *xb = x;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+        for (int64_t i = 0; i < nsb; i++, b += Q6_K_BYTES, xb += Q8_K_BYTES) {
+            mv_pf(b, last, 3 + (int)(i & 1));
+            const uint8_t *xq = xb + Q8_K_QS;
+            __m128i sc8 = loadu_128(b + 192);
+            __m256i off = _mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), _mm256_cvtepi8_epi16(sc8));
+            /* low lane: even sub-block scales, high lane: odd ones, so one
+             * in-lane broadcast gives group g's [s_2g x 8 | s_2g+1 x 8] */
+            __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
+            __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+#pragma GCC unroll 2
+            for (int nh = 0; nh < 2; nh++) {
+                __m256i q[4];
+                q6_K_values(b, nh, q);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    __m256i p = _mm256_maddubs_epi16(q[k], loadu_256(xq + 128 * nh + 32 * k));
+                    p = _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, bcast16_ctrl(4 * nh + k)));
+                    if (k & 1)
+                        s1 = _mm256_add_epi32(s1, p);
+                    else
+                        s0 = _mm256_add_epi32(s0, p);
+                }
+            }
+            __m256i sumi = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(off, 5));
+            __m256 d = _mm256_set1_ps(rd_f32(xb) * f16_load(b + 208));
+            if (i & 1)
+                acc1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc1);
+            else
+                acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc0);
+        }
+        y[r] = hsum_ps(_mm256_add_ps(acc0, acc1));
+    }
+}
+
+/* ---- f16 / bf16 / f32 ------------------------------------------------------------- */
+
+static inline __m256 mv_load8(keel_dtype t, const uint8_t *p)
+{
+    if (t == KEEL_DTYPE_F16) return _mm256_cvtph_ps(loadu_128(p));
+    if (t == KEEL_DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(loadu_128(p)), 16));
+    return _mm256_loadu_ps((const float *)(const void *)p);
+}
+
+static inline __attribute__((always_inline)) void mv_fp(keel_dtype t, int64_t nr, int64_t n,
+                                                        const uint8_t *W, size_t rb, const float *x,
+                                                        float *y)
+{
+    const size_t es = t == KEEL_DTYPE_F32 ? 4 : 2;
+    uintptr_t last = mv_pf_last(W, (size_t)nr * rb);
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *w = W + (size_t)r * rb;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            const uint8_t *p = w + (size_t)i * es;
+            mv_pf(p, last, (int)es / 2); /* 32 values: 64 or 128 bytes */
+            s0 = _mm256_fmadd_ps(mv_load8(t, p), _mm256_loadu_ps(x + i), s0);
+            s1 = _mm256_fmadd_ps(mv_load8(t, p + 8 * es), _mm256_loadu_ps(x + i + 8), s1);
+            s2 = _mm256_fmadd_ps(mv_load8(t, p + 16 * es), _mm256_loadu_ps(x + i + 16), s2);
+            s3 = _mm256_fmadd_ps(mv_load8(t, p + 24 * es), _mm256_loadu_ps(x + i + 24), s3);
+        }
+        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(mv_load8(t, w + (size_t)i * es), _mm256_loadu_ps(x + i), s0);
+        float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+        for (; i < n; i++) {
+            const uint8_t *p = w + (size_t)i * es;
+            s += (t == KEEL_DTYPE_F16    ? tensor_f16_to_f32(rd_u16(p))
+                  : t == KEEL_DTYPE_BF16 ? tensor_bf16_to_f32(rd_u16(p))
+                                         : rd_f32(p)) *
+                 x[i];
+        }
+        y[r] = s;
+    }
+}
+
+static void mv_f16(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *x, const void *xp,
+                   float *y)
+{
+    (void)xp;
+    mv_fp(KEEL_DTYPE_F16, nr, n, W, rb, x, y);
+}
+
+static void mv_bf16(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *x, const void *xp,
+                    float *y)
+{
+    (void)xp;
+    mv_fp(KEEL_DTYPE_BF16, nr, n, W, rb, x, y);
+}
+
+static void mv_f32(int64_t nr, int64_t n, const uint8_t *W, size_t rb, const void *x, const void *xp,
+                   float *y)
+{
+    (void)xp;
+    mv_fp(KEEL_DTYPE_F32, nr, n, W, rb, x, y);
+}
 
 const tensor_mv_fn tensor_mv_avx2_[KEEL_DTYPE_COUNT_] = {
-    [KEEL_DTYPE_Q8_0] = mv_q8_0,
-    [KEEL_DTYPE_Q4_0] = mv_q4_0,
+    [KEEL_DTYPE_F32] = mv_f32,   [KEEL_DTYPE_F16] = mv_f16,   [KEEL_DTYPE_BF16] = mv_bf16,
+    [KEEL_DTYPE_Q8_0] = mv_q8_0, [KEEL_DTYPE_Q4_0] = mv_q4_0, [KEEL_DTYPE_Q4_K] = mv_q4_K,
+    [KEEL_DTYPE_Q5_K] = mv_q5_K, [KEEL_DTYPE_Q6_K] = mv_q6_K,
+};
+
+const tensor_mv_prep tensor_mv_prep_avx2_[KEEL_DTYPE_COUNT_] = {
+    [KEEL_DTYPE_Q8_0] = {prep_q8_0_bytes, prep_q8_0},
+    [KEEL_DTYPE_Q4_0] = {prep_q4_0_bytes, prep_q4_0},
+    [KEEL_DTYPE_Q4_K] = {prep_kq_bytes, prep_kq},
+    [KEEL_DTYPE_Q5_K] = {prep_kq_bytes, prep_kq},
 };

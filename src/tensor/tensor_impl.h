@@ -187,11 +187,21 @@ extern const tensor_axpy_fn tensor_axpy_scalar_[KEEL_DTYPE_COUNT_];
 extern const tensor_axpy_fn tensor_axpy_avx2_[KEEL_DTYPE_COUNT_];
 
 /* Matrix-vector kernels over a range of rows: y[r] = dot(W row r, x) for
- * r < n_rows, rows rb bytes apart, x in the dtype's vec_dot type (matvec's
- * hot loop; NULL: the dtype's dot row by row). */
+ * r < n_rows, rows rb bytes apart, x in the dtype's vec_dot type and xp
+ * what the dtype's tensor_mv_prep made of x (NULL when it has none)
+ * (matvec's hot loop; NULL: the dtype's dot row by row). */
 typedef void (*tensor_mv_fn)(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb,
-                             const void *x, float *y);
+                             const void *x, const void *xp, float *y);
 extern const tensor_mv_fn tensor_mv_avx2_[KEEL_DTYPE_COUNT_];
+
+/* What a row kernel needs of the activation beyond x itself, made once per
+ * product: bytes(n_cols) of scratch (64-byte aligned), filled by run(x,
+ * n_cols, xp). Both NULL when the dtype needs nothing. */
+typedef struct tensor_mv_prep {
+    size_t (*bytes)(int64_t n_cols);
+    void (*run)(const void *x, int64_t n_cols, void *xp);
+} tensor_mv_prep;
+extern const tensor_mv_prep tensor_mv_prep_avx2_[KEEL_DTYPE_COUNT_];
 
 tensor_dot_fn tensor_dot_get_(keel_dtype t);
 tensor_quant_fn tensor_quant_get_(keel_dtype t);
