@@ -94,7 +94,7 @@ static attn_kernel_set forced(attn_path p, keel_dtype kt, keel_dtype vt, tensor_
 {
     *prev = tensor_simd_force((tensor_simd)p);
     assert_int_equal(attn_path_active(), p);
-    return attn_kernels(attn_path_active(), kt, vt);
+    return attn_kernels(attn_path_active(), kt, vt, 128, 128);
 }
 
 static void random_idx(int32_t *idx, int32_t n, base_rng *rng)
@@ -370,6 +370,131 @@ static void test_row(void **state)
     }
 }
 
+/* The fused decode kernel (attn_dec_fn) against the scalar kernels run
+ * block by block as attn_task runs them (kq, softcap or scale, the row
+ * step with every cell visible, alpha, pv): q8_0 / q4_0 K and V (also
+ * mixed), dims 32..512 (and 576: no kernel), R from 1 to 12 (quads and
+ * their tails), cell lists of 1..100 (blocks and a short last block),
+ * fresh and carried running state (m, l, acc: the rescaling), softcap on
+ * and off. */
+static void test_dec(void **state)
+{
+    (void)state;
+    static const keel_dtype kv[][2] = {{KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0},
+                                       {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0},
+                                       {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0},
+                                       {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0}};
+    static const int32_t dims[] = {32, 64, 96, 128, 512, 576};
+    static const int32_t rows[] = {1, 2, 3, 4, 5, 8, 12};
+    static const int32_t cells[] = {1, 7, 32, 33, 64, 100};
+    static float acc0[R_MAX][DIM_MAX], ref[R_MAX][DIM_MAX], got[R_MAX][DIM_MAX + 16];
+    attn_path best = attn_path_best();
+    base_rng rng;
+    base_rng_seed(&rng, 11);
+    int64_t checked = 0, ran = 0;
+    for (size_t ki = 0; ki < BASE_ARRAY_LEN(kv); ki++)
+        for (size_t di = 0; di < BASE_ARRAY_LEN(dims); di++) {
+            keel_dtype kt = kv[ki][0], vt = kv[ki][1];
+            int32_t dim = dims[di];
+            fixture fk, fv;
+            fixture_make(&fk, kt, dim, 300 + 10 * ki + di);
+            fixture_make(&fv, vt, dim, 400 + 10 * ki + di);
+            const void *qp[R_MAX];
+            for (int r = 0; r < R_MAX; r++) qp[r] = fk.q + (size_t)r * fk.qrb;
+            for (size_t ri = 0; ri < BASE_ARRAY_LEN(rows); ri++)
+                for (size_t ci = 0; ci < BASE_ARRAY_LEN(cells); ci++)
+                    for (int variant = 0; variant < 4; variant++) {
+                        int32_t R = rows[ri], n = cells[ci];
+                        bool carried = variant & 1;
+                        float softcap = variant & 2 ? 30.0f : 0.0f, scale = 1.0f / sqrtf((float)dim);
+                        int32_t idx[128];
+                        for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
+                        float m0[R_MAX] = {0}, l0[R_MAX] = {0};
+                        for (int32_t r = 0; r < R; r++) {
+                            m0[r] = carried ? (float)(base_rng_next(&rng) % 40) - 20.0f : -INFINITY;
+                            l0[r] = carried ? 1.0f + (float)(base_rng_next(&rng) % 100) / 10.0f : 0.0f;
+                            if (carried)
+                                test_fill_uniform(acc0[r], dim, base_rng_next(&rng));
+                            else
+                                memset(acc0[r], 0, (size_t)dim * sizeof(float));
+                        }
+                        /* reference: the scalar kernels, block by block */
+                        float mr[R_MAX], lr[R_MAX], *ap[R_MAX];
+                        memcpy(mr, m0, sizeof mr);
+                        memcpy(lr, l0, sizeof lr);
+                        memcpy(ref, acc0, sizeof ref);
+                        for (int32_t r = 0; r < R; r++) ap[r] = ref[r];
+                        attn_pf no_pf = {NULL, 0};
+                        uint8_t vis[ATTN_CB], act[R_MAX];
+                        memset(vis, 1, sizeof vis);
+                        float sc[R_MAX * ATTN_CB];
+                        bool prev = tensor_set_simd(false);
+                        for (int32_t sb = 0; sb < n; sb += ATTN_CB) {
+                            int32_t nb = BASE_MIN(ATTN_CB, n - sb);
+                            attn_kq_scalar(kt, fk.rows, fk.rb, idx + sb, nb, qp, R, dim, sc, no_pf);
+                            for (int32_t r = 0; r < R; r++) {
+                                float *s = sc + r * ATTN_CB, sc_scale = scale, alpha;
+                                if (softcap > 0.0f) {
+                                    for (int32_t j = 0; j < nb; j++) s[j] = softcap * tanhf(s[j] * scale / softcap);
+                                    sc_scale = 1.0f;
+                                }
+                                act[r] = attn_row_scalar(s, nb, sc_scale, vis, &mr[r], &lr[r], &alpha);
+                                if (act[r] && alpha != 1.0f)
+                                    for (int32_t i = 0; i < dim; i++) ref[r][i] *= alpha;
+                            }
+                            attn_pv_scalar(vt, fv.rows, fv.rb, idx + sb, nb, sc, act, R, dim, ap, no_pf);
+                        }
+                        tensor_set_simd(prev);
+                        for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
+                            tensor_simd lv;
+                            attn_kernel_set ks = forced((attn_path)pi, kt, vt, &lv);
+                            ks = attn_kernels((attn_path)pi, kt, vt, dim, dim);
+                            if (!ks.dec) {
+                                tensor_simd_force(lv);
+                                /* the AVX2 path has one for these dims */
+                                if (pi == (int)ATTN_PATH_AVX2 && dim <= 512)
+                                    fail_msg("no fused decode kernel for %s/%s dim %d", keel_dtype_name(kt),
+                                             keel_dtype_name(vt), dim);
+                                continue;
+                            }
+                            float mg[R_MAX], lg[R_MAX], *gp[R_MAX];
+                            memcpy(mg, m0, sizeof mg);
+                            memcpy(lg, l0, sizeof lg);
+                            for (int32_t r = 0; r < R; r++) {
+                                memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
+                                for (int i = 0; i < 16; i++) got[r][dim + i] = 12345.0f;
+                                gp[r] = got[r];
+                            }
+                            attn_dec a = {fk.rows, fv.rows, fk.rb, fv.rb, idx, n, qp, R, dim, dim,
+                                          scale, softcap, mg, lg, gp};
+                            ks.dec(kt, vt, &a);
+                            tensor_simd_force(lv);
+                            ran++;
+                            for (int32_t r = 0; r < R; r++) {
+                                double amax = 0;
+                                for (int32_t i = 0; i < dim; i++) amax = fmax(amax, fabs(ref[r][i]));
+                                check_close(mg[r], mr[r], 1e-5 * fabs(mr[r]) + 1e-5, "dec m", k_path_names[pi], kt,
+                                            dim, R, n, r, -1);
+                                check_close(lg[r], lr[r], 1e-4 * lr[r], "dec l", k_path_names[pi], kt, dim, R,
+                                            n, r, -1);
+                                for (int32_t i = 0; i < dim; i++) {
+                                    check_close(got[r][i], ref[r][i], 1e-4 * amax + 1e-30, "dec acc",
+                                                k_path_names[pi], kt, dim, R, n, r, i);
+                                    checked++;
+                                }
+                                for (int i = 0; i < 16; i++)
+                                    if (got[r][dim + i] != 12345.0f)
+                                        fail_msg("dec %s: wrote past row %d", k_path_names[pi], r);
+                            }
+                        }
+                    }
+            fixture_free(&fk);
+            fixture_free(&fv);
+        }
+    printf("dec: %lld runs, %lld accumulators checked, paths up to %s\n", (long long)ran,
+           (long long)checked, k_path_names[best]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_pv),
         cmocka_unit_test(test_exp),
         cmocka_unit_test(test_row),
+        cmocka_unit_test(test_dec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

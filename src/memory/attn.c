@@ -195,9 +195,9 @@ bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float
     return attn_row_with(s, n, scale, vis, m, l, alpha, attn_exp_scalar);
 }
 
-attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt)
+attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
 {
-    attn_kernel_set k = {NULL, NULL, attn_exp_scalar, attn_row_scalar};
+    attn_kernel_set k = {NULL, NULL, attn_exp_scalar, attn_row_scalar, NULL};
     if (path == ATTN_PATH_AVX512) {
         k.kq = attn_kq_avx512(kt);
         k.pv = attn_pv_avx512(vt);
@@ -210,6 +210,7 @@ attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt)
         if (path == ATTN_PATH_AVX2) {
             k.ex = attn_exp_avx2;
             k.row = attn_row_avx2;
+            k.dec = attn_dec_avx2(kt, vt, dk, dv);
         }
     }
     if (!k.kq) k.kq = attn_kq_scalar;
@@ -555,6 +556,13 @@ static void attn_task(void *vctx, int64_t task, int thread)
                 }
             const uint8_t *kbase = mem_col_row(t, kc, hk, 0);
             const uint8_t *vbase = mem_col_row(t, vc, hk, 0);
+            if (nt == 1 && x->k.dec) {
+                /* one token: every listed cell is visible to all its rows */
+                attn_dec dj = {kbase, vbase, kc->head_row_bytes, vc->head_row_bytes, idx, nvis, qp, R, dk, dv,
+                               x->scale, x->softcap, &mrun[hk * G], &lrun[hk * G], ap};
+                x->k.dec(x->kt, x->vt, &dj);
+                continue;
+            }
             for (int32_t sb = 0; sb < nvis; sb += ATTN_CB) {
                 int32_t nb = BASE_MIN(ATTN_CB, nvis - sb);
                 const int32_t *bidx = idx + sb;
@@ -764,7 +772,7 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
         x.iqt = tensor_vec_dot_type(L->idx_dtype);
         x.iqrow = tensor_row_bytes(x.iqt, x.ik);
     }
-    x.k = attn_kernels(attn_path_active(), x.kt, x.vt);
+    x.k = attn_kernels(attn_path_active(), x.kt, x.vt, x.dk, x.dv);
 
     /* sinks of sliding tables must be current before threads read them */
     for (int32_t k = 0; k < grp->n_tables; k++)

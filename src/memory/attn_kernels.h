@@ -103,6 +103,28 @@ static inline bool attn_row_with(float *s, int32_t n, float scale, const uint8_t
     return true;
 }
 
+/* Decode attention of one KV head over a list of cells, fused: the rows
+ * (query heads of one token) see every listed cell. For each block of up
+ * to ATTN_CB cells of idx, in order: scores s = K . q (q[r] in K's vec_dot
+ * type), scaled, or capped (softcap * tanh(s * scale / softcap)) when
+ * softcap > 0; then the online-softmax step of every row (m[r], l[r],
+ * acc[r] scaled by exp(m_old - m_new)) and acc[r] += sum_j p_j V row j.
+ * Equal to attn_kq + attn_row (all cells visible) + attn_pv per block, up
+ * to float reordering. pf: what the caller reads next. */
+typedef struct attn_dec {
+    const uint8_t *kbase, *vbase; /* K / V rows: base + idx[j] * rb */
+    size_t krb, vrb;
+    const int32_t *idx;
+    int32_t n;
+    const void *const *q; /* [R] query rows */
+    int32_t R, dk, dv;
+    float scale, softcap;
+    float *m, *l;      /* [R] running max and sum */
+    float *const *acc; /* [R] -> dv accumulators (V storage basis) */
+} attn_dec;
+
+typedef void (*attn_dec_fn)(keel_dtype kt, keel_dtype vt, const attn_dec *a);
+
 /* Scalar kernels (attn.c): every dtype; the reference of the others. */
 void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
                     int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
@@ -118,6 +140,9 @@ bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float
  * Callable only when the CPU has AVX2, FMA and F16C. */
 attn_kq_fn attn_kq_avx2(keel_dtype kt);
 attn_pv_fn attn_pv_avx2(keel_dtype vt);
+/* The fused decode kernel for K dtype kt and V dtype vt with these dims,
+ * or NULL (q8_0 / q4_0 K and V, dims multiples of 32 up to 512). */
+attn_dec_fn attn_dec_avx2(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv);
 float attn_exp_avx2(float *x, int32_t n, float m);
 bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
                    float *alpha);
@@ -145,10 +170,12 @@ typedef struct attn_kernel_set {
     attn_pv_fn pv;
     attn_exp_fn ex;
     attn_row_fn row;
+    attn_dec_fn dec; /* fused decode (one token per block), or NULL */
 } attn_kernel_set;
 
-/* The kernels of path for K dtype kt and V dtype vt; dtypes the path does
- * not cover get the scalar kernels. path must be <= attn_path_best(). */
-attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt);
+/* The kernels of path for K dtype kt and V dtype vt (head dims dk, dv);
+ * dtypes the path does not cover get the scalar kernels (and no dec).
+ * path must be <= attn_path_best(). */
+attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv);
 
 #endif
