@@ -36,8 +36,11 @@ keel_status bench_int_opt(bench_out *o, const char *bench, int argc, char **argv
 void bench_printf(bench_out *o, const char *fmt, ...) BASE_PRINTF(2, 3);
 
 /* Memory read bandwidth in GB/s (1e9 bytes/s) with n_threads threads over a
- * buffer of buf_bytes (use >> L3: 1 GiB by default when 0). Best of reps.
- * Returns a negative value if the buffer cannot be allocated. */
+ * buffer of buf_bytes (use >> L3: 1 GiB by default when 0). Best of reps,
+ * each rep the better of a plain read and one that prefetches 3 KiB ahead
+ * (as the matvec kernels do: on some machines the streamers alone leave
+ * bandwidth unused, and a kernel must not beat its reference). Returns a
+ * negative value if the buffer cannot be allocated. */
 double bench_read_bw_gbps(base_pool *pool, size_t buf_bytes, int reps);
 
 /* fp32 FMA peak in GFLOP/s with the pool's threads running a register-only
@@ -48,9 +51,10 @@ double bench_fma_peak_gflops(base_pool *pool, int level, int reps);
 
 /* The reference loops (bench_avx2.c / bench_avx512.c; call only when the CPU
  * has the level): xor of every byte of p[0..bytes) (32-byte aligned, bytes
- * a multiple of 128) in 32-byte loads; iters iterations of 12 FMA chains
- * (2 * 8 * 12 and 2 * 16 * 12 flops per iteration). */
-uint64_t bench_read_avx2(const uint8_t *p, size_t bytes);
+ * a multiple of 128) in 32-byte loads, asking pf bytes ahead for the lines
+ * to come when pf > 0; iters iterations of 12 FMA chains (2 * 8 * 12 and
+ * 2 * 16 * 12 flops per iteration). */
+uint64_t bench_read_avx2(const uint8_t *p, size_t bytes, size_t pf);
 float bench_fma_avx2(int64_t iters);
 float bench_fma_avx512(int64_t iters);
 

@@ -8,10 +8,15 @@
 
 #include <immintrin.h>
 
-uint64_t bench_read_avx2(const uint8_t *p, size_t bytes)
+uint64_t bench_read_avx2(const uint8_t *p, size_t bytes, size_t pf)
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     for (size_t i = 0; i + 128 <= bytes; i += 128) {
+        if (pf) {
+            /* both lines of the step, pf bytes ahead (past the end: a hint, no fault) */
+            __builtin_prefetch(p + i + pf, 0, 3);
+            __builtin_prefetch(p + i + pf + 64, 0, 3);
+        }
         a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(const void *)(p + i)));
         a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(const void *)(p + i + 32)));
         a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(const void *)(p + i + 64)));

@@ -263,19 +263,6 @@ static inline bool visible(const mem_table *t, int32_t c, int32_t s, int32_t p)
     return kp < t->sink_pos[s] || (kp == t->sink_pos[s] && t->stamp[c] <= t->sink_stamp[s]);
 }
 
-/* The bytes of rows idx[0..n) (ascending: cells are listed in order) when
- * they lie close together, as a block's cells usually do: the range a
- * kernel prefetches while the previous one's rows are in use. Scattered
- * rows: nothing. */
-static attn_pf rows_ahead(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n)
-{
-    attn_pf pf = {base, 0};
-    if (n <= 0 || idx[n - 1] - idx[0] + 1 > 2 * n) return pf;
-    pf.p = base + (size_t)idx[0] * rb;
-    pf.bytes = (size_t)(idx[n - 1] - idx[0] + 1) * rb;
-    return pf;
-}
-
 /* (position, placement) order of cells */
 static bool cell_before(const void *ctx, int32_t a, int32_t b)
 {
@@ -571,13 +558,13 @@ static void attn_task(void *vctx, int64_t task, int thread)
                  * head's first) arrives. */
                 attn_pf kpf = {kbase, 0};
                 if (sb + nb < nvis)
-                    kpf = rows_ahead(kbase, kc->head_row_bytes, bidx + nb,
+                    kpf = attn_rows_span(kbase, kc->head_row_bytes, bidx + nb,
                                      BASE_MIN(ATTN_CB, nvis - sb - nb));
                 else if (hk + 1 < x->n_kv)
-                    kpf = rows_ahead(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,
+                    kpf = attn_rows_span(mem_col_row(t, kc, hk + 1, 0), kc->head_row_bytes, idx,
                                      BASE_MIN(ATTN_CB, nvis));
                 x->k.kq(x->kt, kbase, kc->head_row_bytes, bidx, nb, qp, R, dk, scores,
-                        rows_ahead(vbase, vc->head_row_bytes, bidx, nb));
+                        attn_rows_span(vbase, vc->head_row_bytes, bidx, nb));
                 /* scale, cap, mask; online softmax per row */
                 for (int32_t ti = 0; ti < nt; ti++) {
                     for (int32_t g = 0; g < G; g++) {

@@ -77,6 +77,16 @@ static inline __m256i q4_nibbles(const uint8_t *qs)
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
+/* y[0..32) = q[k] * d + m for 32 signed bytes q */
+static inline void store_dq8(float *y, __m256i q, __m256 d, __m256 m)
+{
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_store_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d, m));
+    _mm256_store_ps(y + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d, m));
+    _mm256_store_ps(y + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d, m));
+    _mm256_store_ps(y + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d, m));
+}
+
 /* ---- K . q ------------------------------------------------------------- */
 
 /* four row accumulators -> their four sums, in order */
@@ -405,6 +415,7 @@ static void tile_accumulate(const float *tile, int32_t n, const float *p, const 
  * weights come from memory as broadcast loads. q4_0's -8 is folded into one
  * correction per block: sum_j w (n - 8) = sum_j w n - 8 sum_j w. */
 #define PV_NB_MAX 16 /* V blocks per row handled here (dv <= 512) */
+#define PV_TILE_ROWS 8 /* active rows from which V goes through an f32 tile */
 
 static inline __attribute__((always_inline)) void pv8_group(keel_dtype vt, const uint8_t *const *rows,
                                                             int32_t n, const float *const *pr,
@@ -470,6 +481,29 @@ static inline __attribute__((always_inline)) void pv8_group(keel_dtype vt, const
     }
 }
 
+/* tile[j][0..64) = V row idx[j], values seg..seg+64 (two q8_0 / q4_0
+ * blocks), as f32 */
+static void dq_tile64_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                           int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
+{
+    const size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int32_t j = 0; j < n; j++) {
+        attn_pf_step(pc, pl);
+        const uint8_t *v = base + (size_t)idx[j] * rb + (size_t)(seg / QK) * bs;
+        float *o = tile + (size_t)j * 64;
+        for (int k = 0; k < 2; k++, v += bs, o += 32) {
+            __m256 d = _mm256_set1_ps(f16_to_f32(v));
+            if (vt == KEEL_DTYPE_Q8_0) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(v + 2));
+                store_dq8(o, q, d, zero);
+            } else {
+                store_dq8(o, _mm256_sub_epi8(q4_nibbles(v + 2), _mm256_set1_epi8(8)), d, zero);
+            }
+        }
+    }
+}
+
 static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                     const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
                     attn_pf pf)
@@ -480,10 +514,22 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
                 if (active[r]) tensor_axpy_row(vt, dv, p[r * ATTN_CB + j], base + (size_t)idx[j] * rb, acc[r]);
         return;
     }
-    const uint8_t *rows[ATTN_CB];
-    for (int32_t j = 0; j < n; j++) rows[j] = base + (size_t)idx[j] * rb;
     int32_t n_act = 0;
     for (int32_t r = 0; r < R; r++) n_act += active[r] != 0;
+    if (n_act >= PV_TILE_ROWS && dv % 64 == 0) {
+        /* many rows (prefill): each V value converted once for all of
+         * them, then the f32 tile's GEMM-like accumulation */
+        _Alignas(32) float tile[ATTN_CB * 64];
+        attn_pf_cursor pc = attn_pf_begin(pf);
+        int32_t pl = attn_pf_lines(pf, dv / 64 * n);
+        for (int32_t seg = 0; seg < dv; seg += 64) {
+            dq_tile64_q8q4(vt, base, rb, idx, n, seg, tile, &pc, pl);
+            tile_accumulate(tile, n, p, active, R, acc, seg);
+        }
+        return;
+    }
+    const uint8_t *rows[ATTN_CB];
+    for (int32_t j = 0; j < n; j++) rows[j] = base + (size_t)idx[j] * rb;
     int32_t nbv = dv / QK;
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * nbv * 2);
@@ -620,49 +666,72 @@ bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *
 
 /* ---- fused decode ------------------------------------------------------- */
 
-/* The quad's scores for one cell (rows r0..r0+3 in the lanes) as kq8_quad
- * computes them. */
+/* The f16 scales of nb blocks of one row (block stride bs, scale first in
+ * each block) as f32 in d[0..nb), four at a time through one conversion. */
+static inline void dec_scales(const uint8_t *row, size_t bs, int32_t nb, float *d)
+{
+    int32_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *p = row + (size_t)b * bs;
+        uint16_t h0, h1, h2, h3;
+        memcpy(&h0, p, 2);
+        memcpy(&h1, p + bs, 2);
+        memcpy(&h2, p + 2 * bs, 2);
+        memcpy(&h3, p + 3 * bs, 2);
+        uint64_t v = (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+        _mm_storeu_ps(d + b, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)v)));
+    }
+    for (; b < nb; b++) d[b] = f16_to_f32(row + (size_t)b * bs);
+}
+
+/* The quad's scores for one cell (rows r0..r0+3 in the lanes), as kq8_quad
+ * computes them: the key's block scales converted together, two
+ * accumulator chains (even and odd blocks). */
 static inline __attribute__((always_inline)) __m128 dec_kq_cell(keel_dtype kt, const uint8_t *k,
                                                                 const kq_quad8 *Q, int NR, int32_t nb)
 {
-    size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
+    const size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
     const __m256i zero = _mm256_setzero_si256();
-    __m256 acc = _mm256_setzero_ps();
-    for (int32_t b = 0; b < nb; b++) {
-        const uint8_t *kb = k + (size_t)b * kbs;
-        __m256i kv, ku;
-        if (kt == KEEL_DTYPE_Q8_0) {
-            kv = _mm256_loadu_si256((const __m256i *)(kb + 2));
-            ku = _mm256_sign_epi8(kv, kv);
-        } else {
-            kv = ku = q4_nibbles(kb + 2);
-        }
-        size_t o = (size_t)b * 34;
-        __m256i s0 = kq8_dot(kt, ku, kv, Q->x[0] + o);
-        __m256i s1 = NR > 1 ? kq8_dot(kt, ku, kv, Q->x[1] + o) : zero;
-        __m256i s2 = NR > 2 ? kq8_dot(kt, ku, kv, Q->x[2] + o) : zero;
-        __m256i s3 = NR > 3 ? kq8_dot(kt, ku, kv, Q->x[3] + o) : zero;
-        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
-        if (kt == KEEL_DTYPE_Q4_0) h = _mm256_add_epi32(h, Q->corr[b]);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(h), Q->dq[b]), _mm256_set1_ps(f16_to_f32(kb)),
-                              acc);
+    float dk[KQ_NB_MAX];
+    dec_scales(k, kbs, nb, dk);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+#define DEC_KQ_BLOCK(b, ACC)                                                                       \
+    do {                                                                                           \
+        const uint8_t *kb = k + (size_t)(b) * kbs;                                                 \
+        __m256i kv, ku;                                                                            \
+        if (kt == KEEL_DTYPE_Q8_0) {                                                               \
+            kv = _mm256_loadu_si256((const __m256i *)(kb + 2));                                    \
+            ku = _mm256_sign_epi8(kv, kv);                                                         \
+        } else {                                                                                   \
+            kv = ku = q4_nibbles(kb + 2);                                                          \
+        }                                                                                          \
+        size_t o = (size_t)(b) * 34;                                                               \
+        __m256i s0 = kq8_dot(kt, ku, kv, Q->x[0] + o);                                             \
+        __m256i s1 = NR > 1 ? kq8_dot(kt, ku, kv, Q->x[1] + o) : zero;                             \
+        __m256i s2 = NR > 2 ? kq8_dot(kt, ku, kv, Q->x[2] + o) : zero;                             \
+        __m256i s3 = NR > 3 ? kq8_dot(kt, ku, kv, Q->x[3] + o) : zero;                             \
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));       \
+        if (kt == KEEL_DTYPE_Q4_0) h = _mm256_add_epi32(h, Q->corr[b]);                            \
+        ACC = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(h), Q->dq[b]),                      \
+                              _mm256_broadcast_ss(dk + (b)), ACC);                                 \
+    } while (0)
+    int32_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        DEC_KQ_BLOCK(b, acc0);
+        DEC_KQ_BLOCK(b + 1, acc1);
     }
-    return _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-}
-
-/* Asks for the lines of rows idx[0..n) (rb bytes each). */
-static inline void dec_prefetch_rows(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n)
-{
-    for (int32_t j = 0; j < n; j++) {
-        uintptr_t a = (uintptr_t)(base + (size_t)idx[j] * rb), e = a + rb;
-        for (a &= ~(uintptr_t)63; a < e; a += 64) __builtin_prefetch((const void *)a, 0, 3);
-    }
+    if (b < nb) DEC_KQ_BLOCK(b, acc0);
+#undef DEC_KQ_BLOCK
+    __m256 t = _mm256_add_ps(acc0, acc1);
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
 /* One quad (NR <= 4 rows from r0) over all cells: per block of ATTN_CB
  * cells the scores in cell-major order (s[j] = the quad's four rows), the
  * online softmax of the four rows at once (two cells per vector), then
- * p . V as pv8_group does it (weights p * d_v formed once per block). */
+ * p . V as pv8_group does it (weights p * d_v formed once per block).
+ * pf: the next block's K and V rows, asked for one cell's share per cell
+ * scored (first quad only; the others find them in cache). */
 static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_dtype vt, const attn_dec *a,
                                                            int32_t r0, int NR)
 {
@@ -683,18 +752,24 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
     for (int r = 0; r < 4; r++) acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
     _Alignas(32) float s[ATTN_CB][4];  /* scores, then p, cell-major */
     _Alignas(16) float wt[ATTN_CB][4]; /* p * d_v of one V block */
+    float dvs[ATTN_CB][PV_NB_MAX];     /* the V rows' block scales */
     const uint8_t *rows_v[ATTN_CB];
     for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
         int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
         const int32_t *idx = a->idx + cb;
-        /* the next block's K and V rows, one cell's worth per cell scored
-         * (spread: issued at once they fill the miss buffers) */
-        int32_t npf = r0 == 0 ? BASE_MIN(ATTN_CB, a->n - cb - nb) : 0;
+        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        int32_t plk = 0, plv = 0;
+        if (r0 == 0 && cb + nb < a->n) {
+            int32_t nn = BASE_MIN(ATTN_CB, a->n - cb - nb);
+            attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, nn), fv = attn_rows_span(a->vbase, a->vrb, idx + nb, nn);
+            pk = attn_pf_begin(fk);
+            pv = attn_pf_begin(fv);
+            plk = attn_pf_lines(fk, nb);
+            plv = attn_pf_lines(fv, nb);
+        }
         for (int32_t j = 0; j < nb; j++) {
-            if (j < npf) {
-                dec_prefetch_rows(a->kbase, a->krb, idx + nb + j, 1);
-                dec_prefetch_rows(a->vbase, a->vrb, idx + nb + j, 1);
-            }
+            attn_pf_step(&pk, plk);
+            attn_pf_step(&pv, plv);
             __m128 sc = dec_kq_cell(kt, a->kbase + (size_t)idx[j] * a->krb, &Q, NR, nbk);
             _mm_store_ps(s[j], sc);
         }
@@ -729,12 +804,15 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
                 _mm256_storeu_ps(acc[r] + i, _mm256_mul_ps(_mm256_loadu_ps(acc[r] + i), ar));
         }
         /* p . V */
-        for (int32_t j = 0; j < nb; j++) rows_v[j] = a->vbase + (size_t)idx[j] * a->vrb;
+        for (int32_t j = 0; j < nb; j++) {
+            rows_v[j] = a->vbase + (size_t)idx[j] * a->vrb;
+            dec_scales(rows_v[j], vbs, nbv, dvs[j]);
+        }
         const __m128i m4b = _mm_set1_epi8(0x0f);
         for (int32_t b = 0; b < nbv; b++) {
             __m128 sw = _mm_setzero_ps();
             for (int32_t j = 0; j < nb; j++) {
-                __m128 w = _mm_mul_ps(_mm_load_ps(s[j]), _mm_set1_ps(f16_to_f32(rows_v[j] + (size_t)b * vbs)));
+                __m128 w = _mm_mul_ps(_mm_load_ps(s[j]), _mm_broadcast_ss(&dvs[j][b]));
                 _mm_store_ps(wt[j], w);
                 if (vt == KEEL_DTYPE_Q4_0) sw = _mm_add_ps(sw, w);
             }
@@ -787,17 +865,26 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
     }
 }
 
-static void dec_q8q4(keel_dtype kt, keel_dtype vt, const attn_dec *a)
-{
-    for (int32_t r0 = 0; r0 < a->R; r0 += 4) {
-        switch (BASE_MIN(4, a->R - r0)) {
-        case 4: dec_quad(kt, vt, a, r0, 4); break;
-        case 3: dec_quad(kt, vt, a, r0, 3); break;
-        case 2: dec_quad(kt, vt, a, r0, 2); break;
-        default: dec_quad(kt, vt, a, r0, 1); break;
-        }
+/* One instance per K / V dtype pair (the dtypes are constants inside). */
+#define DEC_FN(NAME, KT, VT)                                                                       \
+    static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                              \
+    {                                                                                              \
+        (void)kt;                                                                                  \
+        (void)vt;                                                                                  \
+        for (int32_t r0 = 0; r0 < a->R; r0 += 4) {                                                 \
+            switch (BASE_MIN(4, a->R - r0)) {                                                      \
+            case 4: dec_quad(KT, VT, a, r0, 4); break;                                             \
+            case 3: dec_quad(KT, VT, a, r0, 3); break;                                             \
+            case 2: dec_quad(KT, VT, a, r0, 2); break;                                             \
+            default: dec_quad(KT, VT, a, r0, 1); break;                                            \
+            }                                                                                      \
+        }                                                                                          \
     }
-}
+
+DEC_FN(dec_q8_q8, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0)
+DEC_FN(dec_q8_q4, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0)
+DEC_FN(dec_q4_q8, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0)
+DEC_FN(dec_q4_q4, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
 
 attn_dec_fn attn_dec_avx2(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
 {
@@ -805,5 +892,6 @@ attn_dec_fn attn_dec_avx2(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
     bool vq = vt == KEEL_DTYPE_Q8_0 || vt == KEEL_DTYPE_Q4_0;
     if (!kq || !vq || dk % QK || dv % QK || dk > KQ_NB_MAX * QK || dv > PV_NB_MAX * QK || dk < QK || dv < QK)
         return NULL;
-    return dec_q8q4;
+    if (kt == KEEL_DTYPE_Q8_0) return vt == KEEL_DTYPE_Q8_0 ? dec_q8_q8 : dec_q8_q4;
+    return vt == KEEL_DTYPE_Q8_0 ? dec_q4_q8 : dec_q4_q4;
 }

@@ -66,6 +66,18 @@ static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
     for (; c->line < e; c->line += 64) __builtin_prefetch((const void *)c->line, 0, 3);
 }
 
+/* The bytes of rows idx[0..n) (row_bytes each, at base + idx * row_bytes)
+ * when they lie close together (ascending, at most twice as far apart as
+ * their count, as a block's cells usually do); scattered rows: nothing. */
+static inline attn_pf attn_rows_span(const uint8_t *base, size_t row_bytes, const int32_t *idx, int32_t n)
+{
+    attn_pf pf = {base, 0};
+    if (n <= 0 || idx[n - 1] < idx[0] || idx[n - 1] - idx[0] + 1 > 2 * n) return pf;
+    pf.p = base + (size_t)idx[0] * row_bytes;
+    pf.bytes = (size_t)(idx[n - 1] - idx[0] + 1) * row_bytes;
+    return pf;
+}
+
 /* x[j] <- exp(x[j] - m) for j < n (-inf -> 0); returns the sum. */
 typedef float (*attn_exp_fn)(float *x, int32_t n, float m);
 
