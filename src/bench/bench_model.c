@@ -33,6 +33,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* OpenBLAS sgemm GFLOP/s, C[n][m] = A[n][k] B[m][k]^T, split over the pool's
  * threads by rows of B (single-threaded OpenBLAS in each), as the prefill
@@ -216,9 +217,19 @@ static keel_status bench_compact(keel_model *m, int argc, char **argv, int threa
 #define BM_MAX_ROWS   (2 * BM_MAX_DEPTHS)
 #define BM_BW_BYTES   ((size_t)256 << 20)
 
+/* Major page faults of the process so far: a fault in a timed run means
+ * weights came from disk (the page cache had dropped them), and the
+ * figure measures the disk, not the kernels. */
+static long bm_major_faults(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_majflt : 0;
+}
+
 typedef struct bm_row {
     bool tg;                      /* text generation (else prompt processing) */
     int n, depth;                 /* tokens measured, tokens in the cache before */
+    long major_faults;            /* pages read from disk during the timed runs */
     double tps_mean, tps_sd, tps_best;
     double weight_bytes, kv_bytes; /* read per token: weights (pp: per ubatch / tokens), K+V rows */
     double flops;                 /* per token: matrix products + attention */
@@ -559,19 +570,28 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
         if (d > 0 && keel_mem_ckpt_bytes(c->mem) > 0 &&
             (st = keel_mem_ckpt_take(c->mem, 0)) != KEEL_OK)
             goto fail_mem;
+        long flt_pp = 0, flt_tg = 0;
         for (int rep = 0; rep < reps; rep++) {
             double b = bench_read_bw_gbps(c->pool, BM_BW_BYTES, 2);
             if (b > bw) bw = b;
+            /* the reference's buffer may have pushed weights out of the page
+             * cache: one untimed token pages them back in */
+            if ((st = bm_generate(c, toks[d % n_toks], 1, hp->n_vocab)) != KEEL_OK) goto fail_decode;
+            if ((st = keel_mem_seq_rm(c->mem, 0, d, -1)) != KEEL_OK) goto fail_mem;
             if (n_pp > 0) {
+                long f0 = bm_major_faults();
                 uint64_t t0 = base_time_ns();
                 if ((st = bm_feed(c, toks, n_pp, cp.n_batch)) != KEEL_OK) goto fail_decode;
                 pp_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
+                flt_pp += bm_major_faults() - f0;
                 if ((st = keel_mem_seq_rm(c->mem, 0, d, -1)) != KEEL_OK) goto fail_mem;
             }
             if (n_tg > 0) {
+                long f0 = bm_major_faults();
                 uint64_t t0 = base_time_ns();
                 if ((st = bm_generate(c, toks[d % n_toks], n_tg, hp->n_vocab)) != KEEL_OK) goto fail_decode;
                 tg_t[rep] = (double)(base_time_ns() - t0) * 1e-9;
+                flt_tg += bm_major_faults() - f0;
                 if ((st = keel_mem_seq_rm(c->mem, 0, d, -1)) != KEEL_OK) goto fail_mem;
             }
         }
@@ -583,6 +603,7 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
             row->tg = tg;
             row->n = n;
             row->depth = d;
+            row->major_faults = tg ? flt_tg : flt_pp;
             double v[64];
             int nr = BASE_MIN(reps, 64);
             row->tps_best = 0;
@@ -655,10 +676,11 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                          "%s\n  {\"test\": \"%s\", \"n\": %d, \"depth\": %d, \"tps\": %.2f, \"sd\": %.2f, "
                          "\"tps_best\": %.2f, \"weight_bytes_per_token\": %.0f, \"kv_bytes_per_token\": %.0f, "
                          "\"bound_tps\": %.2f, \"of_bound\": %.3f, \"gbps\": %.2f, \"flops_per_token\": %.0f, "
-                         "\"gflops\": %.1f, \"of_fma_peak\": %.3f}",
+                         "\"gflops\": %.1f, \"of_fma_peak\": %.3f, \"major_faults\": %ld}",
                          i ? "," : "", w->tg ? "tg" : "pp", w->n, w->depth, w->tps_mean, w->tps_sd, w->tps_best,
                          w->weight_bytes, w->kv_bytes, bound, bound > 0 ? w->tps_best / bound : 0.0,
-                         bytes * w->tps_best * 1e-9, w->flops, gflops, peak > 0 ? gflops / peak : 0.0);
+                         bytes * w->tps_best * 1e-9, w->flops, gflops, peak > 0 ? gflops / peak : 0.0,
+                         w->major_faults);
         }
         bench_printf(o, "\n ],\n \"ckpt\": {\"bytes\": %zu, \"take_us\": %.2f, \"restore_us\": %.2f}}\n", ck_bytes,
                      ck_take_us, ck_restore_us);
@@ -692,6 +714,19 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                          w->tps_sd, w->tps_best, bytes * 1e-6, bnd, ofb, gflops,
                          peak > 0 ? 100.0 * gflops / peak : 0.0);
         }
+        /* a fault reads up to the readahead window (128 KiB by default):
+         * worth a warning once that passes 0.5% of what the runs read */
+        long faults = 0;
+        double disk = 0.0, moved = 0.0;
+        for (int i = 0; i < n_rows; i++) {
+            faults += rows[i].major_faults;
+            disk += (double)rows[i].major_faults * 131072.0;
+            moved += (rows[i].weight_bytes + rows[i].kv_bytes) * rows[i].n * reps;
+        }
+        if (disk > 0.005 * moved)
+            bench_printf(o, "\nwarning: %ld major page faults during the timed runs: weights were read from disk "
+                            "(the page cache dropped them), so these figures are low; free memory or run again\n",
+                         faults);
         if (ck_bytes > 0 && n_pp > 0) {
             /* a restore copies a record back: its bytes over the time, beside
              * the read bandwidth */
