@@ -13,7 +13,9 @@
  *          the row's accumulators in registers across the block. q8_0 /
  *          q4_0 rows: straight from the int8 / nibble values, weights
  *          p * d_v formed once per group of up to four rows, 2 * rows
- *          accumulators per 16 columns in registers (no tile).
+ *          accumulators per 16 columns in registers (no tile); from
+ *          PV_TILE_ROWS active rows (prefill blocks) through the f32 tile
+ *          instead, each value converted once for all the rows.
  * exp:     Cephes-style range reduction and a degree-5 polynomial (relative
  *          error < 2e-7 over the range softmax uses).
  * decode:  one token's rows over q8_0 / q4_0 K and V, fused (attn_dec_fn):
@@ -23,10 +25,13 @@
  *          vector, and p . V follows in the same pass; the next block's
  *          K and V rows are prefetched one cell's worth per cell scored.
  *          Against the separate kernels (kq, row, pv per block, with the
- *          scores transposed through memory and a call per piece): 32 vs
- *          36 ns per cell and KV head in L2, 1 thread, q8_0, 4 rows of 128
- *          (an Intel VM, AVX2 forced); from DRAM at 4k-16k cells 7.0 vs
- *          6.3-7.0 GB/s with 1 thread, 13.1-13.7 vs 11.5-12.4 with 2.
+ *          scores transposed through memory and a call per piece), on an
+ *          Intel VM with AVX2 forced: 32-34 vs 35-38 ns per cell and KV
+ *          head in L2 (1 thread, q8_0, 4 rows of 128); from DRAM
+ *          (keel bench attention --ctx 16384 --kv q8_0, A/B in one build)
+ *          no difference (6.8-6.9 GB/s with 1 thread either way); decode
+ *          at depth 8192 on a 124M q8_0 model (d 64, 3 rows per KV head)
+ *          99-107 vs 97-99 tok/s.
  */
 #include "attn_kernels.h"
 
