@@ -364,16 +364,9 @@ static inline __m256i bcast_i32(const int32_t *p)
     return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)p));
 }
 
-static inline float hsum_128(__m128 m)
-{
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
 /* q4_K / q5_K rows against q8_K: per super-block sum_j sc_j (q . x)_j as
- * 8 x i32, scaled by d d_x; the mins term dmin d_x sum_j m_j xsum_j apart.
- * Q5 adds the fifth bit from qh. */
+ * 8 x i32, scaled by d d_x, and the mins term -dmin d_x sum_j m_j xsum_j
+ * in the low lanes of the same accumulator. Q5 adds the fifth bit from qh. */
 static inline __attribute__((always_inline)) void rows_q45_K(int Q5, int NS, const uint8_t *const *w, int64_t n,
                                                              const void *xv, const void *xp, uintptr_t last,
                                                              float *out)
@@ -385,32 +378,29 @@ static inline __attribute__((always_inline)) void rows_q45_K(int Q5, int NS, con
     const uint8_t *pairs = xp;
     const float *dxs = (const float *)(const void *)(pairs + (size_t)nsb * 16);
     __m256 acc[2];
-    __m128 accm[2];
-    #pragma GCC unroll 2
-    for (int s = 0; s < NS; s++) {
-        acc[s] = _mm256_setzero_ps();
-        accm[s] = _mm_setzero_ps();
-    }
+#pragma GCC unroll 2
+    for (int s = 0; s < NS; s++) acc[s] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const uint8_t *xq = x + (size_t)i * Q8_K_BYTES + Q8_K_QS;
         float dx = dxs[i];
         __m128i xpair = loadu_128(pairs + (size_t)i * 16);
         _Alignas(16) int32_t s32[2][8];
-        __m256i hb[2], s0[2], s1[2];
-        #pragma GCC unroll 2
+        __m256i hb[2], si[2];
+#pragma GCC unroll 2
         for (int s = 0; s < NS; s++) {
             const uint8_t *b = w[s] + (size_t)i * bb;
             mv_pf(b, last, Q5 ? 3 : 2 + (int)(i & 1));
             __m128i mn16 = kq_scale_pairs(kq_scales_mins_u8(b + 4), s32[s]);
-            accm[s] = _mm_fmadd_ps(_mm_set1_ps(dx * f16_load(b + 2)), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, xpair)),
-                                   accm[s]);
+            /* the mins term in the low lanes of the one accumulator, negated */
+            acc[s] = _mm256_fmadd_ps(_mm256_set1_ps(-dx * f16_load(b + 2)),
+                                     _mm256_zextps128_ps256(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, xpair))), acc[s]);
             hb[s] = Q5 ? loadu_256(b + 16) : _mm256_setzero_si256();
-            s0[s] = s1[s] = _mm256_setzero_si256();
+            si[s] = _mm256_setzero_si256();
         }
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             __m256i x0 = loadu_256(xq + 64 * c), x1 = loadu_256(xq + 64 * c + 32);
-            #pragma GCC unroll 2
+#pragma GCC unroll 2
             for (int s = 0; s < NS; s++) {
                 __m256i q = loadu_256(w[s] + (size_t)i * bb + (Q5 ? 48 : 16) + 32 * c);
                 __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -420,18 +410,18 @@ static inline __attribute__((always_inline)) void rows_q45_K(int Q5, int NS, con
                     hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb[s], 3), b16));
                     hb[s] = _mm256_srli_epi16(hb[s], 2);
                 }
-                s0[s] = _mm256_add_epi32(s0[s], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), bcast_i32(&s32[s][2 * c])));
-                s1[s] = _mm256_add_epi32(s1[s],
-                                         _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), bcast_i32(&s32[s][2 * c + 1])));
+                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), bcast_i32(&s32[s][2 * c]));
+                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), bcast_i32(&s32[s][2 * c + 1]));
+                si[s] = _mm256_add_epi32(si[s], _mm256_add_epi32(p0, p1));
             }
         }
-        #pragma GCC unroll 2
+#pragma GCC unroll 2
         for (int s = 0; s < NS; s++)
-            acc[s] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_load(w[s] + (size_t)i * bb)),
-                                     _mm256_cvtepi32_ps(_mm256_add_epi32(s0[s], s1[s])), acc[s]);
+            acc[s] = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16_load(w[s] + (size_t)i * bb)), _mm256_cvtepi32_ps(si[s]),
+                                     acc[s]);
     }
-    #pragma GCC unroll 2
-    for (int s = 0; s < NS; s++) out[s] = hsum_ps(acc[s]) - hsum_128(accm[s]);
+#pragma GCC unroll 2
+    for (int s = 0; s < NS; s++) out[s] = hsum_ps(acc[s]);
 }
 
 static inline __attribute__((always_inline)) void rows_q4_K(int NS, const uint8_t *const *w, int64_t n,
