@@ -412,6 +412,56 @@ static void tile_accumulate(const float *tile, int32_t n, const float *p, const 
     }
 }
 
+#define PV_NB_MAX 16 /* V blocks per row handled here (dv <= 512) */
+#define PV_TILE_ROWS 8 /* active rows from which V goes through an f32 tile */
+
+/* ar[r][32 b + 16 h ..+16) += sum_j w[j][r] * V row j's values 32 b + 16 h
+ * ..+16 (q8_0 / q4_0 rows, block b, half h) for r < NR, with q4_0's -8 as
+ * -8 sw[r] (sw[r] = sum_j w[j][r]): 2 * NR accumulators in registers
+ * across the cells, each V value converted to f32 once for the rows, the
+ * weights broadcast from memory. */
+static inline __attribute__((always_inline)) void pv8_half(keel_dtype vt, const uint8_t *const *rows, int32_t n,
+                                                           int32_t b, int h, const float (*w)[4], const float *sw,
+                                                           float *const *ar, int NR)
+{
+    const size_t bs = vt == KEEL_DTYPE_Q8_0 ? 34 : 18;
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *vb = rows[j] + (size_t)b * bs + 2;
+        __m256 v0, v1;
+        if (vt == KEEL_DTYPE_Q8_0) {
+            v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h))));
+            v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h + 8))));
+        } else {
+            __m128i x = _mm_loadu_si128((const __m128i *)vb);
+            x = _mm_and_si128(h ? _mm_srli_epi16(x, 4) : x, m4);
+            v0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x));
+            v1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256 wr = _mm256_broadcast_ss(&w[j][r]);
+            a[r][0] = _mm256_fmadd_ps(wr, v0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(wr, v1, a[r][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        float *o = ar[r] + (size_t)b * QK + 16 * h;
+        __m256 c0 = a[r][0], c1 = a[r][1];
+        if (vt == KEEL_DTYPE_Q4_0) {
+            __m256 m8 = _mm256_set1_ps(-8.0f * sw[r]);
+            c0 = _mm256_add_ps(c0, m8);
+            c1 = _mm256_add_ps(c1, m8);
+        }
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), c0));
+        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), c1));
+    }
+}
+
 /* p . V for q8_0 / q4_0 rows straight from their int8 values, for a
  * group of NR (1..4) active rows: the weights w[b][j][r] = p[r][j] * d(V
  * row j, block b) are formed once for the group, then for each 16 columns
@@ -419,8 +469,6 @@ static void tile_accumulate(const float *tile, int32_t n, const float *p, const 
  * cells; each V value is converted to f32 once for the group and the
  * weights come from memory as broadcast loads. q4_0's -8 is folded into one
  * correction per block: sum_j w (n - 8) = sum_j w n - 8 sum_j w. */
-#define PV_NB_MAX 16 /* V blocks per row handled here (dv <= 512) */
-#define PV_TILE_ROWS 8 /* active rows from which V goes through an f32 tile */
 
 static inline __attribute__((always_inline)) void pv8_group(keel_dtype vt, const uint8_t *const *rows,
                                                             int32_t n, const float *const *pr,
@@ -442,46 +490,11 @@ static inline __attribute__((always_inline)) void pv8_group(keel_dtype vt, const
             for (int32_t j = 0; j < n; j++)
                 #pragma GCC unroll 4
                 for (int r = 0; r < 4; r++) sw[b][r] += wt[b][j][r];
-    const __m128i m4 = _mm_set1_epi8(0x0f);
     for (int32_t b = 0; b < nbv; b++) {
         #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             attn_pf_step(pc, pl);
-            __m256 a[4][2];
-            #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-            for (int32_t j = 0; j < n; j++) {
-                const uint8_t *vb = rows[j] + (size_t)b * bs + 2;
-                __m256 v0, v1;
-                if (vt == KEEL_DTYPE_Q8_0) {
-                    v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h))));
-                    v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h + 8))));
-                } else {
-                    __m128i x = _mm_loadu_si128((const __m128i *)vb);
-                    x = _mm_and_si128(h ? _mm_srli_epi16(x, 4) : x, m4);
-                    v0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x));
-                    v1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)));
-                }
-                const float *w = wt[b][j];
-                #pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) {
-                    __m256 wr = _mm256_broadcast_ss(w + r);
-                    a[r][0] = _mm256_fmadd_ps(wr, v0, a[r][0]);
-                    a[r][1] = _mm256_fmadd_ps(wr, v1, a[r][1]);
-                }
-            }
-            #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                float *o = ar[r] + (size_t)b * QK + 16 * h;
-                __m256 c0 = a[r][0], c1 = a[r][1];
-                if (vt == KEEL_DTYPE_Q4_0) {
-                    __m256 m8 = _mm256_set1_ps(-8.0f * sw[b][r]);
-                    c0 = _mm256_add_ps(c0, m8);
-                    c1 = _mm256_add_ps(c1, m8);
-                }
-                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), c0));
-                _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), c1));
-            }
+            pv8_half(vt, rows, n, b, h, (const float (*)[4])wt[b], sw[b], ar, NR);
         }
     }
 }
@@ -813,7 +826,6 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
             rows_v[j] = a->vbase + (size_t)idx[j] * a->vrb;
             dec_scales(rows_v[j], vbs, nbv, dvs[j]);
         }
-        const __m128i m4b = _mm_set1_epi8(0x0f);
         for (int32_t b = 0; b < nbv; b++) {
             __m128 sw = _mm_setzero_ps();
             for (int32_t j = 0; j < nb; j++) {
@@ -824,42 +836,7 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
             _Alignas(16) float swa[4];
             _mm_store_ps(swa, sw);
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256 c[4][2];
-#pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
-                for (int32_t j = 0; j < nb; j++) {
-                    const uint8_t *vb = rows_v[j] + (size_t)b * vbs + 2;
-                    __m256 v0, v1;
-                    if (vt == KEEL_DTYPE_Q8_0) {
-                        v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h))));
-                        v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 16 * h + 8))));
-                    } else {
-                        __m128i x = _mm_loadu_si128((const __m128i *)vb);
-                        x = _mm_and_si128(h ? _mm_srli_epi16(x, 4) : x, m4b);
-                        v0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x));
-                        v1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)));
-                    }
-#pragma GCC unroll 4
-                    for (int r = 0; r < NR; r++) {
-                        __m256 wr = _mm256_broadcast_ss(&wt[j][r]);
-                        c[r][0] = _mm256_fmadd_ps(wr, v0, c[r][0]);
-                        c[r][1] = _mm256_fmadd_ps(wr, v1, c[r][1]);
-                    }
-                }
-#pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) {
-                    float *o = acc[r] + (size_t)b * QK + 16 * h;
-                    __m256 c0 = c[r][0], c1 = c[r][1];
-                    if (vt == KEEL_DTYPE_Q4_0) {
-                        __m256 m8 = _mm256_set1_ps(-8.0f * swa[r]);
-                        c0 = _mm256_add_ps(c0, m8);
-                        c1 = _mm256_add_ps(c1, m8);
-                    }
-                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), c0));
-                    _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), c1));
-                }
-            }
+            for (int h = 0; h < 2; h++) pv8_half(vt, rows_v, nb, b, h, (const float (*)[4])wt, swa, acc, NR);
         }
     }
     _mm_storeu_ps(m4a, m4);
