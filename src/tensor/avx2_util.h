@@ -184,4 +184,35 @@ static inline __m256i bcast16_ctrl(int k)
     return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
 }
 
+/* The integer part of one q6_K block against a q8_K block:
+ * sum_g sc_g (q . x)_g - 32 sum_g sc_g bsum_g as 8 x i32 (exact; the
+ * caller scales by d_w d_x). Shared by the dot and the matvec rows. */
+static inline __m256i q6_K_block_sumi(const uint8_t *b, const uint8_t *xb)
+{
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const uint8_t *xq = xb + Q8_K_QS;
+    __m128i sc8 = loadu_128(b + 192);
+    /* the -32 offset: 32 * sum_g sc_g * bsum_g */
+    __m256i off = _mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), _mm256_cvtepi8_epi16(sc8));
+    /* low lane: even sub-block scales, high lane: odd ones (int16), so one
+     * in-lane broadcast gives [s_2g x 8 | s_2g+1 x 8] for 32 values */
+    __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+#pragma GCC unroll 2
+    for (int nh = 0; nh < 2; nh++) {
+        __m256i q[4];
+        q6_K_values(b, nh, q);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m256i p = _mm256_maddubs_epi16(q[k], loadu_256(xq + 128 * nh + 32 * k));
+            p = _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, bcast16_ctrl(4 * nh + k)));
+            if (k & 1)
+                s1 = _mm256_add_epi32(s1, p);
+            else
+                s0 = _mm256_add_epi32(s0, p);
+        }
+    }
+    return _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(off, 5));
+}
+
 #endif /* KEEL_TENSOR_AVX2_UTIL_H */

@@ -314,32 +314,10 @@ static float dot_q5_K(int64_t n, const void *w, const void *x)
 static float dot_q6_K(int64_t n, const void *w, const void *x)
 {
     const uint8_t *b = w, *xb = x;
-    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++, b += Q6_K_BYTES, xb += Q8_K_BYTES) {
-        const uint8_t *xq = xb + Q8_K_QS;
-        __m128i sc8 = loadu_128(b + 192);
-        /* the -32 offset: 32 * sum_g sc_g * bsum_g */
-        __m256i off = _mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), _mm256_cvtepi8_epi16(sc8));
-        /* low lane: even sub-block scales, high lane: odd ones (int16), so
-         * one in-lane broadcast gives [s_2g x 8 | s_2g+1 x 8] for 32 values */
-        __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
-        __m256i sumi = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int nh = 0; nh < 2; nh++) {
-            __m256i q[4];
-            q6_K_values(b, nh, q);
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                __m256i p = _mm256_maddubs_epi16(q[k], loadu_256(xq + 128 * nh + 32 * k));
-                __m256i vs = _mm256_shuffle_epi8(sc, bcast16_ctrl(4 * nh + k));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, vs));
-            }
-        }
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+    for (int64_t i = 0; i < n / QK_K; i++, b += Q6_K_BYTES, xb += Q8_K_BYTES)
         acc = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(xb) * f16_load(b + 208)),
-                              _mm256_cvtepi32_ps(sumi), acc);
-    }
+                              _mm256_cvtepi32_ps(q6_K_block_sumi(b, xb)), acc);
     return hsum_ps(acc);
 }
 

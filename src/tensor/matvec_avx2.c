@@ -311,8 +311,7 @@ static inline __attribute__((always_inline)) void rows_q4_0(int NS, const uint8_
         for (int s = 0; s < NS; s++) {
             /* one block: nibbles 0-15 | 16-31 against the activation as stored */
             const uint8_t *wb = w[s] + (size_t)b * Q4_0_BYTES;
-            __m256i v = _mm256_broadcastsi128_si256(loadu_128(wb + 2));
-            v = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+            __m256i v = unpack_nibbles_16(wb + 2);
             float dw = f16_load(wb);
             a[s][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xp.dx[b]),
                                       _mm256_cvtepi32_ps(dot_us8_i32(v, loadu_256(x + (size_t)b * Q8_0_BYTES + 2))),
@@ -450,42 +449,20 @@ static inline __attribute__((always_inline)) void rows_q6_K(int NS, const uint8_
     (void)xp;
     const uint8_t *x = xv;
     int64_t nsb = n / QK_K;
-    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     __m256 acc[2];
-    #pragma GCC unroll 2
+#pragma GCC unroll 2
     for (int s = 0; s < NS; s++) acc[s] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
-        const uint8_t *xb = x + (size_t)i * Q8_K_BYTES, *xq = xb + Q8_K_QS;
-        __m256i bs = loadu_256(xb + Q8_K_BSUMS);
-        #pragma GCC unroll 2
+        const uint8_t *xb = x + (size_t)i * Q8_K_BYTES;
+#pragma GCC unroll 2
         for (int s = 0; s < NS; s++) {
             const uint8_t *b = w[s] + (size_t)i * Q6_K_BYTES;
             mv_pf(b, last, 3 + (int)(i & 1));
-            __m128i sc8 = loadu_128(b + 192);
-            __m256i off = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc8));
-            /* low lane: even sub-block scales, high lane: odd ones, so one
-             * in-lane broadcast gives group g's [s_2g x 8 | s_2g+1 x 8] */
-            __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
-            __m256i s0 = _mm256_setzero_si256(), s1 = s0;
-#pragma GCC unroll 2
-            for (int nh = 0; nh < 2; nh++) {
-                __m256i q[4];
-                q6_K_values(b, nh, q);
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    __m256i p = _mm256_maddubs_epi16(q[k], loadu_256(xq + 128 * nh + 32 * k));
-                    p = _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, bcast16_ctrl(4 * nh + k)));
-                    if (k & 1)
-                        s1 = _mm256_add_epi32(s1, p);
-                    else
-                        s0 = _mm256_add_epi32(s0, p);
-                }
-            }
-            __m256i sumi = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(off, 5));
-            acc[s] = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(xb) * f16_load(b + 208)), _mm256_cvtepi32_ps(sumi), acc[s]);
+            acc[s] = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(xb) * f16_load(b + 208)),
+                                     _mm256_cvtepi32_ps(q6_K_block_sumi(b, xb)), acc[s]);
         }
     }
-    #pragma GCC unroll 2
+#pragma GCC unroll 2
     for (int s = 0; s < NS; s++) out[s] = hsum_ps(acc[s]);
 }
 
