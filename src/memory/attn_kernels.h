@@ -122,7 +122,8 @@ static inline bool attn_row_with(float *s, int32_t n, float scale, const uint8_t
  * softcap > 0; then the online-softmax step of every row (m[r], l[r],
  * acc[r] scaled by exp(m_old - m_new)) and acc[r] += sum_j p_j V row j.
  * Equal to attn_kq + attn_row (all cells visible) + attn_pv per block, up
- * to float reordering. pf: what the caller reads next. */
+ * to float reordering. The kernel prefetches each next block's K and V
+ * rows itself. */
 typedef struct attn_dec {
     const uint8_t *kbase, *vbase; /* K / V rows: base + idx[j] * rb */
     size_t krb, vrb;

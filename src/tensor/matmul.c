@@ -140,7 +140,7 @@ static keel_status matvec_impl(keel_dtype t, const void *W, int64_t n_rows, int6
     tensor_mv_fn mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
     const void *xp;
     if (!mv_prep(t, mv, xa, n_cols, scratch, &xp)) {
-        base_arena_rewind(scratch, mark);
+        if (scratch) base_arena_rewind(scratch, mark);
         return KEEL_ESCRATCH;
     }
     matvec_ctx c = {tensor_dot_get_(t), mv, xp, W, tensor_row_bytes(t, n_cols), n_rows, n_cols, 0, xa, y};
