@@ -24,14 +24,11 @@
  *          scales), the four rows' online softmax runs on two cells per
  *          vector, and p . V follows in the same pass; the next block's
  *          K and V rows are prefetched one cell's worth per cell scored.
- *          Against the separate kernels (kq, row, pv per block, with the
- *          scores transposed through memory and a call per piece), on an
- *          Intel VM with AVX2 forced: 32-34 vs 35-38 ns per cell and KV
- *          head in L2 (1 thread, q8_0, 4 rows of 128); from DRAM
- *          (keel bench attention --ctx 16384 --kv q8_0, A/B in one build)
- *          no difference (6.8-6.9 GB/s with 1 thread either way); decode
- *          at depth 8192 on a 124M q8_0 model (d 64, 3 rows per KV head)
- *          99-107 vs 97-99 tok/s.
+ *          It saves the separate kernels' calls per piece and the scores'
+ *          transpose through memory; from DRAM the two paths read the
+ *          cache at the same rate (keel bench attention --kv q8_0 --simd
+ *          avx2, 7b4d56a against this kernel: 6.6-6.8 and 6.4-6.8 GB/s
+ *          with 1 thread): both are bound by their arithmetic.
  */
 #include "attn_kernels.h"
 

@@ -12,12 +12,9 @@
  *   bytes consumed, and not past the range (the next range is usually
  *   another thread's). A dot does much more work per byte than a plain
  *   read, so the out-of-order window alone keeps few lines in flight, and
- *   the hardware streamers did not make up for it (an Intel VM with 4 KiB
- *   pages, 1 thread, 300 MB of 768-column rows from DRAM, GB/s before ->
- *   after: q8_0 7.8 -> 10.9, q4_0 3.5 -> 11.4, q4_K 4.9 -> 9.9, f16
- *   10.9 -> 14.6, a plain read 12.4-15). Issued a whole row at a time the
- *   prefetches starved the demand loads of wide rows on AMD; spread over
- *   the row they do not.
+ *   the hardware streamers did not make up for it on the Intel VM these
+ *   were tuned on. Issued a whole row at a time the prefetches starved the
+ *   demand loads of wide rows on AMD; spread over the row they do not.
  * - Less work per block, with what depends only on the activation done once
  *   per product (tensor_mv_prep_avx2, into the caller's scratch): its block
  *   scales as f32; for q4_0 rows the -8 correction -8 d_x sum(x) per block
@@ -37,13 +34,17 @@
  * - Two streams. Each range is cut in two halves and row r of the first
  *   half runs in lockstep with row r of the second: two independent
  *   streams per thread, each prefetched, keep more lines in flight than
- *   one (q8_0 from DRAM, 2048 x 8192, AVX2: 1 thread 12.7 -> 15.7 GB/s,
- *   2 threads 26.0 -> 30.6 against a 33 GB/s read; three or four streams
- *   measured no better, and worse on small matrices). Rows of a range taken
- *   side by side without the software prefetch had lost the hardware
- *   prefetch on AMD (2.5-3x slower from DRAM); here each stream asks for
- *   its own lines. MV_ROWS2 holds the driver; each dtype writes the dot of
- *   NS (1 or 2) rows at once.
+ *   one (three or four measured no better, and worse on small matrices).
+ *   Rows of a range taken side by side without the software prefetch had
+ *   lost the hardware prefetch on AMD (2.5-3x slower from DRAM); here each
+ *   stream asks for its own lines. MV_ROWS2 holds the driver; each dtype
+ *   writes the dot of NS (1 or 2) rows at once.
+ * All of it together, `keel bench kernels -t 2 --simd avx2` (4096
+ * columns, >= 256 MiB of weights) on that VM, before (7b4d56a) -> after,
+ * GB/s with 1 / 2 threads: q8_0 8.7 / 16.8-17.0 -> 16.2-17.0 / 32.9-33.1,
+ * q4_0 3.8 / 7.5-7.6 -> 13.9-14.1 / 28.0-28.3, q4_K 5.0 / 9.8 -> 14.0 /
+ * 28.1-28.3, f16 11.8-12.0 / 23.5 -> 16.5-16.7 / 33.4-34.1 (the prefetching
+ * read reference of those runs: 17.6 / 35.1-35.6).
  *
  * Integer parts are exact as in the dots; only the f32 summation order
  * differs from tensor_vec_dot (tests compare with the scalar path within a
