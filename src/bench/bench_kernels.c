@@ -214,8 +214,10 @@ typedef struct bk_state {
  * rounds on both sides compares like with like. */
 static keel_status bk_run_matvec(bk_state *s)
 {
-    static const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_K, KEEL_DTYPE_F16};
-    enum { NT = 4 };
+    /* q5_K and q6_K: the other halves of the common K-quant model mixes */
+    static const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_K,
+                                       KEEL_DTYPE_Q5_K, KEEL_DTYPE_Q6_K, KEEL_DTYPE_F16};
+    enum { NT = 6 };
     bk_buf xb, yb, W[NT];
     int64_t n_rows[NT];
     memset(W, 0, sizeof W);
