@@ -43,6 +43,11 @@ void bench_printf(bench_out *o, const char *fmt, ...) BASE_PRINTF(2, 3);
  * negative value if the buffer cannot be allocated. */
 double bench_read_bw_gbps(base_pool *pool, size_t buf_bytes, int reps);
 
+/* Read bandwidth of the calling thread over a buffer of `bytes` that stays
+ * in cache (read `iters` times per timing, best of reps): the reference of
+ * the in-cache kernel figures. Negative if the buffer cannot be allocated. */
+double bench_read_cached_gbps(size_t bytes, int iters, int reps);
+
 /* fp32 FMA peak in GFLOP/s with the pool's threads running a register-only
  * FMA loop at once, at SIMD level `level` (tensor_simd: 0 scalar, 1 avx2 ymm,
  * 2 avx512 zmm; clamped to what the CPU has). Best of reps runs of about
