@@ -149,19 +149,20 @@ static inline __m256i q5_1_values(const uint8_t *b)
 }
 
 /* The unsigned 6-bit values (0..63, before the -32 offset) of half nh of a
- * q6_K block: q[k] holds values 128 nh + 32 k .. + 31. */
+ * q6_K block: q[k] holds values 128 nh + 32 k .. + 31. The two high bits
+ * of value k sit at bits 2k, 2k + 1 of its qh byte and go to bits 4-5:
+ * one shift (or none) and one mask each, 16-bit shifts being safe since
+ * the mask keeps only bits that come from the same byte. */
 static inline void q6_K_values(const uint8_t *b, int nh, __m256i q[4])
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256i ql0 = loadu_256(b + 64 * nh), ql1 = loadu_256(b + 64 * nh + 32);
     __m256i qh = loadu_256(b + 128 + 32 * nh);
-    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
 }
 
 /* The 12-byte scale field of q4_K/q5_K as 16 int16: 8 scales, 8 mins.
