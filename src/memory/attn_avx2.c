@@ -23,12 +23,21 @@
  *          (one 128-bit store per cell, the scale folded into the query
  *          scales), the four rows' online softmax runs on two cells per
  *          vector, and p . V follows in the same pass; the next block's
- *          K and V rows are prefetched one cell's worth per cell scored.
- *          It saves the separate kernels' calls per piece and the scores'
- *          transpose through memory; from DRAM the two paths read the
- *          cache at the same rate (keel bench attention --kv q8_0 --simd
- *          avx2, 7b4d56a against this kernel: 6.6-6.8 and 6.4-6.8 GB/s
- *          with 1 thread): both are bound by their arithmetic.
+ *          K rows are prefetched a cell's worth per cell scored, its V
+ *          rows a share per p . V half, so that the requests spread over
+ *          the whole block (all of them during the scores had kept the
+ *          line-fill buffers full there: 6.9 -> 7.2-7.3 GB/s with 1
+ *          thread from DRAM; prefetching two blocks ahead, or with the
+ *          T1/T2 hints, measured no better). It saves the separate
+ *          kernels' calls per piece and the scores' transpose through
+ *          memory; from DRAM the two paths read the cache at the same
+ *          rate (keel bench attention --kv q8_0 --simd avx2, 7b4d56a
+ *          against this kernel: 6.6-6.8 and 6.4-6.8 GB/s with 1 thread).
+ *          In cache (--ctx 1024: 71 MB, in L3 here) it reads 8.5-8.8
+ *          GB/s with 1 thread, little more than from DRAM: its arithmetic
+ *          holds it. Tried and dropped: p . V with the weights as int16
+ *          (vpmaddwd over pairs of cells instead of converting V to f32;
+ *          the same speed in cache and from DRAM).
  */
 #include "attn_kernels.h"
 
@@ -745,8 +754,9 @@ static inline __attribute__((always_inline)) __m128 dec_kq_cell(keel_dtype kt, c
  * cells the scores in cell-major order (s[j] = the quad's four rows), the
  * online softmax of the four rows at once (two cells per vector), then
  * p . V as pv8_group does it (weights p * d_v formed once per block).
- * pf: the next block's K and V rows, asked for one cell's share per cell
- * scored (first quad only; the others find them in cache). */
+ * pf: the next block's K rows, asked for one cell's share per cell
+ * scored, and its V rows, a share per p . V half (first quad only; the
+ * others find them in cache). */
 static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_dtype vt, const attn_dec *a,
                                                            int32_t r0, int NR)
 {
@@ -780,11 +790,10 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
             pk = attn_pf_begin(fk);
             pv = attn_pf_begin(fv);
             plk = attn_pf_lines(fk, nb);
-            plv = attn_pf_lines(fv, nb);
+            plv = attn_pf_lines(fv, 2 * nbv); /* V: spread over the p . V halves */
         }
         for (int32_t j = 0; j < nb; j++) {
             attn_pf_step(&pk, plk);
-            attn_pf_step(&pv, plv);
             __m128 sc = dec_kq_cell(kt, a->kbase + (size_t)idx[j] * a->krb, &Q, NR, nbk);
             _mm_store_ps(s[j], sc);
         }
@@ -833,7 +842,10 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
             _Alignas(16) float swa[4];
             _mm_store_ps(swa, sw);
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) pv8_half(vt, rows_v, nb, b, h, (const float (*)[4])wt, swa, acc, NR);
+            for (int h = 0; h < 2; h++) {
+                attn_pf_step(&pv, plv);
+                pv8_half(vt, rows_v, nb, b, h, (const float (*)[4])wt, swa, acc, NR);
+            }
         }
     }
     _mm_storeu_ps(m4a, m4);
