@@ -22,13 +22,15 @@
  *          per quad of rows and block of 32 cells the scores go cell-major
  *          (one 128-bit store per cell, the scale folded into the query
  *          scales), the four rows' online softmax runs on two cells per
- *          vector, and p . V follows in the same pass; the next block's
- *          K rows are prefetched a cell's worth per cell scored, its V
- *          rows a share per p . V half, so that the requests spread over
- *          the whole block (all of them during the scores had kept the
- *          line-fill buffers full there: 6.9 -> 7.2-7.3 GB/s with 1
- *          thread from DRAM; prefetching two blocks ahead, or with the
- *          T1/T2 hints, measured no better). It saves the separate
+ *          vector, and p . V follows in the same pass. As the separate
+ *          kernels do, the scores prefetch the block's V rows (a cell's
+ *          worth per cell) and p . V the next block's K rows (a share per
+ *          half): the requests spread over the whole block, half a block
+ *          ahead. (Both the next block's K and V during the scores had
+ *          kept the line-fill buffers full there: 6.9 GB/s with 1 thread
+ *          from DRAM against 7.6-7.9; a whole block or two ahead, the
+ *          T1/T2 hints, or the first block's keys asked for at once
+ *          measured no better.) It saves the separate
  *          kernels' calls per piece and the scores' transpose through
  *          memory; from DRAM the two paths read the cache at the same
  *          rate (keel bench attention --kv q8_0 --simd avx2, 7b4d56a
@@ -754,8 +756,8 @@ static inline __attribute__((always_inline)) __m128 dec_kq_cell(keel_dtype kt, c
  * cells the scores in cell-major order (s[j] = the quad's four rows), the
  * online softmax of the four rows at once (two cells per vector), then
  * p . V as pv8_group does it (weights p * d_v formed once per block).
- * pf: the next block's K rows, asked for one cell's share per cell
- * scored, and its V rows, a share per p . V half (first quad only; the
+ * pf: the block's V rows, asked for one cell's share per cell scored, and
+ * the next block's K rows, a share per p . V half (first quad only; the
  * others find them in cache). */
 static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_dtype vt, const attn_dec *a,
                                                            int32_t r0, int NR)
@@ -784,16 +786,18 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
         const int32_t *idx = a->idx + cb;
         attn_pf_cursor pk = {0, 0}, pv = {0, 0};
         int32_t plk = 0, plv = 0;
-        if (r0 == 0 && cb + nb < a->n) {
-            int32_t nn = BASE_MIN(ATTN_CB, a->n - cb - nb);
-            attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, nn), fv = attn_rows_span(a->vbase, a->vrb, idx + nb, nn);
-            pk = attn_pf_begin(fk);
+        if (r0 == 0) {
+            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
             pv = attn_pf_begin(fv);
-            plk = attn_pf_lines(fk, nb);
-            plv = attn_pf_lines(fv, 2 * nbv); /* V: spread over the p . V halves */
+            plv = attn_pf_lines(fv, nb);
+            if (cb + nb < a->n) {
+                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
+                pk = attn_pf_begin(fk);
+                plk = attn_pf_lines(fk, 2 * nbv);
+            }
         }
         for (int32_t j = 0; j < nb; j++) {
-            attn_pf_step(&pk, plk);
+            attn_pf_step(&pv, plv);
             __m128 sc = dec_kq_cell(kt, a->kbase + (size_t)idx[j] * a->krb, &Q, NR, nbk);
             _mm_store_ps(s[j], sc);
         }
@@ -843,7 +847,7 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
             _mm_store_ps(swa, sw);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                attn_pf_step(&pv, plv);
+                attn_pf_step(&pk, plk);
                 pv8_half(vt, rows_v, nb, b, h, (const float (*)[4])wt, swa, acc, NR);
             }
         }
