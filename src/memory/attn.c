@@ -39,7 +39,7 @@
 #include <string.h>
 
 #define ATTN_TB 32     /* query tokens per block */
-#define ATTN_CHUNK 2048 /* cells whose visibility is computed at once: per KV head, runs of K and V rows this long */
+#define ATTN_CHUNK 512 /* cells whose visibility is computed at once */
 #define ATTN_SPLIT_MIN_CELLS 512
 
 typedef mem_attn_dims attn_dims;
