@@ -27,15 +27,15 @@
  *          worth per cell) and p . V the next block's K rows (a share per
  *          half): the requests spread over the whole block, half a block
  *          ahead. (Both the next block's K and V during the scores had
- *          kept the line-fill buffers full there: 6.9 GB/s with 1 thread
- *          from DRAM against 7.6-7.9; a whole block or two ahead, the
+ *          kept the line-fill buffers full there: 6.9-7.1 GB/s with 1
+ *          thread from DRAM against 7.8-7.9; a whole block or two ahead, the
  *          T1/T2 hints, or the first block's keys asked for at once
  *          measured no better.) It saves the separate
  *          kernels' calls per piece and the scores' transpose through
  *          memory; from DRAM the two paths read the cache at the same
  *          rate (keel bench attention --kv q8_0 --simd avx2, 7b4d56a
  *          against this kernel: 6.6-6.8 and 6.4-6.8 GB/s with 1 thread).
- *          In cache (--ctx 1024: 71 MB, in L3 here) it reads 8.5-8.8
+ *          In cache (--ctx 1024: 71 MB, in L3 here) it reads 8.6-8.7
  *          GB/s with 1 thread, little more than from DRAM: its arithmetic
  *          holds it. Tried and dropped: p . V with the weights as int16
  *          (vpmaddwd over pairs of cells instead of converting V to f32;
