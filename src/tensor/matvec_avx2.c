@@ -80,15 +80,14 @@ static inline void mv_pf(const uint8_t *cur, uintptr_t last, int lines)
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-/* Eight f16 values at p, p + stride, ... as f32. */
+/* Eight f16 values at p, p + stride, ... as f32: gathered through a small
+ * array (combined in general registers, gcc turned the shifts and ors into
+ * a chain of shuffles on the port the kernels' other shuffles need). */
 static inline __m256 f16x8_strided(const uint8_t *p, size_t stride)
 {
-    uint64_t lo = (uint64_t)rd_u16(p) | (uint64_t)rd_u16(p + stride) << 16 |
-                  (uint64_t)rd_u16(p + 2 * stride) << 32 | (uint64_t)rd_u16(p + 3 * stride) << 48;
-    p += 4 * stride;
-    uint64_t hi = (uint64_t)rd_u16(p) | (uint64_t)rd_u16(p + stride) << 16 |
-                  (uint64_t)rd_u16(p + 2 * stride) << 32 | (uint64_t)rd_u16(p + 3 * stride) << 48;
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+    _Alignas(16) uint16_t h[8];
+    for (int k = 0; k < 8; k++) h[k] = rd_u16(p + (size_t)k * stride);
+    return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
 }
 
 static inline size_t up8(int64_t n)
