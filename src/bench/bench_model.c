@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 /* OpenBLAS sgemm GFLOP/s, C[n][m] = A[n][k] B[m][k]^T, split over the pool's
  * threads by rows of B (single-threaded OpenBLAS in each), as the prefill
@@ -224,6 +225,21 @@ static long bm_major_faults(void)
 {
     struct rusage ru;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_majflt : 0;
+}
+
+/* The last-level cache's bytes (0 when unknown): decode that reads fewer
+ * bytes per token than this is partly served from it, and can pass a
+ * bound taken from the DRAM read bandwidth. */
+static size_t bm_llc_bytes(void)
+{
+    long v = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    if (v <= 0) v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return v > 0 ? (size_t)v : 0;
 }
 
 typedef struct bm_row {
@@ -664,10 +680,10 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                      "%s\"model\": \"%s\", \"arch\": \"%s\", \"type\": \"%s\", \"threads\": %d, \"simd\": \"%s\", "
                      "\"blas_core\": \"%s\", \"weight_bytes\": %zu, \"n_params\": %lld, \"type_k\": \"%s\", "
                      "\"type_v\": \"%s\", \"n_ubatch\": %d, \"read_bw_gbps\": %.2f, \"fma_peak_gflops\": %.1f, "
-                     "\"sgemm_gflops\": %.1f,\n \"rows\": [",
+                     "\"sgemm_gflops\": %.1f, \"llc_bytes\": %zu,\n \"rows\": [",
                      profile ? "" : "{", name, hp->arch_name, keel_dtype_name(m->w.main_dtype), threads,
                      keel_simd_name(), core ? core : "?", wb, (long long)m->w.n_params,
-                     keel_dtype_name(cp.type_k), keel_dtype_name(cp.type_v), n_ub, bw, peak, sg);
+                     keel_dtype_name(cp.type_k), keel_dtype_name(cp.type_v), n_ub, bw, peak, sg, bm_llc_bytes());
         for (int i = 0; i < n_rows; i++) {
             const bm_row *w = &rows[i];
             double bytes = w->weight_bytes + w->kv_bytes, bound = bytes > 0 ? bw * 1e9 / bytes : 0;
@@ -723,6 +739,14 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
             disk += (double)rows[i].major_faults * 131072.0;
             moved += (rows[i].weight_bytes + rows[i].kv_bytes) * rows[i].n * reps;
         }
+        size_t llc = bm_llc_bytes();
+        bool in_llc = false;
+        for (int i = 0; i < n_rows; i++)
+            in_llc |= rows[i].tg && llc > 0 && rows[i].weight_bytes + rows[i].kv_bytes <= (double)llc;
+        if (in_llc)
+            bench_printf(o, "\nnote: the last-level cache (%.0f MiB) holds a tg row's bytes per token: that row is "
+                            "partly served from it, and its %% of bound (DRAM read bandwidth) can pass 100%%\n",
+                         (double)llc / (1024.0 * 1024.0));
         if (disk > 0.005 * moved)
             bench_printf(o, "\nwarning: %ld major page faults during the timed runs: weights were read from disk "
                             "(the page cache dropped them), so these figures are low; free memory or run again\n",
