@@ -32,10 +32,10 @@
  *   few masks (no scalar bit work) and widen the scales into int16 pairs
  *   broadcast from memory. What is per super-block rather than per value
  *   (that decode, d and dmin, the mins term, the final convert and FMA) is
- *   done for the two streams' rows at once in 256-bit registers: in L2
- *   (64 x 4096, 1 thread, A/B in one process) q4_K 17.0-18.2 -> 19.4-19.9
- *   GB/s; from DRAM (`keel bench kernels -t 2 --simd avx2`) 27.9-28.8 ->
- *   29.0-29.9 GB/s with 2 threads.
+ *   done for the two streams' rows at once in 256-bit registers
+ *   (`keel bench kernels -t 2 --simd avx2`, interleaved with the tree
+ *   before: q4_K in cache 16.7-17.1 -> 18.4-19.1 GB/s, from DRAM with 2
+ *   threads 28.6-28.7 -> 29.0-30.2).
  * - Two streams. Each range is cut in two halves and row r of the first
  *   half runs in lockstep with row r of the second: two independent
  *   streams per thread, each prefetched, keep more lines in flight than
