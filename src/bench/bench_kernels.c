@@ -70,7 +70,12 @@ static keel_status bk_weights(keel_dtype t, int64_t n_rows, int64_t n_cols, bk_b
     int64_t distinct = BASE_MIN(n_rows, 64);
     for (int64_t r = 0; r < distinct; r++) {
         bk_fill_normal(tmp.p, n_cols, 1000 + (uint64_t)r);
-        tensor_quantize_row(t, tmp.p, w + (size_t)r * rb, n_cols);
+        keel_status st = tensor_quantize_row(t, tmp.p, w + (size_t)r * rb, n_cols);
+        if (st != KEEL_OK) {
+            bk_free(&tmp);
+            bk_free(out);
+            return st;
+        }
     }
     for (int64_t r = distinct; r < n_rows; r++)
         memcpy(w + (size_t)r * rb, w + (size_t)(r % distinct) * rb, rb);
@@ -113,11 +118,11 @@ static double bk_time_matvec(keel_dtype t, const bk_buf *W, int64_t n_rows, cons
                              float *y, base_pool *pool, base_arena *arena, int reps)
 {
     size_t bytes = tensor_row_bytes(t, MATVEC_COLS) * (size_t)n_rows;
-    tensor_matvec(t, W->p, n_rows, MATVEC_COLS, x, y, pool, arena); /* warm */
+    if (tensor_matvec(t, W->p, n_rows, MATVEC_COLS, x, y, pool, arena) != KEEL_OK) return -1; /* warm */
     double best = 0;
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = base_time_ns();
-        tensor_matvec(t, W->p, n_rows, MATVEC_COLS, x, y, pool, arena);
+        if (tensor_matvec(t, W->p, n_rows, MATVEC_COLS, x, y, pool, arena) != KEEL_OK) return -1;
         double gbps = (double)bytes / (double)(base_time_ns() - t0);
         if (gbps > best) best = gbps;
     }
@@ -132,6 +137,7 @@ typedef struct q_res {
     double scalar_ns, simd_ns;
 } q_res;
 
+/* ns per row, best of 5 trials; -1 if the dtype cannot be quantized */
 static double bk_time_quant(keel_dtype t, int n, const float *x, uint8_t *y, int rows)
 {
     size_t rb = tensor_row_bytes(t, n);
@@ -139,7 +145,7 @@ static double bk_time_quant(keel_dtype t, int n, const float *x, uint8_t *y, int
     for (int trial = 0; trial < 5; trial++) {
         uint64_t t0 = base_time_ns();
         for (int r = 0; r < rows; r++)
-            tensor_quantize_row(t, x + (size_t)r * (size_t)n, y + (size_t)r * rb, n);
+            if (tensor_quantize_row(t, x + (size_t)r * (size_t)n, y + (size_t)r * rb, n) != KEEL_OK) return -1;
         double ns = (double)(base_time_ns() - t0) / rows;
         if (ns < best) best = ns;
     }
