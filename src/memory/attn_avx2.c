@@ -530,6 +530,25 @@ static void dq_tile64_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const 
     }
 }
 
+typedef void (*dq_tile64_fn)(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                             int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl);
+
+/* p . V through an f32 tile (dv a multiple of 64): per 64 columns the
+ * block's V values converted once by dq, then accumulated into every
+ * active row with the row's accumulators in registers across the block. */
+static void pv_tiled(dq_tile64_fn dq, keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx,
+                     int32_t n, const float *p, const uint8_t *active, int32_t R, int32_t dv,
+                     float *const *acc, attn_pf pf)
+{
+    _Alignas(32) float tile[ATTN_CB * 64];
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, dv / 64 * n);
+    for (int32_t seg = 0; seg < dv; seg += 64) {
+        dq(vt, base, rb, idx, n, seg, tile, &pc, pl);
+        tile_accumulate(tile, n, p, active, R, acc, seg);
+    }
+}
+
 static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                     const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
                     attn_pf pf)
@@ -545,13 +564,7 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
     if (n_act >= PV_TILE_ROWS && dv % 64 == 0) {
         /* many rows (prefill): each V value converted once for all of
          * them, then the f32 tile's GEMM-like accumulation */
-        _Alignas(32) float tile[ATTN_CB * 64];
-        attn_pf_cursor pc = attn_pf_begin(pf);
-        int32_t pl = attn_pf_lines(pf, dv / 64 * n);
-        for (int32_t seg = 0; seg < dv; seg += 64) {
-            dq_tile64_q8q4(vt, base, rb, idx, n, seg, tile, &pc, pl);
-            tile_accumulate(tile, n, p, active, R, acc, seg);
-        }
+        pv_tiled(dq_tile64_q8q4, vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
     const uint8_t *rows[ATTN_CB];
@@ -590,13 +603,7 @@ static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int3
         (vt == KEEL_DTYPE_F16 ? pv_f16 : pv_f32)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
     }
-    _Alignas(32) float tile[ATTN_CB * 64];
-    attn_pf_cursor pc = attn_pf_begin(pf);
-    int32_t pl = attn_pf_lines(pf, dv / 64 * n);
-    for (int32_t seg = 0; seg < dv; seg += 64) {
-        dq_tile64_fp(vt, base, rb, idx, n, seg, tile, &pc, pl);
-        tile_accumulate(tile, n, p, active, R, acc, seg);
-    }
+    pv_tiled(dq_tile64_fp, vt, base, rb, idx, n, p, active, R, dv, acc, pf);
 }
 
 attn_pv_fn attn_pv_avx2(keel_dtype vt)
