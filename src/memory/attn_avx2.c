@@ -204,25 +204,30 @@ typedef struct kq_quad8 {
     __m256i corr[KQ_NB_MAX];
 } kq_quad8;
 
+/* Query block b of the quad's rows x[0..4): d_q per row as [r0..r3 |
+ * r0..r3] and, for q4_0 keys, -8 sum(q) per row (zeros in the high lane). */
+static inline void quad8_block_scales(keel_dtype kt, const uint8_t *const *x, int32_t b, __m256 *dq,
+                                      __m256i *corr)
+{
+    float d[4];
+    int32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *xb = x[i] + (size_t)b * 34;
+        d[i] = f16_to_f32(xb);
+        if (kt == KEEL_DTYPE_Q4_0) {
+            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)(xb + 2)));
+            c[i] = -8 * hsum_i32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+        }
+    }
+    *dq = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3]);
+    *corr = _mm256_loadu_si256((const __m256i *)c);
+}
+
 static inline void quad8_prep(keel_dtype kt, const void *const *q, int32_t R, int32_t r0, int32_t nb,
                               kq_quad8 *Q)
 {
-    const __m256i ones = _mm256_set1_epi8(1);
     for (int i = 0; i < 4; i++) Q->x[i] = q[BASE_MIN(r0 + i, R - 1)];
-    for (int32_t b = 0; b < nb && b < KQ_NB_MAX; b++) {
-        float d[4];
-        int32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int i = 0; i < 4; i++) {
-            const uint8_t *xb = Q->x[i] + (size_t)b * 34;
-            d[i] = f16_to_f32(xb);
-            if (kt == KEEL_DTYPE_Q4_0) {
-                __m256i s16 = _mm256_maddubs_epi16(ones, _mm256_loadu_si256((const __m256i *)(xb + 2)));
-                c[i] = -8 * hsum_i32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
-            }
-        }
-        Q->dq[b] = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3]);
-        Q->corr[b] = _mm256_loadu_si256((const __m256i *)c);
-    }
+    for (int32_t b = 0; b < nb && b < KQ_NB_MAX; b++) quad8_block_scales(kt, Q->x, b, &Q->dq[b], &Q->corr[b]);
 }
 
 /* The int8 dot of one key block with each of the quad's rows, as 8 int32
@@ -236,6 +241,28 @@ static inline __attribute__((always_inline)) __m256i kq8_dot(keel_dtype kt, __m2
     return _mm256_madd_epi16(_mm256_maddubs_epi16(ku, qv), _mm256_set1_epi16(1));
 }
 
+/* Key block kb (block b of its row) against the quad's rows: the four
+ * rows' int8 dots reduced into [r0 r1 r2 r3 | r0 r1 r2 r3] (two hadds),
+ * before q4_0's correction and the scales. */
+static inline __attribute__((always_inline)) __m256i kq8_block(keel_dtype kt, const uint8_t *kb,
+                                                               const kq_quad8 *Q, int NR, int32_t b)
+{
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i kv, ku;
+    if (kt == KEEL_DTYPE_Q8_0) {
+        kv = _mm256_loadu_si256((const __m256i *)(kb + 2));
+        ku = _mm256_sign_epi8(kv, kv);
+    } else {
+        kv = ku = q4_nibbles(kb + 2);
+    }
+    size_t o = (size_t)b * 34;
+    __m256i s0 = kq8_dot(kt, ku, kv, Q->x[0] + o);
+    __m256i s1 = NR > 1 ? kq8_dot(kt, ku, kv, Q->x[1] + o) : zero;
+    __m256i s2 = NR > 2 ? kq8_dot(kt, ku, kv, Q->x[2] + o) : zero;
+    __m256i s3 = NR > 3 ? kq8_dot(kt, ku, kv, Q->x[3] + o) : zero;
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+}
+
 /* Scores of the quad's rows for each cell. Per key block the four rows'
  * int32 lanes are reduced into one vector [r0 r1 r2 r3 | r0 r1 r2 r3]
  * (two hadds), converted once and scaled by d_q (per row) and d_k (per
@@ -246,45 +273,22 @@ static inline __attribute__((always_inline)) void kq8_quad(keel_dtype kt, const 
                                                            attn_pf_cursor *pc, int32_t pl)
 {
     size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
-    const __m256i zero = _mm256_setzero_si256();
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *k = base + (size_t)idx[j] * rb;
         attn_pf_step(pc, pl);
         __m256 acc = _mm256_setzero_ps();
         for (int32_t b = 0; b < nb; b++) {
             const uint8_t *kb = k + (size_t)b * kbs;
-            __m256i kv, ku;
-            if (kt == KEEL_DTYPE_Q8_0) {
-                kv = _mm256_loadu_si256((const __m256i *)(kb + 2));
-                ku = _mm256_sign_epi8(kv, kv);
-            } else {
-                kv = ku = q4_nibbles(kb + 2);
-            }
-            size_t o = (size_t)b * 34;
-            __m256i s0 = kq8_dot(kt, ku, kv, Q->x[0] + o);
-            __m256i s1 = NR > 1 ? kq8_dot(kt, ku, kv, Q->x[1] + o) : zero;
-            __m256i s2 = NR > 2 ? kq8_dot(kt, ku, kv, Q->x[2] + o) : zero;
-            __m256i s3 = NR > 3 ? kq8_dot(kt, ku, kv, Q->x[3] + o) : zero;
-            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+            __m256i h = kq8_block(kt, kb, Q, NR, b);
             __m256 dq;
+            __m256i corr;
             if (b < KQ_NB_MAX) {
-                if (kt == KEEL_DTYPE_Q4_0) h = _mm256_add_epi32(h, Q->corr[b]);
                 dq = Q->dq[b];
+                corr = Q->corr[b];
             } else {
-                float d[4];
-                int32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                for (int i = 0; i < 4; i++) {
-                    const uint8_t *xb = Q->x[i] + o;
-                    d[i] = f16_to_f32(xb);
-                    if (kt == KEEL_DTYPE_Q4_0) {
-                        __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1),
-                                                           _mm256_loadu_si256((const __m256i *)(xb + 2)));
-                        c[i] = -8 * hsum_i32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
-                    }
-                }
-                dq = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3]);
-                h = _mm256_add_epi32(h, _mm256_loadu_si256((const __m256i *)c));
+                quad8_block_scales(kt, Q->x, b, &dq, &corr);
             }
+            if (kt == KEEL_DTYPE_Q4_0) h = _mm256_add_epi32(h, corr);
             acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(h), dq), _mm256_set1_ps(f16_to_f32(kb)), acc);
         }
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
@@ -717,6 +721,16 @@ static inline void dec_scales(const uint8_t *row, size_t bs, int32_t nb, float *
     for (; b < nb; b++) d[b] = f16_to_f32(row + (size_t)b * bs);
 }
 
+/* acc + key block b's scores for the quad, scaled (d_k from dk[b]) */
+static inline __attribute__((always_inline)) __m256 dec_kq_block(keel_dtype kt, const uint8_t *kb,
+                                                                 const kq_quad8 *Q, int NR, int32_t b,
+                                                                 const float *dk, __m256 acc)
+{
+    __m256i h = kq8_block(kt, kb, Q, NR, b);
+    if (kt == KEEL_DTYPE_Q4_0) h = _mm256_add_epi32(h, Q->corr[b]);
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(h), Q->dq[b]), _mm256_broadcast_ss(dk + b), acc);
+}
+
 /* The quad's scores for one cell (rows r0..r0+3 in the lanes), as kq8_quad
  * computes them: the key's block scales converted together, two
  * accumulator chains (even and odd blocks). */
@@ -724,37 +738,15 @@ static inline __attribute__((always_inline)) __m128 dec_kq_cell(keel_dtype kt, c
                                                                 const kq_quad8 *Q, int NR, int32_t nb)
 {
     const size_t kbs = kt == KEEL_DTYPE_Q8_0 ? 34 : 18;
-    const __m256i zero = _mm256_setzero_si256();
     float dk[KQ_NB_MAX];
     dec_scales(k, kbs, nb, dk);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-#define DEC_KQ_BLOCK(b, ACC)                                                                       \
-    do {                                                                                           \
-        const uint8_t *kb = k + (size_t)(b) * kbs;                                                 \
-        __m256i kv, ku;                                                                            \
-        if (kt == KEEL_DTYPE_Q8_0) {                                                               \
-            kv = _mm256_loadu_si256((const __m256i *)(kb + 2));                                    \
-            ku = _mm256_sign_epi8(kv, kv);                                                         \
-        } else {                                                                                   \
-            kv = ku = q4_nibbles(kb + 2);                                                          \
-        }                                                                                          \
-        size_t o = (size_t)(b) * 34;                                                               \
-        __m256i s0 = kq8_dot(kt, ku, kv, Q->x[0] + o);                                             \
-        __m256i s1 = NR > 1 ? kq8_dot(kt, ku, kv, Q->x[1] + o) : zero;                             \
-        __m256i s2 = NR > 2 ? kq8_dot(kt, ku, kv, Q->x[2] + o) : zero;                             \
-        __m256i s3 = NR > 3 ? kq8_dot(kt, ku, kv, Q->x[3] + o) : zero;                             \
-        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));       \
-        if (kt == KEEL_DTYPE_Q4_0) h = _mm256_add_epi32(h, Q->corr[b]);                            \
-        ACC = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(h), Q->dq[b]),                      \
-                              _mm256_broadcast_ss(dk + (b)), ACC);                                 \
-    } while (0)
     int32_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        DEC_KQ_BLOCK(b, acc0);
-        DEC_KQ_BLOCK(b + 1, acc1);
+        acc0 = dec_kq_block(kt, k + (size_t)b * kbs, Q, NR, b, dk, acc0);
+        acc1 = dec_kq_block(kt, k + (size_t)(b + 1) * kbs, Q, NR, b + 1, dk, acc1);
     }
-    if (b < nb) DEC_KQ_BLOCK(b, acc0);
-#undef DEC_KQ_BLOCK
+    if (b < nb) acc0 = dec_kq_block(kt, k + (size_t)b * kbs, Q, NR, b, dk, acc0);
     __m256 t = _mm256_add_ps(acc0, acc1);
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
