@@ -166,7 +166,12 @@ static inline void q6_K_values(const uint8_t *b, int nh, __m256i q[4])
 }
 
 /* The 12-byte scale field of q4_K/q5_K as 16 int16: 8 scales, 8 mins.
- * Bit form of kq_scale_min: words w0..w2 hold bytes 0-3, 4-7, 8-11. */
+ * Bit form of kq_scale_min: words w0..w2 hold bytes 0-3, 4-7, 8-11. The
+ * matvec rows decode two fields at once with shuffles instead
+ * (kq_scales_mins_u8x2, matvec_avx2.c); for the dot's one field this
+ * scalar form measured faster (keel bench kernels --simd avx2, q4_K
+ * dot_tiles at 16 tokens: 140.7-144.8 GFLOP/s against 134.4-140.0 with
+ * the shuffles), its bit work running beside the vector ports. */
 static inline __m256i kq_scales_mins_epi16(const uint8_t *q)
 {
     const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
