@@ -14,10 +14,12 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
-$(BUILD)/CMakeCache.txt:
+# The stamp is the generated Makefile, not CMakeCache.txt: a configure that
+# failed (a package missing) leaves a cache but no Makefile, and must rerun.
+$(BUILD)/Makefile:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
 
-configure: $(BUILD)/CMakeCache.txt
+configure: $(BUILD)/Makefile
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)

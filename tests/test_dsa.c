@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #define N_TOK 48
+#define N_FLIP_MAX 2 /* of N_TOK: see test_selforacle */
 
 static keel_model *gen(int32_t top_k, uint64_t seed)
 {
@@ -99,7 +100,22 @@ static void test_selforacle(void **state)
         for (int k = 0; k < 3; k++) {
             keel_context *inc = ctx(m, 64, N_TOK, 1, kvs[k], det);
             keel_context *full = ctx(m, 64, N_TOK, 1, kvs[k], det);
-            double worst = 0.0;
+            /* the same stored rows; float sums in another order (matvec for
+             * one token, GEMM for a batch, and the GEMM's own order is
+             * OpenBLAS's per-CPU kernel) move the indexer's scores by ~1e-7
+             * relative; an f16 or q8_0 cache rounds what it stores, and a
+             * different sum order upstream may flip one rounding
+             * (test_selforacle's bounds). The indexer's top_k and the MoE
+             * routing are discontinuous: where two cells' (or experts')
+             * scores nearly tie, such a flip swaps one of them and that
+             * token's logits move by one cell's share (~1e-1). That is
+             * allowed on at most N_FLIP_MAX of the tokens with a rounded
+             * cache; every other token keeps the bound, and the
+             * deterministic mode above is bit-identical on every token. */
+            double tol = kvs[k] == KEEL_DTYPE_F32 ? 1e-5 : kvs[k] == KEEL_DTYPE_F16 ? 2e-3 : 2e-2;
+            int32_t flip_max = kvs[k] == KEEL_DTYPE_F32 ? 0 : N_FLIP_MAX;
+            double worst = 0.0, worst_kept = 0.0;
+            int32_t n_over = 0;
             for (int32_t t = 0; t < N_TOK; t++) {
                 keel_batch one = {1, &toks[t], NULL, NULL, NULL};
                 assert_ok(keel_decode(inc, &one));
@@ -110,19 +126,23 @@ static void test_selforacle(void **state)
                 const float *ref = keel_logits(full, t);
                 if (det && memcmp(step, ref, V * sizeof(float)) != 0)
                     fail_msg("KV %s deterministic: token %d differs from the batch", keel_dtype_name(kvs[k]), t);
-                worst = fmax(worst, rel_diff(step, ref, V));
+                double d = rel_diff(step, ref, V);
+                worst = fmax(worst, d);
+                if (d <= tol)
+                    worst_kept = fmax(worst_kept, d);
+                else {
+                    n_over++;
+                    printf("deepseek32 KV %-4s: token %d differs by %.2e (a selection flip)\n",
+                           keel_dtype_name(kvs[k]), t, d);
+                }
             }
             assert_ok(keel_mem_check(keel_context_memory(inc)));
-            printf("deepseek32 KV %-4s%s: max |incremental - batch| / max|logit| = %.2e (top_k 12 of up to %d cells)\n",
-                   keel_dtype_name(kvs[k]), det ? " deterministic" : "", worst, N_TOK);
-            /* the same stored rows; float sums in another order (matvec for
-             * one token, GEMM for a batch) move the indexer's scores by
-             * ~1e-7 relative, which keeps the same cells here; an f16 or
-             * q8_0 cache rounds what it stores, and a different sum order
-             * upstream may flip one rounding (test_selforacle's bounds) */
-            double tol = kvs[k] == KEEL_DTYPE_F32 ? 1e-5 : kvs[k] == KEEL_DTYPE_F16 ? 2e-3 : 2e-2;
-            if (!(worst <= tol))
-                fail_msg("KV %s: %.3g > %.3g", keel_dtype_name(kvs[k]), worst, tol);
+            printf("deepseek32 KV %-4s%s: max |incremental - batch| / max|logit| = %.2e, %.2e without the %d "
+                   "flipped tokens (top_k 12 of up to %d cells)\n",
+                   keel_dtype_name(kvs[k]), det ? " deterministic" : "", worst, worst_kept, n_over, N_TOK);
+            if (n_over > flip_max)
+                fail_msg("KV %s: %d tokens beyond %.3g (worst %.3g), at most %d allowed", keel_dtype_name(kvs[k]),
+                         n_over, tol, worst, flip_max);
             keel_context_close(inc);
             keel_context_close(full);
         }
