@@ -31,6 +31,8 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -227,11 +229,44 @@ static long bm_major_faults(void)
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_majflt : 0;
 }
 
-/* The last-level cache's bytes (0 when unknown): decode that reads fewer
- * bytes per token than this is partly served from it, and can pass a
- * bound taken from the DRAM read bandwidth. */
+/* Bytes of a sysfs cache "size" file ("32768K", "2M", "512"); 0 if unreadable. */
+static size_t bm_sysfs_size(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[32] = "";
+    bool ok = fgets(buf, sizeof buf, f) != NULL;
+    fclose(f); /* read-only: nothing to lose */
+    if (!ok) return 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(buf, &end, 10);
+    size_t mul = *end == 'K' ? 1024u : *end == 'M' ? 1024u * 1024u : *end == 'G' ? 1024u * 1024u * 1024u : 1u;
+    return end == buf || v > SIZE_MAX / mul ? 0 : (size_t)v * mul;
+}
+
+/* The last-level cache's bytes that this CPU uses (0 when unknown): decode
+ * that reads fewer bytes per token than this is partly served from it, and
+ * can pass a bound taken from the DRAM read bandwidth. sysfs first (cpu0's
+ * highest-level cache, the slice its cores share): glibc's sysconf reports
+ * the whole package's L3 on AMD (384 MiB on a 12-CCD EPYC whose guest CPUs
+ * share one 32 MiB L3). */
 static size_t bm_llc_bytes(void)
 {
+    size_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        size_t level = bm_sysfs_size(path); /* a small integer: the same parser */
+        if (level == 0) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        size_t bytes = bm_sysfs_size(path);
+        if (bytes > 0 && (int)level >= best_level) {
+            best_level = (int)level;
+            best = bytes;
+        }
+    }
+    if (best > 0 && best_level >= 2) return best;
     long v = -1;
 #ifdef _SC_LEVEL3_CACHE_SIZE
     v = sysconf(_SC_LEVEL3_CACHE_SIZE);
