@@ -42,37 +42,13 @@
  *          the same speed in cache and from DRAM).
  */
 #include "attn_kernels.h"
+#include "../tensor/simd_avx2.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #define QK 32 /* elements per q8_0 / q4_0 block */
-
-static inline float hsum8(__m256 v)
-{
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
-static inline float hmax8(__m256 v)
-{
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-static inline int32_t hsum_i32(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
 
 static inline float f16_to_f32(const uint8_t *p)
 {
@@ -105,7 +81,7 @@ static inline void store_dq8(float *y, __m256i q, __m256 d, __m256 m)
 /* four row accumulators -> their four sums, in order */
 static inline __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
 {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 h = hadd2_ps(hadd2_ps(a0, a1), hadd2_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
@@ -216,7 +192,7 @@ static inline void quad8_block_scales(keel_dtype kt, const uint8_t *const *x, in
         d[i] = f16_to_f32(xb);
         if (kt == KEEL_DTYPE_Q4_0) {
             __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)(xb + 2)));
-            c[i] = -8 * hsum_i32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+            c[i] = -8 * hsum_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
         }
     }
     *dq = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[0], d[1], d[2], d[3]);
@@ -242,7 +218,7 @@ static inline __attribute__((always_inline)) __m256i kq8_dot(keel_dtype kt, __m2
 }
 
 /* Key block kb (block b of its row) against the quad's rows: the four
- * rows' int8 dots reduced into [r0 r1 r2 r3 | r0 r1 r2 r3] (two hadds),
+ * rows' int8 dots reduced into [r0 r1 r2 r3 | r0 r1 r2 r3] (two hadd2_epi32),
  * before q4_0's correction and the scales. */
 static inline __attribute__((always_inline)) __m256i kq8_block(keel_dtype kt, const uint8_t *kb,
                                                                const kq_quad8 *Q, int NR, int32_t b)
@@ -260,12 +236,12 @@ static inline __attribute__((always_inline)) __m256i kq8_block(keel_dtype kt, co
     __m256i s1 = NR > 1 ? kq8_dot(kt, ku, kv, Q->x[1] + o) : zero;
     __m256i s2 = NR > 2 ? kq8_dot(kt, ku, kv, Q->x[2] + o) : zero;
     __m256i s3 = NR > 3 ? kq8_dot(kt, ku, kv, Q->x[3] + o) : zero;
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+    return hadd2_epi32(hadd2_epi32(s0, s1), hadd2_epi32(s2, s3));
 }
 
 /* Scores of the quad's rows for each cell. Per key block the four rows'
  * int32 lanes are reduced into one vector [r0 r1 r2 r3 | r0 r1 r2 r3]
- * (two hadds), converted once and scaled by d_q (per row) and d_k (per
+ * (two hadd2_epi32), converted once and scaled by d_q (per row) and d_k (per
  * block) with one multiply and one FMA for all four rows. */
 static inline __attribute__((always_inline)) void kq8_quad(keel_dtype kt, const uint8_t *base, size_t rb,
                                                            const int32_t *idx, int32_t n, const kq_quad8 *Q,
@@ -657,7 +633,7 @@ float attn_exp_avx2(float *x, int32_t n, float m)
         _mm256_storeu_ps(x + j, v);
         sum = _mm256_add_ps(sum, v);
     }
-    float s = hsum8(sum);
+    float s = hsum_ps(sum);
     for (; j < n; j++) {
         x[j] = x[j] == -INFINITY ? 0.0f : expf(x[j] - m);
         s += x[j];
@@ -679,7 +655,7 @@ bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *
         __m256 on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()));
         x[k] = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(s + 8 * k), sc), on);
     }
-    float bmax = hmax8(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])));
+    float bmax = hmax_ps(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])));
     *alpha = 1.0f;
     if (bmax == -INFINITY) {
         for (int k = 0; k < 4; k++) _mm256_storeu_ps(s + 8 * k, x[k]);
@@ -697,7 +673,7 @@ bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *
         _mm256_storeu_ps(s + 8 * k, e);
         sum = _mm256_add_ps(sum, e);
     }
-    *l += hsum8(sum);
+    *l += hsum_ps(sum);
     return true;
 }
 

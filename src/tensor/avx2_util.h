@@ -1,46 +1,16 @@
 /*
  * avx2_util.h — inline AVX2 helpers shared by the *_avx2.c files (and only
  * them: everything here needs -mavx2 -mfma -mf16c). All loads are
- * unaligned (loadu / memcpy), as rows may start at any byte.
+ * unaligned (loadu / memcpy), as rows may start at any byte. The
+ * register-only ones (horizontal sums, hadd2_*) are in simd_avx2.h.
  */
 #ifndef KEEL_TENSOR_AVX2_UTIL_H
 #define KEEL_TENSOR_AVX2_UTIL_H
 
+#include "simd_avx2.h"
 #include "tensor_impl.h"
 
 #include <immintrin.h>
-
-static inline float hsum_ps(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hmax_ps(__m256 v)
-{
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-static inline float hmin_ps(__m256 v)
-{
-    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_min_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-static inline int hsum_epi32(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
 
 static inline __m256 abs_ps(__m256 v)
 {

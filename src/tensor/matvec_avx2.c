@@ -436,7 +436,7 @@ static inline __attribute__((always_inline)) void rows_q45_K(int Q5, int NS, con
                 si[s] = _mm256_add_epi32(si[s], _mm256_add_epi32(p0, p1));
             }
         }
-        __m256i h = _mm256_hadd_epi32(si[0], NS > 1 ? si[1] : si[0]);
+        __m256i h = hadd2_epi32(si[0], NS > 1 ? si[1] : si[0]);
         acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd8, sel_d), _mm256_cvtepi32_ps(h), acc);
     }
     /* acc: [r0 r0 r1 r1 | r0 r0 r1 r1], macc: [r0 x 4 | r1 x 4] */
