@@ -110,6 +110,24 @@ static inline __m256 load_k8(keel_dtype kt, const uint8_t *k, int32_t i)
                : _mm256_loadu_ps((const float *)k + i);
 }
 
+/* The quad's dots with one key over dims d8..dk (a dim that is not a
+ * multiple of 8), added to s. */
+static inline __m128 kq_fp_tail(keel_dtype kt, const uint8_t *k, const float *const *x, int32_t d8, int32_t dk,
+                                __m128 s)
+{
+    float t[4] = {0, 0, 0, 0};
+    for (int32_t i = d8; i < dk; i++) {
+        float kf = kt == KEEL_DTYPE_F16 ? f16_to_f32(k + 2 * (size_t)i) : ((const float *)k)[i];
+        for (int r = 0; r < 4; r++) t[r] += kf * x[r][i];
+    }
+    return _mm_add_ps(s, _mm_loadu_ps(t));
+}
+
+/* Two cells at a time: each 8 of the quad's query values is loaded once
+ * for both keys (4 query loads and 2 key loads per 8 FMAs, against 4 and 1
+ * per 4 cell by cell, which kept the load ports the limit on Zen 5). One
+ * accumulator per row and cell, so the sums are those of the one-cell
+ * loop, bit for bit. */
 static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
                          int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
                          attn_pf pf)
@@ -120,33 +138,48 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
     for (int32_t r0 = 0; r0 < R; r0 += 4) {
         const void *xv[4];
         quad_rows(q, R, r0, xv);
-        const float *x0 = xv[0], *x1 = xv[1], *x2 = xv[2], *x3 = xv[3];
+        const float *x[4] = {xv[0], xv[1], xv[2], xv[3]};
         int32_t nr = BASE_MIN(4, R - r0);
-        for (int32_t j = 0; j < n; j++) {
+        int32_t j = 0;
+        for (; j + 2 <= n; j += 2) {
+            const uint8_t *k = base + (size_t)idx[j] * rb, *l = base + (size_t)idx[j + 1] * rb;
+            attn_pf_step(&pc, pl);
+            attn_pf_step(&pc, pl);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int32_t i = 0; i < d8; i += 8) {
+                __m256 q0 = _mm256_loadu_ps(x[0] + i), q1 = _mm256_loadu_ps(x[1] + i),
+                       q2 = _mm256_loadu_ps(x[2] + i), q3 = _mm256_loadu_ps(x[3] + i);
+                __m256 kv = load_k8(kt, k, i), lv = load_k8(kt, l, i);
+                a0 = _mm256_fmadd_ps(kv, q0, a0);
+                a1 = _mm256_fmadd_ps(kv, q1, a1);
+                a2 = _mm256_fmadd_ps(kv, q2, a2);
+                a3 = _mm256_fmadd_ps(kv, q3, a3);
+                b0 = _mm256_fmadd_ps(lv, q0, b0);
+                b1 = _mm256_fmadd_ps(lv, q1, b1);
+                b2 = _mm256_fmadd_ps(lv, q2, b2);
+                b3 = _mm256_fmadd_ps(lv, q3, b3);
+            }
+            __m128 s = hsum8x4(a0, a1, a2, a3), t = hsum8x4(b0, b1, b2, b3);
+            if (d8 < dk) {
+                s = kq_fp_tail(kt, k, x, d8, dk, s);
+                t = kq_fp_tail(kt, l, x, d8, dk, t);
+            }
+            store4(scores, r0, nr, j, s);
+            store4(scores, r0, nr, j + 1, t);
+        }
+        if (j < n) {
             const uint8_t *k = base + (size_t)idx[j] * rb;
             attn_pf_step(&pc, pl);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int32_t i = 0; i < d8; i += 8) {
                 __m256 kv = load_k8(kt, k, i);
-                a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x0 + i), a0);
-                a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x1 + i), a1);
-                a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x2 + i), a2);
-                a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x3 + i), a3);
+                a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[0] + i), a0);
+                a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[1] + i), a1);
+                a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[2] + i), a2);
+                a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[3] + i), a3);
             }
             __m128 s = hsum8x4(a0, a1, a2, a3);
-            if (d8 < dk) {
-                /* tail of a dim that is not a multiple of 8 */
-                float t[4] = {0, 0, 0, 0};
-                for (int32_t i = d8; i < dk; i++) {
-                    float kf = kt == KEEL_DTYPE_F16 ? f16_to_f32(k + 2 * (size_t)i)
-                                                    : ((const float *)k)[i];
-                    t[0] += kf * x0[i];
-                    t[1] += kf * x1[i];
-                    t[2] += kf * x2[i];
-                    t[3] += kf * x3[i];
-                }
-                s = _mm_add_ps(s, _mm_loadu_ps(t));
-            }
+            if (d8 < dk) s = kq_fp_tail(kt, k, x, d8, dk, s);
             store4(scores, r0, nr, j, s);
         }
     }
@@ -573,12 +606,77 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
     }
 }
 
-/* f16 / f32 rows through the tile: accumulators stay in registers across
- * the block instead of a load and store per cell */
+/* acc[r][c..c+16) += sum_j p_r[j] V row j's values c..c+16 (f16 / f32
+ * rows) for NR rows: the rows' accumulators loaded into registers, each V
+ * value converted once for the rows, the weights broadcast from p: the
+ * operations of tile_accumulate over the f32 tile, in its order, without
+ * the tile's stores and reloads. */
+static inline __attribute__((always_inline)) void pvf_seg(keel_dtype vt, const uint8_t *const *rows, int32_t n,
+                                                          const float *const *pr, float *const *ar, int NR,
+                                                          int32_t c)
+{
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        a[r][0] = _mm256_loadu_ps(ar[r] + c);
+        a[r][1] = _mm256_loadu_ps(ar[r] + c + 8);
+    }
+    for (int32_t j = 0; j < n; j++) {
+        __m256 v0 = load_k8(vt, rows[j], c), v1 = load_k8(vt, rows[j], c + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256 w = _mm256_broadcast_ss(pr[r] + j);
+            a[r][0] = _mm256_fmadd_ps(w, v0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w, v1, a[r][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(ar[r] + c, a[r][0]);
+        _mm256_storeu_ps(ar[r] + c + 8, a[r][1]);
+    }
+}
+
+/* f16 / f32 rows. Few active rows (decode: one token's GQA group): per 16
+ * columns straight from the rows (pvf_seg), a quarter of the loads and none
+ * of the stores the tile takes (keel bench attention --kv f16 --simd avx2
+ * on the Zen 5 VM: see docs/kernels.md); many rows (prefill) through the
+ * tile, each value converted once for all of them. Both give the same
+ * bits: the same FMAs in the same order. */
 static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                        const float *p, const uint8_t *active, int32_t R, int32_t dv,
                        float *const *acc, attn_pf pf)
 {
+    int32_t n_act = 0;
+    for (int32_t r = 0; r < R; r++) n_act += active[r] != 0;
+    if (n_act < PV_TILE_ROWS && dv % 16 == 0) {
+        const uint8_t *rows[ATTN_CB];
+        for (int32_t j = 0; j < n; j++) rows[j] = base + (size_t)idx[j] * rb;
+        attn_pf_cursor pc = attn_pf_begin(pf);
+        int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * (dv / 16));
+        int32_t r = 0;
+        while (r < R) {
+            const float *pr[4];
+            float *ar[4];
+            int nr = 0;
+            for (; r < R && nr < 4; r++)
+                if (active[r]) {
+                    pr[nr] = p + (size_t)r * ATTN_CB;
+                    ar[nr++] = acc[r];
+                }
+            for (int32_t c = 0; c < dv; c += 16) {
+                attn_pf_step(&pc, pl);
+                switch (nr) {
+                case 4: pvf_seg(vt, rows, n, pr, ar, 4, c); break;
+                case 3: pvf_seg(vt, rows, n, pr, ar, 3, c); break;
+                case 2: pvf_seg(vt, rows, n, pr, ar, 2, c); break;
+                case 1: pvf_seg(vt, rows, n, pr, ar, 1, c); break;
+                default: break;
+                }
+            }
+        }
+        return;
+    }
     if (dv % 64) {
         (vt == KEEL_DTYPE_F16 ? pv_f16 : pv_f32)(vt, base, rb, idx, n, p, active, R, dv, acc, pf);
         return;
