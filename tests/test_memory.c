@@ -165,6 +165,47 @@ static void test_attention_exact_f32(void **state)
     keel_mem_close(m);
 }
 
+/* A cache far larger than what it holds (a server's n_ctx): the threads'
+ * KV ranges cut the occupied extent, not the capacity; with the oldest
+ * tokens removed the extent starts past a hole. Each case matches the
+ * recomputation as the full cache does. */
+static void test_attention_split_extent(void **state)
+{
+    (void)state;
+    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F32, false);
+    L.v_dtype = KEEL_DTYPE_F32;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = &L;
+    cfg.n_layers = 1;
+    cfg.n_ctx = 16384;
+    cfg.n_batch_max = 256;
+    cfg.n_threads = 3;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    int32_t n = 1500, cut = 600;
+    memtest_tok *toks = calloc((size_t)n, sizeof(memtest_tok));
+    for (int32_t i = 0; i < n; i++) memtest_make_tok(&toks[i], &L, i, 2000 + (uint64_t)i);
+    for (int32_t i = 0; i < n; i += 250) memtest_place_write(m, &L, toks + i, BASE_MIN(250, n - i), NULL);
+    assert_ok(keel_mem_check(m));
+    float *q = malloc((size_t)L.n_heads * 64 * sizeof(float));
+    memtest_make_query(&L, n - 1, 97, q);
+    assert_true(memtest_attn_err(m, 0, &L, toks, n, q, n - 1) < 2e-6);
+    /* the oldest tokens gone: a hole at the front of the extent */
+    assert_ok(keel_mem_seq_rm(m, 0, 0, cut));
+    assert_ok(keel_mem_check(m));
+    assert_true(memtest_attn_err(m, 0, &L, toks + cut, n - cut, q, n - 1) < 2e-6);
+    /* the last 100 removed and written again: the ring order puts them
+     * past the old end */
+    assert_ok(keel_mem_seq_rm(m, 0, n - 100, -1));
+    memtest_place_write(m, &L, toks + n - 100, 100, NULL);
+    assert_ok(keel_mem_check(m));
+    assert_true(memtest_attn_err(m, 0, &L, toks + cut, n - cut, q, n - 1) < 2e-6);
+    for (int32_t i = 0; i < n; i++) memtest_free_tok(&toks[i]);
+    free(toks);
+    free(q);
+    keel_mem_close(m);
+}
+
 /* ---- bad input: refused, memory byte-identical ----------------------------- */
 
 static void test_bad_input(void **state)
@@ -438,6 +479,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_bytes_exact), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_failing_allocator),  cmocka_unit_test(test_attention_exact_f32),
+        cmocka_unit_test(test_attention_split_extent),
         cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_ring_regression),
         cmocka_unit_test(test_shift_regression),   cmocka_unit_test(test_sliding_rewind),
     };

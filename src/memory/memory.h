@@ -409,6 +409,10 @@ void mem_table_copy_cell_from(mem_table *td, int32_t dst, const mem_table *ts, i
  * columns) to a free cell and moves s there. Returns the cell that now holds
  * s alone. The caller has checked that a free cell exists. */
 int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s);
+/* The occupied extent: lo = the first cell holding a position, hi = one
+ * past the last (lo = hi = 0 when the table is empty). Every cell outside
+ * [lo, hi) is free. O(lo + cap - hi): reads pos[] from both ends. */
+void mem_table_extent(const mem_table *t, int32_t *lo, int32_t *hi);
 /* Next free cell at or after t->head (wrapping); -1 if none. Advances head. */
 int32_t mem_table_find_free(mem_table *t);
 /* Is cell a sink of s (sliding tables; recomputes thresholds if dirty). */

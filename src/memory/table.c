@@ -65,6 +65,15 @@ int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s)
     return d;
 }
 
+void mem_table_extent(const mem_table *t, int32_t *lo, int32_t *hi)
+{
+    int32_t h = t->n_used > 0 ? t->cap : 0, l = 0;
+    while (h > 0 && t->pos[h - 1] < 0) h--;
+    while (l < h && t->pos[l] < 0) l++;
+    *lo = l;
+    *hi = h;
+}
+
 int32_t mem_table_find_free(mem_table *t)
 {
     if (t->n_used >= t->cap) return -1;
