@@ -814,29 +814,26 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     x.blk_first = bf;
     x.blk_count = bc;
 
-    /* split the KV range when there are fewer blocks than threads: the
-     * occupied extent [lo, hi) of each block's table in equal parts, not
-     * [0, cap). With the capacity cut, a cache holding far fewer cells than
-     * its n_ctx (a server's large context, a short conversation) had all its
-     * cells in the first part, and one thread did the whole attention
-     * (124M q8_0, depth 4096 in a cache of 4x that: attention 4.4 ms per
-     * token against 2.4-2.5 with n_ctx = the depth, 2 threads) */
+    /* split the KV range when there are fewer blocks than threads. How many
+     * parts follows the capacity as before; what is cut is the occupied
+     * extent [lo, hi) of each block's table, not [0, cap). With the
+     * capacity cut, a cache holding far fewer cells than its n_ctx (a
+     * server's large context, a short conversation) had every cell in the
+     * first part, and one thread did the whole attention (124M q8_0, depth
+     * 4096 in a cache of 4x that: attention 4.4 ms per token against
+     * 2.2-2.3 with n_ctx = the depth, 2 threads) */
+    int32_t cap = grp->tables[0].cap;
     int32_t *blo = bc + a->n_tokens + 1, *bhi = blo + a->n_tokens + 1;
     x.splits = 1;
-    if (nb < m->n_threads && x.d.order_cap == 0 && !sparse) {
-        int32_t span = 0;
-        for (int32_t b = 0; b < nb; b++) {
-            mem_table_extent(&grp->tables[bt[b]], &blo[b], &bhi[b]);
-            span = BASE_MAX(span, bhi[b] - blo[b]);
-        }
-        if (span >= 2 * ATTN_SPLIT_MIN_CELLS) {
-            int32_t want = (2 * m->n_threads + nb - 1) / nb;
-            int32_t most = span / ATTN_SPLIT_MIN_CELLS;
-            x.splits = BASE_MAX(1, BASE_MIN(want, most));
-            if (nb * x.splits > max_partials(m->n_threads)) x.splits = max_partials(m->n_threads) / nb;
-            if (x.splits < 2) x.splits = 1;
-        }
+    if (nb < m->n_threads && cap >= 2 * ATTN_SPLIT_MIN_CELLS && x.d.order_cap == 0 && !sparse) {
+        int32_t want = (2 * m->n_threads + nb - 1) / nb;
+        int32_t most = cap / ATTN_SPLIT_MIN_CELLS;
+        x.splits = BASE_MAX(1, BASE_MIN(want, most));
+        if (nb * x.splits > max_partials(m->n_threads)) x.splits = max_partials(m->n_threads) / nb;
+        if (x.splits < 2) x.splits = 1;
     }
+    if (x.splits > 1)
+        for (int32_t b = 0; b < nb; b++) mem_table_extent(&grp->tables[bt[b]], &blo[b], &bhi[b]);
     x.blk_lo = blo;
     x.blk_hi = bhi;
     if (x.splits > 1) {
