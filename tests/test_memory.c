@@ -129,24 +129,37 @@ static void test_failing_allocator(void **state)
 
 /* ---- exact attention (f32, no rotation) ----------------------------------- */
 
+/* One f32 full-attention layer (L, no rotation) of n_ctx cells used by
+ * n_threads, holding n tokens at positions 0..n-1 (toks, made from seed)
+ * written 250 at a time; checked. */
+static keel_mem *open_f32_filled(keel_mem_layer *L, int32_t n_ctx, int32_t n_threads, int32_t n, uint64_t seed,
+                                 memtest_tok **toks_out)
+{
+    *L = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F32, false);
+    L->v_dtype = KEEL_DTYPE_F32;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = L;
+    cfg.n_layers = 1;
+    cfg.n_ctx = n_ctx;
+    cfg.n_batch_max = 256;
+    cfg.n_threads = n_threads;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    memtest_tok *toks = calloc((size_t)n, sizeof(memtest_tok));
+    for (int32_t i = 0; i < n; i++) memtest_make_tok(&toks[i], L, i, seed + (uint64_t)i);
+    for (int32_t i = 0; i < n; i += 250) memtest_place_write(m, L, toks + i, BASE_MIN(250, n - i), NULL);
+    assert_ok(keel_mem_check(m));
+    *toks_out = toks;
+    return m;
+}
+
 static void test_attention_exact_f32(void **state)
 {
     (void)state;
-    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F32, false);
-    L.v_dtype = KEEL_DTYPE_F32;
-    keel_mem_config cfg = keel_mem_config_default();
-    cfg.layers = &L;
-    cfg.n_layers = 1;
-    cfg.n_ctx = 2048;
-    cfg.n_batch_max = 256;
-    cfg.n_threads = 2;
-    keel_mem *m;
-    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    keel_mem_layer L;
+    memtest_tok *toks;
     int32_t n = 1500;
-    memtest_tok *toks = calloc((size_t)n, sizeof(memtest_tok));
-    for (int32_t i = 0; i < n; i++) memtest_make_tok(&toks[i], &L, i, 1000 + (uint64_t)i);
-    for (int32_t i = 0; i < n; i += 250) memtest_place_write(m, &L, toks + i, BASE_MIN(250, n - i), NULL);
-    assert_ok(keel_mem_check(m));
+    keel_mem *m = open_f32_filled(&L, 2048, 2, n, 1000, &toks);
     float *q = malloc((size_t)L.n_heads * 64 * sizeof(float));
     memtest_make_query(&L, n - 1, 99, q);
     /* 1500 cells with 2 threads: the KV range is split and merged */
@@ -172,21 +185,10 @@ static void test_attention_exact_f32(void **state)
 static void test_attention_split_extent(void **state)
 {
     (void)state;
-    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F32, false);
-    L.v_dtype = KEEL_DTYPE_F32;
-    keel_mem_config cfg = keel_mem_config_default();
-    cfg.layers = &L;
-    cfg.n_layers = 1;
-    cfg.n_ctx = 16384;
-    cfg.n_batch_max = 256;
-    cfg.n_threads = 3;
-    keel_mem *m;
-    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    keel_mem_layer L;
+    memtest_tok *toks;
     int32_t n = 1500, cut = 600;
-    memtest_tok *toks = calloc((size_t)n, sizeof(memtest_tok));
-    for (int32_t i = 0; i < n; i++) memtest_make_tok(&toks[i], &L, i, 2000 + (uint64_t)i);
-    for (int32_t i = 0; i < n; i += 250) memtest_place_write(m, &L, toks + i, BASE_MIN(250, n - i), NULL);
-    assert_ok(keel_mem_check(m));
+    keel_mem *m = open_f32_filled(&L, 16384, 3, n, 2000, &toks);
     float *q = malloc((size_t)L.n_heads * 64 * sizeof(float));
     memtest_make_query(&L, n - 1, 97, q);
     assert_true(memtest_attn_err(m, 0, &L, toks, n, q, n - 1) < 2e-6);

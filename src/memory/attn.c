@@ -832,11 +832,10 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
         if (nb * x.splits > max_partials(m->n_threads)) x.splits = max_partials(m->n_threads) / nb;
         if (x.splits < 2) x.splits = 1;
     }
-    if (x.splits > 1)
-        for (int32_t b = 0; b < nb; b++) mem_table_extent(&grp->tables[bt[b]], &blo[b], &bhi[b]);
     x.blk_lo = blo;
     x.blk_hi = bhi;
     if (x.splits > 1) {
+        for (int32_t b = 0; b < nb; b++) mem_table_extent(&grp->tables[bt[b]], &blo[b], &bhi[b]);
         x.partial_stride = partial_floats(&x.d);
         x.partials = base_arena_take_n(ar, (size_t)nb * (size_t)x.splits * x.partial_stride,
                                        sizeof(float));

@@ -573,8 +573,7 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
                 if (active[r]) tensor_axpy_row(vt, dv, p[r * ATTN_CB + j], base + (size_t)idx[j] * rb, acc[r]);
         return;
     }
-    int32_t n_act = 0;
-    for (int32_t r = 0; r < R; r++) n_act += active[r] != 0;
+    int32_t n_act = attn_n_active(active, R);
     if (n_act >= PV_TILE_ROWS && dv % 64 == 0) {
         /* many rows (prefill): each V value converted once for all of
          * them, then the f32 tile's GEMM-like accumulation */
@@ -586,17 +585,10 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
     int32_t nbv = dv / QK;
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * nbv * 2);
-    int32_t r = 0;
-    while (r < R) {
-        /* inactive rows hold -inf scores, not probabilities: skip them */
-        const float *pr[4];
-        float *ar[4];
-        int nr = 0;
-        for (; r < R && nr < 4; r++)
-            if (active[r]) {
-                pr[nr] = p + (size_t)r * ATTN_CB;
-                ar[nr++] = acc[r];
-            }
+    const float *pr[4];
+    float *ar[4];
+    int nr;
+    for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;) {
         switch (nr) {
         case 4: pv8_group(vt, rows, n, pr, ar, 4, nbv, &pc, pl); break;
         case 3: pv8_group(vt, rows, n, pr, ar, 3, nbv, &pc, pl); break;
@@ -648,23 +640,16 @@ static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int3
                        const float *p, const uint8_t *active, int32_t R, int32_t dv,
                        float *const *acc, attn_pf pf)
 {
-    int32_t n_act = 0;
-    for (int32_t r = 0; r < R; r++) n_act += active[r] != 0;
+    int32_t n_act = attn_n_active(active, R);
     if (n_act < PV_TILE_ROWS && dv % 16 == 0) {
         const uint8_t *rows[ATTN_CB];
         for (int32_t j = 0; j < n; j++) rows[j] = base + (size_t)idx[j] * rb;
         attn_pf_cursor pc = attn_pf_begin(pf);
         int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * (dv / 16));
-        int32_t r = 0;
-        while (r < R) {
-            const float *pr[4];
-            float *ar[4];
-            int nr = 0;
-            for (; r < R && nr < 4; r++)
-                if (active[r]) {
-                    pr[nr] = p + (size_t)r * ATTN_CB;
-                    ar[nr++] = acc[r];
-                }
+        const float *pr[4];
+        float *ar[4];
+        int nr;
+        for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;) {
             for (int32_t c = 0; c < dv; c += 16) {
                 attn_pf_step(&pc, pl);
                 switch (nr) {

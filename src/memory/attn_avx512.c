@@ -380,22 +380,13 @@ static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb,
                                   int32_t n, const float *p, const uint8_t *active, int32_t R,
                                   int32_t dv, float *const *acc, attn_pf pf)
 {
-    /* inactive rows hold -inf scores, not probabilities: skip them */
-    int32_t n_act = 0;
-    for (int32_t i = 0; i < R; i++)
-        n_act += active[i] != 0;
+    int32_t n_act = attn_n_active(active, R);
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, (n_act + 3) / 4 * (dv / 64) * n);
-    int32_t r = 0;
-    while (r < R) {
-        const float *pr[4];
-        float *ar[4];
-        int nr = 0;
-        for (; r < R && nr < 4; r++)
-            if (active[r]) {
-                pr[nr] = p + (size_t)r * ATTN_CB;
-                ar[nr++] = acc[r];
-            }
+    const float *pr[4];
+    float *ar[4];
+    int nr;
+    for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;) {
         switch (nr) {
         case 4:
             pv_group(vt, base, rb, idx, n, pr, ar, 4, dv, &pc, pl);

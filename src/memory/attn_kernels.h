@@ -78,6 +78,30 @@ static inline attn_pf attn_rows_span(const uint8_t *base, size_t row_bytes, cons
     return pf;
 }
 
+/* Rows of a p . V call that are active (the others hold -inf scores, not
+ * probabilities, and are skipped). */
+static inline int32_t attn_n_active(const uint8_t *active, int32_t R)
+{
+    int32_t n = 0;
+    for (int32_t r = 0; r < R; r++) n += active[r] != 0;
+    return n;
+}
+
+/* The next group of up to four active rows from *r on: their probability
+ * rows (p, ATTN_CB apart) in pr and accumulators in ar; advances *r past
+ * them and returns how many (0 once the rows are done). */
+static inline int attn_next_group(const float *p, const uint8_t *active, float *const *acc, int32_t R, int32_t *r,
+                                  const float *pr[4], float *ar[4])
+{
+    int nr = 0;
+    for (; *r < R && nr < 4; (*r)++)
+        if (active[*r]) {
+            pr[nr] = p + (size_t)*r * ATTN_CB;
+            ar[nr++] = acc[*r];
+        }
+    return nr;
+}
+
 /* x[j] <- exp(x[j] - m) for j < n (-inf -> 0); returns the sum. */
 typedef float (*attn_exp_fn)(float *x, int32_t n, float m);
 
