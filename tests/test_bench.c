@@ -95,6 +95,8 @@ static void test_depth_rows_bytes(void **state)
     assert_true(num(root, "fma_peak_gflops") > 0);
     assert_string_equal(json_string_value(json_object_get(root, "simd")), keel_simd_name());
     assert_string_equal(json_string_value(json_object_get(root, "type_k")), "q8_0");
+    /* without -c the cache holds what the largest depth and test need, at least 256 cells */
+    assert_int_equal((int)num(root, "n_ctx"), 256);
 
     /* bytes read per decode token, from the shapes: every matrix (q8_0:
      * 34 bytes per 32) but the embedding table, one embedding row, the
@@ -157,6 +159,26 @@ static void test_depth_rows_bytes(void **state)
     free(s.buf);
 }
 
+/* -c: a cache larger than the test needs (a server's n_ctx) reads the
+ * same bytes per token and says its size */
+static void test_cache_size(void **state)
+{
+    (void)state;
+    sink s = {0};
+    char err[256] = "";
+    const char *argv[] = {"-m", g_path, "-p", "0", "-n", "2", "-d", "16", "-r", "1", "-t", "2", "-c", "4096", "--json"};
+    assert_ok(run(&s, err, (int)(sizeof argv / sizeof argv[0]), argv));
+    json_error_t je;
+    json_t *root = json_loads(s.buf, 0, &je);
+    if (!root) fail_msg("bad JSON (%s) in: %s", je.text, s.buf);
+    assert_int_equal((int)num(root, "n_ctx"), 4096);
+    json_t *r = json_array_get(json_object_get(root, "rows"), 0);
+    double cell = LAYERS * KV_HEADS * (2.0 * HD + 2.0 * HD); /* f16 K and V */
+    assert_close(num(r, "kv_bytes_per_token"), cell * (16 + 1.5), 1e-6); /* steps see 17, 18 cells */
+    json_decref(root);
+    free(s.buf);
+}
+
 static void test_flag_errors(void **state)
 {
     (void)state;
@@ -173,6 +195,10 @@ static void test_flag_errors(void **state)
     const char *a4[] = {"-m", g_path, "-ub", "0"};
     assert_status(run(&s, err, 4, a4), KEEL_EINVAL);
     assert_non_null(strstr(err, "-ub 0"));
+    /* a cache smaller than the depth and the test need */
+    const char *a5[] = {"-m", g_path, "-p", "0", "-n", "128", "-d", "300", "-c", "299"}; /* needs 300 + 128 + 8 */
+    assert_status(run(&s, err, 10, a5), KEEL_EINVAL);
+    assert_non_null(strstr(err, "-c 299: must be an integer in [436,"));
     free(s.buf);
 }
 
@@ -180,6 +206,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_depth_rows_bytes),
+        cmocka_unit_test(test_cache_size),
         cmocka_unit_test(test_flag_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -10,7 +10,7 @@
 static const char *g_usage =
     "usage: keel bench kernels [-t N] [--gemm] [--json]\n"
     "       keel bench attention [--quick] [--ctx 1024,4096,...] [--kv f16|q8_0|q4_0] [--json]\n"
-    "       keel bench -m MODEL [-p 512] [-n 128] [-d 0,...] [-t N] [-r 3] [-ub 512] [--ctk T] [--ctv T]\n"
+    "       keel bench -m MODEL [-p 512] [-n 128] [-d 0,...] [-t N] [-r 3] [-ub 512] [-c N] [--ctk T] [--ctv T]\n"
     "                  [--profile] [--tokenizer F] [--json]\n"
     "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
     "       keel bench session -m MODEL [-c 4096] [--ctk T] [--ctv T] [--dir /tmp] [-r 3] [-t N] [--json]\n"
@@ -29,6 +29,7 @@ static const char *g_usage =
     "  -n N        generated tokens, [0, 65536] (128)\n"
     "  -d LIST     cache depths: tokens in the cache before each test, ascending, up to 8 (0)\n"
     "  -ub N       prompt tokens per forward chunk, [1, 65536] (512)\n"
+    "  -c N        cache cells, from what the largest depth and test need to 16777216 (that need)\n"
     "  --profile   where one decode step's time goes (kernels by shape and dtype, threads), per depth\n"
     "  -t N        threads, [1, 256] (all CPUs)\n"
     "  -r N        repetitions, [1, 64] (3)\n"

@@ -1,10 +1,12 @@
 /*
  * bench_model.c — `keel bench -m MODEL [-p 512] [-n 128] [-d 0,...] [-t N] [-r R]
- * [-ub 512] [--ctk T] [--ctv T] [--profile] [--json]`: prompt processing (pp:
+ * [-ub 512] [-c N] [--ctk T] [--ctv T] [--profile] [--json]`: prompt processing (pp:
  * one batch of -p tokens, in ubatches of -ub) and text generation (tg: -n
  * tokens one at a time) with the cache holding -d tokens before each
  * measurement (llama-bench's depth: filled once, the measured tokens
- * removed again), llama-bench's table style, each row beside references
+ * removed again) in a cache of -c cells (default: just what the largest
+ * depth and test need; a larger one is what a server with a large n_ctx
+ * runs), llama-bench's table style, each row beside references
  * measured in the same run:
  *   - tg: bytes read per token (every matrix but the embedding table, plus
  *     the K and V rows of the cells a step sees, averaged over the steps)
@@ -519,7 +521,7 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
         {"-m", true},  {"-p", true},          {"-n", true},          {"-t", true},
         {"-r", true},  {"--tokenizer", true}, {"--ctk", true},       {"--ctv", true},
         {"--kv-compact", true}, {"--kv-trigger", true}, {"--kv-target", true},
-        {"-d", true},  {"-ub", true},         {"--profile", false},
+        {"-d", true},  {"-ub", true},         {"--profile", false},  {"-c", true},
     };
     keel_status st = bench_check_args(o, "model", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
@@ -565,8 +567,13 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     const model_hp *hp = &m->w.hp;
     int32_t max_depth = depths[n_depth - 1];
     keel_context_params cp = keel_context_params_default();
-    int64_t need = (int64_t)max_depth + BASE_MAX(n_pp, n_tg) + 8;
-    cp.n_ctx = (int32_t)BASE_MAX(need, 256);
+    int64_t need = BASE_MAX((int64_t)max_depth + BASE_MAX(n_pp, n_tg) + 8, 256), n_ctx = need;
+    st = bench_int_opt(o, "model", argc, argv, "-c", need, 16777216, need, &n_ctx);
+    if (st != KEEL_OK) {
+        keel_model_close(m);
+        return st;
+    }
+    cp.n_ctx = (int32_t)n_ctx;
     cp.n_batch = BASE_MAX(n_pp, 512);
     cp.n_ubatch = BASE_MAX(n_ub, 1);
     cp.n_threads = threads;
@@ -715,10 +722,11 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                      "%s\"model\": \"%s\", \"arch\": \"%s\", \"type\": \"%s\", \"threads\": %d, \"simd\": \"%s\", "
                      "\"blas_core\": \"%s\", \"weight_bytes\": %zu, \"n_params\": %lld, \"type_k\": \"%s\", "
                      "\"type_v\": \"%s\", \"n_ubatch\": %d, \"read_bw_gbps\": %.2f, \"fma_peak_gflops\": %.1f, "
-                     "\"sgemm_gflops\": %.1f, \"llc_bytes\": %zu,\n \"rows\": [",
+                     "\"sgemm_gflops\": %.1f, \"llc_bytes\": %zu, \"n_ctx\": %d,\n \"rows\": [",
                      profile ? "" : "{", name, hp->arch_name, keel_dtype_name(m->w.main_dtype), threads,
                      keel_simd_name(), core ? core : "?", wb, (long long)m->w.n_params,
-                     keel_dtype_name(cp.type_k), keel_dtype_name(cp.type_v), n_ub, bw, peak, sg, bm_llc_bytes());
+                     keel_dtype_name(cp.type_k), keel_dtype_name(cp.type_v), n_ub, bw, peak, sg, bm_llc_bytes(),
+                     cp.n_ctx);
         for (int i = 0; i < n_rows; i++) {
             const bm_row *w = &rows[i];
             double bytes = w->weight_bytes + w->kv_bytes, bound = bytes > 0 ? bw * 1e9 / bytes : 0;
@@ -739,9 +747,11 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
         char size[32], params[32];
         snprintf(size, sizeof size, "%.2f MiB", (double)wb / (1024.0 * 1024.0));
         snprintf(params, sizeof params, "%.2f M", (double)m->w.n_params / 1e6);
-        bench_printf(o, "\nkeel bench: %s, %s, %s weights, K %s / V %s cache, %d threads, %s kernels (OpenBLAS %s)\n",
+        bench_printf(o,
+                     "\nkeel bench: %s, %s, %s weights, K %s / V %s cache of %d cells, %d threads, %s kernels "
+                     "(OpenBLAS %s)\n",
                      name, size, keel_dtype_name(m->w.main_dtype), keel_dtype_name(cp.type_k),
-                     keel_dtype_name(cp.type_v), threads, keel_simd_name(), core ? core : "?");
+                     keel_dtype_name(cp.type_v), cp.n_ctx, threads, keel_simd_name(), core ? core : "?");
         bench_printf(o, "references, same run: read bandwidth %.2f GB/s, fp32 FMA peak %.1f GFLOP/s, "
                         "sgemm %.1f GFLOP/s\n\n", bw, peak, sg);
         bench_printf(o, "| model | size | params | type | threads | test | t/s (best) | bytes/token | bound t/s | %% of bound | GFLOP/s | %% of FMA peak |\n");

@@ -819,9 +819,8 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
      * extent [lo, hi) of each block's table, not [0, cap). With the
      * capacity cut, a cache holding far fewer cells than its n_ctx (a
      * server's large context, a short conversation) had every cell in the
-     * first part, and one thread did the whole attention (124M q8_0, depth
-     * 4096 in a cache of 4x that: attention 4.4 ms per token against
-     * 2.2-2.3 with n_ctx = the depth, 2 threads) */
+     * first part, and one thread did the whole attention (see
+     * docs/memory.md: keel bench -m ... -d 4096 -c 16512 --profile) */
     int32_t cap = grp->tables[0].cap;
     int32_t *blo = bc + a->n_tokens + 1, *bhi = blo + a->n_tokens + 1;
     x.splits = 1;
