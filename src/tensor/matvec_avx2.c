@@ -29,9 +29,8 @@
  *   widening, one conversion and one FMA with [s_a x 4 | s_b x 4]. The
  *   nibbles stay unsigned: sum (q - 8) x = sum q x - 8 sum x.
  * - q4_K / q5_K decode their 12-byte scale field with two shuffles and a
- *   few masks (no scalar bit work); each row's scales are then held in
- *   both lanes, and one in-lane pshufb per sub-block makes its scale the
- *   int16 pairs the madd takes. What is per super-block rather than per value
+ *   few masks (no scalar bit work) and widen the scales into int16 pairs
+ *   broadcast from memory. What is per super-block rather than per value
  *   (that decode, d and dmin, the mins term, the final convert and FMA) is
  *   done for the two streams' rows at once in 256-bit registers
  *   (`keel bench kernels -t 2 --simd avx2`, interleaved with the tree
@@ -372,10 +371,13 @@ static inline __attribute__((always_inline)) void rows_q45_K(int Q5, int NS, con
                                                              const void *xv, const void *xp, uintptr_t last,
                                                              float *out)
 {
+    const char z = (char)0x80;
     const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
-    /* pshufb controls: scale j (byte j of the lane) as int16 pairs (j, j) in every lane */
-    __m256i sc_pair[8];
-    for (int j = 0; j < 8; j++) sc_pair[j] = _mm256_set1_epi32((int)(0x80008000u | (uint32_t)j << 16 | (uint32_t)j));
+    /* sc0-3 / sc4-7 of each lane's row as int16 pairs (s, s) */
+    const __m256i pair_lo = _mm256_setr_epi8(0, z, 0, z, 1, z, 1, z, 2, z, 2, z, 3, z, 3, z, 0, z, 0, z, 1, z, 1, z, 2,
+                                             z, 2, z, 3, z, 3, z);
+    const __m256i pair_hi = _mm256_setr_epi8(4, z, 4, z, 5, z, 5, z, 6, z, 6, z, 7, z, 7, z, 4, z, 4, z, 5, z, 5, z, 6,
+                                             z, 6, z, 7, z, 7, z);
     const __m256i sel_d = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2), sel_m = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
     const __m128 sgn = _mm_setr_ps(1.0f, -1.0f, 1.0f, -1.0f);
     const size_t bb = Q5 ? Q5_K_BYTES : Q4_K_BYTES;
@@ -395,10 +397,11 @@ static inline __attribute__((always_inline)) void rows_q45_K(int Q5, int NS, con
             mv_pf(b0 + 128, last, 1);
             if (NS > 1) mv_pf(b1 + 128, last, 1);
         }
-        /* row s's scales and mins in both lanes: one in-lane shuffle then
-         * makes any scale an int16 pair (sc, sc) in every lane */
+        /* s32[4 s + j] = row s's sc_j, s32[8 + 4 s + j] = its sc_4+j (as pairs) */
+        _Alignas(32) int32_t s32[16];
         __m256i sm = kq_scales_mins_u8x2(b0 + 4, b1 + 4);
-        __m256i sr[2] = {_mm256_permute4x64_epi64(sm, 0x44), _mm256_permute4x64_epi64(sm, 0xEE)};
+        _mm256_store_si256((__m256i *)s32, _mm256_shuffle_epi8(sm, pair_lo));
+        _mm256_store_si256((__m256i *)(s32 + 8), _mm256_shuffle_epi8(sm, pair_hi));
         /* [d0 dmin0 d1 dmin1] d_x, dmin negated */
         __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi32((int)rd_u32(b0), (int)rd_u32(b1), 0, 0)),
                                _mm_mul_ps(_mm_set1_ps(dxs[i]), sgn));
@@ -425,14 +428,11 @@ static inline __attribute__((always_inline)) void rows_q45_K(int Q5, int NS, con
                     hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb[s], 3), b16));
                     hb[s] = _mm256_srli_epi16(hb[s], 2);
                 }
-                /* sub-blocks 2c and 2c + 1: their scales by one pshufb
-                 * each from sr (a set1 of a stored copy had compiled to a
-                 * byte shift and a cross-lane vpbroadcastd per scale; a
-                 * broadcast load of it measured slower on Zen 5, waiting on
-                 * the store) */
-                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_shuffle_epi8(sr[s], sc_pair[2 * c]));
-                __m256i p1 =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), _mm256_shuffle_epi8(sr[s], sc_pair[2 * c + 1]));
+                /* set1 of the value, not a broadcast through &s32[k]: gcc hoisted those
+                 * addresses out of the loop and spilled them (a reload per use) */
+                int k = c < 2 ? 4 * s + 2 * c : 8 + 4 * s + 2 * c - 4;
+                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_set1_epi32(s32[k]));
+                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), _mm256_set1_epi32(s32[k + 1]));
                 si[s] = _mm256_add_epi32(si[s], _mm256_add_epi32(p0, p1));
             }
         }
