@@ -208,6 +208,130 @@ static void test_attention_split_extent(void **state)
     keel_mem_close(m);
 }
 
+/* The table's marks (T6) bound what attention walks: they follow the cells
+ * as they are written and freed, keel_mem_check refuses marks that miss an
+ * occupied cell, and attention is bit for bit the same whether the walk
+ * starts at cell 0 or past freed cells (it skips only empty chunks), and
+ * with marks as loose as T6 allows (three threads split the extent: the
+ * parts move with it, so there the results agree within rounding). q8_0
+ * (the fused decode kernel under AVX2) and f32, deterministic or not;
+ * ctest runs it at every SIMD level the CPU has through KEEL_SIMD. */
+static void attend_raw(keel_mem *m, const keel_mem_layer *L, const float *q, int32_t qpos, float *out)
+{
+    int32_t seq = 0;
+    keel_mem_attn a = {1, L->n_heads, q, &qpos, &seq, out, 0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
+    assert_ok(keel_mem_attend(m, 0, &a));
+}
+
+static void marks_case(keel_dtype dt, int32_t n_threads, bool det)
+{
+    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, dt, false);
+    L.v_dtype = dt;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = &L;
+    cfg.n_layers = 1;
+    cfg.n_ctx = 8192;
+    cfg.n_batch_max = 256;
+    cfg.n_threads = n_threads;
+    cfg.deterministic = det;
+    cfg.n_seq_max = 2;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    mem_table *t = &m->groups[0].tables[0];
+    assert_int_equal(t->lo_mark, t->cap); /* nothing yet */
+    assert_int_equal(t->hi_mark, 0);
+    int32_t n = 1500, cut = 600, lo, hi;
+    memtest_tok *toks = calloc((size_t)n, sizeof(memtest_tok));
+    for (int32_t i = 0; i < n; i++) memtest_make_tok(&toks[i], &L, i, 3000 + (uint64_t)i);
+    for (int32_t i = 0; i < n; i += 250) memtest_place_write(m, &L, toks + i, 250, NULL);
+    assert_ok(keel_mem_check(m));
+    assert_int_equal(t->lo_mark, 0);
+    assert_int_equal(t->hi_mark, n);
+    size_t ob = (size_t)L.n_heads * (size_t)L.head_dim_v * sizeof(float);
+    float *q = malloc((size_t)L.n_heads * (size_t)L.head_dim_k * sizeof(float)), *a = malloc(ob), *b = malloc(ob);
+    for (int step = 0; step < 3; step++) {
+        if (step == 1) {
+            /* the oldest cells held by sequence 1 alone: attention of 0 walks
+             * from cell 0; then freed (free_cell moves lo_mark past them),
+             * the walk starts at the chunk holding cut: the same sums */
+            assert_ok(keel_mem_seq_cp(m, 0, 1, 0, cut));
+            assert_ok(keel_mem_seq_rm(m, 0, 0, cut));
+            assert_ok(keel_mem_check(m));
+            assert_int_equal(t->lo_mark, 0);
+            memtest_make_query(&L, n - 1, 97 + (uint64_t)step, q);
+            attend_raw(m, &L, q, n - 1, a);
+            assert_ok(keel_mem_seq_rm(m, 1, -1, -1));
+            assert_int_equal(t->lo_mark, cut);
+            assert_int_equal(t->hi_mark, n);
+            attend_raw(m, &L, q, n - 1, b);
+            if (n_threads == 1 || det) {
+                assert_memory_equal(a, b, ob);
+            } else { /* split: the threads' parts cut another range */
+                float amax = 0.0f, d = 0.0f;
+                for (size_t i = 0; i < ob / sizeof(float); i++) {
+                    amax = fmaxf(amax, fabsf(a[i]));
+                    d = fmaxf(d, fabsf(a[i] - b[i]));
+                }
+                assert_true(d <= 1e-5f * amax);
+            }
+        } else if (step == 2) { /* the newest 100 again: the ring puts them past the old end */
+            assert_ok(keel_mem_seq_rm(m, 0, n - 100, -1));
+            assert_int_equal(t->hi_mark, n - 100);
+            memtest_place_write(m, &L, toks + n - 100, 100, NULL);
+            assert_int_equal(t->lo_mark, cut);
+            assert_int_equal(t->hi_mark, n + 100);
+        }
+        assert_ok(keel_mem_check(m));
+        mem_table_extent(t, &lo, &hi);
+        assert_int_equal(lo, t->lo_mark);
+        assert_int_equal(hi, t->hi_mark);
+        memtest_make_query(&L, n - 1, 97 + (uint64_t)step, q);
+        attend_raw(m, &L, q, n - 1, a);
+        int32_t lm = t->lo_mark, hm = t->hi_mark;
+        t->lo_mark = 0; /* as loose as T6 allows */
+        t->hi_mark = t->cap;
+        assert_ok(keel_mem_check(m));
+        attend_raw(m, &L, q, n - 1, b);
+        assert_memory_equal(a, b, ob);
+        t->lo_mark = lm;
+        t->hi_mark = hm;
+        if (dt == KEEL_DTYPE_F32)
+            assert_true(memtest_attn_err(m, 0, &L, toks + (step ? cut : 0), n - (step ? cut : 0), q, n - 1) < 2e-6);
+    }
+    /* a mark that misses an occupied cell is a broken invariant */
+    t->hi_mark--;
+    assert_status(keel_mem_check(m), KEEL_EINTERNAL);
+    assert_non_null(strstr(keel_mem_last_error(m), "outside the marks"));
+    t->hi_mark++;
+    t->lo_mark = -1;
+    assert_status(keel_mem_check(m), KEEL_EINTERNAL);
+    t->lo_mark = cut;
+    assert_ok(keel_mem_check(m));
+    /* emptied: the marks close, the extent is empty */
+    assert_ok(keel_mem_seq_rm(m, 0, -1, -1));
+    assert_int_equal(t->lo_mark, t->cap);
+    assert_int_equal(t->hi_mark, 0);
+    mem_table_extent(t, &lo, &hi);
+    assert_int_equal(lo, 0);
+    assert_int_equal(hi, 0);
+    assert_ok(keel_mem_check(m));
+    for (int32_t i = 0; i < n; i++) memtest_free_tok(&toks[i]);
+    free(toks);
+    free(q);
+    free(a);
+    free(b);
+    keel_mem_close(m);
+}
+
+static void test_table_marks(void **state)
+{
+    (void)state;
+    static const keel_dtype dts[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_F32};
+    for (size_t i = 0; i < BASE_ARRAY_LEN(dts); i++)
+        for (int threads = 1; threads <= 3; threads += 2)
+            for (int det = 0; det < 2; det++) marks_case(dts[i], threads, det);
+}
+
 /* ---- bad input: refused, memory byte-identical ----------------------------- */
 
 static void test_bad_input(void **state)
@@ -482,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_config_bytes_exact), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_failing_allocator),  cmocka_unit_test(test_attention_exact_f32),
         cmocka_unit_test(test_attention_split_extent),
+        cmocka_unit_test(test_table_marks),
         cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_ring_regression),
         cmocka_unit_test(test_shift_regression),   cmocka_unit_test(test_sliding_rewind),
     };

@@ -40,7 +40,6 @@
 
 #define ATTN_TB 32     /* query tokens per block */
 #define ATTN_CHUNK 512 /* cells whose visibility is computed at once */
-#define ATTN_SPLIT_MIN_CELLS 512
 
 typedef mem_attn_dims attn_dims;
 
@@ -244,7 +243,7 @@ typedef struct attn_ctx {
     /* blocks */
     int32_t n_blocks;
     const int32_t *blk_table, *blk_first, *blk_count;
-    const int32_t *blk_lo, *blk_hi; /* split blocks: their table's occupied extent */
+    const int32_t *blk_lo, *blk_hi; /* per block: its table's occupied extent (mem_table_extent) */
     int32_t splits;          /* KV ranges per block: [lo, hi) cut in equal parts */
     float *partials;         /* [n_blocks * splits][TB][n_heads][dv + 2] or NULL */
     size_t partial_stride;   /* floats per partial task */
@@ -365,19 +364,20 @@ static void partial_sort_select(int32_t *f, int32_t n, int32_t k, const float *v
         }
 }
 
-/* The indexer's choice for query token ti: the top_k cells it may see by
- * score (sum_h w_h relu(q_h . ik)) into hc[0 .. n) (hs: their scores);
- * returns n. vis: scratch for the visible cells, sall: every cell's score
- * ([cap] each). Ties across the boundary: partial_sort_select. */
-static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t ti, int32_t *hc, float *hs, int32_t *vis,
-                            float *sall)
+/* The indexer's choice for query token ti among the cells of t's occupied
+ * extent [lo, hi): the top_k cells it may see by score (sum_h w_h relu(q_h
+ * . ik)) into hc[0 .. n) (hs: their scores); returns n. vis: scratch for
+ * the visible cells, sall: every cell's score ([cap] each). Ties across
+ * the boundary: partial_sort_select. */
+static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t lo, int32_t hi, int32_t ti, int32_t *hc,
+                            float *hs, int32_t *vis, float *sall)
 {
     const keel_mem_attn *a = x->a;
     const mem_col *ic = &t->cols[x->col + MEM_COL_IDX];
     int32_t s = a->seq[ti], p = a->pos[ti], H = x->n_iq, K = x->top_k, n = 0, n_vis = 0;
     const float *w = a->iw + (size_t)ti * (size_t)H;
     const uint8_t *base = mem_col_row(t, ic, 0, 0);
-    for (int32_t c = 0; c < t->cap; c++) {
+    for (int32_t c = lo; c < hi; c++) {
         if (!visible(t, c, s, p)) continue;
         vis[n_vis++] = c;
         const uint8_t *row = base + (size_t)c * ic->head_row_bytes;
@@ -404,10 +404,10 @@ static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t ti, i
     }
     if (n_vis <= K) return n;
     /* a tie across the boundary: a dropped cell scores as the lowest kept */
-    float lo = hs[0];
+    float low = hs[0];
     int32_t eq_kept = 0, eq_all = 0;
-    for (int32_t j = 0; j < n; j++) eq_kept += hs[j] == lo;
-    for (int32_t j = 0; j < n_vis; j++) eq_all += sall[vis[j]] == lo;
+    for (int32_t j = 0; j < n; j++) eq_kept += hs[j] == low;
+    for (int32_t j = 0; j < n_vis; j++) eq_all += sall[vis[j]] == low;
     if (eq_all == eq_kept) return n;
     mem_heap_sort(vis, n_vis, cell_before, t);
     partial_sort_select(vis, n_vis, K, sall);
@@ -427,11 +427,17 @@ static void attn_task(void *vctx, int64_t task, int thread)
     const mem_col *kc = &t->cols[x->col], *vc = &t->cols[x->col + 1];
     int32_t t0 = x->blk_first[b], nt = x->blk_count[b];
     int32_t nh = a->n_heads, G = x->G, dk = x->dk, dv = x->dv;
-    int32_t c_begin = 0, c_end = t->cap;
+    /* the table's occupied extent [lo, hi) (T6: every other cell is free),
+     * cut into this task's part; one part begins at lo rounded down to a
+     * chunk, so the chunks (and the online softmax's blocks) are those of a
+     * walk over [0, cap) with its empty chunks left out: the same sums */
+    int32_t lo = x->blk_lo[b], hi = x->blk_hi[b], c_begin, c_end;
     if (x->splits > 1) {
-        int32_t lo = x->blk_lo[b], hi = x->blk_hi[b];
         c_begin = lo + (int32_t)((int64_t)(hi - lo) * sp / x->splits);
         c_end = lo + (int32_t)((int64_t)(hi - lo) * (sp + 1) / x->splits);
+    } else {
+        c_begin = lo / ATTN_CHUNK * ATTN_CHUNK;
+        c_end = hi;
     }
     _Static_assert(ATTN_CHUNK % ATTN_CB == 0, "deterministic blocks need whole CB blocks per chunk");
 
@@ -488,7 +494,7 @@ static void attn_task(void *vctx, int64_t task, int thread)
         /* sparse attention (one token per block, no splits): the cells the
          * indexer keeps, in (position, placement) order */
         int32_t *ord = (int32_t *)(ts + tl.kept);
-        int32_t n_ord = select_top_k(x, t, t0, ord, (float *)(ts + tl.hs), (int32_t *)(ts + tl.order),
+        int32_t n_ord = select_top_k(x, t, lo, hi, t0, ord, (float *)(ts + tl.hs), (int32_t *)(ts + tl.order),
                                      (float *)(ts + tl.sall));
         mem_heap_sort(ord, n_ord, cell_before, t);
         if (a->sel) {
@@ -501,7 +507,7 @@ static void attn_task(void *vctx, int64_t task, int thread)
         c_end = n_ord;
     } else if (x->d.order_cap > 0) {
         int32_t *ord = (int32_t *)(ts + tl.order), n_ord = 0;
-        for (int32_t c = 0; c < t->cap; c++)
+        for (int32_t c = lo; c < hi; c++)
             if (visible(t, c, a->seq[t0], a->pos[t0])) ord[n_ord++] = c;
         mem_heap_sort(ord, n_ord, cell_before, t);
         order = ord;
@@ -814,27 +820,32 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     x.blk_first = bf;
     x.blk_count = bc;
 
-    /* split the KV range when there are fewer blocks than threads. How many
-     * parts follows the capacity as before; what is cut is the occupied
-     * extent [lo, hi) of each block's table, not [0, cap). With the
-     * capacity cut, a cache holding far fewer cells than its n_ctx (a
-     * server's large context, a short conversation) had every cell in the
-     * first part, and one thread did the whole attention (see
-     * docs/memory.md: keel bench -m ... -d 4096 -c 16512 --profile) */
-    int32_t cap = grp->tables[0].cap;
-    int32_t *blo = bc + a->n_tokens + 1, *bhi = blo + a->n_tokens + 1;
+    /* split the KV range when there are fewer blocks than threads: the
+     * occupied extent [lo, hi) of each block's table is cut (T6 keeps
+     * finding it O(1)), into as many parts as the largest extent holds
+     * m->split_min_cells cells, so neither the cut nor the part count
+     * depends on n_ctx. With [0, cap) cut, a cache holding far fewer cells
+     * than its n_ctx (a server's large context, a short conversation) had
+     * every cell in the first part, and one thread did the whole attention;
+     * with the count following cap, a cache under 1024 cells never split
+     * (see docs/memory.md: keel bench -m ... -d 512 / -d 4096 -c 16512) */
+    int32_t *blo = bc + a->n_tokens + 1, *bhi = blo + a->n_tokens + 1, ext = 0;
+    for (int32_t b = 0; b < nb; b++) {
+        mem_table_extent(&grp->tables[bt[b]], &blo[b], &bhi[b]);
+        ext = BASE_MAX(ext, bhi[b] - blo[b]);
+    }
+    x.blk_lo = blo;
+    x.blk_hi = bhi;
     x.splits = 1;
-    if (nb < m->n_threads && cap >= 2 * ATTN_SPLIT_MIN_CELLS && x.d.order_cap == 0 && !sparse) {
+    int32_t part = BASE_MAX(1, m->split_min_cells);
+    if (nb < m->n_threads && ext >= 2 * part && x.d.order_cap == 0 && !sparse) {
         int32_t want = (2 * m->n_threads + nb - 1) / nb;
-        int32_t most = cap / ATTN_SPLIT_MIN_CELLS;
+        int32_t most = ext / part;
         x.splits = BASE_MAX(1, BASE_MIN(want, most));
         if (nb * x.splits > max_partials(m->n_threads)) x.splits = max_partials(m->n_threads) / nb;
         if (x.splits < 2) x.splits = 1;
     }
-    x.blk_lo = blo;
-    x.blk_hi = bhi;
     if (x.splits > 1) {
-        for (int32_t b = 0; b < nb; b++) mem_table_extent(&grp->tables[bt[b]], &blo[b], &bhi[b]);
         x.partial_stride = partial_floats(&x.d);
         x.partials = base_arena_take_n(ar, (size_t)nb * (size_t)x.splits * x.partial_stride,
                                        sizeof(float));

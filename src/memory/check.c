@@ -51,6 +51,8 @@ static keel_status check_table(keel_mem *m, const mem_table *t, int32_t g, int32
     const mem_group *grp = &m->groups[g];
     if (t->cap < 1 || t->head < 0 || t->head >= t->cap)
         FAIL("group %d table %d: cap %d head %d", g, k, t->cap, t->head);
+    if (t->lo_mark < 0 || t->lo_mark > t->cap || t->hi_mark < 0 || t->hi_mark > t->cap)
+        FAIL("group %d table %d: marks [%d, %d) outside [0, %d]", g, k, t->lo_mark, t->hi_mark, t->cap);
     int32_t n_cols = 0;
     for (int32_t i = 0; i < m->cfg.n_layers; i++)
         if (m->layer_group[i] == g) n_cols += mem_layer_n_cols(&m->layers[i]);
@@ -69,6 +71,9 @@ static keel_status check_table(keel_mem *m, const mem_table *t, int32_t g, int32
             continue;
         }
         used++;
+        if (c < t->lo_mark || c >= t->hi_mark)
+            FAIL("group %d table %d cell %d: occupied outside the marks [%d, %d)", g, k, c, t->lo_mark,
+                 t->hi_mark);
         if (mem_seq_empty(t, c))
             FAIL("group %d table %d cell %d: occupied (pos %d) without sequence", g, k, c, p);
         if (t->stamp[c] == 0 || t->stamp[c] >= m->next_stamp)

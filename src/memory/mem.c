@@ -813,6 +813,7 @@ static keel_status mem_open_impl(const keel_mem_config *cfg, base_pool *shared, 
         return base_err(err, KEEL_EINVAL, "keel_mem: rope angle rates could not be computed");
     }
     m->n_threads = resolve_threads(cfg);
+    m->split_min_cells = MEM_SPLIT_MIN_CELLS;
     st = base_arena_init(&m->scratch, scratch);
     if (st != KEEL_OK) {
         base_free(block, block_bytes);

@@ -21,6 +21,10 @@
  *      cells and every cell a query at positions >= its last placement needs.
  *   T5 unless compacted, a sequence a sliding table holds is held by every full
  *      table up to at least the same last position.
+ *   T6 every occupied cell lies in [lo_mark, hi_mark), 0 <= lo_mark, hi_mark
+ *      <= cap: what iterates over the cells of a decode step (attention's
+ *      gathers and thread split) reads that range, not [0, cap), so a short
+ *      conversation in a large cache costs what its cells cost.
  */
 #ifndef KEEL_MEMORY_H
 #define KEEL_MEMORY_H
@@ -30,6 +34,7 @@
 #define MEM_SEQ_MAX 256
 #define MEM_SEQ_WORDS_MAX (MEM_SEQ_MAX / 64)
 #define MEM_NO_EVICT INT32_MIN
+#define MEM_SPLIT_MIN_CELLS 128 /* see keel_mem.split_min_cells */
 #define MEM_CELL_PROTECTED 1u /* cflags: compaction keeps the cell */
 
 /* Layers with K/V columns (full or sliding); NONE and RECURRENT have none. */
@@ -119,6 +124,8 @@ typedef struct mem_table {
     int32_t seq_words;    /* 64-bit words per seq bitset */
     int32_t stream;       /* -1 when unified, else the stream's sequence */
     int32_t head;         /* slot search start (ring order, locality) */
+    int32_t lo_mark;      /* T6: no occupied cell below (cap when none has been since the last refresh) */
+    int32_t hi_mark;      /* T6: no occupied cell at or above (0 likewise); free_cell keeps both tight */
     int32_t *pos;         /* [cap] position, -1 when empty */
     uint64_t *stamp;      /* [cap] placement order (ties of equal positions) */
     uint64_t *seq;        /* [cap][seq_words] sequence sets */
@@ -191,6 +198,9 @@ struct keel_mem {
     int32_t n_groups;
     int32_t n_streams;
     int32_t n_threads;
+    int32_t split_min_cells;   /* attention: cells a part holds at least when a KV range is
+                                  split across threads (MEM_SPLIT_MIN_CELLS; the memory
+                                  fuzzer lowers it to split short caches) */
     base_pool *pool;
     bool pool_shared;          /* borrowed from the caller (mem_open_shared) */
     base_arena scratch;        /* every operation's scratch, reserved at open */
@@ -411,15 +421,23 @@ void mem_table_copy_cell_from(mem_table *td, int32_t dst, const mem_table *ts, i
 int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s);
 /* The occupied extent: lo = the first cell holding a position, hi = one
  * past the last (lo = hi = 0 when the table is empty). Every cell outside
- * [lo, hi) is free. O(lo + cap - hi): reads pos[] from both ends. */
+ * [lo, hi) is free. Reads pos[] inward from the marks (T6): O(1) when they
+ * are tight, as free_cell and refresh leave them. */
 void mem_table_extent(const mem_table *t, int32_t *lo, int32_t *hi);
+/* Records that cell is occupied now (T6). Every write of a position into
+ * an empty cell calls it (occupy and copy_cell do). */
+static inline void mem_table_mark_used(mem_table *t, int32_t cell)
+{
+    if (cell < t->lo_mark) t->lo_mark = cell;
+    if (cell >= t->hi_mark) t->hi_mark = cell + 1;
+}
 /* Next free cell at or after t->head (wrapping); -1 if none. Advances head. */
 int32_t mem_table_find_free(mem_table *t);
 /* Is cell a sink of s (sliding tables; recomputes thresholds if dirty). */
 bool mem_table_is_sink(mem_table *t, int32_t cell, int32_t s);
 void mem_table_update_sinks(mem_table *t, int32_t n_seq);
-/* Recomputes seq_min/seq_max/seq_cells and n_used from the cells, and
- * marks sinks dirty. O(cap). */
+/* Recomputes seq_min/seq_max/seq_cells, n_used and the tight marks (T6)
+ * from the cells, and marks sinks dirty. O(cap). */
 void mem_table_refresh(mem_table *t);
 /* Sorts v[0..n) ascending under less (heap sort: in place, iterative,
  * O(n log n) whatever the input). */

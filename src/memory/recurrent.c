@@ -447,6 +447,7 @@ static void restore(keel_mem *m, int32_t s, int32_t rec)
         for (int32_t j = 0; j < hdr[0]; j++) {
             int32_t d = mem_table_find_free(t); /* room validated */
             t->pos[d] = pos[j];
+            mem_table_mark_used(t, d);
             t->stamp[d] = stamp[j];
             t->cflags[d] = cf[j];
             mem_seq_set(t, d, s);

@@ -1388,6 +1388,7 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
             uint32_t fl = get_u32(&mr);
             int32_t c = mem_table_find_free(t);
             t->pos[c] = pos;
+            mem_table_mark_used(t, c);
             t->stamp[c] = base + (uint64_t)rank;
             t->cflags[c] = (uint8_t)fl;
             t->n_used++;

@@ -26,6 +26,20 @@ int32_t mem_seq_count(const mem_table *t, int32_t cell)
     return n;
 }
 
+/* Moves the marks inward past free cells (T6 holds before and after). */
+static void marks_tighten(mem_table *t)
+{
+    int32_t l = t->lo_mark, h = t->hi_mark;
+    while (h > l && t->pos[h - 1] < 0) h--;
+    while (l < h && t->pos[l] < 0) l++;
+    if (l >= h) {
+        l = t->cap;
+        h = 0;
+    }
+    t->lo_mark = l;
+    t->hi_mark = h;
+}
+
 void mem_table_free_cell(mem_table *t, int32_t cell)
 {
     if (t->pos[cell] >= 0) t->n_used--;
@@ -34,12 +48,17 @@ void mem_table_free_cell(mem_table *t, int32_t cell)
     t->cflags[cell] = 0;
     memset(t->seq + (size_t)cell * (size_t)t->seq_words, 0, (size_t)t->seq_words * sizeof(uint64_t));
     t->sinks_dirty = true;
+    /* only a cell at either end moves a mark: freeing the oldest or newest
+     * cells walks inward over the cells freed before them (each free cell
+     * is passed once per time it leaves the range) */
+    if (cell == t->lo_mark || cell == t->hi_mark - 1) marks_tighten(t);
 }
 
 void mem_table_copy_cell_from(mem_table *td, int32_t dst, const mem_table *ts, int32_t src)
 {
     if (td->pos[dst] < 0 && ts->pos[src] >= 0) td->n_used++;
     td->pos[dst] = ts->pos[src];
+    if (td->pos[dst] >= 0) mem_table_mark_used(td, dst);
     td->stamp[dst] = ts->stamp[src];
     td->cflags[dst] = ts->cflags[src];
     for (int32_t c = 0; c < td->n_cols; c++) {
@@ -67,9 +86,10 @@ int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s)
 
 void mem_table_extent(const mem_table *t, int32_t *lo, int32_t *hi)
 {
-    int32_t h = t->n_used > 0 ? t->cap : 0, l = 0;
-    while (h > 0 && t->pos[h - 1] < 0) h--;
+    int32_t l = t->lo_mark, h = t->n_used > 0 ? t->hi_mark : 0;
+    while (h > l && t->pos[h - 1] < 0) h--;
     while (l < h && t->pos[l] < 0) l++;
+    if (l >= h) l = h = 0;
     *lo = l;
     *hi = h;
 }
@@ -93,6 +113,7 @@ void mem_table_occupy(mem_table *t, int32_t cell, int32_t pos, uint64_t stamp, i
     if (t->pos[cell] < 0) t->n_used++;
     t->pos[cell] = pos;
     t->stamp[cell] = stamp;
+    mem_table_mark_used(t, cell);
     mem_seq_set(t, cell, s);
     if (t->seq_cells[s] == 0 || pos < t->seq_min[s]) t->seq_min[s] = pos;
     if (t->seq_cells[s] == 0 || pos > t->seq_max[s]) t->seq_max[s] = pos;
@@ -107,11 +128,13 @@ void mem_table_refresh(mem_table *t)
         t->seq_max[s] = -1;
         t->seq_cells[s] = 0;
     }
-    int32_t used = 0;
+    int32_t used = 0, lo = t->cap, hi = 0;
     for (int32_t c = 0; c < t->cap; c++) {
         int32_t p = t->pos[c];
         if (p < 0) continue;
         used++;
+        if (lo == t->cap) lo = c;
+        hi = c + 1;
         const uint64_t *w = t->seq + (size_t)c * (size_t)t->seq_words;
         for (int32_t i = 0; i < t->seq_words; i++) {
             uint64_t bits = w[i];
@@ -125,6 +148,8 @@ void mem_table_refresh(mem_table *t)
         }
     }
     t->n_used = used;
+    t->lo_mark = lo;
+    t->hi_mark = hi;
     t->sinks_dirty = true;
 }
 

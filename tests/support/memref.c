@@ -160,9 +160,10 @@ static void make_config(chooser *c, int preset, ref_cfg *rc)
         rc->mc.n_seq_max = 4;
         for (int i = 0; i < nl; i++) rc->layers[i].k_dtype = rc->layers[i].v_dtype = KEEL_DTYPE_BF16;
         break;
-    case 4: /* long context, two threads: the split-KV path, quantized
-             * (n_ctx not a multiple of 5: deterministic mode, which never
-             * splits, had taken 1100 and with it every run of this preset) */
+    case 4: /* long context, two threads: the split-KV path (parts of a few
+             * cells, see drive), quantized (n_ctx not a multiple of 5:
+             * deterministic mode, which never splits, had taken 1100 and
+             * with it every run of this preset) */
         rc->mc.n_layers = 1;
         rc->mc.n_seq_max = 1 + (int32_t)pick(c, 2);
         rc->mc.n_ctx = 1101;
@@ -2413,6 +2414,10 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
         res->invariant_failures++;
         return 1;
     }
+    /* short caches reach the split-KV path of attention too: parts of a
+     * few cells (preset 4 always, half the random configs) */
+    if (preset == 4 || (preset < 0 && chance(&d.ch, 50)))
+        d.mem->split_min_cells = 1 + (int32_t)pick(&d.ch, 16);
     ref_init(&d.r, &rc, d.mem, base_rng_next(&d.ch.rng) ^ 0x5eed);
     size_t maxk = 0, maxv = 0, maxq = 0, maxi = 1, maxiq = 1, maxtk = 1;
     for (int32_t l = 0; l < rc.mc.n_layers; l++) {
