@@ -1,5 +1,5 @@
 /*
- * check.c — keel_mem_check: verifies the memory invariants (memory.h T1-T5,
+ * check.c — keel_mem_check: verifies the memory invariants (memory.h T1-T6,
  * design.md section 3 rules 1-2 and the column descriptors of rule 4) on a
  * live keel_mem. Tests call it after every operation. Read-only except for
  * the scratch arena and the error string.
