@@ -3,8 +3,9 @@
  * copies (metadata and every column), per-sequence statistics and the sink
  * thresholds of sliding tables.
  *
- * Invariants: see memory.h (T1-T6; the marks of T6 are kept here). Every physical row index originates
- * here (mem_table_find_free, iteration over [0, cap)).
+ * Invariants: see memory.h (T1-T6; the marks of T6 are kept here). Every
+ * physical row index originates here (mem_table_find_free, iteration over
+ * [0, cap) or the marks' part of it).
  */
 #include "memory.h"
 
