@@ -196,36 +196,48 @@ static void test_compacted_attention(void **state)
             }
 }
 
-/* Compacting sequence 0 leaves sequence 1 (sharing the prefix) bit-identical. */
+/* Compacting sequence 0 leaves sequence 1 (sharing the prefix) bit-identical:
+ * a short cache, and one whose sequence 1 holds enough cells (400) for its
+ * decode attention to be split across the two threads. The split cuts
+ * sequence 1's own extent, which the compaction's copies (past the table's
+ * end) do not move; cut on the table's extent it did move. */
 static void test_other_sequence_untouched(void **state)
 {
     (void)state;
+    static const struct {
+        int32_t n_ctx, shared, alone, trigger, target;
+    } cases[] = {{256, 60, 20, 50, 30}, {1024, 400, 100, 300, 200}};
     keel_mem_layer L = full_layer(KEEL_DTYPE_Q8_0, true);
-    keel_mem *m = open_mem(&L, 256, 2);
-    memtest_tok all[80];
-    for (int32_t i = 0; i < 80; i++) memtest_make_tok(&all[i], &L, i, 500 + (uint64_t)i);
-    memtest_place_write(m, &L, all, 60, NULL);
-    assert_ok(keel_mem_seq_cp(m, 0, 1, -1, -1));
-    memtest_place_write(m, &L, all + 60, 20, NULL); /* seq 0 grows alone */
-    float q[2 * 64], out1[2 * 64], out2[2 * 64];
-    memtest_make_query(&L, 59, 9, q);
-    int32_t qp = 59, qs = 1;
-    keel_mem_attn a = {1, 2, q, &qp, &qs, out1, 0, 0, NULL, NULL, NULL, 0, 0, NULL};
-    assert_ok(keel_mem_attend(m, 0, &a));
-    keel_compact_params p = keel_compact_params_default();
-    p.policy = KEEL_COMPACT_KEYDIFF;
-    p.trigger = 50;
-    p.target = 30;
-    assert_ok(keel_mem_compact(m, 0, &p));
-    assert_ok(keel_mem_check(m));
-    assert_int_equal(keel_mem_seq_cells(m, 0), 30);
-    assert_int_equal(keel_mem_seq_cells(m, 1), 60);
-    a.out = out2;
-    assert_ok(keel_mem_attend(m, 0, &a));
-    assert_memory_equal(out1, out2, sizeof out1);
-    assert_int_equal(keel_mem_seq_pos_max(m, 1), 59);
-    for (int32_t i = 0; i < 80; i++) memtest_free_tok(&all[i]);
-    keel_mem_close(m);
+    for (size_t ci = 0; ci < BASE_ARRAY_LEN(cases); ci++) {
+        int32_t sh = cases[ci].shared, n = sh + cases[ci].alone;
+        keel_mem *m = open_mem(&L, cases[ci].n_ctx, 2);
+        memtest_tok *all = calloc((size_t)n, sizeof(memtest_tok));
+        for (int32_t i = 0; i < n; i++) memtest_make_tok(&all[i], &L, i, 500 + (uint64_t)i);
+        for (int32_t i = 0; i < sh; i += 50) memtest_place_write(m, &L, all + i, BASE_MIN(50, sh - i), NULL);
+        assert_ok(keel_mem_seq_cp(m, 0, 1, -1, -1));
+        for (int32_t i = sh; i < n; i += 50) /* seq 0 grows alone */
+            memtest_place_write(m, &L, all + i, BASE_MIN(50, n - i), NULL);
+        float q[2 * 64], out1[2 * 64], out2[2 * 64];
+        memtest_make_query(&L, sh - 1, 9, q);
+        int32_t qp = sh - 1, qs = 1;
+        keel_mem_attn a = {1, 2, q, &qp, &qs, out1, 0, 0, NULL, NULL, NULL, 0, 0, NULL};
+        assert_ok(keel_mem_attend(m, 0, &a));
+        keel_compact_params p = keel_compact_params_default();
+        p.policy = KEEL_COMPACT_KEYDIFF;
+        p.trigger = cases[ci].trigger;
+        p.target = cases[ci].target;
+        assert_ok(keel_mem_compact(m, 0, &p));
+        assert_ok(keel_mem_check(m));
+        assert_int_equal(keel_mem_seq_cells(m, 0), cases[ci].target);
+        assert_int_equal(keel_mem_seq_cells(m, 1), sh);
+        a.out = out2;
+        assert_ok(keel_mem_attend(m, 0, &a));
+        assert_memory_equal(out1, out2, sizeof out1);
+        assert_int_equal(keel_mem_seq_pos_max(m, 1), sh - 1);
+        for (int32_t i = 0; i < n; i++) memtest_free_tok(&all[i]);
+        free(all);
+        keel_mem_close(m);
+    }
 }
 
 /* ---- engine-level: generated models ------------------------------------- */

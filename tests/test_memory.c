@@ -210,12 +210,14 @@ static void test_attention_split_extent(void **state)
 
 /* The table's marks (T6) bound what attention walks: they follow the cells
  * as they are written and freed, keel_mem_check refuses marks that miss an
- * occupied cell, and attention is bit for bit the same whether the walk
- * starts at cell 0 or past freed cells (it skips only empty chunks), and
- * with marks as loose as T6 allows (three threads split the extent: the
- * parts move with it, so there the results agree within rounding). q8_0
- * (the fused decode kernel under AVX2) and f32, deterministic or not;
- * ctest runs it at every SIMD level the CPU has through KEEL_SIMD. */
+ * occupied cell, a sequence's extent is its own cells', and attention is
+ * bit for bit the same whether the walk starts at cell 0 (the sequence's
+ * oldest cells moved past the query) or past those cells once removed (it
+ * skips only empty chunks), and with the table's marks loosened to [0, cap)
+ * (mem_table_extent tightens them again). Three threads split the extent:
+ * the parts move with it, so there the results agree within rounding. q8_0
+ * (the fused decode kernel under AVX2) and f32, deterministic or not, at
+ * every SIMD level the CPU has. */
 static void attend_raw(keel_mem *m, const keel_mem_layer *L, const float *q, int32_t qpos, float *out)
 {
     int32_t seq = 0;
@@ -251,18 +253,24 @@ static void marks_case(keel_dtype dt, int32_t n_threads, bool det)
     float *q = malloc((size_t)L.n_heads * (size_t)L.head_dim_k * sizeof(float)), *a = malloc(ob), *b = malloc(ob);
     for (int step = 0; step < 3; step++) {
         if (step == 1) {
-            /* the oldest cells held by sequence 1 alone: attention of 0 walks
-             * from cell 0; then freed (free_cell moves lo_mark past them),
-             * the walk starts at the chunk holding cut: the same sums */
-            assert_ok(keel_mem_seq_cp(m, 0, 1, 0, cut));
-            assert_ok(keel_mem_seq_rm(m, 0, 0, cut));
+            /* the oldest cells moved past the query (seq_add): invisible to
+             * it but still sequence 0's, so its walk starts at cell 0; then
+             * removed (free_cell moves the marks past them), the walk
+             * starts at the chunk holding cut. The same cells are seen in
+             * the same chunks: the same sums */
+            assert_ok(keel_mem_seq_add(m, 0, 0, cut, 100000));
             assert_ok(keel_mem_check(m));
-            assert_int_equal(t->lo_mark, 0);
+            mem_table_seq_extent(t, 0, &lo, &hi);
+            assert_int_equal(lo, 0);
+            assert_int_equal(hi, n);
             memtest_make_query(&L, n - 1, 97 + (uint64_t)step, q);
             attend_raw(m, &L, q, n - 1, a);
-            assert_ok(keel_mem_seq_rm(m, 1, -1, -1));
+            assert_ok(keel_mem_seq_rm(m, 0, 100000, -1));
             assert_int_equal(t->lo_mark, cut);
             assert_int_equal(t->hi_mark, n);
+            mem_table_seq_extent(t, 0, &lo, &hi);
+            assert_int_equal(lo, cut);
+            assert_int_equal(hi, n);
             attend_raw(m, &L, q, n - 1, b);
             if (n_threads == 1 || det) {
                 assert_memory_equal(a, b, ob);
@@ -327,9 +335,14 @@ static void test_table_marks(void **state)
 {
     (void)state;
     static const keel_dtype dts[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_F32};
-    for (size_t i = 0; i < BASE_ARRAY_LEN(dts); i++)
-        for (int threads = 1; threads <= 3; threads += 2)
-            for (int det = 0; det < 2; det++) marks_case(dts[i], threads, det);
+    tensor_simd prev = tensor_simd_level();
+    for (int lv = 0; lv <= (int)tensor_simd_best(); lv++) {
+        tensor_simd_force((tensor_simd)lv);
+        for (size_t i = 0; i < BASE_ARRAY_LEN(dts); i++)
+            for (int threads = 1; threads <= 3; threads += 2)
+                for (int det = 0; det < 2; det++) marks_case(dts[i], threads, det);
+    }
+    tensor_simd_force(prev);
 }
 
 /* ---- bad input: refused, memory byte-identical ----------------------------- */

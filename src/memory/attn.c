@@ -243,7 +243,8 @@ typedef struct attn_ctx {
     /* blocks */
     int32_t n_blocks;
     const int32_t *blk_table, *blk_first, *blk_count;
-    const int32_t *blk_lo, *blk_hi; /* per block: its table's occupied extent (mem_table_extent) */
+    const int32_t *blk_lo, *blk_hi; /* per block: the occupied extent of its table, or of its
+                                       sequence's cells when it holds one sequence */
     int32_t splits;          /* KV ranges per block: [lo, hi) cut in equal parts */
     float *partials;         /* [n_blocks * splits][TB][n_heads][dv + 2] or NULL */
     size_t partial_stride;   /* floats per partial task */
@@ -427,8 +428,8 @@ static void attn_task(void *vctx, int64_t task, int thread)
     const mem_col *kc = &t->cols[x->col], *vc = &t->cols[x->col + 1];
     int32_t t0 = x->blk_first[b], nt = x->blk_count[b];
     int32_t nh = a->n_heads, G = x->G, dk = x->dk, dv = x->dv;
-    /* the table's occupied extent [lo, hi) (T6: every other cell is free),
-     * cut into this task's part; one part begins at lo rounded down to a
+    /* the block's extent [lo, hi) (T6: no cell outside it holds the
+     * block's sequences), cut into this task's part; one part begins at lo rounded down to a
      * chunk, so the chunks (and the online softmax's blocks) are those of a
      * walk over [0, cap) with its empty chunks left out: the same sums */
     int32_t lo = x->blk_lo[b], hi = x->blk_hi[b], c_begin, c_end;
@@ -828,10 +829,21 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
      * than its n_ctx (a server's large context, a short conversation) had
      * every cell in the first part, and one thread did the whole attention;
      * with the count following cap, a cache under 1024 cells never split
-     * (see docs/memory.md: keel bench -m ... -d 512 / -d 4096 -c 16512) */
+     * (see docs/memory.md: keel bench -m ... -d 512 / -d 4096 -c 16512).
+     * A block of one sequence takes that sequence's extent, so that what
+     * other sequences hold (another slot's turn, a compaction of another
+     * sequence) moves neither its cut nor its part count: its output stays
+     * bit-identical */
     int32_t *blo = bc + a->n_tokens + 1, *bhi = blo + a->n_tokens + 1, ext = 0;
     for (int32_t b = 0; b < nb; b++) {
-        mem_table_extent(&grp->tables[bt[b]], &blo[b], &bhi[b]);
+        const mem_table *t = &grp->tables[bt[b]];
+        int32_t s0 = a->seq[bf[b]];
+        bool one = true;
+        for (int32_t i = 1; i < bc[b]; i++) one &= a->seq[bf[b] + i] == s0;
+        if (one)
+            mem_table_seq_extent(t, s0, &blo[b], &bhi[b]);
+        else
+            mem_table_extent(t, &blo[b], &bhi[b]);
         ext = BASE_MAX(ext, bhi[b] - blo[b]);
     }
     x.blk_lo = blo;

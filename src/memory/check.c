@@ -53,6 +53,10 @@ static keel_status check_table(keel_mem *m, const mem_table *t, int32_t g, int32
         FAIL("group %d table %d: cap %d head %d", g, k, t->cap, t->head);
     if (t->lo_mark < 0 || t->lo_mark > t->cap || t->hi_mark < 0 || t->hi_mark > t->cap)
         FAIL("group %d table %d: marks [%d, %d) outside [0, %d]", g, k, t->lo_mark, t->hi_mark, t->cap);
+    for (int32_t s = 0; s < m->cfg.n_seq_max; s++)
+        if (t->seq_lo[s] < 0 || t->seq_lo[s] > t->cap || t->seq_hi[s] < 0 || t->seq_hi[s] > t->cap)
+            FAIL("group %d table %d: sequence %d's marks [%d, %d) outside [0, %d]", g, k, s, t->seq_lo[s],
+                 t->seq_hi[s], t->cap);
     int32_t n_cols = 0;
     for (int32_t i = 0; i < m->cfg.n_layers; i++)
         if (m->layer_group[i] == g) n_cols += mem_layer_n_cols(&m->layers[i]);
@@ -81,6 +85,13 @@ static keel_status check_table(keel_mem *m, const mem_table *t, int32_t g, int32
         for (int32_t s = ns; s < t->seq_words * 64; s++)
             if ((w[s >> 6] >> (s & 63)) & 1u)
                 FAIL("group %d table %d cell %d: sequence id %d >= n_seq_max", g, k, c, s);
+        for (int32_t i = 0; i < t->seq_words; i++)
+            for (uint64_t bits = w[i]; bits; bits &= bits - 1) {
+                int32_t s = i * 64 + __builtin_ctzll(bits);
+                if (s < ns && (c < t->seq_lo[s] || c >= t->seq_hi[s]))
+                    FAIL("group %d table %d cell %d: holds sequence %d outside its marks [%d, %d)", g, k, c, s,
+                         t->seq_lo[s], t->seq_hi[s]);
+            }
         if (t->stream >= 0 && (mem_seq_count(t, c) != 1 || !mem_seq_has(t, c, t->stream)))
             FAIL("group %d table %d cell %d: holds a sequence of another stream", g, k, c);
         /* stored rows decode to finite values */

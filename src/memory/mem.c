@@ -351,6 +351,8 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
             int32_t *seq_min = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
             int32_t *seq_max = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
             int32_t *seq_cells = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+            int32_t *seq_lo = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
+            int32_t *seq_hi = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
             mem_col *cols = lay_take(l, (size_t)gc, sizeof(mem_col));
             int32_t *evict_max = NULL, *sink_pos = NULL, *heap_pos = NULL;
             uint64_t *sink_stamp = NULL, *heap_stamp = NULL;
@@ -376,6 +378,8 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
                 t->seq_min = seq_min;
                 t->seq_max = seq_max;
                 t->seq_cells = seq_cells;
+                t->seq_lo = seq_lo;
+                t->seq_hi = seq_hi;
                 t->n_seq = cfg->n_seq_max;
                 t->cols = cols;
                 t->n_cols = gc;

@@ -21,10 +21,12 @@
  *      cells and every cell a query at positions >= its last placement needs.
  *   T5 unless compacted, a sequence a sliding table holds is held by every full
  *      table up to at least the same last position.
- *   T6 every occupied cell lies in [lo_mark, hi_mark), 0 <= lo_mark, hi_mark
- *      <= cap: what iterates over the cells of a decode step (attention's
- *      gathers and thread split) reads that range, not [0, cap), so a short
- *      conversation in a large cache costs what its cells cost.
+ *   T6 every occupied cell lies in [lo_mark, hi_mark), and every cell
+ *      holding sequence s in [seq_lo[s], seq_hi[s]), all marks in [0, cap]:
+ *      what iterates over the cells of a decode step (attention's gathers
+ *      and thread split) reads that range, not [0, cap), so a short
+ *      conversation in a large cache costs what its cells cost; and a
+ *      sequence's own range does not move when another sequence's cells do.
  */
 #ifndef KEEL_MEMORY_H
 #define KEEL_MEMORY_H
@@ -135,6 +137,8 @@ typedef struct mem_table {
     int32_t *seq_min;     /* [n_seq] smallest position of s in this table, -1 none */
     int32_t *seq_max;     /* [n_seq] largest position of s, -1 none */
     int32_t *seq_cells;   /* [n_seq] cells holding s */
+    int32_t *seq_lo;      /* [n_seq] T6: no cell holding s below (cap when none since the last refresh) */
+    int32_t *seq_hi;      /* [n_seq] T6: none at or above (0 likewise); widened by mem_seq_set */
     int32_t n_seq;        /* n_seq_max of the memory */
     mem_col *cols;        /* [n_cols] */
     int32_t n_cols;
@@ -198,9 +202,10 @@ struct keel_mem {
     int32_t n_groups;
     int32_t n_streams;
     int32_t n_threads;
-    int32_t split_min_cells;   /* attention: cells a part holds at least when a KV range is
-                                  split across threads (MEM_SPLIT_MIN_CELLS; the memory
-                                  fuzzer lowers it to split short caches) */
+    int32_t split_min_cells;   /* attention: a call's KV ranges are split across threads into
+                                  (its largest block extent / this) parts at most
+                                  (MEM_SPLIT_MIN_CELLS; the memory fuzzer lowers it to split
+                                  short caches) */
     base_pool *pool;
     bool pool_shared;          /* borrowed from the caller (mem_open_shared) */
     base_arena scratch;        /* every operation's scratch, reserved at open */
@@ -381,6 +386,8 @@ static inline bool mem_seq_has(const mem_table *t, int32_t cell, int32_t s)
 static inline void mem_seq_set(mem_table *t, int32_t cell, int32_t s)
 {
     t->seq[(size_t)cell * (size_t)t->seq_words + (size_t)(s >> 6)] |= (uint64_t)1 << (s & 63);
+    if (cell < t->seq_lo[s]) t->seq_lo[s] = cell; /* T6 */
+    if (cell >= t->seq_hi[s]) t->seq_hi[s] = cell + 1;
 }
 static inline void mem_seq_unset(mem_table *t, int32_t cell, int32_t s)
 {
@@ -424,6 +431,9 @@ int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s);
  * [lo, hi) is free. Reads pos[] inward from the marks (T6): O(1) when they
  * are tight, as free_cell and refresh leave them. */
 void mem_table_extent(const mem_table *t, int32_t *lo, int32_t *hi);
+/* The same for the cells holding sequence s (inward from seq_lo/seq_hi):
+ * it depends on s's cells only, not on what other sequences hold. */
+void mem_table_seq_extent(const mem_table *t, int32_t s, int32_t *lo, int32_t *hi);
 /* Records that cell is occupied now (T6). Every write of a position into
  * an empty cell calls it (occupy and copy_cell do). */
 static inline void mem_table_mark_used(mem_table *t, int32_t cell)

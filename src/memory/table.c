@@ -95,6 +95,16 @@ void mem_table_extent(const mem_table *t, int32_t *lo, int32_t *hi)
     *hi = h;
 }
 
+void mem_table_seq_extent(const mem_table *t, int32_t s, int32_t *lo, int32_t *hi)
+{
+    int32_t l = BASE_MAX(t->seq_lo[s], t->lo_mark), h = BASE_MIN(t->seq_hi[s], t->hi_mark);
+    while (h > l && !mem_seq_has(t, h - 1, s)) h--;
+    while (l < h && !mem_seq_has(t, l, s)) l++;
+    if (l >= h) l = h = 0;
+    *lo = l;
+    *hi = h;
+}
+
 int32_t mem_table_find_free(mem_table *t)
 {
     if (t->n_used >= t->cap) return -1;
@@ -128,6 +138,8 @@ void mem_table_refresh(mem_table *t)
         t->seq_min[s] = -1;
         t->seq_max[s] = -1;
         t->seq_cells[s] = 0;
+        t->seq_lo[s] = t->cap;
+        t->seq_hi[s] = 0;
     }
     int32_t used = 0, lo = t->cap, hi = 0;
     for (int32_t c = 0; c < t->cap; c++) {
@@ -144,6 +156,8 @@ void mem_table_refresh(mem_table *t)
                 bits &= bits - 1;
                 if (t->seq_cells[s] == 0 || p < t->seq_min[s]) t->seq_min[s] = p;
                 if (t->seq_cells[s] == 0 || p > t->seq_max[s]) t->seq_max[s] = p;
+                if (t->seq_cells[s] == 0) t->seq_lo[s] = c;
+                t->seq_hi[s] = c + 1;
                 t->seq_cells[s]++;
             }
         }
