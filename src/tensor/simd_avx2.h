@@ -30,29 +30,20 @@ static inline __m256i hadd2_epi32(__m256i x, __m256i y)
                             _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xDD)));
 }
 
-static inline float hsum_ps(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hmax_ps(__m256 v)
-{
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-static inline float hmin_ps(__m256 v)
-{
-    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_min_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
+/* The eight floats of v folded by OP (halves, then pairs, then the last
+ * two): hsum_ps, hmax_ps, hmin_ps. */
+#define SIMD_HFOLD_PS(NAME, OP_PS, OP_SS)                                                          \
+    static inline float NAME(__m256 v)                                                             \
+    {                                                                                              \
+        __m128 m = OP_PS(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));                 \
+        m = OP_PS(m, _mm_movehl_ps(m, m));                                                         \
+        m = OP_SS(m, _mm_movehdup_ps(m));                                                          \
+        return _mm_cvtss_f32(m);                                                                   \
+    }
+SIMD_HFOLD_PS(hsum_ps, _mm_add_ps, _mm_add_ss)
+SIMD_HFOLD_PS(hmax_ps, _mm_max_ps, _mm_max_ss)
+SIMD_HFOLD_PS(hmin_ps, _mm_min_ps, _mm_min_ss)
+#undef SIMD_HFOLD_PS
 
 static inline int hsum_epi32(__m256i v)
 {
