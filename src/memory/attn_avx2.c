@@ -127,8 +127,8 @@ static inline __m128 kq_fp_tail(keel_dtype kt, const uint8_t *k, const float *co
 /* Two cells at a time: each 8 of the quad's query values is loaded once
  * for both keys (4 query loads and 2 key loads per 8 FMAs, against 4 and 1
  * per 4 cell by cell, which kept the load ports the limit on Zen 5). One
- * accumulator per row and cell, so the sums are those of the one-cell
- * loop, bit for bit. */
+ * accumulator per row and cell, so the sums are those of a one-cell loop,
+ * bit for bit; an odd last cell is paired with itself. */
 static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx,
                          int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
                          attn_pf pf)
@@ -141,11 +141,12 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
         quad_rows(q, R, r0, xv);
         const float *x[4] = {xv[0], xv[1], xv[2], xv[3]};
         int32_t nr = BASE_MIN(4, R - r0);
-        int32_t j = 0;
-        for (; j + 2 <= n; j += 2) {
-            const uint8_t *k = base + (size_t)idx[j] * rb, *l = base + (size_t)idx[j + 1] * rb;
+        for (int32_t j = 0; j < n; j += 2) {
+            /* an odd last cell pairs with itself; its copy is not stored */
+            bool two = j + 1 < n;
+            const uint8_t *k = base + (size_t)idx[j] * rb, *l = two ? base + (size_t)idx[j + 1] * rb : k;
             attn_pf_step(&pc, pl);
-            attn_pf_step(&pc, pl);
+            if (two) attn_pf_step(&pc, pl);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int32_t i = 0; i < d8; i += 8) {
                 __m256 q0 = _mm256_loadu_ps(x[0] + i), q1 = _mm256_loadu_ps(x[1] + i),
@@ -160,28 +161,13 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
                 b2 = _mm256_fmadd_ps(lv, q2, b2);
                 b3 = _mm256_fmadd_ps(lv, q3, b3);
             }
-            __m128 s = hsum8x4(a0, a1, a2, a3), t = hsum8x4(b0, b1, b2, b3);
+            __m128 sk = hsum8x4(a0, a1, a2, a3), sl = hsum8x4(b0, b1, b2, b3);
             if (d8 < dk) {
-                s = kq_fp_tail(kt, k, x, d8, dk, s);
-                t = kq_fp_tail(kt, l, x, d8, dk, t);
+                sk = kq_fp_tail(kt, k, x, d8, dk, sk);
+                sl = kq_fp_tail(kt, l, x, d8, dk, sl);
             }
-            store4(scores, r0, nr, j, s);
-            store4(scores, r0, nr, j + 1, t);
-        }
-        if (j < n) {
-            const uint8_t *k = base + (size_t)idx[j] * rb;
-            attn_pf_step(&pc, pl);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int32_t i = 0; i < d8; i += 8) {
-                __m256 kv = load_k8(kt, k, i);
-                a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[0] + i), a0);
-                a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[1] + i), a1);
-                a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[2] + i), a2);
-                a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(x[3] + i), a3);
-            }
-            __m128 s = hsum8x4(a0, a1, a2, a3);
-            if (d8 < dk) s = kq_fp_tail(kt, k, x, d8, dk, s);
-            store4(scores, r0, nr, j, s);
+            store4(scores, r0, nr, j, sk);
+            if (two) store4(scores, r0, nr, j + 1, sl);
         }
     }
 }
