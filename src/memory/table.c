@@ -27,12 +27,18 @@ int32_t mem_seq_count(const mem_table *t, int32_t cell)
     return n;
 }
 
+/* [*l, *h) narrowed past the free cells at both ends */
+static void skip_free_ends(const mem_table *t, int32_t *l, int32_t *h)
+{
+    while (*h > *l && t->pos[*h - 1] < 0) (*h)--;
+    while (*l < *h && t->pos[*l] < 0) (*l)++;
+}
+
 /* Moves the marks inward past free cells (T6 holds before and after). */
 static void marks_tighten(mem_table *t)
 {
     int32_t l = t->lo_mark, h = t->hi_mark;
-    while (h > l && t->pos[h - 1] < 0) h--;
-    while (l < h && t->pos[l] < 0) l++;
+    skip_free_ends(t, &l, &h);
     if (l >= h) {
         l = t->cap;
         h = 0;
@@ -88,8 +94,7 @@ int32_t mem_table_split(mem_table *t, int32_t cell, int32_t s)
 void mem_table_extent(const mem_table *t, int32_t *lo, int32_t *hi)
 {
     int32_t l = t->lo_mark, h = t->n_used > 0 ? t->hi_mark : 0;
-    while (h > l && t->pos[h - 1] < 0) h--;
-    while (l < h && t->pos[l] < 0) l++;
+    skip_free_ends(t, &l, &h);
     if (l >= h) l = h = 0;
     *lo = l;
     *hi = h;
