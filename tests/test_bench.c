@@ -7,10 +7,13 @@
  * here from the model's shapes, FLOPs per prompt token, the references
  * (read bandwidth, FMA peak) present and positive, the SIMD level reported,
  * the decode profile's entries (every matrix product of a step, by role,
- * with its calls per token) and the errors of the new flags.
+ * with its calls per token) and the errors of the new flags; and what
+ * `keel bench attention` reports beside its speeds: the multiply bound from
+ * the FMA peak of the same run and the multiply count of the step.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
+#include "bench/bench.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -202,12 +205,64 @@ static void test_flag_errors(void **state)
     free(s.buf);
 }
 
+/* the multiply model: per cell and KV head, scores plus p.V */
+static void test_attn_muls(void **state)
+{
+    (void)state;
+    /* AVX2: int8 dots 2 per 32 bytes (4 rows x 4 blocks x 2) + 4 x 128 / 8 FMAs */
+    assert_close(bench_attn_muls(1, KEEL_DTYPE_Q8_0, 4, 128, 128), 32.0 + 64.0, 1e-12);
+    assert_close(bench_attn_muls(1, KEEL_DTYPE_Q4_0, 3, 64, 64), 12.0 + 24.0, 1e-12);
+    assert_close(bench_attn_muls(1, KEEL_DTYPE_F16, 4, 128, 128), 64.0 + 64.0, 1e-12);
+    /* AVX-512: one vpdpbusd per 64 bytes, 16 lanes */
+    assert_close(bench_attn_muls(2, KEEL_DTYPE_Q8_0, 4, 128, 128), 8.0 + 32.0, 1e-12);
+    assert_close(bench_attn_muls(2, KEEL_DTYPE_F32, 8, 128, 128), 64.0 + 64.0, 1e-12);
+    /* scalar: one per value */
+    assert_close(bench_attn_muls(0, KEEL_DTYPE_Q4_0, 4, 128, 64), 512.0 + 256.0, 1e-12);
+}
+
+/* bench attention --json: every decode row carries its multiply bound,
+ * which follows from the run's FMA peak for that thread count, the SIMD
+ * level it reports and the K and V bytes of a cell and KV head (q4_0, 128
+ * dims: 72 + 72) */
+static void test_attention_bound(void **state)
+{
+    (void)state;
+    sink s = {0};
+    char err[256] = "";
+    const char *argv[] = {"--ctx", "64", "--kv", "q4_0", "--quick", "--json"};
+    s.len = 0;
+    assert_ok(keel_bench_run("attention", 6, (char **)argv, sink_write, &s, err));
+    json_error_t je;
+    json_t *root = json_loads(s.buf, 0, &je);
+    if (!root) fail_msg("bad JSON (%s) in: %s", je.text, s.buf);
+    const char *simd = json_string_value(json_object_get(root, "simd"));
+    assert_non_null(simd);
+    int level = strcmp(simd, "avx512") == 0 ? 2 : strcmp(simd, "avx2") == 0 ? 1 : 0;
+    double lanes = level == 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
+    json_t *peak = json_object_get(root, "fma_peak_gflops");
+    json_t *dec = json_object_get(root, "decode");
+    assert_int_equal((int)json_array_size(dec), 4); /* rotation off / on x 1 / 2 threads */
+    for (size_t i = 0; i < json_array_size(dec); i++) {
+        json_t *e = json_array_get(dec, i);
+        char key[2] = {(char)('0' + (int)num(e, "threads")), 0};
+        double pk = num(peak, key);
+        assert_true(pk > 0.0);
+        double want = pk / (2.0 * lanes) / bench_attn_muls(level, KEEL_DTYPE_Q4_0, 4, 128, 128) * 144.0;
+        assert_close(num(e, "mul_bound_gbps"), want, 0.01 + 1e-3 * want);
+        assert_true(num(e, "gbps") > 0.0);
+    }
+    json_decref(root);
+    free(s.buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_depth_rows_bytes),
         cmocka_unit_test(test_cache_size),
         cmocka_unit_test(test_flag_errors),
+        cmocka_unit_test(test_attn_muls),
+        cmocka_unit_test(test_attention_bound),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

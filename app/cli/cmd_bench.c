@@ -20,6 +20,7 @@ static const char *g_usage =
     "  -t N        also time matvec with N threads, N in [1, 256]\n"
     "  --gemm      add the GEMM strategy comparison behind the matmul choice\n"
     "attention   decode attention over a filled cache, 32 layers, f16/q8_0/q4_0, rotation off/on\n"
+    "            (GB/s beside the read bandwidth and the multiply bound from the FMA peak)\n"
     "  --quick     fewer contexts and repetitions\n"
     "  --ctx LIST  context lengths, up to 8, each in [64, 4194304] (1024,4096,16384,65536)\n"
     "  --kv T      only this cache type\n"

@@ -54,6 +54,17 @@ double bench_read_cached_gbps(size_t bytes, int iters, int reps);
  * 20 ms each. */
 double bench_fma_peak_gflops(base_pool *pool, int level, int reps);
 
+/* Vector multiply instructions per cell and KV head of one decode
+ * attention step with G query rows per KV head and head dims dk / dv, K and
+ * V of dtype kv, at SIMD level `level` (0 scalar: one per value, 1 AVX2, 2
+ * AVX-512): the scores (f16 / f32 keys: one FMA per lane; q8_0 / q4_0 keys:
+ * int8 dots, AVX2 vpmaddubsw + vpmaddwd per 32 bytes, AVX-512 one vpdpbusd
+ * per 64) plus p.V (one f32 FMA per lane and row). The floor of the
+ * kernel's multiply-pipe work, the softmax, conversions and reductions left
+ * out; bench attention reports the bound it sets beside the read
+ * bandwidth. */
+double bench_attn_muls(int level, keel_dtype kv, int32_t G, int32_t dk, int32_t dv);
+
 /* The reference loops (bench_avx2.c / bench_avx512.c; call only when the CPU
  * has the level): xor of every byte of p[0..bytes) (32-byte aligned, bytes
  * a multiple of 128) in 32-byte loads, asking pf bytes ahead for the lines

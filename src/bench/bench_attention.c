@@ -8,7 +8,12 @@
  * 1 and 2 threads. A step attends all 32 layers, so the rows read per token
  * are 32 layers' worth (far more than the L3 for ctx >= 4096). gbps is the
  * K and V bytes read per token divided by the time per token, reported
- * beside the machine's read bandwidth measured in the same run.
+ * beside two references measured in the same run: the machine's read
+ * bandwidth, and the multiply bound, the GB/s at which the step's vector
+ * multiplies alone (bench_attn_muls) would take all its time if they ran at
+ * the fp32 FMA peak. A kernel below the second bound is held by its
+ * arithmetic, not by memory; where the multiply bound is itself below the
+ * read bandwidth, no kernel doing these multiplies reaches the bandwidth.
  *
  * Options: --ctx N,N,...  --kv f16|q8_0|q4_0  --quick
  *
@@ -16,6 +21,7 @@
  * in ns per changed cell.
  */
 #include "bench.h"
+#include "../memory/attn_kernels.h"
 #include "../memory/memory.h"
 
 #include <stdlib.h>
@@ -101,6 +107,20 @@ static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
     return KEEL_OK;
 }
 
+double bench_attn_muls(int level, keel_dtype kv, int32_t G, int32_t dk, int32_t dv)
+{
+    double lanes = level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
+    bool quant = kv == KEEL_DTYPE_Q8_0 || kv == KEEL_DTYPE_Q4_0;
+    double scores;
+    if (!quant || level == 0)
+        scores = (double)G * dk / lanes;
+    else if (level == 1)
+        scores = 2.0 * G * dk / 32.0; /* vpmaddubsw + vpmaddwd per 32 bytes */
+    else
+        scores = (double)G * dk / 64.0; /* vpdpbusd per 64 bytes */
+    return scores + (double)G * dv / lanes;
+}
+
 /* Seconds per decode token (all layers), best of reps. */
 static double ba_decode(keel_mem *m, int32_t ctx, int reps, float *q, float *out)
 {
@@ -157,6 +177,8 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
         return base_err(o->err, st, "bench attention: cannot start 2 threads");
     }
     double bw1 = bench_read_bw_gbps(p1, 0, 3), bw2 = bench_read_bw_gbps(p2, 0, 3);
+    int level = (int)attn_path_active();
+    double pk1 = bench_fma_peak_gflops(p1, level, 3), pk2 = bench_fma_peak_gflops(p2, level, 3);
     base_pool_close(p1);
     base_pool_close(p2);
 
@@ -175,14 +197,28 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     base_rng_seed(&r, 5);
     for (int i = 0; i < BA_HEADS * BA_DIM; i++) q[i] = (float)base_rng_normal(&r);
 
+    static const char *const path_names[] = {"scalar", "avx2", "avx512"};
+    const char *path = path_names[level < 0 ? 0 : level > 2 ? 2 : level];
     if (o->json)
-        bench_printf(o, "{\"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f},\n \"decode\": [", bw1, bw2);
+        bench_printf(o,
+                     "{\"simd\": \"%s\", \"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f}, "
+                     "\"fma_peak_gflops\": {\"1\": %.1f, \"2\": %.1f},\n \"decode\": [",
+                     path, bw1, bw2, pk1, pk2);
     else {
-        bench_printf(o, "keel bench attention — decode, %d layers x %d KV heads x %d dims, %d query heads\n",
-                     BA_LAYERS, BA_KV_HEADS, BA_DIM, BA_HEADS);
-        bench_printf(o, "read bandwidth (same run): 1 thread %.2f GB/s, 2 threads %.2f GB/s\n\n", bw1, bw2);
-        bench_printf(o, "| kv   | rot | ctx   | threads | us/token | GB/s  | %% of read bw |\n");
-        bench_printf(o, "|------|-----|-------|---------|----------|-------|-------------|\n");
+        bench_printf(o, "keel bench attention — decode, %d layers x %d KV heads x %d dims, %d query heads, %s kernels\n",
+                     BA_LAYERS, BA_KV_HEADS, BA_DIM, BA_HEADS, path);
+        bench_printf(o, "references (same run): read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s; "
+                        "fp32 FMA peak 1 thread %.1f GFLOP/s, 2 threads %.1f\n",
+                     bw1, bw2, pk1, pk2);
+        bench_printf(o, "mul bound: the GB/s if the kernel's vector multiplies per cell and KV head (scores and "
+                        "p.V, %s) ran at the FMA peak and nothing else took time\n\n",
+                     level == 1   ? "int8 dots 2 per 32 bytes, f32 FMAs 8 lanes"
+                     : level == 2 ? "int8 dots 1 per 64 bytes, f32 FMAs 16 lanes"
+                                  : "one per value");
+        bench_printf(o, "| kv   | rot | ctx   | threads | us/token | GB/s  | %% of read bw | mul bound GB/s | "
+                        "%% of mul bound |\n");
+        bench_printf(o, "|------|-----|-------|---------|----------|-------|-------------|----------------|"
+                        "----------------|\n");
     }
     bool first = true;
     for (size_t ci = 0; ci < BASE_ARRAY_LEN(cases); ci++) {
@@ -221,15 +257,20 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                 }
                 double gbps = bytes / s * 1e-9;
                 double ref = threads == 1 ? bw1 : bw2;
+                /* multiplies per second at the peak (2 flops per lane), over the
+                 * multiplies per cell and KV head, times its K and V bytes */
+                double lanes = level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
+                double muls = bench_attn_muls(level, cases[ci].kv, BA_HEADS / BA_KV_HEADS, BA_DIM, BA_DIM);
+                double mul_bound = (threads == 1 ? pk1 : pk2) / (2.0 * lanes) / muls * 2.0 * (double)row;
                 if (o->json)
                     bench_printf(o, "%s\n  {\"kv\": \"%s\", \"rot\": %s, \"ctx\": %d, \"threads\": %d, "
-                                    "\"us_per_token\": %.1f, \"gbps\": %.2f}",
+                                    "\"us_per_token\": %.1f, \"gbps\": %.2f, \"mul_bound_gbps\": %.2f}",
                                  first ? "" : ",", keel_dtype_name(cases[ci].kv),
-                                 cases[ci].rot ? "true" : "false", ctx, threads, s * 1e6, gbps);
+                                 cases[ci].rot ? "true" : "false", ctx, threads, s * 1e6, gbps, mul_bound);
                 else
-                    bench_printf(o, "| %-4s | %-3s | %5d | %7d | %8.1f | %5.2f | %10.0f%% |\n",
+                    bench_printf(o, "| %-4s | %-3s | %5d | %7d | %8.1f | %5.2f | %10.0f%% | %14.2f | %13.0f%% |\n",
                                  keel_dtype_name(cases[ci].kv), cases[ci].rot ? "on" : "off", ctx,
-                                 threads, s * 1e6, gbps, 100.0 * gbps / ref);
+                                 threads, s * 1e6, gbps, 100.0 * gbps / ref, mul_bound, 100.0 * gbps / mul_bound);
                 first = false;
             }
             keel_mem_close(m);
