@@ -107,9 +107,15 @@ static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
     return KEEL_OK;
 }
 
+/* f32 lanes of a vector at SIMD level `level` (the FMA peak's width) */
+static double ba_lanes(int level)
+{
+    return level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
+}
+
 double bench_attn_muls(int level, keel_dtype kv, int32_t G, int32_t dk, int32_t dv)
 {
-    double lanes = level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
+    double lanes = ba_lanes(level);
     bool quant = kv == KEEL_DTYPE_Q8_0 || kv == KEEL_DTYPE_Q4_0;
     double scores;
     if (!quant || level == 0)
@@ -259,9 +265,9 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                 double ref = threads == 1 ? bw1 : bw2;
                 /* multiplies per second at the peak (2 flops per lane), over the
                  * multiplies per cell and KV head, times its K and V bytes */
-                double lanes = level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
                 double muls = bench_attn_muls(level, cases[ci].kv, BA_HEADS / BA_KV_HEADS, BA_DIM, BA_DIM);
-                double mul_bound = (threads == 1 ? pk1 : pk2) / (2.0 * lanes) / muls * 2.0 * (double)row;
+                double peak = threads == 1 ? pk1 : pk2;
+                double mul_bound = peak > 0.0 ? peak / (2.0 * ba_lanes(level)) / muls * 2.0 * (double)row : 0.0;
                 if (o->json)
                     bench_printf(o, "%s\n  {\"kv\": \"%s\", \"rot\": %s, \"ctx\": %d, \"threads\": %d, "
                                     "\"us_per_token\": %.1f, \"gbps\": %.2f, \"mul_bound_gbps\": %.2f}",
@@ -270,7 +276,8 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                 else
                     bench_printf(o, "| %-4s | %-3s | %5d | %7d | %8.1f | %5.2f | %10.0f%% | %14.2f | %13.0f%% |\n",
                                  keel_dtype_name(cases[ci].kv), cases[ci].rot ? "on" : "off", ctx,
-                                 threads, s * 1e6, gbps, 100.0 * gbps / ref, mul_bound, 100.0 * gbps / mul_bound);
+                                 threads, s * 1e6, gbps, 100.0 * gbps / ref, mul_bound,
+                                 mul_bound > 0.0 ? 100.0 * gbps / mul_bound : 0.0);
                 first = false;
             }
             keel_mem_close(m);
