@@ -206,9 +206,14 @@ static void fma_task(void *vctx, int64_t task, int thread)
     c->sink[task & 255] = r;
 }
 
+double bench_simd_lanes(int level)
+{
+    return level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
+}
+
 static double fma_flops_per_iter(int level)
 {
-    return 2.0 * 12.0 * (level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0);
+    return 2.0 * 12.0 * bench_simd_lanes(level);
 }
 
 double bench_fma_peak_gflops(base_pool *pool, int level, int reps)

@@ -53,6 +53,9 @@ double bench_read_cached_gbps(size_t bytes, int iters, int reps);
  * 2 avx512 zmm; clamped to what the CPU has). Best of reps runs of about
  * 20 ms each. */
 double bench_fma_peak_gflops(base_pool *pool, int level, int reps);
+/* f32 lanes of one vector FMA at SIMD level `level` (16 / 8 / 1): the
+ * peak's flops are 2 x lanes per FMA instruction. */
+double bench_simd_lanes(int level);
 
 /* Vector multiply instructions per cell and KV head of one decode
  * attention step with G query rows per KV head and head dims dk / dv, K and

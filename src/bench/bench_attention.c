@@ -107,15 +107,9 @@ static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
     return KEEL_OK;
 }
 
-/* f32 lanes of a vector at SIMD level `level` (the FMA peak's width) */
-static double ba_lanes(int level)
-{
-    return level >= 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
-}
-
 double bench_attn_muls(int level, keel_dtype kv, int32_t G, int32_t dk, int32_t dv)
 {
-    double lanes = ba_lanes(level);
+    double lanes = bench_simd_lanes(level);
     bool quant = kv == KEEL_DTYPE_Q8_0 || kv == KEEL_DTYPE_Q4_0;
     double scores;
     if (!quant || level == 0)
@@ -203,8 +197,7 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     base_rng_seed(&r, 5);
     for (int i = 0; i < BA_HEADS * BA_DIM; i++) q[i] = (float)base_rng_normal(&r);
 
-    static const char *const path_names[] = {"scalar", "avx2", "avx512"};
-    const char *path = path_names[level < 0 ? 0 : level > 2 ? 2 : level];
+    const char *path = tensor_simd_name(); /* the attention path is the SIMD level in force */
     if (o->json)
         bench_printf(o,
                      "{\"simd\": \"%s\", \"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f}, "
@@ -267,7 +260,7 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                  * multiplies per cell and KV head, times its K and V bytes */
                 double muls = bench_attn_muls(level, cases[ci].kv, BA_HEADS / BA_KV_HEADS, BA_DIM, BA_DIM);
                 double peak = threads == 1 ? pk1 : pk2;
-                double mul_bound = peak > 0.0 ? peak / (2.0 * ba_lanes(level)) / muls * 2.0 * (double)row : 0.0;
+                double mul_bound = peak > 0.0 ? peak / (2.0 * bench_simd_lanes(level)) / muls * 2.0 * (double)row : 0.0;
                 if (o->json)
                     bench_printf(o, "%s\n  {\"kv\": \"%s\", \"rot\": %s, \"ctx\": %d, \"threads\": %d, "
                                     "\"us_per_token\": %.1f, \"gbps\": %.2f, \"mul_bound_gbps\": %.2f}",
