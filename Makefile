@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 60
 CTEST_JOBS ?= 2
 PREFIX     ?= /usr/local
 
-.PHONY: all deps configure build install test test-asan build-clang fuzz bench demo format clean
+.PHONY: all deps configure build install test test-asan test-tsan build-clang fuzz bench demo format clean
 
 all: build
 
@@ -47,6 +47,19 @@ test-asan: deps
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 KEEL_ASAN=1 \
 		ctest --output-on-failure -j $(CTEST_JOBS)
 
+# ThreadSanitizer over the tests whose threads share an engine or a server:
+# the embedding API's threading promises (keel_engine_close during a loop,
+# per-thread errors, keel_complete beside a loop) and keel serve's handlers
+# (the tests run the TSan-built keel binary). OpenBLAS's own threads are
+# not instrumented: one thread there.
+TSAN_BUILD ?= build-tsan
+TSAN_TESTS ?= test_engine_threads test_engine_api test_server test_server_load
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_TSAN=ON
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target keel $(TSAN_TESTS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1 \
+		ctest --output-on-failure -j $(CTEST_JOBS) -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'
+
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DKEEL_FUZZ=ON
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
@@ -69,4 +82,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(CLANG_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(CLANG_BUILD)

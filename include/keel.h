@@ -1265,12 +1265,22 @@ typedef struct keel_engine keel_engine;
  * NULL on failure. Allocates the whole plan (keel_engine_stats reports it).
  */
 keel_status keel_engine_open(const char *options_json, keel_engine **out, char *err);
-/* Stops a running loop, finishes nothing, frees everything. NULL is a no-op.
- * Not concurrent with any other call on e. */
+/* Closes e; NULL is a no-op. May be called while other threads are inside
+ * calls on e: it cancels every queued and running request (each ends with
+ * finish_reason "cancelled"; keel_complete returns KEEL_ECANCELED), makes a
+ * running keel_engine_run return KEEL_OK, waits for every call in progress
+ * on other threads (keel_complete, keel_engine_submit, slot actions, reset,
+ * stats) to return, then frees everything. Calls that begin after close
+ * began return KEEL_ECANCELED until it frees e; a call made after close
+ * returned uses freed memory (the caller's error). Must not be called from
+ * an event callback (it would wait for itself). */
 void keel_engine_close(keel_engine *e);
 const keel_model *keel_engine_model(const keel_engine *e);
-/* Detail of the last failed call on e ("" if none). One buffer per engine:
- * with several threads calling, read it right after the failing call. */
+/* Detail of the calling thread's last failed call on e ("" if none, or if
+ * this thread's last failed call was on another engine). Per thread:
+ * other threads' calls on e never change it, so it can be read any time
+ * after the failing call. Valid until this thread's next call on an
+ * engine. */
 const char *keel_engine_last_error(const keel_engine *e);
 
 typedef enum keel_event_kind {
@@ -1306,7 +1316,8 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
 
 /*
  * One chat turn, synchronously: renders messages_json (an OpenAI messages
- * array; content as a string or text parts) with tools_json (an OpenAI tools
+ * array; content as a string or text parts; strings may hold \u0000, which
+ * the engine itself can generate, so a history echoed back is accepted) with tools_json (an OpenAI tools
  * array, or NULL), reuses the longest common prefix of the cached
  * conversation (unless compaction made the cache differ from the history:
  * then the response says so), generates, streams every delta through cb (may

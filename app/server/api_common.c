@@ -238,7 +238,9 @@ json_t *srv_parse_body(const char *body, size_t n, const srv_limits *lim, srv_er
         return NULL;
     }
     json_error_t je;
-    json_t *j = json_loadb(body, n, JSON_REJECT_DUPLICATES, &je);
+    /* NUL allowed: the engine can generate U+0000, and a client echoing
+     * its history sends it back */
+    json_t *j = json_loadb(body, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!j) {
         srv_fail(e, 400, "invalid JSON at line %d, column %d: %s", je.line, je.column, je.text);
         return NULL;

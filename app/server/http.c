@@ -25,8 +25,8 @@
  * one for the engine until DONE). Everything a request allocates is bounded
  * by max_body (its body) plus SRV_QUEUE_MAX plus its response.
  *
- * Engine calls that write keel_engine_last_error (submit, slot actions) are
- * made under s->mu so the message read afterwards is the call's own.
+ * keel_engine_last_error is per thread: the message a handler reads after
+ * its failed engine call is that call's own.
  */
 #include "srv.h"
 
@@ -806,13 +806,11 @@ static enum MHD_Result route_slot_action(srv_server *s, struct MHD_Connection *c
     }
 #if SRV_SLOT_ACTIONS
     char info[1024] = "";
-    pthread_mutex_lock(&s->mu);
     keel_status st = erase ? keel_engine_slot_erase(s->e, cn->slot, info, sizeof info)
                      : strcmp(action, "save") == 0 ? keel_engine_slot_save(s->e, cn->slot, path, info, sizeof info)
                                                    : keel_engine_slot_restore(s->e, cn->slot, path, info, sizeof info);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", keel_engine_last_error(s->e));
-    pthread_mutex_unlock(&s->mu);
     if (st != KEEL_OK && st != KEEL_ERANGE) {
         srv_err e;
         srv_err_from_status(&e, st, msg);

@@ -24,6 +24,11 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* Requests are parsed with these flags: the engine can generate U+0000
+ * (the response carries it as \u0000), so a client echoing its history
+ * must be able to send it back. */
+#define ENG_JSON_FLAGS (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL)
+
 #define ENG_MAX_SLOTS 256 /* = the memory's sequence limit */
 #define ENG_TTFT_BUCKETS 12 /* 0.01 s .. 20 s, see eng_ttft_le */
 
@@ -205,6 +210,8 @@ struct keel_engine {
     bool running;             /* a keel_engine_run loop owns the stepping */
     bool driving;             /* a keel_complete caller steps (no loop) */
     bool stop;
+    bool closing;             /* keel_engine_close began: new calls are refused */
+    int32_t n_inside;         /* public calls in progress (eng_enter .. eng_leave) */
     uint64_t clock;           /* LRU counter */
     /* stats (under mu) */
     int64_t n_requests, n_failed, n_cancelled, n_prompt_tokens, n_cached_tokens, n_gen_tokens;
@@ -226,8 +233,17 @@ struct keel_engine {
     /* the last keel_complete's response (under mu) */
     char *last_response;
     size_t last_response_len;
-    char err[BASE_ERR_CAP];
 };
+
+/* eng_open.c */
+/* The calling thread's error buffer for e (BASE_ERR_CAP bytes): what
+ * keel_engine_last_error(e) returns on this thread. Per thread, so calls
+ * on one engine from several threads never write one buffer. */
+char *eng_err(const keel_engine *e);
+/* Marks a public call in progress on e (keel_engine_close waits for it to
+ * leave). KEEL_ECANCELED, with the text in eng_err(e), once close began. */
+keel_status eng_enter(keel_engine *e);
+void eng_leave(keel_engine *e);
 
 /* eng_prompt.c */
 void eng_opts_init(const keel_engine *e, eng_opts *o);

@@ -302,9 +302,20 @@ fail:
     return st;
 }
 
+/* Stops the engine's users before freeing it: a loop returns, a
+ * keel_complete or slot action on another thread ends (its request
+ * cancelled), and every public call in progress leaves. The mutex exists
+ * whenever e does (initialized right after the calloc). */
 void keel_engine_close(keel_engine *e)
 {
     if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->closing = true;
+    e->stop = true;
+    for (eng_req *r = e->live_head; r; r = r->live_next) atomic_store(&r->cancel, 1);
+    pthread_cond_broadcast(&e->cv);
+    while (e->running || e->driving || e->n_inside > 0) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
     if (e->ctx) eng_finish_all(e, "cancelled");
     eng_pc_free(e);
     if (e->slots)
@@ -335,9 +346,43 @@ const keel_model *keel_engine_model(const keel_engine *e)
     return e ? e->model : NULL;
 }
 
+/* One buffer per thread, tagged with the engine whose call wrote it: a
+ * thread reads its own call's text whatever other threads do on e. */
+static _Thread_local struct {
+    const keel_engine *e;
+    char text[BASE_ERR_CAP];
+} tls_err;
+
+char *eng_err(const keel_engine *e)
+{
+    if (tls_err.e != e) {
+        tls_err.e = e;
+        tls_err.text[0] = 0;
+    }
+    return tls_err.text;
+}
+
 const char *keel_engine_last_error(const keel_engine *e)
 {
-    return e ? e->err : "engine is NULL";
+    if (!e) return "engine is NULL";
+    return tls_err.e == e ? tls_err.text : "";
+}
+
+keel_status eng_enter(keel_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    bool closing = e->closing;
+    if (!closing) e->n_inside++;
+    pthread_mutex_unlock(&e->mu);
+    return closing ? base_err(eng_err(e), KEEL_ECANCELED, "the engine is closing") : KEEL_OK;
+}
+
+void eng_leave(keel_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->n_inside--;
+    if (e->closing) pthread_cond_broadcast(&e->cv); /* keel_engine_close waits for 0 */
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* ---- the queue --------------------------------------------------------------- */
@@ -345,7 +390,7 @@ const char *keel_engine_last_error(const keel_engine *e)
 static keel_status enqueue(keel_engine *e, eng_req *r, uint64_t *id)
 {
     pthread_mutex_lock(&e->mu);
-    if (e->stop && e->running) {
+    if ((e->stop && e->running) || e->closing) {
         pthread_mutex_unlock(&e->mu);
         return KEEL_ECANCELED;
     }
@@ -373,15 +418,20 @@ keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_ev
 {
     if (!e) return KEEL_EINVAL;
     if (id) *id = 0;
+    if (!request_json) return base_err(eng_err(e), KEEL_EINVAL, "request is NULL");
+    keel_status st = eng_enter(e);
+    if (st != KEEL_OK) return st;
     char err[BASE_ERR_CAP] = "";
-    if (!request_json) return base_err(e->err, KEEL_EINVAL, "request is NULL");
     json_error_t je;
-    json_t *j = json_loads(request_json, JSON_REJECT_DUPLICATES, &je);
-    if (!j) return base_err(e->err, KEEL_EINVAL, "request: invalid JSON at line %d: %s", je.line, je.text);
     eng_req *r = NULL;
-    keel_status st = eng_req_make(e, j, &r, err);
+    json_t *j = json_loads(request_json, ENG_JSON_FLAGS, &je);
+    if (!j) {
+        st = base_err(err, KEEL_EINVAL, "request: invalid JSON at line %d: %s", je.line, je.text);
+        goto out;
+    }
+    st = eng_req_make(e, j, &r, err);
     json_decref(j);
-    if (st != KEEL_OK) return base_err(e->err, st, "%s", err);
+    if (st != KEEL_OK) goto out;
     r->cb = cb;
     r->user = user;
     /* a submitted request is owned by the engine: freed after DONE */
@@ -389,21 +439,28 @@ keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_ev
     st = enqueue(e, r, id);
     if (st != KEEL_OK) {
         eng_req_free(r);
-        return base_err(e->err, st, st == KEEL_EFULL ? "request queue full (%d)" : "engine stopping",
-                        e->max_queue);
+        if (st == KEEL_EFULL)
+            base_err(err, st, "request queue full (%d)", e->max_queue);
+        else
+            base_err(err, st, "engine stopping");
     }
-    return KEEL_OK;
+out:
+    if (st != KEEL_OK) base_err(eng_err(e), st, "%s", err);
+    eng_leave(e);
+    return st;
 }
 
 keel_status keel_engine_run(keel_engine *e)
 {
     if (!e) return KEEL_EINVAL;
     pthread_mutex_lock(&e->mu);
-    if (e->running) {
+    if (e->closing || e->running) {
+        bool closing = e->closing;
         pthread_mutex_unlock(&e->mu);
-        return base_err(e->err, KEEL_EINVAL, "a loop already runs on this engine");
+        if (closing) return base_err(eng_err(e), KEEL_ECANCELED, "the engine is closing");
+        return base_err(eng_err(e), KEEL_EINVAL, "a loop already runs on this engine");
     }
-    e->running = true;
+    e->running = true; /* keel_engine_close waits for it to clear */
     e->stop = false;
     /* a keel_complete stepping on its own thread finishes its request
      * first (calls from now on submit and wait): one stepping thread */
@@ -425,8 +482,14 @@ keel_status keel_engine_run(keel_engine *e)
     }
     eng_finish_all(e, "cancelled");
     eng_reap(e);
-    eng_run_controls(e); /* slot actions queued before the stop: their callers wait */
-    pthread_mutex_lock(&e->mu);
+    /* slot actions queued before running clears: their callers wait (one
+     * queued after a last look without the lock would wait forever) */
+    for (;;) {
+        eng_run_controls(e);
+        pthread_mutex_lock(&e->mu);
+        if (!e->ctl_head) break;
+        pthread_mutex_unlock(&e->mu);
+    }
     e->running = false;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
@@ -475,15 +538,19 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
                           const char *tools_json, keel_event_fn cb, void *user, char *response, size_t cap)
 {
     if (!e) return KEEL_EINVAL;
-    e->err[0] = 0;
+    eng_err(e)[0] = 0;
+    keel_status st = eng_enter(e);
+    if (st != KEEL_OK) return st;
     char err[BASE_ERR_CAP] = "";
-    keel_status st = KEEL_OK;
     json_t *req = json_object(), *opts = NULL, *msgs = NULL, *tools = NULL;
     json_error_t je;
     eng_req *r = NULL;
-    if (!req) return base_err(e->err, KEEL_ENOMEM, "out of memory");
+    if (!req) {
+        st = base_err(err, KEEL_ENOMEM, "out of memory");
+        goto out;
+    }
     if (options_json && *options_json) {
-        opts = json_loads(options_json, JSON_REJECT_DUPLICATES, &je);
+        opts = json_loads(options_json, ENG_JSON_FLAGS, &je);
         if (!opts) {
             st = base_err(err, KEEL_EINVAL, "options: invalid JSON at line %d: %s", je.line, je.text);
             goto out;
@@ -504,7 +571,7 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
             st = base_err(err, KEEL_EINVAL, "messages are NULL (and no prompt option)");
             goto out;
         }
-        msgs = json_loads(messages_json, JSON_REJECT_DUPLICATES, &je);
+        msgs = json_loads(messages_json, ENG_JSON_FLAGS, &je);
         if (!msgs) {
             st = base_err(err, KEEL_EINVAL, "messages: invalid JSON at line %d: %s", je.line, je.text);
             goto out;
@@ -514,7 +581,7 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
             goto out;
         }
         if (tools_json && *tools_json) {
-            tools = json_loads(tools_json, JSON_REJECT_DUPLICATES, &je);
+            tools = json_loads(tools_json, ENG_JSON_FLAGS, &je);
             if (!tools) {
                 st = base_err(err, KEEL_EINVAL, "tools: invalid JSON at line %d: %s", je.line, je.text);
                 goto out;
@@ -575,7 +642,7 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
         }
     }
     if (st != KEEL_OK && st != KEEL_ERANGE && r->response) {
-        json_t *rj = json_loads(r->response, 0, NULL);
+        json_t *rj = json_loads(r->response, JSON_ALLOW_NUL, NULL);
         const char *m = rj ? json_string_value(json_object_get(rj, "error")) : NULL;
         base_err(err, st, "%s", m ? m : keel_strerror(st));
         if (rj) json_decref(rj);
@@ -594,12 +661,13 @@ keel_status keel_complete(keel_engine *e, const char *messages_json, const char 
         r->response_len = 0;
     }
 out:
-    if (st != KEEL_OK && err[0]) base_err(e->err, st, "%s", err);
+    if (st != KEEL_OK && err[0]) base_err(eng_err(e), st, "%s", err);
     eng_req_free(r);
-    json_decref(req);
+    if (req) json_decref(req);
     if (opts) json_decref(opts);
     if (msgs) json_decref(msgs);
     if (tools) json_decref(tools);
+    eng_leave(e);
     return st;
 }
 
@@ -607,7 +675,7 @@ keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *
 {
     if (!e || !n_out) return KEEL_EINVAL;
     keel_status st = KEEL_OK;
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->mu); /* all it reads is under mu: close waits for the lock */
     if (!e->last_response) {
         st = KEEL_ENOENT;
     } else {
@@ -624,11 +692,20 @@ keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *
 keel_status keel_engine_reset(keel_engine *e)
 {
     if (!e) return KEEL_EINVAL;
+    keel_status st = eng_enter(e);
+    if (st != KEEL_OK) return st;
     pthread_mutex_lock(&e->mu);
-    bool busy = e->queue_head != NULL || e->driving || e->running;
+    bool busy = e->queue_head != NULL || e->ctl_head != NULL || e->driving || e->running;
     for (int32_t i = 0; i < e->n_slots && !busy; i++) busy = e->slots[i].state != ENG_SLOT_IDLE;
+    /* this thread steps the engine while it clears: a keel_complete or slot
+     * action started meanwhile is refused instead of running beside it */
+    if (!busy) e->driving = true;
     pthread_mutex_unlock(&e->mu);
-    if (busy) return base_err(e->err, KEEL_ESTATE, "reset: requests are running (or a loop runs)");
+    if (busy) {
+        st = base_err(eng_err(e), KEEL_ESTATE, "reset: requests are running (or a loop runs)");
+        eng_leave(e);
+        return st;
+    }
     keel_mem *mem = keel_context_memory(e->ctx);
     keel_mem_clear(mem);
     pthread_mutex_lock(&e->mu);
@@ -643,13 +720,27 @@ keel_status keel_engine_reset(keel_engine *e)
         sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
         sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);
     }
+    e->driving = false;
+    pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
+    eng_leave(e);
     return KEEL_OK;
 }
+
+static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out);
 
 keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out)
 {
     if (!e || !n_out) return KEEL_EINVAL;
+    keel_status st = eng_enter(e);
+    if (st != KEEL_OK) return st;
+    st = engine_stats(e, buf, cap, n_out);
+    eng_leave(e);
+    return st;
+}
+
+static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out)
+{
     keel_plan plan;
     keel_context_plan_get(e->ctx, &plan);
     json_t *o = json_object(), *slots = json_array();

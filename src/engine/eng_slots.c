@@ -129,7 +129,9 @@ static keel_status slot_action(keel_engine *e, eng_ctl_kind kind, int32_t slot, 
                                size_t cap)
 {
     if (!e) return KEEL_EINVAL;
-    if (kind != ENG_CTL_ERASE && !path) return base_err(e->err, KEEL_EINVAL, "slot action: path is NULL");
+    if (kind != ENG_CTL_ERASE && !path) return base_err(eng_err(e), KEEL_EINVAL, "slot action: path is NULL");
+    keel_status st = eng_enter(e);
+    if (st != KEEL_OK) return st;
     eng_ctl c;
     memset(&c, 0, sizeof c);
     c.kind = kind;
@@ -141,7 +143,9 @@ static keel_status slot_action(keel_engine *e, eng_ctl_kind kind, int32_t slot, 
     bool loop = e->running;
     if (!loop && e->driving) {
         pthread_mutex_unlock(&e->mu);
-        return base_err(e->err, KEEL_ESTATE, "a keel_complete is running on this engine");
+        st = base_err(eng_err(e), KEEL_ESTATE, "another call (keel_complete, a slot action) is running on this engine");
+        eng_leave(e);
+        return st;
     }
     if (!loop) e->driving = true;
     c.next = NULL;
@@ -157,9 +161,11 @@ static keel_status slot_action(keel_engine *e, eng_ctl_kind kind, int32_t slot, 
         eng_run_controls(e);
         pthread_mutex_lock(&e->mu);
         e->driving = false;
+        pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
     }
-    if (c.status != KEEL_OK && c.err[0]) base_err(e->err, c.status, "%s", c.err);
+    if (c.status != KEEL_OK && c.err[0]) base_err(eng_err(e), c.status, "%s", c.err);
+    eng_leave(e);
     return c.status;
 }
 
