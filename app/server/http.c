@@ -423,21 +423,24 @@ static void log_request(srv_server *s, const char *method, const char *url, int 
 
 /* ---- generation ---------------------------------------------------------------------------- */
 
-/* Request defaults from the flags for members the request leaves out. */
-static void apply_defaults(srv_server *s, json_t *req)
+/* Request defaults from the flags for members the request leaves out. Each
+ * request gets its own copies: handlers run on several threads, and
+ * sharing the defaults' values would have them all touch one refcount. */
+static bool apply_defaults(srv_server *s, json_t *req)
 {
     const char *k;
     json_t *v;
-    if (!s->cfg.defaults) return;
+    if (!s->cfg.defaults) return true;
     json_object_foreach(s->cfg.defaults, k, v) {
-        if (!json_object_get(req, k)) json_object_set(req, k, v);
+        if (!json_object_get(req, k) && json_object_set_new(req, k, json_deep_copy(v)) != 0) return false;
     }
+    return true;
 }
 
 /* Submits req for j under s->mu; 0 or an HTTP error in e. */
 static bool submit(srv_server *s, job *j, json_t *req, srv_err *e)
 {
-    apply_defaults(s, req);
+    if (!apply_defaults(s, req)) return srv_fail(e, 500, "out of memory");
     char *text = json_dumps(req, JSON_COMPACT);
     if (!text) return srv_fail(e, 500, "out of memory");
     pthread_mutex_lock(&s->mu);
