@@ -701,14 +701,27 @@ typedef struct keel_mem_ckpt_info {
     int32_t pos;     /* covers positions < pos: seq_rm(seq, p0 >= pos, -1) can restore it */
     int32_t pos_min; /* the sequence's first position when taken */
     size_t bytes;    /* bytes of the snapshot (state + ring rows) */
+    int32_t priority; /* keel_mem_ckpt_take_prio / _set_prio; 0 by default */
 } keel_mem_ckpt_info;
 
-/* Takes a checkpoint of seq at its end (pos = seq_pos_max + 1); the oldest
- * of seq is dropped when n_ckpt are held. A no-op when the newest already
- * has that position. KEEL_EINVAL (bad seq), KEEL_EUNSUPPORTED (n_ckpt 0),
+/* Takes a checkpoint of seq at its end (pos = seq_pos_max + 1) with
+ * priority 0: keel_mem_ckpt_take_prio(mem, seq, 0). */
+keel_status keel_mem_ckpt_take(keel_mem *mem, int32_t seq);
+/* Takes a checkpoint of seq at its end (pos = seq_pos_max + 1) with a
+ * priority (>= 0). When n_ckpt are held, the record of the lowest priority
+ * is dropped, the oldest among equals; when every record has a higher
+ * priority than the new one, the new one is not kept (KEEL_OK): a caller
+ * protects the checkpoints it will need (where prompts are likely to
+ * diverge) from a stream of periodic ones. When the newest checkpoint
+ * already has that position it is kept, its priority raised to prio.
+ * Priorities are not saved in sessions (a loaded checkpoint has 0).
+ * KEEL_EINVAL (bad seq, negative priority), KEEL_EUNSUPPORTED (n_ckpt 0),
  * KEEL_ESTATE (seq holds no tokens). Allocates nothing (storage planned at
  * open). */
-keel_status keel_mem_ckpt_take(keel_mem *mem, int32_t seq);
+keel_status keel_mem_ckpt_take_prio(keel_mem *mem, int32_t seq, int32_t priority);
+/* Sets the priority of seq's checkpoint at pos. KEEL_ENOENT (none there),
+ * KEEL_EINVAL. */
+keel_status keel_mem_ckpt_set_prio(keel_mem *mem, int32_t seq, int32_t pos, int32_t priority);
 /* Restores seq's newest checkpoint at or before p0: attention truncated to
  * positions below its pos, the rings' cells of seq replaced by the saved
  * ones, the recurrent state copied back; *pos (may be NULL) receives the

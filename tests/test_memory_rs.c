@@ -335,6 +335,62 @@ static void test_rewind_transactional(void **state)
 }
 
 /* Attention of one query of seq s at position p over layer l. */
+/* Checkpoint priorities: when the records are full, the lowest priority
+ * goes first (the oldest among equals); a new checkpoint that every record
+ * outranks is not kept; a rewind restores the protected one, exactly. */
+static void test_ckpt_priorities(void **state)
+{
+    (void)state;
+    hyb h;
+    hyb_open(&h, 1, 3, 0);
+    keel_mem *m = h.m;
+    feed(m, 0, 6);
+    assert_ok(keel_mem_ckpt_take_prio(m, 0, 3)); /* at 6: the system prompt's end */
+    assert_status(keel_mem_ckpt_take_prio(m, 0, -1), KEEL_EINVAL);
+    for (int32_t i = 0; i < 5; i++) { /* periodic ones at 10, 14, 18, 22, 26 */
+        feed(m, 0, 4);
+        assert_ok(keel_mem_ckpt_take(m, 0));
+    }
+    keel_mem_ckpt_info info[4];
+    int32_t n = 0;
+    keel_mem_ckpt_list(m, 0, info, 4, &n);
+    assert_int_equal(n, 3); /* the protected one and the two newest */
+    assert_int_equal(info[0].pos, 6);
+    assert_int_equal(info[0].priority, 3);
+    assert_int_equal(info[1].pos, 22);
+    assert_int_equal(info[2].pos, 26);
+    assert_int_equal(info[2].priority, 0);
+    /* raise 26, then take at 30 with priority 1: the priority-0 one at 22 goes */
+    assert_ok(keel_mem_ckpt_set_prio(m, 0, 26, 2));
+    assert_status(keel_mem_ckpt_set_prio(m, 0, 23, 2), KEEL_ENOENT);
+    assert_non_null(strstr(keel_mem_last_error(m), "no checkpoint at 23"));
+    feed(m, 0, 4);
+    assert_ok(keel_mem_ckpt_take_prio(m, 0, 1));
+    keel_mem_ckpt_list(m, 0, info, 4, &n);
+    assert_int_equal(n, 3);
+    assert_int_equal(info[0].pos, 6);
+    assert_int_equal(info[1].pos, 26);
+    assert_int_equal(info[2].pos, 30);
+    /* a periodic one now ranks below all three: not kept, nothing changes */
+    feed(m, 0, 4);
+    uint64_t d = keel_mem_digest(m);
+    assert_ok(keel_mem_ckpt_take(m, 0));
+    assert_true(keel_mem_digest(m) == d);
+    keel_mem_ckpt_list(m, 0, info, 4, &n);
+    assert_int_equal(info[2].pos, 30);
+    /* taken again at the same end with a higher priority: raised in place */
+    assert_ok(keel_mem_ckpt_take_prio(m, 0, 3)); /* at 34: 30 (priority 1) goes */
+    keel_mem_ckpt_list(m, 0, info, 4, &n);
+    assert_int_equal(info[2].pos, 34);
+    assert_int_equal(info[2].priority, 3);
+    assert_ok(keel_mem_check(m));
+    /* the divergence right after the system prompt: the protected one */
+    assert_ok(keel_mem_seq_rm(m, 0, 8, -1));
+    expect_state(m, 0, 0, 5);
+    assert_ok(keel_mem_check(m));
+    keel_mem_close(m);
+}
+
 static void attend_one(keel_mem *m, int32_t l, int32_t s, int32_t p, float *out)
 {
     float q[2 * 32];
@@ -500,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_zero_state_and_fork),
         cmocka_unit_test(test_slots_exhausted),
         cmocka_unit_test(test_rewind_transactional),
+        cmocka_unit_test(test_ckpt_priorities),
         cmocka_unit_test(test_ring_rows_restored),
         cmocka_unit_test(test_edits_and_compaction),
         cmocka_unit_test(test_checker_catches_corruption),

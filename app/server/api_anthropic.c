@@ -421,9 +421,13 @@ char *srv_anthropic_response(const srv_meta *m, json_t *resp)
                                                  "input", tool_input(json_object_get(fn, "arguments"))));
     }
     json_t *ss = json_object_get(resp, "stop_sequence");
-    return dump_free(json_pack("{sssssssssosssOso}", "id", m->id, "type", "message", "role", "assistant", "model",
-                               m->model, "content", content, "stop_reason", stop_reason(resp), "stop_sequence",
-                               json_is_string(ss) ? ss : json_null(), "usage", usage_json(resp, true)));
+    json_t *o = json_pack("{sssssssssosssOso}", "id", m->id, "type", "message", "role", "assistant", "model",
+                          m->model, "content", content, "stop_reason", stop_reason(resp), "stop_sequence",
+                          json_is_string(ss) ? ss : json_null(), "usage", usage_json(resp, true));
+    /* how the slot's cache was used (an extension field, as OpenAI's) */
+    json_t *mem = json_object_get(resp, "memory");
+    if (o && mem) json_object_set(o, "memory", mem);
+    return dump_free(o);
 }
 
 /* ---- streams -------------------------------------------------------------------------- */

@@ -378,6 +378,10 @@ char *srv_openai_response(const srv_meta *m, json_t *resp)
     json_object_set_new(o, "usage", usage_json(resp));
     json_t *t = json_object_get(resp, "timings");
     if (t) json_object_set(o, "timings", t);
+    /* how the slot's cache was used ("cache": "reused", "partial: ...",
+     * "reset: why"): an agent's operator sees why a turn was slow */
+    json_t *mem = json_object_get(resp, "memory");
+    if (mem) json_object_set(o, "memory", mem);
     return dump_free(o);
 }
 
@@ -456,6 +460,8 @@ bool srv_openai_done(srv_stream *s, json_t *resp, srv_buf *out)
     json_t *last = chunk(s, chat ? json_object() : json_string(""), finish_of(resp));
     json_t *t = json_object_get(resp, "timings"), *lp = json_object_get(resp, "logprobs");
     if (last && t) json_object_set(last, "timings", t);
+    json_t *mem = json_object_get(resp, "memory");
+    if (last && mem) json_object_set(last, "memory", mem);
     /* every token's logprobs in the last chunk (clients concatenate them) */
     if (last && lp) json_object_set(json_array_get(json_object_get(last, "choices"), 0), "logprobs", lp);
     if (!emit(out, last)) return false;

@@ -127,6 +127,21 @@ char *srv_metrics_text(const char *stats_json, size_t rss_bytes)
     json_array_foreach(json_object_get(s, "slots"), i, sl)
         srv_buf_addf(&b, "keel_slot_cached_tokens{slot=\"%lld\"} %.17g\n", (long long)num(sl, "id"), num(sl, "cached_tokens"));
     metric(&b, "keel_kv_compactions_total", "counter", "KV compactions over all slots.", compactions);
+    json_t *cr = json_object_get(s, "cache_reuse");
+    if (json_is_object(cr)) {
+        const char *k;
+        json_t *v;
+        head(&b, "keel_cache_reuse_total", "counter",
+             "Requests by how they used their slot's cache: new, reused, partial (a checkpoint below the "
+             "divergence), reset_* (shared tokens lost, by reason).");
+        json_object_foreach(cr, k, v)
+            if (json_is_number(v)) srv_buf_addf(&b, "keel_cache_reuse_total{result=\"%s\"} %.17g\n", k, json_number_value(v));
+    }
+    metric(&b, "keel_cache_lost_tokens_total", "counter",
+           "Prompt tokens shared with a slot's cache that were computed again (no checkpoint covered them).",
+           num(s, "cache_lost_tokens"));
+    metric(&b, "keel_checkpoint_failures_total", "counter", "Checkpoints at prompt marks that could not be taken.",
+           num(s, "checkpoint_failures"));
     json_t *pc = json_object_get(s, "prompt_cache");
     if (json_is_object(pc)) export_object(&b, pc, "prompt_cache");
     json_t *ck = json_object_get(s, "checkpoints");

@@ -29,8 +29,8 @@
 
 typedef struct serve_opts {
     const char *host, *slot_save_path, *api_key_file, *chat_template, *alias, *tool_format;
-    int32_t port, n_slots, cache_ram, ctx_checkpoints, checkpoint_every, timeout, threads_http, n_predict, max_body;
-    bool cache_ram_set, every_set, metrics, no_slots, log_disable, deterministic;
+    int32_t port, n_slots, cache_ram, timeout, threads_http, n_predict, max_body;
+    bool cache_ram_set, metrics, no_slots, log_disable, deterministic;
     uint64_t seed;
     bool seed_set;
     char *keys[SERVE_MAX_KEYS];
@@ -140,11 +140,8 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         if (v && strcmp(v, "-1") == 0)
             return bad(o, a, v, "a bound in MiB, [0, 16777216] (keel never allocates past its plan; 0: off)");
         return int_in(o, a, v, 0, 1 << 24, &so->cache_ram);
-    } else if (strcmp(a, "--ctx-checkpoints") == 0 || strcmp(a, "--swa-checkpoints") == 0) {
-        return int_in(o, a, v, 0, 4096, &so->ctx_checkpoints);
-    } else if (strcmp(a, "--checkpoint-every") == 0) {
-        so->every_set = true;
-        return int_in(o, a, v, 0, 1 << 26, &so->checkpoint_every);
+    } else if (strcmp(a, "--swa-checkpoints") == 0) { /* llama-server's older name of --ctx-checkpoints */
+        return int_in(o, a, v, 0, 4096, &o->ctx.n_ctx_checkpoints);
     } else if (strcmp(a, "--slot-save-path") == 0) {
         so->slot_save_path = v;
     } else if (strcmp(a, "--api-key") == 0) {
@@ -249,8 +246,9 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     if (so->chat_template) bad_ |= set(j, "chat_template", json_string(so->chat_template));
     if (so->tool_format) bad_ |= set(j, "tool_format", json_string(so->tool_format));
     bad_ |= set(j, "cache_ram_mib", json_integer(so->cache_ram));
-    bad_ |= set(j, "ctx_checkpoints", json_integer(so->ctx_checkpoints));
-    if (so->every_set) bad_ |= set(j, "checkpoint_every", json_integer(so->checkpoint_every));
+    /* the shared flag table parses --ctx-checkpoints and --checkpoint-every */
+    bad_ |= set(j, "ctx_checkpoints", json_integer(cp->n_ctx_checkpoints));
+    bad_ |= set(j, "checkpoint_every", json_integer(cp->checkpoint_every));
     if (so->deterministic) bad_ |= set(j, "deterministic", json_true());
     if (bad_) {
         json_decref(j);
@@ -389,7 +387,6 @@ int cmd_serve(int argc, char **argv)
     so.port = 8080;
     so.n_slots = 1;
     so.cache_ram = 8192;
-    so.ctx_checkpoints = -1; /* the engine's automatic choice */
     so.timeout = 600;
     so.threads_http = -1;
     so.n_predict = -1;

@@ -74,11 +74,47 @@ typedef enum eng_req_kind {
     ENG_REQ_TOKENS = 2, /* prompt token ids */
 } eng_req_kind;
 
+/* How an admission used the slot's cache (keel_engine_stats "cache_reuse",
+ * /metrics keel_cache_reuse_total). */
+typedef enum eng_cache_kind {
+    ENG_CACHE_NEW = 0,       /* nothing shared with the prompt */
+    ENG_CACHE_REUSED,        /* everything shared was reused */
+    ENG_CACHE_PARTIAL,       /* a checkpoint below the divergence was restored */
+    ENG_CACHE_RESET_CKPT,    /* shared tokens, but no checkpoint covered the divergence */
+    ENG_CACHE_RESET_COMPACT, /* the cache was compacted and the prompt does not extend it */
+    ENG_CACHE_RESET_HIST,    /* the slot's history outgrew max_prompt_tokens */
+    ENG_CACHE_KINDS
+} eng_cache_kind;
+
+extern const char *const eng_cache_kind_names[ENG_CACHE_KINDS];
+
+/* Checkpoint priorities (keel_mem_ckpt_take_prio): where the next request
+ * of a conversation is likely to diverge, most useful last. keel_decode's
+ * own checkpoints (chunk ends, checkpoint_every) have ENG_PRIO_PERIODIC. */
+enum {
+    ENG_PRIO_PERIODIC = 0,
+    ENG_PRIO_RECENT = 1, /* the end of the prompt, the starts of the last user messages */
+    ENG_PRIO_BREAK = 2,  /* a cache_control breakpoint, the start of the first user message */
+    ENG_PRIO_SYSTEM = 3, /* the end of the system prompt and tool definitions */
+};
+
+#define ENG_MAX_MARKS 8   /* checkpoint marks of one prompt */
+#define ENG_MAX_BREAKS 4  /* cache_control breakpoints honoured (Anthropic allows 4) */
+#define ENG_LAST_USERS 3  /* the starts of this many last user messages are marked */
+
+/* A position of a prompt where a checkpoint is wanted (covers tokens < pos). */
+typedef struct eng_mark {
+    int32_t pos;
+    int32_t prio;
+} eng_mark;
+
 typedef struct eng_req eng_req;
 struct eng_req {
     uint64_t id;
     eng_req_kind kind;
     json_t *messages, *tools;  /* CHAT: owned refs (tools may be NULL) */
+    int32_t breaks[ENG_MAX_BREAKS]; /* CHAT: messages marked cache_control (the last ones) */
+    int32_t n_breaks;
     char *text;                /* TEXT: owned */
     size_t text_len;
     int32_t *tokens;           /* TOKENS: owned [n_tokens] */
@@ -155,9 +191,12 @@ typedef struct eng_slot {
     int32_t n_prompt;
     int32_t n_fed;            /* prompt tokens in the cache (reused + prefilled) */
     int32_t n_reused;         /* prompt tokens reused from the cache */
-    const char *cache_note;   /* "reused" or "reset: why" (static text) */
+    char cache_note[192];     /* "new", "reused", "partial: ..." or "reset: why" */
+    int32_t n_shared;         /* prompt tokens the slot's history shared with the prompt */
     eng_lp *lp;               /* [cap_lp] with logprobs, else NULL */
     int32_t n_lp, cap_lp;
+    eng_mark marks[ENG_MAX_MARKS]; /* the request's checkpoint marks, ascending pos */
+    int32_t n_marks;
     char forced[320];         /* a forced tool call's opening, appended to the prompt */
     size_t n_forced;          /* 0: none */
     keel_sampler *samp;
@@ -223,6 +262,11 @@ struct keel_engine {
     int64_t group_used[8], group_cap[8];
     int32_t n_group_stat;
     uint64_t fingerprint;     /* the model's, stored in and checked against sessions */
+    /* how each admission reused the slot's cache (eng_cache_kind), and the
+     * shared prompt tokens that had to be computed again (under mu) */
+    int64_t cache_counts[ENG_CACHE_KINDS];
+    int64_t cache_lost_tokens;
+    int64_t ckpt_failed;      /* checkpoints at marks that could not be taken */
     /* RAM prompt cache (eng_slots.c) */
     size_t pc_limit, pc_bytes;
     eng_pc_entry *pc_head;
@@ -262,6 +306,17 @@ void eng_req_free(eng_req *r);
  * hist_cap), KEEL_ENOMEM. */
 keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
                               jinja_buf *rendered);
+
+/* Where a checkpoint of this chat prompt (sl->prompt, rendered as text)
+ * is worth keeping, into sl->marks: the end of the system prompt and
+ * tools, the start of the first and of the last ENG_LAST_USERS user
+ * messages, the end of each cache_control message, the end of the prompt.
+ * A mark is the longest token prefix the prompt shares with the rendering
+ * of the messages before it, so a later prompt that changes only what
+ * follows shares it too. Renders and tokenizes on the calling thread;
+ * marks that cannot be found (a template refusing a partial conversation)
+ * are left out. Only KEEL_ENOMEM fails. */
+keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, const char *text, size_t len);
 
 /* Upper bounds (seconds) of the time-to-first-token histogram buckets. */
 extern const double eng_ttft_le[ENG_TTFT_BUCKETS];

@@ -769,6 +769,13 @@ static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n
     bad |= json_object_set_new(o, "completion_tokens", json_integer(e->n_gen_tokens));
     bad |= json_object_set_new(o, "requests_failed", json_integer(e->n_failed));
     bad |= json_object_set_new(o, "requests_cancelled", json_integer(e->n_cancelled));
+    json_t *cr = json_object();
+    if (!cr) bad = 1;
+    for (int32_t k = 0; cr && k < ENG_CACHE_KINDS; k++)
+        bad |= json_object_set_new(cr, eng_cache_kind_names[k], json_integer(e->cache_counts[k]));
+    if (cr) bad |= json_object_set_new(o, "cache_reuse", cr);
+    bad |= json_object_set_new(o, "cache_lost_tokens", json_integer(e->cache_lost_tokens));
+    bad |= json_object_set_new(o, "checkpoint_failures", json_integer(e->ckpt_failed));
     bad |= json_object_set_new(o, "prompt_seconds", json_real(e->prompt_seconds));
     bad |= json_object_set_new(o, "predicted_seconds", json_real(e->predicted_seconds));
     json_t *tt = json_object(), *bk = json_array();

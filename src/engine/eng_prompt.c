@@ -316,7 +316,21 @@ static keel_status unwrap_arguments(json_t *msg, size_t idx, char *err)
     return KEEL_OK;
 }
 
-static keel_status check_messages(json_t *msgs, char *err)
+/* Whether message m asks for a cache breakpoint: "cache_control" on the
+ * message or on one of its content parts (Anthropic's blocks, kept by the
+ * server's converter; some OpenAI clients send it too). */
+static bool wants_break(json_t *m)
+{
+    if (json_object_get(m, "cache_control")) return true;
+    json_t *c = json_object_get(m, "content");
+    size_t i;
+    json_t *part;
+    if (json_is_array(c))
+        json_array_foreach(c, i, part) if (json_is_object(part) && json_object_get(part, "cache_control")) return true;
+    return false;
+}
+
+static keel_status check_messages(eng_req *r, json_t *msgs, char *err)
 {
     if (!json_is_array(msgs)) return base_err(err, KEEL_EINVAL, "messages must be an array");
     if (json_array_size(msgs) == 0) return base_err(err, KEEL_EINVAL, "messages is empty");
@@ -328,6 +342,14 @@ static keel_status check_messages(json_t *msgs, char *err)
         if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
             strcmp(role, "tool") && strcmp(role, "developer"))
             return base_err(err, KEEL_EINVAL, "messages[%zu]: unknown role '%s'", i, role);
+        if (wants_break(m)) { /* the last ENG_MAX_BREAKS are kept */
+            if (r->n_breaks == ENG_MAX_BREAKS) {
+                memmove(r->breaks, r->breaks + 1, (ENG_MAX_BREAKS - 1) * sizeof r->breaks[0]);
+                r->n_breaks--;
+            }
+            r->breaks[r->n_breaks++] = (int32_t)i;
+            json_object_del(m, "cache_control"); /* the template sees the message as sent */
+        }
         keel_status st = flatten_content(m, i, err);
         if (st == KEEL_OK) st = unwrap_arguments(m, i, err);
         if (st != KEEL_OK) return st;
@@ -359,7 +381,7 @@ keel_status eng_req_make(keel_engine *e, json_t *request, eng_req **out, char *e
             st = base_err(err, json_is_array(msgs) ? KEEL_ENOMEM : KEEL_EINVAL, "messages must be an array");
             goto fail;
         }
-        if ((st = check_messages(r->messages, err)) != KEEL_OK) goto fail;
+        if ((st = check_messages(r, r->messages, err)) != KEEL_OK) goto fail;
         json_t *tools = json_object_get(request, "tools");
         if (tools && !json_is_null(tools)) {
             if (!json_is_array(tools)) {
@@ -419,13 +441,25 @@ fail:
     return st;
 }
 
-/* Template variables of a chat request as one JSON object. */
-static json_t *template_vars(const keel_engine *e, const eng_req *r)
+/* Template variables of a chat request as one JSON object: its messages
+ * (or the first n_msgs of them, without a generation prompt, when n_msgs
+ * >= 0). */
+static json_t *template_vars(const keel_engine *e, const eng_req *r, int32_t n_msgs)
 {
-    json_t *v = json_object();
+    json_t *v = json_object(), *msgs = r->messages;
     if (!v) return NULL;
-    bool ok = json_object_set(v, "messages", r->messages) == 0 &&
-              json_object_set_new(v, "add_generation_prompt", json_boolean(r->o.add_generation_prompt)) == 0 &&
+    bool gen = r->o.add_generation_prompt;
+    if (n_msgs >= 0) {
+        msgs = json_array();
+        for (int32_t i = 0; msgs && i < n_msgs; i++)
+            if (json_array_append(msgs, json_array_get(r->messages, (size_t)i)) != 0) {
+                json_decref(msgs);
+                msgs = NULL;
+            }
+        gen = false;
+    }
+    bool ok = msgs && (n_msgs >= 0 ? json_object_set_new(v, "messages", msgs) : json_object_set(v, "messages", msgs)) == 0;
+    ok = ok && json_object_set_new(v, "add_generation_prompt", json_boolean(gen)) == 0 &&
               json_object_set_new(v, "bos_token", json_string(e->bos_text ? e->bos_text : "")) == 0 &&
               json_object_set_new(v, "eos_token", json_string(e->eos_text ? e->eos_text : "")) == 0;
     if (ok && r->tools && r->o.tool_choice != ENG_TOOLS_NONE) ok = json_object_set(v, "tools", r->tools) == 0;
@@ -470,6 +504,138 @@ static keel_status forced_call(const keel_engine *e, eng_slot *sl, const eng_req
     return KEEL_OK;
 }
 
+/* Renders r's template (all messages, or the first n_msgs of them: see
+ * template_vars) into out. KEEL_ENOMEM, or the template's error in jerr. */
+static keel_status render(keel_engine *e, const eng_req *r, int32_t n_msgs, jinja_buf *out, char *jerr)
+{
+    json_t *vars = template_vars(e, r, n_msgs);
+    char *vj = vars ? json_dumps(vars, JSON_COMPACT) : NULL;
+    if (vars) json_decref(vars);
+    if (!vj) return KEEL_ENOMEM;
+    jinja_limits lim = jinja_limits_default();
+    size_t cap_bytes = (size_t)e->hist_cap * 64;
+    if (cap_bytes < lim.max_output) lim.max_output = cap_bytes;
+    jinja_render_opts ro = {&lim, NULL};
+    keel_status st = jinja_render(e->tmpl, vj, strlen(vj), NULL, 0, &ro, out, jerr);
+    chat_json_free(vj);
+    return st;
+}
+
+/* A template that renders the BOS text itself gets it once. */
+static int64_t drop_double_bos(const keel_engine *e, int32_t *t, int64_t n)
+{
+    const text_tokenizer_info *ti = text_tokenizer_get_info(e->model->tok);
+    if (n >= 2 && ti->add_bos && t[0] == ti->bos && t[1] == ti->bos) {
+        memmove(t, t + 1, (size_t)(n - 1) * sizeof(int32_t));
+        n--;
+    }
+    return n;
+}
+
+static void mark_add(eng_slot *sl, int32_t pos, int32_t prio)
+{
+    if (pos <= 0 || pos > sl->n_prompt) return; /* nothing before it, or past the prompt */
+    for (int32_t i = 0; i < sl->n_marks; i++)
+        if (sl->marks[i].pos == pos) {
+            if (sl->marks[i].prio < prio) sl->marks[i].prio = prio;
+            return;
+        }
+    if (sl->n_marks == ENG_MAX_MARKS) { /* full: replace the least useful if this is worth more */
+        int32_t low = 0;
+        for (int32_t i = 1; i < sl->n_marks; i++)
+            if (sl->marks[i].prio < sl->marks[low].prio) low = i;
+        if (sl->marks[low].prio >= prio) return;
+        sl->marks[low] = sl->marks[--sl->n_marks];
+    }
+    int32_t i = sl->n_marks++;
+    for (; i > 0 && sl->marks[i - 1].pos > pos; i--) sl->marks[i] = sl->marks[i - 1];
+    sl->marks[i] = (eng_mark){pos, prio};
+}
+
+keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, const char *text, size_t len)
+{
+    sl->n_marks = 0;
+    /* the end of the prompt, where the same conversation, extended,
+     * resumes; on a recurrent model one token short, so that the same
+     * prompt sent again resumes there too (a state cannot be truncated, and
+     * the last prompt token must be computed again for its logits) */
+    mark_add(sl, e->recurrent ? sl->n_prompt - 1 : sl->n_prompt, ENG_PRIO_RECENT);
+    if (r->kind != ENG_REQ_CHAT) return KEEL_OK;
+    int32_t n_msgs = (int32_t)json_array_size(r->messages);
+    /* the candidate prefixes: (number of messages, priority) */
+    int32_t want_k[ENG_MAX_MARKS + ENG_MAX_BREAKS], want_p[ENG_MAX_MARKS + ENG_MAX_BREAKS], n_want = 0;
+    int32_t k_sys = 0;
+    while (k_sys < n_msgs) {
+        const char *role = json_string_value(json_object_get(json_array_get(r->messages, (size_t)k_sys), "role"));
+        if (!role || (strcmp(role, "system") != 0 && strcmp(role, "developer") != 0)) break;
+        k_sys++;
+    }
+    if (k_sys > 0 || (r->tools && r->o.tool_choice != ENG_TOOLS_NONE)) {
+        want_k[n_want] = k_sys;
+        want_p[n_want++] = ENG_PRIO_SYSTEM;
+    }
+    int32_t users[ENG_LAST_USERS], n_users = 0, first_user = -1;
+    for (int32_t i = 0; i < n_msgs; i++) {
+        const char *role = json_string_value(json_object_get(json_array_get(r->messages, (size_t)i), "role"));
+        if (!role || strcmp(role, "user") != 0) continue;
+        if (first_user < 0) first_user = i;
+        if (n_users == ENG_LAST_USERS) memmove(users, users + 1, (ENG_LAST_USERS - 1) * sizeof users[0]);
+        users[n_users < ENG_LAST_USERS ? n_users++ : ENG_LAST_USERS - 1] = i;
+    }
+    if (first_user > 0) {
+        want_k[n_want] = first_user;
+        want_p[n_want++] = ENG_PRIO_BREAK;
+    }
+    for (int32_t i = 0; i < n_users; i++)
+        if (users[i] > 0) {
+            want_k[n_want] = users[i];
+            want_p[n_want++] = ENG_PRIO_RECENT;
+        }
+    for (int32_t i = 0; i < r->n_breaks; i++) {
+        want_k[n_want] = r->breaks[i] + 1;
+        want_p[n_want++] = ENG_PRIO_BREAK;
+    }
+    keel_status st = KEEL_OK;
+    jinja_buf part = {NULL, 0, 0};
+    int32_t *toks = NULL;
+    size_t toks_bytes = 0;
+    for (int32_t w = 0; w < n_want && st == KEEL_OK; w++) {
+        int32_t k = want_k[w];
+        bool seen = false;
+        for (int32_t v = 0; v < w; v++) seen |= want_k[v] == k && want_p[v] >= want_p[w];
+        if (seen) continue;
+        char jerr[JINJA_ERR_CAP];
+        part.len = 0;
+        st = render(e, r, k, &part, jerr);
+        if (st != KEEL_OK) {
+            if (st != KEEL_ENOMEM) st = KEEL_OK; /* the template refuses this prefix: no mark */
+            continue;
+        }
+        /* the bytes it shares with the whole prompt, then the tokens */
+        size_t b = 0, n = BASE_MIN(part.len, len);
+        while (b < n && part.data[b] == text[b]) b++;
+        if (b == 0) continue;
+        if (!toks) {
+            toks_bytes = (size_t)sl->n_prompt * sizeof(int32_t);
+            if (!(toks = base_alloc(toks_bytes))) {
+                st = KEEL_ENOMEM;
+                break;
+            }
+        }
+        int64_t nt = 0;
+        keel_status ts = text_tokenize(e->model->tok, text, b, true, true, toks, sl->n_prompt, &nt, NULL);
+        if (ts == KEEL_ENOMEM) st = ts;
+        if (ts != KEEL_OK) continue;
+        nt = drop_double_bos(e, toks, nt);
+        int32_t pos = 0;
+        while (pos < nt && pos < sl->n_prompt && toks[pos] == sl->prompt[pos]) pos++;
+        mark_add(sl, pos, want_p[w]);
+    }
+    base_free(toks, toks_bytes);
+    jinja_buf_free(&part);
+    return st;
+}
+
 keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
                               jinja_buf *rendered)
 {
@@ -485,18 +651,9 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
     jinja_buf *out = rendered;
     keel_status st = KEEL_OK;
     if (r->kind == ENG_REQ_CHAT) {
-        json_t *vars = template_vars(e, r);
-        if (!vars) return base_err(err, KEEL_ENOMEM, "out of memory");
-        char *vj = json_dumps(vars, JSON_COMPACT);
-        json_decref(vars);
-        if (!vj) return base_err(err, KEEL_ENOMEM, "out of memory");
-        jinja_limits lim = jinja_limits_default();
-        size_t cap_bytes = (size_t)e->hist_cap * 64;
-        if (cap_bytes < lim.max_output) lim.max_output = cap_bytes;
-        jinja_render_opts ro = {&lim, NULL};
         char jerr[JINJA_ERR_CAP];
-        st = jinja_render(e->tmpl, vj, strlen(vj), NULL, 0, &ro, out, jerr);
-        chat_json_free(vj);
+        st = render(e, r, -1, out, jerr);
+        if (st == KEEL_ENOMEM) return base_err(err, st, "out of memory");
         if (st != KEEL_OK) return base_err(err, st, "chat template: %s", jerr);
         text = out->data ? out->data : "";
         len = out->len;
@@ -519,12 +676,7 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
     } else if (st != KEEL_OK) {
         st = base_err(err, st, "prompt: tokenization failed (%s)", keel_strerror(st));
     } else {
-        const text_tokenizer_info *ti = text_tokenizer_get_info(e->model->tok);
-        /* a template that renders the BOS text itself gets it once */
-        if (n >= 2 && ti->add_bos && sl->prompt[0] == ti->bos && sl->prompt[1] == ti->bos) {
-            memmove(sl->prompt, sl->prompt + 1, (size_t)(n - 1) * sizeof(int32_t));
-            n--;
-        }
+        n = drop_double_bos(e, sl->prompt, n);
         if (n == 0) st = base_err(err, KEEL_EINVAL, "prompt: empty");
         sl->n_prompt = (int32_t)n;
     }

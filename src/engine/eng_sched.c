@@ -18,10 +18,15 @@
 #include "eng.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 const double eng_ttft_le[ENG_TTFT_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20};
+
+const char *const eng_cache_kind_names[ENG_CACHE_KINDS] = {
+    "new", "reused", "partial", "reset_no_checkpoint", "reset_compacted", "reset_history_lost",
+};
 
 /* ---- small helpers ------------------------------------------------------- */
 
@@ -229,7 +234,9 @@ static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result 
         bad |= set_int(m, "slot", sl->seq);
         bad |= set_int(m, "cells", keel_mem_seq_cells(mem, sl->seq));
         bad |= set_int(m, "compactions", keel_mem_seq_compactions(mem, sl->seq) - sl->compactions_at_start);
-        bad |= json_object_set_new(m, "cache", json_string(sl->cache_note ? sl->cache_note : "reused"));
+        bad |= json_object_set_new(m, "cache", json_string(sl->cache_note[0] ? sl->cache_note : "reused"));
+        bad |= set_int(m, "shared_tokens", sl->n_shared);
+        bad |= set_int(m, "reused_tokens", sl->n_reused);
         bad |= json_object_set_new(o, "memory", m);
     }
     char *s = bad ? NULL : json_dumps(o, JSON_COMPACT);
@@ -527,22 +534,35 @@ static eng_slot *pick_slot(keel_engine *e, const int32_t *prompt, int32_t n, int
     return best;
 }
 
+static void note(eng_slot *sl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(eng_slot *sl, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sl->cache_note, sizeof sl->cache_note, fmt, ap);
+    va_end(ap);
+}
+
 /* Makes the slot's cache the longest usable prefix of its prompt: truncates
- * at the divergence when the memory can rewind there exactly, else resets. */
-static keel_status reuse_prefix(keel_engine *e, eng_slot *sl, int32_t lcp, char *err)
+ * at the divergence when the memory can rewind there exactly, else to the
+ * newest checkpoint at or before it, else resets. Says how in
+ * sl->cache_note and returns the kind. */
+static keel_status reuse_prefix(keel_engine *e, eng_slot *sl, int32_t lcp, eng_cache_kind *kind, char *err)
 {
     keel_mem *mem = keel_context_memory(e->ctx);
     if (lcp >= sl->n_prompt) lcp = sl->n_prompt - 1; /* the last prompt token gives the logits */
-    sl->cache_note = "reused";
+    sl->n_shared = lcp;
+    *kind = ENG_CACHE_REUSED;
+    note(sl, "reused");
     if (sl->hist_lost) {
         eng_slot_clear(e, sl);
-        lcp = 0;
-        sl->cache_note = "reset: the slot's history outgrew max_prompt_tokens";
+        *kind = ENG_CACHE_RESET_HIST;
+        note(sl, "reset: the slot's history outgrew max_prompt_tokens");
     } else if (sl->hist_compacted) {
         if (lcp < sl->n_hist) {
             eng_slot_clear(e, sl);
-            lcp = 0;
-            sl->cache_note = "reset: the cache was compacted and the prompt does not extend it";
+            *kind = ENG_CACHE_RESET_COMPACT;
+            note(sl, "reset: the cache was compacted and the prompt does not extend it");
         }
     } else if (lcp < sl->n_hist) {
         /* exact where the memory still holds what the divergence needs; else
@@ -552,16 +572,70 @@ static keel_status reuse_prefix(keel_engine *e, eng_slot *sl, int32_t lcp, char 
         keel_status st = keel_context_rewind(e->ctx, sl->seq, lcp, &resume);
         if (st != KEEL_OK) return base_err(err, st, "cache: %s", keel_context_last_error(e->ctx));
         sl->n_hist = BASE_MIN(resume, lcp);
-        if (sl->n_hist == 0 && lcp > 0)
-            sl->cache_note = keel_mem_is_recurrent(mem)
-                                 ? "reset: no recurrent-state checkpoint at or before the divergence"
-                                 : "reset: the prompt diverges where the sliding layers no longer hold the "
-                                   "tokens and no checkpoint covers it";
+        if (sl->n_hist == 0 && lcp > 0) {
+            *kind = ENG_CACHE_RESET_CKPT;
+            note(sl, "reset: the prompt diverges at token %d %s", lcp,
+                 keel_mem_is_recurrent(mem) ? "and no recurrent-state checkpoint lies at or before it"
+                                            : "where the sliding layers no longer hold the tokens and no "
+                                              "checkpoint covers it");
+        } else if (sl->n_hist < lcp) {
+            *kind = ENG_CACHE_PARTIAL;
+            note(sl, "partial: the prompt diverges at token %d; resumed from the checkpoint at %d", lcp,
+                 sl->n_hist);
+        }
     }
     sl->n_fed = sl->n_hist;
     sl->n_reused = sl->n_hist;
-    if (sl->n_reused == 0 && strncmp(sl->cache_note, "reset", 5) != 0) sl->cache_note = "new";
+    if (*kind == ENG_CACHE_REUSED && sl->n_reused == 0) {
+        *kind = ENG_CACHE_NEW;
+        note(sl, "new");
+    }
     return KEEL_OK;
+}
+
+/* A checkpoint the engine wanted and could not take or rank costs only
+ * reuse later: counted (keel_engine_stats checkpoint_failures), not fatal. */
+static void ckpt_failure(keel_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->ckpt_failed++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The slot's checkpoints get the priorities of this prompt's marks (0
+ * elsewhere): those where this conversation may diverge next are kept
+ * longest. Priorities do not survive a session blob (the RAM prompt
+ * cache), so they are set again at each admission. */
+static void prioritize_checkpoints(keel_engine *e, eng_slot *sl)
+{
+    keel_mem *mem = keel_context_memory(e->ctx);
+    keel_mem_ckpt_info ck[64];
+    int32_t n = 0;
+    keel_mem_ckpt_list(mem, sl->seq, ck, 64, &n);
+    for (int32_t i = 0; i < BASE_MIN(n, 64); i++) {
+        int32_t prio = ENG_PRIO_PERIODIC;
+        for (int32_t j = 0; j < sl->n_marks; j++)
+            if (sl->marks[j].pos == ck[i].pos) prio = sl->marks[j].prio;
+        if (ck[i].priority != prio && keel_mem_ckpt_set_prio(mem, sl->seq, ck[i].pos, prio) != KEEL_OK)
+            ckpt_failure(e);
+    }
+}
+
+/* After a chunk: a checkpoint where the prefill reached one of its marks. */
+static void checkpoint_marks(keel_engine *e, eng_slot *sl)
+{
+    for (int32_t j = 0; j < sl->n_marks; j++)
+        if (sl->marks[j].pos == sl->n_fed &&
+            keel_mem_ckpt_take_prio(keel_context_memory(e->ctx), sl->seq, sl->marks[j].prio) != KEEL_OK)
+            ckpt_failure(e);
+}
+
+/* The next mark past what the slot has fed, or the prompt's end. */
+static int32_t next_mark(const eng_slot *sl)
+{
+    for (int32_t j = 0; j < sl->n_marks; j++)
+        if (sl->marks[j].pos > sl->n_fed) return sl->marks[j].pos;
+    return sl->n_prompt;
 }
 
 /* Frees the caches of idle slots (least recently used first) until the
@@ -604,6 +678,12 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         fail_unstarted(e, r, KEEL_ECONTEXT, err);
         return;
     }
+    keel_mem *mem = keel_context_memory(e->ctx);
+    if (keel_mem_ckpt_record_bytes(mem) > 0 &&
+        (st = eng_prompt_marks(e, &tmp, r, rendered->data ? rendered->data : "", rendered->len)) != KEEL_OK) {
+        fail_unstarted(e, r, st, "checkpoint marks: out of memory");
+        return;
+    }
     int32_t lcp = 0;
     eng_slot *sl = pick_slot(e, tmp.prompt, tmp.n_prompt, &lcp);
     if (!sl) { /* the caller only admits with an idle slot */
@@ -615,13 +695,14 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     sl->n_prompt = tmp.n_prompt;
     memcpy(sl->forced, tmp.forced, sizeof sl->forced);
     sl->n_forced = tmp.n_forced;
+    memcpy(sl->marks, tmp.marks, sizeof sl->marks);
+    sl->n_marks = tmp.n_marks;
     sl->req = r;
     sl->n_gen = 0;
     sl->finish = NULL;
     sl->stop_hit = NULL;
     sl->t_start = now_ns();
     sl->t_prompt_end = sl->t_end = 0;
-    keel_mem *mem = keel_context_memory(e->ctx);
     if (r->o.logprobs) { /* one entry per token the request may generate */
         int32_t cap = r->o.max_tokens >= 0 ? BASE_MIN(r->o.max_tokens, e->n_ctx_slot) : e->n_ctx_slot;
         sl->cap_lp = BASE_MAX(cap, 1);
@@ -637,7 +718,13 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         snprintf(err, sizeof err, "kv_compact: %s", keel_context_last_error(e->ctx));
         goto fail;
     }
-    if ((st = reuse_prefix(e, sl, lcp, err)) != KEEL_OK) goto fail;
+    eng_cache_kind kind;
+    if ((st = reuse_prefix(e, sl, lcp, &kind, err)) != KEEL_OK) goto fail;
+    pthread_mutex_lock(&e->mu);
+    e->cache_counts[kind]++;
+    e->cache_lost_tokens += sl->n_shared - sl->n_reused;
+    pthread_mutex_unlock(&e->mu);
+    if (sl->n_marks > 0) prioritize_checkpoints(e, sl);
     sl->compactions_at_start = keel_mem_seq_compactions(mem, sl->seq);
     if ((st = keel_sampler_open(&r->o.samp, e->model->w.hp.n_vocab, &sl->samp)) != KEEL_OK) {
         keel_sampler_params_check(&r->o.samp, err);
@@ -793,7 +880,9 @@ bool eng_step(keel_engine *e)
         for (int32_t i = 0; i < e->n_slots && budget > 0; i++) {
             eng_slot *sl = &e->slots[i];
             if (sl->state != ENG_SLOT_PREFILL) continue;
-            chunk[i] = BASE_MIN(share, BASE_MIN(budget, sl->n_prompt - sl->n_fed));
+            /* a chunk ends at the next mark: keel_decode checkpoints a chunk's
+             * end, and checkpoint_marks gives it the mark's priority */
+            chunk[i] = BASE_MIN(share, BASE_MIN(budget, next_mark(sl) - sl->n_fed));
             /* a recurrent model checkpoints each chunk's end: the chunk that
              * would end the prompt stops one token short, so a checkpoint
              * lies at n_prompt - 1, where the same prompt sent again (or one
@@ -881,7 +970,10 @@ bool eng_step(keel_engine *e)
             }
             for (int32_t i = 0; i < e->n_slots; i++) {
                 eng_slot *sl = &e->slots[i];
-                if (sl->state == ENG_SLOT_PREFILL) sl->n_fed += chunk[i];
+                if (sl->state == ENG_SLOT_PREFILL && chunk[i] > 0) {
+                    sl->n_fed += chunk[i];
+                    checkpoint_marks(e, sl);
+                }
                 if (sl->req && keel_mem_seq_compactions(mem, sl->seq) > sl->compactions_at_start)
                     sl->hist_compacted = true;
             }

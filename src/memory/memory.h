@@ -182,6 +182,8 @@ typedef struct mem_ckpt {
     uint64_t stamp;   /* stamp of the sequence's last token when taken */
     uint64_t order;   /* take order (oldest first) */
     size_t bytes;     /* bytes of the snapshot in use */
+    int32_t prio;     /* eviction: the lowest priority goes first, then the oldest
+                         (not saved in sessions: a loaded record has 0) */
 } mem_ckpt;
 
 /* Per sliding group, where a checkpoint record keeps the ring's rows. */

@@ -259,6 +259,27 @@ static void cell_rows_in(mem_table *t, int32_t cell, const uint8_t *src)
 
 keel_status keel_mem_ckpt_take(keel_mem *m, int32_t s)
 {
+    return keel_mem_ckpt_take_prio(m, s, 0);
+}
+
+/* The record a new checkpoint of priority prio goes to: a free one, else
+ * the lowest-priority oldest one if its priority is at most prio, else -1
+ * (every record is worth more than the new one). */
+static int32_t ck_victim(const keel_mem *m, int32_t s, int32_t prio)
+{
+    int32_t rec = -1;
+    for (int32_t i = 0; i < m->n_ckpt; i++) {
+        const mem_ckpt *c = mem_ck(m, s, i);
+        if (c->pos < 0) return i;
+        if (rec < 0 || c->prio < mem_ck(m, s, rec)->prio ||
+            (c->prio == mem_ck(m, s, rec)->prio && c->order < mem_ck(m, s, rec)->order))
+            rec = i;
+    }
+    return rec >= 0 && mem_ck(m, s, rec)->prio <= prio ? rec : -1;
+}
+
+keel_status keel_mem_ckpt_take_prio(keel_mem *m, int32_t s, int32_t prio)
+{
     if (!m) return KEEL_EINVAL;
     m->err[0] = 0;
     if (s < 0 || s >= m->cfg.n_seq_max)
@@ -271,23 +292,19 @@ keel_status keel_mem_ckpt_take(keel_mem *m, int32_t s)
     int32_t k = m->n_rs_layers > 0 ? m->seq_slot[s] : -1;
     int32_t pos = mem_seq_hi(m, s) + 1;
     uint64_t last = mem_seq_last_stamp(m, s);
+    if (prio < 0) return base_err(m->err, KEEL_EINVAL, "ckpt_take: priority %d is negative", prio);
     int32_t nw = ck_newest(m, s);
-    if (nw >= 0 && mem_ck(m, s, nw)->pos == pos && mem_ck(m, s, nw)->stamp == last)
+    if (nw >= 0 && mem_ck(m, s, nw)->pos == pos && mem_ck(m, s, nw)->stamp == last) {
+        if (mem_ck(m, s, nw)->prio < prio) mem_ck(m, s, nw)->prio = prio;
         return KEEL_OK;
+    }
+    int32_t rec = ck_victim(m, s, prio);
+    if (rec < 0) return KEEL_OK; /* every record outranks it: not kept */
     base_arena_reset(&m->scratch);
     int32_t max_cap = 1;
     for (int32_t g = 0; g < m->n_groups; g++) max_cap = BASE_MAX(max_cap, m->groups[g].tables[0].cap);
     int32_t *cand = base_arena_take_n(&m->scratch, (size_t)max_cap, sizeof(int32_t));
     if (!cand) return base_err(m->err, KEEL_ESCRATCH, "ckpt_take: scratch exhausted");
-    /* a free record, else the oldest */
-    int32_t rec = -1;
-    for (int32_t i = 0; i < m->n_ckpt && rec < 0; i++)
-        if (mem_ck(m, s, i)->pos < 0) rec = i;
-    if (rec < 0) {
-        rec = 0;
-        for (int32_t i = 1; i < m->n_ckpt; i++)
-            if (mem_ck(m, s, i)->order < mem_ck(m, s, rec)->order) rec = i;
-    }
     uint8_t *data = mem_ck_data(m, s, rec);
     size_t bytes = m->rs_slot_floats * sizeof(float);
     if (k >= 0) memcpy(data, mem_rs_slot(m, k), bytes);
@@ -337,7 +354,25 @@ keel_status keel_mem_ckpt_take(keel_mem *m, int32_t s)
     c->stamp = last;
     c->order = ++m->ckpt_order;
     c->bytes = bytes;
+    c->prio = prio;
     return KEEL_OK;
+}
+
+keel_status keel_mem_ckpt_set_prio(keel_mem *m, int32_t s, int32_t pos, int32_t prio)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (s < 0 || s >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "ckpt_set_prio: unknown sequence id %d", s);
+    if (prio < 0) return base_err(m->err, KEEL_EINVAL, "ckpt_set_prio: priority %d is negative", prio);
+    for (int32_t i = 0; i < m->n_ckpt; i++) {
+        mem_ckpt *c = mem_ck(m, s, i);
+        if (c->pos >= 0 && c->pos == pos) {
+            c->prio = prio;
+            return KEEL_OK;
+        }
+    }
+    return base_err(m->err, KEEL_ENOENT, "ckpt_set_prio: sequence %d has no checkpoint at %d", s, pos);
 }
 
 void keel_mem_ckpt_list(const keel_mem *m, int32_t s, keel_mem_ckpt_info *out, int32_t cap,
@@ -361,6 +396,7 @@ void keel_mem_ckpt_list(const keel_mem *m, int32_t s, keel_mem_ckpt_info *out, i
                 out[cnt].pos = c->pos;
                 out[cnt].pos_min = c->pos_min;
                 out[cnt].bytes = c->bytes;
+                out[cnt].priority = c->prio;
             }
             cnt++;
             last = c->order;

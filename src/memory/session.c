@@ -1246,6 +1246,7 @@ static void commit_rs(keel_mem *m, const parsed *ps, const sess_col *cols, int32
             c->stamp = base + (uint64_t)rank;
             c->order = m->ckpt_order + 1 + (uint64_t)ord;
             c->bytes = bytes;
+            c->prio = 0; /* not saved: the caller sets it again */
         }
     }
     m->ckpt_order += (uint64_t)total;
