@@ -1387,6 +1387,14 @@ keel_status keel_engine_response(keel_engine *e, char *buf, size_t cap, size_t *
  */
 keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_event_fn cb,
                                void *user, uint64_t *id);
+/* The number of prompt tokens request_json (as keel_engine_submit takes it:
+ * messages and tools, or prompt / prompt_tokens) renders and tokenizes to,
+ * exactly as a request would be prompted, without a slot, a prefill or a
+ * bound from the context (a prompt longer than the cache is counted).
+ * Runs on the calling thread, never waits for the scheduler; thread-safe.
+ * KEEL_EINVAL (malformed, named; template errors), KEEL_ENOMEM. Allocates
+ * the rendering and frees it. */
+keel_status keel_engine_count_tokens(keel_engine *e, const char *request_json, int64_t *n_tokens);
 /* Runs the scheduler on the calling thread until keel_engine_stop: waits for
  * requests, steps the slots. Returns KEEL_OK after stop (in-flight requests
  * end with "cancelled"). KEEL_EINVAL if a loop already runs. A keel_complete

@@ -311,6 +311,29 @@ static void test_messages(void **state)
     assert_int_equal(st, 200);
     assert_int_equal(srvt_int(c, "input_tokens"), total);
     json_decref(c);
+    /* count_tokens takes no slot: the slots' caches are as they were, and a
+     * prompt far longer than a slot's context (2048 cells) is counted */
+    json_t *before = srvt_get_json(&g_srv, "/slots", &st);
+    assert_int_equal(st, 200);
+    size_t big_cap = 200000;
+    char *big = malloc(big_cap);
+    assert_non_null(big);
+    size_t bn = (size_t)snprintf(big, big_cap, "{\"model\":\"m\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"");
+    while (bn + 64 < big_cap - 64) bn += (size_t)snprintf(big + bn, big_cap - bn, "the little dog ran to the park again. ");
+    snprintf(big + bn, big_cap - bn, "\"}]}");
+    c = srvt_post_json(&g_srv, "/v1/messages/count_tokens", big, &st);
+    free(big);
+    assert_int_equal(st, 200);
+    printf("count_tokens: %lld tokens for a 200 KB message\n", (long long)srvt_int(c, "input_tokens"));
+    assert_true(srvt_int(c, "input_tokens") > 8192);
+    json_decref(c);
+    json_t *after = srvt_get_json(&g_srv, "/slots", &st);
+    char *b1 = json_dumps(before, JSON_COMPACT | JSON_SORT_KEYS), *b2 = json_dumps(after, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(b1, b2);
+    free(b1);
+    free(b2);
+    json_decref(before);
+    json_decref(after);
     /* the stream: message_start, ping, blocks, message_delta, message_stop */
     snprintf(body, sizeof body, "%s,\"stream\":true}", MSG);
     srv_http_resp h;

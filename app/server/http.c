@@ -673,6 +673,35 @@ static enum MHD_Result route_metrics(srv_server *s, struct MHD_Connection *c)
     return r;
 }
 
+/* POST /v1/messages/count_tokens: the request rendered and tokenized on
+ * this handler thread (keel_engine_count_tokens), no slot and no prefill:
+ * an agent may call it before every turn, also while others generate. */
+static enum MHD_Result route_count(srv_server *s, struct MHD_Connection *c, conn *cn, const char *url)
+{
+    srv_request rq;
+    srv_err e;
+    if (!srv_request_parse(cn->api, cn->body.p ? cn->body.p : "", cn->body.len, &s->lim, &rq, &e)) {
+        log_request(s, "POST", url, e.status, NULL);
+        return send_error(c, cn->api, &e);
+    }
+    char *text = json_dumps(rq.engine, JSON_COMPACT);
+    srv_request_free(&rq);
+    if (!text) return send_json(c, 500, NULL);
+    int64_t n = 0;
+    keel_status st = keel_engine_count_tokens(s->e, text, &n);
+    free(text);
+    if (st != KEEL_OK) {
+        srv_err_from_status(&e, st, keel_engine_last_error(s->e));
+        log_request(s, "POST", url, e.status, NULL);
+        return send_error(c, cn->api, &e);
+    }
+    json_t *o = json_pack("{sI}", "input_tokens", (json_int_t)n);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (o) json_decref(o);
+    log_request(s, "POST", url, body ? 200 : 500, NULL);
+    return send_json(c, body ? 200 : 500, body);
+}
+
 static enum MHD_Result route_tokenize(srv_server *s, struct MHD_Connection *c, conn *cn)
 {
     srv_err e;
@@ -919,6 +948,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     case R_TOKENIZE: res = route_tokenize(s, c, cn); break;
     case R_DETOKENIZE: res = route_detokenize(s, c, cn); break;
     case R_SLOT_ACTION: res = route_slot_action(s, c, cn); break;
+    case R_COUNT: res = route_count(s, c, cn, url); break;
     default: return generate(s, c, cn, url);
     }
     return res;

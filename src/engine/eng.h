@@ -318,6 +318,11 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
  * are left out. Only KEEL_ENOMEM fails. */
 keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, const char *text, size_t len);
 
+/* The number of tokens r's prompt has (as eng_prompt_tokens would make
+ * it), with no slot and no bound from the context: renders and tokenizes on
+ * the calling thread. KEEL_EINVAL (template), KEEL_ENOMEM. */
+keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n, char *err);
+
 /* Upper bounds (seconds) of the time-to-first-token histogram buckets. */
 extern const double eng_ttft_le[ENG_TTFT_BUCKETS];
 

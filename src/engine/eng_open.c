@@ -450,6 +450,30 @@ out:
     return st;
 }
 
+keel_status keel_engine_count_tokens(keel_engine *e, const char *request_json, int64_t *n_tokens)
+{
+    if (!e || !n_tokens) return KEEL_EINVAL;
+    *n_tokens = 0;
+    if (!request_json) return base_err(eng_err(e), KEEL_EINVAL, "request is NULL");
+    keel_status st = eng_enter(e);
+    if (st != KEEL_OK) return st;
+    char err[BASE_ERR_CAP] = "";
+    json_error_t je;
+    eng_req *r = NULL;
+    json_t *j = json_loads(request_json, ENG_JSON_FLAGS, &je);
+    if (!j) {
+        st = base_err(err, KEEL_EINVAL, "request: invalid JSON at line %d: %s", je.line, je.text);
+    } else {
+        st = eng_req_make(e, j, &r, err);
+        json_decref(j);
+        if (st == KEEL_OK) st = eng_count_tokens(e, r, n_tokens, err);
+    }
+    eng_req_free(r);
+    if (st != KEEL_OK) base_err(eng_err(e), st, "%s", err);
+    eng_leave(e);
+    return st;
+}
+
 keel_status keel_engine_run(keel_engine *e)
 {
     if (!e) return KEEL_EINVAL;

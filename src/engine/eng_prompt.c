@@ -505,8 +505,11 @@ static keel_status forced_call(const keel_engine *e, eng_slot *sl, const eng_req
 }
 
 /* Renders r's template (all messages, or the first n_msgs of them: see
- * template_vars) into out. KEEL_ENOMEM, or the template's error in jerr. */
-static keel_status render(keel_engine *e, const eng_req *r, int32_t n_msgs, jinja_buf *out, char *jerr)
+ * template_vars) into out; its size bounded by what a slot can hold when
+ * slot_bound is set, else by the template limits alone. KEEL_ENOMEM, or
+ * the template's error in jerr. */
+static keel_status render_bounded(keel_engine *e, const eng_req *r, int32_t n_msgs, bool slot_bound, jinja_buf *out,
+                                  char *jerr)
 {
     json_t *vars = template_vars(e, r, n_msgs);
     char *vj = vars ? json_dumps(vars, JSON_COMPACT) : NULL;
@@ -514,7 +517,7 @@ static keel_status render(keel_engine *e, const eng_req *r, int32_t n_msgs, jinj
     if (!vj) return KEEL_ENOMEM;
     jinja_limits lim = jinja_limits_default();
     size_t cap_bytes = (size_t)e->hist_cap * 64;
-    if (cap_bytes < lim.max_output) lim.max_output = cap_bytes;
+    if (slot_bound && cap_bytes < lim.max_output) lim.max_output = cap_bytes;
     jinja_render_opts ro = {&lim, NULL};
     keel_status st = jinja_render(e->tmpl, vj, strlen(vj), NULL, 0, &ro, out, jerr);
     chat_json_free(vj);
@@ -530,6 +533,66 @@ static int64_t drop_double_bos(const keel_engine *e, int32_t *t, int64_t n)
         n--;
     }
     return n;
+}
+
+static keel_status render(keel_engine *e, const eng_req *r, int32_t n_msgs, jinja_buf *out, char *jerr)
+{
+    return render_bounded(e, r, n_msgs, true, out, jerr);
+}
+
+keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n_out, char *err)
+{
+    *n_out = 0;
+    if (r->kind == ENG_REQ_TOKENS) {
+        *n_out = r->n_tokens;
+        return KEEL_OK;
+    }
+    jinja_buf out = {NULL, 0, 0};
+    const char *text = r->text;
+    size_t len = r->text_len;
+    keel_status st = KEEL_OK;
+    char forced[320] = "";
+    size_t n_forced = 0;
+    if (r->kind == ENG_REQ_CHAT) {
+        char jerr[JINJA_ERR_CAP];
+        st = render_bounded(e, r, -1, false, &out, jerr);
+        if (st != KEEL_OK) {
+            st = st == KEEL_ENOMEM ? base_err(err, st, "out of memory") : base_err(err, st, "chat template: %s", jerr);
+            goto out;
+        }
+        text = out.data ? out.data : "";
+        len = out.len;
+        eng_slot tmp; /* forced_call writes a slot's forced-call opening */
+        memset(&tmp, 0, sizeof tmp);
+        if ((st = forced_call(e, &tmp, r, text, len, err)) != KEEL_OK) goto out;
+        n_forced = tmp.n_forced;
+        memcpy(forced, tmp.forced, n_forced + 1);
+    }
+    char *joined = NULL; /* the prompt and a forced call's opening, as eng_prompt_tokens joins them */
+    if (n_forced > 0) {
+        if (!(joined = base_alloc(len + n_forced + 1))) {
+            st = base_err(err, KEEL_ENOMEM, "out of memory");
+            goto out;
+        }
+        memcpy(joined, text, len);
+        memcpy(joined + len, forced, n_forced + 1);
+        text = joined;
+        len += n_forced;
+    }
+    /* the count, and the first ids (a template's own BOS text is not doubled) */
+    int32_t head[2];
+    int64_t n = 0;
+    st = text_tokenize(e->model->tok, text, len, true, true, head, 2, &n, NULL);
+    if (joined) base_free(joined, len + 1);
+    if (st == KEEL_ERANGE) st = KEEL_OK;
+    if (st != KEEL_OK) {
+        st = base_err(err, st, "prompt: tokenization failed (%s)", keel_strerror(st));
+        goto out;
+    }
+    *n_out = n >= 2 && drop_double_bos(e, head, 2) == 1 ? n - 1 : n;
+out:
+    jinja_buf_free(&out);
+    return st;
 }
 
 static void mark_add(eng_slot *sl, int32_t pos, int32_t prio)
