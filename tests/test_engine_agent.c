@@ -184,6 +184,68 @@ static void agent(const char *arch, int32_t n_layer, int32_t n_swa)
     unlink(path);
 }
 
+static json_t *stats_of(keel_engine *e)
+{
+    char buf[16384];
+    size_t n = 0;
+    assert_ok(keel_engine_stats(e, buf, sizeof buf, &n));
+    json_t *s = json_loads(buf, 0, NULL);
+    assert_non_null(s);
+    return s;
+}
+
+static int64_t pc_stat(keel_engine *e, const char *k)
+{
+    json_t *s = stats_of(e);
+    int64_t v = json_integer_value(json_object_get(json_object_get(s, "prompt_cache"), k));
+    json_decref(s);
+    return v;
+}
+
+/* The RAM prompt cache keeps what will be reused: a conversation edited
+ * after its system prompt and tools (a rewritten reminder) replaces its own
+ * cache instead of saving a copy no prompt would hit; another conversation
+ * taking the slot saves it, and it comes back from RAM. */
+static void test_prompt_cache_policy(void **state)
+{
+    (void)state;
+    char path[64];
+    gen("qwen2", 2, 0, 3, path);
+    char opts[512], err[256] = "";
+    snprintf(opts, sizeof opts,
+             "{\"model\": \"%s\", \"n_threads\": 2, \"n_ctx\": 8192, \"cache_ram_mib\": 64, "
+             "\"chat_template\": \"qwen3\"}",
+             path);
+    keel_engine *e = NULL;
+    assert_ok(keel_engine_open(opts, &e, err));
+    json_t *a = json_pack("[o o]", system_message(), first_user(0));
+    json_decref(complete(e, a));
+    json_array_set_new(a, 1, first_user(1)); /* the reminder rewritten */
+    json_t *r = complete(e, a);
+    int64_t a_prompt = usage(r, "prompt_tokens");
+    assert_true(usage(r, "cached_tokens") > 300);
+    json_decref(r);
+    assert_int_equal(pc_stat(e, "saves"), 0);
+    /* another conversation takes the slot: the first one is saved */
+    json_t *b = json_pack("[{ss ss} o]", "role", "system", "content", "You translate English into French.",
+                          first_user(0));
+    json_decref(complete(e, b));
+    assert_int_equal(pc_stat(e, "saves"), 1);
+    /* and comes back from RAM when it continues */
+    json_array_append_new(a, json_pack("{ss ss}", "role", "assistant", "content", "Done."));
+    json_array_append_new(a, json_pack("{ss ss}", "role", "user", "content", "Thanks. What next?"));
+    r = complete(e, a);
+    printf("prompt cache: conversation A back with %lld of %lld tokens cached (its last prompt: %lld)\n",
+           (long long)usage(r, "cached_tokens"), (long long)usage(r, "prompt_tokens"), (long long)a_prompt);
+    assert_true(usage(r, "cached_tokens") >= a_prompt - 8);
+    assert_int_equal(pc_stat(e, "hits"), 1);
+    json_decref(r);
+    json_decref(a);
+    json_decref(b);
+    keel_engine_close(e);
+    unlink(path);
+}
+
 static void test_agent_sliding(void **state)
 {
     (void)state;
@@ -201,6 +263,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_sliding),
         cmocka_unit_test(test_agent_hybrid),
+        cmocka_unit_test(test_prompt_cache_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

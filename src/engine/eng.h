@@ -341,9 +341,13 @@ void eng_reap(keel_engine *e);
 void eng_run_controls(keel_engine *e);
 /* The prompt cache, at admission: before slot sl (whose cache shares *lcp
  * tokens with prompt) is taken for prompt, saves its cache when it would be
- * lost, and restores a cached entry that shares more. Updates *lcp. Never
- * fails the request: a cache problem only costs reuse. */
-void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t *lcp);
+ * lost to another conversation, and restores a cached entry that shares
+ * more. sys_end (0: unknown) is where the prompt's system prompt and tools
+ * end: a prompt sharing the slot's cache past it continues that
+ * conversation, edited, and the old cache (which no later prompt would
+ * share more of) is not kept. Updates *lcp. Never fails the request: a
+ * cache problem only costs reuse. */
+void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t sys_end, int32_t *lcp);
 void eng_pc_free(keel_engine *e);
 
 #endif

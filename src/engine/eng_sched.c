@@ -624,6 +624,7 @@ static void prioritize_checkpoints(keel_engine *e, eng_slot *sl)
 /* After a chunk: a checkpoint where the prefill reached one of its marks. */
 static void checkpoint_marks(keel_engine *e, eng_slot *sl)
 {
+    if (keel_mem_ckpt_record_bytes(keel_context_memory(e->ctx)) == 0) return; /* marks for the prompt cache only */
     for (int32_t j = 0; j < sl->n_marks; j++)
         if (sl->marks[j].pos == sl->n_fed &&
             keel_mem_ckpt_take_prio(keel_context_memory(e->ctx), sl->seq, sl->marks[j].prio) != KEEL_OK)
@@ -631,8 +632,9 @@ static void checkpoint_marks(keel_engine *e, eng_slot *sl)
 }
 
 /* The next mark past what the slot has fed, or the prompt's end. */
-static int32_t next_mark(const eng_slot *sl)
+static int32_t next_mark(const keel_engine *e, const eng_slot *sl)
 {
+    if (keel_mem_ckpt_record_bytes(keel_context_memory(e->ctx)) == 0) return sl->n_prompt;
     for (int32_t j = 0; j < sl->n_marks; j++)
         if (sl->marks[j].pos > sl->n_fed) return sl->marks[j].pos;
     return sl->n_prompt;
@@ -679,7 +681,9 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         return;
     }
     keel_mem *mem = keel_context_memory(e->ctx);
-    if (keel_mem_ckpt_record_bytes(mem) > 0 &&
+    /* marks: where to checkpoint, and (the prompt cache) where a
+     * conversation's fixed part ends */
+    if ((keel_mem_ckpt_record_bytes(mem) > 0 || e->pc_limit > 0) &&
         (st = eng_prompt_marks(e, &tmp, r, rendered->data ? rendered->data : "", rendered->len)) != KEEL_OK) {
         fail_unstarted(e, r, st, "checkpoint marks: out of memory");
         return;
@@ -690,7 +694,10 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         fail_unstarted(e, r, KEEL_EINTERNAL, "no idle slot");
         return;
     }
-    eng_pc_admit(e, sl, tmp.prompt, tmp.n_prompt, &lcp);
+    int32_t sys_end = 0; /* the end of the system prompt and tools, if marked */
+    for (int32_t i = 0; i < tmp.n_marks; i++)
+        if (tmp.marks[i].prio == ENG_PRIO_SYSTEM) sys_end = tmp.marks[i].pos;
+    eng_pc_admit(e, sl, tmp.prompt, tmp.n_prompt, sys_end, &lcp);
     memcpy(sl->prompt, tmp.prompt, (size_t)tmp.n_prompt * sizeof(int32_t));
     sl->n_prompt = tmp.n_prompt;
     memcpy(sl->forced, tmp.forced, sizeof sl->forced);
@@ -724,7 +731,7 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     e->cache_counts[kind]++;
     e->cache_lost_tokens += sl->n_shared - sl->n_reused;
     pthread_mutex_unlock(&e->mu);
-    if (sl->n_marks > 0) prioritize_checkpoints(e, sl);
+    if (sl->n_marks > 0 && keel_mem_ckpt_record_bytes(mem) > 0) prioritize_checkpoints(e, sl);
     sl->compactions_at_start = keel_mem_seq_compactions(mem, sl->seq);
     if ((st = keel_sampler_open(&r->o.samp, e->model->w.hp.n_vocab, &sl->samp)) != KEEL_OK) {
         keel_sampler_params_check(&r->o.samp, err);
@@ -882,7 +889,7 @@ bool eng_step(keel_engine *e)
             if (sl->state != ENG_SLOT_PREFILL) continue;
             /* a chunk ends at the next mark: keel_decode checkpoints a chunk's
              * end, and checkpoint_marks gives it the mark's priority */
-            chunk[i] = BASE_MIN(share, BASE_MIN(budget, next_mark(sl) - sl->n_fed));
+            chunk[i] = BASE_MIN(share, BASE_MIN(budget, next_mark(e, sl) - sl->n_fed));
             /* a recurrent model checkpoints each chunk's end: the chunk that
              * would end the prompt stops one token short, so a checkpoint
              * lies at n_prompt - 1, where the same prompt sent again (or one

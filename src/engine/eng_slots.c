@@ -295,15 +295,20 @@ static void pc_store(keel_engine *e, eng_slot *sl)
     pthread_mutex_unlock(&e->mu);
 }
 
-void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t *reuse)
+void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t sys_end, int32_t *reuse)
 {
     if (e->pc_limit == 0) return;
     /* the best entry for this prompt */
     int32_t best_l = 0;
     eng_pc_entry *best = pc_best(e, prompt, n, &best_l);
     bool restore = best && best_l > *reuse && best_l >= PC_MIN_TOKENS;
-    /* the slot's cache is about to be mostly lost: keep it first */
-    if (restore || sl->n_hist - *reuse >= PC_MIN_TOKENS) pc_store(e, sl);
+    /* the slot's cache is about to be mostly lost: keep it first, unless
+     * this prompt is the same conversation edited after its system prompt
+     * and tools (an agent's rewritten reminder or todo list): the old
+     * cache would never be hit, and saving it costs a copy of the whole
+     * cache per turn */
+    bool edited = sys_end > 0 && *reuse >= sys_end && !restore;
+    if (!edited && (restore || sl->n_hist - *reuse >= PC_MIN_TOKENS)) pc_store(e, sl);
     if (!restore) return;
     /* the entry may have been refreshed or replaced by pc_store: find it again */
     best = pc_best(e, prompt, n, &best_l);
