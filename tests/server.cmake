@@ -17,3 +17,17 @@ add_test(NAME server_clients COMMAND sh ${PROJECT_SOURCE_DIR}/tests/server-clien
 set_tests_properties(server_clients PROPERTIES
   ENVIRONMENT "KEEL_BIN=${CMAKE_BINARY_DIR}/keel;KEEL_BUILD=${CMAKE_BINARY_DIR}"
   SKIP_RETURN_CODE 77 TIMEOUT 1500)
+
+# The SDK tests share one npm install (a fixture: never two at once).
+add_test(NAME server_clients_install COMMAND sh ${PROJECT_SOURCE_DIR}/tests/server-clients/install.sh)
+set_tests_properties(server_clients_install PROPERTIES
+  ENVIRONMENT "KEEL_BUILD=${CMAKE_BINARY_DIR}" SKIP_RETURN_CODE 77 TIMEOUT 900
+  FIXTURES_SETUP npm_clients)
+set_tests_properties(server_clients PROPERTIES FIXTURES_REQUIRED npm_clients)
+# A coding agent's turns through both SDKs on a sliding-window and a hybrid
+# model: every turn reuses the system prompt and tools; answers equal a
+# fresh server's (tests/server-clients/agent.sh).
+add_test(NAME server_agent COMMAND sh ${PROJECT_SOURCE_DIR}/tests/server-clients/agent.sh)
+set_tests_properties(server_agent PROPERTIES
+  ENVIRONMENT "KEEL_BIN=${CMAKE_BINARY_DIR}/keel;KEEL_BUILD=${CMAKE_BINARY_DIR}"
+  SKIP_RETURN_CODE 77 TIMEOUT 1500 FIXTURES_REQUIRED npm_clients)
