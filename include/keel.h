@@ -656,8 +656,9 @@ keel_status keel_mem_load(keel_mem *mem, int32_t seq, const void *buf, size_t le
  * neither. On a memory with recurrent layers (docs/memory.md):
  *   - keel_mem_place: a token belongs to one sequence (KEEL_EINVAL
  *     otherwise); each sequence of the batch gets an exclusive state slot (a
- *     new sequence a zeroed one, a fork sharing its slot a copy:
- *     KEEL_EFULL if n_rs_slots has none free).
+ *     new sequence a zeroed one, a fork sharing its slot a copy, except
+ *     the last of the slot's sharers in the batch, which keeps it:
+ *     KEEL_EFULL if n_rs_slots has too few free).
  *   - keel_mem_seq_rm(s, p0, -1) with p0 inside the sequence restores the
  *     newest checkpoint at or before p0 (the sequence then ends at the
  *     checkpoint: keel_mem_seq_pos_max tells where to resume) and truncates
@@ -1029,9 +1030,18 @@ typedef struct keel_batch {
 
 /*
  * Runs the batch through the model, ubatch by ubatch. KEEL_EINVAL (token
- * id out of range, too many tokens or outputs, bad position or sequence),
- * KEEL_EFULL (the KV cache has no room for the whole batch: checked before
- * anything changes), KEEL_ERANGE (a continued position would pass
+ * id out of range, too many tokens or outputs, bad position or sequence:
+ * a given position must continue its sequence, also after a renumbering
+ * compaction the batch itself triggers; checked before anything changes),
+ * KEEL_EFULL (the batch does not fit: checked for every ubatch before the
+ * first one changes anything, so memory is exactly as it was — the cells
+ * of each ubatch, the compactions it triggers, counting that the cells a
+ * sequence shares with another (a seq_cp fork) are not freed when evicted
+ * and are copied when a renumbering keeps them (conservative only where a
+ * policy keeps shared cells other than the sinks at their positions), and
+ * the recurrent state slots of the whole batch: forks continued together
+ * need one slot less than sequences, so n_rs_slots = n_seq_max always
+ * suffices), KEEL_ERANGE (a continued position would pass
  * INT32_MAX; nothing changes), KEEL_ECANCELED (ubatches completed before
  * the cancel stay in the cache), KEEL_EFORMAT ("logits are NaN at position
  * P: the model's weights or hyperparameters are invalid": every requested

@@ -5,7 +5,10 @@
  * untouched, bounded prefill (a prompt 10x the trigger never holds more than
  * trigger cells), and the multi-turn ring scenario of design.md 1.1 on a
  * generated gemma2-style model (sliding layers, q8_0 rotated keys, KeyDiff
- * with renumbering), with the invariant check after every step.
+ * with renumbering), with the invariant check after every step; and a
+ * batch whose compaction meets cells shared with a fork (issue 26): refused
+ * with memory unchanged when it does not fit, exactly at the least n_ctx
+ * that fits, equal to the same batch without the fork.
  */
 #include "memtest.h"
 #include "memory/memory.h"
@@ -380,6 +383,149 @@ static void test_multiturn_ring(void **state)
     keel_model_close(m);
 }
 
+/* What a refused decode must leave exactly as it was. */
+typedef struct mem_snap {
+    uint64_t digest;
+    int64_t cells_used, tokens_placed, compactions[2];
+    int32_t pos_max[2], cells[2];
+} mem_snap;
+
+static void snap_take(keel_mem *mem, mem_snap *s)
+{
+    keel_mem_stats st;
+    keel_mem_stats_get(mem, &st);
+    memset(s, 0, sizeof *s);
+    s->digest = keel_mem_digest(mem);
+    s->cells_used = st.cells_used;
+    s->tokens_placed = st.tokens_placed;
+    for (int32_t q = 0; q < 2; q++) {
+        s->pos_max[q] = keel_mem_seq_pos_max(mem, q);
+        s->cells[q] = keel_mem_seq_cells(mem, q);
+        s->compactions[q] = keel_mem_seq_compactions(mem, q);
+    }
+}
+
+static void snap_equal(const mem_snap *a, const mem_snap *b)
+{
+    assert_true(a->digest == b->digest);
+    assert_int_equal(a->cells_used, b->cells_used);
+    assert_int_equal(a->tokens_placed, b->tokens_placed);
+    for (int q = 0; q < 2; q++) {
+        assert_int_equal(a->pos_max[q], b->pos_max[q]);
+        assert_int_equal(a->cells[q], b->cells[q]);
+        assert_int_equal(a->compactions[q], b->compactions[q]);
+    }
+}
+
+/* max |a - b| / max(1, max |b|) over n values */
+static double rel_diff(const float *a, const float *b, size_t n)
+{
+    double mx = 1.0, d = 0.0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs((double)b[i]));
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    return d / mx;
+}
+
+/* Issue 26 item 3 (b): sequence 1 is a fork of a 100-token sequence 0 with
+ * compaction (trigger 120, target 60, renumbered); a 64-token batch for 0
+ * compacts once (ubatches of 16) but the cells it keeps are shared with 1
+ * and must be copied, and the evicted ones are not freed. Without room the
+ * decode is refused before anything changes (it used to advance sequence 0
+ * to 115, or compact it, then fail); the least n_ctx that fits (204: 116
+ * cells, 40 copies, then 48 more tokens) is exactly what the check
+ * accepts, and the result equals the same batch without the fork. */
+#define FK_PROMPT 100
+#define FK_BATCH 64
+
+static keel_context *fork_ctx(keel_model *m, int32_t n_ctx)
+{
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = 128;
+    cp.n_ubatch = 16;
+    cp.n_seq_max = 2;
+    cp.n_threads = 2;
+    cp.type_k = cp.type_v = KEEL_DTYPE_F32;
+    cp.compact.policy = KEEL_COMPACT_WINDOW;
+    cp.compact.trigger = 120;
+    cp.compact.target = 60;
+    keel_context *c = NULL;
+    char err[256] = "";
+    keel_status st = keel_context_open(m, &cp, &c, err);
+    if (st != KEEL_OK) fail_msg("context: %s", err);
+    return c;
+}
+
+static void test_fork_compaction_all_or_nothing(void **state)
+{
+    (void)state;
+    keel_model *m = gen_model("llama", 0);
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    size_t V = (size_t)mi.n_vocab;
+    int32_t prompt[FK_PROMPT], more[FK_BATCH];
+    for (int i = 0; i < FK_PROMPT; i++) prompt[i] = 3 + (i * 37) % 500;
+    for (int i = 0; i < FK_BATCH; i++) more[i] = 5 + (i * 53) % 480;
+    keel_batch pb = {FK_PROMPT, prompt, NULL, NULL, NULL};
+    keel_batch mb = {FK_BATCH, more, NULL, NULL, NULL};
+    /* the reference: no fork */
+    keel_context *ref = fork_ctx(m, 256);
+    assert_ok(keel_decode(ref, &pb));
+    assert_ok(keel_decode(ref, &mb));
+    const int32_t sizes[] = {150, 170, 200, 203, 204, 256};
+    for (size_t k = 0; k < BASE_ARRAY_LEN(sizes); k++) {
+        keel_context *c = fork_ctx(m, sizes[k]);
+        keel_mem *mem = keel_context_memory(c);
+        assert_ok(keel_decode(c, &pb));
+        assert_ok(keel_mem_seq_cp(mem, 0, 1, -1, -1));
+        mem_snap before, after;
+        snap_take(mem, &before);
+        keel_status st = keel_decode(c, &mb);
+        printf("fork + compaction, n_ctx %d: %s%s%s\n", sizes[k], keel_status_name(st),
+               st == KEEL_OK ? "" : ": ", st == KEEL_OK ? "" : keel_context_last_error(c));
+        assert_ok(keel_mem_check(mem));
+        if (sizes[k] < 204) {
+            assert_status(st, KEEL_EFULL);
+            assert_non_null(strstr(keel_context_last_error(c), "context full"));
+            snap_take(mem, &after);
+            snap_equal(&before, &after);
+            assert_int_equal(after.pos_max[0], FK_PROMPT - 1);
+            keel_context_close(c);
+            continue;
+        }
+        assert_ok(st);
+        assert_int_equal(keel_mem_seq_compactions(mem, 0), 1);
+        if (sizes[k] == 256) {
+            /* given positions that ignore the renumbering of the batch's own
+             * compaction: refused before anything changes (KEEL_EINVAL) */
+            keel_context *g = fork_ctx(m, 256);
+            keel_mem *gm = keel_context_memory(g);
+            assert_ok(keel_decode(g, &pb));
+            assert_ok(keel_mem_seq_cp(gm, 0, 1, -1, -1));
+            int32_t pos[FK_BATCH];
+            for (int i = 0; i < FK_BATCH; i++) pos[i] = FK_PROMPT + i;
+            keel_batch gb = {FK_BATCH, more, pos, NULL, NULL};
+            snap_take(gm, &before);
+            assert_status(keel_decode(g, &gb), KEEL_EINVAL);
+            assert_non_null(strstr(keel_context_last_error(g), "renumbered by a compaction"));
+            snap_take(gm, &after);
+            snap_equal(&before, &after);
+            assert_ok(keel_mem_check(gm));
+            keel_context_close(g);
+        }
+        assert_int_equal(keel_mem_seq_pos_max(mem, 0), 60 + 3 * 16 - 1);
+        assert_int_equal(keel_mem_seq_cells(mem, 0), 60 + 3 * 16);
+        assert_int_equal(keel_mem_seq_pos_max(mem, 1), FK_PROMPT - 1);
+        assert_int_equal(keel_mem_seq_cells(mem, 1), FK_PROMPT);
+        assert_int_equal(keel_mem_seq_pos_max(keel_context_memory(ref), 0), keel_mem_seq_pos_max(mem, 0));
+        double e = rel_diff(keel_logits(c, FK_BATCH - 1), keel_logits(ref, FK_BATCH - 1), V);
+        if (!(e <= 1e-5)) fail_msg("n_ctx %d: forked vs not: logits differ by %.3g", sizes[k], e);
+        keel_context_close(c);
+    }
+    keel_context_close(ref);
+    keel_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -388,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_compacted_attention),
         cmocka_unit_test(test_other_sequence_untouched),
         cmocka_unit_test(test_bounded_prefill),
+        cmocka_unit_test(test_fork_compaction_all_or_nothing),
         cmocka_unit_test(test_multiturn_ring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

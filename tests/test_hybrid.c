@@ -14,7 +14,10 @@
  *   - the shift regression on the hybrid: seq_add over the attention layers
  *     of a qwen35-shaped model with q8_0 rotated keys (head_dim 64 and 256)
  *     takes the same scratch at 4,096 and 32,768 cells;
- *   - the plan counts the states and checkpoints exactly; bad parameters.
+ *   - the plan counts the states and checkpoints exactly; bad parameters;
+ *   - issue 26: a fork continued on both sides in one batch (one new state
+ *     slot, not two), also across a periodic-checkpoint cut, equals the
+ *     same tokens fed one sequence at a time.
  */
 #include "testutil.h"
 
@@ -440,6 +443,122 @@ static void test_work_arena_threads(void **state)
     keel_model_close(m);
 }
 
+/* Issue 26 item 2: a fork of a hybrid sequence continued on both sides in
+ * ONE batch needs one new state slot, not two (all sharers of a slot in
+ * the batch: one keeps the original). n_seq_max slots always suffice; the
+ * logits equal two single-token decodes and a fresh recomputation. */
+static void test_fork_one_batch(void **state)
+{
+    (void)state;
+    keel_model *m = gen_model("qwen35", 4, 128, 4, 2, 32, 5);
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    size_t V = (size_t)mi.n_vocab;
+    int32_t prompt[12];
+    for (int i = 0; i < 12; i++) prompt[i] = 3 + (i * 97) % 280;
+    int32_t next[3] = {41, 77, 123};
+    for (int32_t n_seq = 2; n_seq <= 3; n_seq++) {
+        keel_context *c = ctx(m, 64, 16, n_seq, KEEL_DTYPE_F32, 0);
+        keel_context *r = ctx(m, 64, 16, n_seq, KEEL_DTYPE_F32, 0);
+        keel_context *f = ctx(m, 64, 16, 1, KEEL_DTYPE_F32, 0);
+        keel_context *cs[2] = {c, r};
+        for (int k = 0; k < 2; k++) {
+            keel_batch p = {12, prompt, NULL, NULL, NULL};
+            assert_ok(keel_decode(cs[k], &p));
+            for (int32_t q = 1; q < n_seq; q++)
+                assert_ok(keel_mem_seq_cp(keel_context_memory(cs[k]), 0, q, -1, -1));
+        }
+        /* one batch: one token for each sequence */
+        int32_t seq[3] = {0, 1, 2};
+        int8_t lg[3] = {1, 1, 1};
+        keel_batch one = {n_seq, next, NULL, seq, lg};
+        keel_status st = keel_decode(c, &one);
+        if (st != KEEL_OK) fail_msg("fork of %d, one batch: %s", n_seq, keel_context_last_error(c));
+        keel_mem *mem = keel_context_memory(c);
+        assert_ok(keel_mem_check(mem));
+        /* the reference: one sequence at a time */
+        for (int32_t q = 0; q < n_seq; q++) {
+            keel_batch b = {1, &next[q], NULL, &seq[q], NULL};
+            assert_ok(keel_decode(r, &b));
+            assert_int_equal(keel_mem_seq_pos_max(mem, q), 12);
+            double e = rel_diff(keel_logits(c, q), keel_logits(r, 0), V);
+            if (!(e <= 2e-5)) fail_msg("sequence %d: one batch vs one at a time differ by %.3g", q, e);
+            /* and a fresh recomputation of the prompt and the token */
+            int32_t all[13];
+            memcpy(all, prompt, sizeof prompt);
+            all[12] = next[q];
+            keel_mem_clear(keel_context_memory(f));
+            keel_batch fb = {13, all, NULL, NULL, NULL};
+            assert_ok(keel_decode(f, &fb));
+            e = rel_diff(keel_logits(c, q), keel_logits(f, 12), V);
+            if (!(e <= 2e-5)) fail_msg("sequence %d: one batch vs recomputation differ by %.3g", q, e);
+        }
+        keel_context_close(c);
+        keel_context_close(r);
+        keel_context_close(f);
+    }
+    keel_model_close(m);
+}
+
+/* Issue 26 item 3 (a): checkpoint_every 8, a batch over sequences
+ * 2,2,2,2,0,1 (1 a fork of 0): the periodic cut puts 0 and 1 in a later
+ * ubatch; it used to fail there with sequence 2 already advanced. Now the
+ * batch runs whole and equals the same tokens fed one sequence at a time. */
+static void test_fork_checkpoint_cut(void **state)
+{
+    (void)state;
+    keel_model *m = gen_model("qwen35", 4, 128, 4, 2, 32, 9);
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    size_t V = (size_t)mi.n_vocab;
+    int32_t p0[10], p2[6];
+    for (int i = 0; i < 10; i++) p0[i] = 3 + (i * 61) % 280;
+    for (int i = 0; i < 6; i++) p2[i] = 9 + (i * 43) % 270;
+    keel_context *c = ctx(m, 64, 16, 3, KEEL_DTYPE_F32, 8);
+    keel_context *r = ctx(m, 64, 16, 3, KEEL_DTYPE_F32, 8);
+    keel_context *cs[2] = {c, r};
+    for (int k = 0; k < 2; k++) {
+        keel_batch a = {10, p0, NULL, NULL, NULL};
+        assert_ok(keel_decode(cs[k], &a));
+        assert_ok(keel_mem_seq_cp(keel_context_memory(cs[k]), 0, 1, -1, -1));
+        int32_t s2[6] = {2, 2, 2, 2, 2, 2};
+        keel_batch b = {6, p2, NULL, s2, NULL};
+        assert_ok(keel_decode(cs[k], &b));
+    }
+    keel_mem *mem = keel_context_memory(c);
+    assert_int_equal(keel_mem_seq_pos_max(mem, 2), 5);
+    int32_t toks[6] = {50, 51, 52, 53, 60, 61}, seq[6] = {2, 2, 2, 2, 0, 1};
+    int8_t lg[6] = {0, 0, 0, 1, 1, 1};
+    keel_batch b = {6, toks, NULL, seq, lg};
+    keel_status st = keel_decode(c, &b);
+    if (st != KEEL_OK) fail_msg("batch 2,2,2,2,0,1: %s", keel_context_last_error(c));
+    assert_ok(keel_mem_check(mem));
+    assert_int_equal(keel_mem_seq_pos_max(mem, 2), 9);
+    assert_int_equal(keel_mem_seq_pos_max(mem, 0), 10);
+    assert_int_equal(keel_mem_seq_pos_max(mem, 1), 10);
+    /* sequence 2 (a prompt of 4 tokens): checkpoints at 8 and at its end 10 */
+    keel_mem_ckpt_info info[8];
+    int32_t n = 0;
+    keel_mem_ckpt_list(mem, 2, info, 8, &n);
+    assert_true(n >= 2);
+    assert_int_equal(info[n - 2].pos, 8);
+    assert_int_equal(info[n - 1].pos, 10);
+    /* the reference: the same tokens, one sequence per call */
+    keel_batch r2 = {4, toks, NULL, seq, NULL};
+    assert_ok(keel_decode(r, &r2));
+    double e = rel_diff(keel_logits(c, 3), keel_logits(r, 3), V);
+    for (int q = 0; q < 2; q++) {
+        keel_batch rq = {1, &toks[4 + q], NULL, &seq[4 + q], NULL};
+        assert_ok(keel_decode(r, &rq));
+        double eq = rel_diff(keel_logits(c, 4 + q), keel_logits(r, 0), V);
+        e = eq > e ? eq : e;
+    }
+    if (!(e <= 2e-5)) fail_msg("batch vs one sequence at a time: %.3g", e);
+    keel_context_close(c);
+    keel_context_close(r);
+    keel_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -449,6 +568,8 @@ int main(void)
         cmocka_unit_test(test_checkpoint_restore_equals_recompute),
         cmocka_unit_test(test_shift_regression_hybrid),
         cmocka_unit_test(test_agent_pattern),
+        cmocka_unit_test(test_fork_one_batch),
+        cmocka_unit_test(test_fork_checkpoint_cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -296,23 +296,132 @@ void keel_cancel(keel_context *c)
 }
 
 /* Positions of tokens [from, to): each continues its sequence, from the
- * previous token of the sequence in that range or else from the memory.
- * KEEL_ERANGE (nothing placed yet) when a position would reach INT32_MAX
- * (the memory's positions are 0..INT32_MAX-1): without renumbering, the
- * positions of a long session only grow. */
-static keel_status continue_positions(keel_context *c, int32_t from, int32_t to)
+ * previous token of the sequence in that range or else from pmax[s] (the
+ * plan's) or, pmax NULL, the memory. KEEL_ERANGE (nothing placed yet)
+ * when a position would reach INT32_MAX (the memory's positions are
+ * 0..INT32_MAX-1): without renumbering, the positions of a long session
+ * only grow. */
+static keel_status continue_positions(keel_context *c, int32_t from, int32_t to, const int32_t *pmax)
 {
     for (int32_t i = from; i < to; i++) {
         int32_t s = c->ub_seq[i], prev = -1;
         for (int32_t j = i - 1; j >= from && prev < 0; j--)
             if (c->ub_seq[j] == s) prev = c->ub_pos[j];
-        if (prev < 0) prev = keel_mem_seq_pos_max(c->mem, s);
+        if (prev < 0) prev = pmax ? pmax[s] : keel_mem_seq_pos_max(c->mem, s);
         if (prev >= INT32_MAX - 1)
             return base_err(c->err, KEEL_ERANGE,
                             "decode: sequence %d: position %d is the last one (positions are int32; "
                             "compaction with renumbering keeps them small)",
                             s, prev);
         c->ub_pos[i] = prev + 1;
+    }
+    return KEEL_OK;
+}
+
+/* Tokens of the ubatch that starts at batch token start: ub at most, cut
+ * before a prompt's token at a multiple of checkpoint_every (a periodic
+ * checkpoint at position P is taken after the ubatch that ends just before
+ * the token at P). */
+static int32_t ubatch_len(const keel_context *c, int32_t start, int32_t n, int32_t ub, bool ckpt,
+                          const uint8_t *prompt)
+{
+    int32_t m = BASE_MIN(ub, n - start), every = c->p.checkpoint_every;
+    for (int32_t i = start + 1; ckpt && every > 0 && i < start + m; i++)
+        if (prompt[c->ub_seq[i]] && c->ub_pos[i] % every == 0) return i - start;
+    return m;
+}
+
+/*
+ * All or nothing (design.md rule 6): before the first ubatch changes
+ * anything, walks the ubatches as keel_decode will cut them and checks
+ * that every one fits: the recurrent state slots of the whole batch (a
+ * slot, once made a sequence's own, stays its own), the compactions each
+ * ubatch triggers (what they free and the copies they need, counting the
+ * cells they share with other sequences: mem_compact_est_apply, exact
+ * unless a policy keeps shared cells in place, else conservative), the
+ * cells each ubatch takes, and the positions placement will accept. It
+ * writes the positions it continues to ub_pos (the caller restores
+ * them). Not planned: the sliding rings' room for copies of shared ring
+ * cells a renumbering compaction moves (keel_mem_compact still checks it
+ * itself).
+ */
+static keel_status plan_batch(keel_context *c, const keel_batch *b, int32_t ub, bool ckpt,
+                              const uint8_t *prompt)
+{
+    int32_t n = b->n_tokens, ns = c->p.n_seq_max, n_room = c->p.unified ? 1 : ns;
+    keel_mem_batch whole = {n, c->ub_pos, c->ub_seq, NULL, NULL, NULL};
+    keel_status st = mem_rs_place_check(c->mem, &whole);
+    if (st != KEEL_OK)
+        return base_err(c->err, st, "decode: %s%s; nothing changed",
+                        st == KEEL_EFULL ? "context full: " : "", keel_mem_last_error(c->mem));
+    int32_t pmax[MEM_SEQ_MAX], cells[MEM_SEQ_MAX], cnt[MEM_SEQ_MAX];
+    int64_t room[MEM_SEQ_MAX];
+    uint8_t known[MEM_SEQ_MAX];
+    mem_compact_est est[MEM_SEQ_MAX];
+    for (int32_t s = 0; s < ns; s++) {
+        pmax[s] = keel_mem_seq_pos_max(c->mem, s);
+        cells[s] = keel_mem_seq_cells(c->mem, s);
+        cnt[s] = 0;
+        known[s] = 0;
+    }
+    for (int32_t k = 0; k < n_room; k++) room[k] = mem_room(c->mem, k);
+    for (int32_t start = 0, m = 0; start < n; start += m) {
+        m = ubatch_len(c, start, n, ub, ckpt, prompt);
+        for (int32_t i = start; i < start + m; i++) cnt[c->ub_seq[i]]++;
+        /* the compactions before the ubatch, in keel_decode's order */
+        for (int32_t i = start; i < start + m; i++) {
+            int32_t s = c->ub_seq[i], k = c->p.unified ? 0 : s;
+            const keel_compact_params *cp = &c->compact[s];
+            if (cp->policy == KEEL_COMPACT_NONE || cells[s] + cnt[s] <= cp->trigger) continue;
+            if (!known[s]) { /* the cells placed so far in the plan are its own */
+                mem_compact_est_init(c->mem, s, cp, &est[s]);
+                known[s] = 1;
+            }
+            est[s].cells = cells[s];
+            int32_t change = mem_compact_est_apply(&est[s], cp);
+            if (room[k] + change < 0)
+                return base_err(c->err, KEEL_EFULL,
+                                "decode: context full (n_ctx %d): compacting sequence %d before batch "
+                                "token %d takes %d cells more than it frees (the kept cells it "
+                                "shares with other sequences are copied, the evicted ones stay "
+                                "theirs), %lld free; nothing changed",
+                                c->p.n_ctx, s, i, -change, (long long)room[k]);
+            room[k] += change;
+            cells[s] = est[s].cells;
+            if (cp->renumber) pmax[s] = cp->target - 1; /* kept positions 0..target-1 */
+        }
+        if (!b->pos) {
+            st = continue_positions(c, start, start + m, pmax);
+            if (st != KEEL_OK) return st;
+        }
+        /* placement: continuing positions, then the cells */
+        for (int32_t i = start; i < start + m; i++) {
+            int32_t s = c->ub_seq[i], p = c->ub_pos[i];
+            if (p < 0 || p == INT32_MAX)
+                return base_err(c->err, KEEL_EINVAL, "decode: token %d has position %d", i, p);
+            if (pmax[s] >= 0 && p != pmax[s] + 1)
+                return base_err(c->err, KEEL_EINVAL,
+                                "decode: token %d: sequence %d continues at position %d, got %d "
+                                "(position gap or reorder%s); nothing changed",
+                                i, s, pmax[s] + 1, p,
+                                c->compact[s].policy != KEEL_COMPACT_NONE && c->compact[s].renumber
+                                    ? ", or positions renumbered by a compaction in the batch"
+                                    : "");
+            pmax[s] = p;
+        }
+        for (int32_t i = start; i < start + m; i++) {
+            int32_t s = c->ub_seq[i];
+            room[c->p.unified ? 0 : s]--;
+            cells[s]++;
+            cnt[s] = 0;
+        }
+        for (int32_t k = 0; k < n_room; k++)
+            if (room[k] < 0)
+                return base_err(c->err, KEEL_EFULL,
+                                "decode: context full (n_ctx %d): batch tokens %d..%d are %lld cells "
+                                "short%s; nothing changed",
+                                c->p.n_ctx, start, start + m - 1, (long long)-room[k],
+                                c->p.unified ? "" : " in their sequence's stream");
     }
     return KEEL_OK;
 }
@@ -375,7 +484,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
     if (b->pos) {
         memcpy(c->ub_pos, b->pos, (size_t)n * sizeof(int32_t));
     } else {
-        keel_status st = continue_positions(c, 0, n);
+        keel_status st = continue_positions(c, 0, n, NULL);
         if (st != KEEL_OK) return st;
     }
     /* ubatch size: with compaction, a ubatch must fit between target and
@@ -387,26 +496,6 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
         if (cp->policy == KEEL_COMPACT_NONE) continue;
         any_compact = true;
         ub = BASE_MIN(ub, cp->trigger - cp->target);
-    }
-    /* all or nothing: the full-attention tables must take the batch before
-     * its first ubatch changes anything (a compacted sequence needs at most
-     * trigger cells) */
-    for (int32_t k = 0; k < (c->p.unified ? 1 : c->p.n_seq_max); k++) {
-        int64_t need = 0;
-        for (int32_t s = 0; s < c->p.n_seq_max; s++) {
-            if (!c->p.unified && s != k) continue;
-            int64_t cnt = 0;
-            for (int32_t i = 0; i < n; i++) cnt += c->ub_seq[i] == s;
-            if (!cnt) continue;
-            const keel_compact_params *cp = &c->compact[s];
-            if (cp->policy != KEEL_COMPACT_NONE)
-                cnt = BASE_MIN(cnt, BASE_MAX(0, cp->trigger - keel_mem_seq_cells(c->mem, s)));
-            need += cnt;
-        }
-        int32_t room = mem_room(c->mem, k);
-        if (need > room)
-            return base_err(c->err, KEEL_EFULL, "decode: context full (n_ctx %d): %lld tokens, %d free cells",
-                            c->p.n_ctx, (long long)need, room);
     }
     const text_tokenizer *tok = c->model->tok;
     for (int32_t i = 0; i < n; i++) {
@@ -420,15 +509,15 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
     memset(prompt, 0, sizeof prompt);
     for (int32_t i = 0, cnt[MEM_SEQ_MAX] = {0}; ckpt && i < n; i++)
         if (++cnt[c->ub_seq[i]] > 1) prompt[c->ub_seq[i]] = 1;
+    /* all or nothing: every ubatch must fit before the first one changes
+     * anything; the plan continues positions, so they start over */
+    {
+        keel_status st = plan_batch(c, b, ub, ckpt, prompt);
+        if (st == KEEL_OK && !b->pos) st = continue_positions(c, 0, n, NULL);
+        if (st != KEEL_OK) return st;
+    }
     for (int32_t start = 0, m = 0; start < n; start += m) {
-        m = BASE_MIN(ub, n - start);
-        /* a periodic checkpoint at position P is taken after the ubatch
-         * that ends just before the token at P: cut there */
-        for (int32_t i = start + 1; ckpt && every > 0 && i < start + m; i++)
-            if (prompt[c->ub_seq[i]] && c->ub_pos[i] % every == 0) {
-                m = i - start;
-                break;
-            }
+        m = ubatch_len(c, start, n, ub, ckpt, prompt);
         if (any_compact) {
             /* bounded prefill: compact every sequence this ubatch would push
              * past its trigger, between chunks */
@@ -446,7 +535,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
             }
             /* positions of sequences renumbered by the compaction continue */
             if (!b->pos) {
-                keel_status st = continue_positions(c, start, start + m);
+                keel_status st = continue_positions(c, start, start + m, NULL);
                 if (st != KEEL_OK) return st;
             }
         }

@@ -522,3 +522,48 @@ keel_status keel_mem_compact(keel_mem *m, int32_t s, const keel_compact_params *
     m->n_compact[s]++;
     return KEEL_OK;
 }
+
+/* ---- planning (keel_decode's all-or-nothing check) ------------------------ */
+
+void mem_compact_est_init(keel_mem *m, int32_t s, const keel_compact_params *p, mem_compact_est *e)
+{
+    e->cells = keel_mem_seq_cells(m, s);
+    e->shared = e->fixed = 0;
+    const mem_table *T = full_table(m, s, NULL);
+    if (!T || e->cells == 0) return;
+    int32_t lo, hi, n_low = 0;
+    mem_table_seq_extent(T, s, &lo, &hi);
+    base_arena_reset(&m->scratch);
+    int32_t n_sink = p->policy == KEEL_COMPACT_NONE || !p->renumber ? 0 : p->n_sink;
+    /* s's cells below position n_sink, in (position, stamp) order, are the
+     * first of the compaction's order: sink j stays in place iff it holds
+     * position j (the batch only adds higher positions) */
+    int32_t *low = n_sink > 0 ? base_arena_take_n(&m->scratch, (size_t)e->cells, sizeof(int32_t)) : NULL;
+    for (int32_t c = lo; c < hi; c++) {
+        if (T->pos[c] < 0 || !mem_seq_has(T, c, s)) continue;
+        e->shared += mem_seq_count(T, c) > 1;
+        if (low && T->pos[c] < n_sink && n_low < e->cells) low[n_low++] = c;
+    }
+    if (!low) return; /* no scratch: no sink counted in place (conservative) */
+    mem_heap_sort(low, n_low, less_pos, T);
+    for (int32_t j = 0; j < n_low && j < n_sink; j++)
+        e->fixed += T->pos[low[j]] == j && mem_seq_count(T, low[j]) > 1;
+}
+
+int32_t mem_compact_est_apply(mem_compact_est *e, const keel_compact_params *p)
+{
+    /* kept = target exactly (cells > target): freed = own - kept own,
+     * copies = kept shared cells whose position changes, so freed - copies
+     * = own - target + (kept shared cells left in place) >= own - target +
+     * fixed; without renumbering nothing is copied and freed >= own - target */
+    int32_t own = e->cells - e->shared;
+    int32_t change = own - p->target;
+    if (p->renumber)
+        change += e->fixed;
+    else if (change < 0)
+        change = 0;
+    e->cells = p->target;
+    e->shared = BASE_MIN(e->shared, p->target);
+    e->fixed = BASE_MIN(e->fixed, e->shared);
+    return change;
+}

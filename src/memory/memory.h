@@ -318,6 +318,27 @@ size_t mem_session_scratch_bytes(size_t total_stamps, size_t n_ckpts, int32_t n_
 /* Scratch bytes keel_mem_compact needs (compact.c). */
 size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 
+/* A sequence's full-attention cells as keel_decode plans the compactions
+ * of a batch before it changes anything (compact.c): the cells it holds,
+ * how many of them another sequence shares (an upper bound once a planned
+ * compaction ran: other sequences' compactions only unshare cells) and, of
+ * those, the sinks a renumbering compaction leaves in place (not copied). */
+typedef struct mem_compact_est {
+    int32_t cells, shared, fixed;
+} mem_compact_est;
+/* From the memory as it is now (scratch reset; without scratch no sink is
+ * counted, which only makes the plan more conservative). */
+void mem_compact_est_init(keel_mem *m, int32_t s, const keel_compact_params *p, mem_compact_est *e);
+/* Plans one compaction of e under p (e->cells > p->target): returns the
+ * least net number of cells it frees in its table (freed minus copies of
+ * shared cells; negative when copies outweigh), and updates e to after it.
+ * Exact when no cell of the sequence is shared; with shared cells and
+ * renumbering, exact unless the policy keeps shared cells other than the
+ * sinks at their own positions; without renumbering, exact unless it
+ * evicts shared cells. keel_mem_compact's own room check (copies <= free
+ * + freed) holds whenever the free cells plus this are >= 0. */
+int32_t mem_compact_est_apply(mem_compact_est *e, const keel_compact_params *p);
+
 /* ---- the recurrent half (recurrent.c) ------------------------------------ */
 
 /* Bytes of one checkpoint record for cfg and the ring layout of each group
@@ -333,7 +354,11 @@ void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt);
 size_t mem_rs_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
 
 /* Placement on a recurrent memory: validate (tokens of one sequence each,
- * free slots) then commit (slots made exclusive, positions, stamps). */
+ * free slots: one per sequence without a slot, and per shared slot
+ * min(its sharers in the batch, refs - 1)) then commit (slots made
+ * exclusive, positions, stamps). The check is KEEL_OK without recurrent
+ * layers and takes any number of tokens: keel_decode runs it on the whole
+ * batch before its first ubatch. */
 keel_status mem_rs_place_check(keel_mem *m, const keel_mem_batch *b);
 void mem_rs_place_commit(keel_mem *m, const keel_mem_batch *b, uint64_t first_stamp);
 /* seq_rm / seq_cp / seq_keep / position edits / compaction / clear on a

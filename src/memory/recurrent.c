@@ -129,9 +129,9 @@ void mem_rs_clear(keel_mem *m)
 
 keel_status mem_rs_place_check(keel_mem *m, const keel_mem_batch *b)
 {
+    if (m->n_rs_layers == 0) return KEEL_OK;
     uint8_t seen[MEM_SEQ_MAX];
     memset(seen, 0, sizeof seen);
-    int32_t need = 0;
     for (int32_t i = 0; i < b->n_tokens; i++) {
         int32_t nsi = b->n_seq_id ? b->n_seq_id[i] : 1;
         if (nsi != 1)
@@ -139,11 +139,27 @@ keel_status mem_rs_place_check(keel_mem *m, const keel_mem_batch *b)
                             "place: token %d belongs to %d sequences; recurrent states are per "
                             "sequence (place it once per sequence, or fork with seq_cp)",
                             i, nsi);
-        int32_t s = b->n_seq_id ? b->seq_id[i][0] : b->seq_id1[i];
-        if (seen[s]) continue;
-        seen[s] = 1;
-        int32_t k = m->seq_slot[s];
-        need += k < 0 || m->rs_refs[k] > 1;
+        seen[b->n_seq_id ? b->seq_id[i][0] : b->seq_id1[i]] = 1;
+    }
+    /* a sequence without a slot needs one; the sharers of a slot (forks)
+     * in the batch need min(sharers in the batch, refs - 1) new ones: the
+     * last of them to be placed keeps the original (mem_rs_place_commit) */
+    int32_t need = 0;
+    for (int32_t s = 0; s < m->cfg.n_seq_max; s++) {
+        if (!seen[s]) continue;
+        int32_t k = m->seq_slot[s], in = 0;
+        if (k < 0) {
+            need++;
+            continue;
+        }
+        if (m->rs_refs[k] == 1) continue;
+        bool first = true; /* count each shared slot once, at its lowest sequence */
+        for (int32_t q = 0; q < m->cfg.n_seq_max && first; q++) {
+            if (!seen[q] || m->seq_slot[q] != k) continue;
+            if (q < s) first = false;
+            in++;
+        }
+        if (first) need += BASE_MIN(in, m->rs_refs[k] - 1);
     }
     int32_t avail = mem_rs_free_slots(m);
     if (need > avail)

@@ -948,16 +948,31 @@ static void ref_rm_all(ref *r, int32_t s)
 }
 
 /* Slots a batch needs that are not free: placement's KEEL_EFULL of the
- * recurrent half is legitimate exactly then. */
+ * recurrent half is legitimate exactly then. A new sequence needs one; the
+ * sharers of a state (forks) in the batch need min(sharers in the batch,
+ * sharers - 1): the last of them placed keeps the shared slot. */
 static bool rs_slots_short(const ref *r, int32_t n, const int32_t *seq)
 {
     if (!r->rs) return false;
     bool seen[REF_MAX_SEQ] = {false};
-    int32_t need = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (seen[seq[i]]) continue;
-        seen[seq[i]] = true;
-        need += r->hist[seq[i]].n == 0 || ref_shared(r, seq[i]);
+    int32_t need = 0, ns = r->rc.mc.n_seq_max;
+    for (int32_t i = 0; i < n; i++) seen[seq[i]] = true;
+    for (int32_t s = 0; s < ns; s++) {
+        if (!seen[s]) continue;
+        if (r->hist[s].n == 0) {
+            need++;
+            continue;
+        }
+        bool first = true;
+        int32_t in = 0, all = 0;
+        for (int32_t q = 0; q < ns; q++) {
+            if (!r->hist[q].n || r->rs_id[q] != r->rs_id[s]) continue;
+            all++;
+            if (!seen[q]) continue;
+            in++;
+            first &= q >= s;
+        }
+        if (first) need += in < all - 1 ? in : all - 1;
     }
     return need > r->n_slots - ref_slots_used(r);
 }
