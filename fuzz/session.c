@@ -111,15 +111,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(blob, data + 1, size - 1);
     if (data[0] & 16) reseal(blob, size - 1);
     uint64_t before = keel_mem_digest(m);
-    int32_t toks[256], nt = 0;
-    keel_status st = keel_mem_load(m, target, blob, size - 1, 0, data[0] & 4 ? KEEL_SESSION_CONVERT : 0, toks, 256, &nt, NULL);
+    int32_t toks[256], nt = 0, np = 0;
+    keel_status st = keel_mem_load(m, target, blob, size - 1, 0, data[0] & 4 ? KEEL_SESSION_CONVERT : 0, toks, 256, &nt, &np);
     free(blob);
     if (st != KEEL_OK) {
         if (keel_mem_digest(m) != before) abort(); /* a refused load changed the memory */
     } else {
         if (keel_mem_check(m) != KEEL_OK) abort();
         size_t n = 0;
-        if (keel_mem_save(m, target, 0, toks, nt, 0, g_out, sizeof g_out, &n) != KEEL_OK) abort();
+        /* with its history as loaded (it agreed with the cells) */
+        if (keel_mem_save(m, target, 0, toks, nt, np, g_out, sizeof g_out, &n) != KEEL_OK) abort();
         keel_mem *m2 = open_mem(hybrid, ring_ckpt, sparse);
         if (!m2) abort();
         int32_t nt2 = 0;

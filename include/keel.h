@@ -620,9 +620,11 @@ uint64_t keel_mem_digest(const keel_mem *mem);
  * fingerprint (e.g. the model's, 0 for none) is stored and checked at load;
  * tokens[0 .. n_tokens) is the caller's token history of the sequence, of
  * which the last n_pending are not in the memory yet (sampled, not decoded),
- * stored as is. *n_out is the size (also when buf is NULL or too small:
- * KEEL_ERANGE, nothing written). KEEL_EINVAL. Allocates nothing (scratch
- * reserved at open).
+ * stored as is (keel_mem_load checks it against the cells). *n_out is the
+ * size (also when buf is NULL or too small: KEEL_ERANGE, nothing written).
+ * KEEL_EINVAL, named in keel_mem_last_error: an unknown seq, n_out NULL,
+ * n_tokens or n_pending negative, n_pending > n_tokens, tokens NULL with
+ * n_tokens > 0. Allocates nothing (scratch reserved at open).
  */
 keel_status keel_mem_save(keel_mem *mem, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
                           int32_t n_tokens, int32_t n_pending, void *buf, size_t cap, size_t *n_out);
@@ -639,11 +641,23 @@ keel_status keel_mem_save(keel_mem *mem, int32_t seq, uint64_t fingerprint, cons
  * checksums, lengths, the column descriptors (the same layers, heads, dims
  * and RoPE as this memory; the same dtypes and rotation unless flags has
  * KEEL_SESSION_CONVERT: else KEEL_EUNSUPPORTED), cell metadata and room
- * (KEEL_EFULL) — and only then does the memory change; any failure leaves
- * it byte-identical. The token history goes to tokens (cap_tokens entries;
- * NULL to skip; KEEL_ERANGE if it does not fit), its length to *n_tokens and
- * its pending count to *n_pending (may be NULL). KEEL_EFORMAT (corrupted or
- * truncated), KEEL_EINVAL (another model or memory shape). Allocates nothing.
+ * (KEEL_EFULL), and the token history against the cells of a one-sequence
+ * session (below) — and only then does the memory change; any failure
+ * leaves it byte-identical. The token history goes to tokens (cap_tokens
+ * entries; NULL to skip; KEEL_ERANGE if it does not fit), its length to
+ * *n_tokens and its pending count to *n_pending (may be NULL).
+ * The history agrees with the cells when, with c = n_tokens - n_pending the
+ * tokens in the cache: a sequence never compacted holds them at positions
+ * 0 .. c-1 (its last cell at c-1, every position at most once per layer
+ * group, the first full-attention group all of them; sliding rings may have
+ * forgotten the oldest; recurrent-only memories: the state's last position
+ * is c-1); a compacted one (docs/compaction.md) holds a summary the history
+ * only extends (no group more than c cells, none at or past position c, each
+ * position at most once). An empty history (n_tokens 0) means none was
+ * recorded and is not checked here; a whole-memory session's history names
+ * no sequence and is stored as is. KEEL_EFORMAT (corrupted or truncated; a
+ * history that disagrees, named), KEEL_EINVAL (another model or memory
+ * shape; n_tokens NULL; buf NULL with len > 0). Allocates nothing.
  */
 keel_status keel_mem_load(keel_mem *mem, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
                           unsigned flags, int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens,
@@ -1069,23 +1083,33 @@ keel_status keel_decode(keel_context *c, const keel_batch *b);
  * stamped with the model's fingerprint: a loaded sequence continues exactly
  * as if it had never been saved. tokens[0 .. n_tokens) is the sequence's
  * history, of which the last n_pending are not in the cache yet (a sampled
- * token not decoded); the history comes back on load. Errors name the file
- * and the reason in keel_context_last_error. */
+ * token not decoded); the history comes back on load, checked against the
+ * cells as keel_mem_load does and every id against the model's vocabulary
+ * (KEEL_EFORMAT "token 17 is id 600, outside this model's vocabulary
+ * [0, 512)"). Errors name the file and the reason in
+ * keel_context_last_error. */
 
 /* To a caller's buffer (KEEL_ERANGE with *n_out the size when it is too
  * small or NULL). */
 keel_status keel_session_save_buf(keel_context *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
                                   int32_t n_pending, void *buf, size_t cap, size_t *n_out);
-/* To a file, atomically (a temporary file in the same directory, fsync,
- * rename, directory fsync): an existing file is replaced only by a complete
- * new one. KEEL_EIO with the path and errno text. Allocates the blob. */
+/* To a file, atomically (a temporary file of a new name in the same
+ * directory, fsync, rename, directory fsync): an existing regular file is
+ * replaced only by a complete new one; through a symbolic link to a regular
+ * file the target is replaced and the link stays. A path that exists and is
+ * not a regular file (a device such as /dev/full, a FIFO, a directory, a
+ * socket, a link to one or to nothing) is refused with KEEL_EIO before
+ * anything is created: the rename would put a regular file in its place.
+ * KEEL_EIO with the path and errno text. Allocates the blob. */
 keel_status keel_session_save(keel_context *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
                               int32_t n_pending, const char *path);
 /* From a buffer / a file into seq (-1: the whole memory): validated
  * completely first (another model, other cache types or rotation unless
- * flags has KEEL_SESSION_CONVERT, corrupted or truncated, no room: each a
+ * flags has KEEL_SESSION_CONVERT, corrupted or truncated, no room, a history
+ * that disagrees with the cells or holds ids outside the vocabulary: each a
  * status and message, the memory as before). A file larger than any session
- * of this context could be is refused before it is read. */
+ * of this context could be, or a path that is not a regular file (KEEL_EIO,
+ * not waited on), is refused before it is read. */
 keel_status keel_session_load_buf(keel_context *c, int32_t seq, const void *buf, size_t len, unsigned flags,
                                   int32_t *tokens, int32_t cap, int32_t *n_tokens, int32_t *n_pending);
 keel_status keel_session_load(keel_context *c, int32_t seq, const char *path, unsigned flags, int32_t *tokens,
@@ -1427,12 +1451,17 @@ keel_status keel_engine_reset(keel_engine *e);
  * (KEEL_ESTATE otherwise) and a valid slot id (KEEL_EINVAL).
  *   save:    writes the slot's cache and its token history to path
  *            (keel_session format, docs/formats.md; atomic: a temporary file
- *            renamed into place). info (may be NULL, cap bytes) receives
+ *            renamed into place; a path that is not a regular file is
+ *            refused as keel_session_save does). info (may be NULL, cap bytes) receives
  *            {"id_slot", "n_saved", "n_written", "timings": {"save_ms"}}.
  *   restore: loads such a file into the slot (validated completely before the
  *            slot changes: wrong model, other cache types, corrupted or
- *            truncated files are refused with the memory unchanged); info
- *            receives {"id_slot", "n_restored", "n_read", "timings": {"restore_ms"}}.
+ *            truncated files, and a token history that is not the one the
+ *            cells hold (as keel_mem_load checks it; here an empty history
+ *            with cells is refused too) or holds ids outside the vocabulary
+ *            are refused, KEEL_EFORMAT, with the slot's cache and history
+ *            unchanged); info receives {"id_slot", "n_restored", "n_read",
+ *            "timings": {"restore_ms"}}.
  *   erase:   empties the slot's cache; info {"id_slot", "n_erased"}.
  * KEEL_EIO (path and errno text in keel_engine_last_error), KEEL_EFORMAT,
  * KEEL_EFULL (the cache has no room for the restored cells), KEEL_ERANGE

@@ -13,7 +13,11 @@
  *   - keel_engine_stats names a built-in template given at open (the name
  *     pointed into the freed options JSON);
  *   - keel_engine_run started while a keel_complete steps the engine on its
- *     own thread waits for it (both used to step the slots at once).
+ *     own thread waits for it (both used to step the slots at once);
+ *   - keel_engine_slot_restore refuses a file whose token history disagrees
+ *     with its cells or holds ids out of the vocabulary, the slot unchanged
+ *     (such files were restored and the next turn reused the wrong
+ *     tokens); keel_engine_slot_save does not replace a FIFO.
  * Responses are parsed with JSON_ALLOW_NUL: a random model may generate a
  * NUL byte, which the response JSON carries as \\u0000.
  */
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char g_model[64];
@@ -397,6 +402,102 @@ static void test_loop_starts_while_complete_runs(void **state)
     keel_engine_close(e);
 }
 
+/* Slot restore checks the file's token history against its cells, and its
+ * ids against the vocabulary, before the slot changes: a history longer or
+ * shorter than the cells, pending tokens that are in the cache, an id out
+ * of the vocabulary or no history at all are refused, named, and the slot
+ * keeps its cache (they used to be restored: a history of 100 tokens over
+ * 40 cells, and the next turn reused tokens the cache did not hold). A slot
+ * save never replaces a FIFO (the temporary file used to be renamed over
+ * it). The bad files are written by keel_session_save from a context on
+ * the same model, so their checksums are valid. */
+static void test_slot_restore_checks_history(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    char resp[8192], info[512];
+    assert_ok(keel_complete(e, MSGS, OPTS4, NULL, NULL, NULL, resp, sizeof resp));
+    json_t *s = stats(e);
+    int64_t cached = slot0(s, "cached_tokens"), cells = slot0(s, "cells");
+    json_decref(s);
+    assert_true(cached > 10 && cells > 0);
+    char dir[64], good[128], bad[128], fifo[128];
+    snprintf(dir, sizeof dir, "/tmp/keel_slothist_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(good, sizeof good, "%s/good", dir);
+    snprintf(bad, sizeof bad, "%s/bad", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    assert_ok(keel_engine_slot_save(e, 0, good, info, sizeof info));
+    /* a context on the same model reads the slot's file and writes edited ones */
+    keel_model_params mp = keel_model_params_default();
+    mp.path = g_model;
+    keel_model *m = NULL;
+    char err[256];
+    if (keel_model_open(&mp, &m, err) != KEEL_OK) fail_msg("model: %s", err);
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 512;
+    cp.n_threads = 1;
+    keel_context *c = NULL;
+    if (keel_context_open(m, &cp, &c, err) != KEEL_OK) fail_msg("context: %s", err);
+    int32_t hist[600], nt = 0, np = -1;
+    keel_status st = keel_session_load(c, 0, good, 0, hist, 540, &nt, &np);
+    if (st != KEEL_OK) fail_msg("load: %s", keel_context_last_error(c));
+    assert_int_equal(nt, cached);
+    assert_int_equal(np, 0);
+    for (int32_t i = nt; i < 600; i++) hist[i] = 5 + i % 50;
+    const struct {
+        const char *what;
+        int32_t n, pending, oov_at;
+        const char *want;
+    } cases[] = {
+        {"longer", nt + 60, 0, -1, "token history disagrees with the cells"},
+        {"shorter", nt - 10, 0, -1, "token history disagrees with the cells"},
+        {"pending in the cache", nt, 5, -1, "are pending (not in the cache), but the cells reach position"},
+        {"out of the vocabulary", nt, 0, 3, "outside this model's vocabulary"},
+        {"no history", 0, 0, -1, "no token history"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t keep = cases[i].oov_at >= 0 ? hist[cases[i].oov_at] : 0;
+        if (cases[i].oov_at >= 0) hist[cases[i].oov_at] = mi.n_vocab + 7;
+        assert_ok(keel_session_save(c, 0, hist, cases[i].n, cases[i].pending, bad));
+        if (cases[i].oov_at >= 0) hist[cases[i].oov_at] = keep;
+        st = keel_engine_slot_restore(e, 0, bad, info, sizeof info);
+        if (st != KEEL_EFORMAT || !strstr(keel_engine_last_error(e), cases[i].want))
+            fail_msg("%s: %s '%s', want KEEL_EFORMAT '%s'", cases[i].what, keel_status_name(st),
+                     keel_engine_last_error(e), cases[i].want);
+        s = stats(e);
+        assert_int_equal(slot0(s, "cached_tokens"), cached);
+        assert_int_equal(slot0(s, "cells"), cells);
+        json_decref(s);
+    }
+    /* a FIFO is not replaced by a slot save */
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_status(keel_engine_slot_save(e, 0, fifo, info, sizeof info), KEEL_EIO);
+    assert_non_null(strstr(keel_engine_last_error(e), "not a regular file"));
+    struct stat sb;
+    assert_int_equal(lstat(fifo, &sb), 0);
+    assert_true(S_ISFIFO(sb.st_mode));
+    /* the slot kept its cache: the same conversation reuses it */
+    assert_ok(keel_complete(e, MSGS, OPTS4, NULL, NULL, NULL, resp, sizeof resp));
+    json_t *r = parse(resp);
+    assert_int_equal(usage(r, "cached_tokens"), usage(r, "prompt_tokens") - 1);
+    json_decref(r);
+    /* and the file with the agreeing history restores */
+    assert_ok(keel_engine_slot_restore(e, 0, good, info, sizeof info));
+    s = stats(e);
+    assert_int_equal(slot0(s, "cached_tokens"), cached);
+    assert_int_equal(slot0(s, "cells"), cells);
+    json_decref(s);
+    keel_context_close(c);
+    keel_model_close(m);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    keel_engine_close(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -406,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_stats_builtin_template),
         cmocka_unit_test(test_complete_threads_with_loop),
         cmocka_unit_test(test_loop_starts_while_complete_runs),
+        cmocka_unit_test(test_slot_restore_checks_history),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,6 +10,8 @@
 #include "testutil.h"
 #include "memory/memory.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <math.h>
@@ -112,18 +114,20 @@ static void test_roundtrip_sequence(void **state)
     p.target = 64;
     p.recent = 0.5f;
     assert_ok(keel_mem_compact(a, 0, &p));
-    int32_t toks[5] = {7, 8, 9, 10, 11}, back[8];
+    /* the history of the 100 tokens compacted into 64 cells */
+    int32_t toks[100], back[128];
+    for (int32_t i = 0; i < 100; i++) toks[i] = 7 + i;
     size_t n = 0;
-    assert_status(keel_mem_save(a, 0, 0x1234, toks, 5, 0, NULL, 0, &n), KEEL_ERANGE);
+    assert_status(keel_mem_save(a, 0, 0x1234, toks, 100, 0, NULL, 0, &n), KEEL_ERANGE);
     assert_true(n > 0 && n < sizeof g_blob);
-    assert_ok(keel_mem_save(a, 0, 0x1234, toks, 5, 0, g_blob, sizeof g_blob, &n));
+    assert_ok(keel_mem_save(a, 0, 0x1234, toks, 100, 0, g_blob, sizeof g_blob, &n));
     /* into another memory, another sequence id, with other cells present */
     keel_mem *b = open_mem(ls, 3, 256);
     fill(b, 2, 0, 30, 3);
     int32_t nt = 0;
-    assert_ok(keel_mem_load(b, 1, g_blob, n, 0x1234, 0, back, 8, &nt, NULL));
+    assert_ok(keel_mem_load(b, 1, g_blob, n, 0x1234, 0, back, 128, &nt, NULL));
     assert_ok(keel_mem_check(b));
-    assert_int_equal(nt, 5);
+    assert_int_equal(nt, 100);
     assert_memory_equal(back, toks, sizeof toks);
     assert_int_equal(keel_mem_seq_cells(b, 1), keel_mem_seq_cells(a, 0));
     assert_int_equal(keel_mem_seq_pos_max(b, 1), keel_mem_seq_pos_max(a, 0));
@@ -189,9 +193,10 @@ static void test_corruption_refused(void **state)
     layers(ls);
     keel_mem *a = open_mem(ls, 1, 64);
     fill(a, 0, 0, 20, 1);
-    int32_t toks[3] = {1, 2, 3};
+    int32_t toks[20];
+    for (int32_t i = 0; i < 20; i++) toks[i] = 1 + i;
     size_t n = 0;
-    assert_ok(keel_mem_save(a, 0, 42, toks, 3, 0, g_blob, sizeof g_blob, &n));
+    assert_ok(keel_mem_save(a, 0, 42, toks, 20, 0, g_blob, sizeof g_blob, &n));
     keel_mem *b = open_mem(ls, 1, 64);
     fill(b, 0, 0, 5, 7);
     uint64_t d0 = keel_mem_digest(b);
@@ -282,6 +287,205 @@ static void test_other_memory_refused(void **state)
     keel_mem_close(a);
 }
 
+
+/* ---- the token history against the cells ------------------------------------------ */
+
+/* Copies the blob src[0 .. n) into dst with its TOKENS section replaced by
+ * toks[0 .. nt) (np pending) and every checksum recomputed, so that only a
+ * check of the history itself can refuse it. Returns the new size. */
+static size_t with_history(const uint8_t *src, size_t n, const int32_t *toks, int32_t nt, int32_t np, uint8_t *dst)
+{
+    uint32_t nsec;
+    memcpy(&nsec, src + 28, 4);
+    memcpy(dst, src, 48);
+    size_t in = 48, out = 48;
+    for (uint32_t i = 0; i < nsec; i++) {
+        uint32_t type;
+        uint64_t len;
+        memcpy(&type, src + in, 4);
+        memcpy(&len, src + in + 8, 8);
+        assert_true(in + 24 + len <= n);
+        memcpy(dst + out, src + in, 24);
+        uint8_t *body = dst + out + 24;
+        uint64_t nlen = len;
+        if (type == 2) { /* TOKENS: n, n_pending, ids */
+            memcpy(body, &nt, 4);
+            memcpy(body + 4, &np, 4);
+            memcpy(body + 8, toks, (size_t)nt * 4);
+            nlen = 8 + (uint64_t)nt * 4;
+        } else {
+            memcpy(body, src + in + 24, (size_t)len);
+        }
+        uint64_t h = base_hash64(body, (size_t)nlen, 0x5e55);
+        memcpy(dst + out + 8, &nlen, 8);
+        memcpy(dst + out + 16, &h, 8);
+        in += 24 + (size_t)len;
+        out += 24 + (size_t)nlen;
+    }
+    assert_int_equal(in, n);
+    return out;
+}
+
+typedef struct hist_case {
+    const char *what;
+    int32_t nt, np;  /* the history put in the blob */
+    const char *want; /* in the message */
+} hist_case;
+
+/* Loads blob (of a sequence) with each history of cases into sequence 0 of
+ * b: each refused with KEEL_EFORMAT, named, b exactly as before. */
+static void refuse_histories(keel_mem *b, const uint8_t *blob, size_t n, const hist_case *cases, int n_cases)
+{
+    static int32_t toks[256];
+    for (int32_t i = 0; i < 256; i++) toks[i] = 3 + i;
+    uint64_t d0 = keel_mem_digest(b);
+    int32_t cells0 = keel_mem_seq_cells(b, 0), pmax0 = keel_mem_seq_pos_max(b, 0);
+    for (int k = 0; k < n_cases; k++) {
+        size_t m = with_history(blob, n, toks, cases[k].nt, cases[k].np, g_blob2);
+        int32_t nt = -1, np = -1, back[256];
+        back[0] = -7;
+        keel_status st = keel_mem_load(b, 0, g_blob2, m, 0, 0, back, 256, &nt, &np);
+        const char *msg = keel_mem_last_error(b);
+        if (st != KEEL_EFORMAT || !strstr(msg, cases[k].want))
+            fail_msg("%s: %s '%s', want KEEL_EFORMAT '%s'", cases[k].what, keel_status_name(st), msg, cases[k].want);
+        assert_int_equal(keel_mem_digest(b), d0);
+        assert_int_equal(keel_mem_seq_cells(b, 0), cells0);
+        assert_int_equal(keel_mem_seq_pos_max(b, 0), pmax0);
+        assert_int_equal(back[0], -7); /* nothing written */
+        assert_ok(keel_mem_check(b));
+    }
+}
+
+/* A history that disagrees with the cells is refused before anything
+ * changes (it used to load, and the engine then reused 100 tokens of a
+ * cache that held 40): longer, shorter, pending tokens that are in the
+ * cache, positions that are not the history's, a compacted sequence with
+ * fewer tokens than cells. What agrees loads: the whole history over rings
+ * that forgot its start, a compacted summary of a longer history, no
+ * history at all. */
+static void test_history_must_agree(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2];
+    layers(ls); /* a full group and a ring of 2 sinks + 16 */
+    keel_mem *a = open_mem(ls, 2, 256);
+    fill(a, 0, 0, 40, 1);
+    size_t n = 0;
+    assert_ok(keel_mem_save(a, 0, 0, NULL, 0, 0, g_blob, sizeof g_blob, &n));
+    keel_mem *b = open_mem(ls, 2, 256);
+    fill(b, 0, 0, 7, 3); /* what a refused load must leave alone */
+    const hist_case plain[] = {
+        {"longer", 100, 0, "disagrees with the cells: 100 tokens (0 pending) leave 100 in the cache, the sequence's cells end at position 39"},
+        {"shorter", 20, 0, "cells end at position 39"},
+        {"one short", 39, 0, "cells end at position 39"},
+        {"pending in the cache", 40, 5, "5 of its 40 tokens are pending (not in the cache), but the cells reach position 39"},
+        {"pending beyond", 45, 6, "are pending"},
+    };
+    refuse_histories(b, g_blob, n, plain, 5);
+    /* the agreeing history loads (the ring forgot positions 2..23) */
+    static int32_t toks[256], back[256];
+    for (int32_t i = 0; i < 256; i++) toks[i] = 3 + i;
+    int32_t nt = 0, np = -1;
+    size_t m = with_history(g_blob, n, toks, 41, 1, g_blob2); /* one pending: fine */
+    assert_ok(keel_mem_load(b, 1, g_blob2, m, 0, 0, back, 256, &nt, &np));
+    assert_int_equal(nt, 41);
+    assert_int_equal(np, 1);
+    assert_ok(keel_mem_load(b, 1, g_blob, n, 0, 0, back, 256, &nt, &np)); /* no history: not checked */
+    assert_int_equal(nt, 0);
+    assert_ok(keel_mem_check(b));
+    assert_ok(keel_mem_seq_rm(b, 1, -1, -1));
+
+    /* positions that are not the history's: 40 tokens placed at 5..44 */
+    keel_mem *c = open_mem(ls, 2, 256);
+    fill(c, 0, 5, 40, 1);
+    assert_ok(keel_mem_save(c, 0, 0, NULL, 0, 0, g_blob, sizeof g_blob, &n));
+    const hist_case moved[] = {
+        {"positions 5..44, 45 tokens", 45, 0, "full group 0 has no cell at position 0, where the history has its token 0"},
+        {"positions 5..44, 40 tokens", 40, 0, "cells end at position 44"},
+    };
+    refuse_histories(b, g_blob, n, moved, 2);
+    /* positions held twice: 0..9 and 20..29, then sequence 1's 5..14 copied
+     * in (30 cells up to position 29, as many as the history) */
+    keel_mem_close(c);
+    c = open_mem(ls, 2, 256);
+    fill(c, 0, 0, 30, 1);
+    assert_ok(keel_mem_seq_rm(c, 0, 10, 20));
+    fill(c, 1, 0, 20, 2);
+    assert_ok(keel_mem_seq_cp(c, 1, 0, 5, 15));
+    assert_int_equal(keel_mem_seq_cells(c, 0), 30);
+    assert_ok(keel_mem_save(c, 0, 0, NULL, 0, 0, g_blob, sizeof g_blob, &n));
+    const hist_case twice[] = {
+        {"positions twice", 30, 0, "group 0 holds position 5 twice"},
+        {"positions twice, fewer tokens", 20, 0, "cells end at position 29"},
+    };
+    refuse_histories(b, g_blob, n, twice, 2);
+
+    /* compacted: 100 tokens kept as 64 cells at 0..63 (renumbered) */
+    keel_mem_close(c);
+    c = open_mem(ls, 2, 256);
+    fill(c, 0, 0, 100, 1);
+    keel_compact_params p = keel_compact_params_default();
+    p.policy = KEEL_COMPACT_KEYDIFF;
+    p.trigger = 80;
+    p.target = 64;
+    p.recent = 0.5f;
+    assert_ok(keel_mem_compact(c, 0, &p));
+    assert_int_equal(keel_mem_seq_cells(c, 0), 64);
+    assert_ok(keel_mem_save(c, 0, 0, NULL, 0, 0, g_blob, sizeof g_blob, &n));
+    const hist_case comp[] = {
+        {"compacted, fewer tokens than cells", 50, 0, "cells end at position 63"},
+        {"compacted, 64 tokens, 1 pending", 64, 1, "pending"},
+    };
+    refuse_histories(b, g_blob, n, comp, 2);
+    m = with_history(g_blob, n, toks, 100, 0, g_blob2); /* the summary of a longer history */
+    assert_ok(keel_mem_load(b, 1, g_blob2, m, 0, 0, back, 256, &nt, NULL));
+    assert_int_equal(nt, 100);
+    m = with_history(g_blob, n, toks, 64, 0, g_blob2); /* as many as cells */
+    assert_ok(keel_mem_load(b, 1, g_blob2, m, 0, 0, back, 256, &nt, NULL));
+    assert_ok(keel_mem_check(b));
+    keel_mem_close(c);
+    keel_mem_close(b);
+    keel_mem_close(a);
+}
+
+/* Bad arguments name themselves (they used to return KEEL_EINVAL with an
+ * empty message). */
+static void test_bad_arguments_named(void **state)
+{
+    (void)state;
+    keel_mem_layer ls[2];
+    layers(ls);
+    keel_mem *a = open_mem(ls, 1, 64);
+    fill(a, 0, 0, 4, 1);
+    int32_t toks[4] = {1, 2, 3, 4}, nt = 0;
+    size_t n = 0;
+    struct {
+        int32_t n_tokens, n_pending;
+        bool null_tokens, null_out;
+        const char *want;
+    } cases[] = {
+        {4, 5, false, false, "n_pending 5 is more than n_tokens 4"},
+        {-1, 0, false, false, "n_tokens -1 is negative"},
+        {4, -2, false, false, "n_pending -2 is negative"},
+        {4, 0, true, false, "tokens is NULL with n_tokens 4"},
+        {4, 0, false, true, "n_out is NULL"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        keel_status st = keel_mem_save(a, 0, 0, cases[i].null_tokens ? NULL : toks, cases[i].n_tokens,
+                                       cases[i].n_pending, g_blob, sizeof g_blob, cases[i].null_out ? NULL : &n);
+        const char *msg = keel_mem_last_error(a);
+        if (st != KEEL_EINVAL || !strstr(msg, cases[i].want))
+            fail_msg("save case %zu: %s '%s', want KEEL_EINVAL '%s'", i, keel_status_name(st), msg, cases[i].want);
+    }
+    assert_ok(keel_mem_save(a, 0, 0, toks, 4, 0, g_blob, sizeof g_blob, &n));
+    uint64_t d0 = keel_mem_digest(a);
+    assert_status(keel_mem_load(a, 0, g_blob, n, 0, 0, NULL, 0, NULL, NULL), KEEL_EINVAL);
+    assert_non_null(strstr(keel_mem_last_error(a), "n_tokens is NULL"));
+    assert_status(keel_mem_load(a, 0, NULL, n, 0, 0, NULL, 0, &nt, NULL), KEEL_EINVAL);
+    assert_non_null(strstr(keel_mem_last_error(a), "buf is NULL"));
+    assert_int_equal(keel_mem_digest(a), d0);
+    keel_mem_close(a);
+}
 
 /* ---- through a model: save/load at random points changes nothing ---------------- */
 
@@ -412,9 +616,15 @@ static uint64_t script(keel_model *m, bool save_load, uint64_t seed, int32_t n_c
         int32_t nt = 0;
         if (sl == 0) { /* one sequence, loaded into the free id */
             int32_t dst = 3 - seq_of[0] - seq_of[1];
-            assert_ok(keel_session_save_buf(c, s, NULL, 0, 0, blob, sizeof blob, &len));
+            /* with its history: it agrees with the cells through rewinds,
+             * compactions, rings and recurrent states */
+            static int32_t back[256];
+            assert_ok(keel_session_save_buf(c, s, hist[conv], used[conv], 0, blob, sizeof blob, &len));
             assert_ok(keel_mem_seq_rm(mem, s, -1, -1)); /* saved, released, restored elsewhere */
-            assert_ok(keel_session_load_buf(c, dst, blob, len, 0, NULL, 0, &nt, NULL));
+            keel_status lst = keel_session_load_buf(c, dst, blob, len, 0, back, 256, &nt, NULL);
+            if (lst != KEEL_OK) fail_msg("load: %s: %s", keel_status_name(lst), keel_context_last_error(c));
+            assert_int_equal(nt, used[conv]);
+            assert_memory_equal(back, hist[conv], (size_t)nt * sizeof(int32_t));
             seq_of[conv] = dst;
         } else { /* the whole memory, in place */
             assert_ok(keel_session_save_buf(c, -1, NULL, 0, 0, blob, sizeof blob, &len));
@@ -425,6 +635,125 @@ static uint64_t script(keel_model *m, bool save_load, uint64_t seed, int32_t n_c
     }
     keel_context_close(c);
     return h;
+}
+
+/* Files and ids of a context's sessions: a history id outside the model's
+ * vocabulary is refused (file and buffer) with the memory unchanged; a save
+ * never replaces what is not a regular file (saving to /dev/full used to
+ * replace the device node with a regular file: the temporary file renamed
+ * over it) and leaves nothing behind; a link to a regular file stays a
+ * link. */
+static bool is_fifo(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode);
+}
+
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+static void test_context_session_files(void **state)
+{
+    (void)state;
+    keel_model *model = gen_model("llama");
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 128;
+    cp.n_seq_max = 2;
+    cp.n_threads = 1;
+    keel_context *c = NULL;
+    char err[256];
+    if (keel_context_open(model, &cp, &c, err) != KEEL_OK) fail_msg("context: %s", err);
+    keel_mem *mem = keel_context_memory(c);
+    int32_t V = model_vocab(model), toks[24];
+    for (int32_t i = 0; i < 24; i++) toks[i] = 3 + i;
+    assert_ok(feed(c, 0, toks, 24, true));
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/keel_sessfiles_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    char path[128], fifo[128], sub[128], link[128], link2[128], reg[128];
+    snprintf(path, sizeof path, "%s/ok.session", dir);
+    /* ids out of the vocabulary: refused, the memory as it was */
+    static uint8_t blob[1 << 20];
+    size_t len = 0;
+    int32_t bad[24], back[32], nt = -1;
+    for (int k = 0; k < 2; k++) {
+        memcpy(bad, toks, sizeof bad);
+        bad[17] = k ? V : -4;
+        assert_ok(keel_session_save_buf(c, 0, bad, 24, 0, blob, sizeof blob, &len));
+        assert_ok(keel_session_save(c, 0, bad, 24, 0, path));
+        uint64_t d0 = keel_mem_digest(mem);
+        char want[96];
+        snprintf(want, sizeof want, "token 17 is id %d, outside this model's vocabulary [0, %d)", bad[17], V);
+        assert_status(keel_session_load_buf(c, 1, blob, len, 0, back, 32, &nt, NULL), KEEL_EFORMAT);
+        if (!strstr(keel_context_last_error(c), want)) fail_msg("'%s', want '%s'", keel_context_last_error(c), want);
+        assert_status(keel_session_load(c, 1, path, 0, back, 32, &nt, NULL), KEEL_EFORMAT);
+        if (!strstr(keel_context_last_error(c), want)) fail_msg("'%s', want '%s'", keel_context_last_error(c), want);
+        assert_int_equal(keel_mem_digest(mem), d0);
+        assert_int_equal(keel_mem_seq_cells(mem, 1), 0);
+    }
+    /* NULL n_tokens is named */
+    assert_status(keel_session_load(c, 1, path, 0, back, 32, NULL, NULL), KEEL_EINVAL);
+    assert_non_null(strstr(keel_context_last_error(c), "n_tokens"));
+    assert_status(keel_session_save_buf(c, 0, toks, 24, 0, blob, sizeof blob, NULL), KEEL_EINVAL);
+    assert_non_null(strstr(keel_context_last_error(c), "n_out"));
+    /* destinations that are not regular files: refused, untouched, nothing left */
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(link, sizeof link, "%s/to_fifo", dir);
+    snprintf(link2, sizeof link2, "%s/to_nothing", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    assert_int_equal(symlink(fifo, link), 0);
+    assert_int_equal(symlink("/nonexistent/keel", link2), 0);
+    int before = dir_entries(dir);
+    const struct {
+        const char *path, *want;
+    } dests[] = {
+        {fifo, "exists and is a FIFO, not a regular file: not replaced"},
+        {sub, "exists and is a directory, not a regular file"},
+        {link, "links to a FIFO, not a regular file"},
+        {link2, "a symbolic link to nothing"},
+    };
+    for (size_t i = 0; i < sizeof dests / sizeof dests[0]; i++) {
+        keel_status st = keel_session_save(c, 0, toks, 24, 0, dests[i].path);
+        if (st != KEEL_EIO || !strstr(keel_context_last_error(c), dests[i].want))
+            fail_msg("%s: %s '%s', want KEEL_EIO '%s'", dests[i].path, keel_status_name(st),
+                     keel_context_last_error(c), dests[i].want);
+        assert_int_equal(dir_entries(dir), before);
+    }
+    assert_true(is_fifo(fifo));
+    struct stat sb;
+    assert_int_equal(stat(sub, &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    /* loading from a FIFO is refused at once (it used to wait for a writer) */
+    assert_status(keel_session_load(c, 1, fifo, 0, back, 32, &nt, NULL), KEEL_EIO);
+    assert_non_null(strstr(keel_context_last_error(c), "not a regular file"));
+    /* a link to a regular file: the file is replaced, the link stays */
+    snprintf(reg, sizeof reg, "%s/to_ok", dir);
+    assert_int_equal(symlink(path, reg), 0);
+    assert_ok(keel_session_save(c, 0, toks, 24, 0, reg));
+    assert_int_equal(lstat(reg, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    assert_ok(keel_session_load(c, 1, path, 0, back, 32, &nt, NULL));
+    assert_int_equal(nt, 24);
+    assert_memory_equal(back, toks, sizeof toks);
+    assert_int_equal(keel_mem_seq_cells(mem, 1), 24);
+    assert_ok(keel_mem_check(mem));
+    assert_int_equal(dir_entries(dir), before + 1);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    keel_context_close(c);
+    keel_model_close(model);
 }
 
 static void test_model_sessions_change_nothing(void **state)
@@ -463,6 +792,9 @@ int main(void)
         cmocka_unit_test(test_roundtrip_whole),
         cmocka_unit_test(test_corruption_refused),
         cmocka_unit_test(test_other_memory_refused),
+        cmocka_unit_test(test_history_must_agree),
+        cmocka_unit_test(test_bad_arguments_named),
+        cmocka_unit_test(test_context_session_files),
         cmocka_unit_test(test_model_sessions_change_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

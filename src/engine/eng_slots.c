@@ -29,7 +29,10 @@ static keel_status load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, 
     keel_mem *mem = mem_of(e);
     int32_t n = 0;
     int32_t pending = 0;
-    keel_status st = keel_mem_load(mem, sl->seq, blob, len, e->fingerprint, 0, sl->hist, e->hist_cap, &n, &pending);
+    /* the history must be the cells' and every id in the vocabulary */
+    const mem_load_rules rules = {e->model->w.hp.n_vocab, true};
+    keel_status st = mem_session_load(mem, sl->seq, blob, len, e->fingerprint, 0, &rules, sl->hist, e->hist_cap, &n,
+                                      &pending);
     if (st != KEEL_OK) return base_err(err, st, "restore: %s", keel_mem_last_error(mem));
     /* a slot's history is what the cache holds: pending tokens (a file from
      * keel run) are the next prompt's to decode */
@@ -92,7 +95,8 @@ static void run_one(keel_engine *e, eng_ctl *c)
     }
     /* restore: validated completely before the slot changes */
     int32_t n = 0, pending = 0;
-    if ((st = keel_session_load(e->ctx, sl->seq, c->path, 0, sl->hist, e->hist_cap, &n, &pending)) != KEEL_OK) {
+    if ((st = engine_session_load(e->ctx, sl->seq, c->path, 0, true, sl->hist, e->hist_cap, &n, &pending)) !=
+        KEEL_OK) {
         c->status = base_err(c->err, st, "%s", keel_context_last_error(e->ctx));
         return;
     }

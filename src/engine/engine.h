@@ -38,4 +38,10 @@ struct keel_context {
     char err[BASE_ERR_CAP];
 };
 
+/* keel_session_load with the slots' rule (session_api.c): with
+ * need_history a sequence that holds cells must come with the token history
+ * they hold (an empty history is refused, KEEL_EFORMAT). */
+keel_status engine_session_load(keel_context *c, int32_t seq, const char *path, unsigned flags, bool need_history,
+                                int32_t *tokens, int32_t cap, int32_t *n_tokens, int32_t *n_pending);
+
 #endif

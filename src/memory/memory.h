@@ -315,6 +315,19 @@ size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
  * stamp, its checkpoints' and their ring cells') and n_ckpts checkpoint
  * records in all (session.c). */
 size_t mem_session_scratch_bytes(size_t total_stamps, size_t n_ckpts, int32_t n_layers, int32_t hd_sum);
+/* What a load checks beyond the blob and this memory (session.c): with
+ * n_vocab > 0 every token id of the history is in [0, n_vocab); with
+ * need_history a saved sequence that holds cells must come with a history
+ * (an empty one is otherwise taken as none recorded). */
+typedef struct mem_load_rules {
+    int32_t n_vocab;
+    bool need_history;
+} mem_load_rules;
+/* keel_mem_load with rules (keel_mem_load: no vocabulary, no history
+ * needed). */
+keel_status mem_session_load(keel_mem *m, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
+                             unsigned flags, const mem_load_rules *rules, int32_t *tokens, int32_t cap_tokens,
+                             int32_t *n_tokens, int32_t *n_pending);
 /* Scratch bytes keel_mem_compact needs (compact.c). */
 size_t mem_compact_scratch_bytes(const keel_mem_config *cfg, int32_t n_threads);
 

@@ -545,9 +545,14 @@ static keel_status rank_stamps(keel_mem *m, int32_t seq, save_ctx *c)
 keel_status keel_mem_save(keel_mem *m, int32_t seq, uint64_t fingerprint, const int32_t *tokens,
                           int32_t n_tokens, int32_t n_pending, void *buf, size_t cap, size_t *n_out)
 {
-    if (!m || !n_out || n_tokens < 0 || (n_tokens > 0 && !tokens) || n_pending < 0 || n_pending > n_tokens)
-        return KEEL_EINVAL;
+    if (!m) return KEEL_EINVAL;
     m->err[0] = 0;
+    if (!n_out) return base_err(m->err, KEEL_EINVAL, "save: n_out is NULL");
+    if (n_tokens < 0) return base_err(m->err, KEEL_EINVAL, "save: n_tokens %d is negative", n_tokens);
+    if (n_tokens > 0 && !tokens) return base_err(m->err, KEEL_EINVAL, "save: tokens is NULL with n_tokens %d", n_tokens);
+    if (n_pending < 0) return base_err(m->err, KEEL_EINVAL, "save: n_pending %d is negative", n_pending);
+    if (n_pending > n_tokens)
+        return base_err(m->err, KEEL_EINVAL, "save: n_pending %d is more than n_tokens %d", n_pending, n_tokens);
     if (seq < -1 || seq >= m->cfg.n_seq_max)
         return base_err(m->err, KEEL_EINVAL, "save: unknown sequence id %d", seq);
     save_ctx c = {m, seq, tokens, n_tokens, n_pending, NULL, 0, NULL, 0, 0};
@@ -1252,12 +1257,106 @@ static void commit_rs(keel_mem *m, const parsed *ps, const sess_col *cols, int32
     m->ckpt_order += (uint64_t)total;
 }
 
+/* The last position the one saved sequence holds in the blob (-1: none):
+ * its cells' in any group, else (a memory of recurrent layers only) its
+ * state's span. The sections were validated. */
+static int32_t blob_seq_hi(const keel_mem *m, const parsed *ps, const grp_view *gv)
+{
+    int32_t lo = -1, hi = -1;
+    if (m->n_groups > 0) {
+        view_span(m, gv, false, 0, &lo, &hi);
+    } else if (rs_sections(m)) {
+        rd r = find(ps, SEC_RSTATE, 0)->body;
+        skip(&r, 12);
+        rs_seq q;
+        const uint8_t *f;
+        get_rs_seq(m, &r, &q, &f);
+        if (q.kind != 0) hi = q.hi;
+    }
+    return hi;
+}
+
+/*
+ * The token history (nt tokens, the last np not in the cache) against the
+ * cells of the one saved sequence, before anything changes: the cache holds
+ * nc = nt - np tokens of it. A sequence never compacted holds them exactly
+ * at positions 0 .. nc-1: in every group each position at most once and
+ * below nc, the last one at nc-1, and the (first) full group every one of
+ * them (sliding rings forget the oldest; a memory of recurrent layers only
+ * has its state's span). A compacted one (exact_from or compactions) holds a
+ * summary the history can only extend: no group more cells than nc, each
+ * position at most once, none at or past nc, some iff nc > 0. An empty
+ * history records none and is checked only with need (the engine's slots).
+ * keys: room for the largest group's cells.
+ */
+static keel_status check_history(keel_mem *m, const parsed *ps, const grp_view *gv, int32_t nt, int32_t np,
+                                 bool compacted, bool need, uint64_t *keys)
+{
+    if (nt == 0 && !need) return KEEL_OK;
+    int32_t nc = nt - np, hi = blob_seq_hi(m, ps, gv);
+    if (nt == 0 && hi >= 0)
+        return base_err(m->err, KEEL_EFORMAT,
+                        "load: the session holds cells up to position %d but no token history (a slot needs the "
+                        "history its cells hold)",
+                        hi);
+    if (hi < 0 && nc > 0)
+        return base_err(m->err, KEEL_EFORMAT,
+                        "load: token history disagrees with the cells: %d tokens (%d pending) leave %d in the cache, "
+                        "the sequence holds no cells",
+                        nt, np, nc);
+    if (np > 0 && hi >= nc && hi < nt)
+        return base_err(m->err, KEEL_EFORMAT,
+                        "load: token history disagrees with the cells: %d of its %d tokens are pending (not in the "
+                        "cache), but the cells reach position %d",
+                        np, nt, hi);
+    if (compacted ? hi >= nc : hi != nc - 1)
+        return base_err(m->err, KEEL_EFORMAT,
+                        "load: token history disagrees with the cells: %d tokens (%d pending) leave %d in the cache, "
+                        "the %ssequence's cells end at position %d%s",
+                        nt, np, nc, compacted ? "compacted " : "", hi,
+                        compacted ? " (a compaction only lowers positions)" : "");
+    int32_t gf = -1;
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        if (gf < 0 && m->groups[g].kind == KEEL_MEM_LAYER_FULL) gf = g;
+        int32_t n = view_keys(m, gv, g, false, 0, keys);
+        if (n > nc)
+            return base_err(m->err, KEEL_EFORMAT,
+                            "load: token history disagrees with the cells: group %d holds %d cells, the history %d "
+                            "tokens in the cache",
+                            g, n, nc);
+        for (int32_t i = 1; i < n; i++)
+            if (keys[i] >> 32 == keys[i - 1] >> 32)
+                return base_err(m->err, KEEL_EFORMAT,
+                                "load: token history disagrees with the cells: group %d holds position %d twice (a "
+                                "history has one token per position)",
+                                g, (int32_t)(keys[i] >> 32));
+        if (compacted || g != gf) continue;
+        for (int32_t i = 0; i < nc; i++)
+            if (i >= n || (int32_t)(keys[i] >> 32) != i)
+                return base_err(m->err, KEEL_EFORMAT,
+                                "load: token history disagrees with the cells: full group %d has no cell at position "
+                                "%d, where the history has its token %d",
+                                g, i, i);
+    }
+    return KEEL_OK;
+}
+
 keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
                           unsigned flags, int32_t *tokens, int32_t cap_tokens, int32_t *n_tokens,
                           int32_t *n_pending)
 {
-    if (!m || (!buf && len) || !n_tokens) return KEEL_EINVAL;
+    const mem_load_rules none = {0, false};
+    return mem_session_load(m, seq, buf, len, fingerprint, flags, &none, tokens, cap_tokens, n_tokens, n_pending);
+}
+
+keel_status mem_session_load(keel_mem *m, int32_t seq, const void *buf, size_t len, uint64_t fingerprint,
+                             unsigned flags, const mem_load_rules *rules, int32_t *tokens, int32_t cap_tokens,
+                             int32_t *n_tokens, int32_t *n_pending)
+{
+    if (!m) return KEEL_EINVAL;
     m->err[0] = 0;
+    if (!n_tokens) return base_err(m->err, KEEL_EINVAL, "load: n_tokens is NULL");
+    if (!buf && len) return base_err(m->err, KEEL_EINVAL, "load: buf is NULL with len %zu", len);
     *n_tokens = 0;
     if (n_pending) *n_pending = 0;
     if (flags & ~(unsigned)KEEL_SESSION_CONVERT) return base_err(m->err, KEEL_EINVAL, "load: unknown flags %#x", flags);
@@ -1286,16 +1385,26 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     if (tr.bad || nt < 0 || np < 0 || np > nt || (size_t)nt * 4 != (size_t)(tr.end - tr.p))
         return base_err(m->err, KEEL_EFORMAT, "load: token section size");
     if (nt > cap_tokens && tokens) return base_err(m->err, KEEL_ERANGE, "load: %d tokens, room for %d", nt, cap_tokens);
+    if (rules->n_vocab > 0) /* rule 10: token ids are input too */
+        for (int32_t i = 0; i < nt; i++) {
+            int32_t id = get_i32(&tr);
+            if (id < 0 || id >= rules->n_vocab)
+                return base_err(m->err, KEEL_EFORMAT,
+                                "load: token history: token %d is id %d, outside this model's vocabulary [0, %d)", i,
+                                id, rules->n_vocab);
+        }
     rd sr = sq->body;
     int32_t nseq = get_i32(&sr);
     if (sr.bad || nseq != (whole ? m->cfg.n_seq_max : 1) ||
         (size_t)(sr.end - sr.p) != (size_t)nseq * (4 + 8 + 4 + 4 * (size_t)m->n_groups))
         return base_err(m->err, KEEL_EFORMAT, "load: sequence section size");
     int32_t exact[MEM_SEQ_MAX];
+    bool compacted = false; /* the one saved sequence's (exactness bound or compactions) */
     for (int32_t i = 0; i < nseq; i++) {
         int32_t ex = get_i32(&sr);
         exact[i] = ex;
         uint64_t nc = get_u64(&sr);
+        compacted = ex > 0 || nc > 0;
         int32_t hi = get_i32(&sr);
         if (ex < 0 || nc > (uint64_t)INT64_MAX || hi < 0)
             return base_err(m->err, KEEL_EFORMAT, "load: sequence %d: exactness %d, compactions %llu, high %d", i, ex,
@@ -1371,6 +1480,8 @@ keel_status keel_mem_load(keel_mem *m, int32_t seq, const void *buf, size_t len,
     for (int32_t i = 0; i < nseq; i++)
         if (exact[i] == 0 && (st = check_cross(m, gv, whole, i, kf, kr)) != KEEL_OK) return st;
     if (rs_sections(m) && (st = check_rs(m, &ps, gv, cols, seq, exact)) != KEEL_OK) return st;
+    /* the history against the cells (a whole memory's names no sequence) */
+    if (!whole && (st = check_history(m, &ps, gv, nt, np, compacted, rules->need_history, kf)) != KEEL_OK) return st;
     /* commit (cannot fail from here) */
     if (whole)
         keel_mem_clear(m);
