@@ -1,6 +1,6 @@
 #!/bin/sh
 # The agent reuse test (ctest server_agent): agent.mjs's six turns through
-# each SDK on a generated sliding-window model (gemma2) and a generated
+# each SDK, and a 12-turn trace growing to ~30k tokens, on a generated sliding-window model (gemma2) and a generated
 # hybrid one (qwen35, Gated DeltaNet + attention), q8_0 K/V, --cache-ram
 # 256, one fresh agent server per model and API beside a reference server
 # whose slot is erased before each request. Needs the npm packages
@@ -25,10 +25,18 @@ trap cleanup EXIT
 "$KEEL_BIN" gen-model --arch gemma2 --embd 128 --layers 2 --swa 32 --seed 5 --out "$tmp/gemma2.gguf" >/dev/null || exit 1
 "$KEEL_BIN" gen-model --arch qwen35 --embd 128 --layers 4 --seed 5 --out "$tmp/qwen35.gguf" >/dev/null || exit 1
 
-common="-np 1 -c 16384 -t 1 -ctk q8_0 -ctv q8_0 --deterministic --chat-template qwen3 --api-key sk-test"
+common="-np 1 -c 40960 -t 1 -ctk q8_0 -ctv q8_0 --deterministic --chat-template qwen3 --api-key sk-test"
+# six turns per SDK; then a 12-turn trace through the OpenAI SDK whose
+# prompts grow to ~30k tokens (an ~7.5k-token system prompt and tools,
+# ~1.8k tokens of file text per turn), the reminder rewritten on turns 4,
+# 8 and 11
+trace="--turns 12 --reminders 4,8,11 --sys-repeat 20 --grow 12"
 rc=0
 for arch in gemma2 qwen35; do
-    for api in openai anthropic; do
+    for run in openai anthropic trace; do
+        api=$run
+        extra=""
+        [ "$run" = trace ] && api=openai && extra=$trace
         # shellcheck disable=SC2086
         serve_start agent "$tmp/$arch.gguf" $common --cache-ram 256 || exit 1
         aport=$port
@@ -37,7 +45,8 @@ for arch in gemma2 qwen35; do
         serve_start ref "$tmp/$arch.gguf" $common --cache-ram 0 || exit 1
         rport=$port
         rpid=$pid
-        (cd "$dir" && node agent.mjs "$api" "$aport" "$rport" sk-test "$arch") || rc=1
+        # shellcheck disable=SC2086
+        (cd "$dir" && node agent.mjs "$api" "$aport" "$rport" sk-test "$arch" $extra) || rc=1
         serve_stop agent "$apid" || rc=1
         apid=""
         serve_stop ref "$rpid" || rc=1
