@@ -470,11 +470,18 @@ static keel_status forced_call(const keel_engine *e, eng_slot *sl, const eng_req
     return KEEL_OK;
 }
 
+int32_t eng_prompt_limit(const keel_engine *e, const eng_req *r)
+{
+    return r->o.compact.policy == KEEL_COMPACT_NONE ? BASE_MIN(e->hist_cap, e->cp.n_ctx) : e->hist_cap;
+}
+
 keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
                               jinja_buf *rendered)
 {
     sl->n_prompt = 0;
     sl->n_forced = 0;
+    sl->n_too_long = 0;
+    sl->prompt_limit = 0;
     if (r->kind == ENG_REQ_TOKENS) {
         memcpy(sl->prompt, r->tokens, (size_t)r->n_tokens * sizeof(int32_t));
         sl->n_prompt = r->n_tokens;
@@ -497,6 +504,14 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
         char jerr[JINJA_ERR_CAP];
         st = jinja_render(e->tmpl, vj, strlen(vj), NULL, 0, &ro, out, jerr);
         chat_json_free(vj);
+        if (st == KEEL_EOVERFLOW && strstr(jerr, JINJA_ERR_OUTPUT)) {
+            /* the bound is 64 bytes a token of the most a slot tracks: a
+             * prompt too long, counted at ~4 bytes a token */
+            sl->n_too_long = BASE_MAX((int64_t)(lim.max_output / 4), (int64_t)eng_prompt_limit(e, r) + 1);
+            sl->prompt_limit = eng_prompt_limit(e, r);
+            return base_err(err, KEEL_ECONTEXT, "prompt: the rendering is longer than %zu bytes (more than the %d "
+                            "tokens a prompt may have)", lim.max_output, sl->prompt_limit);
+        }
         if (st != KEEL_OK) return base_err(err, st, "chat template: %s", jerr);
         text = out->data ? out->data : "";
         len = out->len;
@@ -514,6 +529,8 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
     st = text_tokenize(e->model->tok, text, len, true, true, sl->prompt, e->hist_cap, &n, NULL);
     if (joined) base_free(joined, len + 1);
     if (st == KEEL_ERANGE || n > e->hist_cap) {
+        sl->n_too_long = n;
+        sl->prompt_limit = eng_prompt_limit(e, r);
         st = base_err(err, KEEL_ECONTEXT, "prompt: %lld tokens, more than the %d a slot holds (max_prompt_tokens)",
                       (long long)n, e->hist_cap);
     } else if (st != KEEL_OK) {
