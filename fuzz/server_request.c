@@ -70,7 +70,8 @@ static void fuzz_outputs(const char *text, size_t n)
         srv_meta m;
         srv_meta_init(&m, g_apis[a], "fuzz");
         int status = 0;
-        char *b = srv_response_body(&m, resp, n & 1 ? KEEL_OK : KEEL_EINVAL, &status);
+        /* KEEL_ECONTEXT: the prompt too long error reads usage and prompt_limit */
+        char *b = srv_response_body(&m, resp, n & 1 ? KEEL_OK : n & 8 ? KEEL_ECONTEXT : KEEL_EINVAL, &status);
         free(b);
         /* events: each 8-byte group is (kind, index, text length) over the input */
         srv_stream s;
@@ -81,7 +82,9 @@ static void fuzz_outputs(const char *text, size_t n)
         for (size_t i = 0; i + 3 <= n && i < 3 * 64; i += 3) {
             keel_event ev;
             memset(&ev, 0, sizeof ev);
-            ev.kind = (keel_event_kind)((unsigned char)text[i] % 5);
+            ev.kind = (keel_event_kind)((unsigned char)text[i] % 7);
+            ev.n_prompt_tokens = (int32_t)(unsigned char)text[i + 1] * 37;
+            ev.n_cached_tokens = (int32_t)(unsigned char)text[i + 2];
             ev.index = (int32_t)((unsigned char)text[i + 1] % 4) - 1;
             size_t len = (unsigned char)text[i + 2] % 16;
             if (pos + len > n) len = n - pos;

@@ -1337,6 +1337,10 @@ typedef enum keel_event_kind {
     KEEL_EVENT_TOOL_ARGS = 3,  /* text delta of tool call `index`'s JSON arguments */
     KEEL_EVENT_TOOL_END = 4,   /* tool call `index` is complete (error: NULL or why it is malformed) */
     KEEL_EVENT_DONE = 5,       /* the request ended: response holds the response JSON */
+    KEEL_EVENT_PROMPT = 6,     /* the request took a slot, its prompt tokenized: n_prompt_tokens,
+                                  n_cached_tokens (the prefix reused from the cache, not prefilled).
+                                  Once, first, before the prefill; a request that fails before
+                                  (a template error, a prompt too long) gets only DONE */
 } keel_event_kind;
 
 typedef struct keel_event {
@@ -1353,6 +1357,8 @@ typedef struct keel_event {
     keel_status status;   /* DONE: KEEL_OK, or why the request failed (detail in response) */
     const char *error;    /* TOOL_END: NULL, or why the call is malformed (its arguments are
                              then the raw text the model wrote) */
+    int32_t n_prompt_tokens; /* PROMPT: tokens of the prompt */
+    int32_t n_cached_tokens; /* PROMPT: of those, already in the cache (usage.cached_tokens) */
 } keel_event;
 
 /* Receives events, on the thread that runs the engine (keel_complete's caller
@@ -1394,7 +1400,10 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * "prompt_tokens" (ids).
  * KEEL_ERANGE: the response did not fit cap (the turn happened; get it with
  * keel_engine_response). KEEL_EINVAL (bad JSON or option, named),
- * KEEL_ECONTEXT (prompt longer than the cache can ever hold), KEEL_EFULL,
+ * KEEL_ECONTEXT (prompt longer than the cache can ever hold: the response's
+ * usage.prompt_tokens is its length — for a chat rendering past its bound of
+ * 64 bytes a token, an estimate at 4 bytes a token — and "prompt_limit" the
+ * most tokens it may have), KEEL_EFULL,
  * KEEL_ECANCELED (keel_engine_cancel or cb returned false; the response says
  * so), template errors (KEEL_EINVAL with the template's message). Not
  * thread-safe against other keel_complete calls on e; with a loop running on

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -113,12 +114,13 @@ static void test_info_endpoints(void **state)
     assert_string_equal(srvt_str(j, "object"), "list");
     assert_string_equal(srvt_str(j, "data.0.id"), strrchr(g_model, '/') + 1);
     assert_string_equal(srvt_str(j, "data.0.object"), "model");
-    assert_int_equal(srvt_int(j, "data.0.meta.n_ctx"), 2048);
+    /* one slot may fill the whole shared cache: that is its context */
+    assert_int_equal(srvt_int(j, "data.0.meta.n_ctx"), 4096);
     json_decref(j);
     j = srvt_get_json(&g_srv, "/props", &st);
     assert_int_equal(st, 200);
     assert_int_equal(srvt_int(j, "total_slots"), 2);
-    assert_int_equal(srvt_int(j, "default_generation_settings.n_ctx"), 2048);
+    assert_int_equal(srvt_int(j, "default_generation_settings.n_ctx"), 4096);
     assert_string_equal(srvt_str(j, "chat_template"), "chatml"); /* a generated model carries none */
     assert_true(srvt_int(j, "plan.context_bytes") > 0);
     json_decref(j);
@@ -126,8 +128,23 @@ static void test_info_endpoints(void **state)
     assert_int_equal(st, 200);
     assert_int_equal(json_array_size(j), 2);
     assert_int_equal(srvt_int(j, "1.id"), 1);
-    assert_int_equal(srvt_int(j, "0.n_ctx"), 2048);
+    assert_int_equal(srvt_int(j, "0.n_ctx"), 4096);
     assert_true(json_is_false(json_object_get(json_array_get(j, 0), "is_processing")));
+    json_decref(j);
+    /* GET /v1/models/{id}: the model, or OpenAI's 404 */
+    char path[128];
+    snprintf(path, sizeof path, "/v1/models/%s", strrchr(g_model, '/') + 1);
+    j = srvt_get_json(&g_srv, path, &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(srvt_str(j, "id"), strrchr(g_model, '/') + 1);
+    assert_string_equal(srvt_str(j, "object"), "model");
+    assert_int_equal(srvt_int(j, "meta.n_ctx"), 4096);
+    json_decref(j);
+    j = srvt_get_json(&g_srv, "/v1/models/gpt-nothing", &st);
+    assert_int_equal(st, 404);
+    assert_string_equal(srvt_str(j, "error.type"), "not_found_error");
+    assert_string_equal(srvt_str(j, "error.code"), "model_not_found");
+    assert_non_null(strstr(srvt_str(j, "error.message"), "gpt-nothing"));
     json_decref(j);
     /* tokenize / detokenize round trip */
     j = srvt_post_json(&g_srv, "/tokenize", "{\"content\":\"Hello world, the dog ran.\"}", &st);
@@ -490,6 +507,7 @@ static void test_bad_requests(void **state)
             refused = true; /* the server answered and closed */
         sent += 1 << 16;
     }
+    if (!refused && send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL) != 5) refused = true;
     srv_http_resp r;
     if (srv_http_read(fd, &r, 10000 * srvt_slow(), NULL, NULL) || r.status > 0) assert_int_equal(r.status, 413);
     srv_http_resp_free(&r);
@@ -688,6 +706,310 @@ static void test_shutdown(void **state)
     srv_http_resp_free(&b.r);
 }
 
+
+/* ---- issue 25: connections, first bytes, 413, overflow ---------------------------------- */
+
+/* Waits up to ms for the server to close fd (end of stream or reset);
+ * *got receives the bytes read meanwhile. */
+static bool closed_within(int fd, int ms, size_t *got)
+{
+    uint64_t t0 = keel_time_ns();
+    *got = 0;
+    while ((keel_time_ns() - t0) / 1000000u < (uint64_t)ms) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 50) <= 0) continue;
+        char buf[4096];
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) return true;
+        *got += (size_t)n;
+    }
+    return false;
+}
+
+/* Idle and slow connections do not lock new clients out: past the cap a
+ * new client gets 503 at once, idle connections close after
+ * --keep-alive-timeout, a client trickling its headers is cut after
+ * --read-timeout (before: all of them held until the 600 s timeout). */
+static void test_connections(void **state)
+{
+    (void)state;
+    srvt_proc p;
+    const char *args[] = {"-t", "1", "--threads-http", "4", "--keep-alive-timeout", "1", "--read-timeout", "2",
+                          "--log-disable", NULL};
+    assert_true(srvt_start(&p, g_model, args, true));
+    int idle[8];
+    for (int i = 0; i < 8; i++) assert_true((idle[i] = srv_http_connect("127.0.0.1", p.port)) >= 0);
+    usleep(100000);
+    /* a new client is answered within a second: 503 past the cap */
+    srv_http_resp r;
+    uint64_t t0 = keel_time_ns();
+    bool ok = srv_http_request("127.0.0.1", p.port, "GET", "/health", NULL, NULL, &r, 1000 * srvt_slow());
+    double ms = (double)(keel_time_ns() - t0) * 1e-6;
+    printf("9th connection with 8 idle (--threads-http 4): status %d after %.0f ms\n", ok ? r.status : -1, ms);
+    assert_true(ok);
+    assert_true(r.status == 503 || r.status == 200);
+    if (r.status == 503) {
+        char ra[16];
+        assert_true(srv_http_header(&r, "Retry-After", ra, sizeof ra));
+        json_t *j = json_loadb(r.body.p, r.body.len, 0, NULL);
+        const char *type = srvt_str(j, "error.type");
+        assert_true(type && strcmp(type, "unavailable_error") == 0);
+        json_decref(j);
+    }
+    srv_http_resp_free(&r);
+    /* the idle ones close after the keep-alive timeout */
+    for (int i = 0; i < 8; i++) {
+        size_t got;
+        if (!closed_within(idle[i], 4000 * srvt_slow(), &got)) fail_msg("idle connection %d still open after 4 s", i);
+        assert_int_equal(got, 0);
+        close(idle[i]);
+    }
+    assert_true(srvt_alive(&p));
+    /* headers trickling in, a line every 200 ms (each within the idle
+     * timeout): cut after --read-timeout, without an answer */
+    int fd = srv_http_connect("127.0.0.1", p.port);
+    assert_true(fd >= 0);
+    const char *start = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    assert_true(send(fd, start, strlen(start), MSG_NOSIGNAL) > 0);
+    t0 = keel_time_ns();
+    bool cut = false;
+    size_t got = 0;
+    while (!cut && (keel_time_ns() - t0) / 1000000u < 6000u * (uint64_t)srvt_slow()) {
+        cut = closed_within(fd, 200, &got) || send(fd, "X-Slow: 1\r\n", 11, MSG_NOSIGNAL) <= 0;
+        if (got) break;
+    }
+    double secs = (double)(keel_time_ns() - t0) * 1e-9;
+    printf("slow-header client cut after %.2f s (--read-timeout 2)\n", secs);
+    assert_true(cut);
+    assert_int_equal(got, 0);
+    assert_true(secs >= 1.5);
+    close(fd);
+    /* a kept-alive connection closes once idle for the keep-alive timeout */
+    fd = srv_http_connect("127.0.0.1", p.port);
+    const char *req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_true(send(fd, req, strlen(req), MSG_NOSIGNAL) > 0);
+    char buf[1024];
+    size_t n = 0;
+    while (n < sizeof buf - 1 && !strstr(buf, "\"ok\"")) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        assert_true(poll(&pf, 1, 5000) > 0);
+        ssize_t k = recv(fd, buf + n, sizeof buf - 1 - n, 0);
+        assert_true(k > 0);
+        n += (size_t)k;
+        buf[n] = 0;
+    }
+    assert_non_null(strstr(buf, "200"));
+    t0 = keel_time_ns();
+    assert_true(closed_within(fd, 4000 * srvt_slow(), &got));
+    printf("kept-alive connection closed %.2f s after its response (--keep-alive-timeout 1)\n",
+           (double)(keel_time_ns() - t0) * 1e-9);
+    close(fd);
+    assert_true(srvt_alive(&p));
+    assert_int_equal(srvt_stop(&p, 10 * srvt_slow()), 0);
+}
+
+/* A 9 MiB body reaches the client as a readable 413 (the body is read and
+ * discarded first; before, the server closed while the client was still
+ * writing and the SDKs saw a connection error), with Content-Length and
+ * chunked. */
+static void test_body_413(void **state)
+{
+    (void)state;
+    size_t big = 9u << 20;
+    char *huge = malloc(big + 1);
+    assert_non_null(huge);
+    memset(huge, ' ', big);
+    memcpy(huge, "{\"messages\":\"", 13);
+    huge[big - 2] = '"';
+    huge[big - 1] = '}';
+    huge[big] = 0;
+    const char *paths[] = {"/v1/chat/completions", "/v1/messages"};
+    for (int i = 0; i < 2; i++) {
+        int fd = srv_http_connect("127.0.0.1", g_srv.port);
+        assert_true(fd >= 0);
+        /* every byte is taken: no reset while the client writes */
+        assert_true(srv_http_send(fd, "POST", paths[i], NULL, huge, big));
+        srv_http_resp r;
+        assert_true(srv_http_read(fd, &r, 10000 * srvt_slow(), NULL, NULL));
+        close(fd);
+        check_error(paths[i], 413, "larger than the limit", &r);
+        srv_http_resp_free(&r);
+    }
+    /* chunked: the same */
+    int fd = srv_http_connect("127.0.0.1", g_srv.port);
+    const char *hdr = "POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    assert_true(send(fd, hdr, strlen(hdr), MSG_NOSIGNAL) > 0);
+    for (size_t sent = 0; sent < big; sent += 1 << 16) {
+        char chunk[64];
+        int k = snprintf(chunk, sizeof chunk, "%x\r\n", 1 << 16);
+        assert_true(send(fd, chunk, (size_t)k, MSG_NOSIGNAL) == k);
+        assert_true(send(fd, huge, 1 << 16, MSG_NOSIGNAL) == 1 << 16);
+        assert_true(send(fd, "\r\n", 2, MSG_NOSIGNAL) == 2);
+    }
+    assert_true(send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL) == 5);
+    srv_http_resp r;
+    assert_true(srv_http_read(fd, &r, 10000 * srvt_slow(), NULL, NULL));
+    close(fd);
+    check_error("/v1/messages", 413, "larger than the limit", &r);
+    srv_http_resp_free(&r);
+    free(huge);
+    assert_true(srvt_alive(&g_srv));
+}
+
+/* A prompt longer than the context, and a rendering past its bound, get
+ * OpenAI's context_length_exceeded and Anthropic's "prompt is too long: N
+ * tokens > M maximum" on every route (before: the chat routes answered a
+ * long rendering with a template error without a code). */
+static void test_overflow_errors(void **state)
+{
+    (void)state;
+    /* ~5000 tokens: past the 4096 cells of the cache */
+    size_t cap = 700000;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    size_t n = 0;
+    for (int i = 0; i < 2500; i++) n += (size_t)snprintf(text + n, cap - n, "dog %d ", i);
+    const char *fmt_chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":2}";
+    const char *fmt_cmpl = "{\"prompt\":\"%s\",\"max_tokens\":2}";
+    char *body = malloc(cap + 256);
+    for (int big = 0; big < 2; big++) {
+        if (big) { /* 600 KB: a rendering past 64 bytes x 8192 tokens */
+            memset(text, 'a', 600000);
+            for (size_t i = 7; i < 600000; i += 8) text[i] = ' ';
+            text[600000] = 0;
+        }
+        const char *paths[] = {"/v1/chat/completions", "/v1/messages", "/v1/completions"};
+        for (int i = 0; i < 3; i++) {
+            for (int stream = 0; stream < 2; stream++) {
+                snprintf(body, cap + 256, i == 2 ? fmt_cmpl : fmt_chat, text);
+                if (stream) strcpy(body + strlen(body) - 1, ",\"stream\":true}");
+                srv_http_resp r;
+                int st = srvt_req(&g_srv, "POST", paths[i], NULL, body, &r);
+                json_t *j = r.body.p ? json_loadb(r.body.p, r.body.len, 0, NULL) : NULL;
+                const char *code = srvt_str(j, i == 1 ? "error.type" : "error.code");
+                if (st != 400 || !code || strcmp(code, i == 1 ? "invalid_request_error" : "context_length_exceeded") != 0)
+                    fail_msg("%s (rendering %s, stream %d): status %d, %s", paths[i], big ? "huge" : "long", stream, st,
+                             r.body.p ? r.body.p : "");
+                srv_http_resp_free(&r);
+                if (i == 1) {
+                    const char *msg = srvt_str(j, "error.message");
+                    long long tok = 0, max = 0;
+                    assert_string_equal(srvt_str(j, "type"), "error");
+                    assert_string_equal(srvt_str(j, "error.type"), "invalid_request_error");
+                    if (!msg || sscanf(msg, "prompt is too long: %lld tokens > %lld maximum", &tok, &max) != 2)
+                        fail_msg("message: %s", msg ? msg : "(none)");
+                    assert_int_equal(max, 4096);
+                    assert_true(tok > max);
+                } else {
+                    assert_string_equal(srvt_str(j, "error.code"), "context_length_exceeded");
+                    assert_string_equal(srvt_str(j, "error.type"), "invalid_request_error");
+                    const char *param = srvt_str(j, "error.param");
+                    if (!param || strcmp(param, i == 0 ? "messages" : "prompt") != 0) fail_msg("param %s", param ? param : "null");
+                    assert_non_null(strstr(srvt_str(j, "error.message"), "maximum context length is 4096 tokens"));
+                }
+                json_decref(j);
+            }
+        }
+    }
+    free(body);
+    free(text);
+    assert_true(srvt_alive(&g_srv));
+}
+
+typedef struct arrivals {
+    srv_buf body;
+    uint64_t t0;
+    size_t at[512];   /* body length after each piece */
+    uint64_t ms[512]; /* and its arrival, ms since t0 */
+    int n;
+} arrivals;
+
+static bool on_piece(void *user, const char *p, size_t n)
+{
+    arrivals *a = user;
+    if (!srv_buf_add(&a->body, p, n)) return false;
+    if (a->n < 512) {
+        a->at[a->n] = a->body.len;
+        a->ms[a->n++] = (keel_time_ns() - a->t0) / 1000000u;
+    }
+    return true;
+}
+
+/* When the byte at offset off arrived (ms), or -1. */
+static int64_t arrived(const arrivals *a, size_t off)
+{
+    for (int i = 0; i < a->n; i++)
+        if (a->at[i] > off) return (int64_t)a->ms[i];
+    return -1;
+}
+
+/* A stream answers at admission: headers and message_start with the
+ * prompt's usage (or the role chunk) at once, then a ping every --sse-ping
+ * seconds through a long prefill, before the first token; --keep-alive-timeout
+ * does not cut it (before: nothing until the first token, message_start's
+ * usage all zeros). */
+static void test_first_bytes(void **state)
+{
+    (void)state;
+    char slow[64];
+    assert_true(srvt_gen_model(slow, sizeof slow, "qwen2", 256, 4, 0, 11));
+    srvt_proc p;
+    const char *args[] = {"-t", "1", "-c", "8192", "-ub", "64", "-b", "64", "--sse-ping", "1", "--keep-alive-timeout", "1",
+                          "--log-disable", NULL};
+    assert_true(srvt_start(&p, slow, args, true));
+    size_t cap = 64000;
+    char *text = malloc(cap), *body = malloc(cap + 256);
+    /* a prefill of ~2 s here, longer under the sanitizers */
+    int words = srvt_slow() > 1 ? 300 : 1000;
+    for (int api = 0; api < 2; api++) {
+        size_t n = 0;
+        for (int i = 0; i < words; i++) n += (size_t)snprintf(text + n, cap - n, "%s %d ", api ? "cat" : "dog", i);
+        snprintf(body, cap + 256,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":2,\"stream\":true,\"temperature\":0}",
+                 text);
+        arrivals a;
+        memset(&a, 0, sizeof a);
+        a.t0 = keel_time_ns();
+        int fd = srv_http_connect("127.0.0.1", p.port);
+        assert_true(srv_http_send(fd, "POST", api ? "/v1/messages" : "/v1/chat/completions", NULL, body, strlen(body)));
+        srv_http_resp r;
+        assert_true(srv_http_read(fd, &r, 60000 * srvt_slow(), on_piece, &a));
+        close(fd);
+        assert_int_equal(r.status, 200);
+        const char *b = a.body.p;
+        const char *first = strstr(b, api ? "content_block_start" : "\"delta\":{\"content\"");
+        const char *head = strstr(b, api ? "message_start" : "\"role\":\"assistant\"");
+        assert_non_null(head);
+        int64_t t_head = arrived(&a, (size_t)(head - b)), t_first = first ? arrived(&a, (size_t)(first - b)) : -1;
+        int pings = 0;
+        for (const char *q = b; (q = strstr(q, api ? "event: ping" : ": keep-alive")) && (!first || q < first); q++) pings++;
+        printf("%s stream, a prompt of %d words: start at %lld ms, first token at %lld ms, %d keep-alives between\n",
+               api ? "Anthropic" : "OpenAI", 2 * words, (long long)t_head, (long long)t_first, pings);
+        /* the prefill takes seconds: the start comes long before the token */
+        assert_true(t_first - t_head >= 1500);
+        assert_true(pings >= (api ? 2 : 1)); /* Anthropic: the one after message_start, then the periodic ones */
+        if (api) {
+            srvt_events ev;
+            assert_true(srvt_parse_sse(b, a.body.len, &ev));
+            /* the prompt's count, as the final usage has it */
+            int64_t in = srvt_int(ev.data, "0.message.usage.input_tokens");
+            int64_t cached = srvt_int(ev.data, "0.message.usage.cache_read_input_tokens");
+            assert_true(in + cached > 2 * words);
+            size_t last = json_array_size(ev.data) - 2; /* message_delta */
+            json_t *fin = json_array_get(ev.data, last);
+            assert_int_equal(srvt_int(fin, "usage.input_tokens"), in);
+            assert_int_equal(srvt_int(fin, "usage.cache_read_input_tokens"), cached);
+            srvt_events_free(&ev);
+        }
+        srv_http_resp_free(&r);
+        srv_buf_free(&a.body);
+    }
+    free(text);
+    free(body);
+    assert_int_equal(srvt_stop(&p, 10 * srvt_slow()), 0);
+    unlink(slow);
+}
+
 /* keel bench-serve on a small model: the JSON it prints. */
 static void test_bench_serve(void **state)
 {
@@ -721,6 +1043,8 @@ int main(void)
         cmocka_unit_test(test_chat_stream),   cmocka_unit_test(test_completions),    cmocka_unit_test(test_messages),
         cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_slot_actions),   cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_auth),          cmocka_unit_test(test_shutdown),       cmocka_unit_test(test_bench_serve),
+        cmocka_unit_test(test_connections),   cmocka_unit_test(test_body_413),       cmocka_unit_test(test_overflow_errors),
+        cmocka_unit_test(test_first_bytes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

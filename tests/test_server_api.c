@@ -216,10 +216,6 @@ static void test_completions_parse(void **state)
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"\"}", 400, "prompt is empty");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo");
     parse_err(SRV_API_COMPLETIONS, "{\"max_tokens\":3}", 400, "prompt is required");
-    char big[1024] = "{\"prompt\":[";
-    for (int i = 0; i < 65; i++) strcat(big, i ? ",1" : "1");
-    strcat(big, "]}");
-    parse_err(SRV_API_COMPLETIONS, big, 400, "at most 64");
 }
 
 static void test_anthropic_parse(void **state)
@@ -322,7 +318,17 @@ static void test_anthropic_errors(void **state)
     parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"maybe\"}}", 400,
               "thinking must be");
     parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop_sequences\":\"x\"}", 400, "stop_sequences must be an array");
-    parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":-2}", 400, "out of range");
+    /* the Messages API's max_tokens is a positive integer */
+    parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":-2}", 400,
+              "max_tokens: must be a positive integer");
+    parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":-1}", 400,
+              "max_tokens: must be a positive integer");
+    parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400,
+              "max_tokens: must be a positive integer");
+    parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", 400,
+              "max_tokens: must be a positive integer");
+    parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"8\"}", 400,
+              "max_tokens: must be a positive integer");
     parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":\"m\"}", 400,
               "metadata must be an object");
     /* Anthropic's type names for statuses */
@@ -375,6 +381,111 @@ static void feed(srv_stream *s, srv_buf *out)
     };
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) assert_true(srv_stream_event(s, &evs[i], out));
     assert_true(srv_stream_done(s, RESP, KEEL_OK, out));
+}
+
+/* Issue 25: Anthropic's max_tokens and thinking "adaptive"; the
+ * context-overflow errors of every route, in the shapes clients match. */
+static void test_issue25_requests(void **state)
+{
+    (void)state;
+    srv_request rq;
+    json_t *r = parse_ok(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,"
+                                           "\"thinking\":{\"type\":\"adaptive\"}}", &rq);
+    assert_int_equal(srvt_int(r, "max_tokens"), 1);
+    assert_true(json_is_true(json_object_get(json_object_get(r, "chat_template_kwargs"), "enable_thinking")));
+    srv_request_free(&rq);
+    /* a token-array prompt past the limit */
+    char big[1024] = "{\"prompt\":[";
+    for (int i = 0; i < 65; i++) strcat(big, i ? ",1" : "1");
+    strcat(big, "]}");
+    srv_limits l = lim();
+    srv_err e;
+    assert_false(srv_request_parse(SRV_API_COMPLETIONS, big, strlen(big), &l, &rq, &e));
+    srv_request_free(&rq);
+    char *b = srv_error_body(SRV_API_COMPLETIONS, &e);
+    json_t *j = json_loads(b, 0, NULL);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(srvt_str(j, "error.code"), "context_length_exceeded");
+    assert_string_equal(srvt_str(j, "error.type"), "invalid_request_error");
+    assert_string_equal(srvt_str(j, "error.param"), "prompt");
+    assert_non_null(strstr(srvt_str(j, "error.message"), "maximum context length is 64 tokens"));
+    assert_non_null(strstr(srvt_str(j, "error.message"), "resulted in 65 tokens"));
+    json_decref(j);
+    free(b);
+    /* the engine's KEEL_ECONTEXT response, on each route */
+    static const char resp[] = "{\"error\":\"prompt: 9000 tokens, more than the cache's 4096 cells (no compaction)\","
+                               "\"status\":\"KEEL_ECONTEXT\",\"prompt_limit\":4096,\"finish_reason\":\"error\","
+                               "\"usage\":{\"prompt_tokens\":9000,\"cached_tokens\":0,\"completion_tokens\":0}}";
+    static const srv_api apis[] = {SRV_API_CHAT, SRV_API_COMPLETIONS, SRV_API_MESSAGES};
+    for (size_t i = 0; i < sizeof apis / sizeof apis[0]; i++) {
+        srv_meta m;
+        srv_meta_init(&m, apis[i], "m");
+        int status = 0;
+        b = srv_response_body(&m, resp, KEEL_ECONTEXT, &status);
+        j = json_loads(b, 0, NULL);
+        assert_int_equal(status, 400);
+        if (apis[i] == SRV_API_MESSAGES) {
+            assert_string_equal(srvt_str(j, "type"), "error");
+            assert_string_equal(srvt_str(j, "error.type"), "invalid_request_error");
+            assert_string_equal(srvt_str(j, "error.message"), "prompt is too long: 9000 tokens > 4096 maximum");
+        } else {
+            assert_string_equal(srvt_str(j, "error.code"), "context_length_exceeded");
+            assert_string_equal(srvt_str(j, "error.type"), "invalid_request_error");
+            assert_string_equal(srvt_str(j, "error.param"), apis[i] == SRV_API_CHAT ? "messages" : "prompt");
+            assert_non_null(strstr(srvt_str(j, "error.message"), "maximum context length is 4096 tokens. However, your"));
+        }
+        json_decref(j);
+        free(b);
+        /* a stream that fails so ends with the same error */
+        srv_stream s;
+        srv_stream_init(&s, &m, false);
+        srv_buf out = {0};
+        assert_true(srv_stream_done(&s, resp, KEEL_ECONTEXT, &out));
+        assert_non_null(strstr(out.p, apis[i] == SRV_API_MESSAGES ? "prompt is too long: 9000 tokens > 4096 maximum"
+                                                                   : "context_length_exceeded"));
+        srv_buf_free(&out);
+        srv_stream_free(&s);
+    }
+}
+
+/* The PROMPT event starts a stream: Anthropic's message_start carries the
+ * prompt's usage (it was all zeros until message_delta), OpenAI chat sends
+ * its role chunk. */
+static void test_issue25_stream_start(void **state)
+{
+    (void)state;
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_PROMPT;
+    ev.index = -1;
+    ev.n_prompt_tokens = 30;
+    ev.n_cached_tokens = 12;
+    srv_meta m;
+    srv_meta_init(&m, SRV_API_MESSAGES, "c");
+    srv_stream s;
+    srv_stream_init(&s, &m, true);
+    srv_buf out = {0};
+    assert_true(srv_stream_event(&s, &ev, &out));
+    srvt_events se;
+    assert_true(srvt_parse_sse(out.p, out.len, &se));
+    assert_int_equal(json_array_size(se.names), 2);
+    assert_string_equal(json_string_value(json_array_get(se.names, 0)), "message_start");
+    assert_string_equal(json_string_value(json_array_get(se.names, 1)), "ping");
+    assert_int_equal(srvt_int(se.data, "0.message.usage.input_tokens"), 18);
+    assert_int_equal(srvt_int(se.data, "0.message.usage.cache_read_input_tokens"), 12);
+    assert_int_equal(srvt_int(se.data, "0.message.usage.output_tokens"), 0);
+    srvt_events_free(&se);
+    srv_stream_free(&s);
+    srv_buf_reset(&out);
+    srv_meta_init(&m, SRV_API_CHAT, "c");
+    srv_stream_init(&s, &m, false);
+    assert_true(srv_stream_event(&s, &ev, &out));
+    assert_true(srvt_parse_sse(out.p, out.len, &se));
+    assert_int_equal(json_array_size(se.data), 1);
+    assert_string_equal(srvt_str(se.data, "0.choices.0.delta.role"), "assistant");
+    srvt_events_free(&se);
+    srv_stream_free(&s);
+    srv_buf_free(&out);
 }
 
 static void test_openai_stream(void **state)
@@ -682,6 +793,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_anthropic_errors),  cmocka_unit_test(test_openai_stream),
         cmocka_unit_test(test_anthropic_stream),  cmocka_unit_test(test_stream_errors),
         cmocka_unit_test(test_responses),         cmocka_unit_test(test_helpers),
+        cmocka_unit_test(test_issue25_requests),  cmocka_unit_test(test_issue25_stream_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

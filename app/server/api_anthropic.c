@@ -319,12 +319,15 @@ static bool convert_thinking(json_t *body, json_t *req, srv_err *e)
     json_t *th = json_object_get(body, "thinking");
     if (!th || json_is_null(th)) return true;
     const char *t = json_string_value(json_object_get(th, "type"));
-    if (!json_is_object(th) || !t || (strcmp(t, "enabled") && strcmp(t, "disabled")))
-        return srv_fail(e, 400, "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
+    /* adaptive: the model decides how much to think, which a template's
+     * switch can only express as thinking on */
+    if (!json_is_object(th) || !t || (strcmp(t, "enabled") && strcmp(t, "adaptive") && strcmp(t, "disabled")))
+        return srv_fail(e, 400, "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N}, {\"type\": "
+                                "\"adaptive\"} or {\"type\": \"disabled\"}");
     json_t *bt = json_object_get(th, "budget_tokens");
     if (bt && !json_is_null(bt) && (!json_is_integer(bt) || json_integer_value(bt) < 0))
         return srv_fail(e, 400, "thinking.budget_tokens must be a non-negative integer");
-    json_t *kw = json_pack("{sb}", "enable_thinking", strcmp(t, "enabled") == 0);
+    json_t *kw = json_pack("{sb}", "enable_thinking", strcmp(t, "disabled") != 0);
     if (!kw || json_object_set_new(req, "chat_template_kwargs", kw) != 0) return srv_fail(e, 500, "out of memory");
     return true;
 }
@@ -349,6 +352,10 @@ bool srv_anthropic_parse(srv_api api, json_t *b, const srv_limits *lim, srv_requ
     out->include_usage = true;
     json_t *ss = json_object_get(b, "stop_sequences");
     if (ss && !json_is_null(ss) && !json_is_array(ss)) return srv_fail(e, 400, "stop_sequences must be an array of strings");
+    /* the Messages API takes a positive integer (no -1 "until the end") */
+    json_t *mt = json_object_get(b, "max_tokens");
+    if (mt && !json_is_null(mt) && (!json_is_integer(mt) || json_integer_value(mt) < 1))
+        return srv_fail(e, 400, "max_tokens: must be a positive integer");
     return srv_copy_max_tokens(b, "max_tokens", req, lim, e) && srv_copy_num(b, "temperature", req, "temperature", 0, 2, e) &&
            srv_copy_num(b, "top_p", req, "top_p", 0, 1, e) && srv_copy_int(b, "top_k", req, "top_k", -1, INT32_MAX, e) &&
            srv_copy_stop(b, "stop_sequences", req, lim, e);
@@ -365,13 +372,16 @@ static const char *stop_reason(json_t *resp)
     return "end_turn";
 }
 
-static json_t *usage_json(json_t *resp, bool final)
+/* usage of a response; without one (message_start) the prompt's counts
+ * of the PROMPT event, p and c. */
+static json_t *usage_json(json_t *resp, int64_t p, int64_t c)
 {
-    int64_t p = 0, c = 0, g = 0;
-    srv_engine_usage(resp, "prompt_tokens", &p);
-    srv_engine_usage(resp, "cached_tokens", &c);
-    srv_engine_usage(resp, "completion_tokens", &g);
-    if (!final) p = c = g = 0;
+    int64_t g = 0;
+    if (resp) {
+        srv_engine_usage(resp, "prompt_tokens", &p);
+        srv_engine_usage(resp, "cached_tokens", &c);
+        srv_engine_usage(resp, "completion_tokens", &g);
+    }
     return json_pack("{sIsIsIsI}", "input_tokens", (json_int_t)(p - c), "output_tokens", (json_int_t)g,
                      "cache_read_input_tokens", (json_int_t)c, "cache_creation_input_tokens", (json_int_t)0);
 }
@@ -423,7 +433,7 @@ char *srv_anthropic_response(const srv_meta *m, json_t *resp)
     json_t *ss = json_object_get(resp, "stop_sequence");
     json_t *o = json_pack("{sssssssssosssOso}", "id", m->id, "type", "message", "role", "assistant", "model",
                           m->model, "content", content, "stop_reason", stop_reason(resp), "stop_sequence",
-                          json_is_string(ss) ? ss : json_null(), "usage", usage_json(resp, true));
+                          json_is_string(ss) ? ss : json_null(), "usage", usage_json(resp, 0, 0));
     /* how the slot's cache was used (an extension field, as OpenAI's) */
     json_t *mem = json_object_get(resp, "memory");
     if (o && mem) json_object_set(o, "memory", mem);
@@ -446,7 +456,7 @@ static bool start(srv_stream *s, srv_buf *out)
     s->started = true;
     json_t *msg = json_pack("{sssssssss[]sososo}", "id", s->m.id, "type", "message", "role", "assistant", "model",
                             s->m.model, "content", "stop_reason", json_null(), "stop_sequence", json_null(), "usage",
-                            usage_json(NULL, false));
+                            usage_json(NULL, s->prompt_tokens, s->cached_tokens));
     return emit(out, "message_start", json_pack("{ssso}", "type", "message_start", "message", msg)) &&
            srv_buf_adds(out, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
 }
@@ -544,6 +554,6 @@ bool srv_anthropic_done(srv_stream *s, json_t *resp, srv_buf *out)
     if (!start(s, out) || !close_block(s, out)) return false;
     json_t *ss = json_object_get(resp, "stop_sequence");
     json_t *d = json_pack("{sssO}", "stop_reason", stop_reason(resp), "stop_sequence", json_is_string(ss) ? ss : json_null());
-    return emit(out, "message_delta", json_pack("{sssoso}", "type", "message_delta", "delta", d, "usage", usage_json(resp, true))) &&
+    return emit(out, "message_delta", json_pack("{sssoso}", "type", "message_delta", "delta", d, "usage", usage_json(resp, 0, 0))) &&
            emit(out, "message_stop", json_pack("{ss}", "type", "message_stop"));
 }

@@ -135,6 +135,7 @@ bool srv_fail(srv_err *e, int status, const char *fmt, ...)
     e->status = status;
     e->type = NULL;
     e->code = NULL;
+    e->param = NULL;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
@@ -176,7 +177,8 @@ char *srv_error_body(srv_api api, const srv_err *e)
                       "message", e->msg);
     } else {
         o = json_pack("{s{sissssso}}", "error", "code", e->status, "message", e->msg, "type",
-                      e->type ? e->type : srv_openai_type(e->status), "param", json_null());
+                      e->type ? e->type : srv_openai_type(e->status), "param",
+                      e->param ? json_string(e->param) : json_null());
         /* OpenAI's string codes ("context_length_exceeded") where there is one */
         if (o && e->code) json_object_set_new(json_object_get(o, "error"), "code", json_string(e->code));
     }
@@ -199,6 +201,23 @@ void srv_err_from_status(srv_err *e, keel_status st, const char *message)
     }
     srv_fail(e, status, "%s", message && *message ? message : keel_strerror(st));
     e->code = code;
+}
+
+bool srv_fail_context(srv_err *e, srv_api api, int64_t n, int64_t max)
+{
+    if (srv_api_is_anthropic(api)) {
+        srv_fail(e, 400, "prompt is too long: %lld tokens > %lld maximum", (long long)n, (long long)max);
+    } else {
+        srv_fail(e, 400,
+                 "This model's maximum context length is %lld tokens. However, your %s resulted in %lld tokens. "
+                 "Please reduce the length of the %s.",
+                 (long long)max, api == SRV_API_COMPLETIONS ? "prompt" : "messages", (long long)n,
+                 api == SRV_API_COMPLETIONS ? "prompt" : "messages");
+        e->param = api == SRV_API_COMPLETIONS ? "prompt" : "messages";
+    }
+    e->type = "invalid_request_error";
+    e->code = "context_length_exceeded";
+    return false;
 }
 
 /* ---- bodies ------------------------------------------------------------------------ */
@@ -477,9 +496,15 @@ void srv_toolu_id(const char *id, char *out, size_t cap)
 }
 
 /* The engine's failure of a finished request, or false when it succeeded. */
-static bool engine_failed(json_t *resp, keel_status st, srv_err *e)
+static bool engine_failed(srv_api api, json_t *resp, keel_status st, srv_err *e)
 {
     const char *msg = json_string_value(json_object_get(resp, "error"));
+    int64_t n = 0;
+    json_t *limit = json_object_get(resp, "prompt_limit");
+    if (st == KEEL_ECONTEXT && json_is_integer(limit) && srv_engine_usage(resp, "prompt_tokens", &n)) {
+        srv_fail_context(e, api, n, json_integer_value(limit));
+        return true;
+    }
     if (st == KEEL_ECANCELED) {
         srv_fail(e, 503, "the request was cancelled (the server is shutting down or the client went away)");
         return true;
@@ -498,7 +523,7 @@ char *srv_response_body(const srv_meta *m, const char *engine_response, keel_sta
     char *out = NULL;
     if (!resp) {
         srv_err_from_status(&e, st != KEEL_OK ? st : KEEL_EINTERNAL, "the engine's response is not JSON");
-    } else if (!engine_failed(resp, st, &e)) {
+    } else if (!engine_failed(m->api, resp, st, &e)) {
         *status = 200;
         out = srv_api_is_anthropic(m->api) ? srv_anthropic_response(m, resp) : srv_openai_response(m, resp);
         json_decref(resp);
@@ -527,6 +552,10 @@ void srv_stream_free(srv_stream *s)
 bool srv_stream_event(srv_stream *s, const keel_event *ev, srv_buf *out)
 {
     if (s->ended || ev->kind == KEEL_EVENT_DONE) return true;
+    if (ev->kind == KEEL_EVENT_PROMPT) {
+        s->prompt_tokens = ev->n_prompt_tokens;
+        s->cached_tokens = ev->n_cached_tokens;
+    }
     return srv_api_is_anthropic(s->m.api) ? srv_anthropic_event(s, ev, out) : srv_openai_event(s, ev, out);
 }
 
@@ -537,7 +566,7 @@ bool srv_stream_done(srv_stream *s, const char *engine_response, keel_status st,
     json_t *resp = engine_response ? json_loads(engine_response, JSON_ALLOW_NUL, NULL) : NULL;
     srv_err e;
     bool ok;
-    if (!resp || engine_failed(resp, st, &e)) {
+    if (!resp || engine_failed(s->m.api, resp, st, &e)) {
         if (!resp) srv_err_from_status(&e, st != KEEL_OK ? st : KEEL_EINTERNAL, "the engine's response is not JSON");
         char *body = srv_error_body(s->m.api, &e);
         if (srv_api_is_anthropic(s->m.api))

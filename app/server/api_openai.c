@@ -297,7 +297,7 @@ static bool parse_completion(json_t *b, const srv_limits *lim, json_t *req, srv_
     if (!json_is_array(p) || json_array_size(p) == 0)
         return srv_fail(e, 400, "prompt must be a string or a non-empty array of token ids");
     if (json_array_size(p) > (size_t)lim->max_prompt_tokens)
-        return srv_fail(e, 400, "prompt: %zu token ids (at most %d)", json_array_size(p), lim->max_prompt_tokens);
+        return srv_fail_context(e, SRV_API_COMPLETIONS, (int64_t)json_array_size(p), lim->max_prompt_tokens);
     size_t i;
     json_t *t;
     json_array_foreach(p, i, t) {

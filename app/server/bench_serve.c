@@ -226,6 +226,9 @@ int cmd_bench_serve(int argc, char **argv)
     cfg.model_path = model;
     cfg.engine_options = opts_text;
     cfg.timeout_s = 600;
+    cfg.keep_alive_s = 5;
+    cfg.read_timeout_s = 30;
+    cfg.ping_s = 5;
     cfg.threads_http = 64;
     cfg.max_body = (size_t)8 << 20;
     cfg.default_max_tokens = -1;

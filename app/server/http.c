@@ -27,6 +27,17 @@
  *
  * keel_engine_last_error is per thread: the message a handler reads after
  * its failed engine call is that call's own.
+ *
+ * Connections (docs/server.md, "Connections"): a connection with no request
+ * in progress is closed after --keep-alive-timeout seconds of silence
+ * (libmicrohttpd's timeout, raised to --timeout while a request runs, so
+ * neither a long prefill nor a stream is cut); a request's headers must
+ * arrive within --read-timeout of the connection's start (or of the
+ * previous response's end), and its body within --read-timeout more (the
+ * watchdog thread shuts down the socket of one that trickles past its
+ * deadline). Up to --threads-http connections are served; up to
+ * SRV_CONN_EXTRA more are accepted only to answer 503 with Retry-After and
+ * close, so a new client gets an answer instead of waiting in the backlog.
  */
 #include "srv.h"
 
@@ -47,10 +58,25 @@
 
 #define SRV_QUEUE_MAX ((size_t)4 << 20)   /* bytes of undelivered events per request */
 #define SRV_WAIT_MS 100                   /* between checks of the client's socket */
-#define SRV_PING_S 10                     /* keep-alive interval of a silent stream */
 #define SRV_STACK ((size_t)1 << 20)       /* connection thread stack */
+#define SRV_WATCH_MS 100                  /* the watchdog's period */
 
 enum { ST_LOADING = 0, ST_READY = 1, ST_STOPPING = 2 };
+
+/* Phases of a connection, for the watchdog. */
+enum { PH_WAIT = 0, PH_BODY = 1, PH_ACTIVE = 2 };
+
+/* A connection, from libmicrohttpd's start notification to its close
+ * notification (which comes before the socket is closed: a socket in the
+ * list is open). Fields under srv_server.cmu. */
+typedef struct sconn {
+    struct sconn *prev, *next;
+    int fd;
+    int phase;            /* PH_*: WAIT for headers, BODY being read, ACTIVE: the handler runs */
+    uint64_t deadline_ms; /* WAIT and BODY: shut down at this time */
+    bool over;            /* opened past --threads-http: its request gets 503 */
+    bool cut;             /* the watchdog shut it down */
+} sconn;
 
 struct srv_server {
     srv_config cfg;
@@ -62,7 +88,15 @@ struct srv_server {
     srv_limits lim;
     char model[256];         /* name in responses */
     int32_t n_ctx_slot, n_slots, n_vocab;
+    int32_t n_ctx;           /* cells of the shared cache: what one slot may fill */
     atomic_int loop_done;    /* the engine loop returned */
+    /* connections and their watchdog */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    sconn *conns;            /* under cmu */
+    int n_open;              /* connections open, under cmu */
+    bool wd_stop, wd_started;
+    pthread_t wd;
 };
 
 /* ---- routes ---------------------------------------------------------------- */
@@ -81,6 +115,7 @@ typedef enum route {
     R_SLOTS,
     R_SLOT_ACTION,
     R_METRICS,
+    R_MODEL,      /* GET /v1/models/{id} */
 } route;
 
 typedef struct route_def {
@@ -115,6 +150,7 @@ typedef struct qev {
     struct qev *next;
     keel_event_kind kind;
     int32_t index;
+    int32_t n_prompt, n_cached; /* PROMPT */
     char *id, *name;
     srv_buf text;
 } qev;
@@ -141,6 +177,7 @@ typedef struct job {
     uint64_t t0, t_last_out;
     char url[64];
     bool streaming;
+    bool sent_any;      /* the stream's first bytes went out */
 } job;
 
 static uint64_t now_ms(void)
@@ -217,6 +254,8 @@ static bool on_event(void *user, const keel_event *ev)
             if (q) {
                 q->kind = ev->kind;
                 q->index = ev->index;
+                q->n_prompt = ev->n_prompt_tokens;
+                q->n_cached = ev->n_cached_tokens;
                 q->text.max = SRV_QUEUE_MAX;
                 if (ev->id) q->id = strdup(ev->id);
                 if (ev->name) q->name = strdup(ev->name);
@@ -295,26 +334,42 @@ static bool job_wait(job *j, bool first)
 
 /* ---- responses -------------------------------------------------------------------- */
 
-static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, const char *body,
-                                 size_t len)
+/* Queues a response; close: the connection closes after it (a 413 whose
+ * body was not all read, a 503 past the connection cap, which also tells
+ * the client when to retry). */
+static enum MHD_Result respond(struct MHD_Connection *c, int status, const char *type, const char *body, size_t len,
+                               bool close)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (ok == MHD_YES && status == 401) ok = MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (ok == MHD_YES && close) ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (ok == MHD_YES && close && status == 503) ok = MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (ok == MHD_YES) ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
 }
 
-/* Sends a JSON body (taking it; NULL: 500 out of memory). */
-static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *body)
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, const char *body,
+                                 size_t len)
+{
+    return respond(c, status, type, body, len, false);
+}
+
+/* Sends a JSON body (taking it; NULL: 500 out of memory); close as respond. */
+static enum MHD_Result send_json_close(struct MHD_Connection *c, int status, char *body, bool close)
 {
     static const char oom[] = "{\"error\":{\"code\":500,\"message\":\"out of memory\",\"type\":\"server_error\"}}";
-    enum MHD_Result r = body ? send_text(c, status, "application/json; charset=utf-8", body, strlen(body))
-                             : send_text(c, 500, "application/json; charset=utf-8", oom, sizeof oom - 1);
+    enum MHD_Result r = body ? respond(c, status, "application/json; charset=utf-8", body, strlen(body), close)
+                             : respond(c, 500, "application/json; charset=utf-8", oom, sizeof oom - 1, close);
     free(body);
     return r;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *body)
+{
+    return send_json_close(c, status, body, false);
 }
 
 static enum MHD_Result send_obj(struct MHD_Connection *c, int status, json_t *o)
@@ -329,19 +384,39 @@ static enum MHD_Result send_error(struct MHD_Connection *c, srv_api api, const s
     return send_json(c, e->status, srv_error_body(api, e));
 }
 
+static enum MHD_Result send_errorv(struct MHD_Connection *c, srv_api api, int status, bool close, const char *fmt,
+                                   va_list ap)
+{
+    srv_err e;
+    memset(&e, 0, sizeof e);
+    e.status = status;
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    return send_json_close(c, e.status, srv_error_body(api, &e), close);
+}
+
 static enum MHD_Result send_errorf(struct MHD_Connection *c, srv_api api, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static enum MHD_Result send_errorf(struct MHD_Connection *c, srv_api api, int status, const char *fmt, ...)
 {
-    srv_err e;
-    memset(&e, 0, sizeof e);
-    e.status = status;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    enum MHD_Result r = send_errorv(c, api, status, false, fmt, ap);
     va_end(ap);
-    return send_error(c, api, &e);
+    return r;
+}
+
+/* send_errorf, and the connection closes after the answer. */
+static enum MHD_Result send_errorf_close(struct MHD_Connection *c, srv_api api, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static enum MHD_Result send_errorf_close(struct MHD_Connection *c, srv_api api, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    enum MHD_Result r = send_errorv(c, api, status, true, fmt, ap);
+    va_end(ap);
+    return r;
 }
 
 /* ---- per-connection state ------------------------------------------------------------ */
@@ -352,7 +427,8 @@ typedef struct conn {
     srv_api api;
     int32_t slot;       /* /slots/{id} */
     srv_buf body;
-    bool too_large;
+    bool too_large;     /* the body is past max_body: read and discarded, then 413 */
+    size_t discarded;   /* bytes of it discarded */
     bool replied;       /* an early response (401, 413, 503) was queued */
 } conn;
 
@@ -360,6 +436,97 @@ static int conn_fd(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     return ci ? ci->connect_fd : -1;
+}
+
+/* ---- connections: the cap, the phases, the watchdog ------------------------------------ */
+
+static sconn *conn_track(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Moves the connection to phase (WAIT and BODY get a deadline
+ * --read-timeout from now). Returns whether it is past the cap. */
+static bool conn_phase(srv_server *s, struct MHD_Connection *c, int phase)
+{
+    sconn *k = conn_track(c);
+    bool over = false;
+    if (!k) return false; /* not tracked (no memory at its start) */
+    pthread_mutex_lock(&s->cmu);
+    k->phase = phase;
+    k->deadline_ms = now_ms() + (uint64_t)s->cfg.read_timeout_s * 1000u;
+    over = k->over;
+    pthread_mutex_unlock(&s->cmu);
+    return over;
+}
+
+/* libmicrohttpd's connection start and close notifications. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode code)
+{
+    srv_server *s = cls;
+    sconn *k = *socket_ctx;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        k = calloc(1, sizeof *k);
+        if (!k) return; /* untracked: the idle timeout still applies */
+        k->fd = conn_fd(c);
+        k->phase = PH_WAIT;
+        k->deadline_ms = now_ms() + (uint64_t)s->cfg.read_timeout_s * 1000u;
+        pthread_mutex_lock(&s->cmu);
+        k->next = s->conns;
+        if (s->conns) s->conns->prev = k;
+        s->conns = k;
+        k->over = ++s->n_open > s->cfg.threads_http;
+        pthread_mutex_unlock(&s->cmu);
+        *socket_ctx = k;
+    } else if (k) {
+        pthread_mutex_lock(&s->cmu);
+        if (k->prev) k->prev->next = k->next;
+        else s->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        s->n_open--;
+        pthread_mutex_unlock(&s->cmu);
+        free(k);
+        *socket_ctx = NULL;
+    }
+}
+
+/* Shuts down the sockets of connections past their deadline: the
+ * connection's thread then reads the end and closes it. Holding cmu, a
+ * listed socket is still open (the close notification comes first). */
+static void *watchdog(void *p)
+{
+    srv_server *s = p;
+    pthread_mutex_lock(&s->cmu);
+    while (!s->wd_stop) {
+        uint64_t now = now_ms();
+        for (sconn *k = s->conns; k; k = k->next) {
+            if (k->phase == PH_ACTIVE || k->cut || k->fd < 0 || now < k->deadline_ms) continue;
+            k->cut = true;
+            if (shutdown(k->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
+                fprintf(stderr, "keel serve: shutdown of a slow connection: %s\n", strerror(errno));
+            else if (s->cfg.log)
+                fprintf(stderr, "keel serve: closed a connection that sent no complete request in %d s (--read-timeout)\n",
+                        s->cfg.read_timeout_s);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += SRV_WATCH_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->ccv, &s->cmu, &ts);
+    }
+    pthread_mutex_unlock(&s->cmu);
+    return NULL;
+}
+
+/* libmicrohttpd's idle timeout of the connection in seconds (0: none). */
+static void conn_timeout(srv_server *s, struct MHD_Connection *c, int seconds)
+{
+    if (MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)seconds) != MHD_YES && s->cfg.log)
+        fprintf(stderr, "keel serve: cannot set a connection's timeout to %d s\n", seconds);
 }
 
 /* Constant-time comparison (in the contents; lengths are not secret). */
@@ -478,6 +645,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
                 j->out_off = 0;
             }
             j->t_last_out = now_ms();
+            j->sent_any = true;
             return (ssize_t)n;
         }
         if (j->out_final) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -507,6 +675,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
             ev.len = q->text.len;
             ev.id = q->id;
             ev.name = q->name;
+            ev.n_prompt_tokens = q->n_prompt;
+            ev.n_cached_tokens = q->n_cached;
             ok = srv_stream_event(&j->stream, &ev, &j->out);
         }
         qev_free(list);
@@ -523,8 +693,14 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
             job_abandon(j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (now_ms() - j->t_last_out >= SRV_PING_S * 1000u) {
-            if (!srv_stream_ping(&j->stream, &j->out)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        /* the first bytes at once (a completions stream has no start of
+         * its own), then a keep-alive whenever the stream was silent for
+         * --sse-ping seconds (a long prefill) */
+        if (!j->sent_any || now_ms() - j->t_last_out >= (uint64_t)j->s->cfg.ping_s * 1000u) {
+            if (!srv_stream_ping(&j->stream, &j->out)) {
+                job_abandon(j);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
             j->t_last_out = now_ms();
         }
     }
@@ -610,25 +786,44 @@ static json_t *stats_obj(srv_server *s)
     return o;
 }
 
-static enum MHD_Result route_models(srv_server *s, struct MHD_Connection *c)
+/* The model object of /v1/models (NULL on OOM). */
+static json_t *model_obj(srv_server *s)
 {
     json_t *st = stats_obj(s);
     json_t *mi = json_object_get(st, "model");
     json_t *meta = json_pack("{sIsIsIsIss}", "n_vocab", (json_int_t)json_integer_value(json_object_get(mi, "n_vocab")),
                              "n_ctx_train", (json_int_t)json_integer_value(json_object_get(mi, "n_ctx_train")),
                              "n_params", (json_int_t)json_integer_value(json_object_get(mi, "n_params")), "n_ctx",
-                             (json_int_t)s->n_ctx_slot, "arch", json_string_value(json_object_get(mi, "arch")) ?
+                             (json_int_t)s->n_ctx, "arch", json_string_value(json_object_get(mi, "arch")) ?
                              json_string_value(json_object_get(mi, "arch")) : "");
     json_t *m = json_pack("{sssssIssso}", "id", s->model, "object", "model", "created", (json_int_t)time(NULL),
                           "owned_by", "keel", "meta", meta);
     if (st) json_decref(st);
-    return send_obj(c, 200, json_pack("{ss s[o]}", "object", "list", "data", m));
+    return m;
+}
+
+static enum MHD_Result route_models(srv_server *s, struct MHD_Connection *c)
+{
+    return send_obj(c, 200, json_pack("{ss s[o]}", "object", "list", "data", model_obj(s)));
+}
+
+/* GET /v1/models/{id}: the model when id names it (the alias or file name). */
+static enum MHD_Result route_model(srv_server *s, struct MHD_Connection *c, const char *id)
+{
+    if (strcmp(id, s->model) != 0) {
+        srv_err e;
+        srv_fail(&e, 404, "The model '%s' does not exist", id);
+        e.code = "model_not_found";
+        e.param = "model";
+        return send_error(c, SRV_API_NATIVE, &e);
+    }
+    return send_obj(c, 200, model_obj(s));
 }
 
 static enum MHD_Result route_props(srv_server *s, struct MHD_Connection *c)
 {
     json_t *st = stats_obj(s);
-    json_t *o = json_pack("{s{sis{}}sisssssssss{sbsb}sO}", "default_generation_settings", "n_ctx", s->n_ctx_slot,
+    json_t *o = json_pack("{s{sis{}}sisssssssss{sbsb}sO}", "default_generation_settings", "n_ctx", s->n_ctx,
                           "params", "total_slots", s->n_slots, "model_alias", s->model, "model_path",
                           s->cfg.model_path ? s->cfg.model_path : "", "build_info", "keel " KEEL_VERSION_STRING,
                           "chat_template", json_string_value(json_object_get(st, "chat_template")) ?
@@ -652,7 +847,7 @@ static enum MHD_Result route_slots(srv_server *s, struct MHD_Connection *c)
         const char *state = json_string_value(json_object_get(sl, "state"));
         json_t *o = json_deep_copy(sl);
         if (!o) continue;
-        json_object_set_new(o, "n_ctx", json_integer(s->n_ctx_slot));
+        json_object_set_new(o, "n_ctx", json_integer(s->n_ctx));
         json_object_set_new(o, "is_processing", json_boolean(state && strcmp(state, "idle") != 0));
         json_array_append_new(arr, o);
     }
@@ -883,7 +1078,21 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         }
         cn->api = cn->rd ? cn->rd->api : SRV_API_NATIVE;
         cn->r = cn->rd ? cn->rd->r : R_NONE;
+        /* the headers are in: the body has --read-timeout from now, and
+         * the request may be silent for --timeout (a long prefill) */
+        conn_timeout(s, c, s->cfg.timeout_s);
+        if (conn_phase(s, c, PH_BODY)) {
+            cn->replied = true;
+            log_request(s, method, url, 503, NULL);
+            return send_errorf_close(c, cn->api, 503, "too many connections (--threads-http %d); retry later",
+                                     s->cfg.threads_http);
+        }
         bool post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+        if (!cn->rd && strncmp(url, "/v1/models/", 11) == 0 && get) {
+            static const route_def model_route = {"/v1/models/{id}", R_MODEL, false, true, SRV_API_NATIVE};
+            cn->rd = &model_route;
+            cn->r = R_MODEL;
+        }
         if (!cn->rd) {
             cn->replied = true;
             log_request(s, method, url, 404, NULL);
@@ -900,31 +1109,57 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             return send_errorf(c, cn->api, 401, "Invalid API Key");
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
         if (cl) {
             char *end;
             errno = 0;
             unsigned long long v = strtoull(cl, &end, 10);
-            if (errno || *end || v > s->cfg.max_body) {
-                cn->replied = true;
-                log_request(s, method, url, 413, NULL);
-                return send_errorf(c, cn->api, 413, "the request body (%s bytes) is larger than the limit of %zu bytes",
-                                   cl, s->cfg.max_body);
+            bool bad_len = errno || *end || end == cl;
+            if (bad_len || v > s->cfg.max_body) {
+                /* answered at once when the client waits for 100-continue
+                 * or the body is past what is worth reading; else read
+                 * and discarded first, so the client reads the 413 */
+                if (bad_len || (expect && strcasecmp(expect, "100-continue") == 0) ||
+                    v - s->cfg.max_body > SRV_DISCARD_MAX) {
+                    cn->replied = true;
+                    log_request(s, method, url, 413, NULL);
+                    return send_errorf_close(c, cn->api, 413,
+                                             "the request body (%s bytes) is larger than the limit of %zu bytes", cl,
+                                             s->cfg.max_body);
+                }
+                cn->too_large = true;
             }
         }
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cn->replied && !srv_buf_add(&cn->body, upload, *upload_size)) {
-            cn->replied = true;
-            *upload_size = 0;
-            log_request(s, method, url, 413, NULL);
-            return send_errorf(c, cn->api, 413, "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
-        }
+        size_t n = *upload_size;
         *upload_size = 0;
+        if (cn->replied) return MHD_YES;
+        if (!cn->too_large && !srv_buf_add(&cn->body, upload, n)) {
+            cn->too_large = true; /* a chunked body, or longer than its Content-Length said */
+            cn->discarded = cn->body.len;
+            srv_buf_free(&cn->body);
+        }
+        if (cn->too_large) {
+            cn->discarded += n;
+            if (cn->discarded > s->cfg.max_body + SRV_DISCARD_MAX) {
+                cn->replied = true;
+                log_request(s, method, url, 413, NULL);
+                return send_errorf_close(c, cn->api, 413, "the request body is larger than the limit of %zu bytes",
+                                         s->cfg.max_body);
+            }
+        }
         return MHD_YES;
     }
     if (cn->replied) return MHD_YES;
     cn->replied = true;
+    if (cn->too_large) {
+        log_request(s, method, url, 413, NULL);
+        return send_errorf_close(c, cn->api, 413, "the request body%s is larger than the limit of %zu bytes",
+                                 cn->discarded ? "" : " (Content-Length)", s->cfg.max_body);
+    }
+    conn_phase(s, c, PH_ACTIVE);
     if (cn->r == R_HEALTH) {
         pthread_mutex_lock(&s->mu);
         int state = s->state;
@@ -942,6 +1177,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     enum MHD_Result res;
     switch (cn->r) {
     case R_MODELS: res = route_models(s, c); break;
+    case R_MODEL: res = route_model(s, c, url + 11); break;
     case R_PROPS: res = route_props(s, c); break;
     case R_SLOTS: res = route_slots(s, c); break;
     case R_METRICS: res = route_metrics(s, c); break;
@@ -956,10 +1192,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 
 static void completed(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
-    (void)c;
-    (void)toe;
+    srv_server *s = cls;
     conn *cn = *ctx;
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        /* kept alive: idle until the next request, whose headers have
+         * --read-timeout */
+        conn_timeout(s, c, s->cfg.keep_alive_s);
+        conn_phase(s, c, PH_WAIT);
+    }
     if (!cn) return;
     srv_buf_free(&cn->body);
     free(cn);
@@ -989,6 +1229,8 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t cap)
     }
     s->cfg = *cfg;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
+    pthread_cond_init(&s->ccv, NULL);
     s->state = ST_LOADING;
     s->lim = srv_limits_default();
     atomic_init(&s->loop_done, 0);
@@ -1008,24 +1250,30 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t cap)
     int gai = getaddrinfo(cfg->host, port, &hints, &ai);
     if (gai != 0 || !ai) {
         snprintf(err, cap, "--host %s: %s", cfg->host, gai ? gai_strerror(gai) : "no address");
-        pthread_mutex_destroy(&s->mu);
-        free(s);
+        srv_free(s);
         return -1;
     }
+    if (pthread_create(&s->wd, NULL, watchdog, s) != 0) {
+        snprintf(err, cap, "cannot start the connection watchdog thread");
+        freeaddrinfo(ai);
+        srv_free(s);
+        return -1;
+    }
+    s->wd_started = true;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, handle, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->threads_http, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)cfg->timeout_s, MHD_OPTION_THREAD_STACK_SIZE, SRV_STACK,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->threads_http + SRV_CONN_EXTRA),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->keep_alive_s,
+                            MHD_OPTION_THREAD_STACK_SIZE, SRV_STACK,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         snprintf(err, cap, "cannot listen on %s port %d: %s", cfg->host, cfg->port,
                  errno ? strerror(errno) : "libmicrohttpd refused");
-        pthread_mutex_destroy(&s->mu);
-        free(s);
+        srv_free(s);
         return -1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1055,12 +1303,15 @@ keel_status srv_load(srv_server *s, char *err)
     s->n_slots = (int32_t)json_integer_value(json_object_get(o, "n_slots"));
     s->n_ctx_slot = (int32_t)json_integer_value(json_object_get(mi, "n_ctx_slot"));
     s->n_vocab = (int32_t)json_integer_value(json_object_get(mi, "n_vocab"));
+    s->n_ctx = (int32_t)json_integer_value(json_object_get(o, "n_ctx"));
     if (o) json_decref(o);
-    if (s->n_slots < 1 || s->n_ctx_slot < 1 || s->n_vocab < 1) {
-        snprintf(err, 256, "the engine's stats lack n_slots / model.n_ctx_slot / model.n_vocab");
+    if (s->n_slots < 1 || s->n_ctx_slot < 1 || s->n_vocab < 1 || s->n_ctx < s->n_ctx_slot) {
+        snprintf(err, 256, "the engine's stats lack n_slots / n_ctx / model.n_ctx_slot / model.n_vocab");
         return KEEL_EINTERNAL;
     }
-    s->lim.max_tokens_cap = s->n_ctx_slot;
+    /* the cache is shared: one slot may fill all of it (n_ctx_slot is an
+     * even share, the default compaction trigger) */
+    s->lim.max_tokens_cap = s->n_ctx;
     s->lim.default_max_tokens = s->cfg.default_max_tokens;
     s->lim.n_vocab = s->n_vocab;
     s->lim.max_prompt_tokens = 4 * s->n_ctx_slot;
@@ -1105,8 +1356,17 @@ char *srv_stats(srv_server *s)
 void srv_free(srv_server *s)
 {
     if (!s) return;
-    if (s->d) MHD_stop_daemon(s->d);
+    if (s->d) MHD_stop_daemon(s->d); /* every connection closed (and unlisted) */
+    if (s->wd_started) {
+        pthread_mutex_lock(&s->cmu);
+        s->wd_stop = true;
+        pthread_cond_broadcast(&s->ccv);
+        pthread_mutex_unlock(&s->cmu);
+        pthread_join(s->wd, NULL);
+    }
     keel_engine_close(s->e);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
     free(s);
 }

@@ -30,6 +30,7 @@
 typedef struct serve_opts {
     const char *host, *slot_save_path, *api_key_file, *chat_template, *alias, *tool_format;
     int32_t port, n_slots, cache_ram, timeout, threads_http, n_predict, max_body;
+    int32_t keep_alive, read_timeout, sse_ping;
     bool cache_ram_set, metrics, no_slots, log_disable, deterministic;
     uint64_t seed;
     bool seed_set;
@@ -61,8 +62,12 @@ static const char g_help[] =
     "  --chat-template-file FILE      a template file\n"
     "  --tool-format F                tool-call parser format (default: detected from the template)\n"
     "  -a, --alias NAME               model name in responses (the file name)\n"
-    "  -to, --timeout S               idle connection timeout in seconds (600)\n"
-    "  --threads-http N               most connections at once, one thread each (max(64, 4 x slots))\n"
+    "  -to, --timeout S               longest silence of a connection during a request, in seconds (600)\n"
+    "  --keep-alive-timeout S         close a connection idle between requests after S seconds (5)\n"
+    "  --read-timeout S               seconds a client has to send a request's headers, and again its body (30)\n"
+    "  --sse-ping S                   a silent stream (a long prefill) gets a keep-alive every S seconds (5)\n"
+    "  --threads-http N               connections served at once, one thread each; up to 64 more are\n"
+    "                                 answered 503 (max(64, 4 x slots))\n"
     "  --max-body MIB                 largest request body in MiB (8)\n"
     "  --deterministic                batch-invariant numerics: a request's tokens do not depend on\n"
     "                                 what else is batched with it (slower)\n"
@@ -173,6 +178,12 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         so->alias = v;
     } else if (strcmp(a, "-to") == 0 || strcmp(a, "--timeout") == 0) {
         return int_in(o, a, v, 1, 86400, &so->timeout);
+    } else if (strcmp(a, "--keep-alive-timeout") == 0) {
+        return int_in(o, a, v, 1, 86400, &so->keep_alive);
+    } else if (strcmp(a, "--read-timeout") == 0) {
+        return int_in(o, a, v, 1, 86400, &so->read_timeout);
+    } else if (strcmp(a, "--sse-ping") == 0) {
+        return int_in(o, a, v, 1, 3600, &so->sse_ping);
     } else if (strcmp(a, "--threads-http") == 0) {
         if (!int_in(o, a, v, -1, 65536, &x)) return true;
         so->threads_http = x == 0 ? -1 : x;
@@ -336,6 +347,9 @@ static void print_plan(srv_server *s, const srv_config *cfg)
     print_bytes("total", total);
     printf("  %-28s %d connections x (%zu MiB body + 4 MiB event queue) at most\n", "HTTP buffers", cfg->threads_http,
            cfg->max_body >> 20);
+    printf("keel serve: connections: %d served, %d more answered 503; idle ones closed after %d s, a request's "
+           "headers and body each within %d s\n", cfg->threads_http, SRV_CONN_EXTRA, cfg->keep_alive_s,
+           cfg->read_timeout_s);
     if (st) json_decref(st);
 }
 
@@ -388,6 +402,9 @@ int cmd_serve(int argc, char **argv)
     so.n_slots = 1;
     so.cache_ram = 8192;
     so.timeout = 600;
+    so.keep_alive = 5;
+    so.read_timeout = 30;
+    so.sse_ping = 5;
     so.threads_http = -1;
     so.n_predict = -1;
     so.max_body = 8;
@@ -450,6 +467,9 @@ int cmd_serve(int argc, char **argv)
     cfg.slots = !so.no_slots;
     cfg.log = !so.log_disable;
     cfg.timeout_s = so.timeout;
+    cfg.keep_alive_s = so.keep_alive;
+    cfg.read_timeout_s = so.read_timeout;
+    cfg.ping_s = so.sse_ping;
     cfg.threads_http = so.threads_http > 0 ? so.threads_http : (4 * so.n_slots > 64 ? 4 * so.n_slots : 64);
     cfg.max_body = (size_t)so.max_body << 20;
     cfg.default_max_tokens = so.n_predict;

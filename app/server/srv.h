@@ -87,6 +87,7 @@ typedef struct srv_err {
     int status;
     const char *type;
     const char *code;
+    const char *param; /* OpenAI's error.param ("messages"), or NULL */
     char msg[512];
 } srv_err;
 
@@ -98,6 +99,13 @@ bool srv_fail(srv_err *e, int status, const char *fmt, ...) __attribute__((forma
 char *srv_error_body(srv_api api, const srv_err *e);
 /* The HTTP status, type and code of an engine failure (keel_status). */
 void srv_err_from_status(srv_err *e, keel_status st, const char *message);
+/* A prompt of n tokens, more than max: 400 with the message clients match
+ * to compact their conversation — Anthropic's "prompt is too long: N tokens
+ * > M maximum", OpenAI's "This model's maximum context length is M tokens.
+ * However, your messages resulted in N tokens. ..." with code
+ * context_length_exceeded and param "messages" ("prompt" on completions).
+ * Returns false. */
+bool srv_fail_context(srv_err *e, srv_api api, int64_t n, int64_t max);
 
 /* Longest nesting of arrays and objects in the n bytes of JSON text s (a
  * linear scan; strings and escapes skipped), stopping early once past
@@ -159,7 +167,8 @@ void srv_meta_init(srv_meta *m, srv_api api, const char *model);
 
 /*
  * The response body of a finished non-streaming request from the engine's
- * response JSON (keel_complete's shape) and status. *status receives the
+ * response JSON (keel_complete's shape) and status (a prompt too long:
+ * srv_fail_context's error). *status receives the
  * HTTP status: 200, or the error's (the body is then the API's error
  * object). NULL on OOM.
  */
@@ -179,6 +188,7 @@ typedef struct srv_stream {
     int32_t n_blocks; /* Anthropic: blocks started so far */
     int32_t tool;     /* engine tool index of the open tool_use block, -1 none */
     int32_t n_tools;  /* OpenAI: tool calls announced so far (indexes are dense) */
+    int64_t prompt_tokens, cached_tokens; /* from the PROMPT event: message_start's usage */
     srv_buf args;     /* Anthropic: the open tool call's arguments, sent whole at its end */
     bool ended;
 } srv_stream;
@@ -187,7 +197,9 @@ enum { SRV_BLOCK_NONE = 0, SRV_BLOCK_TEXT = 1, SRV_BLOCK_THINKING = 2, SRV_BLOCK
 
 void srv_stream_init(srv_stream *s, const srv_meta *m, bool include_usage);
 void srv_stream_free(srv_stream *s);
-/* Appends the SSE bytes of one engine event (not DONE) to out. */
+/* Appends the SSE bytes of one engine event (not DONE) to out. PROMPT
+ * starts the stream: OpenAI chat's role chunk, Anthropic's message_start
+ * with the prompt's usage and a ping. */
 bool srv_stream_event(srv_stream *s, const keel_event *ev, srv_buf *out);
 /* Appends the stream's end: the final chunk(s) with finish_reason and usage
  * and "data: [DONE]" (OpenAI), or content_block_stop, message_delta and
@@ -246,13 +258,23 @@ typedef struct srv_config {
     bool metrics;              /* GET /metrics */
     bool slots;                /* GET /slots */
     bool log;                  /* one line per request on stderr */
-    int timeout_s;             /* idle connection timeout (600) */
-    int threads_http;          /* most connections (= threads) at once */
+    int timeout_s;             /* longest silence of a connection during a request (600) */
+    int keep_alive_s;          /* idle connections (no request in progress) are closed after this (5) */
+    int read_timeout_s;        /* a request's headers must arrive within this, and its body again (30) */
+    int ping_s;                /* a silent stream gets a keep-alive this often (5) */
+    int threads_http;          /* connections served at once; more get 503 (up to SRV_CONN_EXTRA more) */
     size_t max_body;           /* bytes of a request body (8 MiB) */
     int32_t default_max_tokens; /* -n (-1) */
 } srv_config;
 
 typedef struct srv_server srv_server;
+
+/* Connections past threads_http that are still accepted, to be answered
+ * 503 (beyond them new connections wait in the listen backlog). */
+#define SRV_CONN_EXTRA 64
+/* Bytes of a body over max_body that are read and discarded before the
+ * 413, so that the client reads the answer instead of a reset. */
+#define SRV_DISCARD_MAX ((size_t)64 << 20)
 
 /* Starts listening (the model is not loaded yet: every route but /health
  * answers 503). 0, or -1 with the reason in err. */

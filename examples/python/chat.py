@@ -50,6 +50,7 @@ EVENT_TOOL_BEGIN = 2  # a tool call starts: index, id, name
 EVENT_TOOL_ARGS = 3   # text delta of tool call `index`'s JSON arguments
 EVENT_TOOL_END = 4    # tool call `index` is complete
 EVENT_DONE = 5        # the request ended: response holds the response JSON
+EVENT_PROMPT = 6      # the request took a slot: n_prompt_tokens, n_cached_tokens
 
 
 class KeelEvent(Structure):
@@ -67,6 +68,8 @@ class KeelEvent(Structure):
         ("response", c_char_p),  # DONE: the response JSON
         ("status", c_int),       # DONE: keel_status
         ("error", c_char_p),     # TOOL_END: NULL or why the call is malformed
+        ("n_prompt_tokens", c_int32),  # PROMPT: tokens of the prompt
+        ("n_cached_tokens", c_int32),  # PROMPT: of those, reused from the cache
     ]
 
     def data(self):

@@ -25,6 +25,9 @@
 
 /* Error messages of the engine: "template line 12: 'foo' is undefined". */
 #define JINJA_ERR_CAP BASE_ERR_CAP
+/* What the message of a rendering past max_output holds (KEEL_EOVERFLOW):
+ * callers tell it from the other limits by it. */
+#define JINJA_ERR_OUTPUT "the rendering is longer than"
 
 typedef struct jinja_limits {
     size_t max_output;  /* bytes of rendered text (64 MiB) */

@@ -194,7 +194,7 @@ static JX_NOINLINE keel_status eval_args(jx *x, jscope *sc, const jnode *args, j
 static keel_status out_status(jx *x, const jsb *b)
 {
     if (b->over)
-        return jx_fail(x, KEEL_EOVERFLOW, "the rendering is longer than %zu bytes", b->max);
+        return jx_fail(x, KEEL_EOVERFLOW, JINJA_ERR_OUTPUT " %zu bytes", b->max);
     return jx_oom(x);
 }
 

@@ -98,7 +98,7 @@ const char *jinja_filter_name(uint16_t id)
 static keel_status sbst(jx *x, const jsb *b)
 {
     if (b->over)
-        return jx_fail(x, KEEL_EOVERFLOW, "the rendering is longer than %zu bytes", b->max);
+        return jx_fail(x, KEEL_EOVERFLOW, JINJA_ERR_OUTPUT " %zu bytes", b->max);
     return jx_oom(x);
 }
 

@@ -22,7 +22,7 @@
 static keel_status sbst(jx *x, const jsb *b)
 {
     if (b->over)
-        return jx_fail(x, KEEL_EOVERFLOW, "the rendering is longer than %zu bytes", b->max);
+        return jx_fail(x, KEEL_EOVERFLOW, JINJA_ERR_OUTPUT " %zu bytes", b->max);
     return jx_oom(x);
 }
 

@@ -919,7 +919,7 @@ bool jsb_float(jsb *b, double f)
 static keel_status sb_status(jx *x, const jsb *b)
 {
     if (b->over)
-        return jx_fail(x, KEEL_EOVERFLOW, "the rendering is longer than %zu bytes", b->max);
+        return jx_fail(x, KEEL_EOVERFLOW, JINJA_ERR_OUTPUT " %zu bytes", b->max);
     if (b->oom) return jx_oom(x);
     return KEEL_OK;
 }

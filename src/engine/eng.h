@@ -193,6 +193,9 @@ typedef struct eng_slot {
     int32_t n_reused;         /* prompt tokens reused from the cache */
     char cache_note[192];     /* "new", "reused", "partial: ..." or "reset: why" */
     int32_t n_shared;         /* prompt tokens the slot's history shared with the prompt */
+    int64_t n_too_long;       /* KEEL_ECONTEXT at admission: the prompt's length in tokens
+                                 (an estimate for a rendering past its bound), else 0 */
+    int32_t prompt_limit;     /* with n_too_long: the most tokens the prompt may have */
     eng_lp *lp;               /* [cap_lp] with logprobs, else NULL */
     int32_t n_lp, cap_lp;
     eng_mark marks[ENG_MAX_MARKS]; /* the request's checkpoint marks, ascending pos */
@@ -300,10 +303,14 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
 /* A request from its JSON parts. KEEL_EINVAL named in err, KEEL_ENOMEM. */
 keel_status eng_req_make(keel_engine *e, json_t *request, eng_req **out, char *err);
 void eng_req_free(eng_req *r);
+/* The most prompt tokens request r may have: what a slot tracks (hist_cap)
+ * and, without compaction, what the cache holds (n_ctx). */
+int32_t eng_prompt_limit(const keel_engine *e, const eng_req *r);
 /* The request's prompt tokens into slot->prompt (at most e->hist_cap):
  * renders the template (chat requests: the text into *rendered, reused
  * buffer), tokenizes. KEEL_EINVAL (template), KEEL_ECONTEXT (longer than
- * hist_cap), KEEL_ENOMEM. */
+ * what the request may have; sl->n_too_long and prompt_limit say by how much;
+ * a rendering past its bound counts as too long), KEEL_ENOMEM. */
 keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
                               jinja_buf *rendered);
 

@@ -504,6 +504,14 @@ static keel_status forced_call(const keel_engine *e, eng_slot *sl, const eng_req
     return KEEL_OK;
 }
 
+/* The most bytes a rendering may have: 64 a token of what a slot tracks
+ * (when slot_bound), within the template limits. */
+static size_t render_bound(const keel_engine *e, bool slot_bound)
+{
+    size_t lim = jinja_limits_default().max_output, cap_bytes = (size_t)e->hist_cap * 64;
+    return slot_bound && cap_bytes < lim ? cap_bytes : lim;
+}
+
 /* Renders r's template (all messages, or the first n_msgs of them: see
  * template_vars) into out; its size bounded by what a slot can hold when
  * slot_bound is set, else by the template limits alone. KEEL_ENOMEM, or
@@ -516,8 +524,7 @@ static keel_status render_bounded(keel_engine *e, const eng_req *r, int32_t n_ms
     if (vars) json_decref(vars);
     if (!vj) return KEEL_ENOMEM;
     jinja_limits lim = jinja_limits_default();
-    size_t cap_bytes = (size_t)e->hist_cap * 64;
-    if (slot_bound && cap_bytes < lim.max_output) lim.max_output = cap_bytes;
+    lim.max_output = render_bound(e, slot_bound);
     jinja_render_opts ro = {&lim, NULL};
     keel_status st = jinja_render(e->tmpl, vj, strlen(vj), NULL, 0, &ro, out, jerr);
     chat_json_free(vj);
@@ -699,11 +706,18 @@ keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, con
     return st;
 }
 
+int32_t eng_prompt_limit(const keel_engine *e, const eng_req *r)
+{
+    return r->o.compact.policy == KEEL_COMPACT_NONE ? BASE_MIN(e->hist_cap, e->cp.n_ctx) : e->hist_cap;
+}
+
 keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, char *err,
                               jinja_buf *rendered)
 {
     sl->n_prompt = 0;
     sl->n_forced = 0;
+    sl->n_too_long = 0;
+    sl->prompt_limit = 0;
     if (r->kind == ENG_REQ_TOKENS) {
         memcpy(sl->prompt, r->tokens, (size_t)r->n_tokens * sizeof(int32_t));
         sl->n_prompt = r->n_tokens;
@@ -717,6 +731,15 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
         char jerr[JINJA_ERR_CAP];
         st = render(e, r, -1, out, jerr);
         if (st == KEEL_ENOMEM) return base_err(err, st, "out of memory");
+        if (st == KEEL_EOVERFLOW && strstr(jerr, JINJA_ERR_OUTPUT)) {
+            /* the bound is 64 bytes a token of the most a slot tracks: a
+             * prompt too long, counted at ~4 bytes a token */
+            size_t max_out = render_bound(e, true);
+            sl->n_too_long = BASE_MAX((int64_t)(max_out / 4), (int64_t)eng_prompt_limit(e, r) + 1);
+            sl->prompt_limit = eng_prompt_limit(e, r);
+            return base_err(err, KEEL_ECONTEXT, "prompt: the rendering is longer than %zu bytes (more than the %d "
+                            "tokens a prompt may have)", max_out, sl->prompt_limit);
+        }
         if (st != KEEL_OK) return base_err(err, st, "chat template: %s", jerr);
         text = out->data ? out->data : "";
         len = out->len;
@@ -734,6 +757,8 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
     st = text_tokenize(e->model->tok, text, len, true, true, sl->prompt, e->hist_cap, &n, NULL);
     if (joined) base_free(joined, len + 1);
     if (st == KEEL_ERANGE || n > e->hist_cap) {
+        sl->n_too_long = n;
+        sl->prompt_limit = eng_prompt_limit(e, r);
         st = base_err(err, KEEL_ECONTEXT, "prompt: %lld tokens, more than the %d a slot holds (max_prompt_tokens)",
                       (long long)n, e->hist_cap);
     } else if (st != KEEL_OK) {

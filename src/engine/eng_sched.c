@@ -209,10 +209,11 @@ static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result 
         bad |= json_object_set_new(o, "error", json_string(error && *error ? error : keel_strerror(status)));
         bad |= json_object_set_new(o, "status", json_string(keel_status_name(status)));
     }
+    if (status == KEEL_ECONTEXT && sl->n_too_long > 0) bad |= set_int(o, "prompt_limit", sl->prompt_limit);
     json_t *u = json_object(), *t = json_object(), *m = json_object();
     if (!u || !t || !m) bad = 1;
     if (u) {
-        bad |= set_int(u, "prompt_tokens", sl->n_prompt);
+        bad |= set_int(u, "prompt_tokens", status == KEEL_ECONTEXT && sl->n_too_long > 0 ? sl->n_too_long : sl->n_prompt);
         bad |= set_int(u, "cached_tokens", sl->n_reused);
         bad |= set_int(u, "completion_tokens", sl->n_gen);
         bad |= json_object_set_new(o, "usage", u);
@@ -371,11 +372,15 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     complete(e, r, resp ? status : KEEL_ENOMEM, resp, len);
 }
 
-/* A request that never reached a slot (or failed at admission). */
-static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const char *error)
+/* A request that never reached a slot (or failed at admission; a prompt
+ * too long: n_too_long tokens > limit, else 0, 0). */
+static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const char *error, int64_t n_too_long,
+                           int32_t limit)
 {
     eng_slot tmp;
     memset(&tmp, 0, sizeof tmp);
+    tmp.n_too_long = n_too_long;
+    tmp.prompt_limit = limit;
     tmp.req = r;
     tmp.seq = -1;
     tmp.finish = strcmp(error, "cancelled") == 0 ? "cancelled" : "error";
@@ -429,7 +434,7 @@ void eng_finish_all(keel_engine *e, const char *why)
         }
         pthread_mutex_unlock(&e->mu);
         if (!r) break;
-        fail_unstarted(e, r, KEEL_ECANCELED, "cancelled");
+        fail_unstarted(e, r, KEEL_ECANCELED, "cancelled", 0, 0);
     }
 }
 
@@ -671,13 +676,13 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     memset(&tmp, 0, sizeof tmp);
     tmp.prompt = e->slots[e->n_slots].prompt;
     if ((st = eng_prompt_tokens(e, &tmp, r, err, rendered)) != KEEL_OK) {
-        fail_unstarted(e, r, st, err);
+        fail_unstarted(e, r, st, err, tmp.n_too_long, tmp.prompt_limit);
         return;
     }
     if (r->o.compact.policy == KEEL_COMPACT_NONE && tmp.n_prompt > e->cp.n_ctx) {
         snprintf(err, sizeof err, "prompt: %d tokens, more than the cache's %d cells (no compaction)", tmp.n_prompt,
                  e->cp.n_ctx);
-        fail_unstarted(e, r, KEEL_ECONTEXT, err);
+        fail_unstarted(e, r, KEEL_ECONTEXT, err, tmp.n_prompt, eng_prompt_limit(e, r));
         return;
     }
     keel_mem *mem = keel_context_memory(e->ctx);
@@ -685,13 +690,13 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
      * conversation's fixed part ends */
     if ((keel_mem_ckpt_record_bytes(mem) > 0 || e->pc_limit > 0) &&
         (st = eng_prompt_marks(e, &tmp, r, rendered->data ? rendered->data : "", rendered->len)) != KEEL_OK) {
-        fail_unstarted(e, r, st, "checkpoint marks: out of memory");
+        fail_unstarted(e, r, st, "checkpoint marks: out of memory", 0, 0);
         return;
     }
     int32_t lcp = 0;
     eng_slot *sl = pick_slot(e, tmp.prompt, tmp.n_prompt, &lcp);
     if (!sl) { /* the caller only admits with an idle slot */
-        fail_unstarted(e, r, KEEL_EINTERNAL, "no idle slot");
+        fail_unstarted(e, r, KEEL_EINTERNAL, "no idle slot", 0, 0);
         return;
     }
     int32_t sys_end = 0; /* the end of the system prompt and tools, if marked */
@@ -762,6 +767,16 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         goto fail;
     }
     sl->state = ENG_SLOT_PREFILL;
+    /* admitted: the client may answer now (headers, the prompt's usage)
+     * instead of after the prefill */
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_PROMPT;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.n_prompt_tokens = sl->n_prompt;
+    ev.n_cached_tokens = sl->n_reused;
+    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
     return;
 fail:
     finish(e, sl, "error", st, err);
@@ -843,7 +858,7 @@ bool eng_step(keel_engine *e)
         pthread_mutex_unlock(&e->mu);
         if (!r) break;
         if (atomic_load(&r->cancel)) {
-            fail_unstarted(e, r, KEEL_ECANCELED, "cancelled");
+            fail_unstarted(e, r, KEEL_ECANCELED, "cancelled", 0, 0);
             continue;
         }
         start_request(e, r, &rendered);

@@ -2,7 +2,7 @@
 // package-lock.json) against keel serve: a tool-using conversation streamed
 // and not through both APIs, every event parsed by the SDKs' own stream
 // machinery, count_tokens, completions, and the error classes the SDKs
-// derive from keel's error objects (400, 401). The model is a random-weight
+// derive from keel's error objects (400, 401, 413, a prompt too long). The model is a random-weight
 // one, so its answers are text; the tool-call streams keel produces are
 // checked too: canned SSE written by keel's own encoder (test_server_api
 // --write-sse DIR) is served to the SDKs from a local HTTP server, and
@@ -112,8 +112,18 @@ async function openaiReal() {
   } catch (e) {
     check(e instanceof OpenAI.AuthenticationError && e.status === 401, 'AuthenticationError: ' + e);
   }
+  const long = Array.from({ length: 2500 }, (_, i) => `dog ${i}`).join(' ');
+  try {
+    await client.chat.completions.create({ model: 'keel', messages: [{ role: 'user', content: long }], max_tokens: 2 });
+    check(false, 'a prompt past the context is refused');
+  } catch (e) {
+    check(e instanceof OpenAI.BadRequestError && e.code === 'context_length_exceeded' && e.param === 'messages',
+          'context_length_exceeded: ' + e);
+  }
   const models = await client.models.list();
   check(models.data.length === 1, 'models.list');
+  const one = await client.models.retrieve(models.data[0].id);
+  check(one.id === models.data[0].id, 'models.retrieve');
 }
 
 const anthropicTools = [
@@ -165,6 +175,23 @@ async function anthropicReal() {
   } catch (e) {
     check(e instanceof Anthropic.BadRequestError && e.status === 400, 'BadRequestError: ' + e);
     check(e.error && e.error.type === 'error' && e.error.error.type === 'invalid_request_error', 'Anthropic error object');
+  }
+  // issue 25: a body over --max-body is a readable 413 (not a connection
+  // error the SDK would retry); a prompt past the context is the error
+  // clients match to compact ("prompt is too long")
+  try {
+    await client.messages.create({ model: 'claude-test', max_tokens: 8, messages: [{ role: 'user', content: 'x'.repeat(9 << 20) }] });
+    check(false, 'a 9 MiB body is refused');
+  } catch (e) {
+    check(e instanceof Anthropic.APIError && e.status === 413, '413 read by the SDK: ' + e);
+  }
+  const long = Array.from({ length: 2500 }, (_, i) => `dog ${i}`).join(' ');
+  try {
+    await client.messages.create({ model: 'claude-test', max_tokens: 8, messages: [{ role: 'user', content: long }] });
+    check(false, 'a prompt past the context is refused');
+  } catch (e) {
+    check(e instanceof Anthropic.BadRequestError && /prompt is too long: \d+ tokens > \d+ maximum/.test(e.message),
+          'prompt is too long: ' + e);
   }
   const bad = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey: 'wrong', maxRetries: 0 });
   try {
