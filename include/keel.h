@@ -1259,7 +1259,11 @@ typedef struct keel_engine keel_engine;
  *     a policy alone gets trigger = n_ctx per slot, target = trigger / 2),
  *   "chat_template" (a built-in name, a file path, or template source; default: the
  *     model's, else "chatml"), "tool_format" (a parser format name; default: detected
- *     from the template), "max_prompt_tokens" (default 4 x n_ctx per slot).
+ *     from the template), "max_prompt_tokens" (default 4 x n_ctx per slot),
+ *   "prefill_share" (0.4, in (0, 1]: while a slot generates, the share of
+ *     each step's time the other slots' prefill may take, measured by the
+ *     engine, so a stream keeps about 1 - share of its rate alone beside a
+ *     long prompt; 1: prefill fills n_batch whatever generates).
  * Unknown keys are KEEL_EINVAL (named). Errors of keel_model_open and
  * keel_context_open, with the detail in err (256 bytes, may be NULL). *out is
  * NULL on failure. Allocates the whole plan (keel_engine_stats reports it).
@@ -1380,10 +1384,15 @@ keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_ev
  * already stepping the engine on its own thread finishes its request first
  * (the loop waits for it); later keel_complete calls submit and wait. */
 keel_status keel_engine_run(keel_engine *e);
-/* Asks the loop to return (thread-safe, async-signal-unsafe). */
+/* Asks the loop to return (thread-safe, async-signal-unsafe); a batch in
+ * progress is interrupted (keel_cancel: between layers, between ubatches
+ * for models with recurrent layers) and its slots keep their caches as
+ * before the batch. */
 void keel_engine_stop(keel_engine *e);
 /* Cancels one request (thread-safe): it ends at the next step with
- * finish_reason "cancelled". KEEL_ENOENT if it is not queued or running. */
+ * finish_reason "cancelled"; when no other live request is in the batch
+ * being decoded, that batch is interrupted (as keel_engine_stop's).
+ * KEEL_ENOENT if it is not queued or running. */
 keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id);
 /* Cancels every queued and running request (thread-safe); requests queued
  * after it returns are not affected. */

@@ -31,6 +31,7 @@ typedef struct serve_opts {
     const char *host, *slot_save_path, *api_key_file, *chat_template, *alias, *tool_format;
     int32_t port, n_slots, cache_ram, ctx_checkpoints, checkpoint_every, timeout, threads_http, n_predict, max_body;
     bool cache_ram_set, every_set, metrics, no_slots, log_disable, deterministic;
+    float prefill_share; /* 0: the engine's default */
     uint64_t seed;
     bool seed_set;
     char *keys[SERVE_MAX_KEYS];
@@ -52,6 +53,8 @@ static const char g_help[] =
     "  --ctx-checkpoints N            checkpoints per slot of its recurrent state or sliding rings, reserved\n"
     "                                 in the plan (8 with recurrent layers; sliding: up to 8 in 1/4 of the KV)\n"
     "  --checkpoint-every N           also a checkpoint every N prompt tokens (0: at prompt ends)\n"
+    "  --prefill-share F              while a slot generates, the share of each step's time other\n"
+    "                                 slots' prefill may take, in (0, 1]; 1: whole batches (0.4)\n"
     "  --slot-save-path DIR           directory for /slots/{id}?action=save|restore files\n"
     "  --api-key KEY                  require KEY (Bearer or x-api-key); repeatable, comma-separated\n"
     "  --api-key-file FILE            keys, one per line\n"
@@ -142,6 +145,9 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         return int_in(o, a, v, 0, 1 << 24, &so->cache_ram);
     } else if (strcmp(a, "--ctx-checkpoints") == 0 || strcmp(a, "--swa-checkpoints") == 0) {
         return int_in(o, a, v, 0, 4096, &so->ctx_checkpoints);
+    } else if (strcmp(a, "--prefill-share") == 0) {
+        if (v && (!cli_parse_f32(v, &so->prefill_share) || !(so->prefill_share > 0.0f) || so->prefill_share > 1.0f))
+            return bad(o, a, v, "a number in (0, 1]");
     } else if (strcmp(a, "--checkpoint-every") == 0) {
         so->every_set = true;
         return int_in(o, a, v, 0, 1 << 26, &so->checkpoint_every);
@@ -252,6 +258,7 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     bad_ |= set(j, "ctx_checkpoints", json_integer(so->ctx_checkpoints));
     if (so->every_set) bad_ |= set(j, "checkpoint_every", json_integer(so->checkpoint_every));
     if (so->deterministic) bad_ |= set(j, "deterministic", json_true());
+    if (so->prefill_share > 0) bad_ |= set(j, "prefill_share", json_real(so->prefill_share));
     if (bad_) {
         json_decref(j);
         return NULL;
