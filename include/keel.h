@@ -1342,7 +1342,10 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * "ignore_eos", "logprobs" (true: the response's "logprobs": {"content":
  * [{"token", "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one
  * entry per generated token, log-softmax of the model's logits), "top_logprobs"
- * (0..20, with logprobs), "tool_choice" ("auto"; "none": tools neither rendered nor
+ * (0..20, with logprobs), "logit_bias" ({"token id": bias}: ids as decimal
+ * strings in [0, n_vocab), biases in [-100, 100] added to those logits
+ * before sampling, greedy included; -100 bans the token; logprobs stay the
+ * model's), "tool_choice" ("auto"; "none": tools neither rendered nor
  * parsed; "required", or {"name": N} / {"type": "function", "function":
  * {"name": N}}: the prompt ends with the opening of a call (to N) where the
  * tool-call format has one — hermes, qwen3-coder, llama3 JSON — so the

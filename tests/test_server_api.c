@@ -119,6 +119,15 @@ static void test_openai_chat_parse(void **state)
     assert_true(json_is_true(json_object_get(r, "logprobs")));
     assert_int_equal(srvt_int(r, "top_logprobs"), 3);
     srv_request_free(&rq);
+    /* logit_bias passes to the engine, on both OpenAI routes (it was dropped) */
+    r = parse_ok(SRV_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logit_bias\":{\"7\":-100,\"11\":2.5}}",
+                 &rq);
+    assert_true(json_real_value(json_object_get(json_object_get(r, "logit_bias"), "11")) == 2.5);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "logit_bias"), "7")), -100);
+    srv_request_free(&rq);
+    r = parse_ok(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"0\":1}}", &rq);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "logit_bias"), "0")), 1);
+    srv_request_free(&rq);
 }
 
 static void test_openai_errors(void **state)
@@ -149,6 +158,12 @@ static void test_openai_errors(void **state)
     E("{%s,\"top_logprobs\":2}", 400, "top_logprobs needs logprobs");
     E("{%s,\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs must be an integer");
     E("{%s,\"logprobs\":1}", 400, "logprobs must be a boolean");
+    E("{%s,\"logit_bias\":{\"512\":1}}", 400, "logit_bias: '512' is not a token id in [0, 512)");
+    E("{%s,\"logit_bias\":{\"x1\":1}}", 400, "logit_bias: 'x1' is not a token id");
+    E("{%s,\"logit_bias\":{\"01\":1}}", 400, "is not a token id");
+    E("{%s,\"logit_bias\":{\"1\":-101}}", 400, "logit_bias[\"1\"] must be a number in [-100, 100]");
+    E("{%s,\"logit_bias\":{\"1\":true}}", 400, "must be a number in [-100, 100]");
+    E("{%s,\"logit_bias\":[1]}", 400, "logit_bias must be an object");
     E("{%s,\"response_format\":{\"type\":\"json_object\"}}", 400, "no constrained decoding");
     E("{%s,\"model\":5}", 400, "model must be a string");
     E("{%s,\"messages\":[]}", 400, "invalid JSON"); /* duplicate key */

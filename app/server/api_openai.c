@@ -234,6 +234,22 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
     } else if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0)) {
         return srv_fail(e, 400, "logprobs are not supported on /v1/completions (use /v1/chat/completions)");
     }
+    /* logit_bias: {"token id": bias in [-100, 100]}; -100 bans the token */
+    json_t *lb = json_object_get(b, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) return srv_fail(e, 400, "logit_bias must be an object of token ids to biases in [-100, 100]");
+        const char *k;
+        json_t *x;
+        json_object_foreach(lb, k, x) {
+            char *end = NULL;
+            long id = k[0] >= '0' && k[0] <= '9' ? strtol(k, &end, 10) : -1;
+            if (id < 0 || !end || *end || id >= lim->n_vocab || (k[0] == '0' && k[1]))
+                return srv_fail(e, 400, "logit_bias: '%.40s' is not a token id in [0, %d)", k, lim->n_vocab);
+            if (!json_is_number(x) || json_number_value(x) < -100 || json_number_value(x) > 100)
+                return srv_fail(e, 400, "logit_bias[\"%s\"] must be a number in [-100, 100]", k);
+        }
+        if (json_object_set(req, "logit_bias", lb) != 0) return srv_fail(e, 500, "out of memory");
+    }
     bool ignore_eos = false;
     if (!srv_get_bool(b, "ignore_eos", &ignore_eos, e)) return false;
     if (ignore_eos) json_object_set_new(req, "ignore_eos", json_true());

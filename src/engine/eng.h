@@ -55,6 +55,9 @@ typedef struct eng_opts {
     char *tool_name;          /* tool_choice naming one tool (owned), else NULL */
     bool logprobs;            /* each generated token's log-probability in the response */
     int32_t top_logprobs;     /* 0..ENG_MAX_TOP_LOGPROBS most likely tokens beside it */
+    int32_t *bias_tok;        /* logit_bias: [n_bias] distinct token ids (owned) */
+    float *bias;              /* [n_bias] added to their logits; -100: -inf (banned) */
+    int32_t n_bias;
 } eng_opts;
 
 /* One generated token's log-probability under the model (log-softmax of

@@ -1043,10 +1043,14 @@ bool eng_step(keel_engine *e)
                 const float *lg = keel_logits(e->ctx, j);
                 eng_lp *ent = sl->lp && lg && sl->n_lp < sl->cap_lp ? &sl->lp[sl->n_lp] : NULL;
                 double lse = ent ? lp_row(lg, e->model->w.hp.n_vocab, sl->req->o.top_logprobs, ent) : 0.0;
-                if (sl->req->o.ignore_eos && lg) {
-                    /* the context's own logits row, the engine's to change */
+                if (lg && (sl->req->o.ignore_eos || sl->req->o.n_bias > 0)) {
+                    /* the context's own logits row, the engine's to change:
+                     * logit_bias (-100 bans), then ignore_eos */
                     float *w = e->ctx->logits + (lg - e->ctx->logits);
-                    for (int32_t q = 0; q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
+                    const eng_opts *o = &sl->req->o;
+                    for (int32_t q = 0; q < o->n_bias; q++)
+                        w[o->bias_tok[q]] = o->bias[q] <= -100.0f ? -INFINITY : w[o->bias_tok[q]] + o->bias[q];
+                    for (int32_t q = 0; o->ignore_eos && q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
                 }
                 if (sl->n_gen == 0 && e->debug_logits)
                     e->debug_logits(e->debug_user, sl->req->id, lg, e->model->w.hp.n_vocab);
@@ -1055,9 +1059,12 @@ bool eng_step(keel_engine *e)
                     finish(e, sl, "error", st, "sampler: no finite logit");
                     continue;
                 }
-                if (ent) { /* the sampled token's row entry is untouched by ignore_eos */
+                if (ent) { /* the model's logit: ignore_eos never touches a sampled token, a bias is undone */
+                    double logit = lg[tok];
+                    for (int32_t q = 0; q < sl->req->o.n_bias; q++)
+                        if (sl->req->o.bias_tok[q] == tok) logit -= sl->req->o.bias[q];
                     ent->tok = tok;
-                    ent->lp = (float)((double)lg[tok] - lse);
+                    ent->lp = (float)(logit - lse);
                     sl->n_lp++;
                 }
                 take_token(e, sl, tok);
