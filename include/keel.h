@@ -1294,6 +1294,13 @@ typedef enum keel_event_kind {
     KEEL_EVENT_TOOL_ARGS = 3,  /* text delta of tool call `index`'s JSON arguments */
     KEEL_EVENT_TOOL_END = 4,   /* tool call `index` is complete (error: NULL or why it is malformed) */
     KEEL_EVENT_DONE = 5,       /* the request ended: response holds the response JSON */
+    KEEL_EVENT_LOGPROB = 6,    /* requests with "logprobs" only: one generated token's entry, sent
+                                  before the text it produces (which may come later, held back
+                                  for a stop string or the tool-call parser): text holds the
+                                  entry's JSON, exactly as in the response's logprobs.content
+                                  ({"token", "logprob", "bytes", "top_logprobs"}); token and
+                                  logprob hold the id and its log-probability. The entries of a
+                                  request, concatenated, are its response's logprobs.content */
 } keel_event_kind;
 
 typedef struct keel_event {
@@ -1310,6 +1317,8 @@ typedef struct keel_event {
     keel_status status;   /* DONE: KEEL_OK, or why the request failed (detail in response) */
     const char *error;    /* TOOL_END: NULL, or why the call is malformed (its arguments are
                              then the raw text the model wrote) */
+    int32_t token;        /* LOGPROB: the token id */
+    float logprob;        /* LOGPROB: its log-probability under the model */
 } keel_event;
 
 /* Receives events, on the thread that runs the engine (keel_complete's caller

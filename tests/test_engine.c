@@ -343,6 +343,20 @@ static void test_tool_choice_forced(void **state)
  * token, so each entry's token and logprob are its first top entry; the
  * first equals a log-softmax of the logits computed here; top entries
  * descend and their probabilities sum to at most 1. */
+/* LOGPROB events: each entry's JSON (checked against its token and
+ * logprob members), in order. */
+static bool lp_events(void *user, const keel_event *ev)
+{
+    json_t *arr = user;
+    if (ev->kind != KEEL_EVENT_LOGPROB) return true;
+    json_t *x = json_loadb(ev->text, ev->len, JSON_ALLOW_NUL, NULL);
+    assert_non_null(x);
+    assert_true(fabs(json_real_value(json_object_get(x, "logprob")) - ev->logprob) < 1e-6);
+    assert_true(ev->token >= 0);
+    json_array_append_new(arr, x);
+    return true;
+}
+
 static void test_logprobs(void **state)
 {
     (void)state;
@@ -350,11 +364,16 @@ static void test_logprobs(void **state)
     logit_cap first = {NULL, 0};
     e->debug_logits = cap_logits;
     e->debug_user = &first;
+    json_t *streamed = json_array();
     assert_ok(keel_complete(e, MSG1,
                             "{\"max_tokens\": 6, \"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3}",
-                            NULL, NULL, NULL, g_resp, sizeof g_resp));
+                            NULL, lp_events, streamed, g_resp, sizeof g_resp));
     json_t *r = parse(g_resp);
     json_t *lp = json_object_get(json_object_get(r, "logprobs"), "content");
+    /* streamed per token (issue 25: they came only with the response):
+     * the events' entries are the response's */
+    assert_true(json_equal(streamed, lp));
+    json_decref(streamed);
     /* an end-of-generation token ends the answer and is not listed */
     bool eog = strcmp(json_string_value(json_object_get(r, "finish_reason")), "stop") == 0;
     size_t n_lp = json_array_size(lp);

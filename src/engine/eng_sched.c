@@ -124,27 +124,55 @@ static json_t *lp_token_json(const keel_engine *e, int32_t tok, float lp)
     return json_pack("{s:s%,s:f,s:o}", "token", clean, c, "logprob", (double)lp, "bytes", bytes);
 }
 
-/* {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}:
- * OpenAI's shape. NULL on OOM. */
+/* {"token", "logprob", "bytes", "top_logprobs": [...]} of one entry. NULL
+ * on OOM. */
+static json_t *lp_entry_json(const keel_engine *e, const eng_lp *x)
+{
+    json_t *t = lp_token_json(e, x->tok, x->lp), *top = json_array();
+    for (int32_t j = 0; t && top && j < x->n_top; j++)
+        if (json_array_append_new(top, lp_token_json(e, x->top_tok[j], x->top_lp[j])) != 0) {
+            json_decref(top);
+            top = NULL;
+        }
+    if (!t || !top || json_object_set_new(t, "top_logprobs", top) != 0) {
+        if (t) json_decref(t);
+        else if (top) json_decref(top);
+        t = NULL;
+    }
+    return t;
+}
+
+/* {"content": [entries]}: OpenAI's shape. NULL on OOM. */
 static json_t *logprobs_json(const keel_engine *e, const eng_slot *sl)
 {
     json_t *content = json_array();
-    for (int32_t i = 0; content && i < sl->n_lp; i++) {
-        const eng_lp *x = &sl->lp[i];
-        json_t *t = lp_token_json(e, x->tok, x->lp), *top = json_array();
-        for (int32_t j = 0; t && top && j < x->n_top; j++)
-            if (json_array_append_new(top, lp_token_json(e, x->top_tok[j], x->top_lp[j])) != 0) {
-                json_decref(top);
-                top = NULL;
-            }
-        if (!t || !top || json_object_set_new(t, "top_logprobs", top) != 0 || json_array_append_new(content, t) != 0) {
-            if (t) json_decref(t);
-            else if (top) json_decref(top);
+    for (int32_t i = 0; content && i < sl->n_lp; i++)
+        if (json_array_append_new(content, lp_entry_json(e, &sl->lp[i])) != 0) {
             json_decref(content);
             content = NULL;
         }
-    }
     return content ? json_pack("{s:o}", "content", content) : NULL;
+}
+
+/* The LOGPROB event of slot's newest entry (before its text goes out). */
+static void emit_logprob(keel_engine *e, eng_slot *sl)
+{
+    eng_req *r = sl->req;
+    const eng_lp *x = &sl->lp[sl->n_lp - 1];
+    json_t *j = lp_entry_json(e, x);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (j) json_decref(j);
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_LOGPROB;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.text = s ? s : "{}";
+    ev.len = strlen(ev.text);
+    ev.token = x->tok;
+    ev.logprob = x->lp;
+    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
+    if (s) chat_json_free(s);
 }
 
 /* The log-sum-exp of the n logits (non-finite ones left out) and, into
@@ -691,8 +719,9 @@ static int32_t batch_need(keel_engine *e, const int32_t *cnt)
     return (int32_t)BASE_MIN(need, INT32_MAX);
 }
 
-/* Processes a sampled token of a generating slot. */
-static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
+/* Processes a sampled token of a generating slot (logged: its logprobs
+ * entry is the slot's newest). */
+static void take_token(keel_engine *e, eng_slot *sl, int32_t tok, bool logged)
 {
     eng_req *r = sl->req;
     keel_status st = keel_sampler_accept(sl->samp, tok);
@@ -702,10 +731,11 @@ static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
     }
     sl->n_gen++;
     if (keel_token_is_eog(e->model, tok)) {
-        if (sl->n_lp > 0 && sl->lp[sl->n_lp - 1].tok == tok) sl->n_lp--; /* not part of the answer */
+        if (logged) sl->n_lp--; /* not part of the answer */
         finish(e, sl, "stop", KEEL_OK, NULL);
         return;
     }
+    if (logged) emit_logprob(e, sl);
     char piece[1024];
     size_t pn = 0;
     st = keel_detok_stream_push(&sl->ds, tok, piece, sizeof piece, &pn);
@@ -1067,7 +1097,7 @@ bool eng_step(keel_engine *e)
                     ent->lp = (float)(logit - lse);
                     sl->n_lp++;
                 }
-                take_token(e, sl, tok);
+                take_token(e, sl, tok, ent != NULL);
             }
         }
     }
