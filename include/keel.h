@@ -1306,7 +1306,11 @@ typedef struct keel_engine keel_engine;
  *     a policy alone gets trigger = n_ctx per slot, target = trigger / 2),
  *   "chat_template" (a built-in name, a file path, or template source; default: the
  *     model's, else "chatml"), "tool_format" (a parser format name; default: detected
- *     from the template), "max_prompt_tokens" (default 4 x n_ctx per slot).
+ *     from the template), "max_prompt_tokens" (default 4 x n_ctx per slot),
+ *   "prefill_share" (0.4, in (0, 1]: while a slot generates, the share of
+ *     each step's time the other slots' prefill may take, measured by the
+ *     engine, so a stream keeps about 1 - share of its rate alone beside a
+ *     long prompt; 1: prefill fills n_batch whatever generates).
  * Unknown keys are KEEL_EINVAL (named). Errors of keel_model_open and
  * keel_context_open, with the detail in err (256 bytes, may be NULL). *out is
  * NULL on failure. Allocates the whole plan (keel_engine_stats reports it).
@@ -1341,6 +1345,13 @@ typedef enum keel_event_kind {
                                   n_cached_tokens (the prefix reused from the cache, not prefilled).
                                   Once, first, before the prefill; a request that fails before
                                   (a template error, a prompt too long) gets only DONE */
+    KEEL_EVENT_LOGPROB = 7,    /* requests with "logprobs" only: one generated token's entry, sent
+                                  before the text it produces (which may come later, held back
+                                  for a stop string or the tool-call parser): text holds the
+                                  entry's JSON, exactly as in the response's logprobs.content
+                                  ({"token", "logprob", "bytes", "top_logprobs"}); token and
+                                  logprob hold the id and its log-probability. The entries of a
+                                  request, concatenated, are its response's logprobs.content */
 } keel_event_kind;
 
 typedef struct keel_event {
@@ -1359,6 +1370,8 @@ typedef struct keel_event {
                              then the raw text the model wrote) */
     int32_t n_prompt_tokens; /* PROMPT: tokens of the prompt */
     int32_t n_cached_tokens; /* PROMPT: of those, already in the cache (usage.cached_tokens) */
+    int32_t token;        /* LOGPROB: the token id */
+    float logprob;        /* LOGPROB: its log-probability under the model */
 } keel_event;
 
 /* Receives events, on the thread that runs the engine (keel_complete's caller
@@ -1391,7 +1404,10 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * "ignore_eos", "logprobs" (true: the response's "logprobs": {"content":
  * [{"token", "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one
  * entry per generated token, log-softmax of the model's logits), "top_logprobs"
- * (0..20, with logprobs), "tool_choice" ("auto"; "none": tools neither rendered nor
+ * (0..20, with logprobs), "logit_bias" ({"token id": bias}: ids as decimal
+ * strings in [0, n_vocab), biases in [-100, 100] added to those logits
+ * before sampling, greedy included; -100 bans the token; logprobs stay the
+ * model's), "tool_choice" ("auto"; "none": tools neither rendered nor
  * parsed; "required", or {"name": N} / {"type": "function", "function":
  * {"name": N}}: the prompt ends with the opening of a call (to N) where the
  * tool-call format has one — hermes, qwen3-coder, llama3 JSON — so the
@@ -1444,10 +1460,15 @@ keel_status keel_engine_count_tokens(keel_engine *e, const char *request_json, i
  * already stepping the engine on its own thread finishes its request first
  * (the loop waits for it); later keel_complete calls submit and wait. */
 keel_status keel_engine_run(keel_engine *e);
-/* Asks the loop to return (thread-safe, async-signal-unsafe). */
+/* Asks the loop to return (thread-safe, async-signal-unsafe); a batch in
+ * progress is interrupted (keel_cancel: between layers, between ubatches
+ * for models with recurrent layers) and its slots keep their caches as
+ * before the batch. */
 void keel_engine_stop(keel_engine *e);
 /* Cancels one request (thread-safe): it ends at the next step with
- * finish_reason "cancelled". KEEL_ENOENT if it is not queued or running. */
+ * finish_reason "cancelled"; when no other live request is in the batch
+ * being decoded, that batch is interrupted (as keel_engine_stop's).
+ * KEEL_ENOENT if it is not queued or running. */
 keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id);
 /* Cancels every queued and running request (thread-safe); requests queued
  * after it returns are not affected. */

@@ -363,3 +363,8 @@ const char *srvt_str(json_t *o, const char *path)
 {
     return json_string_value(walk(o, path));
 }
+
+json_t *srvt_get(json_t *o, const char *path)
+{
+    return walk(o, path);
+}

@@ -76,5 +76,7 @@ void srvt_events_free(srvt_events *ev);
 /* Value of an integer member path like "usage.prompt_tokens" (0 if absent). */
 int64_t srvt_int(json_t *o, const char *path);
 const char *srvt_str(json_t *o, const char *path);
+/* The value at a member path (borrowed; NULL if absent). */
+json_t *srvt_get(json_t *o, const char *path);
 
 #endif

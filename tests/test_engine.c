@@ -343,6 +343,20 @@ static void test_tool_choice_forced(void **state)
  * token, so each entry's token and logprob are its first top entry; the
  * first equals a log-softmax of the logits computed here; top entries
  * descend and their probabilities sum to at most 1. */
+/* LOGPROB events: each entry's JSON (checked against its token and
+ * logprob members), in order. */
+static bool lp_events(void *user, const keel_event *ev)
+{
+    json_t *arr = user;
+    if (ev->kind != KEEL_EVENT_LOGPROB) return true;
+    json_t *x = json_loadb(ev->text, ev->len, JSON_ALLOW_NUL, NULL);
+    assert_non_null(x);
+    assert_true(fabs(json_real_value(json_object_get(x, "logprob")) - ev->logprob) < 1e-6);
+    assert_true(ev->token >= 0);
+    json_array_append_new(arr, x);
+    return true;
+}
+
 static void test_logprobs(void **state)
 {
     (void)state;
@@ -350,11 +364,16 @@ static void test_logprobs(void **state)
     logit_cap first = {NULL, 0};
     e->debug_logits = cap_logits;
     e->debug_user = &first;
+    json_t *streamed = json_array();
     assert_ok(keel_complete(e, MSG1,
                             "{\"max_tokens\": 6, \"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3}",
-                            NULL, NULL, NULL, g_resp, sizeof g_resp));
+                            NULL, lp_events, streamed, g_resp, sizeof g_resp));
     json_t *r = parse(g_resp);
     json_t *lp = json_object_get(json_object_get(r, "logprobs"), "content");
+    /* streamed per token (issue 25: they came only with the response):
+     * the events' entries are the response's */
+    assert_true(json_equal(streamed, lp));
+    json_decref(streamed);
     /* an end-of-generation token ends the answer and is not listed */
     bool eog = strcmp(json_string_value(json_object_get(r, "finish_reason")), "stop") == 0;
     size_t n_lp = json_array_size(lp);
@@ -400,6 +419,81 @@ static void test_logprobs(void **state)
     assert_non_null(strstr(keel_engine_last_error(e), "top_logprobs needs logprobs"));
     assert_status(keel_complete(e, MSG1, "{\"logprobs\": true, \"top_logprobs\": 21}", NULL, NULL, NULL, g_resp,
                                 sizeof g_resp), KEEL_EINVAL);
+    keel_engine_close(e);
+}
+
+/* logit_bias (issue 25: it was ignored): -100 bans a token (its logit is
+ * -inf in the row the sampler sees, greedy takes the next best), +100 makes
+ * greedy pick it every time, and logprobs stay the model's (unbiased);
+ * malformed ids and values are refused, named. */
+static int32_t row_argmax(const logit_cap *c)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < c->n; i++)
+        if (c->row[i] > c->row[best]) best = i;
+    return best;
+}
+
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(NULL);
+    logit_cap plain = {NULL, 0}, banned = {NULL, 0};
+    e->debug_logits = cap_logits;
+    e->debug_user = &plain;
+    const char *base = "\"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": true";
+    char opts[512];
+    snprintf(opts, sizeof opts, "{%s}", base);
+    assert_ok(keel_complete(e, MSG1, opts, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r0 = parse(g_resp);
+    json_t *lp0 = json_object_get(json_object_get(r0, "logprobs"), "content");
+    int32_t t0 = row_argmax(&plain), n_vocab = plain.n;
+    /* banned: another first token, the row holds -inf there */
+    e->debug_user = &banned;
+    snprintf(opts, sizeof opts, "{%s, \"logit_bias\": {\"%d\": -100}}", base, t0);
+    assert_ok(keel_complete(e, MSG1, opts, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    json_t *r1 = parse(g_resp);
+    json_t *lp1 = json_object_get(json_object_get(r1, "logprobs"), "content");
+    assert_true(isinf(banned.row[t0]) && banned.row[t0] < 0);
+    int32_t t1 = row_argmax(&banned);
+    assert_int_not_equal(t1, t0);
+    assert_true(fabs((double)banned.row[t1] - plain.row[t1]) < 1e-3); /* unbiased (the cached prefix may round differently) */
+    double v0 = json_real_value(json_object_get(json_array_get(lp0, 0), "logprob"));
+    double v1 = json_real_value(json_object_get(json_array_get(lp1, 0), "logprob"));
+    assert_true(v1 <= v0 + 1e-3);
+    printf("logit_bias: first token %d banned -> %d (logprob %g, was %g)\n", t0, t1, v1, v0);
+    /* +100 on a token that greedy would not pick: every token is it; each
+     * logprob is the model's (far below 0), not the biased ~0 */
+    int32_t x = (t0 + 97) % n_vocab;
+    if (x == t0) x = (x + 1) % n_vocab;
+    snprintf(opts, sizeof opts, "{%s, \"logit_bias\": {\"%d\": 100, \"%d\": 0.5}}", base, x, t0);
+    assert_ok(keel_complete(e, MSG1, opts, NULL, NULL, NULL, g_resp, sizeof g_resp));
+    assert_int_equal(row_argmax(&banned), x);
+    json_t *r2 = parse(g_resp);
+    json_t *lp2 = json_object_get(json_object_get(r2, "logprobs"), "content");
+    assert_int_equal(json_array_size(lp2), 6);
+    for (size_t i = 0; i < 6; i++) {
+        json_t *a = json_array_get(lp2, i);
+        assert_string_equal(json_string_value(json_object_get(a, "token")),
+                            json_string_value(json_object_get(json_array_get(lp2, 0), "token")));
+        assert_true(json_real_value(json_object_get(a, "logprob")) < -0.5);
+    }
+    if (json_real_value(json_object_get(json_array_get(lp2, 0), "logprob")) > -0.5) fail_msg("biased logprob");
+    json_decref(r0);
+    json_decref(r1);
+    json_decref(r2);
+    e->debug_logits = NULL;
+    free(plain.row);
+    free(banned.row);
+    /* refused, named */
+    const char *bad[] = {"{\"logit_bias\": {\"abc\": 1}}", "{\"logit_bias\": {\"5\": 101}}",
+                         "{\"logit_bias\": {\"99999\": 1}}", "{\"logit_bias\": {\"-1\": 1}}",
+                         "{\"logit_bias\": {\"05\": 1}}", "{\"logit_bias\": {\"5\": \"x\"}}",
+                         "{\"logit_bias\": [1, 2]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_status(keel_complete(e, MSG1, bad[i], NULL, NULL, NULL, g_resp, sizeof g_resp), KEEL_EINVAL);
+        assert_non_null(strstr(keel_engine_last_error(e), "logit_bias"));
+    }
     keel_engine_close(e);
 }
 
@@ -934,6 +1028,7 @@ int main(void)
         cmocka_unit_test(test_tool_choice_forced),
         cmocka_unit_test(test_stats_before_done),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_cancel_from_thread), cmocka_unit_test(test_compaction_switch),
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),

@@ -119,6 +119,15 @@ static void test_openai_chat_parse(void **state)
     assert_true(json_is_true(json_object_get(r, "logprobs")));
     assert_int_equal(srvt_int(r, "top_logprobs"), 3);
     srv_request_free(&rq);
+    /* logit_bias passes to the engine, on both OpenAI routes (it was dropped) */
+    r = parse_ok(SRV_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logit_bias\":{\"7\":-100,\"11\":2.5}}",
+                 &rq);
+    assert_true(json_real_value(json_object_get(json_object_get(r, "logit_bias"), "11")) == 2.5);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "logit_bias"), "7")), -100);
+    srv_request_free(&rq);
+    r = parse_ok(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"0\":1}}", &rq);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "logit_bias"), "0")), 1);
+    srv_request_free(&rq);
 }
 
 static void test_openai_errors(void **state)
@@ -149,6 +158,12 @@ static void test_openai_errors(void **state)
     E("{%s,\"top_logprobs\":2}", 400, "top_logprobs needs logprobs");
     E("{%s,\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs must be an integer");
     E("{%s,\"logprobs\":1}", 400, "logprobs must be a boolean");
+    E("{%s,\"logit_bias\":{\"512\":1}}", 400, "logit_bias: '512' is not a token id in [0, 512)");
+    E("{%s,\"logit_bias\":{\"x1\":1}}", 400, "logit_bias: 'x1' is not a token id");
+    E("{%s,\"logit_bias\":{\"01\":1}}", 400, "is not a token id");
+    E("{%s,\"logit_bias\":{\"1\":-101}}", 400, "logit_bias[\"1\"] must be a number in [-100, 100]");
+    E("{%s,\"logit_bias\":{\"1\":true}}", 400, "must be a number in [-100, 100]");
+    E("{%s,\"logit_bias\":[1]}", 400, "logit_bias must be an object");
     E("{%s,\"response_format\":{\"type\":\"json_object\"}}", 400, "no constrained decoding");
     E("{%s,\"model\":5}", 400, "model must be a string");
     E("{%s,\"messages\":[]}", 400, "invalid JSON"); /* duplicate key */
@@ -212,7 +227,11 @@ static void test_completions_parse(void **state)
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":[1,512]}", 400, "prompt[1] must be a token id in [0, 512)");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"]}", 400, "one prompt per request");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":[]}", 400, "non-empty array");
-    parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":2}", 400, "not supported on /v1/completions");
+    r = parse_ok(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":2}", &rq); /* legacy: 2 top tokens */
+    assert_true(json_is_true(json_object_get(r, "logprobs")));
+    assert_int_equal(srvt_int(r, "top_logprobs"), 2);
+    srv_request_free(&rq);
+    parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs must be an integer in [0, 5]");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"\"}", 400, "prompt is empty");
     parse_err(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo");
     parse_err(SRV_API_COMPLETIONS, "{\"max_tokens\":3}", 400, "prompt is required");
@@ -546,6 +565,91 @@ static void test_openai_stream(void **state)
     srv_buf_free(&out);
 }
 
+/* Streaming logprobs (issue 25: they came all in the last chunk): each
+ * chunk carries the entries of the tokens before its text, the last chunk
+ * those whose text never went out; concatenated they are the answer's.
+ * Chat in OpenAI's chat shape, completions in the legacy one with
+ * text_offset continuing across chunks. */
+#define LPE(t, v) "{\"token\":\"" t "\",\"logprob\":" v ",\"bytes\":[],\"top_logprobs\":[{\"token\":\"" t "\",\"logprob\":" v ",\"bytes\":[]}]}"
+static const char *LP_A = LPE("He", "-0.5"), *LP_B = LPE("l", "-1.5"), *LP_C = LPE("lo", "-0.25"), *LP_D = LPE("!", "-2.5");
+
+static void feed_lp(srv_stream *s, srv_buf *out, const char *resp)
+{
+    keel_event evs[] = {
+        mkev(KEEL_EVENT_LOGPROB, -1, LP_A, NULL, NULL, NULL), mkev(KEEL_EVENT_CONTENT, -1, "He", NULL, NULL, NULL),
+        mkev(KEEL_EVENT_LOGPROB, -1, LP_B, NULL, NULL, NULL), mkev(KEEL_EVENT_LOGPROB, -1, LP_C, NULL, NULL, NULL),
+        mkev(KEEL_EVENT_CONTENT, -1, "llo", NULL, NULL, NULL), mkev(KEEL_EVENT_LOGPROB, -1, LP_D, NULL, NULL, NULL),
+    };
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) assert_true(srv_stream_event(s, &evs[i], out));
+    assert_true(srv_stream_done(s, resp, KEEL_OK, out));
+}
+
+static void test_stream_logprobs(void **state)
+{
+    (void)state;
+    char resp[2048];
+    snprintf(resp, sizeof resp,
+             "{\"id\":3,\"content\":\"Hello\",\"tool_calls\":[],\"finish_reason\":\"stop\",\"stop_sequence\":\"!\","
+             "\"logprobs\":{\"content\":[%s,%s,%s,%s]},\"usage\":{\"prompt_tokens\":3,\"cached_tokens\":0,"
+             "\"completion_tokens\":4}}",
+             LP_A, LP_B, LP_C, LP_D);
+    json_t *root = json_loads(resp, 0, NULL);
+    json_t *want = json_object_get(json_object_get(root, "logprobs"), "content");
+    srv_meta m;
+    srv_meta_init(&m, SRV_API_CHAT, "m");
+    srv_stream s;
+    srv_stream_init(&s, &m, false);
+    srv_buf out = {0};
+    feed_lp(&s, &out, resp);
+    srvt_events ev;
+    assert_true(srvt_parse_sse(out.p, out.len, &ev));
+    /* role, "He", "llo", finish, [DONE] */
+    assert_int_equal(json_array_size(ev.data), 5);
+    assert_true(json_is_null(json_object_get(json_array_get(json_object_get(json_array_get(ev.data, 0), "choices"), 0), "logprobs")));
+    assert_int_equal(json_array_size(srvt_get(ev.data, "1.choices.0.logprobs.content")), 1);
+    assert_string_equal(srvt_str(ev.data, "1.choices.0.logprobs.content.0.token"), "He");
+    assert_int_equal(json_array_size(srvt_get(ev.data, "2.choices.0.logprobs.content")), 2);
+    assert_int_equal(json_array_size(srvt_get(ev.data, "3.choices.0.logprobs.content")), 1);
+    json_t *cat = json_array();
+    for (int i = 1; i <= 3; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "%d.choices.0.logprobs.content", i);
+        json_array_extend(cat, srvt_get(ev.data, path));
+    }
+    assert_true(json_equal(cat, want));
+    json_decref(cat);
+    srvt_events_free(&ev);
+    srv_stream_free(&s);
+    /* completions: the legacy shape, offsets across chunks */
+    srv_buf_reset(&out);
+    srv_meta_init(&m, SRV_API_COMPLETIONS, "m");
+    srv_stream_init(&s, &m, false);
+    feed_lp(&s, &out, resp);
+    assert_true(srvt_parse_sse(out.p, out.len, &ev));
+    assert_int_equal(json_array_size(ev.data), 4); /* "He", "llo", finish, [DONE] */
+    assert_string_equal(srvt_str(ev.data, "0.choices.0.logprobs.tokens.0"), "He");
+    assert_int_equal(srvt_int(ev.data, "0.choices.0.logprobs.text_offset.0"), 0);
+    assert_string_equal(srvt_str(ev.data, "1.choices.0.logprobs.tokens.1"), "lo");
+    assert_int_equal(srvt_int(ev.data, "1.choices.0.logprobs.text_offset.0"), 2);
+    assert_int_equal(srvt_int(ev.data, "1.choices.0.logprobs.text_offset.1"), 3);
+    assert_true(json_real_value(srvt_get(ev.data, "1.choices.0.logprobs.token_logprobs.1")) == -0.25);
+    assert_true(json_real_value(srvt_get(ev.data, "1.choices.0.logprobs.top_logprobs.0.l")) == -1.5);
+    assert_string_equal(srvt_str(ev.data, "2.choices.0.logprobs.tokens.0"), "!");
+    assert_int_equal(srvt_int(ev.data, "2.choices.0.logprobs.text_offset.0"), 5);
+    srvt_events_free(&ev);
+    srv_stream_free(&s);
+    srv_buf_free(&out);
+    /* the answer (not streamed) in the legacy shape */
+    char *body = srv_openai_response(&m, root);
+    assert_non_null(body);
+    json_t *b = json_loads(body, 0, NULL);
+    assert_int_equal(json_array_size(srvt_get(b, "choices.0.logprobs.tokens")), 4);
+    assert_int_equal(srvt_int(b, "choices.0.logprobs.text_offset.3"), 5);
+    json_decref(b);
+    free(body);
+    json_decref(root);
+}
+
 static void test_anthropic_stream(void **state)
 {
     (void)state;
@@ -790,7 +894,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_openai_chat_parse), cmocka_unit_test(test_openai_errors),
         cmocka_unit_test(test_completions_parse), cmocka_unit_test(test_anthropic_parse),
-        cmocka_unit_test(test_anthropic_errors),  cmocka_unit_test(test_openai_stream),
+        cmocka_unit_test(test_anthropic_errors),  cmocka_unit_test(test_openai_stream), cmocka_unit_test(test_stream_logprobs),
         cmocka_unit_test(test_anthropic_stream),  cmocka_unit_test(test_stream_errors),
         cmocka_unit_test(test_responses),         cmocka_unit_test(test_helpers),
         cmocka_unit_test(test_issue25_requests),  cmocka_unit_test(test_issue25_stream_start),

@@ -547,6 +547,8 @@ void srv_stream_init(srv_stream *s, const srv_meta *m, bool include_usage)
 void srv_stream_free(srv_stream *s)
 {
     srv_buf_free(&s->args);
+    if (s->lp) json_decref(s->lp);
+    s->lp = NULL;
 }
 
 bool srv_stream_event(srv_stream *s, const keel_event *ev, srv_buf *out)

@@ -218,7 +218,8 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
     if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
         return srv_fail(e, 400, "n must be 1 (one choice per request)");
     /* chat: logprobs true with top_logprobs 0..20 (the engine's shape is
-     * OpenAI's); completions' legacy integer logprobs are not supported */
+     * OpenAI's); completions: the legacy integer logprobs 0..5 (the number
+     * of top tokens; null or false: none), converted back in the answer */
     json_t *lp = json_object_get(b, "logprobs"), *top = json_object_get(b, "top_logprobs");
     if (out->api == SRV_API_CHAT) {
         if (lp && !json_is_null(lp) && !json_is_boolean(lp)) return srv_fail(e, 400, "logprobs must be a boolean");
@@ -231,8 +232,28 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
         if (want && (json_object_set_new(req, "logprobs", json_true()) != 0 ||
                      (top && !json_is_null(top) && json_object_set(req, "top_logprobs", top) != 0)))
             return srv_fail(e, 500, "out of memory");
-    } else if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0)) {
-        return srv_fail(e, 400, "logprobs are not supported on /v1/completions (use /v1/chat/completions)");
+    } else if (lp && !json_is_null(lp) && !json_is_false(lp)) {
+        if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 5)
+            return srv_fail(e, 400, "logprobs must be an integer in [0, 5] on /v1/completions (the top tokens listed)");
+        if (json_object_set_new(req, "logprobs", json_true()) != 0 ||
+            (json_integer_value(lp) > 0 && json_object_set(req, "top_logprobs", lp) != 0))
+            return srv_fail(e, 500, "out of memory");
+    }
+    /* logit_bias: {"token id": bias in [-100, 100]}; -100 bans the token */
+    json_t *lb = json_object_get(b, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) return srv_fail(e, 400, "logit_bias must be an object of token ids to biases in [-100, 100]");
+        const char *k;
+        json_t *x;
+        json_object_foreach(lb, k, x) {
+            char *end = NULL;
+            long id = k[0] >= '0' && k[0] <= '9' ? strtol(k, &end, 10) : -1;
+            if (id < 0 || !end || *end || id >= lim->n_vocab || (k[0] == '0' && k[1]))
+                return srv_fail(e, 400, "logit_bias: '%.40s' is not a token id in [0, %d)", k, lim->n_vocab);
+            if (!json_is_number(x) || json_number_value(x) < -100 || json_number_value(x) > 100)
+                return srv_fail(e, 400, "logit_bias[\"%s\"] must be a number in [-100, 100]", k);
+        }
+        if (json_object_set(req, "logit_bias", lb) != 0) return srv_fail(e, 500, "out of memory");
     }
     bool ignore_eos = false;
     if (!srv_get_bool(b, "ignore_eos", &ignore_eos, e)) return false;
@@ -338,6 +359,52 @@ static const char *finish_of(json_t *resp)
     return f;
 }
 
+/* Characters (UTF-8 code points) of s. */
+static int64_t n_chars(const char *s)
+{
+    int64_t n = 0;
+    for (; s && *s; s++) n += ((unsigned char)*s & 0xc0) != 0x80;
+    return n;
+}
+
+/* The legacy completions logprobs of chat-shaped entries: {"tokens",
+ * "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"},
+ * offsets continuing from *offset. NULL on OOM. */
+static json_t *legacy_logprobs(json_t *entries, int64_t *offset)
+{
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    json_t *o = toks && lps && tops && offs ? json_pack("{soso soso}", "tokens", toks, "token_logprobs", lps,
+                                                        "top_logprobs", tops, "text_offset", offs)
+                                            : NULL;
+    if (!o) {
+        if (toks) json_decref(toks);
+        if (lps) json_decref(lps);
+        if (tops) json_decref(tops);
+        if (offs) json_decref(offs);
+        return NULL;
+    }
+    size_t i, j;
+    json_t *x, *t;
+    int bad = 0;
+    json_array_foreach(entries, i, x) {
+        json_t *tok = json_object_get(x, "token"), *top = json_object(), *tl = json_object_get(x, "top_logprobs");
+        bad |= json_array_append_new(toks, tok ? json_incref(tok) : json_string("")) != 0;
+        bad |= json_array_append(lps, json_object_get(x, "logprob")) != 0;
+        json_array_foreach(tl, j, t) {
+            const char *k = json_string_value(json_object_get(t, "token"));
+            if (top && k && !json_object_get(top, k)) bad |= json_object_set(top, k, json_object_get(t, "logprob")) != 0;
+        }
+        bad |= !top || json_array_append_new(tops, top) != 0;
+        bad |= json_array_append_new(offs, json_integer(*offset)) != 0;
+        *offset += n_chars(json_string_value(tok));
+    }
+    if (bad) {
+        json_decref(o);
+        o = NULL;
+    }
+    return o;
+}
+
 static json_t *envelope(const srv_meta *m, const char *object)
 {
     return json_pack("{sssssIssss}", "id", m->id, "object", object, "created", (json_int_t)m->created, "model",
@@ -357,7 +424,9 @@ char *srv_openai_response(const srv_meta *m, json_t *resp)
     bool chat = m->api == SRV_API_CHAT;
     json_t *o = envelope(m, chat ? "chat.completion" : "text_completion");
     json_t *lp = json_object_get(resp, "logprobs");
-    json_t *choice = json_pack("{sisOss}", "index", 0, "logprobs", lp ? lp : json_null(), "finish_reason", finish_of(resp));
+    int64_t off = 0;
+    json_t *lpo = !lp ? json_null() : chat ? json_incref(lp) : legacy_logprobs(json_object_get(lp, "content"), &off);
+    json_t *choice = json_pack("{sisoss}", "index", 0, "logprobs", lpo, "finish_reason", finish_of(resp));
     json_t *content = json_object_get(resp, "content");
     if (!o || !choice) {
         if (o) json_decref(o);
@@ -413,6 +482,23 @@ static json_t *chunk(const srv_stream *s, json_t *delta_or_text, const char *fin
     return o;
 }
 
+/* The logprobs entries that arrived since the last chunk go with this one
+ * (each chunk carries the entries of the tokens before its text; the
+ * concatenation is the answer's logprobs.content). */
+static json_t *with_logprobs(srv_stream *s, json_t *o)
+{
+    if (!o || !s->lp) return o;
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *v = s->m.api == SRV_API_CHAT ? json_pack("{sO}", "content", s->lp) : legacy_logprobs(s->lp, &s->lp_offset);
+    if (!v || json_object_set_new(c, "logprobs", v) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    json_decref(s->lp);
+    s->lp = NULL;
+    return o;
+}
+
 static bool start(srv_stream *s, srv_buf *out)
 {
     if (s->started) return true;
@@ -427,9 +513,18 @@ bool srv_openai_event(srv_stream *s, const keel_event *ev, srv_buf *out)
     bool chat = s->m.api == SRV_API_CHAT;
     json_t *d = NULL;
     switch (ev->kind) {
+    case KEEL_EVENT_LOGPROB: {
+        json_t *x = json_loadb(ev->text, ev->len, JSON_ALLOW_NUL, NULL);
+        if (!x) return false;
+        if (!s->lp && !(s->lp = json_array())) {
+            json_decref(x);
+            return false;
+        }
+        return json_array_append_new(s->lp, x) == 0;
+    }
     case KEEL_EVENT_CONTENT:
         if (!ev->len) return true;
-        if (!chat) return emit(out, chunk(s, srv_json_text(ev->text, ev->len), NULL));
+        if (!chat) return emit(out, with_logprobs(s, chunk(s, srv_json_text(ev->text, ev->len), NULL)));
         d = json_pack("{so}", "content", srv_json_text(ev->text, ev->len));
         break;
     case KEEL_EVENT_REASONING:
@@ -450,7 +545,7 @@ bool srv_openai_event(srv_stream *s, const keel_event *ev, srv_buf *out)
     default:
         return true;
     }
-    return emit(out, chunk(s, d, NULL));
+    return emit(out, with_logprobs(s, chunk(s, d, NULL)));
 }
 
 bool srv_openai_done(srv_stream *s, json_t *resp, srv_buf *out)
@@ -462,8 +557,10 @@ bool srv_openai_done(srv_stream *s, json_t *resp, srv_buf *out)
     if (last && t) json_object_set(last, "timings", t);
     json_t *mem = json_object_get(resp, "memory");
     if (last && mem) json_object_set(last, "memory", mem);
-    /* every token's logprobs in the last chunk (clients concatenate them) */
-    if (last && lp) json_object_set(json_array_get(json_object_get(last, "choices"), 0), "logprobs", lp);
+    /* the entries whose text never went out (held back, or a stop string)
+     * in the last chunk: clients concatenate the chunks' entries */
+    if (last && lp && !s->lp) s->lp = json_array();
+    if (lp) last = with_logprobs(s, last);
     if (!emit(out, last)) return false;
     if (s->include_usage) {
         json_t *u = envelope(&s->m, chat ? "chat.completion.chunk" : "text_completion");

@@ -32,6 +32,7 @@ typedef struct serve_opts {
     int32_t port, n_slots, cache_ram, timeout, threads_http, n_predict, max_body;
     int32_t keep_alive, read_timeout, sse_ping;
     bool cache_ram_set, metrics, no_slots, log_disable, deterministic;
+    float prefill_share; /* 0: the engine's default */
     uint64_t seed;
     bool seed_set;
     char *keys[SERVE_MAX_KEYS];
@@ -53,6 +54,8 @@ static const char g_help[] =
     "  --ctx-checkpoints N            checkpoints per slot of its recurrent state or sliding rings, reserved\n"
     "                                 in the plan (8 with recurrent layers; sliding: up to 8 in 1/4 of the KV)\n"
     "  --checkpoint-every N           also a checkpoint every N prompt tokens (0: at prompt ends)\n"
+    "  --prefill-share F              while a slot generates, the share of each step's time other\n"
+    "                                 slots' prefill may take, in (0, 1]; 1: whole batches (0.4)\n"
     "  --slot-save-path DIR           directory for /slots/{id}?action=save|restore files\n"
     "  --api-key KEY                  require KEY (Bearer or x-api-key); repeatable, comma-separated\n"
     "  --api-key-file FILE            keys, one per line\n"
@@ -147,6 +150,9 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         return int_in(o, a, v, 0, 1 << 24, &so->cache_ram);
     } else if (strcmp(a, "--swa-checkpoints") == 0) { /* llama-server's older name of --ctx-checkpoints */
         return int_in(o, a, v, 0, 4096, &o->ctx.n_ctx_checkpoints);
+    } else if (strcmp(a, "--prefill-share") == 0) {
+        if (v && (!cli_parse_f32(v, &so->prefill_share) || !(so->prefill_share > 0.0f) || so->prefill_share > 1.0f))
+            return bad(o, a, v, "a number in (0, 1]");
     } else if (strcmp(a, "--slot-save-path") == 0) {
         so->slot_save_path = v;
     } else if (strcmp(a, "--api-key") == 0) {
@@ -261,6 +267,7 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     bad_ |= set(j, "ctx_checkpoints", json_integer(cp->n_ctx_checkpoints));
     bad_ |= set(j, "checkpoint_every", json_integer(cp->checkpoint_every));
     if (so->deterministic) bad_ |= set(j, "deterministic", json_true());
+    if (so->prefill_share > 0) bad_ |= set(j, "prefill_share", json_real(so->prefill_share));
     if (bad_) {
         json_decref(j);
         return NULL;

@@ -191,6 +191,8 @@ typedef struct srv_stream {
     int64_t prompt_tokens, cached_tokens; /* from the PROMPT event: message_start's usage */
     srv_buf args;     /* Anthropic: the open tool call's arguments, sent whole at its end */
     bool ended;
+    json_t *lp;       /* OpenAI: logprobs entries of tokens whose text has not gone out (array or NULL) */
+    int64_t lp_offset; /* completions: text_offset of the next token (characters) */
 } srv_stream;
 
 enum { SRV_BLOCK_NONE = 0, SRV_BLOCK_TEXT = 1, SRV_BLOCK_THINKING = 2, SRV_BLOCK_TOOL = 3 };

@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import threading
-from ctypes import (CFUNCTYPE, POINTER, Structure, byref, c_bool, c_char, c_char_p, c_int, c_int32,
+from ctypes import (CFUNCTYPE, POINTER, Structure, byref, c_bool, c_char, c_char_p, c_float, c_int, c_int32,
                     c_size_t, c_uint64, c_void_p)
 
 # ---- the binding ------------------------------------------------------------------
@@ -51,6 +51,7 @@ EVENT_TOOL_ARGS = 3   # text delta of tool call `index`'s JSON arguments
 EVENT_TOOL_END = 4    # tool call `index` is complete
 EVENT_DONE = 5        # the request ended: response holds the response JSON
 EVENT_PROMPT = 6      # the request took a slot: n_prompt_tokens, n_cached_tokens
+EVENT_LOGPROB = 7     # "logprobs" requests: one token's entry (JSON in text), before its text
 
 
 class KeelEvent(Structure):
@@ -70,6 +71,8 @@ class KeelEvent(Structure):
         ("error", c_char_p),     # TOOL_END: NULL or why the call is malformed
         ("n_prompt_tokens", c_int32),  # PROMPT: tokens of the prompt
         ("n_cached_tokens", c_int32),  # PROMPT: of those, reused from the cache
+        ("token", c_int32),      # LOGPROB: the token id
+        ("logprob", c_float),    # LOGPROB: its log-probability
     ]
 
     def data(self):

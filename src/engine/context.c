@@ -292,7 +292,7 @@ keel_mem *keel_context_memory(keel_context *c)
 
 void keel_cancel(keel_context *c)
 {
-    if (c) c->cancel = 1;
+    if (c) atomic_store(&c->cancel, 1);
 }
 
 /* Positions of tokens [from, to): each continues its sequence, from the
@@ -456,7 +456,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
 {
     if (!c) return KEEL_EINVAL;
     c->err[0] = 0;
-    c->cancel = 0;
+    atomic_store(&c->cancel, 0);
     if (!b || !b->tokens) return base_err(c->err, KEEL_EINVAL, "decode: batch or tokens is NULL");
     const model_hp *hp = &c->model->w.hp;
     int32_t n = b->n_tokens;

@@ -30,6 +30,7 @@
 #define ENG_JSON_FLAGS (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL)
 
 #define ENG_MAX_SLOTS 256 /* = the memory's sequence limit */
+#define ENG_PREFILL_SHARE 0.4 /* default prefill_share (docs/engine.md "Steps") */
 #define ENG_TTFT_BUCKETS 12 /* 0.01 s .. 20 s, see eng_ttft_le */
 
 /* Per-request options (request JSON or keel_complete's options_json). */
@@ -54,6 +55,9 @@ typedef struct eng_opts {
     char *tool_name;          /* tool_choice naming one tool (owned), else NULL */
     bool logprobs;            /* each generated token's log-probability in the response */
     int32_t top_logprobs;     /* 0..ENG_MAX_TOP_LOGPROBS most likely tokens beside it */
+    int32_t *bias_tok;        /* logit_bias: [n_bias] distinct token ids (owned) */
+    float *bias;              /* [n_bias] added to their logits; -100: -inf (banned) */
+    int32_t n_bias;
 } eng_opts;
 
 /* One generated token's log-probability under the model (log-softmax of
@@ -280,6 +284,22 @@ struct keel_engine {
     /* the last keel_complete's response (under mu) */
     char *last_response;
     size_t last_response_len;
+    /* fairness (eng_sched.c, docs/engine.md "Steps"): while a slot
+     * generates, the prefill chunks of a step may take about pf_share of
+     * the step's time, estimated from the engine's own steps (stepping
+     * thread only) */
+    double pf_share;          /* (0, 1]; 1: prefill fills the batch whatever generates */
+    double pf_dec_ns;         /* duration of a decode-only step (EWMA); 0: not measured */
+    int32_t pf_dec_n;         /* generating slots in those steps */
+    double pf_tok_ns;         /* cost of one prefill token in a mixed step (EWMA); 0: unknown */
+    int32_t pf_last;          /* prefill tokens of the last mixed step */
+    int32_t pf_mixed;         /* mixed steps since the last decode-only one */
+    double pf_credit;         /* prefill time earned and not spent (ns; < 0: a debt) */
+    /* the batch keel_decode is running (under mu): a stop, or a cancel of
+     * every request in it, interrupts the decode (keel_cancel) */
+    bool in_decode;
+    int32_t n_batch_req;
+    eng_req *batch_req[ENG_MAX_SLOTS];
 };
 
 /* eng_open.c */
@@ -339,6 +359,10 @@ extern const double eng_ttft_le[ENG_TTFT_BUCKETS];
  * true when any slot is busy or a request is queued. */
 bool eng_step(keel_engine *e);
 void eng_finish_all(keel_engine *e, const char *why);
+/* Interrupts the running keel_decode (keel_cancel) when the loop stops or
+ * every request in its batch is cancelled. Called with mu held, after the
+ * cancel flags are set. */
+void eng_cut_locked(keel_engine *e);
 void eng_slot_clear(keel_engine *e, eng_slot *sl);
 /* Frees finished submitted requests (the stepping thread, outside callbacks). */
 void eng_reap(keel_engine *e);

@@ -19,6 +19,7 @@ typedef struct eng_open_opts {
     const char *model, *tokenizer, *chat_template, *tool_format;
     keel_context_params cp;
     int32_t n_slots, max_prompt_tokens, cache_ram_mib;
+    double prefill_share;
     json_t *compact; /* borrowed */
 } eng_open_opts;
 
@@ -42,6 +43,7 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
     memset(p, 0, sizeof *p);
     p->cp = keel_context_params_default();
     p->n_slots = 1;
+    p->prefill_share = ENG_PREFILL_SHARE;
     if (!json_is_object(o)) return base_err(err, KEEL_EINVAL, "options must be a JSON object");
     const char *k;
     json_t *v;
@@ -65,6 +67,12 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         else if (strcmp(k, "cache_ram_mib") == 0) st = get_i32(v, k, 0, 1 << 24, &p->cache_ram_mib, err);
         else if (strcmp(k, "ctx_checkpoints") == 0) st = get_i32(v, k, -1, 4096, &p->cp.n_ctx_checkpoints, err);
         else if (strcmp(k, "checkpoint_every") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.checkpoint_every, err);
+        else if (strcmp(k, "prefill_share") == 0) {
+            if (!json_is_number(v) || !(json_number_value(v) > 0.0) || json_number_value(v) > 1.0)
+                st = base_err(err, KEEL_EINVAL, "option prefill_share must be a number in (0, 1]");
+            else
+                p->prefill_share = json_number_value(v);
+        }
         else if (strcmp(k, "deterministic") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "option deterministic must be a boolean");
@@ -197,6 +205,7 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
     e->max_queue = 1024;
+    e->pf_share = p.prefill_share;
     keel_model_params mp = keel_model_params_default();
     mp.path = p.model;
     mp.tokenizer_path = p.tokenizer;
@@ -313,6 +322,7 @@ void keel_engine_close(keel_engine *e)
     e->closing = true;
     e->stop = true;
     for (eng_req *r = e->live_head; r; r = r->live_next) atomic_store(&r->cancel, 1);
+    eng_cut_locked(e);
     pthread_cond_broadcast(&e->cv);
     while (e->running || e->driving || e->n_inside > 0) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
@@ -525,6 +535,7 @@ void keel_engine_stop(keel_engine *e)
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->stop = true;
+    eng_cut_locked(e);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -539,6 +550,7 @@ keel_status keel_engine_cancel_request(keel_engine *e, uint64_t id)
             atomic_store(&r->cancel, 1);
             st = KEEL_OK;
         }
+    eng_cut_locked(e);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return st;
@@ -552,6 +564,7 @@ void keel_engine_cancel(keel_engine *e)
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     for (eng_req *r = e->live_head; r; r = r->live_next) atomic_store(&r->cancel, 1);
+    eng_cut_locked(e);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }

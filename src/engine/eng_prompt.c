@@ -37,6 +37,61 @@ void eng_opts_free(eng_opts *o)
     o->template_kwargs = NULL;
     base_strfree(o->tool_name);
     o->tool_name = NULL;
+    base_free(o->bias_tok, (size_t)o->n_bias * sizeof(int32_t));
+    base_free(o->bias, (size_t)o->n_bias * sizeof(float));
+    o->bias_tok = NULL;
+    o->bias = NULL;
+    o->n_bias = 0;
+}
+
+/* logit_bias: {"token id": bias}, OpenAI's form: ids as decimal strings
+ * (no sign, no leading zero) in [0, n_vocab), biases numbers in [-100,
+ * 100]. Replaces any earlier bias. */
+static keel_status parse_logit_bias(const keel_engine *e, json_t *v, eng_opts *o, char *err)
+{
+    if (json_is_null(v)) return KEEL_OK;
+    if (!json_is_object(v))
+        return base_err(err, KEEL_EINVAL, "logit_bias must be an object of token ids to biases in [-100, 100]");
+    int32_t n_vocab = e->model->w.hp.n_vocab;
+    size_t n = json_object_size(v);
+    if (n > (size_t)n_vocab)
+        return base_err(err, KEEL_EINVAL, "logit_bias: %zu entries, more than the %d tokens", n, n_vocab);
+    int32_t *tok = n ? base_alloc(n * sizeof(int32_t)) : NULL;
+    float *bias = n ? base_alloc(n * sizeof(float)) : NULL;
+    keel_status st = KEEL_OK;
+    if (n && (!tok || !bias)) st = base_err(err, KEEL_ENOMEM, "logit_bias: out of memory");
+    const char *k;
+    json_t *x;
+    int32_t i = 0;
+    json_object_foreach(v, k, x) {
+        if (st != KEEL_OK) break;
+        int64_t id = 0;
+        bool ok = k[0] >= '0' && k[0] <= '9' && (k[0] != '0' || k[1] == 0);
+        for (const char *p = k; ok && *p; p++) {
+            ok = *p >= '0' && *p <= '9' && id < n_vocab;
+            id = id * 10 + (*p - '0');
+        }
+        if (!ok || id >= n_vocab) {
+            st = base_err(err, KEEL_EINVAL, "logit_bias: key '%.40s' is not a token id in [0, %d)", k, n_vocab);
+        } else if (!json_is_number(x) || json_number_value(x) < -100.0 || json_number_value(x) > 100.0) {
+            st = base_err(err, KEEL_EINVAL, "logit_bias[\"%s\"] must be a number in [-100, 100]", k);
+        } else {
+            tok[i] = (int32_t)id;
+            bias[i] = (float)json_number_value(x);
+            i++;
+        }
+    }
+    if (st != KEEL_OK) {
+        base_free(tok, n * sizeof(int32_t));
+        base_free(bias, n * sizeof(float));
+        return st;
+    }
+    base_free(o->bias_tok, (size_t)o->n_bias * sizeof(int32_t));
+    base_free(o->bias, (size_t)o->n_bias * sizeof(float));
+    o->bias_tok = tok;
+    o->bias = bias;
+    o->n_bias = (int32_t)n;
+    return KEEL_OK;
 }
 
 /* tool_choice: "auto", "none", "required" (or Anthropic's "any"), or a
@@ -233,6 +288,8 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
                 st = base_err(err, KEEL_EINVAL, "logprobs must be a boolean");
             else
                 o->logprobs = json_is_true(v);
+        } else if (strcmp(k, "logit_bias") == 0) {
+            st = parse_logit_bias(e, v, o, err);
         } else if (strcmp(k, "top_logprobs") == 0) {
             if (json_is_null(v)) continue;
             if ((st = num_i(v, k, 0, ENG_MAX_TOP_LOGPROBS, &i, err)) == KEEL_OK) o->top_logprobs = (int32_t)i;

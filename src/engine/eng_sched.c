@@ -129,27 +129,55 @@ static json_t *lp_token_json(const keel_engine *e, int32_t tok, float lp)
     return json_pack("{s:s%,s:f,s:o}", "token", clean, c, "logprob", (double)lp, "bytes", bytes);
 }
 
-/* {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}:
- * OpenAI's shape. NULL on OOM. */
+/* {"token", "logprob", "bytes", "top_logprobs": [...]} of one entry. NULL
+ * on OOM. */
+static json_t *lp_entry_json(const keel_engine *e, const eng_lp *x)
+{
+    json_t *t = lp_token_json(e, x->tok, x->lp), *top = json_array();
+    for (int32_t j = 0; t && top && j < x->n_top; j++)
+        if (json_array_append_new(top, lp_token_json(e, x->top_tok[j], x->top_lp[j])) != 0) {
+            json_decref(top);
+            top = NULL;
+        }
+    if (!t || !top || json_object_set_new(t, "top_logprobs", top) != 0) {
+        if (t) json_decref(t);
+        else if (top) json_decref(top);
+        t = NULL;
+    }
+    return t;
+}
+
+/* {"content": [entries]}: OpenAI's shape. NULL on OOM. */
 static json_t *logprobs_json(const keel_engine *e, const eng_slot *sl)
 {
     json_t *content = json_array();
-    for (int32_t i = 0; content && i < sl->n_lp; i++) {
-        const eng_lp *x = &sl->lp[i];
-        json_t *t = lp_token_json(e, x->tok, x->lp), *top = json_array();
-        for (int32_t j = 0; t && top && j < x->n_top; j++)
-            if (json_array_append_new(top, lp_token_json(e, x->top_tok[j], x->top_lp[j])) != 0) {
-                json_decref(top);
-                top = NULL;
-            }
-        if (!t || !top || json_object_set_new(t, "top_logprobs", top) != 0 || json_array_append_new(content, t) != 0) {
-            if (t) json_decref(t);
-            else if (top) json_decref(top);
+    for (int32_t i = 0; content && i < sl->n_lp; i++)
+        if (json_array_append_new(content, lp_entry_json(e, &sl->lp[i])) != 0) {
             json_decref(content);
             content = NULL;
         }
-    }
     return content ? json_pack("{s:o}", "content", content) : NULL;
+}
+
+/* The LOGPROB event of slot's newest entry (before its text goes out). */
+static void emit_logprob(keel_engine *e, eng_slot *sl)
+{
+    eng_req *r = sl->req;
+    const eng_lp *x = &sl->lp[sl->n_lp - 1];
+    json_t *j = lp_entry_json(e, x);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (j) json_decref(j);
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_LOGPROB;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.text = s ? s : "{}";
+    ev.len = strlen(ev.text);
+    ev.token = x->tok;
+    ev.logprob = x->lp;
+    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
+    if (s) chat_json_free(s);
 }
 
 /* The log-sum-exp of the n logits (non-finite ones left out) and, into
@@ -800,8 +828,9 @@ static int32_t batch_need(keel_engine *e, const int32_t *cnt)
     return (int32_t)BASE_MIN(need, INT32_MAX);
 }
 
-/* Processes a sampled token of a generating slot. */
-static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
+/* Processes a sampled token of a generating slot (logged: its logprobs
+ * entry is the slot's newest). */
+static void take_token(keel_engine *e, eng_slot *sl, int32_t tok, bool logged)
 {
     eng_req *r = sl->req;
     keel_status st = keel_sampler_accept(sl->samp, tok);
@@ -811,10 +840,11 @@ static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
     }
     sl->n_gen++;
     if (keel_token_is_eog(e->model, tok)) {
-        if (sl->n_lp > 0 && sl->lp[sl->n_lp - 1].tok == tok) sl->n_lp--; /* not part of the answer */
+        if (logged) sl->n_lp--; /* not part of the answer */
         finish(e, sl, "stop", KEEL_OK, NULL);
         return;
     }
+    if (logged) emit_logprob(e, sl);
     char piece[1024];
     size_t pn = 0;
     st = keel_detok_stream_push(&sl->ds, tok, piece, sizeof piece, &pn);
@@ -836,6 +866,112 @@ static void take_token(keel_engine *e, eng_slot *sl, int32_t tok)
     }
     sl->last_tok = tok;
     sl->state = ENG_SLOT_GEN;
+}
+
+/* ---- fairness: the prefill budget of a step with generating slots ---------------- */
+
+#define ENG_PF_REFRESH 16 /* mixed steps between decode-only steps (which measure pf_dec_ns) */
+#define ENG_PF_FIRST 4    /* prefill tokens of the first mixed step */
+#define ENG_PF_BURST 4.0  /* a mixed step's prefill costs at most this many steps' allowance */
+
+static double ewma(double old, double x)
+{
+    return old > 0 ? 0.75 * old + 0.25 * x : x;
+}
+
+/* The prefill time a step with generating slots earns: pf_share / (1 -
+ * pf_share) of a decode-only step, so that decoding keeps 1 - pf_share of
+ * the time. */
+static double pf_allow(const keel_engine *e)
+{
+    return e->pf_dec_ns * e->pf_share / (1.0 - e->pf_share);
+}
+
+/* Most prefill tokens in a step beside n_gen generating slots. Prefill
+ * time is a budget (pf_credit): every step with generating slots earns
+ * pf_allow, a mixed step spends what its prefill tokens added to the
+ * decode-only time. A step runs prefill only out of a non-negative
+ * credit, and then as many tokens as cost about ENG_PF_BURST allowances
+ * (bigger chunks are cheaper per token; the debt is paid back by
+ * decode-only steps), at least one, growing at most twofold per step. 0
+ * (a decode-only step) while in debt, or when the decode-only time is
+ * unknown or due for a new measurement. */
+static int32_t pf_budget(keel_engine *e, int32_t n_gen)
+{
+    if (e->pf_share >= 1.0) return INT32_MAX;
+    if (e->pf_dec_ns <= 0 || e->pf_dec_n != n_gen || e->pf_mixed >= ENG_PF_REFRESH || e->pf_credit < 0) return 0;
+    if (e->pf_tok_ns <= 0) return ENG_PF_FIRST;
+    double b = ENG_PF_BURST * pf_allow(e) / e->pf_tok_ns;
+    double grow = 2.0 * (double)BASE_MAX(e->pf_last, ENG_PF_FIRST / 2);
+    if (b > grow) b = grow;
+    return b < 1.0 ? 1 : (int32_t)BASE_MIN(b, (double)INT32_MAX);
+}
+
+/* Learns from a decoded batch (n_dec generating tokens, n_pf prefill
+ * tokens) that took ns. */
+static void pf_measure(keel_engine *e, int32_t n_dec, int32_t n_pf, double ns)
+{
+    if (n_dec == 0) {
+        e->pf_credit = 0;
+        return;
+    }
+    if (n_pf == 0) {
+        if (e->pf_dec_n != n_dec) e->pf_dec_ns = 0;
+        /* a step slowed by something else (another process, a page fault)
+         * moves the reference at most twofold */
+        e->pf_dec_ns = ewma(e->pf_dec_ns, e->pf_dec_ns > 0 ? BASE_MIN(ns, 2.0 * e->pf_dec_ns) : ns);
+        e->pf_dec_n = n_dec;
+        e->pf_mixed = 0;
+        e->pf_credit += pf_allow(e);
+    } else if (e->pf_dec_ns > 0 && e->pf_dec_n == n_dec) {
+        /* what the prefill tokens added to a decode-only step (a floor keeps
+         * a step timed faster than the reference from costing nothing) */
+        double extra = BASE_MAX(ns - e->pf_dec_ns, 0.05 * e->pf_dec_ns);
+        e->pf_tok_ns = ewma(e->pf_tok_ns, extra / n_pf);
+        e->pf_credit += pf_allow(e) - extra;
+        e->pf_last = n_pf;
+        e->pf_mixed++;
+    }
+    /* no hoarding past one burst; a step slowed by something else costs at
+     * most a few steps of prefill */
+    double allow = pf_allow(e);
+    e->pf_credit = BASE_MAX(-2.0 * ENG_PF_BURST * allow, BASE_MIN(e->pf_credit, ENG_PF_BURST * allow));
+}
+
+/* After an interrupted keel_decode: slot sl's sequence goes back to the
+ * tokens of its history (what the batch placed is removed), or is emptied
+ * where that is not exact. A request still running continues from there:
+ * a prefill re-feeds what was lost, a generation that lost its cache
+ * fails. */
+static void undo_batch(keel_engine *e, eng_slot *sl)
+{
+    keel_mem *mem = keel_context_memory(e->ctx);
+    int32_t keep = sl->n_hist, resume = 0;
+    if (sl->hist_compacted || keel_mem_seq_compactions(mem, sl->seq) > sl->compactions_at_start ||
+        keel_context_rewind(e->ctx, sl->seq, keep, &resume) != KEEL_OK)
+        resume = 0;
+    if (resume <= 0)
+        eng_slot_clear(e, sl);
+    else
+        sl->n_hist = BASE_MIN(resume, keep); /* a checkpoint's prefix is still the history's */
+    if (!sl->req) return;
+    if (sl->state == ENG_SLOT_PREFILL) {
+        sl->n_fed = BASE_MIN(sl->n_fed, sl->n_hist);
+        sl->n_reused = BASE_MIN(sl->n_reused, sl->n_hist);
+    } else if (sl->n_hist < keep && !atomic_load(&sl->req->cancel)) {
+        finish(e, sl, "error", KEEL_ECANCELED, "decode interrupted and the cache could not be kept");
+    }
+}
+
+void eng_cut_locked(keel_engine *e)
+{
+    if (!e->in_decode || !e->ctx) return;
+    bool all = (e->stop && e->running) || e->closing;
+    if (!all) {
+        all = e->n_batch_req > 0;
+        for (int32_t i = 0; i < e->n_batch_req && all; i++) all = atomic_load(&e->batch_req[i]->cancel) != 0;
+    }
+    if (all) keel_cancel(e->ctx);
 }
 
 bool eng_step(keel_engine *e)
@@ -894,10 +1030,13 @@ bool eng_step(keel_engine *e)
         n_gen--;
         finish(e, victim, "length", KEEL_OK, NULL);
     }
-    /* prefill: fair shares of the rest of the batch (a long prompt cannot
-     * starve the others' decoding), within the room */
+    /* prefill: fair shares of the rest of the batch, bounded while slots
+     * generate (pf_budget: their decoding keeps its share of the time),
+     * within the room */
     if (n_pref > 0) {
-        int32_t budget = nb - n_gen, share = (nb - n_gen) / n_pref > 0 ? (nb - n_gen) / n_pref : 1;
+        int32_t cap = nb - n_gen;
+        if (n_gen > 0) cap = BASE_MIN(cap, pf_budget(e, n_gen));
+        int32_t budget = cap, share = cap / n_pref > 0 ? cap / n_pref : 1;
         int32_t tot[ENG_MAX_SLOTS];
         for (int32_t i = 0; i < e->n_slots && budget > 0; i++) {
             eng_slot *sl = &e->slots[i];
@@ -905,11 +1044,16 @@ bool eng_step(keel_engine *e)
             /* a chunk ends at the next mark: keel_decode checkpoints a chunk's
              * end, and checkpoint_marks gives it the mark's priority */
             chunk[i] = BASE_MIN(share, BASE_MIN(budget, next_mark(e, sl) - sl->n_fed));
-            /* a recurrent model checkpoints each chunk's end: the chunk that
-             * would end the prompt stops one token short, so a checkpoint
-             * lies at n_prompt - 1, where the same prompt sent again (or one
+            /* a recurrent model checkpoints the end of each chunk of two or
+             * more tokens: the chunks stop so that one such run ends at
+             * n_prompt - 1, where the same prompt sent again (or one
              * extending it) resumes */
-            if (e->recurrent && chunk[i] > 2 && sl->n_fed + chunk[i] == sl->n_prompt) chunk[i]--;
+            int32_t left = sl->n_prompt - 1 - sl->n_fed;
+            if (e->recurrent && left >= 2) {
+                chunk[i] = BASE_MIN(chunk[i], left);
+                if (left - chunk[i] == 1) chunk[i] = chunk[i] > 1 ? chunk[i] - 1 : 2;
+                chunk[i] = BASE_MIN(chunk[i], budget);
+            }
             budget -= chunk[i];
         }
         for (int32_t i = 0; i < e->n_slots; i++) tot[i] = cnt[i] + chunk[i];
@@ -967,8 +1111,35 @@ bool eng_step(keel_engine *e)
     }
     if (n > 0) {
         keel_batch b = {n, e->batch_tok, NULL, e->batch_seq, e->batch_logits};
+        int32_t n_pf = 0;
+        for (int32_t i = 0; i < e->n_slots; i++) n_pf += chunk[i];
+        /* a stop or a cancel of every request in the batch interrupts it */
+        pthread_mutex_lock(&e->mu);
+        e->n_batch_req = 0;
+        for (int32_t i = 0; i < e->n_slots; i++)
+            if (e->slots[i].req && (chunk[i] > 0 || (cnt[i] && e->slots[i].state == ENG_SLOT_GEN)))
+                e->batch_req[e->n_batch_req++] = e->slots[i].req;
+        e->in_decode = true;
+        pthread_mutex_unlock(&e->mu);
+        uint64_t t0 = now_ns();
         keel_status st = keel_decode(e->ctx, &b);
-        if (st != KEEL_OK) {
+        uint64_t t1 = now_ns();
+        pthread_mutex_lock(&e->mu);
+        e->in_decode = false;
+        e->n_batch_req = 0;
+        pthread_mutex_unlock(&e->mu);
+        if (st == KEEL_OK) pf_measure(e, n - n_pf, n_pf, (double)(t1 - t0));
+        if (st == KEEL_ECANCELED) {
+            /* interrupted (stop or cancel): each slot's cache goes back to
+             * its history before the batch; the cancelled requests end at
+             * the next step (or as the loop stops) */
+            for (int32_t i = 0; i < e->n_slots; i++) {
+                eng_slot *sl = &e->slots[i];
+                bool in = false;
+                for (int32_t j = 0; j < n && !in; j++) in = e->batch_seq[j] == sl->seq;
+                if (in) undo_batch(e, sl);
+            }
+        } else if (st != KEEL_OK) {
             /* the batch may have reached the cache in part: every slot in it
              * restarts from an empty cache and its request fails, named */
             char why[BASE_ERR_CAP];
@@ -1016,10 +1187,14 @@ bool eng_step(keel_engine *e)
                 const float *lg = keel_logits(e->ctx, j);
                 eng_lp *ent = sl->lp && lg && sl->n_lp < sl->cap_lp ? &sl->lp[sl->n_lp] : NULL;
                 double lse = ent ? lp_row(lg, e->model->w.hp.n_vocab, sl->req->o.top_logprobs, ent) : 0.0;
-                if (sl->req->o.ignore_eos && lg) {
-                    /* the context's own logits row, the engine's to change */
+                if (lg && (sl->req->o.ignore_eos || sl->req->o.n_bias > 0)) {
+                    /* the context's own logits row, the engine's to change:
+                     * logit_bias (-100 bans), then ignore_eos */
                     float *w = e->ctx->logits + (lg - e->ctx->logits);
-                    for (int32_t q = 0; q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
+                    const eng_opts *o = &sl->req->o;
+                    for (int32_t q = 0; q < o->n_bias; q++)
+                        w[o->bias_tok[q]] = o->bias[q] <= -100.0f ? -INFINITY : w[o->bias_tok[q]] + o->bias[q];
+                    for (int32_t q = 0; o->ignore_eos && q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
                 }
                 if (sl->n_gen == 0 && e->debug_logits)
                     e->debug_logits(e->debug_user, sl->req->id, lg, e->model->w.hp.n_vocab);
@@ -1028,12 +1203,15 @@ bool eng_step(keel_engine *e)
                     finish(e, sl, "error", st, "sampler: no finite logit");
                     continue;
                 }
-                if (ent) { /* the sampled token's row entry is untouched by ignore_eos */
+                if (ent) { /* the model's logit: ignore_eos never touches a sampled token, a bias is undone */
+                    double logit = lg[tok];
+                    for (int32_t q = 0; q < sl->req->o.n_bias; q++)
+                        if (sl->req->o.bias_tok[q] == tok) logit -= sl->req->o.bias[q];
                     ent->tok = tok;
-                    ent->lp = (float)((double)lg[tok] - lse);
+                    ent->lp = (float)(logit - lse);
                     sl->n_lp++;
                 }
-                take_token(e, sl, tok);
+                take_token(e, sl, tok, ent != NULL);
             }
         }
     }

@@ -34,7 +34,7 @@ struct keel_context {
     keel_compact_params *compact; /* [n_seq_max] per-sequence compaction */
     uint8_t *ub_prot;      /* [n_batch] protected tokens (special ids) */
     keel_plan plan;
-    volatile int cancel;
+    atomic_int cancel;     /* keel_cancel (any thread) -> the running forward pass */
     char err[BASE_ERR_CAP];
 };
 

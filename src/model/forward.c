@@ -142,7 +142,7 @@ static void rmsnorm_rows(float *y, const float *x, const float *wt, int32_t n, i
 }
 
 keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *ub,
-                          base_pool *pool, base_arena *work, const volatile int *cancel,
+                          base_pool *pool, base_arena *work, const atomic_int *cancel,
                           char *err)
 {
     const model_hp *hp = &w->hp;
@@ -175,7 +175,7 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
     for (int32_t l = 0; l < hp->n_layer; l++) {
         /* a recurrent state is updated in place: a chunk runs through every
          * layer or none */
-        if (cancel && *cancel && (l == 0 || hp->n_recurrent == 0))
+        if (cancel && atomic_load_explicit(cancel, memory_order_relaxed) && (l == 0 || hp->n_recurrent == 0))
             return base_err(err, KEEL_ECANCELED, "forward: canceled at layer %d", l);
         const model_layer *L = &w->layers[l];
         f.l = l;

@@ -14,6 +14,8 @@
 #include "../memory/memory.h"
 #include "gguf.h"
 
+#include <stdatomic.h>
+
 typedef enum model_arch {
     MODEL_ARCH_LLAMA = 0,
     MODEL_ARCH_QWEN2 = 1,
@@ -240,7 +242,7 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads);
  * stopping inside a chunk would leave the layers disagreeing):
  * KEEL_ECANCELED. */
 keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *ub,
-                          base_pool *pool, base_arena *work, const volatile int *cancel,
+                          base_pool *pool, base_arena *work, const atomic_int *cancel,
                           char *err);
 
 /* ---- layer kinds (forward.c, layer_*.c, ffn.c) ---------------------------- */

@@ -92,6 +92,16 @@ async function openaiReal() {
     logprobs: true, top_logprobs: 2 });
   const lf = await ls.finalChatCompletion();
   check(JSON.stringify(lf.choices[0].logprobs.content) === JSON.stringify(lc), 'streamed logprobs equal the answer\'s');
+  // per token, not all in the last chunk
+  const raw = await client.chat.completions.create({ model: 'keel', messages: chatMessages, max_tokens: 4, temperature: 0,
+    logprobs: true, top_logprobs: 2, stream: true });
+  const per = [];
+  for await (const c of raw) {
+    const e = c.choices.length && c.choices[0].logprobs && c.choices[0].logprobs.content;
+    if (e && e.length) per.push(e);
+  }
+  check(JSON.stringify(per.flat()) === JSON.stringify(lc), 'chunks\' logprobs concatenated equal the answer\'s');
+  check(lc.length < 2 || per.length >= 2, 'logprobs streamed per token (' + per.map((e) => e.length).join(',') + ')');
 
   const comp = await client.completions.create({ model: 'keel', prompt: 'Once upon a time', max_tokens: 5, stream: true });
   let cn = 0;
