@@ -14,7 +14,8 @@
  * of the system prompt and tools, the starts of the first and last user
  * messages, the prompt's end) and keeps those over periodic ones:
  *   - every turn reuses at least the system prompt and tools;
- *   - turns that only append reuse the whole previous prompt;
+ *   - turns that only append reuse the whole previous prompt, and the
+ *     same request sent again all but its last token;
  *   - each turn's answer and its log-probabilities are bit-identical to a
  *     fresh engine's (deterministic mode, greedy).
  */
@@ -151,6 +152,13 @@ static void agent(const char *arch, int32_t n_layer, int32_t n_swa)
                          t, (long long)cached, (long long)prev_prompt);
         }
         assert_int_equal(usage(fr, "cached_tokens"), 0);
+        if (t == 2) { /* the same request again (a client's retry): all but the last token reused */
+            json_t *again = complete(e, msgs);
+            if (usage(again, "cached_tokens") != n_prompt - 1)
+                fail_msg("turn %d sent again reused %lld of %lld tokens", t, (long long)usage(again, "cached_tokens"),
+                         (long long)n_prompt);
+            json_decref(again);
+        }
         /* the same answer with the same log-probabilities as a fresh engine */
         char *a = json_dumps(json_object_get(r, "logprobs"), JSON_COMPACT | JSON_SORT_KEYS);
         char *b = json_dumps(json_object_get(fr, "logprobs"), JSON_COMPACT | JSON_SORT_KEYS);

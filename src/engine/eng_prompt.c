@@ -672,7 +672,8 @@ static void mark_add(eng_slot *sl, int32_t pos, int32_t prio)
         for (int32_t i = 1; i < sl->n_marks; i++)
             if (sl->marks[i].prio < sl->marks[low].prio) low = i;
         if (sl->marks[low].prio >= prio) return;
-        sl->marks[low] = sl->marks[--sl->n_marks];
+        memmove(&sl->marks[low], &sl->marks[low + 1], (size_t)(sl->n_marks - low - 1) * sizeof sl->marks[0]);
+        sl->n_marks--; /* still ascending */
     }
     int32_t i = sl->n_marks++;
     for (; i > 0 && sl->marks[i - 1].pos > pos; i--) sl->marks[i] = sl->marks[i - 1];
@@ -683,10 +684,13 @@ keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, con
 {
     sl->n_marks = 0;
     /* the end of the prompt, where the same conversation, extended,
-     * resumes; on a recurrent model one token short, so that the same
-     * prompt sent again resumes there too (a state cannot be truncated, and
-     * the last prompt token must be computed again for its logits) */
-    mark_add(sl, e->recurrent ? sl->n_prompt - 1 : sl->n_prompt, ENG_PRIO_RECENT);
+     * resumes, and one token short of it, where the same prompt sent again
+     * (a client's retry) resumes: a state cannot be truncated, rings
+     * cannot be cut below their newest cells, and the last prompt token
+     * must be computed again for its logits. A recurrent model keeps only
+     * the second (its first chunk after it is one token) */
+    mark_add(sl, sl->n_prompt - 1, ENG_PRIO_RECENT);
+    if (!e->recurrent) mark_add(sl, sl->n_prompt, ENG_PRIO_RECENT);
     if (r->kind != ENG_REQ_CHAT) return KEEL_OK;
     int32_t n_msgs = (int32_t)json_array_size(r->messages);
     /* the candidate prefixes: (number of messages, priority) */
