@@ -63,7 +63,9 @@ static keel_engine *open_engine(const char *extra)
 }
 
 static const char *MSGS = "[{\"role\":\"user\",\"content\":\"Tell me a long story about a dog\"}]";
-/* runs until the cache is full or it is cancelled */
+/* with FOREVER, generation never fills the cache: it runs until cancelled */
+static const char *COMPACT = "\"kv_compact\": {\"policy\": \"window\", \"trigger\": 128, \"target\": 64}";
+/* runs until the cache is full (never, with COMPACT) or it is cancelled */
 static const char *FOREVER = "{\"max_tokens\": -1, \"temperature\": 0, \"ignore_eos\": true}";
 
 /* Counts a request's events; DONE records its status and finish_reason. */
@@ -143,7 +145,9 @@ static void *complete_thread(void *p)
 static void test_close_during_run(void **state)
 {
     (void)state;
-    keel_engine *e = open_engine("\"n_slots\": 2");
+    char extra[256];
+    snprintf(extra, sizeof extra, "\"n_slots\": 2, %s", COMPACT);
+    keel_engine *e = open_engine(extra);
     pthread_t loop;
     assert_int_equal(pthread_create(&loop, NULL, run_loop, e), 0);
     watch a;
@@ -183,7 +187,7 @@ static void test_close_during_run(void **state)
 static void test_close_during_complete(void **state)
 {
     (void)state;
-    keel_engine *e = open_engine(NULL);
+    keel_engine *e = open_engine(COMPACT);
     completer c;
     memset(&c, 0, sizeof c);
     c.e = e;

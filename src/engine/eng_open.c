@@ -423,6 +423,18 @@ static keel_status enqueue(keel_engine *e, eng_req *r, uint64_t *id)
     return KEEL_OK;
 }
 
+/* A request from its JSON text (keel_engine_submit's and
+ * keel_engine_count_tokens' argument). KEEL_EINVAL named in err. */
+static keel_status req_from_text(keel_engine *e, const char *request_json, eng_req **out, char *err)
+{
+    json_error_t je;
+    json_t *j = json_loads(request_json, ENG_JSON_FLAGS, &je);
+    if (!j) return base_err(err, KEEL_EINVAL, "request: invalid JSON at line %d: %s", je.line, je.text);
+    keel_status st = eng_req_make(e, j, out, err);
+    json_decref(j);
+    return st;
+}
+
 keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_event_fn cb, void *user,
                                uint64_t *id)
 {
@@ -432,16 +444,8 @@ keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_ev
     keel_status st = eng_enter(e);
     if (st != KEEL_OK) return st;
     char err[BASE_ERR_CAP] = "";
-    json_error_t je;
     eng_req *r = NULL;
-    json_t *j = json_loads(request_json, ENG_JSON_FLAGS, &je);
-    if (!j) {
-        st = base_err(err, KEEL_EINVAL, "request: invalid JSON at line %d: %s", je.line, je.text);
-        goto out;
-    }
-    st = eng_req_make(e, j, &r, err);
-    json_decref(j);
-    if (st != KEEL_OK) goto out;
+    if ((st = req_from_text(e, request_json, &r, err)) != KEEL_OK) goto out;
     r->cb = cb;
     r->user = user;
     /* a submitted request is owned by the engine: freed after DONE */
@@ -468,16 +472,9 @@ keel_status keel_engine_count_tokens(keel_engine *e, const char *request_json, i
     keel_status st = eng_enter(e);
     if (st != KEEL_OK) return st;
     char err[BASE_ERR_CAP] = "";
-    json_error_t je;
     eng_req *r = NULL;
-    json_t *j = json_loads(request_json, ENG_JSON_FLAGS, &je);
-    if (!j) {
-        st = base_err(err, KEEL_EINVAL, "request: invalid JSON at line %d: %s", je.line, je.text);
-    } else {
-        st = eng_req_make(e, j, &r, err);
-        json_decref(j);
-        if (st == KEEL_OK) st = eng_count_tokens(e, r, n_tokens, err);
-    }
+    st = req_from_text(e, request_json, &r, err);
+    if (st == KEEL_OK) st = eng_count_tokens(e, r, n_tokens, err);
     eng_req_free(r);
     if (st != KEEL_OK) base_err(eng_err(e), st, "%s", err);
     eng_leave(e);
