@@ -170,8 +170,8 @@ static void agent(const char *arch, int32_t n_layer, int32_t n_swa)
         prev_prompt = n_prompt;
         /* the answer, then the next user message */
         json_t *content = json_object_get(r, "content");
-        json_array_append_new(msgs, json_pack("{ss sO}", "role", "assistant", "content",
-                                              json_is_string(content) ? content : json_string("")));
+        json_array_append_new(msgs, json_pack("{ss so}", "role", "assistant", "content",
+                                              json_is_string(content) ? json_incref(content) : json_string("")));
         char next[128];
         snprintf(next, sizeof next, "Turn %d: now run the tests again and tell me what failed.", t + 1);
         json_array_append_new(msgs, json_pack("{ss ss}", "role", "user", "content", next));
@@ -183,8 +183,10 @@ static void agent(const char *arch, int32_t n_layer, int32_t n_swa)
     assert_ok(keel_engine_stats(e, stats, sizeof stats, &n));
     json_t *s = json_loads(stats, 0, NULL);
     json_t *cr = json_object_get(s, "cache_reuse");
-    printf("%s cache_reuse %s, lost tokens %lld\n", arch, json_dumps(cr, JSON_COMPACT),
+    char *crs = json_dumps(cr, JSON_COMPACT);
+    printf("%s cache_reuse %s, lost tokens %lld\n", arch, crs ? crs : "?",
            (long long)json_integer_value(json_object_get(s, "cache_lost_tokens")));
+    free(crs);
     assert_int_equal(json_integer_value(json_object_get(cr, "reset_no_checkpoint")), 0);
     json_decref(s);
     json_decref(msgs);
