@@ -44,13 +44,14 @@ static void gen(const char *arch, int32_t n_layer, int32_t n_swa, uint64_t seed,
     if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen %s: %s", arch, err);
 }
 
-static keel_engine *open_engine(const char *path)
+/* ckpt: the checkpoint options (a small budget: 4, every 32 tokens) */
+static keel_engine *open_engine(const char *path, const char *ckpt)
 {
     char opts[512], err[256] = "";
     snprintf(opts, sizeof opts,
              "{\"model\": \"%s\", \"n_threads\": 2, \"deterministic\": true, \"n_ctx\": 8192, \"n_batch\": 64, "
-             "\"ctx_checkpoints\": 4, \"checkpoint_every\": 32, \"chat_template\": \"qwen3\"}",
-             path);
+             "%s, \"chat_template\": \"qwen3\"}",
+             path, ckpt ? ckpt : "\"ctx_checkpoints\": 4, \"checkpoint_every\": 32");
     keel_engine *e = NULL;
     keel_status st = keel_engine_open(opts, &e, err);
     if (st != KEEL_OK) fail_msg("open: %s: %s", keel_status_name(st), err);
@@ -107,14 +108,14 @@ static int64_t usage(json_t *r, const char *k)
     return json_integer_value(json_object_get(json_object_get(r, "usage"), k));
 }
 
-static void agent(const char *arch, int32_t n_layer, int32_t n_swa)
+static void agent(const char *arch, int32_t n_layer, int32_t n_swa, const char *ckpt)
 {
     char path[64];
     gen(arch, n_layer, n_swa, 5, path);
-    keel_engine *e = open_engine(path);
+    keel_engine *e = open_engine(path, ckpt);
     /* the system prompt and tools alone, rendered without a generation
      * prompt: the prefix every turn must reuse at least */
-    keel_engine *f = open_engine(path);
+    keel_engine *f = open_engine(path, ckpt);
     json_t *sys = json_pack("[o]", system_message());
     char *sj = json_dumps(sys, JSON_COMPACT);
     assert_ok(keel_complete(f, sj, "{\"max_tokens\": 0, \"add_generation_prompt\": false}", TOOLS, NULL, NULL, g_resp,
@@ -133,7 +134,7 @@ static void agent(const char *arch, int32_t n_layer, int32_t n_swa)
         bool reminder = t > 0 && t % 2 == 1;
         if (reminder) json_array_set_new(msgs, 1, first_user(t));
         json_t *r = complete(e, msgs);
-        f = open_engine(path);
+        f = open_engine(path, ckpt);
         json_t *fr = complete(f, msgs);
         keel_engine_close(f);
         int64_t cached = usage(r, "cached_tokens"), n_prompt = usage(r, "prompt_tokens");
@@ -259,13 +260,21 @@ static void test_prompt_cache_policy(void **state)
 static void test_agent_sliding(void **state)
 {
     (void)state;
-    agent("gemma2", 2, 16);
+    agent("gemma2", 2, 16, NULL);
 }
 
 static void test_agent_hybrid(void **state)
 {
     (void)state;
-    agent("qwen35", 4, 0);
+    agent("qwen35", 4, 0, NULL);
+}
+
+/* More checkpoints than the engine lists on its stack (64): every 16
+ * tokens of a ~2k-token prompt, 96 kept; the priorities still hold. */
+static void test_agent_many_checkpoints(void **state)
+{
+    (void)state;
+    agent("qwen35", 4, 0, "\"ctx_checkpoints\": 96, \"checkpoint_every\": 16");
 }
 
 int main(void)
@@ -273,6 +282,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_sliding),
         cmocka_unit_test(test_agent_hybrid),
+        cmocka_unit_test(test_agent_many_checkpoints),
         cmocka_unit_test(test_prompt_cache_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

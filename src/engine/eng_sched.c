@@ -642,16 +642,23 @@ static void ckpt_failure(keel_engine *e)
 static void prioritize_checkpoints(keel_engine *e, eng_slot *sl)
 {
     keel_mem *mem = keel_context_memory(e->ctx);
-    keel_mem_ckpt_info ck[64];
+    keel_mem_ckpt_info local[64], *ck = local;
     int32_t n = 0;
-    keel_mem_ckpt_list(mem, sl->seq, ck, 64, &n);
-    for (int32_t i = 0; i < BASE_MIN(n, 64); i++) {
+    keel_mem_ckpt_list(mem, sl->seq, NULL, 0, &n);
+    if (n > 64 && !(ck = base_alloc((size_t)n * sizeof *ck))) { /* --ctx-checkpoints above 64 */
+        ckpt_failure(e);
+        return;
+    }
+    int32_t got = 0;
+    keel_mem_ckpt_list(mem, sl->seq, ck, BASE_MAX(n, 64), &got);
+    for (int32_t i = 0; i < BASE_MIN(n, got); i++) {
         int32_t prio = ENG_PRIO_PERIODIC;
         for (int32_t j = 0; j < sl->n_marks; j++)
             if (sl->marks[j].pos == ck[i].pos) prio = sl->marks[j].prio;
         if (ck[i].priority != prio && keel_mem_ckpt_set_prio(mem, sl->seq, ck[i].pos, prio) != KEEL_OK)
             ckpt_failure(e);
     }
+    if (ck != local) base_free(ck, (size_t)n * sizeof *ck);
 }
 
 /* After a chunk: a checkpoint where the prefill reached one of its marks. */
