@@ -330,8 +330,21 @@ static void test_messages(void **state)
     json_decref(c);
     /* count_tokens takes no slot: the slots' caches are as they were, and a
      * prompt far longer than a slot's context (2048 cells) is counted */
-    json_t *before = srvt_get_json(&g_srv, "/slots", &st);
-    assert_int_equal(st, 200);
+    /* the slots' snapshot may lag the answer just received by a step: wait
+     * until every slot is idle */
+    json_t *before = NULL;
+    for (int tries = 0; tries < 500; tries++) {
+        before = srvt_get_json(&g_srv, "/slots", &st);
+        assert_int_equal(st, 200);
+        bool busy = false;
+        for (size_t i = 0; i < json_array_size(before); i++)
+            busy |= json_is_true(json_object_get(json_array_get(before, i), "is_processing"));
+        if (!busy) break;
+        json_decref(before);
+        before = NULL;
+        usleep(10000);
+    }
+    assert_non_null(before);
     size_t big_cap = 200000;
     char *big = malloc(big_cap);
     assert_non_null(big);
