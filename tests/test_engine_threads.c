@@ -11,6 +11,8 @@
  *     different calls at once each read their own message (one buffer per
  *     engine was written by all of them: a data race under TSan, and the
  *     wrong text);
+ *   - keel_engine_count_tokens from two threads while a loop generates
+ *     (new: thread-safe, every count the prompt a request gets);
  *   - U+0000, which the engine can generate (the response carries it as
  *     \u0000), is accepted back in messages and prompts: keel_complete and
  *     keel_engine_submit used to refuse it ("\u0000 is not allowed"), so a
@@ -265,6 +267,86 @@ static void test_errors_per_thread(void **state)
     keel_engine_close(e);
 }
 
+/* ---- count_tokens beside a running loop ------------------------------------------------ */
+
+typedef struct counter {
+    keel_engine *e;
+    int64_t want;
+    int n_ok;
+    char why[256];
+} counter;
+
+static const char *COUNT_MSGS = "[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+                                 "{\"role\":\"user\",\"content\":\"Tell me a long story about a dog\"}]";
+static const char *COUNT_TOOLS =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\"}}}]";
+static char COUNT_REQ[1024]; /* {"messages": COUNT_MSGS, "tools": COUNT_TOOLS} */
+
+static void *count_thread(void *p)
+{
+    counter *c = p;
+    for (int i = 0; i < 50; i++) {
+        int64_t n = 0;
+        keel_status st = keel_engine_count_tokens(c->e, COUNT_REQ, &n);
+        if (st != KEEL_OK || n != c->want) {
+            snprintf(c->why, sizeof c->why, "call %d: %s %lld (want %lld): %s", i, keel_status_name(st), (long long)n,
+                     (long long)c->want, keel_engine_last_error(c->e));
+            return NULL;
+        }
+        c->n_ok++;
+    }
+    return NULL;
+}
+
+/* keel_engine_count_tokens is thread-safe: two threads render and tokenize
+ * on the shared template while the loop generates (make test-tsan), each
+ * count equal to the prompt a request gets. */
+static void test_count_tokens_beside_loop(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine(COMPACT);
+    snprintf(COUNT_REQ, sizeof COUNT_REQ, "{\"messages\": %s, \"tools\": %s}", COUNT_MSGS, COUNT_TOOLS);
+    int64_t want = 0;
+    assert_ok(keel_engine_count_tokens(e, COUNT_REQ, &want));
+    assert_true(want > 10);
+    assert_status(keel_engine_count_tokens(e, "{\"messages\": 3}", &want), KEEL_EINVAL);
+    assert_non_null(strstr(keel_engine_last_error(e), "messages"));
+    assert_ok(keel_engine_count_tokens(e, COUNT_REQ, &want));
+    pthread_t loop;
+    assert_int_equal(pthread_create(&loop, NULL, run_loop, e), 0);
+    watch a;
+    watch_init(&a);
+    char req[512];
+    uint64_t id = 0;
+    snprintf(req, sizeof req, "{\"messages\": %s, \"max_tokens\": -1, \"temperature\": 0, \"ignore_eos\": true}", MSGS);
+    assert_ok(keel_engine_submit(e, req, watch_cb, &a, &id));
+    watch_wait_streaming(&a, 2);
+    counter c[2];
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        c[k] = (counter){e, want, 0, ""};
+        assert_int_equal(pthread_create(&th[k], NULL, count_thread, &c[k]), 0);
+    }
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 2; k++)
+        if (c[k].why[0]) fail_msg("%s", c[k].why);
+    assert_int_equal(c[0].n_ok + c[1].n_ok, 100);
+    /* the count is the prompt a request gets */
+    assert_ok(keel_engine_cancel_request(e, id));
+    pthread_mutex_lock(&a.mu);
+    while (!a.done) pthread_cond_wait(&a.cv, &a.mu);
+    pthread_mutex_unlock(&a.mu);
+    keel_engine_stop(e);
+    pthread_join(loop, NULL);
+    char resp[65536];
+    assert_ok(keel_complete(e, COUNT_MSGS, "{\"max_tokens\": 1}", COUNT_TOOLS, NULL, NULL, resp, sizeof resp));
+    json_t *r = json_loads(resp, JSON_ALLOW_NUL, NULL);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "usage"), "prompt_tokens")), want);
+    json_decref(r);
+    watch_destroy(&a);
+    keel_engine_close(e);
+}
+
 /* ---- U+0000 round trip ------------------------------------------------------------------ */
 
 static int64_t prompt_tokens_of(keel_engine *e, const char *msgs, const char *opts)
@@ -323,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_close_during_run),
         cmocka_unit_test(test_close_during_complete),
         cmocka_unit_test(test_errors_per_thread),
+        cmocka_unit_test(test_count_tokens_beside_loop),
         cmocka_unit_test(test_nul_round_trip),
     };
     if (getenv("KEEL_TEST_FILTER")) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
