@@ -118,6 +118,25 @@ static void watch_wait_streaming(watch *w, int content)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Waits until w's request ended. */
+static void watch_wait_done(watch *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Submits MSGS to generate until cancelled (FOREVER), events to w. */
+static uint64_t submit_forever(keel_engine *e, watch *w)
+{
+    char req[512];
+    uint64_t id = 0;
+    snprintf(req, sizeof req, "{\"messages\": %s, \"max_tokens\": -1, \"temperature\": 0, \"ignore_eos\": true}", MSGS);
+    assert_ok(keel_engine_submit(e, req, watch_cb, w, &id));
+    assert_true(id > 0);
+    return id;
+}
+
 static void *run_loop(void *p)
 {
     return (void *)(intptr_t)keel_engine_run(p);
@@ -154,10 +173,7 @@ static void test_close_during_run(void **state)
     assert_int_equal(pthread_create(&loop, NULL, run_loop, e), 0);
     watch a;
     watch_init(&a);
-    char req[512];
-    uint64_t id = 0;
-    snprintf(req, sizeof req, "{\"messages\": %s, \"max_tokens\": -1, \"temperature\": 0, \"ignore_eos\": true}", MSGS);
-    assert_ok(keel_engine_submit(e, req, watch_cb, &a, &id));
+    assert_true(submit_forever(e, &a) > 0);
     watch_wait_streaming(&a, 3);
     /* a keel_complete on another thread: it submits to the loop and waits */
     completer c;
@@ -316,10 +332,7 @@ static void test_count_tokens_beside_loop(void **state)
     assert_int_equal(pthread_create(&loop, NULL, run_loop, e), 0);
     watch a;
     watch_init(&a);
-    char req[512];
-    uint64_t id = 0;
-    snprintf(req, sizeof req, "{\"messages\": %s, \"max_tokens\": -1, \"temperature\": 0, \"ignore_eos\": true}", MSGS);
-    assert_ok(keel_engine_submit(e, req, watch_cb, &a, &id));
+    uint64_t id = submit_forever(e, &a);
     watch_wait_streaming(&a, 2);
     counter c[2];
     pthread_t th[2];
@@ -333,9 +346,7 @@ static void test_count_tokens_beside_loop(void **state)
     assert_int_equal(c[0].n_ok + c[1].n_ok, 100);
     /* the count is the prompt a request gets */
     assert_ok(keel_engine_cancel_request(e, id));
-    pthread_mutex_lock(&a.mu);
-    while (!a.done) pthread_cond_wait(&a.cv, &a.mu);
-    pthread_mutex_unlock(&a.mu);
+    watch_wait_done(&a);
     keel_engine_stop(e);
     pthread_join(loop, NULL);
     char resp[65536];
@@ -389,9 +400,7 @@ static void test_nul_round_trip(void **state)
                                  "{\"messages\": [{\"role\":\"user\",\"content\":\"z\\u0000z\"}], "
                                  "\"max_tokens\": 2, \"temperature\": 0}",
                                  watch_cb, &w, &id));
-    pthread_mutex_lock(&w.mu);
-    while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
+    watch_wait_done(&w);
     assert_int_equal(w.status, KEEL_OK);
     keel_engine_stop(e);
     pthread_join(loop, NULL);
