@@ -23,6 +23,17 @@ static keel_mem *mem_of(keel_engine *e)
     return keel_context_memory(e->ctx);
 }
 
+/* After a load of n history tokens (pending of them not in the cache) into
+ * the slot: its history is what the cache holds; pending tokens (a file from
+ * keel run) are the next prompt's to decode. */
+static void slot_loaded(keel_engine *e, eng_slot *sl, int32_t n, int32_t pending)
+{
+    keel_mem *mem = mem_of(e);
+    sl->n_hist = n - pending;
+    sl->hist_lost = false;
+    sl->hist_compacted = keel_mem_seq_compactions(mem, sl->seq) > 0 || mem->exact_from[sl->seq] > 0;
+}
+
 /* Loads blob into the slot; on success the slot's history is the blob's. */
 static keel_status load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, size_t len, char *err)
 {
@@ -34,11 +45,7 @@ static keel_status load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, 
     keel_status st = mem_session_load(mem, sl->seq, blob, len, e->fingerprint, 0, &rules, sl->hist, e->hist_cap, &n,
                                       &pending);
     if (st != KEEL_OK) return base_err(err, st, "restore: %s", keel_mem_last_error(mem));
-    /* a slot's history is what the cache holds: pending tokens (a file from
-     * keel run) are the next prompt's to decode */
-    sl->n_hist = n - pending;
-    sl->hist_lost = false;
-    sl->hist_compacted = keel_mem_seq_compactions(mem, sl->seq) > 0 || mem->exact_from[sl->seq] > 0;
+    slot_loaded(e, sl, n, pending);
     return KEEL_OK;
 }
 
@@ -100,12 +107,7 @@ static void run_one(keel_engine *e, eng_ctl *c)
         c->status = base_err(c->err, st, "%s", keel_context_last_error(e->ctx));
         return;
     }
-    keel_mem *mem = mem_of(e);
-    /* a slot's history is what the cache holds: pending tokens (a file from
-     * keel run) are the next prompt's to decode */
-    sl->n_hist = n - pending;
-    sl->hist_lost = false;
-    sl->hist_compacted = keel_mem_seq_compactions(mem, sl->seq) > 0 || mem->exact_from[sl->seq] > 0;
+    slot_loaded(e, sl, n, pending);
     struct stat sb;
     int64_t read_bytes = stat(c->path, &sb) == 0 ? (int64_t)sb.st_size : -1;
     st = info_json(c, json_pack("{sisisIs{sf}}", "id_slot", c->slot, "n_restored", sl->n_hist, "n_read",
