@@ -604,6 +604,26 @@ static keel_status render(keel_engine *e, const eng_req *r, int32_t n_msgs, jinj
     return render_bounded(e, r, n_msgs, true, out, jerr);
 }
 
+/* Tokenizes text followed by a forced call's opening (n_forced bytes, 0:
+ * none) as one text, so that merges across the join are the model's, into
+ * ids[0 .. cap) with *n the full count (text_tokenize's contract:
+ * KEEL_ERANGE past cap, and cap 0 only counts). */
+static keel_status tokenize_prompt(const keel_engine *e, const char *text, size_t len, const char *forced,
+                                   size_t n_forced, int32_t *ids, int64_t cap, int64_t *n)
+{
+    char *joined = NULL;
+    if (n_forced > 0) {
+        if (!(joined = base_alloc(len + n_forced + 1))) return KEEL_ENOMEM;
+        memcpy(joined, text, len);
+        memcpy(joined + len, forced, n_forced + 1);
+        text = joined;
+        len += n_forced;
+    }
+    keel_status st = text_tokenize(e->model->tok, text, len, true, true, ids, cap, n, NULL);
+    if (joined) base_free(joined, len + 1);
+    return st;
+}
+
 keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n_out, char *err)
 {
     *n_out = 0;
@@ -632,22 +652,10 @@ keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n_out, c
         n_forced = tmp.n_forced;
         memcpy(forced, tmp.forced, n_forced + 1);
     }
-    char *joined = NULL; /* the prompt and a forced call's opening, as eng_prompt_tokens joins them */
-    if (n_forced > 0) {
-        if (!(joined = base_alloc(len + n_forced + 1))) {
-            st = base_err(err, KEEL_ENOMEM, "out of memory");
-            goto out;
-        }
-        memcpy(joined, text, len);
-        memcpy(joined + len, forced, n_forced + 1);
-        text = joined;
-        len += n_forced;
-    }
     /* the count, and the first ids (a template's own BOS text is not doubled) */
     int32_t head[2];
     int64_t n = 0;
-    st = text_tokenize(e->model->tok, text, len, true, true, head, 2, &n, NULL);
-    if (joined) base_free(joined, len + 1);
+    st = tokenize_prompt(e, text, len, forced, n_forced, head, 2, &n);
     if (st == KEEL_ERANGE) st = KEEL_OK;
     if (st != KEEL_OK) {
         st = base_err(err, st, "prompt: tokenization failed (%s)", keel_strerror(st));
@@ -806,17 +814,8 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
         len = out->len;
         if ((st = forced_call(e, sl, r, text, len, err)) != KEEL_OK) return st;
     }
-    char *joined = NULL; /* the prompt and a forced call's opening */
-    if (sl->n_forced > 0) {
-        if (!(joined = base_alloc(len + sl->n_forced + 1))) return base_err(err, KEEL_ENOMEM, "out of memory");
-        memcpy(joined, text, len);
-        memcpy(joined + len, sl->forced, sl->n_forced + 1);
-        text = joined;
-        len += sl->n_forced;
-    }
     int64_t n = 0;
-    st = text_tokenize(e->model->tok, text, len, true, true, sl->prompt, e->hist_cap, &n, NULL);
-    if (joined) base_free(joined, len + 1);
+    st = tokenize_prompt(e, text, len, sl->forced, sl->n_forced, sl->prompt, e->hist_cap, &n);
     if (st == KEEL_ERANGE || n > e->hist_cap) {
         sl->n_too_long = n;
         sl->prompt_limit = eng_prompt_limit(e, r);
