@@ -186,4 +186,161 @@ typedef struct tc_spec {
 
 const tc_spec *tc_spec_of(toolcall_format f);
 
+/* ---- the parser's state, shared by toolcall.c (text, calls, driver, API),
+ * toolcall_hdr.c (call headers, calls read whole) and toolcall_args.c
+ * (arguments, XML parameters, harmony headers) -------------------------------- */
+
+#define WS_CAP 1024    /* whitespace held before a possible marker */
+#define HDR_CAP 4096   /* a call header / harmony header */
+
+enum {
+    ST_TEXT = 0,  /* content or reasoning text */
+    ST_HDR,       /* a call header after a block marker / between calls (pre-commit) */
+    ST_OBJ,       /* JSON call object buffered whole (arguments before name) (pre-commit) */
+    ST_ARGS,      /* streaming JSON arguments */
+    ST_ARGS_RAW,  /* arguments that are not JSON, raw until a stop marker */
+    ST_TRAILER,   /* the rest of a JSON call object after its arguments */
+    ST_CALLEND,   /* the marker that ends a call after its arguments */
+    ST_XML_PARAMS, /* inside an XML call: a parameter or the close */
+    ST_XML_VALUE, /* an XML parameter's value */
+    ST_H_HEADER,  /* harmony message header */
+    ST_PY,        /* a Python-style call read whole (pre-commit) */
+};
+
+/* block sub-kinds */
+enum {
+    SUB_NONE = 0,
+    SUB_JSON,  /* JSON call objects */
+    SUB_XML,   /* XML parameters (tc_xml) */
+    SUB_GLM,   /* GLM arg_key/arg_value */
+    SUB_NAMED, /* Mistral name[ARGS]{json} */
+    SUB_R1,    /* DeepSeek R1 / V3: ```json fenced arguments */
+    SUB_V31,   /* DeepSeek V3.1 / Kimi / functionary / harmony: JSON then an end marker */
+    SUB_PY,    /* Python-style calls: LFM2 [f(a=1), g()], Llama f.call(q="x") */
+    SUB_GEMMA, /* Gemma 4 call:name{k:v} */
+};
+
+/* parameter value types (from the tool's JSON schema) */
+enum { PT_ANY = 0, PT_STRING, PT_NUMBER, PT_INTEGER, PT_BOOL, PT_NULL, PT_OBJECT, PT_ARRAY, PT_JSON };
+
+typedef struct tc_call {
+    char id[TOOLCALL_ID_CAP];
+    char *name; /* base_strdup */
+    tc_buf args;
+    size_t args_ev; /* bytes of args delivered as events */
+    const char *error;
+} tc_call;
+
+struct toolcall_parser {
+    toolcall_options o;
+    char idpre[40];
+    const tc_spec *sp;
+    size_t max_held;
+    char err[BASE_ERR_CAP];
+    keel_status failed; /* sticky: KEEL_ENOMEM or an id_fn status */
+    bool finished;
+
+    tc_buf in; /* unconsumed input is in.p[pos..in.len) */
+    size_t pos;
+
+    tc_buf content, reasoning;
+    size_t content_ev, reasoning_ev; /* bytes delivered as events */
+    int last_stream;                 /* 0 content, 1 reasoning, 2 args of the open call, -1 */
+    tc_call *calls;
+    int32_t n_calls, cap_calls;
+    int32_t n_malformed;
+    char *errmsg;
+    toolcall_call *views;
+
+    /* machine */
+    int st;
+    bool reasoning_mode;
+    bool skip_ws;
+    bool seen_content, seen_reasoning; /* a non-whitespace text byte was classified */
+    bool reason_done;
+    bool llama_start_done;
+    int blk, sub;
+    bool blk_has_call, blk_array;
+    const char *blk_close; /* close marker of the current block, or NULL */
+    size_t mark_end;       /* in[pos..pos+mark_end) is whitespace + the block marker */
+    int32_t call;          /* open call or -1 */
+    /* arguments */
+    json_scan scan;
+    bool args_started, args_string;
+    json_scan inner;
+    bool inner_bad, inner_done, args_any;
+    uint8_t esc[12];
+    int esc_n;
+    /* ST_OBJ, ST_PY */
+    size_t obj_off, obj_len;
+    tc_py_scan py;
+    tc_gemma_scan gemma;
+    /* XML */
+    const tc_xml *xml;
+    char pname[TOOLCALL_NAME_CAP];
+    int ptype;
+    bool p_first, v_stream, v_start, v_nl;
+    size_t v_scanned;
+};
+
+typedef enum { H_CALL = 1, H_FALLBACK, H_END_BLOCK, H_PY } hdr_kind;
+
+typedef struct hdr {
+    hdr_kind kind;
+    size_t used; /* header bytes consumed; H_FALLBACK: offset of the object's '{' */
+    char name[TOOLCALL_NAME_CAP];
+    int next; /* state after commit */
+    int sub;
+} hdr;
+
+static inline const char *tc_cur(const toolcall_parser *p)
+{
+    return p->in.p ? p->in.p + p->pos : "";
+}
+
+static inline size_t tc_avail(const toolcall_parser *p)
+{
+    return p->in.len - p->pos;
+}
+
+extern const char tc_err_strjson[];  /* "the arguments string does not hold JSON" */
+extern const char tc_err_unclosed[]; /* "the tool call is not closed" */
+
+/* toolcall.c: output (every byte goes through these: result and events agree) */
+keel_status tc_fail_nomem(toolcall_parser *p, keel_status st);
+void tc_flush_stream(toolcall_parser *p, int which, bool all);
+keel_status tc_emit_text(toolcall_parser *p, size_t n);
+keel_status tc_out_args(toolcall_parser *p, const char *s, size_t n);
+keel_status tc_out_args_str(toolcall_parser *p, const char *s);
+keel_status tc_out_args_escaped(toolcall_parser *p, const char *s, size_t n);
+bool tc_json_whole(const char *t, size_t n);
+/* toolcall.c: tools and calls */
+bool tc_tool_known(const toolcall_parser *p, const char *name);
+int tc_param_type(const toolcall_parser *p, const char *fname, const char *pname);
+keel_status tc_start_call(toolcall_parser *p, const char *name);
+void tc_set_error(toolcall_parser *p, const char *why);
+keel_status tc_end_call(toolcall_parser *p, const char *why);
+
+/* toolcall_hdr.c */
+tc_pr tc_read_name(const char *s, size_t n, size_t *j, const char *stops, char *out);
+bool tc_name_ok(const char *s, size_t n);
+keel_status tc_block_fail(toolcall_parser *p);
+void tc_block_done(toolcall_parser *p);
+void tc_block_next(toolcall_parser *p);
+void tc_args_begin(toolcall_parser *p);
+keel_status tc_commit(toolcall_parser *p, const hdr *h, size_t consumed);
+keel_status tc_h_hdr(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_obj(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_py(toolcall_parser *p, bool at_end, bool *more);
+
+/* toolcall_args.c */
+keel_status tc_call_cut(toolcall_parser *p, const char *why);
+keel_status tc_h_args(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_args_raw(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_trailer(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_callend(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_xml_params(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_xml_value(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more);
+
 #endif /* KEEL_CHAT_TOOLCALL_INT_H */
