@@ -125,6 +125,35 @@ bool toolcall_prompt_opens_reasoning(toolcall_format f, const char *prompt, size
  * verbatim, or cap is too small. */
 size_t toolcall_forced_prefix(toolcall_format f, const char *name, bool in_reasoning, char *buf, size_t cap);
 
+/* How a prefilled assistant message is continued (continue_final_message). */
+typedef enum toolcall_cont {
+    TOOLCALL_CONT_NONE = 0,
+    TOOLCALL_CONT_CONTENT = 1,   /* the model continues the message's content */
+    TOOLCALL_CONT_REASONING = 2, /* the model continues its reasoning (no content yet) */
+} toolcall_cont;
+
+/*
+ * The text that continues a prompt into a prefilled assistant message, as
+ * the model would have written it. gen[0..gen_len) is the generation prompt
+ * the template appends for the assistant's turn (the rendering with
+ * add_generation_prompt minus the one without). *cut receives how many of
+ * its bytes to keep: all of them, or up to the format's reasoning opener
+ * when the generation prompt writes one (that opener is then written again,
+ * followed by the message's reasoning). *out (base_alloc'd, *out_len + 1
+ * bytes, NUL-terminated; free with base_free) is then:
+ *   - reasoning markers (the format has them, and reasoning is given, the
+ *     generation prompt opened reasoning, or mode is REASONING): opener,
+ *     reasoning, and in CONTENT mode the closer and the content;
+ *   - gpt-oss: the analysis channel's message, then the final channel's;
+ *   - else the content.
+ * Feed *out to the output parser before the model's text (toolcall_feed):
+ * the parse then holds the whole message, prefill included. KEEL_EINVAL
+ * (mode NONE), KEEL_ENOMEM.
+ */
+keel_status toolcall_continuation(toolcall_format f, const char *gen, size_t gen_len, toolcall_cont mode,
+                                  const char *reasoning, size_t reasoning_len, const char *content,
+                                  size_t content_len, size_t *cut, char **out, size_t *out_len);
+
 /* ---- events --------------------------------------------------------------- */
 
 typedef enum toolcall_event_kind {

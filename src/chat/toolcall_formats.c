@@ -440,3 +440,64 @@ bool toolcall_prompt_opens_reasoning(toolcall_format f, const char *prompt, size
         len--;
     return ends_with(prompt, len, sp->reason_open);
 }
+
+/* ---- continuation of a prefilled message ------------------------------------------ */
+
+static keel_status cat(tc_buf *b, const char *s, size_t n)
+{
+    return n ? tc_buf_append(b, s, n) : KEEL_OK;
+}
+
+keel_status toolcall_continuation(toolcall_format f, const char *gen, size_t gen_len, toolcall_cont mode,
+                                  const char *reasoning, size_t rl, const char *content, size_t cl,
+                                  size_t *cut, char **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    *cut = gen_len;
+    if (mode != TOOLCALL_CONT_CONTENT && mode != TOOLCALL_CONT_REASONING) return KEEL_EINVAL;
+    if (!reasoning) rl = 0;
+    if (!content) cl = 0;
+    const tc_spec *sp = tc_spec_of(f);
+    bool want_content = mode == TOOLCALL_CONT_CONTENT;
+    tc_buf b = {0};
+    keel_status st = KEEL_OK;
+    if (sp->harmony) {
+        static const char an[] = "<|channel|>analysis<|message|>", fin[] = "<|channel|>final<|message|>",
+                          next[] = "<|end|><|start|>assistant";
+        if (rl || !want_content) {
+            st = cat(&b, an, sizeof an - 1);
+            if (!st) st = cat(&b, reasoning, rl);
+            if (!st && want_content) st = cat(&b, next, sizeof next - 1);
+        }
+        if (!st && want_content) st = cat(&b, fin, sizeof fin - 1);
+        if (!st && want_content) st = cat(&b, content, cl);
+    } else {
+        bool opened = false;
+        if (sp->reason_open && gen) {
+            size_t ol = strlen(sp->reason_open);
+            for (size_t i = 0; i + ol <= gen_len; i++)
+                if (memcmp(gen + i, sp->reason_open, ol) == 0) {
+                    *cut = i;
+                    opened = true;
+                    break;
+                }
+        }
+        if (sp->reason_open && (opened || rl || !want_content)) {
+            st = cat(&b, sp->reason_open, strlen(sp->reason_open));
+            if (!st) st = cat(&b, reasoning, rl);
+            if (!st && want_content) st = cat(&b, sp->reason_close, strlen(sp->reason_close));
+        }
+        if (!st && want_content) st = cat(&b, content, cl);
+    }
+    if (!st) st = tc_buf_append(&b, "", 0); /* allocates the NUL when empty */
+    char *exact = st ? NULL : base_realloc(b.p, b.cap, b.len + 1);
+    if (!exact) {
+        tc_buf_free(&b);
+        return KEEL_ENOMEM;
+    }
+    b.p = exact;
+    *out = b.p;
+    *out_len = b.len;
+    return KEEL_OK;
+}

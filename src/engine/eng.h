@@ -48,6 +48,8 @@ typedef struct eng_opts {
     bool compact_set;         /* kv_compact given: applies to this slot from now on */
     keel_compact_params compact;
     bool add_generation_prompt;
+    int8_t cont;              /* continue_final_message: -1 when the last message is the
+                                 assistant's (default), 0 never, else a toolcall_cont */
     json_t *template_kwargs;  /* extra template variables (object) or NULL; owned ref */
     bool parse_tools;         /* false for raw prompts */
     bool ignore_eos;          /* end-of-generation tokens are never sampled */
@@ -117,6 +119,7 @@ struct eng_req {
     uint64_t id;
     eng_req_kind kind;
     json_t *messages, *tools;  /* CHAT: owned refs (tools may be NULL) */
+    toolcall_cont cont;        /* CHAT: the last (assistant) message is continued, not closed */
     int32_t breaks[ENG_MAX_BREAKS]; /* CHAT: messages marked cache_control (the last ones) */
     int32_t n_breaks;
     char *text;                /* TEXT: owned */
@@ -206,6 +209,11 @@ typedef struct eng_slot {
     int32_t n_marks;
     char forced[320];         /* a forced tool call's opening, appended to the prompt */
     size_t n_forced;          /* 0: none */
+    char *prefill;            /* a continued message's text, appended to the prompt (owned,
+                                 n_prefill + 1 bytes), or NULL */
+    size_t n_prefill;
+    size_t pre_len[2];        /* content / reasoning bytes of the parse that are the prefill's */
+    size_t pre_skip[2];       /* of those, the bytes still to drop from the events */
     keel_sampler *samp;
     keel_detok_stream ds;
     toolcall_parser *tp;
@@ -349,6 +357,44 @@ keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, con
  * it), with no slot and no bound from the context: renders and tokenizes on
  * the calling thread. KEEL_EINVAL (template), KEEL_ENOMEM. */
 keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n, char *err);
+/* A chat request's prompt text into out, as it is tokenized: the template's
+ * rendering, or for a continued message (r->cont) the rendering up to the
+ * message and, in *prefill (base_alloc'd, *n_prefill + 1 bytes; NULL when
+ * none), the message's text that follows it (toolcall_continuation).
+ * slot_bound: the rendering is bounded by what a slot can hold.
+ * KEEL_ENOMEM, or the template's status with its error in jerr. */
+keel_status eng_chat_render(keel_engine *e, const eng_req *r, bool slot_bound, jinja_buf *out, char **prefill,
+                            size_t *n_prefill, char *jerr);
+
+/* ---- the output parser of a chat turn (eng_chat.c) ---- */
+
+/* Opens r's output parser as a slot's admission does: the engine's format
+ * (content only for raw prompts and tool_choice none), reasoning as
+ * prompt[0..prompt_len) leaves it, the request's tools; then feeds tail
+ * (a continued message's prefill, or a forced call's opening) as the
+ * model's own output. pre_len[0/1]: the content / reasoning bytes the
+ * prefill accounts for (0 without one): the client sent them; pre_skip
+ * (may be NULL) gets the same values before the prefill is fed, for fn to
+ * drop them from the events. Events go to fn (may be NULL). KEEL_EINVAL,
+ * KEEL_ENOMEM, with err. */
+keel_status eng_chat_parser_open(const keel_engine *e, const eng_req *r, const char *prompt, size_t prompt_len,
+                                 const char *tail, size_t n_tail, bool tail_is_prefill, toolcall_event_fn fn,
+                                 void *user, toolcall_parser **out, size_t pre_len[2], size_t pre_skip[2],
+                                 char *err);
+/* Frees a slot's prefill (NULL is fine). */
+void eng_slot_prefill_free(eng_slot *sl);
+/* For the conformance tests (tests/test_chat_conformance.c): renders
+ * request_json's chat exactly as a request is prompted, then parses
+ * output[0..n) as the model's generation, fed chunk bytes at a time (0:
+ * whole). *full: the parsed message (prefill included) as
+ * toolcall_result_json gives it, after toolcall_finish unless partial;
+ * *streamed: the message the events built (content, reasoning_content,
+ * tool_calls with their id, name, arguments), prefill included; *prompt
+ * (may be NULL): the prompt text, prefill included, as a JSON string. New
+ * references. */
+keel_status eng_chat_parse_output(keel_engine *e, const char *request_json, const char *output, size_t n,
+                                  size_t chunk, bool partial, json_t **full, json_t **streamed, json_t **prompt,
+                                  char *err);
 
 /* Upper bounds (seconds) of the time-to-first-token histogram buckets. */
 extern const double eng_ttft_le[ENG_TTFT_BUCKETS];

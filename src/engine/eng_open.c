@@ -159,9 +159,10 @@ static keel_status open_template(keel_engine *e, const char *spec, char *err)
         e->template_name = "file";
         char jerr[JINJA_ERR_CAP];
         keel_status st = jinja_open(src, len, &e->tmpl, jerr);
+        /* the format comes from the source wherever it was read from */
+        e->tool_format = toolcall_detect(src, len);
         base_free(file, cap);
         if (st != KEEL_OK) return base_err(err, st, "chat_template %s: %s", spec, jerr);
-        e->tool_format = toolcall_detect(NULL, 0);
         return KEEL_OK;
     }
     char jerr[JINJA_ERR_CAP];

@@ -24,6 +24,7 @@ void eng_opts_init(const keel_engine *e, eng_opts *o)
     o->max_tokens = -1;
     o->compact = e->compact_default;
     o->add_generation_prompt = true;
+    o->cont = -1;
     o->parse_tools = true;
 }
 
@@ -293,6 +294,19 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
         } else if (strcmp(k, "top_logprobs") == 0) {
             if (json_is_null(v)) continue;
             if ((st = num_i(v, k, 0, ENG_MAX_TOP_LOGPROBS, &i, err)) == KEEL_OK) o->top_logprobs = (int32_t)i;
+        } else if (strcmp(k, "continue_final_message") == 0) {
+            const char *m = json_string_value(v);
+            if (json_is_boolean(v))
+                o->cont = json_is_true(v) ? -1 : 0;
+            else if (m && strcmp(m, "content") == 0)
+                o->cont = TOOLCALL_CONT_CONTENT;
+            else if (m && (strcmp(m, "reasoning_content") == 0 || strcmp(m, "reasoning") == 0))
+                o->cont = TOOLCALL_CONT_REASONING;
+            else if (m && strcmp(m, "auto") == 0)
+                o->cont = -1;
+            else
+                st = base_err(err, KEEL_EINVAL,
+                              "continue_final_message must be a boolean, \"content\" or \"reasoning_content\"");
         } else if (strcmp(k, "add_generation_prompt") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "add_generation_prompt must be a boolean");
@@ -414,6 +428,42 @@ static keel_status check_messages(eng_req *r, json_t *msgs, char *err)
     return KEEL_OK;
 }
 
+/* Whether the last message, the assistant's, is continued (a prefill)
+ * rather than closed, and how: continue_final_message, by default when the
+ * last message is the assistant's and holds no tool calls; reasoning when
+ * it has reasoning and no content yet. */
+static keel_status continued(eng_req *r, char *err)
+{
+    size_t n = json_array_size(r->messages);
+    json_t *last = json_array_get(r->messages, n - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    bool assistant = role && strcmp(role, "assistant") == 0;
+    r->cont = TOOLCALL_CONT_NONE;
+    if (r->o.cont == 0) return KEEL_OK;
+    if (!assistant) {
+        if (r->o.cont > 0)
+            return base_err(err, KEEL_EINVAL, "continue_final_message: the last message is not the assistant's");
+        return KEEL_OK;
+    }
+    if (json_array_size(json_object_get(last, "tool_calls")) > 0) {
+        if (r->o.cont > 0)
+            return base_err(err, KEEL_EINVAL, "continue_final_message: the last message holds tool calls");
+        return KEEL_OK;
+    }
+    if (n >= 2) {
+        const char *prev = json_string_value(json_object_get(json_array_get(r->messages, n - 2), "role"));
+        if (prev && strcmp(prev, "assistant") == 0)
+            return base_err(err, KEEL_EINVAL, "continue_final_message: two assistant messages end the conversation");
+    }
+    const char *c = json_string_value(json_object_get(last, "content"));
+    const char *rc = json_string_value(json_object_get(last, "reasoning_content"));
+    if (r->o.cont > 0)
+        r->cont = (toolcall_cont)r->o.cont;
+    else
+        r->cont = rc && *rc && (!c || !*c) ? TOOLCALL_CONT_REASONING : TOOLCALL_CONT_CONTENT;
+    return KEEL_OK;
+}
+
 keel_status eng_req_make(keel_engine *e, json_t *request, eng_req **out, char *err)
 {
     *out = NULL;
@@ -490,6 +540,7 @@ keel_status eng_req_make(keel_engine *e, json_t *request, eng_req **out, char *e
         r->o.parse_tools = false;
     }
     if ((st = eng_opts_parse(e, request, true, &r->o, err)) != KEEL_OK) goto fail;
+    if (r->kind == ENG_REQ_CHAT && (st = continued(r, err)) != KEEL_OK) goto fail;
     atomic_init(&r->cancel, 0);
     *out = r;
     return KEEL_OK;
@@ -499,13 +550,12 @@ fail:
 }
 
 /* Template variables of a chat request as one JSON object: its messages
- * (or the first n_msgs of them, without a generation prompt, when n_msgs
- * >= 0). */
-static json_t *template_vars(const keel_engine *e, const eng_req *r, int32_t n_msgs)
+ * (or the first n_msgs of them when n_msgs >= 0), with a generation prompt
+ * when gen. */
+static json_t *template_vars(const keel_engine *e, const eng_req *r, int32_t n_msgs, bool gen)
 {
     json_t *v = json_object(), *msgs = r->messages;
     if (!v) return NULL;
-    bool gen = r->o.add_generation_prompt;
     if (n_msgs >= 0) {
         msgs = json_array();
         for (int32_t i = 0; msgs && i < n_msgs; i++)
@@ -513,7 +563,6 @@ static json_t *template_vars(const keel_engine *e, const eng_req *r, int32_t n_m
                 json_decref(msgs);
                 msgs = NULL;
             }
-        gen = false;
     }
     bool ok = msgs && (n_msgs >= 0 ? json_object_set_new(v, "messages", msgs) : json_object_set(v, "messages", msgs)) == 0;
     ok = ok && json_object_set_new(v, "add_generation_prompt", json_boolean(gen)) == 0 &&
@@ -569,14 +618,14 @@ static size_t render_bound(const keel_engine *e, bool slot_bound)
     return slot_bound && cap_bytes < lim ? cap_bytes : lim;
 }
 
-/* Renders r's template (all messages, or the first n_msgs of them: see
- * template_vars) into out; its size bounded by what a slot can hold when
- * slot_bound is set, else by the template limits alone. KEEL_ENOMEM, or
- * the template's error in jerr. */
-static keel_status render_bounded(keel_engine *e, const eng_req *r, int32_t n_msgs, bool slot_bound, jinja_buf *out,
-                                  char *jerr)
+/* Renders r's template (all messages, or the first n_msgs of them, with a
+ * generation prompt when gen: see template_vars) into out; its size bounded
+ * by what a slot can hold when slot_bound is set, else by the template
+ * limits alone. KEEL_ENOMEM, or the template's error in jerr. */
+static keel_status render_bounded(keel_engine *e, const eng_req *r, int32_t n_msgs, bool gen, bool slot_bound,
+                                  jinja_buf *out, char *jerr)
 {
-    json_t *vars = template_vars(e, r, n_msgs);
+    json_t *vars = template_vars(e, r, n_msgs, gen);
     char *vj = vars ? json_dumps(vars, JSON_COMPACT) : NULL;
     if (vars) json_decref(vars);
     if (!vj) return KEEL_ENOMEM;
@@ -599,9 +648,49 @@ static int64_t drop_double_bos(const keel_engine *e, int32_t *t, int64_t n)
     return n;
 }
 
-static keel_status render(keel_engine *e, const eng_req *r, int32_t n_msgs, jinja_buf *out, char *jerr)
+/* The first n_msgs messages, without a generation prompt (a prefix of the prompt). */
+static keel_status render_prefix(keel_engine *e, const eng_req *r, int32_t n_msgs, jinja_buf *out, char *jerr)
 {
-    return render_bounded(e, r, n_msgs, true, out, jerr);
+    return render_bounded(e, r, n_msgs, false, true, out, jerr);
+}
+
+keel_status eng_chat_render(keel_engine *e, const eng_req *r, bool slot_bound, jinja_buf *out, char **prefill,
+                            size_t *n_prefill, char *jerr)
+{
+    *prefill = NULL;
+    *n_prefill = 0;
+    if (r->cont == TOOLCALL_CONT_NONE)
+        return render_bounded(e, r, -1, r->o.add_generation_prompt, slot_bound, out, jerr);
+    /* the conversation before the continued message, opened for the
+     * assistant; where its generation prompt starts: the rendering without
+     * it shares everything before */
+    int32_t n = (int32_t)json_array_size(r->messages) - 1;
+    keel_status st = render_bounded(e, r, n, true, slot_bound, out, jerr);
+    if (st != KEEL_OK) return st;
+    jinja_buf closed = {NULL, 0, 0};
+    size_t g = 0;
+    if (n > 0) {
+        if ((st = render_bounded(e, r, n, false, slot_bound, &closed, jerr)) != KEEL_OK) {
+            jinja_buf_free(&closed);
+            return st;
+        }
+        size_t m = BASE_MIN(closed.len, out->len);
+        while (g < m && closed.data[g] == out->data[g]) g++;
+    }
+    jinja_buf_free(&closed);
+    json_t *last = json_array_get(r->messages, (size_t)n);
+    json_t *c = json_object_get(last, "content"), *rc = json_object_get(last, "reasoning_content");
+    size_t cut = 0;
+    st = toolcall_continuation(e->tool_format, out->data ? out->data + g : "", out->len - g, r->cont,
+                               json_string_value(rc), json_string_length(rc), json_string_value(c),
+                               json_string_length(c), &cut, prefill, n_prefill);
+    if (st != KEEL_OK) {
+        snprintf(jerr, JINJA_ERR_CAP, "out of memory");
+        return KEEL_ENOMEM;
+    }
+    out->len = g + cut;
+    if (out->data) out->data[out->len] = '\0';
+    return KEEL_OK;
 }
 
 /* Tokenizes text followed by a forced call's opening (n_forced bytes, 0:
@@ -636,26 +725,33 @@ keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n_out, c
     size_t len = r->text_len;
     keel_status st = KEEL_OK;
     char forced[320] = "";
-    size_t n_forced = 0;
+    const char *tail = forced;
+    size_t n_forced = 0, n_prefill = 0;
+    char *prefill = NULL;
     if (r->kind == ENG_REQ_CHAT) {
         char jerr[JINJA_ERR_CAP];
-        st = render_bounded(e, r, -1, false, &out, jerr);
+        st = eng_chat_render(e, r, false, &out, &prefill, &n_prefill, jerr);
         if (st != KEEL_OK) {
             st = st == KEEL_ENOMEM ? base_err(err, st, "out of memory") : base_err(err, st, "chat template: %s", jerr);
             goto out;
         }
         text = out.data ? out.data : "";
         len = out.len;
-        eng_slot tmp; /* forced_call writes a slot's forced-call opening */
-        memset(&tmp, 0, sizeof tmp);
-        if ((st = forced_call(e, &tmp, r, text, len, err)) != KEEL_OK) goto out;
-        n_forced = tmp.n_forced;
-        memcpy(forced, tmp.forced, n_forced + 1);
+        if (prefill) {
+            tail = prefill;
+            n_forced = n_prefill;
+        } else {
+            eng_slot tmp; /* forced_call writes a slot's forced-call opening */
+            memset(&tmp, 0, sizeof tmp);
+            if ((st = forced_call(e, &tmp, r, text, len, err)) != KEEL_OK) goto out;
+            n_forced = tmp.n_forced;
+            memcpy(forced, tmp.forced, n_forced + 1);
+        }
     }
     /* the count, and the first ids (a template's own BOS text is not doubled) */
     int32_t head[2];
     int64_t n = 0;
-    st = tokenize_prompt(e, text, len, forced, n_forced, head, 2, &n);
+    st = tokenize_prompt(e, text, len, tail, n_forced, head, 2, &n);
     if (st == KEEL_ERANGE) st = KEEL_OK;
     if (st != KEEL_OK) {
         st = base_err(err, st, "prompt: tokenization failed (%s)", keel_strerror(st));
@@ -663,6 +759,7 @@ keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n_out, c
     }
     *n_out = n >= 2 && drop_double_bos(e, head, 2) == 1 ? n - 1 : n;
 out:
+    if (prefill) base_free(prefill, n_prefill + 1);
     jinja_buf_free(&out);
     return st;
 }
@@ -745,7 +842,7 @@ keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, con
         if (seen) continue;
         char jerr[JINJA_ERR_CAP];
         part.len = 0;
-        st = render(e, r, k, &part, jerr);
+        st = render_prefix(e, r, k, &part, jerr);
         if (st != KEEL_OK) {
             if (st != KEEL_ENOMEM) st = KEEL_OK; /* the template refuses this prefix: no mark */
             continue;
@@ -798,7 +895,7 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
     keel_status st = KEEL_OK;
     if (r->kind == ENG_REQ_CHAT) {
         char jerr[JINJA_ERR_CAP];
-        st = render(e, r, -1, out, jerr);
+        st = eng_chat_render(e, r, true, out, &sl->prefill, &sl->n_prefill, jerr);
         if (st == KEEL_ENOMEM) return base_err(err, st, "out of memory");
         if (st == KEEL_EOVERFLOW && strstr(jerr, JINJA_ERR_OUTPUT)) {
             /* the bound is 64 bytes a token of the most a slot tracks: a
@@ -812,10 +909,13 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
         if (st != KEEL_OK) return base_err(err, st, "chat template: %s", jerr);
         text = out->data ? out->data : "";
         len = out->len;
-        if ((st = forced_call(e, sl, r, text, len, err)) != KEEL_OK) return st;
+        if (!sl->prefill && (st = forced_call(e, sl, r, text, len, err)) != KEEL_OK) return st;
     }
     int64_t n = 0;
-    st = tokenize_prompt(e, text, len, sl->forced, sl->n_forced, sl->prompt, e->hist_cap, &n);
+    if (sl->prefill)
+        st = tokenize_prompt(e, text, len, sl->prefill, sl->n_prefill, sl->prompt, e->hist_cap, &n);
+    else
+        st = tokenize_prompt(e, text, len, sl->forced, sl->n_forced, sl->prompt, e->hist_cap, &n);
     if (st == KEEL_ERANGE || n > e->hist_cap) {
         sl->n_too_long = n;
         sl->prompt_limit = eng_prompt_limit(e, r);

@@ -79,6 +79,15 @@ static void on_toolcall(void *user, const toolcall_event *tev)
     ev.index = tev->index;
     ev.text = tev->text;
     ev.len = tev->len;
+    /* a continued message's own text: the client has it */
+    if (tev->kind == TOOLCALL_EV_CONTENT || tev->kind == TOOLCALL_EV_REASONING) {
+        size_t *skip = &sl->pre_skip[tev->kind == TOOLCALL_EV_REASONING];
+        size_t k = BASE_MIN(*skip, ev.len);
+        *skip -= k;
+        ev.text += k;
+        ev.len -= k;
+        if (ev.len == 0) return;
+    }
     switch (tev->kind) {
     case TOOLCALL_EV_CONTENT: ev.kind = KEEL_EVENT_CONTENT; break;
     case TOOLCALL_EV_REASONING: ev.kind = KEEL_EVENT_REASONING; break;
@@ -294,6 +303,7 @@ static void release_request(keel_engine *e, eng_slot *sl)
     sl->samp = NULL;
     toolcall_close(sl->tp);
     sl->tp = NULL;
+    eng_slot_prefill_free(sl);
     text_free(&sl->pend);
     sl->stop_hit = NULL;
     sl->req = NULL;
@@ -362,6 +372,13 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
             status = st;
             error = "output parser failed";
         }
+    }
+    if (have) { /* the response carries the new text, not the prefill the client sent */
+        size_t kc = BASE_MIN(sl->pre_len[0], res.content_len), kr = BASE_MIN(sl->pre_len[1], res.reasoning_len);
+        res.content += kc;
+        res.content_len -= kc;
+        res.reasoning += kr;
+        res.reasoning_len -= kr;
     }
     if (have && res.n_calls > 0 && strcmp(reason, "stop") == 0) sl->finish = "tool_calls";
     sl->t_end = now_ns();
@@ -711,10 +728,12 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     memset(&tmp, 0, sizeof tmp);
     tmp.prompt = e->slots[e->n_slots].prompt;
     if ((st = eng_prompt_tokens(e, &tmp, r, err, rendered)) != KEEL_OK) {
+        eng_slot_prefill_free(&tmp);
         fail_unstarted(e, r, st, err, tmp.n_too_long, tmp.prompt_limit);
         return;
     }
     if (r->o.compact.policy == KEEL_COMPACT_NONE && tmp.n_prompt > e->cp.n_ctx) {
+        eng_slot_prefill_free(&tmp);
         snprintf(err, sizeof err, "prompt: %d tokens, more than the cache's %d cells (no compaction)", tmp.n_prompt,
                  e->cp.n_ctx);
         fail_unstarted(e, r, KEEL_ECONTEXT, err, tmp.n_prompt, eng_prompt_limit(e, r));
@@ -725,12 +744,14 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
      * conversation's fixed part ends */
     if ((keel_mem_ckpt_record_bytes(mem) > 0 || e->pc_limit > 0) &&
         (st = eng_prompt_marks(e, &tmp, r, rendered->data ? rendered->data : "", rendered->len)) != KEEL_OK) {
+        eng_slot_prefill_free(&tmp);
         fail_unstarted(e, r, st, "checkpoint marks: out of memory", 0, 0);
         return;
     }
     int32_t lcp = 0;
     eng_slot *sl = pick_slot(e, tmp.prompt, tmp.n_prompt, &lcp);
     if (!sl) { /* the caller only admits with an idle slot */
+        eng_slot_prefill_free(&tmp);
         fail_unstarted(e, r, KEEL_EINTERNAL, "no idle slot", 0, 0);
         return;
     }
@@ -742,6 +763,8 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     sl->n_prompt = tmp.n_prompt;
     memcpy(sl->forced, tmp.forced, sizeof sl->forced);
     sl->n_forced = tmp.n_forced;
+    sl->prefill = tmp.prefill; /* the slot owns it now */
+    sl->n_prefill = tmp.n_prefill;
     memcpy(sl->marks, tmp.marks, sizeof sl->marks);
     sl->n_marks = tmp.n_marks;
     sl->req = r;
@@ -780,22 +803,14 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     int32_t look = r->o.samp.repeat_last_n;
     for (int32_t i = sl->n_prompt > look ? sl->n_prompt - look : 0; i < sl->n_prompt; i++)
         if ((st = keel_sampler_accept(sl->samp, sl->prompt[i])) != KEEL_OK) goto fail;
-    toolcall_options to = toolcall_options_default();
-    to.format = r->o.parse_tools && r->kind == ENG_REQ_CHAT && r->o.tool_choice != ENG_TOOLS_NONE
-                    ? e->tool_format
-                    : TOOLCALL_FORMAT_CONTENT;
-    to.parse_reasoning = r->kind == ENG_REQ_CHAT;
-    to.tools = r->tools;
-    if (r->kind == ENG_REQ_CHAT && rendered->data)
-        to.starts_in_reasoning = toolcall_prompt_opens_reasoning(to.format, rendered->data, rendered->len);
-    to.id_seed = r->o.samp.seed ^ r->id;
-    to.on_event = on_toolcall;
-    to.event_user = sl;
-    if ((st = toolcall_open(&to, &sl->tp, err)) != KEEL_OK) goto fail;
-    /* a forced call: the parser reads its opening as the model's own output */
-    if (sl->n_forced > 0 && (st = toolcall_feed(sl->tp, sl->forced, sl->n_forced)) != KEEL_OK) {
-        snprintf(err, sizeof err, "tool_choice: %s", toolcall_last_error(sl->tp));
-        goto fail;
+    {
+        const char *text = r->kind == ENG_REQ_CHAT && rendered->data ? rendered->data : "";
+        size_t len = r->kind == ENG_REQ_CHAT ? rendered->len : 0;
+        const char *tail = sl->prefill ? sl->prefill : sl->forced;
+        size_t n_tail = sl->prefill ? sl->n_prefill : sl->n_forced;
+        if ((st = eng_chat_parser_open(e, r, text, len, tail, n_tail, sl->prefill != NULL, on_toolcall, sl, &sl->tp,
+                                       sl->pre_len, sl->pre_skip, err)) != KEEL_OK)
+            goto fail;
     }
     if ((st = keel_detok_stream_init_after(&sl->ds, e->model, sl->prompt, sl->n_prompt)) != KEEL_OK) {
         snprintf(err, sizeof err, "prompt: a token id is out of range");
