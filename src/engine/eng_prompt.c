@@ -26,6 +26,7 @@ void eng_opts_init(const keel_engine *e, eng_opts *o)
     o->add_generation_prompt = true;
     o->cont = -1;
     o->parse_tools = true;
+    o->parse_reasoning = true;
 }
 
 void eng_opts_free(eng_opts *o)
@@ -294,6 +295,18 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
         } else if (strcmp(k, "top_logprobs") == 0) {
             if (json_is_null(v)) continue;
             if ((st = num_i(v, k, 0, ENG_MAX_TOP_LOGPROBS, &i, err)) == KEEL_OK) o->top_logprobs = (int32_t)i;
+        } else if (strcmp(k, "reasoning_format") == 0) {
+            /* llama-server's names: "none" leaves reasoning in the content;
+             * "auto", "deepseek" and "deepseek-legacy" parse it out */
+            static const char *const parsed[] = {"auto", "deepseek", "deepseek-legacy", "deepseek_legacy", NULL};
+            const char *m = json_string_value(v);
+            bool known = m && strcmp(m, "none") == 0;
+            for (int q = 0; m && parsed[q]; q++) known |= strcmp(m, parsed[q]) == 0;
+            if (!known)
+                st = base_err(err, KEEL_EINVAL, "reasoning_format must be \"none\", \"auto\", \"deepseek\" or "
+                                                "\"deepseek-legacy\"");
+            else
+                o->parse_reasoning = strcmp(m, "none") != 0;
         } else if (strcmp(k, "continue_final_message") == 0) {
             const char *m = json_string_value(v);
             if (json_is_boolean(v))
