@@ -195,12 +195,18 @@ static int schema_type(const json_t *sch)
     return PT_ANY;
 }
 
+const json_t *tc_tool_params(const toolcall_parser *p, const char *name)
+{
+    if (!p->o.tools || !name) return NULL;
+    const json_t *f = tool_find(p, name);
+    const json_t *sch = json_object_get(f, "parameters");
+    return sch ? sch : json_object_get(f, "input_schema");
+}
+
 int tc_param_type(const toolcall_parser *p, const char *fname, const char *pname)
 {
-    if (!p->o.tools || !fname) return PT_ANY;
-    const json_t *f = tool_find(p, fname);
-    const json_t *sch = json_object_get(f, "parameters");
-    if (!sch) sch = json_object_get(f, "input_schema");
+    const json_t *sch = tc_tool_params(p, fname);
+    if (!sch) return PT_ANY;
     return schema_type(json_object_get(json_object_get(sch, "properties"), pname));
 }
 
@@ -469,6 +475,7 @@ static keel_status step(toolcall_parser *p, bool at_end, bool *more)
     case ST_XML_VALUE: return tc_h_xml_value(p, at_end, more);
     case ST_H_HEADER: return tc_h_h_header(p, at_end, more);
     case ST_PY: return tc_h_py(p, at_end, more);
+    case ST_MM3: return tc_h_mm3(p, at_end, more);
     default: return base_err(p->err, KEEL_EINTERNAL, "tool-call parser: bad state %d", p->st);
     }
 }

@@ -80,8 +80,11 @@
     X(NEMOTRON_V2, "nemotron-v2", "Nemotron Nano v2: <TOOLCALL>[json]</TOOLCALL>")                \
     X(LFM2, "lfm2", "LFM2 / LFM2.5: <|tool_call_start|>[f(a=1)] or [json]<|tool_call_end|>")      \
     X(MINICPM5, "minicpm5", "MiniCPM5: <function name=..><param name=..>")                        \
-    X(GIGACHAT3, "gigachat3", "GigaChat 3: function call<|role_sep|>{json}")                    \
-    X(GEMMA4, "gemma4", "Gemma 4: <|tool_call>call:name{k:<|\"|>v<|\"|>}<tool_call|>")
+    X(GIGACHAT3, "gigachat3", "GigaChat 3 / 3.1: function call<|role_sep|>{json}, <|function_call|>{json}")                    \
+    X(GEMMA4, "gemma4", "Gemma 4: <|tool_call>call:name{k:<|\"|>v<|\"|>}<tool_call|>")             \
+    X(SEED_OSS, "seed-oss", "Seed-OSS: <seed:think>, <seed:tool_call><function=..><parameter=..>") \
+    X(KIMI_K3, "kimi-k3", "Kimi K3: <|open|>think<|sep|>, <|open|>tools<|sep|><|open|>call tool=..") \
+    X(MINIMAX_M3, "minimax-m3", "MiniMax M3: <mm:think>, ]<]minimax[>[<tool_call> <invoke name=..> elements")
 
 typedef enum toolcall_format {
 #define TOOLCALL_FORMAT_ENUM_(e, name, family) TOOLCALL_FORMAT_##e,

@@ -412,12 +412,9 @@ keel_status tc_h_xml_params(toolcall_parser *p, bool at_end, bool *more)
             k++;
             attr = k;
             if (x->param_name_end == '"') {
-                while (k < lim && s[k] != '>') {
-                    if (s[k] == '<' || s[k] == '\n') goto bad;
-                    k++;
-                }
-                if (k >= lim) goto more_or_bad;
-                attr_end = k++;
+                r = tc_xml_attrs(x, s, lim, k, &attr_end, &k);
+                if (r == TC_MORE) goto more_or_bad;
+                if (r == TC_FAIL) goto bad;
             }
         } else {
             r = tc_lit(s, lim, &k, x->param_after);
@@ -432,6 +429,13 @@ keel_status tc_h_xml_params(toolcall_parser *p, bool at_end, bool *more)
         if (x->string_attr && attr_end > attr) { /* DSML: string="true|false" */
             if (memmem(s + attr, attr_end - attr, "string=\"true\"", 13)) p->ptype = PT_STRING;
             if (memmem(s + attr, attr_end - attr, "string=\"false\"", 14)) p->ptype = PT_JSON;
+        }
+        if (x->type_attr && attr_end > attr) { /* Kimi K3: type="string" or a JSON type */
+            const char *t = memmem(s + attr, attr_end - attr, "type=\"", 6);
+            if (t) {
+                const char *te = memchr(t + 6, '"', (size_t)(s + attr_end - (t + 6)));
+                p->ptype = te && te - (t + 6) == 6 && memcmp(t + 6, "string", 6) == 0 ? PT_STRING : PT_JSON;
+            }
         }
         p->pos += k;
         p->v_stream = x->stream_strings && p->ptype == PT_STRING;
@@ -575,6 +579,17 @@ keel_status tc_h_xml_value(toolcall_parser *p, bool at_end, bool *more)
     }
     size_t w = n < p->max_held ? n : p->max_held;
     size_t from = p->v_scanned > mlen ? p->v_scanned - mlen : 0;
+    if (x->cdata) { /* a CDATA section may hold the close tag: the value ends after it */
+        size_t a = tc_skip_ws(s, w, 0), q = a;
+        tc_pr r = tc_lit(s, w, &q, "<![CDATA[");
+        if (r == TC_MORE && !at_end && w < p->max_held) goto wait;
+        const char *ce = r == TC_OK ? memmem(s + q, w - q, "]]>", 3) : NULL;
+        if (r == TC_OK && !ce && !at_end && w < p->max_held) {
+            p->v_scanned = 0;
+            goto wait;
+        }
+        if (ce) from = BASE_MAX(from, (size_t)(ce - s) + 3);
+    }
     for (size_t i = from; i + mlen <= w; i++) {
         if (s[i] == x->param_close[0] && memcmp(s + i, x->param_close, mlen) == 0) {
             st = emit_value(p, s, i);
@@ -707,4 +722,41 @@ more_or_fail:
         p->st = ST_TEXT;
         return st;
     }
+}
+
+/* ---- MiniMax M3 ------------------------------------------------------------------------------ */
+
+/* An invoke's body up to NS</invoke>, converted whole (toolcall_mm3.c). */
+keel_status tc_h_mm3(toolcall_parser *p, bool at_end, bool *more)
+{
+    static const char close[] = TC_MM3_NS "</invoke>";
+    const size_t cl = sizeof close - 1;
+    const char *s = tc_cur(p);
+    size_t n = tc_avail(p), from = p->obj_len > cl ? p->obj_len - cl : 0, end = n;
+    bool found = false;
+    for (size_t i = from; i + cl <= n; i++)
+        if (s[i] == close[0] && memcmp(s + i, close, cl) == 0) {
+            end = i;
+            found = true;
+            break;
+        }
+    if (!found) {
+        p->obj_len = n;
+        if (!at_end && n < p->max_held) {
+            *more = true;
+            return KEEL_OK;
+        }
+    }
+    tc_buf json = {0};
+    bool ok = false;
+    keel_status st = tc_mm3_args(tc_tool_params(p, p->calls[p->call].name), s, end, &json, &ok);
+    /* a body that is not elements: the raw text, and the call marked */
+    if (st == KEEL_OK) st = ok ? tc_out_args(p, json.p, json.len) : tc_out_args(p, s, end);
+    tc_buf_free(&json);
+    if (st) return tc_fail_nomem(p, st);
+    p->pos += found ? end + cl : end;
+    if (!found) return tc_call_cut(p, ok ? tc_err_unclosed : g_err_xml);
+    st = tc_end_call(p, ok ? NULL : g_err_xml);
+    if (st == KEEL_OK) tc_block_next(p);
+    return st;
 }

@@ -121,8 +121,10 @@ static const tc_marker g_content_cpm[] = {M_THINK_OPEN, M_CPM, M_END};
 static const tc_marker g_reason_cpm[] = {M_THINK_CLOSE, M_THINK_OPEN, M_CPM, M_END};
 
 #define M_GIGA {"function call<|role_sep|>", TC_ACT_BLOCK, TC_BLK_JSON}
-static const tc_marker g_content_giga[] = {M_THINK_OPEN, M_GIGA, {"<|message_sep|>", TC_ACT_DROP, 0}, M_END};
-static const tc_marker g_reason_giga[] = {M_THINK_CLOSE, M_THINK_OPEN, M_GIGA, M_END};
+/* GigaChat 3.1 opens the call with its own token */
+#define M_GIGA31 {"<|function_call|>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_giga[] = {M_THINK_OPEN, M_GIGA, M_GIGA31, {"<|message_sep|>", TC_ACT_DROP, 0}, M_END};
+static const tc_marker g_reason_giga[] = {M_THINK_CLOSE, M_THINK_OPEN, M_GIGA, M_GIGA31, M_END};
 
 #define M_GEMMA {"<|tool_call>", TC_ACT_BLOCK, TC_BLK_GEMMA}
 #define GEMMA_OPEN "<|channel>thought"
@@ -131,6 +133,35 @@ static const tc_marker g_reason_gemma[] = {{"<channel|>", TC_ACT_REASON_CLOSE, 0
                                            {GEMMA_OPEN, TC_ACT_REASON_OPEN, 0},
                                            M_GEMMA,
                                            M_END};
+
+#define M_SEED_OPEN {"<seed:think>", TC_ACT_REASON_OPEN, 0}
+#define M_SEED_CALL {"<seed:tool_call>", TC_ACT_BLOCK, TC_BLK_TAGGED}
+static const tc_marker g_content_seed[] = {M_SEED_OPEN, M_SEED_CALL, M_END};
+static const tc_marker g_reason_seed[] = {{"</seed:think>", TC_ACT_REASON_CLOSE, 0}, M_SEED_OPEN, M_SEED_CALL, M_END};
+
+/* Kimi K3: tagged sections <|open|>NAME<|sep|> .. <|close|>NAME<|sep|>; the
+ * generation prompt opens think (or response) */
+#define K3_THINK "<|open|>think<|sep|>"
+#define K3_THINK_END "<|close|>think<|sep|>"
+#define K3_RESPONSE "<|open|>response<|sep|>"
+#define M_K3_TOOLS {"<|open|>tools<|sep|>", TC_ACT_BLOCK, TC_BLK_XML}
+static const tc_marker g_content_k3[] = {{K3_THINK, TC_ACT_REASON_OPEN, 0},
+                                         {K3_RESPONSE, TC_ACT_DROP, 0},
+                                         {"<|close|>response<|sep|>", TC_ACT_DROP, 0},
+                                         {"<|close|>message<|sep|>", TC_ACT_DROP, 0},
+                                         M_K3_TOOLS,
+                                         M_END};
+static const tc_marker g_reason_k3[] = {{K3_THINK_END, TC_ACT_REASON_CLOSE, 0},
+                                        {K3_RESPONSE, TC_ACT_REASON_CLOSE, 0},
+                                        {K3_THINK, TC_ACT_REASON_OPEN, 0},
+                                        M_K3_TOOLS,
+                                        M_END};
+
+#define M_MM3_OPEN {"<mm:think>", TC_ACT_REASON_OPEN, 0}
+#define M_MM3_CALL {TC_MM3_NS "<tool_call>", TC_ACT_BLOCK, TC_BLK_MM3}
+/* a bare </mm:think> opens the answer when thinking is off */
+static const tc_marker g_content_mm3[] = {M_MM3_OPEN, {"</mm:think>", TC_ACT_REASON_CLOSE, 0}, M_MM3_CALL, M_END};
+static const tc_marker g_reason_mm3[] = {{"</mm:think>", TC_ACT_REASON_CLOSE, 0}, M_MM3_OPEN, M_MM3_CALL, M_END};
 
 /* ---- XML parameter syntaxes ---------------------------------------------------- */
 
@@ -143,6 +174,29 @@ static const tc_xml g_xml_qwen = {
     .block_close = "</tool_call>",
     .strip_newlines = true,
     .stream_strings = true,
+};
+
+/* Seed-OSS: Qwen3-Coder's syntax in its own block; values are kept whole */
+static const tc_xml g_xml_seed = {
+    .invoke_open = "<function=",
+    .invoke_close = "</function>",
+    .param_open = "<parameter=",
+    .param_name_end = '>',
+    .param_close = "</parameter>",
+    .block_close = "</seed:tool_call>",
+    .stream_strings = true,
+};
+
+static const tc_xml g_xml_k3 = {
+    .invoke_open = "<|open|>call tool=\"",
+    .invoke_close = "<|close|>call<|sep|>",
+    .param_open = "<|open|>argument key=\"",
+    .param_name_end = '"',
+    .param_close = "<|close|>argument<|sep|>",
+    .block_close = "<|close|>tools<|sep|>",
+    .stream_strings = true,
+    .type_attr = true,
+    .tag_end = "<|sep|>",
 };
 
 static const tc_xml g_xml_glm = {
@@ -203,6 +257,7 @@ static const char *const g_stops_lfm[] = {"<|tool_call_end|>", NULL};
 static const char *const g_stops_giga[] = {"<|message_sep|>", NULL};
 static const char *const g_stops_gemma[] = {"<tool_call|>", NULL};
 static const char *const g_stops_none[] = {NULL};
+static const char *const g_stops_seed[] = {"</seed:tool_call>", NULL};
 
 #define THINK .reason_open = "<think>", .reason_close = "</think>"
 
@@ -248,6 +303,12 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
                                   .raw_stops = g_stops_none},
     [TOOLCALL_FORMAT_GEMMA4] = {g_content_gemma, g_reason_gemma, .reason_open = GEMMA_OPEN,
                                 .reason_close = "<channel|>", .raw_stops = g_stops_gemma},
+    [TOOLCALL_FORMAT_SEED_OSS] = {g_content_seed, g_reason_seed, .reason_open = "<seed:think>",
+                                  .reason_close = "</seed:think>", .xml = &g_xml_seed, .raw_stops = g_stops_seed},
+    [TOOLCALL_FORMAT_KIMI_K3] = {g_content_k3, g_reason_k3, .reason_open = K3_THINK, .reason_close = K3_THINK_END,
+                                 .xml = &g_xml_k3, .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_MINIMAX_M3] = {g_content_mm3, g_reason_mm3, .reason_open = "<mm:think>",
+                                    .reason_close = "</mm:think>", .raw_stops = g_stops_none},
     [TOOLCALL_FORMAT_GIGACHAT3] = {g_content_giga, g_reason_giga, THINK, .json_close = "<|message_sep|>",
                                    .raw_stops = g_stops_giga},
 };
@@ -360,8 +421,11 @@ toolcall_format toolcall_detect(const char *s, size_t n)
         return has(s, n, "<｜tool▁sep｜>") ? TOOLCALL_FORMAT_DEEPSEEK_V3_1
                                          : TOOLCALL_FORMAT_DEEPSEEK_R1;
     }
+    if (has(s, n, "<seed:tool_call>") || has(s, n, "<seed:think>")) return TOOLCALL_FORMAT_SEED_OSS;
     if (has(s, n, "<|tool_calls_section_begin|>")) return TOOLCALL_FORMAT_KIMI_K2;
+    if (has(s, n, "'<|open|>'") && has(s, n, "'<|sep|>'")) return TOOLCALL_FORMAT_KIMI_K3;
     if (has(s, n, "<minimax:tool_call>")) return TOOLCALL_FORMAT_MINIMAX_M2;
+    if (has(s, n, TC_MM3_NS) || has(s, n, "<mm:think>")) return TOOLCALL_FORMAT_MINIMAX_M3;
     if (has(s, n, "<|START_ACTION|>")) return TOOLCALL_FORMAT_COMMAND_R7B;
     if (has(s, n, "<|tool_call|>")) return TOOLCALL_FORMAT_GRANITE;
     if (has(s, n, "<arg_key>")) return TOOLCALL_FORMAT_GLM;
@@ -378,7 +442,8 @@ toolcall_format toolcall_detect(const char *s, size_t n)
     if (has(s, n, "<|tool_call_start|>") || has(s, n, "<|tool_list_start|>"))
         return TOOLCALL_FORMAT_LFM2;
     if (has(s, n, "<|tool_call>call:")) return TOOLCALL_FORMAT_GEMMA4;
-    if (has(s, n, "<|role_sep|>") && has(s, n, "<|message_sep|>") && has(s, n, "function call"))
+    if (has(s, n, "<|role_sep|>") && has(s, n, "<|message_sep|>") &&
+        (has(s, n, "function call") || has(s, n, "<|function_call|>")))
         return TOOLCALL_FORMAT_GIGACHAT3;
     if (has(s, n, "<|start_header_id|>") && has(s, n, "<function="))
         return TOOLCALL_FORMAT_FUNCTIONARY_V3_1;

@@ -210,6 +210,26 @@ static tc_pr hdr_call(hdr *h, size_t used, int next, int sub)
 }
 
 /* <function=NAME> (Qwen3-Coder) / <invoke name="NAME"> / <function name="NAME"> after its opener. */
+/* The attributes after a quoted name, up to the end of the tag (">" or
+ * x->tag_end): TC_OK with *attr_end where the tag's end starts and *after
+ * past it. */
+tc_pr tc_xml_attrs(const tc_xml *x, const char *s, size_t n, size_t k, size_t *attr_end, size_t *after)
+{
+    const char *te = x->tag_end ? x->tag_end : ">";
+    for (; k < n; k++) {
+        size_t q = k;
+        tc_pr r = tc_lit(s, n, &q, te);
+        if (r == TC_OK) {
+            *attr_end = k;
+            *after = q;
+            return TC_OK;
+        }
+        if (r == TC_MORE) return TC_MORE;
+        if (s[k] == '<' || s[k] == '\n' || k > HDR_CAP) return TC_FAIL;
+    }
+    return TC_MORE;
+}
+
 static tc_pr hdr_xml_name(const tc_xml *x, const char *s, size_t n, size_t j, hdr *h, int sub)
 {
     char quote = x->param_name_end == '"' ? '"' : '>';
@@ -217,13 +237,9 @@ static tc_pr hdr_xml_name(const tc_xml *x, const char *s, size_t n, size_t j, hd
     if (r != TC_OK) return r;
     if (s[j] != quote) return TC_FAIL;
     j++;
-    if (quote == '"') { /* attributes up to '>' */
-        while (j < n && s[j] != '>') {
-            if (s[j] == '<' || s[j] == '\n' || j > HDR_CAP) return TC_FAIL;
-            j++;
-        }
-        if (j >= n) return TC_MORE;
-        j++;
+    if (quote == '"') { /* attributes up to the tag's end */
+        size_t ae;
+        if ((r = tc_xml_attrs(x, s, n, j, &ae, &j)) != TC_OK) return r;
     }
     return hdr_call(h, j, ST_XML_PARAMS, sub);
 }
@@ -236,7 +252,7 @@ static tc_pr hdr_tagged(toolcall_parser *p, const char *s, size_t n, bool at_end
         /* after </function>: </tool_call>, another <function=, or the end */
         if (j >= n) return at_end ? hdr_end_block(j, h) : TC_MORE;
         size_t k = j;
-        tc_pr r = tc_lit(s, n, &k, "</tool_call>");
+        tc_pr r = tc_lit(s, n, &k, p->sp->xml->block_close);
         if (r == TC_MORE && !at_end) return TC_MORE;
         if (r == TC_OK) return hdr_end_block(k, h);
         k = j;
@@ -247,7 +263,7 @@ static tc_pr hdr_tagged(toolcall_parser *p, const char *s, size_t n, bool at_end
     }
     if (j >= n) return at_end ? TC_FAIL : TC_MORE;
     if (s[j] == '{' || s[j] == '[') {
-        p->blk_close = "</tool_call>";
+        p->blk_close = p->sp->xml->block_close;
         p->sub = SUB_JSON;
         return hdr_json_block(p, s, n, at_end, h);
     }
@@ -264,7 +280,7 @@ static tc_pr hdr_tagged(toolcall_parser *p, const char *s, size_t n, bool at_end
     r = tc_lit(s, n, &k, "<arg_key>");
     if (r == TC_FAIL) {
         k = j;
-        r = tc_lit(s, n, &k, "</tool_call>");
+        r = tc_lit(s, n, &k, p->sp->xml->block_close);
     }
     if (r == TC_MORE) return at_end ? TC_FAIL : TC_MORE;
     if (r == TC_FAIL) return TC_FAIL;
@@ -429,9 +445,29 @@ static tc_pr hdr_gemma(toolcall_parser *p, const char *s, size_t n, bool at_end,
     return TC_OK;
 }
 
+/* MiniMax M3: NS<invoke name="NAME">, or the block's end NS</tool_call>. */
+static tc_pr hdr_mm3(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
+{
+    size_t j = tc_skip_ws(s, n, 0), k = j;
+    if (j >= n) return at_end ? (p->blk_has_call ? hdr_end_block(j, h) : TC_FAIL) : TC_MORE;
+    tc_pr r = tc_lit(s, n, &k, TC_MM3_NS "<invoke name=\"");
+    if (r == TC_OK) {
+        if ((r = tc_read_name(s, n, &k, "\"\n<>", h->name)) != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
+        if ((r = tc_lit(s, n, &k, "\">")) != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
+        return hdr_call(h, k, ST_MM3, SUB_MM3);
+    }
+    if (r == TC_MORE && !at_end) return TC_MORE;
+    if (!p->blk_has_call) return TC_FAIL;
+    k = j;
+    r = tc_lit(s, n, &k, TC_MM3_NS "</tool_call>");
+    if (r == TC_MORE && !at_end) return TC_MORE;
+    return hdr_end_block(r == TC_OK ? k : j, h);
+}
+
 static tc_pr parse_header(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
 {
     switch (p->blk) {
+    case TC_BLK_MM3: return hdr_mm3(p, s, n, at_end, h);
     case TC_BLK_GEMMA: return hdr_gemma(p, s, n, at_end, h);
     case TC_BLK_JSON:
     case TC_BLK_LLAMA:
@@ -509,6 +545,7 @@ keel_status tc_commit(toolcall_parser *p, const hdr *h, size_t consumed)
     if (st) return st;
     p->st = h->next;
     if (h->next == ST_ARGS) tc_args_begin(p);
+    if (h->next == ST_MM3) p->obj_len = 0;
     if (h->next == ST_XML_PARAMS) p->xml = h->sub == SUB_GLM ? p->sp->glm : p->sp->xml;
     return KEEL_OK;
 }

@@ -106,6 +106,11 @@ tc_pr tc_py_scan_byte(tc_py_scan *s, uint8_t c);
  * garbage). "x.call(...)" names the tool x. KEEL_ENOMEM. */
 keel_status tc_py_call(const char *s, size_t n, char *name, tc_buf *json, bool *ok);
 
+/* MiniMax M3 (toolcall_mm3.c): an <invoke>'s body as a JSON object, typed by the
+ * tool's parameters schema (may be NULL). *ok false when it is not elements. */
+#define TC_MM3_NS "]<]minimax[>["
+keel_status tc_mm3_args(const json_t *schema, const char *s, size_t n, tc_buf *json, bool *ok);
+
 /* Gemma 4's call:NAME{key:value,...} (strings quoted by <|"|>), the same way. */
 typedef struct tc_gemma_scan {
     int32_t depth;  /* open { [ */
@@ -145,6 +150,7 @@ typedef enum tc_block {
     TC_BLK_LLAMA = 10,    /* Llama 3 bare JSON at the start / after <|python_tag|> */
     TC_BLK_HARMONY = 11,  /* gpt-oss tool call message (internal) */
     TC_BLK_GEMMA = 12,    /* Gemma 4 <|tool_call>call:name{...}<tool_call|> */
+    TC_BLK_MM3 = 13,      /* MiniMax M3 ]<]minimax[>[<tool_call>: <invoke name=..> element bodies */
 } tc_block;
 
 typedef struct tc_marker {
@@ -168,6 +174,8 @@ typedef struct tc_xml {
     bool stream_strings;      /* string-typed values stream as they arrive */
     bool cdata;               /* unwrap <![CDATA[...]]> (MiniCPM5) */
     bool string_attr;         /* DSML: string="true|false" on the parameter says its type */
+    bool type_attr;           /* Kimi K3: type="number|string|..." on the parameter says its type */
+    const char *tag_end;      /* what ends a tag after its attributes; NULL: ">" */
 } tc_xml;
 
 typedef struct tc_spec {
@@ -205,6 +213,7 @@ enum {
     ST_XML_VALUE, /* an XML parameter's value */
     ST_H_HEADER,  /* harmony message header */
     ST_PY,        /* a Python-style call read whole (pre-commit) */
+    ST_MM3,       /* a MiniMax M3 invoke body, read whole, then converted */
 };
 
 /* block sub-kinds */
@@ -218,6 +227,7 @@ enum {
     SUB_V31,   /* DeepSeek V3.1 / Kimi / functionary / harmony: JSON then an end marker */
     SUB_PY,    /* Python-style calls: LFM2 [f(a=1), g()], Llama f.call(q="x") */
     SUB_GEMMA, /* Gemma 4 call:name{k:v} */
+    SUB_MM3,   /* MiniMax M3 invoke elements */
 };
 
 /* parameter value types (from the tool's JSON schema) */
@@ -316,12 +326,15 @@ keel_status tc_out_args_escaped(toolcall_parser *p, const char *s, size_t n);
 bool tc_json_whole(const char *t, size_t n);
 /* toolcall.c: tools and calls */
 bool tc_tool_known(const toolcall_parser *p, const char *name);
+/* The parameters schema of tool `name` ("parameters" or "input_schema"), or NULL. */
+const json_t *tc_tool_params(const toolcall_parser *p, const char *name);
 int tc_param_type(const toolcall_parser *p, const char *fname, const char *pname);
 keel_status tc_start_call(toolcall_parser *p, const char *name);
 void tc_set_error(toolcall_parser *p, const char *why);
 keel_status tc_end_call(toolcall_parser *p, const char *why);
 
 /* toolcall_hdr.c */
+tc_pr tc_xml_attrs(const tc_xml *x, const char *s, size_t n, size_t k, size_t *attr_end, size_t *after);
 tc_pr tc_read_name(const char *s, size_t n, size_t *j, const char *stops, char *out);
 bool tc_name_ok(const char *s, size_t n);
 keel_status tc_block_fail(toolcall_parser *p);
@@ -342,5 +355,6 @@ keel_status tc_h_callend(toolcall_parser *p, bool at_end, bool *more);
 keel_status tc_h_xml_params(toolcall_parser *p, bool at_end, bool *more);
 keel_status tc_h_xml_value(toolcall_parser *p, bool at_end, bool *more);
 keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_mm3(toolcall_parser *p, bool at_end, bool *more);
 
 #endif /* KEEL_CHAT_TOOLCALL_INT_H */
