@@ -1401,9 +1401,24 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * array), "kv_compact" (as at open; "none" turns compaction off for this and
  * the following turns), "chat_template_kwargs" (object of extra template
  * variables, e.g. {"enable_thinking": false}), "add_generation_prompt" (true),
- * "ignore_eos", "logprobs" (true: the response's "logprobs": {"content":
- * [{"token", "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one
- * entry per generated token, log-softmax of the model's logits), "top_logprobs"
+ * "continue_final_message" (true: a last message that is the assistant's
+ * and holds no tool calls is a prefill the model continues — the prompt is
+ * the conversation before it, the generation prompt, and the message as
+ * the model writes it: the reasoning opener and its reasoning_content, then
+ * the closer and its content; with reasoning and no content the reasoning
+ * is continued. The parse covers prefill and generation, so a reasoning
+ * block or a tool call the prefill opened comes back whole, but the events
+ * and the response's content / reasoning_content leave out the prefill's
+ * own bytes: the caller has them. "content" / "reasoning_content" continue
+ * that part, KEEL_EINVAL when the last message is not the assistant's;
+ * false closes the message and opens a new turn; two assistant messages
+ * ending the conversation are KEEL_EINVAL unless false), "reasoning_format"
+ * (llama-server's names: "auto", the default, "deepseek" and
+ * "deepseek-legacy" alike parse reasoning into reasoning_content; "none"
+ * leaves the reasoning markers and text in the content), "ignore_eos",
+ * "logprobs" (true: the response's "logprobs": {"content": [{"token",
+ * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
+ * per generated token, log-softmax of the model's logits), "top_logprobs"
  * (0..20, with logprobs), "logit_bias" ({"token id": bias}: ids as decimal
  * strings in [0, n_vocab), biases in [-100, 100] added to those logits
  * before sampling, greedy included; -100 bans the token; logprobs stay the
@@ -1448,8 +1463,9 @@ keel_status keel_engine_submit(keel_engine *e, const char *request_json, keel_ev
                                void *user, uint64_t *id);
 /* The number of prompt tokens request_json (as keel_engine_submit takes it:
  * messages and tools, or prompt / prompt_tokens) renders and tokenizes to,
- * exactly as a request would be prompted, without a slot, a prefill or a
- * bound from the context (a prompt longer than the cache is counted).
+ * exactly as a request would be prompted (a continued assistant message
+ * included), without a slot, a forward pass or a bound from the context (a
+ * prompt longer than the cache is counted).
  * Runs on the calling thread, never waits for the scheduler; thread-safe.
  * KEEL_EINVAL (malformed, named; template errors), KEEL_ENOMEM. Allocates
  * the rendering and frees it. */

@@ -5,8 +5,11 @@
  * and error shapes, prompt reuse across turns (cached_tokens), auth with
  * --api-key (Bearer, x-api-key, public routes), the bad-request corpus of
  * issue 10 with the server alive after each, /metrics, slot actions'
- * filename validation, and SIGTERM with a stream in flight (exit 0; under
- * ASan also no leak).
+ * filename validation, SIGTERM with a stream in flight (exit 0; under
+ * ASan also no leak), and a prefill through both APIs (a trailing
+ * assistant message continued: prompt tokens as the raw continuation's,
+ * answers and streams without the prefill, Anthropic's trailing
+ * whitespace 400).
  */
 #include "testutil.h"
 #include "server_util.h"
@@ -398,6 +401,118 @@ static void test_messages(void **state)
     assert_int_equal(open, -1);
     srvt_events_free(&ev);
     srv_http_resp_free(&h);
+}
+
+/* ---- prefill (a trailing assistant message continued) ------------------------------------ */
+
+/* The prompt tokens of a raw text on /v1/completions: the same engine
+ * tokenization a chat's rendering goes through. */
+static int64_t raw_prompt_tokens(const char *text)
+{
+    json_t *b = json_pack("{sssisf}", "prompt", text, "max_tokens", 1, "temperature", 0.0);
+    char *body = json_dumps(b, 0);
+    int st;
+    json_t *r = srvt_post_json(&g_srv, "/v1/completions", body, &st);
+    assert_int_equal(st, 200);
+    int64_t n = srvt_int(r, "usage.prompt_tokens");
+    json_decref(r);
+    free(body);
+    json_decref(b);
+    return n;
+}
+
+#define PF_USER "The little dog ran to the park and"
+#define PF_TEXT "Once upon a time"
+/* ChatML (the generated model carries no template) */
+#define PF_OPEN "<|im_start|>user\n" PF_USER "<|im_end|>\n<|im_start|>assistant\n"
+
+static void test_prefill(void **state)
+{
+    (void)state;
+    const char *msgs = "[{\"role\":\"user\",\"content\":\"" PF_USER "\"},{\"role\":\"assistant\",\"content\":\"" PF_TEXT "\"}]";
+    int64_t n_cont = raw_prompt_tokens(PF_OPEN PF_TEXT);
+    int64_t n_closed = raw_prompt_tokens(PF_OPEN PF_TEXT "<|im_end|>\n<|im_start|>assistant\n");
+    char body[1024];
+    int st;
+    /* OpenAI: continued by default; the answer is the new text */
+    snprintf(body, sizeof body, "{\"messages\":%s,\"max_tokens\":6,\"temperature\":0}", msgs);
+    json_t *r = srvt_post_json(&g_srv, "/v1/chat/completions", body, &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(r, "usage.prompt_tokens"), n_cont);
+    const char *c = srvt_str(r, "choices.0.message.content");
+    assert_non_null(c);
+    assert_true(strncmp(c, PF_TEXT, strlen(PF_TEXT)) != 0);
+    printf("prefill \"%s\": %lld prompt tokens (closed: %lld), the answer \"%s\"\n", PF_TEXT, (long long)n_cont,
+           (long long)n_closed, c);
+    snprintf(body, sizeof body, "{\"messages\":%s,\"max_tokens\":6,\"temperature\":0,\"stream\":true}", msgs);
+    srv_http_resp h;
+    assert_int_equal(srvt_req(&g_srv, "POST", "/v1/chat/completions", NULL, body, &h), 200);
+    srvt_events ev;
+    if (!srvt_parse_sse(h.body.p, h.body.len, &ev)) fail_msg("framing:\n%s", h.body.p);
+    char text[4096];
+    chat_stream_text(ev.data, text, sizeof text, "choices.0.delta.content");
+    assert_string_equal(text, c);
+    srvt_events_free(&ev);
+    srv_http_resp_free(&h);
+    json_decref(r);
+    /* continue_final_message false: the message closed, a new turn opened */
+    snprintf(body, sizeof body, "{\"messages\":%s,\"max_tokens\":2,\"continue_final_message\":false}", msgs);
+    r = srvt_post_json(&g_srv, "/v1/chat/completions", body, &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(r, "usage.prompt_tokens"), n_closed);
+    json_decref(r);
+    /* asked to continue a message that is not the assistant's: the engine's 400 */
+    r = srvt_post_json(&g_srv, "/v1/chat/completions",
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"continue_final_message\":\"content\"}", &st);
+    assert_int_equal(st, 400);
+    assert_non_null(strstr(srvt_str(r, "error.message"), "continue_final_message"));
+    json_decref(r);
+
+    /* Anthropic: the same prefill, answered and streamed without it */
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"max_tokens\":6,\"temperature\":0,\"messages\":%s}", msgs);
+    r = srvt_post_json(&g_srv, "/v1/messages", body, &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(r, "usage.input_tokens") + srvt_int(r, "usage.cache_read_input_tokens"), n_cont);
+    assert_string_equal(srvt_str(r, "content.0.type"), "text");
+    const char *a = srvt_str(r, "content.0.text");
+    assert_true(strncmp(a, PF_TEXT, strlen(PF_TEXT)) != 0);
+    json_t *ct = srvt_post_json(&g_srv, "/v1/messages/count_tokens", body, &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(ct, "input_tokens"), n_cont);
+    json_decref(ct);
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"max_tokens\":6,\"temperature\":0,\"stream\":true,\"messages\":%s}", msgs);
+    assert_int_equal(srvt_req(&g_srv, "POST", "/v1/messages", NULL, body, &h), 200);
+    if (!srvt_parse_sse(h.body.p, h.body.len, &ev)) fail_msg("framing:\n%s", h.body.p);
+    text[0] = '\0';
+    for (size_t i = 0; i < json_array_size(ev.data); i++) {
+        const char *t = srvt_str(json_array_get(ev.data, i), "delta.text");
+        if (t && strlen(text) + strlen(t) < sizeof text) strcat(text, t);
+    }
+    assert_string_equal(text, a);
+    srvt_events_free(&ev);
+    srv_http_resp_free(&h);
+    json_decref(r);
+    /* a thinking prefill: the prompt opens the reasoning with it, the
+     * answer's thinking block is the rest */
+    snprintf(body, sizeof body,
+             "{\"model\":\"m\",\"max_tokens\":6,\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"" PF_USER
+             "\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"I'm\",\"signature\":\"\"}]}]}");
+    r = srvt_post_json(&g_srv, "/v1/messages", body, &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(srvt_int(r, "usage.input_tokens") + srvt_int(r, "usage.cache_read_input_tokens"),
+                     raw_prompt_tokens(PF_OPEN "<think>I'm"));
+    assert_string_equal(srvt_str(r, "content.0.type"), "thinking");
+    assert_true(strncmp(srvt_str(r, "content.0.thinking"), "I'm", 3) != 0);
+    json_decref(r);
+    /* Anthropic refuses a prefill ending in whitespace */
+    r = srvt_post_json(&g_srv, "/v1/messages",
+                       "{\"model\":\"m\",\"max_tokens\":6,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+                       "{\"role\":\"assistant\",\"content\":\"Once upon \"}]}",
+                       &st);
+    assert_int_equal(st, 400);
+    assert_string_equal(srvt_str(r, "error.type"), "invalid_request_error");
+    assert_string_equal(srvt_str(r, "error.message"), "messages: final assistant content cannot end with trailing whitespace");
+    json_decref(r);
 }
 
 /* ---- errors --------------------------------------------------------------------------- */
@@ -1057,7 +1172,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_slot_actions),   cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_auth),          cmocka_unit_test(test_shutdown),       cmocka_unit_test(test_bench_serve),
         cmocka_unit_test(test_connections),   cmocka_unit_test(test_body_413),       cmocka_unit_test(test_overflow_errors),
-        cmocka_unit_test(test_first_bytes),
+        cmocka_unit_test(test_first_bytes),   cmocka_unit_test(test_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

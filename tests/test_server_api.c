@@ -2,7 +2,8 @@
  * test_server_api.c — the request converters and response/stream encoders
  * of keel serve (app/server/api_*.c) without HTTP: OpenAI and Anthropic
  * requests into engine requests (normalization, tools and tool_choice,
- * limits, every error with its status), engine responses into both APIs'
+ * a trailing assistant message and the prefill options, limits, every
+ * error with its status), engine responses into both APIs'
  * objects, synthetic engine event sequences (reasoning, text, a tool call)
  * into SSE streams checked event by event, error bodies, the JSON depth
  * scan, UTF-8 repair and the SSE parser.
@@ -128,6 +129,34 @@ static void test_openai_chat_parse(void **state)
     r = parse_ok(SRV_API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"0\":1}}", &rq);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "logit_bias"), "0")), 1);
     srv_request_free(&rq);
+    /* a trailing assistant message reaches the engine as sent (the engine
+     * continues it by default); continue_final_message and
+     * reasoning_format pass to the engine */
+    r = parse_ok(SRV_API_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                 "{\"role\":\"assistant\",\"content\":\"Once upon\",\"reasoning_content\":\"I'm\"}]}",
+                 &rq);
+    assert_int_equal(json_array_size(json_object_get(r, "messages")), 2);
+    assert_string_equal(srvt_str(r, "messages.1.role"), "assistant");
+    assert_string_equal(srvt_str(r, "messages.1.content"), "Once upon");
+    assert_string_equal(srvt_str(r, "messages.1.reasoning_content"), "I'm");
+    assert_null(json_object_get(r, "continue_final_message"));
+    assert_null(json_object_get(r, "reasoning_format"));
+    srv_request_free(&rq);
+    r = parse_ok(SRV_API_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"a\"}],"
+                 "\"continue_final_message\":false,\"reasoning_format\":\"none\"}",
+                 &rq);
+    assert_true(json_is_false(json_object_get(r, "continue_final_message")));
+    assert_string_equal(srvt_str(r, "reasoning_format"), "none");
+    srv_request_free(&rq);
+    r = parse_ok(SRV_API_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"a\"}],"
+                 "\"continue_final_message\":\"reasoning_content\",\"reasoning_format\":\"deepseek-legacy\"}",
+                 &rq);
+    assert_string_equal(srvt_str(r, "continue_final_message"), "reasoning_content");
+    assert_string_equal(srvt_str(r, "reasoning_format"), "deepseek-legacy");
+    srv_request_free(&rq);
 }
 
 static void test_openai_errors(void **state)
@@ -166,6 +195,10 @@ static void test_openai_errors(void **state)
     E("{%s,\"logit_bias\":[1]}", 400, "logit_bias must be an object");
     E("{%s,\"response_format\":{\"type\":\"json_object\"}}", 400, "no constrained decoding");
     E("{%s,\"model\":5}", 400, "model must be a string");
+    E("{%s,\"continue_final_message\":\"yes\"}", 400, "continue_final_message must be a boolean");
+    E("{%s,\"continue_final_message\":1}", 400, "continue_final_message must be a boolean");
+    E("{%s,\"reasoning_format\":\"hidden\"}", 400, "reasoning_format must be");
+    E("{%s,\"reasoning_format\":false}", 400, "reasoning_format must be");
     E("{%s,\"messages\":[]}", 400, "invalid JSON"); /* duplicate key */
 #undef E
     parse_err(SRV_API_CHAT, "{\"messages\":[]}", 400, "must not be empty");
@@ -309,6 +342,40 @@ static void test_anthropic_parse(void **state)
     assert_string_equal(srvt_str(r, "messages.0.content"), "S");
     assert_false(rq.stream);
     srv_request_free(&rq);
+    /* a prefill (the last message the assistant's): its text blocks are the
+     * content the engine continues, its thinking blocks the reasoning */
+    r = parse_ok(SRV_API_MESSAGES,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":["
+                 "{\"type\":\"thinking\",\"thinking\":\"I'm\",\"signature\":\"\"},{\"type\":\"text\",\"text\":\"Once \"},"
+                 "{\"type\":\"text\",\"text\":\"upon\"}]}]}",
+                 &rq);
+    assert_int_equal(json_array_size(json_object_get(r, "messages")), 2);
+    assert_string_equal(srvt_str(r, "messages.1.role"), "assistant");
+    assert_string_equal(srvt_str(r, "messages.1.content"), "Once upon");
+    assert_string_equal(srvt_str(r, "messages.1.reasoning_content"), "I'm");
+    assert_null(srvt_get(r, "messages.1.tool_calls"));
+    assert_null(json_object_get(r, "continue_final_message")); /* continued: the engine's default */
+    srv_request_free(&rq);
+    r = parse_ok(SRV_API_MESSAGES,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":"
+                 "[{\"type\":\"thinking\",\"thinking\":\"I'm\",\"signature\":\"\"}]}]}",
+                 &rq);
+    assert_string_equal(srvt_str(r, "messages.1.content"), "");
+    assert_string_equal(srvt_str(r, "messages.1.reasoning_content"), "I'm");
+    srv_request_free(&rq);
+    /* whitespace ends an earlier assistant message, or a final one before
+     * its tool_use block: accepted */
+    r = parse_ok(SRV_API_MESSAGES,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"a \"},"
+                 "{\"role\":\"user\",\"content\":\"y\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":"
+                 "\"b\\n\"},{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"n\",\"input\":{}}]}]}",
+                 &rq);
+    assert_string_equal(srvt_str(r, "messages.1.content"), "a ");
+    srv_request_free(&rq);
+    r = parse_ok(SRV_API_MESSAGES,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\"}]}", &rq);
+    assert_string_equal(srvt_str(r, "messages.1.content"), "");
+    srv_request_free(&rq);
 }
 
 static void test_anthropic_errors(void **state)
@@ -350,6 +417,15 @@ static void test_anthropic_errors(void **state)
               "max_tokens: must be a positive integer");
     parse_err(SRV_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":\"m\"}", 400,
               "metadata must be an object");
+    /* Anthropic's rule for a prefill: its text may not end in whitespace */
+    const char *ws[] = {"\"a \"", "\"a\\n\"", "\" \"", "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\\t\"}]"};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+        char b2[512];
+        snprintf(b2, sizeof b2, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":%s}]}",
+                 ws[i]);
+        parse_err(SRV_API_MESSAGES, b2, 400, "messages: final assistant content cannot end with trailing whitespace");
+        parse_err(SRV_API_COUNT_TOKENS, b2, 400, "final assistant content cannot end with trailing whitespace");
+    }
     /* Anthropic's type names for statuses */
     srv_err e;
     srv_fail(&e, 413, "big");

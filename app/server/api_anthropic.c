@@ -9,7 +9,12 @@
  *   user tool_result blocks            -> role "tool" messages (tool_call_id =
  *                                      tool_use_id; block content joined;
  *                                      is_error prefixes "Error: ")
- *   assistant text / thinking blocks   -> content / reasoning_content
+ *   assistant text / thinking blocks   -> content / reasoning_content; a
+ *                                      last assistant message is a prefill
+ *                                      the engine continues (its text may
+ *                                      not end in whitespace, as Anthropic
+ *                                      requires), and the answer carries
+ *                                      only the new text
  *   assistant tool_use blocks          -> tool_calls (arguments = the input object)
  *   tools {name, description, input_schema} -> OpenAI function tools
  *   tool_choice auto/any/tool/none     -> tools kept / all / the named one / none
@@ -220,6 +225,19 @@ static bool convert_system(json_t *sys, json_t *out, srv_err *e)
     return ok;
 }
 
+/* Whether the text of a final assistant message ends in whitespace, which
+ * Anthropic refuses (a prefill is continued from its last byte): a string,
+ * or the last block when it is text. */
+static bool trailing_space(json_t *c)
+{
+    json_t *last = json_is_array(c) ? json_array_get(c, json_array_size(c) - 1) : NULL;
+    const char *type = json_string_value(json_object_get(last, "type"));
+    json_t *t = json_is_string(c) ? c : type && strcmp(type, "text") == 0 ? json_object_get(last, "text") : NULL;
+    size_t n = json_string_length(t);
+    char ch = n > 0 ? json_string_value(t)[n - 1] : '\0';
+    return ch != '\0' && strchr(" \t\n\r\v\f", ch) != NULL;
+}
+
 static bool convert_messages(json_t *body, const srv_limits *lim, json_t *req, srv_err *e)
 {
     json_t *msgs = json_object_get(body, "messages");
@@ -241,6 +259,8 @@ static bool convert_messages(json_t *body, const srv_limits *lim, json_t *req, s
         if (!user && strcmp(role, "assistant") != 0)
             return srv_fail(e, 400, "messages[%zu]: unknown role '%s' (user, assistant)", i, role);
         json_t *c = json_object_get(m, "content");
+        if (!user && i + 1 == n && trailing_space(c))
+            return srv_fail(e, 400, "messages: final assistant content cannot end with trailing whitespace");
         if (json_is_string(c)) {
             if (!push(out, role, json_incref(c), e)) return false;
             continue;

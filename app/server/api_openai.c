@@ -2,8 +2,9 @@
  * api_openai.c — the OpenAI API: POST /v1/chat/completions and
  * /v1/completions. Requests become engine requests (messages checked and
  * normalized: developer -> system, text parts only, tool calls with a
- * function name; tools in OpenAI form, tool_choice applied), engine
- * responses become chat.completion / text_completion objects, and engine
+ * function name; tools in OpenAI form, tool_choice applied; a trailing
+ * assistant message is continued by the engine unless
+ * continue_final_message is false), engine responses become chat.completion / text_completion objects, and engine
  * events become chat.completion.chunk / text_completion SSE chunks ending
  * with "data: [DONE]".
  *
@@ -278,6 +279,33 @@ static void fix_seed(json_t *req)
     if (s && json_integer_value(s) < 0) json_object_del(req, "seed");
 }
 
+/* continue_final_message (a trailing assistant message is continued by
+ * default, as llama-server's prefill_assistant; false closes it and opens
+ * a new turn) and reasoning_format (llama-server's names), passed on to
+ * the engine, which checks them too (a continuation asked of a last
+ * message that is not the assistant's is its 400). */
+static bool prefill_options(json_t *b, json_t *req, srv_err *e)
+{
+    json_t *c = json_object_get(b, "continue_final_message");
+    if (c && !json_is_null(c)) {
+        const char *m = json_string_value(c);
+        if (!json_is_boolean(c) && !(m && (strcmp(m, "content") == 0 || strcmp(m, "reasoning_content") == 0)))
+            return srv_fail(e, 400, "continue_final_message must be a boolean, \"content\" or \"reasoning_content\"");
+        if (json_object_set(req, "continue_final_message", c) != 0) return srv_fail(e, 500, "out of memory");
+    }
+    json_t *rf = json_object_get(b, "reasoning_format");
+    if (rf && !json_is_null(rf)) {
+        static const char *const names[] = {"none", "auto", "deepseek", "deepseek-legacy", NULL};
+        const char *m = json_string_value(rf);
+        bool known = false;
+        for (int i = 0; m && names[i]; i++) known |= strcmp(m, names[i]) == 0;
+        if (!known)
+            return srv_fail(e, 400, "reasoning_format must be \"none\", \"auto\", \"deepseek\" or \"deepseek-legacy\"");
+        if (json_object_set(req, "reasoning_format", rf) != 0) return srv_fail(e, 500, "out of memory");
+    }
+    return true;
+}
+
 static bool parse_chat(json_t *b, const srv_limits *lim, json_t *req, srv_request *out, srv_err *e)
 {
     if (!common_options(b, lim, req, out, e)) return false;
@@ -295,7 +323,7 @@ static bool parse_chat(json_t *b, const srv_limits *lim, json_t *req, srv_reques
         if (!json_is_object(kw)) return srv_fail(e, 400, "chat_template_kwargs must be an object");
         json_object_set(req, "chat_template_kwargs", kw);
     }
-    return true;
+    return prefill_options(b, req, e);
 }
 
 static bool parse_completion(json_t *b, const srv_limits *lim, json_t *req, srv_request *out, srv_err *e)

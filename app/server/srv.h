@@ -146,8 +146,11 @@ void srv_request_free(srv_request *r);
  * system blocks joined, tool_use -> assistant tool_calls, tool_result -> tool
  * messages), tools in OpenAI form (tool_choice "none" drops them, a named
  * tool keeps only that one), sampling options, stop strings, max_tokens
- * (capped), chat_template_kwargs (Anthropic thinking -> enable_thinking).
- * Every value's type and range is checked; false with e (4xx) otherwise.
+ * (capped), chat_template_kwargs (Anthropic thinking -> enable_thinking),
+ * continue_final_message and reasoning_format (OpenAI chat). A trailing
+ * assistant message stays last: the engine continues it (Anthropic's
+ * prefill, which may not end in whitespace). Every value's type and range
+ * is checked; false with e (4xx) otherwise.
  */
 bool srv_request_parse(srv_api api, const char *body, size_t n, const srv_limits *lim, srv_request *out,
                        srv_err *e);

@@ -1,8 +1,10 @@
 // clients.mjs — the real SDKs (openai, @anthropic-ai/sdk; versions pinned in
 // package-lock.json) against keel serve: a tool-using conversation streamed
 // and not through both APIs, every event parsed by the SDKs' own stream
-// machinery, count_tokens, completions, and the error classes the SDKs
-// derive from keel's error objects (400, 401, 413, a prompt too long). The model is a random-weight
+// machinery, count_tokens, completions, a prefill (a trailing assistant
+// message continued) through both, and the error classes the SDKs
+// derive from keel's error objects (400, 401, 413, a prompt too long, a
+// prefill ending in whitespace). The model is a random-weight
 // one, so its answers are text; the tool-call streams keel produces are
 // checked too: canned SSE written by keel's own encoder (test_server_api
 // --write-sse DIR) is served to the SDKs from a local HTTP server, and
@@ -212,6 +214,62 @@ async function anthropicReal() {
   }
 }
 
+// A prefill: the last message is the assistant's, and the model continues
+// it (OpenAI: keel's default, continue_final_message; Anthropic's documented
+// prefill). The prompt is the conversation opened for the assistant plus
+// the prefill's text (ChatML: the generated model carries no template), so
+// its token count equals that raw text's on /v1/completions; answers and
+// streams carry the new text only.
+const pfUser = 'The little dog ran to the park and';
+const pfText = 'Once upon a time';
+const pfOpen = `<|im_start|>user\n${pfUser}<|im_end|>\n<|im_start|>assistant\n`;
+
+async function prefill() {
+  const oa = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey, maxRetries: 0 });
+  const rawTokens = async (prompt) =>
+    (await oa.completions.create({ model: 'keel', prompt, max_tokens: 1, temperature: 0 })).usage.prompt_tokens;
+  const nCont = await rawTokens(pfOpen + pfText);
+  const nClosed = await rawTokens(pfOpen + pfText + '<|im_end|>\n<|im_start|>assistant\n');
+  check(nClosed > nCont, 'closing the message adds tokens');
+  const messages = [{ role: 'user', content: pfUser }, { role: 'assistant', content: pfText }];
+  const r = await oa.chat.completions.create({ model: 'keel', messages, max_tokens: 6, temperature: 0 });
+  const c = r.choices[0].message.content;
+  check(r.usage.prompt_tokens === nCont, `OpenAI prefill continued: ${r.usage.prompt_tokens} prompt tokens, want ${nCont}`);
+  check(typeof c === 'string' && !c.startsWith(pfText), 'OpenAI answer without the prefill: ' + JSON.stringify(c));
+  const st = oa.chat.completions.stream({ model: 'keel', messages, max_tokens: 6, temperature: 0 });
+  let deltas = '';
+  st.on('content', (d) => { deltas += d; });
+  const fin = await st.finalChatCompletion();
+  check(deltas === c && fin.choices[0].message.content === c, 'OpenAI prefill stream: ' + JSON.stringify(deltas));
+  const closed = await oa.chat.completions.create({ model: 'keel', messages, max_tokens: 2, continue_final_message: false });
+  check(closed.usage.prompt_tokens === nClosed, 'continue_final_message false closes the message');
+
+  const an = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey, maxRetries: 0 });
+  const m = await an.messages.create({ model: 'claude-test', max_tokens: 6, temperature: 0, messages });
+  check(m.usage.input_tokens + m.usage.cache_read_input_tokens === nCont, 'Anthropic prefill continued');
+  const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+  check(m.content.length >= 1 && !text.startsWith(pfText), 'Anthropic answer without the prefill: ' + JSON.stringify(text));
+  const ms = an.messages.stream({ model: 'claude-test', max_tokens: 6, temperature: 0, messages });
+  let streamed = '';
+  ms.on('text', (t) => { streamed += t; });
+  const mf = await ms.finalMessage();
+  check(streamed === text && mf.content.filter((b) => b.type === 'text').map((b) => b.text).join('') === text,
+        'Anthropic prefill stream: ' + JSON.stringify(streamed));
+  if (an.messages.countTokens) {
+    const ct = await an.messages.countTokens({ model: 'claude-test', messages });
+    check(ct.input_tokens === nCont, 'count_tokens of a prefill');
+  }
+  try {
+    await an.messages.create({ model: 'claude-test', max_tokens: 6,
+      messages: [{ role: 'user', content: pfUser }, { role: 'assistant', content: pfText + ' ' }] });
+    check(false, 'a prefill ending in whitespace is refused');
+  } catch (e) {
+    check(e instanceof Anthropic.BadRequestError && e.status === 400 && e.error.error.type === 'invalid_request_error' &&
+          e.error.error.message === 'messages: final assistant content cannot end with trailing whitespace',
+          'trailing whitespace: ' + e);
+  }
+}
+
 // keel's own tool-call streams, served verbatim to the SDKs
 async function cannedToolStreams() {
   const files = { '/v1/chat/completions': 'openai_tools.sse', '/v1/messages': 'anthropic_tools.sse' };
@@ -260,6 +318,7 @@ async function cannedToolStreams() {
 try {
   await openaiReal();
   await anthropicReal();
+  await prefill();
   await cannedToolStreams();
   const ver = (p) => JSON.parse(fs.readFileSync(path.join('node_modules', p, 'package.json'))).version;
   console.log(`server-clients: ${checks} checks passed (openai ${ver('openai')}, @anthropic-ai/sdk ${ver('@anthropic-ai/sdk')})`);
