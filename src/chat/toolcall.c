@@ -319,7 +319,7 @@ keel_status tc_end_call(toolcall_parser *p, const char *why)
 
 keel_status tc_emit_text(toolcall_parser *p, size_t n)
 {
-    keel_status st = out_text(p, p->reasoning_mode, tc_cur(p), n);
+    keel_status st = p->h_drop ? KEEL_OK : out_text(p, p->reasoning_mode, tc_cur(p), n);
     p->pos += n;
     return st;
 }
@@ -424,7 +424,14 @@ static keel_status h_text(toolcall_parser *p, bool at_end, bool *more)
             case TC_ACT_BLOCK:
                 return begin_block(p, hit->arg, region);
             case TC_ACT_H_END:
-                p->pos += region;
+                /* an analysis message kept in the content keeps its end too */
+                if (p->h_raw) {
+                    p->pos += region - mlen;
+                    keel_status st2 = tc_emit_text(p, mlen);
+                    if (st2) return st2;
+                } else {
+                    p->pos += region;
+                }
                 p->reasoning_mode = false;
                 p->st = ST_H_HEADER;
                 return KEEL_OK;

@@ -625,10 +625,12 @@ wait:
 
 /* ---- harmony -------------------------------------------------------------------------------- */
 
-/* The token after `key` in h[0..n): up to a space, '<' or the end. */
-static size_t h_token(const char *h, size_t n, const char *key, const char **tok)
+/* The token after `key` in h[0..n) (the last occurrence when last): up to
+ * a space, '<' or the end. */
+static size_t h_token(const char *h, size_t n, const char *key, bool last, const char **tok)
 {
-    size_t kl = strlen(key);
+    size_t kl = strlen(key), len = 0;
+    *tok = NULL;
     for (size_t i = 0; i + kl <= n; i++) {
         if (memcmp(h + i, key, kl) != 0) continue;
         if (key[0] == 't' && i > 0 && h[i - 1] != ' ' && h[i - 1] != '>') continue;
@@ -636,12 +638,30 @@ static size_t h_token(const char *h, size_t n, const char *key, const char **tok
         while (e < n && h[e] != ' ' && h[e] != '<' && !tc_is_ws((uint8_t)h[e]))
             e++;
         *tok = h + a;
-        return e - a;
+        len = e - a;
+        if (!last) break;
     }
-    *tok = NULL;
-    return 0;
+    return len;
 }
 
+static bool tok_is(const char *t, size_t n, const char *w)
+{
+    return t && strlen(w) == n && memcmp(t, w, n) == 0;
+}
+
+/*
+ * A harmony message header ([<|start|>assistant][ to=R]<|channel|>C[ to=R]
+ * [<|constrain|>..]<|message|>), then its body:
+ *   - to=functions.NAME (with a tools list: NAME among them, else the
+ *     message is text): a tool call, its body the arguments;
+ *   - to=assistant / to=user: no recipient (the last channel counts);
+ *   - any other recipient not among the tools (a built-in tool the request
+ *     did not offer: container.exec, python, browser...): the message is
+ *     dropped, as llama.cpp does;
+ *   - channel analysis: reasoning; with reasoning_format none it stays in
+ *     the content verbatim, header and <|end|> included, as llama.cpp does;
+ *   - other channels (final, commentary): content.
+ */
 keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more)
 {
     static const char msg[] = "<|message|>";
@@ -650,6 +670,7 @@ keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more)
     bool capped = n >= HDR_CAP;
     size_t lim = capped ? HDR_CAP : n;
     size_t j = tc_skip_ws(s, lim, 0), k = j, q;
+    p->h_drop = p->h_raw = false;
     if (j > 0) { /* whitespace before a header is dropped */
         p->pos += j;
         return KEEL_OK;
@@ -676,15 +697,21 @@ keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more)
     {
         const char *h = s + hstart, *chan, *to;
         size_t hn = q - hstart, used = q + sizeof msg - 1;
-        size_t cl = h_token(h, hn, "<|channel|>", &chan);
-        size_t tl = h_token(h, hn, "to=", &to);
+        size_t cl = h_token(h, hn, "<|channel|>", true, &chan);
+        size_t tl = h_token(h, hn, "to=", false, &to);
+        if (tok_is(to, tl, "assistant") || tok_is(to, tl, "user")) to = NULL;
         if (to) {
             hdr hd;
             memset(&hd, 0, sizeof hd);
-            if (tl > 10 && memcmp(to, "functions.", 10) == 0) to += 10, tl -= 10;
+            bool fn = tl > 10 && memcmp(to, "functions.", 10) == 0;
+            if (fn) to += 10, tl -= 10;
             if (!tc_name_ok(to, tl)) goto reject;
             memcpy(hd.name, to, tl);
             hd.name[tl] = '\0';
+            bool known = p->o.tools && tc_tool_known(p, hd.name);
+            /* a built-in recipient (container.exec, python) is not a call of
+             * the request's: dropped; a function not among the tools is text */
+            if (!fn && !known) goto drop;
             if (!tc_tool_known(p, hd.name)) goto reject;
             hd.kind = H_CALL;
             hd.next = ST_ARGS;
@@ -692,6 +719,12 @@ keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more)
             p->blk = TC_BLK_HARMONY;
             p->reasoning_mode = false;
             return tc_commit(p, &hd, used);
+        drop: /* a call nobody offered: nothing of it reaches the client */
+            p->pos += used;
+            p->reasoning_mode = false;
+            p->h_drop = true;
+            p->st = ST_TEXT;
+            return KEEL_OK;
         reject:
             p->reasoning_mode = false;
             p->seen_content = true;
@@ -699,8 +732,19 @@ keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more)
             p->st = ST_TEXT;
             return st;
         }
+        bool analysis = tok_is(chan, cl, "analysis");
+        if (analysis && !p->o.parse_reasoning) { /* the message stays in the content, header included */
+            p->reasoning_mode = false;
+            p->seen_content = true;
+            p->h_raw = true;
+            size_t from = chan - s - (sizeof "<|channel|>" - 1);
+            p->pos += from;
+            keel_status st = tc_emit_text(p, used - from);
+            p->st = ST_TEXT;
+            return st;
+        }
         p->pos += used;
-        p->reasoning_mode = p->o.parse_reasoning && chan && cl == 8 && memcmp(chan, "analysis", 8) == 0;
+        p->reasoning_mode = p->o.parse_reasoning && analysis;
         p->st = ST_TEXT;
         p->skip_ws = false;
         return KEEL_OK;
