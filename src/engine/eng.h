@@ -245,6 +245,7 @@ struct keel_engine {
     int32_t *batch_slot;      /* [n_batch] slot of each token with logits, else -1 */
     /* chat */
     jinja_template *tmpl;
+    bool tmpl_reasons;        /* the template renders the tool format's reasoning markers */
     toolcall_format tool_format;
     char *bos_text, *eos_text;
     bool template_builtin;
