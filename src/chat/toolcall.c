@@ -235,7 +235,7 @@ static void default_id(const toolcall_parser *p, int32_t index, char *buf)
     buf[k] = '\0';
 }
 
-keel_status tc_start_call(toolcall_parser *p, const char *name)
+keel_status tc_start_call(toolcall_parser *p, const char *name, const char *model_id)
 {
     keel_status st = KEEL_OK;
     if (p->n_calls == p->cap_calls) {
@@ -254,7 +254,9 @@ keel_status tc_start_call(toolcall_parser *p, const char *name)
     c->name = base_strdup(name);
     if (!c->name) return tc_fail_nomem(p, KEEL_ENOMEM);
     int32_t idx = p->n_calls;
-    if (p->o.id_fn) {
+    if (model_id && model_id[0]) { /* the model's id: the next turn's tool result refers to it */
+        snprintf(c->id, sizeof c->id, "%s", model_id);
+    } else if (p->o.id_fn) {
         st = p->o.id_fn(p->o.id_user, p->o.format, idx, c->id, sizeof c->id);
         c->id[sizeof c->id - 1] = '\0';
         if (st) {
@@ -483,6 +485,7 @@ static keel_status step(toolcall_parser *p, bool at_end, bool *more)
     case ST_H_HEADER: return tc_h_h_header(p, at_end, more);
     case ST_PY: return tc_h_py(p, at_end, more);
     case ST_MM3: return tc_h_mm3(p, at_end, more);
+    case ST_OBJ_REST: return tc_h_obj_rest(p, at_end, more);
     default: return base_err(p->err, KEEL_EINTERNAL, "tool-call parser: bad state %d", p->st);
     }
 }

@@ -274,7 +274,7 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
     [TOOLCALL_FORMAT_FUNCTIONARY_V3_1] = {g_content_func, g_reason_func, THINK,
                                           .raw_stops = g_stops_func},
     [TOOLCALL_FORMAT_MISTRAL] = {g_content_mistral, g_reason_mistral, .reason_open = "[THINK]",
-                                 .reason_close = "[/THINK]", .raw_stops = g_stops_mistral},
+                                 .reason_close = "[/THINK]", .raw_stops = g_stops_mistral, .json_whole = true},
     [TOOLCALL_FORMAT_GPT_OSS] = {g_harmony, g_harmony, .raw_stops = g_stops_harmony,
                                  .harmony = true},
     [TOOLCALL_FORMAT_DEEPSEEK_R1] = {g_content_ds, g_reason_ds, THINK, .raw_stops = g_stops_ds},

@@ -22,14 +22,27 @@ static bool key_in(const char *k, const char *const *set)
 
 static const char *const g_name_keys[] = {"name", "tool_name", NULL};
 static const char *const g_args_keys[] = {"arguments", "parameters", NULL};
+static const char *const g_id_keys[] = {"id", "tool_call_id", NULL};
 
-/* A JSON call object starting at s[i] == '{': its name, then the start of
- * its arguments value (H_CALL), or H_FALLBACK when the object must be read
- * whole (arguments before the name, nested "function", no arguments). */
-static tc_pr hdr_json_obj(const char *s, size_t n, size_t i, bool at_end, hdr *h)
+/* A JSON string member value at s[*j] that is an id: into id (TOOLCALL_ID_CAP);
+ * a longer or empty one is not kept. */
+static tc_pr read_id(const char *s, size_t n, size_t *j, char *id)
+{
+    char buf[TOOLCALL_NAME_CAP];
+    size_t len;
+    tc_pr r = tc_json_string(s, n, j, buf, sizeof buf, &len);
+    if (r == TC_OK && len > 0 && len < TOOLCALL_ID_CAP && strlen(buf) == len) memcpy(id, buf, len + 1);
+    return r;
+}
+
+/* A JSON call object starting at s[i] == '{': committed as soon as its
+ * name is read (H_CALL, then ST_OBJ_REST reads the members up to the
+ * arguments), an id before the name kept; H_FALLBACK when the object must
+ * be read whole (arguments before the name, a nested "function", no name
+ * yet, or `whole`: the format's ids may follow the arguments). */
+static tc_pr hdr_json_obj(const char *s, size_t n, size_t i, bool at_end, bool whole, hdr *h)
 {
     size_t j = i + 1;
-    bool have_name = false;
     char key[64];
     size_t klen;
     for (;;) {
@@ -42,20 +55,20 @@ static tc_pr hdr_json_obj(const char *s, size_t n, size_t i, bool at_end, hdr *h
         if ((r = tc_lit(s, n, &j, ":")) != TC_OK) return r;
         j = tc_skip_ws(s, n, j);
         if (j >= n) return TC_MORE;
-        if (key_in(key, g_args_keys)) {
-            if (!have_name) break;
-            h->kind = H_CALL;
-            h->used = j;
-            h->next = ST_ARGS;
-            h->sub = SUB_JSON;
-            return TC_OK;
-        }
-        if (key_in(key, g_name_keys) && !have_name) {
+        if (key_in(key, g_args_keys) || whole) break;
+        if (key_in(key, g_name_keys)) {
             size_t nlen;
             if (s[j] != '"') return TC_FAIL;
             if ((r = tc_json_string(s, n, &j, h->name, sizeof h->name, &nlen)) != TC_OK) return r;
             if (nlen == 0 || strlen(h->name) != nlen) return TC_FAIL;
-            have_name = true;
+            h->kind = H_CALL;
+            h->used = j;
+            h->next = ST_OBJ_REST;
+            h->sub = SUB_JSON;
+            return TC_OK;
+        }
+        if (key_in(key, g_id_keys) && s[j] == '"') {
+            if ((r = read_id(s, n, &j, h->id)) != TC_OK) return r;
         } else if (strcmp(key, "function") == 0 && s[j] == '{') {
             break;
         } else if ((r = tc_json_skip(s, n, &j, at_end)) != TC_OK) {
@@ -67,6 +80,7 @@ static tc_pr hdr_json_obj(const char *s, size_t n, size_t i, bool at_end, hdr *h
         if (s[j] != ',') return TC_FAIL;
         j++;
     }
+    h->id[0] = '\0';
     h->kind = H_FALLBACK;
     h->used = i;
     h->sub = SUB_JSON;
@@ -85,6 +99,14 @@ static tc_pr hdr_end_block(size_t used, hdr *h)
     h->kind = H_END_BLOCK;
     h->used = used;
     return TC_OK;
+}
+
+/* Whether call objects are read whole here: the format's ids may follow
+ * the arguments, or (Llama's bare JSON) an object without arguments is an
+ * answer, not a call. */
+static bool obj_whole(const toolcall_parser *p)
+{
+    return p->sp->json_whole || p->blk == TC_BLK_LLAMA;
 }
 
 /* JSON block: the next call object, or the end of the block. */
@@ -117,7 +139,7 @@ static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at
             return hdr_py(j, h);
         }
         if (s[j] != '{') return TC_FAIL;
-        return hdr_json_obj(s, n, j, at_end, h);
+        return hdr_json_obj(s, n, j, at_end, obj_whole(p), h);
     }
     if (j >= n) return at_end ? hdr_end_block(j, h) : TC_MORE;
     if (p->blk_array) {
@@ -126,7 +148,7 @@ static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at
             if (j >= n) return at_end ? TC_FAIL : TC_MORE;
             if (p->sub == SUB_PY && py_start(s[j])) return hdr_py(j, h);
             if (s[j] != '{') return TC_FAIL;
-            return hdr_json_obj(s, n, j, at_end, h);
+            return hdr_json_obj(s, n, j, at_end, obj_whole(p), h);
         }
         if (s[j] != ']') return TC_FAIL;
         j = tc_skip_ws(s, n, j + 1);
@@ -139,10 +161,10 @@ static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at
     if (s[j] == ',' || s[j] == ';') {
         size_t k = tc_skip_ws(s, n, j + 1);
         if (k >= n) return at_end ? hdr_end_block(j, h) : TC_MORE;
-        if (s[k] == '{') return hdr_json_obj(s, n, k, at_end, h);
+        if (s[k] == '{') return hdr_json_obj(s, n, k, at_end, obj_whole(p), h);
         return hdr_end_block(j, h);
     }
-    if (s[j] == '{') return hdr_json_obj(s, n, j, at_end, h);
+    if (s[j] == '{') return hdr_json_obj(s, n, j, at_end, obj_whole(p), h);
     size_t k = j;
     tc_pr r = opt_lit(s, n, &k, p->blk_close);
     if (r == TC_MORE && !at_end) return TC_MORE;
@@ -329,6 +351,7 @@ static tc_pr hdr_mistral(toolcall_parser *p, const char *s, size_t n, bool at_en
         j = k;
         r = tc_read_name(s, n, &j, "[\n", id);
         if (r != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
+        if (strlen(id) < TOOLCALL_ID_CAP) memcpy(h->id, id, strlen(id) + 1);
     }
     r = tc_lit(s, n, &j, "[ARGS]");
     if (r != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
@@ -407,7 +430,8 @@ static tc_pr hdr_kimi(toolcall_parser *p, const char *s, size_t n, bool at_end, 
     r = read_name_to(s, n, &j, "<|tool_call_argument_begin|>", id);
     if (r != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
     j += strlen("<|tool_call_argument_begin|>");
-    /* functions.NAME:INDEX */
+    /* functions.NAME:INDEX, which is also the call's id */
+    if (strlen(id) < TOOLCALL_ID_CAP) memcpy(h->id, id, strlen(id) + 1);
     const char *a = strncmp(id, "functions.", 10) == 0 ? id + 10 : id;
     size_t len = strlen(a);
     const char *colon = strrchr(a, ':');
@@ -541,7 +565,7 @@ keel_status tc_commit(toolcall_parser *p, const hdr *h, size_t consumed)
     p->pos += consumed;
     p->mark_end = 0;
     p->sub = h->sub;
-    keel_status st = tc_start_call(p, h->name);
+    keel_status st = tc_start_call(p, h->name, h->id);
     if (st) return st;
     p->st = h->next;
     if (h->next == ST_ARGS) tc_args_begin(p);
@@ -620,11 +644,66 @@ void tc_block_next(toolcall_parser *p)
     p->mark_end = 0;
 }
 
+/* ---- a committed JSON call object before its arguments (ST_OBJ_REST) ---------------- */
+
+static const char g_err_obj[] = "unexpected text in the call object";
+
+/* The members after the name, one at a time: the arguments key starts the
+ * arguments; other members are skipped; '}' ends a call without arguments. */
+keel_status tc_h_obj_rest(toolcall_parser *p, bool at_end, bool *more)
+{
+    const char *s = tc_cur(p);
+    size_t n = tc_avail(p), lim = BASE_MIN(n, (size_t)HDR_CAP), j = tc_skip_ws(s, lim, 0), k;
+    char key[64];
+    size_t klen;
+    if (j >= lim) goto more_or_cut;
+    if (s[j] == '}') {
+        p->pos += j + 1;
+        keel_status st = tc_end_call(p, NULL);
+        if (st == KEEL_OK) tc_block_next(p);
+        return st;
+    }
+    if (s[j] != ',') goto bad;
+    k = tc_skip_ws(s, lim, j + 1);
+    tc_pr r = k < lim ? tc_json_string(s, lim, &k, key, sizeof key, &klen) : TC_MORE;
+    if (r == TC_OK) {
+        k = tc_skip_ws(s, lim, k);
+        r = tc_lit(s, lim, &k, ":");
+    }
+    if (r == TC_OK) {
+        k = tc_skip_ws(s, lim, k);
+        if (k >= lim) r = TC_MORE;
+    }
+    if (r == TC_OK && key_in(key, g_args_keys)) {
+        p->pos += k;
+        tc_args_begin(p);
+        p->st = ST_ARGS;
+        return KEEL_OK;
+    }
+    if (r == TC_OK) r = tc_json_skip(s, lim, &k, at_end && lim == n);
+    if (r == TC_OK) {
+        p->pos += k;
+        return KEEL_OK;
+    }
+    if (r == TC_FAIL) goto bad;
+more_or_cut:
+    if (!at_end && n < HDR_CAP) {
+        *more = true;
+        return KEEL_OK;
+    }
+    if (!at_end) goto bad;
+    p->pos += n;
+    return tc_call_cut(p, "the output ended inside the tool call");
+bad:
+    p->pos += j;
+    return tc_call_cut(p, g_err_obj);
+}
+
 /* ---- JSON call object read whole (ST_OBJ) ------------------------------------------- */
 
 /* The name and the arguments' span of a JSON call object s[0..n) that the
  * scanner has validated; looks one level into a "function" member. */
-static bool obj_fields(const char *s, size_t n, char *name, size_t *as, size_t *ae, int depth)
+static bool obj_fields(const char *s, size_t n, char *name, char *id, size_t *as, size_t *ae, int depth)
 {
     size_t j = 1;
     bool have_name = false;
@@ -647,12 +726,15 @@ static bool obj_fields(const char *s, size_t n, char *name, size_t *as, size_t *
             if (tc_json_string(s, n, &q, name, TOOLCALL_NAME_CAP, &nl) != TC_OK) return false;
             if (!tc_name_ok(name, nl)) return false;
             have_name = true;
+        } else if (key_in(key, g_id_keys) && s[vs] == '"' && !id[0]) {
+            size_t q = vs;
+            read_id(s, n, &q, id);
         } else if (key_in(key, g_args_keys) && *ae == 0) {
             *as = vs;
             *ae = j;
         } else if (strcmp(key, "function") == 0 && s[vs] == '{' && depth == 0 && !have_name) {
             size_t fs = 0, fe = 0;
-            if (obj_fields(s + vs, j - vs, name, &fs, &fe, 1)) {
+            if (obj_fields(s + vs, j - vs, name, id, &fs, &fe, 1)) {
                 have_name = true;
                 if (fe) *as = vs + fs, *ae = vs + fe;
             }
@@ -667,7 +749,7 @@ static keel_status obj_commit(toolcall_parser *p, const char *s, size_t n)
 {
     hdr h = {.kind = H_CALL, .next = ST_HDR, .sub = SUB_JSON};
     size_t as = 0, ae = 0;
-    if (!obj_fields(s, n, h.name, &as, &ae, 0) || !tc_tool_known(p, h.name)) return tc_block_fail(p);
+    if (!obj_fields(s, n, h.name, h.id, &as, &ae, 0) || !tc_tool_known(p, h.name)) return tc_block_fail(p);
     if (ae == 0 && p->blk == TC_BLK_LLAMA) return tc_block_fail(p); /* a bare JSON answer, not a call */
     p->pos += p->obj_off + n;
     p->mark_end = 0;

@@ -189,6 +189,7 @@ typedef struct tc_spec {
     const char *const *raw_stops; /* where raw (invalid) arguments end, NULL-terminated */
     bool llama_start;         /* a bare JSON object at the start of output is a call */
     bool python;              /* Python-style calls in JSON blocks (LFM2, Llama built-ins) */
+    bool json_whole;          /* JSON call objects are read whole: their id may follow the arguments */
     bool harmony;             /* gpt-oss message structure */
 } tc_spec;
 
@@ -214,6 +215,7 @@ enum {
     ST_H_HEADER,  /* harmony message header */
     ST_PY,        /* a Python-style call read whole (pre-commit) */
     ST_MM3,       /* a MiniMax M3 invoke body, read whole, then converted */
+    ST_OBJ_REST,  /* a JSON call object's members after its name, before its arguments */
 };
 
 /* block sub-kinds */
@@ -301,6 +303,7 @@ typedef struct hdr {
     hdr_kind kind;
     size_t used; /* header bytes consumed; H_FALLBACK: offset of the object's '{' */
     char name[TOOLCALL_NAME_CAP];
+    char id[TOOLCALL_ID_CAP]; /* the id the model wrote for the call, or "" */
     int next; /* state after commit */
     int sub;
 } hdr;
@@ -331,7 +334,8 @@ bool tc_tool_known(const toolcall_parser *p, const char *name);
 /* The parameters schema of tool `name` ("parameters" or "input_schema"), or NULL. */
 const json_t *tc_tool_params(const toolcall_parser *p, const char *name);
 int tc_param_type(const toolcall_parser *p, const char *fname, const char *pname);
-keel_status tc_start_call(toolcall_parser *p, const char *name);
+/* id: the model's own id for the call (kept), or NULL / "" (one is made). */
+keel_status tc_start_call(toolcall_parser *p, const char *name, const char *id);
 void tc_set_error(toolcall_parser *p, const char *why);
 keel_status tc_end_call(toolcall_parser *p, const char *why);
 
@@ -347,6 +351,7 @@ keel_status tc_commit(toolcall_parser *p, const hdr *h, size_t consumed);
 keel_status tc_h_hdr(toolcall_parser *p, bool at_end, bool *more);
 keel_status tc_h_obj(toolcall_parser *p, bool at_end, bool *more);
 keel_status tc_h_py(toolcall_parser *p, bool at_end, bool *more);
+keel_status tc_h_obj_rest(toolcall_parser *p, bool at_end, bool *more);
 
 /* toolcall_args.c */
 keel_status tc_call_cut(toolcall_parser *p, const char *why);
