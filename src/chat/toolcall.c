@@ -328,6 +328,7 @@ keel_status tc_emit_text(toolcall_parser *p, size_t n)
 
 static bool marker_active(const toolcall_parser *p, const tc_marker *m)
 {
+    if (m->act == TC_ACT_RDROP) return p->o.parse_reasoning;
     if (m->act == TC_ACT_REASON_OPEN || m->act == TC_ACT_REASON_CLOSE) {
         if (!p->o.parse_reasoning) return false;
         if (m->act == TC_ACT_REASON_OPEN) {
@@ -420,6 +421,7 @@ static keel_status h_text(toolcall_parser *p, bool at_end, bool *more)
                 p->skip_ws = true;
                 return KEEL_OK;
             case TC_ACT_DROP:
+            case TC_ACT_RDROP:
                 p->pos += region;
                 p->skip_ws = true;
                 return KEEL_OK;

@@ -28,6 +28,11 @@ static const tc_marker g_reason_think[] = {M_THINK_CLOSE, M_THINK_OPEN, M_END};
 static const tc_marker g_content_tagged[] = {M_THINK_OPEN, M_TAGGED, M_END};
 static const tc_marker g_reason_tagged[] = {M_THINK_CLOSE, M_THINK_OPEN, M_TAGGED, M_END};
 
+/* Qwen3-Coder / Qwen3.5: calls whose opening <tool_call> the model dropped */
+#define M_QFUNC {"<function=", TC_ACT_BLOCK, TC_BLK_QFUNC}
+static const tc_marker g_content_qwen[] = {M_THINK_OPEN, M_TAGGED, M_QFUNC, M_END};
+static const tc_marker g_reason_qwen[] = {M_THINK_CLOSE, M_THINK_OPEN, M_TAGGED, M_QFUNC, M_END};
+
 #define M_PYTAG {"<|python_tag|>", TC_ACT_BLOCK, TC_BLK_LLAMA}
 static const tc_marker g_content_llama[] = {M_THINK_OPEN, M_PYTAG, M_END};
 static const tc_marker g_reason_llama[] = {M_THINK_CLOSE, M_THINK_OPEN, M_PYTAG, M_END};
@@ -128,7 +133,14 @@ static const tc_marker g_reason_giga[] = {M_THINK_CLOSE, M_THINK_OPEN, M_GIGA, M
 
 #define M_GEMMA {"<|tool_call>", TC_ACT_BLOCK, TC_BLK_GEMMA}
 #define GEMMA_OPEN "<|channel>thought"
-static const tc_marker g_content_gemma[] = {{GEMMA_OPEN, TC_ACT_REASON_OPEN, 0}, M_GEMMA, M_END};
+/* after the answer: an empty thought, a stray channel close or opener is structure */
+static const tc_marker g_content_gemma[] = {{GEMMA_OPEN, TC_ACT_REASON_OPEN, 0},
+                                            M_GEMMA,
+                                            {GEMMA_OPEN "\n<channel|>", TC_ACT_RDROP, 0},
+                                            {GEMMA_OPEN "<channel|>", TC_ACT_RDROP, 0},
+                                            {"<channel|>", TC_ACT_RDROP, 0},
+                                            {"<|channel>", TC_ACT_RDROP, 0},
+                                            M_END};
 static const tc_marker g_reason_gemma[] = {{"<channel|>", TC_ACT_REASON_CLOSE, 0},
                                            {GEMMA_OPEN, TC_ACT_REASON_OPEN, 0},
                                            M_GEMMA,
@@ -265,7 +277,7 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
     [TOOLCALL_FORMAT_CONTENT] = {g_content_think, g_reason_think, THINK, .raw_stops = g_stops_none},
     [TOOLCALL_FORMAT_HERMES] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
                                 .raw_stops = g_stops_tagged},
-    [TOOLCALL_FORMAT_QWEN3_CODER] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
+    [TOOLCALL_FORMAT_QWEN3_CODER] = {g_content_qwen, g_reason_qwen, THINK, .xml = &g_xml_qwen,
                                      .raw_stops = g_stops_tagged},
     [TOOLCALL_FORMAT_GLM] = {g_content_tagged, g_reason_tagged, THINK, .xml = &g_xml_qwen,
                              .glm = &g_xml_glm, .raw_stops = g_stops_tagged},
@@ -439,7 +451,7 @@ toolcall_format toolcall_detect(const char *s, size_t n)
                    : TOOLCALL_FORMAT_MINIMAX_M1;
     }
     if (has(s, n, "<tool_call>")) return TOOLCALL_FORMAT_HERMES;
-    if (has(s, n, "<|tool_call_start|>") || has(s, n, "<|tool_list_start|>"))
+    if (has(s, n, "<|tool_call_start|>") || has(s, n, "<|tool_list_start|>") || has(s, n, "List of tools: ["))
         return TOOLCALL_FORMAT_LFM2;
     if (has(s, n, "<|tool_call>call:")) return TOOLCALL_FORMAT_GEMMA4;
     if (has(s, n, "<|role_sep|>") && has(s, n, "<|message_sep|>") &&
@@ -516,7 +528,7 @@ static keel_status cat(tc_buf *b, const char *s, size_t n)
 bool toolcall_template_reasons(toolcall_format f, const char *src, size_t len)
 {
     const tc_spec *sp = tc_spec_of(f);
-    if (sp->harmony) return true;
+    if (sp->harmony || f == TOOLCALL_FORMAT_KIMI_K2) return true; /* Kimi's parser reads <think> whatever the template */
     if (!src || !sp->reason_open) return false;
     if (f == TOOLCALL_FORMAT_KIMI_K3) return has(src, len, "'think'"); /* tags built by a macro */
     return has(src, len, sp->reason_open) || has(src, len, sp->reason_close);

@@ -269,6 +269,8 @@ static tc_pr hdr_xml_name(const tc_xml *x, const char *s, size_t n, size_t j, hd
 static tc_pr hdr_tagged(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
 {
     size_t j = tc_skip_ws(s, n, 0);
+    /* <function= was the block marker: the name follows */
+    if (p->blk == TC_BLK_QFUNC && !p->blk_has_call) return hdr_xml_name(p->sp->xml, s, n, 0, h, SUB_XML);
     if (p->blk_has_call) {
         if (p->sub == SUB_JSON) return hdr_json_block(p, s, n, at_end, h);
         /* after </function>: </tool_call>, another <function=, or the end */
@@ -498,7 +500,8 @@ static tc_pr parse_header(toolcall_parser *p, const char *s, size_t n, bool at_e
         if (!p->blk_has_call) p->sub = SUB_JSON;
         if (p->blk == TC_BLK_JSON) p->blk_close = p->sp->json_close;
         return hdr_json_block(p, s, n, at_end, h);
-    case TC_BLK_TAGGED: return hdr_tagged(p, s, n, at_end, h);
+    case TC_BLK_TAGGED:
+    case TC_BLK_QFUNC: return hdr_tagged(p, s, n, at_end, h);
     case TC_BLK_XML: return hdr_xml_block(p, s, n, at_end, h);
     case TC_BLK_MISTRAL: return hdr_mistral(p, s, n, at_end, h);
     case TC_BLK_DEEPSEEK:

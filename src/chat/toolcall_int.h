@@ -133,6 +133,7 @@ typedef enum tc_act {
     TC_ACT_BLOCK = 4,        /* opens a tool-call block of kind `arg` */
     TC_ACT_H_END = 5,        /* harmony: end of a message body */
     TC_ACT_H_START = 6,      /* harmony: <|start|> / <|channel|>: a message header follows */
+    TC_ACT_RDROP = 7,        /* reasoning structure dropped from the content when reasoning is parsed */
 } tc_act;
 
 /* Kinds of tool-call blocks (what follows the block marker). */
@@ -151,6 +152,7 @@ typedef enum tc_block {
     TC_BLK_HARMONY = 11,  /* gpt-oss tool call message (internal) */
     TC_BLK_GEMMA = 12,    /* Gemma 4 <|tool_call>call:name{...}<tool_call|> */
     TC_BLK_MM3 = 13,      /* MiniMax M3 ]<]minimax[>[<tool_call>: <invoke name=..> element bodies */
+    TC_BLK_QFUNC = 14,    /* Qwen3-Coder <function=NAME> without its <tool_call> (some models drop it) */
 } tc_block;
 
 typedef struct tc_marker {
