@@ -164,6 +164,10 @@ static json_t *request_of(json_t *c, json_t *tools)
                             json_string(strcmp(cont, "reasoning") == 0 ? "reasoning_content" : "content"));
     else
         json_object_set_new(req, "continue_final_message", json_false());
+    json_t *schema = json_object_get(c, "json_schema");
+    if (schema && !json_is_null(schema))
+        json_object_set_new(req, "response_format",
+                            json_pack("{s:s, s:{s:O}}", "type", "json_schema", "json_schema", "schema", schema));
     json_t *agp = json_object_get(c, "add_generation_prompt");
     if (json_is_boolean(agp) && !cont) json_object_set(req, "add_generation_prompt", agp);
     return req;

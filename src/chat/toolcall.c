@@ -375,6 +375,68 @@ static keel_status begin_block(toolcall_parser *p, int kind, size_t region)
     return KEEL_OK;
 }
 
+/*
+ * A JSON answer (json_answer) in a Markdown fence: "```json" (or "```")
+ * and its line break open the content, dropped; "```" with nothing but
+ * whitespace after it up to the end of the output closes it, dropped. A
+ * "```" followed by more text is text. Called at the head of the held
+ * content: consumes an opening fence, or decides a closing one (*wait:
+ * more bytes are needed).
+ */
+static keel_status fence(toolcall_parser *p, const char *b, size_t n, bool at_end, bool *wait)
+{
+    size_t j = tc_skip_ws(b, n, 0), k = j;
+    if (!p->seen_content && !p->fence_open) {
+        if (j >= n) {
+            *wait = !at_end;
+            return KEEL_OK;
+        }
+        tc_pr r = tc_lit(b, n, &k, "```");
+        if (r == TC_MORE && !at_end) {
+            *wait = true;
+            return KEEL_OK;
+        }
+        if (r != TC_OK) return KEEL_OK;
+        size_t q = k;
+        r = tc_lit(b, n, &q, "json");
+        if (r == TC_MORE && !at_end) {
+            *wait = true;
+            return KEEL_OK;
+        }
+        if (r == TC_OK) k = q;
+        while (k < n && (b[k] == ' ' || b[k] == '\t'))
+            k++;
+        if (k < n && b[k] == '\r') k++;
+        if (k >= n && !at_end) {
+            *wait = true;
+            return KEEL_OK;
+        }
+        if (k < n && b[k] != '\n') return KEEL_OK; /* "```x": not an opening fence */
+        p->pos += k < n ? k + 1 : k;
+        p->fence_open = true;
+        return KEEL_OK;
+    }
+    if (!p->fence_open || j >= n || b[j] != '`') return KEEL_OK;
+    tc_pr r = tc_lit(b, n, &k, "```");
+    if (r == TC_MORE && !at_end) {
+        *wait = true;
+        return KEEL_OK;
+    }
+    if (r != TC_OK) return KEEL_OK;
+    size_t e = tc_skip_ws(b, n, k);
+    if (e < n) { /* more text after it: the backticks are text */
+        p->fence_open = false;
+        return KEEL_OK;
+    }
+    if (!at_end) {
+        *wait = true;
+        return KEEL_OK;
+    }
+    p->pos += n; /* the closing fence and the whitespace around it */
+    p->fence_open = false;
+    return KEEL_OK;
+}
+
 static keel_status h_text(toolcall_parser *p, bool at_end, bool *more)
 {
     const tc_marker *mk = p->reasoning_mode ? p->sp->reasoning : p->sp->content;
@@ -392,10 +454,24 @@ static keel_status h_text(toolcall_parser *p, bool at_end, bool *more)
         p->skip_ws = false;
         return KEEL_OK;
     }
+    if (p->o.json_answer && !p->reasoning_mode) {
+        bool wait = false;
+        keel_status st = fence(p, b, n, at_end, &wait);
+        if (st || wait) {
+            *more = wait && !at_end;
+            return st;
+        }
+        if (p->pos != (size_t)(b - p->in.p)) return KEEL_OK; /* consumed: look again */
+    }
     bool run = false;
-    size_t ws_start = 0;
+    size_t ws_start = 0, head = tc_skip_ws(b, n, 0);
     for (; i < n; i++) {
         uint8_t c = (uint8_t)b[i];
+        /* backticks after the head: a closing fence, decided by fence() once they lead */
+        if (p->fence_open && c == '`' && i > head && !p->reasoning_mode) {
+            keel_status st = tc_emit_text(p, run ? ws_start : i);
+            return st;
+        }
         bool llama = c == '{' && p->sp->llama_start && !p->reasoning_mode && !p->seen_content &&
                      p->n_calls == 0 && !p->llama_start_done;
         size_t mlen = 0;

@@ -200,6 +200,8 @@ typedef struct toolcall_options {
     toolcall_format format;
     bool starts_in_reasoning; /* the prompt opened the reasoning block (toolcall_prompt_opens_reasoning) */
     bool parse_reasoning;     /* false: reasoning markers stay in the content, verbatim */
+    bool json_answer;         /* the answer is JSON (a JSON response format): a Markdown fence
+                               * around the content (```json ... ```) is removed */
     /* Tools offered to the model (OpenAI [{"type":"function","function":{name,parameters}}]
      * or Anthropic [{name, input_schema}]), or NULL. When given, calls to other names are
      * content, and XML parameter values are typed by the parameter's JSON schema. The

@@ -272,6 +272,7 @@ struct toolcall_parser {
     bool skip_ws;
     bool seen_content, seen_reasoning; /* a non-whitespace text byte was classified */
     bool reason_done;
+    bool fence_open; /* json_answer: an opening ``` was dropped */
     bool h_drop; /* harmony: the message's body is dropped (a call to a tool not offered) */
     bool h_raw;  /* harmony: an analysis message kept in the content (reasoning_format none) */
     bool llama_start_done;

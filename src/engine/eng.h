@@ -53,6 +53,7 @@ typedef struct eng_opts {
     json_t *template_kwargs;  /* extra template variables (object) or NULL; owned ref */
     bool parse_tools;         /* false for raw prompts */
     bool parse_reasoning;     /* reasoning_format "none": reasoning markers stay in the content */
+    bool json_answer;         /* response_format json_object / json_schema: a fenced answer is unwrapped */
     bool ignore_eos;          /* end-of-generation tokens are never sampled */
     eng_tool_choice tool_choice;
     char *tool_name;          /* tool_choice naming one tool (owned), else NULL */

@@ -30,6 +30,7 @@ static toolcall_options parser_options(const keel_engine *e, const eng_req *r, c
                     ? e->tool_format
                     : TOOLCALL_FORMAT_CONTENT;
     to.parse_reasoning = r->kind == ENG_REQ_CHAT && r->o.parse_reasoning;
+    to.json_answer = r->kind == ENG_REQ_CHAT && r->o.json_answer;
     to.tools = r->tools;
     if (r->kind == ENG_REQ_CHAT && prompt)
         to.starts_in_reasoning = toolcall_prompt_opens_reasoning(to.format, prompt, prompt_len);

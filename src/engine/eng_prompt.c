@@ -307,6 +307,15 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
                                                 "\"deepseek-legacy\"");
             else
                 o->parse_reasoning = strcmp(m, "none") != 0;
+        } else if (strcmp(k, "response_format") == 0) {
+            /* {"type": "text" | "json_object" | "json_schema", ...}: the answer is JSON */
+            const char *t = json_string_value(json_object_get(v, "type"));
+            if (json_is_null(v)) continue;
+            if (!t || (strcmp(t, "text") != 0 && strcmp(t, "json_object") != 0 && strcmp(t, "json_schema") != 0))
+                st = base_err(err, KEEL_EINVAL,
+                              "response_format must be an object with type \"text\", \"json_object\" or \"json_schema\"");
+            else
+                o->json_answer = strcmp(t, "text") != 0;
         } else if (strcmp(k, "continue_final_message") == 0) {
             const char *m = json_string_value(v);
             if (json_is_boolean(v))
