@@ -502,6 +502,14 @@ static keel_status h_text(toolcall_parser *p, bool at_end, bool *more)
                 p->skip_ws = true;
                 return KEEL_OK;
             case TC_ACT_BLOCK:
+                /* in reasoning, a call marker is a call only if the reasoning is
+                 * never closed after it: held until that is known */
+                if (p->reasoning_mode && !p->r_release) { /* held from the whitespace before it */
+                    p->obj_len = 0;
+                    p->st = ST_R_HOLD;
+                    return KEEL_OK;
+                }
+                p->r_release = false;
                 return begin_block(p, hit->arg, region);
             case TC_ACT_H_END:
                 /* an analysis message kept in the content keeps its end too */
@@ -546,6 +554,49 @@ static keel_status h_text(toolcall_parser *p, bool at_end, bool *more)
     return st;
 }
 
+/* ---- a call marker inside reasoning (ST_R_HOLD) ---------------------------------------- */
+
+/* Text inside a closed reasoning block is reasoning, call markers
+ * included; a call in reasoning that is never closed ends the reasoning
+ * (models that call tools from their thinking). Held from the marker
+ * until a reasoning close (then reasoning text) or the end of the output
+ * (then parsed as calls); past max_held it is reasoning. */
+static keel_status h_r_hold(toolcall_parser *p, bool at_end, bool *more)
+{
+    const char *s = tc_cur(p);
+    size_t n = tc_avail(p), w = BASE_MIN(n, p->max_held);
+    for (size_t i = p->obj_len; i < w; i++) {
+        for (const tc_marker *m = p->sp->reasoning; m->s; m++) {
+            if (m->act != TC_ACT_REASON_CLOSE || m->s[0] != s[i]) continue;
+            size_t len = strlen(m->s);
+            if (i + len > n) {
+                if (!at_end) {
+                    p->obj_len = i;
+                    *more = true;
+                    return KEEL_OK;
+                }
+                continue;
+            }
+            if (memcmp(s + i, m->s, len) != 0) continue;
+            p->st = ST_TEXT; /* the close follows: all of it was reasoning */
+            p->seen_reasoning = true;
+            return tc_emit_text(p, i);
+        }
+    }
+    p->obj_len = w;
+    if (!at_end && n < p->max_held) {
+        *more = true;
+        return KEEL_OK;
+    }
+    p->st = ST_TEXT;
+    if (at_end && n < p->max_held) { /* never closed: the marker opens a call */
+        p->r_release = true;
+        return KEEL_OK;
+    }
+    p->seen_reasoning = true;
+    return tc_emit_text(p, w);
+}
+
 /* ---- driver ----------------------------------------------------------------------------------- */
 
 static keel_status step(toolcall_parser *p, bool at_end, bool *more)
@@ -564,6 +615,7 @@ static keel_status step(toolcall_parser *p, bool at_end, bool *more)
     case ST_PY: return tc_h_py(p, at_end, more);
     case ST_MM3: return tc_h_mm3(p, at_end, more);
     case ST_OBJ_REST: return tc_h_obj_rest(p, at_end, more);
+    case ST_R_HOLD: return h_r_hold(p, at_end, more);
     default: return base_err(p->err, KEEL_EINTERNAL, "tool-call parser: bad state %d", p->st);
     }
 }

@@ -218,6 +218,7 @@ enum {
     ST_PY,        /* a Python-style call read whole (pre-commit) */
     ST_MM3,       /* a MiniMax M3 invoke body, read whole, then converted */
     ST_OBJ_REST,  /* a JSON call object's members after its name, before its arguments */
+    ST_R_HOLD,    /* a call marker in reasoning: held until the reasoning closes or the output ends */
 };
 
 /* block sub-kinds */
@@ -273,6 +274,7 @@ struct toolcall_parser {
     bool seen_content, seen_reasoning; /* a non-whitespace text byte was classified */
     bool reason_done;
     bool fence_open; /* json_answer: an opening ``` was dropped */
+    bool r_release;  /* ST_R_HOLD ended unclosed: the call marker in reasoning opens a call */
     bool h_drop; /* harmony: the message's body is dropped (a call to a tool not offered) */
     bool h_raw;  /* harmony: an analysis message kept in the content (reasoning_format none) */
     bool llama_start_done;
