@@ -564,8 +564,10 @@ static void test_other_families(void **state)
          .calls = {{"read_file", "{\"path\":\"a.txt\"}"},
                    {"read_file", "{\"path\":\"b \\\"x\\\")\",\"max_bytes\":100,\"opts\":{\"k\":[1,-2.5,true,null]}}"},
                    {"now", "{}"}}},
+        /* the call starts at "f(" (its name streams first); positional arguments
+         * have no names to give: the call keeps them raw, marked */
         {.fmt = "lfm2", .text = "<|tool_call_start|>[f(1, 2)]<|tool_call_end|>",
-         .content = "<|tool_call_start|>[f(1, 2)]<|tool_call_end|>", .raw = true},
+         .calls = {{"f", "1, 2", true}}, .raw = true},
         {.fmt = "gemma4",
          .text = "<|channel>thought\nTwo reads.<channel|><|tool_call>call:read_file{path:<|\"|>a.txt<|\"|>}"
                  "<tool_call|><|tool_call>call:read_file{max_bytes:100,path:<|\"|>b {x}, \"y\"<|\"|>,o:{k:[1,true,"

@@ -797,40 +797,84 @@ keel_status tc_h_obj(toolcall_parser *p, bool at_end, bool *more)
 }
 
 /* A Python-style call, read whole, then committed as one (ST_PY). */
+/* The name of a Python-style call s[0..n) that ends with its '(' (Llama's
+ * built-ins: NAME.call): into name; false when it is not one. */
+static bool py_name(const char *s, size_t n, char *name)
+{
+    size_t a = tc_skip_ws(s, n, 0), e = n - 1;
+    while (e > a && tc_is_ws((uint8_t)s[e - 1]))
+        e--;
+    if (e - a >= 5 && memcmp(s + e - 5, ".call", 5) == 0) e -= 5;
+    if (e <= a || e - a >= TOOLCALL_NAME_CAP) return false;
+    memcpy(name, s + a, e - a);
+    name[e - a] = '\0';
+    return true;
+}
+
+static const char g_err_py[] = "the call's arguments are not Python keyword arguments";
+
 keel_status tc_h_py(toolcall_parser *p, bool at_end, bool *more)
 {
     const char *s = tc_cur(p) + p->obj_off;
     size_t n = tc_avail(p) - p->obj_off;
+    bool gemma = p->sub == SUB_GEMMA;
     while (p->obj_len < n) {
-        if (p->obj_len >= p->max_held) return tc_block_fail(p);
-        bool gemma = p->sub == SUB_GEMMA;
+        if (p->obj_len >= p->max_held) break;
         uint8_t c = (uint8_t)s[p->obj_len];
+        bool opened = p->py.opened;
         tc_pr r = gemma ? tc_gemma_scan_byte(&p->gemma, c) : tc_py_scan_byte(&p->py, c);
-        if (r == TC_FAIL) return tc_block_fail(p);
+        if (r == TC_FAIL && p->call < 0) return tc_block_fail(p);
+        if (r == TC_FAIL) break;
         p->obj_len++;
+        if (!gemma && !opened && p->py.opened) { /* NAME( : the call starts, its name known */
+            char name[TOOLCALL_NAME_CAP];
+            if (!py_name(s, p->obj_len, name) || !tc_name_ok(name, strlen(name)) || !tc_tool_known(p, name))
+                return tc_block_fail(p);
+            keel_status st = tc_start_call(p, name, NULL);
+            if (st) return st;
+        }
         if (r == TC_MORE) continue;
         hdr h = {.kind = H_CALL, .next = gemma ? ST_CALLEND : ST_HDR, .sub = p->sub};
         tc_buf json = {0};
         bool ok;
         keel_status st = gemma ? tc_gemma_call(s, p->obj_len, h.name, &json, &ok)
                                : tc_py_call(s, p->obj_len, h.name, &json, &ok);
-        if (st == KEEL_OK && (!ok || !tc_name_ok(h.name, strlen(h.name)) || !tc_tool_known(p, h.name))) {
+        if (st == KEEL_OK && gemma && (!ok || !tc_name_ok(h.name, strlen(h.name)) || !tc_tool_known(p, h.name))) {
             tc_buf_free(&json);
             return tc_block_fail(p);
         }
         if (st == KEEL_OK) {
             p->pos += p->obj_off + p->obj_len;
             p->mark_end = 0;
-            st = tc_commit(p, &h, 0);
+            if (gemma) {
+                st = tc_commit(p, &h, 0);
+            } else {
+                p->st = ST_HDR;
+                p->sub = h.sub;
+            }
         }
-        if (st == KEEL_OK) st = tc_out_args(p, json.p, json.len);
+        /* arguments that do not convert: the raw text inside the parentheses, marked */
+        const char *open_paren = gemma ? NULL : memchr(s, '(', p->obj_len);
+        if (st == KEEL_OK && (ok || gemma))
+            st = tc_out_args(p, json.p, json.len);
+        else if (st == KEEL_OK)
+            st = tc_out_args(p, open_paren + 1, (size_t)(s + p->obj_len - 1 - (open_paren + 1)));
         tc_buf_free(&json);
         if (st == KEEL_OK && gemma) return KEEL_OK; /* <tool_call|> next */
-        if (st == KEEL_OK) st = tc_end_call(p, NULL);
+        if (st == KEEL_OK) st = tc_end_call(p, ok ? NULL : g_err_py);
         if (st == KEEL_OK) tc_block_next(p);
         return st ? tc_fail_nomem(p, st) : st;
     }
-    if (at_end) return tc_block_fail(p);
+    if (p->obj_len < n || p->obj_len >= p->max_held || at_end) {
+        if (p->call < 0) return tc_block_fail(p);
+        /* a started call cut by the end, by bytes that cannot be Python or by the bound */
+        const char *open_paren = memchr(s, '(', p->obj_len);
+        keel_status st = tc_out_args(p, open_paren + 1, (size_t)(s + p->obj_len - (open_paren + 1)));
+        p->pos += p->obj_off + p->obj_len;
+        p->mark_end = 0;
+        if (st) return st;
+        return tc_call_cut(p, at_end && p->obj_len == n ? "the output ended inside the arguments" : g_err_py);
+    }
     *more = true;
     return KEEL_OK;
 }
