@@ -680,6 +680,10 @@ keel_status toolcall_open(const toolcall_options *o, toolcall_parser **out, char
     p->call = -1;
     p->last_stream = -1;
     p->st = p->sp->harmony ? ST_H_HEADER : ST_TEXT;
+    if (p->sp->starts_in_block) { /* the prompt wrote the block marker: a header comes first */
+        p->blk = p->sp->starts_in_block;
+        p->st = ST_HDR;
+    }
     p->reasoning_mode = o->starts_in_reasoning && o->parse_reasoning && !p->sp->harmony;
     p->skip_ws = p->reasoning_mode; /* whitespace after the prompt's opener */
     *out = p;

@@ -84,7 +84,10 @@
     X(GEMMA4, "gemma4", "Gemma 4: <|tool_call>call:name{k:<|\"|>v<|\"|>}<tool_call|>")             \
     X(SEED_OSS, "seed-oss", "Seed-OSS: <seed:think>, <seed:tool_call><function=..><parameter=..>") \
     X(KIMI_K3, "kimi-k3", "Kimi K3: <|open|>think<|sep|>, <|open|>tools<|sep|><|open|>call tool=..") \
-    X(MINIMAX_M3, "minimax-m3", "MiniMax M3: <mm:think>, ]<]minimax[>[<tool_call> <invoke name=..> elements")
+    X(MINIMAX_M3, "minimax-m3", "MiniMax M3: <mm:think>, ]<]minimax[>[<tool_call> <invoke name=..> elements") \
+    X(APERTUS, "apertus", "Apertus: <|inner_prefix|> reasoning, <|tools_prefix|>[{\"name\": {args}}]<|tools_suffix|>") \
+    X(COMMAND_R_PLUS, "command-r-plus", "Command R+: Action:\\n```json [{tool_name, parameters}] ```")  \
+    X(FUNCTIONARY_V3_2, "functionary-v3.2", "Functionary v3.2: >>>all\\ntext, >>>name\\n{json}")
 
 typedef enum toolcall_format {
 #define TOOLCALL_FORMAT_ENUM_(e, name, family) TOOLCALL_FORMAT_##e,

@@ -175,6 +175,23 @@ static const tc_marker g_reason_k3[] = {{K3_THINK_END, TC_ACT_REASON_CLOSE, 0},
 static const tc_marker g_content_mm3[] = {M_MM3_OPEN, {"</mm:think>", TC_ACT_REASON_CLOSE, 0}, M_MM3_CALL, M_END};
 static const tc_marker g_reason_mm3[] = {{"</mm:think>", TC_ACT_REASON_CLOSE, 0}, M_MM3_OPEN, M_MM3_CALL, M_END};
 
+#define M_APERTUS {"<|tools_prefix|>", TC_ACT_BLOCK, TC_BLK_JSON}
+static const tc_marker g_content_apertus[] = {{"<|inner_prefix|>", TC_ACT_REASON_OPEN, 0}, M_APERTUS, M_END};
+static const tc_marker g_reason_apertus[] = {{"<|inner_suffix|>", TC_ACT_REASON_CLOSE, 0},
+                                             {"<|inner_prefix|>", TC_ACT_REASON_OPEN, 0},
+                                             M_APERTUS,
+                                             M_END};
+
+/* Command R+: chat text between its turn tokens, actions as a fenced JSON list */
+static const tc_marker g_content_crplus[] = {{"<|CHATBOT_TOKEN|>", TC_ACT_DROP, 0},
+                                            {"<|END_OF_TURN_TOKEN|>", TC_ACT_DROP, 0},
+                                            {"Action:\n```json", TC_ACT_BLOCK, TC_BLK_JSON},
+                                            {"Action: ```json", TC_ACT_BLOCK, TC_BLK_JSON},
+                                            M_END};
+
+/* Functionary v3.2: every message starts with >>>RECIPIENT\n */
+static const tc_marker g_content_fn32[] = {{">>>", TC_ACT_BLOCK, TC_BLK_RECIPIENT}, M_END};
+
 /* ---- XML parameter syntaxes ---------------------------------------------------- */
 
 static const tc_xml g_xml_qwen = {
@@ -270,6 +287,9 @@ static const char *const g_stops_giga[] = {"<|message_sep|>", NULL};
 static const char *const g_stops_gemma[] = {"<tool_call|>", NULL};
 static const char *const g_stops_none[] = {NULL};
 static const char *const g_stops_seed[] = {"</seed:tool_call>", NULL};
+static const char *const g_stops_apertus[] = {"<|tools_suffix|>", NULL};
+static const char *const g_stops_fence[] = {"```", NULL};
+static const char *const g_stops_fn32[] = {">>>", NULL};
 
 #define THINK .reason_open = "<think>", .reason_close = "</think>"
 
@@ -321,6 +341,13 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
                                  .xml = &g_xml_k3, .raw_stops = g_stops_none},
     [TOOLCALL_FORMAT_MINIMAX_M3] = {g_content_mm3, g_reason_mm3, .reason_open = "<mm:think>",
                                     .reason_close = "</mm:think>", .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_APERTUS] = {g_content_apertus, g_reason_apertus, .reason_open = "<|inner_prefix|>",
+                                 .reason_close = "<|inner_suffix|>", .json_close = "<|tools_suffix|>",
+                                 .raw_stops = g_stops_apertus, .json_name_keyed = true},
+    [TOOLCALL_FORMAT_COMMAND_R_PLUS] = {g_content_crplus, g_content_crplus, .json_close = "```",
+                                        .raw_stops = g_stops_fence},
+    [TOOLCALL_FORMAT_FUNCTIONARY_V3_2] = {g_content_fn32, g_content_fn32, .raw_stops = g_stops_fn32,
+                                          .starts_in_block = TC_BLK_RECIPIENT, .content_prefix = "all\n"},
     [TOOLCALL_FORMAT_GIGACHAT3] = {g_content_giga, g_reason_giga, THINK, .json_close = "<|message_sep|>",
                                    .raw_stops = g_stops_giga},
 };
@@ -434,11 +461,14 @@ toolcall_format toolcall_detect(const char *s, size_t n)
                                          : TOOLCALL_FORMAT_DEEPSEEK_R1;
     }
     if (has(s, n, "<seed:tool_call>") || has(s, n, "<seed:think>")) return TOOLCALL_FORMAT_SEED_OSS;
+    if (has(s, n, "<|tools_prefix|>")) return TOOLCALL_FORMAT_APERTUS;
     if (has(s, n, "<|tool_calls_section_begin|>")) return TOOLCALL_FORMAT_KIMI_K2;
     if (has(s, n, "'<|open|>'") && has(s, n, "'<|sep|>'")) return TOOLCALL_FORMAT_KIMI_K3;
     if (has(s, n, "<minimax:tool_call>")) return TOOLCALL_FORMAT_MINIMAX_M2;
     if (has(s, n, TC_MM3_NS) || has(s, n, "<mm:think>")) return TOOLCALL_FORMAT_MINIMAX_M3;
     if (has(s, n, "<|START_ACTION|>")) return TOOLCALL_FORMAT_COMMAND_R7B;
+    if (has(s, n, "<|CHATBOT_TOKEN|>") && has(s, n, "Action:")) return TOOLCALL_FORMAT_COMMAND_R_PLUS;
+    if (has(s, n, ">>>all") || (has(s, n, "'>>>'") && has(s, n, "recipient"))) return TOOLCALL_FORMAT_FUNCTIONARY_V3_2;
     if (has(s, n, "<|tool_call|>")) return TOOLCALL_FORMAT_GRANITE;
     if (has(s, n, "<arg_key>")) return TOOLCALL_FORMAT_GLM;
     if (has(s, n, "<tool_call>") && has(s, n, "<function=") && has(s, n, "<parameter="))
@@ -575,6 +605,7 @@ keel_status toolcall_continuation(toolcall_format f, const char *gen, size_t gen
             if (!st) st = cat(&b, reasoning, rl);
             if (!st && want_content) st = cat(&b, sp->reason_close, strlen(sp->reason_close));
         }
+        if (!st && want_content && sp->content_prefix) st = cat(&b, sp->content_prefix, strlen(sp->content_prefix));
         if (!st && want_content) st = cat(&b, content, cl);
     }
     if (!st) st = tc_buf_append(&b, "", 0); /* allocates the NUL when empty */

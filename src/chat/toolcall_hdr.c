@@ -40,7 +40,7 @@ static tc_pr read_id(const char *s, size_t n, size_t *j, char *id)
  * arguments), an id before the name kept; H_FALLBACK when the object must
  * be read whole (arguments before the name, a nested "function", no name
  * yet, or `whole`: the format's ids may follow the arguments). */
-static tc_pr hdr_json_obj(const char *s, size_t n, size_t i, bool at_end, bool whole, hdr *h)
+static tc_pr hdr_json_obj(const char *s, size_t n, size_t i, bool at_end, bool whole, bool name_keyed, hdr *h)
 {
     size_t j = i + 1;
     char key[64];
@@ -56,6 +56,16 @@ static tc_pr hdr_json_obj(const char *s, size_t n, size_t i, bool at_end, bool w
         j = tc_skip_ws(s, n, j);
         if (j >= n) return TC_MORE;
         if (key_in(key, g_args_keys) || whole) break;
+        if (name_keyed && !key_in(key, g_name_keys) && !key_in(key, g_id_keys) && s[j] == '{') {
+            /* {"NAME": {arguments}}: the key names the call, its value is the arguments */
+            if (klen == 0 || strlen(key) != klen) return TC_FAIL;
+            memcpy(h->name, key, klen + 1);
+            h->kind = H_CALL;
+            h->used = j;
+            h->next = ST_ARGS;
+            h->sub = SUB_JSON;
+            return TC_OK;
+        }
         if (key_in(key, g_name_keys)) {
             size_t nlen;
             if (s[j] != '"') return TC_FAIL;
@@ -139,7 +149,7 @@ static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at
             return hdr_py(j, h);
         }
         if (s[j] != '{') return TC_FAIL;
-        return hdr_json_obj(s, n, j, at_end, obj_whole(p), h);
+        return hdr_json_obj(s, n, j, at_end, obj_whole(p), p->sp->json_name_keyed, h);
     }
     if (j >= n) return at_end ? hdr_end_block(j, h) : TC_MORE;
     if (p->blk_array) {
@@ -148,7 +158,7 @@ static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at
             if (j >= n) return at_end ? TC_FAIL : TC_MORE;
             if (p->sub == SUB_PY && py_start(s[j])) return hdr_py(j, h);
             if (s[j] != '{') return TC_FAIL;
-            return hdr_json_obj(s, n, j, at_end, obj_whole(p), h);
+            return hdr_json_obj(s, n, j, at_end, obj_whole(p), p->sp->json_name_keyed, h);
         }
         if (s[j] != ']') return TC_FAIL;
         j = tc_skip_ws(s, n, j + 1);
@@ -161,10 +171,10 @@ static tc_pr hdr_json_block(toolcall_parser *p, const char *s, size_t n, bool at
     if (s[j] == ',' || s[j] == ';') {
         size_t k = tc_skip_ws(s, n, j + 1);
         if (k >= n) return at_end ? hdr_end_block(j, h) : TC_MORE;
-        if (s[k] == '{') return hdr_json_obj(s, n, k, at_end, obj_whole(p), h);
+        if (s[k] == '{') return hdr_json_obj(s, n, k, at_end, obj_whole(p), p->sp->json_name_keyed, h);
         return hdr_end_block(j, h);
     }
-    if (s[j] == '{') return hdr_json_obj(s, n, j, at_end, obj_whole(p), h);
+    if (s[j] == '{') return hdr_json_obj(s, n, j, at_end, obj_whole(p), p->sp->json_name_keyed, h);
     size_t k = j;
     tc_pr r = opt_lit(s, n, &k, p->blk_close);
     if (r == TC_MORE && !at_end) return TC_MORE;
@@ -490,9 +500,27 @@ static tc_pr hdr_mm3(toolcall_parser *p, const char *s, size_t n, bool at_end, h
     return hdr_end_block(r == TC_OK ? k : j, h);
 }
 
+/* Functionary v3.2 after ">>>": RECIPIENT then a line break; "all" is
+ * the user (text follows), a tool is called with the JSON that follows. */
+static tc_pr hdr_recipient(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
+{
+    size_t j = 0;
+    tc_pr r = tc_read_name(s, n, &j, "\n", h->name);
+    if (r != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
+    j++;
+    if (strcmp(h->name, "all") == 0) {
+        h->kind = H_TEXT;
+        h->used = j;
+        return TC_OK;
+    }
+    (void)p;
+    return hdr_call(h, j, ST_ARGS, SUB_V31);
+}
+
 static tc_pr parse_header(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
 {
     switch (p->blk) {
+    case TC_BLK_RECIPIENT: return hdr_recipient(p, s, n, at_end, h);
     case TC_BLK_MM3: return hdr_mm3(p, s, n, at_end, h);
     case TC_BLK_GEMMA: return hdr_gemma(p, s, n, at_end, h);
     case TC_BLK_JSON:
@@ -593,6 +621,12 @@ keel_status tc_h_hdr(toolcall_parser *p, bool at_end, bool *more)
         r = TC_FAIL;
     }
     if (r == TC_FAIL) return tc_block_fail(p);
+    if (h.kind == H_TEXT) {
+        p->pos += p->mark_end + h.used;
+        tc_block_done(p);
+        p->skip_ws = false;
+        return KEEL_OK;
+    }
     if (h.kind == H_END_BLOCK) {
         if (!p->blk_has_call) return tc_block_fail(p);
         p->pos += p->mark_end + h.used;

@@ -153,6 +153,7 @@ typedef enum tc_block {
     TC_BLK_GEMMA = 12,    /* Gemma 4 <|tool_call>call:name{...}<tool_call|> */
     TC_BLK_MM3 = 13,      /* MiniMax M3 ]<]minimax[>[<tool_call>: <invoke name=..> element bodies */
     TC_BLK_QFUNC = 14,    /* Qwen3-Coder <function=NAME> without its <tool_call> (some models drop it) */
+    TC_BLK_RECIPIENT = 15, /* Functionary v3.2 >>>RECIPIENT\n: "all" is text, else a call with JSON */
 } tc_block;
 
 typedef struct tc_marker {
@@ -192,6 +193,9 @@ typedef struct tc_spec {
     bool llama_start;         /* a bare JSON object at the start of output is a call */
     bool python;              /* Python-style calls in JSON blocks (LFM2, Llama built-ins) */
     bool json_whole;          /* JSON call objects are read whole: their id may follow the arguments */
+    bool json_name_keyed;     /* a JSON call object may be {"NAME": {arguments}} (Apertus) */
+    uint8_t starts_in_block;  /* tc_block the output starts inside (the prompt wrote its marker), or 0 */
+    const char *content_prefix; /* what a continued message's content follows ("all\n"), or NULL */
     bool harmony;             /* gpt-oss message structure */
 } tc_spec;
 
@@ -302,7 +306,7 @@ struct toolcall_parser {
     size_t v_scanned;
 };
 
-typedef enum { H_CALL = 1, H_FALLBACK, H_END_BLOCK, H_PY } hdr_kind;
+typedef enum { H_CALL = 1, H_FALLBACK, H_END_BLOCK, H_PY, H_TEXT } hdr_kind; /* H_TEXT: text follows */
 
 typedef struct hdr {
     hdr_kind kind;
