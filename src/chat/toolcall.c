@@ -329,6 +329,7 @@ keel_status tc_emit_text(toolcall_parser *p, size_t n)
 static bool marker_active(const toolcall_parser *p, const tc_marker *m)
 {
     if (m->act == TC_ACT_RDROP) return p->o.parse_reasoning;
+    if (m->act == TC_ACT_BLOCK && p->sp->muse && !p->h_tool) return false; /* markup quoted in text */
     if (m->act == TC_ACT_REASON_OPEN || m->act == TC_ACT_REASON_CLOSE) {
         if (!p->o.parse_reasoning) return false;
         if (m->act == TC_ACT_REASON_OPEN) {

@@ -87,7 +87,9 @@
     X(MINIMAX_M3, "minimax-m3", "MiniMax M3: <mm:think>, ]<]minimax[>[<tool_call> <invoke name=..> elements") \
     X(APERTUS, "apertus", "Apertus: <|inner_prefix|> reasoning, <|tools_prefix|>[{\"name\": {args}}]<|tools_suffix|>") \
     X(COMMAND_R_PLUS, "command-r-plus", "Command R+: Action:\\n```json [{tool_name, parameters}] ```")  \
-    X(FUNCTIONARY_V3_2, "functionary-v3.2", "Functionary v3.2: >>>all\\ntext, >>>name\\n{json}")
+    X(FUNCTIONARY_V3_2, "functionary-v3.2", "Functionary v3.2: >>>all\\ntext, >>>name\\n{json}") \
+    X(FIREFUNCTION_V2, "firefunction-v2", "FireFunction v2: functools[{\"name\", \"arguments\"}, ...]") \
+    X(MUSE, "muse", "Muse Glimmer: <|start|>assistant to=self|user|TOOL<|message|>, <atem:function_calls>")
 
 typedef enum toolcall_format {
 #define TOOLCALL_FORMAT_ENUM_(e, name, family) TOOLCALL_FORMAT_##e,

@@ -670,7 +670,7 @@ keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more)
     bool capped = n >= HDR_CAP;
     size_t lim = capped ? HDR_CAP : n;
     size_t j = tc_skip_ws(s, lim, 0), k = j, q;
-    p->h_drop = p->h_raw = false;
+    p->h_drop = p->h_raw = p->h_tool = false;
     if (j > 0) { /* whitespace before a header is dropped */
         p->pos += j;
         return KEEL_OK;
@@ -699,6 +699,23 @@ keel_status tc_h_h_header(toolcall_parser *p, bool at_end, bool *more)
         size_t hn = q - hstart, used = q + sizeof msg - 1;
         size_t cl = h_token(h, hn, "<|channel|>", true, &chan);
         size_t tl = h_token(h, hn, "to=", false, &to);
+        if (p->sp->muse && to) { /* to=self: reasoning; to=user: the answer; to=TOOL: its call block */
+            bool self = tok_is(to, tl, "self"), user = tok_is(to, tl, "user");
+            char name[TOOLCALL_NAME_CAP];
+            bool tool = !self && !user && tc_name_ok(to, tl);
+            if (tool) {
+                memcpy(name, to, tl);
+                name[tl] = '\0';
+                tool = tc_tool_known(p, name);
+            }
+            p->pos += used;
+            p->reasoning_mode = self && p->o.parse_reasoning;
+            p->h_tool = tool;
+            p->h_drop = !self && !user && !tool; /* a recipient the request did not offer */
+            p->st = ST_TEXT;
+            p->skip_ws = false;
+            return KEEL_OK;
+        }
         if (tok_is(to, tl, "assistant") || tok_is(to, tl, "user")) to = NULL;
         if (to) {
             hdr hd;

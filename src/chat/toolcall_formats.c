@@ -192,6 +192,17 @@ static const tc_marker g_content_crplus[] = {{"<|CHATBOT_TOKEN|>", TC_ACT_DROP, 
 /* Functionary v3.2: every message starts with >>>RECIPIENT\n */
 static const tc_marker g_content_fn32[] = {{">>>", TC_ACT_BLOCK, TC_BLK_RECIPIENT}, M_END};
 
+/* FireFunction v2: a JSON list after "functools", no closing marker */
+static const tc_marker g_content_firefn[] = {M_THINK_OPEN, {"functools", TC_ACT_BLOCK, TC_BLK_JSON}, M_END};
+static const tc_marker g_reason_firefn[] = {M_THINK_CLOSE, M_THINK_OPEN, {"functools", TC_ACT_BLOCK, TC_BLK_JSON}, M_END};
+
+/* Muse Glimmer: harmony-like messages ended by <|eot|> / <|eom|> */
+static const tc_marker g_muse[] = {{"<|eot|>", TC_ACT_H_END, 0},
+                                   {"<|eom|>", TC_ACT_H_END, 0},
+                                   {"<|start|>", TC_ACT_H_START, 0},
+                                   {"<atem:function_calls>", TC_ACT_BLOCK, TC_BLK_XML},
+                                   M_END};
+
 /* ---- XML parameter syntaxes ---------------------------------------------------- */
 
 static const tc_xml g_xml_qwen = {
@@ -226,6 +237,16 @@ static const tc_xml g_xml_k3 = {
     .stream_strings = true,
     .type_attr = true,
     .tag_end = "<|sep|>",
+};
+
+static const tc_xml g_xml_atem = {
+    .invoke_open = "<atem:invoke name=\"",
+    .invoke_close = "</atem:invoke>",
+    .param_open = "<atem:parameter name=\"",
+    .param_name_end = '"',
+    .param_close = "</atem:parameter>",
+    .block_close = "</atem:function_calls>",
+    .stream_strings = true,
 };
 
 static const tc_xml g_xml_glm = {
@@ -289,6 +310,7 @@ static const char *const g_stops_none[] = {NULL};
 static const char *const g_stops_seed[] = {"</seed:tool_call>", NULL};
 static const char *const g_stops_apertus[] = {"<|tools_suffix|>", NULL};
 static const char *const g_stops_fence[] = {"```", NULL};
+static const char *const g_stops_muse[] = {"<|eot|>", "<|eom|>", NULL};
 static const char *const g_stops_fn32[] = {">>>", NULL};
 
 #define THINK .reason_open = "<think>", .reason_close = "</think>"
@@ -348,6 +370,9 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
                                         .raw_stops = g_stops_fence},
     [TOOLCALL_FORMAT_FUNCTIONARY_V3_2] = {g_content_fn32, g_content_fn32, .raw_stops = g_stops_fn32,
                                           .starts_in_block = TC_BLK_RECIPIENT, .content_prefix = "all\n"},
+    [TOOLCALL_FORMAT_FIREFUNCTION_V2] = {g_content_firefn, g_reason_firefn, THINK, .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_MUSE] = {g_muse, g_muse, .xml = &g_xml_atem, .raw_stops = g_stops_muse, .harmony = true,
+                              .muse = true},
     [TOOLCALL_FORMAT_GIGACHAT3] = {g_content_giga, g_reason_giga, THINK, .json_close = "<|message_sep|>",
                                    .raw_stops = g_stops_giga},
 };
@@ -448,6 +473,7 @@ toolcall_format toolcall_detect(const char *s, size_t n)
 {
     if (!s) return TOOLCALL_FORMAT_CONTENT;
     if (has(s, n, "<|channel|>")) return TOOLCALL_FORMAT_GPT_OSS;
+    if (has(s, n, "<atem:function_calls>")) return TOOLCALL_FORMAT_MUSE;
     if (has(s, n, "[TOOL_CALLS]") || (has(s, n, "[THINK]") && has(s, n, "[/THINK]")))
         return TOOLCALL_FORMAT_MISTRAL;
     if (has(s, n, "dsml_token") || has(s, n, "｜DSML｜")) return TOOLCALL_FORMAT_DEEPSEEK_V3_2;
@@ -487,6 +513,7 @@ toolcall_format toolcall_detect(const char *s, size_t n)
     if (has(s, n, "<|role_sep|>") && has(s, n, "<|message_sep|>") &&
         (has(s, n, "function call") || has(s, n, "<|function_call|>")))
         return TOOLCALL_FORMAT_GIGACHAT3;
+    if (has(s, n, "functools[")) return TOOLCALL_FORMAT_FIREFUNCTION_V2;
     if (has(s, n, "<|start_header_id|>") && has(s, n, "<function="))
         return TOOLCALL_FORMAT_FUNCTIONARY_V3_1;
     if (has(s, n, "<|start_header_id|>ipython<|end_header_id|>") || has(s, n, "<|python_tag|>"))

@@ -197,6 +197,8 @@ typedef struct tc_spec {
     uint8_t starts_in_block;  /* tc_block the output starts inside (the prompt wrote its marker), or 0 */
     const char *content_prefix; /* what a continued message's content follows ("all\n"), or NULL */
     bool harmony;             /* gpt-oss message structure */
+    bool muse;                /* harmony-like messages addressed to=self (reasoning), to=user (content) or
+                               * to=TOOL, whose body alone may hold the call block */
 } tc_spec;
 
 const tc_spec *tc_spec_of(toolcall_format f);
@@ -281,6 +283,7 @@ struct toolcall_parser {
     bool r_release;  /* ST_R_HOLD ended unclosed: the call marker in reasoning opens a call */
     bool h_drop; /* harmony: the message's body is dropped (a call to a tool not offered) */
     bool h_raw;  /* harmony: an analysis message kept in the content (reasoning_format none) */
+    bool h_tool; /* muse: the message is addressed to a tool (its call block is a call) */
     bool llama_start_done;
     int blk, sub;
     bool blk_has_call, blk_array;

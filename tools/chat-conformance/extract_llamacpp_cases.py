@@ -49,6 +49,10 @@ DISPUTED = {
     "Qwen3.5-4B:2121": PROMPT_THINK % '"<think>\\n"',
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16:2669": PROMPT_THINK % '"<think>\\n"',
     "Cohere2MoE:2848": PROMPT_THINK % '"<|START_THINKING|>"',
+    "Apriel-1.6-15b-Thinker-fixed:5807": "expected reasoning starts with \"Here are my reasoning steps:\\n\", "
+                                         "which the generation prompt wrote, not the model",
+    "Apriel-1.6-15b-Thinker-fixed:5815": "expected reasoning starts with \"Here are my reasoning steps:\\n\", "
+                                         "which the generation prompt wrote, not the model",
 }
 
 
