@@ -89,7 +89,9 @@
     X(COMMAND_R_PLUS, "command-r-plus", "Command R+: Action:\\n```json [{tool_name, parameters}] ```")  \
     X(FUNCTIONARY_V3_2, "functionary-v3.2", "Functionary v3.2: >>>all\\ntext, >>>name\\n{json}") \
     X(FIREFUNCTION_V2, "firefunction-v2", "FireFunction v2: functools[{\"name\", \"arguments\"}, ...]") \
-    X(MUSE, "muse", "Muse Glimmer: <|start|>assistant to=self|user|TOOL<|message|>, <atem:function_calls>")
+    X(MUSE, "muse", "Muse Glimmer: <|start|>assistant to=self|user|TOOL<|message|>, <atem:function_calls>") \
+    X(HY3, "hy3", "tencent Hy3: <think:opensource>, <tool_calls:opensource><tool_call:opensource>name<tool_sep..>") \
+    X(SOLAR_OPEN, "solar-open", "upstage Solar Open: <|think|>, <|tool_calls|><|tool_call:begin|>id<|tool_call:name|>..")
 
 typedef enum toolcall_format {
 #define TOOLCALL_FORMAT_ENUM_(e, name, family) TOOLCALL_FORMAT_##e,

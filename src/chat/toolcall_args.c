@@ -315,7 +315,9 @@ keel_status tc_h_callend(toolcall_parser *p, bool at_end, bool *more)
     static const char *const func[] = {"</function>", NULL};
     static const char *const harmony[] = {"<|call|>", "<|end|>", "<|return|>", NULL};
     static const char *const gemma[] = {"<tool_call|>", NULL};
+    static const char *const solar[] = {"<|tool_call:end|>", NULL};
     const char *const *ends = ds;
+    if (p->blk == TC_BLK_SOLAR) ends = solar;
     if (p->blk == TC_BLK_GEMMA) ends = gemma;
     if (p->blk == TC_BLK_KIMI || p->blk == TC_BLK_KIMI1) ends = kimi;
     if (p->blk == TC_BLK_FUNC) ends = func;

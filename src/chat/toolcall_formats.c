@@ -203,6 +203,25 @@ static const tc_marker g_muse[] = {{"<|eot|>", TC_ACT_H_END, 0},
                                    {"<atem:function_calls>", TC_ACT_BLOCK, TC_BLK_XML},
                                    M_END};
 
+/* tencent Hy3: every token carries the ":opensource" tag */
+#define HY "opensource"
+#define M_HY3_CALLS {"<tool_calls:" HY ">", TC_ACT_BLOCK, TC_BLK_XML}
+static const tc_marker g_content_hy3[] = {{"<think:" HY ">", TC_ACT_REASON_OPEN, 0}, M_HY3_CALLS, M_END};
+static const tc_marker g_reason_hy3[] = {{"</think:" HY ">", TC_ACT_REASON_CLOSE, 0},
+                                         {"<think:" HY ">", TC_ACT_REASON_OPEN, 0},
+                                         M_HY3_CALLS,
+                                         M_END};
+
+/* upstage Solar Open: <|think|>..<|end|>, then <|begin|>assistant<|content|> or <|tool_calls|> */
+#define M_SOLAR_CALLS {"<|tool_calls|>", TC_ACT_BLOCK, TC_BLK_SOLAR}
+static const tc_marker g_content_solar[] = {{"<|think|>", TC_ACT_REASON_OPEN, 0},
+                                            {"<|begin|>assistant", TC_ACT_DROP, 0},
+                                            {"<|content|>", TC_ACT_DROP, 0},
+                                            {"<|end|>", TC_ACT_DROP, 0},
+                                            M_SOLAR_CALLS,
+                                            M_END};
+static const tc_marker g_reason_solar[] = {{"<|end|>", TC_ACT_REASON_CLOSE, 0}, M_SOLAR_CALLS, M_END};
+
 /* ---- XML parameter syntaxes ---------------------------------------------------- */
 
 static const tc_xml g_xml_qwen = {
@@ -246,6 +265,19 @@ static const tc_xml g_xml_atem = {
     .param_name_end = '"',
     .param_close = "</atem:parameter>",
     .block_close = "</atem:function_calls>",
+    .stream_strings = true,
+};
+
+static const tc_xml g_xml_hy3 = {
+    .invoke_open = "<tool_call:" HY ">",
+    .name_end = "<tool_sep:" HY ">",
+    .invoke_close = "</tool_call:" HY ">",
+    .param_open = "<arg_key:" HY ">",
+    .param_name_end = '<',
+    .param_after = "</arg_key:" HY ">",
+    .param_after2 = "<arg_value:" HY ">",
+    .param_close = "</arg_value:" HY ">",
+    .block_close = "</tool_calls:" HY ">",
     .stream_strings = true,
 };
 
@@ -311,6 +343,7 @@ static const char *const g_stops_seed[] = {"</seed:tool_call>", NULL};
 static const char *const g_stops_apertus[] = {"<|tools_suffix|>", NULL};
 static const char *const g_stops_fence[] = {"```", NULL};
 static const char *const g_stops_muse[] = {"<|eot|>", "<|eom|>", NULL};
+static const char *const g_stops_solar[] = {"<|tool_call:end|>", NULL};
 static const char *const g_stops_fn32[] = {">>>", NULL};
 
 #define THINK .reason_open = "<think>", .reason_close = "</think>"
@@ -373,6 +406,10 @@ static const tc_spec g_specs[TOOLCALL_FORMAT_COUNT_] = {
     [TOOLCALL_FORMAT_FIREFUNCTION_V2] = {g_content_firefn, g_reason_firefn, THINK, .raw_stops = g_stops_none},
     [TOOLCALL_FORMAT_MUSE] = {g_muse, g_muse, .xml = &g_xml_atem, .raw_stops = g_stops_muse, .harmony = true,
                               .muse = true},
+    [TOOLCALL_FORMAT_HY3] = {g_content_hy3, g_reason_hy3, .reason_open = "<think:" HY ">",
+                             .reason_close = "</think:" HY ">", .xml = &g_xml_hy3, .raw_stops = g_stops_none},
+    [TOOLCALL_FORMAT_SOLAR_OPEN] = {g_content_solar, g_reason_solar, .reason_open = "<|think|>", .reason_close = "<|end|>",
+                                    .raw_stops = g_stops_solar},
     [TOOLCALL_FORMAT_GIGACHAT3] = {g_content_giga, g_reason_giga, THINK, .json_close = "<|message_sep|>",
                                    .raw_stops = g_stops_giga},
 };
@@ -488,6 +525,8 @@ toolcall_format toolcall_detect(const char *s, size_t n)
     }
     if (has(s, n, "<seed:tool_call>") || has(s, n, "<seed:think>")) return TOOLCALL_FORMAT_SEED_OSS;
     if (has(s, n, "<|tools_prefix|>")) return TOOLCALL_FORMAT_APERTUS;
+    if (has(s, n, "<tool_sep{}>") || has(s, n, "<tool_sep:" HY ">")) return TOOLCALL_FORMAT_HY3;
+    if (has(s, n, "<|tool_call:begin|>")) return TOOLCALL_FORMAT_SOLAR_OPEN;
     if (has(s, n, "<|tool_calls_section_begin|>")) return TOOLCALL_FORMAT_KIMI_K2;
     if (has(s, n, "'<|open|>'") && has(s, n, "'<|sep|>'")) return TOOLCALL_FORMAT_KIMI_K3;
     if (has(s, n, "<minimax:tool_call>")) return TOOLCALL_FORMAT_MINIMAX_M2;

@@ -262,8 +262,15 @@ tc_pr tc_xml_attrs(const tc_xml *x, const char *s, size_t n, size_t k, size_t *a
     return TC_MORE;
 }
 
+static tc_pr read_name_to(const char *s, size_t n, size_t *j, const char *end, char *out);
+
 static tc_pr hdr_xml_name(const tc_xml *x, const char *s, size_t n, size_t j, hdr *h, int sub)
 {
+    if (x->name_end) { /* NAME<sep> */
+        tc_pr r = read_name_to(s, n, &j, x->name_end, h->name);
+        if (r != TC_OK) return r;
+        return hdr_call(h, j + strlen(x->name_end), ST_XML_PARAMS, sub);
+    }
     char quote = x->param_name_end == '"' ? '"' : '>';
     tc_pr r = tc_read_name(s, n, &j, quote == '"' ? "\"\n<>" : ">\n<", h->name);
     if (r != TC_OK) return r;
@@ -517,9 +524,35 @@ static tc_pr hdr_recipient(toolcall_parser *p, const char *s, size_t n, bool at_
     return hdr_call(h, j, ST_ARGS, SUB_V31);
 }
 
+/* Solar Open: <|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>, or <|calls|> (the end). */
+static tc_pr hdr_solar(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
+{
+    size_t j = tc_skip_ws(s, n, 0), k = j;
+    if (j >= n) return at_end ? (p->blk_has_call ? hdr_end_block(j, h) : TC_FAIL) : TC_MORE;
+    tc_pr r = tc_lit(s, n, &k, "<|tool_call:begin|>");
+    if (r == TC_MORE && !at_end) return TC_MORE;
+    if (r != TC_OK) {
+        if (!p->blk_has_call) return TC_FAIL;
+        k = j;
+        r = tc_lit(s, n, &k, "<|calls|>");
+        if (r == TC_MORE && !at_end) return TC_MORE;
+        return hdr_end_block(r == TC_OK ? k : j, h);
+    }
+    char id[TOOLCALL_NAME_CAP];
+    if ((r = read_name_to(s, n, &k, "<|tool_call:name|>", id)) != TC_OK) return r == TC_MORE && at_end ? TC_FAIL : r;
+    if (strlen(id) < TOOLCALL_ID_CAP) memcpy(h->id, id, strlen(id) + 1);
+    k += strlen("<|tool_call:name|>");
+    if ((r = read_name_to(s, n, &k, "<|tool_call:args|>", h->name)) != TC_OK)
+        return r == TC_MORE && at_end ? TC_FAIL : r;
+    k = tc_skip_ws(s, n, k + strlen("<|tool_call:args|>"));
+    if (k >= n && !at_end) return TC_MORE;
+    return hdr_call(h, k, ST_ARGS, SUB_V31);
+}
+
 static tc_pr parse_header(toolcall_parser *p, const char *s, size_t n, bool at_end, hdr *h)
 {
     switch (p->blk) {
+    case TC_BLK_SOLAR: return hdr_solar(p, s, n, at_end, h);
     case TC_BLK_RECIPIENT: return hdr_recipient(p, s, n, at_end, h);
     case TC_BLK_MM3: return hdr_mm3(p, s, n, at_end, h);
     case TC_BLK_GEMMA: return hdr_gemma(p, s, n, at_end, h);

@@ -154,6 +154,7 @@ typedef enum tc_block {
     TC_BLK_MM3 = 13,      /* MiniMax M3 ]<]minimax[>[<tool_call>: <invoke name=..> element bodies */
     TC_BLK_QFUNC = 14,    /* Qwen3-Coder <function=NAME> without its <tool_call> (some models drop it) */
     TC_BLK_RECIPIENT = 15, /* Functionary v3.2 >>>RECIPIENT\n: "all" is text, else a call with JSON */
+    TC_BLK_SOLAR = 16,    /* Solar Open <|tool_calls|>: <|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|> */
 } tc_block;
 
 typedef struct tc_marker {
@@ -179,6 +180,7 @@ typedef struct tc_xml {
     bool string_attr;         /* DSML: string="true|false" on the parameter says its type */
     bool type_attr;           /* Kimi K3: type="number|string|..." on the parameter says its type */
     const char *tag_end;      /* what ends a tag after its attributes; NULL: ">" */
+    const char *name_end;     /* what ends an invoke's name when it is not quoted (Hy3's <tool_sep..>), or NULL */
 } tc_xml;
 
 typedef struct tc_spec {
