@@ -1,9 +1,12 @@
 /*
  * fuzz/toolcall.c — libFuzzer target: the tool-call / reasoning parser
  * (src/chat/toolcall.h) over arbitrary model output. Byte 0 picks the
- * format and the options (reasoning already open, a tool list, reasoning
- * parsing off); byte 1 says how many of the next bytes are chunk sizes;
- * the rest is the text, fed once whole and once in chunks of those sizes.
+ * format (every one: modulo their count), byte 1 the options (reasoning
+ * already open, a tool list, reasoning parsing off, a JSON answer); byte 2
+ * says how many of the next bytes are chunk sizes; the rest is the text,
+ * fed once whole and once in chunks of those sizes. Seeds: fuzz/corpus/
+ * libfuzzer_toolcall (llama.cpp's chat cases for every format, written by
+ * test_chat_conformance with KEEL_CONFORMANCE_SEEDS=dir).
  * Checks (abort on failure):
  *   - both runs give the same result (content, reasoning, calls, errors);
  *   - in each run the concatenated event deltas equal the result and the
@@ -77,13 +80,14 @@ static bool same(const char *a, size_t an, const char *b, size_t bn)
 
 static json_t *g_tools;
 
-static toolcall_parser *open_parser(uint8_t sel, sink *s)
+static toolcall_parser *open_parser(uint8_t fmt, uint8_t sel, sink *s)
 {
     toolcall_options o = toolcall_options_default();
-    o.format = (toolcall_format)((sel & 31) % TOOLCALL_FORMAT_COUNT_);
-    o.starts_in_reasoning = sel & 32;
-    o.tools = (sel & 64) ? g_tools : NULL;
-    o.parse_reasoning = !(sel & 128) || (sel & 32);
+    o.format = (toolcall_format)(fmt % TOOLCALL_FORMAT_COUNT_);
+    o.starts_in_reasoning = sel & 1;
+    o.tools = (sel & 2) ? g_tools : NULL;
+    o.parse_reasoning = !(sel & 4) || (sel & 1);
+    o.json_answer = sel & 8;
     o.max_held_bytes = 4096;
     o.on_event = on_event;
     o.event_user = s;
@@ -126,15 +130,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                              0, NULL);
         if (!g_tools) abort();
     }
-    uint8_t sel = data[0];
-    size_t nk = data[1] % 8, off = 2 + nk;
+    if (size < 3) return 0;
+    uint8_t fmt = data[0], sel = data[1];
+    size_t nk = data[2] % 8, off = 3 + nk;
     if (off > size) return 0;
-    const uint8_t *ks = data + 2;
+    const uint8_t *ks = data + 3;
     const char *text = (const char *)data + off;
     size_t n = size - off;
 
     sink a = {.open = -1}, b = {.open = -1};
-    toolcall_parser *pa = open_parser(sel, &a), *pb = open_parser(sel, &b);
+    toolcall_parser *pa = open_parser(fmt, sel, &a), *pb = open_parser(fmt, sel, &b);
     if (toolcall_feed(pa, text, n)) abort();
     size_t held_max = 0;
     for (size_t i = 0, c = 0; i < n; c++) {

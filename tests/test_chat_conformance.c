@@ -212,6 +212,29 @@ static void print_msg(const char *label, json_t *m)
     free(s);
 }
 
+/* A seed for fuzz/toolcall.c: format, options (reasoning open, tools,
+ * reasoning off, JSON answer), no chunk sizes, the output. */
+static void write_seed(const keel_engine *e, json_t *c, const char *id, const char *prompt, const char *in, size_t n)
+{
+    char path[700], name[160];
+    size_t k = 0;
+    for (const char *q = id; *q && k + 1 < sizeof name; q++)
+        name[k++] = (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ? *q : '_';
+    name[k] = '\0';
+    snprintf(path, sizeof path, "%s/case_%s", getenv("KEEL_CONFORMANCE_SEEDS"), name);
+    const char *rf = json_string_value(json_object_get(c, "reasoning_format"));
+    json_t *schema = json_object_get(c, "json_schema");
+    uint8_t head[3] = {(uint8_t)e->tool_format, 0, 0};
+    if (toolcall_prompt_opens_reasoning(e->tool_format, prompt, strlen(prompt))) head[1] |= 1;
+    if (json_array_size(json_object_get(c, "tools")) > 0) head[1] |= 2;
+    if (!rf || strcmp(rf, "none") == 0) head[1] |= 4;
+    if (schema && !json_is_null(schema)) head[1] |= 8;
+    FILE *f = fopen(path, "wb");
+    if (!f) fail_msg("seed %s: cannot write", path);
+    bool ok = fwrite(head, 1, 3, f) == 3 && fwrite(in, 1, n, f) == n;
+    if (fclose(f) != 0 || !ok) fail_msg("seed %s: write failed", path);
+}
+
 static void test_llamacpp_cases(void **state)
 {
     (void)state;
@@ -322,6 +345,7 @@ static void test_llamacpp_cases(void **state)
                 print_msg("streamed", streamed1 ? streamed1 : streamed);
             }
         }
+        if (getenv("KEEL_CONFORMANCE_SEEDS") && prompt) write_seed(e, c, id, json_string_value(prompt), in, in_len);
         free(rj);
         json_decref(full);
         json_decref(streamed);

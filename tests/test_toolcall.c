@@ -853,6 +853,192 @@ static void test_ids_and_json(void **state)
     toolcall_close(p);
 }
 
+/* Formats and fixes measured against llama.cpp's chat cases (issue 22); each
+ * case also runs split byte by byte, at every cut and at random. */
+static void test_added_formats(void **state)
+{
+    (void)state;
+    static const tcase cases[] = {
+        /* Seed-OSS: its own block; values keep their newlines */
+        {.fmt = "seed-oss",
+         .text = "<seed:think>Two files.</seed:think>\n<seed:tool_call>\n<function=read_file>\n"
+                 "<parameter=path>a.txt\n</parameter>\n</function>\n</seed:tool_call>",
+         .reasoning = "Two files.", .calls = {{"read_file", "{\"path\": \"a.txt\\n\"}"}}},
+        /* Kimi K3: sections, typed arguments */
+        {.fmt = "kimi-k3", .sir = true,
+         .text = "Checking.<|close|>think<|sep|><|open|>response<|sep|>On it.<|close|>response<|sep|>"
+                 "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
+                 "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
+                 "<|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
+                 "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>",
+         .reasoning = "Checking.", .content = "On it.", .calls = {{"get_weather", "{\"city\": \"Paris\", \"days\": 3}"}}},
+        /* MiniMax M3: elements typed by the schema, nested object and array */
+        {.fmt = "minimax-m3", .tools = TOOLS_WEATHER,
+         .text = "<mm:think>Go.</mm:think>]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">"
+                 "]<]minimax[>[<city>Oslo]<]minimax[>[</city>]<]minimax[>[<days>2]<]minimax[>[</days>"
+                 "]<]minimax[>[<tags>]<]minimax[>[<item>a]<]minimax[>[</item>]<]minimax[>[</tags>"
+                 "]<]minimax[>[<opts>]<]minimax[>[<k>1]<]minimax[>[</k>]<]minimax[>[</opts>"
+                 "]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>",
+         .reasoning = "Go.",
+         .calls = {{"get_weather", "{\"city\": \"Oslo\", \"days\": 2, \"tags\": [\"a\"], \"opts\": {\"k\": 1}}"}}},
+        /* Apertus: {NAME: arguments} objects */
+        {.fmt = "apertus", .text = "<|tools_prefix|>[{\"get_weather\": {\"city\": \"Rome\"}}]<|tools_suffix|>",
+         .calls = {{"get_weather", "{\"city\": \"Rome\"}"}}},
+        /* Command R+: Action: and a fenced JSON list */
+        {.fmt = "command-r-plus",
+         .text = "Action:\n```json\n[{\"tool_name\": \"now\", \"parameters\": {}}]\n```",
+         .calls = {{"now", "{}"}}},
+        {.fmt = "command-r-plus", .text = "<|CHATBOT_TOKEN|>Hi.<|END_OF_TURN_TOKEN|>", .content = "Hi."},
+        /* Functionary v3.2: >>>all is text, >>>NAME a call */
+        {.fmt = "functionary-v3.2", .text = "all\nLet me look.>>>read_file\n{\"path\": \"a\"}",
+         .content = "Let me look.", .calls = {{"read_file", "{\"path\": \"a\"}"}}},
+        /* FireFunction v2 */
+        {.fmt = "firefunction-v2", .text = " functools[{\"name\": \"now\", \"arguments\": {}}]",
+         .calls = {{"now", "{}"}}},
+        /* Muse Glimmer: the call block counts only in a message to a tool */
+        {.fmt = "muse", .tools = TOOLS_WEATHER,
+         .text = " to=self<|message|>Quoting <atem:function_calls> here<|eom|><|start|>assistant to=user"
+                 "<|message|>Sure.<|eom|><|start|>assistant to=get_weather<|message|><atem:function_calls>\n"
+                 "<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"days\">4</atem:parameter>\n"
+                 "</atem:invoke>\n</atem:function_calls>",
+         .reasoning = "Quoting <atem:function_calls> here", .content = "Sure.", .raw = true,
+         .calls = {{"get_weather", "{\"days\": 4}"}}},
+        /* tencent Hy3 */
+        {.fmt = "hy3", .tools = TOOLS_WEATHER,
+         .text = "<think:opensource>Hm.</think:opensource><tool_calls:opensource>\n<tool_call:opensource>get_weather"
+                 "<tool_sep:opensource>\n<arg_key:opensource>days</arg_key:opensource>\n<arg_value:opensource>5"
+                 "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
+         .reasoning = "Hm.", .calls = {{"get_weather", "{\"days\": 5}"}}},
+        /* upstage Solar Open: the model's id is kept */
+        {.fmt = "solar-open",
+         .text = "<|think|>Hm.<|end|><|begin|>assistant<|tool_calls|><|tool_call:begin|>c1<|tool_call:name|>now"
+                 "<|tool_call:args|>{}<|tool_call:end|><|calls|>",
+         .reasoning = "Hm.", .calls = {{"now", "{}"}}},
+        {.fmt = "solar-open", .text = "<|think|>Hm.<|end|><|begin|>assistant<|content|>Hi.<|end|>",
+         .reasoning = "Hm.", .content = "Hi."},
+        /* GigaChat 3.1 */
+        {.fmt = "gigachat3", .text = "Sure.<|function_call|>{\"name\": \"now\", \"arguments\": {}}",
+         .content = "Sure.", .calls = {{"now", "{}"}}},
+        /* Qwen3-Coder calls that lost their <tool_call> opener: both kept */
+        {.fmt = "qwen3-coder",
+         .text = "<function=now>\n</function>\n</tool_call>\n<function=read_file>\n<parameter=path>\nx\n"
+                 "</parameter>\n</function>\n</tool_call>",
+         .calls = {{"now", "{}"}, {"read_file", "{\"path\": \"x\"}"}}},
+        /* a call marker inside a closed reasoning block is reasoning */
+        {.fmt = "hermes", .sir = true,
+         .text = "Maybe <tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call> later.</think>"
+                 "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>",
+         .reasoning = "Maybe <tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call> later.", .raw = true,
+         .calls = {{"now", "{}"}}},
+        /* ... and ends an unclosed one */
+        {.fmt = "hermes", .sir = true, .text = "Need it.\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>",
+         .reasoning = "Need it.", .calls = {{"now", "{}"}}},
+        /* MiniCPM5: CDATA holding the close tag */
+        {.fmt = "minicpm5",
+         .text = "<function name=\"read_file\"><param name=\"path\"><![CDATA[a</param>b]]></param></function>",
+         .calls = {{"read_file", "{\"path\": \"a</param>b\"}"}}},
+        /* Gemma 4: an empty thought and stray channel markers after the answer */
+        {.fmt = "gemma4", .text = "<|channel>thought\n<channel|>Hi.<|channel>thought\n<channel|><channel|>", .content = "Hi."},
+        /* gpt-oss: to=assistant is no recipient; a built-in nobody offered is dropped */
+        {.fmt = "gpt-oss",
+         .text = "<|channel|>commentary to=assistant<|channel|>analysis<|message|>Run it.<|end|><|start|>assistant "
+                 "to=container.exec<|channel|>commentary<|message|>ls<|call|>",
+         .reasoning = "Run it."},
+        {.fmt = "gpt-oss", .no_reasoning = true,
+         .text = "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi.",
+         .content = "<|channel|>analysis<|message|>Hm.<|end|>Hi.", .raw = true},
+    };
+    run_cases(cases, BASE_ARRAY_LEN(cases));
+}
+
+/* The ids models write are kept; a JSON answer's fence is removed; the name
+ * of a call is known before its arguments. */
+static void test_model_ids_and_fences(void **state)
+{
+    (void)state;
+    static const struct {
+        toolcall_format f;
+        const char *text, *id0, *id1;
+    } ids[] = {
+        {TOOLCALL_FORMAT_KIMI_K2,
+         "<|tool_calls_section_begin|><|tool_call_begin|>functions.now:0<|tool_call_argument_begin|>{}"
+         "<|tool_call_end|><|tool_call_begin|>functions.now:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
+         "<|tool_calls_section_end|>",
+         "functions.now:0", "functions.now:1"},
+        {TOOLCALL_FORMAT_MISTRAL, "[TOOL_CALLS]now[CALL_ID]a1b2c3d4e[ARGS]{}[TOOL_CALLS]now[CALL_ID]z9[ARGS]{}",
+         "a1b2c3d4e", "z9"},
+        {TOOLCALL_FORMAT_MISTRAL, "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}, \"id\": \"123456789\"}]",
+         "123456789", NULL},
+        {TOOLCALL_FORMAT_COMMAND_R7B,
+         "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"now\", \"parameters\": {}}, "
+         "{\"tool_call_id\": \"1\", \"tool_name\": \"now\", \"parameters\": {}}]<|END_ACTION|>",
+         "0", "1"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(ids); i++) {
+        toolcall_options o = toolcall_options_default();
+        o.format = ids[i].f;
+        toolcall_parser *p;
+        toolcall_result r;
+        parse_all(&o, ids[i].text, &p, &r);
+        assert_true(r.n_calls >= 1);
+        assert_string_equal(r.calls[0].id, ids[i].id0);
+        if (ids[i].id1) assert_string_equal(r.calls[1].id, ids[i].id1);
+        toolcall_close(p);
+    }
+
+    /* json_answer: the fence goes, a fence inside the answer stays */
+    static const struct {
+        const char *text, *content;
+    } fences[] = {
+        {"```json\n{\"a\": 1}\n```", "{\"a\": 1}"},
+        {"```\n[1, 2]\n```\n", "[1, 2]"},
+        {"{\"a\": \"```\"}", "{\"a\": \"```\"}"},
+        {"```json\n{\"a\": 1}\n``` and more", "{\"a\": 1}\n``` and more"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(fences); i++) {
+        for (size_t step = 1; step <= 64; step *= 4) {
+            toolcall_options o = toolcall_options_default();
+            o.json_answer = true;
+            toolcall_parser *p;
+            toolcall_result r;
+            assert_ok(toolcall_open(&o, &p, NULL));
+            const char *t = fences[i].text;
+            for (size_t k = 0, n = strlen(t); k < n; k += step)
+                assert_ok(toolcall_feed(p, t + k, BASE_MIN(step, n - k)));
+            assert_ok(toolcall_finish(p, &r));
+            assert_string_equal(r.content, fences[i].content);
+            toolcall_close(p);
+        }
+    }
+
+    /* the name is known as soon as it is written (OpenAI streams it first) */
+    static const struct {
+        toolcall_format f;
+        const char *text, *name;
+    } early[] = {
+        {TOOLCALL_FORMAT_COMMAND_R7B, "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"now\", ", "now"},
+        {TOOLCALL_FORMAT_LFM2, "<|tool_call_start|>[now(a=", "now"},
+        {TOOLCALL_FORMAT_HERMES, "<tool_call>{\"name\": \"now\", \"id\": 3, ", "now"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(early); i++) {
+        coll c;
+        memset(&c, 0, sizeof c);
+        c.open = -1;
+        toolcall_options o = toolcall_options_default();
+        o.format = early[i].f;
+        o.on_event = on_ev;
+        o.event_user = &c;
+        toolcall_parser *p;
+        assert_ok(toolcall_open(&o, &p, NULL));
+        c.fed = early[i].text;
+        c.fed_n = strlen(early[i].text);
+        assert_ok(toolcall_feed(p, early[i].text, strlen(early[i].text)));
+        assert_int_equal(c.begun, 1);
+        assert_string_equal(c.names[0], early[i].name);
+        toolcall_close(p);
+    }
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -1242,6 +1428,8 @@ int main(void)
         cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_deepseek),
         cmocka_unit_test(test_other_families),
+        cmocka_unit_test(test_added_formats),
+        cmocka_unit_test(test_model_ids_and_fences),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_bounded_holding),
         cmocka_unit_test(test_partial_marker_holdback),
