@@ -264,6 +264,41 @@ static void test_stats_builtin_template(void **state)
     keel_engine_close(e);
 }
 
+/* The tool-call format comes from the template's source wherever it was
+ * read from: a template in a file used to get "content" (detection was
+ * skipped), the same source inline got its format. */
+static void test_template_file_format(void **state)
+{
+    (void)state;
+    static const char src[] = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                              "{%- endfor %}{%- if tools %}<tool_call>\n<function=x>\n<parameter=y>\n"
+                              "{%- endif %}<|im_start|>assistant\n";
+    char path[64], opts[512];
+    assert_true(test_temp_file(path, sizeof path, "tmpl_fmt"));
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(src, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+    snprintf(opts, sizeof opts, "\"chat_template\": \"%s\"", path);
+    keel_engine *e = open_engine(opts);
+    json_t *s = stats(e);
+    assert_string_equal(str_of(s, "chat_template"), "file");
+    assert_string_equal(str_of(s, "tool_format"), "qwen3-coder");
+    json_decref(s);
+    keel_engine_close(e);
+    json_t *inl = json_pack("{s:s}", "chat_template", src);
+    char *kv = json_dumps(inl, JSON_COMPACT);
+    kv[strlen(kv) - 1] = '\0'; /* the member alone, without its braces */
+    e = open_engine(kv + 1);
+    s = stats(e);
+    assert_string_equal(str_of(s, "tool_format"), "qwen3-coder");
+    json_decref(s);
+    keel_engine_close(e);
+    free(kv);
+    json_decref(inl);
+    unlink(path);
+}
+
 /* ---- keel_complete from several threads, a loop running --------------------------- */
 
 typedef struct caller {
@@ -504,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_cancel_idle_then_complete),
         cmocka_unit_test(test_cancel_in_loop),
         cmocka_unit_test(test_stats_after_reset),
+        cmocka_unit_test(test_template_file_format),
         cmocka_unit_test(test_stats_builtin_template),
         cmocka_unit_test(test_complete_threads_with_loop),
         cmocka_unit_test(test_loop_starts_while_complete_runs),
