@@ -381,9 +381,49 @@ static void test_llamacpp_cases(void **state)
                                  stale - fixed);
 }
 
+/* The deltas of a continued message leave out what repeats the prefill,
+ * and only that: a prefill whose tail became a call's opening (not text)
+ * does not eat the text the model writes after the call. */
+static void test_prefill_skip(void **state)
+{
+    (void)state;
+    eng_pre pre;
+    memset(&pre, 0, sizeof pre);
+    pre.text[0] = base_alloc(8);
+    memcpy(pre.text[0], "Hello, ", 8);
+    pre.len[0] = 7;
+    const char *d = "Hel";
+    size_t n = 3;
+    eng_pre_skip(&pre, 0, &d, &n);
+    assert_int_equal(n, 0);
+    d = "lo, world";
+    n = strlen(d);
+    eng_pre_skip(&pre, 0, &d, &n);
+    assert_int_equal(n, 5);
+    assert_memory_equal(d, "world", 5);
+    d = "Hello";
+    n = 5;
+    eng_pre_skip(&pre, 0, &d, &n); /* done: later text is all new */
+    assert_int_equal(n, 5);
+    eng_pre_free(&pre);
+    assert_null(pre.text[0]);
+
+    pre.text[0] = base_alloc(13);
+    memcpy(pre.text[0], "<tool_call>{", 13);
+    pre.len[0] = 12;
+    d = "Done.";
+    n = 5;
+    eng_pre_skip(&pre, 0, &d, &n);
+    assert_int_equal(n, 5);
+    eng_pre_skip(&pre, 0, &d, &n);
+    assert_int_equal(n, 5);
+    eng_pre_free(&pre);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_skip),
         cmocka_unit_test(test_llamacpp_cases),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

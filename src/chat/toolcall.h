@@ -151,10 +151,11 @@ typedef enum toolcall_cont {
  * when the generation prompt writes one (that opener is then written again,
  * followed by the message's reasoning). *out (base_alloc'd, *out_len + 1
  * bytes, NUL-terminated; free with base_free) is then:
- *   - reasoning markers (the template renders them — template_reasons —
- *     and reasoning is given, the generation prompt opened reasoning, or
- *     mode is REASONING): opener, reasoning, and in CONTENT mode the closer
- *     and the content;
+ *   - reasoning markers (with_reasoning — the caller parses reasoning, as
+ *     llama.cpp puts the reasoning in only then, or continues the
+ *     reasoning itself — and reasoning is given, the generation prompt
+ *     opened reasoning, or mode is REASONING): opener, reasoning, and in
+ *     CONTENT mode the closer and the content;
  *   - gpt-oss: the analysis channel's message, then the final channel's;
  *   - else the content.
  * Feed *out to the output parser before the model's text (toolcall_feed):
@@ -162,14 +163,9 @@ typedef enum toolcall_cont {
  * (mode NONE), KEEL_ENOMEM.
  */
 keel_status toolcall_continuation(toolcall_format f, const char *gen, size_t gen_len, toolcall_cont mode,
-                                  bool template_reasons, const char *reasoning, size_t reasoning_len,
+                                  bool with_reasoning, const char *reasoning, size_t reasoning_len,
                                   const char *content, size_t content_len, size_t *cut, char **out,
                                   size_t *out_len);
-
-/* Whether a chat template (src[0..len)) renders format f's reasoning
- * markers: only then does a continued message's reasoning go into the
- * prompt (a template without them never shows the model its reasoning). */
-bool toolcall_template_reasons(toolcall_format f, const char *src, size_t len);
 
 /* ---- events --------------------------------------------------------------- */
 

@@ -621,17 +621,8 @@ static keel_status cat(tc_buf *b, const char *s, size_t n)
     return n ? tc_buf_append(b, s, n) : KEEL_OK;
 }
 
-bool toolcall_template_reasons(toolcall_format f, const char *src, size_t len)
-{
-    const tc_spec *sp = tc_spec_of(f);
-    if (sp->harmony || f == TOOLCALL_FORMAT_KIMI_K2) return true; /* Kimi's parser reads <think> whatever the template */
-    if (!src || !sp->reason_open) return false;
-    if (f == TOOLCALL_FORMAT_KIMI_K3) return has(src, len, "'think'"); /* tags built by a macro */
-    return has(src, len, sp->reason_open) || has(src, len, sp->reason_close);
-}
-
 keel_status toolcall_continuation(toolcall_format f, const char *gen, size_t gen_len, toolcall_cont mode,
-                                  bool template_reasons, const char *reasoning, size_t rl, const char *content,
+                                  bool with_reasoning, const char *reasoning, size_t rl, const char *content,
                                   size_t cl, size_t *cut, char **out, size_t *out_len)
 {
     *out = NULL;
@@ -656,8 +647,8 @@ keel_status toolcall_continuation(toolcall_format f, const char *gen, size_t gen
         if (!st && want_content) st = cat(&b, content, cl);
     } else {
         bool opened = false;
-        if (!template_reasons) rl = 0; /* the model never sees reasoning in this template */
-        if (sp->reason_open && template_reasons && gen) {
+        if (!with_reasoning) rl = 0;
+        if (sp->reason_open && with_reasoning && gen) {
             size_t ol = strlen(sp->reason_open);
             for (size_t i = 0; i + ol <= gen_len; i++)
                 if (memcmp(gen + i, sp->reason_open, ol) == 0) {
@@ -666,7 +657,7 @@ keel_status toolcall_continuation(toolcall_format f, const char *gen, size_t gen
                     break;
                 }
         }
-        if (sp->reason_open && template_reasons && (opened || rl || !want_content)) {
+        if (sp->reason_open && with_reasoning && (opened || rl || !want_content)) {
             st = cat(&b, sp->reason_open, strlen(sp->reason_open));
             if (!st) st = cat(&b, reasoning, rl);
             if (!st && want_content) st = cat(&b, sp->reason_close, strlen(sp->reason_close));

@@ -116,6 +116,16 @@ typedef struct eng_mark {
     int32_t prio;
 } eng_mark;
 
+/* A continued message's own text as the parse gives it ([0] content, [1]
+ * reasoning): the client sent it, so the events and the response leave it
+ * out. at[i]: bytes of text[i] the events have matched so far; a delta
+ * that departs from it (the prefill's tail turned out to be a call's
+ * opening, not text) ends the matching (at = len). */
+typedef struct eng_pre {
+    char *text[2]; /* base_alloc'd, len + 1 bytes, or NULL */
+    size_t len[2], at[2];
+} eng_pre;
+
 typedef struct eng_req eng_req;
 struct eng_req {
     uint64_t id;
@@ -214,8 +224,7 @@ typedef struct eng_slot {
     char *prefill;            /* a continued message's text, appended to the prompt (owned,
                                  n_prefill + 1 bytes), or NULL */
     size_t n_prefill;
-    size_t pre_len[2];        /* content / reasoning bytes of the parse that are the prefill's */
-    size_t pre_skip[2];       /* of those, the bytes still to drop from the events */
+    eng_pre pre;              /* what the prefill parses to: left out of events and response */
     keel_sampler *samp;
     keel_detok_stream ds;
     toolcall_parser *tp;
@@ -246,7 +255,6 @@ struct keel_engine {
     int32_t *batch_slot;      /* [n_batch] slot of each token with logits, else -1 */
     /* chat */
     jinja_template *tmpl;
-    bool tmpl_reasons;        /* the template renders the tool format's reasoning markers */
     toolcall_format tool_format;
     char *bos_text, *eos_text;
     bool template_builtin;
@@ -375,15 +383,17 @@ keel_status eng_chat_render(keel_engine *e, const eng_req *r, bool slot_bound, j
  * (content only for raw prompts and tool_choice none), reasoning as
  * prompt[0..prompt_len) leaves it, the request's tools; then feeds tail
  * (a continued message's prefill, or a forced call's opening) as the
- * model's own output. pre_len[0/1]: the content / reasoning bytes the
- * prefill accounts for (0 without one): the client sent them; pre_skip
- * (may be NULL) gets the same values before the prefill is fed, for fn to
- * drop them from the events. Events go to fn (may be NULL). KEEL_EINVAL,
- * KEEL_ENOMEM, with err. */
+ * model's own output. pre (may be NULL): for a prefill, set before it is
+ * fed to what it parses to alone (eng_pre), for fn to leave out of the
+ * events. Events go to fn (may be NULL). KEEL_EINVAL, KEEL_ENOMEM, with err. */
 keel_status eng_chat_parser_open(const keel_engine *e, const eng_req *r, const char *prompt, size_t prompt_len,
                                  const char *tail, size_t n_tail, bool tail_is_prefill, toolcall_event_fn fn,
-                                 void *user, toolcall_parser **out, size_t pre_len[2], size_t pre_skip[2],
-                                 char *err);
+                                 void *user, toolcall_parser **out, eng_pre *pre, char *err);
+/* Drops from the delta *s[0..*n) of stream which (0 content, 1 reasoning)
+ * the bytes that repeat the prefill. */
+void eng_pre_skip(eng_pre *pre, int which, const char **s, size_t *n);
+/* Frees pre's texts (zeroes it). */
+void eng_pre_free(eng_pre *pre);
 /* Frees a slot's prefill (NULL is fine). */
 void eng_slot_prefill_free(eng_slot *sl);
 /* For the conformance tests (tests/test_chat_conformance.c): renders

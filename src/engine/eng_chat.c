@@ -10,7 +10,7 @@
  * whole message — a reasoning block or a tool call opened in the prefill
  * and closed by the model comes back whole. The client already has the
  * prefill's content and reasoning: the events and the response leave out
- * those bytes (pre_len: what a parse of the prefill alone gives).
+ * what repeats them (eng_pre: what a parse of the prefill alone gives).
  */
 #include "eng.h"
 
@@ -38,9 +38,41 @@ static toolcall_options parser_options(const keel_engine *e, const eng_req *r, c
     return to;
 }
 
-/* What the prefill alone parses to: its content and reasoning bytes. */
-static keel_status prefill_lengths(const toolcall_options *base, const char *tail, size_t n_tail, size_t pre[2],
-                                   char *err)
+void eng_pre_free(eng_pre *pre)
+{
+    for (int i = 0; i < 2; i++)
+        if (pre->text[i]) base_free(pre->text[i], pre->len[i] + 1);
+    memset(pre, 0, sizeof *pre);
+}
+
+void eng_pre_skip(eng_pre *pre, int which, const char **s, size_t *n)
+{
+    size_t k = 0;
+    while (pre->at[which] < pre->len[which] && k < *n) {
+        if (pre->text[which][pre->at[which]] != (*s)[k]) {
+            pre->at[which] = pre->len[which]; /* departs from the prefill: new text from here */
+            break;
+        }
+        pre->at[which]++;
+        k++;
+    }
+    *s += k;
+    *n -= k;
+}
+
+static keel_status pre_keep(eng_pre *pre, int which, const char *s, size_t n)
+{
+    if (n == 0) return KEEL_OK;
+    if (!(pre->text[which] = base_alloc(n + 1))) return KEEL_ENOMEM;
+    memcpy(pre->text[which], s, n);
+    pre->text[which][n] = '\0';
+    pre->len[which] = n;
+    return KEEL_OK;
+}
+
+/* What the prefill alone parses to: its content and reasoning. */
+static keel_status prefill_parse(const toolcall_options *base, const char *tail, size_t n_tail, eng_pre *pre,
+                                 char *err)
 {
     toolcall_options to = *base;
     to.on_event = NULL;
@@ -52,8 +84,9 @@ static keel_status prefill_lengths(const toolcall_options *base, const char *tai
     st = toolcall_feed(tp, tail, n_tail);
     if (st == KEEL_OK) st = toolcall_finish(tp, &res);
     if (st == KEEL_OK) {
-        pre[0] = res.content_len;
-        pre[1] = res.reasoning_len;
+        st = pre_keep(pre, 0, res.content, res.content_len);
+        if (st == KEEL_OK) st = pre_keep(pre, 1, res.reasoning, res.reasoning_len);
+        if (st != KEEL_OK) base_err(err, st, "out of memory");
     } else {
         snprintf(err, BASE_ERR_CAP, "continue_final_message: %s", toolcall_last_error(tp));
     }
@@ -63,17 +96,16 @@ static keel_status prefill_lengths(const toolcall_options *base, const char *tai
 
 keel_status eng_chat_parser_open(const keel_engine *e, const eng_req *r, const char *prompt, size_t prompt_len,
                                  const char *tail, size_t n_tail, bool tail_is_prefill, toolcall_event_fn fn,
-                                 void *user, toolcall_parser **out, size_t pre_len[2], size_t pre_skip[2],
-                                 char *err)
+                                 void *user, toolcall_parser **out, eng_pre *pre, char *err)
 {
     *out = NULL;
-    pre_len[0] = pre_len[1] = 0;
-    if (pre_skip) pre_skip[0] = pre_skip[1] = 0;
+    if (pre) eng_pre_free(pre);
     toolcall_options to = parser_options(e, r, prompt, prompt_len);
     keel_status st = KEEL_OK;
-    if (tail_is_prefill && n_tail > 0 && (st = prefill_lengths(&to, tail, n_tail, pre_len, err)) != KEEL_OK)
+    if (pre && tail_is_prefill && n_tail > 0 && (st = prefill_parse(&to, tail, n_tail, pre, err)) != KEEL_OK) {
+        eng_pre_free(pre);
         return st;
-    if (pre_skip) memcpy(pre_skip, pre_len, 2 * sizeof pre_len[0]);
+    }
     to.on_event = fn;
     to.event_user = user;
     toolcall_parser *tp = NULL;
@@ -157,7 +189,7 @@ keel_status eng_chat_parse_output(keel_engine *e, const char *request_json, cons
     if (st != KEEL_OK) return st;
     jinja_buf out = {NULL, 0, 0};
     char *prefill = NULL;
-    size_t n_prefill = 0, pre_len[2];
+    size_t n_prefill = 0;
     toolcall_parser *tp = NULL;
     acc a = {json_pack("{s:s, s:s, s:[]}", "content", "", "reasoning_content", "", "tool_calls"), false};
     if (!a.msg) {
@@ -188,7 +220,7 @@ keel_status eng_chat_parse_output(keel_engine *e, const char *request_json, cons
         }
     }
     st = eng_chat_parser_open(e, r, out.data ? out.data : "", out.len, prefill, n_prefill, prefill != NULL,
-                              acc_event, &a, &tp, pre_len, NULL, err);
+                              acc_event, &a, &tp, NULL, err);
     for (size_t i = 0; st == KEEL_OK && i < n;) {
         size_t k = chunk == 0 || chunk > n - i ? n - i : chunk;
         if ((st = toolcall_feed(tp, output + i, k)) != KEEL_OK) base_err(err, st, "%s", toolcall_last_error(tp));

@@ -161,7 +161,6 @@ static keel_status open_template(keel_engine *e, const char *spec, char *err)
         keel_status st = jinja_open(src, len, &e->tmpl, jerr);
         /* the format comes from the source wherever it was read from */
         e->tool_format = toolcall_detect(src, len);
-        e->tmpl_reasons = toolcall_template_reasons(e->tool_format, src, len);
         base_free(file, cap);
         if (st != KEEL_OK) return base_err(err, st, "chat_template %s: %s", spec, jerr);
         return KEEL_OK;
@@ -170,7 +169,6 @@ static keel_status open_template(keel_engine *e, const char *spec, char *err)
     keel_status st = jinja_open(src, len, &e->tmpl, jerr);
     if (st != KEEL_OK) return base_err(err, st, "chat template (%s): %s", e->template_name, jerr);
     e->tool_format = toolcall_detect(src, len);
-    e->tmpl_reasons = toolcall_template_reasons(e->tool_format, src, len);
     return KEEL_OK;
 }
 

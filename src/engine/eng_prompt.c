@@ -704,7 +704,7 @@ keel_status eng_chat_render(keel_engine *e, const eng_req *r, bool slot_bound, j
     json_t *c = json_object_get(last, "content"), *rc = json_object_get(last, "reasoning_content");
     size_t cut = 0;
     st = toolcall_continuation(e->tool_format, out->data ? out->data + g : "", out->len - g, r->cont,
-                               e->tmpl_reasons && r->o.parse_reasoning, json_string_value(rc), json_string_length(rc), json_string_value(c),
+                               r->o.parse_reasoning || r->cont == TOOLCALL_CONT_REASONING, json_string_value(rc), json_string_length(rc), json_string_value(c),
                                json_string_length(c), &cut, prefill, n_prefill);
     if (st != KEEL_OK) {
         snprintf(jerr, JINJA_ERR_CAP, "out of memory");

@@ -81,11 +81,7 @@ static void on_toolcall(void *user, const toolcall_event *tev)
     ev.len = tev->len;
     /* a continued message's own text: the client has it */
     if (tev->kind == TOOLCALL_EV_CONTENT || tev->kind == TOOLCALL_EV_REASONING) {
-        size_t *skip = &sl->pre_skip[tev->kind == TOOLCALL_EV_REASONING];
-        size_t k = BASE_MIN(*skip, ev.len);
-        *skip -= k;
-        ev.text += k;
-        ev.len -= k;
+        eng_pre_skip(&sl->pre, tev->kind == TOOLCALL_EV_REASONING, &ev.text, &ev.len);
         if (ev.len == 0) return;
     }
     switch (tev->kind) {
@@ -304,6 +300,7 @@ static void release_request(keel_engine *e, eng_slot *sl)
     toolcall_close(sl->tp);
     sl->tp = NULL;
     eng_slot_prefill_free(sl);
+    eng_pre_free(&sl->pre);
     text_free(&sl->pend);
     sl->stop_hit = NULL;
     sl->req = NULL;
@@ -374,11 +371,15 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
         }
     }
     if (have) { /* the response carries the new text, not the prefill the client sent */
-        size_t kc = BASE_MIN(sl->pre_len[0], res.content_len), kr = BASE_MIN(sl->pre_len[1], res.reasoning_len);
-        res.content += kc;
-        res.content_len -= kc;
-        res.reasoning += kr;
-        res.reasoning_len -= kr;
+        const eng_pre *pp = &sl->pre;
+        if (pp->len[0] && res.content_len >= pp->len[0] && memcmp(res.content, pp->text[0], pp->len[0]) == 0) {
+            res.content += pp->len[0];
+            res.content_len -= pp->len[0];
+        }
+        if (pp->len[1] && res.reasoning_len >= pp->len[1] && memcmp(res.reasoning, pp->text[1], pp->len[1]) == 0) {
+            res.reasoning += pp->len[1];
+            res.reasoning_len -= pp->len[1];
+        }
     }
     if (have && res.n_calls > 0 && strcmp(reason, "stop") == 0) sl->finish = "tool_calls";
     sl->t_end = now_ns();
@@ -809,7 +810,7 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         const char *tail = sl->prefill ? sl->prefill : sl->forced;
         size_t n_tail = sl->prefill ? sl->n_prefill : sl->n_forced;
         if ((st = eng_chat_parser_open(e, r, text, len, tail, n_tail, sl->prefill != NULL, on_toolcall, sl, &sl->tp,
-                                       sl->pre_len, sl->pre_skip, err)) != KEEL_OK)
+                                       &sl->pre, err)) != KEEL_OK)
             goto fail;
     }
     if ((st = keel_detok_stream_init_after(&sl->ds, e->model, sl->prompt, sl->n_prompt)) != KEEL_OK) {
