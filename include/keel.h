@@ -1404,9 +1404,9 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * "continue_final_message" (true: a last message that is the assistant's
  * and holds no tool calls is a prefill the model continues — the prompt is
  * the conversation before it, the generation prompt, and the message as
- * the model writes it: the reasoning opener and its reasoning_content, then
- * the closer and its content; with reasoning and no content the reasoning
- * is continued. The parse covers prefill and generation, so a reasoning
+ * the model writes it: the reasoning opener and its reasoning_content (when
+ * reasoning is parsed, as llama.cpp does), then the closer and its content;
+ * with reasoning and no content the reasoning is continued. The parse covers prefill and generation, so a reasoning
  * block or a tool call the prefill opened comes back whole, but the events
  * and the response's content / reasoning_content leave out the prefill's
  * own bytes: the caller has them. "content" / "reasoning_content" continue
@@ -1415,7 +1415,10 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * ending the conversation are KEEL_EINVAL unless false), "reasoning_format"
  * (llama-server's names: "auto", the default, "deepseek" and
  * "deepseek-legacy" alike parse reasoning into reasoning_content; "none"
- * leaves the reasoning markers and text in the content), "ignore_eos",
+ * leaves the reasoning markers and text in the content), "response_format"
+ * ({"type": "text" | "json_object" | "json_schema", ...}: with a JSON type,
+ * an answer the model wraps in a Markdown fence, ```json ... ```, comes back
+ * unwrapped; the output is not constrained), "ignore_eos",
  * "logprobs" (true: the response's "logprobs": {"content": [{"token",
  * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
  * per generated token, log-softmax of the model's logits), "top_logprobs"
