@@ -672,6 +672,71 @@ static void test_conformance(void **state)
     assert_int_equal(passed, total);
 }
 
+/* ---- where keel follows llama.cpp, not jinja2 ------------------------------------ */
+
+/* Where jinja2 raises and llama.cpp's Jinja runtime renders, and real
+ * templates (llama.cpp's models/templates/) depend on it: a string plus none
+ * or undefined. */
+static void test_llamacpp_compat(void **state)
+{
+    (void)state;
+    /* str + none/undefined, either side, is the str */
+    expect_render("{{ 'a' + nope }}|{{ nope + 'b' }}|{{ 'c' + none }}|{{ none + 'd' }}|"
+                  "{{ 'e' + {}.x }}",
+                  NULL, "a|b|c|d|e");
+    expect_render("{% set s = 'p' %}{% set s = s + '\\n' + functions %}"
+                  "{% set s = s + 'Today is ' + datetime + '.' %}[{{ s }}]",
+                  NULL, "[p\nToday is .]");
+    expect_render("{{ ('<b>'|safe + nope) is escaped }}{{ '<b>'|safe + none }}", NULL, "True<b>");
+    /* ~ stays jinja2's: undefined is '', none is 'None' */
+    expect_render("{{ 'a' ~ nope }}|{{ 'a' ~ none }}", NULL, "a|aNone");
+    /* still errors, in jinja2 and llama.cpp alike */
+    expect_error("{{ nope + 1 }}", NULL, KEEL_EINVAL, "'nope' is undefined");
+    expect_error("{{ 1 + nope }}", NULL, KEEL_EINVAL, "'nope' is undefined");
+    expect_error("{{ nope + nope }}", NULL, KEEL_EINVAL, "'nope' is undefined");
+    expect_error("{{ none + nope }}", NULL, KEEL_EINVAL, "'nope' is undefined");
+    expect_error("{{ none + none }}", NULL, KEEL_EINVAL,
+                 "unsupported operand type(s) for +: 'NoneType' and 'NoneType'");
+    expect_error("{{ none + 1 }}", NULL, KEEL_EINVAL,
+                 "unsupported operand type(s) for +: 'NoneType' and 'int'");
+    expect_error("{{ [1] + none }}", NULL, KEEL_EINVAL,
+                 "can only concatenate list (not \"NoneType\") to list");
+    expect_error("{{ 'a' - none }}", NULL, KEEL_EINVAL,
+                 "unsupported operand type(s) for -: 'str' and 'NoneType'");
+    expect_error("{{ 'a' - nope }}", NULL, KEEL_EINVAL, "'nope' is undefined");
+    /* the template of llama.cpp's tree that needs it, as it ships it */
+    const char *d = getenv("KEEL_TESTDATA");
+    char path[1024];
+    size_t n;
+    char *src, *out = NULL, err[256] = "";
+    snprintf(path, sizeof path, "%s/chat-conformance/templates/%s", d ? d : "tests/data",
+             "fireworks-ai-llama-3-firefunction-v2.jinja");
+    src = slurp(path, &n);
+    const char *conv =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", "
+        "\"content\": \"\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": "
+        "\"get\", \"arguments\": {\"x\": \"y\"}}}]}, {\"role\": \"tool\", \"content\": \"42\"}], "
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"string\"}}}}}], "
+        "\"add_generation_prompt\": true, \"bos_token\": \"<s>\"}";
+    keel_status st = render_pub(src, conv, &out, err);
+    if (st != KEEL_OK) fail_msg("%s: %s (%s)", path, keel_status_name(st), err);
+    const char *head = "<s><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful "
+                       "assistant with access to functions.\nIn addition to plain text";
+    assert_true(strncmp(out, head, strlen(head)) == 0);
+    const char *tail =
+        "Available functions as JSON spec:\n\nToday is .<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n functools[{\"name\": \"get\", "
+        "\"arguments\": {\"x\": \"y\"}}]<|eot_id|>"
+        "<|start_header_id|>tool<|end_header_id|>\n\n42<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    assert_true(strlen(out) > strlen(tail));
+    assert_string_equal(out + strlen(out) - strlen(tail), tail);
+    free(out);
+    free(src);
+}
+
 /* ---- built-in templates ------------------------------------------------------------- */
 
 static const char g_conv[] =
@@ -1124,6 +1189,7 @@ int main(void)
         cmocka_unit_test(test_language_extra),
         cmocka_unit_test(test_fuzz_regressions),
         cmocka_unit_test(test_conformance),
+        cmocka_unit_test(test_llamacpp_compat),
         cmocka_unit_test(test_builtins),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_limits),

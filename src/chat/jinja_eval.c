@@ -406,6 +406,30 @@ static JX_NOINLINE keel_status eval_filter(jx *x, jscope *sc, const jnode *n, jv
     return jinja_filter_call(x, n->n, v, &a, out);
 }
 
+/* The one place `+` departs from jinja2: a string plus none or undefined
+ * (either side) is the string, where jinja2 raises (TypeError; UndefinedError
+ * from the default Undefined). llama.cpp's Jinja runtime does this
+ * (binary_expression, "treating null/undefined as empty string for string
+ * concatenation") and real templates rely on it: FireFunction v2 appends an
+ * undefined `functions` to a string. As there, none + none, undefined +
+ * undefined and none/undefined + a non-string still fail; `~` is left as
+ * jinja2 has it (str() of both sides: undefined is "", none is "None"). The
+ * string keeps its Markup flag. Only template `+` does this, not the sum
+ * filter. */
+static bool add_null_to_str(jv a, jv b, jv *out)
+{
+    bool a_null = a.t == JT_UNDEF || a.t == JT_NONE, b_null = b.t == JT_UNDEF || b.t == JT_NONE;
+    if (a_null && b.t == JT_STR) {
+        *out = b;
+        return true;
+    }
+    if (b_null && a.t == JT_STR) {
+        *out = a;
+        return true;
+    }
+    return false;
+}
+
 /* Left-deep chains of binary operators and and/or, walked in a loop. */
 static JX_NOINLINE keel_status eval_chain(jx *x, jscope *sc, const jnode *n, jv *out)
 {
@@ -434,7 +458,7 @@ static JX_NOINLINE keel_status eval_chain(jx *x, jscope *sc, const jnode *n, jv 
             jv r;
             TRY(eval(x, sc, op->b, &r));
             x->line = op->line;
-            TRY(jv_binop(x, op->op, v, r, &v));
+            if (op->op != JO_ADD || !add_null_to_str(v, r, &v)) TRY(jv_binop(x, op->op, v, r, &v));
         }
     }
     *out = v;
