@@ -1011,11 +1011,12 @@ keel_status jv_repr(jx *x, jsb *b, jv v, int depth)
             open = "dict_values([", close = "])";
             break;
         case JL_GEN:
-            ok = jsb_adds(b, "<generator object>");
-            return ok ? KEEL_OK : sb_status(x, b);
         case JL_REVITER:
-            ok = jsb_adds(b, "<list_reverseiterator object>");
-            return ok ? KEEL_OK : sb_status(x, b);
+            /* printed as the list of what is left, without consuming it, as
+             * llama.cpp prints these filters' results (its filters return
+             * lists); Python's "<generator object ... at 0x...>" holds an
+             * address no template can depend on */
+            break;
         default:
             break;
         }
@@ -1249,7 +1250,12 @@ static keel_status tojson_rec(jx *x, jsb *b, jv v, const jjson_opts *o, int dept
         break;
     case JT_LIST: {
         const jlist *l = v.u.l;
-        if (l->kind != JL_LIST && l->kind != JL_TUPLE)
+        /* A generator (map, select, reject, ..., reverse) is serialized as
+         * the list of what is left, without consuming it. Python's json.dumps
+         * refuses one; llama.cpp, whose filters return lists, writes the
+         * list, and templates in its tree depend on it (DeepSeek R1's
+         * `tools | map(attribute='function') | tojson`). */
+        if (l->kind != JL_LIST && l->kind != JL_TUPLE && l->kind != JL_GEN && l->kind != JL_REVITER)
             return jx_fail(x, KEEL_EINVAL, "Object of type %s is not JSON serializable",
                            jv_type_name(v));
         if (l->n == 0) {
