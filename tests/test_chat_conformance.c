@@ -294,7 +294,7 @@ static void test_llamacpp_cases(void **state)
         size_t in_len = json_string_length(json_object_get(c, "input"));
         json_t *want = json_object_get(c, "expect");
         json_t *full = NULL, *streamed = NULL, *full1 = NULL, *streamed1 = NULL, *prompt = NULL;
-        char err[BASE_ERR_CAP] = "", why[128] = "";
+        char err[BASE_ERR_CAP] = "", why[BASE_ERR_CAP + 128] = "";
         bool ok = true;
         keel_status st = eng_chat_parse_output(e, rj, in, in_len, 0, partial, &full, &streamed, &prompt, err);
         if (st != KEEL_OK) {
