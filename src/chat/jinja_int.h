@@ -15,6 +15,8 @@
 
 #include "jinja.h"
 
+#define JV_MAX_DEPTH 130 /* nesting of values walked recursively (JSON input: 128) */
+
 #include <stdarg.h>
 
 /* ---- arena ---------------------------------------------------------------- */
@@ -492,6 +494,9 @@ static inline jv jx_loop_item(const jloop *lp, size_t i)
 keel_status jx_fail(jx *x, keel_status st, const char *fmt, ...) BASE_PRINTF(3, 4);
 /* The arena's failure (ENOMEM / limit) as a status with a message. */
 keel_status jx_oom(jx *x);
+/* A string builder's failure as the render's: past the output bound
+ * (KEEL_EOVERFLOW, JINJA_ERR_OUTPUT) or out of memory; KEEL_OK if neither. */
+keel_status jsb_status(jx *x, const jsb *b);
 /* Counts one step; KEEL_EOVERFLOW past the limit. */
 keel_status jx_step(jx *x);
 static inline keel_status jx_steps(jx *x, int64_t n)
