@@ -131,6 +131,57 @@ static void test_pool_per_thread_after_run(void **state)
     }
 }
 
+/* Jobs back to back whose task counts differ (as attention's prep, split and
+ * merge jobs do): a worker still holding the claim of a finished job (all
+ * its tasks taken) must not take the next job's larger task count as its
+ * bound and run a task before that job is published — with the old job's
+ * or a mix of the two jobs' fields, counted in the new job's `done`, so the
+ * caller could return while it still ran (a TSan race in fuzz_memory
+ * --config 4, rare crashes under load). Each task checks it runs for the
+ * job being run, once. Run under TSan too (make test-tsan). */
+typedef struct job_ctx {
+    int64_t job;              /* the job this context belongs to */
+    atomic_int hits[64];
+} job_ctx;
+
+static atomic_llong g_current_job;
+static atomic_int g_stray;
+
+static void job_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    job_ctx *c = vctx;
+    if (c->job != atomic_load(&g_current_job) || task < 0 || task >= 64) {
+        atomic_fetch_add(&g_stray, 1);
+        return;
+    }
+    atomic_fetch_add(&c->hits[task], 1);
+}
+
+static void test_pool_back_to_back_jobs(void **state)
+{
+    (void)state;
+    for (int nt = 2; nt <= 4; nt++) {
+        base_pool *p;
+        assert_ok(base_pool_open(nt, &p));
+        atomic_store(&g_stray, 0);
+        for (int64_t job = 1; job <= 40000; job++) {
+            job_ctx c; /* on the stack, reused at the same address, as attend's contexts are */
+            memset(&c, 0, sizeof c);
+            c.job = job;
+            int64_t n = job % 3 == 0 ? 64 : 2 + job % 5;
+            atomic_store(&g_current_job, job);
+            base_pool_run(p, n, job_task, &c);
+            atomic_store(&g_current_job, 0);
+            for (int64_t t = 0; t < n; t++)
+                if (atomic_load(&c.hits[t]) != 1) fail_msg("threads %d job %lld task %lld ran %d times", nt,
+                                                           (long long)job, (long long)t, atomic_load(&c.hits[t]));
+        }
+        assert_int_equal(atomic_load(&g_stray), 0);
+        base_pool_close(p);
+    }
+}
+
 static void test_rng_deterministic(void **state)
 {
     (void)state;
@@ -190,6 +241,7 @@ int main(void)
         cmocka_unit_test(test_status_table),      cmocka_unit_test(test_size_math),
         cmocka_unit_test(test_arena_bounds),      cmocka_unit_test(test_pool_parallel_for),
         cmocka_unit_test(test_pool_per_thread_after_run),
+        cmocka_unit_test(test_pool_back_to_back_jobs),
         cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_alloc_sweep_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

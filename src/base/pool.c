@@ -69,11 +69,12 @@ static void pool_work(base_pool *p, uint64_t gen, int tid)
         uint_fast64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
         if ((c >> 32) != (gen & 0xffffffffu)) return;
         int64_t idx = (int64_t)(c & 0xffffffffu);
-        int64_t nt = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
-        base_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        int64_t nt = atomic_load_explicit(&p->n_tasks, memory_order_acquire);
+        base_task_fn fn = atomic_load_explicit(&p->fn, memory_order_acquire);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_acquire);
         if (idx >= nt) return;
-        /* success proves the job has not changed since the fields were read */
+        /* success proves the job has not changed since the fields were read:
+         * a field of a newer job carries base_pool_run's closed claim with it */
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue;
@@ -271,9 +272,20 @@ void base_pool_run(base_pool *p, int64_t n_tasks, base_task_fn fn, void *ctx)
     }
     uint64_t t0 = p->prof ? base_time_ns() : 0;
     uint64_t gen = atomic_load(&p->generation) + 1;
-    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
-    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
-    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    /* First close the claim of the last job: a worker that read its claim
+     * (all tasks taken: idx == its n_tasks) could otherwise read this job's
+     * larger n_tasks, pass the bound, and win its CAS before the new claim
+     * is stored — running a task of a job not yet published, with a mix of
+     * the two jobs' fields, and counting it in `done` (the caller then
+     * returned while the task still ran: seen by TSan in fuzz_memory
+     * --config 4, and as rare crashes under load). A claim of this
+     * generation with no task left fails every stale CAS and every bound. */
+    atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32 | 0xffffffffu, memory_order_seq_cst);
+    /* release, paired with pool_work's acquire loads: a worker that sees any
+     * of these new fields sees the closed claim too, and its CAS fails */
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
+    atomic_store_explicit(&p->fn, fn, memory_order_release);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_release);
     atomic_store_explicit(&p->per_thread, false, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32, memory_order_release);
