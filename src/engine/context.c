@@ -103,6 +103,15 @@ static keel_status resolve(const keel_model *m, const keel_context_params *in,
     return check_compact(m, p, &p->compact, err);
 }
 
+/* phi3 LongRoPE: the long factors when a sequence may hold more positions
+ * than the original context (llama.cpp's n_ctx_seq: n_ctx, divided among
+ * the sequences unless unified). */
+static bool ctx_rope_long(const keel_model *m, const keel_context_params *p)
+{
+    int32_t n_seq = p->unified || p->n_seq_max < 1 ? 1 : p->n_seq_max;
+    return model_rope_long(&m->w, p->n_ctx / n_seq);
+}
+
 typedef struct ctx_sizes {
     keel_mem_config mc;
     keel_mem_layer *layers; /* caller's buffer */
@@ -113,7 +122,7 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
 {
     const model_hp *hp = &m->w.hp;
     model_mem_layers(&m->w, p->type_k, p->type_v, p->rot_k, p->rot_v, p->n_sink, p->swa_window,
-                     p->swa_period, z->layers);
+                     p->swa_period, ctx_rope_long(m, p), z->layers);
     z->mc = keel_mem_config_default();
     z->mc.layers = z->layers;
     z->mc.n_layers = hp->n_layer;
@@ -552,7 +561,8 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
             if (c->out_row[start + i] >= 0) c->ub_out[nout++] = i;
         model_ubatch mu = {m, b->tokens + start, c->ub_pos + start, c->ub_seq + start,
                            c->ub_cells, nout, c->ub_out,
-                           c->logits + (size_t)row0 * (size_t)hp->n_vocab, c->p.deterministic};
+                           c->logits + (size_t)row0 * (size_t)hp->n_vocab, c->p.deterministic,
+                           ctx_rope_long(c->model, &c->p)};
         st = model_forward(&c->model->w, c->mem, &mu, c->pool, &c->work, &c->cancel, c->err);
         if (st != KEEL_OK && hp->n_recurrent > 0 && st != KEEL_ECANCELED) {
             /* a failure inside the chunk left some layers' states updated:

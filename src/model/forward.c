@@ -8,12 +8,12 @@
  *   x = embed(tokens) * embd_scale
  *   for each layer:
  *     h = rmsnorm(x) * attn_norm
- *     o = mixer(h)                  gemma2: o = rmsnorm(o) * post_attn_norm
+ *     o = mixer(h)                  gemma2/3: o = rmsnorm(o) * post_attn_norm
  *     x = x + o
  *     if the layer has an FFN:
  *       h = rmsnorm(x) * ffn_norm   (qwen35 / qwen3next / gpt-oss: the tensor is
  *                                    post_attention_norm)
- *       o = ffn(h)                  gemma2: o = rmsnorm(o) * post_ffw_norm
+ *       o = ffn(h)                  gemma2/3: o = rmsnorm(o) * post_ffw_norm
  *       x = x + o
  *   logits = (rmsnorm(x) * output_norm) Wout;  gemma2: final soft-cap
  *
@@ -66,10 +66,18 @@ static size_t group_scratch(const model_layer *L)
     return mm;
 }
 
-/* Floats per token of the shared activations: x, h, o and a RoPE table. */
+/* Floats per token of the shared activations: x, h, o and two RoPE tables
+ * (global and sliding layers). */
 static size_t shared_floats(const model_hp *hp)
 {
-    return 3 * (size_t)hp->n_embd + (size_t)(hp->rope.n_rot > 0 ? hp->rope.n_rot : 1);
+    return 3 * (size_t)hp->n_embd + 2 * (size_t)(hp->rope.n_rot > 0 ? hp->rope.n_rot : 1);
+}
+
+/* Whether the sliding layers rotate with their own RoPE (gemma3). */
+static bool own_swa_rope(const model_hp *hp)
+{
+    return hp->n_swa > 0 && (hp->rope_swa.freq_base != hp->rope.freq_base ||
+                             hp->rope_swa.freq_scale != hp->rope.freq_scale);
 }
 
 size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
@@ -157,7 +165,11 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
     if (!x || !h || !o || !cs)
         return base_err(err, KEEL_ESCRATCH, "forward: work arena too small for %d tokens", n);
     keel_status st;
-    model_fw f = {w, mem, ub, pool, work, err, -1, cs};
+    bool swa_rope = nrot > 0 && own_swa_rope(hp);
+    float *cs_swa = swa_rope ? base_arena_take_n(work, (size_t)n * (size_t)nrot, sizeof(float)) : NULL;
+    if (swa_rope && !cs_swa)
+        return base_err(err, KEEL_ESCRATCH, "forward: work arena too small for %d tokens", n);
+    model_fw f = {w, mem, ub, pool, work, err, -1, cs, cs_swa};
 
     /* embeddings */
     size_t erow = tensor_row_bytes(w->tok_embd.dtype, E);
@@ -167,10 +179,18 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
         if (st != KEEL_OK) return base_err(err, st, "forward: token_embd row %d", ub->tokens[i]);
         if (hp->embd_scale != 1.0f) tensor_scale_f32(x + (size_t)i * (size_t)E, hp->embd_scale, E);
     }
-    if (nrot > 0)
-        for (int32_t i = 0; i < n; i++)
-            tensor_rope_cos_sin(w->rope_rates, nrot, (double)ub->pos[i], w->rope_mscale,
-                                cs + (size_t)i * (size_t)nrot);
+    if (nrot > 0) {
+        /* phi3 LongRoPE: the long factors when the context asks for them */
+        bool lg = ub->rope_long && hp->rope_long.type != KEEL_ROPE_NONE;
+        const double *rates = lg ? w->rope_rates_long : w->rope_rates;
+        float ms = lg ? w->rope_mscale_long : w->rope_mscale;
+        for (int32_t i = 0; i < n; i++) {
+            tensor_rope_cos_sin(rates, nrot, (double)ub->pos[i], ms, cs + (size_t)i * (size_t)nrot);
+            if (cs_swa)
+                tensor_rope_cos_sin(w->rope_rates_swa, nrot, (double)ub->pos[i], w->rope_mscale_swa,
+                                    cs_swa + (size_t)i * (size_t)nrot);
+        }
+    }
 
     for (int32_t l = 0; l < hp->n_layer; l++) {
         /* a recurrent state is updated in place: a chunk runs through every

@@ -3,8 +3,10 @@
  *
  *   q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)
  *   gated (qwen35, qwen3next): Wq yields per head [q | gate]
- *   q, k = rmsnorm per head * q_norm / k_norm        (qwen3, qwen35, qwen3next)
- *   q, k = rope(q), rope(k) at each token's position  (first n_rot dims)
+ *   phi3: Wq, Wk, Wv are row views of the fused attn_qkv
+ *   q, k = rmsnorm per head * q_norm / k_norm        (qwen3, qwen35, qwen3next, gemma3)
+ *   q, k = rope(q), rope(k) at each token's position  (first n_rot dims; gemma3's
+ *          sliding layers with rope_swa; phi3 LongRoPE factors, attn_factor)
  *   memory: write k, v at the tokens' cells; a = attend(q)
  *           (causal, sequence and sliding masks, GQA, soft-cap, gpt-oss sinks)
  *   gated: a = a * sigmoid(gate)
@@ -93,7 +95,8 @@ keel_status model_attn(const model_fw *f, const float *h, float *o)
     if (L->k_norm) rmsnorm_rows(k, k, L->k_norm, n * hp->n_head_kv, hp->hd_k, hp->norm_eps);
     if (nrot > 0)
         for (int32_t i = 0; i < n; i++) {
-            const float *cs = f->cs + (size_t)i * (size_t)nrot;
+            /* gemma3's sliding layers have their own base */
+            const float *cs = (L->swa && f->cs_swa ? f->cs_swa : f->cs) + (size_t)i * (size_t)nrot;
             tensor_rope_apply(hp->rope.type, nrot, cs, q + (size_t)i * (size_t)QD, hp->n_head, hp->hd_k);
             tensor_rope_apply(hp->rope.type, nrot, cs, k + (size_t)i * (size_t)KD, hp->n_head_kv, hp->hd_k);
         }

@@ -19,7 +19,9 @@
  * attention sinks, alternating sliding layers, YaRN), deepseek32 (multi-head
  * latent attention in the absorbed MQA form with the DSA lightning indexer,
  * dense lead layers then MoE with a sigmoid router, selection bias and a
- * shared expert).
+ * shared expert), gemma3 (gemma2's block with q/k norm, 5 of 6 layers
+ * sliding with their own RoPE base, no soft-caps), phi3 (fused qkv and
+ * gate|up bound as row views, partial RoPE, LongRoPE short/long factors).
  */
 #include "model.h"
 
@@ -48,7 +50,14 @@ static const arch_desc g_archs[] = {
     {"gpt-oss", MODEL_ARCH_GPT_OSS, KEEL_ROPE_NEOX},
     /* the indexer's RoPE is NEOX (layer_mla.c) */
     {"deepseek32", MODEL_ARCH_DEEPSEEK32, KEEL_ROPE_NORM},
+    {"gemma3", MODEL_ARCH_GEMMA3, KEEL_ROPE_NEOX},
+    {"phi3", MODEL_ARCH_PHI3, KEEL_ROPE_NEOX},
 };
+
+static bool arch_gemma(model_arch a)
+{
+    return a == MODEL_ARCH_GEMMA2 || a == MODEL_ARCH_GEMMA3;
+}
 
 static bool arch_gdn(model_arch a)
 {
@@ -269,6 +278,31 @@ static keel_status get_mat3(loader *l, const char *name, bool required, int64_t 
     return KEEL_OK;
 }
 
+/* Rows [row0, row0 + n_rows) of a fused matrix (phi3's attn_qkv, ffn_up):
+ * a view, the rows being contiguous. */
+static model_mat mat_rows(const model_mat *m, int64_t row0, int64_t n_rows)
+{
+    model_mat r = *m;
+    size_t rb = tensor_row_bytes(m->dtype, m->n_cols);
+    r.data = (const uint8_t *)m->data + (size_t)row0 * rb;
+    r.n_rows = n_rows;
+    r.nbytes = (size_t)n_rows * rb;
+    return r;
+}
+
+/* A RoPE frequency-factor tensor of n_rot / 2 elements, each > 0 (the
+ * angle rate is divided by it). */
+static keel_status get_rope_factors(loader *l, const char *name, int32_t n_rot, const float **out)
+{
+    keel_status st = get_vec(l, name, false, n_rot / 2, out);
+    if (st != KEEL_OK) return st;
+    for (int32_t i = 0; *out && i < n_rot / 2; i++)
+        if (!((*out)[i] > 0.0f))
+            return base_err(l->err, KEEL_EFORMAT, "tensor %s: element %d is %g, must be > 0", name, i,
+                            (double)(*out)[i]);
+    return KEEL_OK;
+}
+
 static keel_status bind_tensors(loader *l, model_w *w)
 {
     const model_hp *hp = &w->hp;
@@ -281,16 +315,24 @@ static keel_status bind_tensors(loader *l, model_w *w)
     if ((st = get_vec(l, "output_norm.weight", true, E, &w->output_norm)) != KEEL_OK) return st;
     if ((st = get_mat(l, "output.weight", false, E, V, &w->output)) != KEEL_OK) return st;
     if (!w->output.data) w->output = w->tok_embd;
-    const float *ff = NULL;
+    const float *ff = NULL, *fshort = NULL, *flong = NULL;
     if (hp->rope.n_rot > 0 &&
-        (st = get_vec(l, "rope_freqs.weight", false, hp->rope.n_rot / 2, &ff)) != KEEL_OK)
+        (st = get_rope_factors(l, "rope_freqs.weight", hp->rope.n_rot, &ff)) != KEEL_OK)
         return st;
-    for (int32_t i = 0; ff && i < hp->rope.n_rot / 2; i++)
-        if (!(ff[i] > 0.0f)) /* the angle rate is divided by it */
-            return base_err(l->err, KEEL_EFORMAT,
-                            "tensor rope_freqs.weight: element %d is %g, must be > 0", i,
-                            (double)ff[i]);
-    if (!l->counting) w->hp.rope.freq_factors = ff;
+    /* phi3 LongRoPE: short factors below the original context, long ones
+     * above; rope_freqs, when present, wins (llama.cpp get_rope_factors) */
+    if (hp->arch == MODEL_ARCH_PHI3 && hp->rope.n_rot > 0 &&
+        ((st = get_rope_factors(l, "rope_factors_short.weight", hp->rope.n_rot, &fshort)) != KEEL_OK ||
+         (st = get_rope_factors(l, "rope_factors_long.weight", hp->rope.n_rot, &flong)) != KEEL_OK))
+        return st;
+    if (!l->counting) {
+        w->hp.rope.freq_factors = ff ? ff : fshort;
+        w->hp.rope_swa.freq_factors = w->hp.rope.freq_factors;
+        if (!ff && flong) {
+            w->hp.rope_long = w->hp.rope;
+            w->hp.rope_long.freq_factors = flong;
+        }
+    }
     for (int32_t i = 0; i < hp->n_layer; i++) {
         model_layer *L = l->counting ? NULL : &w->layers[i];
         model_layer tmp;
@@ -320,16 +362,27 @@ static keel_status bind_tensors(loader *l, model_w *w)
         VEC(attn_norm, "attn_norm", "weight", true, E);
         if (L->mixer == MODEL_MIXER_ATTN) {
             L->attn_gate = gdn;
-            MAT(wq, "attn_q", true, E, L->attn_gate ? 2 * QD : QD);
-            MAT(wk, "attn_k", true, E, KD);
-            MAT(wv, "attn_v", true, E, VD);
+            model_mat qkv = {0};
+            if (a == MODEL_ARCH_PHI3) { /* fused rows [q | k | v], or separate */
+                MAT(wq, "attn_qkv", false, E, QD + KD + VD);
+                qkv = L->wq;
+            }
+            if (qkv.data) {
+                L->wq = mat_rows(&qkv, 0, QD);
+                L->wk = mat_rows(&qkv, QD, KD);
+                L->wv = mat_rows(&qkv, QD + KD, VD);
+            } else {
+                MAT(wq, "attn_q", true, E, L->attn_gate ? 2 * QD : QD);
+                MAT(wk, "attn_k", true, E, KD);
+                MAT(wv, "attn_v", true, E, VD);
+            }
             MAT(wo, "attn_output", true, OD, E);
             bool biases = a == MODEL_ARCH_QWEN2 || a == MODEL_ARCH_GPT_OSS;
             VEC(bq, "attn_q", "bias", biases, QD);
             VEC(bk, "attn_k", "bias", biases, KD);
             VEC(bv, "attn_v", "bias", biases, VD);
             VEC(bo, "attn_output", "bias", a == MODEL_ARCH_GPT_OSS, E);
-            bool qk = a == MODEL_ARCH_QWEN3 || gdn;
+            bool qk = a == MODEL_ARCH_QWEN3 || a == MODEL_ARCH_GEMMA3 || gdn;
             VEC(q_norm, "attn_q_norm", "weight", qk, hp->hd_k);
             VEC(k_norm, "attn_k_norm", "weight", qk, hp->hd_k);
             if (a == MODEL_ARCH_GPT_OSS) {
@@ -379,7 +432,7 @@ static keel_status bind_tensors(loader *l, model_w *w)
             VECN(ssm_norm, "ssm_norm.weight", true, D / hp->ssm_n_group, D);
             MAT(ssm_out, "ssm_out", true, D, E);
         }
-        if (a == MODEL_ARCH_GEMMA2) {
+        if (arch_gemma(a)) {
             VEC(post_attn_norm, "post_attention_norm", "weight", true, E);
         }
         if (L->ffn != MODEL_FFN_NONE) {
@@ -392,7 +445,15 @@ static keel_status bind_tensors(loader *l, model_w *w)
                 VEC(ffn_norm, "ffn_norm", "weight", true, E);
             }
         }
-        if (L->ffn == MODEL_FFN_DENSE) {
+        if (L->ffn == MODEL_FFN_DENSE && a == MODEL_ARCH_PHI3) {
+            /* fused ffn_up: rows [gate | up] (llama.cpp's SwiGLU halves) */
+            model_mat gu;
+            snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
+            if ((st = get_mat(l, name, true, E, 2 * (int64_t)hp->n_ff, &gu)) != KEEL_OK) return st;
+            L->ffn_gate = mat_rows(&gu, 0, hp->n_ff);
+            L->ffn_up = mat_rows(&gu, hp->n_ff, hp->n_ff);
+            MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
+        } else if (L->ffn == MODEL_FFN_DENSE) {
             MAT(ffn_gate, "ffn_gate", true, E, hp->n_ff);
             MAT(ffn_up, "ffn_up", true, E, hp->n_ff);
             MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
@@ -422,7 +483,7 @@ static keel_status bind_tensors(loader *l, model_w *w)
                 MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
             }
         }
-        if (a == MODEL_ARCH_GEMMA2) {
+        if (arch_gemma(a)) {
             VEC(post_ffw_norm, "post_ffw_norm", "weight", true, E);
         }
 #undef MAT
@@ -431,6 +492,9 @@ static keel_status bind_tensors(loader *l, model_w *w)
 #undef EXP
         /* gemma2, gpt-oss: every other layer, starting with layer 0, is sliding */
         L->swa = (a == MODEL_ARCH_GEMMA2 || a == MODEL_ARCH_GPT_OSS) && hp->n_swa > 0 && i % 2 == 0;
+        /* gemma3: the first swa_period - 1 layers of each period are sliding */
+        if (a == MODEL_ARCH_GEMMA3)
+            L->swa = hp->n_swa > 0 && i % hp->swa_period < hp->swa_period - 1;
     }
     return KEEL_OK;
 }
@@ -512,7 +576,7 @@ static keel_status read_arch_hparams(loader *l, model_w *w)
     model_hp *hp = &w->hp;
     model_arch a = hp->arch;
     keel_status st;
-    hp->ffn_act = a == MODEL_ARCH_GEMMA2 ? MODEL_ACT_GELU
+    hp->ffn_act = arch_gemma(a) ? MODEL_ACT_GELU
                   : a == MODEL_ARCH_GPT_OSS ? MODEL_ACT_SWIGLU_OAI
                                             : MODEL_ACT_SILU;
     hp->oai_alpha = 1.702f; /* llama.cpp's constants for gpt-oss */
@@ -601,7 +665,7 @@ static keel_status read_hparams(loader *l, model_w *w)
     if (!ad)
         return base_err(l->err, KEEL_EUNSUPPORTED,
                         "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-                        "qwen35, qwen3next, mamba2, gpt-oss, deepseek32)",
+                        "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
@@ -691,6 +755,19 @@ static keel_status read_hparams(loader *l, model_w *w)
         }
     }
     if (r->n_ctx_orig == 0) r->n_ctx_orig = hp->n_ctx_train;
+    if (hp->arch == MODEL_ARCH_PHI3 && r->type != KEEL_ROPE_NONE) {
+        /* LongRoPE: which factors apply depends on the original context;
+         * attn_factor multiplies the rotated dims of q and k (llama.cpp's
+         * rope_attn_factor, for any scaling type) */
+        if ((st = key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
+                          &r->n_ctx_orig)) != KEEL_OK)
+            return st;
+        if ((st = key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6, &r->attn_factor)) != KEEL_OK)
+            return st;
+    }
+    hp->rope_swa = *r;
+    hp->rope_long = *r;
+    hp->rope_long.type = KEEL_ROPE_NONE; /* set by bind_tensors when rope_factors_long is present */
     /* arch specifics */
     hp->embd_scale = 1.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->hd_k);
@@ -707,6 +784,31 @@ static keel_status read_hparams(loader *l, model_w *w)
         /* llama.cpp: gemma2 27B scales by 1/sqrt(n_embd / n_head), the others by head_dim */
         if (hp->n_layer == 46) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
     }
+    if (hp->arch == MODEL_ARCH_GEMMA3) {
+        /* no attention soft-cap; a final one only with the key */
+        if ((st = key_float_in(l, "final_logit_softcapping", 0.0, 0.0, false, 1e30, &hp->final_softcap)) != KEEL_OK)
+            return st;
+        /* no window (or 0): every layer is global, with rope */
+        if ((st = key_int(l, "attention.sliding_window", false, 0, 0, BIG, &hp->n_swa)) != KEEL_OK) return st;
+        if ((st = key_int(l, "attention.sliding_window_pattern", false, 6, 1, 4096, &hp->swa_period)) != KEEL_OK)
+            return st;
+        if (hp->n_swa > 0) {
+            /* sliding layers: their own base, no scaling (llama.cpp's
+             * rope_freq_base_train_swa, default 10000; freq_scale_swa 1) */
+            if ((st = key_float_in(l, "rope.freq_base_swa", 10000.0, 0.0, true, 1e30,
+                                   &hp->rope_swa.freq_base)) != KEEL_OK)
+                return st;
+            hp->rope_swa.freq_scale = 1.0f;
+        }
+        hp->embd_scale = sqrtf((float)hp->n_embd);
+        /* query_pre_attn_scalar: 27B (62 layers) n_embd / n_head, else head_dim */
+        if (hp->n_layer == 62) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    }
+    if (hp->arch == MODEL_ARCH_PHI3 && hp->hd_k != hp->hd_v)
+        return base_err(l->err, KEEL_EFORMAT, "%s: key_length %d != value_length %d", l->arch, hp->hd_k,
+                        hp->hd_v);
+    /* phi3's attention.sliding_window is ignored, as llama.cpp does ("Phi
+     * SWA is currently disabled"): full attention */
     return read_arch_hparams(l, w);
 }
 
@@ -782,7 +884,7 @@ keel_status model_load(const gguf *g, model_w *w, char *err)
     if (!size_mul(l.f32_cap, sizeof(float), &fb) || fb == 0) fb = sizeof(float) * 16;
     w->f32_block = base_alloc(fb);
     w->f32_bytes = fb;
-    size_t rb = (size_t)(w->hp.rope.n_rot / 2 + 1) * sizeof(double);
+    size_t rb = 3 * (size_t)(w->hp.rope.n_rot / 2 + 1) * sizeof(double);
     w->rope_rates = base_alloc(rb);
     if (!w->f32_block || !w->rope_rates) {
         model_free(w);
@@ -798,8 +900,15 @@ keel_status model_load(const gguf *g, model_w *w, char *err)
     l.f32 = w->f32_block;
     l.f32_used = 0;
     st = bind_tensors(&l, w);
-    if (st == KEEL_OK && w->hp.rope.type != KEEL_ROPE_NONE)
+    if (st == KEEL_OK && w->hp.rope.type != KEEL_ROPE_NONE) {
+        size_t nr = (size_t)(w->hp.rope.n_rot / 2 + 1);
+        w->rope_rates_swa = w->rope_rates + nr;
+        w->rope_rates_long = w->rope_rates + 2 * nr;
         st = tensor_rope_rates(&w->hp.rope, w->rope_rates, &w->rope_mscale);
+        if (st == KEEL_OK) st = tensor_rope_rates(&w->hp.rope_swa, w->rope_rates_swa, &w->rope_mscale_swa);
+        if (st == KEEL_OK && w->hp.rope_long.type != KEEL_ROPE_NONE)
+            st = tensor_rope_rates(&w->hp.rope_long, w->rope_rates_long, &w->rope_mscale_long);
+    }
     if (st == KEEL_OK) warn_unused(&l, w);
     base_free(l.used, n_t);
     if (st != KEEL_OK) {
@@ -825,7 +934,7 @@ void model_free(model_w *w)
     if (!w) return;
     base_free(w->layers, w->layers_bytes);
     base_free(w->f32_block, w->f32_bytes);
-    base_free(w->rope_rates, (size_t)(w->hp.rope.n_rot / 2 + 1) * sizeof(double));
+    base_free(w->rope_rates, 3 * (size_t)(w->hp.rope.n_rot / 2 + 1) * sizeof(double));
     w->layers = NULL;
     w->f32_block = NULL;
     w->rope_rates = NULL;
@@ -833,7 +942,7 @@ void model_free(model_w *w)
 
 void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, int32_t rot_k,
                       int32_t rot_v, int32_t n_sink, int32_t swa_window, int32_t swa_period,
-                      keel_mem_layer *layers)
+                      bool rope_long, keel_mem_layer *layers)
 {
     const model_hp *hp = &w->hp;
     bool qk = type_k != KEEL_DTYPE_F32 && type_k != KEEL_DTYPE_F16 && type_k != KEEL_DTYPE_BF16;
@@ -878,7 +987,8 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         L->v_rot.enabled = rot_v > 0;
         L->v_rot.block = 0;
         L->v_rot.seed = 0x6b65656c0002ull;
-        L->rope = hp->rope;
+        /* position edits rotate each layer's keys with its own RoPE */
+        L->rope = *model_layer_rope(w, i, rope_long);
         if (ML->mixer != MODEL_MIXER_MLA) continue;
         /* the absorbed MLA form: one KV head, K = [rope | kv_lora] (RoPE on
          * its first dims, so position edits rotate them), V = the kv_lora
@@ -896,4 +1006,16 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         L->idx_rope.type = KEEL_ROPE_NEOX;
         L->idx_top_k = hp->idx_top_k;
     }
+}
+
+bool model_rope_long(const model_w *w, int32_t n_ctx_seq)
+{
+    return w->hp.rope_long.type != KEEL_ROPE_NONE && n_ctx_seq > w->hp.rope.n_ctx_orig;
+}
+
+const keel_rope *model_layer_rope(const model_w *w, int32_t l, bool rope_long)
+{
+    if (rope_long && w->hp.rope_long.type != KEEL_ROPE_NONE) return &w->hp.rope_long;
+    if (w->layers[l].swa) return &w->hp.rope_swa;
+    return &w->hp.rope;
 }

@@ -27,6 +27,9 @@ typedef enum model_arch {
     MODEL_ARCH_GPT_OSS = 7,   /* MoE (SwiGLU-OAI), attention sinks, alternating SWA */
     MODEL_ARCH_DEEPSEEK32 = 8, /* MLA (absorbed MQA form) + DSA lightning indexer, dense
                                   lead layers then MoE (sigmoid router, shared expert) */
+    MODEL_ARCH_GEMMA3 = 9,    /* gemma2's block, 5 of 6 layers sliding with their own RoPE
+                                 base, q/k norm, no soft-caps */
+    MODEL_ARCH_PHI3 = 10,     /* fused qkv and gate|up, partial NEOX, LongRoPE factors */
 } model_arch;
 
 /* What mixes tokens in a layer (one file per kind: layer_attn.c,
@@ -136,8 +139,14 @@ typedef struct model_hp {
     int32_t hd_k, hd_v, n_ff;
     float norm_eps;
     keel_rope rope;           /* freq_factors points into model_w when present */
+    keel_rope rope_swa;       /* RoPE of the sliding layers: gemma3 base rope.freq_base_swa,
+                                 no scaling; else = rope */
+    keel_rope rope_long;      /* phi3 LongRoPE: rope with rope_factors_long, used when a
+                                 sequence's context exceeds rope.n_ctx_orig (rope itself
+                                 carries rope_factors_short); type NONE when absent */
     int32_t rope_sections[4]; /* qwen35 IMRoPE sections (text positions: NEOX, see models.md) */
     int32_t n_swa;            /* sliding window, 0 if none */
+    int32_t swa_period;       /* gemma3: layer il slides iff il % period < period - 1 */
     float attn_softcap;       /* 0 if none */
     float final_softcap;      /* 0 if none */
     float embd_scale;         /* multiply embeddings (gemma2: sqrt(n_embd)), else 1 */
@@ -179,8 +188,10 @@ typedef struct model_w {
     model_mat output;         /* [n_vocab][n_embd] (tok_embd when tied) */
     const float *output_norm; /* [n_embd] */
     model_layer *layers;      /* [n_layer] */
-    double *rope_rates;       /* [n_rot / 2] */
-    float rope_mscale;
+    double *rope_rates;       /* [3][n_rot / 2 + 1] one block: rope, rope_swa, rope_long */
+    double *rope_rates_swa;   /* = rope_rates + (n_rot / 2 + 1) */
+    double *rope_rates_long;  /* = rope_rates + 2 (n_rot / 2 + 1) */
+    float rope_mscale, rope_mscale_swa, rope_mscale_long;
     /* owned f32 copies of the 1-D tensors, one block */
     float *f32_block;
     size_t f32_bytes;
@@ -216,7 +227,16 @@ keel_status model_open_file(const char *path, const char *tok_path, gguf **out, 
  * hp.n_layer. */
 void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, int32_t rot_k,
                       int32_t rot_v, int32_t n_sink, int32_t swa_window, int32_t swa_period,
-                      keel_mem_layer *layers);
+                      bool rope_long, keel_mem_layer *layers);
+
+/* Whether a context whose sequences hold up to n_ctx_seq positions uses
+ * the long RoPE factors (phi3 LongRoPE; llama.cpp: n_ctx_seq >
+ * rope.scaling.original_context_length). false without them. */
+bool model_rope_long(const model_w *w, int32_t n_ctx_seq);
+
+/* The RoPE of layer l's keys (sliding layers: rope_swa; rope_long when
+ * chosen). */
+const keel_rope *model_layer_rope(const model_w *w, int32_t l, bool rope_long);
 
 /* One forward chunk. */
 typedef struct model_ubatch {
@@ -229,6 +249,7 @@ typedef struct model_ubatch {
     const int32_t *out_idx;/* [n_out] token indices in this chunk */
     float *logits;         /* [n_out][n_vocab] */
     bool deterministic;    /* batch-invariant products (dot tiles for every size) */
+    bool rope_long;        /* phi3: the long RoPE factors (model_rope_long) */
 } model_ubatch;
 
 /* Work arena bytes a forward chunk of up to n_tokens tokens needs. */
@@ -258,6 +279,7 @@ typedef struct model_fw {
     char *err;
     int32_t l;        /* the layer */
     float *cs;        /* [n][n_rot] RoPE tables of the chunk's positions */
+    float *cs_swa;    /* [n][n_rot] the sliding layers' tables (gemma3), else NULL */
 } model_fw;
 
 /* y = x W (+ bias per row) for n rows. */
