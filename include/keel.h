@@ -887,7 +887,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                            "mamba2", "gpt-oss", "deepseek32" */
+                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -896,7 +896,7 @@ typedef struct keel_gen_params {
     int32_t n_ff;        /* 0: 3 * n_embd */
     int32_t n_vocab;     /* 512 (>= 300: bytes, specials and pieces of a built-in vocabulary) */
     int32_t n_ctx;       /* 4096 */
-    int32_t n_swa;       /* gemma2: sliding window (0: 32) */
+    int32_t n_swa;       /* gemma2, gemma3: sliding window (0: 32) */
     keel_dtype dtype;    /* weight matrices (norms stay f32) */
     uint64_t seed;       /* 1 */
     /* issue 11 architectures (0: the default in parentheses) */
@@ -920,7 +920,13 @@ keel_gen_params keel_gen_params_default(void);
  * a cache row of 3 head_dim, values of 2), the DSA indexer (4 heads of
  * 2 head_dim, top_k), layer 0 dense and MoE after it (sigmoid router with
  * a selection bias, weights normalized and scaled by 2.5, a shared expert
- * of n_ff); head_dim a multiple of 16; n_head_kv is ignored (MLA). */
+ * of n_ff); head_dim a multiple of 16; n_head_kv is ignored (MLA);
+ * gemma3 is gemma2's block with q/k norms and no soft-caps, layers sliding
+ * (n_swa) but every 6th, RoPE base 1e6 with linear factor 8 on the global
+ * layers and 10000 on the sliding ones; phi3 has fused attn_qkv and
+ * ffn_up (gate | up), rotary dims 3/4 of head_dim (head_dim >= 4),
+ * LongRoPE short / long factors (original context n_ctx) and attention
+ * factor 1.19. */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:

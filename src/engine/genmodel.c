@@ -1,9 +1,9 @@
 /*
  * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
- * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2, gpt-oss and
- * deepseek32 architectures (keel.h describes the shapes), with the keys, tensor
- * names and shapes llama.cpp's loader expects, and a vocabulary learned
- * from a built-in text (genvocab.c). docs/formats.md section 7.
+ * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2, gpt-oss,
+ * deepseek32, gemma3 and phi3 architectures (keel.h describes the shapes),
+ * with the keys, tensor names and shapes llama.cpp's loader expects, and a
+ * vocabulary learned from a built-in text (genvocab.c). docs/formats.md section 7.
  *
  * Weights: tensor t, row r is drawn from base_rng seeded with
  * hash(name of t, seed) + (r + 1) * golden ratio, so each row is
@@ -68,6 +68,7 @@ typedef enum gen_family {
     GEN_MAMBA2,    /* selective scan only */
     GEN_GPT_OSS,   /* sinks, biases, sliding / full, MoE SwiGLU-OAI, YaRN */
     GEN_DEEPSEEK32, /* MLA + DSA indexer, a dense lead layer, sigmoid MoE + shared expert */
+    GEN_PHI3,      /* fused qkv and gate|up, partial RoPE, LongRoPE factors */
 } gen_family;
 
 typedef struct gen_arch {
@@ -94,7 +95,17 @@ static const gen_arch g_archs[] = {
     {"mamba2", GENMODEL_VOCAB_SPM, false, false, false, true, false, 10000.0f, 1e-5f, GEN_MAMBA2},
     {"gpt-oss", GENMODEL_VOCAB_BPE, true, false, false, false, false, 150000.0f, 1e-5f, GEN_GPT_OSS},
     {"deepseek32", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-6f, GEN_DEEPSEEK32},
+    /* gemma3: gemma2's dense block with q/k norm; base 1e6 for the global
+     * layers (linear factor 8), freq_base_swa 10000 for the sliding ones */
+    {"gemma3", GENMODEL_VOCAB_SPM, false, true, true, true, true, 1000000.0f, 1e-6f, GEN_DENSE},
+    {"phi3", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_PHI3},
 };
+
+/* gemma3's global layers: linear RoPE scaling; phi3: LongRoPE's attention
+ * factor sqrt(1 + ln 32 / ln 4096) (Phi-4-mini's) */
+#define GEN_GEMMA3_ROPE_FACTOR 8.0f
+#define GEN_GEMMA3_BASE_SWA    10000.0f
+#define GEN_PHI3_ATTN_FACTOR   1.190238f
 
 #define GEN_FULL_ATTN_INTERVAL 4
 #define GEN_CONV_KERNEL        4
@@ -273,6 +284,18 @@ static void list_deepseek32_layer(gen_model *m, int32_t l)
     add_blk(m, l, "ffn_down_shexp.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
 }
 
+/* Rotated dims per head: qwen35 / qwen3next a quarter (llama.cpp's
+ * partial_rotary_factor 0.25), phi3 three quarters (Phi-4-mini's), else
+ * all; even. */
+static int64_t gen_n_rot(const gen_model *m)
+{
+    gen_family f = m->arch->family;
+    int32_t D = m->p.head_dim;
+    if (f == GEN_QWEN35 || f == GEN_QWEN3NEXT) return (D / 4) & ~1;
+    if (f == GEN_PHI3) return (3 * D / 4) & ~1;
+    return D;
+}
+
 /* The layers of the issue 11 families (list_tensors does the dense ones). */
 static void list_family_layer(gen_model *m, int32_t l)
 {
@@ -285,6 +308,14 @@ static void list_family_layer(gen_model *m, int32_t l)
         return;
     }
     add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (a->family == GEN_PHI3) { /* rows [q | k | v] and [gate | up] */
+        add_blk(m, l, "attn_qkv.weight", E, Q + 2 * KV, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
+        add_blk(m, l, "ffn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "ffn_up.weight", E, 2 * F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+        return;
+    }
     if (a->family == GEN_MAMBA2) {
         int64_t Din = 2 * E, H = p->n_head, G = p->n_head_kv, N = p->ssm_state;
         int64_t C = Din + 2 * G * N;
@@ -366,6 +397,10 @@ static void list_tensors(gen_model *m)
     add_t(m, "token_embd.weight", E, V, GEN_INIT_NORMAL, a->gemma ? inv_sqrt(E) : 1.0f);
     add_t(m, "output_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
     if (!a->tied) add_t(m, "output.weight", E, V, GEN_INIT_NORMAL, inv_sqrt(E));
+    if (a->family == GEN_PHI3) { /* LongRoPE factors, 1 + N(0, 0.02) */
+        add_t(m, "rope_factors_short.weight", gen_n_rot(m) / 2, 0, GEN_INIT_NORM, NORM_STD);
+        add_t(m, "rope_factors_long.weight", gen_n_rot(m) / 2, 0, GEN_INIT_NORM, NORM_STD);
+    }
     for (int32_t l = 0; l < p->n_layer && a->family != GEN_DENSE; l++) list_family_layer(m, l);
     for (int32_t l = 0; l < p->n_layer && a->family == GEN_DENSE; l++) {
         add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
@@ -397,7 +432,7 @@ static int64_t tensor_count(const gen_model *m)
     const gen_arch *a = m->arch;
     int64_t per = 9 + (a->qkv_bias ? 3 : 0) + (a->qk_norm ? 2 : 0) + (a->post_norms ? 2 : 0);
     if (a->family != GEN_DENSE) per = 32;
-    return 3 + per * m->p.n_layer;
+    return 5 + per * m->p.n_layer; /* token_embd, output_norm, output, 2 rope factors */
 }
 
 /* ---- parameters -------------------------------------------------------------------- */
@@ -421,7 +456,7 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
     if (!m->arch)
         return base_err(err, KEEL_EUNSUPPORTED,
                         "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
-                        "qwen3next, mamba2, gpt-oss, deepseek32)",
+                        "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3)",
                         p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
@@ -474,6 +509,9 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
     if ((fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT) && q->head_dim < 8)
         return base_err(err, KEEL_EINVAL, "head_dim = %d: %s needs >= 8 (rotary dims are head_dim / 4)",
                         q->head_dim, m->arch->name);
+    if (fam == GEN_PHI3 && q->head_dim < 4)
+        return base_err(err, KEEL_EINVAL, "head_dim = %d: phi3 needs >= 4 (rotary dims are 3/4 of it)",
+                        q->head_dim);
     if (fam == GEN_MAMBA2 && (q->n_head % q->n_head_kv != 0 || (2 * q->n_embd) % q->n_head != 0))
         return base_err(err, KEEL_EINVAL,
                         "mamba2: n_head = %d (heads) must divide 2 * n_embd = %d and be a multiple of "
@@ -603,9 +641,7 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
     snprintf(name, sizeof name, "keel-gen %s seed %" PRIu64, a->name, p->seed);
     gen_family fam = a->family;
     bool mamba = fam == GEN_MAMBA2, gdn = fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT;
-    /* qwen35 / qwen3next rotate a quarter of each head (llama.cpp's
-     * partial_rotary_factor 0.25) */
-    uint32_t n_rot = gdn ? (uint32_t)(p->head_dim / 4) & ~1u : (uint32_t)p->head_dim;
+    uint32_t n_rot = (uint32_t)gen_n_rot(m);
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, a->name), key)
     if ((st = gguf_writer_add_str(w, "general.architecture", a->name)) ||
         (st = gguf_writer_add_str(w, "general.name", name)) ||
@@ -683,7 +719,19 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
          (st = gguf_writer_add_f32(w, KEY("rope.scaling.factor"), GEN_YARN_FACTOR)) ||
          (st = gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)p->n_ctx))))
         goto fail;
-    if (a->gemma &&
+    bool g3 = strcmp(a->name, "gemma3") == 0;
+    if (g3 && ((st = gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa)) ||
+               (st = gguf_writer_add_f32(w, KEY("rope.freq_base_swa"), GEN_GEMMA3_BASE_SWA)) ||
+               (st = gguf_writer_add_str(w, KEY("rope.scaling.type"), "linear")) ||
+               (st = gguf_writer_add_f32(w, KEY("rope.scaling.factor"), GEN_GEMMA3_ROPE_FACTOR))))
+        goto fail;
+    /* phi3: the short factors up to n_ctx (keel's default context), the
+     * long ones beyond; its sliding_window key is ignored by runtimes */
+    if (fam == GEN_PHI3 &&
+        ((st = gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)p->n_ctx)) ||
+         (st = gguf_writer_add_f32(w, KEY("rope.scaling.attn_factor"), GEN_PHI3_ATTN_FACTOR))))
+        goto fail;
+    if (a->gemma && !g3 &&
         ((st = gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa)) ||
          (st = gguf_writer_add_f32(w, KEY("attn_logit_softcapping"), GEMMA2_ATTN_SOFTCAP)) ||
          (st = gguf_writer_add_f32(w, KEY("final_logit_softcapping"), GEMMA2_FINAL_SOFTCAP))))
