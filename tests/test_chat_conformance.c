@@ -35,16 +35,7 @@ static int setup(void **state)
     (void)state;
     const char *d = getenv("KEEL_TESTDATA");
     snprintf(g_dir, sizeof g_dir, "%s/chat-conformance", d ? d : "tests/data");
-    if (!test_temp_file(g_model, sizeof g_model, "chat_conf")) return -1;
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "qwen2";
-    gp.n_layer = 1;
-    gp.n_embd = 32;
-    gp.n_head = 2;
-    gp.n_head_kv = 1;
-    gp.seed = 5;
-    char err[256];
-    return keel_gen_model(&gp, g_model, err) == KEEL_OK ? 0 : -1;
+    return test_gen_qwen2(g_model, sizeof g_model, "chat_conf", 1, 5) ? 0 : -1;
 }
 
 static int teardown(void **state)
@@ -253,6 +244,7 @@ static void test_llamacpp_cases(void **state)
     row rows[128];
     int n_rows = 0, unexpected = 0, fixed = 0;
     keel_engine *e = NULL;
+    row *r = NULL; /* the current template's row */
     char cur[96] = "";
     size_t i;
     json_t *c;
@@ -270,7 +262,7 @@ static void test_llamacpp_cases(void **state)
                      g_model, g_dir, tmpl);
             keel_status st = keel_engine_open(opts, &e, err);
             if (st != KEEL_OK) fail_msg("%s: engine open: %s", tmpl, err);
-            row *r = NULL;
+            r = NULL;
             for (int k = 0; k < n_rows; k++)
                 if (strcmp(rows[k].tmpl, tmpl) == 0) r = &rows[k];
             if (!r) {
@@ -281,9 +273,6 @@ static void test_llamacpp_cases(void **state)
                 r->format = toolcall_format_name(e->tool_format);
             }
         }
-        row *r = NULL;
-        for (int k = 0; k < n_rows; k++)
-            if (strcmp(rows[k].tmpl, tmpl) == 0) r = &rows[k];
         bool cont = json_is_true(json_object_get(c, "continuation"));
         bool partial = json_is_true(json_object_get(c, "is_partial"));
         const char *disputed = json_string_value(json_object_get(c, "disputed"));
@@ -357,12 +346,12 @@ static void test_llamacpp_cases(void **state)
     int pass = 0, total = 0, cpass = 0, ctotal = 0, disp = 0;
     printf("\n%-52s %-18s %9s %9s\n", "template", "format", "cases", "continued");
     for (int k = 0; k < n_rows; k++) {
-        row *r = &rows[k];
+        const row *w = &rows[k];
         char a[16], b[16];
-        snprintf(a, sizeof a, "%d/%d", r->pass, r->total);
-        snprintf(b, sizeof b, "%d/%d", r->cpass, r->ctotal);
-        printf("%-52s %-18s %9s %9s%s\n", r->tmpl, r->format, a, b, r->disputed ? " (+disputed)" : "");
-        pass += r->pass, total += r->total, cpass += r->cpass, ctotal += r->ctotal, disp += r->disputed;
+        snprintf(a, sizeof a, "%d/%d", w->pass, w->total);
+        snprintf(b, sizeof b, "%d/%d", w->cpass, w->ctotal);
+        printf("%-52s %-18s %9s %9s%s\n", w->tmpl, w->format, a, b, w->disputed ? " (+disputed)" : "");
+        pass += w->pass, total += w->total, cpass += w->cpass, ctotal += w->ctotal, disp += w->disputed;
     }
     printf("%-52s %-18s %4d/%-4d %4d/%-4d  disputed %d\n", "all", "", pass, total, cpass, ctotal, disp);
     const char *k;

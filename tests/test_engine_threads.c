@@ -34,16 +34,7 @@ static char g_model[64];
 static int setup(void **state)
 {
     (void)state;
-    if (!test_temp_file(g_model, sizeof g_model, "engine_threads")) return -1;
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "qwen2";
-    gp.n_layer = 2;
-    gp.n_embd = 64;
-    gp.n_head = 4;
-    gp.n_head_kv = 2;
-    gp.seed = 23;
-    char err[256];
-    return keel_gen_model(&gp, g_model, err) == KEEL_OK ? 0 : -1;
+    return test_gen_qwen2(g_model, sizeof g_model, "engine_threads", 2, 23) ? 0 : -1;
 }
 
 static int teardown(void **state)

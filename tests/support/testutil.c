@@ -120,6 +120,20 @@ bool test_temp_file(char *path, size_t cap, const char *stem)
     return close(fd) == 0;
 }
 
+bool test_gen_qwen2(char *path, size_t cap, const char *stem, int32_t n_layer, uint64_t seed)
+{
+    if (!test_temp_file(path, cap, stem)) return false;
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "qwen2";
+    gp.n_layer = n_layer;
+    gp.n_embd = 64;
+    gp.n_head = 4;
+    gp.n_head_kv = 2;
+    gp.seed = seed;
+    char err[256];
+    return keel_gen_model(&gp, path, err) == KEEL_OK;
+}
+
 void *test_read_file(const char *path, size_t *size)
 {
     FILE *f = fopen(path, "rb");

@@ -47,6 +47,11 @@ void *test_read_file(const char *path, size_t *size);
 /* Creates an empty file /tmp/keel_<stem>_XXXXXX (a unique name) and writes
  * its path into path[cap]; false if it cannot. The caller unlinks it. */
 bool test_temp_file(char *path, size_t cap, const char *stem);
+/* A small generated qwen2 model (n_embd 64, 4 heads, 2 KV heads, n_layer
+ * layers, weights from seed) in a new temporary file named after stem
+ * (path[cap]), for tests that need an engine rather than a given model.
+ * false if the file or the model cannot be made. */
+bool test_gen_qwen2(char *path, size_t cap, const char *stem, int32_t n_layer, uint64_t seed);
 
 /* Overwrites every element of the f32 tensor `tensor` in the GGUF file at
  * path with value (to make a model whose weights are invalid but finite or
