@@ -396,6 +396,13 @@ void eng_pre_skip(eng_pre *pre, int which, const char **s, size_t *n);
 void eng_pre_free(eng_pre *pre);
 /* Frees a slot's prefill (NULL is fine). */
 void eng_slot_prefill_free(eng_slot *sl);
+/* What a slot's prompt ends with after the rendering: a continued
+ * message's prefill, else a forced call's opening (n 0: nothing). */
+static inline void eng_slot_tail(const eng_slot *sl, const char **tail, size_t *n)
+{
+    *tail = sl->prefill ? sl->prefill : sl->forced;
+    *n = sl->prefill ? sl->n_prefill : sl->n_forced;
+}
 /* For the conformance tests (tests/test_chat_conformance.c): renders
  * request_json's chat exactly as a request is prompted, then parses
  * output[0..n) as the model's generation, fed chunk bytes at a time (0:

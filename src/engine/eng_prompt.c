@@ -746,34 +746,26 @@ keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n_out, c
     const char *text = r->text;
     size_t len = r->text_len;
     keel_status st = KEEL_OK;
-    char forced[320] = "";
-    const char *tail = forced;
-    size_t n_forced = 0, n_prefill = 0;
-    char *prefill = NULL;
+    eng_slot tmp; /* eng_chat_render and forced_call write a slot's prompt tail */
+    memset(&tmp, 0, sizeof tmp);
     if (r->kind == ENG_REQ_CHAT) {
         char jerr[JINJA_ERR_CAP];
-        st = eng_chat_render(e, r, false, &out, &prefill, &n_prefill, jerr);
+        st = eng_chat_render(e, r, false, &out, &tmp.prefill, &tmp.n_prefill, jerr);
         if (st != KEEL_OK) {
             st = st == KEEL_ENOMEM ? base_err(err, st, "out of memory") : base_err(err, st, "chat template: %s", jerr);
             goto out;
         }
         text = out.data ? out.data : "";
         len = out.len;
-        if (prefill) {
-            tail = prefill;
-            n_forced = n_prefill;
-        } else {
-            eng_slot tmp; /* forced_call writes a slot's forced-call opening */
-            memset(&tmp, 0, sizeof tmp);
-            if ((st = forced_call(e, &tmp, r, text, len, err)) != KEEL_OK) goto out;
-            n_forced = tmp.n_forced;
-            memcpy(forced, tmp.forced, n_forced + 1);
-        }
+        if (!tmp.prefill && (st = forced_call(e, &tmp, r, text, len, err)) != KEEL_OK) goto out;
     }
     /* the count, and the first ids (a template's own BOS text is not doubled) */
     int32_t head[2];
     int64_t n = 0;
-    st = tokenize_prompt(e, text, len, tail, n_forced, head, 2, &n);
+    const char *tail;
+    size_t n_tail;
+    eng_slot_tail(&tmp, &tail, &n_tail);
+    st = tokenize_prompt(e, text, len, tail, n_tail, head, 2, &n);
     if (st == KEEL_ERANGE) st = KEEL_OK;
     if (st != KEEL_OK) {
         st = base_err(err, st, "prompt: tokenization failed (%s)", keel_strerror(st));
@@ -781,7 +773,7 @@ keel_status eng_count_tokens(keel_engine *e, const eng_req *r, int64_t *n_out, c
     }
     *n_out = n >= 2 && drop_double_bos(e, head, 2) == 1 ? n - 1 : n;
 out:
-    if (prefill) base_free(prefill, n_prefill + 1);
+    eng_slot_prefill_free(&tmp);
     jinja_buf_free(&out);
     return st;
 }
@@ -934,10 +926,10 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
         if (!sl->prefill && (st = forced_call(e, sl, r, text, len, err)) != KEEL_OK) return st;
     }
     int64_t n = 0;
-    if (sl->prefill)
-        st = tokenize_prompt(e, text, len, sl->prefill, sl->n_prefill, sl->prompt, e->hist_cap, &n);
-    else
-        st = tokenize_prompt(e, text, len, sl->forced, sl->n_forced, sl->prompt, e->hist_cap, &n);
+    const char *tail;
+    size_t n_tail;
+    eng_slot_tail(sl, &tail, &n_tail);
+    st = tokenize_prompt(e, text, len, tail, n_tail, sl->prompt, e->hist_cap, &n);
     if (st == KEEL_ERANGE || n > e->hist_cap) {
         sl->n_too_long = n;
         sl->prompt_limit = eng_prompt_limit(e, r);

@@ -807,8 +807,9 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     {
         const char *text = r->kind == ENG_REQ_CHAT && rendered->data ? rendered->data : "";
         size_t len = r->kind == ENG_REQ_CHAT ? rendered->len : 0;
-        const char *tail = sl->prefill ? sl->prefill : sl->forced;
-        size_t n_tail = sl->prefill ? sl->n_prefill : sl->n_forced;
+        const char *tail;
+        size_t n_tail;
+        eng_slot_tail(sl, &tail, &n_tail);
         if ((st = eng_chat_parser_open(e, r, text, len, tail, n_tail, sl->prefill != NULL, on_toolcall, sl, &sl->tp,
                                        &sl->pre, err)) != KEEL_OK)
             goto fail;
