@@ -2,7 +2,8 @@
  * model.c — binding a GGUF file to the supported architectures: reads the
  * hyperparameters (llama.cpp's keys and defaults), checks every tensor's
  * shape and dtype, keeps 2-D weights as views into the file and converts
- * 1-D tensors to owned f32 arrays.
+ * 1-D tensors to owned f32 arrays (the readers: loader.c; per-architecture
+ * files arch_*.c bind what is theirs through loader.h).
  *
  * Validation at load, each failure naming the key or tensor: integer
  * hyperparameters in range, float ones finite and in range (norm epsilon in
@@ -23,7 +24,7 @@
  * sliding with their own RoPE base, no soft-caps), phi3 (fused qkv and
  * gate|up bound as row views, partial RoPE, LongRoPE short/long factors).
  */
-#include "model.h"
+#include "loader.h"
 
 #include <float.h>
 #include <math.h>
@@ -64,246 +65,7 @@ static bool arch_gdn(model_arch a)
     return a == MODEL_ARCH_QWEN35 || a == MODEL_ARCH_QWEN3NEXT;
 }
 
-static bool weight_dtype_ok(keel_dtype t)
-{
-    switch (t) {
-    case KEEL_DTYPE_F32:
-    case KEEL_DTYPE_F16:
-    case KEEL_DTYPE_BF16:
-    case KEEL_DTYPE_Q8_0:
-    case KEEL_DTYPE_Q4_0:
-    case KEEL_DTYPE_Q4_1:
-    case KEEL_DTYPE_Q5_0:
-    case KEEL_DTYPE_Q5_1:
-    case KEEL_DTYPE_Q4_K:
-    case KEEL_DTYPE_Q5_K:
-    case KEEL_DTYPE_Q6_K:
-        return true;
-    default:
-        return false;
-    }
-}
-
-/* ---- keys ---------------------------------------------------------------- */
-
-typedef struct loader {
-    const gguf *g;
-    const char *arch;
-    char *err;
-    /* owned f32 block for 1-D tensors: counted, then filled */
-    float *f32;
-    size_t f32_cap, f32_used; /* floats */
-    bool counting;
-    uint8_t *used; /* [n_tensors] 1 once bound (filling pass), or NULL */
-} loader;
-
-/* Marks t as bound to the model (for the unused-tensor warning). */
-static void mark_used(loader *l, const gguf_tensor *t)
-{
-    if (l->used && !l->counting) l->used[t - gguf_tensor_at(l->g, 0)] = 1;
-}
-
-static keel_status key_int(loader *l, const char *suffix, bool required, int64_t def, int64_t lo,
-                           int64_t hi, int32_t *out)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", l->arch, suffix);
-    int64_t v = def;
-    if (gguf_find_key(l->g, key) >= 0) {
-        keel_status st = gguf_get_int(l->g, key, &v, l->err);
-        if (st != KEEL_OK) return st;
-    } else if (required) {
-        return base_err(l->err, KEEL_ENOENT, "missing key %s", key);
-    }
-    if (v < lo || v > hi)
-        return base_err(l->err, KEEL_EFORMAT, "key %s = %lld out of range [%lld, %lld]", key,
-                        (long long)v, (long long)lo, (long long)hi);
-    *out = (int32_t)v;
-    return KEEL_OK;
-}
-
-static keel_status key_float(loader *l, const char *suffix, double def, float *out)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", l->arch, suffix);
-    double v = def;
-    if (gguf_find_key(l->g, key) >= 0) {
-        keel_status st = gguf_get_float(l->g, key, &v, l->err);
-        if (st != KEEL_OK) return st;
-    }
-    if (!(fabs(v) <= FLT_MAX)) /* NaN, Inf, or an f64 beyond f32 (checked before narrowing) */
-        return base_err(l->err, KEEL_EFORMAT, "key %s = %g: not a finite f32 number", key, v);
-    *out = (float)v;
-    return KEEL_OK;
-}
-
-/* key_float, then lo < v <= hi (lo_open) or lo <= v <= hi. */
-static keel_status key_float_in(loader *l, const char *suffix, double def, double lo, bool lo_open,
-                                double hi, float *out)
-{
-    keel_status st = key_float(l, suffix, def, out);
-    if (st != KEEL_OK) return st;
-    double v = *out;
-    if (lo_open ? v > lo : v >= lo) {
-        if (v <= hi) return KEEL_OK;
-    }
-    return base_err(l->err, KEEL_EFORMAT, "key %s.%s = %g: outside %c%g, %g]", l->arch, suffix, v,
-                    lo_open ? '(' : '[', lo, hi);
-}
-
-/* ---- tensors ------------------------------------------------------------- */
-
-static keel_status get_mat(loader *l, const char *name, bool required, int64_t n_cols,
-                           int64_t n_rows, model_mat *out)
-{
-    memset(out, 0, sizeof *out);
-    const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
-    if (t->n_dims != 2 || t->ne[0] != n_cols || t->ne[1] != n_rows)
-        return base_err(l->err, KEEL_EFORMAT,
-                        "tensor %s: shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld]",
-                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                        t->n_dims, (long long)n_cols, (long long)n_rows);
-    if (!weight_dtype_ok(t->dtype))
-        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s (id %d) is not supported",
-                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown",
-                        (int)t->dtype);
-    mark_used(l, t);
-    out->data = t->data;
-    out->dtype = t->dtype;
-    out->n_cols = n_cols;
-    out->n_rows = n_rows;
-    out->nbytes = t->nbytes;
-    return KEEL_OK;
-}
-
-/* Converts tensor t of n elements (already shape-checked) to f32 in the
- * owned block (only counted in the counting pass); non-finite values are
- * refused where they are. */
-static keel_status vec_convert(loader *l, const char *name, const gguf_tensor *t, int64_t n, const float **out)
-{
-    if (t->dtype != KEEL_DTYPE_F32 && t->dtype != KEEL_DTYPE_F16 && t->dtype != KEEL_DTYPE_BF16)
-        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s not supported for a vector",
-                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown");
-    size_t nn = (size_t)n;
-    if (l->counting) {
-        l->f32_cap += (nn + 15) & ~(size_t)15;
-        return KEEL_OK;
-    }
-    mark_used(l, t);
-    float *dst = l->f32 + l->f32_used;
-    l->f32_used += (nn + 15) & ~(size_t)15;
-    keel_status st = tensor_dequantize_row(t->dtype, t->data, dst, n);
-    if (st != KEEL_OK) return base_err(l->err, st, "tensor %s: cannot convert", name);
-    /* A NaN or Inf in a norm or bias reaches every logit; say where it is
-     * now rather than as an invalid sampler argument later. */
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(dst[i]))
-            return base_err(l->err, KEEL_EFORMAT,
-                            "tensor %s: element %lld is %s: the weights are invalid", name,
-                            (long long)i, isnan(dst[i]) ? "NaN" : dst[i] > 0 ? "+Inf" : "-Inf");
-    *out = dst;
-    return KEEL_OK;
-}
-
-/* A 1-D tensor of n elements, converted to f32 in the owned block. */
-static keel_status get_vec(loader *l, const char *name, bool required, int64_t n,
-                           const float **out)
-{
-    *out = NULL;
-    const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
-    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    if (t->ne[0] != n || count != n)
-        return base_err(l->err, KEEL_EFORMAT, "tensor %s: %lld elements (ne0 %lld), expected %lld",
-                        name, (long long)count, (long long)t->ne[0], (long long)n);
-    return vec_convert(l, name, t, n, out);
-}
-
-/* A tensor of any shape with n elements in all (1-D or 2-D f32/f16/bf16:
- * conv weights [channels][kernel], per-expert biases [n_expert][rows],
- * grouped norms), converted like get_vec. ne0, when > 0, must match. */
-static keel_status get_vec_n(loader *l, const char *name, bool required, int64_t ne0, int64_t n,
-                             const float **out)
-{
-    *out = NULL;
-    const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
-    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    if (count != n || (ne0 > 0 && t->ne[0] != ne0))
-        return base_err(l->err, KEEL_EFORMAT,
-                        "tensor %s: shape [%lld, %lld, %lld], expected %lld elements (ne0 %lld)", name,
-                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                        (long long)n, (long long)(ne0 > 0 ? ne0 : t->ne[0]));
-    return vec_convert(l, name, t, n, out);
-}
-
-/* Expert weights: n_expert matrices of n_rows x n_cols, ne = [n_cols,
- * n_rows, n_expert]. */
-static keel_status get_mat3(loader *l, const char *name, bool required, int64_t n_cols,
-                            int64_t n_rows, int64_t n_exp, model_mat *out)
-{
-    memset(out, 0, sizeof *out);
-    const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
-    if (t->n_dims != 3 || t->ne[0] != n_cols || t->ne[1] != n_rows || t->ne[2] != n_exp)
-        return base_err(l->err, KEEL_EFORMAT,
-                        "tensor %s: shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld, %lld]",
-                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                        t->n_dims, (long long)n_cols, (long long)n_rows, (long long)n_exp);
-    if (!weight_dtype_ok(t->dtype))
-        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s (id %d) is not supported",
-                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown",
-                        (int)t->dtype);
-    mark_used(l, t);
-    out->data = t->data;
-    out->dtype = t->dtype;
-    out->n_cols = n_cols;
-    out->n_rows = n_rows;
-    out->nbytes = t->nbytes;
-    out->n_expert = n_exp;
-    out->expert_bytes = t->nbytes / (size_t)n_exp;
-    return KEEL_OK;
-}
-
-/* Rows [row0, row0 + n_rows) of a fused matrix (phi3's attn_qkv, ffn_up):
- * a view, the rows being contiguous. */
-static model_mat mat_rows(const model_mat *m, int64_t row0, int64_t n_rows)
-{
-    model_mat r = *m;
-    size_t rb = tensor_row_bytes(m->dtype, m->n_cols);
-    r.data = (const uint8_t *)m->data + (size_t)row0 * rb;
-    r.n_rows = n_rows;
-    r.nbytes = (size_t)n_rows * rb;
-    return r;
-}
-
-/* A RoPE frequency-factor tensor of n_rot / 2 elements, each > 0 (the
- * angle rate is divided by it). */
-static keel_status get_rope_factors(loader *l, const char *name, int32_t n_rot, const float **out)
-{
-    keel_status st = get_vec(l, name, false, n_rot / 2, out);
-    if (st != KEEL_OK) return st;
-    for (int32_t i = 0; *out && i < n_rot / 2; i++)
-        if (!((*out)[i] > 0.0f))
-            return base_err(l->err, KEEL_EFORMAT, "tensor %s: element %d is %g, must be > 0", name, i,
-                            (double)(*out)[i]);
-    return KEEL_OK;
-}
-
-static keel_status bind_tensors(loader *l, model_w *w)
+static keel_status bind_tensors(model_loader *l, model_w *w)
 {
     const model_hp *hp = &w->hp;
     char name[160];
@@ -311,19 +73,19 @@ static keel_status bind_tensors(loader *l, model_w *w)
     int64_t E = hp->n_embd, V = hp->n_vocab;
     int64_t QD = (int64_t)hp->n_head * hp->hd_k, KD = (int64_t)hp->n_head_kv * hp->hd_k;
     int64_t VD = (int64_t)hp->n_head_kv * hp->hd_v, OD = (int64_t)hp->n_head * hp->hd_v;
-    if ((st = get_mat(l, "token_embd.weight", true, E, V, &w->tok_embd)) != KEEL_OK) return st;
-    if ((st = get_vec(l, "output_norm.weight", true, E, &w->output_norm)) != KEEL_OK) return st;
-    if ((st = get_mat(l, "output.weight", false, E, V, &w->output)) != KEEL_OK) return st;
+    if ((st = model_get_mat(l, "token_embd.weight", true, E, V, &w->tok_embd)) != KEEL_OK) return st;
+    if ((st = model_get_vec(l, "output_norm.weight", true, E, &w->output_norm)) != KEEL_OK) return st;
+    if ((st = model_get_mat(l, "output.weight", false, E, V, &w->output)) != KEEL_OK) return st;
     if (!w->output.data) w->output = w->tok_embd;
     const float *ff = NULL, *fshort = NULL, *flong = NULL;
     if (hp->rope.n_rot > 0 &&
-        (st = get_rope_factors(l, "rope_freqs.weight", hp->rope.n_rot, &ff)) != KEEL_OK)
+        (st = model_get_rope_factors(l, "rope_freqs.weight", hp->rope.n_rot, &ff)) != KEEL_OK)
         return st;
     /* phi3 LongRoPE: short factors below the original context, long ones
      * above; rope_freqs, when present, wins (llama.cpp get_rope_factors) */
     if (hp->arch == MODEL_ARCH_PHI3 && hp->rope.n_rot > 0 &&
-        ((st = get_rope_factors(l, "rope_factors_short.weight", hp->rope.n_rot, &fshort)) != KEEL_OK ||
-         (st = get_rope_factors(l, "rope_factors_long.weight", hp->rope.n_rot, &flong)) != KEEL_OK))
+        ((st = model_get_rope_factors(l, "rope_factors_short.weight", hp->rope.n_rot, &fshort)) != KEEL_OK ||
+         (st = model_get_rope_factors(l, "rope_factors_long.weight", hp->rope.n_rot, &flong)) != KEEL_OK))
         return st;
     if (!l->counting) {
         w->hp.rope.freq_factors = ff ? ff : fshort;
@@ -338,18 +100,6 @@ static keel_status bind_tensors(loader *l, model_w *w)
         model_layer tmp;
         if (!L) L = &tmp;
         memset(L, 0, sizeof *L);
-#define MAT(field, nm, req, cols, rows)                                                            \
-    snprintf(name, sizeof name, "blk.%d." nm ".weight", i);                                        \
-    if ((st = get_mat(l, name, req, cols, rows, &L->field)) != KEEL_OK) return st
-#define VEC(field, nm, suffix, req, n)                                                             \
-    snprintf(name, sizeof name, "blk.%d." nm "." suffix, i);                                       \
-    if ((st = get_vec(l, name, req, n, &L->field)) != KEEL_OK) return st
-#define VECN(field, nm, req, ne0, n)                                                               \
-    snprintf(name, sizeof name, "blk.%d." nm, i);                                                  \
-    if ((st = get_vec_n(l, name, req, ne0, n, &L->field)) != KEEL_OK) return st
-#define EXP(field, nm, req, cols, rows)                                                            \
-    snprintf(name, sizeof name, "blk.%d." nm ".weight", i);                                        \
-    if ((st = get_mat3(l, name, req, cols, rows, hp->n_expert, &L->field)) != KEEL_OK) return st
         model_arch a = hp->arch;
         bool gdn = arch_gdn(a);
         L->mixer = a == MODEL_ARCH_MAMBA2 ? MODEL_MIXER_MAMBA2
@@ -359,137 +109,133 @@ static keel_status bind_tensors(loader *l, model_w *w)
         L->ffn = a == MODEL_ARCH_MAMBA2                   ? MODEL_FFN_NONE
                  : hp->n_expert > 0 && i >= hp->n_dense_lead ? MODEL_FFN_MOE
                                                             : MODEL_FFN_DENSE;
-        VEC(attn_norm, "attn_norm", "weight", true, E);
+        BIND_VEC(attn_norm, "attn_norm", "weight", true, E);
         if (L->mixer == MODEL_MIXER_ATTN) {
             L->attn_gate = gdn;
             model_mat qkv = {0};
             if (a == MODEL_ARCH_PHI3) { /* fused rows [q | k | v], or separate */
-                MAT(wq, "attn_qkv", false, E, QD + KD + VD);
+                BIND_MAT(wq, "attn_qkv", false, E, QD + KD + VD);
                 qkv = L->wq;
             }
             if (qkv.data) {
-                L->wq = mat_rows(&qkv, 0, QD);
-                L->wk = mat_rows(&qkv, QD, KD);
-                L->wv = mat_rows(&qkv, QD + KD, VD);
+                L->wq = model_mat_rows(&qkv, 0, QD);
+                L->wk = model_mat_rows(&qkv, QD, KD);
+                L->wv = model_mat_rows(&qkv, QD + KD, VD);
             } else {
-                MAT(wq, "attn_q", true, E, L->attn_gate ? 2 * QD : QD);
-                MAT(wk, "attn_k", true, E, KD);
-                MAT(wv, "attn_v", true, E, VD);
+                BIND_MAT(wq, "attn_q", true, E, L->attn_gate ? 2 * QD : QD);
+                BIND_MAT(wk, "attn_k", true, E, KD);
+                BIND_MAT(wv, "attn_v", true, E, VD);
             }
-            MAT(wo, "attn_output", true, OD, E);
+            BIND_MAT(wo, "attn_output", true, OD, E);
             bool biases = a == MODEL_ARCH_QWEN2 || a == MODEL_ARCH_GPT_OSS;
-            VEC(bq, "attn_q", "bias", biases, QD);
-            VEC(bk, "attn_k", "bias", biases, KD);
-            VEC(bv, "attn_v", "bias", biases, VD);
-            VEC(bo, "attn_output", "bias", a == MODEL_ARCH_GPT_OSS, E);
+            BIND_VEC(bq, "attn_q", "bias", biases, QD);
+            BIND_VEC(bk, "attn_k", "bias", biases, KD);
+            BIND_VEC(bv, "attn_v", "bias", biases, VD);
+            BIND_VEC(bo, "attn_output", "bias", a == MODEL_ARCH_GPT_OSS, E);
             bool qk = a == MODEL_ARCH_QWEN3 || a == MODEL_ARCH_GEMMA3 || gdn;
-            VEC(q_norm, "attn_q_norm", "weight", qk, hp->hd_k);
-            VEC(k_norm, "attn_k_norm", "weight", qk, hp->hd_k);
+            BIND_VEC(q_norm, "attn_q_norm", "weight", qk, hp->hd_k);
+            BIND_VEC(k_norm, "attn_k_norm", "weight", qk, hp->hd_k);
             if (a == MODEL_ARCH_GPT_OSS) {
-                VEC(sinks, "attn_sinks", "weight", true, hp->n_head);
+                BIND_VEC(sinks, "attn_sinks", "weight", true, hp->n_head);
             }
         } else if (L->mixer == MODEL_MIXER_MLA) {
             int64_t H = hp->n_head, N = hp->qk_nope, R = hp->qk_rope, KL = hp->kv_lora, QL = hp->q_lora;
             int64_t IH = hp->idx_heads, ID = hp->idx_dim;
-            MAT(wq_a, "attn_q_a", true, E, QL);
-            VEC(q_a_norm, "attn_q_a_norm", "weight", true, QL);
-            MAT(wq_b, "attn_q_b", true, QL, H * (N + R));
-            MAT(wkv_a, "attn_kv_a_mqa", true, E, KL + R);
-            VEC(kv_a_norm, "attn_kv_a_norm", "weight", true, KL);
+            BIND_MAT(wq_a, "attn_q_a", true, E, QL);
+            BIND_VEC(q_a_norm, "attn_q_a_norm", "weight", true, QL);
+            BIND_MAT(wq_b, "attn_q_b", true, QL, H * (N + R));
+            BIND_MAT(wkv_a, "attn_kv_a_mqa", true, E, KL + R);
+            BIND_VEC(kv_a_norm, "attn_kv_a_norm", "weight", true, KL);
             snprintf(name, sizeof name, "blk.%d.attn_k_b.weight", i);
-            if ((st = get_mat3(l, name, true, N, KL, H, &L->wk_b)) != KEEL_OK) return st;
+            if ((st = model_get_mat3(l, name, true, N, KL, H, &L->wk_b)) != KEEL_OK) return st;
             snprintf(name, sizeof name, "blk.%d.attn_v_b.weight", i);
-            if ((st = get_mat3(l, name, true, KL, hp->v_head, H, &L->wv_b)) != KEEL_OK) return st;
-            MAT(wo, "attn_output", true, H * hp->v_head, E);
-            MAT(idx_wq_b, "indexer.attn_q_b", true, QL, IH * ID);
-            MAT(idx_wk, "indexer.attn_k", true, E, ID);
-            VEC(idx_k_norm, "indexer.k_norm", "weight", true, ID);
-            VEC(idx_k_norm_b, "indexer.k_norm", "bias", true, ID);
-            MAT(idx_proj, "indexer.proj", true, E, IH);
+            if ((st = model_get_mat3(l, name, true, KL, hp->v_head, H, &L->wv_b)) != KEEL_OK) return st;
+            BIND_MAT(wo, "attn_output", true, H * hp->v_head, E);
+            BIND_MAT(idx_wq_b, "indexer.attn_q_b", true, QL, IH * ID);
+            BIND_MAT(idx_wk, "indexer.attn_k", true, E, ID);
+            BIND_VEC(idx_k_norm, "indexer.k_norm", "weight", true, ID);
+            BIND_VEC(idx_k_norm_b, "indexer.k_norm", "bias", true, ID);
+            BIND_MAT(idx_proj, "indexer.proj", true, E, IH);
         } else if (L->mixer == MODEL_MIXER_GDN) {
             int64_t C = model_gdn_conv_channels(hp), VI = hp->ssm_d_inner, nv = hp->ssm_dt_rank;
-            MAT(ssm_qkv, "attn_qkv", true, E, C);
-            MAT(ssm_z, "attn_gate", true, E, VI);
+            BIND_MAT(ssm_qkv, "attn_qkv", true, E, C);
+            BIND_MAT(ssm_z, "attn_gate", true, E, VI);
             if (a == MODEL_ARCH_QWEN3NEXT) {
-                MAT(ssm_ba, "ssm_ba", true, E, 2 * nv);
+                BIND_MAT(ssm_ba, "ssm_ba", true, E, 2 * nv);
             } else {
-                MAT(ssm_beta, "ssm_beta", true, E, nv);
-                MAT(ssm_alpha, "ssm_alpha", true, E, nv);
+                BIND_MAT(ssm_beta, "ssm_beta", true, E, nv);
+                BIND_MAT(ssm_alpha, "ssm_alpha", true, E, nv);
             }
-            VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
-            VECN(ssm_dt_b, "ssm_dt.bias", true, 0, nv);
-            VECN(ssm_a, "ssm_a", true, 0, nv);
-            VECN(ssm_norm, "ssm_norm.weight", true, hp->ssm_d_state, hp->ssm_d_state);
-            MAT(ssm_out, "ssm_out", true, VI, E);
+            BIND_VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
+            BIND_VECN(ssm_dt_b, "ssm_dt.bias", true, 0, nv);
+            BIND_VECN(ssm_a, "ssm_a", true, 0, nv);
+            BIND_VECN(ssm_norm, "ssm_norm.weight", true, hp->ssm_d_state, hp->ssm_d_state);
+            BIND_MAT(ssm_out, "ssm_out", true, VI, E);
         } else {
             int64_t C = model_mamba2_conv_channels(hp), D = hp->ssm_d_inner, H = hp->ssm_dt_rank;
-            MAT(ssm_in, "ssm_in", true, E, D + C + H);
-            VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
-            VECN(ssm_conv_b, "ssm_conv1d.bias", true, C, C);
-            VECN(ssm_dt_b, "ssm_dt.bias", true, 0, H);
-            VECN(ssm_a, "ssm_a", true, 0, H);
-            VECN(ssm_d, "ssm_d", true, 0, H);
-            VECN(ssm_norm, "ssm_norm.weight", true, D / hp->ssm_n_group, D);
-            MAT(ssm_out, "ssm_out", true, D, E);
+            BIND_MAT(ssm_in, "ssm_in", true, E, D + C + H);
+            BIND_VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
+            BIND_VECN(ssm_conv_b, "ssm_conv1d.bias", true, C, C);
+            BIND_VECN(ssm_dt_b, "ssm_dt.bias", true, 0, H);
+            BIND_VECN(ssm_a, "ssm_a", true, 0, H);
+            BIND_VECN(ssm_d, "ssm_d", true, 0, H);
+            BIND_VECN(ssm_norm, "ssm_norm.weight", true, D / hp->ssm_n_group, D);
+            BIND_MAT(ssm_out, "ssm_out", true, D, E);
         }
         if (arch_gemma(a)) {
-            VEC(post_attn_norm, "post_attention_norm", "weight", true, E);
+            BIND_VEC(post_attn_norm, "post_attention_norm", "weight", true, E);
         }
         if (L->ffn != MODEL_FFN_NONE) {
             /* qwen35, qwen3next, gpt-oss name the FFN's pre-norm
              * post_attention_norm */
             bool post = gdn || a == MODEL_ARCH_GPT_OSS;
             if (post) {
-                VEC(ffn_norm, "post_attention_norm", "weight", true, E);
+                BIND_VEC(ffn_norm, "post_attention_norm", "weight", true, E);
             } else {
-                VEC(ffn_norm, "ffn_norm", "weight", true, E);
+                BIND_VEC(ffn_norm, "ffn_norm", "weight", true, E);
             }
         }
         if (L->ffn == MODEL_FFN_DENSE && a == MODEL_ARCH_PHI3) {
             /* fused ffn_up: rows [gate | up] (llama.cpp's SwiGLU halves) */
             model_mat gu;
             snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
-            if ((st = get_mat(l, name, true, E, 2 * (int64_t)hp->n_ff, &gu)) != KEEL_OK) return st;
-            L->ffn_gate = mat_rows(&gu, 0, hp->n_ff);
-            L->ffn_up = mat_rows(&gu, hp->n_ff, hp->n_ff);
-            MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
+            if ((st = model_get_mat(l, name, true, E, 2 * (int64_t)hp->n_ff, &gu)) != KEEL_OK) return st;
+            L->ffn_gate = model_mat_rows(&gu, 0, hp->n_ff);
+            L->ffn_up = model_mat_rows(&gu, hp->n_ff, hp->n_ff);
+            BIND_MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
         } else if (L->ffn == MODEL_FFN_DENSE) {
-            MAT(ffn_gate, "ffn_gate", true, E, hp->n_ff);
-            MAT(ffn_up, "ffn_up", true, E, hp->n_ff);
-            MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
+            BIND_MAT(ffn_gate, "ffn_gate", true, E, hp->n_ff);
+            BIND_MAT(ffn_up, "ffn_up", true, E, hp->n_ff);
+            BIND_MAT(ffn_down, "ffn_down", true, hp->n_ff, E);
         } else if (L->ffn == MODEL_FFN_MOE) {
             int64_t ne = hp->n_expert, Fe = hp->n_ff_exp;
             bool eb = a == MODEL_ARCH_GPT_OSS; /* router and expert biases */
-            MAT(gate_inp, "ffn_gate_inp", true, E, ne);
-            VEC(gate_inp_b, "ffn_gate_inp", "bias", eb, ne);
-            VECN(exp_probs_b, "exp_probs_b.bias", false, ne, ne);
-            EXP(gate_exps, "ffn_gate_exps", true, E, Fe);
-            EXP(up_exps, "ffn_up_exps", true, E, Fe);
-            EXP(down_exps, "ffn_down_exps", true, Fe, E);
-            VECN(gate_exps_b, "ffn_gate_exps.bias", eb, Fe, Fe * ne);
-            VECN(up_exps_b, "ffn_up_exps.bias", eb, Fe, Fe * ne);
-            VECN(down_exps_b, "ffn_down_exps.bias", eb, E, E * ne);
+            BIND_MAT(gate_inp, "ffn_gate_inp", true, E, ne);
+            BIND_VEC(gate_inp_b, "ffn_gate_inp", "bias", eb, ne);
+            BIND_VECN(exp_probs_b, "exp_probs_b.bias", false, ne, ne);
+            BIND_EXP(gate_exps, "ffn_gate_exps", true, E, Fe);
+            BIND_EXP(up_exps, "ffn_up_exps", true, E, Fe);
+            BIND_EXP(down_exps, "ffn_down_exps", true, Fe, E);
+            BIND_VECN(gate_exps_b, "ffn_gate_exps.bias", eb, Fe, Fe * ne);
+            BIND_VECN(up_exps_b, "ffn_up_exps.bias", eb, Fe, Fe * ne);
+            BIND_VECN(down_exps_b, "ffn_down_exps.bias", eb, E, E * ne);
             if (a == MODEL_ARCH_QWEN3NEXT) {
                 int64_t Fs = hp->n_ff_shexp;
-                VEC(shexp_gate, "ffn_gate_inp_shexp", "weight", true, E);
-                MAT(gate_shexp, "ffn_gate_shexp", true, E, Fs);
-                MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
-                MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
+                BIND_VEC(shexp_gate, "ffn_gate_inp_shexp", "weight", true, E);
+                BIND_MAT(gate_shexp, "ffn_gate_shexp", true, E, Fs);
+                BIND_MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
+                BIND_MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
             }
             if (a == MODEL_ARCH_DEEPSEEK32 && hp->n_ff_shexp > 0) { /* ungated shared experts */
                 int64_t Fs = hp->n_ff_shexp;
-                MAT(gate_shexp, "ffn_gate_shexp", true, E, Fs);
-                MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
-                MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
+                BIND_MAT(gate_shexp, "ffn_gate_shexp", true, E, Fs);
+                BIND_MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
+                BIND_MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
             }
         }
         if (arch_gemma(a)) {
-            VEC(post_ffw_norm, "post_ffw_norm", "weight", true, E);
+            BIND_VEC(post_ffw_norm, "post_ffw_norm", "weight", true, E);
         }
-#undef MAT
-#undef VEC
-#undef VECN
-#undef EXP
         /* gemma2, gpt-oss: every other layer, starting with layer 0, is sliding */
         L->swa = (a == MODEL_ARCH_GEMMA2 || a == MODEL_ARCH_GPT_OSS) && hp->n_swa > 0 && i % 2 == 0;
         /* gemma3: the first swa_period - 1 layers of each period are sliding */
@@ -509,19 +255,19 @@ static keel_status bind_tensors(loader *l, model_w *w)
  * expert_feed_forward_length, expert_shared_count, expert_weights_scale,
  * expert_weights_norm, expert_gating_func (2: sigmoid; 1: softmax).
  */
-static keel_status read_mla_hparams(loader *l, model_w *w)
+static keel_status read_mla_hparams(model_loader *l, model_w *w)
 {
     model_hp *hp = &w->hp;
     keel_status st;
     int32_t kd = 0, vd = 0, gating = 2, n_shared = 0;
-    if ((st = key_int(l, "attention.q_lora_rank", true, 0, 1, 1 << 16, &hp->q_lora)) ||
-        (st = key_int(l, "attention.kv_lora_rank", true, 0, 1, 1 << 16, &hp->kv_lora)) ||
-        (st = key_int(l, "attention.key_length_mla", true, 0, 2, 8192, &kd)) ||
-        (st = key_int(l, "attention.value_length_mla", true, 0, 1, 8192, &vd)) ||
-        (st = key_int(l, "attention.indexer.head_count", true, 0, 1, 4096, &hp->idx_heads)) ||
-        (st = key_int(l, "attention.indexer.key_length", true, 0, 2, 8192, &hp->idx_dim)) ||
-        (st = key_int(l, "attention.indexer.top_k", true, 0, 1, 1 << 20, &hp->idx_top_k)) ||
-        (st = key_int(l, "leading_dense_block_count", false, 0, 0, hp->n_layer, &hp->n_dense_lead)))
+    if ((st = model_key_int(l, "attention.q_lora_rank", true, 0, 1, 1 << 16, &hp->q_lora)) ||
+        (st = model_key_int(l, "attention.kv_lora_rank", true, 0, 1, 1 << 16, &hp->kv_lora)) ||
+        (st = model_key_int(l, "attention.key_length_mla", true, 0, 2, 8192, &kd)) ||
+        (st = model_key_int(l, "attention.value_length_mla", true, 0, 1, 8192, &vd)) ||
+        (st = model_key_int(l, "attention.indexer.head_count", true, 0, 1, 4096, &hp->idx_heads)) ||
+        (st = model_key_int(l, "attention.indexer.key_length", true, 0, 2, 8192, &hp->idx_dim)) ||
+        (st = model_key_int(l, "attention.indexer.top_k", true, 0, 1, 1 << 20, &hp->idx_top_k)) ||
+        (st = model_key_int(l, "leading_dense_block_count", false, 0, 0, hp->n_layer, &hp->n_dense_lead)))
         return st;
     int32_t R = hp->rope.n_rot;
     if (hp->rope.ext_factor != 0.0f || hp->rope.freq_scale != 1.0f)
@@ -543,15 +289,15 @@ static keel_status read_mla_hparams(loader *l, model_w *w)
     hp->v_head = vd;
     hp->attn_scale = 1.0f / sqrtf((float)kd);
     hp->idx_norm_eps = 1e-6f; /* llama.cpp's LayerNorm epsilon of the indexer key */
-    if ((st = key_float_in(l, "attention.layer_norm_epsilon", 1e-6, 0.0, true, 1.0, &hp->idx_norm_eps)))
+    if ((st = model_key_float_in(l, "attention.layer_norm_epsilon", 1e-6, 0.0, true, 1.0, &hp->idx_norm_eps)))
         return st;
     if (hp->n_dense_lead < hp->n_layer) {
-        if ((st = key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
-            (st = key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
-            (st = key_int(l, "expert_feed_forward_length", true, 0, 1, 1 << 20, &hp->n_ff_exp)) ||
-            (st = key_int(l, "expert_shared_count", false, 0, 0, 64, &n_shared)) ||
-            (st = key_int(l, "expert_gating_func", false, 2, 1, 2, &gating)) ||
-            (st = key_float_in(l, "expert_weights_scale", 1.0, 0.0, true, 1e6, &hp->expert_scale)))
+        if ((st = model_key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
+            (st = model_key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
+            (st = model_key_int(l, "expert_feed_forward_length", true, 0, 1, 1 << 20, &hp->n_ff_exp)) ||
+            (st = model_key_int(l, "expert_shared_count", false, 0, 0, 64, &n_shared)) ||
+            (st = model_key_int(l, "expert_gating_func", false, 2, 1, 2, &gating)) ||
+            (st = model_key_float_in(l, "expert_weights_scale", 1.0, 0.0, true, 1e6, &hp->expert_scale)))
             return st;
         hp->n_ff_shexp = hp->n_ff_exp * n_shared;
         hp->router = gating == 2 ? MODEL_ROUTER_SIGMOID : MODEL_ROUTER_SOFTMAX;
@@ -571,7 +317,7 @@ static keel_status read_mla_hparams(loader *l, model_w *w)
  * expert_count, expert_used_count, expert_feed_forward_length,
  * expert_shared_feed_forward_length, attention.sliding_window (gpt-oss).
  */
-static keel_status read_arch_hparams(loader *l, model_w *w)
+static keel_status read_arch_hparams(model_loader *l, model_w *w)
 {
     model_hp *hp = &w->hp;
     model_arch a = hp->arch;
@@ -583,11 +329,11 @@ static keel_status read_arch_hparams(loader *l, model_w *w)
     hp->oai_limit = 7.0f;
     hp->expert_scale = 1.0f;
     if (arch_gdn(a) || a == MODEL_ARCH_MAMBA2) {
-        if ((st = key_int(l, "ssm.conv_kernel", true, 0, 1, 64, &hp->ssm_conv_kernel)) ||
-            (st = key_int(l, "ssm.inner_size", true, 0, 1, 1 << 20, &hp->ssm_d_inner)) ||
-            (st = key_int(l, "ssm.state_size", true, 0, 1, 4096, &hp->ssm_d_state)) ||
-            (st = key_int(l, "ssm.time_step_rank", true, 0, 1, 4096, &hp->ssm_dt_rank)) ||
-            (st = key_int(l, "ssm.group_count", true, 0, 1, 4096, &hp->ssm_n_group)))
+        if ((st = model_key_int(l, "ssm.conv_kernel", true, 0, 1, 64, &hp->ssm_conv_kernel)) ||
+            (st = model_key_int(l, "ssm.inner_size", true, 0, 1, 1 << 20, &hp->ssm_d_inner)) ||
+            (st = model_key_int(l, "ssm.state_size", true, 0, 1, 4096, &hp->ssm_d_state)) ||
+            (st = model_key_int(l, "ssm.time_step_rank", true, 0, 1, 4096, &hp->ssm_dt_rank)) ||
+            (st = model_key_int(l, "ssm.group_count", true, 0, 1, 4096, &hp->ssm_n_group)))
             return st;
         int32_t H = hp->ssm_dt_rank, G = hp->ssm_n_group, D = hp->ssm_d_inner;
         if (H % G || D % H || D % G)
@@ -602,7 +348,7 @@ static keel_status read_arch_hparams(loader *l, model_w *w)
                             l->arch, D, H, D / H, hp->ssm_d_state);
     }
     if (arch_gdn(a)) {
-        if ((st = key_int(l, "full_attention_interval", false, 4, 1, hp->n_layer, &hp->full_attn_interval)))
+        if ((st = model_key_int(l, "full_attention_interval", false, 4, 1, hp->n_layer, &hp->full_attn_interval)))
             return st;
         if (hp->hd_k != hp->hd_v)
             return base_err(l->err, KEEL_EFORMAT,
@@ -633,25 +379,25 @@ static keel_status read_arch_hparams(loader *l, model_w *w)
     for (int32_t i = 0; i < hp->n_layer; i++)
         hp->n_recurrent += a == MODEL_ARCH_MAMBA2 || (arch_gdn(a) && (i + 1) % hp->full_attn_interval != 0);
     if (a == MODEL_ARCH_QWEN3NEXT || a == MODEL_ARCH_GPT_OSS) {
-        if ((st = key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
-            (st = key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
-            (st = key_int(l, "expert_feed_forward_length", false, hp->n_ff, 1, 1 << 20, &hp->n_ff_exp)))
+        if ((st = model_key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
+            (st = model_key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
+            (st = model_key_int(l, "expert_feed_forward_length", false, hp->n_ff, 1, 1 << 20, &hp->n_ff_exp)))
             return st;
         hp->router = a == MODEL_ARCH_GPT_OSS ? MODEL_ROUTER_SOFTMAX_WEIGHT : MODEL_ROUTER_SOFTMAX;
         hp->router_norm = a == MODEL_ARCH_QWEN3NEXT;
     }
     if (a == MODEL_ARCH_QWEN3NEXT &&
-        (st = key_int(l, "expert_shared_feed_forward_length", false, hp->n_ff, 1, 1 << 20, &hp->n_ff_shexp)))
+        (st = model_key_int(l, "expert_shared_feed_forward_length", false, hp->n_ff, 1, 1 << 20, &hp->n_ff_shexp)))
         return st;
     if (a == MODEL_ARCH_GPT_OSS) {
-        if ((st = key_int(l, "attention.sliding_window", false, 128, 1, 1 << 24, &hp->n_swa))) return st;
+        if ((st = model_key_int(l, "attention.sliding_window", false, 128, 1, 1 << 24, &hp->n_swa))) return st;
         hp->attn_scale = 1.0f / sqrtf((float)hp->rope.n_rot);
     }
     if (a == MODEL_ARCH_DEEPSEEK32) return read_mla_hparams(l, w);
     return KEEL_OK;
 }
 
-static keel_status read_hparams(loader *l, model_w *w)
+static keel_status read_hparams(model_loader *l, model_w *w)
 {
     model_hp *hp = &w->hp;
     keel_status st;
@@ -672,31 +418,31 @@ static keel_status read_hparams(loader *l, model_w *w)
     l->arch = ad->name;
     const int32_t BIG = 1 << 24;
     bool mamba = hp->arch == MODEL_ARCH_MAMBA2; /* no attention, no FFN */
-    if ((st = key_int(l, "embedding_length", true, 0, 1, 1 << 17, &hp->n_embd)) != KEEL_OK) return st;
-    if ((st = key_int(l, "block_count", true, 0, 1, 4096, &hp->n_layer)) != KEEL_OK) return st;
-    if ((st = key_int(l, "feed_forward_length", !mamba, 0, mamba ? 0 : 1, 1 << 20, &hp->n_ff)) != KEEL_OK)
+    if ((st = model_key_int(l, "embedding_length", true, 0, 1, 1 << 17, &hp->n_embd)) != KEEL_OK) return st;
+    if ((st = model_key_int(l, "block_count", true, 0, 1, 4096, &hp->n_layer)) != KEEL_OK) return st;
+    if ((st = model_key_int(l, "feed_forward_length", !mamba, 0, mamba ? 0 : 1, 1 << 20, &hp->n_ff)) != KEEL_OK)
         return st;
-    if ((st = key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
+    if ((st = model_key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
                       &hp->n_head)) != KEEL_OK)
         return st;
-    if ((st = key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
+    if ((st = model_key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
                       &hp->n_head_kv)) != KEEL_OK)
         return st;
     if (!mamba && hp->n_head % hp->n_head_kv)
         return base_err(l->err, KEEL_EFORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d",
                         l->arch, hp->n_head, hp->n_head_kv);
-    if ((st = key_int(l, "context_length", false, 4096, 1, BIG, &hp->n_ctx_train)) != KEEL_OK) return st;
+    if ((st = model_key_int(l, "context_length", false, 4096, 1, BIG, &hp->n_ctx_train)) != KEEL_OK) return st;
     int32_t hd_def = mamba ? 1 : hp->n_embd / hp->n_head;
     if (hd_def < 1) hd_def = 1;
-    if ((st = key_int(l, "attention.key_length", false, hd_def, 1, 8192, &hp->hd_k)) != KEEL_OK) return st;
-    if ((st = key_int(l, "attention.value_length", false, hd_def, 1, 8192, &hp->hd_v)) != KEEL_OK) return st;
+    if ((st = model_key_int(l, "attention.key_length", false, hd_def, 1, 8192, &hp->hd_k)) != KEEL_OK) return st;
+    if ((st = model_key_int(l, "attention.value_length", false, hd_def, 1, 8192, &hp->hd_v)) != KEEL_OK) return st;
     /* eps <= 0 turns the norm of a zero row into 0/0 */
-    if ((st = key_float_in(l, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, true, 1.0,
+    if ((st = model_key_float_in(l, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, true, 1.0,
                            &hp->norm_eps)) != KEEL_OK)
         return st;
     /* vocabulary size: the key, else the token list, else token_embd */
     int32_t nv = 0;
-    if ((st = key_int(l, "vocab_size", false, 0, 0, BIG, &nv)) != KEEL_OK) return st;
+    if ((st = model_key_int(l, "vocab_size", false, 0, 0, BIG, &nv)) != KEEL_OK) return st;
     if (nv == 0) {
         const gguf_tensor *te = gguf_find_tensor(l->g, "token_embd.weight");
         if (!te) return base_err(l->err, KEEL_ENOENT, "missing tensor token_embd.weight");
@@ -712,9 +458,9 @@ static keel_status read_hparams(loader *l, model_w *w)
     if (r->type == KEEL_ROPE_NONE) {
         r->n_rot = 0; /* no positions in the model (mamba2) */
     } else {
-        if ((st = key_int(l, "rope.dimension_count", false, hp->hd_k, 2, hp->hd_k, &r->n_rot)) != KEEL_OK) return st;
+        if ((st = model_key_int(l, "rope.dimension_count", false, hp->hd_k, 2, hp->hd_k, &r->n_rot)) != KEEL_OK) return st;
         if (r->n_rot % 2) return base_err(l->err, KEEL_EFORMAT, "%s.rope.dimension_count %d is odd", l->arch, r->n_rot);
-        if ((st = key_float_in(l, "rope.freq_base", 10000.0, 0.0, true, 1e30, &r->freq_base)) != KEEL_OK)
+        if ((st = model_key_float_in(l, "rope.freq_base", 10000.0, 0.0, true, 1e30, &r->freq_base)) != KEEL_OK)
             return st;
         float factor = 1.0f;
         char key[128];
@@ -722,10 +468,10 @@ static keel_status read_hparams(loader *l, model_w *w)
         const char *stype = "none";
         size_t stn = 4;
         if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_str(l->g, key, &stype, &stn, l->err)) != KEEL_OK) return st;
-        if ((st = key_float(l, "rope.scaling.factor", 0.0, &factor)) != KEEL_OK) return st;
+        if ((st = model_key_float(l, "rope.scaling.factor", 0.0, &factor)) != KEEL_OK) return st;
         if (factor == 0.0f) {
             float lin = 0.0f; /* older key */
-            if ((st = key_float(l, "rope.scale_linear", 0.0, &lin)) != KEEL_OK) return st;
+            if ((st = model_key_float(l, "rope.scale_linear", 0.0, &lin)) != KEEL_OK) return st;
             factor = lin > 0.0f ? lin : 1.0f;
             if (lin > 0.0f && gguf_str_eq(stype, stn, "none")) {
                 stype = "linear";
@@ -741,12 +487,12 @@ static keel_status read_hparams(loader *l, model_w *w)
         } else if (gguf_str_eq(stype, stn, "yarn")) {
             r->freq_scale = 1.0f / factor;
             r->ext_factor = 1.0f;
-            if ((st = key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6,
+            if ((st = model_key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6,
                                    &r->attn_factor)) != KEEL_OK)
                 return st;
-            if ((st = key_float(l, "rope.scaling.yarn_beta_fast", 32.0, &r->beta_fast)) != KEEL_OK) return st;
-            if ((st = key_float(l, "rope.scaling.yarn_beta_slow", 1.0, &r->beta_slow)) != KEEL_OK) return st;
-            if ((st = key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
+            if ((st = model_key_float(l, "rope.scaling.yarn_beta_fast", 32.0, &r->beta_fast)) != KEEL_OK) return st;
+            if ((st = model_key_float(l, "rope.scaling.yarn_beta_slow", 1.0, &r->beta_slow)) != KEEL_OK) return st;
+            if ((st = model_key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
                               &r->n_ctx_orig)) != KEEL_OK)
                 return st;
         } else if (!gguf_str_eq(stype, stn, "none")) {
@@ -759,10 +505,10 @@ static keel_status read_hparams(loader *l, model_w *w)
         /* LongRoPE: which factors apply depends on the original context;
          * attn_factor multiplies the rotated dims of q and k (llama.cpp's
          * rope_attn_factor, for any scaling type) */
-        if ((st = key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
+        if ((st = model_key_int(l, "rope.scaling.original_context_length", false, hp->n_ctx_train, 1, BIG,
                           &r->n_ctx_orig)) != KEEL_OK)
             return st;
-        if ((st = key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6, &r->attn_factor)) != KEEL_OK)
+        if ((st = model_key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6, &r->attn_factor)) != KEEL_OK)
             return st;
     }
     hp->rope_swa = *r;
@@ -773,29 +519,29 @@ static keel_status read_hparams(loader *l, model_w *w)
     hp->attn_scale = 1.0f / sqrtf((float)hp->hd_k);
     if (hp->arch == MODEL_ARCH_GEMMA2) {
         /* 0 turns a soft-cap off */
-        if ((st = key_float_in(l, "attn_logit_softcapping", 50.0, 0.0, false, 1e30,
+        if ((st = model_key_float_in(l, "attn_logit_softcapping", 50.0, 0.0, false, 1e30,
                                &hp->attn_softcap)) != KEEL_OK)
             return st;
-        if ((st = key_float_in(l, "final_logit_softcapping", 30.0, 0.0, false, 1e30,
+        if ((st = model_key_float_in(l, "final_logit_softcapping", 30.0, 0.0, false, 1e30,
                                &hp->final_softcap)) != KEEL_OK)
             return st;
-        if ((st = key_int(l, "attention.sliding_window", false, 4096, 1, BIG, &hp->n_swa)) != KEEL_OK) return st;
+        if ((st = model_key_int(l, "attention.sliding_window", false, 4096, 1, BIG, &hp->n_swa)) != KEEL_OK) return st;
         hp->embd_scale = sqrtf((float)hp->n_embd);
         /* llama.cpp: gemma2 27B scales by 1/sqrt(n_embd / n_head), the others by head_dim */
         if (hp->n_layer == 46) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
     }
     if (hp->arch == MODEL_ARCH_GEMMA3) {
         /* no attention soft-cap; a final one only with the key */
-        if ((st = key_float_in(l, "final_logit_softcapping", 0.0, 0.0, false, 1e30, &hp->final_softcap)) != KEEL_OK)
+        if ((st = model_key_float_in(l, "final_logit_softcapping", 0.0, 0.0, false, 1e30, &hp->final_softcap)) != KEEL_OK)
             return st;
         /* no window (or 0): every layer is global, with rope */
-        if ((st = key_int(l, "attention.sliding_window", false, 0, 0, BIG, &hp->n_swa)) != KEEL_OK) return st;
-        if ((st = key_int(l, "attention.sliding_window_pattern", false, 6, 1, 4096, &hp->swa_period)) != KEEL_OK)
+        if ((st = model_key_int(l, "attention.sliding_window", false, 0, 0, BIG, &hp->n_swa)) != KEEL_OK) return st;
+        if ((st = model_key_int(l, "attention.sliding_window_pattern", false, 6, 1, 4096, &hp->swa_period)) != KEEL_OK)
             return st;
         if (hp->n_swa > 0) {
             /* sliding layers: their own base, no scaling (llama.cpp's
              * rope_freq_base_train_swa, default 10000; freq_scale_swa 1) */
-            if ((st = key_float_in(l, "rope.freq_base_swa", 10000.0, 0.0, true, 1e30,
+            if ((st = model_key_float_in(l, "rope.freq_base_swa", 10000.0, 0.0, true, 1e30,
                                    &hp->rope_swa.freq_base)) != KEEL_OK)
                 return st;
             hp->rope_swa.freq_scale = 1.0f;
@@ -831,7 +577,7 @@ static int64_t block_of(const char *name)
  * number of tensors"); keel runs them, since a smaller block_count is also
  * how a model is cut to its first layers on purpose, but never silently.
  */
-static void warn_unused(const loader *l, const model_w *w)
+static void warn_unused(const model_loader *l, const model_w *w)
 {
     const gguf *g = l->g;
     int64_t n_unused = 0, blk_lo = INT64_MAX, blk_hi = -1;
@@ -868,7 +614,7 @@ static void warn_unused(const loader *l, const model_w *w)
 keel_status model_load(const gguf *g, model_w *w, char *err)
 {
     memset(w, 0, sizeof *w);
-    loader l = {g, NULL, err, NULL, 0, 0, true, NULL};
+    model_loader l = {g, NULL, err, NULL, 0, 0, true, NULL};
     keel_status st = read_hparams(&l, w);
     if (st != KEEL_OK) return st;
     /* pass 1: shapes, dtypes, and how many f32 floats the vectors need */
