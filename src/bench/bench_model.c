@@ -12,7 +12,11 @@
  *     the K and V rows of the cells a step sees, averaged over the steps)
  *     and the bound read bandwidth / bytes (the bandwidth: 1 GiB at the
  *     start and 256 MiB before every repetition, the best); experts count
- *     with the fraction a token uses;
+ *     with the fraction a token uses (MoE models: the header states the
+ *     active parameters and weight bytes per token); a pp ubatch of u
+ *     tokens reads each expert once if any of its tokens chose it: the
+ *     expected fraction 1 - (1 - k / n_expert)^u of the experts' bytes
+ *     (uniform routing);
  *   - pp: FLOPs per token (2 x the per-token product parameters, attention
  *     2 x heads x (dk + dv) x cells seen, the output row of the last token)
  *     against the fp32 FMA peak of the SIMD level in force (register-only
@@ -292,6 +296,9 @@ typedef struct bm_row {
  * context's memory layers (so it follows whatever layers a model has). */
 typedef struct bm_model {
     double weight_bytes_tok;  /* decode: every matrix but the embedding table, one embedding row */
+    double expert_bytes;      /* all experts' matrices (every layer) */
+    double expert_used_frac;  /* n_expert_used / n_expert (0: no experts) */
+    double active_params;     /* parameters a token multiplies (experts: the used ones) */
     double mm_flops_tok;      /* 2 * parameters of the per-token products (not the output) */
     double out_flops;         /* 2 * output parameters (once per output row) */
     double kv_cell_bytes;     /* K+V bytes of one cell over the attention layers */
@@ -313,6 +320,7 @@ static void bm_model_of(const keel_model *m, const keel_context *c, bm_model *bm
     double emb_params = (double)w->tok_embd.n_rows * (double)w->tok_embd.n_cols;
     bm->mm_flops_tok = 2.0 * ((double)w->n_params - out_params - (tied ? 0.0 : emb_params));
     bm->out_flops = 2.0 * out_params;
+    bm->active_params = (double)w->n_params;
     /* experts: a token reads and multiplies the used fraction */
     int64_t big = 0;
     bm->sg_m = w->hp.n_ff;
@@ -325,7 +333,10 @@ static void bm_model_of(const keel_model *m, const keel_context *c, bm_model *bm
             if (ms[j]->n_expert > 0) {
                 double unused = 1.0 - (double)w->hp.n_expert_used / (double)ms[j]->n_expert;
                 bm->weight_bytes_tok -= (double)ms[j]->nbytes * unused;
+                bm->expert_bytes += (double)ms[j]->nbytes;
+                bm->expert_used_frac = 1.0 - unused;
                 bm->mm_flops_tok -= 2.0 * (double)pr * (double)ms[j]->n_expert * unused;
+                bm->active_params -= (double)pr * (double)ms[j]->n_expert * unused;
             } else if (pr > big) {
                 big = pr;
                 bm->sg_m = (int)ms[j]->n_rows;
@@ -677,6 +688,12 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
             bm_attn_at(&bm, d + (n + 1) / 2.0, &kv, &af);
             double n_ubatches = tg ? n : ceil((double)n / n_ub);
             row->weight_bytes = bm.weight_bytes_tok * n_ubatches / n;
+            if (!tg && bm.expert_used_frac > 0) {
+                /* a ubatch reads each expert any of its tokens chose */
+                double u = (double)n / n_ubatches;
+                double touched = 1.0 - pow(1.0 - bm.expert_used_frac, u);
+                row->weight_bytes += bm.expert_bytes * (touched - bm.expert_used_frac) * n_ubatches / n;
+            }
             row->kv_bytes = tg ? kv : 0.0;
             row->flops = bm.mm_flops_tok + af + bm.out_flops * (tg ? 1.0 : 1.0 / n);
         }
@@ -722,11 +739,13 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                      "%s\"model\": \"%s\", \"arch\": \"%s\", \"type\": \"%s\", \"threads\": %d, \"simd\": \"%s\", "
                      "\"blas_core\": \"%s\", \"weight_bytes\": %zu, \"n_params\": %lld, \"type_k\": \"%s\", "
                      "\"type_v\": \"%s\", \"n_ubatch\": %d, \"read_bw_gbps\": %.2f, \"fma_peak_gflops\": %.1f, "
-                     "\"sgemm_gflops\": %.1f, \"llc_bytes\": %zu, \"n_ctx\": %d,\n \"rows\": [",
+                     "\"sgemm_gflops\": %.1f, \"llc_bytes\": %zu, \"n_ctx\": %d, \"n_expert\": %d, "
+                     "\"n_expert_used\": %d, \"active_params\": %.0f, \"active_weight_bytes_per_token\": %.0f,"
+                     "\n \"rows\": [",
                      profile ? "" : "{", name, hp->arch_name, keel_dtype_name(m->w.main_dtype), threads,
                      keel_simd_name(), core ? core : "?", wb, (long long)m->w.n_params,
                      keel_dtype_name(cp.type_k), keel_dtype_name(cp.type_v), n_ub, bw, peak, sg, bm_llc_bytes(),
-                     cp.n_ctx);
+                     cp.n_ctx, hp->n_expert, hp->n_expert_used, bm.active_params, bm.weight_bytes_tok);
         for (int i = 0; i < n_rows; i++) {
             const bm_row *w = &rows[i];
             double bytes = w->weight_bytes + w->kv_bytes, bound = bytes > 0 ? bw * 1e9 / bytes : 0;
@@ -752,6 +771,12 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                      "(OpenBLAS %s)\n",
                      name, size, keel_dtype_name(m->w.main_dtype), keel_dtype_name(cp.type_k),
                      keel_dtype_name(cp.type_v), cp.n_ctx, threads, keel_simd_name(), core ? core : "?");
+        if (hp->n_expert > 0)
+            bench_printf(o,
+                         "mixture of experts: %d experts, %d per token: active parameters %.2f M of %.2f M, "
+                         "weight bytes read per token %.2f MB of %.2f MB\n",
+                         hp->n_expert, hp->n_expert_used, bm.active_params / 1e6, (double)m->w.n_params / 1e6,
+                         bm.weight_bytes_tok * 1e-6, (double)wb * 1e-6);
         bench_printf(o, "references, same run: read bandwidth %.2f GB/s, fp32 FMA peak %.1f GFLOP/s, "
                         "sgemm %.1f GFLOP/s\n\n", bw, peak, sg);
         bench_printf(o, "| model | size | params | type | threads | test | t/s (best) | bytes/token | bound t/s | %% of bound | GFLOP/s | %% of FMA peak |\n");
