@@ -434,7 +434,8 @@ static void test_matvec_all_dtypes(void **state)
 }
 
 /* tensor_matvec_multi: matrices of different dtypes (and vec_dot types)
- * sharing x give bit for bit what tensor_matvec gives each, with 1..3
+ * sharing x, or each with its own activation (a MoE layer's down
+ * projections), give bit for bit what tensor_matvec gives each, with 1..3
  * threads, under every SIMD level; bad arguments and a small arena are
  * refused with the arena unchanged. */
 static void test_matvec_multi(void **state)
@@ -444,27 +445,38 @@ static void test_matvec_multi(void **state)
     const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_K, KEEL_DTYPE_F16, KEEL_DTYPE_Q6_K,
                                 KEEL_DTYPE_F32, KEEL_DTYPE_Q4_0};
     const int64_t rows[] = {67, 130, 9, 4, 33, 256};
+    enum { MAXJ = 12 };
     mm_fixture f[6];
     for (int k = 0; k < 6; k++) mm_make(&f[k], types[k], rows[k], n_cols, 900 + (uint64_t)k);
-    float *x = malloc(n_cols * sizeof(float)), *want = malloc(256 * sizeof(float)),
-          *got[4];
-    for (int k = 0; k < 4; k++) got[k] = malloc(256 * sizeof(float));
-    test_fill_normal(x, n_cols, 77);
+    float *xs[3], *want = malloc(256 * sizeof(float)), *got[MAXJ];
+    for (int k = 0; k < 3; k++) {
+        xs[k] = malloc(n_cols * sizeof(float));
+        test_fill_normal(xs[k], n_cols, 77 + (uint64_t)k);
+    }
+    float *x = xs[0];
+    for (int k = 0; k < MAXJ; k++) got[k] = malloc(256 * sizeof(float));
     base_arena arena;
-    assert_ok(base_arena_init(&arena, 1 << 16));
+    assert_ok(base_arena_init(&arena, 1 << 17));
     base_pool *pools[3];
     for (int p = 0; p < 3; p++) assert_ok(base_pool_open(p + 1, &pools[p]));
-    /* sets of matrices: q/k/v-like (one vec_dot type), mixed types */
-    const int sets[3][4] = {{0, 5, 5, -1}, {1, 3, 2, 0}, {4, 2, -1, -1}};
+    /* sets of matrices (-1 ends one): q/k/v-like (one vec_dot type), mixed
+     * types, and experts: gate/up pairs on the shared x, then downs each on
+     * its own x (xi: 0 the shared x, 1 and 2 a job's own) */
+    const int sets[5][MAXJ] = {{0, 5, 5, -1},
+                               {1, 3, 2, 0, -1},
+                               {4, 2, -1},
+                               {0, 0, 1, 1, 5, 5, 0, 0, -1},
+                               {0, 1, 0, 1, 2, 3, 4, 5, 0, 1, 3, 5}};
+    const int xi[5][MAXJ] = {{0}, {0}, {0}, {0, 0, 0, 0, 0, 0, 1, 2}, {1, 1, 2, 2, 0, 0, 1, 2, 0, 2, 1, 0}};
     FOR_EACH_LEVEL(simd)
     {
-        for (int si = 0; si < 3; si++)
+        for (int si = 0; si < 5; si++)
             for (int p = 0; p < 3; p++) {
-                tensor_mv_job jobs[4];
+                tensor_mv_job jobs[MAXJ];
                 int n = 0;
-                for (int k = 0; k < 4 && sets[si][k] >= 0; k++, n++) {
+                for (int k = 0; k < MAXJ && sets[si][k] >= 0; k++, n++) {
                     const mm_fixture *m = &f[sets[si][k]];
-                    jobs[n] = (tensor_mv_job){m->t, m->W, m->n_rows, got[n]};
+                    jobs[n] = (tensor_mv_job){m->t, m->W, m->n_rows, got[n], xi[si][k] ? xs[xi[si][k]] : NULL};
                 }
                 size_t used = arena.used;
                 assert_true(tensor_matvec_multi_scratch_bytes(jobs, n, n_cols) <= arena.cap);
@@ -472,20 +484,23 @@ static void test_matvec_multi(void **state)
                 assert_int_equal(arena.used, used);
                 for (int k = 0; k < n; k++) {
                     const mm_fixture *m = &f[sets[si][k]];
-                    assert_ok(tensor_matvec(m->t, m->W, m->n_rows, n_cols, x, want, pools[p], &arena));
+                    const float *xk = xs[xi[si][k]];
+                    assert_ok(tensor_matvec(m->t, m->W, m->n_rows, n_cols, xk, want, pools[p], &arena));
                     if (memcmp(want, got[k], (size_t)m->n_rows * sizeof(float)) != 0)
-                        fail_msg("multi %s (set %d, %d threads, level %d) differs from tensor_matvec",
-                                 keel_dtype_name(m->t), si, p + 1, simd);
-                    check_rows(m, x, got[k], tensor_vec_dot_type(m->t) == KEEL_DTYPE_F32 ? 2e-6 : 1e-2,
+                        fail_msg("multi %s (set %d, job %d, %d threads, level %d) differs from tensor_matvec",
+                                 keel_dtype_name(m->t), si, k, p + 1, simd);
+                    check_rows(m, xk, got[k], tensor_vec_dot_type(m->t) == KEEL_DTYPE_F32 ? 2e-6 : 1e-2,
                                "multi (vs f32 x)");
                 }
             }
     }
-    tensor_mv_job bad[5];
-    for (int k = 0; k < 5; k++) bad[k] = (tensor_mv_job){f[0].t, f[0].W, f[0].n_rows, got[0]};
+    tensor_mv_job bad[TENSOR_MV_MULTI_MAX + 1];
+    for (int k = 0; k <= TENSOR_MV_MULTI_MAX; k++)
+        bad[k] = (tensor_mv_job){f[0].t, f[0].W, f[0].n_rows, got[0], NULL};
     assert_status(tensor_matvec_multi(bad, 0, n_cols, x, NULL, &arena), KEEL_EINVAL);
-    assert_status(tensor_matvec_multi(bad, 5, n_cols, x, NULL, &arena), KEEL_EINVAL);
+    assert_status(tensor_matvec_multi(bad, TENSOR_MV_MULTI_MAX + 1, n_cols, x, NULL, &arena), KEEL_EINVAL);
     assert_status(tensor_matvec_multi(bad, 2, 33, x, NULL, &arena), KEEL_EINVAL);
+    assert_status(tensor_matvec_multi(bad, 2, n_cols, NULL, NULL, &arena), KEEL_EINVAL); /* no activation */
     bad[1].W = NULL;
     assert_status(tensor_matvec_multi(bad, 2, n_cols, x, NULL, &arena), KEEL_EINVAL);
     base_arena tiny;
@@ -496,8 +511,8 @@ static void test_matvec_multi(void **state)
     base_arena_free(&arena);
     for (int p = 0; p < 3; p++) base_pool_close(pools[p]);
     for (int k = 0; k < 6; k++) mm_free(&f[k]);
-    for (int k = 0; k < 4; k++) free(got[k]);
-    free(x);
+    for (int k = 0; k < MAXJ; k++) free(got[k]);
+    for (int k = 0; k < 3; k++) free(xs[k]);
     free(want);
 }
 

@@ -50,8 +50,8 @@ int32_t model_layer_mats(const model_layer *L, const model_mat **out, int32_t ca
 }
 
 /* Scratch of decode's grouped products (model_matmul_group): q/k/v,
- * gate/up, the shared expert's gate/up. */
-static size_t group_scratch(const model_layer *L)
+ * gate/up, the shared expert's gate/up, the chosen experts. */
+static size_t group_scratch(const model_layer *L, int32_t n_used)
 {
     const model_mat *g[3][3] = {{&L->wq, &L->wk, &L->wv}, {&L->ffn_gate, &L->ffn_up, NULL},
                                 {&L->gate_shexp, &L->up_shexp, NULL}};
@@ -60,8 +60,23 @@ static size_t group_scratch(const model_layer *L)
         tensor_mv_job jobs[3];
         int k = 0;
         for (int j = 0; j < 3 && g[i][j] && g[i][j]->data; j++)
-            jobs[k++] = (tensor_mv_job){g[i][j]->dtype, g[i][j]->data, g[i][j]->n_rows, NULL};
+            jobs[k++] = (tensor_mv_job){g[i][j]->dtype, g[i][j]->data, g[i][j]->n_rows, NULL, NULL};
         if (k > 0) mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(jobs, k, g[i][0]->n_cols));
+    }
+    /* the chosen experts (ffn.c): gate and up on one activation, then the
+     * downs each on its own (distinct pointers stand for distinct rows) */
+    int32_t ku = L->gate_exps.data ? (int32_t)BASE_MIN(n_used, TENSOR_MV_MULTI_MAX / 2) : 0;
+    if (ku > 0) {
+        static const float own[TENSOR_MV_MULTI_MAX];
+        tensor_mv_job jobs[TENSOR_MV_MULTI_MAX];
+        for (int32_t j = 0; j < ku; j++) {
+            jobs[2 * j] = (tensor_mv_job){L->gate_exps.dtype, L->gate_exps.data, L->gate_exps.n_rows, NULL, NULL};
+            jobs[2 * j + 1] = (tensor_mv_job){L->up_exps.dtype, L->up_exps.data, L->up_exps.n_rows, NULL, NULL};
+        }
+        mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(jobs, 2 * ku, L->gate_exps.n_cols));
+        for (int32_t j = 0; j < ku; j++)
+            jobs[j] = (tensor_mv_job){L->down_exps.dtype, L->down_exps.data, L->down_exps.n_rows, NULL, own + j};
+        mm = BASE_MAX(mm, tensor_matvec_multi_scratch_bytes(jobs, ku, L->down_exps.n_cols));
     }
     return mm;
 }
@@ -89,8 +104,9 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
      * per layer function, 4 shared) */
     size_t s = (shared_floats(hp) + layer) * (size_t)n_tokens * sizeof(float) + 40 * BASE_ALIGN;
     /* buffers not per token: the delta rule's per-thread row, the router's
-     * selection scores */
-    s += ((size_t)n_threads * (size_t)BASE_MAX(hp->ssm_d_state, 1) + (size_t)hp->n_expert) * sizeof(float);
+     * selection scores, decode's gate and up rows of the chosen experts */
+    s += ((size_t)n_threads * (size_t)BASE_MAX(hp->ssm_d_state, 1) + (size_t)hp->n_expert +
+          2 * (size_t)hp->n_expert_used * (size_t)hp->n_ff_exp) * sizeof(float);
     size_t mm = 0;
     for (int32_t n = 1; n <= n_tokens; n = n < n_tokens ? BASE_MIN(n * 2, n_tokens) : n + 1) {
         /* scratch may depend on the batch size non-monotonically (paths):
@@ -101,7 +117,7 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
             const model_mat *ms[32];
             int32_t k = model_layer_mats(&w->layers[i], ms, 32);
             for (int j = 0; j < k; j++) mm = BASE_MAX(mm, mm_scratch(ms[j], n, n_threads));
-            if (n == 1) mm = BASE_MAX(mm, group_scratch(&w->layers[i]));
+            if (n == 1) mm = BASE_MAX(mm, group_scratch(&w->layers[i], hp->n_expert_used));
         }
         if (n == n_tokens) break;
     }
@@ -129,7 +145,7 @@ keel_status model_matmul_group(const model_fw *f, const model_mat *const *ms, fl
     for (int j = 0; j < n_m && multi; j++) multi = ms[j]->n_cols == ms[0]->n_cols && ms[j]->n_expert == 0;
     if (multi) {
         tensor_mv_job jobs[TENSOR_MV_MULTI_MAX];
-        for (int j = 0; j < n_m; j++) jobs[j] = (tensor_mv_job){ms[j]->dtype, ms[j]->data, ms[j]->n_rows, ys[j]};
+        for (int j = 0; j < n_m; j++) jobs[j] = (tensor_mv_job){ms[j]->dtype, ms[j]->data, ms[j]->n_rows, ys[j], NULL};
         keel_status st = tensor_matvec_multi(jobs, n_m, ms[0]->n_cols, x, f->pool, f->work);
         if (st != KEEL_OK)
             return base_err(f->err, st, "forward: layer %d: matrix products failed (%s)", f->l,

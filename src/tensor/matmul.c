@@ -181,21 +181,26 @@ static void multi_task(void *vctx, int64_t task, int thread)
     matvec_task((void *)&c->mv[j], task - c->first_task[j], thread);
 }
 
+/* The activation of job j. */
+static const float *job_x(const tensor_mv_job *jobs, int j, const float *x)
+{
+    return jobs[j].x ? jobs[j].x : x;
+}
+
 size_t tensor_matvec_multi_scratch_bytes(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols)
 {
     size_t need = 0;
-    bool seen[KEEL_DTYPE_COUNT_] = {false};
     for (int j = 0; j < n_jobs && j < TENSOR_MV_MULTI_MAX; j++) {
         if (!tensor_dtype_valid(jobs[j].dtype)) return 0;
         keel_dtype vt = tensor_vec_dot_type(jobs[j].dtype);
-        if (seen[vt]) continue;
-        seen[vt] = true;
-        if (!size_add(need, tensor_matvec_scratch_bytes(jobs[j].dtype, n_cols), &need)) return 0;
-    }
-    /* every job's prepared activation (tensor_matvec_scratch_bytes counted
-     * one per vec_dot type above) */
-    for (int j = 0; j < n_jobs && j < TENSOR_MV_MULTI_MAX; j++)
+        bool seen = false; /* an earlier job with this vec_dot type and activation */
+        for (int i = 0; i < j && !seen; i++)
+            seen = tensor_vec_dot_type(jobs[i].dtype) == vt && jobs[i].x == jobs[j].x;
+        if (!seen && !size_add(need, tensor_matvec_scratch_bytes(jobs[j].dtype, n_cols), &need)) return 0;
+        /* every job's prepared activation (tensor_matvec_scratch_bytes
+         * counted the converted one) */
         if (!size_add(need, mv_prep_bytes(jobs[j].dtype, n_cols), &need)) return 0;
+    }
     return need;
 }
 
@@ -204,33 +209,36 @@ keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n
 {
     if (!jobs || n_jobs < 1 || n_jobs > TENSOR_MV_MULTI_MAX || n_cols < 0) return KEEL_EINVAL;
     for (int j = 0; j < n_jobs; j++)
-        if (!shape_ok(jobs[j].dtype, jobs[j].n_rows, n_cols) || (jobs[j].n_rows > 0 && (!jobs[j].W || !jobs[j].y)))
+        if (!shape_ok(jobs[j].dtype, jobs[j].n_rows, n_cols) || (jobs[j].n_rows > 0 && (!jobs[j].W || !jobs[j].y)) ||
+            (n_cols > 0 && !job_x(jobs, j, x)))
             return KEEL_EINVAL;
-    if (n_cols > 0 && !x) return KEEL_EINVAL;
     uint64_t t0 = tensor_prof_begin();
     size_t mark = scratch ? base_arena_mark(scratch) : 0;
     multi_ctx c;
     memset(&c, 0, sizeof c);
     c.n_jobs = n_jobs;
-    /* x once per distinct vec_dot type */
+    /* each activation once per distinct vec_dot type */
     keel_dtype conv_t[TENSOR_MV_MULTI_MAX];
+    const float *conv_src[TENSOR_MV_MULTI_MAX];
     const void *conv_x[TENSOR_MV_MULTI_MAX];
     int n_conv = 0;
     double total = 0;
     for (int j = 0; j < n_jobs; j++) {
         keel_dtype t = jobs[j].dtype, vt = tensor_vec_dot_type(t);
-        const void *xa = x;
+        const float *src = job_x(jobs, j, x);
+        const void *xa = src;
         if (vt != KEEL_DTYPE_F32 && n_cols > 0) {
             int k = 0;
-            while (k < n_conv && conv_t[k] != vt) k++;
+            while (k < n_conv && !(conv_t[k] == vt && conv_src[k] == src)) k++;
             if (k == n_conv) {
                 void *q = scratch ? base_arena_take(scratch, tensor_row_bytes(vt, n_cols), BASE_ALIGN) : NULL;
                 if (!q) {
                     if (scratch) base_arena_rewind(scratch, mark);
                     return KEEL_ESCRATCH;
                 }
-                tensor_quant_get_(vt)(x, q, n_cols);
+                tensor_quant_get_(vt)(src, q, n_cols);
                 conv_t[n_conv] = vt;
+                conv_src[n_conv] = src;
                 conv_x[n_conv++] = q;
             }
             xa = conv_x[k];
@@ -239,9 +247,9 @@ keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n
         m->dot = tensor_dot_get_(t);
         m->mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
         int k = 0;
-        while (k < j && !(jobs[k].dtype == t && c.mv[k].xp)) k++;
+        while (k < j && !(jobs[k].dtype == t && c.mv[k].xp && job_x(jobs, k, x) == src)) k++;
         if (k < j) {
-            m->xp = c.mv[k].xp; /* same dtype: same prepared activation */
+            m->xp = c.mv[k].xp; /* same dtype and activation: same prepared activation */
         } else if (!mv_prep(t, m->mv, xa, n_cols, scratch, &m->xp)) {
             if (scratch) base_arena_rewind(scratch, mark);
             return KEEL_ESCRATCH;

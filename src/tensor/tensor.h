@@ -129,26 +129,32 @@ size_t tensor_matvec_scratch_bytes(keel_dtype t, int64_t n_cols);
 keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
                           const float *x, float *y, base_pool *pool, base_arena *scratch);
 
-/* One matrix of tensor_matvec_multi: y = W x, W n_rows x n_cols of dtype. */
+/* One matrix of tensor_matvec_multi: y = W x, W n_rows x n_cols of dtype;
+ * x is the call's shared activation, or the job's own when x is set. */
 typedef struct tensor_mv_job {
     keel_dtype dtype;
     const void *W;
     int64_t n_rows;
-    float *y; /* [n_rows] */
+    float *y;       /* [n_rows] */
+    const float *x; /* [n_cols], or NULL: the shared x */
 } tensor_mv_job;
 
-#define TENSOR_MV_MULTI_MAX 4
+/* Decode's q/k/v and gate/up (shared x), and a MoE layer's chosen experts:
+ * gate and up of each (shared x), then down (each its own x). */
+#define TENSOR_MV_MULTI_MAX 32
 
-/* Scratch bytes tensor_matvec_multi needs (x in each distinct vec_dot type). */
+/* Scratch bytes tensor_matvec_multi needs (x in each distinct vec_dot type,
+ * per distinct activation). */
 size_t tensor_matvec_multi_scratch_bytes(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols);
 
-/* y_j = W_j x for up to TENSOR_MV_MULTI_MAX matrices sharing n_cols and x
- * (decode's q/k/v, or gate/up) in one pool run: x is converted once per
- * distinct vec_dot type, the rows of every matrix are chunked into one task
- * list, so one dispatch serves them all and a thread that finishes one
- * matrix's rows goes straight on to the next's. Results equal tensor_matvec
- * on each matrix. KEEL_EINVAL (bad shape, n_jobs outside 1..MAX),
- * KEEL_ESCRATCH (arena unchanged). */
+/* y_j = W_j x_j for up to TENSOR_MV_MULTI_MAX matrices sharing n_cols (x_j:
+ * the job's x, else the shared x) in one pool run: each activation is
+ * converted once per distinct vec_dot type, the rows of every matrix are
+ * chunked into one task list, so one dispatch serves them all and a thread
+ * that finishes one matrix's rows goes straight on to the next's. Results
+ * equal tensor_matvec on each matrix. KEEL_EINVAL (bad shape, n_jobs
+ * outside 1..MAX, a job without an activation), KEEL_ESCRATCH (arena
+ * unchanged). */
 keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols, const float *x,
                                 base_pool *pool, base_arena *scratch);
 
