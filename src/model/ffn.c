@@ -82,7 +82,12 @@ static void route(const model_hp *hp, const model_layer *L, float *lg, int32_t *
         break;
     default:
         tensor_softmax(lg, ne);
-        tensor_topk(lg, ne, k, idx);
+        if (L->exp_probs_b) { /* glm4moe with softmax gating: chosen with the bias */
+            for (int32_t e = 0; e < ne; e++) sel[e] = lg[e] + L->exp_probs_b[e];
+            tensor_topk(sel, ne, k, idx);
+        } else {
+            tensor_topk(lg, ne, k, idx);
+        }
         for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
         break;
     }
