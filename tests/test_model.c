@@ -802,6 +802,41 @@ static void test_moe_arch_validation(void **state)
             assert_null(strstr(cap.last, "block_count"));
         }
     }
+    /* expert_gating_func 1: softmax over the experts, still chosen with the
+     * exp_probs_b bias (llama.cpp adds it for any gating); the routing, and
+     * so the logits, change */
+    static const uint32_t one = 1;
+    edit sm = {.key = "glm4moe.expert_gating_func", .type = GGUF_TYPE_UINT32, .payload = &one, .nbytes = 4};
+    rewrite(glm4moe, bad, &sm);
+    int32_t *prompt = read_i32("ref/glm4moe.prompt.i32", N_PROMPT);
+    assert_non_null(prompt);
+    float out[2][N_VOCAB];
+    for (int k = 0; k < 2; k++) {
+        keel_model_params mp = keel_model_params_default();
+        mp.path = paths[k];
+        keel_model *m = NULL;
+        char err[256];
+        assert_ok(keel_model_open(&mp, &m, err));
+        keel_context_params cp = keel_context_params_default();
+        cp.n_ctx = 64;
+        keel_context *c = NULL;
+        assert_ok(keel_context_open(m, &cp, &c, err));
+        keel_batch b = {32, prompt, NULL, NULL, NULL};
+        assert_ok(keel_decode(c, &b));
+        const float *l = keel_logits(c, 31);
+        assert_non_null(l);
+        memcpy(out[k], l, sizeof out[k]);
+        keel_context_close(c);
+        keel_model_close(m);
+    }
+    double d = 0.0;
+    for (int j = 0; j < N_VOCAB; j++) {
+        assert_true(isfinite(out[1][j]));
+        d = fmax(d, fabs((double)out[0][j] - (double)out[1][j]));
+    }
+    printf("glm4moe softmax gating vs sigmoid: max |dlogit| %.3e\n", d);
+    assert_true(d > 1e-3);
+    free(prompt);
 }
 
 /* Issue 8 item 8: bad float hyperparameters and NaN/Inf norm weights were
