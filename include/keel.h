@@ -887,7 +887,8 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3" */
+                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
+                            "qwen3moe", "glm4moe" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -900,10 +901,11 @@ typedef struct keel_gen_params {
     keel_dtype dtype;    /* weight matrices (norms stay f32) */
     uint64_t seed;       /* 1 */
     /* issue 11 architectures (0: the default in parentheses) */
-    int32_t n_expert;      /* qwen3next, gpt-oss: experts (4) */
+    int32_t n_expert;      /* qwen3next, gpt-oss, deepseek32, qwen3moe, glm4moe: experts (4) */
     int32_t n_expert_used; /* experts per token (2) */
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
     int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */
+    int32_t n_ff_exp;      /* qwen3moe, glm4moe: FFN width of each expert (0: n_ff) */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
@@ -926,7 +928,13 @@ keel_gen_params keel_gen_params_default(void);
  * layers and 10000 on the sliding ones; phi3 has fused attn_qkv and
  * ffn_up (gate | up), rotary dims 3/4 of head_dim (head_dim >= 4),
  * LongRoPE short / long factors (original context n_ctx) and attention
- * factor 1.19. */
+ * factor 1.19; qwen3moe is qwen3's attention with MoE in every layer
+ * (n_expert experts of n_ff_exp, n_expert_used per token, softmax router
+ * renormalized, no shared expert); glm4moe has q/k/v biases and q/k norms,
+ * rotary dims head_dim / 2, layer 0 dense (n_ff; when n_layer > 1), then
+ * MoE with a sigmoid router, a selection bias, weights normalized and
+ * scaled by 2.5 and one shared expert of n_ff_exp, and one NextN (MTP)
+ * layer after the n_layer run ones (block_count n_layer + 1). */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:

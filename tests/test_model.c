@@ -69,6 +69,12 @@ static const fixture_case g_cases[] = {
     {"gemma3", 1.2e-2, 0, 0},
     /* phi3: llama.cpp's FA off vs ref 1.05e-3, f32 KV 1.08e-3; keel 2.7e-4 */
     {"phi3", 1.5e-3, 0, 0},
+    /* qwen3moe: llama.cpp's FA off vs ref 8.4e-4, f32 KV + FA off 8.8e-4
+     * (logit std 1.0); the bound is 1.4x that spread, as phi3's */
+    {"qwen3moe", 1.2e-3, 0, 0},
+    /* glm4moe: FA off vs ref 1.05e-3, f32 KV + FA off 1.10e-3; the MTP
+     * block (blk.3) is not run (zeroing it changes nothing in llama.cpp) */
+    {"glm4moe", 1.5e-3, 0, 0},
 };
 
 static float *read_f32(const char *rel, size_t want)
@@ -214,9 +220,10 @@ static void test_fixture_logits_and_greedy(void **state)
 static void test_fixture_teacher_forced(void **state)
 {
     (void)state;
-    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3"};
-    const int skip[] = {-1, -1, -1, 20, -1, -1, -1};
-    for (int mi = 0; mi < 7; mi++) {
+    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
+                            "qwen3moe", "glm4moe"};
+    const int skip[] = {-1, -1, -1, 20, -1, -1, -1, -1, -1};
+    for (int mi = 0; mi < 9; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
@@ -259,14 +266,16 @@ static void test_fixture_teacher_forced(void **state)
  * batch, then 100..199 one per keel_decode, against the 200-token batch.
  * Bound: llama.cpp's own incremental spread with f16 KV and FA off (the
  * fixture README; keel keeps f16 K/V and accumulates in f32, as that
- * path does): gemma3 3.18e-3 (keel 1.3e-3), phi3 1.61e-4 (keel 3.2e-5);
- * no row's argmax may change. */
+ * path does): gemma3 3.18e-3 (keel 1.3e-3), phi3 1.61e-4 (keel 3.2e-5),
+ * qwen3moe 1.41e-4, glm4moe 1.77e-4 (a decode step routes each token
+ * alone, the batch routes 100 at once: the experts' products must not
+ * depend on how many tokens chose them); no row's argmax may change. */
 static void test_fixture_incremental(void **state)
 {
     (void)state;
-    const char *models[] = {"gemma3", "phi3"};
-    const double tol[] = {3.2e-3, 1.7e-4};
-    for (int mi = 0; mi < 2; mi++) {
+    const char *models[] = {"gemma3", "phi3", "qwen3moe", "glm4moe"};
+    const double tol[] = {3.2e-3, 1.7e-4, 1.5e-4, 1.8e-4};
+    for (int mi = 0; mi < 4; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
@@ -715,6 +724,121 @@ static void test_new_arch_validation(void **state)
     }
 }
 
+/* Issue 23: qwen3moe's and glm4moe's keys and tensors are checked at load,
+ * each failure naming the key or tensor; glm4moe's NextN (MTP) block is
+ * bound (shapes checked) without a warning, and with nextn_predict_layers
+ * 0 it is a run layer whose nextn.* tensors the warning names, without a
+ * block_count complaint (the layer is within block_count). */
+static void test_moe_arch_validation(void **state)
+{
+    (void)state;
+    const char *q = test_fixture("models/qwen3moe.gguf");
+    if (!q) return;
+    char qwen3moe[512], glm4moe[512];
+    snprintf(qwen3moe, sizeof qwen3moe, "%s", q);
+    const char *g = test_fixture("models/glm4moe.gguf");
+    if (!g) return;
+    snprintf(glm4moe, sizeof glm4moe, "%s", g);
+    const char *bad = tmp_path("bad.gguf");
+    static const float neg = -1.0f;
+    static const uint32_t nine = 9, four = 4, three = 3;
+    const struct {
+        const char *base;
+        edit e;
+        keel_status st;
+        const char *msg;
+    } cases[] = {
+        {qwen3moe, {.key = "qwen3moe.expert_used_count", .type = GGUF_TYPE_UINT32, .payload = &nine, .nbytes = 4},
+         KEEL_EFORMAT, "key qwen3moe.expert_used_count = 9 out of range [1, 8]"},
+        {qwen3moe, {.tensor = "blk.1.attn_k_norm.weight", .elem = 7, .value = NAN},
+         KEEL_EFORMAT, "tensor blk.1.attn_k_norm.weight: element 7 is NaN"},
+        {qwen3moe, {.tensor = "blk.0.attn_qkv.weight", .copy_of = "blk.0.attn_q.weight"},
+         KEEL_EFORMAT, "tensor blk.0.attn_qkv.weight: shape [128, 256, 1] (2 dims), expected [128, 512]"},
+        {glm4moe, {.key = "glm4moe.nextn_predict_layers", .type = GGUF_TYPE_UINT32, .payload = &four, .nbytes = 4},
+         KEEL_EFORMAT, "key glm4moe.nextn_predict_layers = 4 out of range [0, 3]"},
+        {glm4moe, {.key = "glm4moe.leading_dense_block_count", .type = GGUF_TYPE_UINT32, .payload = &four, .nbytes = 4},
+         KEEL_EFORMAT, "key glm4moe.leading_dense_block_count = 4 out of range [0, 3]"},
+        {glm4moe, {.key = "glm4moe.expert_gating_func", .type = GGUF_TYPE_UINT32, .payload = &three, .nbytes = 4},
+         KEEL_EFORMAT, "key glm4moe.expert_gating_func = 3 out of range [0, 2]"},
+        {glm4moe, {.key = "glm4moe.expert_weights_scale", .type = GGUF_TYPE_FLOAT32, .payload = &neg, .nbytes = 4},
+         KEEL_EFORMAT, "key glm4moe.expert_weights_scale = -1: outside [0, 1e+06]"},
+        {glm4moe, {.tensor = "blk.2.exp_probs_b.bias", .elem = 2, .value = INFINITY},
+         KEEL_EFORMAT, "tensor blk.2.exp_probs_b.bias: element 2 is +Inf"},
+        /* the MTP block's tensors are checked although never run */
+        {glm4moe, {.tensor = "blk.3.nextn.embed_tokens.weight", .copy_of = "blk.3.attn_q.weight"},
+         KEEL_EFORMAT, "tensor blk.3.nextn.embed_tokens.weight: shape [128, 256, 1] (2 dims), expected [128, 512]"},
+        {glm4moe, {.tensor = "blk.3.nextn.enorm.weight", .elem = 0, .value = NAN},
+         KEEL_EFORMAT, "tensor blk.3.nextn.enorm.weight: element 0 is NaN"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        rewrite(cases[i].base, bad, &cases[i].e);
+        expect_refused(bad, cases[i].st, cases[i].msg);
+    }
+    static const uint32_t zero_u = 0;
+    edit e = {.key = "glm4moe.nextn_predict_layers", .type = GGUF_TYPE_UINT32, .payload = &zero_u, .nbytes = 4};
+    rewrite(glm4moe, bad, &e);
+    const char *paths[2] = {glm4moe, bad};
+    const int n_warn[2] = {0, 1}, n_layer[2] = {3, 4};
+    for (int k = 0; k < 2; k++) {
+        log_cap cap;
+        memset(&cap, 0, sizeof cap);
+        char err[256];
+        keel_set_log(capture_log, &cap, KEEL_LOG_DEBUG);
+        keel_model_params mp = keel_model_params_default();
+        mp.path = paths[k];
+        keel_model *m = NULL;
+        keel_status st = keel_model_open(&mp, &m, err);
+        keel_set_log(NULL, NULL, KEEL_LOG_INFO);
+        if (st != KEEL_OK) fail_msg("%s: %s", paths[k], err);
+        assert_int_equal(cap.n_warn, n_warn[k]);
+        keel_model_info mi;
+        keel_model_info_get(m, &mi);
+        assert_int_equal(mi.n_layer, n_layer[k]);
+        keel_model_close(m);
+        if (k == 1) {
+            const char *want = "4 of 78 tensors are not used by the glm4moe model and are ignored: "
+                               "blk.3.nextn.eh_proj.weight";
+            if (!strstr(cap.last, want)) fail_msg("warning '%s' lacks '%s'", cap.last, want);
+            assert_null(strstr(cap.last, "block_count"));
+        }
+    }
+    /* expert_gating_func 1: softmax over the experts, still chosen with the
+     * exp_probs_b bias (llama.cpp adds it for any gating); the routing, and
+     * so the logits, change */
+    static const uint32_t one = 1;
+    edit sm = {.key = "glm4moe.expert_gating_func", .type = GGUF_TYPE_UINT32, .payload = &one, .nbytes = 4};
+    rewrite(glm4moe, bad, &sm);
+    int32_t *prompt = read_i32("ref/glm4moe.prompt.i32", N_PROMPT);
+    assert_non_null(prompt);
+    float out[2][N_VOCAB];
+    for (int k = 0; k < 2; k++) {
+        keel_model_params mp = keel_model_params_default();
+        mp.path = paths[k];
+        keel_model *m = NULL;
+        char err[256];
+        assert_ok(keel_model_open(&mp, &m, err));
+        keel_context_params cp = keel_context_params_default();
+        cp.n_ctx = 64;
+        keel_context *c = NULL;
+        assert_ok(keel_context_open(m, &cp, &c, err));
+        keel_batch b = {32, prompt, NULL, NULL, NULL};
+        assert_ok(keel_decode(c, &b));
+        const float *l = keel_logits(c, 31);
+        assert_non_null(l);
+        memcpy(out[k], l, sizeof out[k]);
+        keel_context_close(c);
+        keel_model_close(m);
+    }
+    double d = 0.0;
+    for (int j = 0; j < N_VOCAB; j++) {
+        assert_true(isfinite(out[1][j]));
+        d = fmax(d, fabs((double)out[0][j] - (double)out[1][j]));
+    }
+    printf("glm4moe softmax gating vs sigmoid: max |dlogit| %.3e\n", d);
+    assert_true(d > 1e-3);
+    free(prompt);
+}
+
 /* Issue 8 item 8: bad float hyperparameters and NaN/Inf norm weights were
  * accepted and failed later as "sample: invalid argument". Each is refused
  * at load, naming the key or the tensor and element. */
@@ -1036,6 +1160,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test_setup_teardown(test_invalid_hparams_and_norms, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_new_arch_validation, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_moe_arch_validation, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_unused_tensors_warn, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_not_a_model, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cli_unused_warning, setup_dir, teardown_dir),

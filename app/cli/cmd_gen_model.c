@@ -13,7 +13,7 @@ static void gen_usage(FILE *f)
     keel_gen_params d = keel_gen_params_default();
     fprintf(f,
             "usage: keel gen-model --arch llama|qwen2|qwen3|gemma2|qwen35|qwen3next|mamba2|gpt-oss|\n"
-            "                      deepseek32|gemma3|phi3\n"
+            "                      deepseek32|gemma3|phi3|qwen3moe|glm4moe\n"
             "                      [options] --out FILE\n"
             "  --layers N     blocks (%d)\n"
             "  --embd N       embedding width (%d)\n"
@@ -24,8 +24,9 @@ static void gen_usage(FILE *f)
             "  --vocab N      vocabulary size, >= 300 (%d)\n"
             "  --ctx N        training context (%d)\n"
             "  --swa N        gemma2, gpt-oss sliding window (0: 32)\n"
-            "  --experts N    qwen3next, gpt-oss experts (0: 4)\n"
+            "  --experts N    qwen3next, gpt-oss, deepseek32, qwen3moe, glm4moe experts (0: 4)\n"
             "  --experts-used N  experts per token (0: 2)\n"
+            "  --expert-ff N  qwen3moe, glm4moe: FFN width of each expert (0: --ff)\n"
             "  --ssm-state N  mamba2 state size (0: 32)\n"
             "  --top-k N      deepseek32 indexer: cells kept per query (0: 16)\n"
             "  --dtype T      weight matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1\n"
@@ -57,6 +58,7 @@ int cmd_gen_model(int argc, char **argv)
         {"--experts-used", offsetof(keel_gen_params, n_expert_used)},
         {"--ssm-state", offsetof(keel_gen_params, ssm_state)},
         {"--top-k", offsetof(keel_gen_params, top_k)},
+        {"--expert-ff", offsetof(keel_gen_params, n_ff_exp)},
     };
     static const char *const others[] = {"--arch", "--out", "-o", "--dtype", "--seed"};
     for (int i = 1; i < argc; i++) {

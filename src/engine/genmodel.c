@@ -1,7 +1,8 @@
 /*
  * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
  * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2, gpt-oss,
- * deepseek32, gemma3 and phi3 architectures (keel.h describes the shapes),
+ * deepseek32, gemma3, phi3, qwen3moe and glm4moe architectures (keel.h
+ * describes the shapes),
  * with the keys, tensor names and shapes llama.cpp's loader expects, and a
  * vocabulary learned from a built-in text (genvocab.c). docs/formats.md section 7.
  *
@@ -55,6 +56,7 @@ keel_gen_params keel_gen_params_default(void)
         .n_expert_used = 0,
         .ssm_state = 0,
         .top_k = 0,
+        .n_ff_exp = 0,
     };
     return p;
 }
@@ -69,6 +71,9 @@ typedef enum gen_family {
     GEN_GPT_OSS,   /* sinks, biases, sliding / full, MoE SwiGLU-OAI, YaRN */
     GEN_DEEPSEEK32, /* MLA + DSA indexer, a dense lead layer, sigmoid MoE + shared expert */
     GEN_PHI3,      /* fused qkv and gate|up, partial RoPE, LongRoPE factors */
+    GEN_QWEN3MOE,  /* qwen3 attention, softmax MoE every layer */
+    GEN_GLM4MOE,   /* biases, q/k norm, half RoPE, a dense lead layer, sigmoid MoE +
+                      shared expert, one NextN (MTP) layer */
 } gen_family;
 
 typedef struct gen_arch {
@@ -99,7 +104,12 @@ static const gen_arch g_archs[] = {
      * layers (linear factor 8), freq_base_swa 10000 for the sliding ones */
     {"gemma3", GENMODEL_VOCAB_SPM, false, true, true, true, true, 1000000.0f, 1e-6f, GEN_DENSE},
     {"phi3", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_PHI3},
+    {"qwen3moe", GENMODEL_VOCAB_BPE, false, true, false, false, false, 1000000.0f, 1e-6f, GEN_QWEN3MOE},
+    {"glm4moe", GENMODEL_VOCAB_BPE, true, true, false, false, false, 1000000.0f, 1e-5f, GEN_GLM4MOE},
 };
+
+/* glm4moe: GLM-4.5's routed weight scale */
+#define GEN_GLM_EXPERT_SCALE 2.5f
 
 /* gemma3's global layers: linear RoPE scaling; phi3: LongRoPE's attention
  * factor sqrt(1 + ln 32 / ln 4096) (Phi-4-mini's) */
@@ -284,6 +294,48 @@ static void list_deepseek32_layer(gen_model *m, int32_t l)
     add_blk(m, l, "ffn_down_shexp.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
 }
 
+/* A qwen3moe or glm4moe layer; glm4moe's layer n_layer is its NextN
+ * (MTP) block: a MoE layer plus the nextn tensors. */
+static void list_moe_layer(gen_model *m, int32_t l)
+{
+    const gen_arch *a = m->arch;
+    const keel_gen_params *p = &m->p;
+    int64_t E = p->n_embd, F = p->n_ff, Fe = p->n_ff_exp, D = p->head_dim, ne = p->n_expert;
+    int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
+    bool glm = a->family == GEN_GLM4MOE;
+    add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "attn_q.weight", E, Q, GEN_INIT_NORMAL, inv_sqrt(E));
+    if (a->qkv_bias) add_blk(m, l, "attn_q.bias", Q, 0, GEN_INIT_NORMAL, NORM_STD);
+    add_blk(m, l, "attn_k.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+    if (a->qkv_bias) add_blk(m, l, "attn_k.bias", KV, 0, GEN_INIT_NORMAL, NORM_STD);
+    add_blk(m, l, "attn_v.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+    if (a->qkv_bias) add_blk(m, l, "attn_v.bias", KV, 0, GEN_INIT_NORMAL, NORM_STD);
+    add_blk(m, l, "attn_q_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "attn_k_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
+    add_blk(m, l, glm ? "post_attention_norm.weight" : "ffn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (glm && l == 0 && p->n_layer > 1) { /* leading_dense_block_count 1 */
+        add_blk(m, l, "ffn_gate.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+        return;
+    }
+    add_blk(m, l, "ffn_gate_inp.weight", E, ne, GEN_INIT_NORMAL, inv_sqrt(E));
+    if (glm) add_blk(m, l, "exp_probs_b.bias", ne, 0, GEN_INIT_NORMAL, 0.1f);
+    add_blk3(m, l, "ffn_gate_exps.weight", E, Fe, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
+    add_blk3(m, l, "ffn_up_exps.weight", E, Fe, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
+    add_blk3(m, l, "ffn_down_exps.weight", Fe, E, ne, GEN_INIT_NORMAL, inv_sqrt(Fe), false);
+    if (!glm) return;
+    add_blk(m, l, "ffn_gate_shexp.weight", E, Fe, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "ffn_up_shexp.weight", E, Fe, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk(m, l, "ffn_down_shexp.weight", Fe, E, GEN_INIT_NORMAL, inv_sqrt(Fe));
+    if (l < p->n_layer) return;
+    add_blk(m, l, "nextn.eh_proj.weight", 2 * E, E, GEN_INIT_NORMAL, inv_sqrt(2 * E));
+    add_blk(m, l, "nextn.enorm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "nextn.hnorm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    add_blk(m, l, "nextn.shared_head_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+}
+
 /* Rotated dims per head: qwen35 / qwen3next a quarter (llama.cpp's
  * partial_rotary_factor 0.25), phi3 three quarters (Phi-4-mini's), else
  * all; even. */
@@ -293,6 +345,7 @@ static int64_t gen_n_rot(const gen_model *m)
     int32_t D = m->p.head_dim;
     if (f == GEN_QWEN35 || f == GEN_QWEN3NEXT) return (D / 4) & ~1;
     if (f == GEN_PHI3) return (3 * D / 4) & ~1;
+    if (f == GEN_GLM4MOE) return (D / 2) & ~1; /* GLM's partial_rotary_factor 0.5 */
     return D;
 }
 
@@ -305,6 +358,10 @@ static void list_family_layer(gen_model *m, int32_t l)
     int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
     if (a->family == GEN_DEEPSEEK32) {
         list_deepseek32_layer(m, l);
+        return;
+    }
+    if (a->family == GEN_QWEN3MOE || a->family == GEN_GLM4MOE) {
+        list_moe_layer(m, l);
         return;
     }
     add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
@@ -387,6 +444,12 @@ static void list_family_layer(gen_model *m, int32_t l)
     }
 }
 
+/* block_count: the layers, and glm4moe's NextN layer. */
+static int32_t gen_blocks(const gen_model *m)
+{
+    return m->p.n_layer + (m->arch->family == GEN_GLM4MOE ? 1 : 0);
+}
+
 /* Lists every tensor (m->t must hold tensor_count entries). */
 static void list_tensors(gen_model *m)
 {
@@ -401,7 +464,7 @@ static void list_tensors(gen_model *m)
         add_t(m, "rope_factors_short.weight", gen_n_rot(m) / 2, 0, GEN_INIT_NORM, NORM_STD);
         add_t(m, "rope_factors_long.weight", gen_n_rot(m) / 2, 0, GEN_INIT_NORM, NORM_STD);
     }
-    for (int32_t l = 0; l < p->n_layer && a->family != GEN_DENSE; l++) list_family_layer(m, l);
+    for (int32_t l = 0; l < gen_blocks(m) && a->family != GEN_DENSE; l++) list_family_layer(m, l);
     for (int32_t l = 0; l < p->n_layer && a->family == GEN_DENSE; l++) {
         add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
         add_blk(m, l, "attn_q.weight", E, Q, GEN_INIT_NORMAL, inv_sqrt(E));
@@ -432,7 +495,7 @@ static int64_t tensor_count(const gen_model *m)
     const gen_arch *a = m->arch;
     int64_t per = 9 + (a->qkv_bias ? 3 : 0) + (a->qk_norm ? 2 : 0) + (a->post_norms ? 2 : 0);
     if (a->family != GEN_DENSE) per = 32;
-    return 5 + per * m->p.n_layer; /* token_embd, output_norm, output, 2 rope factors */
+    return 5 + per * gen_blocks(m); /* token_embd, output_norm, output, 2 rope factors */
 }
 
 /* ---- parameters -------------------------------------------------------------------- */
@@ -456,7 +519,7 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
     if (!m->arch)
         return base_err(err, KEEL_EUNSUPPORTED,
                         "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
-                        "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3)",
+                        "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, qwen3moe, glm4moe)",
                         p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
@@ -491,11 +554,18 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
         (st = check_range(err, "n_expert_used", q->n_expert_used, 0, q->n_expert ? q->n_expert : 4)) ||
         (st = check_range(err, "ssm_state", q->ssm_state, 0, 4096)))
         return st;
-    if (fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS || fam == GEN_DEEPSEEK32) {
+    bool moe2 = fam == GEN_QWEN3MOE || fam == GEN_GLM4MOE;
+    if (fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS || fam == GEN_DEEPSEEK32 || moe2) {
         if (q->n_expert == 0) q->n_expert = 4;
         if (q->n_expert_used == 0) q->n_expert_used = BASE_MIN(2, q->n_expert);
     }
-    if ((st = check_range(err, "top_k", q->top_k, 0, 1 << 20))) return st;
+    if ((st = check_range(err, "top_k", q->top_k, 0, 1 << 20)) ||
+        (st = check_range(err, "n_ff_exp", q->n_ff_exp, 0, GEN_MAX_FF)))
+        return st;
+    if (q->n_ff_exp == 0) q->n_ff_exp = q->n_ff;
+    if (fam == GEN_GLM4MOE && q->head_dim < 4)
+        return base_err(err, KEEL_EINVAL, "head_dim = %d: glm4moe needs >= 4 (rotary dims are head_dim / 2)",
+                        q->head_dim);
     if (fam == GEN_DEEPSEEK32) {
         if (q->top_k == 0) q->top_k = GEN_DS_TOP_K;
         /* the indexer key (2 head_dim) is Hadamard-rotated in blocks of >= 32 */
@@ -649,7 +719,7 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         (st = gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)p->n_vocab)) ||
         (st = gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)p->n_ctx)) ||
         (st = gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd)) ||
-        (st = gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)p->n_layer)) ||
+        (st = gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)gen_blocks(m))) ||
         (st = gguf_writer_add_u32(w, KEY("feed_forward_length"), mamba ? 0 : (uint32_t)p->n_ff)) ||
         (st = gguf_writer_add_u32(w, KEY("attention.head_count"), mamba ? 0 : (uint32_t)p->n_head)) ||
         (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)))
@@ -718,6 +788,19 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
          (st = gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn")) ||
          (st = gguf_writer_add_f32(w, KEY("rope.scaling.factor"), GEN_YARN_FACTOR)) ||
          (st = gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)p->n_ctx))))
+        goto fail;
+    if ((fam == GEN_QWEN3MOE || fam == GEN_GLM4MOE) &&
+        ((st = gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)p->n_expert)) ||
+         (st = gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used)) ||
+         (st = gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp))))
+        goto fail;
+    if (fam == GEN_GLM4MOE &&
+        ((st = gguf_writer_add_u32(w, KEY("leading_dense_block_count"), p->n_layer > 1 ? 1 : 0)) ||
+         (st = gguf_writer_add_u32(w, KEY("nextn_predict_layers"), 1)) ||
+         (st = gguf_writer_add_u32(w, KEY("expert_shared_count"), 1)) ||
+         (st = gguf_writer_add_u32(w, KEY("expert_gating_func"), 2)) ||
+         (st = gguf_writer_add_f32(w, KEY("expert_weights_scale"), GEN_GLM_EXPERT_SCALE)) ||
+         (st = gguf_writer_add_bool(w, KEY("expert_weights_norm"), true))))
         goto fail;
     bool g3 = strcmp(a->name, "gemma3") == 0;
     if (g3 && ((st = gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa)) ||

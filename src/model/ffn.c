@@ -82,7 +82,12 @@ static void route(const model_hp *hp, const model_layer *L, float *lg, int32_t *
         break;
     default:
         tensor_softmax(lg, ne);
-        tensor_topk(lg, ne, k, idx);
+        if (L->exp_probs_b) { /* glm4moe with softmax gating: chosen with the bias */
+            for (int32_t e = 0; e < ne; e++) sel[e] = lg[e] + L->exp_probs_b[e];
+            tensor_topk(sel, ne, k, idx);
+        } else {
+            tensor_topk(lg, ne, k, idx);
+        }
         for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
         break;
     }
@@ -194,8 +199,10 @@ static keel_status ffn_moe(const model_fw *f, const float *h, float *o)
         for (int32_t j = 0; j < m; j++)
             memcpy(xs + (size_t)j * (size_t)E, h + (size_t)(rows[j] / k) * (size_t)E, (size_t)E * sizeof(float));
         model_mat mg = expert(&L->gate_exps, e), mu = expert(&L->up_exps, e), md = expert(&L->down_exps, e);
-        if ((st = model_matmul(f, &mg, xs, m, gs)) != KEEL_OK) return st;
-        if ((st = model_matmul(f, &mu, xs, m, us)) != KEEL_OK) return st;
+        /* gate and up share their input: one pool run when decoding */
+        const model_mat *gu[2] = {&mg, &mu};
+        float *gu_y[2] = {gs, us};
+        if ((st = model_matmul_group(f, gu, gu_y, 2, xs, m)) != KEEL_OK) return st;
         if (L->gate_exps_b) add_bias_rows(gs, L->gate_exps_b + (size_t)e * (size_t)Fe, m, Fe);
         if (L->up_exps_b) add_bias_rows(us, L->up_exps_b + (size_t)e * (size_t)Fe, m, Fe);
         act_apply(hp, gs, us, (int64_t)m * Fe);

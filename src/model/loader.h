@@ -49,6 +49,13 @@ model_mat model_mat_rows(const model_mat *m, int64_t row0, int64_t n_rows);
 /* A RoPE frequency-factor tensor of n_rot / 2 elements, each > 0. */
 keel_status model_get_rope_factors(model_loader *l, const char *name, int32_t n_rot, const float **out);
 
+/* arch_moe.c: qwen3moe and glm4moe. model_moe_hparams reads their keys
+ * (after the common ones); model_moe_bind_layer binds layer i (i <
+ * n_layer, or a NextN layer i < n_layer + n_nextn: bound, shape-checked
+ * and marked used, never run; L may then be scratch). */
+keel_status model_moe_hparams(model_loader *l, model_w *w);
+keel_status model_moe_bind_layer(model_loader *l, const model_hp *hp, int32_t i, model_layer *L);
+
 /*
  * Per-layer binding shorthands: they expect in scope `model_loader *l`,
  * `model_layer *L`, `int32_t i` (the layer), `char name[160]`,

@@ -22,7 +22,8 @@
  * dense lead layers then MoE with a sigmoid router, selection bias and a
  * shared expert), gemma3 (gemma2's block with q/k norm, 5 of 6 layers
  * sliding with their own RoPE base, no soft-caps), phi3 (fused qkv and
- * gate|up bound as row views, partial RoPE, LongRoPE short/long factors).
+ * gate|up bound as row views, partial RoPE, LongRoPE short/long factors),
+ * qwen3moe and glm4moe (arch_moe.c).
  */
 #include "loader.h"
 
@@ -53,11 +54,19 @@ static const arch_desc g_archs[] = {
     {"deepseek32", MODEL_ARCH_DEEPSEEK32, KEEL_ROPE_NORM},
     {"gemma3", MODEL_ARCH_GEMMA3, KEEL_ROPE_NEOX},
     {"phi3", MODEL_ARCH_PHI3, KEEL_ROPE_NEOX},
+    {"qwen3moe", MODEL_ARCH_QWEN3MOE, KEEL_ROPE_NEOX},
+    {"glm4moe", MODEL_ARCH_GLM4MOE, KEEL_ROPE_NEOX},
 };
 
 static bool arch_gemma(model_arch a)
 {
     return a == MODEL_ARCH_GEMMA2 || a == MODEL_ARCH_GEMMA3;
+}
+
+/* bound by arch_moe.c */
+static bool arch_moe(model_arch a)
+{
+    return a == MODEL_ARCH_QWEN3MOE || a == MODEL_ARCH_GLM4MOE;
 }
 
 static bool arch_gdn(model_arch a)
@@ -95,12 +104,17 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
             w->hp.rope_long.freq_factors = flong;
         }
     }
-    for (int32_t i = 0; i < hp->n_layer; i++) {
-        model_layer *L = l->counting ? NULL : &w->layers[i];
+    /* NextN (MTP) layers after the run ones: bound, never run */
+    for (int32_t i = 0; i < hp->n_layer + hp->n_nextn; i++) {
+        model_layer *L = l->counting || i >= hp->n_layer ? NULL : &w->layers[i];
         model_layer tmp;
         if (!L) L = &tmp;
         memset(L, 0, sizeof *L);
         model_arch a = hp->arch;
+        if (arch_moe(a)) {
+            if ((st = model_moe_bind_layer(l, hp, i, L)) != KEEL_OK) return st;
+            continue;
+        }
         bool gdn = arch_gdn(a);
         L->mixer = a == MODEL_ARCH_MAMBA2 ? MODEL_MIXER_MAMBA2
                    : a == MODEL_ARCH_DEEPSEEK32 ? MODEL_MIXER_MLA
@@ -394,6 +408,7 @@ static keel_status read_arch_hparams(model_loader *l, model_w *w)
         hp->attn_scale = 1.0f / sqrtf((float)hp->rope.n_rot);
     }
     if (a == MODEL_ARCH_DEEPSEEK32) return read_mla_hparams(l, w);
+    if (arch_moe(a)) return model_moe_hparams(l, w);
     return KEEL_OK;
 }
 
@@ -411,7 +426,8 @@ static keel_status read_hparams(model_loader *l, model_w *w)
     if (!ad)
         return base_err(l->err, KEEL_EUNSUPPORTED,
                         "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-                        "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3)",
+                        "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, "
+                        "qwen3moe, glm4moe)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
@@ -581,6 +597,7 @@ static void warn_unused(const model_loader *l, const model_w *w)
 {
     const gguf *g = l->g;
     int64_t n_unused = 0, blk_lo = INT64_MAX, blk_hi = -1;
+    int32_t n_blk = w->hp.n_layer + w->hp.n_nextn; /* block_count */
     char names[640];
     size_t k = 0;
     int64_t listed = 0;
@@ -590,7 +607,7 @@ static void warn_unused(const model_loader *l, const model_w *w)
         const gguf_tensor *t = gguf_tensor_at(g, i);
         n_unused++;
         int64_t b = block_of(t->name);
-        if (b >= w->hp.n_layer) {
+        if (b >= n_blk) {
             blk_lo = BASE_MIN(blk_lo, b);
             blk_hi = BASE_MAX(blk_hi, b);
         }
@@ -606,7 +623,7 @@ static void warn_unused(const model_loader *l, const model_w *w)
     if (blk_hi >= 0)
         snprintf(blocks, sizeof blocks,
                  " (%s.block_count is %d, but the file has layers blk.%lld..blk.%lld)", l->arch,
-                 w->hp.n_layer, (long long)blk_lo, (long long)blk_hi);
+                 n_blk, (long long)blk_lo, (long long)blk_hi);
     base_log(KEEL_LOG_WARN, "%lld of %lld tensors are not used by the %s model and are ignored%s: %s%s",
              (long long)n_unused, (long long)gguf_n_tensors(g), l->arch, blocks, names, more);
 }

@@ -30,6 +30,9 @@ typedef enum model_arch {
     MODEL_ARCH_GEMMA3 = 9,    /* gemma2's block, 5 of 6 layers sliding with their own RoPE
                                  base, q/k norm, no soft-caps */
     MODEL_ARCH_PHI3 = 10,     /* fused qkv and gate|up, partial NEOX, LongRoPE factors */
+    MODEL_ARCH_QWEN3MOE = 11, /* qwen3 attention, MoE every layer (softmax, top-k renormalized) */
+    MODEL_ARCH_GLM4MOE = 12,  /* dense lead layers then sigmoid MoE + shared expert, partial
+                                 RoPE, q/k/v biases; NextN (MTP) layers bound, never run */
 } model_arch;
 
 /* What mixes tokens in a layer (one file per kind: layer_attn.c,
@@ -55,9 +58,10 @@ typedef enum model_act {
 
 /* How a router turns its logits into expert choices and weights. */
 typedef enum model_router {
-    /* probabilities = softmax over all experts; the k largest chosen; their
-     * probabilities (renormalized to sum 1 when router_norm) weight them
-     * (qwen3next, qwen3moe, mixtral) */
+    /* probabilities = softmax over all experts; the k largest chosen (by
+     * probability + exp_probs_b when the layer has one: glm4moe with
+     * softmax gating); their probabilities (renormalized to sum 1 when
+     * router_norm) weight them (qwen3next, qwen3moe, mixtral) */
     MODEL_ROUTER_SOFTMAX = 0,
     /* the k largest logits chosen; softmax over the chosen logits weights
      * them (gpt-oss) */
@@ -170,6 +174,8 @@ typedef struct model_hp {
     int32_t idx_heads, idx_dim, idx_top_k; /* indexer query heads, key dims, cells kept */
     float idx_norm_eps;       /* the indexer key's LayerNorm */
     int32_t n_dense_lead;     /* leading layers with a dense FFN (then MoE) */
+    int32_t n_nextn;          /* glm4moe: NextN (MTP) layers after the n_layer run ones
+                                 (block_count = n_layer + n_nextn); bound, never run */
 } model_hp;
 
 /* Derived shapes of the recurrent mixers. */
