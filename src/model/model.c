@@ -22,7 +22,9 @@
  * dense lead layers then MoE with a sigmoid router, selection bias and a
  * shared expert), gemma3 (gemma2's block with q/k norm, 5 of 6 layers
  * sliding with their own RoPE base, no soft-caps), phi3 (fused qkv and
- * gate|up bound as row views, partial RoPE, LongRoPE short/long factors).
+ * gate|up bound as row views, partial RoPE, LongRoPE short/long factors),
+ * nemotron_h (per layer Mamba2, attention without RoPE or a ReLU^2 MLP:
+ * arch_nemotron_h.c).
  */
 #include "loader.h"
 
@@ -53,6 +55,7 @@ static const arch_desc g_archs[] = {
     {"deepseek32", MODEL_ARCH_DEEPSEEK32, KEEL_ROPE_NORM},
     {"gemma3", MODEL_ARCH_GEMMA3, KEEL_ROPE_NEOX},
     {"phi3", MODEL_ARCH_PHI3, KEEL_ROPE_NEOX},
+    {"nemotron_h", MODEL_ARCH_NEMOTRON_H, KEEL_ROPE_NONE}, /* attention without RoPE */
 };
 
 static bool arch_gemma(model_arch a)
@@ -101,6 +104,10 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
         if (!L) L = &tmp;
         memset(L, 0, sizeof *L);
         model_arch a = hp->arch;
+        if (a == MODEL_ARCH_NEMOTRON_H) {
+            if ((st = arch_nemotron_h_layer(l, hp, i, L)) != KEEL_OK) return st;
+            continue;
+        }
         bool gdn = arch_gdn(a);
         L->mixer = a == MODEL_ARCH_MAMBA2 ? MODEL_MIXER_MAMBA2
                    : a == MODEL_ARCH_DEEPSEEK32 ? MODEL_MIXER_MLA
@@ -328,7 +335,7 @@ static keel_status read_arch_hparams(model_loader *l, model_w *w)
     hp->oai_alpha = 1.702f; /* llama.cpp's constants for gpt-oss */
     hp->oai_limit = 7.0f;
     hp->expert_scale = 1.0f;
-    if (arch_gdn(a) || a == MODEL_ARCH_MAMBA2) {
+    if (arch_gdn(a) || a == MODEL_ARCH_MAMBA2 || a == MODEL_ARCH_NEMOTRON_H) {
         if ((st = model_key_int(l, "ssm.conv_kernel", true, 0, 1, 64, &hp->ssm_conv_kernel)) ||
             (st = model_key_int(l, "ssm.inner_size", true, 0, 1, 1 << 20, &hp->ssm_d_inner)) ||
             (st = model_key_int(l, "ssm.state_size", true, 0, 1, 4096, &hp->ssm_d_state)) ||
@@ -394,6 +401,7 @@ static keel_status read_arch_hparams(model_loader *l, model_w *w)
         hp->attn_scale = 1.0f / sqrtf((float)hp->rope.n_rot);
     }
     if (a == MODEL_ARCH_DEEPSEEK32) return read_mla_hparams(l, w);
+    if (a == MODEL_ARCH_NEMOTRON_H) return arch_nemotron_h_hparams(l, hp);
     return KEEL_OK;
 }
 
@@ -411,7 +419,7 @@ static keel_status read_hparams(model_loader *l, model_w *w)
     if (!ad)
         return base_err(l->err, KEEL_EUNSUPPORTED,
                         "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-                        "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3)",
+                        "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, nemotron_h)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
@@ -420,19 +428,24 @@ static keel_status read_hparams(model_loader *l, model_w *w)
     bool mamba = hp->arch == MODEL_ARCH_MAMBA2; /* no attention, no FFN */
     if ((st = model_key_int(l, "embedding_length", true, 0, 1, 1 << 17, &hp->n_embd)) != KEEL_OK) return st;
     if ((st = model_key_int(l, "block_count", true, 0, 1, 4096, &hp->n_layer)) != KEEL_OK) return st;
-    if ((st = model_key_int(l, "feed_forward_length", !mamba, 0, mamba ? 0 : 1, 1 << 20, &hp->n_ff)) != KEEL_OK)
-        return st;
-    if ((st = model_key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
-                      &hp->n_head)) != KEEL_OK)
-        return st;
-    if ((st = model_key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
-                      &hp->n_head_kv)) != KEEL_OK)
-        return st;
-    if (!mamba && hp->n_head % hp->n_head_kv)
-        return base_err(l->err, KEEL_EFORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d",
-                        l->arch, hp->n_head, hp->n_head_kv);
+    l->n_layer = hp->n_layer;
+    if (hp->arch == MODEL_ARCH_NEMOTRON_H) { /* per-layer arrays */
+        if ((st = arch_nemotron_h_counts(l, hp)) != KEEL_OK) return st;
+    } else {
+        if ((st = model_key_int(l, "feed_forward_length", !mamba, 0, mamba ? 0 : 1, 1 << 20, &hp->n_ff)) != KEEL_OK)
+            return st;
+        if ((st = model_key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
+                                &hp->n_head)) != KEEL_OK)
+            return st;
+        if ((st = model_key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
+                                &hp->n_head_kv)) != KEEL_OK)
+            return st;
+        if (!mamba && hp->n_head % hp->n_head_kv)
+            return base_err(l->err, KEEL_EFORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d",
+                            l->arch, hp->n_head, hp->n_head_kv);
+    }
     if ((st = model_key_int(l, "context_length", false, 4096, 1, BIG, &hp->n_ctx_train)) != KEEL_OK) return st;
-    int32_t hd_def = mamba ? 1 : hp->n_embd / hp->n_head;
+    int32_t hd_def = mamba || hp->n_head == 0 ? 1 : hp->n_embd / hp->n_head;
     if (hd_def < 1) hd_def = 1;
     if ((st = model_key_int(l, "attention.key_length", false, hd_def, 1, 8192, &hp->hd_k)) != KEEL_OK) return st;
     if ((st = model_key_int(l, "attention.value_length", false, hd_def, 1, 8192, &hp->hd_v)) != KEEL_OK) return st;
@@ -614,7 +627,7 @@ static void warn_unused(const model_loader *l, const model_w *w)
 keel_status model_load(const gguf *g, model_w *w, char *err)
 {
     memset(w, 0, sizeof *w);
-    model_loader l = {g, NULL, err, NULL, 0, 0, true, NULL};
+    model_loader l = {g, NULL, err, NULL, 0, 0, true, NULL, 0};
     keel_status st = read_hparams(&l, w);
     if (st != KEEL_OK) return st;
     /* pass 1: shapes, dtypes, and how many f32 floats the vectors need */
@@ -696,6 +709,10 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         keel_mem_layer *L = &layers[i];
         *L = keel_mem_layer_default();
         const model_layer *ML = &w->layers[i];
+        if (ML->mixer == MODEL_MIXER_NONE) { /* an FFN-only block: no KV, no state */
+            L->kind = KEEL_MEM_LAYER_NONE;
+            continue;
+        }
         if (ML->mixer != MODEL_MIXER_ATTN && ML->mixer != MODEL_MIXER_MLA) {
             /* the state shapes of layer_gdn.c / layer_mamba2.c */
             L->kind = KEEL_MEM_LAYER_RECURRENT;
