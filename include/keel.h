@@ -887,7 +887,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3" */
+                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3", "nemotron_h" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -904,6 +904,8 @@ typedef struct keel_gen_params {
     int32_t n_expert_used; /* experts per token (2) */
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
     int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */
+    const char *layer_pattern; /* nemotron_h: one letter per layer, repeated to n_layer:
+                                  M Mamba2, * attention, - MLP (NULL: "M*-") */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
@@ -926,7 +928,11 @@ keel_gen_params keel_gen_params_default(void);
  * layers and 10000 on the sliding ones; phi3 has fused attn_qkv and
  * ffn_up (gate | up), rotary dims 3/4 of head_dim (head_dim >= 4),
  * LongRoPE short / long factors (original context n_ctx) and attention
- * factor 1.19. */
+ * factor 1.19; nemotron_h has per layer (layer_pattern) Mamba2 (mamba2's
+ * shapes), attention without RoPE (n_head / n_head_kv of head_dim) or a
+ * ReLU^2 MLP of n_ff without a gate, each after its one attn_norm, the
+ * kinds written as the per-layer arrays feed_forward_length and
+ * attention.head_count_kv. */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:
