@@ -888,7 +888,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
                             "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                            "qwen3moe", "glm4moe" */
+                            "qwen3moe", "glm4moe", "nemotron_h" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -906,6 +906,8 @@ typedef struct keel_gen_params {
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
     int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */
     int32_t n_ff_exp;      /* qwen3moe, glm4moe: FFN width of each expert (0: n_ff) */
+    const char *layer_pattern; /* nemotron_h: one letter per layer, repeated to n_layer:
+                                  M Mamba2, * attention, - MLP (NULL: "M*-") */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
@@ -934,7 +936,11 @@ keel_gen_params keel_gen_params_default(void);
  * rotary dims head_dim / 2, layer 0 dense (n_ff; when n_layer > 1), then
  * MoE with a sigmoid router, a selection bias, weights normalized and
  * scaled by 2.5 and one shared expert of n_ff_exp, and one NextN (MTP)
- * layer after the n_layer run ones (block_count n_layer + 1). */
+ * layer after the n_layer run ones (block_count n_layer + 1); nemotron_h has per layer (layer_pattern) Mamba2 (mamba2's
+ * shapes), attention without RoPE (n_head / n_head_kv of head_dim) or a
+ * ReLU^2 MLP of n_ff without a gate, each after its one attn_norm, the
+ * kinds written as the per-layer arrays feed_forward_length and
+ * attention.head_count_kv. */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:

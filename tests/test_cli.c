@@ -601,14 +601,14 @@ static void test_run_hybrid_fixtures(void **state)
 {
     (void)state;
     const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                            "qwen3moe", "glm4moe"};
-    const int exact[] = {64, 64, 64, 20, 64, 64, 64, 64, 64}; /* gpt-oss: docs/models.md, step 20 */
-    const double tol[] = {1e-3, 1e-3, 1e-4, 4e-3, 2e-3, 1.2e-2, 1.5e-3, 1.2e-3, 1.5e-3}; /* as test_model.c */
+                            "qwen3moe", "glm4moe", "nemotronh"};
+    const int exact[] = {64, 64, 64, 20, 64, 64, 64, 64, 64, 64}; /* gpt-oss: docs/models.md, step 20 */
+    const double tol[] = {1e-3, 1e-3, 1e-4, 4e-3, 2e-3, 1.2e-2, 1.5e-3, 1.2e-3, 1.5e-3, 5e-4}; /* as test_model.c */
     char cmd[16384], ids[4096], rel[128], m[1024];
     char idsout[] = "/tmp/keel_test_hids_XXXXXX", lgout[] = "/tmp/keel_test_hlg_XXXXXX";
     int fd1 = mkstemp(idsout), fd2 = mkstemp(lgout);
     assert_true(fd1 >= 0 && fd2 >= 0);
-    for (int k = 0; k < 9; k++) {
+    for (int k = 0; k < (int)(sizeof models / sizeof models[0]); k++) {
         snprintf(rel, sizeof rel, "models/%s.gguf", models[k]);
         const char *mdl = test_fixture(rel);
         if (!mdl) break;
@@ -658,12 +658,12 @@ static void test_run_hybrid_fixtures(void **state)
     assert_int_equal(run_err(cmd, err, sizeof err), 2);
     /* gen-model writes the new architectures and run reads them */
     const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                           "qwen3moe", "glm4moe"};
-    for (int k = 0; k < 9; k++) {
+                           "qwen3moe", "glm4moe", "nemotron_h"};
+    for (int k = 0; k < (int)(sizeof archs / sizeof archs[0]); k++) {
         char path[64] = "/tmp/keel_cli_hyb_XXXXXX";
         assert_int_equal(make_temp(path), 0);
-        snprintf(cmd, sizeof cmd, "%s gen-model --arch %s --layers 4 --embd 64 --vocab 320 --out %s",
-                 bin(), archs[k], path);
+        snprintf(cmd, sizeof cmd, "%s gen-model --arch %s --layers 4 --embd 64 --vocab 320 --out %s%s",
+                 bin(), archs[k], path, strcmp(archs[k], "nemotron_h") == 0 ? " --layer-pattern '-M*M'" : "");
         assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
         assert_non_null(strstr(g_out, archs[k]));
         snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Once upon a time' -n 8 --temp 0 --checkpoint-every 2",
@@ -673,7 +673,7 @@ static void test_run_hybrid_fixtures(void **state)
         assert_int_equal(run_err(cmd, err, sizeof err), 0);
         if (strstr(err, "warning")) fail_msg("%s: %s", archs[k], err);
         /* inspect names each architecture's own shapes */
-        static const char *const want[9][2] = {{"recurrent    3 of 4 layers", NULL},
+        static const char *const want[][2] = {{"recurrent    3 of 4 layers", NULL},
                                                {"recurrent    3 of 4 layers", "experts "},
                                                {"recurrent    4 of 4 layers", NULL},
                                                {"sliding ", "experts "},
@@ -683,7 +683,8 @@ static void test_run_hybrid_fixtures(void **state)
                                                {"experts      4, 2 used per token (ff 192, shared expert ff 0)",
                                                 "n_rot 16"},
                                                /* 4 run layers of block_count 5 */
-                                               {"shared expert ff 192", "n_layer      4"}};
+                                               {"shared expert ff 192", "n_layer      4"},
+                                               {"recurrent    2 of 4 layers", "rope         none, n_rot 0"}};
         snprintf(cmd, sizeof cmd, "%s inspect -m %s", bin(), path);
         assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
         for (int w = 0; w < 2; w++)

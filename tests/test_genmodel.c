@@ -645,6 +645,10 @@ static void test_bad_params(void **state)
     BAD(p.dtype = (keel_dtype)99, KEEL_EINVAL, "dtype");
     BAD(p.dtype = KEEL_DTYPE_Q8_1, KEEL_EUNSUPPORTED, "dtype");
     BAD(p.dtype = KEEL_DTYPE_I32, KEEL_EUNSUPPORTED, "dtype");
+    BAD((p.arch = "nemotron_h", p.layer_pattern = "M*E"), KEEL_EINVAL, "layer_pattern 'M*E'");
+    BAD((p.arch = "nemotron_h", p.layer_pattern = ""), KEEL_EINVAL, "layer_pattern");
+    BAD((p.arch = "nemotron_h", p.n_head = 6, p.n_head_kv = 2, p.head_dim = 16), KEEL_EINVAL,
+        "nemotron_h: n_head = 6 (heads) must divide 2 * n_embd");
     BAD((p.n_layer = 1024, p.n_embd = 65536, p.n_head = 256, p.n_head_kv = 256, p.n_ff = 1 << 20),
         KEEL_EINVAL, "too large");
 #undef BAD

@@ -17,7 +17,9 @@
  *   - the plan counts the states and checkpoints exactly; bad parameters;
  *   - issue 26: a fork continued on both sides in one batch (one new state
  *     slot, not two), also across a periodic-checkpoint cut, equals the
- *     same tokens fed one sequence at a time.
+ *     same tokens fed one sequence at a time;
+ *   - issue 23: nemotron_h's fixture rewound to a checkpoint answers as a
+ *     fresh prefill, and its session continues bit-identically elsewhere.
  */
 #include "testutil.h"
 
@@ -89,13 +91,13 @@ static double rel_diff(const float *a, const float *b, size_t n)
 static void test_selforacle_hybrids(void **state)
 {
     (void)state;
-    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss"};
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "nemotron_h"};
     int32_t toks[N_TOK], toks2[N_TOK];
     for (int i = 0; i < N_TOK; i++) {
         toks[i] = 3 + (i * 131) % 290;
         toks2[i] = 5 + (i * 71) % 280;
     }
-    for (size_t a = 0; a < 4; a++) {
+    for (size_t a = 0; a < 5; a++) {
         keel_model *m = gen_model(archs[a], 4, 128, 4, 2, 32, 7);
         keel_model_info mi;
         keel_model_info_get(m, &mi);
@@ -155,11 +157,11 @@ static void test_selforacle_hybrids(void **state)
 static void test_checkpoint_restore_equals_recompute(void **state)
 {
     (void)state;
-    const char *archs[] = {"qwen35", "qwen3next", "mamba2"};
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "nemotron_h"};
     int32_t a_[N_TOK], b_[N_TOK];
     for (int i = 0; i < N_TOK; i++) a_[i] = b_[i] = 3 + (i * 37) % 290;
     for (int i = 21; i < N_TOK; i++) b_[i] = 7 + (i * 53) % 250;
-    for (size_t a = 0; a < 3; a++) {
+    for (size_t a = 0; a < 4; a++) {
         keel_model *m = gen_model(archs[a], 4, 128, 4, 2, 32, 11);
         keel_model_info mi;
         keel_model_info_get(m, &mi);
@@ -559,6 +561,137 @@ static void test_fork_checkpoint_cut(void **state)
     keel_model_close(m);
 }
 
+/* Issue 23: nemotron_h's fixture (Mamba2 layers 0 and 2, attention without
+ * RoPE at 3, ReLU^2 MLPs at 1 and 4) in a conversation: a rewind to a
+ * checkpoint followed by the rest of the prompt answers as a fresh prefill
+ * (the same ubatch cuts and, with n_ctx 200, the same cells: bitwise;
+ * in other cells within float rounding), both continue with llama.cpp's
+ * 64 greedy tokens, and so does the rewound conversation's session loaded
+ * into another context. */
+#define NH_PROMPT 200
+#define NH_GREEDY 64
+
+/* Feeds toks[from, n) in batches of 64 cut at multiples of 64; the last logit row. */
+static const float *nh_feed(keel_context *c, const int32_t *toks, int32_t from, int32_t n)
+{
+    int32_t i = from;
+    while (i < n) {
+        int32_t k = MIN_((i / 64 + 1) * 64, n) - i;
+        keel_batch b = {k, toks + i, NULL, NULL, NULL};
+        keel_status st = keel_decode(c, &b);
+        if (st != KEEL_OK) fail_msg("decode: %s", keel_context_last_error(c));
+        i += k;
+    }
+    return keel_logits(c, (n - 1) % 64);
+}
+
+static void nh_greedy(keel_context *c, const float *l, int32_t n_vocab, int32_t *out)
+{
+    for (int t = 0; t < NH_GREEDY; t++) {
+        int32_t best = 0;
+        for (int32_t v = 1; v < n_vocab; v++)
+            if (l[v] > l[best]) best = v;
+        out[t] = best;
+        keel_batch g = {1, &out[t], NULL, NULL, NULL};
+        assert_ok(keel_decode(c, &g));
+        l = keel_logits(c, 0);
+    }
+}
+
+static void test_nemotron_h_fixture_conversation(void **state)
+{
+    (void)state;
+    const char *mp_path = test_fixture("models/nemotronh.gguf");
+    if (!mp_path) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s", mp_path);
+    size_t n = 0;
+    int32_t *prompt = test_read_file(test_fixture("ref/nemotronh.prompt.i32"), &n);
+    assert_int_equal(n, NH_PROMPT * sizeof(int32_t));
+    int32_t *gref = test_read_file(test_fixture("ref/nemotronh.greedy.i32"), &n);
+    assert_int_equal(n, NH_GREEDY * sizeof(int32_t));
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    keel_model *m = NULL;
+    char err[256] = "";
+    assert_ok(keel_model_open(&mp, &m, err));
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    assert_int_equal(mi.n_recurrent_layers, 2);
+    size_t V = (size_t)mi.n_vocab;
+    /* a conversation that went elsewhere after 150 tokens, rewound */
+    int32_t other[NH_PROMPT];
+    memcpy(other, prompt, sizeof other);
+    for (int i = 150; i < NH_PROMPT; i++) other[i] = 3 + (i * 37) % 500;
+    float *lr = malloc(V * sizeof(float)), *lfr = malloc(V * sizeof(float));
+    keel_context *a = NULL, *f = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: n_ctx 200, so the rewound tokens land in the cells they
+         * had and attention sums in the fresh prefill's order: bitwise;
+         * pass 1: room for the answer, the rewound tokens in other cells
+         * (float rounding of the one attention layer's sums) */
+        int32_t n_ctx = pass == 0 ? NH_PROMPT : 512;
+        keel_context_close(a);
+        keel_context_close(f);
+        a = ctx(m, n_ctx, 64, 1, KEEL_DTYPE_F16, 32);
+        f = ctx(m, n_ctx, 64, 1, KEEL_DTYPE_F16, 32);
+        nh_feed(a, other, 0, NH_PROMPT);
+        int32_t resume = -1;
+        assert_ok(keel_context_rewind(a, 0, 150, &resume));
+        assert_int_equal(resume, 128); /* the newest checkpoint at or before 150 */
+        memcpy(lr, nh_feed(a, prompt, resume, NH_PROMPT), V * sizeof(float));
+        memcpy(lfr, nh_feed(f, prompt, 0, NH_PROMPT), V * sizeof(float));
+        assert_ok(keel_mem_check(keel_context_memory(a)));
+        double e = rel_diff(lr, lfr, V);
+        printf("nemotronh n_ctx %d: rewound to %d (checkpoint) vs fresh prefill: max |dlogit| / max|logit| %.2e\n",
+               n_ctx, resume, e);
+        if (pass == 0) assert_memory_equal(lr, lfr, V * sizeof(float));
+        assert_true(e <= 1e-6);
+    }
+    /* the session of the rewound conversation, loaded elsewhere */
+    char sess[64];
+    assert_true(test_temp_file(sess, sizeof sess, "nh_sess"));
+    assert_ok(keel_session_save(a, 0, prompt, NH_PROMPT, 0, sess));
+    keel_context *s = ctx(m, 512, 64, 1, KEEL_DTYPE_F16, 32);
+    int32_t back[NH_PROMPT], nt = 0;
+    assert_ok(keel_session_load(s, 0, sess, 0, back, NH_PROMPT, &nt, NULL));
+    unlink(sess);
+    assert_int_equal(nt, NH_PROMPT);
+    assert_memory_equal(back, prompt, sizeof back);
+    int32_t ga[NH_GREEDY], gf[NH_GREEDY], gs[NH_GREEDY];
+    nh_greedy(a, lr, mi.n_vocab, ga);
+    nh_greedy(f, lfr, mi.n_vocab, gf);
+    /* the loaded session has no logits: it continues from the rewound
+     * conversation's first answer token */
+    float *last = lr;
+    gs[0] = ga[0];
+    keel_batch g0 = {1, &gs[0], NULL, NULL, NULL};
+    assert_ok(keel_decode(s, &g0));
+    memcpy(last, keel_logits(s, 0), V * sizeof(float));
+    for (int t = 1; t < NH_GREEDY; t++) {
+        int32_t best = 0;
+        for (size_t v = 1; v < V; v++)
+            if (last[v] > last[best]) best = (int32_t)v;
+        gs[t] = best;
+        keel_batch g = {1, &gs[t], NULL, NULL, NULL};
+        assert_ok(keel_decode(s, &g));
+        memcpy(last, keel_logits(s, 0), V * sizeof(float));
+    }
+    assert_memory_equal(ga, gref, sizeof ga);
+    assert_memory_equal(gf, gref, sizeof gf);
+    assert_memory_equal(gs, gref, sizeof gs);
+    assert_ok(keel_mem_check(keel_context_memory(s)));
+    printf("nemotronh: llama.cpp's 64 greedy tokens after the rewind, fresh, and from the loaded session\n");
+    free(lfr);
+    free(lr);
+    free(prompt);
+    free(gref);
+    keel_context_close(a);
+    keel_context_close(f);
+    keel_context_close(s);
+    keel_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -570,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_agent_pattern),
         cmocka_unit_test(test_fork_one_batch),
         cmocka_unit_test(test_fork_checkpoint_cut),
+        cmocka_unit_test(test_nemotron_h_fixture_conversation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

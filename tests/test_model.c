@@ -75,6 +75,10 @@ static const fixture_case g_cases[] = {
     /* glm4moe: FA off vs ref 1.05e-3, f32 KV + FA off 1.10e-3; the MTP
      * block (blk.3) is not run (zeroing it changes nothing in llama.cpp) */
     {"glm4moe", 1.5e-3, 0, 0},
+    /* nemotron_h: llama.cpp's FA off vs ref 3.21e-4, f32 KV + FA off
+     * 3.27e-4 (one attention layer of five; logit std 1.0); keel 3.2e-5.
+     * The bound is 1.5x llama.cpp's own FA-off spread */
+    {"nemotronh", 5e-4, 0, 0},
 };
 
 static float *read_f32(const char *rel, size_t want)
@@ -221,9 +225,9 @@ static void test_fixture_teacher_forced(void **state)
 {
     (void)state;
     const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                            "qwen3moe", "glm4moe"};
-    const int skip[] = {-1, -1, -1, 20, -1, -1, -1, -1, -1};
-    for (int mi = 0; mi < 9; mi++) {
+                            "qwen3moe", "glm4moe", "nemotronh"};
+    const int skip[] = {-1, -1, -1, 20, -1, -1, -1, -1, -1, -1};
+    for (int mi = 0; mi < 10; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
@@ -269,13 +273,15 @@ static void test_fixture_teacher_forced(void **state)
  * path does): gemma3 3.18e-3 (keel 1.3e-3), phi3 1.61e-4 (keel 3.2e-5),
  * qwen3moe 1.41e-4, glm4moe 1.77e-4 (a decode step routes each token
  * alone, the batch routes 100 at once: the experts' products must not
- * depend on how many tokens chose them); no row's argmax may change. */
+ * depend on how many tokens chose them), nemotronh 3.52e-5 (keel 3.1e-5;
+ * its Mamba2 states are carried from the 100-token batch into the
+ * one-token steps); no row's argmax may change. */
 static void test_fixture_incremental(void **state)
 {
     (void)state;
-    const char *models[] = {"gemma3", "phi3", "qwen3moe", "glm4moe"};
-    const double tol[] = {3.2e-3, 1.7e-4, 1.5e-4, 1.8e-4};
-    for (int mi = 0; mi < 4; mi++) {
+    const char *models[] = {"gemma3", "phi3", "qwen3moe", "glm4moe", "nemotronh"};
+    const double tol[] = {3.2e-3, 1.7e-4, 1.5e-4, 1.8e-4, 3.6e-5};
+    for (int mi = 0; mi < 5; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
@@ -321,8 +327,10 @@ static void test_fixture_incremental(void **state)
 static void test_fixture_shift_per_layer_rope(void **state)
 {
     (void)state;
-    const char *models[] = {"gemma3", "phi3"};
-    for (int mi = 0; mi < 2; mi++) {
+    /* nemotronh: attention without RoPE and Mamba2 states, which hold no
+     * positions: a shift must change no bit */
+    const char *models[] = {"gemma3", "phi3", "nemotronh"};
+    for (int mi = 0; mi < 3; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
@@ -354,6 +362,7 @@ static void test_fixture_shift_per_layer_rope(void **state)
         for (int j = 0; j < N_VOCAB; j++) mx = fmax(mx, fabs((double)out[0][j] - (double)out[1][j]));
         printf("%-8s shifted by +50 vs decoded there: max |dlogit| %.3e\n", models[mi], mx);
         assert_true(mx <= 1e-2);
+        if (mi == 2) assert_true(mx == 0.0);
         assert_int_equal(argmax(out[0], N_VOCAB), argmax(out[1], N_VOCAB));
         free(prompt);
         keel_model_close(m);
@@ -722,6 +731,82 @@ static void test_new_arch_validation(void **state)
         rewrite(cases[i].base, bad, &cases[i].e);
         expect_refused(bad, cases[i].st, cases[i].msg);
     }
+}
+
+/* A GGUF array payload (element type, count, elements) of n int32. */
+static size_t arr_i32(uint8_t *buf, const int32_t *v, uint64_t n)
+{
+    uint32_t t = GGUF_TYPE_INT32;
+    memcpy(buf, &t, 4);
+    memcpy(buf + 4, &n, 8);
+    memcpy(buf + 12, v, (size_t)n * 4);
+    return 12 + (size_t)n * 4;
+}
+
+/* Issue 23: nemotron_h's layer kinds come from the per-layer arrays
+ * feed_forward_length and attention.head_count_kv; each element and each
+ * array is checked at load, and the kinds decide which tensors must be
+ * there (the fixture rewritten with one defect each). */
+static void test_nemotron_h_validation(void **state)
+{
+    (void)state;
+    const char *src = test_fixture("models/nemotronh.gguf");
+    if (!src) return;
+    char nh[512];
+    snprintf(nh, sizeof nh, "%s", src);
+    const char *bad = tmp_path("bad.gguf");
+    static uint8_t short_kv[64], neg_ff[64], kv3[64], two_attn[64], mlp_as_attn[64], fl_kv[64];
+    static const int32_t v_short[] = {0, 0, 0, 2}, v_neg[] = {0, 256, 0, 0, -1}, v_kv3[] = {0, 0, 0, 3, 0};
+    static const int32_t v_two[] = {0, 0, 1, 2, 0}, v_mlp[] = {0, 0, 0, 0, 256};
+    size_t n_short = arr_i32(short_kv, v_short, 4), n_neg = arr_i32(neg_ff, v_neg, 5);
+    size_t n_kv3 = arr_i32(kv3, v_kv3, 5), n_two = arr_i32(two_attn, v_two, 5);
+    size_t n_mlp = arr_i32(mlp_as_attn, v_mlp, 5);
+    size_t n_fl = arr_i32(fl_kv, v_kv3, 5);
+    uint32_t ft = GGUF_TYPE_FLOAT32;
+    memcpy(fl_kv, &ft, 4); /* the same bytes read as f32 elements */
+    static const float zero = 0.0f;
+    static const uint32_t one = 1;
+    const struct {
+        edit e;
+        keel_status st;
+        const char *msg;
+    } cases[] = {
+        {{.key = "nemotron_h.attention.head_count_kv", .type = GGUF_TYPE_ARRAY, .payload = short_kv, .nbytes = n_short},
+         KEEL_EFORMAT,
+         "key nemotron_h.attention.head_count_kv: array of 4 elements, expected one per layer "
+         "(nemotron_h.block_count 5)"},
+        {{.key = "nemotron_h.feed_forward_length", .type = GGUF_TYPE_ARRAY, .payload = neg_ff, .nbytes = n_neg},
+         KEEL_EFORMAT, "key nemotron_h.feed_forward_length[4] = -1 out of range [0, 1048576]"},
+        {{.key = "nemotron_h.attention.head_count_kv", .type = GGUF_TYPE_ARRAY, .payload = fl_kv, .nbytes = n_fl},
+         KEEL_EFORMAT, "key nemotron_h.attention.head_count_kv: array of f32, expected integers"},
+        {{.key = "nemotron_h.attention.head_count_kv", .type = GGUF_TYPE_ARRAY, .payload = kv3, .nbytes = n_kv3},
+         KEEL_EFORMAT, "nemotron_h: attention layer 3 has head_count 4, not a positive multiple of head_count_kv 3"},
+        {{.key = "nemotron_h.attention.head_count_kv", .type = GGUF_TYPE_ARRAY, .payload = two_attn, .nbytes = n_two},
+         KEEL_EUNSUPPORTED, "nemotron_h: attention layers 2 (4 heads, 1 kv heads) and 3 (4, 2) differ"},
+        /* layer 1 (no FFN, no kv heads) becomes a Mamba2 layer: its tensors are missing */
+        {{.key = "nemotron_h.feed_forward_length", .type = GGUF_TYPE_ARRAY, .payload = mlp_as_attn, .nbytes = n_mlp},
+         KEEL_ENOENT, "missing tensor blk.1.ssm_in.weight"},
+        {{.key = "nemotron_h.attention.layer_norm_epsilon", .type = GGUF_TYPE_FLOAT32, .payload = &zero, .nbytes = 4},
+         KEEL_EFORMAT, "key nemotron_h.attention.layer_norm_epsilon = 0: outside (0, 1]"},
+        {{.key = "nemotron_h.expert_count", .type = GGUF_TYPE_UINT32, .payload = &one, .nbytes = 4},
+         KEEL_EUNSUPPORTED, "nemotron_h: nextn_predict_layers 0, expert_count 1: MTP blocks and experts"},
+        {{.key = "nemotron_h.ssm.group_count", .type = GGUF_TYPE_UINT32, .payload = &(uint32_t){3}, .nbytes = 4},
+         KEEL_EFORMAT, "nemotron_h.ssm: inner_size 256, time_step_rank 8 and group_count 3"},
+        {{.tensor = "blk.2.ssm_norm.weight", .elem = 200, .value = NAN},
+         KEEL_EFORMAT, "tensor blk.2.ssm_norm.weight: element 200 is NaN"},
+        {{.tensor = "blk.4.ffn_up.bias", .copy_of = "blk.4.attn_norm.weight"},
+         KEEL_EFORMAT, "tensor blk.4.ffn_up.bias: 128 elements (ne0 128), expected 256"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        rewrite(nh, bad, &cases[i].e);
+        expect_refused(bad, cases[i].st, cases[i].msg);
+    }
+    /* a scalar applies to every layer: head_count_kv 0 turns the attention
+     * layer 3 into a Mamba2 one */
+    static const uint32_t zero_u = 0;
+    edit e = {.key = "nemotron_h.attention.head_count_kv", .type = GGUF_TYPE_UINT32, .payload = &zero_u, .nbytes = 4};
+    rewrite(nh, bad, &e);
+    expect_refused(bad, KEEL_ENOENT, "missing tensor blk.3.ssm_in.weight");
 }
 
 /* Issue 23: qwen3moe's and glm4moe's keys and tensors are checked at load,
@@ -1161,6 +1246,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_invalid_hparams_and_norms, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_new_arch_validation, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_moe_arch_validation, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_nemotron_h_validation, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_unused_tensors_warn, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_not_a_model, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cli_unused_warning, setup_dir, teardown_dir),

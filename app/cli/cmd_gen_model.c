@@ -13,7 +13,7 @@ static void gen_usage(FILE *f)
     keel_gen_params d = keel_gen_params_default();
     fprintf(f,
             "usage: keel gen-model --arch llama|qwen2|qwen3|gemma2|qwen35|qwen3next|mamba2|gpt-oss|\n"
-            "                      deepseek32|gemma3|phi3|qwen3moe|glm4moe\n"
+            "                      deepseek32|gemma3|phi3|qwen3moe|glm4moe|nemotron_h\n"
             "                      [options] --out FILE\n"
             "  --layers N     blocks (%d)\n"
             "  --embd N       embedding width (%d)\n"
@@ -29,6 +29,8 @@ static void gen_usage(FILE *f)
             "  --expert-ff N  qwen3moe, glm4moe: FFN width of each expert (0: --ff)\n"
             "  --ssm-state N  mamba2 state size (0: 32)\n"
             "  --top-k N      deepseek32 indexer: cells kept per query (0: 16)\n"
+            "  --layer-pattern P  nemotron_h layer kinds, repeated to --layers: M Mamba2,\n"
+            "                 * attention, - MLP (M*-)\n"
             "  --dtype T      weight matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1\n"
             "                 q4_K q5_K q6_K (%s)\n"
             "  --seed S       random seed (%" PRIu64 ")\n",
@@ -60,7 +62,7 @@ int cmd_gen_model(int argc, char **argv)
         {"--top-k", offsetof(keel_gen_params, top_k)},
         {"--expert-ff", offsetof(keel_gen_params, n_ff_exp)},
     };
-    static const char *const others[] = {"--arch", "--out", "-o", "--dtype", "--seed"};
+    static const char *const others[] = {"--arch", "--out", "-o", "--dtype", "--seed", "--layer-pattern"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -95,6 +97,8 @@ int cmd_gen_model(int argc, char **argv)
         if (done) continue;
         if (strcmp(a, "--arch") == 0) {
             p.arch = v;
+        } else if (strcmp(a, "--layer-pattern") == 0) {
+            p.layer_pattern = v;
         } else if (strcmp(a, "--out") == 0 || strcmp(a, "-o") == 0) {
             out = v;
         } else if (strcmp(a, "--dtype") == 0) {

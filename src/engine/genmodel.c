@@ -1,8 +1,8 @@
 /*
  * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
  * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2, gpt-oss,
- * deepseek32, gemma3, phi3, qwen3moe and glm4moe architectures (keel.h
- * describes the shapes),
+ * deepseek32, gemma3, phi3, qwen3moe, glm4moe and nemotron_h architectures
+ * (keel.h describes the shapes),
  * with the keys, tensor names and shapes llama.cpp's loader expects, and a
  * vocabulary learned from a built-in text (genvocab.c). docs/formats.md section 7.
  *
@@ -74,6 +74,7 @@ typedef enum gen_family {
     GEN_QWEN3MOE,  /* qwen3 attention, softmax MoE every layer */
     GEN_GLM4MOE,   /* biases, q/k norm, half RoPE, a dense lead layer, sigmoid MoE +
                       shared expert, one NextN (MTP) layer */
+    GEN_NEMOTRON_H, /* per layer Mamba2, attention without RoPE or a ReLU^2 MLP */
 } gen_family;
 
 typedef struct gen_arch {
@@ -106,10 +107,15 @@ static const gen_arch g_archs[] = {
     {"phi3", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_PHI3},
     {"qwen3moe", GENMODEL_VOCAB_BPE, false, true, false, false, false, 1000000.0f, 1e-6f, GEN_QWEN3MOE},
     {"glm4moe", GENMODEL_VOCAB_BPE, true, true, false, false, false, 1000000.0f, 1e-5f, GEN_GLM4MOE},
+    {"nemotron_h", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_NEMOTRON_H},
 };
 
 /* glm4moe: GLM-4.5's routed weight scale */
 #define GEN_GLM_EXPERT_SCALE 2.5f
+
+/* nemotron_h's default layer pattern (repeated to n_layer): M Mamba2,
+ * * attention, - MLP (llama.cpp's hybrid_override_pattern letters) */
+#define GEN_NEMOTRON_H_PATTERN "M*-"
 
 /* gemma3's global layers: linear RoPE scaling; phi3: LongRoPE's attention
  * factor sqrt(1 + ln 32 / ln 4096) (Phi-4-mini's) */
@@ -349,6 +355,45 @@ static int64_t gen_n_rot(const gen_model *m)
     return D;
 }
 
+/* nemotron_h: layer l's letter of the pattern (repeated). */
+static char nemotron_kind(const gen_model *m, int32_t l)
+{
+    const char *pat = m->p.layer_pattern;
+    return pat[(size_t)l % strlen(pat)];
+}
+
+/* A nemotron_h layer: attn_norm, then Mamba2 (mamba2's shapes: d_inner
+ * 2 n_embd in n_head heads and n_head_kv groups), attention (n_head /
+ * n_head_kv heads of head_dim, no RoPE) or a ReLU^2 MLP of n_ff. */
+static void list_nemotron_h_layer(gen_model *m, int32_t l)
+{
+    const keel_gen_params *p = &m->p;
+    int64_t E = p->n_embd, F = p->n_ff, D = p->head_dim;
+    int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
+    add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    char k = nemotron_kind(m, l);
+    if (k == '*') {
+        add_blk(m, l, "attn_q.weight", E, Q, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "attn_k.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "attn_v.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
+    } else if (k == '-') {
+        add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+    } else {
+        int64_t Din = 2 * E, H = p->n_head, G = p->n_head_kv, N = p->ssm_state;
+        int64_t C = Din + 2 * G * N;
+        add_blk(m, l, "ssm_in.weight", E, Din + C + H, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk3(m, l, "ssm_conv1d.weight", GEN_CONV_KERNEL, C, 0, GEN_INIT_NORMAL, 0.3f, true);
+        add_blk(m, l, "ssm_conv1d.bias", C, 0, GEN_INIT_NORMAL, NORM_STD);
+        add_blk(m, l, "ssm_dt.bias", H, 0, GEN_INIT_NORMAL, 0.5f);
+        add_blk3(m, l, "ssm_a", 1, H, 0, GEN_INIT_NEG, 1.0f, true);
+        add_blk3(m, l, "ssm_d", 1, H, 0, GEN_INIT_NORM, 0.1f, true);
+        add_blk3(m, l, "ssm_norm.weight", Din / G, G, 0, GEN_INIT_NORM, NORM_STD, true);
+        add_blk(m, l, "ssm_out.weight", Din, E, GEN_INIT_NORMAL, inv_sqrt(Din));
+    }
+}
+
 /* The layers of the issue 11 families (list_tensors does the dense ones). */
 static void list_family_layer(gen_model *m, int32_t l)
 {
@@ -362,6 +407,10 @@ static void list_family_layer(gen_model *m, int32_t l)
     }
     if (a->family == GEN_QWEN3MOE || a->family == GEN_GLM4MOE) {
         list_moe_layer(m, l);
+        return;
+    }
+    if (a->family == GEN_NEMOTRON_H) {
+        list_nemotron_h_layer(m, l);
         return;
     }
     add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
@@ -519,7 +568,8 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
     if (!m->arch)
         return base_err(err, KEEL_EUNSUPPORTED,
                         "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
-                        "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, qwen3moe, glm4moe)",
+                        "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, qwen3moe, glm4moe, "
+                        "nemotron_h)",
                         p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
@@ -575,18 +625,27 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
                             "are rotated in blocks of 32 or more)",
                             q->head_dim);
     }
-    if (fam == GEN_MAMBA2 && q->ssm_state == 0) q->ssm_state = 32;
+    bool ssm = fam == GEN_MAMBA2 || fam == GEN_NEMOTRON_H;
+    if (ssm && q->ssm_state == 0) q->ssm_state = 32;
+    if (fam == GEN_NEMOTRON_H) {
+        if (!q->layer_pattern) q->layer_pattern = GEN_NEMOTRON_H_PATTERN;
+        size_t n = strlen(q->layer_pattern);
+        if (n == 0 || n > GEN_MAX_LAYER || strspn(q->layer_pattern, "M*-") != n)
+            return base_err(err, KEEL_EINVAL,
+                            "layer_pattern '%.64s': 1 to %d letters M (Mamba2), * (attention), - (MLP)",
+                            q->layer_pattern, GEN_MAX_LAYER);
+    }
     if ((fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT) && q->head_dim < 8)
         return base_err(err, KEEL_EINVAL, "head_dim = %d: %s needs >= 8 (rotary dims are head_dim / 4)",
                         q->head_dim, m->arch->name);
     if (fam == GEN_PHI3 && q->head_dim < 4)
         return base_err(err, KEEL_EINVAL, "head_dim = %d: phi3 needs >= 4 (rotary dims are 3/4 of it)",
                         q->head_dim);
-    if (fam == GEN_MAMBA2 && (q->n_head % q->n_head_kv != 0 || (2 * q->n_embd) % q->n_head != 0))
+    if (ssm && (q->n_head % q->n_head_kv != 0 || (2 * q->n_embd) % q->n_head != 0))
         return base_err(err, KEEL_EINVAL,
-                        "mamba2: n_head = %d (heads) must divide 2 * n_embd = %d and be a multiple of "
+                        "%s: n_head = %d (heads) must divide 2 * n_embd = %d and be a multiple of "
                         "n_head_kv = %d (groups)",
-                        q->n_head, 2 * q->n_embd, q->n_head_kv);
+                        m->arch->name, q->n_head, 2 * q->n_embd, q->n_head_kv);
     if (!keel_dtype_name(q->dtype))
         return base_err(err, KEEL_EINVAL, "dtype = %d is not a known type", (int)q->dtype);
     if (file_type(q->dtype) == UINT32_MAX || !keel_dtype_can_quantize(q->dtype))
@@ -711,6 +770,7 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
     snprintf(name, sizeof name, "keel-gen %s seed %" PRIu64, a->name, p->seed);
     gen_family fam = a->family;
     bool mamba = fam == GEN_MAMBA2, gdn = fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT;
+    bool nem = fam == GEN_NEMOTRON_H;
     uint32_t n_rot = (uint32_t)gen_n_rot(m);
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, a->name), key)
     if ((st = gguf_writer_add_str(w, "general.architecture", a->name)) ||
@@ -720,12 +780,26 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         (st = gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)p->n_ctx)) ||
         (st = gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd)) ||
         (st = gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)gen_blocks(m))) ||
-        (st = gguf_writer_add_u32(w, KEY("feed_forward_length"), mamba ? 0 : (uint32_t)p->n_ff)) ||
+        (!nem && (st = gguf_writer_add_u32(w, KEY("feed_forward_length"), mamba ? 0 : (uint32_t)p->n_ff))) ||
         (st = gguf_writer_add_u32(w, KEY("attention.head_count"), mamba ? 0 : (uint32_t)p->n_head)) ||
         (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)))
         goto fail;
     bool ds = fam == GEN_DEEPSEEK32;
-    if (!mamba && !ds &&
+    if (nem) { /* the layer kinds as per-layer arrays; no RoPE keys */
+        int32_t ff[GEN_MAX_LAYER], kv[GEN_MAX_LAYER];
+        for (int32_t l = 0; l < p->n_layer; l++) {
+            char k = nemotron_kind(m, l);
+            ff[l] = k == '-' ? p->n_ff : 0;
+            kv[l] = k == '*' ? p->n_head_kv : 0;
+        }
+        if ((st = gguf_writer_add_arr(w, KEY("feed_forward_length"), GGUF_TYPE_INT32, ff, (uint64_t)p->n_layer)) ||
+            (st = gguf_writer_add_arr(w, KEY("attention.head_count_kv"), GGUF_TYPE_INT32, kv, (uint64_t)p->n_layer)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
+            (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_epsilon"), a->rms_eps)))
+            goto fail;
+    }
+    if (!mamba && !ds && !nem &&
         ((st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)) ||
          (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
          (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
@@ -756,9 +830,10 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
             (st = gguf_writer_add_bool(w, KEY("expert_weights_norm"), true)))
             goto fail;
     }
-    if (mamba || gdn) {
-        uint32_t inner = mamba ? 2 * (uint32_t)p->n_embd : (uint32_t)(p->n_head * p->head_dim);
-        uint32_t state = mamba ? (uint32_t)p->ssm_state : (uint32_t)p->head_dim;
+    if (mamba || gdn || nem) {
+        bool m2 = mamba || nem;
+        uint32_t inner = m2 ? 2 * (uint32_t)p->n_embd : (uint32_t)(p->n_head * p->head_dim);
+        uint32_t state = m2 ? (uint32_t)p->ssm_state : (uint32_t)p->head_dim;
         if ((st = gguf_writer_add_u32(w, KEY("ssm.conv_kernel"), GEN_CONV_KERNEL)) ||
             (st = gguf_writer_add_u32(w, KEY("ssm.inner_size"), inner)) ||
             (st = gguf_writer_add_u32(w, KEY("ssm.state_size"), state)) ||

@@ -2,6 +2,7 @@
  * ffn.c — the feed-forward kinds:
  *
  *   dense:  o = act(h Wgate, h Wup) Wdown
+ *           nemotron_h: o = (relu(h Wup + b_up)^2) Wdown + b_down (no gate)
  *   moe:    logits = h Wrouter (+ router bias)
  *           per token, the router picks n_expert_used experts and weights
  *           (model_router: softmax then top-k renormalized, top-k then
@@ -10,7 +11,7 @@
  *           o = sum_j w_j y_j  (in the order of the choices, as llama.cpp sums)
  *           shared expert: o += sigmoid(h . g_shexp) * dense_shexp(h)
  *
- * act: silu(g) u, gelu(g) u, or SwiGLU-OAI. Experts run over the tokens
+ * act: silu(g) u, gelu(g) u, SwiGLU-OAI, or relu(u)^2 (no gate). Experts run over the tokens
  * that chose them (rows gathered, one matrix product per expert and
  * projection). Buffers come from the work arena and are released.
  */
@@ -107,6 +108,19 @@ static keel_status ffn_dense(const model_fw *f, const model_mat *gate, const mod
     const model_hp *hp = &f->w->hp;
     int32_t n = f->ub->n;
     keel_status st;
+    if (!gate->data) { /* ReLU^2 without a gate (nemotron_h), optional biases */
+        const model_layer *L = &f->w->layers[f->l];
+        int64_t F = up->n_rows, m = (int64_t)n * F;
+        if ((st = model_matmul(f, up, h, n, u)) != KEEL_OK) return st;
+        add_bias_rows(u, L->ffn_up_b, n, F);
+        for (int64_t i = 0; i < m; i++) {
+            float r = u[i] > 0.0f ? u[i] : 0.0f;
+            u[i] = r * r;
+        }
+        if ((st = model_matmul(f, down, u, n, o)) != KEEL_OK) return st;
+        add_bias_rows(o, L->ffn_down_b, n, hp->n_embd);
+        return KEEL_OK;
+    }
     const model_mat *ms[2] = {gate, up};
     float *ys[2] = {g, u};
     if ((st = model_matmul_group(f, ms, ys, 2, h, n)) != KEEL_OK) return st;
@@ -250,7 +264,7 @@ keel_status model_ffn(const model_fw *f, const float *h, float *o)
     if (L->ffn == MODEL_FFN_MOE) {
         st = ffn_moe(f, h, o);
     } else {
-        int64_t F = L->ffn_gate.n_rows;
+        int64_t F = L->ffn_up.n_rows;
         float *g = base_arena_take_n(f->work, (size_t)n * (size_t)F, sizeof(float));
         float *u = base_arena_take_n(f->work, (size_t)n * (size_t)F, sizeof(float));
         if (!g || !u)

@@ -7,12 +7,13 @@
  *
  *   x = embed(tokens) * embd_scale
  *   for each layer:
- *     h = rmsnorm(x) * attn_norm
- *     o = mixer(h)                  gemma2/3: o = rmsnorm(o) * post_attn_norm
- *     x = x + o
+ *     if the layer has a mixer (nemotron_h's MLP blocks have none):
+ *       h = rmsnorm(x) * attn_norm
+ *       o = mixer(h)                gemma2/3: o = rmsnorm(o) * post_attn_norm
+ *       x = x + o
  *     if the layer has an FFN:
  *       h = rmsnorm(x) * ffn_norm   (qwen35 / qwen3next / gpt-oss: the tensor is
- *                                    post_attention_norm)
+ *                                    post_attention_norm; nemotron_h: attn_norm)
  *       o = ffn(h)                  gemma2/3: o = rmsnorm(o) * post_ffw_norm
  *       x = x + o
  *   logits = (rmsnorm(x) * output_norm) Wout;  gemma2: final soft-cap
@@ -215,16 +216,18 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
             return base_err(err, KEEL_ECANCELED, "forward: canceled at layer %d", l);
         const model_layer *L = &w->layers[l];
         f.l = l;
-        rmsnorm_rows(h, x, L->attn_norm, n, E, hp->norm_eps);
-        switch (L->mixer) {
-        case MODEL_MIXER_GDN: st = model_gdn(&f, h, o); break;
-        case MODEL_MIXER_MAMBA2: st = model_mamba2(&f, h, o); break;
-        case MODEL_MIXER_MLA: st = model_mla(&f, h, o); break;
-        default: st = model_attn(&f, h, o); break;
+        if (L->mixer != MODEL_MIXER_NONE) {
+            rmsnorm_rows(h, x, L->attn_norm, n, E, hp->norm_eps);
+            switch (L->mixer) {
+            case MODEL_MIXER_GDN: st = model_gdn(&f, h, o); break;
+            case MODEL_MIXER_MAMBA2: st = model_mamba2(&f, h, o); break;
+            case MODEL_MIXER_MLA: st = model_mla(&f, h, o); break;
+            default: st = model_attn(&f, h, o); break;
+            }
+            if (st != KEEL_OK) return st;
+            if (L->post_attn_norm) rmsnorm_rows(o, o, L->post_attn_norm, n, E, hp->norm_eps);
+            tensor_add_f32(x, o, (int64_t)n * E);
         }
-        if (st != KEEL_OK) return st;
-        if (L->post_attn_norm) rmsnorm_rows(o, o, L->post_attn_norm, n, E, hp->norm_eps);
-        tensor_add_f32(x, o, (int64_t)n * E);
         if (L->ffn == MODEL_FFN_NONE) continue;
         rmsnorm_rows(h, x, L->ffn_norm, n, E, hp->norm_eps);
         if ((st = model_ffn(&f, h, o)) != KEEL_OK) return st;

@@ -60,6 +60,33 @@ keel_status model_key_int(model_loader *l, const char *suffix, bool required, in
     return KEEL_OK;
 }
 
+keel_status model_key_int_layer(model_loader *l, const char *suffix, bool required, int64_t def,
+                                int64_t lo, int64_t hi, int32_t il, int32_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", l->arch, suffix);
+    int64_t kid = gguf_find_key(l->g, key);
+    if (kid < 0 || gguf_value_at(l->g, kid)->type != GGUF_TYPE_ARRAY)
+        return model_key_int(l, suffix, required, def, lo, hi, out);
+    const gguf_value *arr = gguf_value_at(l->g, kid);
+    int32_t n_layer = l->n_layer;
+    if (arr->n != (uint64_t)n_layer)
+        return base_err(l->err, KEEL_EFORMAT, "key %s: array of %llu elements, expected one per layer (%s.block_count %d)",
+                        key, (unsigned long long)arr->n, l->arch, n_layer);
+    int64_t v = 0;
+    keel_status st = gguf_arr_int(arr, (uint64_t)il, &v);
+    if (st == KEEL_EINVAL)
+        return base_err(l->err, KEEL_EFORMAT, "key %s: array of %s, expected integers", key,
+                        gguf_type_name(arr->arr_type));
+    if (st != KEEL_OK)
+        return base_err(l->err, KEEL_EFORMAT, "key %s[%d]: not representable (%s)", key, il, keel_strerror(st));
+    if (v < lo || v > hi)
+        return base_err(l->err, KEEL_EFORMAT, "key %s[%d] = %lld out of range [%lld, %lld]", key, il,
+                        (long long)v, (long long)lo, (long long)hi);
+    *out = (int32_t)v;
+    return KEEL_OK;
+}
+
 keel_status model_key_float(model_loader *l, const char *suffix, double def, float *out)
 {
     char key[128];

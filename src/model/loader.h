@@ -20,12 +20,19 @@ typedef struct model_loader {
     size_t f32_cap, f32_used; /* floats */
     bool counting;
     uint8_t *used; /* [n_tensors] 1 once bound (filling pass), or NULL */
+    int32_t n_layer; /* block_count once read (per-layer keys), else 0 */
 } model_loader;
 
 /* "<arch>.<suffix>" as an integer in [lo, hi]; def when absent (an error
  * when required). */
 keel_status model_key_int(model_loader *l, const char *suffix, bool required, int64_t def, int64_t lo,
                           int64_t hi, int32_t *out);
+/* Layer il's value of a per-layer key (llama.cpp's get_key_or_arr): a
+ * scalar applies to every layer (model_key_int), an array must hold one
+ * integer per layer (l->n_layer). KEEL_EFORMAT names the key, and the
+ * element with its index when out of [lo, hi]. */
+keel_status model_key_int_layer(model_loader *l, const char *suffix, bool required, int64_t def,
+                                int64_t lo, int64_t hi, int32_t il, int32_t *out);
 /* "<arch>.<suffix>" as a finite f32; def when absent. */
 keel_status model_key_float(model_loader *l, const char *suffix, double def, float *out);
 /* model_key_float, then lo < v <= hi (lo_open) or lo <= v <= hi. */
@@ -55,6 +62,16 @@ keel_status model_get_rope_factors(model_loader *l, const char *name, int32_t n_
  * and marked used, never run; L may then be scratch). */
 keel_status model_moe_hparams(model_loader *l, model_w *w);
 keel_status model_moe_bind_layer(model_loader *l, const model_hp *hp, int32_t i, model_layer *L);
+
+/* ---- architectures bound in files of their own ------------------------- */
+
+/* nemotron_h (arch_nemotron_h.c): the per-layer counts (n_ff the widest
+ * MLP, the attention layers' one n_head / n_head_kv, 0 without attention)
+ * in place of the scalar keys; the rest of its keys after the common ones
+ * and the SSM keys; layer i's kind and tensors. */
+keel_status arch_nemotron_h_counts(model_loader *l, model_hp *hp);
+keel_status arch_nemotron_h_hparams(model_loader *l, model_hp *hp);
+keel_status arch_nemotron_h_layer(model_loader *l, const model_hp *hp, int32_t i, model_layer *L);
 
 /*
  * Per-layer binding shorthands: they expect in scope `model_loader *l`,

@@ -23,7 +23,8 @@
  * shared expert), gemma3 (gemma2's block with q/k norm, 5 of 6 layers
  * sliding with their own RoPE base, no soft-caps), phi3 (fused qkv and
  * gate|up bound as row views, partial RoPE, LongRoPE short/long factors),
- * qwen3moe and glm4moe (arch_moe.c).
+ * qwen3moe and glm4moe (arch_moe.c), nemotron_h (per layer Mamba2, attention without RoPE or a ReLU^2 MLP:
+ * arch_nemotron_h.c).
  */
 #include "loader.h"
 
@@ -56,6 +57,7 @@ static const arch_desc g_archs[] = {
     {"phi3", MODEL_ARCH_PHI3, KEEL_ROPE_NEOX},
     {"qwen3moe", MODEL_ARCH_QWEN3MOE, KEEL_ROPE_NEOX},
     {"glm4moe", MODEL_ARCH_GLM4MOE, KEEL_ROPE_NEOX},
+    {"nemotron_h", MODEL_ARCH_NEMOTRON_H, KEEL_ROPE_NONE}, /* attention without RoPE */
 };
 
 static bool arch_gemma(model_arch a)
@@ -113,6 +115,10 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
         model_arch a = hp->arch;
         if (arch_moe(a)) {
             if ((st = model_moe_bind_layer(l, hp, i, L)) != KEEL_OK) return st;
+            continue;
+        }
+        if (a == MODEL_ARCH_NEMOTRON_H) {
+            if ((st = arch_nemotron_h_layer(l, hp, i, L)) != KEEL_OK) return st;
             continue;
         }
         bool gdn = arch_gdn(a);
@@ -342,7 +348,7 @@ static keel_status read_arch_hparams(model_loader *l, model_w *w)
     hp->oai_alpha = 1.702f; /* llama.cpp's constants for gpt-oss */
     hp->oai_limit = 7.0f;
     hp->expert_scale = 1.0f;
-    if (arch_gdn(a) || a == MODEL_ARCH_MAMBA2) {
+    if (arch_gdn(a) || a == MODEL_ARCH_MAMBA2 || a == MODEL_ARCH_NEMOTRON_H) {
         if ((st = model_key_int(l, "ssm.conv_kernel", true, 0, 1, 64, &hp->ssm_conv_kernel)) ||
             (st = model_key_int(l, "ssm.inner_size", true, 0, 1, 1 << 20, &hp->ssm_d_inner)) ||
             (st = model_key_int(l, "ssm.state_size", true, 0, 1, 4096, &hp->ssm_d_state)) ||
@@ -409,6 +415,7 @@ static keel_status read_arch_hparams(model_loader *l, model_w *w)
     }
     if (a == MODEL_ARCH_DEEPSEEK32) return read_mla_hparams(l, w);
     if (arch_moe(a)) return model_moe_hparams(l, w);
+    if (a == MODEL_ARCH_NEMOTRON_H) return arch_nemotron_h_hparams(l, hp);
     return KEEL_OK;
 }
 
@@ -427,7 +434,7 @@ static keel_status read_hparams(model_loader *l, model_w *w)
         return base_err(l->err, KEEL_EUNSUPPORTED,
                         "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
                         "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, "
-                        "qwen3moe, glm4moe)",
+                        "qwen3moe, glm4moe, nemotron_h)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
@@ -436,19 +443,24 @@ static keel_status read_hparams(model_loader *l, model_w *w)
     bool mamba = hp->arch == MODEL_ARCH_MAMBA2; /* no attention, no FFN */
     if ((st = model_key_int(l, "embedding_length", true, 0, 1, 1 << 17, &hp->n_embd)) != KEEL_OK) return st;
     if ((st = model_key_int(l, "block_count", true, 0, 1, 4096, &hp->n_layer)) != KEEL_OK) return st;
-    if ((st = model_key_int(l, "feed_forward_length", !mamba, 0, mamba ? 0 : 1, 1 << 20, &hp->n_ff)) != KEEL_OK)
-        return st;
-    if ((st = model_key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
-                      &hp->n_head)) != KEEL_OK)
-        return st;
-    if ((st = model_key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
-                      &hp->n_head_kv)) != KEEL_OK)
-        return st;
-    if (!mamba && hp->n_head % hp->n_head_kv)
-        return base_err(l->err, KEEL_EFORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d",
-                        l->arch, hp->n_head, hp->n_head_kv);
+    l->n_layer = hp->n_layer;
+    if (hp->arch == MODEL_ARCH_NEMOTRON_H) { /* per-layer arrays */
+        if ((st = arch_nemotron_h_counts(l, hp)) != KEEL_OK) return st;
+    } else {
+        if ((st = model_key_int(l, "feed_forward_length", !mamba, 0, mamba ? 0 : 1, 1 << 20, &hp->n_ff)) != KEEL_OK)
+            return st;
+        if ((st = model_key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
+                                &hp->n_head)) != KEEL_OK)
+            return st;
+        if ((st = model_key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
+                                &hp->n_head_kv)) != KEEL_OK)
+            return st;
+        if (!mamba && hp->n_head % hp->n_head_kv)
+            return base_err(l->err, KEEL_EFORMAT, "%s.attention.head_count %d is not a multiple of head_count_kv %d",
+                            l->arch, hp->n_head, hp->n_head_kv);
+    }
     if ((st = model_key_int(l, "context_length", false, 4096, 1, BIG, &hp->n_ctx_train)) != KEEL_OK) return st;
-    int32_t hd_def = mamba ? 1 : hp->n_embd / hp->n_head;
+    int32_t hd_def = mamba || hp->n_head == 0 ? 1 : hp->n_embd / hp->n_head;
     if (hd_def < 1) hd_def = 1;
     if ((st = model_key_int(l, "attention.key_length", false, hd_def, 1, 8192, &hp->hd_k)) != KEEL_OK) return st;
     if ((st = model_key_int(l, "attention.value_length", false, hd_def, 1, 8192, &hp->hd_v)) != KEEL_OK) return st;
@@ -631,7 +643,7 @@ static void warn_unused(const model_loader *l, const model_w *w)
 keel_status model_load(const gguf *g, model_w *w, char *err)
 {
     memset(w, 0, sizeof *w);
-    model_loader l = {g, NULL, err, NULL, 0, 0, true, NULL};
+    model_loader l = {g, NULL, err, NULL, 0, 0, true, NULL, 0};
     keel_status st = read_hparams(&l, w);
     if (st != KEEL_OK) return st;
     /* pass 1: shapes, dtypes, and how many f32 floats the vectors need */
@@ -713,6 +725,10 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         keel_mem_layer *L = &layers[i];
         *L = keel_mem_layer_default();
         const model_layer *ML = &w->layers[i];
+        if (ML->mixer == MODEL_MIXER_NONE) { /* an FFN-only block: no KV, no state */
+            L->kind = KEEL_MEM_LAYER_NONE;
+            continue;
+        }
         if (ML->mixer != MODEL_MIXER_ATTN && ML->mixer != MODEL_MIXER_MLA) {
             /* the state shapes of layer_gdn.c / layer_mamba2.c */
             L->kind = KEEL_MEM_LAYER_RECURRENT;

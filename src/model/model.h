@@ -33,6 +33,8 @@ typedef enum model_arch {
     MODEL_ARCH_QWEN3MOE = 11, /* qwen3 attention, MoE every layer (softmax, top-k renormalized) */
     MODEL_ARCH_GLM4MOE = 12,  /* dense lead layers then sigmoid MoE + shared expert, partial
                                  RoPE, q/k/v biases; NextN (MTP) layers bound, never run */
+    MODEL_ARCH_NEMOTRON_H = 13, /* per layer one of Mamba2, attention without RoPE, ReLU^2
+                                   MLP (arch_nemotron_h.c) */
 } model_arch;
 
 /* What mixes tokens in a layer (one file per kind: layer_attn.c,
@@ -42,6 +44,7 @@ typedef enum model_mixer {
     MODEL_MIXER_GDN = 1,    /* Gated DeltaNet: conv1d + gated delta rule */
     MODEL_MIXER_MAMBA2 = 2, /* Mamba2 selective scan */
     MODEL_MIXER_MLA = 3,    /* multi-head latent attention with the DSA indexer (layer_mla.c) */
+    MODEL_MIXER_NONE = 4,   /* no mixer: the block is its FFN (nemotron_h's MLP layers) */
 } model_mixer;
 
 typedef enum model_ffn_kind {
@@ -54,6 +57,7 @@ typedef enum model_act {
     MODEL_ACT_SILU = 0,       /* silu(gate) * up */
     MODEL_ACT_GELU = 1,       /* gelu(gate) * up (tanh form) */
     MODEL_ACT_SWIGLU_OAI = 2, /* min(g, L) sigmoid(a min(g, L)) (clamp(u, -L, L) + 1) */
+    MODEL_ACT_RELU2 = 3,      /* relu(u)^2, no gate (nemotron_h) */
 } model_act;
 
 /* How a router turns its logits into expert choices and weights. */
@@ -125,7 +129,8 @@ typedef struct model_layer {
     const float *ssm_norm;       /* gdn: [head_v]; mamba2: [n_group][d_inner / n_group] */
     /* feed-forward */
     const float *ffn_norm;       /* [n_embd] */
-    model_mat ffn_gate, ffn_up, ffn_down;
+    model_mat ffn_gate, ffn_up, ffn_down; /* ffn_gate absent (data NULL) with MODEL_ACT_RELU2 */
+    const float *ffn_up_b, *ffn_down_b; /* optional biases [n_ff], [n_embd] (nemotron_h) */
     const float *post_ffw_norm;  /* gemma2: [n_embd] */
     model_mat gate_inp;          /* moe: router [n_embd -> n_expert] */
     const float *gate_inp_b;     /* [n_expert] or NULL */
