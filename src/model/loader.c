@@ -60,6 +60,39 @@ keel_status model_key_int(model_loader *l, const char *suffix, bool required, in
     return KEEL_OK;
 }
 
+/* Element il of a per-layer key: a scalar applies to every layer; an array
+ * (llama.cpp's get_key_or_arr) must hold exactly n_layer integers. Every
+ * element is range-checked on each call, so a caller that walks the layers
+ * has validated the whole array by its first call. */
+keel_status model_key_int_layer(model_loader *l, const char *suffix, int32_t il, int32_t n_layer,
+                                bool required, int64_t def, int64_t lo, int64_t hi, int32_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", l->arch, suffix);
+    int64_t kid = gguf_find_key(l->g, key);
+    if (kid < 0 || gguf_value_at(l->g, kid)->type != GGUF_TYPE_ARRAY)
+        return model_key_int(l, suffix, required, def, lo, hi, out);
+    const gguf_value *arr = NULL;
+    keel_status st = gguf_get_arr(l->g, key, GGUF_TYPE_COUNT_, &arr, l->err);
+    if (st != KEEL_OK) return st;
+    if (arr->n != (uint64_t)n_layer)
+        return base_err(l->err, KEEL_EFORMAT, "key %s: array of %llu elements, expected %d (block_count)",
+                        key, (unsigned long long)arr->n, n_layer);
+    int64_t mine = def;
+    for (uint64_t i = 0; i < arr->n; i++) {
+        int64_t v = 0;
+        if (gguf_arr_int(arr, i, &v) != KEEL_OK)
+            return base_err(l->err, KEEL_EFORMAT, "key %s: element %llu is not an integer (array of %s)",
+                            key, (unsigned long long)i, gguf_type_name(arr->arr_type));
+        if (v < lo || v > hi)
+            return base_err(l->err, KEEL_EFORMAT, "key %s: element %llu = %lld out of range [%lld, %lld]",
+                            key, (unsigned long long)i, (long long)v, (long long)lo, (long long)hi);
+        if (i == (uint64_t)il) mine = v;
+    }
+    *out = (int32_t)mine;
+    return KEEL_OK;
+}
+
 keel_status model_key_float(model_loader *l, const char *suffix, double def, float *out)
 {
     char key[128];

@@ -26,6 +26,11 @@ typedef struct model_loader {
  * when required). */
 keel_status model_key_int(model_loader *l, const char *suffix, bool required, int64_t def, int64_t lo,
                           int64_t hi, int32_t *out);
+/* Layer il's value of a per-layer integer key: a scalar (every layer), or
+ * an array of exactly n_layer integers, each in [lo, hi] (all checked);
+ * def when absent (an error when required). */
+keel_status model_key_int_layer(model_loader *l, const char *suffix, int32_t il, int32_t n_layer,
+                                bool required, int64_t def, int64_t lo, int64_t hi, int32_t *out);
 /* "<arch>.<suffix>" as a finite f32; def when absent. */
 keel_status model_key_float(model_loader *l, const char *suffix, double def, float *out);
 /* model_key_float, then lo < v <= hi (lo_open) or lo <= v <= hi. */
@@ -67,5 +72,14 @@ keel_status model_get_rope_factors(model_loader *l, const char *name, int32_t n_
 #define BIND_EXP(field, nm, req, cols, rows)                                                       \
     snprintf(name, sizeof name, "blk.%d." nm ".weight", i);                                        \
     if ((st = model_get_mat3(l, name, req, cols, rows, hp->n_expert, &L->field)) != KEEL_OK) return st
+
+/* ---- per-architecture files (arch_*.c) ----------------------------------- */
+
+/* lfm2 (arch_lfm2.c): shortconv.l_cache, the per-layer head_count_kv (0: a
+ * conv layer; the attention layers share one count), the optional sliding
+ * window; sets n_head_kv, n_recurrent, ssm_conv_kernel. */
+keel_status model_lfm2_hparams(model_loader *l, model_w *w);
+/* Binds layer i of lfm2 into L (mixer, FFN and their tensors). */
+keel_status model_lfm2_bind_layer(model_loader *l, const model_w *w, int32_t i, model_layer *L);
 
 #endif
