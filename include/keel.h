@@ -887,7 +887,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3" */
+                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3", "lfm2" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -926,7 +926,10 @@ keel_gen_params keel_gen_params_default(void);
  * layers and 10000 on the sliding ones; phi3 has fused attn_qkv and
  * ffn_up (gate | up), rotary dims 3/4 of head_dim (head_dim >= 4),
  * LongRoPE short / long factors (original context n_ctx) and attention
- * factor 1.19. */
+ * factor 1.19; lfm2 alternates gated short convolutions (3 taps, layers
+ * 0, 2, ...) with GQA attention with q/k norms (layers 1, 3, ...), a
+ * per-layer head_count_kv array (0 on the conv layers), SwiGLU FFNs, the
+ * final norm named token_embd_norm and a tied output. */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:

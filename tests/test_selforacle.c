@@ -81,8 +81,9 @@ static void test_cache_equals_recompute(void **state)
 {
     (void)state;
     /* gemma3: 3 layers, all sliding with their own RoPE base; phi3: fused
-     * qkv and gate|up as row views of quantized tensors too */
-    const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
+     * qkv and gate|up as row views of quantized tensors too; lfm2: conv,
+     * attention, conv (the conv state carried token by token) */
+    const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "lfm2"};
     const keel_dtype weights[] = {KEEL_DTYPE_F32, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_K};
     const keel_dtype kvs[] = {KEEL_DTYPE_F32, KEEL_DTYPE_F16, KEEL_DTYPE_Q8_0};
     int32_t toks[N_TOK];

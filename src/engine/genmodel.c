@@ -1,7 +1,7 @@
 /*
  * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
  * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2, gpt-oss,
- * deepseek32, gemma3 and phi3 architectures (keel.h describes the shapes),
+ * deepseek32, gemma3, phi3 and lfm2 architectures (keel.h describes the shapes),
  * with the keys, tensor names and shapes llama.cpp's loader expects, and a
  * vocabulary learned from a built-in text (genvocab.c). docs/formats.md section 7.
  *
@@ -69,6 +69,7 @@ typedef enum gen_family {
     GEN_GPT_OSS,   /* sinks, biases, sliding / full, MoE SwiGLU-OAI, YaRN */
     GEN_DEEPSEEK32, /* MLA + DSA indexer, a dense lead layer, sigmoid MoE + shared expert */
     GEN_PHI3,      /* fused qkv and gate|up, partial RoPE, LongRoPE factors */
+    GEN_LFM2,      /* short convs and attention alternating, per-layer head_count_kv */
 } gen_family;
 
 typedef struct gen_arch {
@@ -99,6 +100,8 @@ static const gen_arch g_archs[] = {
      * layers (linear factor 8), freq_base_swa 10000 for the sliding ones */
     {"gemma3", GENMODEL_VOCAB_SPM, false, true, true, true, true, 1000000.0f, 1e-6f, GEN_DENSE},
     {"phi3", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_PHI3},
+    /* lfm2: q/k norm on the attention layers, tied output */
+    {"lfm2", GENMODEL_VOCAB_SPM, false, true, false, true, false, 1000000.0f, 1e-5f, GEN_LFM2},
 };
 
 /* gemma3's global layers: linear RoPE scaling; phi3: LongRoPE's attention
@@ -106,6 +109,11 @@ static const gen_arch g_archs[] = {
 #define GEN_GEMMA3_ROPE_FACTOR 8.0f
 #define GEN_GEMMA3_BASE_SWA    10000.0f
 #define GEN_PHI3_ATTN_FACTOR   1.190238f
+
+/* lfm2: layer l is attention iff l % 2 == 1 (conv first, as the fixture);
+ * the conv's taps (LFM2's l_cache) */
+#define GEN_LFM2_ATTN(l)       ((l) % 2 == 1)
+#define GEN_LFM2_L_CACHE       3
 
 #define GEN_FULL_ATTN_INTERVAL 4
 #define GEN_CONV_KERNEL        4
@@ -308,6 +316,25 @@ static void list_family_layer(gen_model *m, int32_t l)
         return;
     }
     add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (a->family == GEN_LFM2) {
+        if (GEN_LFM2_ATTN(l)) {
+            add_blk(m, l, "attn_q.weight", E, Q, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk(m, l, "attn_k.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk(m, l, "attn_v.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk(m, l, "attn_q_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+            add_blk(m, l, "attn_k_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+            add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
+        } else { /* in_proj rows [B | C | x]; conv [n_embd][l_cache] */
+            add_blk(m, l, "shortconv.in_proj.weight", E, 3 * E, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk3(m, l, "shortconv.conv.weight", GEN_LFM2_L_CACHE, E, 0, GEN_INIT_NORMAL, 0.3f, true);
+            add_blk(m, l, "shortconv.out_proj.weight", E, E, GEN_INIT_NORMAL, inv_sqrt(E));
+        }
+        add_blk(m, l, "ffn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "ffn_gate.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+        return;
+    }
     if (a->family == GEN_PHI3) { /* rows [q | k | v] and [gate | up] */
         add_blk(m, l, "attn_qkv.weight", E, Q + 2 * KV, GEN_INIT_NORMAL, inv_sqrt(E));
         add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
@@ -395,7 +422,9 @@ static void list_tensors(gen_model *m)
     int64_t E = p->n_embd, V = p->n_vocab, F = p->n_ff, D = p->head_dim;
     int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
     add_t(m, "token_embd.weight", E, V, GEN_INIT_NORMAL, a->gemma ? inv_sqrt(E) : 1.0f);
-    add_t(m, "output_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    /* lfm2's final norm is named token_embd_norm (llama.cpp's quirk) */
+    add_t(m, a->family == GEN_LFM2 ? "token_embd_norm.weight" : "output_norm.weight", E, 0, GEN_INIT_NORM,
+          NORM_STD);
     if (!a->tied) add_t(m, "output.weight", E, V, GEN_INIT_NORMAL, inv_sqrt(E));
     if (a->family == GEN_PHI3) { /* LongRoPE factors, 1 + N(0, 0.02) */
         add_t(m, "rope_factors_short.weight", gen_n_rot(m) / 2, 0, GEN_INIT_NORM, NORM_STD);
@@ -456,7 +485,7 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
     if (!m->arch)
         return base_err(err, KEEL_EUNSUPPORTED,
                         "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
-                        "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3)",
+                        "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, lfm2)",
                         p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
@@ -654,10 +683,20 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         (st = gguf_writer_add_u32(w, KEY("attention.head_count"), mamba ? 0 : (uint32_t)p->n_head)) ||
         (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)))
         goto fail;
-    bool ds = fam == GEN_DEEPSEEK32;
+    bool ds = fam == GEN_DEEPSEEK32, lfm2 = fam == GEN_LFM2;
+    if (lfm2) { /* per layer: 0 for a conv layer */
+        uint32_t kv[GEN_MAX_LAYER];
+        for (int32_t l = 0; l < p->n_layer; l++) kv[l] = GEN_LFM2_ATTN(l) ? (uint32_t)p->n_head_kv : 0;
+        if ((st = gguf_writer_add_arr(w, KEY("attention.head_count_kv"), GGUF_TYPE_UINT32, kv,
+                                      (uint64_t)p->n_layer)) ||
+            (st = gguf_writer_add_u32(w, KEY("shortconv.l_cache"), GEN_LFM2_L_CACHE)))
+            goto fail;
+    }
+    if (!mamba && !ds && !lfm2 &&
+        (st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)))
+        goto fail;
     if (!mamba && !ds &&
-        ((st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)) ||
-         (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
+        ((st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
          (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
          (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), n_rot)) ||
          (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base))))
