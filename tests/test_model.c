@@ -787,6 +787,52 @@ static void test_lfm2_validation(void **state)
     }
 }
 
+/* lfm2's optional attention.sliding_window makes every attention layer
+ * sliding (llama.cpp's STANDARD SWA for lfm2) and none of the conv layers:
+ * with a window of 16, prompt rows below 16 see what they saw without it,
+ * later rows do not. */
+static void test_lfm2_sliding_window(void **state)
+{
+    (void)state;
+    const char *fp = test_fixture("models/lfm2.gguf");
+    if (!fp) return;
+    char p[512];
+    snprintf(p, sizeof p, "%s", fp);
+    int32_t *prompt = read_i32("ref/lfm2.prompt.i32", N_PROMPT);
+    if (!prompt) return;
+    const char *swa = tmp_path("swa.gguf");
+    static const uint32_t w16 = 16;
+    edit e = {.key = "lfm2.attention.sliding_window", .type = GGUF_TYPE_UINT32, .payload = &w16, .nbytes = 4};
+    rewrite(p, swa, &e);
+    keel_model *full = open_fixture("lfm2"), *slid = NULL;
+    keel_model_params mp = keel_model_params_default();
+    mp.path = swa;
+    char err[256] = "";
+    if (keel_model_open(&mp, &slid, err) != KEEL_OK) fail_msg("open %s: %s", swa, err);
+    keel_model_info mi;
+    keel_model_info_get(slid, &mi);
+    assert_int_equal(mi.n_swa, 16);
+    assert_int_equal(mi.n_swa_layers, 2); /* layers 1 and 3 */
+    float *a = malloc(sizeof(float) * N_PROMPT * N_VOCAB), *b = malloc(sizeof(float) * N_PROMPT * N_VOCAB);
+    run_prompt(full, KEEL_DTYPE_F16, prompt, a, NULL);
+    run_prompt(slid, KEEL_DTYPE_F16, prompt, b, NULL);
+    double below = 0.0, above = 0.0;
+    for (int i = 0; i < N_PROMPT; i++)
+        for (int j = 0; j < N_VOCAB; j++) {
+            double d = fabs((double)a[i * N_VOCAB + j] - (double)b[i * N_VOCAB + j]);
+            if (i < 16) below = fmax(below, d);
+            else above = fmax(above, d);
+        }
+    printf("lfm2 sliding_window 16 vs none: rows < 16 max |dlogit| %.3e, rows >= 16 %.3e\n", below, above);
+    assert_true(below <= 1e-5);
+    assert_true(above > 1e-1);
+    free(a);
+    free(b);
+    free(prompt);
+    keel_model_close(full);
+    keel_model_close(slid);
+}
+
 /* Issue 8 item 8: bad float hyperparameters and NaN/Inf norm weights were
  * accepted and failed later as "sample: invalid argument". Each is refused
  * at load, naming the key or the tensor and element. */
@@ -1109,6 +1155,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_invalid_hparams_and_norms, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_new_arch_validation, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_lfm2_validation, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_lfm2_sliding_window, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_unused_tensors_warn, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_not_a_model, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cli_unused_warning, setup_dir, teardown_dir),
