@@ -888,7 +888,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
                             "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                            "qwen3moe", "glm4moe", "nemotron_h" */
+                            "qwen3moe", "glm4moe", "nemotron_h", "lfm2" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -940,7 +940,10 @@ keel_gen_params keel_gen_params_default(void);
  * shapes), attention without RoPE (n_head / n_head_kv of head_dim) or a
  * ReLU^2 MLP of n_ff without a gate, each after its one attn_norm, the
  * kinds written as the per-layer arrays feed_forward_length and
- * attention.head_count_kv. */
+ * attention.head_count_kv; lfm2 alternates gated short convolutions (3 taps, layers
+ * 0, 2, ...) with GQA attention with q/k norms (layers 1, 3, ...), a
+ * per-layer head_count_kv array (0 on the conv layers), SwiGLU FFNs, the
+ * final norm named token_embd_norm and a tied output. */
 /* Writes a deterministic random-weight GGUF model to path: norms
  * 1 + N(0, 0.02) (gemma: stored as GGUF expects, i.e. the multiplier),
  * matrices ~N(0, 1/sqrt(fan_in)), embeddings N(0, 1) (gemma2:

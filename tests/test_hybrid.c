@@ -1,6 +1,6 @@
 /*
- * test_hybrid.c — the issue 11 architectures through keel.h (keel_decode
- * on generated models; the fixtures when present):
+ * test_hybrid.c — the issue 11 architectures, nemotron_h and lfm2 through
+ * keel.h (keel_decode on generated models; the fixtures when present):
  *   - self-oracle: decoding one token at a time through the memory (states
  *     and cache) equals recomputing the whole prefix in one batch, for
  *     qwen35, qwen3next, mamba2 and gpt-oss, with two sequences interleaved
@@ -91,13 +91,13 @@ static double rel_diff(const float *a, const float *b, size_t n)
 static void test_selforacle_hybrids(void **state)
 {
     (void)state;
-    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "nemotron_h"};
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "nemotron_h", "lfm2"};
     int32_t toks[N_TOK], toks2[N_TOK];
     for (int i = 0; i < N_TOK; i++) {
         toks[i] = 3 + (i * 131) % 290;
         toks2[i] = 5 + (i * 71) % 280;
     }
-    for (size_t a = 0; a < 5; a++) {
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
         keel_model *m = gen_model(archs[a], 4, 128, 4, 2, 32, 7);
         keel_model_info mi;
         keel_model_info_get(m, &mi);
@@ -157,11 +157,11 @@ static void test_selforacle_hybrids(void **state)
 static void test_checkpoint_restore_equals_recompute(void **state)
 {
     (void)state;
-    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "nemotron_h"};
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "nemotron_h", "lfm2"};
     int32_t a_[N_TOK], b_[N_TOK];
     for (int i = 0; i < N_TOK; i++) a_[i] = b_[i] = 3 + (i * 37) % 290;
     for (int i = 21; i < N_TOK; i++) b_[i] = 7 + (i * 53) % 250;
-    for (size_t a = 0; a < 4; a++) {
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
         keel_model *m = gen_model(archs[a], 4, 128, 4, 2, 32, 11);
         keel_model_info mi;
         keel_model_info_get(m, &mi);
@@ -692,6 +692,90 @@ static void test_nemotron_h_fixture_conversation(void **state)
     keel_model_close(m);
 }
 
+/* Issue 23: a conversation on lfm2 (the fixture if present, else
+ * generated; f16 K/V, checkpoints every 64): a 200-token prompt and 16
+ * greedy tokens, then the same conversation edited at 150 (the user
+ * rewrote the last turn). keel_context_rewind resumes from the checkpoint
+ * at 128 (the conv states restored with the attention rows) and the
+ * answer is the one a fresh context prefilling the edited prompt gives:
+ * the same 16 greedy tokens, every logit row within 1e-5 of max |logit|
+ * (the states and K/V rows are the same bytes; the new tokens sit in other
+ * cells than the fresh context's, after the first answer's, so attention
+ * sums in another order: test_checkpoint_restore_equals_recompute, whose
+ * cells coincide, is bitwise). A rewind at the end keeps everything; one
+ * below the first checkpoint starts from scratch. */
+static void test_lfm2_conversation_rewind(void **state)
+{
+    (void)state;
+    keel_model *m = NULL;
+    const char *p = test_fixture("models/lfm2.gguf");
+    if (p) {
+        keel_model_params mp = keel_model_params_default();
+        mp.path = p;
+        char err[256] = "";
+        if (keel_model_open(&mp, &m, err) != KEEL_OK) fail_msg("open lfm2: %s", err);
+    } else {
+        m = gen_model("lfm2", 4, 128, 4, 2, 32, 13);
+    }
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    size_t V = (size_t)mi.n_vocab;
+    enum { N = 200, CUT = 150, GEN = 16 };
+    int32_t a_[N], b_[N];
+    for (int i = 0; i < N; i++) a_[i] = b_[i] = 3 + (i * 131) % (mi.n_vocab - 3);
+    for (int i = CUT; i < N; i++) b_[i] = 5 + (i * 71) % (mi.n_vocab - 5);
+    keel_context *c = ctx(m, 512, N, 1, KEEL_DTYPE_F16, 64);
+    feed(c, a_, 0, N);
+    int32_t tok = 0;
+    for (int t = 0; t < GEN; t++) { /* the first answer, then the edit */
+        const float *l = keel_logits(c, t == 0 ? N - 1 : 0);
+        tok = 0;
+        for (size_t v = 1; v < V; v++)
+            if (l[v] > l[tok]) tok = (int32_t)v;
+        keel_batch g = {1, &tok, NULL, NULL, NULL};
+        assert_ok(keel_decode(c, &g));
+    }
+    keel_mem *mem = keel_context_memory(c);
+    int32_t resume = -1;
+    assert_ok(keel_context_rewind(c, 0, CUT, &resume));
+    assert_int_equal(resume, 128);
+    assert_int_equal(keel_mem_seq_pos_max(mem, 0), 127);
+    assert_ok(keel_mem_check(mem));
+    keel_context *f = ctx(m, 512, N, 1, KEEL_DTYPE_F16, 64);
+    feed(c, b_, resume, N);
+    feed(f, b_, 0, N);
+    double worst = 0.0;
+    for (int t = 0; t < GEN; t++) {
+        const float *lc = keel_logits(c, t == 0 ? N - resume - 1 : 0);
+        const float *lf = keel_logits(f, t == 0 ? N - 1 : 0);
+        worst = fmax(worst, rel_diff(lc, lf, V));
+        int32_t tc = 0, tf = 0;
+        for (size_t v = 1; v < V; v++) {
+            if (lc[v] > lc[tc]) tc = (int32_t)v;
+            if (lf[v] > lf[tf]) tf = (int32_t)v;
+        }
+        if (tc != tf) fail_msg("answer token %d: %d after the rewind, %d from a fresh prefill", t, tc, tf);
+        keel_batch gc = {1, &tc, NULL, NULL, NULL}, gf = {1, &tf, NULL, NULL, NULL};
+        assert_ok(keel_decode(c, &gc));
+        assert_ok(keel_decode(f, &gf));
+    }
+    if (!(worst <= 1e-5)) fail_msg("rewound answer vs fresh prefill: %.3g of max |logit|", worst);
+    assert_ok(keel_mem_check(mem));
+    /* nothing to cut: everything kept */
+    int32_t end = keel_mem_seq_pos_max(mem, 0) + 1;
+    assert_ok(keel_context_rewind(c, 0, end, &resume));
+    assert_int_equal(resume, end);
+    /* below the oldest checkpoint (64): from scratch */
+    assert_ok(keel_context_rewind(c, 0, 40, &resume));
+    assert_int_equal(resume, 0);
+    assert_int_equal(keel_mem_seq_pos_max(mem, 0), -1);
+    printf("lfm2 (%s): rewound to %d, resumed at 128: %d answer tokens as a fresh prefill, logits "
+           "within %.2e of max |logit|\n", p ? "fixture" : "generated", CUT, GEN, worst);
+    keel_context_close(c);
+    keel_context_close(f);
+    keel_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -703,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_agent_pattern),
         cmocka_unit_test(test_fork_one_batch),
         cmocka_unit_test(test_fork_checkpoint_cut),
+        cmocka_unit_test(test_lfm2_conversation_rewind),
         cmocka_unit_test(test_nemotron_h_fixture_conversation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -79,6 +79,10 @@ static const fixture_case g_cases[] = {
      * 3.27e-4 (one attention layer of five; logit std 1.0); keel 3.2e-5.
      * The bound is 1.5x llama.cpp's own FA-off spread */
     {"nemotronh", 5e-4, 0, 0},
+    /* lfm2: llama.cpp's FA off vs ref 2.28e-3, f32 KV + FA off 2.29e-3
+     * (logit std 2.0, twice the others': token_embd N(0, 2/sqrt(128))); keel
+     * 4.3e-4. The bound is 1.3x llama.cpp's own FA-off spread, as gemma3's */
+    {"lfm2", 3e-3, 0, 0},
 };
 
 static float *read_f32(const char *rel, size_t want)
@@ -225,9 +229,9 @@ static void test_fixture_teacher_forced(void **state)
 {
     (void)state;
     const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                            "qwen3moe", "glm4moe", "nemotronh"};
-    const int skip[] = {-1, -1, -1, 20, -1, -1, -1, -1, -1, -1};
-    for (int mi = 0; mi < 10; mi++) {
+                            "qwen3moe", "glm4moe", "nemotronh", "lfm2"};
+    const int skip[] = {-1, -1, -1, 20, -1, -1, -1, -1, -1, -1, -1};
+    for (int mi = 0; mi < 11; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
@@ -275,13 +279,14 @@ static void test_fixture_teacher_forced(void **state)
  * alone, the batch routes 100 at once: the experts' products must not
  * depend on how many tokens chose them), nemotronh 3.52e-5 (keel 3.1e-5;
  * its Mamba2 states are carried from the 100-token batch into the
- * one-token steps); no row's argmax may change. */
+ * one-token steps), lfm2 2.10e-4 (keel 1.1e-4; its conv state is f32,
+ * exact, like llama.cpp's); no row's argmax may change. */
 static void test_fixture_incremental(void **state)
 {
     (void)state;
-    const char *models[] = {"gemma3", "phi3", "qwen3moe", "glm4moe", "nemotronh"};
-    const double tol[] = {3.2e-3, 1.7e-4, 1.5e-4, 1.8e-4, 3.6e-5};
-    for (int mi = 0; mi < 5; mi++) {
+    const char *models[] = {"gemma3", "phi3", "qwen3moe", "glm4moe", "nemotronh", "lfm2"};
+    const double tol[] = {3.2e-3, 1.7e-4, 1.5e-4, 1.8e-4, 3.6e-5, 2.2e-4};
+    for (int mi = 0; mi < 6; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
@@ -924,6 +929,119 @@ static void test_moe_arch_validation(void **state)
     free(prompt);
 }
 
+/* An array-valued key's raw GGUF payload (element type, count, elements)
+ * in buf; returns its size. */
+static size_t arr_payload(uint8_t *buf, gguf_type elem, const void *vals, uint64_t n, size_t elem_bytes)
+{
+    uint32_t t = (uint32_t)elem;
+    memcpy(buf, &t, 4);
+    memcpy(buf + 4, &n, 8);
+    memcpy(buf + 12, vals, (size_t)n * elem_bytes);
+    return 12 + (size_t)n * elem_bytes;
+}
+
+/* Issue 23: lfm2's keys and tensors, the per-layer head_count_kv array
+ * above all, are checked at load, each failure naming the key, element or
+ * tensor (the fixture rewritten with one defect each). */
+static void test_lfm2_validation(void **state)
+{
+    (void)state;
+    const char *p = test_fixture("models/lfm2.gguf");
+    if (!p) return;
+    char lfm2[512];
+    snprintf(lfm2, sizeof lfm2, "%s", p);
+    const char *bad = tmp_path("bad.gguf");
+    static const uint32_t short3[3] = {0, 2, 0}, big[4] = {0, 2, 0, 5}, mixed[4] = {0, 2, 0, 1};
+    static const uint32_t attn0[4] = {2, 2, 0, 2}, conv1[4] = {0, 0, 0, 2};
+    static const float fl[4] = {0, 2, 0, 2};
+    static const uint32_t one = 1;
+    static uint8_t pl[7][64];
+    size_t n[7] = {
+        arr_payload(pl[0], GGUF_TYPE_UINT32, short3, 3, 4), arr_payload(pl[1], GGUF_TYPE_UINT32, big, 4, 4),
+        arr_payload(pl[2], GGUF_TYPE_FLOAT32, fl, 4, 4),    arr_payload(pl[3], GGUF_TYPE_UINT32, mixed, 4, 4),
+        arr_payload(pl[4], GGUF_TYPE_UINT32, attn0, 4, 4),  arr_payload(pl[5], GGUF_TYPE_UINT32, conv1, 4, 4),
+        0,
+    };
+    const char *kv = "lfm2.attention.head_count_kv";
+    const struct {
+        edit e;
+        keel_status st;
+        const char *msg;
+    } cases[] = {
+        {{.key = kv, .type = GGUF_TYPE_ARRAY, .payload = pl[0], .nbytes = n[0]},
+         KEEL_EFORMAT, "key lfm2.attention.head_count_kv: array of 3 elements, expected one per layer (lfm2.block_count 4)"},
+        {{.key = kv, .type = GGUF_TYPE_ARRAY, .payload = pl[1], .nbytes = n[1]},
+         KEEL_EFORMAT, "key lfm2.attention.head_count_kv[3] = 5 out of range [0, 4]"},
+        {{.key = kv, .type = GGUF_TYPE_ARRAY, .payload = pl[2], .nbytes = n[2]},
+         KEEL_EFORMAT, "key lfm2.attention.head_count_kv: array of f32, expected integers"},
+        {{.key = kv, .type = GGUF_TYPE_ARRAY, .payload = pl[3], .nbytes = n[3]},
+         KEEL_EUNSUPPORTED, "lfm2.attention.head_count_kv: layer 1 has 2 KV heads, layer 3 has 1"},
+        /* the array decides each layer's kind, hence its tensors */
+        {{.key = kv, .type = GGUF_TYPE_ARRAY, .payload = pl[4], .nbytes = n[4]},
+         KEEL_ENOENT, "missing tensor blk.0.attn_q.weight"},
+        {{.key = kv, .type = GGUF_TYPE_ARRAY, .payload = pl[5], .nbytes = n[5]},
+         KEEL_ENOENT, "missing tensor blk.1.shortconv.in_proj.weight"},
+        {{.key = "lfm2.shortconv.l_cache", .type = GGUF_TYPE_UINT32, .payload = &one, .nbytes = 4},
+         KEEL_EFORMAT, "key lfm2.shortconv.l_cache = 1 out of range [2, 64]"},
+        {{.tensor = "token_embd_norm.weight", .elem = 5, .value = NAN},
+         KEEL_EFORMAT, "tensor token_embd_norm.weight: element 5 is NaN"},
+        {{.tensor = "blk.2.shortconv.conv.weight", .elem = 7, .value = INFINITY},
+         KEEL_EFORMAT, "tensor blk.2.shortconv.conv.weight: element 7 is +Inf"},
+        {{.tensor = "output.weight", .copy_of = "blk.0.shortconv.in_proj.weight"},
+         KEEL_EFORMAT, "tensor output.weight: shape [128, 384, 1] (2 dims), expected [128, 512]"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        rewrite(lfm2, bad, &cases[i].e);
+        expect_refused(bad, cases[i].st, cases[i].msg);
+    }
+}
+
+/* lfm2's optional attention.sliding_window makes every attention layer
+ * sliding (llama.cpp's STANDARD SWA for lfm2) and none of the conv layers:
+ * with a window of 16, prompt rows below 16 see what they saw without it,
+ * later rows do not. */
+static void test_lfm2_sliding_window(void **state)
+{
+    (void)state;
+    const char *fp = test_fixture("models/lfm2.gguf");
+    if (!fp) return;
+    char p[512];
+    snprintf(p, sizeof p, "%s", fp);
+    int32_t *prompt = read_i32("ref/lfm2.prompt.i32", N_PROMPT);
+    if (!prompt) return;
+    const char *swa = tmp_path("swa.gguf");
+    static const uint32_t w16 = 16;
+    edit e = {.key = "lfm2.attention.sliding_window", .type = GGUF_TYPE_UINT32, .payload = &w16, .nbytes = 4};
+    rewrite(p, swa, &e);
+    keel_model *full = open_fixture("lfm2"), *slid = NULL;
+    keel_model_params mp = keel_model_params_default();
+    mp.path = swa;
+    char err[256] = "";
+    if (keel_model_open(&mp, &slid, err) != KEEL_OK) fail_msg("open %s: %s", swa, err);
+    keel_model_info mi;
+    keel_model_info_get(slid, &mi);
+    assert_int_equal(mi.n_swa, 16);
+    assert_int_equal(mi.n_swa_layers, 2); /* layers 1 and 3 */
+    float *a = malloc(sizeof(float) * N_PROMPT * N_VOCAB), *b = malloc(sizeof(float) * N_PROMPT * N_VOCAB);
+    run_prompt(full, KEEL_DTYPE_F16, prompt, a, NULL);
+    run_prompt(slid, KEEL_DTYPE_F16, prompt, b, NULL);
+    double below = 0.0, above = 0.0;
+    for (int i = 0; i < N_PROMPT; i++)
+        for (int j = 0; j < N_VOCAB; j++) {
+            double d = fabs((double)a[i * N_VOCAB + j] - (double)b[i * N_VOCAB + j]);
+            if (i < 16) below = fmax(below, d);
+            else above = fmax(above, d);
+        }
+    printf("lfm2 sliding_window 16 vs none: rows < 16 max |dlogit| %.3e, rows >= 16 %.3e\n", below, above);
+    assert_true(below <= 1e-5);
+    assert_true(above > 1e-1);
+    free(a);
+    free(b);
+    free(prompt);
+    keel_model_close(full);
+    keel_model_close(slid);
+}
+
 /* Issue 8 item 8: bad float hyperparameters and NaN/Inf norm weights were
  * accepted and failed later as "sample: invalid argument". Each is refused
  * at load, naming the key or the tensor and element. */
@@ -1247,6 +1365,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_new_arch_validation, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_moe_arch_validation, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_nemotron_h_validation, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_lfm2_validation, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_lfm2_sliding_window, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_unused_tensors_warn, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_not_a_model, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cli_unused_warning, setup_dir, teardown_dir),

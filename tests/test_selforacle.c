@@ -85,8 +85,10 @@ static void test_cache_equals_recompute(void **state)
      * qkv and gate|up as row views of quantized tensors too; qwen3moe,
      * glm4moe: MoE (4 experts, 2 used; glm4moe's NextN layer bound, not
      * run); nemotron_h: its default pattern M*- (Mamba2, attention without
-     * RoPE, ReLU^2 MLP) */
-    const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "glm4moe", "nemotron_h"};
+     * RoPE, ReLU^2 MLP); lfm2: conv, attention, conv (the conv state
+     * carried token by token) */
+    const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "glm4moe", "nemotron_h",
+                           "lfm2"};
     const keel_dtype weights[] = {KEEL_DTYPE_F32, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_K};
     const keel_dtype kvs[] = {KEEL_DTYPE_F32, KEEL_DTYPE_F16, KEEL_DTYPE_Q8_0};
     int32_t toks[N_TOK];

@@ -13,7 +13,7 @@ static void gen_usage(FILE *f)
     keel_gen_params d = keel_gen_params_default();
     fprintf(f,
             "usage: keel gen-model --arch llama|qwen2|qwen3|gemma2|qwen35|qwen3next|mamba2|gpt-oss|\n"
-            "                      deepseek32|gemma3|phi3|qwen3moe|glm4moe|nemotron_h\n"
+            "                      deepseek32|gemma3|phi3|qwen3moe|glm4moe|nemotron_h|lfm2\n"
             "                      [options] --out FILE\n"
             "  --layers N     blocks (%d)\n"
             "  --embd N       embedding width (%d)\n"

@@ -1,8 +1,8 @@
 /*
  * genmodel.c — keel_gen_model: deterministic random-weight GGUF models of
  * the llama, qwen2, qwen3, gemma2, qwen35, qwen3next, mamba2, gpt-oss,
- * deepseek32, gemma3, phi3, qwen3moe, glm4moe and nemotron_h architectures
- * (keel.h describes the shapes),
+ * deepseek32, gemma3, phi3, qwen3moe, glm4moe, nemotron_h and lfm2
+ * architectures (keel.h describes the shapes),
  * with the keys, tensor names and shapes llama.cpp's loader expects, and a
  * vocabulary learned from a built-in text (genvocab.c). docs/formats.md section 7.
  *
@@ -75,6 +75,7 @@ typedef enum gen_family {
     GEN_GLM4MOE,   /* biases, q/k norm, half RoPE, a dense lead layer, sigmoid MoE +
                       shared expert, one NextN (MTP) layer */
     GEN_NEMOTRON_H, /* per layer Mamba2, attention without RoPE or a ReLU^2 MLP */
+    GEN_LFM2,      /* short convs and attention alternating, per-layer head_count_kv */
 } gen_family;
 
 typedef struct gen_arch {
@@ -108,6 +109,8 @@ static const gen_arch g_archs[] = {
     {"qwen3moe", GENMODEL_VOCAB_BPE, false, true, false, false, false, 1000000.0f, 1e-6f, GEN_QWEN3MOE},
     {"glm4moe", GENMODEL_VOCAB_BPE, true, true, false, false, false, 1000000.0f, 1e-5f, GEN_GLM4MOE},
     {"nemotron_h", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_NEMOTRON_H},
+    /* lfm2: q/k norm on the attention layers, tied output */
+    {"lfm2", GENMODEL_VOCAB_SPM, false, true, false, true, false, 1000000.0f, 1e-5f, GEN_LFM2},
 };
 
 /* glm4moe: GLM-4.5's routed weight scale */
@@ -122,6 +125,11 @@ static const gen_arch g_archs[] = {
 #define GEN_GEMMA3_ROPE_FACTOR 8.0f
 #define GEN_GEMMA3_BASE_SWA    10000.0f
 #define GEN_PHI3_ATTN_FACTOR   1.190238f
+
+/* lfm2: layer l is attention iff l % 2 == 1 (conv first, as the fixture);
+ * the conv's taps (LFM2's l_cache) */
+#define GEN_LFM2_ATTN(l)       ((l) % 2 == 1)
+#define GEN_LFM2_L_CACHE       3
 
 #define GEN_FULL_ATTN_INTERVAL 4
 #define GEN_CONV_KERNEL        4
@@ -414,6 +422,25 @@ static void list_family_layer(gen_model *m, int32_t l)
         return;
     }
     add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    if (a->family == GEN_LFM2) {
+        if (GEN_LFM2_ATTN(l)) {
+            add_blk(m, l, "attn_q.weight", E, Q, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk(m, l, "attn_k.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk(m, l, "attn_v.weight", E, KV, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk(m, l, "attn_q_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+            add_blk(m, l, "attn_k_norm.weight", D, 0, GEN_INIT_NORM, NORM_STD);
+            add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
+        } else { /* in_proj rows [B | C | x]; conv [n_embd][l_cache] */
+            add_blk(m, l, "shortconv.in_proj.weight", E, 3 * E, GEN_INIT_NORMAL, inv_sqrt(E));
+            add_blk3(m, l, "shortconv.conv.weight", GEN_LFM2_L_CACHE, E, 0, GEN_INIT_NORMAL, 0.3f, true);
+            add_blk(m, l, "shortconv.out_proj.weight", E, E, GEN_INIT_NORMAL, inv_sqrt(E));
+        }
+        add_blk(m, l, "ffn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "ffn_gate.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
+        return;
+    }
     if (a->family == GEN_PHI3) { /* rows [q | k | v] and [gate | up] */
         add_blk(m, l, "attn_qkv.weight", E, Q + 2 * KV, GEN_INIT_NORMAL, inv_sqrt(E));
         add_blk(m, l, "attn_output.weight", Q, E, GEN_INIT_NORMAL, inv_sqrt(Q));
@@ -507,7 +534,9 @@ static void list_tensors(gen_model *m)
     int64_t E = p->n_embd, V = p->n_vocab, F = p->n_ff, D = p->head_dim;
     int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
     add_t(m, "token_embd.weight", E, V, GEN_INIT_NORMAL, a->gemma ? inv_sqrt(E) : 1.0f);
-    add_t(m, "output_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
+    /* lfm2's final norm is named token_embd_norm (llama.cpp's quirk) */
+    add_t(m, a->family == GEN_LFM2 ? "token_embd_norm.weight" : "output_norm.weight", E, 0, GEN_INIT_NORM,
+          NORM_STD);
     if (!a->tied) add_t(m, "output.weight", E, V, GEN_INIT_NORMAL, inv_sqrt(E));
     if (a->family == GEN_PHI3) { /* LongRoPE factors, 1 + N(0, 0.02) */
         add_t(m, "rope_factors_short.weight", gen_n_rot(m) / 2, 0, GEN_INIT_NORM, NORM_STD);
@@ -569,7 +598,7 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
         return base_err(err, KEEL_EUNSUPPORTED,
                         "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
                         "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, qwen3moe, glm4moe, "
-                        "nemotron_h)",
+                        "nemotron_h, lfm2)",
                         p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
@@ -784,7 +813,7 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         (st = gguf_writer_add_u32(w, KEY("attention.head_count"), mamba ? 0 : (uint32_t)p->n_head)) ||
         (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)))
         goto fail;
-    bool ds = fam == GEN_DEEPSEEK32;
+    bool ds = fam == GEN_DEEPSEEK32, lfm2 = fam == GEN_LFM2;
     if (nem) { /* the layer kinds as per-layer arrays; no RoPE keys */
         int32_t ff[GEN_MAX_LAYER], kv[GEN_MAX_LAYER];
         for (int32_t l = 0; l < p->n_layer; l++) {
@@ -799,9 +828,19 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
             (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_epsilon"), a->rms_eps)))
             goto fail;
     }
+    if (lfm2) { /* per layer: 0 for a conv layer */
+        uint32_t kv[GEN_MAX_LAYER];
+        for (int32_t l = 0; l < p->n_layer; l++) kv[l] = GEN_LFM2_ATTN(l) ? (uint32_t)p->n_head_kv : 0;
+        if ((st = gguf_writer_add_arr(w, KEY("attention.head_count_kv"), GGUF_TYPE_UINT32, kv,
+                                      (uint64_t)p->n_layer)) ||
+            (st = gguf_writer_add_u32(w, KEY("shortconv.l_cache"), GEN_LFM2_L_CACHE)))
+            goto fail;
+    }
+    if (!mamba && !ds && !lfm2 && !nem &&
+        (st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)))
+        goto fail;
     if (!mamba && !ds && !nem &&
-        ((st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv)) ||
-         (st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
+        ((st = gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim)) ||
          (st = gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim)) ||
          (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), n_rot)) ||
          (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base))))

@@ -1,8 +1,9 @@
 /*
  * forward.c — the forward pass of every supported architecture: a loop over
  * layers (no graph, no recursion: design.md rule 8) on the memory core.
- * Each layer is a mixer (attention, Gated DeltaNet, Mamba2 or multi-head
- * latent attention: layer_attn.c, layer_gdn.c, layer_mamba2.c, layer_mla.c)
+ * Each layer is a mixer (attention, Gated DeltaNet, Mamba2, multi-head
+ * latent attention or a gated short convolution: layer_attn.c,
+ * layer_gdn.c, layer_mamba2.c, layer_mla.c, layer_shortconv.c)
  * and an optional FFN (dense or mixture of experts: ffn.c):
  *
  *   x = embed(tokens) * embd_scale
@@ -100,7 +101,8 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
 {
     const model_hp *hp = &w->hp;
     size_t layer = BASE_MAX(BASE_MAX(model_attn_floats(w), model_gdn_floats(w)),
-                            BASE_MAX(BASE_MAX(model_mamba2_floats(w), model_mla_floats(w)), model_ffn_floats(w)));
+                            BASE_MAX(BASE_MAX(model_mamba2_floats(w), model_mla_floats(w)),
+                                     BASE_MAX(model_shortconv_floats(w), model_ffn_floats(w))));
     /* per token, plus one BASE_ALIGN of padding per buffer taken (at most 32
      * per layer function, 4 shared) */
     size_t s = (shared_floats(hp) + layer) * (size_t)n_tokens * sizeof(float) + 40 * BASE_ALIGN;
@@ -222,6 +224,7 @@ keel_status model_forward(const model_w *w, keel_mem *mem, const model_ubatch *u
             case MODEL_MIXER_GDN: st = model_gdn(&f, h, o); break;
             case MODEL_MIXER_MAMBA2: st = model_mamba2(&f, h, o); break;
             case MODEL_MIXER_MLA: st = model_mla(&f, h, o); break;
+            case MODEL_MIXER_SHORTCONV: st = model_shortconv(&f, h, o); break;
             default: st = model_attn(&f, h, o); break;
             }
             if (st != KEEL_OK) return st;

@@ -92,4 +92,13 @@ keel_status arch_nemotron_h_layer(model_loader *l, const model_hp *hp, int32_t i
     snprintf(name, sizeof name, "blk.%d." nm ".weight", i);                                        \
     if ((st = model_get_mat3(l, name, req, cols, rows, hp->n_expert, &L->field)) != KEEL_OK) return st
 
+/* ---- per-architecture files (arch_*.c) ----------------------------------- */
+
+/* lfm2 (arch_lfm2.c): shortconv.l_cache, the per-layer head_count_kv (0: a
+ * conv layer; the attention layers share one count), the optional sliding
+ * window; sets n_head_kv, n_recurrent, ssm_conv_kernel. */
+keel_status model_lfm2_hparams(model_loader *l, model_w *w);
+/* Binds layer i of lfm2 into L (mixer, FFN and their tensors). */
+keel_status model_lfm2_bind_layer(model_loader *l, const model_w *w, int32_t i, model_layer *L);
+
 #endif

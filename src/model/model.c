@@ -23,8 +23,9 @@
  * shared expert), gemma3 (gemma2's block with q/k norm, 5 of 6 layers
  * sliding with their own RoPE base, no soft-caps), phi3 (fused qkv and
  * gate|up bound as row views, partial RoPE, LongRoPE short/long factors),
- * qwen3moe and glm4moe (arch_moe.c), nemotron_h (per layer Mamba2, attention without RoPE or a ReLU^2 MLP:
- * arch_nemotron_h.c).
+ * qwen3moe and glm4moe (arch_moe.c), nemotron_h (per layer Mamba2,
+ * attention without RoPE or a ReLU^2 MLP: arch_nemotron_h.c), lfm2 (gated short convolutions and GQA attention chosen per layer by
+ * head_count_kv, final norm token_embd_norm: arch_lfm2.c).
  */
 #include "loader.h"
 
@@ -58,6 +59,7 @@ static const arch_desc g_archs[] = {
     {"qwen3moe", MODEL_ARCH_QWEN3MOE, KEEL_ROPE_NEOX},
     {"glm4moe", MODEL_ARCH_GLM4MOE, KEEL_ROPE_NEOX},
     {"nemotron_h", MODEL_ARCH_NEMOTRON_H, KEEL_ROPE_NONE}, /* attention without RoPE */
+    {"lfm2", MODEL_ARCH_LFM2, KEEL_ROPE_NEOX},
 };
 
 static bool arch_gemma(model_arch a)
@@ -85,7 +87,9 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
     int64_t QD = (int64_t)hp->n_head * hp->hd_k, KD = (int64_t)hp->n_head_kv * hp->hd_k;
     int64_t VD = (int64_t)hp->n_head_kv * hp->hd_v, OD = (int64_t)hp->n_head * hp->hd_v;
     if ((st = model_get_mat(l, "token_embd.weight", true, E, V, &w->tok_embd)) != KEEL_OK) return st;
-    if ((st = model_get_vec(l, "output_norm.weight", true, E, &w->output_norm)) != KEEL_OK) return st;
+    /* lfm2's final norm is stored as token_embd_norm (arch_lfm2.c) */
+    const char *onorm = hp->arch == MODEL_ARCH_LFM2 ? "token_embd_norm.weight" : "output_norm.weight";
+    if ((st = model_get_vec(l, onorm, true, E, &w->output_norm)) != KEEL_OK) return st;
     if ((st = model_get_mat(l, "output.weight", false, E, V, &w->output)) != KEEL_OK) return st;
     if (!w->output.data) w->output = w->tok_embd;
     const float *ff = NULL, *fshort = NULL, *flong = NULL;
@@ -119,6 +123,10 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
         }
         if (a == MODEL_ARCH_NEMOTRON_H) {
             if ((st = arch_nemotron_h_layer(l, hp, i, L)) != KEEL_OK) return st;
+            continue;
+        }
+        if (a == MODEL_ARCH_LFM2) {
+            if ((st = model_lfm2_bind_layer(l, w, i, L)) != KEEL_OK) return st;
             continue;
         }
         bool gdn = arch_gdn(a);
@@ -416,6 +424,7 @@ static keel_status read_arch_hparams(model_loader *l, model_w *w)
     if (a == MODEL_ARCH_DEEPSEEK32) return read_mla_hparams(l, w);
     if (arch_moe(a)) return model_moe_hparams(l, w);
     if (a == MODEL_ARCH_NEMOTRON_H) return arch_nemotron_h_hparams(l, hp);
+    if (a == MODEL_ARCH_LFM2) return model_lfm2_hparams(l, w);
     return KEEL_OK;
 }
 
@@ -434,7 +443,7 @@ static keel_status read_hparams(model_loader *l, model_w *w)
         return base_err(l->err, KEEL_EUNSUPPORTED,
                         "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
                         "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, "
-                        "qwen3moe, glm4moe, nemotron_h)",
+                        "qwen3moe, glm4moe, nemotron_h, lfm2)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
@@ -452,7 +461,10 @@ static keel_status read_hparams(model_loader *l, model_w *w)
         if ((st = model_key_int(l, "attention.head_count", !mamba, 0, mamba ? 0 : 1, mamba ? 0 : 4096,
                                 &hp->n_head)) != KEEL_OK)
             return st;
-        if ((st = model_key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
+        /* lfm2: a per-layer array (0: a conv layer), read by arch_lfm2.c */
+        hp->n_head_kv = hp->n_head;
+        if (hp->arch != MODEL_ARCH_LFM2 &&
+            (st = model_key_int(l, "attention.head_count_kv", false, hp->n_head, mamba ? 0 : 1, hp->n_head,
                                 &hp->n_head_kv)) != KEEL_OK)
             return st;
         if (!mamba && hp->n_head % hp->n_head_kv)
@@ -733,7 +745,11 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
             /* the state shapes of layer_gdn.c / layer_mamba2.c */
             L->kind = KEEL_MEM_LAYER_RECURRENT;
             L->rs.conv_kernel = hp->ssm_conv_kernel;
-            if (ML->mixer == MODEL_MIXER_GDN) {
+            if (ML->mixer == MODEL_MIXER_SHORTCONV) {
+                /* lfm2: the conv's last l_cache - 1 inputs (B * x), no SSM state */
+                L->rs.conv_channels = hp->n_embd;
+                L->rs.state_floats = 0;
+            } else if (ML->mixer == MODEL_MIXER_GDN) {
                 L->rs.conv_channels = model_gdn_conv_channels(hp);
                 L->rs.state_floats = (int64_t)hp->ssm_dt_rank * hp->ssm_d_state * hp->ssm_d_state;
             } else {

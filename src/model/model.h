@@ -35,16 +35,19 @@ typedef enum model_arch {
                                  RoPE, q/k/v biases; NextN (MTP) layers bound, never run */
     MODEL_ARCH_NEMOTRON_H = 13, /* per layer one of Mamba2, attention without RoPE, ReLU^2
                                    MLP (arch_nemotron_h.c) */
+    MODEL_ARCH_LFM2 = 14,     /* gated short convolutions + GQA attention (per-layer
+                                 head_count_kv, 0 = conv), SwiGLU everywhere (arch_lfm2.c) */
 } model_arch;
 
 /* What mixes tokens in a layer (one file per kind: layer_attn.c,
- * layer_gdn.c, layer_mamba2.c). */
+ * layer_gdn.c, layer_mamba2.c, layer_mla.c, layer_shortconv.c). */
 typedef enum model_mixer {
     MODEL_MIXER_ATTN = 0,   /* attention over the memory core */
     MODEL_MIXER_GDN = 1,    /* Gated DeltaNet: conv1d + gated delta rule */
     MODEL_MIXER_MAMBA2 = 2, /* Mamba2 selective scan */
     MODEL_MIXER_MLA = 3,    /* multi-head latent attention with the DSA indexer (layer_mla.c) */
     MODEL_MIXER_NONE = 4,   /* no mixer: the block is its FFN (nemotron_h's MLP layers) */
+    MODEL_MIXER_SHORTCONV = 5, /* lfm2: gated depthwise causal conv (layer_shortconv.c) */
 } model_mixer;
 
 typedef enum model_ffn_kind {
@@ -115,13 +118,14 @@ typedef struct model_layer {
     const float *idx_k_norm, *idx_k_norm_b; /* [idx_dim] LayerNorm */
     model_mat idx_proj;          /* [n_embd -> idx_heads] head weights */
     /* recurrent mixers (Gated DeltaNet, Mamba2) */
-    model_mat ssm_in;            /* mamba2: [n_embd -> 2 d_inner + 2 n_group d_state + n_head] */
+    model_mat ssm_in;            /* mamba2: [n_embd -> 2 d_inner + 2 n_group d_state + n_head];
+                                    lfm2 shortconv.in_proj: [n_embd -> 3 n_embd] = [B | C | x] */
     model_mat ssm_qkv;           /* gdn: [n_embd -> conv channels (q | k | v)] */
     model_mat ssm_z;             /* gdn: [n_embd -> v_dim] output gate */
     model_mat ssm_beta, ssm_alpha; /* gdn: [n_embd -> v heads] */
     model_mat ssm_ba;            /* gdn fused (qwen3next): [n_embd -> 2 v heads], per k head [b | a] */
-    model_mat ssm_out;           /* [v_dim or d_inner -> n_embd] */
-    const float *ssm_conv;       /* [conv channels][conv kernel] */
+    model_mat ssm_out;           /* [v_dim or d_inner -> n_embd]; lfm2 shortconv.out_proj */
+    const float *ssm_conv;       /* [conv channels][conv kernel] (lfm2: channels n_embd) */
     const float *ssm_conv_b;     /* mamba2: [conv channels] */
     const float *ssm_dt_b;       /* [v heads / heads] */
     const float *ssm_a;          /* [v heads / heads] (negative: -exp(A_log)) */
@@ -312,6 +316,8 @@ size_t model_mamba2_floats(const model_w *w);
 keel_status model_mamba2(const model_fw *f, const float *h, float *o);
 size_t model_mla_floats(const model_w *w);
 keel_status model_mla(const model_fw *f, const float *h, float *o);
+size_t model_shortconv_floats(const model_w *w);
+keel_status model_shortconv(const model_fw *f, const float *h, float *o);
 size_t model_ffn_floats(const model_w *w);
 keel_status model_ffn(const model_fw *f, const float *h, float *o);
 
