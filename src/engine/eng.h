@@ -356,7 +356,8 @@ keel_status eng_prompt_tokens(keel_engine *e, eng_slot *sl, const eng_req *r, ch
 /* Where a checkpoint of this chat prompt (sl->prompt, rendered as text)
  * is worth keeping, into sl->marks: the end of the system prompt and
  * tools, the start of the first and of the last ENG_LAST_USERS user
- * messages, the end of each cache_control message, the end of the prompt.
+ * messages, the end of each cache_control message, the start of the
+ * generation prompt, the end of the prompt.
  * A mark is the longest token prefix the prompt shares with the rendering
  * of the messages before it, so a later prompt that changes only what
  * follows shares it too. Renders and tokenizes on the calling thread;

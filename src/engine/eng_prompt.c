@@ -845,6 +845,15 @@ keel_status eng_prompt_marks(keel_engine *e, eng_slot *sl, const eng_req *r, con
         want_k[n_want] = r->breaks[i] + 1;
         want_p[n_want++] = ENG_PRIO_BREAK;
     }
+    /* where the generation prompt starts: the next turn renders this
+     * conversation again with the answer in place of the generation
+     * prompt, which templates often write differently (a reasoning opener
+     * the history drops), and a template that refuses a shorter
+     * conversation still renders this one */
+    if (r->o.add_generation_prompt && r->cont == TOOLCALL_CONT_NONE && n_msgs > 0) {
+        want_k[n_want] = n_msgs;
+        want_p[n_want++] = ENG_PRIO_RECENT;
+    }
     keel_status st = KEEL_OK;
     jinja_buf part = {NULL, 0, 0};
     int32_t *toks = NULL;
