@@ -145,6 +145,17 @@ keel_status keel_set_simd(const char *name);
 /* The kernel path in force: "scalar", "avx2" or "avx512". Static string. */
 const char *keel_simd_name(void);
 
+/* OpenBLAS (prompt processing's large products) picks its kernels from the
+ * CPU model when the process loads it; on a model it does not know (a newer
+ * CPU, or a VM that hides it) it falls back to generic SSE3 kernels, several
+ * times slower. NULL when its kernels use the CPU's AVX2 / AVX-512 (or the
+ * CPU has neither), else the OPENBLAS_CORETYPE value that does ("Haswell",
+ * "SkylakeX"): set it in the environment before the process starts. keel
+ * and keel serve restart themselves with it; a program that loads libkeel
+ * gets one warning through the log callback at its first large product.
+ * Static string. */
+const char *keel_blas_coretype_advice(void);
+
 /* ======================================================================== */
 /* Data types                                                               */
 /* ======================================================================== */

@@ -543,6 +543,33 @@ static void test_strict_parsing(void **state)
 }
 
 /* Items 16, 17: bench's flags, help, exit codes and stderr; sampler messages. */
+/* OpenBLAS's generic fallback on a CPU it does not know: keel restarts
+ * itself with the kernels that use the CPU's SIMD (the bench header names
+ * the core in force), never over a setting of the user's own, which only
+ * gets the library's warning. Where OpenBLAS knows the CPU there is nothing
+ * to restart (keel_blas_coretype_advice is NULL): said, and only the
+ * user's setting is checked. */
+static void test_blas_coretype_restart(void **state)
+{
+    (void)state;
+    char cmd[2048], err[8192];
+    const char *want = keel_blas_coretype_advice();
+    snprintf(cmd, sizeof cmd, "env -u OPENBLAS_CORETYPE %s bench -m %s -p 8 -n 0 -r 1 --json", bin(), g_spm);
+    assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+    if (want) {
+        char core[64];
+        snprintf(core, sizeof core, "\"blas_core\": \"%s\"", want);
+        if (!strstr(g_out, core)) fail_msg("no restart with OPENBLAS_CORETYPE=%s: %s", want, g_out);
+    } else {
+        print_message("OpenBLAS uses this CPU's SIMD (%s): no restart to check\n", keel_simd_name());
+    }
+    snprintf(cmd, sizeof cmd, "OPENBLAS_CORETYPE=Prescott %s bench -m %s -p 8 -n 0 -r 1 --json", bin(), g_spm);
+    assert_int_equal(run_err(cmd, err, sizeof err), 0);
+    assert_null(strstr(err, "OPENBLAS_CORETYPE=")); /* the user's choice: no advice */
+    assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+    assert_non_null(strstr(g_out, "\"blas_core\": \"Prescott\""));
+}
+
 static void test_bench_and_sampler_messages(void **state)
 {
     (void)state;
@@ -758,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_logits),
         cmocka_unit_test(test_strict_parsing),
         cmocka_unit_test(test_bench_and_sampler_messages),
+        cmocka_unit_test(test_blas_coretype_restart),
         cmocka_unit_test(test_run_hybrid_fixtures),
         cmocka_unit_test(test_help_and_inspect_escapes),
     };

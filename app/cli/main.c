@@ -5,7 +5,9 @@
 #include "../server/srv.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct cli_command {
     const char *name;
@@ -63,12 +65,27 @@ static void usage(FILE *f)
     fprintf(f, "  --version                                  print the version\n");
 }
 
+/* OpenBLAS chose its generic kernels on a CPU it does not know: run again
+ * with the ones that use the CPU's SIMD (keel_blas_coretype_advice). The
+ * variable is read when the process loads OpenBLAS, hence the exec; once,
+ * and never over the user's own setting. On failure, go on as is (the
+ * library warns). */
+static void blas_restart(char **argv)
+{
+    const char *want = keel_blas_coretype_advice();
+    if (!want || getenv("OPENBLAS_CORETYPE")) return;
+    if (setenv("OPENBLAS_CORETYPE", want, 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* exec failed: nothing changed */
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
+    blas_restart(argv);
     keel_set_log(cli_log, NULL, KEEL_LOG_WARN);
     const char *cmd = argv[1];
     int rc = -1;

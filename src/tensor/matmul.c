@@ -22,6 +22,9 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 
 #define MATVEC_MIN_ROWS         16                /* rows per task, at least */
 #define MATVEC_TASKS_PER_THREAD 8                 /* for load balance */
@@ -298,9 +301,40 @@ keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n
 
 static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
 
+/* What OpenBLAS's generic fallback costs: on a CPU model it does not know
+ * (a newer one, or a VM that hides it) its dynamic dispatch picks the SSE3
+ * "Prescott" kernels, measured 31 against 217 GFLOP/s (SkylakeX kernels) for
+ * a 2048 x 1024 x 512 dequantize + sgemm on 2 threads of an AVX-512 Xeon.
+ * The AVX2 / FMA (Haswell, Zen) and AVX-512 (SkylakeX, Cooperlake,
+ * SapphireRapids) cores are OpenBLAS's own informed choices: left alone. */
+const char *keel_blas_coretype_advice(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    static const char *const fit[] = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"};
+    __builtin_cpu_init();
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const char *core = openblas_get_corename();
+    if (!avx2 || !core) return NULL;
+    for (size_t i = 0; i < BASE_ARRAY_LEN(fit); i++)
+        if (strcasecmp(core, fit[i]) == 0) return NULL;
+    return avx512 ? "SkylakeX" : "Haswell";
+#else
+    return NULL;
+#endif
+}
+
 static void blas_init(void)
 {
     openblas_set_num_threads(1);
+    const char *want = keel_blas_coretype_advice();
+    if (want && !getenv("OPENBLAS_CORETYPE")) /* a setting of the user's own is left alone */
+        base_log(KEEL_LOG_WARN,
+                 "OpenBLAS runs its generic '%s' kernels on this %s CPU (it does not know the model): large "
+                 "matrix products run several times slower; set OPENBLAS_CORETYPE=%s before the process "
+                 "starts (keel and keel serve restart themselves with it)",
+                 openblas_get_corename(), strcmp(want, "SkylakeX") == 0 ? "AVX-512" : "AVX2", want);
 }
 
 /* Rows of W per dequantized tile: about MATMUL_TILE_BYTES of f32, a
