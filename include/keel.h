@@ -887,7 +887,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 /* Random-weight models for tests and benchmarks (keel gen-model). */
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
-                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3" */
+                            "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3", "deepseek2" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -904,6 +904,15 @@ typedef struct keel_gen_params {
     int32_t n_expert_used; /* experts per token (2) */
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
     int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */
+    /* deepseek2 (0: the default in parentheses) */
+    int32_t q_lora;          /* q LoRA rank (2 head_dim); -1: none, a plain attn_q (DeepSeek-V2-Lite) */
+    int32_t n_expert_groups; /* grouped routing: expert groups (n_expert / 2 when even and >= 4);
+                                -1: none */
+    int32_t n_group_used;    /* groups the experts are chosen in (half the groups, at least 1) */
+    int32_t gating;          /* router: 1 softmax, 2 sigmoid with a selection bias (2) */
+    float yarn_factor;       /* YaRN rope.scaling.factor (0: no RoPE scaling) */
+    float yarn_log_mul;      /* rope.scaling.yarn_log_mul = 0.1 mscale_all_dim, with yarn_factor
+                                (0: key absent) */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
@@ -921,6 +930,9 @@ keel_gen_params keel_gen_params_default(void);
  * 2 head_dim, top_k), layer 0 dense and MoE after it (sigmoid router with
  * a selection bias, weights normalized and scaled by 2.5, a shared expert
  * of n_ff); head_dim a multiple of 16; n_head_kv is ignored (MLA);
+ * deepseek2 is deepseek32 without the indexer (any even head_dim), q LoRA
+ * optional (q_lora), 8 experts by default in n_expert_groups groups,
+ * softmax or sigmoid gating (the bias only with sigmoid), optional YaRN;
  * gemma3 is gemma2's block with q/k norms and no soft-caps, layers sliding
  * (n_swa) but every 6th, RoPE base 1e6 with linear factor 8 on the global
  * layers and 10000 on the sliding ones; phi3 has fused attn_qkv and

@@ -49,6 +49,12 @@ model_mat model_mat_rows(const model_mat *m, int64_t row0, int64_t n_rows);
 /* A RoPE frequency-factor tensor of n_rot / 2 elements, each > 0. */
 keel_status model_get_rope_factors(model_loader *l, const char *name, int32_t n_rot, const float **out);
 
+/* arch_deepseek2.c: the multi-head latent attention family (deepseek2,
+ * deepseek32): its keys, YaRN's attention scale, the experts; then each
+ * layer's attention tensors. */
+keel_status model_mla_hparams(model_loader *l, model_w *w);
+keel_status model_mla_bind_layer(model_loader *l, const model_hp *hp, model_layer *L, int32_t i);
+
 /*
  * Per-layer binding shorthands: they expect in scope `model_loader *l`,
  * `model_layer *L`, `int32_t i` (the layer), `char name[160]`,
