@@ -825,6 +825,10 @@ typedef struct keel_model_info {
     int32_t n_expert, n_expert_used, n_ff_expert, n_ff_shared_expert;
     int32_t q_lora_rank, kv_lora_rank; /* multi-head latent attention */
     int32_t indexer_heads, indexer_dim, indexer_top_k; /* sparse-attention indexer */
+    int32_t n_expert_groups, n_group_used; /* grouped expert routing (deepseek2) */
+    bool expert_sigmoid;  /* the router's gating: sigmoid (else softmax) */
+    float attn_scale;     /* multiplies q.k (1/sqrt(head_dim) unless the model says otherwise;
+                             MLA with YaRN: mscale^2 / sqrt(q.k dims)) */
 } keel_model_info;
 
 /* Fills info (pointers valid until the model is closed). */
@@ -910,7 +914,7 @@ typedef struct keel_gen_params {
                                 -1: none */
     int32_t n_group_used;    /* groups the experts are chosen in (half the groups, at least 1) */
     int32_t gating;          /* router: 1 softmax, 2 sigmoid with a selection bias (2) */
-    float yarn_factor;       /* YaRN rope.scaling.factor (0: no RoPE scaling) */
+    float yarn_factor;       /* deepseek2, deepseek32: YaRN rope.scaling.factor (0: no RoPE scaling) */
     float yarn_log_mul;      /* rope.scaling.yarn_log_mul = 0.1 mscale_all_dim, with yarn_factor
                                 (0: key absent) */
 } keel_gen_params;

@@ -600,14 +600,14 @@ static void test_bench_and_sampler_messages(void **state)
 static void test_run_hybrid_fixtures(void **state)
 {
     (void)state;
-    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3"};
-    const int exact[] = {64, 64, 64, 20, 64, 64, 64}; /* gpt-oss: docs/models.md, step 20 */
-    const double tol[] = {1e-3, 1e-3, 1e-4, 4e-3, 2e-3, 1.2e-2, 1.5e-3}; /* as test_model.c */
+    const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3", "deepseek2"};
+    const int exact[] = {64, 64, 64, 20, 64, 64, 64, 64}; /* gpt-oss: docs/models.md, step 20 */
+    const double tol[] = {1e-3, 1e-3, 1e-4, 4e-3, 2e-3, 1.2e-2, 1.5e-3, 2.3e-3}; /* as test_model.c */
     char cmd[16384], ids[4096], rel[128], m[1024];
     char idsout[] = "/tmp/keel_test_hids_XXXXXX", lgout[] = "/tmp/keel_test_hlg_XXXXXX";
     int fd1 = mkstemp(idsout), fd2 = mkstemp(lgout);
     assert_true(fd1 >= 0 && fd2 >= 0);
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < 8; k++) {
         snprintf(rel, sizeof rel, "models/%s.gguf", models[k]);
         const char *mdl = test_fixture(rel);
         if (!mdl) break;
@@ -656,8 +656,8 @@ static void test_run_hybrid_fixtures(void **state)
     snprintf(cmd, sizeof cmd, "%s run -m %s -p x --checkpoint-every x", bin(), g_spm);
     assert_int_equal(run_err(cmd, err, sizeof err), 2);
     /* gen-model writes the new architectures and run reads them */
-    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3"};
-    for (int k = 0; k < 7; k++) {
+    const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3", "deepseek2"};
+    for (int k = 0; k < 8; k++) {
         char path[64] = "/tmp/keel_cli_hyb_XXXXXX";
         assert_int_equal(make_temp(path), 0);
         snprintf(cmd, sizeof cmd, "%s gen-model --arch %s --layers 4 --embd 64 --vocab 320 --out %s",
@@ -668,19 +668,37 @@ static void test_run_hybrid_fixtures(void **state)
                  bin(), path);
         assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
         /* inspect names each architecture's own shapes */
-        static const char *const want[7][2] = {{"recurrent    3 of 4 layers", NULL},
+        static const char *const want[8][2] = {{"recurrent    3 of 4 layers", NULL},
                                                {"recurrent    3 of 4 layers", "experts "},
                                                {"recurrent    4 of 4 layers", NULL},
                                                {"sliding ", "experts "},
                                                {"mla          q_lora", "indexer "},
                                                {"sliding      window 32 on 4 of 4 layers", "freq_scale 0.125"},
-                                               {"n_rot 12, base 10000", NULL}};
+                                               {"n_rot 12, base 10000", NULL},
+                                               {"mla          q_lora 32, kv_lora 32, attention scale 0.176777",
+                                                "routing      sigmoid, experts chosen in the best 2 of 4 groups"}};
         snprintf(cmd, sizeof cmd, "%s inspect -m %s", bin(), path);
         assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
         for (int w = 0; w < 2; w++)
             if (want[k][w] && !strstr(g_out, want[k][w])) fail_msg("%s inspect: no '%s' in\n%s", archs[k], want[k][w], g_out);
         unlink(path);
     }
+    /* deepseek2 without q LoRA, softmax-gated, with YaRN: the attention
+     * scale (1 + 0.1 mscale_all_dim ln factor)^2 / sqrt(32) =
+     * (1 + 0.0707 ln 40)^2 / sqrt(32) = 0.281009 (arch_deepseek2.c) */
+    char path[64] = "/tmp/keel_cli_ds2_XXXXXX";
+    assert_int_equal(make_temp(path), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s gen-model --arch deepseek2 --embd 64 --vocab 320 --q-lora -1 --gating 1 --yarn-factor 40 "
+             "--yarn-log-mul 0.0707 --out %s && %s run -m %s -p 'Once upon a time' -n 8 --temp 0 && "
+             "%s inspect -m %s",
+             bin(), path, bin(), path, bin(), path);
+    assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+    static const char *const want_yarn[] = {"freq_scale 0.025 (yarn)", "routing      softmax",
+                                            "mla          q_lora 0, kv_lora 32, attention scale 0.281009"};
+    for (size_t w = 0; w < sizeof want_yarn / sizeof want_yarn[0]; w++)
+        if (!strstr(g_out, want_yarn[w])) fail_msg("deepseek2 YaRN inspect: no '%s' in\n%s", want_yarn[w], g_out);
+    unlink(path);
 }
 
 static void test_help_and_inspect_escapes(void **state)

@@ -474,9 +474,10 @@ static keel_status resolve_deepseek(gen_model *m, char *err)
         if (fam == GEN_DEEPSEEK32) { /* the indexer reads the q LoRA: always on, sigmoid, no groups */
             q->q_lora = 2 * q->head_dim;
             q->gating = 2;
+        } else {
+            q->yarn_factor = q->yarn_log_mul = 0.0f;
         }
         q->n_expert_groups = q->n_group_used = 0;
-        q->yarn_factor = q->yarn_log_mul = 0.0f;
         return KEEL_OK;
     }
     if (q->q_lora == 0) q->q_lora = 2 * q->head_dim;
