@@ -310,7 +310,8 @@ static void test_fixture_incremental(void **state)
 /* Position edits rotate each layer's keys with that layer's own RoPE
  * (issue 23): gemma3's sliding layers (base 10000, unscaled; window 32, so
  * the rings have wrapped) and its global layer (base 1e6, linear 1/8);
- * phi3's LongRoPE factors, without its attn_factor (a rotation only). 100
+ * phi3's LongRoPE factors, without its attn_factor (a rotation only);
+ * deepseek2's MLA cache row, whose first 16 dims (k_pe) rotate. 100
  * prompt tokens at positions 0..99 shifted by +50 (keel_mem_seq_add), then
  * token 100 at position 150, equals the same tokens decoded at 50..150
  * from the start, within the f16 rounding of the re-rotated keys. With
@@ -318,8 +319,8 @@ static void test_fixture_incremental(void **state)
 static void test_fixture_shift_per_layer_rope(void **state)
 {
     (void)state;
-    const char *models[] = {"gemma3", "phi3"};
-    for (int mi = 0; mi < 2; mi++) {
+    const char *models[] = {"gemma3", "phi3", "deepseek2"};
+    for (int mi = 0; mi < 3; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "ref/%s.prompt.i32", models[mi]);
         int32_t *prompt = read_i32(rel, N_PROMPT);
