@@ -904,7 +904,7 @@ typedef struct keel_gen_params {
     keel_dtype dtype;    /* weight matrices (norms stay f32) */
     uint64_t seed;       /* 1 */
     /* issue 11 architectures (0: the default in parentheses) */
-    int32_t n_expert;      /* qwen3next, gpt-oss: experts (4) */
+    int32_t n_expert;      /* qwen3next, gpt-oss, deepseek32: experts (4; deepseek2: 8) */
     int32_t n_expert_used; /* experts per token (2) */
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
     int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #define N_PROMPT 200
-#define N_VOCAB 512
+#define N_VOCAB  512
 
 /* One change for rewrite(): a key set (added when absent) to a raw value
  * (type + payload as in a file), or every f32 element of the tensors
@@ -70,7 +70,8 @@ static void rewrite(const char *src, const char *dst, const change *c, int n)
         assert_ok(gguf_writer_add_raw(w, k, v->type, v->data - head, v->nbytes + head));
     }
     for (int j = 0; j < n; j++)
-        if (c[j].key && !done[j]) assert_ok(gguf_writer_add_raw(w, c[j].key, c[j].type, c[j].payload, c[j].nbytes));
+        if (c[j].key && !done[j])
+            assert_ok(gguf_writer_add_raw(w, c[j].key, c[j].type, c[j].payload, c[j].nbytes));
     float *bufs[16] = {NULL};
     int nb = 0;
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
@@ -78,12 +79,14 @@ static void rewrite(const char *src, const char *dst, const change *c, int n)
         const void *data = t->data;
         for (int j = 0; j < n; j++) {
             size_t tl = c[j].tensor ? strlen(c[j].tensor) : 0;
-            if (!tl || t->name_len < tl || strcmp(t->name + t->name_len - tl, c[j].tensor) != 0) continue;
+            if (!tl || t->name_len < tl || strcmp(t->name + t->name_len - tl, c[j].tensor) != 0)
+                continue;
             assert_int_equal(t->dtype, KEEL_DTYPE_F32);
             assert_true(nb < 16);
             float *p = malloc(t->nbytes);
             memcpy(p, t->data, t->nbytes);
-            for (size_t e = 0; e < t->nbytes / sizeof(float); e++) p[e] *= c[j].scale;
+            for (size_t e = 0; e < t->nbytes / sizeof(float); e++)
+                p[e] *= c[j].scale;
             bufs[nb++] = p;
             data = p;
         }
@@ -91,7 +94,8 @@ static void rewrite(const char *src, const char *dst, const change *c, int n)
     }
     st = gguf_writer_write_path(w, dst);
     if (st) fail_msg("write %s: %s", dst, gguf_writer_last_error(w));
-    for (int j = 0; j < nb; j++) free(bufs[j]);
+    for (int j = 0; j < nb; j++)
+        free(bufs[j]);
     gguf_writer_close(w);
     gguf_close(g);
 }
@@ -119,7 +123,8 @@ static keel_model *open_path(const char *path)
 
 /* Logits of every position of toks[0..n) in one batch, f32 or the given
  * K and V types, into out [n][n_vocab]. */
-static void logits_of(keel_model *m, const int32_t *toks, int n, keel_dtype tk, keel_dtype tv, float *out)
+static void logits_of(keel_model *m, const int32_t *toks, int n, keel_dtype tk, keel_dtype tv,
+                      float *out)
 {
     keel_model_info mi;
     keel_model_info_get(m, &mi);
@@ -138,14 +143,16 @@ static void logits_of(keel_model *m, const int32_t *toks, int n, keel_dtype tk, 
     keel_batch b = {n, toks, NULL, NULL, flags};
     assert_ok(keel_decode(c, &b));
     for (int i = 0; i < n; i++)
-        memcpy(out + (size_t)i * (size_t)mi.n_vocab, keel_logits(c, i), (size_t)mi.n_vocab * sizeof(float));
+        memcpy(out + (size_t)i * (size_t)mi.n_vocab, keel_logits(c, i),
+               (size_t)mi.n_vocab * sizeof(float));
     keel_context_close(c);
 }
 
 static double max_diff(const float *a, const float *b, size_t n)
 {
     double d = 0.0;
-    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
     return d;
 }
 
@@ -156,7 +163,8 @@ static void test_yarn_attention_scale(void **state)
     const float log_mul[2] = {0.0707f, 0.1f}; /* V2's mscale_all_dim 0.707, V3's 1 (x 0.1) */
     const float factor = 40.0f;
     int32_t toks[40];
-    for (int i = 0; i < 40; i++) toks[i] = 3 + (i * 131) % 290;
+    for (int i = 0; i < 40; i++)
+        toks[i] = 3 + (i * 131) % 290;
     for (int a = 0; a < 2; a++) {
         char yarn[64], none[64], scaled[64], tmp[64];
         assert_true(test_temp_file(yarn, sizeof yarn, "ds2_yarn"));
@@ -177,7 +185,8 @@ static void test_yarn_attention_scale(void **state)
         char key[2][96], tkey[96];
         snprintf(key[0], sizeof key[0], "%s.rope.scaling.yarn_beta_fast", archs[a]);
         snprintf(key[1], sizeof key[1], "%s.rope.scaling.yarn_beta_slow", archs[a]);
-        change betas[2] = {{key[0], GGUF_TYPE_FLOAT32, &tiny, 4, NULL, 0}, {key[1], GGUF_TYPE_FLOAT32, &tiny, 4, NULL, 0}};
+        change betas[2] = {{key[0], GGUF_TYPE_FLOAT32, &tiny, 4, NULL, 0},
+                           {key[1], GGUF_TYPE_FLOAT32, &tiny, 4, NULL, 0}};
         rewrite(tmp, yarn, betas, 2);
         char sbuf[32];
         size_t sn = gguf_str(sbuf, sizeof sbuf, "none");
@@ -196,7 +205,8 @@ static void test_yarn_attention_scale(void **state)
         logits_of(mn, toks, (int)n, KEEL_DTYPE_F32, KEEL_DTYPE_F32, ln);
         logits_of(ms_, toks, (int)n, KEEL_DTYPE_F32, KEEL_DTYPE_F32, ls);
         double d_scaled = max_diff(ly, ls, n * V), d_none = max_diff(ly, ln, n * V);
-        printf("%-10s YaRN factor %g, mscale_all_dim %g: vs queries x mscale^2 = %.4f: max |dlogit| %.2e; "
+        printf("%-10s YaRN factor %g, mscale_all_dim %g: vs queries x mscale^2 = %.4f: max "
+               "|dlogit| %.2e; "
                "vs no scaling %.2e\n",
                archs[a], (double)factor, (double)L, (double)(ms * ms), d_scaled, d_none);
         /* f32 throughout: only where the factor enters the sums differs */
@@ -252,7 +262,8 @@ static void test_fixture_features(void **state)
         logits_of(m, prompt, N_PROMPT, KEEL_DTYPE_F16, KEEL_DTYPE_F16, got);
         double d = max_diff(got, ref, (size_t)N_PROMPT * N_VOCAB);
         const double theirs = k ? 3.8 : 3.4; /* the README's, rounded to 0.1 */
-        printf("deepseek2 %s: max |dlogit| vs llama.cpp %.2f (its own: %.1f)\n", what[k], d, theirs);
+        printf("deepseek2 %s: max |dlogit| vs llama.cpp %.2f (its own: %.1f)\n", what[k], d,
+               theirs);
         assert_true(fabs(d - theirs) <= 0.1);
         keel_model_close(m);
         unlink(paths[k]);
@@ -291,11 +302,13 @@ static void test_fixture_features(void **state)
             if (ia != ib) {
                 ties++;
                 if (!((double)b[ib] - (double)b[ib2] <= 2.0 * rd))
-                    fail_msg("V %s: row %d argmax %d, reference %d (margin %.4f, row differs by %.4f)",
-                             keel_dtype_name(vt[k]), i, ia, ib, (double)(b[ib] - b[ib2]), rd);
+                    fail_msg(
+                        "V %s: row %d argmax %d, reference %d (margin %.4f, row differs by %.4f)",
+                        keel_dtype_name(vt[k]), i, ia, ib, (double)(b[ib] - b[ib2]), rd);
             }
         }
-        printf("deepseek2 K f16, V %s: max |dlogit| vs llama.cpp's f16 %.3e on all rows but %d (tol %.0e); "
+        printf("deepseek2 K f16, V %s: max |dlogit| vs llama.cpp's f16 %.3e on all rows but %d "
+               "(tol %.0e); "
                "%d argmax flips at near-ties\n",
                keel_dtype_name(vt[k]), kept, over, tol[k], ties);
         assert_true(over <= 1);
@@ -338,31 +351,55 @@ static void test_fixture_validation(void **state)
         keel_status st;
         const char *msg;
     } cases[] = {
-        {{{"deepseek2.expert_group_count", GGUF_TYPE_UINT32, &three, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+        {{{"deepseek2.expert_group_count", GGUF_TYPE_UINT32, &three, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "deepseek2: expert_group_count 3 / expert_group_used_count 2 with expert_count 8"},
-        {{{"deepseek2.expert_group_used_count", GGUF_TYPE_UINT32, &four, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+        {{{"deepseek2.expert_group_used_count", GGUF_TYPE_UINT32, &four, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "expert_group_count 4 / expert_group_used_count 4"},
-        {{{"deepseek2.expert_group_count", GGUF_TYPE_UINT32, &eight, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+        {{{"deepseek2.expert_group_count", GGUF_TYPE_UINT32, &eight, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "expert_group_count 8 / expert_group_used_count 2 with expert_count 8"},
-        {{{"deepseek2.expert_group_count", GGUF_TYPE_UINT32, &nine, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+        {{{"deepseek2.expert_group_count", GGUF_TYPE_UINT32, &nine, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "expert_group_count 9 /"},
         /* q LoRA off (DeepSeek-V2-Lite): a plain attn_q is then needed */
-        {{{"deepseek2.attention.q_lora_rank", GGUF_TYPE_UINT32, &zero, 4, NULL, 0}}, 1, KEEL_ENOENT,
+        {{{"deepseek2.attention.q_lora_rank", GGUF_TYPE_UINT32, &zero, 4, NULL, 0}},
+         1,
+         KEEL_ENOENT,
          "blk.0.attn_q.weight"},
-        {{{"deepseek2.attention.key_length_mla", GGUF_TYPE_UINT32, &odd, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+        {{{"deepseek2.attention.key_length_mla", GGUF_TYPE_UINT32, &odd, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "key_length_mla 47 > rope dims and even"},
-        {{{"deepseek2.expert_gating_func", GGUF_TYPE_UINT32, &three, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+        {{{"deepseek2.expert_gating_func", GGUF_TYPE_UINT32, &three, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "key deepseek2.expert_gating_func = 3 out of range [1, 2]"},
-        {{{"deepseek2.rope.scaling.yarn_log_mul", GGUF_TYPE_FLOAT32, &neg, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+        {{{"deepseek2.rope.scaling.yarn_log_mul", GGUF_TYPE_FLOAT32, &neg, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "key deepseek2.rope.scaling.yarn_log_mul = -1: outside [0, 100]"},
-        {{{"deepseek2.attention.temperature_scale", GGUF_TYPE_FLOAT32, &temp, 4, NULL, 0}}, 1, KEEL_EUNSUPPORTED,
+        {{{"deepseek2.attention.temperature_scale", GGUF_TYPE_FLOAT32, &temp, 4, NULL, 0}},
+         1,
+         KEEL_EUNSUPPORTED,
          "key deepseek2.attention.temperature_scale = 0.5: attention temperature tuning"},
         {{{"deepseek2.rope.scaling.type", GGUF_TYPE_STRING, lin, ln, NULL, 0},
           {"deepseek2.rope.scaling.factor", GGUF_TYPE_FLOAT32, &factor, 4, NULL, 0}},
-         2, KEEL_EUNSUPPORTED, "deepseek2: linear RoPE scaling (factor 4) is not implemented"},
-        {{{"deepseek2.nextn_predict_layers", GGUF_TYPE_UINT32, &three, 4, NULL, 0}}, 1, KEEL_EFORMAT,
+         2,
+         KEEL_EUNSUPPORTED,
+         "deepseek2: linear RoPE scaling (factor 4) is not implemented"},
+        {{{"deepseek2.nextn_predict_layers", GGUF_TYPE_UINT32, &three, 4, NULL, 0}},
+         1,
+         KEEL_EFORMAT,
          "key deepseek2.nextn_predict_layers = 3 out of range [0, 2]"},
-        {{{NULL, 0, NULL, 0, "blk.2.exp_probs_b.bias", nanv}}, 1, KEEL_EFORMAT,
+        {{{NULL, 0, NULL, 0, "blk.2.exp_probs_b.bias", nanv}},
+         1,
+         KEEL_EFORMAT,
          "tensor blk.2.exp_probs_b.bias: element 0 is NaN"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -24,7 +24,7 @@ static void gen_usage(FILE *f)
             "  --vocab N      vocabulary size, >= 300 (%d)\n"
             "  --ctx N        training context (%d)\n"
             "  --swa N        gemma2, gpt-oss sliding window (0: 32)\n"
-            "  --experts N    qwen3next, gpt-oss experts (0: 4)\n"
+            "  --experts N    qwen3next, gpt-oss, deepseek32 experts (0: 4; deepseek2: 8)\n"
             "  --experts-used N  experts per token (0: 2)\n"
             "  --ssm-state N  mamba2 state size (0: 32)\n"
             "  --top-k N      deepseek32 indexer: cells kept per query (0: 16)\n"

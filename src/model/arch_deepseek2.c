@@ -51,7 +51,8 @@ static keel_status read_yarn(model_loader *l, model_w *w, int32_t kd)
     keel_rope *r = &hp->rope;
     keel_status st;
     float log_mul = 0.0f, af = 1.0f, temp = 0.0f;
-    if ((st = model_key_float_in(l, "rope.scaling.yarn_log_mul", 0.0, 0.0, false, 100.0, &log_mul)) ||
+    if ((st = model_key_float_in(l, "rope.scaling.yarn_log_mul", 0.0, 0.0, false, 100.0,
+                                 &log_mul)) ||
         (st = model_key_float_in(l, "rope.scaling.attn_factor", 1.0, 0.0, true, 1e6, &af)) ||
         (st = model_key_float(l, "attention.temperature_scale", 0.0, &temp)))
         return st;
@@ -62,10 +63,11 @@ static keel_status read_yarn(model_loader *l, model_w *w, int32_t kd)
                         l->arch, (double)temp);
     log_mul /= 0.1f; /* llama.cpp: cancel the convert script's factor */
     if (r->ext_factor == 0.0f && r->freq_scale != 1.0f)
-        return base_err(l->err, KEEL_EUNSUPPORTED,
-                        "%s: linear RoPE scaling (factor %g) is not implemented for multi-head latent "
-                        "attention (YaRN is)",
-                        l->arch, (double)(1.0f / r->freq_scale));
+        return base_err(
+            l->err, KEEL_EUNSUPPORTED,
+            "%s: linear RoPE scaling (factor %g) is not implemented for multi-head latent "
+            "attention (YaRN is)",
+            l->arch, (double)(1.0f / r->freq_scale));
     float factor = 1.0f / r->freq_scale;
     if (r->ext_factor != 0.0f) {
         float ratio = yarn_get_mscale(factor, 1.0f);
@@ -80,8 +82,9 @@ static keel_status read_yarn(model_loader *l, model_w *w, int32_t kd)
     float ms = a0 * (1.0f + 0.1f * log_mul * logf(1.0f / r->freq_scale));
     hp->attn_scale = 1.0f * ms * ms / sqrtf((float)kd);
     if (!isfinite(hp->attn_scale) || !(hp->attn_scale > 0.0f) || !isfinite(af) || !(af > 0.0f))
-        return base_err(l->err, KEEL_EFORMAT, "%s: YaRN factor %g with yarn_log_mul %g gives attention scale %g",
-                        l->arch, (double)factor, (double)(log_mul * 0.1f), (double)hp->attn_scale);
+        return base_err(l->err, KEEL_EFORMAT,
+                        "%s: YaRN factor %g with yarn_log_mul %g gives attention scale %g", l->arch,
+                        (double)factor, (double)(log_mul * 0.1f), (double)hp->attn_scale);
     return KEEL_OK;
 }
 
@@ -92,23 +95,29 @@ static keel_status read_experts(model_loader *l, model_w *w)
     int32_t n_shared = 0, gating = hp->arch == MODEL_ARCH_DEEPSEEK32 ? 2 : 1;
     /* llama.cpp: GLM 4.7 Lite files (deepseek2, 47/48 layers, 154880
      * tokens) lack the key and are sigmoid-gated */
-    if (hp->arch == MODEL_ARCH_DEEPSEEK2 && (hp->n_layer == 47 || hp->n_layer == 48) && hp->n_vocab == 154880)
+    if (hp->arch == MODEL_ARCH_DEEPSEEK2 && (hp->n_layer == 47 || hp->n_layer == 48) &&
+        hp->n_vocab == 154880)
         gating = 2;
     if ((st = model_key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
-        (st = model_key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
+        (st =
+             model_key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
         (st = model_key_int(l, "expert_feed_forward_length", true, 0, 1, 1 << 20, &hp->n_ff_exp)) ||
         (st = model_key_int(l, "expert_shared_count", false, 0, 0, 64, &n_shared)) ||
         (st = model_key_int(l, "expert_gating_func", false, gating, 1, 2, &gating)) ||
-        (st = model_key_float_in(l, "expert_weights_scale", 1.0, 0.0, true, 1e6, &hp->expert_scale)) ||
-        (st = model_key_int(l, "expert_group_count", false, 0, 0, DS_MAX_GROUPS, &hp->n_expert_groups)) ||
-        (st = model_key_int(l, "expert_group_used_count", false, 0, 0, DS_MAX_GROUPS, &hp->n_group_used)))
+        (st = model_key_float_in(l, "expert_weights_scale", 1.0, 0.0, true, 1e6,
+                                 &hp->expert_scale)) ||
+        (st = model_key_int(l, "expert_group_count", false, 0, 0, DS_MAX_GROUPS,
+                            &hp->n_expert_groups)) ||
+        (st = model_key_int(l, "expert_group_used_count", false, 0, 0, DS_MAX_GROUPS,
+                            &hp->n_group_used)))
         return st;
     hp->n_ff_shexp = hp->n_ff_exp * n_shared;
     hp->router = gating == 2 ? MODEL_ROUTER_SIGMOID : MODEL_ROUTER_SOFTMAX;
     char key[128];
     snprintf(key, sizeof key, "%s.expert_weights_norm", l->arch);
     bool norm = false;
-    if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_bool(l->g, key, &norm, l->err)) != KEEL_OK) return st;
+    if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_bool(l->g, key, &norm, l->err)) != KEEL_OK)
+        return st;
     hp->router_norm = norm;
     int32_t G = hp->n_expert_groups, U = hp->n_group_used;
     if (G > 1) {
@@ -116,11 +125,12 @@ static keel_status read_experts(model_loader *l, model_w *w)
          * best) needs 2 experts per group */
         if (G >= hp->n_expert || hp->n_expert % G || hp->n_expert / G < 2 || U < 1 || U >= G ||
             hp->n_expert_used > U * (hp->n_expert / G))
-            return base_err(l->err, KEEL_EFORMAT,
-                            "%s: expert_group_count %d / expert_group_used_count %d with expert_count %d "
-                            "and expert_used_count %d: groups must split the experts evenly, 2 or more "
-                            "each, 1 <= groups used < groups, and hold the experts used",
-                            l->arch, G, U, hp->n_expert, hp->n_expert_used);
+            return base_err(
+                l->err, KEEL_EFORMAT,
+                "%s: expert_group_count %d / expert_group_used_count %d with expert_count %d "
+                "and expert_used_count %d: groups must split the experts evenly, 2 or more "
+                "each, 1 <= groups used < groups, and hold the experts used",
+                l->arch, G, U, hp->n_expert, hp->n_expert_used);
     } else {
         hp->n_expert_groups = hp->n_group_used = 0;
     }
@@ -133,34 +143,44 @@ keel_status model_mla_hparams(model_loader *l, model_w *w)
     keel_status st;
     bool dsa = hp->arch == MODEL_ARCH_DEEPSEEK32;
     int32_t kd = 0, vd = 0, nextn = 0;
-    if ((st = model_key_int(l, "nextn_predict_layers", false, 0, 0, hp->n_layer - 1, &nextn))) return st;
+    if ((st = model_key_int(l, "nextn_predict_layers", false, 0, 0, hp->n_layer - 1, &nextn)))
+        return st;
     hp->n_layer -= nextn; /* the MTP blocks follow the trunk */
-    if ((st = model_key_int(l, "attention.q_lora_rank", dsa, 0, dsa ? 1 : 0, 1 << 16, &hp->q_lora)) ||
+    if ((st = model_key_int(l, "attention.q_lora_rank", dsa, 0, dsa ? 1 : 0, 1 << 16,
+                            &hp->q_lora)) ||
         (st = model_key_int(l, "attention.kv_lora_rank", true, 0, 1, 1 << 16, &hp->kv_lora)) ||
         (st = model_key_int(l, "attention.key_length_mla", true, 0, 2, 8192, &kd)) ||
         (st = model_key_int(l, "attention.value_length_mla", true, 0, 1, 8192, &vd)) ||
-        (st = model_key_int(l, "leading_dense_block_count", false, 0, 0, hp->n_layer, &hp->n_dense_lead)))
+        (st = model_key_int(l, "leading_dense_block_count", false, 0, 0, hp->n_layer,
+                            &hp->n_dense_lead)))
         return st;
-    if (dsa && ((st = model_key_int(l, "attention.indexer.head_count", true, 0, 1, 4096, &hp->idx_heads)) ||
-                (st = model_key_int(l, "attention.indexer.key_length", true, 0, 2, 8192, &hp->idx_dim)) ||
-                (st = model_key_int(l, "attention.indexer.top_k", true, 0, 1, 1 << 20, &hp->idx_top_k))))
+    if (dsa &&
+        ((st =
+              model_key_int(l, "attention.indexer.head_count", true, 0, 1, 4096, &hp->idx_heads)) ||
+         (st = model_key_int(l, "attention.indexer.key_length", true, 0, 2, 8192, &hp->idx_dim)) ||
+         (st = model_key_int(l, "attention.indexer.top_k", true, 0, 1, 1 << 20, &hp->idx_top_k))))
         return st;
     int32_t R = hp->rope.n_rot;
-    if (hp->n_head_kv != 1 || hp->hd_k != hp->kv_lora + R || hp->hd_v != hp->kv_lora || kd <= R || kd % 2)
-        return base_err(l->err, KEEL_EFORMAT,
-                        "%s: the absorbed MLA form needs head_count_kv 1 (%d), key_length = kv_lora_rank + "
-                        "rope dims (%d != %d + %d), value_length = kv_lora_rank (%d), key_length_mla %d > "
-                        "rope dims and even",
-                        l->arch, hp->n_head_kv, hp->hd_k, hp->kv_lora, R, hp->hd_v, kd);
+    if (hp->n_head_kv != 1 || hp->hd_k != hp->kv_lora + R || hp->hd_v != hp->kv_lora || kd <= R ||
+        kd % 2)
+        return base_err(
+            l->err, KEEL_EFORMAT,
+            "%s: the absorbed MLA form needs head_count_kv 1 (%d), key_length = kv_lora_rank + "
+            "rope dims (%d != %d + %d), value_length = kv_lora_rank (%d), key_length_mla %d > "
+            "rope dims and even",
+            l->arch, hp->n_head_kv, hp->hd_k, hp->kv_lora, R, hp->hd_v, kd);
     if (dsa && (hp->idx_dim <= R || hp->idx_dim % 2))
-        return base_err(l->err, KEEL_EFORMAT, "%s.attention.indexer.key_length %d: must be even and above the %d rope dims",
-                        l->arch, hp->idx_dim, R);
+        return base_err(
+            l->err, KEEL_EFORMAT,
+            "%s.attention.indexer.key_length %d: must be even and above the %d rope dims", l->arch,
+            hp->idx_dim, R);
     hp->qk_rope = R;
     hp->qk_nope = kd - R;
     hp->v_head = vd;
     if ((st = read_yarn(l, w, kd))) return st;
     hp->idx_norm_eps = 1e-6f; /* llama.cpp's LayerNorm epsilon of the indexer key */
-    if (dsa && (st = model_key_float_in(l, "attention.layer_norm_epsilon", 1e-6, 0.0, true, 1.0, &hp->idx_norm_eps)))
+    if (dsa && (st = model_key_float_in(l, "attention.layer_norm_epsilon", 1e-6, 0.0, true, 1.0,
+                                        &hp->idx_norm_eps)))
         return st;
     if (hp->n_dense_lead < hp->n_layer) return read_experts(l, w);
     return KEEL_OK;
@@ -170,7 +190,8 @@ keel_status model_mla_bind_layer(model_loader *l, const model_hp *hp, model_laye
 {
     char name[160];
     keel_status st;
-    int64_t E = hp->n_embd, H = hp->n_head, N = hp->qk_nope, R = hp->qk_rope, KL = hp->kv_lora, QL = hp->q_lora;
+    int64_t E = hp->n_embd, H = hp->n_head, N = hp->qk_nope, R = hp->qk_rope, KL = hp->kv_lora,
+            QL = hp->q_lora;
     if (QL > 0) {
         BIND_MAT(wq_a, "attn_q_a", true, E, QL);
         BIND_VEC(q_a_norm, "attn_q_a_norm", "weight", true, QL);
