@@ -836,6 +836,10 @@ typedef struct keel_model_info {
     int32_t n_expert, n_expert_used, n_ff_expert, n_ff_shared_expert;
     int32_t q_lora_rank, kv_lora_rank; /* multi-head latent attention */
     int32_t indexer_heads, indexer_dim, indexer_top_k; /* sparse-attention indexer */
+    int32_t n_expert_groups, n_group_used; /* grouped expert routing (deepseek2) */
+    bool expert_sigmoid;  /* the router's gating: sigmoid (else softmax) */
+    float attn_scale;     /* multiplies q.k (1/sqrt(head_dim) unless the model says otherwise;
+                             MLA with YaRN: mscale^2 / sqrt(q.k dims)) */
 } keel_model_info;
 
 /* Fills info (pointers valid until the model is closed). */
@@ -899,7 +903,7 @@ keel_status keel_detok_stream_flush(keel_detok_stream *s, char *buf, size_t cap,
 typedef struct keel_gen_params {
     const char *arch;    /* "llama", "qwen2", "qwen3", "gemma2", "qwen35", "qwen3next",
                             "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                            "qwen3moe", "glm4moe", "nemotron_h", "lfm2" */
+                            "qwen3moe", "glm4moe", "nemotron_h", "lfm2", "deepseek2" */
     int32_t n_layer;     /* 2 */
     int32_t n_embd;      /* 128 */
     int32_t n_head;      /* 4 */
@@ -912,13 +916,23 @@ typedef struct keel_gen_params {
     keel_dtype dtype;    /* weight matrices (norms stay f32) */
     uint64_t seed;       /* 1 */
     /* issue 11 architectures (0: the default in parentheses) */
-    int32_t n_expert;      /* qwen3next, gpt-oss, deepseek32, qwen3moe, glm4moe: experts (4) */
+    int32_t n_expert;      /* qwen3next, gpt-oss, deepseek32, qwen3moe, glm4moe: experts (4;
+                              deepseek2: 8) */
     int32_t n_expert_used; /* experts per token (2) */
     int32_t ssm_state;     /* mamba2: d_state (32); qwen35/qwen3next use head_dim */
     int32_t top_k;         /* deepseek32: cells the indexer keeps per query (16) */
     int32_t n_ff_exp;      /* qwen3moe, glm4moe: FFN width of each expert (0: n_ff) */
     const char *layer_pattern; /* nemotron_h: one letter per layer, repeated to n_layer:
                                   M Mamba2, * attention, - MLP (NULL: "M*-") */
+    /* deepseek2 (0: the default in parentheses) */
+    int32_t q_lora;          /* q LoRA rank (2 head_dim); -1: none, a plain attn_q (DeepSeek-V2-Lite) */
+    int32_t n_expert_groups; /* grouped routing: expert groups (n_expert / 2 when even and >= 4);
+                                -1: none */
+    int32_t n_group_used;    /* groups the experts are chosen in (half the groups, at least 1) */
+    int32_t gating;          /* router: 1 softmax, 2 sigmoid with a selection bias (2) */
+    float yarn_factor;       /* deepseek2, deepseek32: YaRN rope.scaling.factor (0: no RoPE scaling) */
+    float yarn_log_mul;      /* rope.scaling.yarn_log_mul = 0.1 mscale_all_dim, with yarn_factor
+                                (0: key absent) */
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);
@@ -936,6 +950,9 @@ keel_gen_params keel_gen_params_default(void);
  * 2 head_dim, top_k), layer 0 dense and MoE after it (sigmoid router with
  * a selection bias, weights normalized and scaled by 2.5, a shared expert
  * of n_ff); head_dim a multiple of 16; n_head_kv is ignored (MLA);
+ * deepseek2 is deepseek32 without the indexer (any even head_dim), q LoRA
+ * optional (q_lora), 8 experts by default in n_expert_groups groups,
+ * softmax or sigmoid gating (the bias only with sigmoid), optional YaRN;
  * gemma3 is gemma2's block with q/k norms and no soft-caps, layers sliding
  * (n_swa) but every 6th, RoPE base 1e6 with linear factor 8 on the global
  * layers and 10000 on the sliding ones; phi3 has fused attn_qkv and

@@ -628,9 +628,9 @@ static void test_run_hybrid_fixtures(void **state)
 {
     (void)state;
     const char *models[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                            "qwen3moe", "glm4moe", "nemotronh", "lfm2"};
-    const int exact[] = {64, 64, 64, 20, 64, 64, 64, 64, 64, 64, 64}; /* gpt-oss: docs/models.md, step 20 */
-    const double tol[] = {1e-3, 1e-3, 1e-4, 4e-3, 2e-3, 1.2e-2, 1.5e-3, 1.2e-3, 1.5e-3, 5e-4, 3e-3}; /* as test_model.c */
+                            "qwen3moe", "glm4moe", "nemotronh", "lfm2", "deepseek2"};
+    const int exact[] = {64, 64, 64, 20, 64, 64, 64, 64, 64, 64, 64, 64}; /* gpt-oss: docs/models.md, step 20 */
+    const double tol[] = {1e-3, 1e-3, 1e-4, 4e-3, 2e-3, 1.2e-2, 1.5e-3, 1.2e-3, 1.5e-3, 5e-4, 3e-3, 2.3e-3}; /* as test_model.c */
     char cmd[16384], ids[4096], rel[128], m[1024];
     char idsout[] = "/tmp/keel_test_hids_XXXXXX", lgout[] = "/tmp/keel_test_hlg_XXXXXX";
     int fd1 = mkstemp(idsout), fd2 = mkstemp(lgout);
@@ -685,7 +685,7 @@ static void test_run_hybrid_fixtures(void **state)
     assert_int_equal(run_err(cmd, err, sizeof err), 2);
     /* gen-model writes the new architectures and run reads them */
     const char *archs[] = {"qwen35", "qwen3next", "mamba2", "gpt-oss", "deepseek32", "gemma3", "phi3",
-                           "qwen3moe", "glm4moe", "nemotron_h", "lfm2"};
+                           "qwen3moe", "glm4moe", "nemotron_h", "lfm2", "deepseek2"};
     for (int k = 0; k < (int)(sizeof archs / sizeof archs[0]); k++) {
         char path[64] = "/tmp/keel_cli_hyb_XXXXXX";
         assert_int_equal(make_temp(path), 0);
@@ -712,13 +712,31 @@ static void test_run_hybrid_fixtures(void **state)
                                                /* 4 run layers of block_count 5 */
                                                {"shared expert ff 192", "n_layer      4"},
                                                {"recurrent    2 of 4 layers", "rope         none, n_rot 0"},
-                                               {"recurrent    2 of 4 layers", "conv kernel 3"}};
+                                               {"recurrent    2 of 4 layers", "conv kernel 3"},
+                                               {"mla          q_lora 32, kv_lora 32, attention scale 0.176777",
+                                                "routing      sigmoid, experts chosen in the best 2 of 4 groups"}};
         snprintf(cmd, sizeof cmd, "%s inspect -m %s", bin(), path);
         assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
         for (int w = 0; w < 2; w++)
             if (want[k][w] && !strstr(g_out, want[k][w])) fail_msg("%s inspect: no '%s' in\n%s", archs[k], want[k][w], g_out);
         unlink(path);
     }
+    /* deepseek2 without q LoRA, softmax-gated, with YaRN: the attention
+     * scale (1 + 0.1 mscale_all_dim ln factor)^2 / sqrt(32) =
+     * (1 + 0.0707 ln 40)^2 / sqrt(32) = 0.281009 (arch_deepseek2.c) */
+    char path[64] = "/tmp/keel_cli_ds2_XXXXXX";
+    assert_int_equal(make_temp(path), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s gen-model --arch deepseek2 --embd 64 --vocab 320 --q-lora -1 --gating 1 --yarn-factor 40 "
+             "--yarn-log-mul 0.0707 --out %s && %s run -m %s -p 'Once upon a time' -n 8 --temp 0 && "
+             "%s inspect -m %s",
+             bin(), path, bin(), path, bin(), path);
+    assert_int_equal(run(cmd, g_out, sizeof g_out, false), 0);
+    static const char *const want_yarn[] = {"freq_scale 0.025 (yarn)", "routing      softmax",
+                                            "mla          q_lora 0, kv_lora 32, attention scale 0.281009"};
+    for (size_t w = 0; w < sizeof want_yarn / sizeof want_yarn[0]; w++)
+        if (!strstr(g_out, want_yarn[w])) fail_msg("deepseek2 YaRN inspect: no '%s' in\n%s", want_yarn[w], g_out);
+    unlink(path);
 }
 
 static void test_help_and_inspect_escapes(void **state)

@@ -137,6 +137,11 @@ static void test_agent_turns(void **state)
         }
         json_t *r2 = turn(e, h, what);
         int64_t p2 = usage(r2, "prompt_tokens"), c2 = usage(r2, "cached_tokens");
+        if (getenv("KEEL_MODEL_CHAT_VERBOSE")) {
+            char *mem = json_dumps(json_object_get(r2, "memory"), JSON_COMPACT);
+            print_message("%s: turn 2 memory %s\n", what, mem ? mem : "?");
+            free(mem);
+        }
         json_decref(r2);
         add_msg(h, "assistant", "It is 18 degrees and clear in Paris.");
         add_msg(h, "user", "And tomorrow, in Lyon?");
@@ -154,7 +159,7 @@ static void test_agent_turns(void **state)
                       (long long)p4, (long long)c4);
         /* the tail a template may render differently: the generation
          * prompt, and the last turn's header */
-        const int64_t slack = 24;
+        const int64_t slack = 32; /* the fixtures' 512-token vocabulary spells markers in many tokens */
         if (c2 < p1 - slack || c3 < p2 - slack || c4 < p3 - slack)
             fail_msg("%s: a turn reused less than the previous prompt minus %lld tokens", what,
                      (long long)slack);

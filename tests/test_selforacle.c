@@ -29,6 +29,11 @@ static keel_model *gen(const char *arch, keel_dtype wt)
     gp.n_swa = 8; /* gemma2: the window matters within the 40-token prompt */
     gp.dtype = wt;
     gp.seed = 5;
+    if (strcmp(arch, "deepseek2-lite") == 0) { /* no q LoRA, grouped softmax routing */
+        gp.arch = "deepseek2";
+        gp.q_lora = -1;
+        gp.gating = 1;
+    }
     char err[256] = "";
     keel_status st = keel_gen_model(&gp, path, err);
     if (st != KEEL_OK) fail_msg("gen %s: %s", arch, err);
@@ -86,9 +91,11 @@ static void test_cache_equals_recompute(void **state)
      * glm4moe: MoE (4 experts, 2 used; glm4moe's NextN layer bound, not
      * run); nemotron_h: its default pattern M*- (Mamba2, attention without
      * RoPE, ReLU^2 MLP); lfm2: conv, attention, conv (the conv state
-     * carried token by token) */
+     * carried token by token); deepseek2: MLA without the indexer, 8
+     * experts in 4 groups of 2 (2 used), sigmoid router with a selection
+     * bias, with q LoRA, and (lite) without it and with a softmax router */
     const char *archs[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "glm4moe", "nemotron_h",
-                           "lfm2"};
+                           "lfm2", "deepseek2", "deepseek2-lite"};
     const keel_dtype weights[] = {KEEL_DTYPE_F32, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_K};
     const keel_dtype kvs[] = {KEEL_DTYPE_F32, KEEL_DTYPE_F16, KEEL_DTYPE_Q8_0};
     int32_t toks[N_TOK];
@@ -104,12 +111,15 @@ static void test_cache_equals_recompute(void **state)
                  * max|logit| for qwen3moe q8_0). Deterministic mode runs
                  * every product through the one per-row kernel, so the
                  * two paths route alike. */
-                bool moe = strstr(archs[a], "moe") != NULL;
+                bool moe = strstr(archs[a], "moe") != NULL || strncmp(archs[a], "deepseek2", 9) == 0;
                 bool det = moe && weights[w] != KEEL_DTYPE_F32;
                 double e = oracle(m, kvs[k], toks, det);
                 fflush(stdout);
-                printf("%-7s weights %-4s KV %-4s: max |incremental - recompute| / max|logit| = %.2e\n",
-                       archs[a], keel_dtype_name(weights[w]), keel_dtype_name(kvs[k]), e);
+                printf("%-7s weights %-4s KV %-4s%s: max |incremental - recompute| / max|logit| = %.2e\n",
+                       archs[a], keel_dtype_name(weights[w]), keel_dtype_name(kvs[k]), det ? " det" : "", e);
+                if (det && e != 0.0)
+                    fail_msg("%s %s KV %s deterministic: %.3g != 0", archs[a], keel_dtype_name(weights[w]),
+                             keel_dtype_name(kvs[k]), e);
                 /* f32 everywhere: only the sum order differs. Quantized
                  * weights (activations quantized per 32 values) and a
                  * quantized or f16 cache round what they store, and a

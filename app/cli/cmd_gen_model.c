@@ -13,7 +13,8 @@ static void gen_usage(FILE *f)
     keel_gen_params d = keel_gen_params_default();
     fprintf(f,
             "usage: keel gen-model --arch llama|qwen2|qwen3|gemma2|qwen35|qwen3next|mamba2|gpt-oss|\n"
-            "                      deepseek32|gemma3|phi3|qwen3moe|glm4moe|nemotron_h|lfm2\n"
+            "                      deepseek32|gemma3|phi3|qwen3moe|glm4moe|nemotron_h|lfm2|\n"
+            "                      deepseek2\n"
             "                      [options] --out FILE\n"
             "  --layers N     blocks (%d)\n"
             "  --embd N       embedding width (%d)\n"
@@ -24,13 +25,20 @@ static void gen_usage(FILE *f)
             "  --vocab N      vocabulary size, >= 300 (%d)\n"
             "  --ctx N        training context (%d)\n"
             "  --swa N        gemma2, gpt-oss sliding window (0: 32)\n"
-            "  --experts N    qwen3next, gpt-oss, deepseek32, qwen3moe, glm4moe experts (0: 4)\n"
+            "  --experts N    qwen3next, gpt-oss, deepseek32, qwen3moe, glm4moe experts (0: 4;\n"
+            "                 deepseek2: 8)\n"
             "  --experts-used N  experts per token (0: 2)\n"
             "  --expert-ff N  qwen3moe, glm4moe: FFN width of each expert (0: --ff)\n"
             "  --ssm-state N  mamba2 state size (0: 32)\n"
             "  --top-k N      deepseek32 indexer: cells kept per query (0: 16)\n"
             "  --layer-pattern P  nemotron_h layer kinds, repeated to --layers: M Mamba2,\n"
             "                 * attention, - MLP (M*-)\n"
+            "  --q-lora N     deepseek2 q LoRA rank (0: 2 x head-dim; -1: none, plain attn_q)\n"
+            "  --expert-groups N  deepseek2 grouped routing (0: experts / 2; -1: none)\n"
+            "  --groups-used N    deepseek2 groups the experts are chosen in (0: half)\n"
+            "  --gating N     deepseek2 router: 1 softmax, 2 sigmoid + selection bias (0: 2)\n"
+            "  --yarn-factor F    deepseek2 YaRN rope.scaling.factor (0: none)\n"
+            "  --yarn-log-mul F   deepseek2 rope.scaling.yarn_log_mul (0.1 x mscale_all_dim; 0: absent)\n"
             "  --dtype T      weight matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1\n"
             "                 q4_K q5_K q6_K (%s)\n"
             "  --seed S       random seed (%" PRIu64 ")\n",
@@ -61,6 +69,17 @@ int cmd_gen_model(int argc, char **argv)
         {"--ssm-state", offsetof(keel_gen_params, ssm_state)},
         {"--top-k", offsetof(keel_gen_params, top_k)},
         {"--expert-ff", offsetof(keel_gen_params, n_ff_exp)},
+        {"--q-lora", offsetof(keel_gen_params, q_lora)},
+        {"--expert-groups", offsetof(keel_gen_params, n_expert_groups)},
+        {"--groups-used", offsetof(keel_gen_params, n_group_used)},
+        {"--gating", offsetof(keel_gen_params, gating)},
+    };
+    static const struct {
+        const char *flag;
+        size_t off;
+    } floats[] = {
+        {"--yarn-factor", offsetof(keel_gen_params, yarn_factor)},
+        {"--yarn-log-mul", offsetof(keel_gen_params, yarn_log_mul)},
     };
     static const char *const others[] = {"--arch", "--out", "-o", "--dtype", "--seed", "--layer-pattern"};
     for (int i = 1; i < argc; i++) {
@@ -71,6 +90,7 @@ int cmd_gen_model(int argc, char **argv)
         }
         bool known = false;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) known |= strcmp(a, ints[k].flag) == 0;
+        for (size_t k = 0; k < sizeof floats / sizeof floats[0]; k++) known |= strcmp(a, floats[k].flag) == 0;
         for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) known |= strcmp(a, others[k]) == 0;
         if (!known) {
             fprintf(stderr, "keel gen-model: %s '%s'\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
@@ -92,6 +112,16 @@ int cmd_gen_model(int argc, char **argv)
                 return 2;
             }
             memcpy((char *)&p + ints[k].off, &x32, sizeof x32);
+            done = true;
+        }
+        for (size_t k = 0; k < sizeof floats / sizeof floats[0] && !done; k++) {
+            if (strcmp(a, floats[k].flag) != 0) continue;
+            float xf;
+            if (!cli_parse_f32(v, &xf)) {
+                fprintf(stderr, "keel gen-model: %s %s: must be a finite number\n", a, v);
+                return 2;
+            }
+            memcpy((char *)&p + floats[k].off, &xf, sizeof xf);
             done = true;
         }
         if (done) continue;

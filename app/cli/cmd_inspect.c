@@ -71,7 +71,12 @@ int cmd_inspect(int argc, char **argv)
     if (mi.n_expert)
         printf("experts      %d, %d used per token (ff %d, shared expert ff %d)\n", mi.n_expert, mi.n_expert_used,
                mi.n_ff_expert, mi.n_ff_shared_expert);
-    if (mi.kv_lora_rank) printf("mla          q_lora %d, kv_lora %d\n", mi.q_lora_rank, mi.kv_lora_rank);
+    if (mi.n_expert_groups)
+        printf("routing      %s, experts chosen in the best %d of %d groups\n", mi.expert_sigmoid ? "sigmoid" : "softmax",
+               mi.n_group_used, mi.n_expert_groups);
+    if (mi.kv_lora_rank)
+        printf("mla          q_lora %d, kv_lora %d, attention scale %g\n", mi.q_lora_rank, mi.kv_lora_rank,
+               (double)mi.attn_scale);
     if (mi.indexer_top_k)
         printf("indexer      %d heads, key dims %d, top_k %d\n", mi.indexer_heads, mi.indexer_dim, mi.indexer_top_k);
     keel_plan pl;

@@ -70,6 +70,7 @@ typedef enum gen_family {
     GEN_MAMBA2,    /* selective scan only */
     GEN_GPT_OSS,   /* sinks, biases, sliding / full, MoE SwiGLU-OAI, YaRN */
     GEN_DEEPSEEK32, /* MLA + DSA indexer, a dense lead layer, sigmoid MoE + shared expert */
+    GEN_DEEPSEEK2,  /* the same MLA without the indexer, grouped routing, optional YaRN */
     GEN_PHI3,      /* fused qkv and gate|up, partial RoPE, LongRoPE factors */
     GEN_QWEN3MOE,  /* qwen3 attention, softmax MoE every layer */
     GEN_GLM4MOE,   /* biases, q/k norm, half RoPE, a dense lead layer, sigmoid MoE +
@@ -111,6 +112,7 @@ static const gen_arch g_archs[] = {
     {"nemotron_h", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-5f, GEN_NEMOTRON_H},
     /* lfm2: q/k norm on the attention layers, tied output */
     {"lfm2", GENMODEL_VOCAB_SPM, false, true, false, true, false, 1000000.0f, 1e-5f, GEN_LFM2},
+    {"deepseek2", GENMODEL_VOCAB_SPM, false, false, false, false, false, 10000.0f, 1e-6f, GEN_DEEPSEEK2},
 };
 
 /* glm4moe: GLM-4.5's routed weight scale */
@@ -271,26 +273,34 @@ static float inv_sqrt(int64_t n)
     return (float)(1.0 / sqrt((double)n));
 }
 
-/* A deepseek32 layer (shapes as the fixture's, from head_dim D). */
+/* A deepseek32 or deepseek2 layer (shapes as the fixtures', from head_dim
+ * D; deepseek2: no indexer, q LoRA of rank q_lora or none). */
 static void list_deepseek32_layer(gen_model *m, int32_t l)
 {
     const keel_gen_params *p = &m->p;
     int64_t E = p->n_embd, F = p->n_ff, D = p->head_dim, H = p->n_head, ne = p->n_expert;
-    int64_t N = D, R = D, KL = 2 * D, QL = 2 * D, VH = D, IH = GEN_DS_IDX_HEADS, ID = 2 * D;
+    int64_t N = D, R = D, KL = 2 * D, QL = p->q_lora, VH = D, IH = GEN_DS_IDX_HEADS, ID = 2 * D;
+    bool dsa = m->arch->family == GEN_DEEPSEEK32;
     add_blk(m, l, "attn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
-    add_blk(m, l, "attn_q_a.weight", E, QL, GEN_INIT_NORMAL, inv_sqrt(E));
-    add_blk(m, l, "attn_q_a_norm.weight", QL, 0, GEN_INIT_NORM, NORM_STD);
-    add_blk(m, l, "attn_q_b.weight", QL, H * (N + R), GEN_INIT_NORMAL, inv_sqrt(QL));
+    if (QL > 0) {
+        add_blk(m, l, "attn_q_a.weight", E, QL, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "attn_q_a_norm.weight", QL, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "attn_q_b.weight", QL, H * (N + R), GEN_INIT_NORMAL, inv_sqrt(QL));
+    } else {
+        add_blk(m, l, "attn_q.weight", E, H * (N + R), GEN_INIT_NORMAL, inv_sqrt(E));
+    }
     add_blk(m, l, "attn_kv_a_mqa.weight", E, KL + R, GEN_INIT_NORMAL, inv_sqrt(E));
     add_blk(m, l, "attn_kv_a_norm.weight", KL, 0, GEN_INIT_NORM, NORM_STD);
     add_blk3(m, l, "attn_k_b.weight", N, KL, H, GEN_INIT_NORMAL, inv_sqrt(N), false);
     add_blk3(m, l, "attn_v_b.weight", KL, VH, H, GEN_INIT_NORMAL, inv_sqrt(KL), false);
     add_blk(m, l, "attn_output.weight", H * VH, E, GEN_INIT_NORMAL, inv_sqrt(H * VH));
-    add_blk(m, l, "indexer.attn_q_b.weight", QL, IH * ID, GEN_INIT_NORMAL, inv_sqrt(QL));
-    add_blk(m, l, "indexer.attn_k.weight", E, ID, GEN_INIT_NORMAL, inv_sqrt(E));
-    add_blk(m, l, "indexer.k_norm.weight", ID, 0, GEN_INIT_NORM, NORM_STD);
-    add_blk(m, l, "indexer.k_norm.bias", ID, 0, GEN_INIT_NORMAL, NORM_STD);
-    add_blk(m, l, "indexer.proj.weight", E, IH, GEN_INIT_NORMAL, inv_sqrt(E));
+    if (dsa) {
+        add_blk(m, l, "indexer.attn_q_b.weight", QL, IH * ID, GEN_INIT_NORMAL, inv_sqrt(QL));
+        add_blk(m, l, "indexer.attn_k.weight", E, ID, GEN_INIT_NORMAL, inv_sqrt(E));
+        add_blk(m, l, "indexer.k_norm.weight", ID, 0, GEN_INIT_NORM, NORM_STD);
+        add_blk(m, l, "indexer.k_norm.bias", ID, 0, GEN_INIT_NORMAL, NORM_STD);
+        add_blk(m, l, "indexer.proj.weight", E, IH, GEN_INIT_NORMAL, inv_sqrt(E));
+    }
     add_blk(m, l, "ffn_norm.weight", E, 0, GEN_INIT_NORM, NORM_STD);
     if (l == 0) { /* leading_dense_block_count 1 */
         add_blk(m, l, "ffn_gate.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
@@ -299,7 +309,7 @@ static void list_deepseek32_layer(gen_model *m, int32_t l)
         return;
     }
     add_blk(m, l, "ffn_gate_inp.weight", E, ne, GEN_INIT_NORMAL, inv_sqrt(E));
-    add_blk(m, l, "exp_probs_b.bias", ne, 0, GEN_INIT_NORMAL, 0.1f);
+    if (p->gating == 2) add_blk(m, l, "exp_probs_b.bias", ne, 0, GEN_INIT_NORMAL, 0.1f);
     add_blk3(m, l, "ffn_gate_exps.weight", E, F, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
     add_blk3(m, l, "ffn_up_exps.weight", E, F, ne, GEN_INIT_NORMAL, inv_sqrt(E), false);
     add_blk3(m, l, "ffn_down_exps.weight", F, E, ne, GEN_INIT_NORMAL, inv_sqrt(F), false);
@@ -409,7 +419,7 @@ static void list_family_layer(gen_model *m, int32_t l)
     const keel_gen_params *p = &m->p;
     int64_t E = p->n_embd, F = p->n_ff, D = p->head_dim, ne = p->n_expert;
     int64_t Q = (int64_t)p->n_head * D, KV = (int64_t)p->n_head_kv * D;
-    if (a->family == GEN_DEEPSEEK32) {
+    if (a->family == GEN_DEEPSEEK32 || a->family == GEN_DEEPSEEK2) {
         list_deepseek32_layer(m, l);
         return;
     }
@@ -586,6 +596,51 @@ static keel_status check_range(char *err, const char *field, int64_t v, int64_t 
     return KEEL_OK;
 }
 
+/* deepseek32 / deepseek2: q LoRA (deepseek32 always has it), expert
+ * groups, gating, YaRN; defaults resolved into m->p. */
+static keel_status resolve_deepseek(gen_model *m, char *err)
+{
+    keel_gen_params *q = &m->p;
+    gen_family fam = m->arch->family;
+    keel_status st;
+    if ((st = check_range(err, "q_lora", q->q_lora, -1, 1 << 16)) ||
+        (st = check_range(err, "gating", q->gating, 0, 2)) ||
+        (st = check_range(err, "n_expert_groups", q->n_expert_groups, -1, 256)) ||
+        (st = check_range(err, "n_group_used", q->n_group_used, 0, 256)))
+        return st;
+    if (!(q->yarn_factor >= 0.0f && q->yarn_factor <= 1e6f) || !(q->yarn_log_mul >= 0.0f && q->yarn_log_mul <= 10.0f))
+        return base_err(err, KEEL_EINVAL, "yarn_factor = %g / yarn_log_mul = %g: need [0, 1e6] / [0, 10]",
+                        (double)q->yarn_factor, (double)q->yarn_log_mul);
+    if (fam != GEN_DEEPSEEK2) {
+        if (fam == GEN_DEEPSEEK32) { /* the indexer reads the q LoRA: always on, sigmoid, no groups */
+            q->q_lora = 2 * q->head_dim;
+            q->gating = 2;
+        } else {
+            q->yarn_factor = q->yarn_log_mul = 0.0f;
+        }
+        q->n_expert_groups = q->n_group_used = 0;
+        return KEEL_OK;
+    }
+    if (q->q_lora == 0) q->q_lora = 2 * q->head_dim;
+    if (q->q_lora < 0) q->q_lora = 0;
+    if (q->gating == 0) q->gating = 2;
+    int32_t ne = q->n_expert;
+    if (q->n_expert_groups == 0) q->n_expert_groups = ne >= 4 && ne % 2 == 0 ? ne / 2 : 1;
+    if (q->n_expert_groups < 0) q->n_expert_groups = 1;
+    int32_t G = q->n_expert_groups;
+    if (G > 1) {
+        if (q->n_group_used == 0) q->n_group_used = BASE_MAX(1, G / 2);
+        if (ne % G || ne / G < 2 || q->n_group_used >= G || q->n_expert_used > q->n_group_used * (ne / G))
+            return base_err(err, KEEL_EINVAL,
+                            "n_expert_groups = %d, n_group_used = %d: need groups of 2 or more of the %d "
+                            "experts, fewer groups used than groups, room for %d experts used",
+                            G, q->n_group_used, ne, q->n_expert_used);
+    } else {
+        q->n_group_used = 0;
+    }
+    return KEEL_OK;
+}
+
 /* Validates p and resolves defaults into m->p. */
 static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
 {
@@ -598,7 +653,7 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
         return base_err(err, KEEL_EUNSUPPORTED,
                         "arch '%.64s' not supported (llama, qwen2, qwen3, gemma2, qwen35, "
                         "qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, qwen3moe, glm4moe, "
-                        "nemotron_h, lfm2)",
+                        "nemotron_h, lfm2, deepseek2)",
                         p->arch);
     m->p = *p;
     keel_gen_params *q = &m->p;
@@ -634,7 +689,8 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
         (st = check_range(err, "ssm_state", q->ssm_state, 0, 4096)))
         return st;
     bool moe2 = fam == GEN_QWEN3MOE || fam == GEN_GLM4MOE;
-    if (fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS || fam == GEN_DEEPSEEK32 || moe2) {
+    if (fam == GEN_DEEPSEEK2 && q->n_expert == 0) q->n_expert = 8;
+    if (fam == GEN_QWEN3NEXT || fam == GEN_GPT_OSS || fam == GEN_DEEPSEEK32 || fam == GEN_DEEPSEEK2 || moe2) {
         if (q->n_expert == 0) q->n_expert = 4;
         if (q->n_expert_used == 0) q->n_expert_used = BASE_MIN(2, q->n_expert);
     }
@@ -664,6 +720,7 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
                             "layer_pattern '%.64s': 1 to %d letters M (Mamba2), * (attention), - (MLP)",
                             q->layer_pattern, GEN_MAX_LAYER);
     }
+    if ((st = resolve_deepseek(m, err))) return st;
     if ((fam == GEN_QWEN35 || fam == GEN_QWEN3NEXT) && q->head_dim < 8)
         return base_err(err, KEEL_EINVAL, "head_dim = %d: %s needs >= 8 (rotary dims are head_dim / 4)",
                         q->head_dim, m->arch->name);
@@ -813,7 +870,7 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         (st = gguf_writer_add_u32(w, KEY("attention.head_count"), mamba ? 0 : (uint32_t)p->n_head)) ||
         (st = gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), a->rms_eps)))
         goto fail;
-    bool ds = fam == GEN_DEEPSEEK32, lfm2 = fam == GEN_LFM2;
+    bool ds = fam == GEN_DEEPSEEK32 || fam == GEN_DEEPSEEK2, dsa = fam == GEN_DEEPSEEK32, lfm2 = fam == GEN_LFM2;
     if (nem) { /* the layer kinds as per-layer arrays; no RoPE keys */
         int32_t ff[GEN_MAX_LAYER], kv[GEN_MAX_LAYER];
         for (int32_t l = 0; l < p->n_layer; l++) {
@@ -847,8 +904,8 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
         goto fail;
     if (ds) { /* the absorbed MLA form's keys (llama.cpp's deepseek2 family) */
         uint32_t D = (uint32_t)p->head_dim;
-        if ((st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), 1)) ||
-            (st = gguf_writer_add_u32(w, KEY("attention.q_lora_rank"), 2 * D)) ||
+        if ((p->q_lora > 0 && (st = gguf_writer_add_u32(w, KEY("attention.q_lora_rank"), (uint32_t)p->q_lora))) ||
+            (st = gguf_writer_add_u32(w, KEY("attention.head_count_kv"), 1)) ||
             (st = gguf_writer_add_u32(w, KEY("attention.kv_lora_rank"), 2 * D)) ||
             (st = gguf_writer_add_u32(w, KEY("attention.key_length"), 3 * D)) ||
             (st = gguf_writer_add_u32(w, KEY("attention.value_length"), 2 * D)) ||
@@ -856,17 +913,29 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
             (st = gguf_writer_add_u32(w, KEY("attention.value_length_mla"), D)) ||
             (st = gguf_writer_add_u32(w, KEY("rope.dimension_count"), D)) ||
             (st = gguf_writer_add_f32(w, KEY("rope.freq_base"), a->rope_base)) ||
-            (st = gguf_writer_add_u32(w, KEY("attention.indexer.head_count"), GEN_DS_IDX_HEADS)) ||
-            (st = gguf_writer_add_u32(w, KEY("attention.indexer.key_length"), 2 * D)) ||
-            (st = gguf_writer_add_u32(w, KEY("attention.indexer.top_k"), (uint32_t)p->top_k)) ||
             (st = gguf_writer_add_u32(w, KEY("leading_dense_block_count"), 1)) ||
             (st = gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)p->n_expert)) ||
             (st = gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used)) ||
             (st = gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff)) ||
             (st = gguf_writer_add_u32(w, KEY("expert_shared_count"), 1)) ||
-            (st = gguf_writer_add_u32(w, KEY("expert_gating_func"), 2)) ||
+            (st = gguf_writer_add_u32(w, KEY("expert_gating_func"), (uint32_t)p->gating)) ||
             (st = gguf_writer_add_f32(w, KEY("expert_weights_scale"), GEN_DS_EXPERT_SCALE)) ||
             (st = gguf_writer_add_bool(w, KEY("expert_weights_norm"), true)))
+            goto fail;
+        if (dsa && ((st = gguf_writer_add_u32(w, KEY("attention.indexer.head_count"), GEN_DS_IDX_HEADS)) ||
+                    (st = gguf_writer_add_u32(w, KEY("attention.indexer.key_length"), 2 * D)) ||
+                    (st = gguf_writer_add_u32(w, KEY("attention.indexer.top_k"), (uint32_t)p->top_k))))
+            goto fail;
+        if (p->n_expert_groups > 1 &&
+            ((st = gguf_writer_add_u32(w, KEY("expert_group_count"), (uint32_t)p->n_expert_groups)) ||
+             (st = gguf_writer_add_u32(w, KEY("expert_group_used_count"), (uint32_t)p->n_group_used))))
+            goto fail;
+        if (p->yarn_factor > 0.0f &&
+            ((st = gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn")) ||
+             (st = gguf_writer_add_f32(w, KEY("rope.scaling.factor"), p->yarn_factor)) ||
+             (st = gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)p->n_ctx)) ||
+             (p->yarn_log_mul > 0.0f &&
+              (st = gguf_writer_add_f32(w, KEY("rope.scaling.yarn_log_mul"), p->yarn_log_mul)))))
             goto fail;
     }
     if (mamba || gdn || nem) {

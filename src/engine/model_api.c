@@ -98,7 +98,11 @@ void keel_model_info_get(const keel_model *m, keel_model_info *o)
         o->n_expert_used = hp->n_expert_used;
         o->n_ff_expert = hp->n_ff_exp;
         o->n_ff_shared_expert = hp->n_ff_shexp;
+        o->n_expert_groups = hp->n_expert_groups;
+        o->n_group_used = hp->n_group_used;
+        o->expert_sigmoid = hp->router == MODEL_ROUTER_SIGMOID;
     }
+    o->attn_scale = hp->attn_scale;
     o->q_lora_rank = hp->q_lora;
     o->kv_lora_rank = hp->kv_lora;
     if (hp->idx_top_k > 0) {

@@ -6,7 +6,8 @@
  *   moe:    logits = h Wrouter (+ router bias)
  *           per token, the router picks n_expert_used experts and weights
  *           (model_router: softmax then top-k renormalized, top-k then
- *           softmax of the chosen logits, sigmoid with a selection bias);
+ *           softmax of the chosen logits, sigmoid with a selection bias;
+ *           deepseek2's grouped routing first keeps the best groups);
  *           y_j = act(h Wgate_e (+b), h Wup_e (+b)) Wdown_e (+b) for each choice
  *           o = sum_j w_j y_j  (in the order of the choices, as llama.cpp sums)
  *           shared expert: o += sigmoid(h . g_shexp) * dense_shexp(h)
@@ -62,35 +63,47 @@ static model_mat expert(const model_mat *m, int32_t e)
     return r;
 }
 
+/* Grouped routing (deepseek2, llama.cpp's build_moe_ffn): a group's score
+ * is the sum of its 2 best selection scores (top1 + top2); the experts of
+ * all but the n_group_used best groups drop out of the selection (-inf). */
+static void route_groups(const model_hp *hp, float *sel)
+{
+    int32_t G = hp->n_expert_groups, per = hp->n_expert / G;
+    float score[256] = {0}; /* n_expert_groups <= 256 (arch_deepseek2.c) */
+    int32_t best[256], top2[2];
+    for (int32_t g = 0; g < G; g++) {
+        tensor_topk(sel + (size_t)g * (size_t)per, per, 2, top2);
+        score[g] = sel[g * per + top2[0]] + sel[g * per + top2[1]];
+    }
+    tensor_topk(score, G, hp->n_group_used, best);
+    uint8_t keep[256] = {0};
+    for (int32_t j = 0; j < hp->n_group_used; j++) keep[best[j]] = 1;
+    for (int32_t g = 0; g < G; g++)
+        if (!keep[g])
+            for (int32_t e = 0; e < per; e++) sel[g * per + e] = -INFINITY;
+}
+
 /* Picks k experts of ne for one token from its logits (clobbered) and
- * writes their indices and weights. */
+ * writes their indices and weights. sel: [ne] scratch for the selection
+ * scores (probabilities + the selection bias exp_probs_b). */
 static void route(const model_hp *hp, const model_layer *L, float *lg, int32_t *idx, float *wt,
                   float *sel)
 {
     int32_t ne = hp->n_expert, k = hp->n_expert_used;
     if (L->gate_inp_b) tensor_add_f32(lg, L->gate_inp_b, ne);
-    switch (hp->router) {
-    case MODEL_ROUTER_SOFTMAX_WEIGHT:
+    if (hp->router == MODEL_ROUTER_SOFTMAX_WEIGHT) {
         tensor_topk(lg, ne, k, idx);
         for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
         tensor_softmax(wt, k);
-        break;
-    case MODEL_ROUTER_SIGMOID:
-        tensor_sigmoid(lg, ne);
+    } else {
+        if (hp->router == MODEL_ROUTER_SIGMOID)
+            tensor_sigmoid(lg, ne);
+        else
+            tensor_softmax(lg, ne);
         for (int32_t e = 0; e < ne; e++) sel[e] = lg[e] + (L->exp_probs_b ? L->exp_probs_b[e] : 0.0f);
+        if (hp->n_expert_groups > 1) route_groups(hp, sel);
         tensor_topk(sel, ne, k, idx);
         for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
-        break;
-    default:
-        tensor_softmax(lg, ne);
-        if (L->exp_probs_b) { /* glm4moe with softmax gating: chosen with the bias */
-            for (int32_t e = 0; e < ne; e++) sel[e] = lg[e] + L->exp_probs_b[e];
-            tensor_topk(sel, ne, k, idx);
-        } else {
-            tensor_topk(lg, ne, k, idx);
-        }
-        for (int32_t j = 0; j < k; j++) wt[j] = lg[idx[j]];
-        break;
     }
     if (hp->router_norm && hp->router != MODEL_ROUTER_SOFTMAX_WEIGHT) {
         float sum = 0.0f;

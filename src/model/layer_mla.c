@@ -1,20 +1,22 @@
 /*
- * layer_mla.c — multi-head latent attention with the DSA lightning indexer
- * (deepseek32), in the absorbed MQA form llama.cpp runs:
+ * layer_mla.c — multi-head latent attention (deepseek2), with the DSA
+ * lightning indexer (deepseek32), in the absorbed MQA form llama.cpp runs:
  *
  *   qr      = rmsnorm(h Wq_a) * q_a_norm                        [q_lora]
  *   q       = qr Wq_b, per head [q_nope (nope) | q_pe (rope)]
+ *             (without q LoRA, DeepSeek-V2-Lite: q = h Wq)
  *   kv      = h Wkv_a = [c (kv_lora) | k_pe (rope)]; c = rmsnorm(c) * kv_a_norm
  *   q_pe, k_pe = rope_norm(., pos)
  *   per head: q_abs = q_nope Wk_b[head]                         [kv_lora]
  *   Q       = per head [q_pe | q_abs],  K = [k_pe | c],  V = c  (one KV head)
- *   indexer:
+ *   indexer (deepseek32 only; deepseek2 attends to every cell):
  *     iq    = qr Wiq_b, per indexer head [rope | nope]; rope_neox on its rope part
  *     ik    = layernorm(h Wik) * w + b; rope_neox on its rope part
  *     iw    = h Wproj / sqrt(idx_heads) / sqrt(idx_dim)
  *   memory: write K, V and ik (the table's third column, Hadamard-rotated
  *           there) at the tokens' cells; a = attend(Q) over the top_k cells
  *           the indexer keeps (keel_mem_attn.iq), scale 1 / sqrt(nope + rope)
+ *           (times YaRN's mscale^2: arch_deepseek2.c)
  *   per head: o_h = a_h Wv_b[head]                               [v_head]
  *   o       = [o_0 | o_1 | ...] Wo
  *
@@ -48,7 +50,8 @@ size_t model_mla_floats(const model_w *w)
     size_t IH = (size_t)hp->idx_heads, ID = (size_t)hp->idx_dim;
     /* qr, q, kv, Q, K, V, a, ov, iq, ik, iw, and the per-head gathers
      * (q_nope rows, their absorbed rows, a head's output, its projection) */
-    return QL + H * (N + R) + (KL + R) + H * (R + KL) + (R + KL) + KL + H * KL + H * VH + IH * ID + ID + IH +
+    /* (+ 4: qr and the indexer's buffers are taken, a float at least, when absent) */
+    return 4 + QL + H * (N + R) + (KL + R) + H * (R + KL) + (R + KL) + KL + H * KL + H * VH + IH * ID + ID + IH +
            N + KL + KL + VH;
 }
 
@@ -82,7 +85,7 @@ keel_status model_mla(const model_fw *f, const float *h, float *o)
     keel_status st = KEEL_OK;
     base_arena *ar = f->work;
     size_t nn = (size_t)n;
-    float *qr = base_arena_take_n(ar, nn * (size_t)QL, sizeof(float));
+    float *qr = base_arena_take_n(ar, nn * (size_t)BASE_MAX(QL, 1), sizeof(float));
     float *q = base_arena_take_n(ar, nn * (size_t)H * (size_t)QH, sizeof(float));
     float *kv = base_arena_take_n(ar, nn * (size_t)(KL + R), sizeof(float));
     float *Q = base_arena_take_n(ar, nn * (size_t)H * (size_t)DK, sizeof(float));
@@ -90,9 +93,9 @@ keel_status model_mla(const model_fw *f, const float *h, float *o)
     float *V = base_arena_take_n(ar, nn * (size_t)KL, sizeof(float));
     float *a = base_arena_take_n(ar, nn * (size_t)H * (size_t)KL, sizeof(float));
     float *ov = base_arena_take_n(ar, nn * (size_t)H * (size_t)VH, sizeof(float));
-    float *iq = base_arena_take_n(ar, nn * (size_t)IH * (size_t)ID, sizeof(float));
-    float *ik = base_arena_take_n(ar, nn * (size_t)ID, sizeof(float));
-    float *iw = base_arena_take_n(ar, nn * (size_t)IH, sizeof(float));
+    float *iq = base_arena_take_n(ar, nn * (size_t)BASE_MAX(IH * ID, 1), sizeof(float));
+    float *ik = base_arena_take_n(ar, nn * (size_t)BASE_MAX(ID, 1), sizeof(float));
+    float *iw = base_arena_take_n(ar, nn * (size_t)BASE_MAX(IH, 1), sizeof(float));
     float *g_in = base_arena_take_n(ar, nn * (size_t)BASE_MAX(N, KL), sizeof(float));
     float *g_out = base_arena_take_n(ar, nn * (size_t)BASE_MAX(KL, VH), sizeof(float));
     if (!qr || !q || !kv || !Q || !K || !V || !a || !ov || !iq || !ik || !iw || !g_in || !g_out) {
@@ -100,9 +103,13 @@ keel_status model_mla(const model_fw *f, const float *h, float *o)
         goto done;
     }
     /* queries and the compressed KV */
-    if ((st = model_matmul(f, &L->wq_a, h, n, qr)) != KEEL_OK) goto done;
-    rmsnorm_rows(qr, qr, L->q_a_norm, n, QL, QL, hp->norm_eps);
-    if ((st = model_matmul(f, &L->wq_b, qr, n, q)) != KEEL_OK) goto done;
+    if (QL > 0) {
+        if ((st = model_matmul(f, &L->wq_a, h, n, qr)) != KEEL_OK) goto done;
+        rmsnorm_rows(qr, qr, L->q_a_norm, n, QL, QL, hp->norm_eps);
+        if ((st = model_matmul(f, &L->wq_b, qr, n, q)) != KEEL_OK) goto done;
+    } else if ((st = model_matmul(f, &L->wq, h, n, q)) != KEEL_OK) {
+        goto done;
+    }
     if ((st = model_matmul(f, &L->wkv_a, h, n, kv)) != KEEL_OK) goto done;
     rmsnorm_rows(kv, kv, L->kv_a_norm, n, KL, KL + R, hp->norm_eps);
     for (int32_t i = 0; i < n; i++) {
@@ -131,20 +138,22 @@ keel_status model_mla(const model_fw *f, const float *h, float *o)
                    (size_t)KL * sizeof(float));
     }
     /* the lightning indexer: queries from qr, one key and the head weights from h */
-    if ((st = model_matmul(f, &L->idx_wq_b, qr, n, iq)) != KEEL_OK) goto done;
-    if ((st = model_matmul(f, &L->idx_wk, h, n, ik)) != KEEL_OK) goto done;
-    if ((st = model_matmul(f, &L->idx_proj, h, n, iw)) != KEEL_OK) goto done;
-    float wscale = 1.0f / sqrtf((float)IH) / sqrtf((float)ID);
-    for (int32_t i = 0; i < n; i++) {
-        const float *cs = f->cs + (size_t)i * (size_t)R;
-        float *iki = ik + (size_t)i * (size_t)ID;
-        tensor_layernorm(iki, iki, L->idx_k_norm, L->idx_k_norm_b, ID, hp->idx_norm_eps);
-        tensor_rope_apply(KEEL_ROPE_NEOX, R, cs, iki, 1, ID);
-        tensor_rope_apply(KEEL_ROPE_NEOX, R, cs, iq + (size_t)i * (size_t)IH * (size_t)ID, IH, ID);
-        tensor_scale_f32(iw + (size_t)i * (size_t)IH, wscale, IH);
+    if (IH > 0) {
+        if ((st = model_matmul(f, &L->idx_wq_b, qr, n, iq)) != KEEL_OK) goto done;
+        if ((st = model_matmul(f, &L->idx_wk, h, n, ik)) != KEEL_OK) goto done;
+        if ((st = model_matmul(f, &L->idx_proj, h, n, iw)) != KEEL_OK) goto done;
+        float wscale = 1.0f / sqrtf((float)IH) / sqrtf((float)ID);
+        for (int32_t i = 0; i < n; i++) {
+            const float *cs = f->cs + (size_t)i * (size_t)R;
+            float *iki = ik + (size_t)i * (size_t)ID;
+            tensor_layernorm(iki, iki, L->idx_k_norm, L->idx_k_norm_b, ID, hp->idx_norm_eps);
+            tensor_rope_apply(KEEL_ROPE_NEOX, R, cs, iki, 1, ID);
+            tensor_rope_apply(KEEL_ROPE_NEOX, R, cs, iq + (size_t)i * (size_t)IH * (size_t)ID, IH, ID);
+            tensor_scale_f32(iw + (size_t)i * (size_t)IH, wscale, IH);
+        }
     }
     int32_t g = keel_mem_layer_group(f->mem, f->l);
-    st = keel_mem_write_kvi(f->mem, f->l, n, ub->cells + (size_t)g * (size_t)n, K, V, ik);
+    st = keel_mem_write_kvi(f->mem, f->l, n, ub->cells + (size_t)g * (size_t)n, K, V, IH ? ik : NULL);
     if (st != KEEL_OK) {
         st = base_err(f->err, st, "forward: layer %d: %s", f->l, keel_mem_last_error(f->mem));
         goto done;
@@ -158,9 +167,11 @@ keel_status model_mla(const model_fw *f, const float *h, float *o)
     at.seq = ub->seq;
     at.out = a;
     at.scale = hp->attn_scale;
-    at.iq = iq;
-    at.iw = iw;
-    at.n_iq_heads = IH;
+    if (IH > 0) {
+        at.iq = iq;
+        at.iw = iw;
+        at.n_iq_heads = IH;
+    }
     st = keel_mem_attend(f->mem, f->l, &at);
     if (st != KEEL_OK) {
         st = base_err(f->err, st, "forward: layer %d: %s", f->l, keel_mem_last_error(f->mem));

@@ -72,6 +72,11 @@ keel_status model_moe_bind_layer(model_loader *l, const model_hp *hp, int32_t i,
 keel_status arch_nemotron_h_counts(model_loader *l, model_hp *hp);
 keel_status arch_nemotron_h_hparams(model_loader *l, model_hp *hp);
 keel_status arch_nemotron_h_layer(model_loader *l, const model_hp *hp, int32_t i, model_layer *L);
+/* arch_deepseek2.c: the multi-head latent attention family (deepseek2,
+ * deepseek32): its keys, YaRN's attention scale, the experts; then each
+ * layer's attention tensors. */
+keel_status model_mla_hparams(model_loader *l, model_w *w);
+keel_status model_mla_bind_layer(model_loader *l, const model_hp *hp, model_layer *L, int32_t i);
 
 /*
  * Per-layer binding shorthands: they expect in scope `model_loader *l`,

@@ -24,8 +24,11 @@
  * sliding with their own RoPE base, no soft-caps), phi3 (fused qkv and
  * gate|up bound as row views, partial RoPE, LongRoPE short/long factors),
  * qwen3moe and glm4moe (arch_moe.c), nemotron_h (per layer Mamba2,
- * attention without RoPE or a ReLU^2 MLP: arch_nemotron_h.c), lfm2 (gated short convolutions and GQA attention chosen per layer by
- * head_count_kv, final norm token_embd_norm: arch_lfm2.c).
+ * attention without RoPE or a ReLU^2 MLP: arch_nemotron_h.c), lfm2 (gated
+ * short convolutions and GQA attention chosen per layer by head_count_kv,
+ * final norm token_embd_norm: arch_lfm2.c), deepseek2 (deepseek32's MLA without the indexer, q LoRA optional, grouped
+ * expert routing, YaRN with the attention scale's mscale correction;
+ * arch_deepseek2.c reads and binds the MLA family).
  */
 #include "loader.h"
 
@@ -60,6 +63,7 @@ static const arch_desc g_archs[] = {
     {"glm4moe", MODEL_ARCH_GLM4MOE, KEEL_ROPE_NEOX},
     {"nemotron_h", MODEL_ARCH_NEMOTRON_H, KEEL_ROPE_NONE}, /* attention without RoPE */
     {"lfm2", MODEL_ARCH_LFM2, KEEL_ROPE_NEOX},
+    {"deepseek2", MODEL_ARCH_DEEPSEEK2, KEEL_ROPE_NORM},
 };
 
 static bool arch_gemma(model_arch a)
@@ -71,6 +75,11 @@ static bool arch_gemma(model_arch a)
 static bool arch_moe(model_arch a)
 {
     return a == MODEL_ARCH_QWEN3MOE || a == MODEL_ARCH_GLM4MOE;
+}
+
+static bool arch_mla(model_arch a)
+{
+    return a == MODEL_ARCH_DEEPSEEK2 || a == MODEL_ARCH_DEEPSEEK32;
 }
 
 static bool arch_gdn(model_arch a)
@@ -131,7 +140,7 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
         }
         bool gdn = arch_gdn(a);
         L->mixer = a == MODEL_ARCH_MAMBA2 ? MODEL_MIXER_MAMBA2
-                   : a == MODEL_ARCH_DEEPSEEK32 ? MODEL_MIXER_MLA
+                   : arch_mla(a) ? MODEL_MIXER_MLA
                    : gdn && (i + 1) % hp->full_attn_interval != 0 ? MODEL_MIXER_GDN
                                                                    : MODEL_MIXER_ATTN;
         L->ffn = a == MODEL_ARCH_MAMBA2                   ? MODEL_FFN_NONE
@@ -167,23 +176,7 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
                 BIND_VEC(sinks, "attn_sinks", "weight", true, hp->n_head);
             }
         } else if (L->mixer == MODEL_MIXER_MLA) {
-            int64_t H = hp->n_head, N = hp->qk_nope, R = hp->qk_rope, KL = hp->kv_lora, QL = hp->q_lora;
-            int64_t IH = hp->idx_heads, ID = hp->idx_dim;
-            BIND_MAT(wq_a, "attn_q_a", true, E, QL);
-            BIND_VEC(q_a_norm, "attn_q_a_norm", "weight", true, QL);
-            BIND_MAT(wq_b, "attn_q_b", true, QL, H * (N + R));
-            BIND_MAT(wkv_a, "attn_kv_a_mqa", true, E, KL + R);
-            BIND_VEC(kv_a_norm, "attn_kv_a_norm", "weight", true, KL);
-            snprintf(name, sizeof name, "blk.%d.attn_k_b.weight", i);
-            if ((st = model_get_mat3(l, name, true, N, KL, H, &L->wk_b)) != KEEL_OK) return st;
-            snprintf(name, sizeof name, "blk.%d.attn_v_b.weight", i);
-            if ((st = model_get_mat3(l, name, true, KL, hp->v_head, H, &L->wv_b)) != KEEL_OK) return st;
-            BIND_MAT(wo, "attn_output", true, H * hp->v_head, E);
-            BIND_MAT(idx_wq_b, "indexer.attn_q_b", true, QL, IH * ID);
-            BIND_MAT(idx_wk, "indexer.attn_k", true, E, ID);
-            BIND_VEC(idx_k_norm, "indexer.k_norm", "weight", true, ID);
-            BIND_VEC(idx_k_norm_b, "indexer.k_norm", "bias", true, ID);
-            BIND_MAT(idx_proj, "indexer.proj", true, E, IH);
+            if ((st = model_mla_bind_layer(l, hp, L, i)) != KEEL_OK) return st;
         } else if (L->mixer == MODEL_MIXER_GDN) {
             int64_t C = model_gdn_conv_channels(hp), VI = hp->ssm_d_inner, nv = hp->ssm_dt_rank;
             BIND_MAT(ssm_qkv, "attn_qkv", true, E, C);
@@ -254,7 +247,7 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
                 BIND_MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
                 BIND_MAT(down_shexp, "ffn_down_shexp", true, Fs, E);
             }
-            if (a == MODEL_ARCH_DEEPSEEK32 && hp->n_ff_shexp > 0) { /* ungated shared experts */
+            if (arch_mla(a) && hp->n_ff_shexp > 0) { /* ungated shared experts */
                 int64_t Fs = hp->n_ff_shexp;
                 BIND_MAT(gate_shexp, "ffn_gate_shexp", true, E, Fs);
                 BIND_MAT(up_shexp, "ffn_up_shexp", true, E, Fs);
@@ -269,71 +262,6 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
         /* gemma3: the first swa_period - 1 layers of each period are sliding */
         if (a == MODEL_ARCH_GEMMA3)
             L->swa = hp->n_swa > 0 && i % hp->swa_period < hp->swa_period - 1;
-    }
-    return KEEL_OK;
-}
-
-/*
- * deepseek32 (llama.cpp's keys): attention.q_lora_rank, kv_lora_rank,
- * key_length / value_length (the absorbed form's cache row kv_lora + rope
- * and its value kv_lora), key_length_mla / value_length_mla (per head q.k
- * and value dims), rope.dimension_count (the rope part), the indexer's
- * attention.indexer.head_count / key_length / top_k,
- * leading_dense_block_count, expert_count, expert_used_count,
- * expert_feed_forward_length, expert_shared_count, expert_weights_scale,
- * expert_weights_norm, expert_gating_func (2: sigmoid; 1: softmax).
- */
-static keel_status read_mla_hparams(model_loader *l, model_w *w)
-{
-    model_hp *hp = &w->hp;
-    keel_status st;
-    int32_t kd = 0, vd = 0, gating = 2, n_shared = 0;
-    if ((st = model_key_int(l, "attention.q_lora_rank", true, 0, 1, 1 << 16, &hp->q_lora)) ||
-        (st = model_key_int(l, "attention.kv_lora_rank", true, 0, 1, 1 << 16, &hp->kv_lora)) ||
-        (st = model_key_int(l, "attention.key_length_mla", true, 0, 2, 8192, &kd)) ||
-        (st = model_key_int(l, "attention.value_length_mla", true, 0, 1, 8192, &vd)) ||
-        (st = model_key_int(l, "attention.indexer.head_count", true, 0, 1, 4096, &hp->idx_heads)) ||
-        (st = model_key_int(l, "attention.indexer.key_length", true, 0, 2, 8192, &hp->idx_dim)) ||
-        (st = model_key_int(l, "attention.indexer.top_k", true, 0, 1, 1 << 20, &hp->idx_top_k)) ||
-        (st = model_key_int(l, "leading_dense_block_count", false, 0, 0, hp->n_layer, &hp->n_dense_lead)))
-        return st;
-    int32_t R = hp->rope.n_rot;
-    if (hp->rope.ext_factor != 0.0f || hp->rope.freq_scale != 1.0f)
-        return base_err(l->err, KEEL_EUNSUPPORTED,
-                        "%s: RoPE scaling (YaRN / linear) is not implemented for this architecture (the "
-                        "attention scale's mscale correction)",
-                        l->arch);
-    if (hp->n_head_kv != 1 || hp->hd_k != hp->kv_lora + R || hp->hd_v != hp->kv_lora || kd <= R || kd % 2)
-        return base_err(l->err, KEEL_EFORMAT,
-                        "%s: the absorbed MLA form needs head_count_kv 1 (%d), key_length = kv_lora_rank + "
-                        "rope dims (%d != %d + %d), value_length = kv_lora_rank (%d), key_length_mla %d > "
-                        "rope dims and even",
-                        l->arch, hp->n_head_kv, hp->hd_k, hp->kv_lora, R, hp->hd_v, kd);
-    if (hp->idx_dim <= R || hp->idx_dim % 2)
-        return base_err(l->err, KEEL_EFORMAT, "%s.attention.indexer.key_length %d: must be even and above the %d rope dims",
-                        l->arch, hp->idx_dim, R);
-    hp->qk_rope = R;
-    hp->qk_nope = kd - R;
-    hp->v_head = vd;
-    hp->attn_scale = 1.0f / sqrtf((float)kd);
-    hp->idx_norm_eps = 1e-6f; /* llama.cpp's LayerNorm epsilon of the indexer key */
-    if ((st = model_key_float_in(l, "attention.layer_norm_epsilon", 1e-6, 0.0, true, 1.0, &hp->idx_norm_eps)))
-        return st;
-    if (hp->n_dense_lead < hp->n_layer) {
-        if ((st = model_key_int(l, "expert_count", true, 0, 1, 4096, &hp->n_expert)) ||
-            (st = model_key_int(l, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) ||
-            (st = model_key_int(l, "expert_feed_forward_length", true, 0, 1, 1 << 20, &hp->n_ff_exp)) ||
-            (st = model_key_int(l, "expert_shared_count", false, 0, 0, 64, &n_shared)) ||
-            (st = model_key_int(l, "expert_gating_func", false, 2, 1, 2, &gating)) ||
-            (st = model_key_float_in(l, "expert_weights_scale", 1.0, 0.0, true, 1e6, &hp->expert_scale)))
-            return st;
-        hp->n_ff_shexp = hp->n_ff_exp * n_shared;
-        hp->router = gating == 2 ? MODEL_ROUTER_SIGMOID : MODEL_ROUTER_SOFTMAX;
-        char key[128];
-        snprintf(key, sizeof key, "%s.expert_weights_norm", l->arch);
-        bool norm = false;
-        if (gguf_find_key(l->g, key) >= 0 && (st = gguf_get_bool(l->g, key, &norm, l->err)) != KEEL_OK) return st;
-        hp->router_norm = norm;
     }
     return KEEL_OK;
 }
@@ -421,10 +349,10 @@ static keel_status read_arch_hparams(model_loader *l, model_w *w)
         if ((st = model_key_int(l, "attention.sliding_window", false, 128, 1, 1 << 24, &hp->n_swa))) return st;
         hp->attn_scale = 1.0f / sqrtf((float)hp->rope.n_rot);
     }
-    if (a == MODEL_ARCH_DEEPSEEK32) return read_mla_hparams(l, w);
     if (arch_moe(a)) return model_moe_hparams(l, w);
     if (a == MODEL_ARCH_NEMOTRON_H) return arch_nemotron_h_hparams(l, hp);
     if (a == MODEL_ARCH_LFM2) return model_lfm2_hparams(l, w);
+    if (arch_mla(a)) return model_mla_hparams(l, w); /* arch_deepseek2.c */
     return KEEL_OK;
 }
 
@@ -443,7 +371,7 @@ static keel_status read_hparams(model_loader *l, model_w *w)
         return base_err(l->err, KEEL_EUNSUPPORTED,
                         "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
                         "qwen35, qwen3next, mamba2, gpt-oss, deepseek32, gemma3, phi3, "
-                        "qwen3moe, glm4moe, nemotron_h, lfm2)",
+                        "qwen3moe, glm4moe, nemotron_h, lfm2, deepseek2)",
                         (int)BASE_MIN(an, (size_t)64), a);
     hp->arch = ad->arch;
     hp->arch_name = ad->name;
@@ -784,7 +712,7 @@ void model_mem_layers(const model_w *w, keel_dtype type_k, keel_dtype type_v, in
         L->v_rot.seed = 0x6b65656c0002ull;
         /* position edits rotate each layer's keys with its own RoPE */
         L->rope = *model_layer_rope(w, i, rope_long);
-        if (ML->mixer != MODEL_MIXER_MLA) continue;
+        if (ML->mixer != MODEL_MIXER_MLA || hp->idx_heads == 0) continue;
         /* the absorbed MLA form: one KV head, K = [rope | kv_lora] (RoPE on
          * its first dims, so position edits rotate them), V = the kv_lora
          * part; the indexer key as the table's third column, stored like K

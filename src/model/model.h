@@ -37,6 +37,8 @@ typedef enum model_arch {
                                    MLP (arch_nemotron_h.c) */
     MODEL_ARCH_LFM2 = 14,     /* gated short convolutions + GQA attention (per-layer
                                  head_count_kv, 0 = conv), SwiGLU everywhere (arch_lfm2.c) */
+    MODEL_ARCH_DEEPSEEK2 = 15, /* deepseek32's MLA without the indexer (q LoRA optional),
+                                  grouped expert routing, YaRN with the mscale correction */
 } model_arch;
 
 /* What mixes tokens in a layer (one file per kind: layer_attn.c,
@@ -45,7 +47,8 @@ typedef enum model_mixer {
     MODEL_MIXER_ATTN = 0,   /* attention over the memory core */
     MODEL_MIXER_GDN = 1,    /* Gated DeltaNet: conv1d + gated delta rule */
     MODEL_MIXER_MAMBA2 = 2, /* Mamba2 selective scan */
-    MODEL_MIXER_MLA = 3,    /* multi-head latent attention with the DSA indexer (layer_mla.c) */
+    MODEL_MIXER_MLA = 3,    /* multi-head latent attention, with the DSA indexer when
+                               idx_heads > 0 (layer_mla.c) */
     MODEL_MIXER_NONE = 4,   /* no mixer: the block is its FFN (nemotron_h's MLP layers) */
     MODEL_MIXER_SHORTCONV = 5, /* lfm2: gated depthwise causal conv (layer_shortconv.c) */
 } model_mixer;
@@ -103,8 +106,10 @@ typedef struct model_layer {
     const float *sinks;          /* gpt-oss: [n_head] learned sink logits */
     const float *post_attn_norm; /* gemma2: [n_embd] */
     bool swa;                    /* sliding-window layer */
-    /* multi-head latent attention (deepseek32), absorbed form: the cache
-     * row is [rope | kv_lora] (one KV head), V its kv_lora part */
+    /* multi-head latent attention (deepseek2, deepseek32), absorbed form:
+     * the cache row is [rope | kv_lora] (one KV head), V its kv_lora part.
+     * Without q LoRA (q_lora 0: DeepSeek-V2-Lite) wq is [n_embd -> n_head *
+     * (nope + rope)] and wq_a, q_a_norm, wq_b are absent */
     model_mat wq_a;              /* [n_embd -> q_lora] */
     const float *q_a_norm;       /* [q_lora] */
     model_mat wq_b;              /* [q_lora -> n_head * (nope + rope)], per head [nope | rope] */
@@ -112,7 +117,7 @@ typedef struct model_layer {
     const float *kv_a_norm;      /* [kv_lora] */
     model_mat wk_b;              /* per head ("experts"): [nope -> kv_lora], absorbs q_nope */
     model_mat wv_b;              /* per head: [kv_lora -> v_head] */
-    /* the DSA lightning indexer */
+    /* the DSA lightning indexer (deepseek32 only) */
     model_mat idx_wq_b;          /* [q_lora -> idx_heads * idx_dim], per head [rope | nope] */
     model_mat idx_wk;            /* [n_embd -> idx_dim] */
     const float *idx_k_norm, *idx_k_norm_b; /* [idx_dim] LayerNorm */
@@ -173,14 +178,19 @@ typedef struct model_hp {
     int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     model_router router;
     bool router_norm;         /* renormalize the chosen weights to sum 1 */
+    int32_t n_expert_groups;  /* > 1: grouped routing (deepseek2): experts in this many equal
+                                 groups, a group scored by the sum of its 2 best selection
+                                 scores, the k experts chosen within the n_group_used best */
+    int32_t n_group_used;
     float expert_scale;       /* multiply the weights (1: none) */
     model_act ffn_act;        /* of the FFN and the experts */
     float oai_alpha, oai_limit; /* SwiGLU-OAI */
-    /* multi-head latent attention + DSA indexer (deepseek32) */
-    int32_t q_lora, kv_lora;  /* ranks of the q and kv compressions */
+    /* multi-head latent attention (deepseek2) + DSA indexer (deepseek32) */
+    int32_t q_lora, kv_lora;  /* ranks of the q and kv compressions; q_lora 0: plain wq */
     int32_t qk_nope, qk_rope; /* per head: q.k dims without / with RoPE (qk_rope = rope.n_rot) */
     int32_t v_head;           /* per head value dims after wv_b */
-    int32_t idx_heads, idx_dim, idx_top_k; /* indexer query heads, key dims, cells kept */
+    int32_t idx_heads, idx_dim, idx_top_k; /* indexer query heads, key dims, cells kept;
+                                              0 heads: no indexer (deepseek2) */
     float idx_norm_eps;       /* the indexer key's LayerNorm */
     int32_t n_dense_lead;     /* leading layers with a dense FFN (then MoE) */
     int32_t n_nextn;          /* glm4moe: NextN (MTP) layers after the n_layer run ones
