@@ -258,6 +258,13 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
     }
     bool ignore_eos = false;
     if (!srv_get_bool(b, "ignore_eos", &ignore_eos, e)) return false;
+    /* llama-server's grammar (GBNF): the engine compiles it (a grammar it
+     * refuses is its 400, named) */
+    json_t *gr = json_object_get(b, "grammar");
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr)) return srv_fail(e, 400, "grammar must be a string (GBNF)");
+        if (json_object_set(req, "grammar", gr) != 0) return srv_fail(e, 500, "out of memory");
+    }
     if (ignore_eos) json_object_set_new(req, "ignore_eos", json_true());
     json_t *mct = json_object_get(b, "max_completion_tokens");
     if (!srv_copy_max_tokens(b, mct && !json_is_null(mct) ? "max_completion_tokens" : "max_tokens", req, lim, e))

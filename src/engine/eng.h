@@ -62,6 +62,7 @@ typedef struct eng_opts {
     int32_t *bias_tok;        /* logit_bias: [n_bias] distinct token ids (owned) */
     float *bias;              /* [n_bias] added to their logits; -100: -inf (banned) */
     int32_t n_bias;
+    keel_grammar *grammar;    /* "grammar" (GBNF): the output is constrained to it (owned), or NULL */
 } eng_opts;
 
 /* One generated token's log-probability under the model (log-softmax of
@@ -226,6 +227,7 @@ typedef struct eng_slot {
     size_t n_prefill;
     eng_pre pre;              /* what the prefill parses to: left out of events and response */
     keel_sampler *samp;
+    keel_grammar_matcher *gm; /* the request's grammar state, or NULL */
     keel_detok_stream ds;
     toolcall_parser *tp;
     int32_t last_tok;         /* sampled, not yet decoded */
@@ -262,6 +264,8 @@ struct keel_engine {
     /* default options of every request */
     keel_compact_params compact_default;
     int32_t *eog_ids;         /* [n_eog] end-of-generation tokens (ignore_eos) */
+    keel_grammar_vocab *gvocab; /* the vocabulary trie of grammars, built by the stepping thread
+                                   at the first request with a grammar, or NULL */
     int32_t n_eog;
     /* queue */
     pthread_mutex_t mu;

@@ -44,6 +44,8 @@ void eng_opts_free(eng_opts *o)
     o->bias_tok = NULL;
     o->bias = NULL;
     o->n_bias = 0;
+    keel_grammar_close(o->grammar);
+    o->grammar = NULL;
 }
 
 /* logit_bias: {"token id": bias}, OpenAI's form: ids as decimal strings
@@ -316,6 +318,19 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
                               "response_format must be an object with type \"text\", \"json_object\" or \"json_schema\"");
             else
                 o->json_answer = strcmp(t, "text") != 0;
+        } else if (strcmp(k, "grammar") == 0) {
+            /* GBNF text; null or "" : none */
+            if (json_is_null(v)) continue;
+            if (!json_is_string(v)) {
+                st = base_err(err, KEEL_EINVAL, "grammar must be a string (GBNF)");
+            } else {
+                keel_grammar_close(o->grammar);
+                o->grammar = NULL;
+                char why[BASE_ERR_CAP] = "";
+                if (json_string_length(v) > 0 &&
+                    (st = keel_grammar_compile(json_string_value(v), json_string_length(v), &o->grammar, why)) != KEEL_OK)
+                    st = base_err(err, st == KEEL_ENOMEM ? KEEL_ENOMEM : KEEL_EINVAL, "grammar: %s", why);
+            }
         } else if (strcmp(k, "continue_final_message") == 0) {
             const char *m = json_string_value(v);
             if (json_is_boolean(v))

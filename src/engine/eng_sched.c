@@ -297,6 +297,8 @@ static void release_request(keel_engine *e, eng_slot *sl)
     sl->n_lp = sl->cap_lp = 0;
     keel_sampler_close(sl->samp);
     sl->samp = NULL;
+    keel_grammar_matcher_close(sl->gm);
+    sl->gm = NULL;
     toolcall_close(sl->tp);
     sl->tp = NULL;
     eng_slot_prefill_free(sl);
@@ -801,6 +803,11 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         keel_sampler_params_check(&r->o.samp, err);
         goto fail;
     }
+    if (r->o.grammar) {
+        /* the vocabulary trie, once per engine (this thread owns the slots) */
+        if (!e->gvocab && (st = keel_grammar_vocab_open(e->model, &e->gvocab, err)) != KEEL_OK) goto fail;
+        if ((st = keel_grammar_matcher_open(r->o.grammar, e->gvocab, &sl->gm, err)) != KEEL_OK) goto fail;
+    }
     int32_t look = r->o.samp.repeat_last_n;
     for (int32_t i = sl->n_prompt > look ? sl->n_prompt - look : 0; i < sl->n_prompt; i++)
         if ((st = keel_sampler_accept(sl->samp, sl->prompt[i])) != KEEL_OK) goto fail;
@@ -1220,11 +1227,34 @@ bool eng_step(keel_engine *e)
                         w[o->bias_tok[q]] = o->bias[q] <= -100.0f ? -INFINITY : w[o->bias_tok[q]] + o->bias[q];
                     for (int32_t q = 0; o->ignore_eos && q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
                 }
+                if (lg && sl->gm) {
+                    /* the grammar: a complete text that nothing can extend
+                     * ends here; else the tokens it does not allow are
+                     * banned (greedy included) */
+                    if (keel_grammar_matcher_done(sl->gm)) {
+                        finish(e, sl, "stop", KEEL_OK, NULL);
+                        continue;
+                    }
+                    float *w = e->ctx->logits + (lg - e->ctx->logits);
+                    if ((st = keel_grammar_matcher_apply(sl->gm, w)) != KEEL_OK) {
+                        char why[BASE_ERR_CAP];
+                        snprintf(why, sizeof why, "grammar: %s", keel_grammar_matcher_last_error(sl->gm));
+                        finish(e, sl, "error", st, why);
+                        continue;
+                    }
+                }
                 if (sl->n_gen == 0 && e->debug_logits)
                     e->debug_logits(e->debug_user, sl->req->id, lg, e->model->w.hp.n_vocab);
                 st = keel_sampler_sample(sl->samp, lg, &tok);
                 if (st != KEEL_OK) {
-                    finish(e, sl, "error", st, "sampler: no finite logit");
+                    finish(e, sl, "error", st,
+                           sl->gm ? "sampler: no token the grammar allows has a finite logit" : "sampler: no finite logit");
+                    continue;
+                }
+                if (sl->gm && (st = keel_grammar_matcher_accept(sl->gm, tok)) != KEEL_OK) {
+                    char why[BASE_ERR_CAP];
+                    snprintf(why, sizeof why, "grammar: %s", keel_grammar_matcher_last_error(sl->gm));
+                    finish(e, sl, "error", st, why);
                     continue;
                 }
                 if (ent) { /* the model's logit: ignore_eos never touches a sampled token, a bias is undone */

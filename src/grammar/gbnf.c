@@ -711,17 +711,24 @@ static bool alt_nullable_prefix(const gp *s, const bool *nul, const gram_el *e, 
     return true;
 }
 
+/* Left recursion: a rule that can reach itself without consuming input
+ * through at least one reference that is not in tail position (that one
+ * leaves a return address on the stack, so the expansion never ends).
+ * Edges u -> v for each reference to v after a nullable prefix of u's
+ * alternative; strongly connected components (iterative Tarjan); an edge
+ * that is not a tail call inside one component is refused, and the cycle
+ * through it named. Cycles of tail calls only revisit a stack, which the
+ * closure skips (e.g. ("a"?)*). */
 static keel_status check_left_recursion(gp *s)
 {
     uint32_t n = s->n_rules;
+    size_t n_edges = 0;
     bool *nul = base_calloc(n, sizeof *nul);
-    uint8_t *color = base_calloc(n, 1);
-    uint32_t *stk = base_alloc((size_t)n * sizeof *stk), *cur = base_alloc((size_t)n * sizeof *cur);
+    uint32_t *eoff = base_calloc((size_t)n + 1, sizeof *eoff);
+    uint32_t *eto = NULL, *idx = NULL, *low = NULL, *comp = NULL, *it = NULL, *stk = NULL, *call = NULL, *from = NULL;
+    uint8_t *etail = NULL, *on = NULL;
     keel_status st = KEEL_OK;
-    if (!nul || !color || !stk || !cur) {
-        st = base_err(s->err, KEEL_ENOMEM, "grammar: out of memory");
-        goto out;
-    }
+    if (!nul || !eoff) goto oom;
     /* nullable: fixpoint over the rules */
     for (bool changed = true; changed;) {
         changed = false;
@@ -740,67 +747,133 @@ static keel_status check_left_recursion(gp *s)
             }
         }
     }
-    /* a cycle in "r can start with rule q" (DFS with an explicit stack;
-     * cur[r]: the next element of r to look at) */
-    for (uint32_t root = 0; root < n && !st; root++) {
-        if (color[root]) continue;
-        uint32_t sp = 0;
-        stk[sp++] = root;
-        color[root] = 1;
-        cur[root] = 0;
-        while (sp > 0 && !st) {
-            uint32_t r = stk[sp - 1];
+    /* the edges, in CSR form (two passes: count, fill) */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t k = 0;
+        for (uint32_t r = 0; r < n; r++) {
             const gram_el *e = s->rules[r].el.d;
-            uint32_t ne = s->rules[r].el.n;
-            bool pushed = false;
-            while (cur[r] < ne && !pushed) {
-                uint32_t i = cur[r]++;
-                if (GRAM_KIND(e[i]) != GRAM_REF) continue;
-                /* a reference in tail position replaces its caller on the
-                 * stack (nothing grows): a cycle through it only revisits a
-                 * stack, which the closure skips (e.g. ("a"?)*) */
-                if (i + 1 < ne && GRAM_KIND(e[i + 1]) <= GRAM_ALT) continue;
-                uint32_t start = i;
-                while (start > 0 && GRAM_KIND(e[start - 1]) != GRAM_ALT) start--;
-                if (!alt_nullable_prefix(s, nul, e + start, i - start, i - start)) continue;
-                uint32_t q = GRAM_VAL(e[i]);
-                if (color[q] == 1) {
-                    /* the cycle: q ... r -> q, named by the user rules on it */
-                    char path[200];
-                    size_t pl = 0;
-                    path[0] = 0;
-                    uint32_t from = 0;
-                    while (stk[from] != q) from++;
-                    for (uint32_t k = from; k < sp && pl < sizeof path - 80; k++) {
-                        const char *nm = s->rules[stk[k]].name;
-                        if (!nm) continue;
-                        pl += (size_t)snprintf(path + pl, sizeof path - pl, "%s%.40s", pl ? " -> " : "", nm);
-                    }
-                    const char *qn = s->rules[q].name;
-                    if (pl < sizeof path - 48)
-                        snprintf(path + pl, sizeof path - pl, "%s%.40s", pl ? " -> " : "", qn ? qn : "(group)");
-                    st = base_err(s->err, KEEL_EUNSUPPORTED,
-                                  "grammar: left recursion (rewrite it as repetition): %s", path);
-                    break;
+            uint32_t ne = s->rules[r].el.n, start = 0;
+            if (pass == 1) eoff[r] = (uint32_t)k;
+            for (uint32_t i = 0; i < ne; i++) {
+                if (GRAM_KIND(e[i]) <= GRAM_ALT) {
+                    start = i + 1;
+                    continue;
                 }
-                if (color[q] == 0) {
-                    color[q] = 1;
-                    cur[q] = 0;
-                    stk[sp++] = q;
-                    pushed = true;
+                if (GRAM_KIND(e[i]) != GRAM_REF || !alt_nullable_prefix(s, nul, e + start, i - start, i - start))
+                    continue;
+                if (pass == 1) {
+                    eto[k] = GRAM_VAL(e[i]);
+                    etail[k] = i + 1 < ne && GRAM_KIND(e[i + 1]) <= GRAM_ALT;
                 }
+                k++;
             }
-            if (!pushed && !st) {
-                color[r] = 2;
-                sp--;
+        }
+        if (pass == 0) {
+            n_edges = k;
+            eto = base_alloc((n_edges ? n_edges : 1) * sizeof *eto);
+            etail = base_alloc(n_edges ? n_edges : 1);
+            if (!eto || !etail) goto oom;
+        } else {
+            eoff[n] = (uint32_t)k;
+        }
+    }
+    idx = base_alloc((size_t)n * sizeof *idx);
+    low = base_alloc((size_t)n * sizeof *low);
+    comp = base_alloc((size_t)n * sizeof *comp);
+    it = base_alloc((size_t)n * sizeof *it);
+    stk = base_alloc((size_t)n * sizeof *stk);
+    call = base_alloc((size_t)n * sizeof *call);
+    from = base_alloc((size_t)n * sizeof *from);
+    on = base_calloc(n, 1);
+    if (!idx || !low || !comp || !it || !stk || !call || !from || !on) goto oom;
+    for (uint32_t r = 0; r < n; r++) idx[r] = UINT32_MAX;
+    uint32_t next = 0, sp = 0;
+    for (uint32_t r0 = 0; r0 < n; r0++) {
+        if (idx[r0] != UINT32_MAX) continue;
+        uint32_t cp = 0;
+        call[cp++] = r0;
+        idx[r0] = low[r0] = next++;
+        stk[sp++] = r0;
+        on[r0] = 1;
+        it[r0] = eoff[r0];
+        while (cp > 0) {
+            uint32_t u = call[cp - 1];
+            if (it[u] < eoff[u + 1]) {
+                uint32_t v = eto[it[u]++];
+                if (idx[v] == UINT32_MAX) {
+                    idx[v] = low[v] = next++;
+                    stk[sp++] = v;
+                    on[v] = 1;
+                    it[v] = eoff[v];
+                    call[cp++] = v;
+                } else if (on[v] && idx[v] < low[u]) {
+                    low[u] = idx[v];
+                }
+                continue;
+            }
+            cp--;
+            if (cp > 0 && low[u] < low[call[cp - 1]]) low[call[cp - 1]] = low[u];
+            if (low[u] == idx[u]) {
+                uint32_t w;
+                do {
+                    w = stk[--sp];
+                    on[w] = 0;
+                    comp[w] = u;
+                } while (w != u);
             }
         }
     }
+    for (uint32_t u = 0; u < n && !st; u++) {
+        for (uint32_t k = eoff[u]; k < eoff[u + 1] && !st; k++) {
+            uint32_t v = eto[k];
+            if (etail[k] || comp[u] != comp[v]) continue;
+            /* the cycle u -> v -> ... -> u: a BFS from v inside the component */
+            for (uint32_t r = 0; r < n; r++) from[r] = UINT32_MAX;
+            uint32_t head = 0, tail = 0;
+            call[tail++] = v;
+            from[v] = v;
+            while (head < tail && from[u] == UINT32_MAX) {
+                uint32_t x = call[head++];
+                for (uint32_t j = eoff[x]; j < eoff[x + 1]; j++) {
+                    uint32_t y = eto[j];
+                    if (comp[y] != comp[u] || from[y] != UINT32_MAX) continue;
+                    from[y] = x;
+                    call[tail++] = y;
+                }
+            }
+            /* the path back from u, reversed: u, v, ..., u */
+            uint32_t np = 0;
+            if (u != v)
+                for (uint32_t x = u; np < n; x = from[x]) {
+                    stk[np++] = x;
+                    if (x == v) break;
+                }
+            char path[200];
+            size_t pl = (size_t)snprintf(path, sizeof path, "%.40s", s->rules[u].name ? s->rules[u].name : "(group)");
+            for (uint32_t j = np; j-- > 0 && pl < sizeof path - 48;) {
+                const char *nm = s->rules[stk[j]].name;
+                if (nm) pl += (size_t)snprintf(path + pl, sizeof path - pl, " -> %.40s", nm);
+            }
+            if (u == v && pl < sizeof path - 48) snprintf(path + pl, sizeof path - pl, " -> %.40s", s->rules[u].name ? s->rules[u].name : "(group)");
+            st = base_err(s->err, KEEL_EUNSUPPORTED, "grammar: left recursion (rewrite it as repetition): %s", path);
+        }
+    }
+    goto out;
+oom:
+    st = base_err(s->err, KEEL_ENOMEM, "grammar: out of memory");
 out:
     base_free(nul, (size_t)n * sizeof *nul);
-    base_free(color, n);
+    base_free(eoff, ((size_t)n + 1) * sizeof *eoff);
+    base_free(eto, (n_edges ? n_edges : 1) * sizeof *eto);
+    base_free(etail, n_edges ? n_edges : 1);
+    base_free(idx, (size_t)n * sizeof *idx);
+    base_free(low, (size_t)n * sizeof *low);
+    base_free(comp, (size_t)n * sizeof *comp);
+    base_free(it, (size_t)n * sizeof *it);
     base_free(stk, (size_t)n * sizeof *stk);
-    base_free(cur, (size_t)n * sizeof *cur);
+    base_free(call, (size_t)n * sizeof *call);
+    base_free(from, (size_t)n * sizeof *from);
+    base_free(on, n);
     return st;
 }
 

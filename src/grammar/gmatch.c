@@ -86,27 +86,23 @@ static uint32_t hash2(uint32_t a, uint32_t b)
 
 static keel_status node_grow(gram_matcher *m)
 {
-    uint32_t nc = m->cap_nodes ? m->cap_nodes * 2 : 1024;
+    uint32_t nc = m->cap_nodes ? m->cap_nodes * 2 : 1024, hc = nc * 2; /* the hash at <= 50% load */
     size_t ob = (size_t)m->cap_nodes * sizeof(uint32_t), nb = (size_t)nc * sizeof(uint32_t);
-    uint32_t *a = base_realloc(m->npos, ob, nb);
-    if (!a) goto oom;
-    m->npos = a;
-    if (!(a = base_realloc(m->npar, ob, nb))) goto oom;
-    m->npar = a;
-    if (!(a = base_realloc(m->mark, ob, nb))) goto oom;
-    m->mark = a;
-    if (!(a = base_realloc(m->mslot, ob, nb))) goto oom;
-    m->mslot = a;
-    if (!(a = base_realloc(m->smark, ob, nb))) goto oom;
-    m->smark = a;
-    memset(m->smark + m->cap_nodes, 0, nb - ob);
-    memset(m->mark + m->cap_nodes, 0, nb - ob);
-    memset(m->mslot + m->cap_nodes, 0, nb - ob);
-    m->cap_nodes = nc;
-    /* the hash at <= 50% load */
-    uint32_t hc = nc * 2;
+    uint32_t **arr[5] = {&m->npos, &m->npar, &m->mark, &m->smark, &m->mslot}, *na[5] = {NULL};
     uint32_t *h = base_calloc(hc, sizeof *h);
-    if (!h) goto oom;
+    bool ok = h != NULL;
+    for (int i = 0; i < 5; i++) ok &= (na[i] = base_calloc(nc, sizeof(uint32_t))) != NULL;
+    if (!ok) { /* all or nothing: the old tables stay */
+        for (int i = 0; i < 5; i++) base_free(na[i], nb);
+        base_free(h, (size_t)hc * sizeof *h);
+        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for parser stacks");
+    }
+    for (int i = 0; i < 5; i++) {
+        if (ob) memcpy(na[i], *arr[i], ob);
+        base_free(*arr[i], ob);
+        *arr[i] = na[i];
+    }
+    m->cap_nodes = nc;
     for (uint32_t i = 1; i < m->n_nodes; i++) {
         uint32_t k = hash2(m->npos[i], m->npar[i]) & (hc - 1);
         while (h[k]) k = (k + 1) & (hc - 1);
@@ -116,8 +112,6 @@ static keel_status node_grow(gram_matcher *m)
     m->nhash = h;
     m->nhash_cap = hc;
     return KEEL_OK;
-oom:
-    return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for parser stacks");
 }
 
 /* The node of stack (pos on top of parent), made if new. */
