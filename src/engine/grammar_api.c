@@ -66,7 +66,7 @@ keel_status keel_grammar_match(const keel_grammar *g, const char *text, size_t l
     return st;
 }
 
-keel_status keel_grammar_vocab_open(const keel_model *model, keel_grammar_vocab **out, char *err)
+keel_status engine_grammar_vocab(const keel_model *model, gram_vocab **out, char *err)
 {
     if (!out) return base_err(err, KEEL_EINVAL, "out is NULL");
     *out = NULL;
@@ -107,16 +107,7 @@ keel_status keel_grammar_vocab_open(const keel_model *model, keel_grammar_vocab 
         }
         if (pass == 0 && !st && !(all = base_alloc(total + 1))) st = base_err(err, KEEL_ENOMEM, "out of memory");
     }
-    if (!st) {
-        keel_grammar_vocab *v = base_calloc(1, sizeof *v);
-        if (!v) {
-            st = base_err(err, KEEL_ENOMEM, "out of memory");
-        } else if ((st = gram_vocab_build(n, piece, len, eog, n_eog, &v->v, err)) != KEEL_OK) {
-            base_free(v, sizeof *v);
-        } else {
-            *out = v;
-        }
-    }
+    if (!st) st = gram_vocab_build(n, piece, len, eog, n_eog, out, err);
 out:
     base_free(all, total + 1);
     base_free(buf, cap);
@@ -124,6 +115,21 @@ out:
     base_free(piece, (size_t)n * sizeof *piece);
     base_free(eog, (size_t)n * sizeof *eog);
     return st;
+}
+
+keel_status keel_grammar_vocab_open(const keel_model *model, keel_grammar_vocab **out, char *err)
+{
+    if (!out) return base_err(err, KEEL_EINVAL, "out is NULL");
+    *out = NULL;
+    keel_grammar_vocab *v = base_calloc(1, sizeof *v);
+    if (!v) return base_err(err, KEEL_ENOMEM, "out of memory");
+    keel_status st = engine_grammar_vocab(model, &v->v, err);
+    if (st) {
+        base_free(v, sizeof *v);
+        return st;
+    }
+    *out = v;
+    return KEEL_OK;
 }
 
 void keel_grammar_vocab_close(keel_grammar_vocab *v)

@@ -41,8 +41,15 @@ struct gram_matcher {
     uint32_t n_cur;
     uint32_t start_off, n_start;
     bool ended; /* an end-of-generation token was accepted */
-    uint64_t *masks;
+    uint64_t *masks; /* per stack, then per state (the OR of its stacks') */
     uint32_t n_masks, cap_masks;
+    /* states whose mask is cached: (hash of the sorted stacks, the stacks,
+     * mask index); cleared with the masks or when half full */
+    uint64_t *sc_hash;
+    uint32_t *sc_mask, *sc_off, *sc_n;
+    uint32_t sc_cap, sc_used;
+    uint32_t *spool, *sorted; /* the states' stacks; [max_set] scratch */
+    size_t n_spool, cap_spool;
     uint64_t *mbuf; /* [n_words] */
     uint32_t *lvl;  /* trie walk: the state of each depth, stacked */
     size_t cap_lvl;
@@ -361,6 +368,12 @@ void gram_matcher_close(gram_matcher *m)
     base_free(m->masks, (size_t)m->cap_masks * nw * sizeof(uint64_t));
     base_free(m->mbuf, nw * sizeof(uint64_t));
     base_free(m->lvl, m->cap_lvl * sizeof(uint32_t));
+    base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
+    base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
+    base_free(m->sc_off, (size_t)m->sc_cap * sizeof(uint32_t));
+    base_free(m->sc_n, (size_t)m->sc_cap * sizeof(uint32_t));
+    base_free(m->spool, m->cap_spool * sizeof(uint32_t));
+    base_free(m->sorted, sb);
     size_t nl = m->v ? (size_t)m->v->max_len + 1 : 0;
     base_free(m->lvl_off, nl * sizeof(uint32_t));
     base_free(m->lvl_n, nl * sizeof(uint32_t));
@@ -397,7 +410,8 @@ keel_status gram_matcher_open(const gram *g, const gram_vocab *v, const gram_lim
     m->cur = base_alloc(sb);
     m->sa = base_alloc(sb);
     m->sb = base_alloc(sb);
-    if (!m->cur || !m->sa || !m->sb) {
+    m->sorted = base_alloc(sb);
+    if (!m->cur || !m->sa || !m->sb || !m->sorted) {
         st = base_err(err, KEEL_ENOMEM, "grammar: out of memory");
         goto fail;
     }
@@ -541,29 +555,48 @@ static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *bm)
     return KEEL_OK;
 }
 
+static void masks_clear(gram_matcher *m)
+{
+    memset(m->mslot, 0, (size_t)m->cap_nodes * sizeof *m->mslot);
+    m->n_masks = 0;
+    if (m->sc_cap) memset(m->sc_hash, 0, (size_t)m->sc_cap * sizeof *m->sc_hash);
+    m->sc_used = 0;
+    m->n_spool = 0;
+}
+
+/* A free mask slot (the cache is cleared when full: its pointers die). */
+static keel_status mask_slot(gram_matcher *m, uint32_t *slot)
+{
+    size_t nw = (size_t)m->v->n_words;
+    if ((size_t)(m->n_masks + 1) * nw * sizeof(uint64_t) > m->lim.max_mask_bytes && m->n_masks > 0) masks_clear(m);
+    if (m->n_masks == m->cap_masks) {
+        uint32_t nc = m->cap_masks ? m->cap_masks * 2 : 8;
+        uint64_t *q = base_realloc(m->masks, (size_t)m->cap_masks * nw * sizeof *q, (size_t)nc * nw * sizeof *q);
+        if (!q) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for token masks");
+        m->masks = q;
+        m->cap_masks = nc;
+    }
+    *slot = m->n_masks++;
+    return KEEL_OK;
+}
+
 /* OR of stack n's cached mask into acc (computed on a miss). */
 static keel_status mask_or(gram_matcher *m, uint32_t n, uint64_t *acc)
 {
-    const gram_vocab *v = m->v;
-    size_t nw = (size_t)v->n_words;
+    size_t nw = (size_t)m->v->n_words;
     if (!m->mslot[n]) {
-        if ((size_t)(m->n_masks + 1) * nw * sizeof(uint64_t) > m->lim.max_mask_bytes && m->n_masks > 0) {
-            memset(m->mslot, 0, (size_t)m->cap_nodes * sizeof *m->mslot); /* full: start over */
-            m->n_masks = 0;
-        }
-        if (m->n_masks == m->cap_masks) {
-            uint32_t nc = m->cap_masks ? m->cap_masks * 2 : 8;
-            uint64_t *q = base_realloc(m->masks, (size_t)m->cap_masks * nw * sizeof *q, (size_t)nc * nw * sizeof *q);
-            if (!q) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for token masks");
-            m->masks = q;
-            m->cap_masks = nc;
-        }
+        uint32_t slot;
+        keel_status st = mask_slot(m, &slot);
+        if (st) return st;
         uint64_t t0 = base_time_ns();
-        keel_status st = mask_compute(m, n, m->masks + (size_t)m->n_masks * nw);
+        st = mask_compute(m, n, m->masks + (size_t)slot * nw);
         m->miss_ns += base_time_ns() - t0;
         m->misses++;
-        if (st) return st;
-        m->mslot[n] = ++m->n_masks;
+        if (st) {
+            m->n_masks--;
+            return st;
+        }
+        m->mslot[n] = slot + 1;
     } else {
         m->hits++;
     }
@@ -572,15 +605,60 @@ static keel_status mask_or(gram_matcher *m, uint32_t n, uint64_t *acc)
     return KEEL_OK;
 }
 
-keel_status gram_matcher_mask(gram_matcher *m, uint64_t *mask)
+/* The mask of the current state: cached per state (sorted stacks), else
+ * the OR of its stacks' masks, with the end-of-generation tokens exactly
+ * when complete. *out points into the cache or at mbuf; valid until the
+ * next call. */
+static keel_status mask_state(gram_matcher *m, const uint64_t **out)
 {
-    if (!m || !m->v || !mask) return KEEL_EINVAL;
     const gram_vocab *v = m->v;
     size_t nw = (size_t)v->n_words;
+    if (m->ended) {
+        memset(m->mbuf, 0, nw * sizeof *m->mbuf);
+        *out = m->mbuf;
+        return KEEL_OK;
+    }
+    /* the key: the sorted stacks (insertion sort: states are small) */
+    uint32_t n = m->n_cur;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t x = m->cur[i], j = i;
+        while (j > 0 && m->sorted[j - 1] > x) {
+            m->sorted[j] = m->sorted[j - 1];
+            j--;
+        }
+        m->sorted[j] = x;
+    }
+    uint64_t h = base_hash64(m->sorted, (size_t)n * sizeof *m->sorted, 0x6a09e667f3bcc908ull) | 1u;
+    if (!m->sc_cap) {
+        m->sc_cap = 1024;
+        m->sc_hash = base_calloc(m->sc_cap, sizeof *m->sc_hash);
+        m->sc_mask = base_alloc((size_t)m->sc_cap * sizeof *m->sc_mask);
+        m->sc_off = base_alloc((size_t)m->sc_cap * sizeof *m->sc_off);
+        m->sc_n = base_alloc((size_t)m->sc_cap * sizeof *m->sc_n);
+        if (!m->sc_hash || !m->sc_mask || !m->sc_off || !m->sc_n) {
+            base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
+            base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
+            base_free(m->sc_off, (size_t)m->sc_cap * sizeof(uint32_t));
+            base_free(m->sc_n, (size_t)m->sc_cap * sizeof(uint32_t));
+            m->sc_hash = NULL;
+            m->sc_mask = m->sc_off = m->sc_n = NULL;
+            m->sc_cap = 0;
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        }
+    }
+    uint32_t k = (uint32_t)(h >> 32) & (m->sc_cap - 1);
+    for (; m->sc_hash[k]; k = (k + 1) & (m->sc_cap - 1)) {
+        if (m->sc_hash[k] == h && m->sc_n[k] == n &&
+            memcmp(m->spool + m->sc_off[k], m->sorted, (size_t)n * sizeof *m->sorted) == 0) {
+            m->hits++;
+            *out = m->masks + (size_t)m->sc_mask[k] * nw;
+            return KEEL_OK;
+        }
+    }
+    uint64_t *mask = m->mbuf;
     memset(mask, 0, nw * sizeof *mask);
-    if (m->ended) return KEEL_OK;
     bool complete = false;
-    for (uint32_t i = 0; i < m->n_cur; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         if (m->cur[i] == 0) {
             complete = true;
             continue;
@@ -589,21 +667,60 @@ keel_status gram_matcher_mask(gram_matcher *m, uint64_t *mask)
         if (st) return st;
     }
     for (size_t i = 0; i < nw; i++) mask[i] = (mask[i] & ~v->eog[i]) | (complete ? v->eog[i] : 0);
+    *out = mask;
+    /* keep it for the next time this state comes (a state of one stack
+     * that is not complete already has its stack's mask; it is kept too:
+     * the end-of-generation bits differ) */
+    if (2 * (m->sc_used + 1) > m->sc_cap) {
+        memset(m->sc_hash, 0, (size_t)m->sc_cap * sizeof *m->sc_hash);
+        m->sc_used = 0;
+        m->n_spool = 0;
+    }
+    uint32_t slot;
+    if (mask_slot(m, &slot) != KEEL_OK || !grow_u32(&m->spool, &m->cap_spool, m->n_spool + n))
+        return KEEL_OK; /* not cached: the mask is still right */
+    memcpy(m->masks + (size_t)slot * nw, mask, nw * sizeof *mask);
+    k = (uint32_t)(h >> 32) & (m->sc_cap - 1);
+    while (m->sc_hash[k]) k = (k + 1) & (m->sc_cap - 1);
+    m->sc_hash[k] = h;
+    m->sc_mask[k] = slot;
+    m->sc_off[k] = (uint32_t)m->n_spool;
+    m->sc_n[k] = n;
+    memcpy(m->spool + m->n_spool, m->sorted, (size_t)n * sizeof *m->sorted);
+    m->n_spool += n;
+    m->sc_used++;
+    return KEEL_OK;
+}
+
+keel_status gram_matcher_mask(gram_matcher *m, uint64_t *mask)
+{
+    if (!m || !m->v || !mask) return KEEL_EINVAL;
+    const uint64_t *p;
+    keel_status st = mask_state(m, &p);
+    if (st) return st;
+    memcpy(mask, p, (size_t)m->v->n_words * sizeof *mask);
     return KEEL_OK;
 }
 
 keel_status gram_matcher_apply(gram_matcher *m, float *logits)
 {
     if (!m || !m->v || !logits) return KEEL_EINVAL;
-    keel_status st = gram_matcher_mask(m, m->mbuf);
+    const uint64_t *mask;
+    keel_status st = mask_state(m, &mask);
     if (st) return st;
     const gram_vocab *v = m->v;
     for (int32_t w = 0; w < v->n_words; w++) {
-        uint64_t x = m->mbuf[w];
+        uint64_t x = mask[w];
         if (x == ~0ull) continue;
         int32_t b0 = w * 64, b1 = BASE_MIN(b0 + 64, v->n_vocab);
-        for (int32_t t = b0; t < b1; t++)
-            if (!((x >> (t - b0)) & 1u)) logits[t] = -INFINITY;
+        if (x == 0) { /* the common case outside free text: a run of banned tokens */
+            for (int32_t t = b0; t < b1; t++) logits[t] = -INFINITY;
+            continue;
+        }
+        for (uint64_t y = ~x; y; y &= y - 1) {
+            int32_t t = b0 + __builtin_ctzll(y);
+            if (t < b1) logits[t] = -INFINITY;
+        }
     }
     return KEEL_OK;
 }
