@@ -1497,7 +1497,12 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * leaves the reasoning markers and text in the content), "response_format"
  * ({"type": "text" | "json_object" | "json_schema", ...}: with a JSON type,
  * an answer the model wraps in a Markdown fence, ```json ... ```, comes back
- * unwrapped; the output is not constrained), "ignore_eos",
+ * unwrapped; the output is not constrained), "grammar" (GBNF text: the
+ * output is constrained to its sentences, keel_grammar_compile's syntax;
+ * end-of-generation tokens are allowed exactly when the text is complete,
+ * and a complete text nothing can extend ends with finish_reason "stop";
+ * a grammar the compiler refuses is KEEL_EINVAL "grammar: ..."; the
+ * vocabulary trie is built at the first such request), "ignore_eos",
  * "logprobs" (true: the response's "logprobs": {"content": [{"token",
  * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
  * per generated token, log-softmax of the model's logits), "top_logprobs"

@@ -46,6 +46,9 @@ void eng_opts_free(eng_opts *o)
     o->n_bias = 0;
     keel_grammar_close(o->grammar);
     o->grammar = NULL;
+    base_free(o->grammar_text, o->grammar_len + 1);
+    o->grammar_text = NULL;
+    o->grammar_len = 0;
 }
 
 /* logit_bias: {"token id": bias}, OpenAI's form: ids as decimal strings
@@ -326,10 +329,21 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
             } else {
                 keel_grammar_close(o->grammar);
                 o->grammar = NULL;
+                base_free(o->grammar_text, o->grammar_len + 1);
+                o->grammar_text = NULL;
+                o->grammar_len = 0;
                 char why[BASE_ERR_CAP] = "";
-                if (json_string_length(v) > 0 &&
-                    (st = keel_grammar_compile(json_string_value(v), json_string_length(v), &o->grammar, why)) != KEEL_OK)
+                size_t n = json_string_length(v);
+                if (n > 0 && (st = keel_grammar_compile(json_string_value(v), n, &o->grammar, why)) != KEEL_OK) {
                     st = base_err(err, st == KEEL_ENOMEM ? KEEL_ENOMEM : KEEL_EINVAL, "grammar: %s", why);
+                } else if (n > 0) {
+                    if (!(o->grammar_text = base_alloc(n + 1))) {
+                        st = base_err(err, KEEL_ENOMEM, "grammar: out of memory");
+                    } else {
+                        memcpy(o->grammar_text, json_string_value(v), n + 1);
+                        o->grammar_len = n;
+                    }
+                }
             }
         } else if (strcmp(k, "continue_final_message") == 0) {
             const char *m = json_string_value(v);
