@@ -1217,6 +1217,17 @@ typedef struct keel_grammar_matcher keel_grammar_matcher;
  * repetitions, {m,n} counts above 100000); KEEL_ENOMEM. err: 256 bytes, may
  * be NULL. The grammar is immutable: any number of threads may share it. */
 keel_status keel_grammar_compile(const char *gbnf, size_t len, keel_grammar **out, char *err);
+/* Compiles a JSON Schema (len bytes of JSON) to a grammar of the JSON texts
+ * it accepts, for the core keywords: type (a name or a list), properties,
+ * required, additionalProperties, items, minItems, maxItems, enum, const,
+ * minLength, maxLength, anyOf; annotations (title, description, format,
+ * ...) are ignored. Object members in the order of "properties" (optional
+ * ones may be absent), then additional members where allowed; at most 20
+ * whitespace characters between tokens (docs/grammar.md). KEEL_EFORMAT
+ * (not JSON), KEEL_EUNSUPPORTED for any other keyword, named with its
+ * location ("json schema: keyword 'pattern' is not supported at
+ * /properties/a"), KEEL_ERANGE, KEEL_ENOMEM. */
+keel_status keel_grammar_compile_schema(const char *schema_json, size_t len, keel_grammar **out, char *err);
 void keel_grammar_close(keel_grammar *g);
 /* Whether text[0..len) is a complete sentence of g (*accepted), with the
  * engine sampling uses. KEEL_ERANGE (named in err) when the parse exceeds

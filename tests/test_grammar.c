@@ -416,6 +416,73 @@ static void test_alloc_failures(void **state)
     free(src);
 }
 
+/* ---- JSON Schema ------------------------------------------------------------------------ */
+
+static void test_schema(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema, *yes[6], *no[6];
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":5},"
+         "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",3]},"
+         "\"minItems\":1,\"maxItems\":2},\"x\":{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"boolean\"}]}},"
+         "\"required\":[\"name\",\"tags\"],\"additionalProperties\":false}",
+         {"{\"name\":\"bob\",\"tags\":[\"a\"]}", "{\"name\":\"bob\",\"age\":-3,\"tags\":[\"a\",3],\"x\":null}",
+          "{ \"name\" : \"\\u00e9\" , \"tags\" : [ 3 ] }", "{\"name\":\"日本\",\"tags\":[\"b\"],\"x\":true}"},
+         {"{\"name\":\"\",\"tags\":[\"a\"]}", "{\"name\":\"bob\",\"tags\":[]}", "{\"tags\":[\"a\"],\"name\":\"bob\"}",
+          "{\"name\":\"bob\",\"tags\":[\"a\"],\"z\":1}", "{\"name\":\"bobbie\",\"tags\":[\"a\"]}",
+          "{\"name\":\"b\",\"tags\":[\"a\",\"a\",\"a\"]}"}},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"const\":1}}}",
+         {"{}", "{\"a\":1}", "{\"a\":1,\"zz\":[true]}", "{\"q\":{}}"}, {"{\"a\":2}", "[]", "{\"a\":1,}"}},
+        {"{\"type\":[\"integer\",\"null\"]}", {"0", "-12", "null"}, {"1.5", "01", "\"1\"", "-"}},
+        {"{\"type\":\"number\"}", {"0", "-1.5e+3", "2E7", "0.25"}, {".5", "1.", "+1", "1e"}},
+        {"true", {"{\"a\":[1,{}]}", "\"x\"", "null", "-0.5"}, {"", "{", "nul"}},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":1},\"maxItems\":0}", {"[]", "[ ]"}, {"[\"\"]"}},
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"null\"},\"b\":{\"type\":\"null\"},\"é\":{\"type\":\"null\"}}}",
+         {"{\"a\":1}", "{\"abc\":1,\"\":2}", "{\"ab\":null,\"b\":null,\"éé\":3}", "{\"\\u00e9x\":1}"},
+         {"{\"ab\":1}", "{\"b\":null,\"ab\":null}", "{\"b\":null,\"b\":1}", "{\"é\":1}", "{\"x\":1,\"ab\":null}"}},
+        {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}",
+         {"{}", "{\"k\":true,\"j\":false}"}, {"{\"k\":1}"}},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        if (gram_compile_schema(cases[i].schema, strlen(cases[i].schema), &g, err))
+            fail_msg("schema %zu: %s", i, err);
+        for (int k = 0; k < 6 && cases[i].yes[k]; k++)
+            if (!match(g, cases[i].yes[k], strlen(cases[i].yes[k])))
+                fail_msg("schema %zu: '%s' rejected", i, cases[i].yes[k]);
+        for (int k = 0; k < 6 && cases[i].no[k]; k++)
+            if (match(g, cases[i].no[k], strlen(cases[i].no[k])))
+                fail_msg("schema %zu: '%s' accepted", i, cases[i].no[k]);
+        gram_free(g);
+    }
+    static const struct {
+        const char *schema;
+        keel_status st;
+        const char *msg;
+    } bad[] = {
+        {"{\"type\":\"string\",\"pattern\":\"a+\"}", KEEL_EUNSUPPORTED, "keyword 'pattern' is not supported at /"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}", KEEL_EUNSUPPORTED,
+         "keyword 'minimum' is not supported at /properties/a"},
+        {"{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/x\"}]}", KEEL_EUNSUPPORTED, "keyword '$ref' is not supported at /anyOf/1"},
+        {"{\"properties\":{}}", KEEL_EUNSUPPORTED, "without 'type'"},
+        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", KEEL_EUNSUPPORTED, "'required' name"},
+        {"false", KEEL_EUNSUPPORTED, "nothing is valid"},
+        {"{\"type\":\"decimal\"}", KEEL_EUNSUPPORTED, "unknown 'type'"},
+        {"{\"type\":", KEEL_EFORMAT, "not JSON"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(bad); i++) {
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        keel_status st = gram_compile_schema(bad[i].schema, strlen(bad[i].schema), &g, err);
+        if (st != bad[i].st || !strstr(err, bad[i].msg))
+            fail_msg("bad schema %zu: got %s '%s', want %s '%s'", i, keel_status_name(st), err,
+                     keel_status_name(bad[i].st), bad[i].msg);
+    }
+}
+
 /* ---- sampling through the engine --------------------------------------------------------- */
 
 static char g_model[64];
@@ -455,6 +522,48 @@ static void test_sampling(void **state)
         free(os);
         json_decref(o);
     }
+    /* response_format json_schema: every answer is a complete instance */
+    static const char *SCHEMA =
+        "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"n\":{\"enum\":[1,2,3]},"
+        "\"w\":{\"type\":\"string\",\"maxLength\":6}},\"required\":[\"ok\",\"w\"],\"additionalProperties\":false}";
+    keel_grammar *ks = NULL;
+    assert_ok(keel_grammar_compile_schema(SCHEMA, strlen(SCHEMA), &ks, err));
+    json_t *schema = json_loads(SCHEMA, 0, NULL);
+    assert_non_null(schema);
+    for (int i = 0; i < 12; i++) {
+        json_t *o = json_pack("{s:s, s:{s:s, s:{s:O}}, s:f, s:i, s:i}", "prompt", "The little dog", "response_format",
+                              "type", "json_schema", "json_schema", "schema", schema, "temperature", 1.0, "seed", 7 + i,
+                              "max_tokens", 200);
+        char *os = json_dumps(o, JSON_COMPACT);
+        keel_status st = keel_complete(e, NULL, os, NULL, NULL, NULL, resp, sizeof resp);
+        if (st) fail_msg("complete: %s: %s", keel_status_name(st), keel_engine_last_error(e));
+        json_t *r = json_loads(resp, JSON_ALLOW_NUL, NULL);
+        assert_non_null(r);
+        json_t *content = json_object_get(r, "content");
+        const char *fin = json_string_value(json_object_get(r, "finish_reason"));
+        if (!fin || strcmp(fin, "stop") != 0) fail_msg("schema seed %d: finish %s: %s", i, fin ? fin : "?", resp);
+        bool ok = false;
+        assert_ok(keel_grammar_match(ks, json_string_value(content), json_string_length(content), &ok, err));
+        if (!ok) fail_msg("schema seed %d: not an instance: %s", i, json_string_value(content));
+        /* and an independent check of the instance */
+        json_t *inst = json_loads(json_string_value(content), JSON_DECODE_ANY, NULL);
+        if (!json_is_object(inst) || !json_is_boolean(json_object_get(inst, "ok")) ||
+            !json_is_string(json_object_get(inst, "w")))
+            fail_msg("schema seed %d: %s", i, json_string_value(content));
+        json_decref(inst);
+        json_decref(r);
+        free(os);
+        json_decref(o);
+    }
+    json_decref(schema);
+    keel_grammar_close(ks);
+    /* a schema keyword the compiler does not translate is a named KEEL_EINVAL */
+    keel_status st0 = keel_complete(e, NULL,
+                                    "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+                                    "{\"schema\": {\"type\": \"string\", \"pattern\": \"a\"}}}}",
+                                    NULL, NULL, NULL, resp, sizeof resp);
+    assert_int_equal(st0, KEEL_EINVAL);
+    assert_non_null(strstr(keel_engine_last_error(e), "keyword 'pattern' is not supported"));
     /* a grammar the engine refuses is a named KEEL_EINVAL */
     keel_status st = keel_complete(e, NULL, "{\"prompt\": \"x\", \"grammar\": \"root ::= root \\\"a\\\" | \\\"b\\\"\"}", NULL,
                                    NULL, NULL, resp, sizeof resp);
@@ -470,7 +579,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),      cmocka_unit_test(test_accept_reject), cmocka_unit_test(test_llamacpp_cases),
         cmocka_unit_test(test_masks),       cmocka_unit_test(test_limits),        cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_schema),      cmocka_unit_test(test_sampling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

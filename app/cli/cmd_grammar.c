@@ -1,10 +1,11 @@
 /*
- * cmd_grammar.c — `keel grammar --gbnf FILE [--test TEXTS.jsonl]`: compiles
- * a GBNF grammar and, with --test, prints for each line of TEXTS.jsonl (a
+ * cmd_grammar.c — `keel grammar (--gbnf FILE | --json-schema FILE) [--test
+ * TEXTS.jsonl]`: compiles a GBNF grammar (or a JSON Schema into one,
+ * keel_grammar_compile_schema) and, with --test, prints for each line of TEXTS.jsonl (a
  * JSON string holding a candidate text) `accept` when the whole text is a
  * complete sentence of the grammar, else `reject`, one line per text in
- * order, with the engine sampling uses (keel_grammar_match). A grammar the
- * engine refuses prints `unsupported: REASON` once and exits 3; a
+ * order, with the engine sampling uses (keel_grammar_match). A grammar or
+ * schema the engine refuses prints `unsupported: REASON` once and exits 3; a
  * malformed line of the test file is an error (exit 1) naming the line.
  * Without --test it prints `ok` for a grammar that compiles.
  */
@@ -14,8 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *g_usage = "usage: keel grammar --gbnf FILE [--test TEXTS.jsonl]\n"
+static const char *g_usage = "usage: keel grammar (--gbnf FILE | --json-schema FILE) [--test TEXTS.jsonl]\n"
                              "  --gbnf FILE   the grammar (llama.cpp's GBNF, start rule root)\n"
+                             "  --json-schema FILE  a JSON Schema (the keywords of docs/grammar.md) instead\n"
                              "  --test FILE   one JSON string per line: prints accept or reject for each\n"
                              "exit 0: done; 3: the grammar is refused (unsupported: REASON); 1: an error; 2: usage";
 
@@ -109,13 +111,16 @@ static bool json_string(const char *s, size_t n, char *out, size_t *n_out)
 
 int cmd_grammar(int argc, char **argv)
 {
-    const char *gbnf = NULL, *test = NULL;
+    const char *gbnf = NULL, *test = NULL, *schema = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s\n", g_usage);
             return 0;
         }
-        const char **dst = strcmp(argv[i], "--gbnf") == 0 ? &gbnf : strcmp(argv[i], "--test") == 0 ? &test : NULL;
+        const char **dst = strcmp(argv[i], "--gbnf") == 0          ? &gbnf
+                            : strcmp(argv[i], "--json-schema") == 0 ? &schema
+                            : strcmp(argv[i], "--test") == 0        ? &test
+                                                                    : NULL;
         if (!dst) {
             fprintf(stderr, "keel: grammar: unknown option '%s'\n%s\n", argv[i], g_usage);
             return 2;
@@ -126,19 +131,20 @@ int cmd_grammar(int argc, char **argv)
         }
         *dst = argv[++i];
     }
-    if (!gbnf) {
+    if (!gbnf == !schema) {
         fprintf(stderr, "%s\n", g_usage);
         return 2;
     }
     size_t n_src = 0;
-    char *src = cli_read_file(gbnf, &n_src);
+    const char *path = gbnf ? gbnf : schema;
+    char *src = cli_read_file(path, &n_src);
     if (!src) {
-        fprintf(stderr, "keel: --gbnf %s: %s\n", gbnf, strerror(errno));
+        fprintf(stderr, "keel: %s %s: %s\n", gbnf ? "--gbnf" : "--json-schema", path, strerror(errno));
         return 1;
     }
     char err[256] = "";
     keel_grammar *g = NULL;
-    keel_status st = keel_grammar_compile(src, n_src, &g, err);
+    keel_status st = gbnf ? keel_grammar_compile(src, n_src, &g, err) : keel_grammar_compile_schema(src, n_src, &g, err);
     free(src);
     if (st == KEEL_ENOMEM) return cli_fail("grammar", st, err);
     if (st != KEEL_OK) {

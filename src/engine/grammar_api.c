@@ -40,6 +40,21 @@ keel_status keel_grammar_compile(const char *gbnf, size_t len, keel_grammar **ou
     return KEEL_OK;
 }
 
+keel_status keel_grammar_compile_schema(const char *schema_json, size_t len, keel_grammar **out, char *err)
+{
+    if (!out) return base_err(err, KEEL_EINVAL, "out is NULL");
+    *out = NULL;
+    keel_grammar *k = base_calloc(1, sizeof *k);
+    if (!k) return base_err(err, KEEL_ENOMEM, "out of memory");
+    keel_status st = gram_compile_schema(schema_json, len, &k->g, err);
+    if (st) {
+        base_free(k, sizeof *k);
+        return st;
+    }
+    *out = k;
+    return KEEL_OK;
+}
+
 void keel_grammar_close(keel_grammar *g)
 {
     if (!g) return;

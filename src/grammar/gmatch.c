@@ -383,7 +383,7 @@ void gram_matcher_close(gram_matcher *m)
 keel_status gram_matcher_reset(gram_matcher *m)
 {
     if (!m) return KEEL_EINVAL;
-    memcpy(m->cur, m->pool + m->start_off, (size_t)m->n_start * sizeof *m->cur);
+    if (m->n_start) memcpy(m->cur, m->pool + m->start_off, (size_t)m->n_start * sizeof *m->cur);
     m->n_cur = m->n_start;
     m->ended = false;
     m->err[0] = 0;
@@ -649,7 +649,7 @@ static keel_status mask_state(gram_matcher *m, const uint64_t **out)
     uint32_t k = (uint32_t)(h >> 32) & (m->sc_cap - 1);
     for (; m->sc_hash[k]; k = (k + 1) & (m->sc_cap - 1)) {
         if (m->sc_hash[k] == h && m->sc_n[k] == n &&
-            memcmp(m->spool + m->sc_off[k], m->sorted, (size_t)n * sizeof *m->sorted) == 0) {
+            (n == 0 || memcmp(m->spool + m->sc_off[k], m->sorted, (size_t)n * sizeof *m->sorted) == 0)) {
             m->hits++;
             *out = m->masks + (size_t)m->sc_mask[k] * nw;
             return KEEL_OK;
@@ -686,7 +686,7 @@ static keel_status mask_state(gram_matcher *m, const uint64_t **out)
     m->sc_mask[k] = slot;
     m->sc_off[k] = (uint32_t)m->n_spool;
     m->sc_n[k] = n;
-    memcpy(m->spool + m->n_spool, m->sorted, (size_t)n * sizeof *m->sorted);
+    if (n) memcpy(m->spool + m->n_spool, m->sorted, (size_t)n * sizeof *m->sorted);
     m->n_spool += n;
     m->sc_used++;
     return KEEL_OK;

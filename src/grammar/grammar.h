@@ -101,6 +101,14 @@ typedef struct gram {
 keel_status gram_compile(const char *src, size_t len, gram **out, char *err);
 void gram_free(gram *g);
 
+/* JSON Schema (the core keywords, jschema.c) as GBNF text: *gbnf
+ * (base_alloc'd, *n_gbnf + 1 bytes, NUL-terminated). KEEL_EFORMAT (not
+ * JSON), KEEL_EUNSUPPORTED (a keyword that is not translated, named with
+ * its location), KEEL_ERANGE, KEEL_ENOMEM. */
+keel_status gram_schema_gbnf(const char *schema, size_t len, char **gbnf, size_t *n_gbnf, char *err);
+/* gram_schema_gbnf then gram_compile. */
+keel_status gram_compile_schema(const char *schema, size_t len, gram **out, char *err);
+
 /* ---- vocabulary ------------------------------------------------------------- */
 
 typedef struct gram_vocab {
