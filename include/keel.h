@@ -1506,14 +1506,18 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * (llama-server's names: "auto", the default, "deepseek" and
  * "deepseek-legacy" alike parse reasoning into reasoning_content; "none"
  * leaves the reasoning markers and text in the content), "response_format"
- * ({"type": "text" | "json_object" | "json_schema", ...}: with a JSON type,
- * an answer the model wraps in a Markdown fence, ```json ... ```, comes back
- * unwrapped; the output is not constrained), "grammar" (GBNF text: the
+ * ({"type": "text" | "json_object" | "json_schema", ...}: with a JSON type
+ * the answer is constrained to a JSON object, or to the instances of
+ * {"json_schema": {"schema": S}} (keel_grammar_compile_schema's keywords;
+ * another keyword is KEEL_EINVAL naming it and its location); an answer
+ * in a Markdown fence, ```json ... ```, would come back unwrapped),
+ * "json_schema" (llama-server's: a schema object, the same), "grammar" (GBNF text: the
  * output is constrained to its sentences, keel_grammar_compile's syntax;
  * end-of-generation tokens are allowed exactly when the text is complete,
  * and a complete text nothing can extend ends with finish_reason "stop";
  * a grammar the compiler refuses is KEEL_EINVAL "grammar: ..."; the
- * vocabulary trie is built at the first such request), "ignore_eos",
+ * vocabulary trie is built at the first such request; one of grammar,
+ * json_schema and a JSON response_format), "ignore_eos",
  * "logprobs" (true: the response's "logprobs": {"content": [{"token",
  * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
  * per generated token, log-softmax of the model's logits), "top_logprobs"
