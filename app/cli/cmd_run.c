@@ -32,7 +32,7 @@ static const char *g_usage =
     "generation stopped go to stderr.";
 
 typedef struct run_opts {
-    const char *save, *load, *grammar;
+    const char *save, *load, *grammar, *schema;
     bool convert;
 } run_opts;
 
@@ -49,6 +49,10 @@ static bool run_extra(cli_opts *o, const char *a, const char *v, bool *takes)
     }
     if (strcmp(a, "--grammar") == 0) {
         r->grammar = v;
+        return true;
+    }
+    if (strcmp(a, "--json-schema") == 0) {
+        r->schema = v;
         return true;
     }
     if (strcmp(a, "--session-convert") == 0) {
@@ -93,14 +97,15 @@ int cmd_run(int argc, char **argv)
     cli_opts_init(&o);
     o.groups = CLI_G_MODEL | CLI_G_PROMPT | CLI_G_FILE | CLI_G_GEN | CLI_G_SAMPLE | CLI_G_SEED |
                CLI_G_CTX | CLI_G_THREADS | CLI_G_KV | CLI_G_COMPACT | CLI_G_BUDGET;
-    run_opts ro = {NULL, NULL, NULL, false};
+    run_opts ro = {NULL, NULL, NULL, NULL, false};
     o.user = &ro;
     o.extra = run_extra;
     o.extra_help = "  --session-save FILE            save the sequence when the run ends (prompt, generated tokens)\n"
                    "  --session-load FILE            continue a saved run (-p MORE: text that follows it)\n"
                    "  --session-convert              re-encode a session saved with other --ctk/--ctv or rotation\n"
                    "  --grammar FILE                 constrain the output to a GBNF grammar (docs/grammar.md):\n"
-                   "                                 generation ends when the grammar is complete";
+                   "                                 generation ends when the grammar is complete\n"
+                   "  --json-schema FILE             constrain the output to a JSON Schema's instances instead";
     int rc = cli_parse(argc, argv, &o, g_usage);
     if (rc) return rc == 1 ? 0 : rc;
     char err[256] = "";
@@ -210,23 +215,28 @@ int cmd_run(int argc, char **argv)
         rc = cli_fail("sampler", st, NULL);
         goto done;
     }
-    if (ro.grammar) {
+    if (ro.grammar && ro.schema) {
+        rc = cli_fail("run", KEEL_EINVAL, "give --grammar or --json-schema, not both");
+        goto done;
+    }
+    if (ro.grammar || ro.schema) {
+        const char *gpath = ro.grammar ? ro.grammar : ro.schema, *flag = ro.grammar ? "--grammar" : "--json-schema";
         size_t gn = 0;
-        char *src = cli_read_file(ro.grammar, &gn);
+        char *src = cli_read_file(gpath, &gn);
         if (!src) {
-            fprintf(stderr, "keel: --grammar %s: %s\n", ro.grammar, strerror(errno));
+            fprintf(stderr, "keel: %s %s: %s\n", flag, gpath, strerror(errno));
             rc = 1;
             goto done;
         }
-        st = keel_grammar_compile(src, gn, &gr, err);
+        st = ro.grammar ? keel_grammar_compile(src, gn, &gr, err) : keel_grammar_compile_schema(src, gn, &gr, err);
         free(src);
         if (st != KEEL_OK) {
-            rc = cli_fail("--grammar", st, err);
+            rc = cli_fail(flag, st, err);
             goto done;
         }
         if ((st = keel_grammar_vocab_open(m, &gv, err)) != KEEL_OK ||
             (st = keel_grammar_matcher_open(gr, gv, &gm, err)) != KEEL_OK) {
-            rc = cli_fail("--grammar", st, err);
+            rc = cli_fail(flag, st, err);
             goto done;
         }
         if (!(glog = malloc((size_t)mi.n_vocab * sizeof *glog))) {

@@ -1,14 +1,17 @@
 /*
  * bench_grammar.c — `keel bench grammar -m MODEL [-n 256] [-t N] [-s SEED]
- * [--json]`: the cost of constrained decoding per generated token beside
- * the decode step of the same model in the same run. The model generates
- * n tokens at temperature 1 (no other filter) under a JSON grammar (any
- * JSON value, nested objects and arrays, escapes, numbers); each step
+ * [--json-schema FILE] [--json]`: the cost of constrained decoding per
+ * generated token beside the decode step of the same model in the same
+ * run. The model generates n tokens at temperature 1 (no other filter)
+ * under a JSON grammar (any JSON value, nested objects and arrays,
+ * escapes, numbers) or the schema of FILE; each step
  * times the token mask (gram_matcher_apply over the model's logits), the
  * advance by the sampled token and the decode of that token. Reported:
  * vocabulary trie build and grammar compile time, the mask time per token
  * (median, mean, p99, max; the steps whose state held a stack seen for the
- * first time, which walk the trie, counted apart), and mask / decode.
+ * first time, which walk the trie, counted apart), and mask / decode; and
+ * the compile time of a generated 30-property schema (nested objects,
+ * arrays, enums, string lengths).
  * When the grammar is complete the matcher starts over (another value).
  */
 #include "bench.h"
@@ -29,6 +32,23 @@ static const char *g_json_gbnf =
     "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) )* \"\\\"\"\n"
     "number ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
     "ws     ::= [ \\t\\n]{0,8}\n";
+
+/* A 30-property schema: 10 flat properties of each kind, an object of 10
+ * nested ones, and arrays of enums, into buf[cap]. */
+static void schema30(char *buf, size_t cap)
+{
+    size_t o = (size_t)snprintf(buf, cap, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 30 && o < cap; i++) {
+        const char *t = i % 5 == 0   ? "{\"type\":\"string\",\"maxLength\":32}"
+                        : i % 5 == 1 ? "{\"type\":\"integer\"}"
+                        : i % 5 == 2 ? "{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]},\"maxItems\":4}"
+                        : i % 5 == 3 ? "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\"},\"y\":"
+                                       "{\"type\":[\"boolean\",\"null\"]}},\"required\":[\"x\"]}"
+                                     : "{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"number\"}]}";
+        o += (size_t)snprintf(buf + o, cap - o, "%s\"field_%02d\":%s", i ? "," : "", i, t);
+    }
+    if (o < cap) snprintf(buf + o, cap - o, "},\"required\":[\"field_00\",\"field_01\"],\"additionalProperties\":false}");
+}
 
 static void sort_d(double *v, int64_t n)
 {
@@ -52,7 +72,7 @@ static double pct(const double *sorted, int64_t n, double p)
 
 keel_status bench_grammar(int argc, char **argv, bench_out *o)
 {
-    static const bench_flag spec[] = {{"-m", true}, {"-n", true}, {"-t", true}, {"-s", true}};
+    static const bench_flag spec[] = {{"-m", true}, {"-n", true}, {"-t", true}, {"-s", true}, {"--json-schema", true}};
     keel_status st = bench_check_args(o, "grammar", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
@@ -89,15 +109,45 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
         goto out;
     }
     double vocab_ms = (double)(base_time_ns() - t0) * 1e-6;
-    int reps = 50;
+    int reps = 20;
+    char s30[4096];
+    schema30(s30, sizeof s30);
     t0 = base_time_ns();
     for (int r = 0; r < reps; r++) {
         gram_free(g);
         g = NULL;
-        if ((st = gram_compile(g_json_gbnf, strlen(g_json_gbnf), &g, err)) != KEEL_OK) {
-            base_err(o->err, st, "bench grammar: compile: %s", err);
+        if ((st = gram_compile_schema(s30, strlen(s30), &g, err)) != KEEL_OK) {
+            base_err(o->err, st, "bench grammar: the 30-property schema: %s", err);
             goto out;
         }
+    }
+    double schema30_ms = (double)(base_time_ns() - t0) * 1e-6 / reps;
+    const char *schema_path = bench_opt(argc, argv, "--json-schema");
+    char *schema_src = NULL;
+    size_t schema_n = 0;
+    if (schema_path) {
+        FILE *f = fopen(schema_path, "rb");
+        if (f) {
+            schema_src = base_alloc(1 << 20);
+            if (schema_src) schema_n = fread(schema_src, 1, (1 << 20) - 1, f);
+            fclose(f);
+        }
+        if (!schema_src) {
+            st = base_err(o->err, KEEL_EIO, "bench grammar: cannot read %s", schema_path);
+            goto out;
+        }
+    }
+    t0 = base_time_ns();
+    for (int r = 0; r < reps && st == KEEL_OK; r++) {
+        gram_free(g);
+        g = NULL;
+        st = schema_src ? gram_compile_schema(schema_src, schema_n, &g, err)
+                        : gram_compile(g_json_gbnf, strlen(g_json_gbnf), &g, err);
+    }
+    base_free(schema_src, 1 << 20);
+    if (st != KEEL_OK) {
+        base_err(o->err, st, "bench grammar: compile: %s", err);
+        goto out;
     }
     double compile_ms = (double)(base_time_ns() - t0) * 1e-6 / reps;
     if ((st = gram_matcher_open(g, v, NULL, &gm, err)) != KEEL_OK) {
@@ -190,24 +240,26 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     int64_t n_cold = n_done - n_warm;
     if (o->json) {
         bench_printf(o,
-                     "{\"bench\":\"grammar\",\"model\":\"%s\",\"n_vocab\":%d,\"tokens\":%lld,\"vocab_build_ms\":%.2f,"
-                     "\"grammar_compile_ms\":%.4f,\"decode_step_ms_median\":%.3f,\"decode_step_ms_mean\":%.3f,"
+                     "{\"bench\":\"grammar\",\"model\":\"%s\",\"grammar\":\"%s\",\"n_vocab\":%d,\"tokens\":%lld,"
+                     "\"vocab_build_ms\":%.2f,\"grammar_compile_ms\":%.4f,\"schema30_compile_ms\":%.4f,\"decode_step_ms_median\":%.3f,\"decode_step_ms_mean\":%.3f,"
                      "\"mask_us_median\":%.2f,\"mask_us_mean\":%.2f,\"mask_us_p99\":%.2f,\"mask_us_max\":%.2f,"
                      "\"mask_cached_us_median\":%.2f,\"mask_cached_us_mean\":%.2f,\"cached_steps\":%lld,"
                      "\"first_visit_steps\":%lld,\"trie_walks\":%lld,\"trie_walk_ms_total\":%.2f,"
                      "\"accept_us_mean\":%.2f,\"mask_over_decode_median\":%.5f,\"parser_stacks\":%u,"
                      "\"mask_cache_bytes\":%zu,\"restarts\":%lld}\n",
-                     path, n_vocab, (long long)n_done, vocab_ms, compile_ms, dec_med, sum_d / (double)n_done,
+                     path, schema_path ? "json-schema" : "json", n_vocab, (long long)n_done, vocab_ms, compile_ms,
+                     schema30_ms, dec_med, sum_d / (double)n_done,
                      mask_med, sum_m / (double)n_done, pct(t_mask, n_done, 0.99), t_mask[n_done - 1], warm_med,
                      warm_mean, (long long)n_warm, (long long)n_cold, (long long)gs.mask_misses,
                      (double)gs.miss_ns * 1e-6, sum_a / (double)n_done, mask_med * 1e-3 / dec_med, gs.n_nodes,
                      gs.mask_bytes, (long long)restarts);
     } else {
-        bench_printf(o, "constrained decoding, JSON grammar: %s (n_vocab %d), %lld tokens at temperature 1\n", path,
-                     n_vocab, (long long)n_done);
+        bench_printf(o, "constrained decoding, %s: %s (n_vocab %d), %lld tokens at temperature 1\n",
+                     schema_path ? schema_path : "JSON grammar", path, n_vocab, (long long)n_done);
         bench_printf(o, "| measure | value |\n|---|---|\n");
         bench_printf(o, "| vocabulary trie build | %.1f ms |\n", vocab_ms);
         bench_printf(o, "| grammar compile | %.3f ms |\n", compile_ms);
+        bench_printf(o, "| 30-property schema compile | %.3f ms |\n", schema30_ms);
         bench_printf(o, "| decode step (reference), median / mean | %.3f / %.3f ms |\n", dec_med, sum_d / (double)n_done);
         bench_printf(o, "| mask per token, median / mean / p99 / max | %.1f / %.1f / %.1f / %.1f us |\n", mask_med,
                      sum_m / (double)n_done, pct(t_mask, n_done, 0.99), t_mask[n_done - 1]);
