@@ -1225,6 +1225,90 @@ keel_status keel_sampler_accept(keel_sampler *s, int32_t token);
 void keel_sampler_reset(keel_sampler *s);
 
 /* ======================================================================== */
+/* Constrained decoding: grammars                                           */
+/* ======================================================================== */
+/*
+ * Grammars in llama.cpp's GBNF (docs/grammar.md): rules, alternatives,
+ * groups, * + ? {m,n}, "literals", [classes] with ranges and ^, ., escapes
+ * \n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH, # comments, the start rule
+ * `root`. Left recursion is refused (named); token references (<[id]>) are
+ * not supported. The engine works on bytes, so a token may span several
+ * grammar elements or end inside a UTF-8 character. A matcher's step costs
+ * the stacks in its state, never the length of the text so far; its token
+ * masks are cached per parser stack.
+ *
+ *     keel_grammar *g;  keel_grammar_vocab *v;  keel_grammar_matcher *gm;
+ *     keel_grammar_compile(src, strlen(src), &g, err);
+ *     keel_grammar_vocab_open(model, &v, err);       // once per model
+ *     keel_grammar_matcher_open(g, v, &gm, err);     // once per sequence
+ *     for (;;) {
+ *         if (keel_grammar_matcher_done(gm)) break;  // only the end can follow
+ *         keel_grammar_matcher_apply(gm, logits);    // disallowed -> -inf
+ *         keel_sampler_sample(s, logits, &tok);
+ *         keel_grammar_matcher_accept(gm, tok);
+ *         if (keel_token_is_eog(model, tok)) break;  // allowed only when complete
+ *         ... decode tok ...
+ *     }
+ */
+
+typedef struct keel_grammar keel_grammar;
+typedef struct keel_grammar_vocab keel_grammar_vocab;
+typedef struct keel_grammar_matcher keel_grammar_matcher;
+
+/* Compiles len bytes of GBNF. KEEL_EFORMAT for a syntax error, an undefined
+ * rule or no root ("grammar line L col C: what" in err); KEEL_EUNSUPPORTED
+ * for left recursion (the cycle named) and token references; KEEL_ERANGE
+ * past a size limit (16 MiB of source, 2^22 elements after expanding
+ * repetitions, {m,n} counts above 100000); KEEL_ENOMEM. err: 256 bytes, may
+ * be NULL. The grammar is immutable: any number of threads may share it. */
+keel_status keel_grammar_compile(const char *gbnf, size_t len, keel_grammar **out, char *err);
+/* Compiles a JSON Schema (len bytes of JSON) to a grammar of the JSON texts
+ * it accepts, for the core keywords: type (a name or a list), properties,
+ * required, additionalProperties, items, minItems, maxItems, enum, const,
+ * minLength, maxLength, anyOf; annotations (title, description, format,
+ * ...) are ignored. Object members in the order of "properties" (optional
+ * ones may be absent), then additional members where allowed; at most 20
+ * whitespace characters between tokens (docs/grammar.md). KEEL_EFORMAT
+ * (not JSON), KEEL_EUNSUPPORTED for any other keyword, named with its
+ * location ("json schema: keyword 'pattern' is not supported at
+ * /properties/a"), KEEL_ERANGE, KEEL_ENOMEM. */
+keel_status keel_grammar_compile_schema(const char *schema_json, size_t len, keel_grammar **out, char *err);
+void keel_grammar_close(keel_grammar *g);
+/* Whether text[0..len) is a complete sentence of g (*accepted), with the
+ * engine sampling uses. KEEL_ERANGE (named in err) when the parse exceeds
+ * the matcher's limits (stacks in one state, distinct stacks). Allocates
+ * the parse state and frees it. Thread-safe. */
+keel_status keel_grammar_match(const keel_grammar *g, const char *text, size_t len, bool *accepted, char *err);
+/* The vocabulary of m as the matcher sees it (a trie of token bytes;
+ * control tokens have none; end-of-generation tokens end the text). Build
+ * once per model (milliseconds to ~100 ms for 150k tokens); immutable and
+ * shareable; must not outlive m's use by matchers. KEEL_ENOMEM. */
+keel_status keel_grammar_vocab_open(const keel_model *m, keel_grammar_vocab **out, char *err);
+void keel_grammar_vocab_close(keel_grammar_vocab *v);
+/* A parse state of one sequence at g's start. g and v must outlive it. One
+ * thread at a time. KEEL_EINVAL, KEEL_ENOMEM, KEEL_ERANGE. */
+keel_status keel_grammar_matcher_open(const keel_grammar *g, const keel_grammar_vocab *v,
+                                      keel_grammar_matcher **out, char *err);
+void keel_grammar_matcher_close(keel_grammar_matcher *m);
+/* Sets logits[i] = -inf for every token the state does not allow (the
+ * vocabulary's n_vocab entries). End-of-generation tokens are allowed
+ * exactly when the text so far is complete. A stack seen for the first
+ * time costs a walk of the trie (cached); KEEL_ERANGE past the cache's or
+ * the state's limits (detail in keel_grammar_matcher_last_error). */
+keel_status keel_grammar_matcher_apply(keel_grammar_matcher *m, float *logits);
+/* Advances by a token. KEEL_EINVAL (state unchanged) for a token the state
+ * does not allow, or an id out of range. */
+keel_status keel_grammar_matcher_accept(keel_grammar_matcher *m, int32_t token);
+/* The text so far is a complete sentence. */
+bool keel_grammar_matcher_complete(const keel_grammar_matcher *m);
+/* Nothing can follow but the end of generation (or it was accepted). */
+bool keel_grammar_matcher_done(const keel_grammar_matcher *m);
+/* Back to the start (caches kept). */
+keel_status keel_grammar_matcher_reset(keel_grammar_matcher *m);
+/* Detail of the last failure ("" if none). Valid until the next call. */
+const char *keel_grammar_matcher_last_error(const keel_grammar_matcher *m);
+
+/* ======================================================================== */
 /* Chat templates                                                           */
 /* ======================================================================== */
 /*
@@ -1467,9 +1551,18 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * (llama-server's names: "auto", the default, "deepseek" and
  * "deepseek-legacy" alike parse reasoning into reasoning_content; "none"
  * leaves the reasoning markers and text in the content), "response_format"
- * ({"type": "text" | "json_object" | "json_schema", ...}: with a JSON type,
- * an answer the model wraps in a Markdown fence, ```json ... ```, comes back
- * unwrapped; the output is not constrained), "ignore_eos",
+ * ({"type": "text" | "json_object" | "json_schema", ...}: with a JSON type
+ * the answer is constrained to a JSON object, or to the instances of
+ * {"json_schema": {"schema": S}} (keel_grammar_compile_schema's keywords;
+ * another keyword is KEEL_EINVAL naming it and its location); an answer
+ * in a Markdown fence, ```json ... ```, would come back unwrapped),
+ * "json_schema" (llama-server's: a schema object, the same), "grammar" (GBNF text: the
+ * output is constrained to its sentences, keel_grammar_compile's syntax;
+ * end-of-generation tokens are allowed exactly when the text is complete,
+ * and a complete text nothing can extend ends with finish_reason "stop";
+ * a grammar the compiler refuses is KEEL_EINVAL "grammar: ..."; the
+ * vocabulary trie is built at the first such request; one of grammar,
+ * json_schema and a JSON response_format), "ignore_eos",
  * "logprobs" (true: the response's "logprobs": {"content": [{"token",
  * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
  * per generated token, log-softmax of the model's logits), "top_logprobs"

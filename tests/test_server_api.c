@@ -193,7 +193,9 @@ static void test_openai_errors(void **state)
     E("{%s,\"logit_bias\":{\"1\":-101}}", 400, "logit_bias[\"1\"] must be a number in [-100, 100]");
     E("{%s,\"logit_bias\":{\"1\":true}}", 400, "must be a number in [-100, 100]");
     E("{%s,\"logit_bias\":[1]}", 400, "logit_bias must be an object");
-    E("{%s,\"response_format\":{\"type\":\"json_object\"}}", 400, "no constrained decoding");
+    E("{%s,\"response_format\":{\"type\":\"xml\"}}", 400, "response_format type must be");
+    E("{%s,\"grammar\":5}", 400, "grammar must be a string");
+    E("{%s,\"json_schema\":\"x\"}", 400, "json_schema must be a JSON Schema object");
     E("{%s,\"model\":5}", 400, "model must be a string");
     E("{%s,\"continue_final_message\":\"yes\"}", 400, "continue_final_message must be a boolean");
     E("{%s,\"continue_final_message\":1}", 400, "continue_final_message must be a boolean");

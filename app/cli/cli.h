@@ -109,5 +109,6 @@ int cmd_eval_compaction(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 int cmd_template(int argc, char **argv);
+int cmd_grammar(int argc, char **argv);
 
 #endif

@@ -14,6 +14,7 @@ static const char *g_usage =
     "                  [--profile] [--tokenizer F] [--json]\n"
     "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
     "       keel bench session -m MODEL [-c 4096] [--ctk T] [--ctv T] [--dir /tmp] [-r 3] [-t N] [--json]\n"
+    "       keel bench grammar -m MODEL [-n 256] [-t N] [-s SEED] [--json-schema FILE] [--json]\n"
     "       (every form also takes --simd scalar|avx2|avx512|auto: the kernel path, as KEEL_SIMD)\n"
     "\n"
     "kernels     tensor kernels beside the memory read bandwidth and the fp32 FMA peak (about 30 s)\n"
@@ -40,6 +41,9 @@ static const char *g_usage =
     "                    [2, 16777216] (1024), target below it (trigger / 2)\n"
     "session     session save/load MB/s (buffer and file) beside memcpy and plain write+fsync/read\n"
     "  -c N        tokens in the saved cache, [16, 1048576] (4096); --dir D: where the files go (/tmp)\n"
+    "grammar     constrained decoding: token mask time per token under a JSON grammar beside the decode\n"
+    "            step (temperature 1, -n tokens, -s seed; --json-schema FILE: that schema instead);\n"
+    "            vocabulary trie build, compile time, a 30-property schema's compile time\n"
     "--json      one JSON object instead of the table\n"
     "-h, --help  this text";
 

@@ -32,7 +32,7 @@ static const char *g_usage =
     "generation stopped go to stderr.";
 
 typedef struct run_opts {
-    const char *save, *load;
+    const char *save, *load, *grammar, *schema;
     bool convert;
 } run_opts;
 
@@ -45,6 +45,14 @@ static bool run_extra(cli_opts *o, const char *a, const char *v, bool *takes)
     }
     if (strcmp(a, "--session-load") == 0) {
         r->load = v;
+        return true;
+    }
+    if (strcmp(a, "--grammar") == 0) {
+        r->grammar = v;
+        return true;
+    }
+    if (strcmp(a, "--json-schema") == 0) {
+        r->schema = v;
         return true;
     }
     if (strcmp(a, "--session-convert") == 0) {
@@ -89,12 +97,15 @@ int cmd_run(int argc, char **argv)
     cli_opts_init(&o);
     o.groups = CLI_G_MODEL | CLI_G_PROMPT | CLI_G_FILE | CLI_G_GEN | CLI_G_SAMPLE | CLI_G_SEED |
                CLI_G_CTX | CLI_G_THREADS | CLI_G_KV | CLI_G_COMPACT | CLI_G_BUDGET;
-    run_opts ro = {NULL, NULL, false};
+    run_opts ro = {NULL, NULL, NULL, NULL, false};
     o.user = &ro;
     o.extra = run_extra;
     o.extra_help = "  --session-save FILE            save the sequence when the run ends (prompt, generated tokens)\n"
                    "  --session-load FILE            continue a saved run (-p MORE: text that follows it)\n"
-                   "  --session-convert              re-encode a session saved with other --ctk/--ctv or rotation";
+                   "  --session-convert              re-encode a session saved with other --ctk/--ctv or rotation\n"
+                   "  --grammar FILE                 constrain the output to a GBNF grammar (docs/grammar.md):\n"
+                   "                                 generation ends when the grammar is complete\n"
+                   "  --json-schema FILE             constrain the output to a JSON Schema's instances instead";
     int rc = cli_parse(argc, argv, &o, g_usage);
     if (rc) return rc == 1 ? 0 : rc;
     char err[256] = "";
@@ -107,6 +118,10 @@ int cmd_run(int argc, char **argv)
     int32_t *ids = NULL, n_prompt = 0;
     keel_context *c = NULL;
     keel_sampler *s = NULL;
+    keel_grammar *gr = NULL;
+    keel_grammar_vocab *gv = NULL;
+    keel_grammar_matcher *gm = NULL;
+    float *glog = NULL; /* the logits row the grammar masks */
     FILE *lf = NULL, *idf = NULL;
     int8_t *flags = NULL;
     int32_t *hist = NULL, n_hist = 0, pending = 0;   /* --session-load: the saved history */
@@ -200,6 +215,35 @@ int cmd_run(int argc, char **argv)
         rc = cli_fail("sampler", st, NULL);
         goto done;
     }
+    if (ro.grammar && ro.schema) {
+        rc = cli_fail("run", KEEL_EINVAL, "give --grammar or --json-schema, not both");
+        goto done;
+    }
+    if (ro.grammar || ro.schema) {
+        const char *gpath = ro.grammar ? ro.grammar : ro.schema, *flag = ro.grammar ? "--grammar" : "--json-schema";
+        size_t gn = 0;
+        char *src = cli_read_file(gpath, &gn);
+        if (!src) {
+            fprintf(stderr, "keel: %s %s: %s\n", flag, gpath, strerror(errno));
+            rc = 1;
+            goto done;
+        }
+        st = ro.grammar ? keel_grammar_compile(src, gn, &gr, err) : keel_grammar_compile_schema(src, gn, &gr, err);
+        free(src);
+        if (st != KEEL_OK) {
+            rc = cli_fail(flag, st, err);
+            goto done;
+        }
+        if ((st = keel_grammar_vocab_open(m, &gv, err)) != KEEL_OK ||
+            (st = keel_grammar_matcher_open(gr, gv, &gm, err)) != KEEL_OK) {
+            rc = cli_fail(flag, st, err);
+            goto done;
+        }
+        if (!(glog = malloc((size_t)mi.n_vocab * sizeof *glog))) {
+            rc = cli_fail("run", KEEL_ENOMEM, NULL);
+            goto done;
+        }
+    }
     /* prompt, in batches of n_batch */
     int32_t nb = o.ctx.n_batch > 0 ? o.ctx.n_batch : 512;
     if (!(flags = calloc((size_t)nb, 1))) {
@@ -258,9 +302,25 @@ int cmd_run(int argc, char **argv)
     char stop[640] = "";
     while (o.n_predict < 0 || n_gen < o.n_predict) {
         int32_t tok;
+        if (gm) {
+            if (keel_grammar_matcher_done(gm)) {
+                snprintf(stop, sizeof stop, "the grammar is complete");
+                break;
+            }
+            memcpy(glog, logits, (size_t)mi.n_vocab * sizeof *glog);
+            if ((st = keel_grammar_matcher_apply(gm, glog)) != KEEL_OK) {
+                rc = cli_fail("--grammar", st, keel_grammar_matcher_last_error(gm));
+                goto done;
+            }
+            logits = glog;
+        }
         if ((st = keel_sampler_sample(s, logits, &tok)) != KEEL_OK ||
             (st = keel_sampler_accept(s, tok)) != KEEL_OK) {
-            rc = cli_fail("sample", st, NULL);
+            rc = cli_fail("sample", st, gm ? "no token the grammar allows" : NULL);
+            goto done;
+        }
+        if (gm && (st = keel_grammar_matcher_accept(gm, tok)) != KEEL_OK) {
+            rc = cli_fail("--grammar", st, keel_grammar_matcher_last_error(gm));
             goto done;
         }
         n_gen++;
@@ -279,7 +339,7 @@ int cmd_run(int argc, char **argv)
             rc = 1;
             goto done;
         }
-        if (!o.ignore_eos && keel_token_is_eog(m, tok)) {
+        if ((!o.ignore_eos || gm) && keel_token_is_eog(m, tok)) {
             snprintf(stop, sizeof stop, "end of generation");
             break;
         }
@@ -351,6 +411,10 @@ int cmd_run(int argc, char **argv)
             n_prompt, pp_s, pp_s > 0 ? n_prompt / pp_s : 0.0, n_gen, tg_s,
             tg_s > 0 ? n_gen / tg_s : 0.0, cmp, stop);
 done:
+    keel_grammar_matcher_close(gm);
+    keel_grammar_vocab_close(gv);
+    keel_grammar_close(gr);
+    free(glog);
     free(gen);
     free(hist);
     if (lf) fclose(lf); /* only on an error path: the data is incomplete anyway */

@@ -28,6 +28,8 @@ static const cli_command g_commands[] = {
      "bench kernels|attention [options]         kernel and attention benchmarks (bench -h)\n"
      "  bench -m MODEL [-p 512] [-n 128] [--json]  prompt and generation speed"},
     {"template", cmd_template, "template --file T.jinja --vars V.json      render a chat template (template -h)"},
+    {"grammar", cmd_grammar,
+     "grammar --gbnf F | --json-schema F [--test T.jsonl]  texts against a grammar (accept/reject)"},
     {"gen-model", cmd_gen_model,
      "gen-model --arch A [options] --out F      write a random-weight GGUF model"},
     {"serve", cmd_serve, "serve -m MODEL [--port 8080] [-np N] ...     OpenAI/Anthropic HTTP server (serve -h)"},

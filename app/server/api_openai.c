@@ -258,6 +258,18 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
     }
     bool ignore_eos = false;
     if (!srv_get_bool(b, "ignore_eos", &ignore_eos, e)) return false;
+    /* llama-server's grammar (GBNF): the engine compiles it (a grammar it
+     * refuses is its 400, named) */
+    json_t *gr = json_object_get(b, "grammar");
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr)) return srv_fail(e, 400, "grammar must be a string (GBNF)");
+        if (json_object_set(req, "grammar", gr) != 0) return srv_fail(e, 500, "out of memory");
+    }
+    json_t *js = json_object_get(b, "json_schema"); /* llama-server's field */
+    if (js && !json_is_null(js)) {
+        if (!json_is_object(js) && !json_is_boolean(js)) return srv_fail(e, 400, "json_schema must be a JSON Schema object");
+        if (json_object_set(req, "json_schema", js) != 0) return srv_fail(e, 500, "out of memory");
+    }
     if (ignore_eos) json_object_set_new(req, "ignore_eos", json_true());
     json_t *mct = json_object_get(b, "max_completion_tokens");
     if (!srv_copy_max_tokens(b, mct && !json_is_null(mct) ? "max_completion_tokens" : "max_tokens", req, lim, e))
@@ -311,12 +323,14 @@ static bool parse_chat(json_t *b, const srv_limits *lim, json_t *req, srv_reques
     if (!common_options(b, lim, req, out, e)) return false;
     if (!norm_messages(json_object_get(b, "messages"), lim, req, e)) return false;
     if (!norm_tools(b, lim, req, e)) return false;
+    /* response_format json_object / json_schema: the engine constrains the
+     * answer (a schema it cannot compile is its 400, naming the keyword) */
     json_t *rf = json_object_get(b, "response_format");
     if (rf && !json_is_null(rf)) {
         const char *t = json_string_value(json_object_get(rf, "type"));
-        if (!t || strcmp(t, "text") != 0)
-            return srv_fail(e, 400, "response_format %s is not supported (keel has no constrained decoding)",
-                            t ? t : "(no type)");
+        if (!t || (strcmp(t, "text") != 0 && strcmp(t, "json_object") != 0 && strcmp(t, "json_schema") != 0))
+            return srv_fail(e, 400, "response_format type must be \"text\", \"json_object\" or \"json_schema\"");
+        if (json_object_set(req, "response_format", rf) != 0) return srv_fail(e, 500, "out of memory");
     }
     json_t *kw = json_object_get(b, "chat_template_kwargs");
     if (kw && !json_is_null(kw)) {

@@ -21,6 +21,7 @@ static const bench_entry g_benches[] = {
     {"attention", bench_attention},
     {"model", bench_model},
     {"session", bench_session},
+    {"grammar", bench_grammar},
 };
 
 void bench_printf(bench_out *o, const char *fmt, ...)

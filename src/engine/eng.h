@@ -62,6 +62,10 @@ typedef struct eng_opts {
     int32_t *bias_tok;        /* logit_bias: [n_bias] distinct token ids (owned) */
     float *bias;              /* [n_bias] added to their logits; -100: -inf (banned) */
     int32_t n_bias;
+    keel_grammar *grammar;    /* "grammar" (GBNF): the output is constrained to it (owned), or NULL */
+    char *grammar_text;       /* its source (owned, grammar_len + 1 bytes): parked matchers are
+                                 found by it */
+    size_t grammar_len;
 } eng_opts;
 
 /* One generated token's log-probability under the model (log-softmax of
@@ -193,6 +197,18 @@ typedef struct eng_text {
     size_t len, cap;
 } eng_text;
 
+/* A grammar and a matcher over it: a request's, then parked for the
+ * next request with the same source, so that its caches (stacks, token
+ * masks: the trie walks) are paid once, not per request. */
+#define ENG_GRAMMAR_PARK 4
+typedef struct eng_gpark {
+    keel_grammar *g;
+    keel_grammar_matcher *m;
+    char *text; /* len + 1 bytes */
+    size_t len;
+    uint64_t last_used;
+} eng_gpark;
+
 typedef struct eng_slot {
     int32_t seq;              /* the context's sequence id */
     eng_slot_state state;
@@ -226,6 +242,8 @@ typedef struct eng_slot {
     size_t n_prefill;
     eng_pre pre;              /* what the prefill parses to: left out of events and response */
     keel_sampler *samp;
+    keel_grammar_matcher *gm; /* the request's grammar state, or NULL */
+    eng_gpark gp;             /* gm's grammar and source, owned while the request runs */
     keel_detok_stream ds;
     toolcall_parser *tp;
     int32_t last_tok;         /* sampled, not yet decoded */
@@ -262,6 +280,9 @@ struct keel_engine {
     /* default options of every request */
     keel_compact_params compact_default;
     int32_t *eog_ids;         /* [n_eog] end-of-generation tokens (ignore_eos) */
+    keel_grammar_vocab *gvocab; /* the vocabulary trie of grammars, built by the stepping thread
+                                   at the first request with a grammar, or NULL */
+    eng_gpark gpark[ENG_GRAMMAR_PARK]; /* idle matchers by grammar source (stepping thread) */
     int32_t n_eog;
     /* queue */
     pthread_mutex_t mu;
@@ -431,6 +452,8 @@ void eng_finish_all(keel_engine *e, const char *why);
  * cancel flags are set. */
 void eng_cut_locked(keel_engine *e);
 void eng_slot_clear(keel_engine *e, eng_slot *sl);
+/* Frees a parked or owned grammar and matcher (zeroes p). */
+void eng_gpark_free(eng_gpark *p);
 /* Frees finished submitted requests (the stepping thread, outside callbacks). */
 void eng_reap(keel_engine *e);
 

@@ -10,6 +10,8 @@
  */
 #include "eng.h"
 
+#include "../grammar/grammar.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -44,6 +46,11 @@ void eng_opts_free(eng_opts *o)
     o->bias_tok = NULL;
     o->bias = NULL;
     o->n_bias = 0;
+    keel_grammar_close(o->grammar);
+    o->grammar = NULL;
+    base_free(o->grammar_text, o->grammar_len + 1);
+    o->grammar_text = NULL;
+    o->grammar_len = 0;
 }
 
 /* logit_bias: {"token id": bias}, OpenAI's form: ids as decimal strings
@@ -235,10 +242,45 @@ static bool is_request_member(const char *k)
     return false;
 }
 
+static keel_status eng_opts_parse_members(const keel_engine *e, json_t *obj, bool allow_other, eng_opts *o, char *err,
+                                          json_t **schema_out, json_t **rf_out, json_t *any_object);
+
+/* A schema for the request: its grammar replaces any other (one of
+ * grammar, json_schema, response_format json may be given). */
+static keel_status schema_grammar(json_t *schema, eng_opts *o, char *err)
+{
+    if (o->grammar) return base_err(err, KEEL_EINVAL, "give one of grammar, json_schema and a JSON response_format");
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text) return base_err(err, KEEL_ENOMEM, "json_schema: out of memory");
+    char *g = NULL, why[BASE_ERR_CAP] = "";
+    size_t n = 0;
+    keel_status st = gram_schema_gbnf(text, strlen(text), &g, &n, why);
+    chat_json_free(text);
+    if (st == KEEL_OK && (st = keel_grammar_compile(g, n, &o->grammar, why)) != KEEL_OK) base_free(g, n + 1);
+    if (st != KEEL_OK) return base_err(err, st == KEEL_ENOMEM ? KEEL_ENOMEM : KEEL_EINVAL, "%s", why);
+    o->grammar_text = g; /* the generated GBNF: parked matchers are found by it */
+    o->grammar_len = n;
+    return KEEL_OK;
+}
+
 keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, eng_opts *o, char *err)
 {
     if (!obj) return KEEL_OK;
     if (!json_is_object(obj)) return base_err(err, KEEL_EINVAL, "options must be a JSON object");
+    json_t *schema = NULL, *rf_schema = NULL, *any_object = json_pack("{s:s}", "type", "object");
+    if (!any_object) return base_err(err, KEEL_ENOMEM, "out of memory");
+    keel_status fst = eng_opts_parse_members(e, obj, allow_other, o, err, &schema, &rf_schema, any_object);
+    if (fst == KEEL_OK && schema && rf_schema)
+        fst = base_err(err, KEEL_EINVAL, "give one of json_schema and a JSON response_format");
+    if (fst == KEEL_OK && (schema || rf_schema)) fst = schema_grammar(schema ? schema : rf_schema, o, err);
+    json_decref(any_object);
+    return fst;
+}
+
+static keel_status eng_opts_parse_members(const keel_engine *e, json_t *obj, bool allow_other, eng_opts *o, char *err,
+                                          json_t **schema_out, json_t **rf_out, json_t *any_object)
+{
+    json_t *schema = NULL, *rf_schema = NULL;
     const char *k;
     json_t *v;
     json_object_foreach(obj, k, v) {
@@ -311,11 +353,51 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
             /* {"type": "text" | "json_object" | "json_schema", ...}: the answer is JSON */
             const char *t = json_string_value(json_object_get(v, "type"));
             if (json_is_null(v)) continue;
-            if (!t || (strcmp(t, "text") != 0 && strcmp(t, "json_object") != 0 && strcmp(t, "json_schema") != 0))
+            if (!t || (strcmp(t, "text") != 0 && strcmp(t, "json_object") != 0 && strcmp(t, "json_schema") != 0)) {
                 st = base_err(err, KEEL_EINVAL,
                               "response_format must be an object with type \"text\", \"json_object\" or \"json_schema\"");
-            else
+            } else {
                 o->json_answer = strcmp(t, "text") != 0;
+                /* the answer is constrained: json_object to any object,
+                 * json_schema to {"json_schema": {"schema": S}} */
+                json_t *sc = strcmp(t, "json_schema") == 0 ? json_object_get(json_object_get(v, "json_schema"), "schema")
+                                                            : NULL;
+                if (strcmp(t, "json_schema") == 0 && !json_is_object(sc) && !json_is_boolean(sc))
+                    st = base_err(err, KEEL_EINVAL, "response_format json_schema needs {\"json_schema\": {\"schema\": {...}}}");
+                else if (strcmp(t, "text") != 0)
+                    rf_schema = sc ? sc : any_object;
+            }
+        } else if (strcmp(k, "json_schema") == 0) {
+            /* llama-server's field: a schema object */
+            if (json_is_null(v)) continue;
+            if (!json_is_object(v) && !json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "json_schema must be a JSON Schema (an object)");
+            else
+                schema = v;
+        } else if (strcmp(k, "grammar") == 0) {
+            /* GBNF text; null or "" : none */
+            if (json_is_null(v)) continue;
+            if (!json_is_string(v)) {
+                st = base_err(err, KEEL_EINVAL, "grammar must be a string (GBNF)");
+            } else {
+                keel_grammar_close(o->grammar);
+                o->grammar = NULL;
+                base_free(o->grammar_text, o->grammar_len + 1);
+                o->grammar_text = NULL;
+                o->grammar_len = 0;
+                char why[BASE_ERR_CAP] = "";
+                size_t n = json_string_length(v);
+                if (n > 0 && (st = keel_grammar_compile(json_string_value(v), n, &o->grammar, why)) != KEEL_OK) {
+                    st = base_err(err, st == KEEL_ENOMEM ? KEEL_ENOMEM : KEEL_EINVAL, "grammar: %s", why);
+                } else if (n > 0) {
+                    if (!(o->grammar_text = base_alloc(n + 1))) {
+                        st = base_err(err, KEEL_ENOMEM, "grammar: out of memory");
+                    } else {
+                        memcpy(o->grammar_text, json_string_value(v), n + 1);
+                        o->grammar_len = n;
+                    }
+                }
+            }
         } else if (strcmp(k, "continue_final_message") == 0) {
             const char *m = json_string_value(v);
             if (json_is_boolean(v))
@@ -339,6 +421,8 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
         }
         if (st != KEEL_OK) return st;
     }
+    *schema_out = schema;
+    *rf_out = rf_schema;
     if (o->top_logprobs > 0 && !o->logprobs)
         return base_err(err, KEEL_EINVAL, "top_logprobs needs logprobs: true");
     if (o->samp.seed == 0) o->samp.seed = keel_time_ns() ^ 0x9e3779b97f4a7c15ull;

@@ -297,6 +297,26 @@ static void release_request(keel_engine *e, eng_slot *sl)
     sl->n_lp = sl->cap_lp = 0;
     keel_sampler_close(sl->samp);
     sl->samp = NULL;
+    if (sl->gm) { /* parked for the next request with this grammar (the oldest leaves) */
+        eng_gpark *dst = NULL;
+        if (keel_grammar_matcher_reset(sl->gm) == KEEL_OK) {
+            dst = &e->gpark[0];
+            for (int i = 0; i < ENG_GRAMMAR_PARK; i++) {
+                if (!e->gpark[i].m) {
+                    dst = &e->gpark[i];
+                    break;
+                }
+                if (e->gpark[i].last_used < dst->last_used) dst = &e->gpark[i];
+            }
+            eng_gpark_free(dst);
+            *dst = sl->gp;
+            dst->last_used = ++e->clock;
+        } else {
+            eng_gpark_free(&sl->gp);
+        }
+        memset(&sl->gp, 0, sizeof sl->gp);
+        sl->gm = NULL;
+    }
     toolcall_close(sl->tp);
     sl->tp = NULL;
     eng_slot_prefill_free(sl);
@@ -448,6 +468,14 @@ static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const
     pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev);
     complete(e, r, status, resp, len);
+}
+
+void eng_gpark_free(eng_gpark *p)
+{
+    keel_grammar_matcher_close(p->m);
+    keel_grammar_close(p->g);
+    base_free(p->text, p->len + 1);
+    memset(p, 0, sizeof *p);
 }
 
 void eng_slot_clear(keel_engine *e, eng_slot *sl)
@@ -800,6 +828,30 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     if ((st = keel_sampler_open(&r->o.samp, e->model->w.hp.n_vocab, &sl->samp)) != KEEL_OK) {
         keel_sampler_params_check(&r->o.samp, err);
         goto fail;
+    }
+    if (r->o.grammar) {
+        /* a parked matcher of the same grammar keeps its caches; else the
+         * request's grammar gets one (the vocabulary trie: once per engine;
+         * this thread owns the slots and the park) */
+        for (int i = 0; i < ENG_GRAMMAR_PARK && !sl->gm; i++) {
+            eng_gpark *p = &e->gpark[i];
+            if (p->m && p->len == r->o.grammar_len && memcmp(p->text, r->o.grammar_text, p->len) == 0) {
+                sl->gp = *p;
+                memset(p, 0, sizeof *p);
+                sl->gm = sl->gp.m;
+            }
+        }
+        if (!sl->gm) {
+            if (!e->gvocab && (st = keel_grammar_vocab_open(e->model, &e->gvocab, err)) != KEEL_OK) goto fail;
+            if ((st = keel_grammar_matcher_open(r->o.grammar, e->gvocab, &sl->gp.m, err)) != KEEL_OK) goto fail;
+            sl->gp.g = r->o.grammar; /* the slot owns them now */
+            sl->gp.text = r->o.grammar_text;
+            sl->gp.len = r->o.grammar_len;
+            r->o.grammar = NULL;
+            r->o.grammar_text = NULL;
+            r->o.grammar_len = 0;
+            sl->gm = sl->gp.m;
+        }
     }
     int32_t look = r->o.samp.repeat_last_n;
     for (int32_t i = sl->n_prompt > look ? sl->n_prompt - look : 0; i < sl->n_prompt; i++)
@@ -1220,11 +1272,34 @@ bool eng_step(keel_engine *e)
                         w[o->bias_tok[q]] = o->bias[q] <= -100.0f ? -INFINITY : w[o->bias_tok[q]] + o->bias[q];
                     for (int32_t q = 0; o->ignore_eos && q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
                 }
+                if (lg && sl->gm) {
+                    /* the grammar: a complete text that nothing can extend
+                     * ends here; else the tokens it does not allow are
+                     * banned (greedy included) */
+                    if (keel_grammar_matcher_done(sl->gm)) {
+                        finish(e, sl, "stop", KEEL_OK, NULL);
+                        continue;
+                    }
+                    float *w = e->ctx->logits + (lg - e->ctx->logits);
+                    if ((st = keel_grammar_matcher_apply(sl->gm, w)) != KEEL_OK) {
+                        char why[BASE_ERR_CAP];
+                        snprintf(why, sizeof why, "grammar: %s", keel_grammar_matcher_last_error(sl->gm));
+                        finish(e, sl, "error", st, why);
+                        continue;
+                    }
+                }
                 if (sl->n_gen == 0 && e->debug_logits)
                     e->debug_logits(e->debug_user, sl->req->id, lg, e->model->w.hp.n_vocab);
                 st = keel_sampler_sample(sl->samp, lg, &tok);
                 if (st != KEEL_OK) {
-                    finish(e, sl, "error", st, "sampler: no finite logit");
+                    finish(e, sl, "error", st,
+                           sl->gm ? "sampler: no token the grammar allows has a finite logit" : "sampler: no finite logit");
+                    continue;
+                }
+                if (sl->gm && (st = keel_grammar_matcher_accept(sl->gm, tok)) != KEEL_OK) {
+                    char why[BASE_ERR_CAP];
+                    snprintf(why, sizeof why, "grammar: %s", keel_grammar_matcher_last_error(sl->gm));
+                    finish(e, sl, "error", st, why);
                     continue;
                 }
                 if (ent) { /* the model's logit: ignore_eos never touches a sampled token, a bias is undone */

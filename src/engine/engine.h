@@ -44,4 +44,10 @@ struct keel_context {
 keel_status engine_session_load(keel_context *c, int32_t seq, const char *path, unsigned flags, bool need_history,
                                 int32_t *tokens, int32_t cap, int32_t *n_tokens, int32_t *n_pending);
 
+/* The vocabulary of m as constrained decoding sees it (grammar_api.c):
+ * each token's bytes as generated text renders them, none for control,
+ * unknown and unused tokens, the end-of-generation ids. */
+struct gram_vocab;
+keel_status engine_grammar_vocab(const keel_model *m, struct gram_vocab **out, char *err);
+
 #endif

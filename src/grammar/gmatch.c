@@ -1,0 +1,738 @@
+/*
+ * gmatch.c — the matcher of constrained decoding (grammar.h): hash-consed
+ * stacks, their closure and byte transitions (memoized), states as sets of
+ * stacks, and the token masks cached per stack.
+ *
+ * Tables of one matcher (each growable up to its gram_limits cap):
+ *   npos/npar [n_nodes]   node i = (element position, parent node); node 0
+ *                         is the empty stack (root complete)
+ *   nhash                 (pos, parent) -> node, open addressing
+ *   memo (mkey/moff/mcnt) (node, byte) -> the closure of the stacks it
+ *                         leads to, and (node, 256) -> the closure of a raw
+ *                         node; lists live in pool[]
+ *   mslot [n_nodes]       node -> 1 + index of its cached token mask
+ *   masks                 [n_masks][n_words] token bitmaps
+ * Invariant: every node in a state has a byte set on top, or is node 0.
+ */
+#include "grammar.h"
+
+#include <math.h>
+#include <string.h>
+
+#define GM_SYM_CLOSURE 256u
+
+struct gram_matcher {
+    const gram *g;
+    const gram_vocab *v;
+    gram_limits lim;
+    uint32_t *npos, *npar, *mark, *smark, *mslot; /* [cap_nodes]; mark: closures, smark: steps */
+    uint32_t n_nodes, cap_nodes;
+    uint32_t *nhash; /* node id + 1 */
+    uint32_t nhash_cap;
+    uint64_t *mkey; /* (node << 9 | sym) + 1; 0: empty */
+    uint32_t *moff, *mcnt;
+    uint32_t mcap, n_memo;
+    uint32_t *pool;
+    size_t n_pool, cap_pool;
+    uint32_t gen, sgen;
+    uint32_t *wl; /* closure worklist */
+    size_t cap_wl;
+    uint32_t *cur, *sa, *sb; /* [max_set] the state and step scratch */
+    uint32_t n_cur;
+    uint32_t start_off, n_start;
+    bool ended; /* an end-of-generation token was accepted */
+    uint64_t *masks; /* per stack, then per state (the OR of its stacks') */
+    uint32_t n_masks, cap_masks;
+    /* states whose mask is cached: (hash of the sorted stacks, the stacks,
+     * mask index); cleared with the masks or when half full */
+    uint64_t *sc_hash;
+    uint32_t *sc_mask, *sc_off, *sc_n;
+    uint32_t sc_cap, sc_used;
+    uint32_t *spool, *sorted; /* the states' stacks; [max_set] scratch */
+    size_t n_spool, cap_spool;
+    uint64_t *mbuf; /* [n_words] */
+    uint32_t *lvl;  /* trie walk: the state of each depth, stacked */
+    size_t cap_lvl;
+    uint32_t *lvl_off, *lvl_n; /* [max_len + 1] */
+    int64_t hits, misses;
+    uint64_t miss_ns;
+    char err[BASE_ERR_CAP];
+};
+
+gram_limits gram_limits_default(void)
+{
+    gram_limits l = {
+        .max_nodes = 1u << 21,
+        .max_set = 4096,
+        .max_closure = 1u << 16,
+        .max_memo_ids = (size_t)1 << 25,
+        .max_mask_bytes = (size_t)64 << 20,
+    };
+    return l;
+}
+
+/* ---- growable arrays ------------------------------------------------------------ */
+
+static bool grow_u32(uint32_t **p, size_t *cap, size_t need)
+{
+    if (need <= *cap) return true;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need) nc *= 2;
+    uint32_t *q = base_realloc(*p, *cap * sizeof *q, nc * sizeof *q);
+    if (!q) return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+static uint32_t hash2(uint32_t a, uint32_t b)
+{
+    uint64_t h = ((uint64_t)a << 32 | b) * 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(h >> 32);
+}
+
+static keel_status node_grow(gram_matcher *m)
+{
+    uint32_t nc = m->cap_nodes ? m->cap_nodes * 2 : 1024, hc = nc * 2; /* the hash at <= 50% load */
+    size_t ob = (size_t)m->cap_nodes * sizeof(uint32_t), nb = (size_t)nc * sizeof(uint32_t);
+    uint32_t **arr[5] = {&m->npos, &m->npar, &m->mark, &m->smark, &m->mslot}, *na[5] = {NULL};
+    uint32_t *h = base_calloc(hc, sizeof *h);
+    bool ok = h != NULL;
+    for (int i = 0; i < 5; i++) ok &= (na[i] = base_calloc(nc, sizeof(uint32_t))) != NULL;
+    if (!ok) { /* all or nothing: the old tables stay */
+        for (int i = 0; i < 5; i++) base_free(na[i], nb);
+        base_free(h, (size_t)hc * sizeof *h);
+        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for parser stacks");
+    }
+    for (int i = 0; i < 5; i++) {
+        if (ob) memcpy(na[i], *arr[i], ob);
+        base_free(*arr[i], ob);
+        *arr[i] = na[i];
+    }
+    m->cap_nodes = nc;
+    for (uint32_t i = 1; i < m->n_nodes; i++) {
+        uint32_t k = hash2(m->npos[i], m->npar[i]) & (hc - 1);
+        while (h[k]) k = (k + 1) & (hc - 1);
+        h[k] = i + 1;
+    }
+    base_free(m->nhash, (size_t)m->nhash_cap * sizeof *h);
+    m->nhash = h;
+    m->nhash_cap = hc;
+    return KEEL_OK;
+}
+
+/* The node of stack (pos on top of parent), made if new. */
+static keel_status mk(gram_matcher *m, uint32_t pos, uint32_t parent, uint32_t *out)
+{
+    uint32_t k = hash2(pos, parent) & (m->nhash_cap - 1);
+    while (m->nhash[k]) {
+        uint32_t i = m->nhash[k] - 1;
+        if (m->npos[i] == pos && m->npar[i] == parent) {
+            *out = i;
+            return KEEL_OK;
+        }
+        k = (k + 1) & (m->nhash_cap - 1);
+    }
+    if (m->n_nodes >= m->lim.max_nodes)
+        return base_err(m->err, KEEL_ERANGE, "grammar: more than %u parser stacks (limit)", m->lim.max_nodes);
+    if (m->n_nodes == m->cap_nodes) {
+        keel_status st = node_grow(m);
+        if (st) return st;
+        return mk(m, pos, parent, out); /* the hash was rebuilt: once */
+    }
+    uint32_t i = m->n_nodes++;
+    m->npos[i] = pos;
+    m->npar[i] = parent;
+    m->mark[i] = 0;
+    m->smark[i] = 0;
+    m->mslot[i] = 0;
+    m->nhash[k] = i + 1;
+    *out = i;
+    return KEEL_OK;
+}
+
+/* ---- memo ------------------------------------------------------------------------ */
+
+static bool memo_get(const gram_matcher *m, uint32_t node, uint32_t sym, uint32_t *off, uint32_t *cnt)
+{
+    if (!m->mcap) return false;
+    uint64_t key = ((uint64_t)node << 9 | sym) + 1;
+    uint32_t k = (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (m->mcap - 1);
+    while (m->mkey[k]) {
+        if (m->mkey[k] == key) {
+            *off = m->moff[k];
+            *cnt = m->mcnt[k];
+            return true;
+        }
+        k = (k + 1) & (m->mcap - 1);
+    }
+    return false;
+}
+
+static keel_status memo_put(gram_matcher *m, uint32_t node, uint32_t sym, uint32_t off, uint32_t cnt)
+{
+    if (2 * (m->n_memo + 1) > m->mcap) {
+        uint32_t nc = m->mcap ? m->mcap * 2 : 4096;
+        uint64_t *nk = base_calloc(nc, sizeof *nk);
+        uint32_t *no = base_alloc((size_t)nc * sizeof *no), *nn = base_alloc((size_t)nc * sizeof *nn);
+        if (!nk || !no || !nn) {
+            base_free(nk, (size_t)nc * sizeof *nk);
+            base_free(no, (size_t)nc * sizeof *no);
+            base_free(nn, (size_t)nc * sizeof *nn);
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for transitions");
+        }
+        for (uint32_t i = 0; i < m->mcap; i++) {
+            if (!m->mkey[i]) continue;
+            uint32_t k = (uint32_t)((m->mkey[i] * 0x9e3779b97f4a7c15ull) >> 32) & (nc - 1);
+            while (nk[k]) k = (k + 1) & (nc - 1);
+            nk[k] = m->mkey[i];
+            no[k] = m->moff[i];
+            nn[k] = m->mcnt[i];
+        }
+        base_free(m->mkey, (size_t)m->mcap * sizeof *m->mkey);
+        base_free(m->moff, (size_t)m->mcap * sizeof *m->moff);
+        base_free(m->mcnt, (size_t)m->mcap * sizeof *m->mcnt);
+        m->mkey = nk;
+        m->moff = no;
+        m->mcnt = nn;
+        m->mcap = nc;
+    }
+    uint64_t key = ((uint64_t)node << 9 | sym) + 1;
+    uint32_t k = (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (m->mcap - 1);
+    while (m->mkey[k]) k = (k + 1) & (m->mcap - 1);
+    m->mkey[k] = key;
+    m->moff[k] = off;
+    m->mcnt[k] = cnt;
+    m->n_memo++;
+    return KEEL_OK;
+}
+
+static void next_gen(gram_matcher *m)
+{
+    if (++m->gen == 0) {
+        memset(m->mark, 0, (size_t)m->cap_nodes * sizeof *m->mark);
+        m->gen = 1;
+    }
+}
+
+static void next_sgen(gram_matcher *m)
+{
+    if (++m->sgen == 0) {
+        memset(m->smark, 0, (size_t)m->cap_nodes * sizeof *m->smark);
+        m->sgen = 1;
+    }
+}
+
+/* ---- closure ----------------------------------------------------------------------- */
+
+/* Expands the stacks in wl[0..n_wl) until each has a byte set on top (or is
+ * empty: node 0), appending the distinct results to pool; *off / *cnt give
+ * them. A stack seen twice in one closure is expanded once (a cycle of
+ * empty moves adds nothing). */
+static keel_status closure_run(gram_matcher *m, size_t n_wl, uint32_t *off, uint32_t *cnt)
+{
+    const gram *g = m->g;
+    size_t start = m->n_pool;
+    uint32_t steps = 0;
+    keel_status st = KEEL_OK;
+    for (size_t i = 0; i < n_wl; i++) m->mark[m->wl[i]] = m->gen;
+    while (n_wl > 0) {
+        uint32_t n = m->wl[--n_wl];
+        uint32_t emit = UINT32_MAX;
+        uint32_t push[1] = {0};
+        int n_push = 0;
+        if (n == 0) {
+            emit = 0;
+        } else {
+            uint32_t p = m->npos[n];
+            gram_el e = g->el[p];
+            switch (GRAM_KIND(e)) {
+            case GRAM_BYTES: emit = n; break;
+            case GRAM_ALT:
+            case GRAM_END: push[n_push++] = m->npar[n]; break;
+            default: {
+                uint32_t r = GRAM_VAL(e), rest = m->npar[n];
+                if (GRAM_KIND(g->el[p + 1]) > GRAM_ALT && (st = mk(m, p + 1, m->npar[n], &rest))) return st;
+                for (uint32_t a = g->alt_first[r]; a < g->alt_first[r + 1]; a++) {
+                    uint32_t x;
+                    if ((st = mk(m, g->alt_pos[a], rest, &x))) return st;
+                    if (m->mark[x] == m->gen) continue;
+                    m->mark[x] = m->gen;
+                    if (++steps > m->lim.max_closure)
+                        return base_err(m->err, KEEL_ERANGE, "grammar: a closure expands more than %u stacks (limit)",
+                                        m->lim.max_closure);
+                    if (!grow_u32(&m->wl, &m->cap_wl, n_wl + 1))
+                        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+                    m->wl[n_wl++] = x;
+                }
+            }
+            }
+        }
+        for (int i = 0; i < n_push; i++) {
+            if (m->mark[push[i]] == m->gen) continue;
+            m->mark[push[i]] = m->gen;
+            if (!grow_u32(&m->wl, &m->cap_wl, n_wl + 1)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+            m->wl[n_wl++] = push[i];
+        }
+        if (emit != UINT32_MAX) {
+            if (m->n_pool >= m->lim.max_memo_ids)
+                return base_err(m->err, KEEL_ERANGE, "grammar: transition tables above %zu entries (limit)",
+                                m->lim.max_memo_ids);
+            if (!grow_u32(&m->pool, &m->cap_pool, m->n_pool + 1))
+                return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+            m->pool[m->n_pool++] = emit;
+        }
+    }
+    *off = (uint32_t)start;
+    *cnt = (uint32_t)(m->n_pool - start);
+    return KEEL_OK;
+}
+
+/* The stacks node n leads to on byte b (memoized): *off / *cnt in pool. */
+static keel_status advance(gram_matcher *m, uint32_t n, uint8_t b, uint32_t *off, uint32_t *cnt)
+{
+    if (memo_get(m, n, b, off, cnt)) return KEEL_OK;
+    uint32_t p = m->npos[n];
+    keel_status st;
+    *off = 0;
+    *cnt = 0;
+    if (gram_set_has(&m->g->sets[GRAM_VAL(m->g->el[p])], b)) {
+        uint32_t raw;
+        if ((st = mk(m, p + 1, m->npar[n], &raw))) return st;
+        if (!memo_get(m, raw, GM_SYM_CLOSURE, off, cnt)) {
+            next_gen(m);
+            if (!grow_u32(&m->wl, &m->cap_wl, 1)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+            m->wl[0] = raw;
+            if ((st = closure_run(m, 1, off, cnt)) || (st = memo_put(m, raw, GM_SYM_CLOSURE, *off, *cnt))) return st;
+        }
+    }
+    return memo_put(m, n, b, *off, *cnt);
+}
+
+/* dst = the stacks of src[0..n) after byte b (distinct); *n_dst. */
+static keel_status step(gram_matcher *m, const uint32_t *src, uint32_t n, uint8_t b, uint32_t *dst, uint32_t *n_dst,
+                        size_t cap)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (src[i] == 0) continue;
+        uint32_t off, cnt;
+        keel_status st = advance(m, src[i], b, &off, &cnt);
+        if (st) return st;
+        if (cnt == 0) continue;
+        if (k == 0 && i == 0 && n == 1) { /* one source: its list is distinct already */
+            if (cnt > cap)
+                return base_err(m->err, KEEL_ERANGE, "grammar: more than %u stacks in one state (limit)",
+                                m->lim.max_set);
+            memcpy(dst, m->pool + off, (size_t)cnt * sizeof *dst);
+            *n_dst = cnt;
+            return KEEL_OK;
+        }
+        if (k == 0) next_sgen(m);
+        for (uint32_t j = 0; j < cnt; j++) {
+            uint32_t x = m->pool[off + j];
+            if (m->smark[x] == m->sgen) continue;
+            m->smark[x] = m->sgen;
+            if (k >= cap)
+                return base_err(m->err, KEEL_ERANGE, "grammar: more than %u stacks in one state (limit)",
+                                m->lim.max_set);
+            dst[k++] = x;
+        }
+    }
+    *n_dst = k;
+    return KEEL_OK;
+}
+
+/* ---- open / state --------------------------------------------------------------------- */
+
+void gram_matcher_close(gram_matcher *m)
+{
+    if (!m) return;
+    size_t nb = (size_t)m->cap_nodes * sizeof(uint32_t);
+    base_free(m->npos, nb);
+    base_free(m->npar, nb);
+    base_free(m->mark, nb);
+    base_free(m->smark, nb);
+    base_free(m->mslot, nb);
+    base_free(m->nhash, (size_t)m->nhash_cap * sizeof(uint32_t));
+    base_free(m->mkey, (size_t)m->mcap * sizeof *m->mkey);
+    base_free(m->moff, (size_t)m->mcap * sizeof(uint32_t));
+    base_free(m->mcnt, (size_t)m->mcap * sizeof(uint32_t));
+    base_free(m->pool, m->cap_pool * sizeof(uint32_t));
+    base_free(m->wl, m->cap_wl * sizeof(uint32_t));
+    size_t sb = (size_t)m->lim.max_set * sizeof(uint32_t);
+    base_free(m->cur, sb);
+    base_free(m->sa, sb);
+    base_free(m->sb, sb);
+    size_t nw = m->v ? (size_t)m->v->n_words : 0;
+    base_free(m->masks, (size_t)m->cap_masks * nw * sizeof(uint64_t));
+    base_free(m->mbuf, nw * sizeof(uint64_t));
+    base_free(m->lvl, m->cap_lvl * sizeof(uint32_t));
+    base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
+    base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
+    base_free(m->sc_off, (size_t)m->sc_cap * sizeof(uint32_t));
+    base_free(m->sc_n, (size_t)m->sc_cap * sizeof(uint32_t));
+    base_free(m->spool, m->cap_spool * sizeof(uint32_t));
+    base_free(m->sorted, sb);
+    size_t nl = m->v ? (size_t)m->v->max_len + 1 : 0;
+    base_free(m->lvl_off, nl * sizeof(uint32_t));
+    base_free(m->lvl_n, nl * sizeof(uint32_t));
+    base_free(m, sizeof *m);
+}
+
+keel_status gram_matcher_reset(gram_matcher *m)
+{
+    if (!m) return KEEL_EINVAL;
+    if (m->n_start) memcpy(m->cur, m->pool + m->start_off, (size_t)m->n_start * sizeof *m->cur);
+    m->n_cur = m->n_start;
+    m->ended = false;
+    m->err[0] = 0;
+    return KEEL_OK;
+}
+
+keel_status gram_matcher_open(const gram *g, const gram_vocab *v, const gram_limits *lim, gram_matcher **out,
+                              char *err)
+{
+    if (!out) return base_err(err, KEEL_EINVAL, "grammar: out is NULL");
+    *out = NULL;
+    if (!g) return base_err(err, KEEL_EINVAL, "grammar: no grammar");
+    gram_matcher *m = base_calloc(1, sizeof *m);
+    if (!m) return base_err(err, KEEL_ENOMEM, "grammar: out of memory");
+    m->g = g;
+    m->v = v;
+    m->lim = lim ? *lim : gram_limits_default();
+    if (m->lim.max_set < 1 || m->lim.max_nodes < 2 || m->lim.max_nodes > (1u << 30) || m->lim.max_closure < 1) {
+        base_free(m, sizeof *m);
+        return base_err(err, KEEL_EINVAL, "grammar: bad limits");
+    }
+    keel_status st = KEEL_OK;
+    size_t sb = (size_t)m->lim.max_set * sizeof(uint32_t);
+    m->cur = base_alloc(sb);
+    m->sa = base_alloc(sb);
+    m->sb = base_alloc(sb);
+    m->sorted = base_alloc(sb);
+    if (!m->cur || !m->sa || !m->sb || !m->sorted) {
+        st = base_err(err, KEEL_ENOMEM, "grammar: out of memory");
+        goto fail;
+    }
+    if (v) {
+        size_t nl = (size_t)v->max_len + 1;
+        m->mbuf = base_alloc((size_t)v->n_words * sizeof(uint64_t));
+        m->lvl_off = base_alloc(nl * sizeof(uint32_t));
+        m->lvl_n = base_alloc(nl * sizeof(uint32_t));
+        if (!m->mbuf || !m->lvl_off || !m->lvl_n) {
+            st = base_err(err, KEEL_ENOMEM, "grammar: out of memory");
+            goto fail;
+        }
+    }
+    if ((st = node_grow(m))) goto fail_msg;
+    m->n_nodes = 1; /* node 0: the empty stack */
+    m->npos[0] = m->npar[0] = 0;
+    /* the start: every alternative of root over the empty stack */
+    next_gen(m);
+    size_t n_wl = 0;
+    for (uint32_t a = g->alt_first[g->root]; a < g->alt_first[g->root + 1]; a++) {
+        uint32_t x;
+        if ((st = mk(m, g->alt_pos[a], 0, &x))) goto fail_msg;
+        if (m->mark[x] == m->gen) continue;
+        if (!grow_u32(&m->wl, &m->cap_wl, n_wl + 1)) {
+            st = base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+            goto fail_msg;
+        }
+        m->mark[x] = m->gen;
+        m->wl[n_wl++] = x;
+    }
+    if ((st = closure_run(m, n_wl, &m->start_off, &m->n_start))) goto fail_msg;
+    if (m->n_start > m->lim.max_set) {
+        st = base_err(m->err, KEEL_ERANGE, "grammar: more than %u stacks in one state (limit)", m->lim.max_set);
+        goto fail_msg;
+    }
+    gram_matcher_reset(m);
+    *out = m;
+    return KEEL_OK;
+fail_msg:
+    base_err(err, st, "%s", m->err);
+fail:
+    gram_matcher_close(m);
+    return st;
+}
+
+bool gram_matcher_complete(const gram_matcher *m)
+{
+    if (m->ended) return true;
+    for (uint32_t i = 0; i < m->n_cur; i++)
+        if (m->cur[i] == 0) return true;
+    return false;
+}
+
+bool gram_matcher_done(const gram_matcher *m)
+{
+    return m->ended || (m->n_cur == 1 && m->cur[0] == 0);
+}
+
+const char *gram_matcher_error(const gram_matcher *m)
+{
+    return m ? m->err : "";
+}
+
+keel_status gram_matcher_accept_bytes(gram_matcher *m, const uint8_t *b, size_t n, size_t *n_ok)
+{
+    if (n_ok) *n_ok = 0;
+    if (!m || (!b && n)) return KEEL_EINVAL;
+    if (m->ended) return base_err(m->err, KEEL_EINVAL, "grammar: text after the end");
+    if (n == 0) return KEEL_OK;
+    uint32_t *src = m->cur, n_src = m->n_cur, *dst = m->sa;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = 0;
+        keel_status st = step(m, src, n_src, b[i], dst, &k, m->lim.max_set);
+        if (st) return st;
+        if (k == 0) {
+            if (n_ok) *n_ok = i;
+            return base_err(m->err, KEEL_EINVAL, "grammar: byte 0x%02x at offset %zu cannot follow", b[i], i);
+        }
+        src = dst;
+        n_src = k;
+        dst = dst == m->sa ? m->sb : m->sa;
+    }
+    memcpy(m->cur, src, (size_t)n_src * sizeof *src);
+    m->n_cur = n_src;
+    if (n_ok) *n_ok = n;
+    return KEEL_OK;
+}
+
+static bool is_eog(const gram_vocab *v, int32_t t)
+{
+    return (v->eog[t / 64] >> (t % 64)) & 1u;
+}
+
+keel_status gram_matcher_accept_token(gram_matcher *m, int32_t token)
+{
+    if (!m || !m->v) return KEEL_EINVAL;
+    const gram_vocab *v = m->v;
+    if (token < 0 || token >= v->n_vocab)
+        return base_err(m->err, KEEL_EINVAL, "grammar: token %d out of range [0, %d)", token, v->n_vocab);
+    if (is_eog(v, token)) {
+        if (m->ended || !gram_matcher_complete(m))
+            return base_err(m->err, KEEL_EINVAL, "grammar: end of generation before the grammar is complete");
+        m->ended = true;
+        m->n_cur = 0;
+        return KEEL_OK;
+    }
+    uint32_t len = v->off[token + 1] - v->off[token];
+    if (len == 0) return base_err(m->err, KEEL_EINVAL, "grammar: token %d has no text", token);
+    return gram_matcher_accept_bytes(m, v->bytes + v->off[token], len, NULL);
+}
+
+/* ---- token masks ------------------------------------------------------------------------ */
+
+/* The tokens accepted from stack n: a walk of the trie in preorder carrying
+ * the state each prefix leads to, skipping a subtree whose state is empty. */
+static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *bm)
+{
+    const gram_vocab *v = m->v;
+    memset(bm, 0, (size_t)v->n_words * sizeof *bm);
+    if (!grow_u32(&m->lvl, &m->cap_lvl, 1)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+    m->lvl[0] = n;
+    m->lvl_off[0] = 0;
+    m->lvl_n[0] = 1;
+    for (uint32_t i = 0; i < v->n_tnodes;) {
+        uint32_t d = v->tdepth[i], base = m->lvl_off[d - 1], cnt = m->lvl_n[d - 1], at = base + cnt;
+        /* room for the largest state this level may hold */
+        if (!grow_u32(&m->lvl, &m->cap_lvl, (size_t)at + m->lim.max_set))
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        uint32_t k = 0;
+        keel_status st = step(m, m->lvl + base, cnt, v->tbyte[i], m->lvl + at, &k, m->lim.max_set);
+        if (st) return st;
+        m->lvl_off[d] = at;
+        m->lvl_n[d] = k;
+        if (k == 0) {
+            i = v->tend[i];
+            continue;
+        }
+        for (int32_t t = v->ttok[i]; t >= 0; t = v->tnext[t]) bm[t / 64] |= 1ull << (t % 64);
+        i++;
+    }
+    return KEEL_OK;
+}
+
+static void masks_clear(gram_matcher *m)
+{
+    memset(m->mslot, 0, (size_t)m->cap_nodes * sizeof *m->mslot);
+    m->n_masks = 0;
+    if (m->sc_cap) memset(m->sc_hash, 0, (size_t)m->sc_cap * sizeof *m->sc_hash);
+    m->sc_used = 0;
+    m->n_spool = 0;
+}
+
+/* A free mask slot (the cache is cleared when full: its pointers die). */
+static keel_status mask_slot(gram_matcher *m, uint32_t *slot)
+{
+    size_t nw = (size_t)m->v->n_words;
+    if ((size_t)(m->n_masks + 1) * nw * sizeof(uint64_t) > m->lim.max_mask_bytes && m->n_masks > 0) masks_clear(m);
+    if (m->n_masks == m->cap_masks) {
+        uint32_t nc = m->cap_masks ? m->cap_masks * 2 : 8;
+        uint64_t *q = base_realloc(m->masks, (size_t)m->cap_masks * nw * sizeof *q, (size_t)nc * nw * sizeof *q);
+        if (!q) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for token masks");
+        m->masks = q;
+        m->cap_masks = nc;
+    }
+    *slot = m->n_masks++;
+    return KEEL_OK;
+}
+
+/* OR of stack n's cached mask into acc (computed on a miss). */
+static keel_status mask_or(gram_matcher *m, uint32_t n, uint64_t *acc)
+{
+    size_t nw = (size_t)m->v->n_words;
+    if (!m->mslot[n]) {
+        uint32_t slot;
+        keel_status st = mask_slot(m, &slot);
+        if (st) return st;
+        uint64_t t0 = base_time_ns();
+        st = mask_compute(m, n, m->masks + (size_t)slot * nw);
+        m->miss_ns += base_time_ns() - t0;
+        m->misses++;
+        if (st) {
+            m->n_masks--;
+            return st;
+        }
+        m->mslot[n] = slot + 1;
+    } else {
+        m->hits++;
+    }
+    const uint64_t *bm = m->masks + (size_t)(m->mslot[n] - 1) * nw;
+    for (size_t i = 0; i < nw; i++) acc[i] |= bm[i];
+    return KEEL_OK;
+}
+
+/* The mask of the current state: cached per state (sorted stacks), else
+ * the OR of its stacks' masks, with the end-of-generation tokens exactly
+ * when complete. *out points into the cache or at mbuf; valid until the
+ * next call. */
+static keel_status mask_state(gram_matcher *m, const uint64_t **out)
+{
+    const gram_vocab *v = m->v;
+    size_t nw = (size_t)v->n_words;
+    if (m->ended) {
+        memset(m->mbuf, 0, nw * sizeof *m->mbuf);
+        *out = m->mbuf;
+        return KEEL_OK;
+    }
+    /* the key: the sorted stacks (insertion sort: states are small) */
+    uint32_t n = m->n_cur;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t x = m->cur[i], j = i;
+        while (j > 0 && m->sorted[j - 1] > x) {
+            m->sorted[j] = m->sorted[j - 1];
+            j--;
+        }
+        m->sorted[j] = x;
+    }
+    uint64_t h = base_hash64(m->sorted, (size_t)n * sizeof *m->sorted, 0x6a09e667f3bcc908ull) | 1u;
+    if (!m->sc_cap) {
+        m->sc_cap = 1024;
+        m->sc_hash = base_calloc(m->sc_cap, sizeof *m->sc_hash);
+        m->sc_mask = base_alloc((size_t)m->sc_cap * sizeof *m->sc_mask);
+        m->sc_off = base_alloc((size_t)m->sc_cap * sizeof *m->sc_off);
+        m->sc_n = base_alloc((size_t)m->sc_cap * sizeof *m->sc_n);
+        if (!m->sc_hash || !m->sc_mask || !m->sc_off || !m->sc_n) {
+            base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
+            base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
+            base_free(m->sc_off, (size_t)m->sc_cap * sizeof(uint32_t));
+            base_free(m->sc_n, (size_t)m->sc_cap * sizeof(uint32_t));
+            m->sc_hash = NULL;
+            m->sc_mask = m->sc_off = m->sc_n = NULL;
+            m->sc_cap = 0;
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        }
+    }
+    uint32_t k = (uint32_t)(h >> 32) & (m->sc_cap - 1);
+    for (; m->sc_hash[k]; k = (k + 1) & (m->sc_cap - 1)) {
+        if (m->sc_hash[k] == h && m->sc_n[k] == n &&
+            (n == 0 || memcmp(m->spool + m->sc_off[k], m->sorted, (size_t)n * sizeof *m->sorted) == 0)) {
+            m->hits++;
+            *out = m->masks + (size_t)m->sc_mask[k] * nw;
+            return KEEL_OK;
+        }
+    }
+    uint64_t *mask = m->mbuf;
+    memset(mask, 0, nw * sizeof *mask);
+    bool complete = false;
+    for (uint32_t i = 0; i < n; i++) {
+        if (m->cur[i] == 0) {
+            complete = true;
+            continue;
+        }
+        keel_status st = mask_or(m, m->cur[i], mask);
+        if (st) return st;
+    }
+    for (size_t i = 0; i < nw; i++) mask[i] = (mask[i] & ~v->eog[i]) | (complete ? v->eog[i] : 0);
+    *out = mask;
+    /* keep it for the next time this state comes (a state of one stack
+     * that is not complete already has its stack's mask; it is kept too:
+     * the end-of-generation bits differ) */
+    if (2 * (m->sc_used + 1) > m->sc_cap) {
+        memset(m->sc_hash, 0, (size_t)m->sc_cap * sizeof *m->sc_hash);
+        m->sc_used = 0;
+        m->n_spool = 0;
+    }
+    uint32_t slot;
+    if (mask_slot(m, &slot) != KEEL_OK || !grow_u32(&m->spool, &m->cap_spool, m->n_spool + n))
+        return KEEL_OK; /* not cached: the mask is still right */
+    memcpy(m->masks + (size_t)slot * nw, mask, nw * sizeof *mask);
+    k = (uint32_t)(h >> 32) & (m->sc_cap - 1);
+    while (m->sc_hash[k]) k = (k + 1) & (m->sc_cap - 1);
+    m->sc_hash[k] = h;
+    m->sc_mask[k] = slot;
+    m->sc_off[k] = (uint32_t)m->n_spool;
+    m->sc_n[k] = n;
+    if (n) memcpy(m->spool + m->n_spool, m->sorted, (size_t)n * sizeof *m->sorted);
+    m->n_spool += n;
+    m->sc_used++;
+    return KEEL_OK;
+}
+
+keel_status gram_matcher_mask(gram_matcher *m, uint64_t *mask)
+{
+    if (!m || !m->v || !mask) return KEEL_EINVAL;
+    const uint64_t *p;
+    keel_status st = mask_state(m, &p);
+    if (st) return st;
+    memcpy(mask, p, (size_t)m->v->n_words * sizeof *mask);
+    return KEEL_OK;
+}
+
+keel_status gram_matcher_apply(gram_matcher *m, float *logits)
+{
+    if (!m || !m->v || !logits) return KEEL_EINVAL;
+    const uint64_t *mask;
+    keel_status st = mask_state(m, &mask);
+    if (st) return st;
+    const gram_vocab *v = m->v;
+    for (int32_t w = 0; w < v->n_words; w++) {
+        uint64_t x = mask[w];
+        if (x == ~0ull) continue;
+        int32_t b0 = w * 64, b1 = BASE_MIN(b0 + 64, v->n_vocab);
+        if (x == 0) { /* the common case outside free text: a run of banned tokens */
+            for (int32_t t = b0; t < b1; t++) logits[t] = -INFINITY;
+            continue;
+        }
+        for (uint64_t y = ~x; y; y &= y - 1) {
+            int32_t t = b0 + __builtin_ctzll(y);
+            if (t < b1) logits[t] = -INFINITY;
+        }
+    }
+    return KEEL_OK;
+}
+
+void gram_matcher_stats(const gram_matcher *m, gram_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!m) return;
+    out->n_nodes = m->n_nodes;
+    out->n_set = m->n_cur;
+    out->mask_hits = m->hits;
+    out->mask_misses = m->misses;
+    out->miss_ns = m->miss_ns;
+    out->mask_bytes = (size_t)m->n_masks * (m->v ? (size_t)m->v->n_words * 8 : 0);
+}

@@ -1,0 +1,585 @@
+/*
+ * test_grammar.c — src/grammar and keel_grammar_*: GBNF errors (named, with
+ * line and column), accept/reject of texts, llama.cpp's own grammar cases
+ * and grammar files (tests/data/grammar, extracted by
+ * tools/grammar/extract_llamacpp_grammar.py), token masks against a brute
+ * force over a vocabulary with multi-element tokens and pieces that cut
+ * UTF-8 characters, the caps (a refusal, not a hang), allocation failures,
+ * and sampling through keel_complete with a random-weight model at
+ * temperature 1: every output is a complete sentence of its grammar.
+ */
+#include "testutil.h"
+#include "base/base.h"
+#include "grammar/grammar.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static gram *compile_ok(const char *src)
+{
+    gram *g = NULL;
+    char err[BASE_ERR_CAP] = "";
+    keel_status st = gram_compile(src, strlen(src), &g, err);
+    if (st) fail_msg("compile: %s: %s\n%s", keel_status_name(st), err, src);
+    return g;
+}
+
+static bool match(const gram *g, const char *text, size_t n)
+{
+    gram_matcher *m = NULL;
+    char err[BASE_ERR_CAP] = "";
+    keel_status st = gram_matcher_open(g, NULL, NULL, &m, err);
+    if (st) fail_msg("matcher: %s", err);
+    st = gram_matcher_accept_bytes(m, (const uint8_t *)text, n, NULL);
+    if (st != KEEL_OK && st != KEEL_EINVAL) fail_msg("accept: %s", gram_matcher_error(m));
+    bool ok = st == KEEL_OK && gram_matcher_complete(m);
+    gram_matcher_close(m);
+    return ok;
+}
+
+/* ---- syntax and errors ----------------------------------------------------------- */
+
+static void test_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *src;
+        keel_status st;
+        const char *msg;
+    } cases[] = {
+        {"root ::= \"a", KEEL_EFORMAT, "line 1 col 10: unterminated string literal"},
+        {"root ::= [a-", KEEL_EFORMAT, "unterminated character class"},
+        {"root ::= [z-a]", KEEL_EFORMAT, "line 1 col 12: character range out of order"},
+        {"root ::= \"a\"\nx ::= y", KEEL_EFORMAT, "line 2 col 7: undefined rule 'y'"},
+        {"rot ::= \"a\"", KEEL_EFORMAT, "no rule named 'root'"},
+        {"root = \"a\"", KEEL_EFORMAT, "line 1 col 6: expected '::=' after the rule name"},
+        {"root ::= \"a\" )", KEEL_EFORMAT, "line 1 col 14: expected the end of the line"},
+        {"root ::= ( \"a\"", KEEL_EFORMAT, "line 1 col 10: expected ')' to close this group"},
+        {"root ::= * \"a\"", KEEL_EFORMAT, "needs an item before it"},
+        {"root ::= \"a\"{3,2}", KEEL_EFORMAT, "n < m"},
+        {"root ::= \"a\"{1000000}", KEEL_ERANGE, "above 100000"},
+        {"root ::= \"\\q\"", KEEL_EFORMAT, "unknown escape"},
+        {"root ::= \"\\uD800\"", KEEL_EFORMAT, "surrogate"},
+        {"root ::= \"\\U00110000\"", KEEL_EFORMAT, "above U+10FFFF"},
+        {"root ::= \"a\"\nroot ::= \"b\"", KEEL_EFORMAT, "line 2 col 1: rule 'root' is defined twice"},
+        {"root ::= <[10]> \"a\"", KEEL_EUNSUPPORTED, "token references"},
+        {"root ::= \"a\" | root \"a\"", KEEL_EUNSUPPORTED, "left recursion (rewrite it as repetition): root"},
+        {"root ::= x\nx ::= y \"b\"\ny ::= e x | \"c\"\ne ::= \"\" | \"d\"", KEEL_EUNSUPPORTED,
+         "left recursion (rewrite it as repetition): x -> y -> x"},
+        {"root ::= \"\xff\"", KEEL_EFORMAT, "invalid UTF-8"},
+        {"", KEEL_EFORMAT, "no rule named 'root'"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        keel_status st = gram_compile(cases[i].src, strlen(cases[i].src), &g, err);
+        if (st != cases[i].st || !strstr(err, cases[i].msg))
+            fail_msg("case %zu (%s): got %s '%s', want %s '%s'", i, cases[i].src, keel_status_name(st), err,
+                     keel_status_name(cases[i].st), cases[i].msg);
+        assert_null(g);
+    }
+}
+
+static void test_accept_reject(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *src, *yes[6], *no[6];
+    } cases[] = {
+        {"root ::= \"ab\" [c-e]+ (\"x\" | \"yz\")? # comment", {"abc", "abcdex", "abeyz"}, {"", "ab", "abcx y", "abcyzz"}},
+        {"root ::= [^a-z\\n]{2,3}", {"AB", "1é2", "日本語"}, {"A", "ABCD", "aB", "A\n"}},
+        {"root ::= .{2}", {"é日", "ab", "\xf0\x9f\x94\xb5x"}, {"abc", "\xc3", "é"}},
+        {"root ::= \"\\x41\\u00e9\\U0001F535\\t\\\"\\\\\\[\\]\"", {"Aé\xf0\x9f\x94\xb5\t\"\\[]"}, {"A"}},
+        {"root ::= (\"a\"?)* \"b\"\n", {"b", "aab"}, {"", "ba"}},
+        {"root ::= x\nx ::= x2 | \"q\"\nx2 ::= \"(\" x \")\"", {"q", "((q))"}, {"(q", "q)"}},
+        {"root ::= [\\x00-\\x7f]* \"é\"", {"é", "abcé"}, {"\xc3", "ée"}},
+        {"root ::= \"\" | \"a\" root", {"", "aaaa"}, {"b"}},
+        {"root ::=\n  \"a\" (\n  \"b\" |\n  \"c\"\n  )\n", {"ab", "ac"}, {"a"}},
+        {"root ::= \"a\"{2,} \"b\"{0,2}", {"aa", "aaab", "aaaaabb"}, {"a", "aabbb"}},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        gram *g = compile_ok(cases[i].src);
+        for (int k = 0; k < 6 && cases[i].yes[k]; k++)
+            if (!match(g, cases[i].yes[k], strlen(cases[i].yes[k])))
+                fail_msg("case %zu: '%s' rejected", i, cases[i].yes[k]);
+        for (int k = 0; k < 6 && cases[i].no[k]; k++)
+            if (match(g, cases[i].no[k], strlen(cases[i].no[k])))
+                fail_msg("case %zu: '%s' accepted", i, cases[i].no[k]);
+        gram_free(g);
+    }
+}
+
+/* ---- llama.cpp's cases --------------------------------------------------------- */
+
+static const char *data_dir(void)
+{
+    const char *d = getenv("KEEL_TESTDATA");
+    return d ? d : "tests/data";
+}
+
+static void test_llamacpp_cases(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/grammar/llamacpp_grammar_cases.json", data_dir());
+    json_error_t je;
+    json_t *doc = json_load_file(path, 0, &je);
+    if (!doc) fail_msg("%s: %s", path, je.text);
+    json_t *cases = json_object_get(doc, "cases"), *c;
+    size_t i;
+    int n_text = 0, n_tok = 0;
+    json_array_foreach(cases, i, c) {
+        const char *src = json_string_value(json_object_get(c, "grammar"));
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        keel_status st = gram_compile(src, strlen(src), &g, err);
+        if (json_is_true(json_object_get(c, "tokens"))) {
+            /* token references: refused, named */
+            assert_int_equal(st, KEEL_EUNSUPPORTED);
+            assert_non_null(strstr(err, "token references"));
+            n_tok++;
+            continue;
+        }
+        if (st) fail_msg("%s: %s", json_string_value(json_object_get(c, "desc")), err);
+        for (int pass = 1; pass >= 0; pass--) {
+            json_t *texts = json_object_get(c, pass ? "pass" : "fail"), *t;
+            size_t k;
+            json_array_foreach(texts, k, t) {
+                bool ok = match(g, json_string_value(t), json_string_length(t));
+                if (ok != (pass == 1))
+                    fail_msg("%s: '%s' should be %s", json_string_value(json_object_get(c, "desc")),
+                             json_string_value(t), pass ? "accepted" : "rejected");
+                n_text++;
+            }
+        }
+        gram_free(g);
+    }
+    json_t *refused = json_object_get(doc, "refused");
+    json_array_foreach(refused, i, c) {
+        const char *src = json_string_value(json_object_get(c, "grammar"));
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        keel_status st = gram_compile(src, strlen(src), &g, err);
+        if (st != KEEL_EFORMAT && st != KEEL_EUNSUPPORTED)
+            fail_msg("%s: compiled (%s)", json_string_value(json_object_get(c, "desc")), keel_status_name(st));
+    }
+    json_t *files = json_object_get(doc, "grammar_files");
+    json_array_foreach(files, i, c) {
+        snprintf(path, sizeof path, "%s/grammar/grammars/%s", data_dir(), json_string_value(c));
+        size_t n = 0;
+        char *src = test_read_file(path, &n);
+        assert_non_null(src);
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        if (gram_compile(src, n, &g, err) != KEEL_OK) fail_msg("%s: %s", path, err);
+        gram_free(g);
+        free(src);
+    }
+    assert_true(n_text >= 100);
+    assert_int_equal(n_tok, 2);
+    assert_true(json_array_size(files) >= 8);
+    assert_true(json_array_size(refused) >= 6);
+    json_decref(doc);
+}
+
+/* ---- token masks ------------------------------------------------------------------ */
+
+#define NV 700
+
+typedef struct tvocab {
+    uint8_t *piece[NV];
+    size_t len[NV];
+    int32_t eog[2];
+} tvocab;
+
+/* Single bytes (0x00..0xff), slices of a sample cut at any byte (pieces
+ * that start or end inside a UTF-8 character), empty pieces (control
+ * tokens) and two end-of-generation tokens. */
+static void make_vocab(tvocab *tv, gram_vocab **v)
+{
+    static const char *sample =
+        "{\"name\": \"Zoë\", \"tags\": [\"日本語\", \"ok\"], \"n\": -12.5e+3, \"t\": true, \"x\": null}\n"
+        "1 + 2 * (3 - 4) / 5; e4 e5 Nf3 O-O 🔵🟠 — \\\"esc\\\\\\n\" [1,2,3] ä ö ü ß ç ñ "
+        "- item one\n- item two\n";
+    base_rng r;
+    base_rng_seed(&r, 99);
+    size_t n = strlen(sample);
+    for (int i = 0; i < NV; i++) {
+        size_t len, off = 0;
+        if (i < 256) {
+            len = 1;
+        } else if (i < 260) {
+            len = 0;
+        } else {
+            len = 2 + (size_t)base_rng_below(&r, 7);
+            off = (size_t)base_rng_below(&r, n - len);
+        }
+        tv->len[i] = len;
+        tv->piece[i] = len ? malloc(len) : NULL;
+        if (i < 256)
+            tv->piece[i][0] = (uint8_t)i;
+        else if (len)
+            memcpy(tv->piece[i], sample + off, len);
+    }
+    tv->eog[0] = 257;
+    tv->eog[1] = 259;
+    char err[BASE_ERR_CAP] = "";
+    if (gram_vocab_build(NV, (const uint8_t *const *)tv->piece, tv->len, tv->eog, 2, v, err)) fail_msg("%s", err);
+}
+
+static void free_vocab(tvocab *tv)
+{
+    for (int i = 0; i < NV; i++) free(tv->piece[i]);
+}
+
+/* A random walk through the grammar's tokens; at each step the mask must
+ * equal a brute force: token t is allowed iff the text so far followed by
+ * its piece is a viable prefix (an end-of-generation token iff the text is
+ * complete). */
+static void walk(const gram *g, const gram_vocab *v, const tvocab *tv, uint64_t seed, int steps)
+{
+    gram_matcher *m = NULL, *ref = NULL;
+    char err[BASE_ERR_CAP] = "";
+    assert_ok(gram_matcher_open(g, v, NULL, &m, err));
+    assert_ok(gram_matcher_open(g, NULL, NULL, &ref, err));
+    uint8_t text[4096];
+    size_t n_text = 0;
+    uint64_t mask[(NV + 63) / 64];
+    base_rng r;
+    base_rng_seed(&r, seed);
+    for (int s = 0; s < steps; s++) {
+        assert_ok(gram_matcher_mask(m, mask));
+        int32_t allowed[NV], n_allowed = 0;
+        for (int32_t t = 0; t < NV; t++) {
+            bool bit = (mask[t / 64] >> (t % 64)) & 1u, want;
+            if (t == 257 || t == 259) {
+                want = gram_matcher_complete(m);
+            } else if (tv->len[t] == 0) {
+                want = false;
+            } else {
+                assert_ok(gram_matcher_reset(ref));
+                assert_ok(gram_matcher_accept_bytes(ref, text, n_text, NULL));
+                keel_status st = gram_matcher_accept_bytes(ref, tv->piece[t], tv->len[t], NULL);
+                if (st != KEEL_OK && st != KEEL_EINVAL) fail_msg("ref: %s", gram_matcher_error(ref));
+                want = st == KEEL_OK;
+            }
+            if (bit != want)
+                fail_msg("step %d after '%.*s': token %d ('%.*s') mask %d, brute force %d", s, (int)n_text, text, t,
+                         (int)tv->len[t], tv->piece[t], bit, want);
+            if (bit) allowed[n_allowed++] = t;
+        }
+        if (n_allowed == 0) {
+            assert_true(gram_matcher_done(m) == false || gram_matcher_complete(m));
+            break;
+        }
+        int32_t t = allowed[base_rng_below(&r, (uint64_t)n_allowed)];
+        assert_ok(gram_matcher_accept_token(m, t));
+        if (t == 257 || t == 259) {
+            assert_true(match(g, (const char *)text, n_text));
+            assert_status(gram_matcher_accept_token(m, 'a'), KEEL_EINVAL);
+            break;
+        }
+        assert_true(n_text + tv->len[t] <= sizeof text);
+        memcpy(text + n_text, tv->piece[t], tv->len[t]);
+        n_text += tv->len[t];
+    }
+    /* a token the state does not allow leaves it unchanged */
+    gram_matcher_close(m);
+    gram_matcher_close(ref);
+}
+
+static char *read_data_grammar(const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/grammar/grammars/%s", data_dir(), name);
+    size_t n = 0;
+    char *s = test_read_file(path, &n);
+    if (!s) fail_msg("cannot read %s", path);
+    char *z = malloc(n + 1);
+    assert_non_null(z);
+    memcpy(z, s, n);
+    z[n] = 0;
+    free(s);
+    return z;
+}
+
+static void test_masks(void **state)
+{
+    (void)state;
+    tvocab tv;
+    gram_vocab *v = NULL;
+    make_vocab(&tv, &v);
+    const char *files[] = {"json.gbnf", "arithmetic.gbnf", "list.gbnf", "chess.gbnf", "japanese.gbnf"};
+    for (size_t f = 0; f < BASE_ARRAY_LEN(files); f++) {
+        char *src = read_data_grammar(files[f]);
+        gram *g = compile_ok(src);
+        for (uint64_t seed = 1; seed <= 4; seed++) walk(g, v, &tv, seed * 31 + f, 40);
+        gram_free(g);
+        free(src);
+    }
+    static const char *inline_grammars[] = {
+        "root ::= [α-ω]+ \"é\"? ([^a-z]{2,3})* \"\\n\"",
+        "root ::= (\"ab\" | \"a\" \"b\" \"c\" | [a-c]{2})+ \"!\"?",
+        "root ::= \"日本\" [^\\x00-\\x7f]{0,4} \"語\"",
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(inline_grammars); i++) {
+        gram *g = compile_ok(inline_grammars[i]);
+        for (uint64_t seed = 1; seed <= 6; seed++) walk(g, v, &tv, seed * 7 + i, 30);
+        gram_free(g);
+    }
+    /* an end-of-generation token before the end and an unknown id are refused */
+    gram *g = compile_ok("root ::= \"ab\"");
+    gram_matcher *m = NULL;
+    assert_ok(gram_matcher_open(g, v, NULL, &m, NULL));
+    uint64_t first[(NV + 63) / 64];
+    assert_ok(gram_matcher_mask(m, first));
+    assert_status(gram_matcher_accept_token(m, 257), KEEL_EINVAL);
+    assert_status(gram_matcher_accept_token(m, NV), KEEL_EINVAL);
+    assert_status(gram_matcher_accept_token(m, 'b'), KEEL_EINVAL);
+    assert_ok(gram_matcher_accept_token(m, 'a'));
+    assert_false(gram_matcher_complete(m));
+    assert_ok(gram_matcher_accept_token(m, 'b'));
+    assert_true(gram_matcher_done(m));
+    float logits[NV];
+    for (int i = 0; i < NV; i++) logits[i] = 1.0f;
+    assert_ok(gram_matcher_apply(m, logits));
+    for (int i = 0; i < NV; i++) assert_true((logits[i] == 1.0f) == (i == 257 || i == 259));
+    gram_stats gs;
+    gram_matcher_stats(m, &gs);
+    assert_true(gs.mask_misses >= 1);
+    gram_matcher_close(m);
+    gram_free(g);
+    gram_vocab_free(v);
+    free_vocab(&tv);
+}
+
+/* ---- bounds -------------------------------------------------------------------------- */
+
+static void test_limits(void **state)
+{
+    (void)state;
+    /* many stacks in one state: refused past max_set, state unchanged */
+    gram *g = compile_ok("root ::= \"a\" (x | y | z | w)\nx ::= \"b\"\ny ::= \"c\"\nz ::= \"d\"\nw ::= \"e\"");
+    gram_limits lim = gram_limits_default();
+    lim.max_set = 3;
+    gram_matcher *m = NULL;
+    char err[BASE_ERR_CAP] = "";
+    assert_ok(gram_matcher_open(g, NULL, &lim, &m, err));
+    assert_status(gram_matcher_accept_bytes(m, (const uint8_t *)"a", 1, NULL), KEEL_ERANGE);
+    assert_non_null(strstr(gram_matcher_error(m), "stacks in one state"));
+    assert_ok(gram_matcher_accept_bytes(m, (const uint8_t *)"", 0, NULL));
+    assert_false(gram_matcher_complete(m));
+    gram_matcher_close(m);
+    gram_free(g);
+    /* deep nesting: distinct stacks capped */
+    g = compile_ok("root ::= \"(\" root \")\" | \"x\"");
+    lim = gram_limits_default();
+    lim.max_nodes = 200;
+    assert_ok(gram_matcher_open(g, NULL, &lim, &m, err));
+    char deep[400];
+    memset(deep, '(', sizeof deep);
+    assert_status(gram_matcher_accept_bytes(m, (const uint8_t *)deep, sizeof deep, NULL), KEEL_ERANGE);
+    assert_non_null(strstr(gram_matcher_error(m), "parser stacks"));
+    gram_matcher_close(m);
+    gram_free(g);
+    /* a repetition whose expansion is too large is refused at compile time */
+    const char *big = "root ::= \"abcdefghij\"{100000} \"abcdefghij\"{100000} \"abcdefghij\"{100000} "
+                      "\"abcdefghij\"{100000} \"abcdefghij\"{100000}";
+    assert_status(gram_compile(big, strlen(big), &g, err), KEEL_ERANGE);
+}
+
+/* ---- allocation failures ---------------------------------------------------------------- */
+
+static keel_status compile_json_op(void *ctx)
+{
+    const char *src = ctx;
+    gram *g = NULL;
+    keel_status st = gram_compile(src, strlen(src), &g, NULL);
+    if (st) return st;
+    gram_matcher *m = NULL;
+    st = gram_matcher_open(g, NULL, NULL, &m, NULL);
+    const char *text = "{\"a\": [1, \"é\"]}";
+    if (!st) st = gram_matcher_accept_bytes(m, (const uint8_t *)text, strlen(text), NULL);
+    gram_matcher_close(m);
+    gram_free(g);
+    return st;
+}
+
+static void test_alloc_failures(void **state)
+{
+    (void)state;
+    char *src = read_data_grammar("json.gbnf");
+    assert_true(test_alloc_sweep(compile_json_op, src) > 10);
+    free(src);
+}
+
+/* ---- JSON Schema ------------------------------------------------------------------------ */
+
+static void test_schema(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema, *yes[6], *no[6];
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":5},"
+         "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",3]},"
+         "\"minItems\":1,\"maxItems\":2},\"x\":{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"boolean\"}]}},"
+         "\"required\":[\"name\",\"tags\"],\"additionalProperties\":false}",
+         {"{\"name\":\"bob\",\"tags\":[\"a\"]}", "{\"name\":\"bob\",\"age\":-3,\"tags\":[\"a\",3],\"x\":null}",
+          "{ \"name\" : \"\\u00e9\" , \"tags\" : [ 3 ] }", "{\"name\":\"日本\",\"tags\":[\"b\"],\"x\":true}"},
+         {"{\"name\":\"\",\"tags\":[\"a\"]}", "{\"name\":\"bob\",\"tags\":[]}", "{\"tags\":[\"a\"],\"name\":\"bob\"}",
+          "{\"name\":\"bob\",\"tags\":[\"a\"],\"z\":1}", "{\"name\":\"bobbie\",\"tags\":[\"a\"]}",
+          "{\"name\":\"b\",\"tags\":[\"a\",\"a\",\"a\"]}"}},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"const\":1}}}",
+         {"{}", "{\"a\":1}", "{\"a\":1,\"zz\":[true]}", "{\"q\":{}}"}, {"{\"a\":2}", "[]", "{\"a\":1,}"}},
+        {"{\"type\":[\"integer\",\"null\"]}", {"0", "-12", "null"}, {"1.5", "01", "\"1\"", "-"}},
+        {"{\"type\":\"number\"}", {"0", "-1.5e+3", "2E7", "0.25"}, {".5", "1.", "+1", "1e"}},
+        {"true", {"{\"a\":[1,{}]}", "\"x\"", "null", "-0.5"}, {"", "{", "nul"}},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":1},\"maxItems\":0}", {"[]", "[ ]"}, {"[\"\"]"}},
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"null\"},\"b\":{\"type\":\"null\"},\"é\":{\"type\":\"null\"}}}",
+         {"{\"a\":1}", "{\"abc\":1,\"\":2}", "{\"ab\":null,\"b\":null,\"éé\":3}", "{\"\\u00e9x\":1}"},
+         {"{\"ab\":1}", "{\"b\":null,\"ab\":null}", "{\"b\":null,\"b\":1}", "{\"é\":1}", "{\"x\":1,\"ab\":null}"}},
+        {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}",
+         {"{}", "{\"k\":true,\"j\":false}"}, {"{\"k\":1}"}},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        if (gram_compile_schema(cases[i].schema, strlen(cases[i].schema), &g, err))
+            fail_msg("schema %zu: %s", i, err);
+        for (int k = 0; k < 6 && cases[i].yes[k]; k++)
+            if (!match(g, cases[i].yes[k], strlen(cases[i].yes[k])))
+                fail_msg("schema %zu: '%s' rejected", i, cases[i].yes[k]);
+        for (int k = 0; k < 6 && cases[i].no[k]; k++)
+            if (match(g, cases[i].no[k], strlen(cases[i].no[k])))
+                fail_msg("schema %zu: '%s' accepted", i, cases[i].no[k]);
+        gram_free(g);
+    }
+    static const struct {
+        const char *schema;
+        keel_status st;
+        const char *msg;
+    } bad[] = {
+        {"{\"type\":\"string\",\"pattern\":\"a+\"}", KEEL_EUNSUPPORTED, "keyword 'pattern' is not supported at /"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}", KEEL_EUNSUPPORTED,
+         "keyword 'minimum' is not supported at /properties/a"},
+        {"{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/x\"}]}", KEEL_EUNSUPPORTED, "keyword '$ref' is not supported at /anyOf/1"},
+        {"{\"properties\":{}}", KEEL_EUNSUPPORTED, "without 'type'"},
+        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", KEEL_EUNSUPPORTED, "'required' name"},
+        {"false", KEEL_EUNSUPPORTED, "nothing is valid"},
+        {"{\"type\":\"decimal\"}", KEEL_EUNSUPPORTED, "unknown 'type'"},
+        {"{\"type\":", KEEL_EFORMAT, "not JSON"},
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(bad); i++) {
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        keel_status st = gram_compile_schema(bad[i].schema, strlen(bad[i].schema), &g, err);
+        if (st != bad[i].st || !strstr(err, bad[i].msg))
+            fail_msg("bad schema %zu: got %s '%s', want %s '%s'", i, keel_status_name(st), err,
+                     keel_status_name(bad[i].st), bad[i].msg);
+    }
+}
+
+/* ---- sampling through the engine --------------------------------------------------------- */
+
+static char g_model[64];
+
+static const char *SAMPLE_GRAMMAR =
+    "root ::= \"{\" ws \"\\\"id\\\":\" ws num \",\" ws \"\\\"tags\\\":\" ws \"[\" ( str (\",\" ws str){0,2} )? \"]\" ws \"}\"\n"
+    "num ::= \"-\"? [1-9] [0-9]{0,4}\n"
+    "str ::= \"\\\"\" [a-zé日 ]{0,8} \"\\\"\"\n"
+    "ws ::= \" \"?\n";
+
+static void test_sampling(void **state)
+{
+    (void)state;
+    if (!test_gen_qwen2(g_model, sizeof g_model, "grammar", 1, 5)) fail_msg("gen model");
+    char opts[256], err[256] = "";
+    snprintf(opts, sizeof opts, "{\"model\": \"%s\", \"n_threads\": 1, \"n_ctx\": 512}", g_model);
+    keel_engine *e = NULL;
+    assert_ok(keel_engine_open(opts, &e, err));
+    keel_grammar *kg = NULL;
+    assert_ok(keel_grammar_compile(SAMPLE_GRAMMAR, strlen(SAMPLE_GRAMMAR), &kg, err));
+    static char resp[1 << 16];
+    for (int i = 0; i < 24; i++) {
+        json_t *o = json_pack("{s:s, s:s, s:f, s:i, s:i}", "prompt", "The little dog", "grammar", SAMPLE_GRAMMAR,
+                              "temperature", i == 0 ? 0.0 : 1.0, "seed", 100 + i, "max_tokens", 300);
+        char *os = json_dumps(o, JSON_COMPACT);
+        keel_status st = keel_complete(e, NULL, os, NULL, NULL, NULL, resp, sizeof resp);
+        if (st) fail_msg("complete: %s: %s", keel_status_name(st), keel_engine_last_error(e));
+        json_t *r = json_loads(resp, JSON_ALLOW_NUL, NULL);
+        assert_non_null(r);
+        const char *fin = json_string_value(json_object_get(r, "finish_reason"));
+        json_t *content = json_object_get(r, "content");
+        if (!fin || strcmp(fin, "stop") != 0) fail_msg("seed %d: finish %s: %s", i, fin ? fin : "?", resp);
+        bool ok = false;
+        assert_ok(keel_grammar_match(kg, json_string_value(content), json_string_length(content), &ok, err));
+        if (!ok) fail_msg("seed %d: output is not a sentence of the grammar: %s", i, json_string_value(content));
+        json_decref(r);
+        free(os);
+        json_decref(o);
+    }
+    /* response_format json_schema: every answer is a complete instance */
+    static const char *SCHEMA =
+        "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"n\":{\"enum\":[1,2,3]},"
+        "\"w\":{\"type\":\"string\",\"maxLength\":6}},\"required\":[\"ok\",\"w\"],\"additionalProperties\":false}";
+    keel_grammar *ks = NULL;
+    assert_ok(keel_grammar_compile_schema(SCHEMA, strlen(SCHEMA), &ks, err));
+    json_t *schema = json_loads(SCHEMA, 0, NULL);
+    assert_non_null(schema);
+    for (int i = 0; i < 12; i++) {
+        json_t *o = json_pack("{s:s, s:{s:s, s:{s:O}}, s:f, s:i, s:i}", "prompt", "The little dog", "response_format",
+                              "type", "json_schema", "json_schema", "schema", schema, "temperature", 1.0, "seed", 7 + i,
+                              "max_tokens", 200);
+        char *os = json_dumps(o, JSON_COMPACT);
+        keel_status st = keel_complete(e, NULL, os, NULL, NULL, NULL, resp, sizeof resp);
+        if (st) fail_msg("complete: %s: %s", keel_status_name(st), keel_engine_last_error(e));
+        json_t *r = json_loads(resp, JSON_ALLOW_NUL, NULL);
+        assert_non_null(r);
+        json_t *content = json_object_get(r, "content");
+        const char *fin = json_string_value(json_object_get(r, "finish_reason"));
+        if (!fin || strcmp(fin, "stop") != 0) fail_msg("schema seed %d: finish %s: %s", i, fin ? fin : "?", resp);
+        bool ok = false;
+        assert_ok(keel_grammar_match(ks, json_string_value(content), json_string_length(content), &ok, err));
+        if (!ok) fail_msg("schema seed %d: not an instance: %s", i, json_string_value(content));
+        /* and an independent check of the instance */
+        json_t *inst = json_loads(json_string_value(content), JSON_DECODE_ANY, NULL);
+        if (!json_is_object(inst) || !json_is_boolean(json_object_get(inst, "ok")) ||
+            !json_is_string(json_object_get(inst, "w")))
+            fail_msg("schema seed %d: %s", i, json_string_value(content));
+        json_decref(inst);
+        json_decref(r);
+        free(os);
+        json_decref(o);
+    }
+    json_decref(schema);
+    keel_grammar_close(ks);
+    /* a schema keyword the compiler does not translate is a named KEEL_EINVAL */
+    keel_status st0 = keel_complete(e, NULL,
+                                    "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+                                    "{\"schema\": {\"type\": \"string\", \"pattern\": \"a\"}}}}",
+                                    NULL, NULL, NULL, resp, sizeof resp);
+    assert_int_equal(st0, KEEL_EINVAL);
+    assert_non_null(strstr(keel_engine_last_error(e), "keyword 'pattern' is not supported"));
+    /* a grammar the engine refuses is a named KEEL_EINVAL */
+    keel_status st = keel_complete(e, NULL, "{\"prompt\": \"x\", \"grammar\": \"root ::= root \\\"a\\\" | \\\"b\\\"\"}", NULL,
+                                   NULL, NULL, resp, sizeof resp);
+    assert_int_equal(st, KEEL_EINVAL);
+    assert_non_null(strstr(keel_engine_last_error(e), "grammar: grammar: left recursion"));
+    keel_grammar_close(kg);
+    keel_engine_close(e);
+    unlink(g_model);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),      cmocka_unit_test(test_accept_reject), cmocka_unit_test(test_llamacpp_cases),
+        cmocka_unit_test(test_masks),       cmocka_unit_test(test_limits),        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_schema),      cmocka_unit_test(test_sampling),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
