@@ -457,12 +457,30 @@ static void matmul_task_dot(void *vctx, int64_t task, int thread)
     }
 }
 
+/* Whether OpenBLAS runs kernels that use the CPU's AVX2 / AVX-512 (not its
+ * generic fallback: keel_blas_coretype_advice). */
+static pthread_once_t g_blas_fit_once = PTHREAD_ONCE_INIT;
+static bool g_blas_fit;
+
+static void blas_fit_init(void)
+{
+    g_blas_fit = keel_blas_coretype_advice() == NULL;
+}
+
 /* Smallest batch at which dequantize + sgemm beat the dot tiles, measured
- * on 4096 x 4096 weights with 2 threads (docs/kernels.md); types not
- * measured take their closest relative's value. q2_K/q3_K dequantize in
- * scalar code only, so their dot tiles win at every batch measured. */
+ * with `keel bench kernels --gemm` (4096 x 4096 weights, 2 threads;
+ * docs/kernels.md). With OpenBLAS's generic SSE3 kernels (a CPU it does not
+ * know) sgemm ran at 31 GFLOP/s and the thresholds are the first column;
+ * with its AVX2 (Haswell) or AVX-512 (SkylakeX) kernels sgemm is 3-7x
+ * faster and wins from the second: q8_0 at 16 tokens 67 vs 59 GFLOP/s
+ * (AVX-512; AVX2 60 vs 52), q4_K at 32 118 vs 106 (AVX2 74 vs 73), which
+ * is what a MoE expert's share of a 512-token batch is. Types not measured
+ * take their closest relative's value. q2_K/q3_K dequantize in scalar code
+ * only, so their dot tiles win at every batch measured. */
 static int64_t matmul_sgemm_from(keel_dtype t)
 {
+    pthread_once(&g_blas_fit_once, blas_fit_init);
+    bool fit = g_blas_fit;
     switch (t) {
     case KEEL_DTYPE_F32:
         return 8;
@@ -470,7 +488,7 @@ static int64_t matmul_sgemm_from(keel_dtype t)
     case KEEL_DTYPE_BF16:
         return 16;
     case KEEL_DTYPE_Q8_0:
-        return 32;
+        return fit ? 16 : 32;
     case KEEL_DTYPE_Q4_0:
     case KEEL_DTYPE_Q4_1:
     case KEEL_DTYPE_Q5_0:
@@ -478,7 +496,7 @@ static int64_t matmul_sgemm_from(keel_dtype t)
         return 16;
     case KEEL_DTYPE_Q4_K:
     case KEEL_DTYPE_Q5_K:
-        return 64;
+        return fit ? 32 : 64;
     case KEEL_DTYPE_Q6_K:
         return 32;
     case KEEL_DTYPE_Q2_K:
