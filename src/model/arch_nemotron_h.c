@@ -134,15 +134,6 @@ keel_status arch_nemotron_h_layer(model_loader *l, const model_hp *hp, int32_t i
         return KEEL_OK;
     }
     /* Mamba2, as the mamba2 architecture binds it */
-    int64_t C = model_mamba2_conv_channels(hp), D = hp->ssm_d_inner, H = hp->ssm_dt_rank;
     L->mixer = MODEL_MIXER_MAMBA2;
-    BIND_MAT(ssm_in, "ssm_in", true, E, D + C + H);
-    BIND_VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
-    BIND_VECN(ssm_conv_b, "ssm_conv1d.bias", true, C, C);
-    BIND_VECN(ssm_dt_b, "ssm_dt.bias", true, 0, H);
-    BIND_VECN(ssm_a, "ssm_a", true, 0, H);
-    BIND_VECN(ssm_d, "ssm_d", true, 0, H);
-    BIND_VECN(ssm_norm, "ssm_norm.weight", true, D / hp->ssm_n_group, D);
-    BIND_MAT(ssm_out, "ssm_out", true, D, E);
-    return KEEL_OK;
+    return model_bind_mamba2(l, hp, i, L);
 }

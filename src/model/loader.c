@@ -118,8 +118,10 @@ keel_status model_key_float_in(model_loader *l, const char *suffix, double def, 
 
 /* ---- tensors ------------------------------------------------------------- */
 
-keel_status model_get_mat(model_loader *l, const char *name, bool required, int64_t n_cols,
-                           int64_t n_rows, model_mat *out)
+/* A weight of n_exp (0: a plain matrix) matrices of n_rows x n_cols:
+ * shape, dtype, then the view. */
+static keel_status get_weight(model_loader *l, const char *name, bool required, int64_t n_cols,
+                              int64_t n_rows, int64_t n_exp, model_mat *out)
 {
     memset(out, 0, sizeof *out);
     const gguf_tensor *t = gguf_find_tensor(l->g, name);
@@ -127,7 +129,14 @@ keel_status model_get_mat(model_loader *l, const char *name, bool required, int6
         if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
         return KEEL_OK;
     }
-    if (t->n_dims != 2 || t->ne[0] != n_cols || t->ne[1] != n_rows)
+    bool ok = t->ne[0] == n_cols && t->ne[1] == n_rows &&
+              (n_exp > 0 ? t->n_dims == 3 && t->ne[2] == n_exp : t->n_dims == 2);
+    if (!ok && n_exp > 0)
+        return base_err(l->err, KEEL_EFORMAT,
+                        "tensor %s: shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld, %lld]",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        t->n_dims, (long long)n_cols, (long long)n_rows, (long long)n_exp);
+    if (!ok)
         return base_err(l->err, KEEL_EFORMAT,
                         "tensor %s: shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld]",
                         name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
@@ -142,7 +151,15 @@ keel_status model_get_mat(model_loader *l, const char *name, bool required, int6
     out->n_cols = n_cols;
     out->n_rows = n_rows;
     out->nbytes = t->nbytes;
+    out->n_expert = n_exp;
+    out->expert_bytes = n_exp > 0 ? t->nbytes / (size_t)n_exp : 0;
     return KEEL_OK;
+}
+
+keel_status model_get_mat(model_loader *l, const char *name, bool required, int64_t n_cols,
+                          int64_t n_rows, model_mat *out)
+{
+    return get_weight(l, name, required, n_cols, n_rows, 0, out);
 }
 
 /* Converts tensor t of n elements (already shape-checked) to f32 in the
@@ -217,30 +234,7 @@ keel_status model_get_vec_n(model_loader *l, const char *name, bool required, in
 keel_status model_get_mat3(model_loader *l, const char *name, bool required, int64_t n_cols,
                             int64_t n_rows, int64_t n_exp, model_mat *out)
 {
-    memset(out, 0, sizeof *out);
-    const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
-    if (t->n_dims != 3 || t->ne[0] != n_cols || t->ne[1] != n_rows || t->ne[2] != n_exp)
-        return base_err(l->err, KEEL_EFORMAT,
-                        "tensor %s: shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld, %lld]",
-                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                        t->n_dims, (long long)n_cols, (long long)n_rows, (long long)n_exp);
-    if (!weight_dtype_ok(t->dtype))
-        return base_err(l->err, KEEL_EUNSUPPORTED, "tensor %s: dtype %s (id %d) is not supported",
-                        name, keel_dtype_name(t->dtype) ? keel_dtype_name(t->dtype) : "unknown",
-                        (int)t->dtype);
-    mark_used(l, t);
-    out->data = t->data;
-    out->dtype = t->dtype;
-    out->n_cols = n_cols;
-    out->n_rows = n_rows;
-    out->nbytes = t->nbytes;
-    out->n_expert = n_exp;
-    out->expert_bytes = t->nbytes / (size_t)n_exp;
-    return KEEL_OK;
+    return get_weight(l, name, required, n_cols, n_rows, n_exp, out);
 }
 
 /* Rows [row0, row0 + n_rows) of a fused matrix (phi3's attn_qkv, ffn_up):

@@ -65,6 +65,9 @@ keel_status model_moe_bind_layer(model_loader *l, const model_hp *hp, int32_t i,
 
 /* ---- architectures bound in files of their own ------------------------- */
 
+/* A Mamba2 mixer's tensors of layer i (mamba2, nemotron_h's Mamba2 layers). */
+keel_status model_bind_mamba2(model_loader *l, const model_hp *hp, int32_t i, model_layer *L);
+
 /* nemotron_h (arch_nemotron_h.c): the per-layer counts (n_ff the widest
  * MLP, the attention layers' one n_head / n_head_kv, 0 without attention)
  * in place of the scalar keys; the rest of its keys after the common ones

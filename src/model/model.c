@@ -87,6 +87,23 @@ static bool arch_gdn(model_arch a)
     return a == MODEL_ARCH_QWEN35 || a == MODEL_ARCH_QWEN3NEXT;
 }
 
+keel_status model_bind_mamba2(model_loader *l, const model_hp *hp, int32_t i, model_layer *L)
+{
+    char name[160];
+    keel_status st;
+    int64_t E = hp->n_embd;
+    int64_t C = model_mamba2_conv_channels(hp), D = hp->ssm_d_inner, H = hp->ssm_dt_rank;
+    BIND_MAT(ssm_in, "ssm_in", true, E, D + C + H);
+    BIND_VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
+    BIND_VECN(ssm_conv_b, "ssm_conv1d.bias", true, C, C);
+    BIND_VECN(ssm_dt_b, "ssm_dt.bias", true, 0, H);
+    BIND_VECN(ssm_a, "ssm_a", true, 0, H);
+    BIND_VECN(ssm_d, "ssm_d", true, 0, H);
+    BIND_VECN(ssm_norm, "ssm_norm.weight", true, D / hp->ssm_n_group, D);
+    BIND_MAT(ssm_out, "ssm_out", true, D, E);
+    return KEEL_OK;
+}
+
 static keel_status bind_tensors(model_loader *l, model_w *w)
 {
     const model_hp *hp = &w->hp;
@@ -193,15 +210,7 @@ static keel_status bind_tensors(model_loader *l, model_w *w)
             BIND_VECN(ssm_norm, "ssm_norm.weight", true, hp->ssm_d_state, hp->ssm_d_state);
             BIND_MAT(ssm_out, "ssm_out", true, VI, E);
         } else {
-            int64_t C = model_mamba2_conv_channels(hp), D = hp->ssm_d_inner, H = hp->ssm_dt_rank;
-            BIND_MAT(ssm_in, "ssm_in", true, E, D + C + H);
-            BIND_VECN(ssm_conv, "ssm_conv1d.weight", true, hp->ssm_conv_kernel, C * hp->ssm_conv_kernel);
-            BIND_VECN(ssm_conv_b, "ssm_conv1d.bias", true, C, C);
-            BIND_VECN(ssm_dt_b, "ssm_dt.bias", true, 0, H);
-            BIND_VECN(ssm_a, "ssm_a", true, 0, H);
-            BIND_VECN(ssm_d, "ssm_d", true, 0, H);
-            BIND_VECN(ssm_norm, "ssm_norm.weight", true, D / hp->ssm_n_group, D);
-            BIND_MAT(ssm_out, "ssm_out", true, D, E);
+            if ((st = model_bind_mamba2(l, hp, i, L)) != KEEL_OK) return st;
         }
         if (arch_gemma(a)) {
             BIND_VEC(post_attn_norm, "post_attention_norm", "weight", true, E);
