@@ -444,6 +444,18 @@ static void test_schema(void **state)
          {"{\"ab\":1}", "{\"b\":null,\"ab\":null}", "{\"b\":null,\"b\":1}", "{\"é\":1}", "{\"x\":1,\"ab\":null}"}},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}",
          {"{}", "{\"k\":true,\"j\":false}"}, {"{\"k\":1}"}},
+        /* $ref: a recursive list through "#", shared $defs, an escaped pointer */
+        {"{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":{\"anyOf\":[{\"$ref\":\"#\"},"
+         "{\"type\":\"null\"}]}},\"required\":[\"v\"],\"additionalProperties\":false}",
+         {"{\"v\":1}", "{\"v\":1,\"next\":{\"v\":2,\"next\":null}}", "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3}}}"},
+         {"{\"v\":1,\"next\":{\"next\":null}}", "{\"v\":1,\"next\":1}", "{\"v\":1,\"next\":{\"v\":2,\"w\":3}}"}},
+        {"{\"$defs\":{\"pt\":{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":2,\"maxItems\":2}},"
+         "\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/pt\"},\"b\":{\"$ref\":\"#/$defs/pt\",\"title\":\"B\"}},"
+         "\"required\":[\"a\",\"b\"]}",
+         {"{\"a\":[1,2],\"b\":[0,0.5]}"}, {"{\"a\":[1],\"b\":[1,2]}", "{\"a\":[1,2]}", "{\"a\":[1,2],\"b\":[\"x\",1]}"}},
+        {"{\"definitions\":{\"a/b\":{\"const\":\"x\"},\"c~d\":{\"enum\":[1,2]}},\"type\":\"array\","
+         "\"items\":{\"anyOf\":[{\"$ref\":\"#/definitions/a~1b\"},{\"$ref\":\"#/definitions/c~0d\"}]}}",
+         {"[]", "[\"x\",2,1]"}, {"[\"y\"]", "[3]"}},
     };
     for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
         gram *g = NULL;
@@ -466,7 +478,14 @@ static void test_schema(void **state)
         {"{\"type\":\"string\",\"pattern\":\"a+\"}", KEEL_EUNSUPPORTED, "keyword 'pattern' is not supported at /"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}", KEEL_EUNSUPPORTED,
          "keyword 'minimum' is not supported at /properties/a"},
-        {"{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/x\"}]}", KEEL_EUNSUPPORTED, "keyword '$ref' is not supported at /anyOf/1"},
+        {"{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/x\"}]}", KEEL_EUNSUPPORTED,
+         "a '$ref' that names nothing in the schema at /anyOf/1"},
+        {"{\"$ref\":\"other.json#/a\"}", KEEL_EUNSUPPORTED, "another document"},
+        {"{\"$ref\":\"#node\"}", KEEL_EUNSUPPORTED, "'$ref' to an anchor"},
+        {"{\"$ref\":\"#/$defs/a\",\"type\":\"string\",\"$defs\":{\"a\":{}}}", KEEL_EUNSUPPORTED,
+         "keyword 'type' beside '$ref' is not supported at /"},
+        {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
+         KEEL_EUNSUPPORTED, "a '$ref' cycle that never reaches a schema"},
         {"{\"properties\":{}}", KEEL_EUNSUPPORTED, "without 'type'"},
         {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", KEEL_EUNSUPPORTED, "'required' name"},
         {"false", KEEL_EUNSUPPORTED, "nothing is valid"},

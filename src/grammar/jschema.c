@@ -5,7 +5,11 @@
  *
  *   type (a name or a list), properties, required, additionalProperties
  *   (false, true, or a schema), items, minItems, maxItems, enum, const,
- *   minLength, maxLength, anyOf, true / {} (any value); annotations
+ *   minLength, maxLength, anyOf, true / {} (any value), local $ref
+ *   ("#", "#/$defs/name", any JSON pointer into the document: each target
+ *   becomes one rule, so recursive schemas are recursive rules; a target
+ *   reached again reuses its rule; $defs / definitions hold the targets);
+ *   annotations
  *   (title, description, default, examples, $comment, $schema, $id,
  *   format: an annotation in draft 2020-12) are ignored; every other
  *   keyword is refused (KEEL_EUNSUPPORTED "json schema: keyword 'pattern'
@@ -23,10 +27,12 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define JS_MAX_DEPTH 64
 #define JS_MAX_OUT (4u << 20)
+#define JS_MAX_REFS 256 /* distinct $ref targets in one schema */
 
 typedef struct jsb {
     char *d;
@@ -34,6 +40,10 @@ typedef struct jsb {
     uint32_t next_rule;
     char *err;
     keel_status st;
+    json_t *root;                     /* the document "#" names */
+    json_t *ref_target[JS_MAX_REFS];  /* $ref targets seen, and the rule of each */
+    uint32_t ref_rule[JS_MAX_REFS];
+    int n_refs;
 } jsb;
 
 static void put(jsb *b, const char *s, size_t n)
@@ -397,11 +407,116 @@ static void type_rule(jsb *b, json_t *s, const char *t, const char *where, int d
     else refuse(b, where, "an unknown 'type'");
 }
 
+/* The schema a local $ref names: "#" or "#/a/b" (a JSON pointer: ~1 is
+ * "/", ~0 is "~", %XX a byte), or NULL with the refusal set. */
+static json_t *resolve_ref(jsb *b, const char *ref, const char *where)
+{
+    if (ref[0] != '#') {
+        refuse(b, where, "'$ref' to another document is not supported (only local references, \"#...\")");
+        return NULL;
+    }
+    if (ref[1] != '\0' && ref[1] != '/') {
+        refuse(b, where, "'$ref' to an anchor is not supported (only JSON pointers, \"#/...\")");
+        return NULL;
+    }
+    json_t *cur = b->root;
+    const char *p = ref + 1;
+    while (*p == '/') {
+        char tok[256];
+        size_t n = 0;
+        for (p++; *p && *p != '/'; p++) {
+            int c = (unsigned char)*p;
+            if (c == '~' && (p[1] == '0' || p[1] == '1')) {
+                c = p[1] == '0' ? '~' : '/';
+                p++;
+            } else if (c == '%' && p[1] && p[2]) {
+                unsigned v = 0;
+                if (sscanf(p + 1, "%2x", &v) == 1) {
+                    c = (int)v;
+                    p += 2;
+                }
+            }
+            if (n + 1 >= sizeof tok) {
+                refuse(b, where, "a '$ref' pointer segment longer than 255 bytes");
+                return NULL;
+            }
+            tok[n++] = (char)c;
+        }
+        tok[n] = '\0';
+        json_t *next = NULL;
+        if (json_is_object(cur)) {
+            next = json_object_get(cur, tok);
+        } else if (json_is_array(cur)) {
+            char *end = NULL;
+            unsigned long k = strtoul(tok, &end, 10);
+            if (n > 0 && *end == '\0') next = json_array_get(cur, k);
+        }
+        if (!next) {
+            refuse(b, where, "a '$ref' that names nothing in the schema");
+            return NULL;
+        }
+        cur = next;
+    }
+    if (*p) {
+        refuse(b, where, "a malformed '$ref'");
+        return NULL;
+    }
+    return cur;
+}
+
+/* s holds "$ref" (and nothing but annotations and definitions beside it):
+ * rule id is the target's rule. A target is translated once, registered
+ * before it is, so a reference inside it (recursion) names the rule. */
+static keel_status ref_node(jsb *b, json_t *s, const char *where, int depth, uint32_t id)
+{
+    json_t *r = json_object_get(s, "$ref");
+    const char *k;
+    json_t *v;
+    json_object_foreach(s, k, v) {
+        if (strcmp(k, "$ref") == 0 || strcmp(k, "$defs") == 0 || strcmp(k, "definitions") == 0 ||
+            known_annotation(k))
+            continue;
+        char what[160];
+        snprintf(what, sizeof what, "keyword '%.64s' beside '$ref' is not supported", k);
+        return refuse(b, where, what);
+    }
+    if (!json_is_string(r)) return refuse(b, where, "'$ref' must be a string");
+    json_t *t = resolve_ref(b, json_string_value(r), where);
+    if (!t) return b->st;
+    /* a chain of references only, back to itself, is no schema */
+    json_t *seen[JS_MAX_REFS];
+    int n_seen = 0;
+    for (json_t *c = t; json_is_object(c) && json_object_get(c, "$ref");) {
+        for (int i = 0; i < n_seen; i++)
+            if (seen[i] == c) return refuse(b, where, "a '$ref' cycle that never reaches a schema");
+        if (n_seen == JS_MAX_REFS) return refuse(b, where, "a '$ref' chain longer than 256");
+        seen[n_seen++] = c;
+        json_t *cr = json_object_get(c, "$ref");
+        if (!json_is_string(cr)) break; /* refused when its node is built */
+        if (!(c = resolve_ref(b, json_string_value(cr), where))) return b->st;
+    }
+    for (int i = 0; i < b->n_refs; i++)
+        if (b->ref_target[i] == t) {
+            putf(b, "s%u ::= s%u\n", id, b->ref_rule[i]);
+            return b->st;
+        }
+    if (b->n_refs == JS_MAX_REFS) return refuse(b, where, "more than 256 distinct '$ref' targets");
+    b->ref_target[b->n_refs] = t;
+    b->ref_rule[b->n_refs++] = id;
+    char p[512];
+    snprintf(p, sizeof p, "%s", json_string_value(r));
+    uint32_t tid;
+    if (node(b, t, p, depth + 1, &tid)) return b->st;
+    putf(b, "s%u ::= s%u\n", id, tid);
+    return b->st;
+}
+
 static keel_status node(jsb *b, json_t *s, const char *where, int depth, uint32_t *id)
 {
     if (b->st) return b->st;
     if (depth > JS_MAX_DEPTH) return refuse(b, where, "schemas nested more than 64 deep");
     *id = b->next_rule++;
+    if (json_is_object(s) && json_object_get(s, "$ref")) return ref_node(b, s, where, depth, *id);
     if (json_is_true(s)) {
         putf(b, "s%u ::= value\n", *id);
         return b->st;
@@ -410,7 +525,7 @@ static keel_status node(jsb *b, json_t *s, const char *where, int depth, uint32_
     if (!json_is_object(s)) return refuse(b, where, "a schema must be an object or a boolean");
     static const char *const handled[] = {"type", "properties", "required", "additionalProperties", "items",
                                           "minItems", "maxItems", "enum", "const", "minLength", "maxLength",
-                                          "anyOf", NULL};
+                                          "anyOf", "$defs", "definitions", NULL};
     const char *k;
     json_t *v;
     json_object_foreach(s, k, v) {
@@ -519,6 +634,7 @@ keel_status gram_schema_gbnf(const char *schema, size_t len, char **gbnf, size_t
     memset(&b, 0, sizeof b);
     b.err = err;
     b.next_rule = 0;
+    b.root = s;
     puts_(&b, "root ::= s0\n");
     uint32_t root;
     node(&b, s, "", 0, &root);
