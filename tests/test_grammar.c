@@ -456,6 +456,15 @@ static void test_schema(void **state)
         {"{\"definitions\":{\"a/b\":{\"const\":\"x\"},\"c~d\":{\"enum\":[1,2]}},\"type\":\"array\","
          "\"items\":{\"anyOf\":[{\"$ref\":\"#/definitions/a~1b\"},{\"$ref\":\"#/definitions/c~0d\"}]}}",
          {"[]", "[\"x\",2,1]"}, {"[\"y\"]", "[3]"}},
+        /* prefixItems: a tuple, shorter ones valid, then items (false: no more) */
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],\"items\":false}",
+         {"[]", "[\"a\"]", "[\"a\",1]"}, {"[1]", "[\"a\",\"b\"]", "[\"a\",1,2]"}},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"const\":0},{\"const\":1}],\"items\":{\"type\":\"boolean\"},"
+         "\"minItems\":1,\"maxItems\":4}",
+         {"[0]", "[0,1]", "[0,1,true]", "[0,1,true,false]"}, {"[]", "[1]", "[0,true]", "[0,1,true,false,true]", "[0,1,2]"}},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"null\"}],\"minItems\":3}",
+         {"[null,1,\"x\"]", "[null,{},[],4]"}, {"[null,1]", "[1,2,3]"}},
+        {"{\"type\":\"array\",\"items\":false}", {"[]", "[ ]"}, {"[1]"}},
     };
     for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
         gram *g = NULL;
@@ -489,6 +498,9 @@ static void test_schema(void **state)
         {"{\"properties\":{}}", KEEL_EUNSUPPORTED, "without 'type'"},
         {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", KEEL_EUNSUPPORTED, "'required' name"},
         {"false", KEEL_EUNSUPPORTED, "nothing is valid"},
+        {"{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", KEEL_EUNSUPPORTED,
+         "'minItems' above the 'prefixItems' with 'items' false accepts nothing"},
+        {"{\"type\":\"array\",\"items\":[{}]}", KEEL_EUNSUPPORTED, "use prefixItems"},
         {"{\"type\":\"decimal\"}", KEEL_EUNSUPPORTED, "unknown 'type'"},
         {"{\"type\":", KEEL_EFORMAT, "not JSON"},
     };

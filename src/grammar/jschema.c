@@ -4,7 +4,8 @@
  * location (a JSON pointer), never dropped.
  *
  *   type (a name or a list), properties, required, additionalProperties
- *   (false, true, or a schema), items, minItems, maxItems, enum, const,
+ *   (false, true, or a schema), prefixItems, items (a schema, true or
+ *   false), minItems, maxItems, enum, const,
  *   minLength, maxLength, anyOf, true / {} (any value), local $ref
  *   ("#", "#/$defs/name", any JSON pointer into the document: each target
  *   becomes one rule, so recursive schemas are recursive rules; a target
@@ -332,6 +333,32 @@ static void object_rule(jsb *b, json_t *s, const char *where, int depth, uint32_
     base_free(val, (n ? n : 1) * sizeof *val);
 }
 
+/* Elements i.. of an array with prefixItems (rules pid[0..k)): element i
+ * follows pid[i] below k, the items rule `it` from k on (none when items
+ * is false); the first mn are required, at most mx (-1: no bound) in all.
+ * Required elements come first, so an optional one never holds a required
+ * one: `p0 ( , p1 ( , p2 ( , it ){0,n} )? )?`. */
+static void prefix_elems(jsb *b, const uint32_t *pid, int64_t k, int64_t i, int64_t mn, int64_t mx,
+                         const char *it, bool no_more)
+{
+    if (mx >= 0 && i >= mx) return;
+    if (i >= k) {
+        if (no_more) return;
+        int64_t lo = mn > i ? mn - i : 0;
+        if (mx >= 0)
+            putf(b, " ( ws \",\" ws %s ){%lld,%lld}", it, (long long)lo, (long long)(mx - i));
+        else
+            putf(b, " ( ws \",\" ws %s ){%lld,}", it, (long long)lo);
+        return;
+    }
+    bool req = i < mn;
+    puts_(b, req ? " " : " ( ");
+    if (i > 0) puts_(b, "ws \",\" ws ");
+    putf(b, "s%u", pid[i]);
+    prefix_elems(b, pid, k, i + 1, mn, mx, it, no_more);
+    if (!req) puts_(b, " )?");
+}
+
 static void array_rule(jsb *b, json_t *s, const char *where, int depth, uint32_t id)
 {
     json_t *items = json_object_get(s, "items");
@@ -348,13 +375,58 @@ static void array_rule(jsb *b, json_t *s, const char *where, int depth, uint32_t
         refuse(b, where, "'maxItems' below 'minItems' accepts nothing");
         return;
     }
+    json_t *pre = json_object_get(s, "prefixItems");
+    bool no_more = json_is_false(items);
     char it[32] = "value";
+    if (pre) {
+        char pp[512];
+        child_path(pp, sizeof pp, where, "prefixItems", NULL);
+        if (!json_is_array(pre) || json_array_size(pre) == 0 || json_array_size(pre) > 256) {
+            refuse(b, pp, "'prefixItems' must be a non-empty array of at most 256 schemas");
+            return;
+        }
+        int64_t k = (int64_t)json_array_size(pre);
+        if (no_more && mn > k) {
+            refuse(b, where, "'minItems' above the 'prefixItems' with 'items' false accepts nothing");
+            return;
+        }
+        if (items && !json_is_true(items) && !no_more) {
+            uint32_t iid;
+            char p[512];
+            child_path(p, sizeof p, where, "items", NULL);
+            if (!json_is_object(items)) {
+                refuse(b, p, "'items' must be a schema");
+                return;
+            }
+            if (node(b, items, p, depth + 1, &iid)) return;
+            snprintf(it, sizeof it, "s%u", iid);
+        }
+        uint32_t pid[256];
+        for (int64_t i = 0; i < k; i++) {
+            char p[512];
+            snprintf(p, sizeof p, "%s/prefixItems/%lld", where, (long long)i);
+            if (node(b, json_array_get(pre, (size_t)i), p, depth + 1, &pid[i])) return;
+        }
+        if (mx == 0) {
+            putf(b, "s%u ::= \"[\" ws \"]\"\n", id);
+            return;
+        }
+        putf(b, "s%u ::= \"[\" ws", id);
+        prefix_elems(b, pid, k, 0, mn, mx, it, no_more);
+        puts_(b, " ws \"]\"\n");
+        return;
+    }
+    if (no_more) { /* items false without prefixItems: the empty array */
+        putf(b, "s%u ::= \"[\" ws \"]\"\n", id);
+        if (mn > 0) refuse(b, where, "'minItems' with 'items' false accepts nothing");
+        return;
+    }
     if (items && !json_is_true(items)) {
         uint32_t iid;
         char p[512];
         child_path(p, sizeof p, where, "items", NULL);
         if (!json_is_object(items)) {
-            refuse(b, p, "'items' must be a schema (prefixItems and arrays of schemas are not supported)");
+            refuse(b, p, "'items' must be a schema (an array of schemas is draft 2019's tuple form: use prefixItems)");
             return;
         }
         if (node(b, items, p, depth + 1, &iid)) return;
@@ -525,7 +597,7 @@ static keel_status node(jsb *b, json_t *s, const char *where, int depth, uint32_
     if (!json_is_object(s)) return refuse(b, where, "a schema must be an object or a boolean");
     static const char *const handled[] = {"type", "properties", "required", "additionalProperties", "items",
                                           "minItems", "maxItems", "enum", "const", "minLength", "maxLength",
-                                          "anyOf", "$defs", "definitions", NULL};
+                                          "anyOf", "$defs", "definitions", "prefixItems", NULL};
     const char *k;
     json_t *v;
     json_object_foreach(s, k, v) {
@@ -582,7 +654,7 @@ static keel_status node(jsb *b, json_t *s, const char *where, int depth, uint32_
     if (!ty) {
         /* no type: the keywords of each type apply to values of that type;
          * only schemas without type-specific keywords are supported */
-        static const char *const typed[] = {"properties", "required", "additionalProperties", "items", "minItems",
+        static const char *const typed[] = {"properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
                                             "maxItems", "minLength", "maxLength", NULL};
         for (int i = 0; typed[i]; i++)
             if (json_object_get(s, typed[i])) {
