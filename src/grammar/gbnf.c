@@ -699,11 +699,10 @@ static keel_status parse_rules(gp *s)
 
 /* ---- checks: undefined rules, root, left recursion -------------------------------- */
 
-/* Rule r's element list (during compilation). */
-static bool alt_nullable_prefix(const gp *s, const bool *nul, const gram_el *e, uint32_t n, uint32_t i)
+/* Whether the first i elements of an alternative can all match nothing
+ * (nul: the rules that can). */
+static bool alt_nullable_prefix(const bool *nul, const gram_el *e, uint32_t i)
 {
-    (void)s;
-    (void)n;
     for (uint32_t k = 0; k < i; k++) {
         if (GRAM_KIND(e[k]) == GRAM_BYTES) return false;
         if (GRAM_KIND(e[k]) == GRAM_REF && !nul[GRAM_VAL(e[k])]) return false;
@@ -738,7 +737,7 @@ static keel_status check_left_recursion(gp *s)
             uint32_t ne = s->rules[r].el.n, start = 0;
             for (uint32_t i = 0; i < ne; i++) {
                 if (GRAM_KIND(e[i]) == GRAM_ALT || GRAM_KIND(e[i]) == GRAM_END) {
-                    if (alt_nullable_prefix(s, nul, e + start, i - start, i - start)) {
+                    if (alt_nullable_prefix(nul, e + start, i - start)) {
                         nul[r] = changed = true;
                         break;
                     }
@@ -759,7 +758,7 @@ static keel_status check_left_recursion(gp *s)
                     start = i + 1;
                     continue;
                 }
-                if (GRAM_KIND(e[i]) != GRAM_REF || !alt_nullable_prefix(s, nul, e + start, i - start, i - start))
+                if (GRAM_KIND(e[i]) != GRAM_REF || !alt_nullable_prefix(nul, e + start, i - start))
                     continue;
                 if (pass == 1) {
                     eto[k] = GRAM_VAL(e[i]);

@@ -200,7 +200,7 @@ static void keys_except(jsb *b, json_t *props, const char *where, uint32_t id)
                 if (strlen(names[q]) >= len && memcmp(names[q], names[j], len) == 0) first = false;
             if (!first) continue;
             putf(b, "s%u-k%zu-%zu ::= ", id, j, len);
-            bool ends = false, any = false;
+            bool ends = false;
             puts_(b, "( [^\"\\\\\\x00-\\x1f");
             /* the characters that continue some name from here */
             for (size_t q = 0; q < n; q++) {
@@ -233,10 +233,8 @@ static void keys_except(jsb *b, json_t *props, const char *where, uint32_t id)
                 puts_(b, " | ");
                 put_lit(b, names[q] + len, at - len);
                 putf(b, " s%u-k%zu-%zu", id, owner, at);
-                any = true;
             }
             if (!ends) puts_(b, " | \"\"");
-            (void)any;
             puts_(b, "\n");
         }
     }
@@ -359,22 +357,51 @@ static void prefix_elems(jsb *b, const uint32_t *pid, int64_t k, int64_t i, int6
     if (!req) puts_(b, " )?");
 }
 
+/* A count pair (minItems / maxItems, minLength / maxLength): *mn 0 and
+ * *mx -1 (no bound) when absent; false with the refusal set when not
+ * non-negative integers, above 10000, or max below min. */
+static bool get_bounds(jsb *b, json_t *s, const char *where, const char *kmin, const char *kmax, int64_t *mn,
+                       int64_t *mx)
+{
+    char what[160];
+    *mn = 0;
+    *mx = -1;
+    if ((get_count(s, kmin, mn) && *mn < 0) || (get_count(s, kmax, mx) && *mx < 0)) {
+        snprintf(what, sizeof what, "'%s' / '%s' must be non-negative integers", kmin, kmax);
+    } else if (*mn > 10000 || *mx > 10000) {
+        snprintf(what, sizeof what, "'%s' / '%s' above 10000 are not supported", kmin, kmax);
+    } else if (*mx >= 0 && *mx < *mn) {
+        snprintf(what, sizeof what, "'%s' below '%s' accepts nothing", kmax, kmin);
+    } else {
+        return true;
+    }
+    refuse(b, where, what);
+    return false;
+}
+
+/* The rule name of `items` (a schema, true or absent: any value) in it. */
+static bool items_rule(jsb *b, json_t *items, const char *where, int depth, const char *form, char *it,
+                       size_t cap)
+{
+    snprintf(it, cap, "value");
+    if (!items || json_is_true(items)) return true;
+    char p[512];
+    child_path(p, sizeof p, where, "items", NULL);
+    if (!json_is_object(items)) {
+        refuse(b, p, form);
+        return false;
+    }
+    uint32_t iid;
+    if (node(b, items, p, depth + 1, &iid)) return false;
+    snprintf(it, cap, "s%u", iid);
+    return true;
+}
+
 static void array_rule(jsb *b, json_t *s, const char *where, int depth, uint32_t id)
 {
     json_t *items = json_object_get(s, "items");
-    int64_t mn = 0, mx = -1;
-    if ((get_count(s, "minItems", &mn) && mn < 0) || (get_count(s, "maxItems", &mx) && mx < 0)) {
-        refuse(b, where, "'minItems' / 'maxItems' must be non-negative integers");
-        return;
-    }
-    if (mn > 10000 || mx > 10000) {
-        refuse(b, where, "'minItems' / 'maxItems' above 10000 are not supported");
-        return;
-    }
-    if (mx >= 0 && mx < mn) {
-        refuse(b, where, "'maxItems' below 'minItems' accepts nothing");
-        return;
-    }
+    int64_t mn, mx;
+    if (!get_bounds(b, s, where, "minItems", "maxItems", &mn, &mx)) return;
     json_t *pre = json_object_get(s, "prefixItems");
     bool no_more = json_is_false(items);
     char it[32] = "value";
@@ -390,17 +417,7 @@ static void array_rule(jsb *b, json_t *s, const char *where, int depth, uint32_t
             refuse(b, where, "'minItems' above the 'prefixItems' with 'items' false accepts nothing");
             return;
         }
-        if (items && !json_is_true(items) && !no_more) {
-            uint32_t iid;
-            char p[512];
-            child_path(p, sizeof p, where, "items", NULL);
-            if (!json_is_object(items)) {
-                refuse(b, p, "'items' must be a schema");
-                return;
-            }
-            if (node(b, items, p, depth + 1, &iid)) return;
-            snprintf(it, sizeof it, "s%u", iid);
-        }
+        if (!no_more && !items_rule(b, items, where, depth, "'items' must be a schema", it, sizeof it)) return;
         uint32_t pid[256];
         for (int64_t i = 0; i < k; i++) {
             char p[512];
@@ -421,17 +438,10 @@ static void array_rule(jsb *b, json_t *s, const char *where, int depth, uint32_t
         if (mn > 0) refuse(b, where, "'minItems' with 'items' false accepts nothing");
         return;
     }
-    if (items && !json_is_true(items)) {
-        uint32_t iid;
-        char p[512];
-        child_path(p, sizeof p, where, "items", NULL);
-        if (!json_is_object(items)) {
-            refuse(b, p, "'items' must be a schema (an array of schemas is draft 2019's tuple form: use prefixItems)");
-            return;
-        }
-        if (node(b, items, p, depth + 1, &iid)) return;
-        snprintf(it, sizeof it, "s%u", iid);
-    }
+    if (!items_rule(b, items, where, depth,
+                    "'items' must be a schema (an array of schemas is draft 2019's tuple form: use prefixItems)", it,
+                    sizeof it))
+        return;
     if (mx == 0) {
         putf(b, "s%u ::= \"[\" ws \"]\"\n", id);
     } else if (mn == 0) {
@@ -449,19 +459,8 @@ static void array_rule(jsb *b, json_t *s, const char *where, int depth, uint32_t
 
 static void string_rule(jsb *b, json_t *s, const char *where, uint32_t id)
 {
-    int64_t mn = 0, mx = -1;
-    if ((get_count(s, "minLength", &mn) && mn < 0) || (get_count(s, "maxLength", &mx) && mx < 0)) {
-        refuse(b, where, "'minLength' / 'maxLength' must be non-negative integers");
-        return;
-    }
-    if (mn > 10000 || mx > 10000) {
-        refuse(b, where, "'minLength' / 'maxLength' above 10000 are not supported");
-        return;
-    }
-    if (mx >= 0 && mx < mn) {
-        refuse(b, where, "'maxLength' below 'minLength' accepts nothing");
-        return;
-    }
+    int64_t mn, mx;
+    if (!get_bounds(b, s, where, "minLength", "maxLength", &mn, &mx)) return;
     if (mx < 0) putf(b, "s%u ::= \"\\\"\" char{%lld,} \"\\\"\"\n", id, (long long)mn);
     else putf(b, "s%u ::= \"\\\"\" char{%lld,%lld} \"\\\"\"\n", id, (long long)mn, (long long)mx);
 }
