@@ -118,6 +118,12 @@ keel_status model_key_float_in(model_loader *l, const char *suffix, double def, 
 
 /* ---- tensors ------------------------------------------------------------- */
 
+/* A tensor that is not in the file: an error only when required. */
+static keel_status absent(model_loader *l, const char *name, bool required)
+{
+    return required ? base_err(l->err, KEEL_ENOENT, "missing tensor %s", name) : KEEL_OK;
+}
+
 /* A weight of n_exp (0: a plain matrix) matrices of n_rows x n_cols:
  * shape, dtype, then the view. */
 static keel_status get_weight(model_loader *l, const char *name, bool required, int64_t n_cols,
@@ -125,10 +131,7 @@ static keel_status get_weight(model_loader *l, const char *name, bool required, 
 {
     memset(out, 0, sizeof *out);
     const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
+    if (!t) return absent(l, name, required);
     bool ok = t->ne[0] == n_cols && t->ne[1] == n_rows &&
               (n_exp > 0 ? t->n_dims == 3 && t->ne[2] == n_exp : t->n_dims == 2);
     if (!ok && n_exp > 0)
@@ -197,10 +200,7 @@ keel_status model_get_vec(model_loader *l, const char *name, bool required, int6
 {
     *out = NULL;
     const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
+    if (!t) return absent(l, name, required);
     int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
     if (t->ne[0] != n || count != n)
         return base_err(l->err, KEEL_EFORMAT, "tensor %s: %lld elements (ne0 %lld), expected %lld",
@@ -216,10 +216,7 @@ keel_status model_get_vec_n(model_loader *l, const char *name, bool required, in
 {
     *out = NULL;
     const gguf_tensor *t = gguf_find_tensor(l->g, name);
-    if (!t) {
-        if (required) return base_err(l->err, KEEL_ENOENT, "missing tensor %s", name);
-        return KEEL_OK;
-    }
+    if (!t) return absent(l, name, required);
     int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
     if (count != n || (ne0 > 0 && t->ne[0] != ne0))
         return base_err(l->err, KEEL_EFORMAT,
