@@ -380,6 +380,24 @@ static char nemotron_kind(const gen_model *m, int32_t l)
     return pat[(size_t)l % strlen(pat)];
 }
 
+/* A Mamba2 mixer's tensors (mamba2, nemotron_h's Mamba2 layers): d_inner
+ * 2 n_embd, n_head heads in n_head_kv groups of ssm_state. */
+static void list_mamba2_mixer(gen_model *m, int32_t l)
+{
+    const keel_gen_params *p = &m->p;
+    int64_t E = p->n_embd;
+    int64_t Din = 2 * E, H = p->n_head, G = p->n_head_kv, N = p->ssm_state;
+    int64_t C = Din + 2 * G * N;
+    add_blk(m, l, "ssm_in.weight", E, Din + C + H, GEN_INIT_NORMAL, inv_sqrt(E));
+    add_blk3(m, l, "ssm_conv1d.weight", GEN_CONV_KERNEL, C, 0, GEN_INIT_NORMAL, 0.3f, true);
+    add_blk(m, l, "ssm_conv1d.bias", C, 0, GEN_INIT_NORMAL, NORM_STD);
+    add_blk(m, l, "ssm_dt.bias", H, 0, GEN_INIT_NORMAL, 0.5f);
+    add_blk3(m, l, "ssm_a", 1, H, 0, GEN_INIT_NEG, 1.0f, true);
+    add_blk3(m, l, "ssm_d", 1, H, 0, GEN_INIT_NORM, 0.1f, true);
+    add_blk3(m, l, "ssm_norm.weight", Din / G, G, 0, GEN_INIT_NORM, NORM_STD, true);
+    add_blk(m, l, "ssm_out.weight", Din, E, GEN_INIT_NORMAL, inv_sqrt(Din));
+}
+
 /* A nemotron_h layer: attn_norm, then Mamba2 (mamba2's shapes: d_inner
  * 2 n_embd in n_head heads and n_head_kv groups), attention (n_head /
  * n_head_kv heads of head_dim, no RoPE) or a ReLU^2 MLP of n_ff. */
@@ -399,16 +417,7 @@ static void list_nemotron_h_layer(gen_model *m, int32_t l)
         add_blk(m, l, "ffn_up.weight", E, F, GEN_INIT_NORMAL, inv_sqrt(E));
         add_blk(m, l, "ffn_down.weight", F, E, GEN_INIT_NORMAL, inv_sqrt(F));
     } else {
-        int64_t Din = 2 * E, H = p->n_head, G = p->n_head_kv, N = p->ssm_state;
-        int64_t C = Din + 2 * G * N;
-        add_blk(m, l, "ssm_in.weight", E, Din + C + H, GEN_INIT_NORMAL, inv_sqrt(E));
-        add_blk3(m, l, "ssm_conv1d.weight", GEN_CONV_KERNEL, C, 0, GEN_INIT_NORMAL, 0.3f, true);
-        add_blk(m, l, "ssm_conv1d.bias", C, 0, GEN_INIT_NORMAL, NORM_STD);
-        add_blk(m, l, "ssm_dt.bias", H, 0, GEN_INIT_NORMAL, 0.5f);
-        add_blk3(m, l, "ssm_a", 1, H, 0, GEN_INIT_NEG, 1.0f, true);
-        add_blk3(m, l, "ssm_d", 1, H, 0, GEN_INIT_NORM, 0.1f, true);
-        add_blk3(m, l, "ssm_norm.weight", Din / G, G, 0, GEN_INIT_NORM, NORM_STD, true);
-        add_blk(m, l, "ssm_out.weight", Din, E, GEN_INIT_NORMAL, inv_sqrt(Din));
+        list_mamba2_mixer(m, l);
     }
 }
 
@@ -460,16 +469,7 @@ static void list_family_layer(gen_model *m, int32_t l)
         return;
     }
     if (a->family == GEN_MAMBA2) {
-        int64_t Din = 2 * E, H = p->n_head, G = p->n_head_kv, N = p->ssm_state;
-        int64_t C = Din + 2 * G * N;
-        add_blk(m, l, "ssm_in.weight", E, Din + C + H, GEN_INIT_NORMAL, inv_sqrt(E));
-        add_blk3(m, l, "ssm_conv1d.weight", GEN_CONV_KERNEL, C, 0, GEN_INIT_NORMAL, 0.3f, true);
-        add_blk(m, l, "ssm_conv1d.bias", C, 0, GEN_INIT_NORMAL, NORM_STD);
-        add_blk(m, l, "ssm_dt.bias", H, 0, GEN_INIT_NORMAL, 0.5f);
-        add_blk3(m, l, "ssm_a", 1, H, 0, GEN_INIT_NEG, 1.0f, true);
-        add_blk3(m, l, "ssm_d", 1, H, 0, GEN_INIT_NORM, 0.1f, true);
-        add_blk3(m, l, "ssm_norm.weight", Din / G, G, 0, GEN_INIT_NORM, NORM_STD, true);
-        add_blk(m, l, "ssm_out.weight", Din, E, GEN_INIT_NORMAL, inv_sqrt(Din));
+        list_mamba2_mixer(m, l);
         return;
     }
     bool gdn = a->family == GEN_QWEN35 || a->family == GEN_QWEN3NEXT;
