@@ -31,7 +31,7 @@ typedef struct grule {
     gvec el;
     char *name; /* base_strdup'd; synthetic rules: NULL */
     bool defined;
-    uint32_t ref_line, ref_col; /* first reference (undefined-rule errors) */
+    const char *ref_at; /* first reference (undefined-rule errors; line and column found then) */
 } grule;
 
 typedef struct gp {
@@ -42,6 +42,8 @@ typedef struct gp {
     uint32_t n_sets, cap_sets;
     uint32_t *set_hash; /* open addressing: set index + 1 */
     uint32_t set_hash_cap;
+    uint32_t *name_hash; /* open addressing over named rules: rule id + 1 */
+    uint32_t name_hash_cap;
     uint64_t n_total; /* elements in all rules */
     int depth;
     char *err;
@@ -115,16 +117,45 @@ static keel_status new_rule(gp *s, const char *name, size_t nlen, uint32_t *id)
     return KEEL_OK;
 }
 
+static uint32_t name_hash(const char *name, size_t nlen)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < nlen; i++) h = (h ^ (unsigned char)name[i]) * 0x100000001b3ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+/* The rule named name (created, undefined, if new). Generated grammars
+ * (JSON Schema automata) have thousands of rules: the names are hashed,
+ * so a lookup does not walk them all. */
 static keel_status rule_by_name(gp *s, const char *name, size_t nlen, uint32_t *id)
 {
-    for (uint32_t i = 0; i < s->n_rules; i++) {
-        const char *n = s->rules[i].name;
-        if (n && strlen(n) == nlen && memcmp(n, name, nlen) == 0) {
-            *id = i;
+    if (2 * ((size_t)s->n_rules + 1) > s->name_hash_cap) {
+        uint32_t nc = s->name_hash_cap ? s->name_hash_cap * 2 : 256;
+        uint32_t *h = base_calloc(nc, sizeof *h);
+        if (!h) return base_err(s->err, KEEL_ENOMEM, "grammar: out of memory");
+        for (uint32_t i = 0; i < s->n_rules; i++) {
+            const char *n = s->rules[i].name;
+            if (!n) continue;
+            uint32_t k = name_hash(n, strlen(n)) & (nc - 1);
+            while (h[k]) k = (k + 1) & (nc - 1);
+            h[k] = i + 1;
+        }
+        base_free(s->name_hash, (size_t)s->name_hash_cap * sizeof *h);
+        s->name_hash = h;
+        s->name_hash_cap = nc;
+    }
+    uint32_t k = name_hash(name, nlen) & (s->name_hash_cap - 1);
+    for (; s->name_hash[k]; k = (k + 1) & (s->name_hash_cap - 1)) {
+        const char *n = s->rules[s->name_hash[k] - 1].name;
+        if (strlen(n) == nlen && memcmp(n, name, nlen) == 0) {
+            *id = s->name_hash[k] - 1;
             return KEEL_OK;
         }
     }
-    return new_rule(s, name, nlen, id);
+    keel_status st = new_rule(s, name, nlen, id);
+    if (st) return st;
+    s->name_hash[k] = *id + 1;
+    return KEEL_OK;
 }
 
 static uint32_t set_hash(const gram_set *x)
@@ -590,7 +621,7 @@ static keel_status parse_sequence(gp *s, gvec *out, bool nested)
             while (s->p < s->end && is_word(*s->p)) s->p++;
             uint32_t id;
             if ((st = rule_by_name(s, n0, (size_t)(s->p - n0), &id))) break;
-            if (s->rules[id].ref_line == 0) where(s, n0, &s->rules[id].ref_line, &s->rules[id].ref_col);
+            if (!s->rules[id].ref_at) s->rules[id].ref_at = n0;
             last = out->n;
             st = vpush(s, out, GRAM_MAKE(GRAM_REF, id));
         } else if (c == '(') {
@@ -943,8 +974,9 @@ keel_status gram_compile(const char *src, size_t len, gram **out, char *err)
     uint32_t root = UINT32_MAX;
     for (uint32_t r = 0; r < s.n_rules && !st; r++) {
         if (!s.rules[r].defined) {
-            st = base_err(err, KEEL_EFORMAT, "grammar line %u col %u: undefined rule '%.64s'", s.rules[r].ref_line,
-                          s.rules[r].ref_col, s.rules[r].name);
+            uint32_t l = 0, c = 0;
+            where(&s, s.rules[r].ref_at, &l, &c);
+            st = base_err(err, KEEL_EFORMAT, "grammar line %u col %u: undefined rule '%.64s'", l, c, s.rules[r].name);
         } else if (s.rules[r].name && strcmp(s.rules[r].name, "root") == 0) {
             root = r;
         }
@@ -964,6 +996,7 @@ keel_status gram_compile(const char *src, size_t len, gram **out, char *err)
     base_free(s.rules, (size_t)s.cap_rules * sizeof *s.rules);
     base_free(s.sets, (size_t)s.cap_sets * sizeof *s.sets);
     base_free(s.set_hash, (size_t)s.set_hash_cap * sizeof *s.set_hash);
+    base_free(s.name_hash, (size_t)s.name_hash_cap * sizeof *s.name_hash);
     if (st) return st;
     *out = g;
     return KEEL_OK;
