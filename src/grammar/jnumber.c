@@ -43,8 +43,8 @@
 #include <string.h>
 
 #define JN_MAX_STATES (1u << 18)    /* product states before minimization */
-#define JN_MAX_RESIDUES 100000u     /* p of one divisor p / 10^q */
-#define JN_MAX_DIGITS 1000u         /* digits of a constant written without exponent */
+#define JN_MAX_RESIDUES 10000u      /* p of one divisor p / 10^q (p rules of 10 alternatives) */
+#define JN_MAX_DIGITS 400u          /* digits of a constant written without exponent (doubles need 343) */
 #define JN_MAX_EXCEPT 4096u         /* excluded values */
 #define JN_MAX_OUT (16u << 20)      /* bytes of GBNF (gram_compile's source cap) */
 #define JN_EXP_SAT 1000000000000000 /* exponents saturate here (far past any constant) */
@@ -401,11 +401,19 @@ static uint32_t mul_step(const jn_comp *c, uint32_t st, int sym)
 {
     uint32_t p = c->p, fail = p * (c->q + 2);
     if (st == fail || sym == JN_SYM_MINUS) return st;
-    if (st < p) return sym == JN_SYM_DOT ? p + st : (st * 10 + (uint32_t)sym) % p;
-    if (sym == JN_SYM_DOT) return st;
-    uint32_t j = st / p - 1, r = st % p;
-    if (j < c->q) return p * (j + 2) + (r * 10 + (uint32_t)sym) % p;
-    return sym == 0 ? st : fail;
+    uint32_t j, r;
+    if (st < p) {
+        if (sym != JN_SYM_DOT) return (st * 10 + (uint32_t)sym) % p;
+        j = 0, r = st;
+    } else {
+        if (sym == JN_SYM_DOT) return st;
+        j = st / p - 1, r = st % p;
+        if (j == c->q) return sym == 0 ? st : fail;
+        j++, r = (r * 10 + (uint32_t)sym) % p;
+    }
+    /* past q fraction digits the residue is final: not 0 is as good as FAIL
+     * (only zeros may follow, and the number is not a multiple either way) */
+    return j == c->q && r ? fail : p * (j + 1) + r;
 }
 
 static bool mul_accept(const jn_comp *c, uint32_t st)
@@ -496,8 +504,8 @@ static keel_status comp_mul(jn_comp *c, const char *text, bool negate, int kind,
         q = 0;
     }
     if (p > JN_MAX_RESIDUES || (uint64_t)p * (q + 2) + 1 > JN_MAX_STATES)
-        return base_err(err, KEEL_ERANGE, "multipleOf %s needs more than %u automaton states (a divisor p / 10^q with p up to %u)",
-                        text, JN_MAX_STATES, JN_MAX_RESIDUES);
+        return base_err(err, KEEL_ERANGE, "multipleOf %s needs more than %u residue states (p of p / 10^q)", text,
+                        JN_MAX_RESIDUES);
     uint32_t *pw = base_alloc(((size_t)q + 1) * sizeof *pw);
     if (!pw) return base_err(err, KEEL_ENOMEM, "out of memory");
     pw[0] = (uint32_t)(1 % p);
