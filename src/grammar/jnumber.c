@@ -25,7 +25,7 @@
  *
  * The product is built breadth-first over reachable tuples (hash-consed,
  * at most JN_MAX_STATES), trimmed to the states from which an accepting
- * state is reachable (none: the spec is empty), minimized (Moore's
+ * state is reachable (none: the spec is empty), minimized (Hopcroft's
  * partition refinement) and written as one GBNF rule per state. Every
  * rule reference is in tail position, so the matcher's stacks do not grow
  * with the length of the number.
@@ -42,8 +42,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define JN_MAX_STATES (1u << 18)    /* product states before minimization */
+#define JN_MAX_STATES (1u << 16)    /* product states before minimization */
 #define JN_MAX_RESIDUES 10000u      /* p of one divisor p / 10^q (p rules of 10 alternatives) */
+#define JN_MAX_RULES 4096u          /* rules written (minimal states): gram_compile's time grows with their square */
 #define JN_MAX_DIGITS 400u          /* digits of a constant written without exponent (doubles need 343) */
 #define JN_MAX_EXCEPT 4096u         /* excluded values */
 #define JN_MAX_OUT (16u << 20)      /* bytes of GBNF (gram_compile's source cap) */
@@ -52,6 +53,7 @@
 #define JN_SYM_DOT 10
 #define JN_SYM_MINUS 11
 #define JN_NONE UINT32_MAX
+#define JN_TRUE (UINT32_MAX - 1) /* a component settled as satisfied */
 
 /* ---- canonical decimals ----------------------------------------------------------- */
 
@@ -514,13 +516,30 @@ static keel_status comp_mul(jn_comp *c, const char *text, bool negate, int kind,
     return KEEL_OK;
 }
 
+/* A component state whose verdict no further input changes: +1 accepted
+ * (the product keeps JN_TRUE there, so states that differ only in how a
+ * settled component got settled are one), -1 rejected (the product state
+ * is dead), 0 still open. */
+static int comp_settled(const jn_comp *c, uint32_t st)
+{
+    if (c->type == JN_CMP) {
+        uint32_t m = st >> 1;
+        if (m != cmp_longer(c) && m < cmp_fix(c, JN_LT)) return 0;
+        return (c->ok_mask >> cmp_result(c, st)) & 1 ? 1 : -1;
+    }
+    if (c->type == JN_MUL && st == c->p * (c->q + 2)) return c->negate ? 1 : -1;
+    return 0;
+}
+
 static uint32_t comp_step(const jn_comp *c, uint32_t st, int sym)
 {
+    if (st == JN_TRUE) return JN_TRUE;
     return c->type == JN_SYN ? syn_step(c->kind, st, sym) : c->type == JN_CMP ? cmp_step(c, st, sym) : mul_step(c, st, sym);
 }
 
 static bool comp_accept(const jn_comp *c, uint32_t st)
 {
+    if (st == JN_TRUE) return true;
     if (c->type == JN_SYN) return syn_accept(c->kind, st);
     if (c->type == JN_CMP) return (c->ok_mask >> cmp_result(c, st)) & 1;
     return mul_accept(c, st);
@@ -621,8 +640,14 @@ static keel_status dfa_build(jn_dfa *a, const jn_comp *comp, uint32_t n_comp, ch
             uint32_t to = JN_NONE;
             t[0] = syn_step(comp[0].kind, from[0], sym);
             if (t[0] != SY_DEAD) {
-                for (uint32_t c = 1; c < n_comp; c++) t[c] = comp_step(&comp[c], from[c], sym);
-                if ((st = dfa_intern(a, t, &to, err))) goto done;
+                bool dead = false;
+                for (uint32_t c = 1; c < n_comp && !dead; c++) {
+                    t[c] = comp_step(&comp[c], from[c], sym);
+                    int v = t[c] == JN_TRUE ? 0 : comp_settled(&comp[c], t[c]);
+                    if (v > 0) t[c] = JN_TRUE;
+                    dead = v < 0;
+                }
+                if (!dead && (st = dfa_intern(a, t, &to, err))) goto done;
             }
             a->next[(size_t)i * JN_N_SYM + (size_t)sym] = to;
         }
@@ -678,61 +703,102 @@ done:
     return st;
 }
 
-/* Moore's refinement over the live states: cls[i] is the class of state
- * i (JN_NONE for dead states), *n_cls the count. Two states share a
- * class when they agree on acceptance and, symbol by symbol, on the
- * class of the target (dead: JN_NONE). */
+/* Hopcroft's partition refinement, O(n log n) per symbol: cls[i] is the
+ * class of state i (JN_NONE for states from which nothing is accepted),
+ * *n_cls the count. A sink (index n) stands for every missing transition,
+ * so the automaton is complete; the states that are not live end up in
+ * its class. Blocks are ranges of elem[]; marking a state moves it to the
+ * front of its block; a block split by a splitter keeps the unmarked part.
+ * A popped splitter is copied first: it may be split while it is used. */
 static keel_status dfa_minimize(const jn_dfa *a, const uint8_t *live, uint32_t *cls, uint32_t *n_cls, char *err)
 {
-    enum { SIG = JN_N_SYM + 1 };
-    uint32_t n_hash = 16;
-    while (n_hash < 2 * a->n) n_hash *= 2;
-    uint32_t *sig = base_alloc((size_t)a->n * SIG * sizeof *sig);
-    uint32_t *hash = base_alloc((size_t)n_hash * sizeof *hash);
-    uint32_t *ncls = base_alloc((size_t)a->n * sizeof *ncls);
+    uint32_t n = a->n + 1, sink = a->n, nb = 0, nw = 0;
+    size_t n_keys = (size_t)n * JN_N_SYM; /* inverse edges keyed by (symbol, target) */
+    uint32_t *ifirst = base_calloc(n_keys + 1, sizeof *ifirst);
+    uint32_t *isrc = base_alloc(n_keys * sizeof *isrc);
+    uint32_t *mem = base_alloc((size_t)n * 10 * sizeof *mem);
     keel_status st = KEEL_OK;
-    if (!sig || !hash || !ncls) {
+    if (!ifirst || !isrc || !mem) {
         st = base_err(err, KEEL_ENOMEM, "out of memory");
         goto done;
     }
-    uint32_t count = 0;
-    bool seen[2] = {false, false};
-    for (uint32_t i = 0; i < a->n; i++) {
-        cls[i] = live[i] ? (uint32_t)dfa_accept(a, i) : JN_NONE;
-        if (live[i]) seen[cls[i]] = true;
+    uint32_t *elem = mem, *loc = mem + n, *blk = mem + 2 * (size_t)n, *bfirst = mem + 3 * (size_t)n,
+             *bend = mem + 4 * (size_t)n, *bmark = mem + 5 * (size_t)n, *work = mem + 6 * (size_t)n,
+             *touched = mem + 7 * (size_t)n, *tmp = mem + 8 * (size_t)n, *inw = mem + 9 * (size_t)n;
+    for (uint32_t i = 0; i < n; i++)
+        for (int y = 0; y < JN_N_SYM; y++) {
+            uint32_t t = i == sink ? JN_NONE : a->next[(size_t)i * JN_N_SYM + (size_t)y];
+            ifirst[(size_t)y * n + (t == JN_NONE ? sink : t) + 1]++;
+        }
+    for (size_t k = 0; k < n_keys; k++) ifirst[k + 1] += ifirst[k];
+    for (uint32_t i = 0; i < n; i++) /* ifirst[k] walks to the end of k's list; shifted back below */
+        for (int y = 0; y < JN_N_SYM; y++) {
+            uint32_t t = i == sink ? JN_NONE : a->next[(size_t)i * JN_N_SYM + (size_t)y];
+            isrc[ifirst[(size_t)y * n + (t == JN_NONE ? sink : t)]++] = i;
+        }
+    for (size_t k = n_keys; k > 0; k--) ifirst[k] = ifirst[k - 1];
+    ifirst[0] = 0;
+    /* the first partition: accepting live states, the rest */
+    uint32_t ne = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t start = ne;
+        for (uint32_t i = 0; i < n; i++) {
+            bool acc = i != sink && live[i] && dfa_accept(a, i);
+            if (acc != (pass == 0)) continue;
+            elem[ne] = i, loc[i] = ne++, blk[i] = nb;
+        }
+        if (ne == start) continue;
+        bfirst[nb] = start, bend[nb] = ne, bmark[nb] = 0;
+        inw[nb] = 1, work[nw++] = nb++;
     }
-    count = (uint32_t)seen[0] + (uint32_t)seen[1];
-    for (;;) {
-        uint32_t fresh = 0;
-        memset(hash, 0, (size_t)n_hash * sizeof *hash);
-        for (uint32_t i = 0; i < a->n; i++) {
-            if (cls[i] == JN_NONE) continue;
-            uint32_t *s = sig + (size_t)i * SIG;
-            s[0] = cls[i];
-            for (int y = 0; y < JN_N_SYM; y++) {
-                uint32_t t = a->next[(size_t)i * JN_N_SYM + (size_t)y];
-                s[1 + y] = t == JN_NONE ? JN_NONE : cls[t];
+    while (nw) {
+        uint32_t s = work[--nw], ns = bend[s] - bfirst[s];
+        inw[s] = 0;
+        memcpy(tmp, elem + bfirst[s], (size_t)ns * sizeof *tmp);
+        for (int y = 0; y < JN_N_SYM; y++) {
+            uint32_t n_touched = 0;
+            for (uint32_t j = 0; j < ns; j++) {
+                size_t key = (size_t)y * n + tmp[j];
+                for (uint32_t e = ifirst[key]; e < ifirst[key + 1]; e++) {
+                    uint32_t p = isrc[e], b = blk[p], at = bfirst[b] + bmark[b];
+                    if (loc[p] < at) continue; /* marked already */
+                    if (!bmark[b]) touched[n_touched++] = b;
+                    uint32_t q = elem[at]; /* swap p into the marked front */
+                    elem[at] = p, elem[loc[p]] = q;
+                    loc[q] = loc[p], loc[p] = at;
+                    bmark[b]++;
+                }
             }
-            uint32_t k = tup_hash(s, SIG) & (n_hash - 1);
-            for (; hash[k]; k = (k + 1) & (n_hash - 1))
-                if (!memcmp(sig + (size_t)(hash[k] - 1) * SIG, s, SIG * sizeof *s)) break;
-            if (!hash[k]) {
-                hash[k] = i + 1;
-                ncls[i] = fresh++;
-            } else {
-                ncls[i] = ncls[hash[k] - 1];
+            for (uint32_t k = 0; k < n_touched; k++) {
+                uint32_t b = touched[k], m = bmark[b];
+                bmark[b] = 0;
+                if (m == bend[b] - bfirst[b]) continue;
+                uint32_t c = nb++;
+                bfirst[c] = bfirst[b], bend[c] = bfirst[b] + m, bmark[c] = 0;
+                bfirst[b] = bend[c];
+                for (uint32_t e = bfirst[c]; e < bend[c]; e++) blk[elem[e]] = c;
+                uint32_t push = inw[b] || m < bend[b] - bfirst[b] ? c : b;
+                inw[c] = 0;
+                if (!inw[push]) inw[push] = 1, work[nw++] = push;
             }
         }
-        for (uint32_t i = 0; i < a->n; i++)
-            if (cls[i] != JN_NONE) cls[i] = ncls[i];
-        if (fresh == count) break;
-        count = fresh;
+    }
+    /* dense class ids, the sink's block excluded */
+    uint32_t count = 0;
+    for (uint32_t b = 0; b < nb; b++) tmp[b] = JN_NONE;
+    for (uint32_t i = 0; i < a->n; i++) {
+        if (!live[i] || blk[i] == blk[sink]) {
+            cls[i] = JN_NONE;
+            continue;
+        }
+        if (tmp[blk[i]] == JN_NONE) tmp[blk[i]] = count++;
+        cls[i] = tmp[blk[i]];
     }
     *n_cls = count;
 done:
-    base_free(sig, (size_t)a->n * SIG * sizeof *sig);
-    base_free(hash, (size_t)n_hash * sizeof *hash);
-    base_free(ncls, (size_t)a->n * sizeof *ncls);
+    base_free(ifirst, (n_keys + 1) * sizeof *ifirst);
+    base_free(isrc, n_keys * sizeof *isrc);
+    base_free(mem, (size_t)n * 10 * sizeof *mem);
     return st;
 }
 
@@ -968,6 +1034,10 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
         goto fail; /* st is KEEL_OK: nothing to emit */
     }
     if ((st = dfa_minimize(&a, live, cls, &n_cls, err))) goto fail;
+    if (n_cls > JN_MAX_RULES) {
+        st = base_err(err, KEEL_ERANGE, "numeric constraints need %u grammar rules (at most %u)", n_cls, JN_MAX_RULES);
+        goto fail;
+    }
     if ((st = dfa_emit(&a, cls, n_cls, name, &b, err))) goto fail;
     st = buf_finish(&b, out, n_out, err);
 fail:
