@@ -46,7 +46,8 @@
 #define JN_MAX_RESIDUES 10000u      /* p of one divisor p / 10^q (p rules of 10 alternatives) */
 #define JN_MAX_RULES 4096u          /* rules written (minimal states): gram_compile's time grows with their square */
 #define JN_MAX_DIGITS 400u          /* digits of a constant written without exponent (doubles need 343) */
-#define JN_MAX_EXCEPT 4096u         /* excluded values */
+#define JN_MAX_EXCEPT 256u          /* excluded values (one component each) */
+#define JN_MAX_TUPLE_BYTES (64u << 20) /* component states of all product states */
 #define JN_MAX_OUT (16u << 20)      /* bytes of GBNF (gram_compile's source cap) */
 #define JN_EXP_SAT 1000000000000000 /* exponents saturate here (far past any constant) */
 #define JN_N_SYM 12                 /* 0-9 . - */
@@ -553,6 +554,7 @@ typedef struct jn_dfa {
     uint32_t *tup;       /* [cap][n_comp] component states of each product state */
     uint32_t *next;      /* [cap][JN_N_SYM] target state or JN_NONE */
     uint32_t n, cap;
+    uint32_t max_n;      /* JN_MAX_STATES, less when tuples are long (JN_MAX_TUPLE_BYTES) */
     uint32_t *hash;      /* [n_hash] state + 1, 0: empty */
     uint32_t n_hash;     /* power of two, > 2 n */
 } jn_dfa;
@@ -593,8 +595,8 @@ static keel_status dfa_intern(jn_dfa *a, const uint32_t *t, uint32_t *id, char *
             *id = a->hash[k] - 1;
             return KEEL_OK;
         }
-    if (a->n == JN_MAX_STATES)
-        return base_err(err, KEEL_ERANGE, "numeric constraints need more than %u automaton states", JN_MAX_STATES);
+    if (a->n == a->max_n)
+        return base_err(err, KEEL_ERANGE, "numeric constraints need more than %u automaton states", a->max_n);
     if (a->n == a->cap) {
         uint32_t cap = a->cap * 2;
         size_t nb = (size_t)a->cap * JN_N_SYM * sizeof *a->next;
@@ -623,6 +625,7 @@ static keel_status dfa_build(jn_dfa *a, const jn_comp *comp, uint32_t n_comp, ch
     keel_status st;
     memset(a, 0, sizeof *a);
     a->comp = comp, a->n_comp = n_comp, a->cap = 256, a->n_hash = 1024;
+    a->max_n = (uint32_t)BASE_MIN((size_t)JN_MAX_STATES, JN_MAX_TUPLE_BYTES / ((size_t)n_comp * sizeof *a->tup));
     a->tup = base_alloc((size_t)a->cap * n_comp * sizeof *a->tup);
     a->next = base_alloc((size_t)a->cap * JN_N_SYM * sizeof *a->next);
     a->hash = base_calloc(a->n_hash, sizeof *a->hash);
@@ -978,6 +981,10 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
         return base_err(err, KEEL_EINVAL, "numeric spec out of range");
     if (s->n_except > JN_MAX_EXCEPT)
         return base_err(err, KEEL_ERANGE, "more than %u excluded numbers", JN_MAX_EXCEPT);
+    bool name_ok = name && name[0];
+    for (const char *q = name; name_ok && *q; q++)
+        name_ok = (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || is_digit(*q) || *q == '-' || *q == '_';
+    if (!name_ok) return base_err(err, KEEL_EINVAL, "rule name '%s' is not [a-zA-Z0-9_-]+", name ? name : "(null)");
     jn_buf b = {0};
     keel_status st = KEEL_OK;
     bool none = !s->n_lo && !s->n_hi && !s->n_mult && !s->n_not_mult && !s->n_except;
@@ -999,6 +1006,7 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
     if (!comp) return base_err(err, KEEL_ENOMEM, "out of memory");
     comp[n_comp++] = (jn_comp){.type = JN_SYN, .kind = s->kind};
     int lo, hi;
+    jn_num x, y;
     if ((st = tightest(s->lo, s->lo_excl, s->n_lo, true, &lo, err))) goto fail;
     if ((st = tightest(s->hi, s->hi_excl, s->n_hi, false, &hi, err))) goto fail;
     if (lo >= 0) {
@@ -1017,6 +1025,15 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
         n_comp++;
     }
     for (size_t i = 0; i < s->n_except; i++) {
+        /* a value the rest of the spec refuses, or one excluded already, needs no component */
+        jnum_spec base = *s;
+        base.n_except = 0;
+        bool keep = false;
+        if ((st = parse_const(s->except[i], "excluded value", &x, err))) goto fail;
+        if ((st = jnum_test(&base, s->except[i], &keep, err))) goto fail;
+        for (size_t j = 0; keep && j < i; j++)
+            if (num_parse(s->except[j], strlen(s->except[j]), &y) && num_cmp(&x, &y) == 0) keep = false;
+        if (!keep) continue;
         if ((st = comp_cmp(&comp[n_comp], s->except[i], "excluded value", 1u << JN_LT | 1u << JN_GT, true, err)))
             goto fail;
         n_comp++;
