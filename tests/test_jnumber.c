@@ -127,6 +127,18 @@ static void test_text(void **state)
     assert_int_equal(strlen(out), 2 + 323 + 1);
     assert_string_equal(out + 325, "5");
     assert_false(jnum_text(s, out));
+    /* random finite doubles: a plain decimal that reads back to the same double */
+    for (int i = 0; i < 20000; i++) {
+        uint64_t bits = rnd();
+        double d;
+        memcpy(&d, &bits, sizeof d);
+        if (d != d || d - d != 0) continue; /* NaN, infinity */
+        json_t *r = json_real(d);
+        assert_true(jnum_text(r, out));
+        assert_null(strpbrk(out, "eE"));
+        if (strtod(out, NULL) != d && !(d == 0 && !strcmp(out, "0"))) fail_msg("%.17g -> %s", d, out);
+        json_decref(r);
+    }
     json_decref(big);
     json_decref(tiny);
     json_decref(s);
