@@ -506,9 +506,12 @@ static keel_status comp_mul(jn_comp *c, const char *text, bool negate, int kind,
         for (uint32_t i = 0; i < q && p % 5 == 0; i++) p /= 5;
         q = 0;
     }
-    if (p > JN_MAX_RESIDUES || (uint64_t)p * (q + 2) + 1 > JN_MAX_STATES)
+    if (p > JN_MAX_RESIDUES)
         return base_err(err, KEEL_ERANGE, "multipleOf %s needs more than %u residue states (p of p / 10^q)", text,
                         JN_MAX_RESIDUES);
+    if ((uint64_t)p * (q + 2) + 1 > JN_MAX_STATES) /* residues at each of q fraction digits */
+        return base_err(err, KEEL_ERANGE, "numeric constraints need more than %u automaton states (multipleOf %s)",
+                        JN_MAX_STATES, text);
     uint32_t *pw = base_alloc(((size_t)q + 1) * sizeof *pw);
     if (!pw) return base_err(err, KEEL_ENOMEM, "out of memory");
     pw[0] = (uint32_t)(1 % p);
@@ -535,7 +538,8 @@ static int comp_settled(const jn_comp *c, uint32_t st)
 static uint32_t comp_step(const jn_comp *c, uint32_t st, int sym)
 {
     if (st == JN_TRUE) return JN_TRUE;
-    return c->type == JN_SYN ? syn_step(c->kind, st, sym) : c->type == JN_CMP ? cmp_step(c, st, sym) : mul_step(c, st, sym);
+    if (c->type == JN_SYN) return syn_step(c->kind, st, sym);
+    return c->type == JN_CMP ? cmp_step(c, st, sym) : mul_step(c, st, sym);
 }
 
 static bool comp_accept(const jn_comp *c, uint32_t st)
@@ -883,7 +887,8 @@ static void put_digits(jn_buf *b, uint32_t mask)
 /* One rule per class, numbered in breadth-first order from the start
  * (class of state 0, rule `name`). A class that accepts and has no
  * transition is inlined (its references vanish). */
-static keel_status dfa_emit(const jn_dfa *a, const uint32_t *cls, uint32_t n_cls, const char *name, jn_buf *b, char *err)
+static keel_status dfa_emit(const jn_dfa *a, const uint32_t *cls, uint32_t n_cls, const char *name, jn_buf *b,
+                            char *err)
 {
     uint32_t *rep = base_alloc((size_t)n_cls * sizeof *rep);   /* a state of each class */
     uint32_t *order = base_alloc((size_t)n_cls * sizeof *order); /* rule number of each class, JN_NONE unseen */
