@@ -44,7 +44,7 @@
 
 #define JN_MAX_STATES (1u << 16)    /* product states before minimization */
 #define JN_MAX_RESIDUES 10000u      /* p of one divisor p / 10^q (p rules of 10 alternatives) */
-#define JN_MAX_RULES 4096u          /* rules written (minimal states): gram_compile's time grows with their square */
+#define JN_MAX_RULES 4096u          /* rules written (minimal states): each is a stack the token masks meet */
 #define JN_MAX_DIGITS 400u          /* digits of a constant written without exponent (doubles need 343) */
 #define JN_MAX_EXCEPT 256u          /* excluded values (one component each) */
 #define JN_MAX_TUPLE_BYTES (64u << 20) /* component states of all product states */
