@@ -457,6 +457,8 @@ char *srv_anthropic_response(const srv_meta *m, json_t *resp)
     /* how the slot's cache was used (an extension field, as OpenAI's) */
     json_t *mem = json_object_get(resp, "memory");
     if (o && mem) json_object_set(o, "memory", mem);
+    json_t *tg = json_object_get(resp, "tool_grammar");
+    if (o && tg) json_object_set(o, "tool_grammar", tg);
     return dump_free(o);
 }
 

@@ -49,5 +49,9 @@ keel_status engine_session_load(keel_context *c, int32_t seq, const char *path, 
  * unknown and unused tokens, the end-of-generation ids. */
 struct gram_vocab;
 keel_status engine_grammar_vocab(const keel_model *m, struct gram_vocab **out, char *err);
+/* Feeds n bytes of text to a matcher (grammar_api.c): a lazy grammar's
+ * trigger and what followed it. KEEL_EINVAL when a byte cannot follow (the
+ * state is then unchanged), KEEL_ERANGE past a cap. */
+keel_status engine_grammar_matcher_feed(keel_grammar_matcher *m, const char *s, size_t n);
 
 #endif

@@ -200,6 +200,12 @@ bool keel_grammar_matcher_done(const keel_grammar_matcher *m)
     return m && gram_matcher_done(m->m);
 }
 
+keel_status engine_grammar_matcher_feed(keel_grammar_matcher *m, const char *s, size_t n)
+{
+    if (!m || (!s && n)) return KEEL_EINVAL;
+    return gram_matcher_accept_bytes(m->m, (const uint8_t *)s, n, NULL);
+}
+
 keel_status keel_grammar_matcher_reset(keel_grammar_matcher *m)
 {
     if (!m) return KEEL_EINVAL;
