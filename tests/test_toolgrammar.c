@@ -37,7 +37,7 @@ static gram *build(toolcall_format f, const char *tools_s, const char *only, boo
 {
     char err[BASE_ERR_CAP] = "";
     json_t *tools = tools_json(tools_s);
-    keel_status st = toolcall_grammar_build(f, tools, only, all, tg, err);
+    keel_status st = toolcall_grammar_build(f, tools, only, all, true, tg, err);
     json_decref(tools);
     if (st) fail_msg("%s: build: %s", toolcall_format_name(f), err);
     gram *g = NULL;
@@ -239,7 +239,7 @@ static void test_refused_schema(void **state)
     char err[BASE_ERR_CAP] = "";
     toolcall_grammar tg;
     json_t *t = tools_json(tools_strict);
-    keel_status st = toolcall_grammar_build(TOOLCALL_FORMAT_HERMES, t, NULL, false, &tg, err);
+    keel_status st = toolcall_grammar_build(TOOLCALL_FORMAT_HERMES, t, NULL, false, true, &tg, err);
     json_decref(t);
     assert_true(st == KEEL_EUNSUPPORTED || st == KEEL_EFORMAT);
     assert_non_null(strstr(err, "tool 'f' (strict)"));
@@ -252,8 +252,8 @@ static void test_refused_schema(void **state)
     toolcall_grammar_free(&tg);
     /* a format without a grammar */
     t = tools_json(TOOLS);
-    assert_int_equal(toolcall_grammar_build(TOOLCALL_FORMAT_GPT_OSS, t, NULL, true, &tg, err), KEEL_EUNSUPPORTED);
-    assert_int_equal(toolcall_grammar_build(TOOLCALL_FORMAT_HERMES, t, "nope", true, &tg, err), KEEL_EINVAL);
+    assert_int_equal(toolcall_grammar_build(TOOLCALL_FORMAT_GPT_OSS, t, NULL, true, true, &tg, err), KEEL_EUNSUPPORTED);
+    assert_int_equal(toolcall_grammar_build(TOOLCALL_FORMAT_HERMES, t, "nope", true, true, &tg, err), KEEL_EINVAL);
     json_decref(t);
     assert_false(toolcall_grammar_supported(TOOLCALL_FORMAT_GPT_OSS));
 }

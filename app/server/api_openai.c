@@ -208,6 +208,12 @@ static bool norm_tools(json_t *body, const srv_limits *lim, json_t *req, srv_err
         return srv_fail(e, 400, "tool_choice names '%s', which is not among the tools", only);
     }
     if (json_object_set_new(req, "tools", out) != 0) return srv_fail(e, 500, "out of memory");
+    /* parallel_tool_calls false: at most one call (the tool grammar's) */
+    json_t *par = json_object_get(body, "parallel_tool_calls");
+    if (par && !json_is_null(par) && !json_is_boolean(par))
+        return srv_fail(e, 400, "parallel_tool_calls must be a boolean");
+    if (json_is_false(par) && json_object_set_new(req, "parallel_tool_calls", json_false()) != 0)
+        return srv_fail(e, 500, "out of memory");
     bool required = json_is_string(choice) && strcmp(json_string_value(choice), "required") == 0;
     return srv_set_tool_choice(req, only, required, e);
 }

@@ -296,7 +296,8 @@ const char *toolcall_last_error(const toolcall_parser *p);
  * strict}}], Anthropic [{name, input_schema}]; only: that one tool, or
  * NULL), the arguments the tool's schema (gram_schema_gbnf's keywords) for
  * tools with "strict": true, or for every tool when all is set; any JSON
- * object (XML formats: any parameters) for the others. The grammar starts
+ * object (XML formats: any parameters) for the others. parallel: one or
+ * more calls, as the format writes several; else exactly one. The grammar starts
  * with the format's opening marker: the engine activates it lazily at the
  * first trigger (docs/grammar.md, "Tool calls").
  */
@@ -323,8 +324,8 @@ bool toolcall_grammar_supported(toolcall_format f);
  * is left unconstrained instead, noted in out->note); KEEL_EINVAL: no
  * tools, or only names none of them; KEEL_ERANGE: past GRAM_MAX_SOURCE;
  * KEEL_ENOMEM. out is zeroed on failure. */
-keel_status toolcall_grammar_build(toolcall_format f, json_t *tools, const char *only, bool all, toolcall_grammar *out,
-                                   char *err);
+keel_status toolcall_grammar_build(toolcall_format f, json_t *tools, const char *only, bool all, bool parallel,
+                                   toolcall_grammar *out, char *err);
 /* NULL is a no-op. */
 void toolcall_grammar_free(toolcall_grammar *g);
 

@@ -183,11 +183,12 @@ typedef struct tg_call {
 } tg_call;
 
 #define TG_OBJ(key) {"call", true, "\"{\" tws \"\\\"name\\\"\" tws \":\" tws", "tws \",\" tws \"\\\"" key "\\\"\" tws \":\" tws", "tws \"}\""}
-#define TG_ARRAY "arr ::= \"[\" tws call ( tws \",\" tws call )* tws \"]\"\n"
 
 typedef struct tg_json_fmt {
     toolcall_format f;
-    const char *head;      /* the rules of the blocks, using the call rules */
+    const char *head;      /* the rules of the blocks, using the call rules (root aside) */
+    const char *many;      /* root: one or more calls, as the format writes parallel calls */
+    const char *one;       /* root: exactly one call (parallel_tool_calls false) */
     tg_call calls[2];
     const char *triggers[2];
     bool at_start;
@@ -200,56 +201,64 @@ typedef struct tg_json_fmt {
 #define DS_SEP "\"<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>\""
 #define DS_CALLS_T "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
 #define DS_CALL_T "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define TG_ARRAYS(open, close)                                                                     \
+    "root ::= " open " \"[\" tws call ( tws \",\" tws call )* tws \"]\" " close "\n",              \
+        "root ::= " open " \"[\" tws call tws \"]\" " close "\n"
 
 static const tg_json_fmt g_json_fmts[] = {
-    {TOOLCALL_FORMAT_HERMES, "root ::= blk ( tws blk )* tws\nblk ::= \"<tool_call>\" tws call tws \"</tool_call>\"\n",
-     {TG_OBJ("arguments")}, {"<tool_call>"}, false},
-    {TOOLCALL_FORMAT_LLAMA3, "root ::= call ( tws \";\" tws call )*\n", {TG_OBJ("parameters")}, {"{"}, true},
-    {TOOLCALL_FORMAT_MISTRAL, "root ::= blk+\nblk ::= \"[TOOL_CALLS]\" ( rcall | arr )\n" TG_ARRAY,
+    {TOOLCALL_FORMAT_HERMES, "blk ::= \"<tool_call>\" tws call tws \"</tool_call>\"\n", "root ::= blk ( tws blk )* tws\n",
+     "root ::= blk tws\n", {TG_OBJ("arguments")}, {"<tool_call>"}, false},
+    {TOOLCALL_FORMAT_LLAMA3, "", "root ::= call ( tws \";\" tws call )*\n", "root ::= call\n", {TG_OBJ("parameters")},
+     {"{"}, true},
+    {TOOLCALL_FORMAT_MISTRAL,
+     "blk ::= \"[TOOL_CALLS]\" ( rcall | \"[\" tws call ( tws \",\" tws call )* tws \"]\" )\n", "root ::= blk+\n",
+     "root ::= \"[TOOL_CALLS]\" ( rcall | \"[\" tws call tws \"]\" )\n",
      {TG_OBJ("arguments"), {"rcall", false, "", "\"[ARGS]\"", ""}}, {"[TOOL_CALLS]"}, false},
-    {TOOLCALL_FORMAT_FUNCTIONARY_V3_1, "root ::= call+\n", {{"call", false, "\"<function=\"", "\">\"", "\"</function>\""}},
-     {"<function="}, false},
-    {TOOLCALL_FORMAT_DEEPSEEK_V3_1, "root ::= " DS_CALLS " call+ " DS_CALLS_END " | call+\n",
-     {{"call", false, DS_CALL, DS_SEP, DS_CALL_END}}, {DS_CALLS_T, DS_CALL_T}, false},
-    {TOOLCALL_FORMAT_DEEPSEEK_R1, "root ::= " DS_CALLS " call ( \"\\n\"? call )* " DS_CALLS_END "\n",
+    {TOOLCALL_FORMAT_FUNCTIONARY_V3_1, "", "root ::= call+\n", "root ::= call\n",
+     {{"call", false, "\"<function=\"", "\">\"", "\"</function>\""}}, {"<function="}, false},
+    {TOOLCALL_FORMAT_DEEPSEEK_V3_1, "", "root ::= " DS_CALLS " call+ " DS_CALLS_END " | call+\n",
+     "root ::= " DS_CALLS " call " DS_CALLS_END " | call\n", {{"call", false, DS_CALL, DS_SEP, DS_CALL_END}},
+     {DS_CALLS_T, DS_CALL_T}, false},
+    {TOOLCALL_FORMAT_DEEPSEEK_R1, "", "root ::= " DS_CALLS " call ( \"\\n\"? call )* " DS_CALLS_END "\n",
+     "root ::= " DS_CALLS " call " DS_CALLS_END "\n",
      {{"call", false, DS_CALL " \"function\" " DS_SEP, "\"\\n```json\\n\"", "\"\\n```\" " DS_CALL_END}},
      {DS_CALLS_T}, false},
-    {TOOLCALL_FORMAT_KIMI_K2,
+    {TOOLCALL_FORMAT_KIMI_K2, "",
      "root ::= \"<|tool_calls_section_begin|>\" call+ \"<|tool_calls_section_end|>\" | call+\n",
+     "root ::= \"<|tool_calls_section_begin|>\" call \"<|tool_calls_section_end|>\" | call\n",
      {{"call", false, "\"<|tool_call_begin|>functions.\"", "\":\" [0-9]{1,3} \"<|tool_call_argument_begin|>\"",
        "\"<|tool_call_end|>\""}},
      {"<|tool_calls_section_begin|>", "<|tool_call_begin|>"}, false},
-    {TOOLCALL_FORMAT_NEMOTRON_V2, "root ::= \"<TOOLCALL>\" arr \"</TOOLCALL>\"\n" TG_ARRAY, {TG_OBJ("arguments")},
+    {TOOLCALL_FORMAT_NEMOTRON_V2, "", TG_ARRAYS("\"<TOOLCALL>\"", "\"</TOOLCALL>\""), {TG_OBJ("arguments")},
      {"<TOOLCALL>"}, false},
-    {TOOLCALL_FORMAT_GRANITE, "root ::= \"<|tool_call|>\" arr\n" TG_ARRAY, {TG_OBJ("arguments")}, {"<|tool_call|>"},
-     false},
-    {TOOLCALL_FORMAT_APRIEL, "root ::= \"<tool_calls>\" arr \"</tool_calls>\"\n" TG_ARRAY, {TG_OBJ("arguments")},
+    {TOOLCALL_FORMAT_GRANITE, "", TG_ARRAYS("\"<|tool_call|>\"", ""), {TG_OBJ("arguments")}, {"<|tool_call|>"}, false},
+    {TOOLCALL_FORMAT_APRIEL, "", TG_ARRAYS("\"<tool_calls>\"", "\"</tool_calls>\""), {TG_OBJ("arguments")},
      {"<tool_calls>"}, false},
-    {TOOLCALL_FORMAT_LFM2, "root ::= \"<|tool_call_start|>\" arr \"<|tool_call_end|>\"\n" TG_ARRAY,
-     {TG_OBJ("arguments")}, {"<|tool_call_start|>"}, false},
+    {TOOLCALL_FORMAT_LFM2, "", TG_ARRAYS("\"<|tool_call_start|>\"", "\"<|tool_call_end|>\""), {TG_OBJ("arguments")},
+     {"<|tool_call_start|>"}, false},
 };
 
 /* An XML-parameter format: GBNF fragments around the name and each
  * parameter (rules pname / pval of an unconstrained tool are shared). */
 typedef struct tg_xml_fmt {
     toolcall_format f;
-    const char *head; /* root and blk, using the rule call */
+    const char *head, *many, *one; /* as tg_json_fmt's, using the rule call */
     const char *pre, *mid, *post;        /* call: pre NAME mid PARAMS post */
     const char *ppre, *pmid, *ppost;     /* parameter: ppre KEY pmid VALUE ppost */
     const char *trigger;
 } tg_xml_fmt;
 
+#define TG_BLOCKS "root ::= blk ( tws blk )* tws\n", "root ::= blk tws\n"
 static const tg_xml_fmt g_xml_fmts[] = {
-    {TOOLCALL_FORMAT_QWEN3_CODER, "root ::= blk ( tws blk )* tws\nblk ::= \"<tool_call>\\n\" call \"</tool_call>\"\n",
-     "\"<function=\"", "\">\\n\"", "\"</function>\\n\"", "\"<parameter=\"", "\">\\n\"", "\"\\n</parameter>\\n\"",
-     "<tool_call>"},
-    {TOOLCALL_FORMAT_SEED_OSS,
-     "root ::= blk ( tws blk )* tws\nblk ::= \"<seed:tool_call>\\n\" call \"</seed:tool_call>\"\n", "\"<function=\"",
-     "\">\\n\"", "\"</function>\\n\"", "\"<parameter=\"", "\">\"", "\"</parameter>\\n\"", "<seed:tool_call>"},
-    {TOOLCALL_FORMAT_GLM, "root ::= blk ( tws blk )* tws\nblk ::= \"<tool_call>\" call \"</tool_call>\"\n", "",
-     "\"\\n\"", "", "\"<arg_key>\"", "\"</arg_key>\\n<arg_value>\"", "\"</arg_value>\\n\"", "<tool_call>"},
-    {TOOLCALL_FORMAT_MINIMAX_M2,
-     "root ::= \"<minimax:tool_call>\\n\" call+ \"</minimax:tool_call>\"\n", "\"<invoke name=\\\"\"", "\"\\\">\\n\"",
+    {TOOLCALL_FORMAT_QWEN3_CODER, "blk ::= \"<tool_call>\\n\" call \"</tool_call>\"\n", TG_BLOCKS, "\"<function=\"",
+     "\">\\n\"", "\"</function>\\n\"", "\"<parameter=\"", "\">\\n\"", "\"\\n</parameter>\\n\"", "<tool_call>"},
+    {TOOLCALL_FORMAT_SEED_OSS, "blk ::= \"<seed:tool_call>\\n\" call \"</seed:tool_call>\"\n", TG_BLOCKS,
+     "\"<function=\"", "\">\\n\"", "\"</function>\\n\"", "\"<parameter=\"", "\">\"", "\"</parameter>\\n\"",
+     "<seed:tool_call>"},
+    {TOOLCALL_FORMAT_GLM, "blk ::= \"<tool_call>\" call \"</tool_call>\"\n", TG_BLOCKS, "", "\"\\n\"", "",
+     "\"<arg_key>\"", "\"</arg_key>\\n<arg_value>\"", "\"</arg_value>\\n\"", "<tool_call>"},
+    {TOOLCALL_FORMAT_MINIMAX_M2, "", "root ::= \"<minimax:tool_call>\\n\" call+ \"</minimax:tool_call>\"\n",
+     "root ::= \"<minimax:tool_call>\\n\" call \"</minimax:tool_call>\"\n", "\"<invoke name=\\\"\"", "\"\\\">\\n\"",
      "\"</invoke>\\n\"", "\"<parameter name=\\\"\"", "\"\\\">\"", "\"</parameter>\\n\"", "<minimax:tool_call>"},
 };
 
@@ -432,8 +441,8 @@ static keel_status name_lit(tg_buf *b, const char *name, bool as_json)
     return b->st;
 }
 
-keel_status toolcall_grammar_build(toolcall_format f, json_t *tools, const char *only, bool all, toolcall_grammar *out,
-                                   char *err)
+keel_status toolcall_grammar_build(toolcall_format f, json_t *tools, const char *only, bool all, bool parallel,
+                                   toolcall_grammar *out, char *err)
 {
     if (!out) return base_err(err, KEEL_EINVAL, "out is NULL");
     memset(out, 0, sizeof *out);
@@ -467,6 +476,7 @@ keel_status toolcall_grammar_build(toolcall_format f, json_t *tools, const char 
     if (!st) {
         /* the format's blocks, then one alternative per tool and call kind */
         tg_puts(&b, jf ? jf->head : xf->head);
+        tg_puts(&b, parallel ? (jf ? jf->many : xf->many) : (jf ? jf->one : xf->one));
         tg_puts(&b, "tws ::= [ \\t\\n]{0,4}\n");
         for (int c = 0; c < (jf ? 2 : 1) && !b.st; c++) {
             const tg_call *k = jf ? &jf->calls[c] : NULL;

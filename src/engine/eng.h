@@ -75,6 +75,7 @@ typedef struct eng_opts {
     int32_t n_trig_tok;
     bool trig_at_start;       /* triggers count only at the start of the output, whitespace aside */
     int8_t strict_tools;      /* "strict_tools": -1 auto (strict tools, forced calls), 0 off, 1 every tool */
+    bool one_call;            /* "parallel_tool_calls": false: the tool grammar allows one call */
     bool tool_forced;         /* the grammar is the tool-call grammar of a forced call: active from
                                  the first token, after the forced opening the prompt ends with */
     char *tool_note;          /* the tool-call grammar: what it covers or why there is none (owned), or NULL */

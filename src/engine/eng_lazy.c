@@ -174,7 +174,7 @@ keel_status eng_tool_grammar(keel_engine *e, eng_req *r, char *err)
     }
     toolcall_grammar tg;
     char why[BASE_ERR_CAP] = "";
-    st = toolcall_grammar_build(f, r->tools, forced ? o->tool_name : NULL, all, &tg, why);
+    st = toolcall_grammar_build(f, r->tools, forced ? o->tool_name : NULL, all, !o->one_call, &tg, why);
     if (st == KEEL_ENOMEM) goto oom;
     if (st == KEEL_OK) {
         keel_grammar *g = NULL;

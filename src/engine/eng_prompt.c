@@ -416,6 +416,11 @@ static keel_status eng_opts_parse_members(const keel_engine *e, json_t *obj, boo
                 o->grammar_lazy = json_is_true(v);
         } else if (strcmp(k, "grammar_triggers") == 0) {
             st = eng_lazy_triggers(e, v, o, err);
+        } else if (strcmp(k, "parallel_tool_calls") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "parallel_tool_calls must be a boolean");
+            else
+                o->one_call = json_is_false(v);
         } else if (strcmp(k, "strict_tools") == 0) {
             const char *m = json_string_value(v);
             if (json_is_boolean(v))
