@@ -280,11 +280,19 @@ keel_status eng_lazy_step(keel_engine *e, eng_slot *sl, int32_t tok)
 {
     const eng_opts *o = &sl->req->o;
     if (sl->lazy_dead || keel_token_is_eog(e->model, tok)) return KEEL_OK;
-    char piece[1024];
+    char buf[1024];
+    const char *piece;
     size_t pn = 0;
-    /* control tokens as their text: some markers are single special tokens */
-    keel_status st = text_token_to_piece(e->model->tok, tok, true, piece, sizeof piece, &pn);
-    if (st) return st;
+    /* the grammar vocabulary's copy of the token's bytes (a lookup); control
+     * tokens, which it holds without bytes, rendered as their text: some
+     * markers are single special tokens */
+    engine_grammar_token_bytes(e->gvocab, tok, &piece, &pn);
+    if (pn == 0) {
+        keel_status st = text_token_to_piece(e->model->tok, tok, true, buf, sizeof buf, &pn);
+        if (st) return st;
+        piece = buf;
+    }
+    if (pn > sizeof buf) pn = sizeof buf; /* the window holds one piece of at most 1 KiB */
     for (int32_t i = 0; i < o->n_trig_tok; i++)
         if (o->trig_tok[i] == tok) {
             activate(sl, piece, pn);

@@ -53,5 +53,8 @@ keel_status engine_grammar_vocab(const keel_model *m, struct gram_vocab **out, c
  * trigger and what followed it. KEEL_EINVAL when a byte cannot follow (the
  * state is then unchanged), KEEL_ERANGE past a cap. */
 keel_status engine_grammar_matcher_feed(keel_grammar_matcher *m, const char *s, size_t n);
+/* Token tok's bytes as the grammar vocabulary holds them (*n 0 for control,
+ * unknown and unused tokens, or an id out of range): a pointer into v. */
+void engine_grammar_token_bytes(const keel_grammar_vocab *v, int32_t tok, const char **bytes, size_t *n);
 
 #endif

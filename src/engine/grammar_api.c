@@ -200,6 +200,15 @@ bool keel_grammar_matcher_done(const keel_grammar_matcher *m)
     return m && gram_matcher_done(m->m);
 }
 
+void engine_grammar_token_bytes(const keel_grammar_vocab *v, int32_t tok, const char **bytes, size_t *n)
+{
+    *bytes = NULL;
+    *n = 0;
+    if (!v || tok < 0 || tok >= v->v->n_vocab) return;
+    *bytes = (const char *)v->v->bytes + v->v->off[tok];
+    *n = v->v->off[tok + 1] - v->v->off[tok];
+}
+
 keel_status engine_grammar_matcher_feed(keel_grammar_matcher *m, const char *s, size_t n)
 {
     if (!m || (!s && n)) return KEEL_EINVAL;
