@@ -244,6 +244,37 @@ static void test_tool_grammar(void **state)
     }
 }
 
+/* A tool grammar's vocabulary: control tokens that are markers have their
+ * text (end-of-generation tokens never); the plain vocabulary none. */
+static void test_marker_vocab(void **state)
+{
+    (void)state;
+    static const char *const markers[] = {"<|im_start|>", "<|im_end|>", NULL};
+    keel_grammar_vocab *mv = NULL;
+    char err[BASE_ERR_CAP] = "";
+    assert_ok(engine_grammar_vocab_open_marked(g_e->model, markers, &mv, err));
+    int found = 0;
+    for (int32_t t = 0; t < g_e->model->w.hp.n_vocab; t++) {
+        char buf[64];
+        size_t k = 0;
+        if (text_token_get_type(g_e->model->tok, t) != TEXT_TOKEN_CONTROL) continue;
+        assert_ok(text_token_to_piece(g_e->model->tok, t, true, buf, sizeof buf, &k));
+        const char *p;
+        size_t n, n0;
+        engine_grammar_token_bytes(mv, t, &p, &n);
+        engine_grammar_token_bytes(g_v, t, &p, &n0);
+        assert_int_equal(n0, 0);
+        if (k == 12 && memcmp(buf, "<|im_start|>", 12) == 0) {
+            assert_int_equal(n, 12);
+            found++;
+        } else {
+            assert_int_equal(n, 0); /* <|im_end|> is an end of generation; the rest are not markers */
+        }
+    }
+    assert_int_equal(found, 1);
+    keel_grammar_vocab_close(mv);
+}
+
 /* The cost of a waiting step: uniformly random tokens (no trigger). */
 static void test_waiting_cost(void **state)
 {
@@ -278,7 +309,7 @@ int main(void)
         cmocka_unit_test(test_trigger_split), cmocka_unit_test(test_refused_then_next),
         cmocka_unit_test(test_at_start),      cmocka_unit_test(test_trigger_token),
         cmocka_unit_test(test_bad_options),   cmocka_unit_test(test_tool_grammar),
-        cmocka_unit_test(test_waiting_cost),
+        cmocka_unit_test(test_marker_vocab),  cmocka_unit_test(test_waiting_cost),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

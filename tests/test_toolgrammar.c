@@ -175,6 +175,7 @@ static void test_formats(void **state)
         toolcall_grammar tg;
         gram *g = build(f, TOOLS, NULL, false, &tg);
         assert_true(tg.n_triggers >= 1);
+        assert_non_null(tg.markers);
         assert_int_equal(tg.n_constrained, 1); /* get_weather only: read_file is not strict */
         assert_string_equal(tg.note, "");
         /* the grammar starts with a trigger (llama3: at the start of the output) */

@@ -309,6 +309,8 @@ typedef struct toolcall_grammar {
     int32_t n_triggers;
     bool at_start;     /* a trigger counts only at the start of the output, whitespace aside
                           (llama3's bare JSON call) */
+    const char *const *markers; /* static, NULL-terminated: the format's markers (openers, separators,
+                                   closers); a model's control token with such a text may stand for it */
     int32_t n_constrained; /* tools whose arguments follow their schema */
     char note[256];    /* tools left unconstrained (a schema refused) and why; "" if none */
 } toolcall_grammar;

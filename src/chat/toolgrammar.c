@@ -192,6 +192,7 @@ typedef struct tg_json_fmt {
     tg_call calls[2];
     const char *triggers[2];
     bool at_start;
+    const char *const *markers; /* its literal markers, NULL-terminated (toolcall_grammar.markers) */
 } tg_json_fmt;
 
 #define DS_CALLS "\"<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>\""
@@ -205,37 +206,57 @@ typedef struct tg_json_fmt {
     "root ::= " open " \"[\" tws call ( tws \",\" tws call )* tws \"]\" " close "\n",              \
         "root ::= " open " \"[\" tws call tws \"]\" " close "\n"
 
+/* The markers of each format: control tokens with this text may be written
+ * as that one token (the engine's vocabulary of tool grammars). */
+static const char *const g_mk_hermes[] = {"<tool_call>", "</tool_call>", NULL};
+static const char *const g_mk_none[] = {NULL};
+static const char *const g_mk_mistral[] = {"[TOOL_CALLS]", "[ARGS]", NULL};
+static const char *const g_mk_ds[] = {DS_CALLS_T, DS_CALL_T, "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>",
+                                      "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>",
+                                      "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>", NULL};
+static const char *const g_mk_kimi[] = {"<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                                        "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                                        "<|tool_calls_section_end|>", NULL};
+static const char *const g_mk_nemo[] = {"<TOOLCALL>", "</TOOLCALL>", NULL};
+static const char *const g_mk_granite[] = {"<|tool_call|>", NULL};
+static const char *const g_mk_apriel[] = {"<tool_calls>", "</tool_calls>", NULL};
+static const char *const g_mk_lfm2[] = {"<|tool_call_start|>", "<|tool_call_end|>", NULL};
+static const char *const g_mk_seed[] = {"<seed:tool_call>", "</seed:tool_call>", NULL};
+static const char *const g_mk_glm[] = {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+                                       "</arg_value>", NULL};
+static const char *const g_mk_minimax[] = {"<minimax:tool_call>", "</minimax:tool_call>", NULL};
+
 static const tg_json_fmt g_json_fmts[] = {
     {TOOLCALL_FORMAT_HERMES, "blk ::= \"<tool_call>\" tws call tws \"</tool_call>\"\n", "root ::= blk ( tws blk )* tws\n",
-     "root ::= blk tws\n", {TG_OBJ("arguments")}, {"<tool_call>"}, false},
+     "root ::= blk tws\n", {TG_OBJ("arguments")}, {"<tool_call>"}, false, g_mk_hermes},
     {TOOLCALL_FORMAT_LLAMA3, "", "root ::= call ( tws \";\" tws call )*\n", "root ::= call\n", {TG_OBJ("parameters")},
-     {"{"}, true},
+     {"{"}, true, g_mk_none},
     {TOOLCALL_FORMAT_MISTRAL,
      "blk ::= \"[TOOL_CALLS]\" ( rcall | \"[\" tws call ( tws \",\" tws call )* tws \"]\" )\n", "root ::= blk+\n",
      "root ::= \"[TOOL_CALLS]\" ( rcall | \"[\" tws call tws \"]\" )\n",
-     {TG_OBJ("arguments"), {"rcall", false, "", "\"[ARGS]\"", ""}}, {"[TOOL_CALLS]"}, false},
+     {TG_OBJ("arguments"), {"rcall", false, "", "\"[ARGS]\"", ""}}, {"[TOOL_CALLS]"}, false, g_mk_mistral},
     {TOOLCALL_FORMAT_FUNCTIONARY_V3_1, "", "root ::= call+\n", "root ::= call\n",
-     {{"call", false, "\"<function=\"", "\">\"", "\"</function>\""}}, {"<function="}, false},
+     {{"call", false, "\"<function=\"", "\">\"", "\"</function>\""}}, {"<function="}, false, g_mk_none},
     {TOOLCALL_FORMAT_DEEPSEEK_V3_1, "", "root ::= " DS_CALLS " call+ " DS_CALLS_END " | call+\n",
      "root ::= " DS_CALLS " call " DS_CALLS_END " | call\n", {{"call", false, DS_CALL, DS_SEP, DS_CALL_END}},
-     {DS_CALLS_T, DS_CALL_T}, false},
+     {DS_CALLS_T, DS_CALL_T}, false, g_mk_ds},
     {TOOLCALL_FORMAT_DEEPSEEK_R1, "", "root ::= " DS_CALLS " call ( \"\\n\"? call )* " DS_CALLS_END "\n",
      "root ::= " DS_CALLS " call " DS_CALLS_END "\n",
      {{"call", false, DS_CALL " \"function\" " DS_SEP, "\"\\n```json\\n\"", "\"\\n```\" " DS_CALL_END}},
-     {DS_CALLS_T}, false},
+     {DS_CALLS_T}, false, g_mk_ds},
     {TOOLCALL_FORMAT_KIMI_K2, "",
      "root ::= \"<|tool_calls_section_begin|>\" call+ \"<|tool_calls_section_end|>\" | call+\n",
      "root ::= \"<|tool_calls_section_begin|>\" call \"<|tool_calls_section_end|>\" | call\n",
      {{"call", false, "\"<|tool_call_begin|>functions.\"", "\":\" [0-9]{1,3} \"<|tool_call_argument_begin|>\"",
        "\"<|tool_call_end|>\""}},
-     {"<|tool_calls_section_begin|>", "<|tool_call_begin|>"}, false},
+     {"<|tool_calls_section_begin|>", "<|tool_call_begin|>"}, false, g_mk_kimi},
     {TOOLCALL_FORMAT_NEMOTRON_V2, "", TG_ARRAYS("\"<TOOLCALL>\"", "\"</TOOLCALL>\""), {TG_OBJ("arguments")},
-     {"<TOOLCALL>"}, false},
-    {TOOLCALL_FORMAT_GRANITE, "", TG_ARRAYS("\"<|tool_call|>\"", ""), {TG_OBJ("arguments")}, {"<|tool_call|>"}, false},
+     {"<TOOLCALL>"}, false, g_mk_nemo},
+    {TOOLCALL_FORMAT_GRANITE, "", TG_ARRAYS("\"<|tool_call|>\"", ""), {TG_OBJ("arguments")}, {"<|tool_call|>"}, false, g_mk_granite},
     {TOOLCALL_FORMAT_APRIEL, "", TG_ARRAYS("\"<tool_calls>\"", "\"</tool_calls>\""), {TG_OBJ("arguments")},
-     {"<tool_calls>"}, false},
+     {"<tool_calls>"}, false, g_mk_apriel},
     {TOOLCALL_FORMAT_LFM2, "", TG_ARRAYS("\"<|tool_call_start|>\"", "\"<|tool_call_end|>\""), {TG_OBJ("arguments")},
-     {"<|tool_call_start|>"}, false},
+     {"<|tool_call_start|>"}, false, g_mk_lfm2},
 };
 
 /* An XML-parameter format: GBNF fragments around the name and each
@@ -246,20 +267,21 @@ typedef struct tg_xml_fmt {
     const char *pre, *mid, *post;        /* call: pre NAME mid PARAMS post */
     const char *ppre, *pmid, *ppost;     /* parameter: ppre KEY pmid VALUE ppost */
     const char *trigger;
+    const char *const *markers;
 } tg_xml_fmt;
 
 #define TG_BLOCKS "root ::= blk ( tws blk )* tws\n", "root ::= blk tws\n"
 static const tg_xml_fmt g_xml_fmts[] = {
     {TOOLCALL_FORMAT_QWEN3_CODER, "blk ::= \"<tool_call>\\n\" call \"</tool_call>\"\n", TG_BLOCKS, "\"<function=\"",
-     "\">\\n\"", "\"</function>\\n\"", "\"<parameter=\"", "\">\\n\"", "\"\\n</parameter>\\n\"", "<tool_call>"},
+     "\">\\n\"", "\"</function>\\n\"", "\"<parameter=\"", "\">\\n\"", "\"\\n</parameter>\\n\"", "<tool_call>", g_mk_hermes},
     {TOOLCALL_FORMAT_SEED_OSS, "blk ::= \"<seed:tool_call>\\n\" call \"</seed:tool_call>\"\n", TG_BLOCKS,
      "\"<function=\"", "\">\\n\"", "\"</function>\\n\"", "\"<parameter=\"", "\">\"", "\"</parameter>\\n\"",
-     "<seed:tool_call>"},
+     "<seed:tool_call>", g_mk_seed},
     {TOOLCALL_FORMAT_GLM, "blk ::= \"<tool_call>\" call \"</tool_call>\"\n", TG_BLOCKS, "", "\"\\n\"", "",
-     "\"<arg_key>\"", "\"</arg_key>\\n<arg_value>\"", "\"</arg_value>\\n\"", "<tool_call>"},
+     "\"<arg_key>\"", "\"</arg_key>\\n<arg_value>\"", "\"</arg_value>\\n\"", "<tool_call>", g_mk_glm},
     {TOOLCALL_FORMAT_MINIMAX_M2, "", "root ::= \"<minimax:tool_call>\\n\" call+ \"</minimax:tool_call>\"\n",
      "root ::= \"<minimax:tool_call>\\n\" call \"</minimax:tool_call>\"\n", "\"<invoke name=\\\"\"", "\"\\\">\\n\"",
-     "\"</invoke>\\n\"", "\"<parameter name=\\\"\"", "\"\\\">\"", "\"</parameter>\\n\"", "<minimax:tool_call>"},
+     "\"</invoke>\\n\"", "\"<parameter name=\\\"\"", "\"\\\">\"", "\"</parameter>\\n\"", "<minimax:tool_call>", g_mk_minimax},
 };
 
 static const tg_json_fmt *json_fmt(toolcall_format f)
@@ -531,6 +553,7 @@ keel_status toolcall_grammar_build(toolcall_format f, json_t *tools, const char 
         if (t) out->triggers[out->n_triggers++] = t;
     }
     out->at_start = jf && jf->at_start;
+    out->markers = jf ? jf->markers : xf->markers;
     return KEEL_OK;
 }
 

@@ -79,6 +79,8 @@ typedef struct eng_opts {
     bool tool_forced;         /* the grammar is the tool-call grammar of a forced call: active from
                                  the first token, after the forced opening the prompt ends with */
     char *tool_note;          /* the tool-call grammar: what it covers or why there is none (owned), or NULL */
+    const char *const *markers; /* the tool grammar's markers (static, NULL-terminated): its matcher
+                                   uses the engine's tool vocabulary, or NULL */
 } eng_opts;
 
 #define ENG_LAZY_TRIGGERS 16    /* triggers of one request */
@@ -222,6 +224,7 @@ typedef struct eng_gpark {
     keel_grammar_matcher *m;
     char *text; /* len + 1 bytes */
     size_t len;
+    const keel_grammar_vocab *v; /* the vocabulary m was opened with */
     uint64_t last_used;
 } eng_gpark;
 
@@ -303,6 +306,8 @@ struct keel_engine {
     int32_t *eog_ids;         /* [n_eog] end-of-generation tokens (ignore_eos) */
     keel_grammar_vocab *gvocab; /* the vocabulary trie of grammars, built by the stepping thread
                                    at the first request with a grammar, or NULL */
+    keel_grammar_vocab *gvocab_tool; /* the same with the tool-call format's marker tokens given their
+                                   text (tool grammars), or NULL */
     eng_gpark gpark[ENG_GRAMMAR_PARK]; /* idle matchers by grammar source (stepping thread) */
     atomic_bool tool_logged;  /* a request's tool calls went unconstrained: logged (once) */
     int32_t n_eog;

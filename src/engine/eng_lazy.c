@@ -119,6 +119,7 @@ void eng_lazy_opts_free(eng_opts *o)
     triggers_free(o);
     base_strfree(o->tool_note);
     o->tool_note = NULL;
+    o->markers = NULL;
 }
 
 /* ---- the tool-call grammar of a request --------------------------------------------- */
@@ -190,6 +191,7 @@ keel_status eng_tool_grammar(keel_engine *e, eng_req *r, char *err)
             for (int32_t i = 0; i < tg.n_triggers && st == KEEL_OK; i++)
                 st = add_word(o, tg.triggers[i], strlen(tg.triggers[i]), err);
             o->trig_at_start = tg.at_start;
+            o->markers = tg.markers && tg.markers[0] ? tg.markers : NULL;
             if (st) return st;
             if (tg.note[0]) log_once(e, tg.note);
             st = set_note(o, "%s: %d of %zu tools constrained (%s)%s%s", forced ? "forced" : "lazy", (int)tg.n_constrained,

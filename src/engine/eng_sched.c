@@ -837,7 +837,8 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
          * this thread owns the slots and the park) */
         for (int i = 0; i < ENG_GRAMMAR_PARK && !sl->gm; i++) {
             eng_gpark *p = &e->gpark[i];
-            if (p->m && p->len == r->o.grammar_len && memcmp(p->text, r->o.grammar_text, p->len) == 0) {
+            if (p->m && p->len == r->o.grammar_len && memcmp(p->text, r->o.grammar_text, p->len) == 0 &&
+                p->v == (r->o.markers ? e->gvocab_tool : e->gvocab)) {
                 sl->gp = *p;
                 memset(p, 0, sizeof *p);
                 sl->gm = sl->gp.m;
@@ -845,7 +846,12 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         }
         if (!sl->gm) {
             if (!e->gvocab && (st = keel_grammar_vocab_open(e->model, &e->gvocab, err)) != KEEL_OK) goto fail;
-            if ((st = keel_grammar_matcher_open(r->o.grammar, e->gvocab, &sl->gp.m, err)) != KEEL_OK) goto fail;
+            /* a tool grammar: its markers may be the model's special tokens */
+            if (r->o.markers && !e->gvocab_tool &&
+                (st = engine_grammar_vocab_open_marked(e->model, r->o.markers, &e->gvocab_tool, err)) != KEEL_OK)
+                goto fail;
+            sl->gp.v = r->o.markers ? e->gvocab_tool : e->gvocab;
+            if ((st = keel_grammar_matcher_open(r->o.grammar, sl->gp.v, &sl->gp.m, err)) != KEEL_OK) goto fail;
             sl->gp.g = r->o.grammar; /* the slot owns them now */
             sl->gp.text = r->o.grammar_text;
             sl->gp.len = r->o.grammar_len;
