@@ -1529,7 +1529,8 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  *    "tool_calls" | "cancelled", "stop_sequence", "usage": {"prompt_tokens",
  *    "cached_tokens", "completion_tokens"}, "timings": {"prompt_ms",
  *    "predicted_ms", "prompt_per_second", "predicted_per_second"},
- *   "memory": {"cells", "compactions", "cache": "reused" | "reset: why"}}
+ *   "memory": {"cells", "compactions", "cache": "reused" | "reset: why"},
+ *   "tool_grammar" (only when tool calls were to be constrained: see strict_tools)}
  * options_json (may be NULL): "max_tokens" (-1: until the end of generation or
  * the budget), "temperature", "top_p", "top_k", "min_p", "seed",
  * "repeat_penalty", "presence_penalty", "frequency_penalty", "stop" (string or
@@ -1562,7 +1563,33 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * and a complete text nothing can extend ends with finish_reason "stop";
  * a grammar the compiler refuses is KEEL_EINVAL "grammar: ..."; the
  * vocabulary trie is built at the first such request; one of grammar,
- * json_schema and a JSON response_format), "ignore_eos",
+ * json_schema and a JSON response_format), "grammar_lazy" (true: the
+ * grammar applies only from the first trigger in the output on — the text
+ * before it is free and stays content — and the grammar's sentences begin
+ * with the trigger's text; the matcher is not touched while it waits),
+ * "grammar_triggers" (with grammar_lazy: up to 16 strings of 1..128 bytes,
+ * or objects {"type": "word", "value": S}, {"type": "token", "value": ID}
+ * (a token id: its text, special tokens rendered, is where the grammar
+ * starts) or {"type": "start", "value": S} (S counts only where the output
+ * begins with it, whitespace aside; not mixed with words); llama-server's
+ * numeric types 0 (token) and 1 (word) are accepted, patterns are
+ * KEEL_EINVAL; text after a trigger that the grammar refuses leaves the
+ * request waiting for the next one), "strict_tools" ("auto", the default:
+ * tool calls are constrained when a tool sets "strict": true (OpenAI's
+ * function.strict) or tool_choice forces a call; true: every tool call;
+ * false: none. Constrained means a grammar of the template's tool-call
+ * format — docs/grammar.md "Tool calls" lists the formats — with the
+ * name one of the tools and the arguments the tool's "parameters" schema
+ * (strict tools, or every tool when forced or true; the others any JSON
+ * object), lazy from the format's opening marker on, or from the first
+ * token of a forced call; a strict tool whose schema is refused is
+ * KEEL_EINVAL "tools: tool 'f' (strict): ..." naming the keyword; another
+ * tool is left unconstrained, and a format without a grammar leaves every
+ * call unconstrained (logged once); the response's "tool_grammar" says
+ * which: "lazy: 1 of 2 tools constrained (hermes)", "forced: ...",
+ * "unconstrained: why"; an explicit grammar wins over the tools'),
+ * "parallel_tool_calls" (false: the tool grammar allows one call),
+ * "ignore_eos",
  * "logprobs" (true: the response's "logprobs": {"content": [{"token",
  * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
  * per generated token, log-softmax of the model's logits), "top_logprobs"

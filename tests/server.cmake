@@ -1,7 +1,7 @@
 # keel serve: the test_server* executables also link the server's client
 # and converters (keel_server_api) and the harness tests/server_util.c, and
 # run the keel binary (so they depend on it).
-foreach(t test_server test_server_api test_server_load test_server_replay)
+foreach(t test_server test_server_api test_server_load test_server_replay test_server_toolgrammar)
   if(TARGET ${t})
     target_sources(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests/server_util.c)
     target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests)

@@ -298,7 +298,9 @@ static void test_tool_choice_forced(void **state)
     const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"parameters\":{\"type\":"
                         "\"object\",\"properties\":{\"path\":{\"type\":\"string\"}}}}},{\"type\":\"function\","
                         "\"function\":{\"name\":\"run_tests\",\"parameters\":{\"type\":\"object\"}}}]";
-    const char *named = "{\"max_tokens\": 12, \"temperature\": 0, \"tool_choice\": {\"type\": \"function\", "
+    /* strict_tools false: the forced opening alone (the tool grammar of a forced call is
+     * tested in test_server_toolgrammar) */
+    const char *named = "{\"max_tokens\": 12, \"temperature\": 0, \"strict_tools\": false, \"tool_choice\": {\"type\": \"function\", "
                         "\"function\": {\"name\": \"run_tests\"}}}";
     assert_ok(keel_complete(e, MSG1, named, tools, NULL, NULL, g_resp, sizeof g_resp));
     json_t *r = parse(g_resp);

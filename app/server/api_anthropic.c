@@ -331,6 +331,12 @@ static bool convert_tools(json_t *body, const srv_limits *lim, json_t *req, srv_
     }
     if (json_object_set_new(req, "tools", out) != 0) return srv_fail(e, 500, "out of memory");
     const char *ct = choice ? json_string_value(json_object_get(choice, "type")) : NULL;
+    /* disable_parallel_tool_use: at most one call (the tool grammar's) */
+    json_t *dp = choice ? json_object_get(choice, "disable_parallel_tool_use") : NULL;
+    if (dp && !json_is_null(dp) && !json_is_boolean(dp))
+        return srv_fail(e, 400, "tool_choice.disable_parallel_tool_use must be a boolean");
+    if (json_is_true(dp) && json_object_set_new(req, "parallel_tool_calls", json_false()) != 0)
+        return srv_fail(e, 500, "out of memory");
     return srv_set_tool_choice(req, only, ct && strcmp(ct, "any") == 0, e);
 }
 
@@ -457,6 +463,8 @@ char *srv_anthropic_response(const srv_meta *m, json_t *resp)
     /* how the slot's cache was used (an extension field, as OpenAI's) */
     json_t *mem = json_object_get(resp, "memory");
     if (o && mem) json_object_set(o, "memory", mem);
+    json_t *tg = json_object_get(resp, "tool_grammar");
+    if (o && tg) json_object_set(o, "tool_grammar", tg);
     return dump_free(o);
 }
 

@@ -192,6 +192,14 @@ static bool norm_tools(json_t *body, const srv_limits *lim, json_t *req, srv_err
         json_t *f = json_pack("{ss}", "name", name);
         if (json_is_string(desc)) json_object_set(f, "description", desc);
         json_object_set_new(f, "parameters", json_is_object(params) ? json_incref(params) : json_pack("{ss}", "type", "object"));
+        /* strict: the arguments are constrained to parameters (the engine's tool grammar) */
+        json_t *strict = json_object_get(fn, "strict");
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+            json_decref(f);
+            json_decref(out);
+            return srv_fail(e, 400, "tools[%zu].function.strict must be a boolean", i);
+        }
+        if (json_is_true(strict)) json_object_set_new(f, "strict", json_true());
         json_array_append_new(out, json_pack("{sssO}", "type", "function", "function", f));
         json_decref(f);
     }
@@ -200,6 +208,12 @@ static bool norm_tools(json_t *body, const srv_limits *lim, json_t *req, srv_err
         return srv_fail(e, 400, "tool_choice names '%s', which is not among the tools", only);
     }
     if (json_object_set_new(req, "tools", out) != 0) return srv_fail(e, 500, "out of memory");
+    /* parallel_tool_calls false: at most one call (the tool grammar's) */
+    json_t *par = json_object_get(body, "parallel_tool_calls");
+    if (par && !json_is_null(par) && !json_is_boolean(par))
+        return srv_fail(e, 400, "parallel_tool_calls must be a boolean");
+    if (json_is_false(par) && json_object_set_new(req, "parallel_tool_calls", json_false()) != 0)
+        return srv_fail(e, 500, "out of memory");
     bool required = json_is_string(choice) && strcmp(json_string_value(choice), "required") == 0;
     return srv_set_tool_choice(req, only, required, e);
 }
@@ -265,6 +279,11 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
         if (!json_is_string(gr)) return srv_fail(e, 400, "grammar must be a string (GBNF)");
         if (json_object_set(req, "grammar", gr) != 0) return srv_fail(e, 500, "out of memory");
     }
+    /* llama-server's lazy grammar: the engine checks them (a 400 named) */
+    json_t *gl = json_object_get(b, "grammar_lazy"), *gt = json_object_get(b, "grammar_triggers");
+    if (gl && !json_is_null(gl) && json_object_set(req, "grammar_lazy", gl) != 0) return srv_fail(e, 500, "out of memory");
+    if (gt && !json_is_null(gt) && json_object_set(req, "grammar_triggers", gt) != 0)
+        return srv_fail(e, 500, "out of memory");
     json_t *js = json_object_get(b, "json_schema"); /* llama-server's field */
     if (js && !json_is_null(js)) {
         if (!json_is_object(js) && !json_is_boolean(js)) return srv_fail(e, 400, "json_schema must be a JSON Schema object");
@@ -493,6 +512,9 @@ char *srv_openai_response(const srv_meta *m, json_t *resp)
      * "reset: why"): an agent's operator sees why a turn was slow */
     json_t *mem = json_object_get(resp, "memory");
     if (mem) json_object_set(o, "memory", mem);
+    /* whether tool calls were constrained, and how (an extension field) */
+    json_t *tg = json_object_get(resp, "tool_grammar");
+    if (tg) json_object_set(o, "tool_grammar", tg);
     return dump_free(o);
 }
 
@@ -599,6 +621,8 @@ bool srv_openai_done(srv_stream *s, json_t *resp, srv_buf *out)
     if (last && t) json_object_set(last, "timings", t);
     json_t *mem = json_object_get(resp, "memory");
     if (last && mem) json_object_set(last, "memory", mem);
+    json_t *tg = json_object_get(resp, "tool_grammar");
+    if (last && tg) json_object_set(last, "tool_grammar", tg);
     /* the entries whose text never went out (held back, or a stop string)
      * in the last chunk: clients concatenate the chunks' entries */
     if (last && lp && !s->lp) s->lp = json_array();

@@ -31,7 +31,7 @@ typedef struct serve_opts {
     const char *host, *slot_save_path, *api_key_file, *chat_template, *alias, *tool_format;
     int32_t port, n_slots, cache_ram, timeout, threads_http, n_predict, max_body;
     int32_t keep_alive, read_timeout, sse_ping;
-    bool cache_ram_set, metrics, no_slots, log_disable, deterministic;
+    bool cache_ram_set, metrics, no_slots, log_disable, deterministic, strict_tools;
     float prefill_share; /* 0: the engine's default */
     uint64_t seed;
     bool seed_set;
@@ -64,6 +64,9 @@ static const char g_help[] =
     "  --chat-template T              built-in name (chatml llama3 gemma mistral qwen3), file, or source\n"
     "  --chat-template-file FILE      a template file\n"
     "  --tool-format F                tool-call parser format (default: detected from the template)\n"
+    "  --strict-tools                 constrain every tool call to the tool's schema (a grammar from the\n"
+    "                                 call's opening marker on); default: tools with strict: true and\n"
+    "                                 a tool_choice that forces a call\n"
     "  -a, --alias NAME               model name in responses (the file name)\n"
     "  -to, --timeout S               longest silence of a connection during a request, in seconds (600)\n"
     "  --keep-alive-timeout S         close a connection idle between requests after S seconds (5)\n"
@@ -175,6 +178,9 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         *takes = false;
     } else if (strcmp(a, "--deterministic") == 0) {
         so->deterministic = true;
+        *takes = false;
+    } else if (strcmp(a, "--strict-tools") == 0) {
+        so->strict_tools = true;
         *takes = false;
     } else if (strcmp(a, "--chat-template") == 0 || strcmp(a, "--chat-template-file") == 0) {
         so->chat_template = v;
@@ -290,6 +296,11 @@ static json_t *request_defaults(const cli_opts *o, const serve_opts *so)
                           p->repeat_last_n, "presence_penalty", r6(p->presence_penalty), "frequency_penalty",
                           r6(p->frequency_penalty));
     if (d && so->seed_set) json_object_set_new(d, "seed", json_integer((json_int_t)(so->seed & INT64_MAX)));
+    /* --strict-tools: the engine constrains every tool call (a request's own "strict_tools" wins) */
+    if (d && so->strict_tools && json_object_set_new(d, "strict_tools", json_true()) != 0) {
+        json_decref(d);
+        d = NULL;
+    }
     return d;
 }
 

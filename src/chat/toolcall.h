@@ -288,6 +288,49 @@ size_t toolcall_held_bytes(const toolcall_parser *p);
 /* Detail of the last failure ("" if none). Valid until the next call. */
 const char *toolcall_last_error(const toolcall_parser *p);
 
+/* ---- the grammar of tool-call blocks (toolgrammar.c) ----------------------- */
+
+/*
+ * GBNF for one or more complete tool-call blocks in format f: the name one
+ * of tools (OpenAI [{"type":"function","function":{name, parameters,
+ * strict}}], Anthropic [{name, input_schema}]; only: that one tool, or
+ * NULL), the arguments the tool's schema (gram_schema_gbnf's keywords) for
+ * tools with "strict": true, or for every tool when all is set; any JSON
+ * object (XML formats: any parameters) for the others. parallel: one or
+ * more calls, as the format writes several; else exactly one. The grammar starts
+ * with the format's opening marker: the engine activates it lazily at the
+ * first trigger (docs/grammar.md, "Tool calls").
+ */
+#define TOOLCALL_GRAMMAR_TRIGGERS 2
+typedef struct toolcall_grammar {
+    char *gbnf;        /* base_alloc'd, n_gbnf + 1 bytes, NUL-terminated */
+    size_t n_gbnf;
+    const char *triggers[TOOLCALL_GRAMMAR_TRIGGERS]; /* static: the text that opens a block */
+    int32_t n_triggers;
+    bool at_start;     /* a trigger counts only at the start of the output, whitespace aside
+                          (llama3's bare JSON call) */
+    const char *const *markers; /* static, NULL-terminated: the format's markers (openers, separators,
+                                   closers); a model's control token with such a text may stand for it */
+    int32_t n_constrained; /* tools whose arguments follow their schema */
+    char note[256];    /* tools left unconstrained (a schema refused) and why; "" if none */
+} toolcall_grammar;
+
+/* Whether format f has a tool-call grammar (hermes, qwen3-coder, llama3,
+ * mistral, functionary-v3.1, deepseek-r1 / v3.1, kimi-k2, glm-4.5,
+ * minimax-m2, seed-oss, nemotron-v2, granite, apriel, lfm2). */
+bool toolcall_grammar_supported(toolcall_format f);
+
+/* Builds the grammar into *out (toolcall_grammar_free releases it).
+ * KEEL_EUNSUPPORTED: f has no grammar, or a strict tool's schema was
+ * refused (err names the tool and the keyword; a tool that is not strict
+ * is left unconstrained instead, noted in out->note); KEEL_EINVAL: no
+ * tools, or only names none of them; KEEL_ERANGE: past GRAM_MAX_SOURCE;
+ * KEEL_ENOMEM. out is zeroed on failure. */
+keel_status toolcall_grammar_build(toolcall_format f, json_t *tools, const char *only, bool all, bool parallel,
+                                   toolcall_grammar *out, char *err);
+/* NULL is a no-op. */
+void toolcall_grammar_free(toolcall_grammar *g);
+
 /* ---- shared with the fuzz target and tests ------------------------------- */
 
 /* Frees memory jansson returned to the caller (json_dumps) with jansson's own free

@@ -66,7 +66,25 @@ typedef struct eng_opts {
     char *grammar_text;       /* its source (owned, grammar_len + 1 bytes): parked matchers are
                                  found by it */
     size_t grammar_len;
+    /* lazy grammars (eng_lazy.c): the grammar applies from the first
+     * trigger in the output on (the trigger's text is the grammar's first) */
+    bool grammar_lazy;
+    char **trig;              /* [n_trig] trigger strings (owned), at most ENG_LAZY_TRIGGERS */
+    int32_t n_trig;
+    int32_t *trig_tok;        /* [n_trig_tok] trigger token ids (owned) */
+    int32_t n_trig_tok;
+    bool trig_at_start;       /* triggers count only at the start of the output, whitespace aside */
+    int8_t strict_tools;      /* "strict_tools": -1 auto (strict tools, forced calls), 0 off, 1 every tool */
+    bool one_call;            /* "parallel_tool_calls": false: the tool grammar allows one call */
+    bool tool_forced;         /* the grammar is the tool-call grammar of a forced call: active from
+                                 the first token, after the forced opening the prompt ends with */
+    char *tool_note;          /* the tool-call grammar: what it covers or why there is none (owned), or NULL */
+    const char *const *markers; /* the tool grammar's markers (static, NULL-terminated): its matcher
+                                   uses the engine's tool vocabulary, or NULL */
 } eng_opts;
+
+#define ENG_LAZY_TRIGGERS 16    /* triggers of one request */
+#define ENG_LAZY_TRIGGER_MAX 128 /* bytes of one trigger string */
 
 /* One generated token's log-probability under the model (log-softmax of
  * its logits, before any sampling transform) and the most likely tokens
@@ -206,6 +224,7 @@ typedef struct eng_gpark {
     keel_grammar_matcher *m;
     char *text; /* len + 1 bytes */
     size_t len;
+    const keel_grammar_vocab *v; /* the vocabulary m was opened with */
     uint64_t last_used;
 } eng_gpark;
 
@@ -243,6 +262,11 @@ typedef struct eng_slot {
     eng_pre pre;              /* what the prefill parses to: left out of events and response */
     keel_sampler *samp;
     keel_grammar_matcher *gm; /* the request's grammar state, or NULL */
+    bool lazy;                /* gm waits for a trigger: no masks, the output is free text */
+    bool lazy_dead;           /* an at-start trigger can no longer come: gm stays unused */
+    size_t n_win;             /* bytes in win */
+    char win[ENG_LAZY_TRIGGER_MAX + 1024]; /* while lazy: the output's last bytes (a trigger's
+                                 length less one) and the newest token's */
     eng_gpark gp;             /* gm's grammar and source, owned while the request runs */
     keel_detok_stream ds;
     toolcall_parser *tp;
@@ -282,7 +306,10 @@ struct keel_engine {
     int32_t *eog_ids;         /* [n_eog] end-of-generation tokens (ignore_eos) */
     keel_grammar_vocab *gvocab; /* the vocabulary trie of grammars, built by the stepping thread
                                    at the first request with a grammar, or NULL */
+    keel_grammar_vocab *gvocab_tool; /* the same with the tool-call format's marker tokens given their
+                                   text (tool grammars), or NULL */
     eng_gpark gpark[ENG_GRAMMAR_PARK]; /* idle matchers by grammar source (stepping thread) */
+    atomic_bool tool_logged;  /* a request's tool calls went unconstrained: logged (once) */
     int32_t n_eog;
     /* queue */
     pthread_mutex_t mu;
@@ -454,6 +481,21 @@ void eng_cut_locked(keel_engine *e);
 void eng_slot_clear(keel_engine *e, eng_slot *sl);
 /* Frees a parked or owned grammar and matcher (zeroes p). */
 void eng_gpark_free(eng_gpark *p);
+
+/* eng_lazy.c: lazy grammars and the tool-call grammar of a request. */
+/* "grammar_triggers": strings, or {"type": "word" | "token" | "start", "value"} (llama-server's
+ * numeric types 0 token, 1 word too). */
+keel_status eng_lazy_triggers(const keel_engine *e, json_t *v, eng_opts *o, char *err);
+void eng_lazy_opts_free(eng_opts *o);
+/* The tool-call grammar of a chat request with tools, when strict_tools, a strict tool or a
+ * forced call asks for one (into r->o.grammar, lazy unless forced). KEEL_EINVAL for a strict
+ * tool whose schema is refused; else the request goes on unconstrained, r->o.tool_note says why. */
+keel_status eng_tool_grammar(keel_engine *e, eng_req *r, char *err);
+/* A request's matcher was opened for slot sl: the lazy state, and a forced call's opening fed. */
+keel_status eng_lazy_begin(keel_engine *e, eng_slot *sl, char *err);
+/* The sampled token tok of a waiting slot (sl->lazy): activates the grammar when a trigger
+ * appears. KEEL_OK unless the detokenizer fails. */
+keel_status eng_lazy_step(keel_engine *e, eng_slot *sl, int32_t tok);
 /* Frees finished submitted requests (the stepping thread, outside callbacks). */
 void eng_reap(keel_engine *e);
 

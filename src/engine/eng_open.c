@@ -344,6 +344,7 @@ void keel_engine_close(keel_engine *e)
     base_free(e->eog_ids, (size_t)(e->n_eog ? e->n_eog : 1) * sizeof(int32_t));
     for (int i = 0; i < ENG_GRAMMAR_PARK; i++) eng_gpark_free(&e->gpark[i]);
     keel_grammar_vocab_close(e->gvocab);
+    keel_grammar_vocab_close(e->gvocab_tool);
     if (e->bos_text) base_free(e->bos_text, strlen(e->bos_text) + 1);
     if (e->eos_text) base_free(e->eos_text, strlen(e->eos_text) + 1);
     base_free(e->last_response, e->last_response_len + 1);

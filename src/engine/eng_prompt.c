@@ -29,6 +29,7 @@ void eng_opts_init(const keel_engine *e, eng_opts *o)
     o->cont = -1;
     o->parse_tools = true;
     o->parse_reasoning = true;
+    o->strict_tools = -1;
 }
 
 void eng_opts_free(eng_opts *o)
@@ -51,6 +52,9 @@ void eng_opts_free(eng_opts *o)
     base_free(o->grammar_text, o->grammar_len + 1);
     o->grammar_text = NULL;
     o->grammar_len = 0;
+    o->grammar_lazy = false;
+    o->tool_forced = false;
+    eng_lazy_opts_free(o);
 }
 
 /* logit_bias: {"token id": bias}, OpenAI's form: ids as decimal strings
@@ -273,6 +277,13 @@ keel_status eng_opts_parse(const keel_engine *e, json_t *obj, bool allow_other, 
     if (fst == KEEL_OK && schema && rf_schema)
         fst = base_err(err, KEEL_EINVAL, "give one of json_schema and a JSON response_format");
     if (fst == KEEL_OK && (schema || rf_schema)) fst = schema_grammar(schema ? schema : rf_schema, o, err);
+    /* a lazy grammar needs its grammar and a trigger; triggers alone mean nothing */
+    if (fst == KEEL_OK && o->grammar_lazy && !o->grammar)
+        fst = base_err(err, KEEL_EINVAL, "grammar_lazy needs a grammar (grammar, json_schema or response_format)");
+    if (fst == KEEL_OK && o->grammar_lazy && o->n_trig + o->n_trig_tok == 0)
+        fst = base_err(err, KEEL_EINVAL, "grammar_lazy needs grammar_triggers");
+    if (fst == KEEL_OK && !o->grammar_lazy && o->n_trig + o->n_trig_tok > 0)
+        fst = base_err(err, KEEL_EINVAL, "grammar_triggers need grammar_lazy: true");
     json_decref(any_object);
     return fst;
 }
@@ -398,6 +409,26 @@ static keel_status eng_opts_parse_members(const keel_engine *e, json_t *obj, boo
                     }
                 }
             }
+        } else if (strcmp(k, "grammar_lazy") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "grammar_lazy must be a boolean");
+            else
+                o->grammar_lazy = json_is_true(v);
+        } else if (strcmp(k, "grammar_triggers") == 0) {
+            st = eng_lazy_triggers(e, v, o, err);
+        } else if (strcmp(k, "parallel_tool_calls") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "parallel_tool_calls must be a boolean");
+            else
+                o->one_call = json_is_false(v);
+        } else if (strcmp(k, "strict_tools") == 0) {
+            const char *m = json_string_value(v);
+            if (json_is_boolean(v))
+                o->strict_tools = json_is_true(v) ? 1 : 0;
+            else if (m && strcmp(m, "auto") == 0)
+                o->strict_tools = -1;
+            else
+                st = base_err(err, KEEL_EINVAL, "strict_tools must be a boolean or \"auto\"");
         } else if (strcmp(k, "continue_final_message") == 0) {
             const char *m = json_string_value(v);
             if (json_is_boolean(v))
@@ -647,6 +678,7 @@ keel_status eng_req_make(keel_engine *e, json_t *request, eng_req **out, char *e
     }
     if ((st = eng_opts_parse(e, request, true, &r->o, err)) != KEEL_OK) goto fail;
     if (r->kind == ENG_REQ_CHAT && (st = continued(r, err)) != KEEL_OK) goto fail;
+    if ((st = eng_tool_grammar(e, r, err)) != KEEL_OK) goto fail;
     atomic_init(&r->cancel, 0);
     *out = r;
     return KEEL_OK;

@@ -237,6 +237,7 @@ static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result 
     }
     if (sl->lp) bad |= json_object_set_new(o, "logprobs", logprobs_json(e, sl));
     bad |= json_object_set_new(o, "finish_reason", json_string(sl->finish ? sl->finish : "error"));
+    if (sl->req->o.tool_note) bad |= json_object_set_new(o, "tool_grammar", json_string(sl->req->o.tool_note));
     bad |= json_object_set_new(o, "stop_sequence", sl->stop_hit ? json_string(sl->stop_hit) : json_null());
     if (status != KEEL_OK) {
         bad |= json_object_set_new(o, "error", json_string(error && *error ? error : keel_strerror(status)));
@@ -316,6 +317,7 @@ static void release_request(keel_engine *e, eng_slot *sl)
         }
         memset(&sl->gp, 0, sizeof sl->gp);
         sl->gm = NULL;
+        sl->lazy = false;
     }
     toolcall_close(sl->tp);
     sl->tp = NULL;
@@ -835,7 +837,8 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
          * this thread owns the slots and the park) */
         for (int i = 0; i < ENG_GRAMMAR_PARK && !sl->gm; i++) {
             eng_gpark *p = &e->gpark[i];
-            if (p->m && p->len == r->o.grammar_len && memcmp(p->text, r->o.grammar_text, p->len) == 0) {
+            if (p->m && p->len == r->o.grammar_len && memcmp(p->text, r->o.grammar_text, p->len) == 0 &&
+                p->v == (r->o.markers ? e->gvocab_tool : e->gvocab)) {
                 sl->gp = *p;
                 memset(p, 0, sizeof *p);
                 sl->gm = sl->gp.m;
@@ -843,7 +846,12 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
         }
         if (!sl->gm) {
             if (!e->gvocab && (st = keel_grammar_vocab_open(e->model, &e->gvocab, err)) != KEEL_OK) goto fail;
-            if ((st = keel_grammar_matcher_open(r->o.grammar, e->gvocab, &sl->gp.m, err)) != KEEL_OK) goto fail;
+            /* a tool grammar: its markers may be the model's special tokens */
+            if (r->o.markers && !e->gvocab_tool &&
+                (st = engine_grammar_vocab_open_marked(e->model, r->o.markers, &e->gvocab_tool, err)) != KEEL_OK)
+                goto fail;
+            sl->gp.v = r->o.markers ? e->gvocab_tool : e->gvocab;
+            if ((st = keel_grammar_matcher_open(r->o.grammar, sl->gp.v, &sl->gp.m, err)) != KEEL_OK) goto fail;
             sl->gp.g = r->o.grammar; /* the slot owns them now */
             sl->gp.text = r->o.grammar_text;
             sl->gp.len = r->o.grammar_len;
@@ -852,6 +860,7 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
             r->o.grammar_len = 0;
             sl->gm = sl->gp.m;
         }
+        if ((st = eng_lazy_begin(e, sl, err)) != KEEL_OK) goto fail;
     }
     int32_t look = r->o.samp.repeat_last_n;
     for (int32_t i = sl->n_prompt > look ? sl->n_prompt - look : 0; i < sl->n_prompt; i++)
@@ -1272,7 +1281,7 @@ bool eng_step(keel_engine *e)
                         w[o->bias_tok[q]] = o->bias[q] <= -100.0f ? -INFINITY : w[o->bias_tok[q]] + o->bias[q];
                     for (int32_t q = 0; o->ignore_eos && q < e->n_eog; q++) w[e->eog_ids[q]] = -INFINITY;
                 }
-                if (lg && sl->gm) {
+                if (lg && sl->gm && !sl->lazy) {
                     /* the grammar: a complete text that nothing can extend
                      * ends here; else the tokens it does not allow are
                      * banned (greedy included) */
@@ -1296,10 +1305,13 @@ bool eng_step(keel_engine *e)
                            sl->gm ? "sampler: no token the grammar allows has a finite logit" : "sampler: no finite logit");
                     continue;
                 }
-                if (sl->gm && (st = keel_grammar_matcher_accept(sl->gm, tok)) != KEEL_OK) {
+                if (sl->gm && !sl->lazy && (st = keel_grammar_matcher_accept(sl->gm, tok)) != KEEL_OK) {
                     char why[BASE_ERR_CAP];
                     snprintf(why, sizeof why, "grammar: %s", keel_grammar_matcher_last_error(sl->gm));
                     finish(e, sl, "error", st, why);
+                    continue;
+                } else if (sl->gm && sl->lazy && (st = eng_lazy_step(e, sl, tok)) != KEEL_OK) {
+                    finish(e, sl, "error", st, "lazy grammar: the token has no text");
                     continue;
                 }
                 if (ent) { /* the model's logit: ignore_eos never touches a sampled token, a bias is undone */

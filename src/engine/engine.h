@@ -49,5 +49,20 @@ keel_status engine_session_load(keel_context *c, int32_t seq, const char *path, 
  * unknown and unused tokens, the end-of-generation ids. */
 struct gram_vocab;
 keel_status engine_grammar_vocab(const keel_model *m, struct gram_vocab **out, char *err);
+/* The same, where the control tokens whose text is one of markers
+ * (NULL-terminated; end-of-generation tokens aside) have their text as
+ * bytes: a tool-call grammar's markers written as the model's special
+ * tokens. keel_grammar_vocab_open's, with markers. */
+keel_status engine_grammar_vocab_marked(const keel_model *m, const char *const *markers, struct gram_vocab **out,
+                                        char *err);
+keel_status engine_grammar_vocab_open_marked(const keel_model *m, const char *const *markers,
+                                             keel_grammar_vocab **out, char *err);
+/* Feeds n bytes of text to a matcher (grammar_api.c): a lazy grammar's
+ * trigger and what followed it. KEEL_EINVAL when a byte cannot follow (the
+ * state is then unchanged), KEEL_ERANGE past a cap. */
+keel_status engine_grammar_matcher_feed(keel_grammar_matcher *m, const char *s, size_t n);
+/* Token tok's bytes as the grammar vocabulary holds them (*n 0 for control,
+ * unknown and unused tokens, or an id out of range): a pointer into v. */
+void engine_grammar_token_bytes(const keel_grammar_vocab *v, int32_t tok, const char **bytes, size_t *n);
 
 #endif

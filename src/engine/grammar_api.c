@@ -5,7 +5,10 @@
  * (SPM's U+2581 as a space, byte tokens as their byte, GPT-2's byte map
  * reversed), control and unused tokens with no bytes (they never match
  * text), and the model's end-of-generation tokens, allowed exactly when
- * the grammar is complete.
+ * the grammar is complete. A tool-call grammar's vocabulary also gives the
+ * control tokens that are its markers ([TOOL_CALLS], <|tool_call_begin|>,
+ * ...) their text, so that the model can write a marker as the one token
+ * it was trained to use.
  */
 #include "engine.h"
 
@@ -81,7 +84,23 @@ keel_status keel_grammar_match(const keel_grammar *g, const char *text, size_t l
     return st;
 }
 
+/* A control token's text is one of markers (NULL-terminated; may be NULL). */
+static bool is_marker(const text_tokenizer *t, int32_t id, const char *const *markers, char *buf, size_t cap)
+{
+    size_t k = 0;
+    if (!markers || text_token_to_piece(t, id, true, buf, cap, &k) != KEEL_OK || k == 0) return false;
+    for (const char *const *m = markers; *m; m++)
+        if (strlen(*m) == k && memcmp(*m, buf, k) == 0) return true;
+    return false;
+}
+
 keel_status engine_grammar_vocab(const keel_model *model, gram_vocab **out, char *err)
+{
+    return engine_grammar_vocab_marked(model, NULL, out, err);
+}
+
+keel_status engine_grammar_vocab_marked(const keel_model *model, const char *const *markers, gram_vocab **out,
+                                        char *err)
 {
     if (!out) return base_err(err, KEEL_EINVAL, "out is NULL");
     *out = NULL;
@@ -109,6 +128,12 @@ keel_status engine_grammar_vocab(const keel_model *model, gram_vocab **out, char
                     base_err(err, st, "token %d: no piece", i);
                     break;
                 }
+            } else if (ty == TEXT_TOKEN_CONTROL && !text_token_is_eog(t, i) && is_marker(t, i, markers, buf, cap)) {
+                /* a marker of the grammar that the model writes as one special token */
+                if ((st = text_token_to_piece(t, i, true, buf, cap, &k)) != KEEL_OK) {
+                    base_err(err, st, "token %d: no piece", i);
+                    break;
+                }
             }
             if (pass == 0) {
                 len[i] = k;
@@ -130,6 +155,22 @@ out:
     base_free(piece, (size_t)n * sizeof *piece);
     base_free(eog, (size_t)n * sizeof *eog);
     return st;
+}
+
+keel_status engine_grammar_vocab_open_marked(const keel_model *model, const char *const *markers,
+                                             keel_grammar_vocab **out, char *err)
+{
+    if (!out) return base_err(err, KEEL_EINVAL, "out is NULL");
+    *out = NULL;
+    keel_grammar_vocab *v = base_calloc(1, sizeof *v);
+    if (!v) return base_err(err, KEEL_ENOMEM, "out of memory");
+    keel_status st = engine_grammar_vocab_marked(model, markers, &v->v, err);
+    if (st) {
+        base_free(v, sizeof *v);
+        return st;
+    }
+    *out = v;
+    return KEEL_OK;
 }
 
 keel_status keel_grammar_vocab_open(const keel_model *model, keel_grammar_vocab **out, char *err)
@@ -198,6 +239,21 @@ bool keel_grammar_matcher_complete(const keel_grammar_matcher *m)
 bool keel_grammar_matcher_done(const keel_grammar_matcher *m)
 {
     return m && gram_matcher_done(m->m);
+}
+
+void engine_grammar_token_bytes(const keel_grammar_vocab *v, int32_t tok, const char **bytes, size_t *n)
+{
+    *bytes = NULL;
+    *n = 0;
+    if (!v || tok < 0 || tok >= v->v->n_vocab) return;
+    *bytes = (const char *)v->v->bytes + v->v->off[tok];
+    *n = v->v->off[tok + 1] - v->v->off[tok];
+}
+
+keel_status engine_grammar_matcher_feed(keel_grammar_matcher *m, const char *s, size_t n)
+{
+    if (!m || (!s && n)) return KEEL_EINVAL;
+    return gram_matcher_accept_bytes(m->m, (const uint8_t *)s, n, NULL);
 }
 
 keel_status keel_grammar_matcher_reset(keel_grammar_matcher *m)
