@@ -14,9 +14,9 @@
  * compiled; a refusal counts the case's pairs "refused" with the message.
  * Otherwise the instance is written compactly, in the spelling the grammars
  * accept (jansson's JSON_COMPACT: raw UTF-8, control characters as \uXXXX
- * or \n-style escapes; reals in the shortest of jansson's %.{1..17}g
- * spellings that reads back to the same double, since jansson's default of
- * 17 digits writes 0.1 as 0.10000000000000001), and matched. The grammars
+ * or \n-style escapes; reals laid out as jansson's %.17g but with the
+ * fewest digits that read back to the same double, since 17 digits write
+ * 0.1 as 0.10000000000000001: spell_real), and matched. The grammars
  * fix the order of object members, so an instance counts as accepted when
  * SOME ordering of the members of its objects (all of them, nested ones
  * too) is a sentence: the orderings are enumerated, document order first,
@@ -109,22 +109,39 @@ static int64_t fact(int32_t k)
     return f;
 }
 
-/* jansson's spelling of a scalar; reals in the fewest digits that read back. */
+/* A real as jansson writes it (%.17g's layout: positional notation for
+ * decimal exponents -4..16, else d.ddde-7 without '+' or leading zeros;
+ * ".0" after an integral value) but with the fewest significant digits
+ * that read back to the same double: jansson's 17 digits write 0.1 as
+ * 0.10000000000000001, which is not the number the suite means. */
+static char *spell_real(double d)
+{
+    char e[64], out[400];
+    int p = 1;
+    for (; p <= 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p - 1, d);
+        if (strtod(e, NULL) == d) break;
+    }
+    char *x = strchr(e, 'e');
+    assert_non_null(x);
+    int exp10 = atoi(x + 1);
+    if (exp10 >= -4 && exp10 < 17) {
+        snprintf(out, sizeof out, "%.*f", p - 1 - exp10 > 0 ? p - 1 - exp10 : 0, d);
+        if (!strchr(out, '.')) strcat(out, ".0");
+    } else {
+        *x = 0;
+        snprintf(out, sizeof out, "%se%d", e, exp10);
+    }
+    char *s = strdup(out);
+    assert_non_null(s);
+    return s;
+}
+
+/* jansson's compact spelling of a scalar (reals: spell_real). */
 static char *spell(const json_t *v, size_t *n)
 {
-    char *s = NULL;
-    if (json_is_real(v)) {
-        double d = json_real_value(v);
-        for (int p = 1; p <= 17; p++) {
-            free(s);
-            s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(p));
-            assert_non_null(s);
-            if (strtod(s, NULL) == d) break;
-        }
-    } else {
-        s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-        assert_non_null(s);
-    }
+    char *s = json_is_real(v) ? spell_real(json_real_value(v)) : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    assert_non_null(s);
     *n = strlen(s);
     return s;
 }
@@ -711,6 +728,18 @@ static void test_spelling(void **state)
     snode_free(&n);
     free(ord.size);
     json_decref(v);
+    static const struct {
+        double d;
+        const char *s;
+    } reals[] = {{300.0, "300.0"}, {0.1, "0.1"}, {1.5e-7, "1.5e-7"}, {1e20, "1e20"}, {-0.0, "-0.0"},
+                 {9007199254740992.0, "9007199254740992.0"}, {1e16, "10000000000000000.0"}, {1e17, "1e17"},
+                 {0.0001, "0.0001"}, {0.00001, "1e-5"}, {1.2345678910111214e52, "1.2345678910111214e52"},
+                 {-2.5, "-2.5"}, {0.0075, "0.0075"}, {1e308, "1e308"}, {99.99999999999999, "99.99999999999999"}};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        char *s = spell_real(reals[i].d);
+        assert_string_equal(s, reals[i].s);
+        free(s);
+    }
 }
 
 /* judge: an instance whose members the grammar wants in another order
