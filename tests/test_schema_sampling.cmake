@@ -24,7 +24,7 @@ if(NOT KEEL_FUZZ)
     add_test(NAME schema_sampling
       COMMAND ${KEEL_SAMPLING_PYTHON3} ${PROJECT_SOURCE_DIR}/tests/schema_sampling/sample.py
         --keel $<TARGET_FILE:keel> --lib $<TARGET_FILE:libkeel_shared>
-        --seeds 4 --max-tokens 384 --min-schemas 90 --out ${CMAKE_BINARY_DIR}/schema_sampling)
+        --seeds 3 --max-tokens 384 --min-schemas 90 --out ${CMAKE_BINARY_DIR}/schema_sampling)
   else()
     add_test(NAME schema_sampling COMMAND sh -c "echo 'schema_sampling: skipped: no python3'; exit 77")
   endif()

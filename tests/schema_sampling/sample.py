@@ -11,8 +11,17 @@ keel_complete with the "json_schema" option (ctypes, one engine for all).
 An output that ends with finish_reason "stop" is complete; one cut by
 max_tokens ("length") is counted as unfinished (not a failure of the
 grammar, but reported). Every complete output is parsed with Python's json
-(duplicate member names counted apart: a validator sees only the last) and
-validated with Debian's python3-jsonschema (Draft202012Validator), with a
+(reals as Decimal, so that multipleOf, bounds and "integer" are exact as in
+keel; duplicate member names counted apart: a validator sees only the
+last) and validated with Debian's python3-jsonschema (Draft202012Validator;
+no network: remote references fail; an exception of the validator itself,
+e.g. 4.10 failing to resolve some $anchor references, counts the output
+"unvalidated", reported). The validator is first run on the suite's own
+instances of each suite schema: where it rejects instances the suite calls
+valid (4.10 ignores additionalProperties when it evaluates
+unevaluatedProperties, for one), an output it calls invalid is listed as
+doubtful, not failed; where it accepts invalid ones (Debian's email check
+is only "has an @"), the check is weaker there (listed). It has a
 FormatChecker for the formats keel asserts: a format counts as asserted
 when keel compiles {"type": "string", "format": F} and rejects the text
 "?". Formats that Debian's jsonschema cannot check (date-time, time,
@@ -29,6 +38,7 @@ python3-jsonschema is missing (apt-get install python3-jsonschema); 2: usage.
 import argparse
 import ctypes
 import datetime
+import decimal
 import json
 import os
 import re
@@ -104,10 +114,14 @@ class Keel:
 
 # ---- format checkers Debian's jsonschema lacks (RFC 3339, RFC 1123) ---------------
 
-_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d)(\.\d+)?([zZ]|[+-](\d\d):(\d\d))$")
-_DATE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)$")
-_DUR = re.compile(r"^P(?!$)((\d+W)|(\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+S)?)?)$")
-_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# [0-9], not \d (Unicode digits), and \Z, not $ (which allows a final newline)
+_TIME = re.compile(r"([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?([zZ]|[+-]([0-9]{2}):([0-9]{2}))\Z")
+_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})\Z")
+# RFC 3339 appendix A: a unit may be left out only at the ends (P1Y2D is not a duration)
+_N = "[0-9]+"
+_DUR_TIME = f"T({_N}H({_N}M({_N}S)?)?|{_N}M({_N}S)?|{_N}S)"
+_DUR = re.compile(f"P((({_N}D)|({_N}M({_N}D)?)|({_N}Y({_N}M({_N}D)?)?))({_DUR_TIME})?|{_DUR_TIME}|{_N}W)\\Z")
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
 
 
 def _date_ok(s):
@@ -143,9 +157,31 @@ def _datetime_ok(s):
 
 
 def _hostname_ok(s):
+    """RFC 1123 labels of letters, digits and hyphens, 63 bytes each, 253 in all; an A-label
+    (xn--) must be valid Punycode, and valid IDNA when python3-idna is there; no other label
+    has hyphens in positions 3 and 4 (RFC 5891 4.2.3.1)."""
     if not s or len(s) > 253:
         return False
-    return all(_LABEL.match(x) for x in (s[:-1] if s.endswith(".") else s).split("."))
+    for label in s.split("."):
+        if not _LABEL.match(label):
+            return False
+        if label[2:4] == "--":
+            if label[:4].lower() != "xn--":
+                return False
+            try:
+                u = label[4:].encode("ascii").decode("punycode")
+            except (UnicodeError, ValueError):
+                return False
+            if not u or u.isascii():
+                return False
+            try:
+                import idna
+                idna.decode(label)
+            except ImportError:
+                pass
+            except (idna.IDNAError, UnicodeError, ValueError):
+                return False
+    return True
 
 
 OWN_CHECKERS = {"date-time": _datetime_ok, "time": _time_ok, "hostname": _hostname_ok,
@@ -162,7 +198,9 @@ def self_check():
              ("time", "08:30:06+01:00", True), ("time", "24:00:00Z", False), ("time", "08:30:06", False),
              ("hostname", "www.example.com", True), ("hostname", "-a.com", False), ("hostname", "a" * 64, False),
              ("duration", "P4DT12H30M5S", True), ("duration", "PT", False), ("duration", "P1W", True),
-             ("duration", "P2W1D", False), ("date", "2020-02-29", True), ("date", "2021-02-29", False)]
+             ("duration", "P2W1D", False), ("duration", "P1Y2D", False), ("duration", "P1D\n", False),
+             ("date", "2020-02-29", True), ("date", "2021-02-29", False), ("date", "2020-0\u09ea-01", False),
+             ("hostname", "xn--X", False), ("hostname", "example.", False), ("hostname", "xn--4dbc5h", True)]
     for f, s, want in cases:
         if OWN_CHECKERS[f](s) != want:
             raise AssertionError(f"format checker {f} on {s!r}: {not want}, expected {want}")
@@ -187,19 +225,45 @@ def make_checker(jsonschema, asserted):
 # ---- schemas ----------------------------------------------------------------------
 
 def suite_schemas(suite_dir):
-    out, seen = [], set()
+    """(name, schema, [(instance, valid, required group)...]) per distinct schema; the tests of
+    duplicates are pooled (they check the validator, below)."""
+    out, seen = [], {}
     with open(os.path.join(suite_dir, "index.txt"), encoding="utf-8") as f:
-        files = [line.split()[1] for line in f if line.strip()]
-    for rel in files:
+        files = [line.split() for line in f if line.strip()]
+    for group, rel in files:
         with open(os.path.join(suite_dir, rel), encoding="utf-8") as f:
             cases = json.load(f)
         for i, c in enumerate(cases):
             key = json.dumps(c["schema"], sort_keys=True)
+            tests = [(t["data"], t["valid"], group == "required") for t in c["tests"]]
             if key in seen:
+                seen[key][2].extend(tests)
                 continue
-            seen.add(key)
-            out.append((f"{rel}#{i} {c['description']}", c["schema"]))
+            seen[key] = (f"{rel}#{i} {c['description']}", c["schema"], tests)
+            out.append(seen[key])
     return out
+
+
+def exact(v):
+    """v with every real as a Decimal of its shortest spelling, so that the validator compares,
+    divides (multipleOf) and tells integers exactly, as keel's grammars do, where Python's
+    floats would round 71474129235551920.41 to an integer."""
+    return json.loads(json.dumps(v), parse_float=decimal.Decimal)
+
+
+def make_validator_class(jsonschema):
+    """Draft202012Validator whose "integer" also takes a Decimal with no fraction."""
+    base = jsonschema.Draft202012Validator
+
+    def is_integer(checker, x):
+        if isinstance(x, decimal.Decimal):
+            return x.is_finite() and x == x.to_integral_value()
+        return base.TYPE_CHECKER.is_type(x, "integer")
+    return jsonschema.validators.extend(base, type_checker=base.TYPE_CHECKER.redefine("integer", is_integer))
+
+
+def no_network(uri):
+    raise ValueError(f"remote reference {uri} (no network here)")
 
 
 def main():
@@ -224,6 +288,9 @@ def main():
 
     t0 = time.monotonic()
     self_check()
+    decimal.getcontext().prec = 2000  # exact remainders (multipleOf) of long numbers
+    decimal.getcontext().Emax = 999999
+    decimal.getcontext().Emin = -999999
     k = Keel(a.lib)
     tmp = tempfile.mkdtemp(prefix="keel_sampling_")
     model = os.path.join(tmp, "m.gguf")
@@ -241,13 +308,22 @@ def main():
             asserted.append(f)
         k.lib.keel_grammar_close(g)
     checker, unchecked = make_checker(jsonschema, asserted)
+    full_checker, _ = make_checker(jsonschema, FORMATS)  # for the suite's format assertion tests
 
     with open(a.tools, encoding="utf-8") as f:
         tools = [(f"tool {t['name']}", t["parameters"]) for t in json.load(f)]
-    cands = [("suite", n, s) for n, s in suite_schemas(a.suite)] + [("tools", n, s) for n, s in tools]
+    cands = [("suite", n, s, t) for n, s, t in suite_schemas(a.suite)] + [("tools", n, s, []) for n, s in tools]
     schemas, refused = [], {"suite": 0, "tools": 0}
     refused_tools = []
-    for src, name, s in cands:
+    Validator = make_validator_class(jsonschema)
+
+    def validator(s, fc):
+        sx = exact(s)
+        res = jsonschema.RefResolver.from_schema(sx, handlers={"http": no_network, "https": no_network})
+        return Validator(sx, format_checker=fc, resolver=res)
+
+    unreliable, weak = {}, {}
+    for src, name, s, tests in cands:
         g = k.compile(json.dumps(s, ensure_ascii=False))
         if isinstance(g, str):
             refused[src] += 1
@@ -256,13 +332,32 @@ def main():
             continue
         k.lib.keel_grammar_close(g)
         schemas.append((src, name, s))
+        # the validator on the suite's own instances of this schema (formats as the suite's
+        # group has them: annotations in the required group, assertions in optional/format,
+        # checked with every checker this script has)
+        strict = lenient = 0
+        for inst, valid, required in tests:
+            try:
+                ok = validator(s, None if required else full_checker).is_valid(exact(inst))
+            except Exception:  # an error of the validator is a disagreement too
+                ok = not valid
+            strict += valid and not ok
+            lenient += ok and not valid
+        # rejecting a valid instance makes its "invalid" doubtful; accepting invalid ones
+        # only makes the check weaker (reported)
+        if strict:
+            unreliable[name] = f"python3-jsonschema rejects {strict} of the suite's {len(tests)} instances that are valid"
+        if lenient:
+            weak[name] = f"python3-jsonschema accepts {lenient} of the suite's {len(tests)} instances that are invalid"
 
     k.open(model)
     n = {"outputs": 0, "complete": 0, "unfinished": 0, "valid": 0, "invalid": 0, "not_json": 0,
-         "duplicate_keys": 0, "engine_errors": 0}
-    bad, samples, tokens = [], [], 0
+         "duplicate_keys": 0, "engine_errors": 0, "unvalidated": 0,
+         "invalid_validator_unreliable": 0}
+    bad, samples, tokens, unvalidated = [], [], 0, []
+    doubtful = []
     for src, name, s in schemas:
-        validator = jsonschema.Draft202012Validator(s, format_checker=checker)
+        v = validator(s, checker)
         for seed in range(1, a.seeds + 1):
             opts = {"prompt": "The answer as JSON:", "json_schema": s, "temperature": 1.0, "seed": seed,
                     "max_tokens": a.max_tokens}
@@ -291,7 +386,7 @@ def main():
                     dup.append(keys)
                 return dict(kv)
             try:
-                inst = json.loads(text, object_pairs_hook=pairs)
+                inst = json.loads(text, object_pairs_hook=pairs, parse_float=decimal.Decimal)
             except ValueError as e:
                 n["not_json"] += 1
                 bad.append(f"{name} seed {seed}: not JSON ({e}): {text!r}")
@@ -301,8 +396,21 @@ def main():
             if dup:
                 n["duplicate_keys"] += 1
                 rec["duplicate_keys"] = True
-            errors = sorted(validator.iter_errors(inst), key=lambda e: list(e.path))
-            if errors:
+            try:
+                errors = sorted(v.iter_errors(inst), key=lambda e: list(e.path))
+            except Exception as e:  # the validator's own limits (4.10: some $anchor refs), not keel's
+                n["unvalidated"] += 1
+                msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                unvalidated.append(f"{name} seed {seed}: {msg}")
+                rec["verdict"] = "unvalidated: " + msg
+                samples.append(rec)
+                continue
+            if errors and name in unreliable:
+                # the validator is known wrong on this schema: not counted against keel, listed
+                n["invalid_validator_unreliable"] += 1
+                doubtful.append(f"{name} seed {seed}: {errors[0].message} ({unreliable[name]}): {text!r}")
+                rec["verdict"] = "invalid by an unreliable validator: " + errors[0].message
+            elif errors:
                 n["invalid"] += 1
                 bad.append(f"{name} seed {seed}: invalid: {errors[0].message} at {list(errors[0].path)}: {text!r}")
                 rec["verdict"] = "invalid: " + errors[0].message
@@ -320,7 +428,8 @@ def main():
         "refused": refused, "refused_tools": refused_tools,
         "seeds": a.seeds, "max_tokens": a.max_tokens,
         "formats_asserted": asserted, "formats_unchecked": unchecked,
-        **n, "tokens": tokens, "seconds": round(secs, 1), "failures": bad,
+        **n, "tokens": tokens, "seconds": round(secs, 1), "failures": bad, "unvalidated_outputs": unvalidated,
+        "validator_unreliable_schemas": unreliable, "validator_weak_schemas": weak, "invalid_by_unreliable_validator": doubtful,
     }
     if a.out:
         os.makedirs(a.out, exist_ok=True)
@@ -341,6 +450,14 @@ def main():
               f"unfinished (max_tokens): {n['unfinished']}, engine errors: {n['engine_errors']}")
         print(f"complete outputs valid: {n['valid']}, invalid: {n['invalid']}, not JSON: {n['not_json']}; "
               f"with duplicate member names: {n['duplicate_keys']}")
+        print(f"schemas on which python3-jsonschema rejects valid instances of the suite: {len(unreliable)}; "
+              f"complete outputs it calls invalid there (not counted as failures): {n['invalid_validator_unreliable']}")
+        print(f"schemas on which it accepts invalid instances of the suite (a weaker check): {len(weak)}")
+        for d in doubtful[:10]:
+            print("  doubtful " + d[:300])
+        print(f"complete outputs the validator could not check (its own errors, not failures): {n['unvalidated']}")
+        for u in unvalidated[:10]:
+            print("  unvalidated " + u)
         print(f"tokens generated: {tokens}, {secs:.1f} s")
         for b in bad[:50]:
             print("FAIL " + b)
