@@ -413,6 +413,13 @@ static void refusal_reasons(const suite *s, FILE *f, json_t *arr)
         snprintf(m, sizeof m, "%s", c->msg);
         char *at = strstr(m, " at ");
         if (at) *at = 0;
+        at = strstr(m, " ('"); /* "'$ref' to another document ('x.json')": one line for all documents */
+        if (at) {
+            char tail[BASE_ERR_CAP];
+            const char *q = strstr(at, "')");
+            snprintf(tail, sizeof tail, "%s", q ? q + 2 : "");
+            snprintf(at, sizeof m - (size_t)(at - m), " (...)%s", tail);
+        }
         int32_t j = 0;
         while (j < n && strcmp(msg[j], m) != 0) j++;
         if (j == n) memcpy(msg[n++], m, sizeof m);

@@ -25,8 +25,9 @@ is only "has an @"), the check is weaker there (listed). It has a
 FormatChecker for the formats keel asserts: a format counts as asserted
 when keel compiles {"type": "string", "format": F} and rejects the text
 "?". Formats that Debian's jsonschema cannot check (date-time, time,
-hostname, duration: their checkers need packages Debian lacks) are checked
-by the small RFC 3339 / RFC 1123 checkers below.
+hostname, duration, json-pointer, relative-json-pointer: their checkers
+need packages Debian lacks) are checked by the small RFC 3339 / 1123 / 6901
+checkers below, themselves checked on the suite's format tests.
 
 Exit 0: every complete output valid, no engine error; 1: otherwise; 77:
 python3-jsonschema is missing (apt-get install python3-jsonschema); 2: usage.
@@ -184,7 +185,13 @@ def _hostname_ok(s):
     return True
 
 
-OWN_CHECKERS = {"date-time": _datetime_ok, "time": _time_ok, "hostname": _hostname_ok,
+_JPTR = r"(/([^~/]|~[01])*)*"
+_JPTR_RE = re.compile(_JPTR + r"\Z", re.S)
+_RJPTR_RE = re.compile(r"(0|[1-9][0-9]*)(#|" + _JPTR + r")\Z", re.S)
+
+OWN_CHECKERS = {"json-pointer": lambda s: bool(_JPTR_RE.match(s)),  # RFC 6901
+                "relative-json-pointer": lambda s: bool(_RJPTR_RE.match(s)),  # draft-handrews-relative-json-pointer
+                "date-time": _datetime_ok, "time": _time_ok, "hostname": _hostname_ok,
                 "duration": lambda s: bool(_DUR.match(s)), "date": _date_ok}
 FORMATS = ["date", "time", "date-time", "duration", "uuid", "email", "idn-email", "hostname", "idn-hostname",
            "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uri-template", "json-pointer",
@@ -200,7 +207,9 @@ def self_check():
              ("duration", "P4DT12H30M5S", True), ("duration", "PT", False), ("duration", "P1W", True),
              ("duration", "P2W1D", False), ("duration", "P1Y2D", False), ("duration", "P1D\n", False),
              ("date", "2020-02-29", True), ("date", "2021-02-29", False), ("date", "2020-0\u09ea-01", False),
-             ("hostname", "xn--X", False), ("hostname", "example.", False), ("hostname", "xn--4dbc5h", True)]
+             ("hostname", "xn--X", False), ("hostname", "example.", False), ("hostname", "xn--4dbc5h", True),
+             ("json-pointer", "/a~1b/~0", True), ("json-pointer", "a", False), ("json-pointer", "/~2", False),
+             ("relative-json-pointer", "1#", True), ("relative-json-pointer", "01/a", False)]
     for f, s, want in cases:
         if OWN_CHECKERS[f](s) != want:
             raise AssertionError(f"format checker {f} on {s!r}: {not want}, expected {want}")
