@@ -27,7 +27,8 @@ when keel compiles {"type": "string", "format": F} and rejects the text
 "?". Formats that Debian's jsonschema cannot check (date-time, time,
 hostname, duration, json-pointer, relative-json-pointer: their checkers
 need packages Debian lacks) are checked by the small RFC 3339 / 1123 / 6901
-checkers below, themselves checked on the suite's format tests.
+checkers below, which must agree with every string of the suite's
+optional/format tests for them (checked at start).
 
 Exit 0: every complete output valid, no engine error; 1: otherwise; 77:
 python3-jsonschema is missing (apt-get install python3-jsonschema); 2: usage.
@@ -198,7 +199,7 @@ FORMATS = ["date", "time", "date-time", "duration", "uuid", "email", "idn-email"
            "relative-json-pointer", "regex"]
 
 
-def self_check():
+def self_check(suite_dir):
     """The checkers above on known cases (so that a broken one cannot pass everything)."""
     cases = [("date-time", "1963-06-19T08:30:06.283185Z", True), ("date-time", "1990-12-31T15:59:60-08:00", True),
              ("date-time", "1963-06-19 08:30:06Z", False), ("date-time", "2020-02-30T00:00:00Z", False),
@@ -213,6 +214,15 @@ def self_check():
     for f, s, want in cases:
         if OWN_CHECKERS[f](s) != want:
             raise AssertionError(f"format checker {f} on {s!r}: {not want}, expected {want}")
+    # and every string of the suite's format assertion tests for them
+    for f, fn in OWN_CHECKERS.items():
+        path = os.path.join(suite_dir, "optional", "format", f + ".json")
+        with open(path, encoding="utf-8") as fp:
+            for c in json.load(fp):
+                for t in c["tests"]:
+                    if isinstance(t["data"], str) and fn(t["data"]) != t["valid"]:
+                        raise AssertionError(f"format checker {f} on {t['data']!r} ({t['description']}): "
+                                             f"{not t['valid']}, the suite says {t['valid']}")
 
 
 def make_checker(jsonschema, asserted):
@@ -296,7 +306,7 @@ def main():
         return 77
 
     t0 = time.monotonic()
-    self_check()
+    self_check(a.suite)
     decimal.getcontext().prec = 2000  # exact remainders (multipleOf) of long numbers
     decimal.getcontext().Emax = 999999
     decimal.getcontext().Emin = -999999
