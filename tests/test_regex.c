@@ -412,6 +412,7 @@ static void test_suite_formats(void **state)
                 bool got = format_ok(fmts[f], str, n);
                 if (got != want) {
                     if (known_gap(fmts[f], str)) {
+                        if (getenv("KEEL_TEST_VERBOSE")) print_message("gap: %s \"%s\" want %d\n", fmts[f], str, want);
                         n_gap++;
                         continue;
                     }
@@ -450,6 +451,7 @@ static void test_suite_patterns(void **state)
             rx_dfa *d = NULL;
             char err[BASE_ERR_CAP] = "";
             if (rx_compile(json_string_value(pat), json_string_length(pat), true, &d, err)) {
+                if (getenv("KEEL_TEST_VERBOSE")) print_message("refused: %s\n", err);
                 n_refused++;
                 continue;
             }

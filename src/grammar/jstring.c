@@ -324,13 +324,37 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
         oputs(b, "]");
         first = false;
     }
+    /* the escapes: the short ones each, the \u00XX ones as two classes
+     * of the last hex digit (one per first digit) */
+    uint32_t u_lo = 0, u_hi = 0; /* bit d: \u000d / \u001d */
     for (size_t i = 0; i < k; i++)
-        for (uint32_t c = lo[i]; c <= hi[i] && c <= 0x5C; c++)
-            if (is_special(c)) {
-                if (!first) oputs(b, " | ");
-                put_escape(b, c);
-                first = false;
+        for (uint32_t c = lo[i]; c <= hi[i] && c <= 0x5C; c++) {
+            if (!is_special(c)) continue;
+            if (c < 0x20 && c != 8 && c != 9 && c != 10 && c != 12 && c != 13) {
+                if (c < 0x10) u_lo |= 1u << c;
+                else u_hi |= 1u << (c - 0x10);
+                continue;
             }
+            if (!first) oputs(b, " | ");
+            put_escape(b, c);
+            first = false;
+        }
+    for (int h = 0; h < 2; h++) {
+        uint32_t bits = h ? u_hi : u_lo;
+        if (!bits) continue;
+        if (!first) oputs(b, " | ");
+        first = false;
+        if ((bits & (bits - 1)) == 0) { /* one character */
+            uint32_t c = (uint32_t)h * 16;
+            while (!(bits & 1u)) bits >>= 1, c++;
+            put_escape(b, c);
+            continue;
+        }
+        oputf(b, "\"\\\\u00%d\" [", h);
+        for (int dg = 0; dg < 16; dg++)
+            if (bits >> dg & 1u) oputf(b, "%c", "0123456789abcdef"[dg]);
+        oputs(b, "]");
+    }
     oputs(b, " )");
 }
 
@@ -350,7 +374,9 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
     keel_status st = KEEL_OK;
     uint8_t *live = base_alloc(d->n_states);
     edge *ed = base_alloc((size_t)d->n_iv * sizeof *ed);
-    uint32_t *lo = base_alloc((size_t)d->n_iv * sizeof *lo), *hi = base_alloc((size_t)d->n_iv * sizeof *hi);
+    /* ranges of one group: at most one per interval, and one more where
+     * the surrogates are cut out */
+    uint32_t *lo = base_alloc(((size_t)d->n_iv + 1) * sizeof *lo), *hi = base_alloc(((size_t)d->n_iv + 1) * sizeof *hi);
     if (!live || !ed || !lo || !hi) {
         st = base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
         goto out;
@@ -373,11 +399,16 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
             size_t j = i, m = 0;
             for (; j < k && ed[j].to == ed[i].to; j++) {
                 /* surrogates never appear: cut them out of a range */
-                if (ed[j].lo < 0xD800 && ed[j].hi > 0xDFFF) {
-                    lo[m] = ed[j].lo, hi[m++] = 0xD7FF;
-                    lo[m] = 0xE000, hi[m++] = ed[j].hi;
+                if (m && hi[m - 1] + 1 == ed[j].lo && ed[j].lo != 0xE000) {
+                    hi[m - 1] = ed[j].hi; /* adjacent: one range */
                 } else {
-                    lo[m] = ed[j].lo, hi[m++] = ed[j].hi;
+                    lo[m] = ed[j].lo, hi[m] = ed[j].hi;
+                    m++;
+                }
+                if (lo[m - 1] < 0xD800 && hi[m - 1] > 0xDFFF) { /* cut the surrogates out */
+                    lo[m] = 0xE000, hi[m] = hi[m - 1];
+                    hi[m - 1] = 0xD7FF;
+                    m++;
                 }
             }
             oputs(b, first ? " " : " | ");
@@ -396,8 +427,8 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
 out:
     base_free(live, d->n_states);
     base_free(ed, (size_t)d->n_iv * sizeof *ed);
-    base_free(lo, (size_t)d->n_iv * sizeof *lo);
-    base_free(hi, (size_t)d->n_iv * sizeof *hi);
+    base_free(lo, ((size_t)d->n_iv + 1) * sizeof *lo);
+    base_free(hi, ((size_t)d->n_iv + 1) * sizeof *hi);
     return st;
 }
 

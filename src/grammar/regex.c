@@ -8,9 +8,8 @@
  * per state; {n,m} copies its operand), the automaton into a DFA by subset
  * construction over the elementary intervals of its character sets, and
  * the DFA is finished: states that cannot accept merged into the dead
- * state 0, unreachable ones dropped, Moore's partition refinement (within
- * a work budget; past it the DFA is kept as it is, which is correct but
- * larger), identical columns merged into one class.
+ * state 0, unreachable ones dropped, Hopcroft's partition refinement,
+ * identical columns merged into one class.
  *
  * Invariants of every rx_dfa leaving this file: complete; state 0 dead;
  * surrogates (one interval of their own in every partition) lead to 0;
@@ -24,7 +23,6 @@
 
 #define SUR_LO 0xD800u
 #define SUR_END 0xE000u
-#define MIN_WORK (1u << 27) /* cell visits of one minimization */
 #define SUBSET_WORK (1u << 26)
 
 /* ---- growable arrays ------------------------------------------------------ */
@@ -134,24 +132,50 @@ bool rx_match(const rx_dfa *d, const char *s, size_t n)
 
 bool rx_live(const rx_dfa *d, uint8_t *live)
 {
-    size_t n = d->n_states, nc = d->n_cls;
+    size_t n = d->n_states, nc = d->n_cls, ne = n * nc;
     memset(live, 0, n);
-    /* reverse reachability from the accepting states, by rounds: a state is
-     * live when a transition leads to a live one (rounds <= n, each cheap) */
     for (size_t s = 1; s < n; s++) live[s] = d->acc[s];
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (size_t s = n; s-- > 1;) {
-            if (live[s]) continue;
-            const uint32_t *row = d->next + s * nc;
-            for (size_t c = 0; c < nc; c++)
-                if (live[row[c]]) {
-                    live[s] = 1;
-                    changed = true;
-                    break;
+    /* reverse breadth-first search from the accepting states over the
+     * reversed edges (CSR by target) */
+    uint32_t *off = base_calloc(n + 1, sizeof *off);
+    uint32_t *src = base_alloc((ne ? ne : 1) * sizeof *src);
+    uint32_t *queue = base_alloc(n * sizeof *queue);
+    if (off && src && queue) {
+        for (size_t e = 0; e < ne; e++) off[d->next[e] + 1]++;
+        for (size_t s = 0; s < n; s++) off[s + 1] += off[s];
+        for (size_t e = 0; e < ne; e++) src[off[d->next[e]]++] = (uint32_t)(e / nc);
+        for (size_t s = n; s-- > 0;) off[s + 1] = off[s];
+        off[0] = 0;
+        size_t qh = 0, qt = 0;
+        for (size_t s = 1; s < n; s++)
+            if (live[s]) queue[qt++] = (uint32_t)s;
+        while (qh < qt) {
+            uint32_t t = queue[qh++];
+            for (uint32_t e = off[t]; e < off[t + 1]; e++)
+                if (!live[src[e]] && src[e] != 0) {
+                    live[src[e]] = 1;
+                    queue[qt++] = src[e];
                 }
         }
+    } else {
+        /* no memory for the reversed edges: rounds until nothing changes */
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (size_t s = n; s-- > 1;) {
+                if (live[s]) continue;
+                const uint32_t *row = d->next + s * nc;
+                for (size_t c = 0; c < nc; c++)
+                    if (live[row[c]]) {
+                        live[s] = 1;
+                        changed = true;
+                        break;
+                    }
+            }
+        }
     }
+    base_free(off, (n + 1) * sizeof *off);
+    base_free(src, (ne ? ne : 1) * sizeof *src);
+    base_free(queue, n * sizeof *queue);
     return live[d->start];
 }
 
@@ -368,64 +392,121 @@ out:
     return st;
 }
 
-/* Moore's refinement; the states' blocks converge to the Myhill-Nerode
- * classes. Skipped (d unchanged) past MIN_WORK cell visits. */
+/* Hopcroft's partition refinement: the blocks converge to the
+ * Myhill-Nerode classes in O(n k log n) for n states and k classes. The
+ * blocks are ranges of elem[] (a permutation of the states); a splitter
+ * (block, class) splits every block with some but not all of its states
+ * leading into the block on the class. */
 static keel_status minimize(rx_dfa *d)
 {
-    size_t n = d->n_states, nc = d->n_cls, hcap = n * 2 + 1;
-    size_t sig_n = nc + 1;
-    uint32_t *blk = base_alloc(n * sizeof *blk);
-    uint32_t *nblk = base_alloc(n * sizeof *nblk);
-    uint32_t *sig = base_alloc(n * sig_n * sizeof *sig);
-    uint32_t *hash = base_alloc(hcap * sizeof *hash);
+    size_t n = d->n_states, k = d->n_cls, nk = n * k;
     keel_status st = KEEL_ENOMEM;
-    if (!blk || !nblk || !sig || !hash) goto out;
+    uint32_t *ioff = base_calloc(nk + 1, sizeof *ioff);    /* reversed edges by (class, target) */
+    uint32_t *isrc = base_alloc((nk ? nk : 1) * sizeof *isrc);
+    uint32_t *elem = base_alloc(n * sizeof *elem), *loc = base_alloc(n * sizeof *loc);
+    uint32_t *blk = base_alloc(n * sizeof *blk);
+    uint32_t *bfirst = base_alloc(n * sizeof *bfirst), *bend = base_alloc(n * sizeof *bend);
+    uint32_t *bmark = base_calloc(n, sizeof *bmark), *touched = base_alloc(n * sizeof *touched);
+    uint32_t *acopy = base_alloc(n * sizeof *acopy);
+    uint8_t *inwl = base_calloc(nk ? nk : 1, 1); /* (block, class) is waiting */
+    uint64_t *wl = base_alloc((nk ? nk : 1) * sizeof *wl);
+    if (!ioff || !isrc || !elem || !loc || !blk || !bfirst || !bend || !bmark || !touched || !acopy || !inwl || !wl) goto out;
     st = KEEL_OK;
-    /* block 0: the dead state and every rejecting state; the refinement
-     * splits off those that can still accept */
-    uint32_t nb = 1;
-    for (size_t s = 0; s < n; s++) blk[s] = d->acc[s] ? 1 : 0, nb = d->acc[s] ? 2 : nb;
-    uint64_t work = 0;
-    for (;;) {
-        work += (uint64_t)n * nc;
-        if (work > MIN_WORK) goto out;
-        for (size_t i = 0; i < hcap; i++) hash[i] = UINT32_MAX;
-        uint32_t m = 0;
-        for (size_t s = 0; s < n; s++) {
-            uint32_t *g = sig + s * sig_n;
-            g[0] = blk[s];
-            for (size_t c = 0; c < nc; c++) g[c + 1] = blk[d->next[s * nc + c]];
-            uint64_t h = 1469598103934665603ull;
-            for (size_t c = 0; c < sig_n; c++) h = (h ^ g[c]) * 1099511628211ull;
-            for (size_t at = (size_t)(h % hcap);; at = (at + 1) % hcap) {
-                if (hash[at] == UINT32_MAX) {
-                    hash[at] = (uint32_t)s;
-                    nblk[s] = m++;
-                    break;
-                }
-                if (memcmp(sig + (size_t)hash[at] * sig_n, g, sig_n * sizeof *g) == 0) {
-                    nblk[s] = nblk[hash[at]];
-                    break;
+    for (size_t s = 0; s < n; s++)
+        for (size_t c = 0; c < k; c++) ioff[c * n + d->next[s * k + c] + 1]++;
+    for (size_t i = 0; i < nk; i++) ioff[i + 1] += ioff[i];
+    for (size_t s = 0; s < n; s++)
+        for (size_t c = 0; c < k; c++) isrc[ioff[c * n + d->next[s * k + c]]++] = (uint32_t)s;
+    for (size_t i = nk; i-- > 0;) ioff[i + 1] = ioff[i];
+    ioff[0] = 0;
+    /* blocks 0: rejecting, 1: accepting (when both are there) */
+    uint32_t nb = 0, e = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t first = e;
+        for (size_t s = 0; s < n; s++)
+            if (d->acc[s] == pass) {
+                elem[e] = (uint32_t)s;
+                loc[s] = e++;
+                blk[s] = nb;
+            }
+        if (e > first) {
+            bfirst[nb] = first;
+            bend[nb++] = e;
+        }
+    }
+    size_t n_wl = 0;
+    uint32_t seed = nb == 2 && bend[1] - bfirst[1] < bend[0] - bfirst[0] ? 1 : 0;
+    for (size_t c = 0; c < k && nb == 2; c++) {
+        wl[n_wl++] = (uint64_t)seed * k + c;
+        inwl[seed * k + c] = 1;
+    }
+    while (n_wl) {
+        uint64_t w = wl[--n_wl];
+        uint32_t a = (uint32_t)(w / k), c = (uint32_t)(w % k);
+        inwl[w] = 0;
+        size_t n_touched = 0;
+        /* mark the predecessors on c of the states of block a (copied
+         * first: marking reorders elem[] inside blocks, a's included) */
+        uint32_t na = bend[a] - bfirst[a];
+        memcpy(acopy, elem + bfirst[a], na * sizeof *acopy);
+        for (uint32_t i = 0; i < na; i++) {
+            uint32_t t = acopy[i];
+            for (uint32_t j = ioff[(size_t)c * n + t]; j < ioff[(size_t)c * n + t + 1]; j++) {
+                uint32_t s = isrc[j], b = blk[s];
+                uint32_t at = bfirst[b] + bmark[b];
+                if (loc[s] < at) continue; /* already marked */
+                if (bmark[b] == 0) touched[n_touched++] = b;
+                /* swap s to the end of the marked prefix */
+                uint32_t o = elem[at];
+                elem[at] = s;
+                elem[loc[s]] = o;
+                loc[o] = loc[s];
+                loc[s] = at;
+                bmark[b]++;
+            }
+        }
+        for (size_t i = 0; i < n_touched; i++) {
+            uint32_t b = touched[i], m = bmark[b];
+            bmark[b] = 0;
+            if (m == bend[b] - bfirst[b]) continue;
+            /* the marked prefix becomes block nb */
+            uint32_t nbk = nb++;
+            bfirst[nbk] = bfirst[b];
+            bend[nbk] = bfirst[b] + m;
+            bfirst[b] += m;
+            for (uint32_t j = bfirst[nbk]; j < bend[nbk]; j++) blk[elem[j]] = nbk;
+            uint32_t small = bend[nbk] - bfirst[nbk] <= bend[b] - bfirst[b] ? nbk : b;
+            for (size_t cc = 0; cc < k; cc++) {
+                uint32_t add = inwl[(size_t)b * k + cc] ? nbk : small;
+                if (!inwl[(size_t)add * k + cc]) {
+                    inwl[(size_t)add * k + cc] = 1;
+                    wl[n_wl++] = (uint64_t)add * k + cc;
                 }
             }
         }
-        bool stable = m == nb;
-        memcpy(blk, nblk, n * sizeof *blk);
-        nb = m;
-        if (stable) break;
     }
-    /* renumber so that the dead state's block is 0 */
-    uint32_t b0 = blk[0];
-    for (size_t s = 0; s < n; s++) {
-        if (blk[s] == b0) blk[s] = 0;
-        else if (blk[s] == 0) blk[s] = b0;
+    if (nb < n) {
+        /* renumber so that the dead state's block is 0 */
+        uint32_t b0 = blk[0];
+        for (size_t s = 0; s < n; s++) {
+            if (blk[s] == b0) blk[s] = 0;
+            else if (blk[s] == 0) blk[s] = b0;
+        }
+        st = quotient(d, blk, nb);
     }
-    if (nb < n) st = quotient(d, blk, nb);
 out:
+    base_free(ioff, (nk + 1) * sizeof *ioff);
+    base_free(isrc, (nk ? nk : 1) * sizeof *isrc);
+    base_free(elem, n * sizeof *elem);
+    base_free(loc, n * sizeof *loc);
     base_free(blk, n * sizeof *blk);
-    base_free(nblk, n * sizeof *nblk);
-    base_free(sig, n * sig_n * sizeof *sig);
-    base_free(hash, hcap * sizeof *hash);
+    base_free(bfirst, n * sizeof *bfirst);
+    base_free(bend, n * sizeof *bend);
+    base_free(bmark, n * sizeof *bmark);
+    base_free(touched, n * sizeof *touched);
+    base_free(acopy, n * sizeof *acopy);
+    base_free(inwl, nk ? nk : 1);
+    base_free(wl, (nk ? nk : 1) * sizeof *wl);
     return st;
 }
 
@@ -508,9 +589,11 @@ static int cmp_pair(const void *a, const void *b)
  * surrogates, as a SET node. */
 static int32_t tmp_set(rp *p, size_t from, bool neg)
 {
+    /* room for the result first, so that tmp is never NULL below */
+    if (!grow(&p->tmp, &p->cap_tmp, p->n_tmp * 2 + 2, sizeof *p->tmp)) return perr(p, KEEL_ENOMEM, "out of memory");
     size_t k = p->n_tmp - from;
     uint32_t *t = p->tmp + from * 2;
-    qsort(t, k, 2 * sizeof *t, cmp_pair);
+    if (k) qsort(t, k, 2 * sizeof *t, cmp_pair);
     size_t m = 0;
     for (size_t i = 0; i < k; i++) {
         if (m && t[i * 2] <= t[(m - 1) * 2 + 1] + 1) {
@@ -1130,14 +1213,14 @@ static int64_t subset_get(subset *ss, const uint32_t *v, size_t k, bool *added)
     for (; ss->hash[at]; at = (at + 1) % ss->cap_hash) {
         uint32_t id = ss->hash[at] - 1;
         size_t kk = ss->off[id + 1] - ss->off[id];
-        if (kk == k && memcmp(ss->pool + ss->off[id], v, k * sizeof *v) == 0) return id;
+        if (kk == k && (k == 0 || memcmp(ss->pool + ss->off[id], v, k * sizeof *v) == 0)) return id;
     }
     if (ss->n >= RX_MAX_RAW) return -2;
-    if (!grow(&ss->pool, &ss->cap_pool, ss->n_pool + k, sizeof *ss->pool) ||
+    if (!grow(&ss->pool, &ss->cap_pool, ss->n_pool + k + 1, sizeof *ss->pool) ||
         !grow(&ss->off, &ss->cap_off, ss->n + 2, sizeof *ss->off))
         return -1;
     if (ss->n == 0) ss->off[0] = 0;
-    memcpy(ss->pool + ss->n_pool, v, k * sizeof *v);
+    if (k) memcpy(ss->pool + ss->n_pool, v, k * sizeof *v);
     ss->n_pool += k;
     ss->off[ss->n + 1] = (uint32_t)ss->n_pool;
     ss->hash[at] = (uint32_t)ss->n + 1;
@@ -1243,7 +1326,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         }
         work += n_pairs + nc;
         if (work > SUBSET_WORK) goto too_big;
-        qsort(pairs, n_pairs, sizeof *pairs, cmp_u64);
+        if (n_pairs) qsort(pairs, n_pairs, sizeof *pairs, cmp_u64);
         size_t prev_at = 0, prev_n = 0;
         int64_t prev_id = -1;
         for (size_t i = 0; i < n_pairs;) {
@@ -1407,12 +1490,12 @@ keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa *
             size_t col = (size_t)((uint32_t *)bsearch(&cc, bnd, nb, sizeof *bnd, cmp_u32) - bnd);
             if (!next[q * nb + col]) {
                 if (n_states >= RX_MAX_RAW) {
-                    st = base_err(err, KEEL_ERANGE, "the excluded strings are too many (more than %u automaton states)",
+                    st = base_err(err, KEEL_ERANGE, "the list of excluded strings is too complex (more than %u automaton states)",
                                   RX_MAX_RAW);
                     goto out;
                 }
                 if ((n_states + 1) * nb > RX_MAX_CELLS) {
-                    st = base_err(err, KEEL_ERANGE, "the excluded strings are too many");
+                    st = base_err(err, KEEL_ERANGE, "the list of excluded strings is too complex");
                     goto out;
                 }
                 if (!grow(&next, &cap_next, (n_states + 1) * nb, sizeof *next) ||
@@ -1432,7 +1515,7 @@ keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa *
     memcpy(d->next, next, n_states * nb * sizeof *next);
     memcpy(d->acc, acc, n_states);
     d->start = 1;
-    st = finish(d, "the excluded strings", err);
+    st = finish(d, "the list of excluded strings", err);
     if (!st) {
         *out = d;
         d = NULL;
@@ -1497,7 +1580,7 @@ static int64_t pmap_get(pmap *m, uint64_t k)
 keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, char *err)
 {
     *out = NULL;
-    const char *what = "the string constraints";
+    const char *what = "the combination of string constraints";
     keel_status st = KEEL_ENOMEM;
     uint32_t *lo = NULL, *ivc = NULL, *table = NULL;
     uint64_t *key = NULL, *pk = NULL;
@@ -1570,7 +1653,7 @@ keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, c
     }
     goto out;
 too_big:
-    st = base_err(err, KEEL_ERANGE, "%s are too complex (more than %u automaton states)", what, RX_MAX_STATES);
+    st = base_err(err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", what, RX_MAX_STATES);
     goto out;
 fail:
     st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);

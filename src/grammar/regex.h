@@ -12,8 +12,8 @@
  * (interval i is [iv_lo[i], iv_lo[i + 1]), the last one ends at 0x110000),
  * each mapped to a class; the transition table has one column per class.
  * State 0 is the dead state (rejects, loops on every class), so an empty
- * language has start 0. Results of rx_compile / rx_product are minimal
- * when minimization fits its work budget (always for small automata).
+ * language has start 0. Results of rx_compile, rx_strings and rx_product
+ * are minimal (Hopcroft), with their states in breadth-first order.
  *
  *   field    shape                      meaning
  *   iv_lo    [n_iv] ascending, [0] = 0  first code point of each interval
