@@ -314,8 +314,10 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
                     c++;
                     continue;
                 }
-                uint32_t e = c; /* the run of raw characters from c */
-                while (e < hi[i] && !is_special(e + 1)) e++;
+                /* the run of raw characters from c: up to the next
+                 * special ('"' or '\\') or the range's end */
+                uint32_t e = c < '"' ? '"' - 1 : c < '\\' ? '\\' - 1 : hi[i];
+                if (e > hi[i]) e = hi[i];
                 if (e == c) oputf(b, "\\U%08X", c);
                 else oputf(b, "\\U%08X-\\U%08X", c, e);
                 c = e + 1;
