@@ -34,7 +34,7 @@
 #include "../base/base.h"
 
 #define RX_MAX_STATES 4096u
-#define RX_MAX_RAW 32768u
+#define RX_MAX_RAW 16384u
 #define RX_MAX_NFA 200000u
 #define RX_MAX_REPEAT 1000
 #define RX_MAX_NEST 128
