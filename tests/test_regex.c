@@ -566,12 +566,58 @@ static void test_round_trip(void **state)
     assert_true(n_true > 500 && n_false > 500);
 }
 
+/* ---- allocation failures -------------------------------------------------------- */
+
+static keel_status op_gbnf(void *ctx)
+{
+    const jstr_spec *s = ctx;
+    char *out = NULL, err[BASE_ERR_CAP] = "";
+    size_t n = 0;
+    bool empty = false;
+    keel_status st = jstr_gbnf(s, "x", &out, &n, &empty, err);
+    if (!st && !empty) base_free(out, n + 1);
+    if (st && !err[0]) return KEEL_EINTERNAL; /* a failure always says what */
+    return st;
+}
+
+static keel_status op_test(void *ctx)
+{
+    bool ok = false;
+    char err[BASE_ERR_CAP] = "";
+    return jstr_test(ctx, "abcd", 4, &ok, err);
+}
+
+static void test_alloc_failures(void **state)
+{
+    (void)state;
+    const char *ex[] = {"ab", "abc"};
+    size_t exn[] = {2, 3};
+    jstr_spec s = {.min_len = 1,
+                   .max_len = 6,
+                   .pattern = {"^[a-z]{2,}\\d?$"},
+                   .n_pattern = 1,
+                   .not_pattern = {"q"},
+                   .n_not_pattern = 1,
+                   .except = ex,
+                   .except_len = exn,
+                   .n_except = 2};
+    int64_t n1 = test_alloc_sweep(op_gbnf, &s);
+    int64_t n2 = test_alloc_sweep(op_test, &s);
+    jstr_spec f = {.max_len = -1, .format = {"date"}, .n_format = 1};
+    int64_t n3 = test_alloc_sweep(op_gbnf, &f);
+    jstr_spec l = {.min_len = 2, .max_len = 9};
+    int64_t n4 = test_alloc_sweep(op_gbnf, &l);
+    print_message("allocation sites swept: %lld %lld %lld %lld\n", (long long)n1, (long long)n2, (long long)n3,
+                  (long long)n4);
+    assert_true(n1 > 20 && n2 > 20 && n3 > 10 && n4 > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_semantics),     cmocka_unit_test(test_refusals),       cmocka_unit_test(test_caps),
         cmocka_unit_test(test_spec),          cmocka_unit_test(test_formats),        cmocka_unit_test(test_suite_formats),
-        cmocka_unit_test(test_suite_patterns), cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_suite_patterns), cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -383,7 +383,10 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
         st = base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
         goto out;
     }
-    rx_live(d, live);
+    if (rx_live(d, live)) {
+        st = base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
+        goto out;
+    }
     oputf(b, "%s ::= \"\\\"\" %s-s%u\n", name, name, d->start);
     for (uint32_t q = 1; q < d->n_states && !b->st; q++) {
         if (!live[q]) continue;
@@ -460,7 +463,11 @@ keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *
     }
     /* the lengths, unless the content already implies them */
     int64_t dmn, dmx, mn = s->min_len, mx = s->max_len;
-    rx_len_range(d, &dmn, &dmx);
+    st = rx_len_range(d, &dmn, &dmx);
+    if (st) {
+        st = base_err(err, st, "string constraints: out of memory");
+        goto out;
+    }
     if (dmn >= mn) mn = 0;
     if (mx >= 0 && dmx >= 0 && dmx <= mx) mx = -1;
     if (mn > 0 || mx >= 0) {

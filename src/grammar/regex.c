@@ -130,7 +130,7 @@ bool rx_match(const rx_dfa *d, const char *s, size_t n)
     return d->acc[q];
 }
 
-bool rx_live(const rx_dfa *d, uint8_t *live)
+keel_status rx_live(const rx_dfa *d, uint8_t *live)
 {
     size_t n = d->n_states, nc = d->n_cls, ne = n * nc;
     memset(live, 0, n);
@@ -140,47 +140,35 @@ bool rx_live(const rx_dfa *d, uint8_t *live)
     uint32_t *off = base_calloc(n + 1, sizeof *off);
     uint32_t *src = base_alloc((ne ? ne : 1) * sizeof *src);
     uint32_t *queue = base_alloc(n * sizeof *queue);
-    if (off && src && queue) {
-        for (size_t e = 0; e < ne; e++) off[d->next[e] + 1]++;
-        for (size_t s = 0; s < n; s++) off[s + 1] += off[s];
-        for (size_t e = 0; e < ne; e++) src[off[d->next[e]]++] = (uint32_t)(e / nc);
-        for (size_t s = n; s-- > 0;) off[s + 1] = off[s];
-        off[0] = 0;
-        size_t qh = 0, qt = 0;
-        for (size_t s = 1; s < n; s++)
-            if (live[s]) queue[qt++] = (uint32_t)s;
-        while (qh < qt) {
-            uint32_t t = queue[qh++];
-            for (uint32_t e = off[t]; e < off[t + 1]; e++)
-                if (!live[src[e]] && src[e] != 0) {
-                    live[src[e]] = 1;
-                    queue[qt++] = src[e];
-                }
-        }
-    } else {
-        /* no memory for the reversed edges: rounds until nothing changes */
-        for (bool changed = true; changed;) {
-            changed = false;
-            for (size_t s = n; s-- > 1;) {
-                if (live[s]) continue;
-                const uint32_t *row = d->next + s * nc;
-                for (size_t c = 0; c < nc; c++)
-                    if (live[row[c]]) {
-                        live[s] = 1;
-                        changed = true;
-                        break;
-                    }
+    keel_status st = KEEL_ENOMEM;
+    if (!off || !src || !queue) goto out;
+    st = KEEL_OK;
+    for (size_t e = 0; e < ne; e++) off[d->next[e] + 1]++;
+    for (size_t s = 0; s < n; s++) off[s + 1] += off[s];
+    for (size_t e = 0; e < ne; e++) src[off[d->next[e]]++] = (uint32_t)(e / nc);
+    for (size_t s = n; s-- > 0;) off[s + 1] = off[s];
+    off[0] = 0;
+    size_t qh = 0, qt = 0;
+    for (size_t s = 1; s < n; s++)
+        if (live[s]) queue[qt++] = (uint32_t)s;
+    while (qh < qt) {
+        uint32_t t = queue[qh++];
+        for (uint32_t e = off[t]; e < off[t + 1]; e++)
+            if (!live[src[e]] && src[e] != 0) {
+                live[src[e]] = 1;
+                queue[qt++] = src[e];
             }
-        }
     }
+out:
     base_free(off, (n + 1) * sizeof *off);
     base_free(src, (ne ? ne : 1) * sizeof *src);
     base_free(queue, n * sizeof *queue);
-    return live[d->start];
+    return st;
 }
 
-void rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx)
+keel_status rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx)
 {
+    keel_status st = KEEL_ENOMEM;
     size_t n = d->n_states, nc = d->n_cls;
     *mn = 0;
     *mx = 0;
@@ -189,11 +177,9 @@ void rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx)
     int64_t *lng = base_alloc(n * sizeof *lng);
     uint32_t *queue = base_alloc(n * sizeof *queue);
     uint32_t *indeg = base_calloc(n, sizeof *indeg);
-    if (!live || !dist || !lng || !queue || !indeg) {
-        *mx = -1; /* unknown: the caller keeps its bounds */
-        goto done;
-    }
-    if (!rx_live(d, live)) goto done;
+    if (!live || !dist || !lng || !queue || !indeg) goto done;
+    st = rx_live(d, live);
+    if (st || !live[d->start]) goto done;
     for (size_t s = 0; s < n; s++) dist[s] = -1, lng[s] = -1;
     size_t qh = 0, qt = 0;
     dist[d->start] = 0;
@@ -244,6 +230,7 @@ done:
     base_free(lng, n * sizeof *lng);
     base_free(queue, n * sizeof *queue);
     base_free(indeg, n * sizeof *indeg);
+    return st;
 }
 
 /* ---- finishing: prune, minimize, merge classes ---------------------------- */
@@ -366,7 +353,8 @@ static keel_status prune(rx_dfa *d)
     uint32_t *queue = base_alloc(n * sizeof *queue);
     keel_status st = KEEL_ENOMEM;
     if (!live || !blk || !queue) goto out;
-    rx_live(d, live);
+    st = rx_live(d, live);
+    if (st) goto out;
     for (size_t s = 0; s < n; s++) blk[s] = UINT32_MAX;
     blk[0] = 0;
     uint32_t nb = 1, qh = 0, qt = 0;
@@ -1272,9 +1260,9 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     /* elementary intervals: every set boundary, and the surrogates apart */
     size_t need = p->n_cs * 2 + 3;
     bnd = base_alloc(need * sizeof *bnd);
+    cap_bnd = need;
     er = base_alloc((p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
     if (!bnd || !er) goto fail;
-    cap_bnd = need;
     bnd[n_bnd++] = 0;
     bnd[n_bnd++] = SUR_LO;
     bnd[n_bnd++] = SUR_END;

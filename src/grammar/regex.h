@@ -74,11 +74,12 @@ void rx_free(rx_dfa *d);
 /* Whether the n bytes of UTF-8 at s are accepted (invalid UTF-8: false). */
 bool rx_match(const rx_dfa *d, const char *s, size_t n);
 /* Marks in live[n_states] the states from which an accepting state can be
- * reached (0 never); returns whether the start state is live. */
-bool rx_live(const rx_dfa *d, uint8_t *live);
+ * reached (0 never). KEEL_ENOMEM. */
+keel_status rx_live(const rx_dfa *d, uint8_t *live);
 /* Bounds on the lengths (code points) of the accepted strings: *mn the
- * shortest, *mx the longest or -1 when unbounded. Empty language: 0, 0. */
-void rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx);
+ * shortest, *mx the longest or -1 when unbounded. Empty language: 0, 0.
+ * KEEL_ENOMEM. */
+keel_status rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx);
 /* Decodes one UTF-8 scalar at s[*i] (below n), advancing *i; -1 when
  * invalid (overlong, surrogate, truncated, above U+10FFFF). */
 int32_t rx_utf8_next(const unsigned char *s, size_t n, size_t *i);
