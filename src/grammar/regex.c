@@ -1255,8 +1255,8 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     subset ss = {0};
     closure c = {0};
     uint32_t *bnd = NULL, *er = NULL, *table = NULL;
-    uint64_t *pairs = NULL;
-    size_t n_bnd = 0, cap_bnd = 0, cap_table = 0, cap_pairs = 0;
+    uint32_t *tg = NULL, *cnt = NULL;
+    size_t n_bnd = 0, cap_bnd = 0, cap_table = 0, cap_tg = 0;
     /* elementary intervals: every set boundary, and the surrogates apart */
     size_t need = p->n_cs * 2 + 3;
     bnd = base_alloc(need * sizeof *bnd);
@@ -1285,10 +1285,11 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         er[i * 2] = (uint32_t)(k1 - bnd);
         er[i * 2 + 1] = e; /* exclusive */
     }
+    cnt = base_alloc((n_bnd + 1) * sizeof *cnt);
     c.stack = base_alloc((size_t)a->n * sizeof *c.stack);
     c.mark = base_calloc(a->n, sizeof *c.mark);
     c.out = base_alloc((size_t)a->n * sizeof *c.out);
-    if (!c.stack || !c.mark || !c.out) goto fail;
+    if (!cnt || !c.stack || !c.mark || !c.out) goto fail;
     bool added;
     if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
     eps_close(a, &c, &start, 1, fin);
@@ -1300,45 +1301,47 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         if (!grow(&table, &cap_table, (q + 1) * nc, sizeof *table)) goto fail;
         if ((q + 1) * nc > RX_MAX_CELLS) goto too_big;
         memset(table + q * nc, 0, nc * sizeof *table);
-        /* (elementary interval, target) pairs of the state's edges */
+        /* the targets of the state's edges bucketed by elementary
+         * interval (a counting sort: cnt[k + 1] counts, then starts);
+         * two intervals covered by the same character states get equal
+         * target lists, in the same order */
+        memset(cnt, 0, (nc + 1) * sizeof *cnt);
         size_t n_pairs = 0;
-        for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
-            uint32_t s = ss.pool[i];
-            if (a->set[s] < 0) continue;
-            const rnode *x = &p->nd[a->set[s]];
-            for (uint32_t j = 0; j < x->cs_n; j++)
-                for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
-                    if (!grow(&pairs, &cap_pairs, n_pairs + 1, sizeof *pairs)) goto fail;
-                    pairs[n_pairs++] = ((uint64_t)k << 32) | a->to[s];
-                }
+        for (int pass = 0; pass < 2; pass++) {
+            for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
+                uint32_t s = ss.pool[i];
+                if (a->set[s] < 0) continue;
+                const rnode *x = &p->nd[a->set[s]];
+                for (uint32_t j = 0; j < x->cs_n; j++)
+                    for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
+                        if (pass == 0) cnt[k + 1]++, n_pairs++;
+                        else tg[cnt[k]++] = a->to[s];
+                    }
+            }
+            if (pass == 0) {
+                work += n_pairs + nc;
+                if (work > SUBSET_WORK) goto too_big;
+                if (!grow(&tg, &cap_tg, n_pairs + 1, sizeof *tg)) goto fail;
+                for (size_t k = 0; k < nc; k++) cnt[k + 1] += cnt[k];
+            }
         }
-        work += n_pairs + nc;
-        if (work > SUBSET_WORK) goto too_big;
-        if (n_pairs) qsort(pairs, n_pairs, sizeof *pairs, cmp_u64);
+        /* now bucket k is tg[k ? cnt[k - 1] : 0 .. cnt[k]) */
         size_t prev_at = 0, prev_n = 0;
         int64_t prev_id = -1;
-        for (size_t i = 0; i < n_pairs;) {
-            size_t j = i;
-            uint32_t k = (uint32_t)(pairs[i] >> 32);
-            while (j < n_pairs && (uint32_t)(pairs[j] >> 32) == k) j++;
+        for (size_t k = 0; k < nc; k++) {
+            size_t i = k ? cnt[k - 1] : 0, nk = cnt[k] - i;
+            if (!nk) continue;
             /* the same targets as the previous interval: the same state */
-            bool same = prev_id >= 0 && prev_n == j - i;
-            for (size_t t = 0; same && t < j - i; t++)
-                same = (uint32_t)pairs[prev_at + t] == (uint32_t)pairs[i + t];
+            bool same = prev_id >= 0 && prev_n == nk && memcmp(tg + prev_at, tg + i, nk * sizeof *tg) == 0;
             if (!same) {
-                uint32_t *tmp = base_alloc((j - i) * sizeof *tmp);
-                if (!tmp) goto fail;
-                for (size_t t = i; t < j; t++) tmp[t - i] = (uint32_t)pairs[t];
-                eps_close(a, &c, tmp, j - i, fin);
-                base_free(tmp, (j - i) * sizeof *tmp);
+                eps_close(a, &c, tg + i, nk, fin);
                 prev_id = subset_get(&ss, c.out, c.n_out, &added);
                 if (prev_id == -1) goto fail;
                 if (prev_id == -2) goto too_big;
             }
             table[q * nc + k] = (uint32_t)prev_id;
             prev_at = i;
-            prev_n = j - i;
-            i = j;
+            prev_n = nk;
         }
     }
     d = dfa_new((uint32_t)n_bnd, (uint32_t)nc, (uint32_t)ss.n);
@@ -1365,7 +1368,8 @@ done:
     base_free(bnd, cap_bnd * sizeof *bnd);
     base_free(er, (p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
     base_free(table, cap_table * sizeof *table);
-    base_free(pairs, cap_pairs * sizeof *pairs);
+    base_free(tg, cap_tg * sizeof *tg);
+    base_free(cnt, (n_bnd + 1) * sizeof *cnt);
     base_free(ss.pool, ss.cap_pool * sizeof *ss.pool);
     base_free(ss.off, ss.cap_off * sizeof *ss.off);
     base_free(ss.hash, ss.cap_hash * sizeof *ss.hash);
