@@ -292,8 +292,8 @@ static bool is_special(uint32_t c)
     return c < 0x20 || c == '"' || c == '\\';
 }
 
-/* One group of intervals (code points [lo[i], hi[i]]) as a GBNF choice:
- * ( [raw ranges] | "escape" | ... ). */
+/* One group of intervals (code points [lo[i], hi[i]]) as the body of a
+ * GBNF rule: [raw ranges] | "escape" | ... */
 static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k)
 {
     bool any_raw = false, first = true;
@@ -304,7 +304,6 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
         }
     for (size_t i = 0; i < k && !any_raw; i++)
         if (hi[i] >= 0x5D) any_raw = true;
-    oputs(b, "( ");
     if (any_raw) {
         oputs(b, "[");
         for (size_t i = 0; i < k; i++) {
@@ -357,7 +356,6 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
             if (bits >> dg & 1u) oputf(b, "%c", "0123456789abcdef"[dg]);
         oputs(b, "]");
     }
-    oputs(b, " )");
 }
 
 typedef struct edge {
@@ -371,8 +369,66 @@ static int cmp_edge(const void *x, const void *y)
     return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
+/* The distinct choices (rule bodies) of a grammar, each one rule
+ * name-k<id> referenced by every edge that reads it: the copies of one
+ * class a length counter makes cost one reference each. */
+typedef struct choices {
+    obuf text;      /* the bodies, one after another */
+    size_t *off;    /* [n + 1] */
+    size_t n, cap_off;
+    uint32_t *hash; /* id + 1 */
+    size_t cap_hash;
+} choices;
+
+static uint64_t text_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The id of body s[0..n), added when new (*added); -1: no memory. */
+static int64_t choice_id(choices *c, const char *s, size_t n, bool *added)
+{
+    *added = false;
+    if ((c->n + 1) * 2 > c->cap_hash) {
+        size_t nh = c->cap_hash ? c->cap_hash * 2 : 256;
+        uint32_t *h = base_calloc(nh, sizeof *h);
+        if (!h) return -1;
+        for (size_t i = 0; i < c->n; i++) {
+            size_t at = (size_t)(text_hash(c->text.d + c->off[i], c->off[i + 1] - c->off[i]) % nh);
+            while (h[at]) at = (at + 1) % nh;
+            h[at] = (uint32_t)i + 1;
+        }
+        base_free(c->hash, c->cap_hash * sizeof *c->hash);
+        c->hash = h;
+        c->cap_hash = nh;
+    }
+    size_t at = (size_t)(text_hash(s, n) % c->cap_hash);
+    for (; c->hash[at]; at = (at + 1) % c->cap_hash) {
+        size_t id = c->hash[at] - 1;
+        if (c->off[id + 1] - c->off[id] == n && memcmp(c->text.d + c->off[id], s, n) == 0) return (int64_t)id;
+    }
+    if (c->cap_off < c->n + 2) {
+        size_t nc = c->cap_off ? c->cap_off * 2 : 64;
+        size_t *o = base_realloc(c->off, c->cap_off * sizeof *o, nc * sizeof *o);
+        if (!o) return -1;
+        c->off = o;
+        c->cap_off = nc;
+    }
+    if (c->n == 0) c->off[0] = 0;
+    oput(&c->text, s, n);
+    if (c->text.st) return -1;
+    c->off[c->n + 1] = c->text.n;
+    c->hash[at] = (uint32_t)c->n + 1;
+    *added = true;
+    return (int64_t)c->n++;
+}
+
 static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *err)
 {
+    choices ch = {0};
+    obuf one = {0}, defs = {0}; /* one choice; the choice rules */
     keel_status st = KEEL_OK;
     uint8_t *live = base_alloc(d->n_states);
     edge *ed = base_alloc((size_t)d->n_iv * sizeof *ed);
@@ -416,15 +472,29 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
                     m++;
                 }
             }
+            one.n = 0;
+            put_choice(&one, lo, hi, m);
+            bool added = false;
+            int64_t id = one.st ? -1 : choice_id(&ch, one.d, one.n, &added);
+            if (id < 0) {
+                b->st = one.st == KEEL_ERANGE ? KEEL_ERANGE : KEEL_ENOMEM;
+                break;
+            }
+            if (added) {
+                oputf(&defs, "%s-k%lld ::= ", name, (long long)id);
+                oput(&defs, one.d, one.n);
+                oputs(&defs, "\n");
+                if (defs.st) b->st = defs.st;
+            }
             oputs(b, first ? " " : " | ");
-            put_choice(b, lo, hi, m);
-            oputf(b, " %s-s%u", name, ed[i].to);
+            oputf(b, "%s-k%lld %s-s%u", name, (long long)id, name, ed[i].to);
             first = false;
             i = j;
         }
         if (d->acc[q]) oputs(b, first ? " \"\\\"\"" : " | \"\\\"\"");
         oputs(b, "\n");
     }
+    if (!b->st && defs.n) oput(b, defs.d, defs.n);
     if (b->st == KEEL_ERANGE)
         st = base_err(err, KEEL_ERANGE, "string constraints: grammar above %u bytes", JSTR_MAX_GBNF);
     else if (b->st)
@@ -434,6 +504,11 @@ out:
     base_free(ed, (size_t)d->n_iv * sizeof *ed);
     base_free(lo, ((size_t)d->n_iv + 1) * sizeof *lo);
     base_free(hi, ((size_t)d->n_iv + 1) * sizeof *hi);
+    base_free(one.d, one.cap);
+    base_free(defs.d, defs.cap);
+    base_free(ch.text.d, ch.text.cap);
+    base_free(ch.off, ch.cap_off * sizeof *ch.off);
+    base_free(ch.hash, ch.cap_hash * sizeof *ch.hash);
     return st;
 }
 

@@ -1540,7 +1540,13 @@ typedef struct pmap {
 
 static size_t pmap_slot(uint64_t k, size_t cap)
 {
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) % cap;
+    /* splitmix64's finalizer: both halves of the pair reach every bit */
+    k ^= k >> 30;
+    k *= 0xBF58476D1CE4E5B9ull;
+    k ^= k >> 27;
+    k *= 0x94D049BB133111EBull;
+    k ^= k >> 31;
+    return (size_t)(k % cap);
 }
 
 /* The state of pair k, added when new; -1 no memory, -2 past RX_MAX_RAW. */
