@@ -103,16 +103,22 @@ static bool spec_test(const jstr_spec *s, const char *str, size_t n)
     return ok;
 }
 
-/* jstr_test on str, checked against the GBNF's verdict on its spelling. */
-static bool both(const jstr_spec *s, const gram *g, const char *str, size_t n)
+/* jstr_test on str (or jstr_auto_test with a), checked against the
+ * GBNF's verdict on its spelling. */
+static bool both_auto(const jstr_auto *a, const jstr_spec *s, const gram *g, const char *str, size_t n)
 {
-    bool t = spec_test(s, str, n);
+    bool t = a ? jstr_auto_test(a, str, n) : spec_test(s, str, n);
     char *sp = malloc(n * 6 + 3);
     size_t k = spell(str, n, sp);
     bool gm = gram_accepts(g, sp, k);
     if (gm != t) fail_msg("gbnf %d but jstr_test %d on %s (pattern %s)", gm, t, sp, s->n_pattern ? s->pattern[0] : "-");
     free(sp);
     return t;
+}
+
+static bool both(const jstr_spec *s, const gram *g, const char *str, size_t n)
+{
+    return both_auto(NULL, s, g, str, n);
 }
 
 static bool pattern_matches(const char *pat, const char *str)
@@ -412,6 +418,10 @@ static void test_suite_formats(void **state)
             print_message("skip: %s: %s\n", path, je.text);
             continue;
         }
+        jstr_spec s = {.max_len = -1, .format = {fmts[f]}, .n_format = 1};
+        jstr_auto *a = NULL;
+        char err[BASE_ERR_CAP] = "";
+        assert_int_equal(jstr_auto_open(&s, &a, err), KEEL_OK);
         size_t gi, ti;
         json_t *grp, *t;
         json_array_foreach(doc, gi, grp) {
@@ -421,7 +431,7 @@ static void test_suite_formats(void **state)
                 const char *str = json_string_value(data);
                 size_t n = json_string_length(data);
                 bool want = json_is_true(json_object_get(t, "valid"));
-                bool got = format_ok(fmts[f], str, n);
+                bool got = jstr_auto_test(a, str, n);
                 if (got != want) {
                     if (known_gap(fmts[f], str)) {
                         if (getenv("KEEL_TEST_VERBOSE")) print_message("gap: %s \"%s\" want %d\n", fmts[f], str, want);
@@ -433,6 +443,7 @@ static void test_suite_formats(void **state)
                 n_checked++;
             }
         }
+        jstr_auto_close(a);
         json_decref(doc);
     }
     print_message("suite formats: %d cases agree, %d known gaps\n", n_checked, n_gap);
@@ -562,8 +573,60 @@ static void test_round_trip(void **state)
         }
         gram_free(g);
     }
+    /* formats, with and without lengths, on mutations of valid examples */
+    static const char *const fmt_ex[][2] = {
+        {"date", "2024-02-29"},
+        {"time", "23:59:60.5+00:00"},
+        {"date-time", "1963-06-19T08:30:06.283185Z"},
+        {"duration", "P1Y2M3DT4H5M6S"},
+        {"uuid", "2eb8aa08-aa98-11ea-b4aa-73b441d16380"},
+        {"email", "\"jo\\\"e b\"@[IPv6:::ffff:1.2.3.4]"},
+        {"hostname", "a-b.example.com"},
+        {"ipv4", "192.168.10.1"},
+        {"ipv6", "1:2:3::7:8"},
+        {"uri", "http://u@[::1]:8/a?b#c"},
+        {"uri-reference", "//a/b%20c?d"},
+        {"json-pointer", "/a~1b/~0c"},
+        {"relative-json-pointer", "12/a~1"},
+    };
+    static const char MUT[] = "0123456789:-.T/@[]\"\\%~#?aZ";
+    for (size_t f = 0; f < sizeof fmt_ex / sizeof fmt_ex[0]; f++)
+        for (int variant = 0; variant < 2; variant++) {
+            jstr_spec s = {.max_len = -1, .format = {fmt_ex[f][0]}, .n_format = 1};
+            if (variant) s.min_len = 3, s.max_len = 24;
+            bool empty;
+            gram *g = spec_gram(&s, &empty);
+            assert_true(empty == (variant && strcmp(fmt_ex[f][0], "uuid") == 0)); /* 36 characters */
+            jstr_auto *a = NULL;
+            char err[BASE_ERR_CAP] = "";
+            assert_int_equal(jstr_auto_open(&s, &a, err), KEEL_OK);
+            size_t n0 = strlen(fmt_ex[f][1]);
+            if (!variant || n0 <= 24) assert_true(both(&s, g, fmt_ex[f][1], n0));
+            for (int j = 0; j < 150; j++) {
+                char str[64];
+                memcpy(str, fmt_ex[f][1], n0);
+                size_t n = n0;
+                int edits = 1 + (int)(rng_next(&rs) % 2);
+                for (int e = 0; e < edits && n > 0; e++) {
+                    size_t at = (size_t)(rng_next(&rs) % n);
+                    switch (rng_next(&rs) % 3) {
+                    case 0: str[at] = MUT[rng_next(&rs) % (sizeof MUT - 1)]; break;
+                    case 1: memmove(str + at, str + at + 1, n - at - 1), n--; break;
+                    default:
+                        memmove(str + at + 1, str + at, n - at), n++;
+                        str[at] = MUT[rng_next(&rs) % (sizeof MUT - 1)];
+                        break;
+                    }
+                }
+                bool ok = both_auto(a, &s, g, str, n);
+                if (ok != spec_test(&s, str, n) && j < 5) fail_msg("jstr_auto_test and jstr_test differ");
+                ok ? n_true++ : n_false++;
+            }
+            jstr_auto_close(a);
+            gram_free(g);
+        }
     print_message("round trip: %d accepted, %d rejected, %.2f s\n", n_true, n_false, now_s() - t0);
-    assert_true(n_true > 500 && n_false > 500);
+    assert_true(n_true > 700 && n_false > 500);
 }
 
 /* ---- allocation failures -------------------------------------------------------- */

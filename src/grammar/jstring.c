@@ -202,20 +202,53 @@ static keel_status check_spec(const jstr_spec *s, char *err)
     return KEEL_OK;
 }
 
+struct jstr_auto {
+    rx_dfa *d; /* the content; NULL: free */
+    int64_t min_len, max_len;
+};
+
+keel_status jstr_auto_open(const jstr_spec *s, jstr_auto **out, char *err)
+{
+    *out = NULL;
+    keel_status st = check_spec(s, err);
+    if (st) return st;
+    jstr_auto *a = base_calloc(1, sizeof *a);
+    if (!a) return base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
+    a->min_len = s->min_len;
+    a->max_len = s->max_len;
+    st = content_dfa(s, &a->d, err);
+    if (st) {
+        base_free(a, sizeof *a);
+        return st;
+    }
+    *out = a;
+    return KEEL_OK;
+}
+
+bool jstr_auto_test(const jstr_auto *a, const char *content, size_t n)
+{
+    int64_t len = 0;
+    for (size_t i = 0; i < n; len++)
+        if (rx_utf8_next((const unsigned char *)content, n, &i) < 0) return false; /* not a JSON string */
+    if (len < a->min_len || (a->max_len >= 0 && len > a->max_len)) return false;
+    return !a->d || rx_match(a->d, content, n);
+}
+
+void jstr_auto_close(jstr_auto *a)
+{
+    if (!a) return;
+    rx_free(a->d);
+    base_free(a, sizeof *a);
+}
+
 keel_status jstr_test(const jstr_spec *s, const char *content, size_t n, bool *ok, char *err)
 {
     *ok = false;
-    keel_status st = check_spec(s, err);
+    jstr_auto *a = NULL;
+    keel_status st = jstr_auto_open(s, &a, err);
     if (st) return st;
-    int64_t len = 0;
-    for (size_t i = 0; i < n; len++)
-        if (rx_utf8_next((const unsigned char *)content, n, &i) < 0) return KEEL_OK; /* not a JSON string */
-    if (len < s->min_len || (s->max_len >= 0 && len > s->max_len)) return KEEL_OK;
-    rx_dfa *d = NULL;
-    st = content_dfa(s, &d, err);
-    if (st) return st;
-    *ok = !d || rx_match(d, content, n);
-    rx_free(d);
+    *ok = jstr_auto_test(a, content, n);
+    jstr_auto_close(a);
     return KEEL_OK;
 }
 
