@@ -1,8 +1,8 @@
 /*
  * regex.h — ECMA-262 regular expressions (code-point semantics, as with the
- * u flag) as deterministic automata over code points, and the operations
- * the string constraints of JSON Schema need (regex.c). Private to
- * src/grammar; jstring.c is the client.
+ * u flag) as deterministic automata over code points (regex.c), and the
+ * operations the string constraints of JSON Schema need (regex_dfa.c).
+ * Private to src/grammar; jstring.c is the client.
  *
  * The alphabet is the Unicode scalar values U+0000..U+10FFFF less the
  * surrogates U+D800..U+DFFF (a UTF-8 string cannot hold them): every
@@ -83,5 +83,17 @@ keel_status rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx);
 /* Decodes one UTF-8 scalar at s[*i] (below n), advancing *i; -1 when
  * invalid (overlong, surrogate, truncated, above U+10FFFF). */
 int32_t rx_utf8_next(const unsigned char *s, size_t n, size_t *i);
+
+/* ---- between regex.c and regex_dfa.c ---- */
+
+/* Ensures room for need elements of elsz bytes in *pp (capacity *cap,
+ * doubling); false (nothing changed) when out of memory. */
+bool rx_grow(void *pp, size_t *cap, size_t need, size_t elsz);
+/* A DFA with n_iv intervals, n_cls classes and n_states states, zeroed
+ * (every transition to the dead state); NULL when out of memory. */
+rx_dfa *rx_dfa_new(uint32_t n_iv, uint32_t n_cls, uint32_t n_states);
+/* Prunes, minimizes and merges the classes of d; KEEL_ERANGE ("<what>
+ * is too complex ...") past RX_MAX_STATES, KEEL_ENOMEM. */
+keel_status rx_finish(rx_dfa *d, const char *what, char *err);
 
 #endif /* KEEL_GRAMMAR_REGEX_H */
