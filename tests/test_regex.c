@@ -164,6 +164,14 @@ static void test_semantics(void **state)
         {"^[\"\\\\]+$", "\"\\\"", true},  {"^\\x00-\\x1f$", "\x01", false},
         {"^[\\x00-\\x1f]+$", "\x01\x1f\n", true}, {"^((a)|b)*c$", "abac", true}, {"^(a*)*$", "aaa", true},
         {"^(a|b)*a(a|b){3}$", "babb", false}, {"^(a|b)*a(a|b){3}$", "bbabbb", true},
+        /* ^ and $ anywhere, as assertions */
+        {"a^b", "ab", false},             {"a^b", "a^b", false},           {"a$b", "ab", false},
+        {"(^a|b)c", "ac", true},          {"(^a|b)c", "xac", false},       {"(^a|b)c", "xbc", true},
+        {"(a$)", "xa", true},             {"(a$)", "ax", false},           {"^$|^x$", "", true},
+        {"^$|^x$", "x", true},            {"^$|^x$", "xx", false},         {"(?:^|,)a(?:,|$)", "b,a", true},
+        {"(?:^|,)a(?:,|$)", "a", true},   {"(?:^|,)a(?:,|$)", "ba", false}, {"(^)*", "x", true},
+        {"x(?:$|y)$", "x", true},         {"x(?:$|y)$", "xy", true},       {"x(?:$|y)$", "xyz", false},
+        {"^^a$$", "a", true},             {"(?:a|^)+b", "cb", false},      {"(?:a|^)+b", "b", true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bool m = pattern_matches(cases[i].pat, cases[i].str);
@@ -197,10 +205,8 @@ static void test_refusals(void **state)
         {"\\p{Letter}", KEEL_EUNSUPPORTED, "property"},
         {"\\P{L}", KEEL_EUNSUPPORTED, "property"},
         {"(?i)abc", KEEL_EUNSUPPORTED, "flags"},
-        {"a^b", KEEL_EUNSUPPORTED, "^ is only supported"},
-        {"(^a)", KEEL_EUNSUPPORTED, "^ is only supported"},
-        {"a$b", KEEL_EUNSUPPORTED, "$ is only supported"},
-        {"(a$)", KEEL_EUNSUPPORTED, "$ is only supported"},
+        {"^*a", KEEL_EFORMAT, "nothing to repeat"},
+        {"a${2}", KEEL_EFORMAT, "nothing to repeat"},
         {"(a", KEEL_EFORMAT, "missing )"},
         {"a)", KEEL_EFORMAT, "unmatched )"},
         {"[a", KEEL_EFORMAT, "unterminated"},
@@ -514,7 +520,8 @@ static const char *const ALPHA[] = {"a", "b", "c", "\"", "\\", "\n", "\x01", "\x
 #define N_ALPHA (sizeof ALPHA / sizeof ALPHA[0])
 
 static const char *const ATOMS[] = {"a",        "b",    "[ab]",    "[^a]",   ".",      "\\d",  "\\s",  "\\w",
-                                    "\\\\",     "\"",   "\\n",     "[\\x00-\\x1f]", "\xc3\xa9", "\\u{1F600}", "[^\\w]", "(?:a|b\\\\)"};
+                                    "\\\\",     "\"",   "\\n",     "[\\x00-\\x1f]", "\xc3\xa9", "\\u{1F600}", "[^\\w]", "(?:a|b\\\\)",
+                                    "(?:^|a)",  "(?:b|$)"};
 #define N_ATOMS (sizeof ATOMS / sizeof ATOMS[0])
 
 static void random_pattern(uint64_t *rs, char *out, size_t cap)

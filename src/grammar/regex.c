@@ -4,9 +4,14 @@
  * Pipeline: the pattern is parsed into a tree (rnode, children as linked
  * lists so that long concatenations do not deepen the recursion), the
  * tree into a Thompson automaton (one character-set edge or epsilon edges
- * per state; {n,m} copies its operand), the automaton into a DFA by subset
- * construction over the elementary intervals of its character sets, and
- * the DFA is finished by rx_finish (regex_dfa.c).
+ * per state; {n,m} copies its operand; ^ and $ are epsilon edges with a
+ * condition), the automaton into a DFA by subset construction over the
+ * elementary intervals of its character sets, and the DFA is finished by
+ * rx_finish (regex_dfa.c). The subset construction follows ^ edges only in
+ * the start state's closure (before any character) and $ edges only to
+ * decide acceptance (after the last character); a DFA state's set carries
+ * an acceptance mark, so two states with the same character states but
+ * different acceptance stay apart.
  */
 #include "regex.h"
 
@@ -26,7 +31,7 @@ static int cmp_u32(const void *a, const void *b)
 
 /* ---- parser --------------------------------------------------------------- */
 
-enum { N_SET, N_CAT, N_ALT, N_REP };
+enum { N_SET, N_CAT, N_ALT, N_REP, N_BOL, N_EOL }; /* BOL / EOL: ^ and $ */
 
 typedef struct rnode {
     uint8_t kind;
@@ -340,7 +345,7 @@ static int32_t single(rp *p, uint32_t lo, uint32_t hi)
     return tmp_set(p, from, false);
 }
 
-static int32_t parse_alt(rp *p, bool top, bool search);
+static int32_t parse_alt(rp *p, bool top);
 
 /* Reads {n}, {n,}, {n,m} at p->i ('{'); false (nothing consumed) when it is
  * not a quantifier (then '{' is a literal, as Annex B reads it). */
@@ -367,9 +372,8 @@ static bool read_braces(rp *p, int32_t *mn, int32_t *mx)
     return true;
 }
 
-/* A sequence up to '|', ')' or the end. At the top level, a '$' before '|'
- * or the end sets *end_anchor. */
-static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
+/* A sequence up to '|', ')' or the end. */
+static int32_t parse_seq(rp *p)
 {
     int32_t cat = node(p, N_CAT);
     if (cat < 0) return -1;
@@ -377,18 +381,23 @@ static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
     while (p->i < p->n && p->s[p->i] != '|' && p->s[p->i] != ')') {
         int c = p->s[p->i];
         int32_t atom = -1;
-        if (c == '$') {
+        if (c == '^' || c == '$') {
+            /* assertions: no quantifier may follow (as with the u flag) */
             p->i++;
-            if (top && (p->i >= p->n || p->s[p->i] == '|')) {
-                *end_anchor = true;
-                break;
+            atom = node(p, c == '^' ? N_BOL : N_EOL);
+            if (atom < 0) return -1;
+            int32_t a, b;
+            size_t save = p->i;
+            if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?' ||
+                                (p->s[p->i] == '{' && read_braces(p, &a, &b)))) {
+                p->i = save;
+                return perr(p, KEEL_EFORMAT, "nothing to repeat");
             }
-            p->i--;
-            return perr(p, KEEL_EUNSUPPORTED, "$ is only supported at the end of the pattern or of a top-level alternative");
+            if (last < 0) p->nd[cat].first = atom;
+            else p->nd[last].next = atom;
+            last = atom;
+            continue;
         }
-        if (c == '^')
-            return perr(p, KEEL_EUNSUPPORTED,
-                        "^ is only supported at the start of the pattern or of a top-level alternative");
         if (c == '*' || c == '+' || c == '?') return perr(p, KEEL_EFORMAT, "nothing to repeat");
         if (c == '{') {
             int32_t a, b;
@@ -419,7 +428,7 @@ static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
                 }
             }
             if (++p->depth > RX_MAX_NEST) return perr(p, KEEL_ERANGE, "groups nested too deeply");
-            atom = parse_alt(p, false, false);
+            atom = parse_alt(p, false);
             p->depth--;
             if (atom < 0) return -1;
             if (p->i >= p->n || p->s[p->i] != ')') return perr(p, KEEL_EFORMAT, "missing )");
@@ -498,38 +507,15 @@ static int32_t any_star(rp *p)
     return r;
 }
 
-/* Alternatives up to ')' or the end. Top level: each alternative may start
- * with ^ and end with $; with search, an unanchored side gets [\s\S]*. */
-static int32_t parse_alt(rp *p, bool top, bool search)
+/* Alternatives up to ')' (or, at the top level, the end). */
+static int32_t parse_alt(rp *p, bool top)
 {
     int32_t alt = node(p, N_ALT);
     if (alt < 0) return -1;
     int32_t last = -1;
     for (;;) {
-        bool a_start = false, a_end = false;
-        while (top && p->i < p->n && p->s[p->i] == '^') {
-            a_start = true;
-            p->i++;
-        }
-        int32_t seq = parse_seq(p, top, &a_end);
+        int32_t seq = parse_seq(p);
         if (seq < 0) return -1;
-        if (top && search) {
-            int32_t cat = node(p, N_CAT), l = -1;
-            if (cat < 0) return -1;
-            if (!a_start) {
-                l = any_star(p);
-                if (l < 0) return -1;
-                p->nd[cat].first = l;
-            }
-            if (l < 0) p->nd[cat].first = seq;
-            else p->nd[l].next = seq;
-            if (!a_end) {
-                int32_t e = any_star(p);
-                if (e < 0) return -1;
-                p->nd[seq].next = e;
-            }
-            seq = cat;
-        }
         if (last < 0) p->nd[alt].first = seq;
         else p->nd[last].next = seq;
         last = seq;
@@ -543,6 +529,20 @@ static int32_t parse_alt(rp *p, bool top, bool search)
     return alt;
 }
 
+/* The pattern: its alternatives, with search [\s\S]* on both sides (a
+ * match anywhere; ^ and $ then pin it to the ends). */
+static int32_t parse_root(rp *p, bool search)
+{
+    int32_t alt = parse_alt(p, true);
+    if (alt < 0 || !search) return alt;
+    int32_t cat = node(p, N_CAT), l = any_star(p), r = any_star(p);
+    if (cat < 0 || l < 0 || r < 0) return -1;
+    p->nd[cat].first = l;
+    p->nd[l].next = alt;
+    p->nd[alt].next = r;
+    return cat;
+}
+
 /* ---- Thompson automaton --------------------------------------------------- */
 
 typedef struct nfa {
@@ -550,10 +550,11 @@ typedef struct nfa {
     uint32_t *to;  /* [n] target of the character edge */
     uint32_t n;
     size_t cap_set, cap_to;
-    uint32_t *eps; /* pairs (from, to) */
+    uint32_t *eps; /* triples (from, to, tag): tag EPS_*, the condition */
     size_t n_eps, cap_eps;
     uint32_t *eoff; /* [n + 1] CSR of eps by from */
     uint32_t *eto;
+    uint8_t *etag;
 } nfa;
 
 static int64_t nfa_state(nfa *a, rp *p)
@@ -573,16 +574,24 @@ static int64_t nfa_state(nfa *a, rp *p)
     return a->n++;
 }
 
-static bool nfa_eps(nfa *a, rp *p, uint32_t from, uint32_t to)
+enum { EPS_ANY, EPS_BOL, EPS_EOL }; /* always; before any character; after the last */
+
+static bool nfa_eps_tag(nfa *a, rp *p, uint32_t from, uint32_t to, uint32_t tag)
 {
-    if (!rx_grow(&a->eps, &a->cap_eps, a->n_eps * 2 + 2, sizeof *a->eps)) {
+    if (!rx_grow(&a->eps, &a->cap_eps, a->n_eps * 3 + 3, sizeof *a->eps)) {
         perr(p, KEEL_ENOMEM, "out of memory");
         return false;
     }
-    a->eps[a->n_eps * 2] = from;
-    a->eps[a->n_eps * 2 + 1] = to;
+    a->eps[a->n_eps * 3] = from;
+    a->eps[a->n_eps * 3 + 1] = to;
+    a->eps[a->n_eps * 3 + 2] = tag;
     a->n_eps++;
     return true;
+}
+
+static bool nfa_eps(nfa *a, rp *p, uint32_t from, uint32_t to)
+{
+    return nfa_eps_tag(a, p, from, to, EPS_ANY);
 }
 
 /* Adds paths for node r from state `from`; returns the exit state. No edge
@@ -596,6 +605,12 @@ static int64_t build(nfa *a, rp *p, int32_t r, uint32_t from)
         if (s < 0 || t < 0 || !nfa_eps(a, p, from, (uint32_t)s)) return -1;
         a->set[s] = r;
         a->to[s] = (uint32_t)t;
+        return t;
+    }
+    case N_BOL:
+    case N_EOL: {
+        int64_t t = nfa_state(a, p);
+        if (t < 0 || !nfa_eps_tag(a, p, from, (uint32_t)t, x->kind == N_BOL ? EPS_BOL : EPS_EOL)) return -1;
         return t;
     }
     case N_CAT: {
@@ -650,19 +665,25 @@ static void nfa_free(nfa *a)
     base_free(a->eps, a->cap_eps * sizeof *a->eps);
     base_free(a->eoff, ((size_t)a->n + 1) * sizeof *a->eoff);
     base_free(a->eto, (a->n_eps ? a->n_eps : 1) * sizeof *a->eto);
+    base_free(a->etag, a->n_eps ? a->n_eps : 1);
 }
 
 static bool nfa_csr(nfa *a)
 {
     a->eoff = base_calloc((size_t)a->n + 1, sizeof *a->eoff);
     a->eto = base_alloc((a->n_eps ? a->n_eps : 1) * sizeof *a->eto);
-    if (!a->eoff || !a->eto) return false;
-    for (size_t e = 0; e < a->n_eps; e++) a->eoff[a->eps[e * 2] + 1]++;
+    a->etag = base_alloc(a->n_eps ? a->n_eps : 1);
+    if (!a->eoff || !a->eto || !a->etag) return false;
+    for (size_t e = 0; e < a->n_eps; e++) a->eoff[a->eps[e * 3] + 1]++;
     for (size_t s = 0; s < a->n; s++) a->eoff[s + 1] += a->eoff[s];
     uint32_t *fill = base_alloc(((size_t)a->n + 1) * sizeof *fill);
     if (!fill) return false;
     memcpy(fill, a->eoff, ((size_t)a->n + 1) * sizeof *fill);
-    for (size_t e = 0; e < a->n_eps; e++) a->eto[fill[a->eps[e * 2]]++] = a->eps[e * 2 + 1];
+    for (size_t e = 0; e < a->n_eps; e++) {
+        uint32_t at = fill[a->eps[e * 3]]++;
+        a->eto[at] = a->eps[e * 3 + 1];
+        a->etag[at] = (uint8_t)a->eps[e * 3 + 2];
+    }
     base_free(fill, ((size_t)a->n + 1) * sizeof *fill);
     return true;
 }
@@ -729,35 +750,55 @@ static int64_t subset_get(subset *ss, const uint32_t *v, size_t k, bool *added)
 }
 
 typedef struct closure {
-    uint32_t *stack, *mark, *out;
+    uint32_t *stack, *mark, *out, *seen; /* [n], [n], [n + 1], [n] */
     uint32_t gen;
     size_t n_out;
 } closure;
 
-/* The epsilon closure of seeds, kept to its character states and the
- * final state, sorted, in c->out. */
-static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin)
+/* The epsilon closure of seeds (^ edges followed only when bol: before
+ * any character), kept to its character states, sorted, in c->out; then
+ * acc_mark appended when the final state is reachable at the end of the
+ * string (the closure with $ edges too). The mark makes a set's identity
+ * carry its acceptance. */
+static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin, bool bol,
+                      uint32_t acc_mark)
 {
     c->gen++;
-    size_t sp = 0;
+    size_t sp = 0, n_seen = 0;
     c->n_out = 0;
     for (size_t i = 0; i < k; i++)
-        if (c->mark[seeds[i]] != c->gen) {
-            c->mark[seeds[i]] = c->gen;
+        if (c->mark[seeds[i]] != c->gen * 2) {
+            c->mark[seeds[i]] = c->gen * 2;
             c->stack[sp++] = seeds[i];
         }
-    while (sp) {
-        uint32_t s = c->stack[--sp];
-        if (a->set[s] >= 0 || s == fin) c->out[c->n_out++] = s;
-        for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
-            uint32_t t = a->eto[e];
-            if (c->mark[t] != c->gen) {
-                c->mark[t] = c->gen;
-                c->stack[sp++] = t;
+    bool acc = false;
+    for (int phase = 0; phase < 2 && !acc; phase++) {
+        if (phase == 1) /* again from everything seen, $ edges allowed */
+            for (size_t i = 0; i < n_seen; i++) c->stack[sp++] = c->seen[i];
+        while (sp) {
+            uint32_t s = c->stack[--sp];
+            if (phase == 0) {
+                c->seen[n_seen++] = s;
+                if (a->set[s] >= 0) c->out[c->n_out++] = s;
             }
+            if (s == fin) acc = true;
+            for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
+                uint32_t t = a->eto[e];
+                if (a->etag[e] == EPS_BOL && !bol) continue;
+                if (a->etag[e] == EPS_EOL && phase == 0) continue;
+                if (c->mark[t] != c->gen * 2 + (uint32_t)phase) {
+                    c->mark[t] = c->gen * 2 + (uint32_t)phase;
+                    c->stack[sp++] = t;
+                }
+            }
+        }
+        if (phase == 0) {
+            /* phase 1 marks anew */
+            for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = c->gen * 2 + 1;
         }
     }
     qsort(c->out, c->n_out, sizeof *c->out, cmp_u32);
+    if (acc) c->out[c->n_out++] = acc_mark;
 }
 
 static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_dfa **out)
@@ -800,11 +841,12 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     cnt = base_alloc((n_bnd + 1) * sizeof *cnt);
     c.stack = base_alloc((size_t)a->n * sizeof *c.stack);
     c.mark = base_calloc(a->n, sizeof *c.mark);
-    c.out = base_alloc((size_t)a->n * sizeof *c.out);
-    if (!cnt || !c.stack || !c.mark || !c.out) goto fail;
+    c.out = base_alloc(((size_t)a->n + 1) * sizeof *c.out);
+    c.seen = base_alloc((size_t)a->n * sizeof *c.seen);
+    if (!cnt || !c.stack || !c.mark || !c.out || !c.seen) goto fail;
     bool added;
     if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
-    eps_close(a, &c, &start, 1, fin);
+    eps_close(a, &c, &start, 1, fin, true, a->n);
     int64_t s0 = subset_get(&ss, c.out, c.n_out, &added);
     if (s0 < 0) goto fail;
     uint64_t work = 0;
@@ -822,7 +864,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         for (int pass = 0; pass < 2; pass++) {
             for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
                 uint32_t s = ss.pool[i];
-                if (a->set[s] < 0) continue;
+                if (s >= a->n || a->set[s] < 0) continue; /* the acceptance mark, or no edge */
                 const rnode *x = &p->nd[a->set[s]];
                 for (uint32_t j = 0; j < x->cs_n; j++)
                     for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
@@ -846,7 +888,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
             /* the same targets as the previous interval: the same state */
             bool same = prev_id >= 0 && prev_n == nk && memcmp(tg + prev_at, tg + i, nk * sizeof *tg) == 0;
             if (!same) {
-                eps_close(a, &c, tg + i, nk, fin);
+                eps_close(a, &c, tg + i, nk, fin, false, a->n);
                 prev_id = subset_get(&ss, c.out, c.n_out, &added);
                 if (prev_id == -1) goto fail;
                 if (prev_id == -2) goto too_big;
@@ -862,7 +904,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     memcpy(d->next, table, ss.n * nc * sizeof *table);
     for (size_t q = 0; q < ss.n; q++)
         for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++)
-            if (ss.pool[i] == fin) d->acc[q] = 1;
+            if (ss.pool[i] == a->n) d->acc[q] = 1;
     d->start = (uint32_t)s0;
     st = rx_finish(d, p->what, p->err);
     if (st) goto fail_set;
@@ -887,7 +929,8 @@ done:
     base_free(ss.hash, ss.cap_hash * sizeof *ss.hash);
     base_free(c.stack, (size_t)a->n * sizeof *c.stack);
     base_free(c.mark, (size_t)a->n * sizeof *c.mark);
-    base_free(c.out, (size_t)a->n * sizeof *c.out);
+    base_free(c.out, ((size_t)a->n + 1) * sizeof *c.out);
+    base_free(c.seen, (size_t)a->n * sizeof *c.seen);
     return st;
 }
 
@@ -900,7 +943,7 @@ keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, cha
     snprintf(what, sizeof what, "pattern \"%.*s%s\"", shown, pat, n > 60 ? "..." : "");
     rp p = {.s = (const unsigned char *)pat, .n = n, .err = err, .what = what};
     nfa a = {0};
-    int32_t root = parse_alt(&p, true, search);
+    int32_t root = parse_root(&p, search);
     keel_status st = p.st;
     if (root >= 0 && !st) {
         int64_t s0 = nfa_state(&a, &p);
