@@ -392,7 +392,9 @@ static void test_formats(void **state)
         {"uri-reference", "/a", true},       {"uri-reference", "", true},         {"uri-reference", "a b", false},
         {"json-pointer", "/a~1b/~0", true},  {"json-pointer", "a", false},        {"json-pointer", "/~2", false},
         {"relative-json-pointer", "0#", true}, {"relative-json-pointer", "01", false},
-        {"relative-json-pointer", "2/a", true},
+        {"relative-json-pointer", "2/a", true}, {"iri", "http://\xc3\xa9.fr/\xc3\xa9?\xee\x80\x80", true},
+        {"iri", "http://\xc3\xa9.fr/#\xee\x80\x80", false}, {"iri-reference", "\xc3\xa9", true},
+        {"uri-template", "/a/{b,c*}{?d:3}", true}, {"uri-template", "{a", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bool ok = format_ok(cases[i].fmt, cases[i].str, strlen(cases[i].str));
@@ -413,7 +415,8 @@ static void test_suite_formats(void **state)
 {
     (void)state;
     static const char *const fmts[] = {"date", "time", "date-time", "duration", "uuid", "email", "hostname", "ipv4",
-                                       "ipv6", "uri", "uri-reference", "json-pointer", "relative-json-pointer"};
+                                       "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uri-template",
+                                       "json-pointer", "relative-json-pointer"};
     int n_checked = 0, n_gap = 0;
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         char path[256];
@@ -593,6 +596,8 @@ static void test_round_trip(void **state)
         {"ipv6", "1:2:3::7:8"},
         {"uri", "http://u@[::1]:8/a?b#c"},
         {"uri-reference", "//a/b%20c?d"},
+        {"iri", "http://\xc3\xa9.fr/p?\xee\x80\x80#f"},
+        {"uri-template", "/a/{+b,c*}{?d:3}"},
         {"json-pointer", "/a~1b/~0c"},
         {"relative-json-pointer", "12/a~1"},
     };
