@@ -549,6 +549,29 @@ static void random_pattern(uint64_t *rs, char *out, size_t cap)
     out[k] = 0;
 }
 
+static int64_t n_code_points(const char *s, size_t n)
+{
+    int64_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* The verdict on a spec from each pattern's own automaton, the code
+ * points counted and the exclusions compared: no product involved, so
+ * that the products' results are checked against something else. */
+static bool spec_by_parts(const jstr_spec *s, rx_dfa *const *pat, rx_dfa *const *npat, const char *str, size_t n)
+{
+    int64_t len = n_code_points(str, n);
+    if (len < s->min_len || (s->max_len >= 0 && len > s->max_len)) return false;
+    for (int i = 0; i < s->n_pattern; i++)
+        if (!rx_match(pat[i], str, n)) return false;
+    for (int i = 0; i < s->n_not_pattern; i++)
+        if (rx_match(npat[i], str, n)) return false;
+    for (size_t i = 0; i < s->n_except; i++)
+        if (s->except_len[i] == n && memcmp(s->except[i], str, n) == 0) return false;
+    return true;
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -568,6 +591,12 @@ static void test_round_trip(void **state)
         if (it % 5 == 0) s.except = ex, s.except_len = exn, s.n_except = 2;
         bool empty;
         gram *g = spec_gram(&s, &empty);
+        rx_dfa *pat[2] = {NULL, NULL}, *npat[1] = {NULL};
+        char err[BASE_ERR_CAP] = "";
+        for (int i = 0; i < s.n_pattern; i++)
+            assert_int_equal(rx_compile(s.pattern[i], strlen(s.pattern[i]), true, &pat[i], err), KEEL_OK);
+        for (int i = 0; i < s.n_not_pattern; i++)
+            assert_int_equal(rx_compile(s.not_pattern[i], strlen(s.not_pattern[i]), true, &npat[i], err), KEEL_OK);
         for (int j = 0; j < 40; j++) {
             char str[64];
             size_t n = 0;
@@ -577,10 +606,15 @@ static void test_round_trip(void **state)
                 memcpy(str + n, a, strlen(a));
                 n += strlen(a);
             }
+            if (j % 10 == 9) n = 1 + (size_t)(j % 20 == 9), memcpy(str, "ab", 2); /* the exclusions */
             bool ok = both(&s, g, str, n);
+            if (ok != spec_by_parts(&s, pat, npat, str, n))
+                fail_msg("product: %d, parts: %d on \"%.*s\" (%s / %s)", ok, !ok, (int)n, str, p1, p2);
             if (empty) assert_false(ok);
             ok ? n_true++ : n_false++;
         }
+        for (int i = 0; i < 2; i++) rx_free(pat[i]);
+        rx_free(npat[0]);
         gram_free(g);
     }
     /* formats, with and without lengths, on mutations of valid examples */
@@ -609,9 +643,12 @@ static void test_round_trip(void **state)
             bool empty;
             gram *g = spec_gram(&s, &empty);
             assert_true(empty == (variant && strcmp(fmt_ex[f][0], "uuid") == 0)); /* 36 characters */
-            jstr_auto *a = NULL;
+            jstr_auto *a = NULL, *a0 = NULL; /* a0: the format without lengths */
             char err[BASE_ERR_CAP] = "";
             assert_int_equal(jstr_auto_open(&s, &a, err), KEEL_OK);
+            jstr_spec s0 = s;
+            s0.min_len = 0, s0.max_len = -1;
+            assert_int_equal(jstr_auto_open(&s0, &a0, err), KEEL_OK);
             size_t n0 = strlen(fmt_ex[f][1]);
             if (!variant || n0 <= 24) assert_true(both(&s, g, fmt_ex[f][1], n0));
             for (int j = 0; j < 150; j++) {
@@ -632,9 +669,13 @@ static void test_round_trip(void **state)
                 }
                 bool ok = both_auto(a, &s, g, str, n);
                 if (ok != spec_test(&s, str, n) && j < 5) fail_msg("jstr_auto_test and jstr_test differ");
+                int64_t len = n_code_points(str, n);
+                bool parts = jstr_auto_test(a0, str, n) && len >= s.min_len && (s.max_len < 0 || len <= s.max_len);
+                if (ok != parts) fail_msg("format %s with lengths: %d, parts %d", fmt_ex[f][0], ok, parts);
                 ok ? n_true++ : n_false++;
             }
             jstr_auto_close(a);
+            jstr_auto_close(a0);
             gram_free(g);
         }
     print_message("round trip: %d accepted, %d rejected, %.2f s\n", n_true, n_false, now_s() - t0);
