@@ -751,6 +751,7 @@ static int64_t subset_get(subset *ss, const uint32_t *v, size_t k, bool *added)
 
 typedef struct closure {
     uint32_t *stack, *mark, *out, *seen; /* [n], [n], [n + 1], [n] */
+    uint32_t *pend;                      /* [n_eps + 1] targets of $ edges */
     uint32_t gen;
     size_t n_out;
 } closure;
@@ -764,37 +765,54 @@ static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k,
                       uint32_t acc_mark)
 {
     c->gen++;
-    size_t sp = 0, n_seen = 0;
+    uint32_t m0 = c->gen * 2, m1 = m0 + 1; /* the marks of the two phases */
+    size_t sp = 0, n_seen = 0, n_pend = 0;
     c->n_out = 0;
     for (size_t i = 0; i < k; i++)
-        if (c->mark[seeds[i]] != c->gen * 2) {
-            c->mark[seeds[i]] = c->gen * 2;
+        if (c->mark[seeds[i]] != m0) {
+            c->mark[seeds[i]] = m0;
             c->stack[sp++] = seeds[i];
         }
     bool acc = false;
-    for (int phase = 0; phase < 2 && !acc; phase++) {
-        if (phase == 1) /* again from everything seen, $ edges allowed */
-            for (size_t i = 0; i < n_seen; i++) c->stack[sp++] = c->seen[i];
-        while (sp) {
-            uint32_t s = c->stack[--sp];
-            if (phase == 0) {
-                c->seen[n_seen++] = s;
-                if (a->set[s] >= 0) c->out[c->n_out++] = s;
+    /* phase 0: the closure proper, $ edges only noted */
+    while (sp) {
+        uint32_t s = c->stack[--sp];
+        c->seen[n_seen++] = s;
+        if (a->set[s] >= 0) c->out[c->n_out++] = s;
+        if (s == fin) acc = true;
+        for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
+            uint32_t t = a->eto[e];
+            if (a->etag[e] == EPS_BOL && !bol) continue;
+            if (a->etag[e] == EPS_EOL) {
+                c->pend[n_pend++] = t;
+                continue;
             }
+            if (c->mark[t] != m0) {
+                c->mark[t] = m0;
+                c->stack[sp++] = t;
+            }
+        }
+    }
+    /* phase 1, for acceptance only: what the noted $ edges reach (the rest
+     * was seen in phase 0) */
+    if (!acc && n_pend) {
+        for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = m1;
+        for (size_t i = 0; i < n_pend; i++)
+            if (c->mark[c->pend[i]] != m1) {
+                c->mark[c->pend[i]] = m1;
+                c->stack[sp++] = c->pend[i];
+            }
+        while (sp && !acc) {
+            uint32_t s = c->stack[--sp];
             if (s == fin) acc = true;
             for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
                 uint32_t t = a->eto[e];
                 if (a->etag[e] == EPS_BOL && !bol) continue;
-                if (a->etag[e] == EPS_EOL && phase == 0) continue;
-                if (c->mark[t] != c->gen * 2 + (uint32_t)phase) {
-                    c->mark[t] = c->gen * 2 + (uint32_t)phase;
+                if (c->mark[t] != m1) {
+                    c->mark[t] = m1;
                     c->stack[sp++] = t;
                 }
             }
-        }
-        if (phase == 0) {
-            /* phase 1 marks anew */
-            for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = c->gen * 2 + 1;
         }
     }
     qsort(c->out, c->n_out, sizeof *c->out, cmp_u32);
@@ -843,7 +861,8 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     c.mark = base_calloc(a->n, sizeof *c.mark);
     c.out = base_alloc(((size_t)a->n + 1) * sizeof *c.out);
     c.seen = base_alloc((size_t)a->n * sizeof *c.seen);
-    if (!cnt || !c.stack || !c.mark || !c.out || !c.seen) goto fail;
+    c.pend = base_alloc((a->n_eps + 1) * sizeof *c.pend);
+    if (!cnt || !c.stack || !c.mark || !c.out || !c.seen || !c.pend) goto fail;
     bool added;
     if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
     eps_close(a, &c, &start, 1, fin, true, a->n);
@@ -880,22 +899,29 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
             }
         }
         /* now bucket k is tg[k ? cnt[k - 1] : 0 .. cnt[k]) */
-        size_t prev_at = 0, prev_n = 0;
-        int64_t prev_id = -1;
+        /* intervals with the same targets lead to the same state: the
+         * last few distinct target lists of this state are remembered
+         * (intervals of one class alternate with others: '.' and \n) */
+        enum { N_MEMO = 8 };
+        size_t memo_at[N_MEMO], memo_n[N_MEMO];
+        int64_t memo_id[N_MEMO];
+        int n_memo = 0, next_memo = 0;
         for (size_t k = 0; k < nc; k++) {
             size_t i = k ? cnt[k - 1] : 0, nk = cnt[k] - i;
             if (!nk) continue;
-            /* the same targets as the previous interval: the same state */
-            bool same = prev_id >= 0 && prev_n == nk && memcmp(tg + prev_at, tg + i, nk * sizeof *tg) == 0;
-            if (!same) {
+            int64_t id = -1;
+            for (int j = 0; j < n_memo && id < 0; j++)
+                if (memo_n[j] == nk && memcmp(tg + memo_at[j], tg + i, nk * sizeof *tg) == 0) id = memo_id[j];
+            if (id < 0) {
                 eps_close(a, &c, tg + i, nk, fin, false, a->n);
-                prev_id = subset_get(&ss, c.out, c.n_out, &added);
-                if (prev_id == -1) goto fail;
-                if (prev_id == -2) goto too_big;
+                id = subset_get(&ss, c.out, c.n_out, &added);
+                if (id == -1) goto fail;
+                if (id == -2) goto too_big;
+                memo_at[next_memo] = i, memo_n[next_memo] = nk, memo_id[next_memo] = id;
+                next_memo = (next_memo + 1) % N_MEMO;
+                if (n_memo < N_MEMO) n_memo++;
             }
-            table[q * nc + k] = (uint32_t)prev_id;
-            prev_at = i;
-            prev_n = nk;
+            table[q * nc + k] = (uint32_t)id;
         }
     }
     d = rx_dfa_new((uint32_t)n_bnd, (uint32_t)nc, (uint32_t)ss.n);
@@ -931,6 +957,7 @@ done:
     base_free(c.mark, (size_t)a->n * sizeof *c.mark);
     base_free(c.out, ((size_t)a->n + 1) * sizeof *c.out);
     base_free(c.seen, (size_t)a->n * sizeof *c.seen);
+    base_free(c.pend, (a->n_eps + 1) * sizeof *c.pend);
     return st;
 }
 
