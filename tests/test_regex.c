@@ -254,6 +254,8 @@ static void test_caps(void **state)
         "((((a{1000}){1000}){1000}){1000})",
         "[ab]*a[ab]{15}c",
         "^(.*a.*b){2}(a|b)*a(a|b){14}$",
+        "^(?:[ab]{0,300}c){1,50}$", /* huge subsets: the work cap */
+        "^.{0,1000}x.{0,1000}$",
     };
     for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++) {
         rx_dfa *d = NULL;

@@ -21,7 +21,7 @@
 
 #define SUR_LO 0xD800u
 #define SUR_END 0xE000u
-#define SUBSET_WORK (1u << 26) /* target visits of one subset construction */
+#define SUBSET_WORK (1u << 24) /* automaton states visited by one subset construction */
 
 static int cmp_u32(const void *a, const void *b)
 {
@@ -761,8 +761,8 @@ typedef struct closure {
  * acc_mark appended when the final state is reachable at the end of the
  * string (the closure with $ edges too). The mark makes a set's identity
  * carry its acceptance. */
-static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin, bool bol,
-                      uint32_t acc_mark)
+static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin, bool bol,
+                        uint32_t acc_mark)
 {
     c->gen++;
     uint32_t m0 = c->gen * 2, m1 = m0 + 1; /* the marks of the two phases */
@@ -795,6 +795,7 @@ static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k,
     }
     /* phase 1, for acceptance only: what the noted $ edges reach (the rest
      * was seen in phase 0) */
+    size_t visits = n_seen + n_pend;
     if (!acc && n_pend) {
         for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = m1;
         for (size_t i = 0; i < n_pend; i++)
@@ -804,6 +805,7 @@ static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k,
             }
         while (sp && !acc) {
             uint32_t s = c->stack[--sp];
+            visits++;
             if (s == fin) acc = true;
             for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
                 uint32_t t = a->eto[e];
@@ -817,6 +819,7 @@ static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k,
     }
     qsort(c->out, c->n_out, sizeof *c->out, cmp_u32);
     if (acc) c->out[c->n_out++] = acc_mark;
+    return visits;
 }
 
 static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_dfa **out)
@@ -865,10 +868,9 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     if (!cnt || !c.stack || !c.mark || !c.out || !c.seen || !c.pend) goto fail;
     bool added;
     if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
-    eps_close(a, &c, &start, 1, fin, true, a->n);
+    uint64_t work = eps_close(a, &c, &start, 1, fin, true, a->n);
     int64_t s0 = subset_get(&ss, c.out, c.n_out, &added);
     if (s0 < 0) goto fail;
-    uint64_t work = 0;
     size_t nc = n_bnd;
     for (size_t q = 0; q < ss.n; q++) {
         if (!rx_grow(&table, &cap_table, (q + 1) * nc, sizeof *table)) goto fail;
@@ -913,7 +915,8 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
             for (int j = 0; j < n_memo && id < 0; j++)
                 if (memo_n[j] == nk && memcmp(tg + memo_at[j], tg + i, nk * sizeof *tg) == 0) id = memo_id[j];
             if (id < 0) {
-                eps_close(a, &c, tg + i, nk, fin, false, a->n);
+                work += eps_close(a, &c, tg + i, nk, fin, false, a->n) + c.n_out;
+                if (work > SUBSET_WORK) goto too_big;
                 id = subset_get(&ss, c.out, c.n_out, &added);
                 if (id == -1) goto fail;
                 if (id == -2) goto too_big;
