@@ -363,6 +363,57 @@ static void test_spec(void **state)
     gram_free(g);
 }
 
+/* The automaton operations by themselves: union, intersection,
+ * difference, length ranges, minimality of small cases. */
+static void test_automata(void **state)
+{
+    (void)state;
+    char err[BASE_ERR_CAP] = "";
+    rx_dfa *a = NULL, *b = NULL, *o = NULL, *x = NULL, *m = NULL;
+    assert_int_equal(rx_compile("a+", 2, false, &a, err), KEEL_OK);
+    assert_int_equal(rx_compile("b{2,3}", 6, false, &b, err), KEEL_OK);
+    assert_int_equal(a->n_states, 3); /* dead, start, loop */
+    assert_int_equal(b->n_states, 5);
+    assert_int_equal(rx_product(a, b, RX_OR, &o, err), KEEL_OK);
+    assert_int_equal(rx_product(a, b, RX_AND, &x, err), KEEL_OK);
+    assert_int_equal(rx_product(o, a, RX_ANDNOT, &m, err), KEEL_OK);
+    static const char *const strs[] = {"", "a", "aaa", "b", "bb", "bbb", "bbbb", "ab"};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
+        size_t n = strlen(strs[i]);
+        bool in_a = rx_match(a, strs[i], n), in_b = rx_match(b, strs[i], n);
+        assert_int_equal(rx_match(o, strs[i], n), in_a || in_b);
+        assert_int_equal(rx_match(x, strs[i], n), in_a && in_b);
+        assert_int_equal(rx_match(m, strs[i], n), in_b);
+    }
+    assert_int_equal(x->start, 0); /* a+ and b{2,3} share nothing: empty */
+    int64_t mn, mx;
+    assert_int_equal(rx_len_range(b, &mn, &mx), KEEL_OK);
+    assert_true(mn == 2 && mx == 3);
+    assert_int_equal(rx_len_range(a, &mn, &mx), KEEL_OK);
+    assert_true(mn == 1 && mx == -1);
+    assert_int_equal(rx_len_range(m, &mn, &mx), KEEL_OK);
+    assert_true(mn == 2 && mx == 3);
+    assert_int_equal(m->n_states, b->n_states); /* minimal again */
+    rx_free(a), rx_free(b), rx_free(o), rx_free(x), rx_free(m);
+    /* string sets: exactly the strings, invalid UTF-8 left out */
+    const char *ss[] = {"ab", "abc", "\xc3\xa9", "\xff"};
+    size_t sn[] = {2, 3, 2, 1};
+    rx_dfa *t = NULL;
+    assert_int_equal(rx_strings(ss, sn, 4, &t, err), KEEL_OK);
+    assert_true(rx_match(t, "ab", 2) && rx_match(t, "abc", 3) && rx_match(t, "\xc3\xa9", 2));
+    assert_false(rx_match(t, "a", 1) || rx_match(t, "abcd", 4) || rx_match(t, "\xff", 1) || rx_match(t, "", 0));
+    rx_free(t);
+    /* counters */
+    rx_dfa *l = NULL;
+    assert_int_equal(rx_length(2, 3, &l, err), KEEL_OK);
+    assert_false(rx_match(l, "\xf0\x9f\x98\x80", 4));
+    assert_true(rx_match(l, "\xf0\x9f\x98\x80\xf0\x9f\x98\x80", 8));
+    assert_false(rx_match(l, "abcd", 4));
+    rx_free(l);
+    assert_int_equal(rx_length(0, 100000, &l, err), KEEL_ERANGE);
+    assert_null(l);
+}
+
 /* ---- formats ---------------------------------------------------------------- */
 
 static bool format_ok(const char *fmt, const char *str, size_t n)
@@ -737,7 +788,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_semantics),     cmocka_unit_test(test_refusals),       cmocka_unit_test(test_caps),
-        cmocka_unit_test(test_spec),          cmocka_unit_test(test_formats),        cmocka_unit_test(test_suite_formats),
+        cmocka_unit_test(test_spec),          cmocka_unit_test(test_automata),          cmocka_unit_test(test_formats),        cmocka_unit_test(test_suite_formats),
         cmocka_unit_test(test_suite_patterns), cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
