@@ -175,6 +175,12 @@ static void test_semantics(void **state)
         {"(?:^|,)a(?:,|$)", "a", true},   {"(?:^|,)a(?:,|$)", "ba", false}, {"(^)*", "x", true},
         {"x(?:$|y)$", "x", true},         {"x(?:$|y)$", "xy", true},       {"x(?:$|y)$", "xyz", false},
         {"^^a$$", "a", true},             {"(?:a|^)+b", "cb", false},      {"(?:a|^)+b", "b", true},
+        /* word boundaries (\w: ASCII letters, digits, _; the ends are not word characters) */
+        {"\\bfoo\\b", "a foo.", true},   {"\\bfoo\\b", "afoo", false},    {"\\bfoo\\b", "foo_", false},
+        {"\\Bo", "foo", true},           {"\\Bo", "o", false},            {"\\b", "", false},
+        {"\\b", "-", false},             {"\\b", "\xc3\xa9" "a", true},      {"\\B", "", true},
+        {"a\\b", "ab", false},           {"a\\b", "a b", true},           {"^\\w+\\b$", "abc", true},
+        {"\\b\\B", "a", false},          {"(?:\\b|x)y", "xy", true},       {"\\b\\d{3}\\b", "a 123 b", true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bool m = pattern_matches(cases[i].pat, cases[i].str);
@@ -203,8 +209,8 @@ static void test_refusals(void **state)
         {"a(?!b)", KEEL_EUNSUPPORTED, "lookahead"},
         {"(?<=a)b", KEEL_EUNSUPPORTED, "lookbehind"},
         {"(?<!a)b", KEEL_EUNSUPPORTED, "lookbehind"},
-        {"\\bfoo", KEEL_EUNSUPPORTED, "word boundaries"},
-        {"\\Bfoo", KEEL_EUNSUPPORTED, "word boundaries"},
+        {"\\b+", KEEL_EFORMAT, "nothing to repeat"},
+        {"[\\B]", KEEL_EFORMAT, "\\B in a character class"},
         {"\\p{Letter}", KEEL_EUNSUPPORTED, "property"},
         {"\\P{L}", KEEL_EUNSUPPORTED, "property"},
         {"(?i)abc", KEEL_EUNSUPPORTED, "flags"},
@@ -580,7 +586,7 @@ static const char *const ALPHA[] = {"a", "b", "c", "\"", "\\", "\n", "\x01", "\x
 
 static const char *const ATOMS[] = {"a",        "b",    "[ab]",    "[^a]",   ".",      "\\d",  "\\s",  "\\w",
                                     "\\\\",     "\"",   "\\n",     "[\\x00-\\x1f]", "\xc3\xa9", "\\u{1F600}", "[^\\w]", "(?:a|b\\\\)",
-                                    "(?:^|a)",  "(?:b|$)"};
+                                    "(?:^|a)",  "(?:b|$)", "(?:\\ba|\\Bb)"};
 #define N_ATOMS (sizeof ATOMS / sizeof ATOMS[0])
 
 static void random_pattern(uint64_t *rs, char *out, size_t cap)

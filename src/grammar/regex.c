@@ -11,7 +11,10 @@
  * the start state's closure (before any character) and $ edges only to
  * decide acceptance (after the last character); a DFA state's set carries
  * an acceptance mark, so two states with the same character states but
- * different acceptance stay apart.
+ * different acceptance stay apart. \b and \B edges depend on the
+ * character before (known: the interval just read) and after (not yet):
+ * crossing one records what the next character must be, in the item
+ * (state * 3 + requirement) that the closure carries.
  */
 #include "regex.h"
 
@@ -31,7 +34,7 @@ static int cmp_u32(const void *a, const void *b)
 
 /* ---- parser --------------------------------------------------------------- */
 
-enum { N_SET, N_CAT, N_ALT, N_REP, N_BOL, N_EOL }; /* BOL / EOL: ^ and $ */
+enum { N_SET, N_CAT, N_ALT, N_REP, N_BOL, N_EOL, N_WB, N_NWB }; /* ^ $ \b \B */
 
 typedef struct rnode {
     uint8_t kind;
@@ -227,12 +230,15 @@ static int32_t escape(rp *p, bool in_class, int *cls)
     case 'f': p->i++; return 12;
     case 'r': p->i++; return 13;
     case 'b':
-        if (in_class) {
-            p->i++;
-            return 8;
-        }
-        return perr(p, KEEL_EUNSUPPORTED, "word boundaries (\\b) are not supported");
-    case 'B': return perr(p, KEEL_EUNSUPPORTED, "word boundaries (\\B) are not supported");
+        p->i++;
+        if (in_class) return 8;
+        *cls = 'b'; /* a word boundary (an assertion) */
+        return -2;
+    case 'B':
+        if (in_class) return perr(p, KEEL_EFORMAT, "\\B in a character class");
+        p->i++;
+        *cls = 'B';
+        return -2;
     case '0':
         if (p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9')
             return perr(p, KEEL_EUNSUPPORTED, "octal escapes are not supported");
@@ -447,6 +453,21 @@ static int32_t parse_seq(rp *p)
             int cls = 0;
             int32_t v = escape(p, false, &cls);
             if (v == -1) return -1;
+            if (cls == 'b' || cls == 'B') {
+                atom = node(p, cls == 'b' ? N_WB : N_NWB);
+                if (atom < 0) return -1;
+                int32_t qa, qb;
+                size_t save = p->i;
+                if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?' ||
+                                    (p->s[p->i] == '{' && read_braces(p, &qa, &qb)))) {
+                    p->i = save;
+                    return perr(p, KEEL_EFORMAT, "nothing to repeat");
+                }
+                if (last < 0) p->nd[cat].first = atom;
+                else p->nd[last].next = atom;
+                last = atom;
+                continue;
+            }
             if (cls) {
                 size_t from = p->n_tmp;
                 if (!tmp_class(p, cls)) return -1;
@@ -555,6 +576,7 @@ typedef struct nfa {
     uint32_t *eoff; /* [n + 1] CSR of eps by from */
     uint32_t *eto;
     uint8_t *etag;
+    bool has_wb; /* \b or \B somewhere: the partition splits \w off */
 } nfa;
 
 static int64_t nfa_state(nfa *a, rp *p)
@@ -574,7 +596,9 @@ static int64_t nfa_state(nfa *a, rp *p)
     return a->n++;
 }
 
-enum { EPS_ANY, EPS_BOL, EPS_EOL }; /* always; before any character; after the last */
+/* always; before any character; after the last; at a word boundary;
+ * not at one */
+enum { EPS_ANY, EPS_BOL, EPS_EOL, EPS_WB, EPS_NWB };
 
 static bool nfa_eps_tag(nfa *a, rp *p, uint32_t from, uint32_t to, uint32_t tag)
 {
@@ -608,9 +632,13 @@ static int64_t build(nfa *a, rp *p, int32_t r, uint32_t from)
         return t;
     }
     case N_BOL:
-    case N_EOL: {
+    case N_EOL:
+    case N_WB:
+    case N_NWB: {
+        static const uint32_t tag[] = {[N_BOL] = EPS_BOL, [N_EOL] = EPS_EOL, [N_WB] = EPS_WB, [N_NWB] = EPS_NWB};
         int64_t t = nfa_state(a, p);
-        if (t < 0 || !nfa_eps_tag(a, p, from, (uint32_t)t, x->kind == N_BOL ? EPS_BOL : EPS_EOL)) return -1;
+        if (t < 0 || !nfa_eps_tag(a, p, from, (uint32_t)t, tag[x->kind])) return -1;
+        if (x->kind >= N_WB) a->has_wb = true;
         return t;
     }
     case N_CAT: {
@@ -756,13 +784,29 @@ typedef struct closure {
     size_t n_out;
 } closure;
 
-/* The epsilon closure of seeds (^ edges followed only when bol: before
- * any character), kept to its character states, sorted, in c->out; then
- * acc_mark appended when the final state is reachable at the end of the
- * string (the closure with $ edges too). The mark makes a set's identity
- * carry its acceptance. */
+/* Closures work on items: an automaton state with what the next
+ * character must be, which word boundaries decide (REQ_WORD: a word
+ * character \w; REQ_NONWORD: another one or the end). An item is
+ * state * 3 + req. */
+enum { REQ_ANY, REQ_WORD, REQ_NONWORD };
+
+/* The requirement after crossing a \b (wb) or \B edge after a word
+ * character or not (prev_word), on top of req; -1 when they conflict. */
+static int req_cross(int req, bool wb, bool prev_word)
+{
+    int r = (wb != prev_word) ? REQ_WORD : REQ_NONWORD;
+    return req == REQ_ANY || req == r ? r : -1;
+}
+
+/* The epsilon closure of seeds (items; ^ edges followed only when bol:
+ * before any character; prev_word: the character read last was \w), kept
+ * to its items of character states, sorted, in c->out; then acc_mark
+ * appended when the final state is reachable at the end of the string
+ * (the closure with $ edges too, the end being no word character). The
+ * mark makes a set's identity carry its acceptance. Returns the items
+ * visited (the work). */
 static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin, bool bol,
-                        uint32_t acc_mark)
+                        bool prev_word, uint32_t acc_mark)
 {
     c->gen++;
     uint32_t m0 = c->gen * 2, m1 = m0 + 1; /* the marks of the two phases */
@@ -774,44 +818,51 @@ static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t 
             c->stack[sp++] = seeds[i];
         }
     bool acc = false;
-    /* phase 0: the closure proper, $ edges only noted */
-    while (sp) {
-        uint32_t s = c->stack[--sp];
-        c->seen[n_seen++] = s;
-        if (a->set[s] >= 0) c->out[c->n_out++] = s;
-        if (s == fin) acc = true;
-        for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
-            uint32_t t = a->eto[e];
-            if (a->etag[e] == EPS_BOL && !bol) continue;
-            if (a->etag[e] == EPS_EOL) {
-                c->pend[n_pend++] = t;
-                continue;
-            }
-            if (c->mark[t] != m0) {
-                c->mark[t] = m0;
-                c->stack[sp++] = t;
-            }
+    for (int phase = 0; phase < 2; phase++) {
+        if (phase == 1) {
+            /* for acceptance only: what the noted $ edges reach (the rest
+             * was seen in phase 0) */
+            if (acc || !n_pend) break;
+            for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = m1;
+            for (size_t i = 0; i < n_pend; i++)
+                if (c->mark[c->pend[i]] != m1) {
+                    c->mark[c->pend[i]] = m1;
+                    c->stack[sp++] = c->pend[i];
+                }
         }
-    }
-    /* phase 1, for acceptance only: what the noted $ edges reach (the rest
-     * was seen in phase 0) */
-    size_t visits = n_seen + n_pend;
-    if (!acc && n_pend) {
-        for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = m1;
-        for (size_t i = 0; i < n_pend; i++)
-            if (c->mark[c->pend[i]] != m1) {
-                c->mark[c->pend[i]] = m1;
-                c->stack[sp++] = c->pend[i];
+        uint32_t mk = phase ? m1 : m0;
+        while (sp && !(phase && acc)) {
+            uint32_t it = c->stack[--sp], s = it / 3;
+            int req = (int)(it % 3);
+            if (phase == 0) {
+                c->seen[n_seen++] = it;
+                if (a->set[s] >= 0) c->out[c->n_out++] = it;
+            } else {
+                n_seen++;
             }
-        while (sp && !acc) {
-            uint32_t s = c->stack[--sp];
-            visits++;
-            if (s == fin) acc = true;
+            if (s == fin && req != REQ_WORD) acc = true;
             for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
-                uint32_t t = a->eto[e];
-                if (a->etag[e] == EPS_BOL && !bol) continue;
-                if (c->mark[t] != m1) {
-                    c->mark[t] = m1;
+                int r = req;
+                switch (a->etag[e]) {
+                case EPS_BOL:
+                    if (!bol) continue;
+                    break;
+                case EPS_EOL:
+                    if (phase == 0) {
+                        c->pend[n_pend++] = a->eto[e] * 3 + (uint32_t)req;
+                        continue;
+                    }
+                    break;
+                case EPS_WB:
+                case EPS_NWB:
+                    r = req_cross(req, a->etag[e] == EPS_WB, prev_word);
+                    if (r < 0) continue;
+                    break;
+                default: break;
+                }
+                uint32_t t = a->eto[e] * 3 + (uint32_t)r;
+                if (c->mark[t] != mk) {
+                    c->mark[t] = mk;
                     c->stack[sp++] = t;
                 }
             }
@@ -819,7 +870,7 @@ static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t 
     }
     qsort(c->out, c->n_out, sizeof *c->out, cmp_u32);
     if (acc) c->out[c->n_out++] = acc_mark;
-    return visits;
+    return n_seen + n_pend;
 }
 
 static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_dfa **out)
@@ -830,9 +881,11 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     closure c = {0};
     uint32_t *bnd = NULL, *er = NULL, *table = NULL;
     uint32_t *tg = NULL, *cnt = NULL;
+    uint8_t *isword = NULL;
     size_t n_bnd = 0, cap_bnd = 0, cap_table = 0, cap_tg = 0;
     /* elementary intervals: every set boundary, and the surrogates apart */
     size_t need = p->n_cs * 2 + 3;
+    need += 8; /* the boundaries of \w */
     bnd = base_alloc(need * sizeof *bnd);
     cap_bnd = need;
     er = base_alloc((p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
@@ -844,6 +897,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         bnd[n_bnd++] = p->cs[i * 2];
         if (p->cs[i * 2 + 1] + 1 < RX_CP_END) bnd[n_bnd++] = p->cs[i * 2 + 1] + 1;
     }
+    for (size_t i = 0; a->has_wb && i < 4; i++) bnd[n_bnd++] = SET_W[i * 2], bnd[n_bnd++] = SET_W[i * 2 + 1] + 1;
     qsort(bnd, n_bnd, sizeof *bnd, cmp_u32);
     size_t m = 0;
     for (size_t i = 0; i < n_bnd; i++)
@@ -859,16 +913,24 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         er[i * 2] = (uint32_t)(k1 - bnd);
         er[i * 2 + 1] = e; /* exclusive */
     }
+    /* whether each elementary interval is \w (all of it or none) */
+    isword = base_alloc(n_bnd);
+    for (size_t k = 0; isword && k < n_bnd; k++) {
+        isword[k] = 0;
+        for (size_t i = 0; i < 4; i++) isword[k] |= bnd[k] >= SET_W[i * 2] && bnd[k] <= SET_W[i * 2 + 1];
+    }
+    size_t n_items = (size_t)a->n * 3, acc_mark = n_items;
     cnt = base_alloc((n_bnd + 1) * sizeof *cnt);
-    c.stack = base_alloc((size_t)a->n * sizeof *c.stack);
-    c.mark = base_calloc(a->n, sizeof *c.mark);
-    c.out = base_alloc(((size_t)a->n + 1) * sizeof *c.out);
-    c.seen = base_alloc((size_t)a->n * sizeof *c.seen);
-    c.pend = base_alloc((a->n_eps + 1) * sizeof *c.pend);
-    if (!cnt || !c.stack || !c.mark || !c.out || !c.seen || !c.pend) goto fail;
+    c.stack = base_alloc(n_items * sizeof *c.stack);
+    c.mark = base_calloc(n_items, sizeof *c.mark);
+    c.out = base_alloc((n_items + 1) * sizeof *c.out);
+    c.seen = base_alloc(n_items * sizeof *c.seen);
+    c.pend = base_alloc((a->n_eps * 3 + 1) * sizeof *c.pend);
+    if (!isword || !cnt || !c.stack || !c.mark || !c.out || !c.seen || !c.pend) goto fail;
     bool added;
     if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
-    uint64_t work = eps_close(a, &c, &start, 1, fin, true, a->n);
+    uint32_t start_item = start * 3 + REQ_ANY;
+    uint64_t work = eps_close(a, &c, &start_item, 1, fin, true, false, (uint32_t)acc_mark);
     int64_t s0 = subset_get(&ss, c.out, c.n_out, &added);
     if (s0 < 0) goto fail;
     size_t nc = n_bnd;
@@ -884,13 +946,14 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         size_t n_pairs = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
-                uint32_t s = ss.pool[i];
-                if (s >= a->n || a->set[s] < 0) continue; /* the acceptance mark, or no edge */
+                uint32_t it = ss.pool[i], s = it / 3, req = it % 3;
+                if (it == acc_mark || a->set[s] < 0) continue; /* the acceptance mark, or no edge */
                 const rnode *x = &p->nd[a->set[s]];
                 for (uint32_t j = 0; j < x->cs_n; j++)
                     for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
+                        if (req != REQ_ANY && (req == REQ_WORD) != (bool)isword[k]) continue;
                         if (pass == 0) cnt[k + 1]++, n_pairs++;
-                        else tg[cnt[k]++] = a->to[s];
+                        else tg[cnt[k]++] = a->to[s] * 3 + REQ_ANY;
                     }
             }
             if (pass == 0) {
@@ -905,7 +968,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
          * last few distinct target lists of this state are remembered
          * (intervals of one class alternate with others: '.' and \n) */
         enum { N_MEMO = 8 };
-        size_t memo_at[N_MEMO], memo_n[N_MEMO];
+        size_t memo_at[N_MEMO], memo_n[N_MEMO], memo_k[N_MEMO];
         int64_t memo_id[N_MEMO];
         int n_memo = 0, next_memo = 0;
         for (size_t k = 0; k < nc; k++) {
@@ -913,14 +976,16 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
             if (!nk) continue;
             int64_t id = -1;
             for (int j = 0; j < n_memo && id < 0; j++)
-                if (memo_n[j] == nk && memcmp(tg + memo_at[j], tg + i, nk * sizeof *tg) == 0) id = memo_id[j];
+                if (memo_n[j] == nk && isword[memo_k[j]] == isword[k] &&
+                    memcmp(tg + memo_at[j], tg + i, nk * sizeof *tg) == 0)
+                    id = memo_id[j];
             if (id < 0) {
-                work += eps_close(a, &c, tg + i, nk, fin, false, a->n) + c.n_out;
+                work += eps_close(a, &c, tg + i, nk, fin, false, isword[k], (uint32_t)acc_mark) + c.n_out;
                 if (work > SUBSET_WORK) goto too_big;
                 id = subset_get(&ss, c.out, c.n_out, &added);
                 if (id == -1) goto fail;
                 if (id == -2) goto too_big;
-                memo_at[next_memo] = i, memo_n[next_memo] = nk, memo_id[next_memo] = id;
+                memo_at[next_memo] = i, memo_n[next_memo] = nk, memo_id[next_memo] = id, memo_k[next_memo] = k;
                 next_memo = (next_memo + 1) % N_MEMO;
                 if (n_memo < N_MEMO) n_memo++;
             }
@@ -933,7 +998,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     memcpy(d->next, table, ss.n * nc * sizeof *table);
     for (size_t q = 0; q < ss.n; q++)
         for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++)
-            if (ss.pool[i] == a->n) d->acc[q] = 1;
+            if (ss.pool[i] == acc_mark) d->acc[q] = 1;
     d->start = (uint32_t)s0;
     st = rx_finish(d, p->what, p->err);
     if (st) goto fail_set;
@@ -956,11 +1021,12 @@ done:
     base_free(ss.pool, ss.cap_pool * sizeof *ss.pool);
     base_free(ss.off, ss.cap_off * sizeof *ss.off);
     base_free(ss.hash, ss.cap_hash * sizeof *ss.hash);
-    base_free(c.stack, (size_t)a->n * sizeof *c.stack);
-    base_free(c.mark, (size_t)a->n * sizeof *c.mark);
-    base_free(c.out, ((size_t)a->n + 1) * sizeof *c.out);
-    base_free(c.seen, (size_t)a->n * sizeof *c.seen);
-    base_free(c.pend, (a->n_eps + 1) * sizeof *c.pend);
+    base_free(c.stack, (size_t)a->n * 3 * sizeof *c.stack);
+    base_free(c.mark, (size_t)a->n * 3 * sizeof *c.mark);
+    base_free(c.out, ((size_t)a->n * 3 + 1) * sizeof *c.out);
+    base_free(c.seen, (size_t)a->n * 3 * sizeof *c.seen);
+    base_free(c.pend, (a->n_eps * 3 + 1) * sizeof *c.pend);
+    base_free(isword, n_bnd ? n_bnd : 1);
     return st;
 }
 

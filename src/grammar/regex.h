@@ -61,7 +61,7 @@ enum { RX_AND, RX_OR, RX_ANDNOT };
  * semantics (a match anywhere; ^ / $ anchor at the ends of the string);
  * otherwise the whole string must match. Errors: KEEL_EFORMAT (syntax,
  * "pattern \"...\": what at offset N"), KEEL_EUNSUPPORTED (backreferences,
- * lookaround, \b \B, \p, inline flags), KEEL_ERANGE (caps), KEEL_ENOMEM.
+ * lookaround, \p, inline flags), KEEL_ERANGE (caps), KEEL_ENOMEM.
  * err: BASE_ERR_CAP bytes. *out: rx_free it; NULL on failure. */
 keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, char *err);
 /* Every string of mn..mx code points (mx -1: no upper bound): a counter,
