@@ -24,10 +24,10 @@
 
 /* Time bounds of the caps' refusals; sanitizers make everything slower. */
 #if defined(__SANITIZE_ADDRESS__)
-#define SLOW 5.0
+#define SLOW 10.0
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define SLOW 5.0
+#define SLOW 10.0
 #endif
 #endif
 #ifndef SLOW
