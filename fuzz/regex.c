@@ -33,18 +33,25 @@ static size_t spell(const uint8_t *s, size_t n, char *out)
     out[k++] = '"';
     for (size_t i = 0; i < n; i++) {
         uint8_t c = s[i];
-        if (c == '"' || c == '\\') out[k++] = '\\', out[k++] = (char)c;
-        else if (c == '\n') out[k++] = '\\', out[k++] = 'n';
-        else if (c == '\t') out[k++] = '\\', out[k++] = 't';
-        else if (c == '\r') out[k++] = '\\', out[k++] = 'r';
-        else if (c == '\b') out[k++] = '\\', out[k++] = 'b';
-        else if (c == '\f') out[k++] = '\\', out[k++] = 'f';
+        if (c == '"' || c == '\\')
+            out[k++] = '\\', out[k++] = (char)c;
+        else if (c == '\n')
+            out[k++] = '\\', out[k++] = 'n';
+        else if (c == '\t')
+            out[k++] = '\\', out[k++] = 't';
+        else if (c == '\r')
+            out[k++] = '\\', out[k++] = 'r';
+        else if (c == '\b')
+            out[k++] = '\\', out[k++] = 'b';
+        else if (c == '\f')
+            out[k++] = '\\', out[k++] = 'f';
         else if (c < 0x20) {
             memcpy(out + k, "\\u00", 4);
             out[k + 4] = hex[c >> 4];
             out[k + 5] = hex[c & 15];
             k += 6;
-        } else out[k++] = (char)c;
+        } else
+            out[k++] = (char)c;
     }
     out[k++] = '"';
     return k;
@@ -69,7 +76,8 @@ static void check_spec(const jstr_spec *s, const uint8_t *text, size_t text_n)
         if (ok) abort();
         return;
     }
-    if (n_gb > (64u << 10)) { /* thousands of states: compiling them is gbnf.c's business, and slow here */
+    if (n_gb >
+        (64u << 10)) { /* thousands of states: compiling them is gbnf.c's business, and slow here */
         base_free(gb, n_gb + 1);
         return;
     }
@@ -113,7 +121,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     if (rx_compile(pat, pat_n, false, &w, err) == KEEL_OK) {
-        if (rx_match(w, (const char *)text, text_n) && !rx_match(d, (const char *)text, text_n)) abort();
+        if (rx_match(w, (const char *)text, text_n) && !rx_match(d, (const char *)text, text_n))
+            abort();
         rx_free(w);
     }
     rx_free(d);

@@ -28,66 +28,73 @@
 
 /* ---- formats -------------------------------------------------------------- */
 
+/* clang-format off */
 #define DEC_OCTET "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
-#define IPV4 DEC_OCTET "(?:\\." DEC_OCTET "){3}"
-#define H16 "[0-9A-Fa-f]{1,4}"
-#define LS32 "(?:" H16 ":" H16 "|" IPV4 ")"
-#define IPV6                                                                                                    \
-    "(?:(?:" H16 ":){6}" LS32 "|::(?:" H16 ":){5}" LS32 "|(?:" H16 ")?::(?:" H16 ":){4}" LS32 "|(?:(?:" H16     \
-    ":){0,1}" H16 ")?::(?:" H16 ":){3}" LS32 "|(?:(?:" H16 ":){0,2}" H16 ")?::(?:" H16 ":){2}" LS32 "|(?:(?:" H16 \
-    ":){0,3}" H16 ")?::" H16 ":" LS32 "|(?:(?:" H16 ":){0,4}" H16 ")?::" LS32 "|(?:(?:" H16 ":){0,5}" H16        \
-    ")?::" H16 "|(?:(?:" H16 ":){0,6}" H16 ")?::)"
-#define LABEL "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+#define IPV4      DEC_OCTET "(?:\\." DEC_OCTET "){3}"
+#define H16       "[0-9A-Fa-f]{1,4}"
+#define LS32      "(?:" H16 ":" H16 "|" IPV4 ")"
+#define IPV6                                                                                       \
+    "(?:(?:" H16 ":){6}" LS32 "|::(?:" H16 ":){5}" LS32 "|(?:" H16 ")?::(?:" H16 ":){4}" LS32      \
+    "|(?:(?:" H16 ":){0,1}" H16 ")?::(?:" H16 ":){3}" LS32 "|(?:(?:" H16 ":){0,2}" H16             \
+    ")?::(?:" H16 ":){2}" LS32 "|(?:(?:" H16 ":){0,3}" H16 ")?::" H16 ":" LS32 "|(?:(?:" H16       \
+    ":){0,4}" H16 ")?::" LS32 "|(?:(?:" H16 ":){0,5}" H16 ")?::" H16 "|(?:(?:" H16 ":){0,6}" H16   \
+    ")?::)"
+#define LABEL    "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 #define HOSTNAME LABEL "(?:\\." LABEL ")*"
 /* a label with "--" in its 3rd and 4th characters (IDNA's reserved
  * labels: punycode "xn--" ones are not checked, so all are refused) */
 #define RESERVED_LABEL "(?:[^]*\\.)?[^.][^.]--[^]*"
-#define FULL_DATE                                                                                               \
-    "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]" \
-    "|1[0-9]|2[0-8]))|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
+#define FULL_DATE                                                                                  \
+    "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"                                 \
+    "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"                          \
+    "|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
 #define SECFRAC "(?:\\.[0-9]+)?"
-#define FULL_TIME                                                                                               \
-    "(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]" SECFRAC "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])|23:59:60" \
-    SECFRAC "(?:[Zz]|[+-]00:00))"
+#define FULL_TIME                                                                                  \
+    "(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]" SECFRAC                                        \
+    "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])|23:59:60" SECFRAC "(?:[Zz]|[+-]00:00))"
 #define DUR_TIME "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
-#define DURATION                                                                                                \
-    "P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:" DUR_TIME ")?|" DUR_TIME "|[0-9]+W)"
-#define HEX "[0-9A-Fa-f]"
-#define PCT "%" HEX HEX
+#define DURATION                                                                                   \
+    "P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:" DUR_TIME              \
+    ")?|" DUR_TIME "|[0-9]+W)"
+#define HEX       "[0-9A-Fa-f]"
+#define PCT       "%" HEX HEX
 #define UNRES_SUB "A-Za-z0-9._~!$&'()*+,;=\\-"
 /* RFC 3986 with U the class body of the unreserved and sub-delims
  * characters and P what a query adds (RFC 3987's IRIs: U gains ucschar,
  * P iprivate) */
 #define PCHAR_(U) "(?:[" U ":@]|" PCT ")"
-#define AUTHORITY_(U)                                                                                           \
-    "(?:(?:[" U ":]|" PCT ")*@)?(?:\\[(?:" IPV6 "|[vV]" HEX "+\\.[" UNRES_SUB ":]+)\\]|" IPV4 "|(?:[" U "]|" PCT       \
-    ")*)(?::[0-9]*)?"
-#define PATH_ABEMPTY_(U) "(?:/" PCHAR_(U) "*)*"
+#define AUTHORITY_(U)                                                                              \
+    "(?:(?:[" U ":]|" PCT ")*@)?(?:\\[(?:" IPV6 "|[vV]" HEX "+\\.[" UNRES_SUB ":]+)\\]|" IPV4      \
+    "|(?:[" U "]|" PCT ")*)(?::[0-9]*)?"
+#define PATH_ABEMPTY_(U)  "(?:/" PCHAR_(U) "*)*"
 #define QUERY_FRAG_(U, P) "(?:\\?(?:" PCHAR_(U) "|[/?" P "])*)?(?:#(?:" PCHAR_(U) "|[/?])*)?"
-#define URI_(U, P)                                                                                              \
-    "[A-Za-z][A-Za-z0-9+.-]*:(?://" AUTHORITY_(U) PATH_ABEMPTY_(U) "|/(?:" PCHAR_(U) "+" PATH_ABEMPTY_(U)        \
-    ")?|" PCHAR_(U) "+" PATH_ABEMPTY_(U) ")?" QUERY_FRAG_(U, P)
-#define RELATIVE_REF_(U, P)                                                                                     \
-    "(?://" AUTHORITY_(U) PATH_ABEMPTY_(U) "|/(?:" PCHAR_(U) "+" PATH_ABEMPTY_(U) ")?|(?:[" U "@]|" PCT ")+"     \
-    PATH_ABEMPTY_(U) ")?" QUERY_FRAG_(U, P)
-#define UCSCHAR                                                                                                 \
-    "\\u00A0-\\uD7FF\\uF900-\\uFDCF\\uFDF0-\\uFFEF\\u{10000}-\\u{1FFFD}\\u{20000}-\\u{2FFFD}\\u{30000}-\\u{3FFFD}"     \
-    "\\u{40000}-\\u{4FFFD}\\u{50000}-\\u{5FFFD}\\u{60000}-\\u{6FFFD}\\u{70000}-\\u{7FFFD}\\u{80000}-\\u{8FFFD}"            \
-    "\\u{90000}-\\u{9FFFD}\\u{A0000}-\\u{AFFFD}\\u{B0000}-\\u{BFFFD}\\u{C0000}-\\u{CFFFD}\\u{D0000}-\\u{DFFFD}"            \
-    "\\u{E1000}-\\u{EFFFD}"
-#define IPRIVATE "\\uE000-\\uF8FF\\u{F0000}-\\u{FFFFD}\\u{100000}-\\u{10FFFD}"
-#define URI URI_(UNRES_SUB, "")
-#define RELATIVE_REF RELATIVE_REF_(UNRES_SUB, "")
-#define IRI URI_(UNRES_SUB UCSCHAR, IPRIVATE)
+#define URI_(U, P)                                                                                 \
+    "[A-Za-z][A-Za-z0-9+.-]*:(?://" AUTHORITY_(U) PATH_ABEMPTY_(U)                                 \
+    "|/(?:" PCHAR_(U) "+" PATH_ABEMPTY_(U) ")?|" PCHAR_(U) "+" PATH_ABEMPTY_(U) ")?"               \
+    QUERY_FRAG_(U, P)
+#define RELATIVE_REF_(U, P)                                                                        \
+    "(?://" AUTHORITY_(U) PATH_ABEMPTY_(U) "|/(?:" PCHAR_(U) "+" PATH_ABEMPTY_(U) ")?"             \
+    "|(?:[" U "@]|" PCT ")+" PATH_ABEMPTY_(U) ")?" QUERY_FRAG_(U, P)
+#define UCSCHAR                                                                                    \
+    "\\u00A0-\\uD7FF\\uF900-\\uFDCF\\uFDF0-\\uFFEF"                                                \
+    "\\u{10000}-\\u{1FFFD}\\u{20000}-\\u{2FFFD}\\u{30000}-\\u{3FFFD}\\u{40000}-\\u{4FFFD}"         \
+    "\\u{50000}-\\u{5FFFD}\\u{60000}-\\u{6FFFD}\\u{70000}-\\u{7FFFD}\\u{80000}-\\u{8FFFD}"         \
+    "\\u{90000}-\\u{9FFFD}\\u{A0000}-\\u{AFFFD}\\u{B0000}-\\u{BFFFD}\\u{C0000}-\\u{CFFFD}"         \
+    "\\u{D0000}-\\u{DFFFD}\\u{E1000}-\\u{EFFFD}"
+#define IPRIVATE      "\\uE000-\\uF8FF\\u{F0000}-\\u{FFFFD}\\u{100000}-\\u{10FFFD}"
+#define URI           URI_(UNRES_SUB, "")
+#define RELATIVE_REF  RELATIVE_REF_(UNRES_SUB, "")
+#define IRI           URI_(UNRES_SUB UCSCHAR, IPRIVATE)
 #define IRELATIVE_REF RELATIVE_REF_(UNRES_SUB UCSCHAR, IPRIVATE)
 /* RFC 6570 (level 4); an apostrophe is a literal, as the test suite has it */
 #define TPL_VARCHAR "(?:[A-Za-z0-9_]|" PCT ")"
 #define TPL_VARSPEC TPL_VARCHAR "(?:\\.?" TPL_VARCHAR ")*(?::[1-9][0-9]{0,3}|\\*)?"
-#define URI_TEMPLATE                                                                                            \
-    "(?:[\\x21\\x23\\x24\\x26-\\x3B\\x3D\\x3F-\\x5B\\x5D\\x5F\\x61-\\x7A\\x7E" UCSCHAR IPRIVATE "]|" PCT              \
-    "|\\{[+#./;?&=,!@|]?" TPL_VARSPEC "(?:," TPL_VARSPEC ")*\\})*"
+#define URI_TEMPLATE                                                                               \
+    "(?:[\\x21\\x23\\x24\\x26-\\x3B\\x3D\\x3F-\\x5B\\x5D\\x5F\\x61-\\x7A\\x7E" UCSCHAR IPRIVATE    \
+    "]|" PCT "|\\{[+#./;?&=,!@|]?" TPL_VARSPEC "(?:," TPL_VARSPEC ")*\\})*"
 #define JSON_POINTER "(?:/(?:[^~/]|~[01])*)*"
-#define ATEXT "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+#define ATEXT        "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+/* clang-format on */
 
 typedef struct jstr_format {
     const char *name;
@@ -109,8 +116,9 @@ static const jstr_format FORMATS[] = {
     /* RFC 5321 Mailbox: dot-atom or quoted local part; a hostname or an
      * address literal as the domain */
     {"email",
-     "(?:" ATEXT "+(?:\\." ATEXT "+)*|\"(?:[\\x20\\x21\\x23-\\x5B\\x5D-\\x7E]|\\\\[\\x20-\\x7E])*\")@(?:" HOSTNAME
-     "|\\[" IPV4 "\\]|\\[IPv6:" IPV6 "\\])",
+     "(?:" ATEXT "+(?:\\." ATEXT
+     "+)*|\"(?:[\\x20\\x21\\x23-\\x5B\\x5D-\\x7E]|\\\\[\\x20-\\x7E])*\")@(?:" HOSTNAME "|\\[" IPV4
+     "\\]|\\[IPv6:" IPV6 "\\])",
      NULL},
     /* RFC 1123 labels of 1..63; the total of 253 is not enforced (a
      * superset) and reserved "??--" labels are refused (a subset) */
@@ -252,7 +260,8 @@ bool jstr_auto_test(const jstr_auto *a, const char *content, size_t n)
 {
     int64_t len = 0;
     for (size_t i = 0; i < n; len++)
-        if (rx_utf8_next((const unsigned char *)content, n, &i) < 0) return false; /* not a JSON string */
+        if (rx_utf8_next((const unsigned char *)content, n, &i) < 0)
+            return false; /* not a JSON string */
     if (len < a->min_len || (a->max_len >= 0 && len > a->max_len)) return false;
     return !a->d || rx_match(a->d, content, n);
 }
@@ -292,7 +301,8 @@ static void oput(obuf *b, const char *s, size_t k)
     }
     if (b->n + k + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 4096;
-        while (nc < b->n + k + 1) nc *= 2;
+        while (nc < b->n + k + 1)
+            nc *= 2;
         char *q = base_realloc(b->d, b->cap, nc);
         if (!q) {
             b->st = KEEL_ENOMEM;
@@ -332,14 +342,30 @@ static void oputf(obuf *b, const char *fmt, ...)
 static void put_escape(obuf *b, uint32_t c)
 {
     switch (c) {
-    case '"': oputs(b, "\"\\\\\\\"\""); return;
-    case '\\': oputs(b, "\"\\\\\\\\\""); return;
-    case 8: oputs(b, "\"\\\\b\""); return;
-    case 12: oputs(b, "\"\\\\f\""); return;
-    case 10: oputs(b, "\"\\\\n\""); return;
-    case 13: oputs(b, "\"\\\\r\""); return;
-    case 9: oputs(b, "\"\\\\t\""); return;
-    default: oputf(b, "\"\\\\u%04x\"", c); return;
+    case '"':
+        oputs(b, "\"\\\\\\\"\"");
+        return;
+    case '\\':
+        oputs(b, "\"\\\\\\\\\"");
+        return;
+    case 8:
+        oputs(b, "\"\\\\b\"");
+        return;
+    case 12:
+        oputs(b, "\"\\\\f\"");
+        return;
+    case 10:
+        oputs(b, "\"\\\\n\"");
+        return;
+    case 13:
+        oputs(b, "\"\\\\r\"");
+        return;
+    case 9:
+        oputs(b, "\"\\\\t\"");
+        return;
+    default:
+        oputf(b, "\"\\\\u%04x\"", c);
+        return;
     }
 }
 
@@ -373,8 +399,10 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
                  * special ('"' or '\\') or the range's end */
                 uint32_t e = c < '"' ? '"' - 1 : c < '\\' ? '\\' - 1 : hi[i];
                 if (e > hi[i]) e = hi[i];
-                if (e == c) oputf(b, "\\U%08X", c);
-                else oputf(b, "\\U%08X-\\U%08X", c, e);
+                if (e == c)
+                    oputf(b, "\\U%08X", c);
+                else
+                    oputf(b, "\\U%08X-\\U%08X", c, e);
                 c = e + 1;
             }
         }
@@ -388,8 +416,10 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
         for (uint32_t c = lo[i]; c <= hi[i] && c <= 0x5C; c++) {
             if (!is_special(c)) continue;
             if (c < 0x20 && c != 8 && c != 9 && c != 10 && c != 12 && c != 13) {
-                if (c < 0x10) u_lo |= 1u << c;
-                else u_hi |= 1u << (c - 0x10);
+                if (c < 0x10)
+                    u_lo |= 1u << c;
+                else
+                    u_hi |= 1u << (c - 0x10);
                 continue;
             }
             if (!first) oputs(b, " | ");
@@ -403,7 +433,8 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
         first = false;
         if ((bits & (bits - 1)) == 0) { /* one character */
             uint32_t c = (uint32_t)h * 16;
-            while (!(bits & 1u)) bits >>= 1, c++;
+            while (!(bits & 1u))
+                bits >>= 1, c++;
             put_escape(b, c);
             continue;
         }
@@ -429,8 +460,8 @@ static int cmp_edge(const void *x, const void *y)
  * name-k<id> referenced by every edge that reads it: the copies of one
  * class a length counter makes cost one reference each. */
 typedef struct choices {
-    obuf text;      /* the bodies, one after another */
-    size_t *off;    /* [n + 1] */
+    obuf text;   /* the bodies, one after another */
+    size_t *off; /* [n + 1] */
     size_t n, cap_off;
     uint32_t *hash; /* id + 1 */
     size_t cap_hash;
@@ -439,7 +470,8 @@ typedef struct choices {
 static uint64_t text_hash(const char *s, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
     return h;
 }
 
@@ -453,7 +485,8 @@ static int64_t choice_id(choices *c, const char *s, size_t n, bool *added)
         if (!h) return -1;
         for (size_t i = 0; i < c->n; i++) {
             size_t at = (size_t)(text_hash(c->text.d + c->off[i], c->off[i + 1] - c->off[i]) % nh);
-            while (h[at]) at = (at + 1) % nh;
+            while (h[at])
+                at = (at + 1) % nh;
             h[at] = (uint32_t)i + 1;
         }
         base_free(c->hash, c->cap_hash * sizeof *c->hash);
@@ -463,7 +496,8 @@ static int64_t choice_id(choices *c, const char *s, size_t n, bool *added)
     size_t at = (size_t)(text_hash(s, n) % c->cap_hash);
     for (; c->hash[at]; at = (at + 1) % c->cap_hash) {
         size_t id = c->hash[at] - 1;
-        if (c->off[id + 1] - c->off[id] == n && memcmp(c->text.d + c->off[id], s, n) == 0) return (int64_t)id;
+        if (c->off[id + 1] - c->off[id] == n && memcmp(c->text.d + c->off[id], s, n) == 0)
+            return (int64_t)id;
     }
     if (c->cap_off < c->n + 2) {
         size_t nc = c->cap_off ? c->cap_off * 2 : 64;
@@ -490,7 +524,8 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
     edge *ed = base_alloc((size_t)d->n_iv * sizeof *ed);
     /* ranges of one group: at most one per interval, and one more where
      * the surrogates are cut out */
-    uint32_t *lo = base_alloc(((size_t)d->n_iv + 1) * sizeof *lo), *hi = base_alloc(((size_t)d->n_iv + 1) * sizeof *hi);
+    uint32_t *lo = base_alloc(((size_t)d->n_iv + 1) * sizeof *lo),
+             *hi = base_alloc(((size_t)d->n_iv + 1) * sizeof *hi);
     if (!live || !ed || !lo || !hi) {
         st = base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
         goto out;
@@ -552,7 +587,8 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
     }
     if (!b->st && defs.n) oput(b, defs.d, defs.n);
     if (b->st == KEEL_ERANGE)
-        st = base_err(err, KEEL_ERANGE, "string constraints: grammar above %u bytes", JSTR_MAX_GBNF);
+        st =
+            base_err(err, KEEL_ERANGE, "string constraints: grammar above %u bytes", JSTR_MAX_GBNF);
     else if (b->st)
         st = base_err(err, b->st, "string constraints: out of memory");
 out:
@@ -568,7 +604,8 @@ out:
     return st;
 }
 
-keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *n_out, bool *empty, char *err)
+keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *n_out, bool *empty,
+                      char *err)
 {
     *out = NULL;
     *n_out = 0;
@@ -587,7 +624,9 @@ keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *
         /* the content is free: any JSON spelling, lengths as counts */
         oputf(&b, "%s ::= \"\\\"\" %s-c{%lld,", name, name, (long long)s->min_len);
         if (s->max_len >= 0) oputf(&b, "%lld", (long long)s->max_len);
-        oputf(&b, "} \"\\\"\"\n%s-c ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n",
+        oputf(&b,
+              "} \"\\\"\"\n%s-c ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" "
+              "[0-9a-fA-F]{4} )\n",
               name);
         if (b.st) st = base_err(err, b.st, "string constraints: out of memory");
         goto out;

@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUR_LO 0xD800u
-#define SUR_END 0xE000u
+#define SUR_LO      0xD800u
+#define SUR_END     0xE000u
 #define SUBSET_WORK (1u << 24) /* automaton states visited by one subset construction */
 
 static int cmp_u32(const void *a, const void *b)
@@ -38,8 +38,8 @@ enum { N_SET, N_CAT, N_ALT, N_REP, N_BOL, N_EOL, N_WB, N_NWB }; /* ^ $ \b \B */
 
 typedef struct rnode {
     uint8_t kind;
-    int32_t first, next; /* first child (CAT, ALT, REP); next sibling */
-    int32_t min, max;    /* REP: max -1 unbounded */
+    int32_t first, next;   /* first child (CAT, ALT, REP); next sibling */
+    int32_t min, max;      /* REP: max -1 unbounded */
     uint32_t cs_off, cs_n; /* SET: intervals (lo, hi) pairs in rp.cs */
 } rnode;
 
@@ -67,7 +67,8 @@ static int32_t perr(rp *p, keel_status st, const char *msg)
 static int32_t node(rp *p, uint8_t kind)
 {
     if (p->n_nd >= RX_MAX_NFA) return perr(p, KEEL_ERANGE, "too many elements");
-    if (!rx_grow(&p->nd, &p->cap_nd, p->n_nd + 1, sizeof *p->nd)) return perr(p, KEEL_ENOMEM, "out of memory");
+    if (!rx_grow(&p->nd, &p->cap_nd, p->n_nd + 1, sizeof *p->nd))
+        return perr(p, KEEL_ENOMEM, "out of memory");
     rnode *r = &p->nd[p->n_nd];
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -98,7 +99,8 @@ static int cmp_pair(const void *a, const void *b)
 static int32_t tmp_set(rp *p, size_t from, bool neg)
 {
     /* room for the result first, so that tmp is never NULL below */
-    if (!rx_grow(&p->tmp, &p->cap_tmp, p->n_tmp * 2 + 2, sizeof *p->tmp)) return perr(p, KEEL_ENOMEM, "out of memory");
+    if (!rx_grow(&p->tmp, &p->cap_tmp, p->n_tmp * 2 + 2, sizeof *p->tmp))
+        return perr(p, KEEL_ENOMEM, "out of memory");
     size_t k = p->n_tmp - from;
     uint32_t *t = p->tmp + from * 2;
     if (k) qsort(t, k, 2 * sizeof *t, cmp_pair);
@@ -114,7 +116,8 @@ static int32_t tmp_set(rp *p, size_t from, bool neg)
     }
     /* the result, built in cs: negation, then the surrogates cut out */
     size_t need = p->n_cs * 2 + (m + 2) * 2 * 2;
-    if (!rx_grow(&p->cs, &p->cap_cs, need, sizeof *p->cs)) return perr(p, KEEL_ENOMEM, "out of memory");
+    if (!rx_grow(&p->cs, &p->cap_cs, need, sizeof *p->cs))
+        return perr(p, KEEL_ENOMEM, "out of memory");
     t = p->tmp + from * 2; /* tmp is not moved by growing cs */
     uint32_t *o = p->cs + p->n_cs * 2;
     size_t no = 0;
@@ -158,8 +161,9 @@ static int32_t tmp_set(rp *p, size_t from, bool neg)
 
 static const uint32_t SET_D[] = {0x30, 0x39};
 static const uint32_t SET_W[] = {0x30, 0x39, 0x41, 0x5A, 0x5F, 0x5F, 0x61, 0x7A};
-static const uint32_t SET_S[] = {0x09,   0x0D,   0x20,   0x20,   0xA0,   0xA0,   0x1680, 0x1680, 0x2000, 0x200A,
-                                 0x2028, 0x2029, 0x202F, 0x202F, 0x205F, 0x205F, 0x3000, 0x3000, 0xFEFF, 0xFEFF};
+static const uint32_t SET_S[] = {0x09,   0x0D,   0x20,   0x20,   0xA0,   0xA0,   0x1680,
+                                 0x1680, 0x2000, 0x200A, 0x2028, 0x2029, 0x202F, 0x202F,
+                                 0x205F, 0x205F, 0x3000, 0x3000, 0xFEFF, 0xFEFF};
 static const uint32_t SET_DOT[] = {0x0, 0x9, 0xB, 0xC, 0xE, 0x2027, 0x202A, 0x10FFFF};
 
 /* Adds a predefined set (d w s, upper case: negated) to tmp. */
@@ -168,9 +172,15 @@ static bool tmp_class(rp *p, int cls)
     const uint32_t *v;
     size_t k;
     switch (cls | 0x20) {
-    case 'd': v = SET_D, k = 1; break;
-    case 'w': v = SET_W, k = 4; break;
-    default: v = SET_S, k = 10; break;
+    case 'd':
+        v = SET_D, k = 1;
+        break;
+    case 'w':
+        v = SET_W, k = 4;
+        break;
+    default:
+        v = SET_S, k = 10;
+        break;
     }
     if (cls & 0x20) {
         for (size_t i = 0; i < k; i++)
@@ -223,12 +233,30 @@ static int32_t escape(rp *p, bool in_class, int *cls)
     if (p->i >= p->n) return perr(p, KEEL_EFORMAT, "\\ at the end of the pattern");
     int c = p->s[p->i];
     switch (c) {
-    case 'd': case 'D': case 'w': case 'W': case 's': case 'S': p->i++; *cls = c; return -2;
-    case 't': p->i++; return 9;
-    case 'n': p->i++; return 10;
-    case 'v': p->i++; return 11;
-    case 'f': p->i++; return 12;
-    case 'r': p->i++; return 13;
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
+        p->i++;
+        *cls = c;
+        return -2;
+    case 't':
+        p->i++;
+        return 9;
+    case 'n':
+        p->i++;
+        return 10;
+    case 'v':
+        p->i++;
+        return 11;
+    case 'f':
+        p->i++;
+        return 12;
+    case 'r':
+        p->i++;
+        return 13;
     case 'b':
         p->i++;
         if (in_class) return 8;
@@ -260,7 +288,8 @@ static int32_t escape(rp *p, bool in_class, int *cls)
         if (p->i < p->n && p->s[p->i] == '{') {
             size_t j = p->i + 1;
             uint32_t v = 0;
-            while (j < p->n && hexval(p->s[j]) >= 0 && v <= 0x10FFFF) v = v * 16 + (uint32_t)hexval(p->s[j++]);
+            while (j < p->n && hexval(p->s[j]) >= 0 && v <= 0x10FFFF)
+                v = v * 16 + (uint32_t)hexval(p->s[j++]);
             if (j == p->i + 1 || j >= p->n || p->s[j] != '}' || v > 0x10FFFF)
                 return perr(p, KEEL_EFORMAT, "bad \\u{...} escape");
             p->i = j + 1;
@@ -268,7 +297,8 @@ static int32_t escape(rp *p, bool in_class, int *cls)
         }
         int32_t v = hexn(p, 4);
         if (v < 0) return perr(p, KEEL_EFORMAT, "\\u must be followed by four hex digits or {...}");
-        if (v >= 0xD800 && v <= 0xDBFF && p->n - p->i >= 6 && p->s[p->i] == '\\' && p->s[p->i + 1] == 'u') {
+        if (v >= 0xD800 && v <= 0xDBFF && p->n - p->i >= 6 && p->s[p->i] == '\\' &&
+            p->s[p->i + 1] == 'u') {
             size_t save = p->i;
             p->i += 2;
             int32_t lo = hexn(p, 4);
@@ -277,9 +307,13 @@ static int32_t escape(rp *p, bool in_class, int *cls)
         }
         return v; /* a lone surrogate: matches nothing */
     }
-    case 'k': return perr(p, KEEL_EUNSUPPORTED, "backreferences are not supported");
-    case 'p': case 'P': return perr(p, KEEL_EUNSUPPORTED, "Unicode property escapes (\\p, \\P) are not supported");
-    default: break;
+    case 'k':
+        return perr(p, KEEL_EUNSUPPORTED, "backreferences are not supported");
+    case 'p':
+    case 'P':
+        return perr(p, KEEL_EUNSUPPORTED, "Unicode property escapes (\\p, \\P) are not supported");
+    default:
+        break;
     }
     if (c >= '1' && c <= '9') return perr(p, KEEL_EUNSUPPORTED, "backreferences are not supported");
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_')
@@ -332,7 +366,9 @@ static int32_t parse_class(rp *p)
             }
             if (b == -1) return -1;
             if (cls2) {
-                if (!tmp_add(p, (uint32_t)a, (uint32_t)a) || !tmp_add(p, '-', '-') || !tmp_class(p, cls2)) return -1;
+                if (!tmp_add(p, (uint32_t)a, (uint32_t)a) || !tmp_add(p, '-', '-') ||
+                    !tmp_class(p, cls2))
+                    return -1;
                 continue;
             }
             if (b < a) return perr(p, KEEL_EFORMAT, "character class range out of order");
@@ -360,13 +396,19 @@ static bool read_braces(rp *p, int32_t *mn, int32_t *mx)
     size_t j = p->i + 1;
     int64_t a = 0, b = -1;
     size_t d0 = j;
-    while (j < p->n && p->s[j] >= '0' && p->s[j] <= '9') { a = a < 1000000 ? a * 10 + (p->s[j] - '0') : a; j++; }
+    while (j < p->n && p->s[j] >= '0' && p->s[j] <= '9') {
+        a = a < 1000000 ? a * 10 + (p->s[j] - '0') : a;
+        j++;
+    }
     if (j == d0) return false;
     if (j < p->n && p->s[j] == ',') {
         j++;
         size_t d1 = j;
         int64_t v = 0;
-        while (j < p->n && p->s[j] >= '0' && p->s[j] <= '9') { v = v < 1000000 ? v * 10 + (p->s[j] - '0') : v; j++; }
+        while (j < p->n && p->s[j] >= '0' && p->s[j] <= '9') {
+            v = v < 1000000 ? v * 10 + (p->s[j] - '0') : v;
+            j++;
+        }
         b = j == d1 ? -1 : v;
     } else {
         b = a;
@@ -399,8 +441,10 @@ static int32_t parse_seq(rp *p)
                 p->i = save;
                 return perr(p, KEEL_EFORMAT, "nothing to repeat");
             }
-            if (last < 0) p->nd[cat].first = atom;
-            else p->nd[last].next = atom;
+            if (last < 0)
+                p->nd[cat].first = atom;
+            else
+                p->nd[last].next = atom;
             last = atom;
             continue;
         }
@@ -425,12 +469,14 @@ static int32_t parse_seq(rp *p)
                     return perr(p, KEEL_EUNSUPPORTED, "lookbehind assertions are not supported");
                 } else if (p->i + 1 < p->n && p->s[p->i + 1] == '<') {
                     size_t j = p->i + 2;
-                    while (j < p->n && p->s[j] != '>' && p->s[j] != ')') j++;
+                    while (j < p->n && p->s[j] != '>' && p->s[j] != ')')
+                        j++;
                     if (j >= p->n || p->s[j] != '>' || j == p->i + 2)
                         return perr(p, KEEL_EFORMAT, "bad group name");
                     p->i = j + 1;
                 } else {
-                    return perr(p, KEEL_EUNSUPPORTED, "inline flags and other (? groups are not supported");
+                    return perr(p, KEEL_EUNSUPPORTED,
+                                "inline flags and other (? groups are not supported");
                 }
             }
             if (++p->depth > RX_MAX_NEST) return perr(p, KEEL_ERANGE, "groups nested too deeply");
@@ -463,8 +509,10 @@ static int32_t parse_seq(rp *p)
                     p->i = save;
                     return perr(p, KEEL_EFORMAT, "nothing to repeat");
                 }
-                if (last < 0) p->nd[cat].first = atom;
-                else p->nd[last].next = atom;
+                if (last < 0)
+                    p->nd[cat].first = atom;
+                else
+                    p->nd[last].next = atom;
                 last = atom;
                 continue;
             }
@@ -487,18 +535,24 @@ static int32_t parse_seq(rp *p)
         while (p->i < p->n) {
             int q = p->s[p->i];
             int32_t mn, mx;
-            if (q == '*') mn = 0, mx = -1, p->i++;
-            else if (q == '+') mn = 1, mx = -1, p->i++;
-            else if (q == '?') mn = 0, mx = 1, p->i++;
+            if (q == '*')
+                mn = 0, mx = -1, p->i++;
+            else if (q == '+')
+                mn = 1, mx = -1, p->i++;
+            else if (q == '?')
+                mn = 0, mx = 1, p->i++;
             else if (q == '{' && read_braces(p, &mn, &mx)) {
-                if (mx >= 0 && mx < mn) return perr(p, KEEL_EFORMAT, "numbers out of order in {} quantifier");
+                if (mx >= 0 && mx < mn)
+                    return perr(p, KEEL_EFORMAT, "numbers out of order in {} quantifier");
                 if (mn > RX_MAX_REPEAT || mx > RX_MAX_REPEAT) {
                     if (!p->st)
-                        p->st = base_err(p->err, KEEL_ERANGE, "%s: repetition counts above %d are not supported",
+                        p->st = base_err(p->err, KEEL_ERANGE,
+                                         "%s: repetition counts above %d are not supported",
                                          p->what, RX_MAX_REPEAT);
                     return -1;
                 }
-            } else break;
+            } else
+                break;
             if (p->i < p->n && p->s[p->i] == '?') p->i++;
             int32_t r = node(p, N_REP);
             if (r < 0) return -1;
@@ -509,8 +563,10 @@ static int32_t parse_seq(rp *p)
             if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?'))
                 return perr(p, KEEL_EFORMAT, "nothing to repeat");
         }
-        if (last < 0) p->nd[cat].first = atom;
-        else p->nd[last].next = atom;
+        if (last < 0)
+            p->nd[cat].first = atom;
+        else
+            p->nd[last].next = atom;
         last = atom;
     }
     return cat;
@@ -537,8 +593,10 @@ static int32_t parse_alt(rp *p, bool top)
     for (;;) {
         int32_t seq = parse_seq(p);
         if (seq < 0) return -1;
-        if (last < 0) p->nd[alt].first = seq;
-        else p->nd[last].next = seq;
+        if (last < 0)
+            p->nd[alt].first = seq;
+        else
+            p->nd[last].next = seq;
         last = seq;
         if (p->i < p->n && p->s[p->i] == '|') {
             p->i++;
@@ -567,8 +625,8 @@ static int32_t parse_root(rp *p, bool search)
 /* ---- Thompson automaton --------------------------------------------------- */
 
 typedef struct nfa {
-    int32_t *set;  /* [n] SET node of the state's character edge, or -1 */
-    uint32_t *to;  /* [n] target of the character edge */
+    int32_t *set; /* [n] SET node of the state's character edge, or -1 */
+    uint32_t *to; /* [n] target of the character edge */
     uint32_t n;
     size_t cap_set, cap_to;
     uint32_t *eps; /* triples (from, to, tag): tag EPS_*, the condition */
@@ -583,11 +641,13 @@ static int64_t nfa_state(nfa *a, rp *p)
 {
     if (a->n >= RX_MAX_NFA) {
         if (!p->st)
-            p->st = base_err(p->err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", p->what,
-                             RX_MAX_NFA);
+            p->st =
+                base_err(p->err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)",
+                         p->what, RX_MAX_NFA);
         return -1;
     }
-    if (!rx_grow(&a->set, &a->cap_set, a->n + 1, sizeof *a->set) || !rx_grow(&a->to, &a->cap_to, a->n + 1, sizeof *a->to)) {
+    if (!rx_grow(&a->set, &a->cap_set, a->n + 1, sizeof *a->set) ||
+        !rx_grow(&a->to, &a->cap_to, a->n + 1, sizeof *a->to)) {
         perr(p, KEEL_ENOMEM, "out of memory");
         return -1;
     }
@@ -635,7 +695,8 @@ static int64_t build(nfa *a, rp *p, int32_t r, uint32_t from)
     case N_EOL:
     case N_WB:
     case N_NWB: {
-        static const uint32_t tag[] = {[N_BOL] = EPS_BOL, [N_EOL] = EPS_EOL, [N_WB] = EPS_WB, [N_NWB] = EPS_NWB};
+        static const uint32_t tag[] = {
+            [N_BOL] = EPS_BOL, [N_EOL] = EPS_EOL, [N_WB] = EPS_WB, [N_NWB] = EPS_NWB};
         int64_t t = nfa_state(a, p);
         if (t < 0 || !nfa_eps_tag(a, p, from, (uint32_t)t, tag[x->kind])) return -1;
         if (x->kind >= N_WB) a->has_wb = true;
@@ -677,7 +738,8 @@ static int64_t build(nfa *a, rp *p, int32_t r, uint32_t from)
             int64_t t = nfa_state(a, p);
             if (t < 0) return -1;
             int64_t e = build(a, p, x->first, (uint32_t)cur);
-            if (e < 0 || !nfa_eps(a, p, (uint32_t)e, (uint32_t)t) || !nfa_eps(a, p, (uint32_t)cur, (uint32_t)t))
+            if (e < 0 || !nfa_eps(a, p, (uint32_t)e, (uint32_t)t) ||
+                !nfa_eps(a, p, (uint32_t)cur, (uint32_t)t))
                 return -1;
             cur = t;
         }
@@ -702,8 +764,10 @@ static bool nfa_csr(nfa *a)
     a->eto = base_alloc((a->n_eps ? a->n_eps : 1) * sizeof *a->eto);
     a->etag = base_alloc(a->n_eps ? a->n_eps : 1);
     if (!a->eoff || !a->eto || !a->etag) return false;
-    for (size_t e = 0; e < a->n_eps; e++) a->eoff[a->eps[e * 3] + 1]++;
-    for (size_t s = 0; s < a->n; s++) a->eoff[s + 1] += a->eoff[s];
+    for (size_t e = 0; e < a->n_eps; e++)
+        a->eoff[a->eps[e * 3] + 1]++;
+    for (size_t s = 0; s < a->n; s++)
+        a->eoff[s + 1] += a->eoff[s];
     uint32_t *fill = base_alloc(((size_t)a->n + 1) * sizeof *fill);
     if (!fill) return false;
     memcpy(fill, a->eoff, ((size_t)a->n + 1) * sizeof *fill);
@@ -730,7 +794,8 @@ typedef struct subset {
 static uint64_t set_hash(const uint32_t *v, size_t k)
 {
     uint64_t h = 1469598103934665603ull ^ k;
-    for (size_t i = 0; i < k; i++) h = (h ^ v[i]) * 1099511628211ull;
+    for (size_t i = 0; i < k; i++)
+        h = (h ^ v[i]) * 1099511628211ull;
     return h;
 }
 
@@ -742,7 +807,8 @@ static bool subset_rehash(subset *ss)
     for (size_t i = 0; i < ss->n; i++) {
         uint64_t x = set_hash(ss->pool + ss->off[i], ss->off[i + 1] - ss->off[i]);
         size_t at = (size_t)(x % nc);
-        while (h[at]) at = (at + 1) % nc;
+        while (h[at])
+            at = (at + 1) % nc;
         h[at] = (uint32_t)i + 1;
     }
     base_free(ss->hash, ss->cap_hash * sizeof *ss->hash);
@@ -805,8 +871,8 @@ static int req_cross(int req, bool wb, bool prev_word)
  * (the closure with $ edges too, the end being no word character). The
  * mark makes a set's identity carry its acceptance. Returns the items
  * visited (the work). */
-static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin, bool bol,
-                        bool prev_word, uint32_t acc_mark)
+static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin,
+                        bool bol, bool prev_word, uint32_t acc_mark)
 {
     c->gen++;
     uint32_t m0 = c->gen * 2, m1 = m0 + 1; /* the marks of the two phases */
@@ -823,7 +889,8 @@ static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t 
             /* for acceptance only: what the noted $ edges reach (the rest
              * was seen in phase 0) */
             if (acc || !n_pend) break;
-            for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = m1;
+            for (size_t i = 0; i < n_seen; i++)
+                c->mark[c->seen[i]] = m1;
             for (size_t i = 0; i < n_pend; i++)
                 if (c->mark[c->pend[i]] != m1) {
                     c->mark[c->pend[i]] = m1;
@@ -858,7 +925,8 @@ static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t 
                     r = req_cross(req, a->etag[e] == EPS_WB, prev_word);
                     if (r < 0) continue;
                     break;
-                default: break;
+                default:
+                    break;
                 }
                 uint32_t t = a->eto[e] * 3 + (uint32_t)r;
                 if (c->mark[t] != mk) {
@@ -897,7 +965,8 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         bnd[n_bnd++] = p->cs[i * 2];
         if (p->cs[i * 2 + 1] + 1 < RX_CP_END) bnd[n_bnd++] = p->cs[i * 2 + 1] + 1;
     }
-    for (size_t i = 0; a->has_wb && i < 4; i++) bnd[n_bnd++] = SET_W[i * 2], bnd[n_bnd++] = SET_W[i * 2 + 1] + 1;
+    for (size_t i = 0; a->has_wb && i < 4; i++)
+        bnd[n_bnd++] = SET_W[i * 2], bnd[n_bnd++] = SET_W[i * 2 + 1] + 1;
     qsort(bnd, n_bnd, sizeof *bnd, cmp_u32);
     size_t m = 0;
     for (size_t i = 0; i < n_bnd; i++)
@@ -908,8 +977,10 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         uint32_t lo = p->cs[i * 2], hi = p->cs[i * 2 + 1];
         uint32_t *k1 = bsearch(&lo, bnd, n_bnd, sizeof *bnd, cmp_u32);
         uint32_t e = 0, x = hi + 1;
-        if (x < RX_CP_END) e = (uint32_t)((uint32_t *)bsearch(&x, bnd, n_bnd, sizeof *bnd, cmp_u32) - bnd);
-        else e = (uint32_t)n_bnd;
+        if (x < RX_CP_END)
+            e = (uint32_t)((uint32_t *)bsearch(&x, bnd, n_bnd, sizeof *bnd, cmp_u32) - bnd);
+        else
+            e = (uint32_t)n_bnd;
         er[i * 2] = (uint32_t)(k1 - bnd);
         er[i * 2 + 1] = e; /* exclusive */
     }
@@ -917,7 +988,8 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     isword = base_alloc(n_bnd);
     for (size_t k = 0; isword && k < n_bnd; k++) {
         isword[k] = 0;
-        for (size_t i = 0; i < 4; i++) isword[k] |= bnd[k] >= SET_W[i * 2] && bnd[k] <= SET_W[i * 2 + 1];
+        for (size_t i = 0; i < 4; i++)
+            isword[k] |= bnd[k] >= SET_W[i * 2] && bnd[k] <= SET_W[i * 2 + 1];
     }
     size_t n_items = (size_t)a->n * 3, acc_mark = n_items;
     cnt = base_alloc((n_bnd + 1) * sizeof *cnt);
@@ -950,17 +1022,21 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
                 if (it == acc_mark || a->set[s] < 0) continue; /* the acceptance mark, or no edge */
                 const rnode *x = &p->nd[a->set[s]];
                 for (uint32_t j = 0; j < x->cs_n; j++)
-                    for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
+                    for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1];
+                         k++) {
                         if (req != REQ_ANY && (req == REQ_WORD) != (bool)isword[k]) continue;
-                        if (pass == 0) cnt[k + 1]++, n_pairs++;
-                        else tg[cnt[k]++] = a->to[s] * 3 + REQ_ANY;
+                        if (pass == 0)
+                            cnt[k + 1]++, n_pairs++;
+                        else
+                            tg[cnt[k]++] = a->to[s] * 3 + REQ_ANY;
                     }
             }
             if (pass == 0) {
                 work += n_pairs + nc;
                 if (work > SUBSET_WORK) goto too_big;
                 if (!rx_grow(&tg, &cap_tg, n_pairs + 1, sizeof *tg)) goto fail;
-                for (size_t k = 0; k < nc; k++) cnt[k + 1] += cnt[k];
+                for (size_t k = 0; k < nc; k++)
+                    cnt[k + 1] += cnt[k];
             }
         }
         /* now bucket k is tg[k ? cnt[k - 1] : 0 .. cnt[k]) */
@@ -980,12 +1056,14 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
                     memcmp(tg + memo_at[j], tg + i, nk * sizeof *tg) == 0)
                     id = memo_id[j];
             if (id < 0) {
-                work += eps_close(a, &c, tg + i, nk, fin, false, isword[k], (uint32_t)acc_mark) + c.n_out;
+                work += eps_close(a, &c, tg + i, nk, fin, false, isword[k], (uint32_t)acc_mark) +
+                        c.n_out;
                 if (work > SUBSET_WORK) goto too_big;
                 id = subset_get(&ss, c.out, c.n_out, &added);
                 if (id == -1) goto fail;
                 if (id == -2) goto too_big;
-                memo_at[next_memo] = i, memo_n[next_memo] = nk, memo_id[next_memo] = id, memo_k[next_memo] = k;
+                memo_at[next_memo] = i, memo_n[next_memo] = nk, memo_id[next_memo] = id,
+                memo_k[next_memo] = k;
                 next_memo = (next_memo + 1) % N_MEMO;
                 if (n_memo < N_MEMO) n_memo++;
             }
@@ -994,7 +1072,8 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     }
     d = rx_dfa_new((uint32_t)n_bnd, (uint32_t)nc, (uint32_t)ss.n);
     if (!d) goto fail;
-    for (size_t i = 0; i < n_bnd; i++) d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
+    for (size_t i = 0; i < n_bnd; i++)
+        d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
     memcpy(d->next, table, ss.n * nc * sizeof *table);
     for (size_t q = 0; q < ss.n; q++)
         for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++)
@@ -1006,7 +1085,8 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     d = NULL;
     goto done;
 too_big:
-    st = base_err(p->err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", p->what, RX_MAX_STATES);
+    st = base_err(p->err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", p->what,
+                  RX_MAX_STATES);
     goto done;
 fail:
     st = base_err(p->err, KEEL_ENOMEM, "%s: out of memory", p->what);
@@ -1046,8 +1126,10 @@ keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, cha
         int64_t fin = s0 >= 0 ? build(&a, &p, root, (uint32_t)s0) : -1;
         st = p.st;
         if (!st && fin >= 0) {
-            if (!nfa_csr(&a)) st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);
-            else st = determinize(&p, &a, (uint32_t)s0, (uint32_t)fin, out);
+            if (!nfa_csr(&a))
+                st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);
+            else
+                st = determinize(&p, &a, (uint32_t)s0, (uint32_t)fin, out);
         }
     }
     if (!st && !*out) st = base_err(err, KEEL_EINTERNAL, "%s: no automaton", what);
@@ -1057,4 +1139,3 @@ keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, cha
     base_free(p.tmp, p.cap_tmp * sizeof *p.tmp);
     return st;
 }
-

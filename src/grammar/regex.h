@@ -37,15 +37,15 @@
 #include "../base/base.h"
 
 #define RX_MAX_STATES 4096u
-#define RX_MAX_RAW 16384u
-#define RX_MAX_NFA 200000u
+#define RX_MAX_RAW    16384u
+#define RX_MAX_NFA    200000u
 #define RX_MAX_REPEAT 1000
-#define RX_MAX_NEST 128
-#define RX_MAX_CELLS (1u << 23) /* states * classes of one table */
-#define RX_CP_END 0x110000u
+#define RX_MAX_NEST   128
+#define RX_MAX_CELLS  (1u << 23) /* states * classes of one table */
+#define RX_CP_END     0x110000u
 
 typedef struct rx_dfa {
-    uint32_t *iv_lo; /* [n_iv] */
+    uint32_t *iv_lo;  /* [n_iv] */
     uint32_t *iv_cls; /* [n_iv] */
     uint32_t n_iv;
     uint32_t n_cls;

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUR_LO 0xD800u
+#define SUR_LO  0xD800u
 #define SUR_END 0xE000u
 
 /* ---- growable arrays ------------------------------------------------------ */
@@ -26,7 +26,8 @@ bool rx_grow(void *pp, size_t *cap, size_t need, size_t elsz)
     void **p = pp;
     if (need <= *cap) return true;
     size_t nc = *cap ? *cap : 16;
-    while (nc < need) nc *= 2;
+    while (nc < need)
+        nc *= 2;
     void *q = base_realloc(*p, *cap * elsz, nc * elsz);
     if (!q) return false;
     *p = q;
@@ -54,10 +55,14 @@ int32_t rx_utf8_next(const unsigned char *s, size_t n, size_t *i)
         *i = k + 1;
         return (int32_t)c;
     }
-    if (c >= 0xC2 && c <= 0xDF) need = 1, c &= 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) need = 2, c &= 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) need = 3, c &= 0x07, min = 0x10000;
-    else return -1;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 1, c &= 0x1F, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF)
+        need = 2, c &= 0x0F, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4)
+        need = 3, c &= 0x07, min = 0x10000;
+    else
+        return -1;
     if (n - k <= need) return -1;
     for (uint32_t j = 1; j <= need; j++) {
         uint32_t b = s[k + j];
@@ -106,8 +111,10 @@ static uint32_t class_of(const rx_dfa *d, uint32_t cp)
     uint32_t lo = 0, hi = d->n_iv; /* the last interval with iv_lo <= cp */
     while (hi - lo > 1) {
         uint32_t mid = (lo + hi) / 2;
-        if (d->iv_lo[mid] <= cp) lo = mid;
-        else hi = mid;
+        if (d->iv_lo[mid] <= cp)
+            lo = mid;
+        else
+            hi = mid;
     }
     return d->iv_cls[lo];
 }
@@ -127,7 +134,8 @@ keel_status rx_live(const rx_dfa *d, uint8_t *live)
 {
     size_t n = d->n_states, nc = d->n_cls, ne = n * nc;
     memset(live, 0, n);
-    for (size_t s = 1; s < n; s++) live[s] = d->acc[s];
+    for (size_t s = 1; s < n; s++)
+        live[s] = d->acc[s];
     /* reverse breadth-first search from the accepting states over the
      * reversed edges (CSR by target) */
     uint32_t *off = base_calloc(n + 1, sizeof *off);
@@ -136,10 +144,14 @@ keel_status rx_live(const rx_dfa *d, uint8_t *live)
     keel_status st = KEEL_ENOMEM;
     if (!off || !src || !queue) goto out;
     st = KEEL_OK;
-    for (size_t e = 0; e < ne; e++) off[d->next[e] + 1]++;
-    for (size_t s = 0; s < n; s++) off[s + 1] += off[s];
-    for (size_t e = 0; e < ne; e++) src[off[d->next[e]]++] = (uint32_t)(e / nc);
-    for (size_t s = n; s-- > 0;) off[s + 1] = off[s];
+    for (size_t e = 0; e < ne; e++)
+        off[d->next[e] + 1]++;
+    for (size_t s = 0; s < n; s++)
+        off[s + 1] += off[s];
+    for (size_t e = 0; e < ne; e++)
+        src[off[d->next[e]]++] = (uint32_t)(e / nc);
+    for (size_t s = n; s-- > 0;)
+        off[s + 1] = off[s];
     off[0] = 0;
     size_t qh = 0, qt = 0;
     for (size_t s = 1; s < n; s++)
@@ -173,7 +185,8 @@ keel_status rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx)
     if (!live || !dist || !lng || !queue || !indeg) goto done;
     st = rx_live(d, live);
     if (st || !live[d->start]) goto done;
-    for (size_t s = 0; s < n; s++) dist[s] = -1, lng[s] = -1;
+    for (size_t s = 0; s < n; s++)
+        dist[s] = -1, lng[s] = -1;
     size_t qh = 0, qt = 0;
     dist[d->start] = 0;
     queue[qt++] = d->start;
@@ -215,7 +228,8 @@ keel_status rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx)
         }
     }
     size_t reach = 0;
-    for (size_t s = 0; s < n; s++) reach += live[s] && dist[s] >= 0;
+    for (size_t s = 0; s < n; s++)
+        reach += live[s] && dist[s] >= 0;
     *mx = done_n == reach ? best : -1;
 done:
     base_free(live, n);
@@ -242,11 +256,13 @@ static keel_status compress_classes(rx_dfa *d)
         base_free(hash, nc * 2 * sizeof *hash);
         return KEEL_ENOMEM;
     }
-    for (size_t i = 0; i < nc * 2; i++) hash[i] = UINT32_MAX;
+    for (size_t i = 0; i < nc * 2; i++)
+        hash[i] = UINT32_MAX;
     uint32_t m = 0;
     for (size_t c = 0; c < nc; c++) {
         uint64_t h = 1469598103934665603ull;
-        for (size_t s = 0; s < n; s++) h = (h ^ d->next[s * nc + c]) * 1099511628211ull;
+        for (size_t s = 0; s < n; s++)
+            h = (h ^ d->next[s * nc + c]) * 1099511628211ull;
         size_t at = (size_t)(h % (nc * 2));
         for (;; at = (at + 1) % (nc * 2)) {
             if (hash[at] == UINT32_MAX) {
@@ -257,7 +273,8 @@ static keel_status compress_classes(rx_dfa *d)
             }
             size_t o = hash[at];
             size_t s = 0;
-            while (s < n && d->next[s * nc + o] == d->next[s * nc + c]) s++;
+            while (s < n && d->next[s * nc + o] == d->next[s * nc + c])
+                s++;
             if (s == n) {
                 map[c] = map[o];
                 break;
@@ -272,7 +289,8 @@ static keel_status compress_classes(rx_dfa *d)
             goto out;
         }
         for (size_t s = 0; s < n; s++)
-            for (size_t c = 0; c < m; c++) nx[s * m + c] = d->next[s * nc + rep[c]];
+            for (size_t c = 0; c < m; c++)
+                nx[s * m + c] = d->next[s * nc + rep[c]];
         base_free(d->next, n * nc * sizeof *d->next);
         d->next = nx;
         d->n_cls = m;
@@ -348,7 +366,8 @@ static keel_status prune(rx_dfa *d)
     if (!live || !blk || !queue) goto out;
     st = rx_live(d, live);
     if (st) goto out;
-    for (size_t s = 0; s < n; s++) blk[s] = UINT32_MAX;
+    for (size_t s = 0; s < n; s++)
+        blk[s] = UINT32_MAX;
     blk[0] = 0;
     uint32_t nb = 1, qh = 0, qt = 0;
     if (live[d->start]) {
@@ -382,7 +401,7 @@ static keel_status minimize(rx_dfa *d)
 {
     size_t n = d->n_states, k = d->n_cls, nk = n * k;
     keel_status st = KEEL_ENOMEM;
-    uint32_t *ioff = base_calloc(nk + 1, sizeof *ioff);    /* reversed edges by (class, target) */
+    uint32_t *ioff = base_calloc(nk + 1, sizeof *ioff); /* reversed edges by (class, target) */
     uint32_t *isrc = base_alloc((nk ? nk : 1) * sizeof *isrc);
     uint32_t *elem = base_alloc(n * sizeof *elem), *loc = base_alloc(n * sizeof *loc);
     uint32_t *blk = base_alloc(n * sizeof *blk);
@@ -391,14 +410,20 @@ static keel_status minimize(rx_dfa *d)
     uint32_t *acopy = base_alloc(n * sizeof *acopy);
     uint8_t *inwl = base_calloc(nk ? nk : 1, 1); /* (block, class) is waiting */
     uint64_t *wl = base_alloc((nk ? nk : 1) * sizeof *wl);
-    if (!ioff || !isrc || !elem || !loc || !blk || !bfirst || !bend || !bmark || !touched || !acopy || !inwl || !wl) goto out;
+    if (!ioff || !isrc || !elem || !loc || !blk || !bfirst || !bend || !bmark || !touched ||
+        !acopy || !inwl || !wl)
+        goto out;
     st = KEEL_OK;
     for (size_t s = 0; s < n; s++)
-        for (size_t c = 0; c < k; c++) ioff[c * n + d->next[s * k + c] + 1]++;
-    for (size_t i = 0; i < nk; i++) ioff[i + 1] += ioff[i];
+        for (size_t c = 0; c < k; c++)
+            ioff[c * n + d->next[s * k + c] + 1]++;
+    for (size_t i = 0; i < nk; i++)
+        ioff[i + 1] += ioff[i];
     for (size_t s = 0; s < n; s++)
-        for (size_t c = 0; c < k; c++) isrc[ioff[c * n + d->next[s * k + c]]++] = (uint32_t)s;
-    for (size_t i = nk; i-- > 0;) ioff[i + 1] = ioff[i];
+        for (size_t c = 0; c < k; c++)
+            isrc[ioff[c * n + d->next[s * k + c]]++] = (uint32_t)s;
+    for (size_t i = nk; i-- > 0;)
+        ioff[i + 1] = ioff[i];
     ioff[0] = 0;
     /* blocks 0: rejecting, 1: accepting (when both are there) */
     uint32_t nb = 0, e = 0;
@@ -455,7 +480,8 @@ static keel_status minimize(rx_dfa *d)
             bfirst[nbk] = bfirst[b];
             bend[nbk] = bfirst[b] + m;
             bfirst[b] += m;
-            for (uint32_t j = bfirst[nbk]; j < bend[nbk]; j++) blk[elem[j]] = nbk;
+            for (uint32_t j = bfirst[nbk]; j < bend[nbk]; j++)
+                blk[elem[j]] = nbk;
             uint32_t small = bend[nbk] - bfirst[nbk] <= bend[b] - bfirst[b] ? nbk : b;
             for (size_t cc = 0; cc < k; cc++) {
                 uint32_t add = inwl[(size_t)b * k + cc] ? nbk : small;
@@ -470,8 +496,10 @@ static keel_status minimize(rx_dfa *d)
         /* renumber so that the dead state's block is 0 */
         uint32_t b0 = blk[0];
         for (size_t s = 0; s < n; s++) {
-            if (blk[s] == b0) blk[s] = 0;
-            else if (blk[s] == 0) blk[s] = b0;
+            if (blk[s] == b0)
+                blk[s] = 0;
+            else if (blk[s] == 0)
+                blk[s] = b0;
         }
         st = quotient(d, blk, nb);
     }
@@ -512,7 +540,8 @@ keel_status rx_length(int64_t mn, int64_t mx, rx_dfa **out, char *err)
     *out = NULL;
     int64_t top = mx >= 0 ? mx : mn;
     if (mn < 0 || top > (int64_t)RX_MAX_RAW - 2)
-        return base_err(err, KEEL_ERANGE, "string lengths above %u are not supported with a pattern or format",
+        return base_err(err, KEEL_ERANGE,
+                        "string lengths above %u are not supported with a pattern or format",
                         RX_MAX_RAW - 2);
     /* states 1 + c for c code points read so far; classes 0 (a character)
      * and 1 (a surrogate) */
@@ -564,7 +593,8 @@ keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa *
     for (size_t i = 0; i < nb; i++)
         if (!m || bnd[i] != bnd[m - 1]) bnd[m++] = bnd[i];
     nb = m;
-    if (!rx_grow(&next, &cap_next, 2 * nb, sizeof *next) || !rx_grow(&acc, &cap_acc, 2, 1)) goto fail;
+    if (!rx_grow(&next, &cap_next, 2 * nb, sizeof *next) || !rx_grow(&acc, &cap_acc, 2, 1))
+        goto fail;
     memset(next, 0, 2 * nb * sizeof *next);
     acc[0] = acc[1] = 0;
     for (size_t i = 0; i < k; i++) {
@@ -580,7 +610,9 @@ keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa *
             size_t col = (size_t)((uint32_t *)bsearch(&cc, bnd, nb, sizeof *bnd, cmp_u32) - bnd);
             if (!next[q * nb + col]) {
                 if (n_states >= RX_MAX_RAW) {
-                    st = base_err(err, KEEL_ERANGE, "the list of excluded strings is too complex (more than %u automaton states)",
+                    st = base_err(err, KEEL_ERANGE,
+                                  "the list of excluded strings is too complex (more than %u "
+                                  "automaton states)",
                                   RX_MAX_RAW);
                     goto out;
                 }
@@ -601,7 +633,8 @@ keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa *
     }
     d = rx_dfa_new((uint32_t)nb, (uint32_t)nb, (uint32_t)n_states);
     if (!d) goto fail;
-    for (size_t i = 0; i < nb; i++) d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
+    for (size_t i = 0; i < nb; i++)
+        d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
     memcpy(d->next, next, n_states * nb * sizeof *next);
     memcpy(d->acc, acc, n_states);
     d->start = 1;
@@ -624,7 +657,8 @@ out:
 
 static uint32_t cls_at(const rx_dfa *d, size_t *i, uint32_t lo)
 {
-    while (*i + 1 < d->n_iv && d->iv_lo[*i + 1] <= lo) (*i)++;
+    while (*i + 1 < d->n_iv && d->iv_lo[*i + 1] <= lo)
+        (*i)++;
     return d->iv_cls[*i];
 }
 
@@ -656,7 +690,8 @@ static int64_t pmap_get(pmap *m, uint64_t k)
         if (!h) return -1;
         for (size_t s = 0; s < m->n; s++) {
             size_t at = pmap_slot(m->pair[s], nh);
-            while (h[at]) at = (at + 1) % nh;
+            while (h[at])
+                at = (at + 1) % nh;
             h[at] = (uint32_t)s + 1;
         }
         base_free(m->hash, m->cap_hash * sizeof *m->hash);
@@ -693,7 +728,8 @@ keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, c
     pk = base_alloc(cap_lo * sizeof *pk);
     if (!lo || !ivc || !key || !pk) goto fail;
     for (size_t i = 0, j = 0; i < a->n_iv || j < b->n_iv;) {
-        uint32_t x = i < a->n_iv ? a->iv_lo[i] : RX_CP_END, y = j < b->n_iv ? b->iv_lo[j] : RX_CP_END;
+        uint32_t x = i < a->n_iv ? a->iv_lo[i] : RX_CP_END,
+                 y = j < b->n_iv ? b->iv_lo[j] : RX_CP_END;
         uint32_t v = x < y ? x : y;
         if (x == v) i++;
         if (y == v) j++;
@@ -719,7 +755,9 @@ keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, c
     }
     for (size_t q = 0; q < pm.n; q++) {
         if ((q + 1) * nc > RX_MAX_CELLS) goto too_big;
-        if (!rx_grow(&table, &cap_table, (q + 1) * nc, sizeof *table) || !rx_grow(&acc, &cap_acc, q + 1, 1)) goto fail;
+        if (!rx_grow(&table, &cap_table, (q + 1) * nc, sizeof *table) ||
+            !rx_grow(&acc, &cap_acc, q + 1, 1))
+            goto fail;
         uint32_t sa = (uint32_t)(pm.pair[q] >> 32), sb = (uint32_t)pm.pair[q];
         bool xa = a->acc[sa], xb = b->acc[sb];
         acc[q] = op == RX_AND ? xa && xb : op == RX_OR ? xa || xb : xa && !xb;
@@ -749,7 +787,8 @@ keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, c
     }
     goto out;
 too_big:
-    st = base_err(err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", what, RX_MAX_STATES);
+    st = base_err(err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", what,
+                  RX_MAX_STATES);
     goto out;
 fail:
     st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);
