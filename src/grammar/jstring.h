@@ -31,17 +31,17 @@
 #define JSTR_MAX_ITEMS 16
 
 typedef struct jstr_spec {
-    int64_t min_len;                     /* code points; 0: none */
-    int64_t max_len;                     /* -1: none */
-    const char *pattern[JSTR_MAX_ITEMS]; /* each must match */
+    int64_t min_len;                          /* code points; 0: none */
+    int64_t max_len;                          /* -1: none */
+    const char *pattern[JSTR_MAX_ITEMS];      /* each must match */
     int n_pattern;
-    const char *not_pattern[JSTR_MAX_ITEMS]; /* none may match */
+    const char *not_pattern[JSTR_MAX_ITEMS];  /* none may match */
     int n_not_pattern;
-    const char *format[JSTR_MAX_ITEMS]; /* each must hold ("date", "uuid", ...) */
+    const char *format[JSTR_MAX_ITEMS];       /* each must hold ("date", "uuid", ...) */
     int n_format;
-    const char *not_format[JSTR_MAX_ITEMS]; /* none may hold */
+    const char *not_format[JSTR_MAX_ITEMS];   /* none may hold */
     int n_not_format;
-    const char *const *except; /* contents excluded (UTF-8, decoded) */
+    const char *const *except;                /* contents excluded (UTF-8, decoded) */
     const size_t *except_len;
     size_t n_except;
 } jstr_spec;
@@ -51,8 +51,7 @@ typedef struct jstr_spec {
  * `name`-<suffix>; *out is base_alloc'd text of *n_out + 1 bytes
  * (NUL-terminated). *empty is set when no string satisfies s (then *out
  * is NULL and the caller drops the alternative). */
-keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *n_out, bool *empty,
-                      char *err);
+keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *n_out, bool *empty, char *err);
 
 /* Whether the content (UTF-8, decoded, n bytes) satisfies s. */
 keel_status jstr_test(const jstr_spec *s, const char *content, size_t n, bool *ok, char *err);
