@@ -393,6 +393,11 @@ static void test_spec(void **state)
     assert_false(gram_accepts(g, "\"abcd\"", 6));
     assert_true(spec_test(&l, "\xf0\x9f\x98\x80\xf0\x9f\x98\x80", 8)); /* code points, not bytes */
     assert_false(spec_test(&l, "a", 1));
+    /* an escaped surrogate pair is one code point; a lone surrogate none */
+    assert_false(gram_accepts(g, "\"\\ud83d\\ude00\"", 14));
+    assert_true(gram_accepts(g, "\"\\uD83D\\uDE00a\"", 15));
+    assert_false(gram_accepts(g, "\"\\ud83da\"", 9));
+    assert_true(gram_accepts(g, "\"\\ud7ffa\"", 9));
     gram_free(g);
     /* a pattern with lengths */
     jstr_spec p = {.min_len = 2, .max_len = 4, .pattern = {"^[a-z]+$"}, .n_pattern = 1};

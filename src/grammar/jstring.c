@@ -621,12 +621,16 @@ keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *
     st = content_dfa(s, &d, err);
     if (st) return st;
     if (!d) {
-        /* the content is free: any JSON spelling, lengths as counts */
+        /* the content is free: any JSON spelling, lengths as counts of
+         * code points, so a character outside the BMP written as an
+         * escaped surrogate pair is one (a lone surrogate escape is no
+         * character and is not accepted) */
         oputf(&b, "%s ::= \"\\\"\" %s-c{%lld,", name, name, (long long)s->min_len);
         if (s->max_len >= 0) oputf(&b, "%lld", (long long)s->max_len);
         oputf(&b,
               "} \"\\\"\"\n%s-c ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" "
-              "[0-9a-fA-F]{4} )\n",
+              "( [0-9a-ce-fA-CE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} "
+              "\"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2} ) )\n",
               name);
         if (b.st) st = base_err(err, b.st, "string constraints: out of memory");
         goto out;
