@@ -21,11 +21,20 @@
 
 #define GM_SYM_CLOSURE 256u
 
+/* A segment's walk result (see "segment masks"). */
+typedef struct gm_seg {
+    uint32_t acc;   /* mask index of the tokens accepted inside the segment */
+    uint32_t e_off; /* into epool: [257] offsets by byte, [256] their subtrees' nodes, n_esc children, n_end ends */
+    uint32_t n_esc, n_end;
+    bool poor;      /* too many escapes to be worth composing from (nothing else kept) */
+} gm_seg;
+
 struct gram_matcher {
     const gram *g;
     const gram_vocab *v;
     gram_limits lim;
-    uint32_t *npos, *npar, *mark, *smark, *mslot; /* [cap_nodes]; mark: closures, smark: steps */
+    uint32_t *npos, *npar, *mark, *smark, *mslot, *sslot; /* [cap_nodes]; mark: closures, smark: steps */
+    uint32_t unode; /* the unknown bottom of a segment (npos UINT32_MAX): a pop onto it is an escape */
     uint32_t n_nodes, cap_nodes;
     uint32_t *nhash; /* node id + 1 */
     uint32_t nhash_cap;
@@ -54,7 +63,17 @@ struct gram_matcher {
     uint32_t *lvl;  /* trie walk: the state of each depth, stacked */
     size_t cap_lvl;
     uint32_t *lvl_off, *lvl_n; /* [max_len + 1] */
-    int64_t hits, misses;
+    /* segments (see "segment masks" below): records, their escape lists */
+    gm_seg *segs;
+    uint32_t n_segs, cap_segs;
+    uint32_t *epool; /* the records' escape lists (gm_seg.e_off) */
+    size_t n_epool, cap_epool;
+    uint32_t *esc, *eend; /* walk scratch: escape children and ends */
+    size_t n_esc, cap_esc, n_eend, cap_eend;
+    uint64_t *mbuf2; /* [n_words] a stack's mask being composed */
+    uint32_t *chain; /* [cap_chain] a stack's nodes, top first */
+    size_t cap_chain;
+    int64_t hits, misses, composed, seg_walks;
     uint64_t miss_ns;
     char err[BASE_ERR_CAP];
 };
@@ -67,6 +86,7 @@ gram_limits gram_limits_default(void)
         .max_closure = 1u << 16,
         .max_memo_ids = (size_t)1 << 25,
         .max_mask_bytes = (size_t)64 << 20,
+        .seg_max_cost = 32768,
     };
     return l;
 }
@@ -95,16 +115,16 @@ static keel_status node_grow(gram_matcher *m)
 {
     uint32_t nc = m->cap_nodes ? m->cap_nodes * 2 : 1024, hc = nc * 2; /* the hash at <= 50% load */
     size_t ob = (size_t)m->cap_nodes * sizeof(uint32_t), nb = (size_t)nc * sizeof(uint32_t);
-    uint32_t **arr[5] = {&m->npos, &m->npar, &m->mark, &m->smark, &m->mslot}, *na[5] = {NULL};
+    uint32_t **arr[6] = {&m->npos, &m->npar, &m->mark, &m->smark, &m->mslot, &m->sslot}, *na[6] = {NULL};
     uint32_t *h = base_calloc(hc, sizeof *h);
     bool ok = h != NULL;
-    for (int i = 0; i < 5; i++) ok &= (na[i] = base_calloc(nc, sizeof(uint32_t))) != NULL;
+    for (int i = 0; i < 6; i++) ok &= (na[i] = base_calloc(nc, sizeof(uint32_t))) != NULL;
     if (!ok) { /* all or nothing: the old tables stay */
-        for (int i = 0; i < 5; i++) base_free(na[i], nb);
+        for (int i = 0; i < 6; i++) base_free(na[i], nb);
         base_free(h, (size_t)hc * sizeof *h);
         return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for parser stacks");
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (ob) memcpy(na[i], *arr[i], ob);
         base_free(*arr[i], ob);
         *arr[i] = na[i];
@@ -146,6 +166,7 @@ static keel_status mk(gram_matcher *m, uint32_t pos, uint32_t parent, uint32_t *
     m->mark[i] = 0;
     m->smark[i] = 0;
     m->mslot[i] = 0;
+    m->sslot[i] = 0;
     m->nhash[k] = i + 1;
     *out = i;
     return KEEL_OK;
@@ -241,8 +262,8 @@ static keel_status closure_run(gram_matcher *m, size_t n_wl, uint32_t *off, uint
         uint32_t emit = UINT32_MAX;
         uint32_t push[1] = {0};
         int n_push = 0;
-        if (n == 0) {
-            emit = 0;
+        if (n == 0 || n == m->unode) {
+            emit = n;
         } else {
             uint32_t p = m->npos[n];
             gram_el e = g->el[p];
@@ -315,7 +336,7 @@ static keel_status step(gram_matcher *m, const uint32_t *src, uint32_t n, uint8_
 {
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (src[i] == 0) continue;
+        if (src[i] == 0 || src[i] == m->unode) continue;
         uint32_t off, cnt;
         keel_status st = advance(m, src[i], b, &off, &cnt);
         if (st) return st;
@@ -354,6 +375,7 @@ void gram_matcher_close(gram_matcher *m)
     base_free(m->mark, nb);
     base_free(m->smark, nb);
     base_free(m->mslot, nb);
+    base_free(m->sslot, nb);
     base_free(m->nhash, (size_t)m->nhash_cap * sizeof(uint32_t));
     base_free(m->mkey, (size_t)m->mcap * sizeof *m->mkey);
     base_free(m->moff, (size_t)m->mcap * sizeof(uint32_t));
@@ -367,6 +389,12 @@ void gram_matcher_close(gram_matcher *m)
     size_t nw = m->v ? (size_t)m->v->n_words : 0;
     base_free(m->masks, (size_t)m->cap_masks * nw * sizeof(uint64_t));
     base_free(m->mbuf, nw * sizeof(uint64_t));
+    base_free(m->mbuf2, nw * sizeof(uint64_t));
+    base_free(m->segs, (size_t)m->cap_segs * sizeof *m->segs);
+    base_free(m->epool, m->cap_epool * sizeof(uint32_t));
+    base_free(m->esc, m->cap_esc * sizeof(uint32_t));
+    base_free(m->eend, m->cap_eend * sizeof(uint32_t));
+    base_free(m->chain, m->cap_chain * sizeof(uint32_t));
     base_free(m->lvl, m->cap_lvl * sizeof(uint32_t));
     base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
     base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
@@ -418,9 +446,10 @@ keel_status gram_matcher_open(const gram *g, const gram_vocab *v, const gram_lim
     if (v) {
         size_t nl = (size_t)v->max_len + 1;
         m->mbuf = base_alloc((size_t)v->n_words * sizeof(uint64_t));
+        m->mbuf2 = base_alloc((size_t)v->n_words * sizeof(uint64_t));
         m->lvl_off = base_alloc(nl * sizeof(uint32_t));
         m->lvl_n = base_alloc(nl * sizeof(uint32_t));
-        if (!m->mbuf || !m->lvl_off || !m->lvl_n) {
+        if (!m->mbuf || !m->mbuf2 || !m->lvl_off || !m->lvl_n) {
             st = base_err(err, KEEL_ENOMEM, "grammar: out of memory");
             goto fail;
         }
@@ -428,6 +457,7 @@ keel_status gram_matcher_open(const gram *g, const gram_vocab *v, const gram_lim
     if ((st = node_grow(m))) goto fail_msg;
     m->n_nodes = 1; /* node 0: the empty stack */
     m->npos[0] = m->npar[0] = 0;
+    if ((st = mk(m, UINT32_MAX, 0, &m->unode))) goto fail_msg; /* never on a real stack */
     /* the start: every alternative of root over the empty stack */
     next_gen(m);
     size_t n_wl = 0;
@@ -525,17 +555,61 @@ keel_status gram_matcher_accept_token(gram_matcher *m, int32_t token)
 
 /* ---- token masks ------------------------------------------------------------------------ */
 
-/* The tokens accepted from stack n: a walk of the trie in preorder carrying
- * the state each prefix leads to, skipping a subtree whose state is empty. */
-static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *bm)
+/* Segment masks. The tokens a stack accepts are found by a walk of the
+ * vocabulary trie; a walk per distinct stack is what made bounded
+ * repetitions (char{0,20}: every position its own stack) slow. Most of a
+ * stack does not matter to most tokens: a stack n is its top j frames
+ * (the segment) over the rest P. The segment alone, with an unknown
+ * bottom (unode) in place of P, is walked once and shared by every stack
+ * that has the same top j frames (they are the same hash-consed node):
+ *   acc   the tokens accepted whatever lies below (a stack that stays
+ *         inside the segment survives the token);
+ *   ends  trie nodes where the segment can only be finished (a pop onto
+ *         unode) with the token's last byte: accepted iff the closure of
+ *         P is not empty;
+ *   esc   the children of the trie nodes where the segment can be
+ *         finished, by byte: a token through child Y of such a node is
+ *         accepted iff the rest of its bytes (from Y's byte on) is viable
+ *         from the closure of P.
+ * So mask(n) = acc | ends (if closure(P) is not empty) | for each byte b
+ * that can start P's continuation, each child Y in esc[b]: the walk of
+ * Y's subtree from step(closure(P), b). That is exactly the whole-stack
+ * walk's result (a token is accepted iff some path of the pushdown
+ * survives it; the paths either stay above P or pass through it at one of
+ * the recorded escapes). The segment is chosen per stack: the smallest j
+ * whose escapes P can continue with number at most lim.seg_max_cost;
+ * else the whole stack is walked as before. xgrammar's context-
+ * independent and context-dependent tokens are the j = 1 case; a larger j
+ * lets a repetition counter's frame (char{0,20}) stay in the key while the
+ * string's parent stays out. */
+
+#define GM_SEG_MAX_DEPTH 4    /* segments tried per stack */
+#define GM_SEG_MAX_ESC 65536u /* escapes kept per segment; beyond: poor */
+#define GM_SEG_HEAD 513       /* a record's offsets by byte [257] and subtree sizes by byte [256] */
+
+static void set_tokens(const gram_vocab *v, uint32_t node, uint64_t *bm)
+{
+    for (int32_t t = v->ttok[node]; t >= 0; t = v->tnext[t]) bm[t / 64] |= 1ull << (t % 64);
+}
+
+static bool push_u32(uint32_t **p, size_t *n, size_t *cap, uint32_t x)
+{
+    if (!grow_u32(p, cap, *n + 1)) return false;
+    (*p)[(*n)++] = x;
+    return true;
+}
+
+/* Walks the trie nodes [first, last) in preorder (a subtree or the whole
+ * trie) from the state stored for the depth above them (lvl_off / lvl_n),
+ * carrying the state each prefix leads to and skipping a subtree whose
+ * state is empty; tokens at a node with a non-empty state are set in bm.
+ * seg: a segment's walk, where unode in a state is an escape (recorded in
+ * esc / eend, removed from the state); *poor when there are more than
+ * GM_SEG_MAX_ESC (the walk stops). */
+static keel_status walk(gram_matcher *m, uint32_t first, uint32_t last, uint64_t *bm, bool seg, bool *poor)
 {
     const gram_vocab *v = m->v;
-    memset(bm, 0, (size_t)v->n_words * sizeof *bm);
-    if (!grow_u32(&m->lvl, &m->cap_lvl, 1)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
-    m->lvl[0] = n;
-    m->lvl_off[0] = 0;
-    m->lvl_n[0] = 1;
-    for (uint32_t i = 0; i < v->n_tnodes;) {
+    for (uint32_t i = first; i < last;) {
         uint32_t d = v->tdepth[i], base = m->lvl_off[d - 1], cnt = m->lvl_n[d - 1], at = base + cnt;
         /* room for the largest state this level may hold */
         if (!grow_u32(&m->lvl, &m->cap_lvl, (size_t)at + m->lim.max_set))
@@ -543,13 +617,34 @@ static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *bm)
         uint32_t k = 0;
         keel_status st = step(m, m->lvl + base, cnt, v->tbyte[i], m->lvl + at, &k, m->lim.max_set);
         if (st) return st;
+        if (seg) {
+            bool esc = false;
+            for (uint32_t q = 0; q < k; q++) {
+                if (m->lvl[at + q] != m->unode) continue;
+                m->lvl[at + q] = m->lvl[at + k - 1]; /* a state holds unode once */
+                k--;
+                esc = true;
+                break;
+            }
+            if (esc) {
+                if (k == 0 && v->ttok[i] >= 0 && !push_u32(&m->eend, &m->n_eend, &m->cap_eend, i))
+                    return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+                for (uint32_t c = i + 1; c < v->tend[i]; c = v->tend[c])
+                    if (!push_u32(&m->esc, &m->n_esc, &m->cap_esc, c))
+                        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+                if (m->n_esc + m->n_eend > GM_SEG_MAX_ESC) {
+                    *poor = true;
+                    return KEEL_OK;
+                }
+            }
+        }
         m->lvl_off[d] = at;
         m->lvl_n[d] = k;
         if (k == 0) {
             i = v->tend[i];
             continue;
         }
-        for (int32_t t = v->ttok[i]; t >= 0; t = v->tnext[t]) bm[t / 64] |= 1ull << (t % 64);
+        set_tokens(v, i, bm);
         i++;
     }
     return KEEL_OK;
@@ -558,17 +653,22 @@ static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *bm)
 static void masks_clear(gram_matcher *m)
 {
     memset(m->mslot, 0, (size_t)m->cap_nodes * sizeof *m->mslot);
+    memset(m->sslot, 0, (size_t)m->cap_nodes * sizeof *m->sslot);
     m->n_masks = 0;
+    m->n_segs = 0;
+    m->n_epool = 0;
     if (m->sc_cap) memset(m->sc_hash, 0, (size_t)m->sc_cap * sizeof *m->sc_hash);
     m->sc_used = 0;
     m->n_spool = 0;
 }
 
-/* A free mask slot (the cache is cleared when full: its pointers die). */
+/* A free mask slot (the cache, escape lists included, is cleared when
+ * full: its pointers and segment records die). */
 static keel_status mask_slot(gram_matcher *m, uint32_t *slot)
 {
     size_t nw = (size_t)m->v->n_words;
-    if ((size_t)(m->n_masks + 1) * nw * sizeof(uint64_t) > m->lim.max_mask_bytes && m->n_masks > 0) masks_clear(m);
+    size_t used = (size_t)(m->n_masks + 1) * nw * sizeof(uint64_t) + m->n_epool * sizeof(uint32_t);
+    if (used > m->lim.max_mask_bytes && (m->n_masks > 0 || m->n_epool > 0)) masks_clear(m);
     if (m->n_masks == m->cap_masks) {
         uint32_t nc = m->cap_masks ? m->cap_masks * 2 : 8;
         uint64_t *q = base_realloc(m->masks, (size_t)m->cap_masks * nw * sizeof *q, (size_t)nc * nw * sizeof *q);
@@ -580,27 +680,199 @@ static keel_status mask_slot(gram_matcher *m, uint32_t *slot)
     return KEEL_OK;
 }
 
+/* The record of segment node s (walked on first use): *idx into segs. */
+static keel_status seg_get(gram_matcher *m, uint32_t s, uint32_t *idx)
+{
+    if (m->sslot[s]) {
+        *idx = m->sslot[s] - 1;
+        return KEEL_OK;
+    }
+    size_t nw = (size_t)m->v->n_words;
+    if (m->n_segs == m->cap_segs) {
+        uint32_t nc = m->cap_segs ? m->cap_segs * 2 : 64;
+        gm_seg *q = base_realloc(m->segs, (size_t)m->cap_segs * sizeof *q, (size_t)nc * sizeof *q);
+        if (!q) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for token masks");
+        m->segs = q;
+        m->cap_segs = nc;
+    }
+    uint32_t slot;
+    keel_status st = mask_slot(m, &slot); /* may clear the cache: before anything of this record exists */
+    if (st) return st;
+    uint64_t *bm = m->masks + (size_t)slot * nw;
+    memset(bm, 0, nw * sizeof *bm);
+    m->n_esc = m->n_eend = 0;
+    if (!grow_u32(&m->lvl, &m->cap_lvl, 1)) {
+        m->n_masks--;
+        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+    }
+    m->lvl[0] = s;
+    m->lvl_off[0] = 0;
+    m->lvl_n[0] = 1;
+    bool poor = false;
+    uint64_t t0 = base_time_ns();
+    st = walk(m, 0, m->v->n_tnodes, bm, true, &poor);
+    m->miss_ns += base_time_ns() - t0;
+    m->misses++;
+    m->seg_walks++;
+    gm_seg r = {0};
+    size_t need = GM_SEG_HEAD + m->n_esc + m->n_eend;
+    if (!st && !poor && !grow_u32(&m->epool, &m->cap_epool, m->n_epool + need))
+        st = base_err(m->err, KEEL_ENOMEM, "grammar: out of memory for token masks");
+    if (st || poor) {
+        m->n_masks--; /* the slot just taken: the last one */
+        if (st) return st;
+        r.poor = true;
+    } else {
+        /* the escape children by byte (a counting sort): a stack then
+         * visits only those its continuation can take */
+        const gram_vocab *v = m->v;
+        uint32_t *e = m->epool + m->n_epool, *sz = e + 257;
+        memset(e, 0, GM_SEG_HEAD * sizeof *e);
+        for (size_t q = 0; q < m->n_esc; q++) {
+            uint32_t c = m->esc[q];
+            e[v->tbyte[c] + 1]++;
+            sz[v->tbyte[c]] += v->tend[c] - c; /* <= the trie's size: no overflow */
+        }
+        for (int b = 0; b < 256; b++) e[b + 1] += e[b];
+        for (size_t q = 0; q < m->n_esc; q++) {
+            uint32_t c = m->esc[q];
+            e[GM_SEG_HEAD + e[v->tbyte[c]]++] = c;
+        }
+        for (int b = 256; b > 0; b--) e[b] = e[b - 1]; /* the offsets again */
+        e[0] = 0;
+        if (m->n_eend) memcpy(e + GM_SEG_HEAD + m->n_esc, m->eend, m->n_eend * sizeof *e);
+        r.acc = slot;
+        r.e_off = (uint32_t)m->n_epool;
+        r.n_esc = (uint32_t)m->n_esc;
+        r.n_end = (uint32_t)m->n_eend;
+        m->n_epool += need;
+    }
+    m->segs[m->n_segs] = r;
+    m->sslot[s] = ++m->n_segs;
+    *idx = m->n_segs - 1;
+    return KEEL_OK;
+}
+
+/* The closure of raw node p (memoized): *off / *cnt in pool. */
+static keel_status closure_of(gram_matcher *m, uint32_t p, uint32_t *off, uint32_t *cnt)
+{
+    if (memo_get(m, p, GM_SYM_CLOSURE, off, cnt)) return KEEL_OK;
+    next_gen(m);
+    if (!grow_u32(&m->wl, &m->cap_wl, 1)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+    m->wl[0] = p;
+    keel_status st = closure_run(m, 1, off, cnt);
+    if (st) return st;
+    return memo_put(m, p, GM_SYM_CLOSURE, *off, *cnt);
+}
+
+/* mask(n) from segment record idx over the rest p when its escapes that
+ * p's continuation can take number at most lim.seg_max_cost (*used);
+ * else *used false and out untouched. */
+static keel_status seg_compose(gram_matcher *m, uint32_t idx, uint32_t p, uint64_t *out, bool *used)
+{
+    const gram_vocab *v = m->v;
+    const gram *g = m->g;
+    size_t nw = (size_t)v->n_words;
+    *used = false;
+    uint32_t off, cnt;
+    keel_status st = closure_of(m, p, &off, &cnt);
+    if (st) return st;
+    if (cnt > m->lim.max_set)
+        return base_err(m->err, KEEL_ERANGE, "grammar: more than %u stacks in one state (limit)", m->lim.max_set);
+    gram_set fb = {{0}}; /* the bytes p's continuation can start with */
+    for (uint32_t q = 0; q < cnt; q++) {
+        uint32_t x = m->pool[off + q];
+        if (x == 0) continue;
+        const gram_set *bs = &g->sets[GRAM_VAL(g->el[m->npos[x]])];
+        for (int w = 0; w < 4; w++) fb.w[w] |= bs->w[w];
+    }
+    const uint32_t *e = m->epool + m->segs[idx].e_off;
+    uint64_t cost = 0; /* at most the trie nodes the escapes make it walk */
+    for (int b = 0; b < 256; b++)
+        if (gram_set_has(&fb, (uint8_t)b)) cost += e[257 + b];
+    if (cost > m->lim.seg_max_cost) return KEEL_OK;
+    memcpy(out, m->masks + (size_t)m->segs[idx].acc * nw, nw * sizeof *out);
+    if (cnt > 0)
+        for (uint32_t q = 0; q < m->segs[idx].n_end; q++) set_tokens(v, e[GM_SEG_HEAD + m->segs[idx].n_esc + q], out);
+    memcpy(m->sa, m->pool + off, (size_t)cnt * sizeof *m->sa); /* the pool may move while stepping */
+    for (int b = 0; b < 256 && cnt > 0; b++) {
+        if (e[b + 1] == e[b] || !gram_set_has(&fb, (uint8_t)b)) continue;
+        uint32_t k = 0;
+        if ((st = step(m, m->sa, cnt, (uint8_t)b, m->sb, &k, m->lim.max_set))) return st;
+        if (k == 0) continue;
+        if (!grow_u32(&m->lvl, &m->cap_lvl, k)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        for (uint32_t q = e[b]; q < e[b + 1]; q++) {
+            uint32_t y = e[GM_SEG_HEAD + q], d = v->tdepth[y];
+            memcpy(m->lvl, m->sb, (size_t)k * sizeof *m->lvl);
+            m->lvl_off[d] = 0;
+            m->lvl_n[d] = k;
+            set_tokens(v, y, out);
+            if ((st = walk(m, y + 1, v->tend[y], out, false, NULL))) return st;
+        }
+    }
+    *used = true;
+    return KEEL_OK;
+}
+
+/* The tokens accepted from stack n into out: composed from the first
+ * segment that is cheap enough for it, else a walk of the whole stack. */
+static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *out)
+{
+    const gram_vocab *v = m->v;
+    keel_status st;
+    if (m->lim.seg_max_cost) {
+        size_t depth = 0;
+        for (uint32_t x = n; x != 0; x = m->npar[x]) {
+            if (!grow_u32(&m->chain, &m->cap_chain, depth + 1))
+                return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+            m->chain[depth++] = x;
+        }
+        for (size_t j = 1; j < depth && j <= GM_SEG_MAX_DEPTH; j++) {
+            uint32_t s = m->unode, idx = 0;
+            for (size_t q = j; q-- > 0;)
+                if ((st = mk(m, m->npos[m->chain[q]], s, &s))) return st;
+            if ((st = seg_get(m, s, &idx))) return st;
+            if (m->segs[idx].poor) continue;
+            bool used;
+            if ((st = seg_compose(m, idx, m->chain[j], out, &used))) return st;
+            if (used) {
+                m->composed++;
+                return KEEL_OK;
+            }
+        }
+    }
+    memset(out, 0, (size_t)v->n_words * sizeof *out);
+    if (!grow_u32(&m->lvl, &m->cap_lvl, 1)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+    m->lvl[0] = n;
+    m->lvl_off[0] = 0;
+    m->lvl_n[0] = 1;
+    uint64_t t0 = base_time_ns();
+    st = walk(m, 0, v->n_tnodes, out, false, NULL);
+    m->miss_ns += base_time_ns() - t0;
+    m->misses++;
+    return st;
+}
+
 /* OR of stack n's cached mask into acc (computed on a miss). */
 static keel_status mask_or(gram_matcher *m, uint32_t n, uint64_t *acc)
 {
     size_t nw = (size_t)m->v->n_words;
+    const uint64_t *bm;
     if (!m->mslot[n]) {
-        uint32_t slot;
-        keel_status st = mask_slot(m, &slot);
+        keel_status st = mask_compute(m, n, m->mbuf2);
         if (st) return st;
-        uint64_t t0 = base_time_ns();
-        st = mask_compute(m, n, m->masks + (size_t)slot * nw);
-        m->miss_ns += base_time_ns() - t0;
-        m->misses++;
-        if (st) {
-            m->n_masks--;
-            return st;
+        /* kept for the next time (a slot taken after the compose: taking
+         * it may clear the cache the compose read) */
+        uint32_t slot;
+        if (mask_slot(m, &slot) == KEEL_OK) {
+            memcpy(m->masks + (size_t)slot * nw, m->mbuf2, nw * sizeof *m->mbuf2);
+            m->mslot[n] = slot + 1;
         }
-        m->mslot[n] = slot + 1;
+        bm = m->mbuf2;
     } else {
         m->hits++;
+        bm = m->masks + (size_t)(m->mslot[n] - 1) * nw;
     }
-    const uint64_t *bm = m->masks + (size_t)(m->mslot[n] - 1) * nw;
     for (size_t i = 0; i < nw; i++) acc[i] |= bm[i];
     return KEEL_OK;
 }
@@ -733,6 +1005,8 @@ void gram_matcher_stats(const gram_matcher *m, gram_stats *out)
     out->n_set = m->n_cur;
     out->mask_hits = m->hits;
     out->mask_misses = m->misses;
+    out->seg_walks = m->seg_walks;
+    out->mask_composed = m->composed;
     out->miss_ns = m->miss_ns;
     out->mask_bytes = (size_t)m->n_masks * (m->v ? (size_t)m->v->n_words * 8 : 0);
 }

@@ -144,6 +144,8 @@ typedef struct gram_limits {
     uint32_t max_closure;    /* expansion steps of one closure (1 << 16) */
     size_t max_memo_ids;     /* node ids held by the memo tables (1 << 25) */
     size_t max_mask_bytes;   /* token-mask cache; cleared when full (64 MiB) */
+    uint32_t seg_max_cost;   /* escape children a stack's mask may be composed from (4096);
+                                0: every stack walks the whole trie (tests compare the two) */
 } gram_limits;
 
 gram_limits gram_limits_default(void);
@@ -154,7 +156,9 @@ typedef struct gram_matcher gram_matcher;
 typedef struct gram_stats {
     uint32_t n_nodes;        /* stacks interned */
     uint32_t n_set;          /* stacks in the current state */
-    int64_t mask_hits, mask_misses;
+    int64_t mask_hits, mask_misses; /* misses: trie walks (a whole stack's or a segment's) */
+    int64_t seg_walks;       /* of the misses, segment walks */
+    int64_t mask_composed;   /* stack masks composed from a segment without a walk of their own */
     uint64_t miss_ns;        /* time spent walking the trie on misses */
     size_t mask_bytes;       /* cache in use */
 } gram_stats;
