@@ -21,6 +21,13 @@
 
 #define GM_SYM_CLOSURE 256u
 
+/* A walk state: an interned set of stacks (see "walk states"). */
+typedef struct gm_ws {
+    uint32_t off, cnt; /* its stacks: wspool[off .. off + cnt), sorted */
+    uint32_t nou;      /* 1 + the walk state without unode; 0: not known yet */
+    bool hasu;         /* holds unode (a segment's escape) */
+} gm_ws;
+
 /* A segment's walk result (see "segment masks"). */
 typedef struct gm_seg {
     uint32_t acc;   /* mask index of the tokens accepted inside the segment */
@@ -60,9 +67,15 @@ struct gram_matcher {
     uint32_t *spool, *sorted; /* the states' stacks; [max_set] scratch */
     size_t n_spool, cap_spool;
     uint64_t *mbuf; /* [n_words] */
-    uint32_t *lvl;  /* trie walk: the state of each depth, stacked */
-    size_t cap_lvl;
-    uint32_t *lvl_off, *lvl_n; /* [max_len + 1] */
+    uint32_t *lsid; /* [max_len + 1] trie walk: the walk state of each depth */
+    /* walk states: records, their stacks, intern hash, transitions (s << 8 | byte) + 1 -> walk state */
+    gm_ws *ws;
+    uint32_t n_ws, cap_ws;
+    uint32_t *wspool, *ws_scr; /* ws_scr: [max_set] */
+    size_t n_wspool, cap_wspool;
+    uint64_t *wsh_key, *wt_key;
+    uint32_t *wsh_id, *wt_val;
+    uint32_t wsh_cap, wt_cap, n_wt;
     /* segments (see "segment masks" below): records, their escape lists */
     gm_seg *segs;
     uint32_t n_segs, cap_segs;
@@ -395,7 +408,13 @@ void gram_matcher_close(gram_matcher *m)
     base_free(m->esc, m->cap_esc * sizeof(uint32_t));
     base_free(m->eend, m->cap_eend * sizeof(uint32_t));
     base_free(m->chain, m->cap_chain * sizeof(uint32_t));
-    base_free(m->lvl, m->cap_lvl * sizeof(uint32_t));
+    base_free(m->ws, (size_t)m->cap_ws * sizeof *m->ws);
+    base_free(m->wspool, m->cap_wspool * sizeof(uint32_t));
+    base_free(m->ws_scr, m->ws ? (size_t)m->lim.max_set * sizeof(uint32_t) : 0);
+    base_free(m->wsh_key, (size_t)m->wsh_cap * sizeof(uint64_t));
+    base_free(m->wsh_id, (size_t)m->wsh_cap * sizeof(uint32_t));
+    base_free(m->wt_key, (size_t)m->wt_cap * sizeof(uint64_t));
+    base_free(m->wt_val, (size_t)m->wt_cap * sizeof(uint32_t));
     base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
     base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
     base_free(m->sc_off, (size_t)m->sc_cap * sizeof(uint32_t));
@@ -403,8 +422,7 @@ void gram_matcher_close(gram_matcher *m)
     base_free(m->spool, m->cap_spool * sizeof(uint32_t));
     base_free(m->sorted, sb);
     size_t nl = m->v ? (size_t)m->v->max_len + 1 : 0;
-    base_free(m->lvl_off, nl * sizeof(uint32_t));
-    base_free(m->lvl_n, nl * sizeof(uint32_t));
+    base_free(m->lsid, nl * sizeof(uint32_t));
     base_free(m, sizeof *m);
 }
 
@@ -447,9 +465,8 @@ keel_status gram_matcher_open(const gram *g, const gram_vocab *v, const gram_lim
         size_t nl = (size_t)v->max_len + 1;
         m->mbuf = base_alloc((size_t)v->n_words * sizeof(uint64_t));
         m->mbuf2 = base_alloc((size_t)v->n_words * sizeof(uint64_t));
-        m->lvl_off = base_alloc(nl * sizeof(uint32_t));
-        m->lvl_n = base_alloc(nl * sizeof(uint32_t));
-        if (!m->mbuf || !m->mbuf2 || !m->lvl_off || !m->lvl_n) {
+        m->lsid = base_alloc(nl * sizeof(uint32_t));
+        if (!m->mbuf || !m->mbuf2 || !m->lsid) {
             st = base_err(err, KEEL_ENOMEM, "grammar: out of memory");
             goto fail;
         }
@@ -553,6 +570,191 @@ keel_status gram_matcher_accept_token(gram_matcher *m, int32_t token)
     return gram_matcher_accept_bytes(m, v->bytes + v->off[token], len, NULL);
 }
 
+/* ---- walk states ------------------------------------------------------------------------- */
+
+/* A walk of the trie steps a set of stacks by one byte per trie node; in
+ * a string the set holds a stack per UTF-8 alternative of a character
+ * (about ten), so stepping stack by stack costs ten memo lookups per
+ * node. The walks instead intern each set (sorted node ids) as a walk
+ * state and memoize (walk state, byte) -> walk state: one lookup per trie
+ * node. Walk state 0 is the empty set. The tables are dropped at the start
+ * of a walk once they pass GM_WS_MAX_TRANS transitions (a walk adds at most
+ * one per trie node it visits, so they stay bounded). */
+
+#define GM_WS_MAX_TRANS (1u << 21)
+
+static uint64_t ws_hash(const uint32_t *x, uint32_t n)
+{
+    return base_hash64(x, (size_t)n * sizeof *x, 0x3c6ef372fe94f82bull) | 1u;
+}
+
+static void ws_reset(gram_matcher *m)
+{
+    m->n_ws = 1; /* the empty set */
+    m->n_wspool = 0;
+    m->ws[0] = (gm_ws){0, 0, 0, false};
+    if (m->wsh_cap) memset(m->wsh_key, 0, (size_t)m->wsh_cap * sizeof *m->wsh_key);
+    if (m->wt_cap) memset(m->wt_key, 0, (size_t)m->wt_cap * sizeof *m->wt_key);
+    m->n_wt = 0;
+}
+
+/* Makes the tables ready for a walk (dropping them when large). */
+static keel_status ws_begin(gram_matcher *m)
+{
+    if (!m->cap_ws) {
+        m->cap_ws = 1024;
+        m->ws = base_alloc(m->cap_ws * sizeof *m->ws);
+        m->wsh_cap = 2048;
+        m->wsh_key = base_calloc(m->wsh_cap, sizeof *m->wsh_key);
+        m->wsh_id = base_alloc((size_t)m->wsh_cap * sizeof *m->wsh_id);
+        m->wt_cap = 4096;
+        m->wt_key = base_calloc(m->wt_cap, sizeof *m->wt_key);
+        m->wt_val = base_alloc((size_t)m->wt_cap * sizeof *m->wt_val);
+        m->ws_scr = base_alloc((size_t)m->lim.max_set * sizeof *m->ws_scr);
+        if (!m->ws || !m->wsh_key || !m->wsh_id || !m->wt_key || !m->wt_val || !m->ws_scr)
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory"); /* freed by close */
+        ws_reset(m);
+    } else if (m->n_wt > GM_WS_MAX_TRANS) {
+        ws_reset(m);
+    }
+    return KEEL_OK;
+}
+
+/* The walk state of the stacks x[0..n) (sorted in place). */
+static keel_status ws_intern(gram_matcher *m, uint32_t *x, uint32_t n, uint32_t *out)
+{
+    if (n == 0) {
+        *out = 0;
+        return KEEL_OK;
+    }
+    for (uint32_t i = 1; i < n; i++) { /* insertion sort: sets are small */
+        uint32_t y = x[i], j = i;
+        while (j > 0 && x[j - 1] > y) {
+            x[j] = x[j - 1];
+            j--;
+        }
+        x[j] = y;
+    }
+    uint64_t h = ws_hash(x, n);
+    uint32_t k = (uint32_t)(h >> 32) & (m->wsh_cap - 1);
+    for (; m->wsh_key[k]; k = (k + 1) & (m->wsh_cap - 1)) {
+        uint32_t id = m->wsh_id[k];
+        if (m->wsh_key[k] == h && m->ws[id].cnt == n && memcmp(m->wspool + m->ws[id].off, x, n * sizeof *x) == 0) {
+            *out = id;
+            return KEEL_OK;
+        }
+    }
+    if (m->n_ws == m->cap_ws) {
+        gm_ws *a = base_realloc(m->ws, (size_t)m->cap_ws * sizeof *a, (size_t)m->cap_ws * 2 * sizeof *a);
+        if (!a) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        m->ws = a;
+        m->cap_ws *= 2;
+    }
+    if (2 * (m->n_ws + 1) > m->wsh_cap) { /* rehash at half load */
+        uint32_t nc = m->wsh_cap * 2;
+        uint64_t *nk = base_calloc(nc, sizeof *nk);
+        uint32_t *ni = base_alloc((size_t)nc * sizeof *ni);
+        if (!nk || !ni) {
+            base_free(nk, (size_t)nc * sizeof *nk);
+            base_free(ni, (size_t)nc * sizeof *ni);
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        }
+        for (uint32_t i = 0; i < m->wsh_cap; i++) {
+            if (!m->wsh_key[i]) continue;
+            uint32_t q = (uint32_t)(m->wsh_key[i] >> 32) & (nc - 1);
+            while (nk[q]) q = (q + 1) & (nc - 1);
+            nk[q] = m->wsh_key[i];
+            ni[q] = m->wsh_id[i];
+        }
+        base_free(m->wsh_key, (size_t)m->wsh_cap * sizeof *m->wsh_key);
+        base_free(m->wsh_id, (size_t)m->wsh_cap * sizeof *m->wsh_id);
+        m->wsh_key = nk;
+        m->wsh_id = ni;
+        m->wsh_cap = nc;
+        k = (uint32_t)(h >> 32) & (nc - 1);
+        while (m->wsh_key[k]) k = (k + 1) & (nc - 1);
+    }
+    if (!grow_u32(&m->wspool, &m->cap_wspool, m->n_wspool + n))
+        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+    uint32_t id = m->n_ws++;
+    memcpy(m->wspool + m->n_wspool, x, n * sizeof *x);
+    m->ws[id] = (gm_ws){(uint32_t)m->n_wspool, n, 0, false};
+    for (uint32_t i = 0; i < n; i++) m->ws[id].hasu |= x[i] == m->unode;
+    m->n_wspool += n;
+    m->wsh_key[k] = h;
+    m->wsh_id[k] = id;
+    *out = id;
+    return KEEL_OK;
+}
+
+/* Walk state s after byte b (memoized). */
+static keel_status ws_step(gram_matcher *m, uint32_t s, uint8_t b, uint32_t *out)
+{
+    if (s == 0) {
+        *out = 0;
+        return KEEL_OK;
+    }
+    uint64_t key = ((uint64_t)s << 8 | b) + 1;
+    uint32_t k = (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (m->wt_cap - 1);
+    for (; m->wt_key[k]; k = (k + 1) & (m->wt_cap - 1))
+        if (m->wt_key[k] == key) {
+            *out = m->wt_val[k];
+            return KEEL_OK;
+        }
+    uint32_t n = 0;
+    /* the walk state's list stays put while stepping (interning comes after) */
+    keel_status st = step(m, m->wspool + m->ws[s].off, m->ws[s].cnt, b, m->ws_scr, &n, m->lim.max_set);
+    if (st) return st;
+    uint32_t id;
+    if ((st = ws_intern(m, m->ws_scr, n, &id))) return st;
+    if (2 * (m->n_wt + 1) > m->wt_cap) {
+        uint32_t nc = m->wt_cap * 2;
+        uint64_t *nk = base_calloc(nc, sizeof *nk);
+        uint32_t *nv = base_alloc((size_t)nc * sizeof *nv);
+        if (!nk || !nv) {
+            base_free(nk, (size_t)nc * sizeof *nk);
+            base_free(nv, (size_t)nc * sizeof *nv);
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        }
+        for (uint32_t i = 0; i < m->wt_cap; i++) {
+            if (!m->wt_key[i]) continue;
+            uint32_t q = (uint32_t)((m->wt_key[i] * 0x9e3779b97f4a7c15ull) >> 32) & (nc - 1);
+            while (nk[q]) q = (q + 1) & (nc - 1);
+            nk[q] = m->wt_key[i];
+            nv[q] = m->wt_val[i];
+        }
+        base_free(m->wt_key, (size_t)m->wt_cap * sizeof *m->wt_key);
+        base_free(m->wt_val, (size_t)m->wt_cap * sizeof *m->wt_val);
+        m->wt_key = nk;
+        m->wt_val = nv;
+        m->wt_cap = nc;
+        k = (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (nc - 1);
+        while (m->wt_key[k]) k = (k + 1) & (nc - 1);
+    }
+    m->wt_key[k] = key;
+    m->wt_val[k] = id;
+    m->n_wt++;
+    *out = id;
+    return KEEL_OK;
+}
+
+/* Walk state s without unode (memoized). */
+static keel_status ws_nou(gram_matcher *m, uint32_t s, uint32_t *out)
+{
+    if (m->ws[s].nou) {
+        *out = m->ws[s].nou - 1;
+        return KEEL_OK;
+    }
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->ws[s].cnt; i++) {
+        uint32_t x = m->wspool[m->ws[s].off + i];
+        if (x != m->unode) m->ws_scr[n++] = x;
+    }
+    keel_status st = ws_intern(m, m->ws_scr, n, out);
+    if (!st) m->ws[s].nou = *out + 1;
+    return st;
+}
+
 /* ---- token masks ------------------------------------------------------------------------ */
 
 /* Segment masks. The tokens a stack accepts are found by a walk of the
@@ -600,47 +802,33 @@ static bool push_u32(uint32_t **p, size_t *n, size_t *cap, uint32_t x)
 }
 
 /* Walks the trie nodes [first, last) in preorder (a subtree or the whole
- * trie) from the state stored for the depth above them (lvl_off / lvl_n),
+ * trie) from the walk state stored for the depth above them (lsid),
  * carrying the state each prefix leads to and skipping a subtree whose
  * state is empty; tokens at a node with a non-empty state are set in bm.
  * seg: a segment's walk, where unode in a state is an escape (recorded in
- * esc / eend, removed from the state); *poor when there are more than
- * GM_SEG_MAX_ESC (the walk stops). */
+ * esc / eend, then dropped from the state); *poor when there are more than
+ * GM_SEG_MAX_ESC (the walk stops). The caller ran ws_begin. */
 static keel_status walk(gram_matcher *m, uint32_t first, uint32_t last, uint64_t *bm, bool seg, bool *poor)
 {
     const gram_vocab *v = m->v;
     for (uint32_t i = first; i < last;) {
-        uint32_t d = v->tdepth[i], base = m->lvl_off[d - 1], cnt = m->lvl_n[d - 1], at = base + cnt;
-        /* room for the largest state this level may hold */
-        if (!grow_u32(&m->lvl, &m->cap_lvl, (size_t)at + m->lim.max_set))
-            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
-        uint32_t k = 0;
-        keel_status st = step(m, m->lvl + base, cnt, v->tbyte[i], m->lvl + at, &k, m->lim.max_set);
+        uint32_t d = v->tdepth[i], s;
+        keel_status st = ws_step(m, m->lsid[d - 1], v->tbyte[i], &s);
         if (st) return st;
-        if (seg) {
-            bool esc = false;
-            for (uint32_t q = 0; q < k; q++) {
-                if (m->lvl[at + q] != m->unode) continue;
-                m->lvl[at + q] = m->lvl[at + k - 1]; /* a state holds unode once */
-                k--;
-                esc = true;
-                break;
-            }
-            if (esc) {
-                if (k == 0 && v->ttok[i] >= 0 && !push_u32(&m->eend, &m->n_eend, &m->cap_eend, i))
+        if (seg && m->ws[s].hasu) {
+            if ((st = ws_nou(m, s, &s))) return st;
+            if (s == 0 && v->ttok[i] >= 0 && !push_u32(&m->eend, &m->n_eend, &m->cap_eend, i))
+                return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+            for (uint32_t c = i + 1; c < v->tend[i]; c = v->tend[c])
+                if (!push_u32(&m->esc, &m->n_esc, &m->cap_esc, c))
                     return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
-                for (uint32_t c = i + 1; c < v->tend[i]; c = v->tend[c])
-                    if (!push_u32(&m->esc, &m->n_esc, &m->cap_esc, c))
-                        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
-                if (m->n_esc + m->n_eend > GM_SEG_MAX_ESC) {
-                    *poor = true;
-                    return KEEL_OK;
-                }
+            if (m->n_esc + m->n_eend > GM_SEG_MAX_ESC) {
+                *poor = true;
+                return KEEL_OK;
             }
         }
-        m->lvl_off[d] = at;
-        m->lvl_n[d] = k;
-        if (k == 0) {
+        m->lsid[d] = s;
+        if (s == 0) {
             i = v->tend[i];
             continue;
         }
@@ -701,16 +889,11 @@ static keel_status seg_get(gram_matcher *m, uint32_t s, uint32_t *idx)
     uint64_t *bm = m->masks + (size_t)slot * nw;
     memset(bm, 0, nw * sizeof *bm);
     m->n_esc = m->n_eend = 0;
-    if (!grow_u32(&m->lvl, &m->cap_lvl, 1)) {
-        m->n_masks--;
-        return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
-    }
-    m->lvl[0] = s;
-    m->lvl_off[0] = 0;
-    m->lvl_n[0] = 1;
     bool poor = false;
     uint64_t t0 = base_time_ns();
-    st = walk(m, 0, m->v->n_tnodes, bm, true, &poor);
+    uint32_t one = s;
+    if (!(st = ws_begin(m)) && !(st = ws_intern(m, &one, 1, &m->lsid[0])))
+        st = walk(m, 0, m->v->n_tnodes, bm, true, &poor);
     m->miss_ns += base_time_ns() - t0;
     m->misses++;
     m->seg_walks++;
@@ -795,17 +978,16 @@ static keel_status seg_compose(gram_matcher *m, uint32_t idx, uint32_t p, uint64
     if (cnt > 0)
         for (uint32_t q = 0; q < m->segs[idx].n_end; q++) set_tokens(v, e[GM_SEG_HEAD + m->segs[idx].n_esc + q], out);
     memcpy(m->sa, m->pool + off, (size_t)cnt * sizeof *m->sa); /* the pool may move while stepping */
-    for (int b = 0; b < 256 && cnt > 0; b++) {
+    uint32_t cs;
+    if ((st = ws_begin(m)) || (st = ws_intern(m, m->sa, cnt, &cs))) return st;
+    for (int b = 0; b < 256 && cs != 0; b++) {
         if (e[b + 1] == e[b] || !gram_set_has(&fb, (uint8_t)b)) continue;
-        uint32_t k = 0;
-        if ((st = step(m, m->sa, cnt, (uint8_t)b, m->sb, &k, m->lim.max_set))) return st;
-        if (k == 0) continue;
-        if (!grow_u32(&m->lvl, &m->cap_lvl, k)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        uint32_t bs;
+        if ((st = ws_step(m, cs, (uint8_t)b, &bs))) return st;
+        if (bs == 0) continue;
         for (uint32_t q = e[b]; q < e[b + 1]; q++) {
-            uint32_t y = e[GM_SEG_HEAD + q], d = v->tdepth[y];
-            memcpy(m->lvl, m->sb, (size_t)k * sizeof *m->lvl);
-            m->lvl_off[d] = 0;
-            m->lvl_n[d] = k;
+            uint32_t y = m->epool[m->segs[idx].e_off + GM_SEG_HEAD + q];
+            m->lsid[v->tdepth[y]] = bs;
             set_tokens(v, y, out);
             if ((st = walk(m, y + 1, v->tend[y], out, false, NULL))) return st;
         }
@@ -842,12 +1024,10 @@ static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *out)
         }
     }
     memset(out, 0, (size_t)v->n_words * sizeof *out);
-    if (!grow_u32(&m->lvl, &m->cap_lvl, 1)) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
-    m->lvl[0] = n;
-    m->lvl_off[0] = 0;
-    m->lvl_n[0] = 1;
     uint64_t t0 = base_time_ns();
-    st = walk(m, 0, v->n_tnodes, out, false, NULL);
+    uint32_t one = n;
+    if (!(st = ws_begin(m)) && !(st = ws_intern(m, &one, 1, &m->lsid[0])))
+        st = walk(m, 0, v->n_tnodes, out, false, NULL);
     m->miss_ns += base_time_ns() - t0;
     m->misses++;
     return st;
