@@ -4,7 +4,8 @@
  * and grammar files (tests/data/grammar, extracted by
  * tools/grammar/extract_llamacpp_grammar.py), token masks against a brute
  * force over a vocabulary with multi-element tokens and pieces that cut
- * UTF-8 characters, the caps (a refusal, not a hang), allocation failures,
+ * UTF-8 characters, masks composed from stack segments against whole-stack
+ * walks, the caps (a refusal, not a hang), allocation failures,
  * and sampling through keel_complete with a random-weight model at
  * temperature 1: every output is a complete sentence of its grammar.
  */
@@ -605,12 +606,109 @@ static void test_sampling(void **state)
     unlink(g_model);
 }
 
+/* ---- segment masks ------------------------------------------------------------------------ */
+
+/* At every step of random walks, the masks composed from shared stack
+ * segments (default limits; costs of 1 and 64 trie nodes, which choose
+ * other segment depths or the whole-stack walk; a mask cache of three
+ * masks, cleared while composing) equal those of whole-stack walks
+ * (seg_max_cost 0). Returns the stack masks composed with the defaults. */
+static int64_t seg_walk(const gram *g, const gram_vocab *v, uint64_t seed, int steps)
+{
+    enum { NM = 4, NWORDS = (NV + 63) / 64 };
+    gram_limits lim[NM + 1];
+    for (int i = 0; i <= NM; i++) lim[i] = gram_limits_default();
+    lim[1].seg_max_cost = 1;
+    lim[2].seg_max_cost = 64;
+    lim[3].max_mask_bytes = 3 * NWORDS * sizeof(uint64_t);
+    lim[NM].seg_max_cost = 0; /* the reference */
+    gram_matcher *m[NM + 1] = {NULL};
+    char err[BASE_ERR_CAP] = "";
+    for (int i = 0; i <= NM; i++) assert_ok(gram_matcher_open(g, v, &lim[i], &m[i], err));
+    base_rng r;
+    base_rng_seed(&r, seed);
+    for (int s = 0; s < steps; s++) {
+        uint64_t want[NWORDS], got[NWORDS];
+        assert_ok(gram_matcher_mask(m[NM], want));
+        for (int i = 0; i < NM; i++) {
+            assert_ok(gram_matcher_mask(m[i], got));
+            for (int32_t t = 0; t < NV; t++) {
+                bool a = (got[t / 64] >> (t % 64)) & 1u, b = (want[t / 64] >> (t % 64)) & 1u;
+                if (a != b) fail_msg("seed %llu step %d limits %d: token %d composed %d, whole-stack walk %d",
+                                     (unsigned long long)seed, s, i, t, a, b);
+            }
+        }
+        int32_t allowed[NV], n_allowed = 0;
+        for (int32_t t = 0; t < NV; t++)
+            if ((want[t / 64] >> (t % 64)) & 1u) allowed[n_allowed++] = t;
+        if (n_allowed == 0) break;
+        int32_t t = allowed[base_rng_below(&r, (uint64_t)n_allowed)];
+        for (int i = 0; i <= NM; i++) assert_ok(gram_matcher_accept_token(m[i], t));
+        if (t == 257 || t == 259) break;
+    }
+    gram_stats gs;
+    gram_matcher_stats(m[0], &gs);
+    for (int i = 0; i <= NM; i++) gram_matcher_close(m[i]);
+    return gs.mask_composed;
+}
+
+static void test_mask_segments(void **state)
+{
+    (void)state;
+    tvocab tv;
+    gram_vocab *v = NULL;
+    make_vocab(&tv, &v);
+    int64_t composed = 0;
+    const char *files[] = {"json.gbnf", "json_arr.gbnf", "arithmetic.gbnf", "list.gbnf", "chess.gbnf",
+                           "japanese.gbnf", "c.gbnf", "english.gbnf"};
+    for (size_t f = 0; f < BASE_ARRAY_LEN(files); f++) {
+        char *src = read_data_grammar(files[f]);
+        gram *g = compile_ok(src);
+        for (uint64_t seed = 1; seed <= 3; seed++) composed += seg_walk(g, v, seed * 131 + f, 60);
+        gram_free(g);
+        free(src);
+    }
+    static const char *inline_grammars[] = {
+        /* bounded chains: a new stack at every character */
+        "root ::= \"{\" ws ( kv ( ws \",\" ws kv ){0,3} )? ws \"}\"\n"
+        "kv ::= \"\\\"\" [a-z]{1,6} \"\\\"\" ws \":\" ws ( str | [0-9]{1,4} | root )\n"
+        "str ::= \"\\\"\" ( [^\"\\\\] | \"\\\\\" [\"\\\\n] ){0,10} \"\\\"\"\n"
+        "ws ::= [ \\t\\n]{0,4}",
+        "root ::= ( [^ ]{0,3} \" \" ){0,5} \"e4\"?",
+        "root ::= [α-ω]+ \"é\"? ([^a-z]{2,3})* \"\\n\"",
+        "root ::= (\"ab\" | \"a\" \"b\" \"c\" | [a-c]{2})+ \"!\"?",
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(inline_grammars); i++) {
+        gram *g = compile_ok(inline_grammars[i]);
+        for (uint64_t seed = 1; seed <= 6; seed++) composed += seg_walk(g, v, seed * 17 + i, 60);
+        gram_free(g);
+    }
+    static const char *schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
+        "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":3},\"maxItems\":3},"
+        "\"n\":{\"type\":\"number\"},\"x\":{\"anyOf\":[{\"type\":\"null\"},{\"enum\":[\"ok\",true]}]}},"
+        "\"required\":[\"name\"],\"additionalProperties\":false}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
+        "\"maxItems\":4}",
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(schemas); i++) {
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        if (gram_compile_schema(schemas[i], strlen(schemas[i]), &g, err)) fail_msg("schema %zu: %s", i, err);
+        for (uint64_t seed = 1; seed <= 6; seed++) composed += seg_walk(g, v, seed * 23 + i, 80);
+        gram_free(g);
+    }
+    assert_true(composed > 100); /* the segment path is the one tested */
+    gram_vocab_free(v);
+    free_vocab(&tv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),      cmocka_unit_test(test_accept_reject), cmocka_unit_test(test_llamacpp_cases),
         cmocka_unit_test(test_masks),       cmocka_unit_test(test_limits),        cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_schema),      cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_schema),      cmocka_unit_test(test_sampling),      cmocka_unit_test(test_mask_segments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,9 +70,31 @@ static double pct(const double *sorted, int64_t n, double p)
     return sorted[BASE_MAX(0, BASE_MIN(i, n - 1))];
 }
 
+/* --dump P: P.gbnf (the grammar) and P.tokens (the sampled ids, one a
+ * line, "reset" where the matcher started over), for the llama.cpp
+ * comparison (tools/grammar/llama_grammar_bench.cpp). */
+static keel_status dump_run(bench_out *o, const char *prefix, const char *gbnf, const int32_t *seq, int64_t n_seq)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s.gbnf", prefix);
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(gbnf, 1, strlen(gbnf), f) == strlen(gbnf);
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok) return base_err(o->err, KEEL_EIO, "bench grammar: cannot write %s", path);
+    snprintf(path, sizeof path, "%s.tokens", prefix);
+    f = fopen(path, "wb");
+    ok = f != NULL;
+    for (int64_t i = 0; ok && i < n_seq; i++)
+        ok = (seq[i] < 0 ? fprintf(f, "reset\n") : fprintf(f, "%d\n", seq[i])) > 0;
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok) return base_err(o->err, KEEL_EIO, "bench grammar: cannot write %s", path);
+    return KEEL_OK;
+}
+
 keel_status bench_grammar(int argc, char **argv, bench_out *o)
 {
-    static const bench_flag spec[] = {{"-m", true}, {"-n", true}, {"-t", true}, {"-s", true}, {"--json-schema", true}};
+    static const bench_flag spec[] = {{"-m", true}, {"-n", true}, {"-t", true}, {"-s", true}, {"--json-schema", true},
+                                      {"--dump", true}};
     keel_status st = bench_check_args(o, "grammar", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
@@ -91,7 +113,12 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     gram_vocab *v = NULL;
     gram_matcher *gm = NULL;
     float *lg = NULL;
-    double *t_mask = NULL, *t_mask_warm = NULL, *t_dec = NULL, *t_acc = NULL;
+    double *t_mask = NULL, *t_mask_warm = NULL, *t_dec = NULL, *t_acc = NULL, *t_state = NULL, *t_apply = NULL;
+    uint64_t *mbits = NULL;
+    int32_t *seq = NULL; /* the sampled tokens, -1 where the matcher starts over (--dump) */
+    int64_t n_seq = 0;
+    char *gbnf = NULL;
+    size_t n_gbnf = 0;
     int32_t n_vocab = 0;
     char err[256] = "";
     if ((st = keel_model_open(&mp, &m, err)) != KEEL_OK) return base_err(o->err, st, "bench grammar: %s: %s", path, err);
@@ -144,6 +171,8 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
         st = schema_src ? gram_compile_schema(schema_src, schema_n, &g, err)
                         : gram_compile(g_json_gbnf, strlen(g_json_gbnf), &g, err);
     }
+    if (st == KEEL_OK && schema_src && (st = gram_schema_gbnf(schema_src, schema_n, &gbnf, &n_gbnf, err)) != KEEL_OK)
+        gbnf = NULL;
     base_free(schema_src, 1 << 20);
     if (st != KEEL_OK) {
         base_err(o->err, st, "bench grammar: compile: %s", err);
@@ -169,7 +198,11 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     t_mask_warm = base_alloc((size_t)n_gen * sizeof(double));
     t_dec = base_alloc((size_t)n_gen * sizeof(double));
     t_acc = base_alloc((size_t)n_gen * sizeof(double));
-    if (!lg || !t_mask || !t_mask_warm || !t_dec || !t_acc) {
+    t_state = base_alloc((size_t)n_gen * sizeof(double));
+    t_apply = base_alloc((size_t)n_gen * sizeof(double));
+    mbits = base_alloc((size_t)v->n_words * sizeof *mbits);
+    seq = base_alloc((size_t)n_gen * 2 * sizeof *seq);
+    if (!lg || !t_mask || !t_mask_warm || !t_dec || !t_acc || !t_state || !t_apply || !mbits || !seq) {
         st = base_err(o->err, KEEL_ENOMEM, "bench grammar: out of memory");
         goto out;
     }
@@ -189,11 +222,16 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
         if (gram_matcher_done(gm)) {
             if ((st = gram_matcher_reset(gm)) != KEEL_OK) goto gfail;
             restarts++;
+            seq[n_seq++] = -1;
         }
         /* the logits of the batch's last token: the prompt's, then each single token's */
         memcpy(lg, keel_logits(c, i == 0 ? n_prompt - 1 : 0), (size_t)n_vocab * sizeof *lg);
         gram_matcher_stats(gm, &gs0);
+        /* the mask of the state (cached per state), then the pass over the
+         * logits (a cache hit of the same state): the two halves of apply */
         uint64_t a = base_time_ns();
+        if ((st = gram_matcher_mask(gm, mbits)) != KEEL_OK) goto gfail;
+        uint64_t am = base_time_ns();
         if ((st = gram_matcher_apply(gm, lg)) != KEEL_OK) goto gfail;
         uint64_t bt = base_time_ns();
         gram_matcher_stats(gm, &gs1);
@@ -203,9 +241,11 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
             goto out;
         }
         uint64_t c0 = base_time_ns();
+        seq[n_seq++] = tok;
         if (keel_token_is_eog(m, tok)) {
             st = gram_matcher_reset(gm); /* the value is complete: start another */
             restarts++;
+            seq[n_seq++] = -1;
             if (st) goto gfail;
         } else if ((st = gram_matcher_accept_token(gm, tok)) != KEEL_OK) {
             goto gfail;
@@ -218,6 +258,8 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
         }
         uint64_t c2 = base_time_ns();
         t_mask[i] = (double)(bt - a) * 1e-3;
+        t_state[i] = (double)(am - a) * 1e-3;
+        t_apply[i] = (double)(bt - am) * 1e-3;
         t_acc[i] = (double)(c1 - c0) * 1e-3;
         t_dec[i] = (double)(c2 - c1) * 1e-6;
         if (gs1.mask_misses == gs0.mask_misses) t_mask_warm[n_warm++] = t_mask[i];
@@ -235,6 +277,11 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     sort_d(t_mask, n_done);
     sort_d(t_mask_warm, n_warm);
     sort_d(t_dec, n_done);
+    sort_d(t_state, n_done);
+    sort_d(t_apply, n_done);
+    double state_med = pct(t_state, n_done, 0.5), apply_med = pct(t_apply, n_done, 0.5);
+    const char *dump = bench_opt(argc, argv, "--dump");
+    if (dump && (st = dump_run(o, dump, gbnf ? gbnf : g_json_gbnf, seq, n_seq)) != KEEL_OK) goto out;
     double dec_med = pct(t_dec, n_done, 0.5), mask_med = pct(t_mask, n_done, 0.5);
     double warm_med = pct(t_mask_warm, n_warm, 0.5), warm_mean = n_warm ? sum_w / (double)n_warm : 0;
     int64_t n_cold = n_done - n_warm;
@@ -244,14 +291,16 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
                      "\"vocab_build_ms\":%.2f,\"grammar_compile_ms\":%.4f,\"schema30_compile_ms\":%.4f,\"decode_step_ms_median\":%.3f,\"decode_step_ms_mean\":%.3f,"
                      "\"mask_us_median\":%.2f,\"mask_us_mean\":%.2f,\"mask_us_p99\":%.2f,\"mask_us_max\":%.2f,"
                      "\"mask_cached_us_median\":%.2f,\"mask_cached_us_mean\":%.2f,\"cached_steps\":%lld,"
-                     "\"first_visit_steps\":%lld,\"trie_walks\":%lld,\"trie_walk_ms_total\":%.2f,"
+                     "\"first_visit_steps\":%lld,\"trie_walks\":%lld,\"segment_walks\":%lld,\"trie_walk_ms_total\":%.2f,"
+                     "\"stack_masks_composed\":%lld,\"mask_state_us_median\":%.2f,\"mask_apply_us_median\":%.2f,"
                      "\"accept_us_mean\":%.2f,\"mask_over_decode_median\":%.5f,\"parser_stacks\":%u,"
                      "\"mask_cache_bytes\":%zu,\"restarts\":%lld}\n",
                      path, schema_path ? "json-schema" : "json", n_vocab, (long long)n_done, vocab_ms, compile_ms,
                      schema30_ms, dec_med, sum_d / (double)n_done,
                      mask_med, sum_m / (double)n_done, pct(t_mask, n_done, 0.99), t_mask[n_done - 1], warm_med,
                      warm_mean, (long long)n_warm, (long long)n_cold, (long long)gs.mask_misses,
-                     (double)gs.miss_ns * 1e-6, sum_a / (double)n_done, mask_med * 1e-3 / dec_med, gs.n_nodes,
+                     (long long)gs.seg_walks, (double)gs.miss_ns * 1e-6, (long long)gs.mask_composed, state_med,
+                     apply_med, sum_a / (double)n_done, mask_med * 1e-3 / dec_med, gs.n_nodes,
                      gs.mask_bytes, (long long)restarts);
     } else {
         bench_printf(o, "constrained decoding, %s: %s (n_vocab %d), %lld tokens at temperature 1\n",
@@ -263,10 +312,14 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
         bench_printf(o, "| decode step (reference), median / mean | %.3f / %.3f ms |\n", dec_med, sum_d / (double)n_done);
         bench_printf(o, "| mask per token, median / mean / p99 / max | %.1f / %.1f / %.1f / %.1f us |\n", mask_med,
                      sum_m / (double)n_done, pct(t_mask, n_done, 0.99), t_mask[n_done - 1]);
-        bench_printf(o, "| mask per token, cached states (%lld steps), median / mean | %.1f / %.1f us |\n",
+        bench_printf(o, "| mask per token, steps without a trie walk (%lld), median / mean | %.1f / %.1f us |\n",
                      (long long)n_warm, warm_med, warm_mean);
-        bench_printf(o, "| steps with a first-seen stack / trie walks / their total | %lld / %lld / %.1f ms |\n",
-                     (long long)n_cold, (long long)gs.mask_misses, (double)gs.miss_ns * 1e-6);
+        bench_printf(o, "| mask per token, median: the state's mask / the pass over the logits | %.1f / %.1f us |\n",
+                     state_med, apply_med);
+        bench_printf(o, "| steps with a trie walk / walks (of segments) / their total | %lld / %lld (%lld) / %.1f ms |\n",
+                     (long long)n_cold, (long long)gs.mask_misses, (long long)gs.seg_walks,
+                     (double)gs.miss_ns * 1e-6);
+        bench_printf(o, "| stack masks composed from a segment | %lld |\n", (long long)gs.mask_composed);
         bench_printf(o, "| advance by the token, mean | %.2f us |\n", sum_a / (double)n_done);
         bench_printf(o, "| mask / decode step (medians) | %.2f%% |\n", 100.0 * mask_med * 1e-3 / dec_med);
         bench_printf(o, "| parser stacks interned / mask cache | %u / %.1f MiB |\n", gs.n_nodes,
@@ -281,6 +334,11 @@ out:
     base_free(t_mask_warm, (size_t)n_gen * sizeof(double));
     base_free(t_dec, (size_t)n_gen * sizeof(double));
     base_free(t_acc, (size_t)n_gen * sizeof(double));
+    base_free(t_state, (size_t)n_gen * sizeof(double));
+    base_free(t_apply, (size_t)n_gen * sizeof(double));
+    base_free(mbits, v ? (size_t)v->n_words * sizeof *mbits : 0);
+    base_free(seq, (size_t)n_gen * 2 * sizeof *seq);
+    base_free(gbnf, gbnf ? n_gbnf + 1 : 0);
     base_free(lg, (size_t)n_vocab * sizeof *lg);
     gram_matcher_close(gm);
     gram_free(g);
