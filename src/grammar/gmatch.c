@@ -23,6 +23,7 @@
 
 /* A walk state: an interned set of stacks (see "walk states"). */
 typedef struct gm_ws {
+    gram_set first;    /* the bytes its stacks can take (a byte outside leads to the empty set) */
     uint32_t off, cnt; /* its stacks: wspool[off .. off + cnt), sorted */
     uint32_t nou;      /* 1 + the walk state without unode; 0: not known yet */
     bool hasu;         /* holds unode (a segment's escape) */
@@ -592,7 +593,7 @@ static void ws_reset(gram_matcher *m)
 {
     m->n_ws = 1; /* the empty set */
     m->n_wspool = 0;
-    m->ws[0] = (gm_ws){0, 0, 0, false};
+    m->ws[0] = (gm_ws){{{0}}, 0, 0, 0, false};
     if (m->wsh_cap) memset(m->wsh_key, 0, (size_t)m->wsh_cap * sizeof *m->wsh_key);
     if (m->wt_cap) memset(m->wt_key, 0, (size_t)m->wt_cap * sizeof *m->wt_key);
     m->n_wt = 0;
@@ -678,8 +679,14 @@ static keel_status ws_intern(gram_matcher *m, uint32_t *x, uint32_t n, uint32_t 
         return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
     uint32_t id = m->n_ws++;
     memcpy(m->wspool + m->n_wspool, x, n * sizeof *x);
-    m->ws[id] = (gm_ws){(uint32_t)m->n_wspool, n, 0, false};
-    for (uint32_t i = 0; i < n; i++) m->ws[id].hasu |= x[i] == m->unode;
+    gm_ws *w = &m->ws[id];
+    *w = (gm_ws){{{0}}, (uint32_t)m->n_wspool, n, 0, false};
+    for (uint32_t i = 0; i < n; i++) {
+        if (x[i] == m->unode) w->hasu = true;
+        if (x[i] == 0 || x[i] == m->unode) continue;
+        const gram_set *bs = &m->g->sets[GRAM_VAL(m->g->el[m->npos[x[i]]])];
+        for (int q = 0; q < 4; q++) w->first.w[q] |= bs->w[q];
+    }
     m->n_wspool += n;
     m->wsh_key[k] = h;
     m->wsh_id[k] = id;
@@ -812,9 +819,13 @@ static keel_status walk(gram_matcher *m, uint32_t first, uint32_t last, uint64_t
 {
     const gram_vocab *v = m->v;
     for (uint32_t i = first; i < last;) {
-        uint32_t d = v->tdepth[i], s;
-        keel_status st = ws_step(m, m->lsid[d - 1], v->tbyte[i], &s);
-        if (st) return st;
+        uint32_t d = v->tdepth[i], s = 0, p = m->lsid[d - 1];
+        keel_status st;
+        if (!gram_set_has(&m->ws[p].first, v->tbyte[i])) { /* most bytes, outside free text: no lookup */
+            i = v->tend[i];
+            continue;
+        }
+        if ((st = ws_step(m, p, v->tbyte[i], &s))) return st;
         if (seg && m->ws[s].hasu) {
             if ((st = ws_nou(m, s, &s))) return st;
             if (s == 0 && v->ttok[i] >= 0 && !push_u32(&m->eend, &m->n_eend, &m->cap_eend, i))
