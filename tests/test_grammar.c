@@ -12,6 +12,7 @@
 #include "testutil.h"
 #include "base/base.h"
 #include "grammar/grammar.h"
+#include "tensor/tensor.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -699,6 +700,28 @@ static void test_mask_segments(void **state)
         gram_free(g);
     }
     assert_true(composed > 100); /* the segment path is the one tested */
+    /* the pass over the logits at each SIMD level (700 tokens: 10 words and
+     * a tail of 60) bans exactly the tokens whose bit is clear */
+    gram *g = compile_ok("root ::= \"{\" [a-z \"]{0,5} \"}\"");
+    gram_matcher *m = NULL;
+    assert_ok(gram_matcher_open(g, v, NULL, &m, NULL));
+    assert_ok(gram_matcher_accept_token(m, '{'));
+    uint64_t mask[(NV + 63) / 64];
+    assert_ok(gram_matcher_mask(m, mask));
+    tensor_simd was = tensor_simd_level();
+    for (int lv = TENSOR_SIMD_SCALAR; lv <= TENSOR_SIMD_AVX512; lv++) {
+        tensor_simd_force((tensor_simd)lv);
+        float logits[NV];
+        for (int i = 0; i < NV; i++) logits[i] = (float)i;
+        assert_ok(gram_matcher_apply(m, logits));
+        for (int32_t t = 0; t < NV; t++) {
+            bool bit = (mask[t / 64] >> (t % 64)) & 1u;
+            if (bit != (logits[t] == (float)t)) fail_msg("level %d token %d: bit %d logit %g", lv, t, bit, logits[t]);
+        }
+    }
+    tensor_simd_force(was);
+    gram_matcher_close(m);
+    gram_free(g);
     gram_vocab_free(v);
     free_vocab(&tv);
 }

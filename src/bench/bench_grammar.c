@@ -91,6 +91,45 @@ static keel_status dump_run(bench_out *o, const char *prefix, const char *gbnf, 
     return KEEL_OK;
 }
 
+/* The sampled sequence replayed on a fresh matcher (then once more on the
+ * same one, every mask cached), without decoding in between: the mask
+ * (gram_matcher_apply on lg) per token into cold[] and warm[] (n_seq
+ * each); *n the tokens timed. The model's threads are idle here, so on a
+ * busy machine these are steadier than the timings beside the decode. */
+static keel_status replay(const gram *g, const gram_vocab *v, const int32_t *seq, int64_t n_seq, float *lg,
+                          double *cold, double *warm, int64_t *n, char *err)
+{
+    gram_matcher *gm = NULL;
+    keel_status st = gram_matcher_open(g, v, NULL, &gm, err);
+    if (st) return st;
+    for (int pass = 0; pass < 2 && !st; pass++) {
+        double *t = pass ? warm : cold;
+        int64_t k = 0;
+        if ((st = gram_matcher_reset(gm))) break;
+        for (int64_t i = 0; i < n_seq && !st; i++) {
+            if (seq[i] < 0) {
+                st = gram_matcher_reset(gm);
+                continue;
+            }
+            uint64_t a = base_time_ns();
+            if ((st = gram_matcher_apply(gm, lg))) break;
+            t[k++] = (double)(base_time_ns() - a) * 1e-3;
+            if (!((v->eog[seq[i] / 64] >> (seq[i] % 64)) & 1u)) st = gram_matcher_accept_token(gm, seq[i]);
+        }
+        *n = k;
+    }
+    if (st) base_err(err, st, "%s", gram_matcher_error(gm));
+    gram_matcher_close(gm);
+    return st;
+}
+
+static double mean_d(const double *v, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += v[i];
+    return n ? s / (double)n : 0;
+}
+
 keel_status bench_grammar(int argc, char **argv, bench_out *o)
 {
     static const bench_flag spec[] = {{"-m", true}, {"-n", true}, {"-t", true}, {"-s", true}, {"--json-schema", true},
@@ -114,6 +153,7 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     gram_matcher *gm = NULL;
     float *lg = NULL;
     double *t_mask = NULL, *t_mask_warm = NULL, *t_dec = NULL, *t_acc = NULL, *t_state = NULL, *t_apply = NULL;
+    double *t_rc = NULL, *t_rw = NULL; /* replayed: a fresh matcher, then every mask cached */
     uint64_t *mbits = NULL;
     int32_t *seq = NULL; /* the sampled tokens, -1 where the matcher starts over (--dump) */
     int64_t n_seq = 0;
@@ -202,7 +242,9 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     t_apply = base_alloc((size_t)n_gen * sizeof(double));
     mbits = base_alloc((size_t)v->n_words * sizeof *mbits);
     seq = base_alloc((size_t)n_gen * 2 * sizeof *seq);
-    if (!lg || !t_mask || !t_mask_warm || !t_dec || !t_acc || !t_state || !t_apply || !mbits || !seq) {
+    t_rc = base_alloc((size_t)n_gen * 2 * sizeof *t_rc);
+    t_rw = base_alloc((size_t)n_gen * 2 * sizeof *t_rw);
+    if (!t_rc || !t_rw || !lg || !t_mask || !t_mask_warm || !t_dec || !t_acc || !t_state || !t_apply || !mbits || !seq) {
         st = base_err(o->err, KEEL_ENOMEM, "bench grammar: out of memory");
         goto out;
     }
@@ -280,6 +322,15 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     sort_d(t_state, n_done);
     sort_d(t_apply, n_done);
     double state_med = pct(t_state, n_done, 0.5), apply_med = pct(t_apply, n_done, 0.5);
+    int64_t n_rep = 0;
+    if ((st = replay(g, v, seq, n_seq, lg, t_rc, t_rw, &n_rep, err)) != KEEL_OK) {
+        base_err(o->err, st, "bench grammar: replay: %s", err);
+        goto out;
+    }
+    double rc_mean = mean_d(t_rc, n_rep), rw_mean = mean_d(t_rw, n_rep);
+    sort_d(t_rc, n_rep);
+    sort_d(t_rw, n_rep);
+    double rc_med = pct(t_rc, n_rep, 0.5), rw_med = pct(t_rw, n_rep, 0.5);
     const char *dump = bench_opt(argc, argv, "--dump");
     if (dump && (st = dump_run(o, dump, gbnf ? gbnf : g_json_gbnf, seq, n_seq)) != KEEL_OK) goto out;
     double dec_med = pct(t_dec, n_done, 0.5), mask_med = pct(t_mask, n_done, 0.5);
@@ -293,6 +344,8 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
                      "\"mask_cached_us_median\":%.2f,\"mask_cached_us_mean\":%.2f,\"cached_steps\":%lld,"
                      "\"first_visit_steps\":%lld,\"trie_walks\":%lld,\"segment_walks\":%lld,\"trie_walk_ms_total\":%.2f,"
                      "\"stack_masks_composed\":%lld,\"mask_state_us_median\":%.2f,\"mask_apply_us_median\":%.2f,"
+                     "\"replay_mask_us_median\":%.2f,\"replay_mask_us_mean\":%.2f,\"replay_cached_mask_us_median\":%.2f,"
+                     "\"replay_cached_mask_us_mean\":%.2f,"
                      "\"accept_us_mean\":%.2f,\"mask_over_decode_median\":%.5f,\"parser_stacks\":%u,"
                      "\"mask_cache_bytes\":%zu,\"restarts\":%lld}\n",
                      path, schema_path ? "json-schema" : "json", n_vocab, (long long)n_done, vocab_ms, compile_ms,
@@ -300,7 +353,7 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
                      mask_med, sum_m / (double)n_done, pct(t_mask, n_done, 0.99), t_mask[n_done - 1], warm_med,
                      warm_mean, (long long)n_warm, (long long)n_cold, (long long)gs.mask_misses,
                      (long long)gs.seg_walks, (double)gs.miss_ns * 1e-6, (long long)gs.mask_composed, state_med,
-                     apply_med, sum_a / (double)n_done, mask_med * 1e-3 / dec_med, gs.n_nodes,
+                     apply_med, rc_med, rc_mean, rw_med, rw_mean, sum_a / (double)n_done, mask_med * 1e-3 / dec_med, gs.n_nodes,
                      gs.mask_bytes, (long long)restarts);
     } else {
         bench_printf(o, "constrained decoding, %s: %s (n_vocab %d), %lld tokens at temperature 1\n",
@@ -320,6 +373,9 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
                      (long long)n_cold, (long long)gs.mask_misses, (long long)gs.seg_walks,
                      (double)gs.miss_ns * 1e-6);
         bench_printf(o, "| stack masks composed from a segment | %lld |\n", (long long)gs.mask_composed);
+        bench_printf(o, "| replayed without decoding, fresh matcher: mask median / mean | %.1f / %.1f us |\n", rc_med,
+                     rc_mean);
+        bench_printf(o, "| replayed again, every mask cached: median / mean | %.1f / %.1f us |\n", rw_med, rw_mean);
         bench_printf(o, "| advance by the token, mean | %.2f us |\n", sum_a / (double)n_done);
         bench_printf(o, "| mask / decode step (medians) | %.2f%% |\n", 100.0 * mask_med * 1e-3 / dec_med);
         bench_printf(o, "| parser stacks interned / mask cache | %u / %.1f MiB |\n", gs.n_nodes,
@@ -338,6 +394,8 @@ out:
     base_free(t_apply, (size_t)n_gen * sizeof(double));
     base_free(mbits, v ? (size_t)v->n_words * sizeof *mbits : 0);
     base_free(seq, (size_t)n_gen * 2 * sizeof *seq);
+    base_free(t_rc, (size_t)n_gen * 2 * sizeof *t_rc);
+    base_free(t_rw, (size_t)n_gen * 2 * sizeof *t_rw);
     base_free(gbnf, gbnf ? n_gbnf + 1 : 0);
     base_free(lg, (size_t)n_vocab * sizeof *lg);
     gram_matcher_close(gm);

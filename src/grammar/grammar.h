@@ -189,6 +189,11 @@ keel_status gram_matcher_mask(gram_matcher *m, uint64_t *mask);
 /* Sets logits of the tokens the state does not allow to -inf (n_vocab). */
 keel_status gram_matcher_apply(gram_matcher *m, float *logits);
 void gram_matcher_stats(const gram_matcher *m, gram_stats *out);
+/* logits[t] = -inf for every t whose bit in mask[(n_vocab + 63) / 64] is
+ * clear: the pass of gram_matcher_apply at one SIMD level
+ * (gmask_avx2.c, gmask_avx512.c; call only when the CPU has it). */
+void gram_apply_avx2(const uint64_t *mask, int32_t n_vocab, float *logits);
+void gram_apply_avx512(const uint64_t *mask, int32_t n_vocab, float *logits);
 /* Detail of the last failure ("" if none). */
 const char *gram_matcher_error(const gram_matcher *m);
 
