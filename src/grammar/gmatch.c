@@ -28,6 +28,7 @@ typedef struct gm_ws {
     gram_set first;    /* the bytes its stacks can take (a byte outside leads to the empty set) */
     uint32_t off, cnt; /* its stacks: wspool[off .. off + cnt), sorted */
     uint32_t nou;      /* 1 + the walk state without unode; 0: not known yet */
+    uint32_t row;      /* 1 + its row of transitions in wrow (0: none, the hash holds them) */
     bool hasu;         /* holds unode (a segment's escape) */
 } gm_ws;
 
@@ -79,6 +80,8 @@ struct gram_matcher {
     uint64_t *wsh_key, *wt_key;
     uint32_t *wsh_id, *wt_val;
     uint32_t wsh_cap, wt_cap, n_wt;
+    uint32_t *wrow; /* [cap_wrow][256] 1 + the walk state after each byte; 0: not known yet */
+    uint32_t n_wrow, cap_wrow;
     /* segments (see "segment masks" below): records, their escape lists */
     gm_seg *segs;
     uint32_t n_segs, cap_segs;
@@ -418,6 +421,7 @@ void gram_matcher_close(gram_matcher *m)
     base_free(m->wsh_id, (size_t)m->wsh_cap * sizeof(uint32_t));
     base_free(m->wt_key, (size_t)m->wt_cap * sizeof(uint64_t));
     base_free(m->wt_val, (size_t)m->wt_cap * sizeof(uint32_t));
+    base_free(m->wrow, (size_t)m->cap_wrow * 256 * sizeof(uint32_t));
     base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
     base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
     base_free(m->sc_off, (size_t)m->sc_cap * sizeof(uint32_t));
@@ -585,6 +589,7 @@ keel_status gram_matcher_accept_token(gram_matcher *m, int32_t token)
  * one per trie node it visits, so they stay bounded). */
 
 #define GM_WS_MAX_TRANS (1u << 21)
+#define GM_WS_MAX_ROWS 8192u /* walk states with a direct row of 256 transitions (8 MiB) */
 
 static uint64_t ws_hash(const uint32_t *x, uint32_t n)
 {
@@ -595,7 +600,8 @@ static void ws_reset(gram_matcher *m)
 {
     m->n_ws = 1; /* the empty set */
     m->n_wspool = 0;
-    m->ws[0] = (gm_ws){{{0}}, 0, 0, 0, false};
+    m->ws[0] = (gm_ws){{{0}}, 0, 0, 0, 0, false};
+    m->n_wrow = 0;
     if (m->wsh_cap) memset(m->wsh_key, 0, (size_t)m->wsh_cap * sizeof *m->wsh_key);
     if (m->wt_cap) memset(m->wt_key, 0, (size_t)m->wt_cap * sizeof *m->wt_key);
     m->n_wt = 0;
@@ -617,7 +623,7 @@ static keel_status ws_begin(gram_matcher *m)
         if (!m->ws || !m->wsh_key || !m->wsh_id || !m->wt_key || !m->wt_val || !m->ws_scr)
             return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory"); /* freed by close */
         ws_reset(m);
-    } else if (m->n_wt > GM_WS_MAX_TRANS) {
+    } else if (m->n_wt > GM_WS_MAX_TRANS || m->n_wrow >= GM_WS_MAX_ROWS) {
         ws_reset(m);
     }
     return KEEL_OK;
@@ -682,7 +688,7 @@ static keel_status ws_intern(gram_matcher *m, uint32_t *x, uint32_t n, uint32_t 
     uint32_t id = m->n_ws++;
     memcpy(m->wspool + m->n_wspool, x, n * sizeof *x);
     gm_ws *w = &m->ws[id];
-    *w = (gm_ws){{{0}}, (uint32_t)m->n_wspool, n, 0, false};
+    *w = (gm_ws){{{0}}, (uint32_t)m->n_wspool, n, 0, 0, false};
     for (uint32_t i = 0; i < n; i++) {
         if (x[i] == m->unode) w->hasu = true;
         if (x[i] == 0 || x[i] == m->unode) continue;
@@ -703,19 +709,44 @@ static keel_status ws_step(gram_matcher *m, uint32_t s, uint8_t b, uint32_t *out
         *out = 0;
         return KEEL_OK;
     }
+    /* a direct row for the states walked often (the first GM_WS_MAX_ROWS
+     * stepped), the hash for the rest */
+    if (!m->ws[s].row && m->n_wrow < GM_WS_MAX_ROWS) {
+        if (m->n_wrow == m->cap_wrow) {
+            uint32_t nc = m->cap_wrow ? m->cap_wrow * 2 : 64;
+            uint32_t *q = base_realloc(m->wrow, (size_t)m->cap_wrow * 256 * sizeof *q, (size_t)nc * 256 * sizeof *q);
+            if (!q) return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+            m->wrow = q;
+            m->cap_wrow = nc;
+        }
+        memset(m->wrow + (size_t)m->n_wrow * 256, 0, 256 * sizeof *m->wrow);
+        m->ws[s].row = ++m->n_wrow;
+    }
+    uint32_t *row = m->ws[s].row ? m->wrow + (size_t)(m->ws[s].row - 1) * 256 : NULL;
+    if (row && row[b]) {
+        *out = row[b] - 1;
+        return KEEL_OK;
+    }
     uint64_t key = ((uint64_t)s << 8 | b) + 1;
     uint32_t k = (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (m->wt_cap - 1);
-    for (; m->wt_key[k]; k = (k + 1) & (m->wt_cap - 1))
-        if (m->wt_key[k] == key) {
-            *out = m->wt_val[k];
-            return KEEL_OK;
-        }
+    if (!row)
+        for (; m->wt_key[k]; k = (k + 1) & (m->wt_cap - 1))
+            if (m->wt_key[k] == key) {
+                *out = m->wt_val[k];
+                return KEEL_OK;
+            }
     uint32_t n = 0;
     /* the walk state's list stays put while stepping (interning comes after) */
     keel_status st = step(m, m->wspool + m->ws[s].off, m->ws[s].cnt, b, m->ws_scr, &n, m->lim.max_set);
     if (st) return st;
     uint32_t id;
     if ((st = ws_intern(m, m->ws_scr, n, &id))) return st;
+    if (m->ws[s].row) { /* (ws_intern may move ws and nothing else: the row stays) */
+        m->wrow[(size_t)(m->ws[s].row - 1) * 256 + b] = id + 1;
+        m->n_wt++;
+        *out = id;
+        return KEEL_OK;
+    }
     if (2 * (m->n_wt + 1) > m->wt_cap) {
         uint32_t nc = m->wt_cap * 2;
         uint64_t *nk = base_calloc(nc, sizeof *nk);
@@ -800,7 +831,11 @@ static keel_status ws_nou(gram_matcher *m, uint32_t s, uint32_t *out)
 
 static void set_tokens(const gram_vocab *v, uint32_t node, uint64_t *bm)
 {
-    for (int32_t t = v->ttok[node]; t >= 0; t = v->tnext[t]) bm[t / 64] |= 1ull << (t % 64);
+    int32_t t = v->ttok[node];
+    if (t < 0) return;
+    bm[t / 64] |= 1ull << (t % 64);
+    if (!v->tmulti[node]) return;
+    for (t = v->tnext[t]; t >= 0; t = v->tnext[t]) bm[t / 64] |= 1ull << (t % 64);
 }
 
 static bool push_u32(uint32_t **p, size_t *n, size_t *cap, uint32_t x)

@@ -124,6 +124,8 @@ typedef struct gram_vocab {
     uint32_t *tend;      /* [n_tnodes] first node after the node's subtree */
     int32_t *ttok;       /* [n_tnodes] a token whose piece ends here, or -1 */
     int32_t *tnext;      /* [n_vocab] the next token with the same piece, or -1 */
+    uint8_t *tmulti;     /* [n_tnodes] 1: more than one token ends here (follow tnext); spares a
+                            walk a cache miss on tnext per token */
     uint32_t max_len;    /* longest piece */
 } gram_vocab;
 

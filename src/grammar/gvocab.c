@@ -114,8 +114,9 @@ keel_status gram_vocab_build(int32_t n_vocab, const uint8_t *const *piece, const
     v->tdepth = base_alloc((nodes + 1) * sizeof *v->tdepth);
     v->tend = base_alloc((nodes + 1) * sizeof *v->tend);
     v->ttok = base_alloc((nodes + 1) * sizeof *v->ttok);
+    v->tmulti = base_calloc(nodes + 1, 1);
     open = base_alloc(((size_t)v->max_len + 1) * sizeof *open); /* open[d]: the node at depth d on the path */
-    if (!v->tbyte || !v->tdepth || !v->tend || !v->ttok || !open) {
+    if (!v->tbyte || !v->tdepth || !v->tend || !v->ttok || !v->tmulti || !open) {
         st = base_err(err, KEEL_ENOMEM, "grammar vocab: out of memory");
         goto fail;
     }
@@ -141,6 +142,7 @@ keel_status gram_vocab_build(int32_t n_vocab, const uint8_t *const *piece, const
         path = l;
         int32_t at = open[l];
         v->tnext[id] = v->ttok[at];
+        v->tmulti[at] = v->ttok[at] >= 0;
         v->ttok[at] = id;
     }
     while (path > 0) v->tend[open[path--]] = k;
