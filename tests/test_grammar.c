@@ -618,7 +618,10 @@ static int64_t seg_walk(const gram *g, const gram_vocab *v, uint64_t seed, int s
 {
     enum { NM = 4, NWORDS = (NV + 63) / 64 };
     gram_limits lim[NM + 1];
-    for (int i = 0; i <= NM; i++) lim[i] = gram_limits_default();
+    for (int i = 0; i <= NM; i++) {
+        lim[i] = gram_limits_default();
+        lim[i].seg_min_walk = 0; /* the vocabulary is small: compose whenever a segment allows */
+    }
     lim[1].seg_max_cost = 1;
     lim[2].seg_max_cost = 64;
     lim[3].max_mask_bytes = 3 * NWORDS * sizeof(uint64_t);

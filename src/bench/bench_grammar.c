@@ -96,11 +96,11 @@ static keel_status dump_run(bench_out *o, const char *prefix, const char *gbnf, 
  * (gram_matcher_apply on lg) per token into cold[] and warm[] (n_seq
  * each); *n the tokens timed. The model's threads are idle here, so on a
  * busy machine these are steadier than the timings beside the decode. */
-static keel_status replay(const gram *g, const gram_vocab *v, const int32_t *seq, int64_t n_seq, float *lg,
-                          double *cold, double *warm, int64_t *n, char *err)
+static keel_status replay(const gram *g, const gram_vocab *v, const gram_limits *lim, const int32_t *seq,
+                          int64_t n_seq, float *lg, double *cold, double *warm, int64_t *n, char *err)
 {
     gram_matcher *gm = NULL;
-    keel_status st = gram_matcher_open(g, v, NULL, &gm, err);
+    keel_status st = gram_matcher_open(g, v, lim, &gm, err);
     if (st) return st;
     for (int pass = 0; pass < 2 && !st; pass++) {
         double *t = pass ? warm : cold;
@@ -133,16 +133,20 @@ static double mean_d(const double *v, int64_t n)
 keel_status bench_grammar(int argc, char **argv, bench_out *o)
 {
     static const bench_flag spec[] = {{"-m", true}, {"-n", true}, {"-t", true}, {"-s", true}, {"--json-schema", true},
-                                      {"--dump", true}};
+                                      {"--dump", true}, {"--seg-cost", true}};
     keel_status st = bench_check_args(o, "grammar", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
     if (!path) return base_err(o->err, KEEL_EINVAL, "bench grammar: -m MODEL is required (e.g. keel gen-model --vocab 151936)");
-    int64_t n_gen, threads, seed;
+    int64_t n_gen, threads, seed, seg_cost;
+    gram_limits lim = gram_limits_default();
     if ((st = bench_int_opt(o, "grammar", argc, argv, "-n", 1, 65536, 256, &n_gen)) != KEEL_OK ||
         (st = bench_int_opt(o, "grammar", argc, argv, "-t", 0, 256, 0, &threads)) != KEEL_OK ||
-        (st = bench_int_opt(o, "grammar", argc, argv, "-s", 0, INT64_MAX, 1, &seed)) != KEEL_OK)
+        (st = bench_int_opt(o, "grammar", argc, argv, "-s", 0, INT64_MAX, 1, &seed)) != KEEL_OK ||
+        (st = bench_int_opt(o, "grammar", argc, argv, "--seg-cost", 0, UINT32_MAX, lim.seg_max_cost, &seg_cost)) !=
+            KEEL_OK)
         return st;
+    lim.seg_max_cost = (uint32_t)seg_cost;
     keel_model_params mp = keel_model_params_default();
     mp.path = path;
     keel_model *m = NULL;
@@ -219,7 +223,7 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
         goto out;
     }
     double compile_ms = (double)(base_time_ns() - t0) * 1e-6 / reps;
-    if ((st = gram_matcher_open(g, v, NULL, &gm, err)) != KEEL_OK) {
+    if ((st = gram_matcher_open(g, v, &lim, &gm, err)) != KEEL_OK) {
         base_err(o->err, st, "bench grammar: matcher: %s", err);
         goto out;
     }
@@ -323,7 +327,7 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     sort_d(t_apply, n_done);
     double state_med = pct(t_state, n_done, 0.5), apply_med = pct(t_apply, n_done, 0.5);
     int64_t n_rep = 0;
-    if ((st = replay(g, v, seq, n_seq, lg, t_rc, t_rw, &n_rep, err)) != KEEL_OK) {
+    if ((st = replay(g, v, &lim, seq, n_seq, lg, t_rc, t_rw, &n_rep, err)) != KEEL_OK) {
         base_err(o->err, st, "bench grammar: replay: %s", err);
         goto out;
     }

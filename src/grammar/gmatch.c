@@ -106,6 +106,7 @@ gram_limits gram_limits_default(void)
         .max_memo_ids = (size_t)1 << 25,
         .max_mask_bytes = (size_t)64 << 20,
         .seg_max_cost = 32768,
+        .seg_min_walk = 16384,
     };
     return l;
 }
@@ -826,7 +827,7 @@ static keel_status ws_nou(gram_matcher *m, uint32_t s, uint32_t *out)
  * string's parent stays out. */
 
 #define GM_SEG_MAX_DEPTH 4    /* segments tried per stack */
-#define GM_SEG_MAX_ESC 65536u /* escapes kept per segment; beyond: poor */
+#define GM_SEG_MAX_ESC 8192u  /* escapes kept per segment; beyond: poor */
 #define GM_SEG_HEAD 513       /* a record's offsets by byte [257] and subtree sizes by byte [256] */
 
 static void set_tokens(const gram_vocab *v, uint32_t node, uint64_t *bm)
@@ -1050,7 +1051,13 @@ static keel_status mask_compute(gram_matcher *m, uint32_t n, uint64_t *out)
 {
     const gram_vocab *v = m->v;
     keel_status st;
-    if (m->lim.seg_max_cost) {
+    /* a stack whose first byte leads into few trie nodes walks them (a
+     * segment would cost as much the first time, and its compose more) */
+    const gram_set *first = &m->g->sets[GRAM_VAL(m->g->el[m->npos[n]])];
+    uint64_t bound = 0;
+    for (int b = 0; b < 256; b++)
+        if (gram_set_has(first, (uint8_t)b)) bound += v->tsub1[b];
+    if (m->lim.seg_max_cost && bound > m->lim.seg_min_walk) {
         size_t depth = 0;
         for (uint32_t x = n; x != 0; x = m->npar[x]) {
             if (!grow_u32(&m->chain, &m->cap_chain, depth + 1))

@@ -127,6 +127,7 @@ typedef struct gram_vocab {
     uint8_t *tmulti;     /* [n_tnodes] 1: more than one token ends here (follow tnext); spares a
                             walk a cache miss on tnext per token */
     uint32_t max_len;    /* longest piece */
+    uint32_t tsub1[256]; /* trie nodes under (and at) the depth-1 node of each byte: a walk's bound */
 } gram_vocab;
 
 /* Builds the trie of n_vocab pieces (piece i: len[i] bytes at piece[i];
@@ -146,8 +147,10 @@ typedef struct gram_limits {
     uint32_t max_closure;    /* expansion steps of one closure (1 << 16) */
     size_t max_memo_ids;     /* node ids held by the memo tables (1 << 25) */
     size_t max_mask_bytes;   /* token-mask cache; cleared when full (64 MiB) */
-    uint32_t seg_max_cost;   /* escape children a stack's mask may be composed from (4096);
-                                0: every stack walks the whole trie (tests compare the two) */
+    uint32_t seg_max_cost;   /* trie nodes the escapes of a segment may make a stack's mask walk
+                                (32768); 0: every stack walks the whole trie (tests compare) */
+    uint32_t seg_min_walk;   /* a stack whose first bytes lead into at most this many trie
+                                nodes walks them instead of composing (16384) */
 } gram_limits;
 
 gram_limits gram_limits_default(void);

@@ -146,6 +146,7 @@ keel_status gram_vocab_build(int32_t n_vocab, const uint8_t *const *piece, const
         v->ttok[at] = id;
     }
     while (path > 0) v->tend[open[path--]] = k;
+    for (uint32_t i = 0; i < v->n_tnodes; i = v->tend[i]) v->tsub1[v->tbyte[i]] = v->tend[i] - i;
     base_free(ord, (size_t)n_vocab * sizeof *ord);
     base_free(tmp, (size_t)n_vocab * sizeof *tmp);
     base_free(open, ((size_t)v->max_len + 1) * sizeof *open);
