@@ -13,6 +13,11 @@
  * the compile time of a generated 30-property schema (nested objects,
  * arrays, enums, string lengths).
  * When the grammar is complete the matcher starts over (another value).
+ * Then the sampled tokens (or those of --text FILE) are replayed on a
+ * fresh matcher and again with every mask cached, without decoding in
+ * between. --seg-cost N sets gram_limits.seg_max_cost (0: whole-stack
+ * walks only); --dump PREFIX writes PREFIX.gbnf and PREFIX.tokens for
+ * tools/grammar/llama_grammar_bench.cpp.
  */
 #include "bench.h"
 
@@ -123,6 +128,8 @@ static keel_status replay(const gram *g, const gram_vocab *v, const gram_limits 
     return st;
 }
 
+#define T_IDS 65536 /* tokens of --text at most */
+
 static double mean_d(const double *v, int64_t n)
 {
     double s = 0;
@@ -133,7 +140,8 @@ static double mean_d(const double *v, int64_t n)
 keel_status bench_grammar(int argc, char **argv, bench_out *o)
 {
     static const bench_flag spec[] = {{"-m", true}, {"-n", true}, {"-t", true}, {"-s", true}, {"--json-schema", true},
-                                      {"--dump", true}, {"--seg-cost", true}};
+                                      {"--dump", true}, {"--seg-cost", true},
+                                      {"--text", true}};
     keel_status st = bench_check_args(o, "grammar", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
@@ -158,6 +166,7 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     float *lg = NULL;
     double *t_mask = NULL, *t_mask_warm = NULL, *t_dec = NULL, *t_acc = NULL, *t_state = NULL, *t_apply = NULL;
     double *t_rc = NULL, *t_rw = NULL; /* replayed: a fresh matcher, then every mask cached */
+    int32_t *t_ids = NULL;             /* the tokens of --text */
     uint64_t *mbits = NULL;
     int32_t *seq = NULL; /* the sampled tokens, -1 where the matcher starts over (--dump) */
     int64_t n_seq = 0;
@@ -246,9 +255,10 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     t_apply = base_alloc((size_t)n_gen * sizeof(double));
     mbits = base_alloc((size_t)v->n_words * sizeof *mbits);
     seq = base_alloc((size_t)n_gen * 2 * sizeof *seq);
-    t_rc = base_alloc((size_t)n_gen * 2 * sizeof *t_rc);
-    t_rw = base_alloc((size_t)n_gen * 2 * sizeof *t_rw);
-    if (!t_rc || !t_rw || !lg || !t_mask || !t_mask_warm || !t_dec || !t_acc || !t_state || !t_apply || !mbits || !seq) {
+    t_rc = base_alloc((size_t)BASE_MAX(n_gen * 2, T_IDS) * sizeof *t_rc);
+    t_rw = base_alloc((size_t)BASE_MAX(n_gen * 2, T_IDS) * sizeof *t_rw);
+    t_ids = base_alloc((size_t)T_IDS * sizeof *t_ids);
+    if (!t_rc || !t_rw || !t_ids || !lg || !t_mask || !t_mask_warm || !t_dec || !t_acc || !t_state || !t_apply || !mbits || !seq) {
         st = base_err(o->err, KEEL_ENOMEM, "bench grammar: out of memory");
         goto out;
     }
@@ -326,8 +336,30 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     sort_d(t_state, n_done);
     sort_d(t_apply, n_done);
     double state_med = pct(t_state, n_done, 0.5), apply_med = pct(t_apply, n_done, 0.5);
+    /* --text FILE: the replay follows that text's tokens instead */
+    const char *text_path = bench_opt(argc, argv, "--text");
+    const int32_t *rseq = seq;
+    int64_t n_rseq = n_seq;
+    if (text_path) {
+        FILE *f = fopen(text_path, "rb");
+        size_t cap = 1 << 20, n_text = 0;
+        char *text = f ? base_alloc(cap) : NULL;
+        if (text) n_text = fread(text, 1, cap, f);
+        if (f) fclose(f);
+        int32_t n_tok = 0;
+        keel_status ts = text && n_text < cap ? keel_tokenize(m, text, n_text, false, false, t_ids, T_IDS, &n_tok)
+                                              : KEEL_EIO;
+        base_free(text, text ? cap : 0);
+        if (ts != KEEL_OK) {
+            st = base_err(o->err, ts, "bench grammar: --text %s: cannot read or tokenize (up to 1 MiB, %d tokens)",
+                          text_path, T_IDS);
+            goto out;
+        }
+        rseq = t_ids;
+        n_rseq = n_tok;
+    }
     int64_t n_rep = 0;
-    if ((st = replay(g, v, &lim, seq, n_seq, lg, t_rc, t_rw, &n_rep, err)) != KEEL_OK) {
+    if ((st = replay(g, v, &lim, rseq, n_rseq, lg, t_rc, t_rw, &n_rep, err)) != KEEL_OK) {
         base_err(o->err, st, "bench grammar: replay: %s", err);
         goto out;
     }
@@ -377,8 +409,8 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
                      (long long)n_cold, (long long)gs.mask_misses, (long long)gs.seg_walks,
                      (double)gs.miss_ns * 1e-6);
         bench_printf(o, "| stack masks composed from a segment | %lld |\n", (long long)gs.mask_composed);
-        bench_printf(o, "| replayed without decoding, fresh matcher: mask median / mean | %.1f / %.1f us |\n", rc_med,
-                     rc_mean);
+        bench_printf(o, "| replayed without decoding%s%s (%lld tokens), fresh matcher: mask median / mean | %.1f / %.1f us |\n",
+                     text_path ? ", the tokens of " : "", text_path ? text_path : "", (long long)n_rep, rc_med, rc_mean);
         bench_printf(o, "| replayed again, every mask cached: median / mean | %.1f / %.1f us |\n", rw_med, rw_mean);
         bench_printf(o, "| advance by the token, mean | %.2f us |\n", sum_a / (double)n_done);
         bench_printf(o, "| mask / decode step (medians) | %.2f%% |\n", 100.0 * mask_med * 1e-3 / dec_med);
@@ -398,8 +430,9 @@ out:
     base_free(t_apply, (size_t)n_gen * sizeof(double));
     base_free(mbits, v ? (size_t)v->n_words * sizeof *mbits : 0);
     base_free(seq, (size_t)n_gen * 2 * sizeof *seq);
-    base_free(t_rc, (size_t)n_gen * 2 * sizeof *t_rc);
-    base_free(t_rw, (size_t)n_gen * 2 * sizeof *t_rw);
+    base_free(t_rc, (size_t)BASE_MAX(n_gen * 2, T_IDS) * sizeof *t_rc);
+    base_free(t_rw, (size_t)BASE_MAX(n_gen * 2, T_IDS) * sizeof *t_rw);
+    base_free(t_ids, (size_t)T_IDS * sizeof *t_ids);
     base_free(gbnf, gbnf ? n_gbnf + 1 : 0);
     base_free(lg, (size_t)n_vocab * sizeof *lg);
     gram_matcher_close(gm);
