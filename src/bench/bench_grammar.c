@@ -1,6 +1,7 @@
 /*
  * bench_grammar.c — `keel bench grammar -m MODEL [-n 256] [-t N] [-s SEED]
- * [--json-schema FILE] [--json]`: the cost of constrained decoding per
+ * [--json-schema FILE] [--text FILE] [--seg-cost N] [--dump PREFIX]
+ * [--json]`: the cost of constrained decoding per
  * generated token beside the decode step of the same model in the same
  * run. The model generates n tokens at temperature 1 (no other filter)
  * under a JSON grammar (any JSON value, nested objects and arrays,
