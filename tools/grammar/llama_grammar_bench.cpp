@@ -1,12 +1,11 @@
 // llama_grammar_bench.cpp — llama.cpp's grammar sampler on the grammar and
 // the token sequence of a `keel bench grammar --dump PREFIX` run, for the
 // comparison in docs/grammar.md ("## Measured"). Built by hand against a
-// llama.cpp build (not part of keel's build):
+// llama.cpp build (not part of keel's build), LLAMA its source tree:
 //
-//   g++ -O2 -std=c++17 tools/grammar/llama_grammar_bench.cpp \
-//       -I$LLAMA/include -I$LLAMA/ggml/include -L$LLAMA/build/bin \
-//       -lllama -lggml -lggml-base -Wl,-rpath,$LLAMA/build/bin -o llama_grammar_bench
-//   ./llama_grammar_bench MODEL.gguf PREFIX [--json]
+//   g++ -O2 -std=c++17 tools/grammar/llama_grammar_bench.cpp -I$LLAMA/include -I$LLAMA/ggml/include
+//       -L$LLAMA/build/bin -lllama -lggml -lggml-base -Wl,-rpath,$LLAMA/build/bin -o llama_grammar_bench
+//   ./llama_grammar_bench MODEL.gguf PREFIX [--max N] [--json]
 //
 // MODEL.gguf is loaded with vocab_only. PREFIX.gbnf is the grammar (start
 // rule root), PREFIX.tokens the sampled ids, one a line, "reset" where keel's
@@ -47,10 +46,15 @@ static double pct(std::vector<double> v, double p)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL.gguf PREFIX [--json]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf PREFIX [--max N] [--json]\n", argv[0]);
         return 2;
     }
-    bool json = argc > 3 && strcmp(argv[3], "--json") == 0;
+    bool json = false;
+    long max_tokens = -1; // the first N tokens only (llama.cpp takes up to 0.2 s a token here)
+    for (int i = 3; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) json = true;
+        else if (strcmp(argv[i], "--max") == 0 && i + 1 < argc) max_tokens = atol(argv[++i]);
+    }
     std::string prefix = argv[2];
     std::ifstream gf(prefix + ".gbnf");
     std::ifstream tf(prefix + ".tokens");
@@ -93,6 +97,7 @@ int main(int argc, char **argv)
     std::vector<double> t_apply, t_accept;
     int banned = 0, resets = 0;
     for (int tok : seq) {
+        if (max_tokens >= 0 && (long)t_apply.size() >= max_tokens) break;
         if (tok < 0) {
             llama_sampler_reset(gram);
             resets++;
