@@ -76,8 +76,9 @@ static double pct(const double *sorted, int64_t n, double p)
     return sorted[BASE_MAX(0, BASE_MIN(i, n - 1))];
 }
 
-/* --dump P: P.gbnf (the grammar) and P.tokens (the sampled ids, one a
- * line, "reset" where the matcher started over), for the llama.cpp
+/* --dump P: P.gbnf (the grammar) and P.tokens (the replayed ids: those
+ * sampled or those of --text; one a line, "reset" where the matcher
+ * started over), for the llama.cpp
  * comparison (tools/grammar/llama_grammar_bench.cpp). */
 static keel_status dump_run(bench_out *o, const char *prefix, const char *gbnf, const int32_t *seq, int64_t n_seq)
 {
@@ -359,6 +360,8 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
         rseq = t_ids;
         n_rseq = n_tok;
     }
+    const char *dump = bench_opt(argc, argv, "--dump"); /* the replayed tokens */
+    if (dump && (st = dump_run(o, dump, gbnf ? gbnf : g_json_gbnf, rseq, n_rseq)) != KEEL_OK) goto out;
     int64_t n_rep = 0;
     if ((st = replay(g, v, &lim, rseq, n_rseq, lg, t_rc, t_rw, &n_rep, err)) != KEEL_OK) {
         base_err(o->err, st, "bench grammar: replay: %s", err);
@@ -368,8 +371,7 @@ keel_status bench_grammar(int argc, char **argv, bench_out *o)
     sort_d(t_rc, n_rep);
     sort_d(t_rw, n_rep);
     double rc_med = pct(t_rc, n_rep, 0.5), rw_med = pct(t_rw, n_rep, 0.5);
-    const char *dump = bench_opt(argc, argv, "--dump");
-    if (dump && (st = dump_run(o, dump, gbnf ? gbnf : g_json_gbnf, seq, n_seq)) != KEEL_OK) goto out;
+
     double dec_med = pct(t_dec, n_done, 0.5), mask_med = pct(t_mask, n_done, 0.5);
     double warm_med = pct(t_mask_warm, n_warm, 0.5), warm_mean = n_warm ? sum_w / (double)n_warm : 0;
     int64_t n_cold = n_done - n_warm;
