@@ -1,17 +1,24 @@
 /*
  * gmatch.c — the matcher of constrained decoding (grammar.h): hash-consed
  * stacks, their closure and byte transitions (memoized), states as sets of
- * stacks, and the token masks cached per stack.
+ * stacks, and the token masks: trie walks over interned walk states, masks
+ * cached per stack and per state, stacks composed from shared segments.
  *
  * Tables of one matcher (each growable up to its gram_limits cap):
  *   npos/npar [n_nodes]   node i = (element position, parent node); node 0
- *                         is the empty stack (root complete)
+ *                         is the empty stack (root complete); unode the
+ *                         unknown bottom of segments (never in a state)
  *   nhash                 (pos, parent) -> node, open addressing
  *   memo (mkey/moff/mcnt) (node, byte) -> the closure of the stacks it
  *                         leads to, and (node, 256) -> the closure of a raw
  *                         node; lists live in pool[]
  *   mslot [n_nodes]       node -> 1 + index of its cached token mask
- *   masks                 [n_masks][n_words] token bitmaps
+ *   sslot [n_nodes]       segment node -> 1 + index of its record (segs)
+ *   masks                 [n_masks][n_words] token bitmaps (stacks, states,
+ *                         segments' accepted tokens); epool: the segments'
+ *                         escape lists; both cleared together when full
+ *   ws, wspool, wsh, wt,  walk states (sets of stacks) and their
+ *   wrow                  transitions; dropped at a walk's start when large
  * Invariant: every node in a state has a byte set on top, or is node 0.
  */
 #include "grammar.h"

@@ -5,9 +5,9 @@
  *   gram          a compiled grammar (gbnf.c): llama.cpp's GBNF turned into
  *                 a byte-level grammar whose terminals are sets of bytes.
  *                 Immutable; may be shared by threads.
- *   gram_vocab    a vocabulary's token bytes as a trie in preorder (gmask.c).
+ *   gram_vocab    a vocabulary's token bytes as a trie in preorder (gvocab.c).
  *                 Immutable; may be shared by threads.
- *   gram_matcher  one sequence's parse state (gmatch.c, gmask.c): a set of
+ *   gram_matcher  one sequence's parse state (gmatch.c, gmask_*.c): a set of
  *                 pushdown stacks, the token mask of the current state,
  *                 advance by a token or by bytes. One thread at a time.
  *
@@ -35,12 +35,20 @@
  * never the length of the text so far. Left recursion is refused at
  * compile time (with the cycle named), as llama.cpp does.
  *
- * Token masks. For a node n the tokens accepted from the stack n are
- * found by a walk of the vocabulary trie that carries the set of stacks
- * each prefix leads to and skips a subtree as soon as that set is empty;
- * the result depends on n alone (the whole stack is the key), so it is
- * cached per node: the mask of a state is the OR of its nodes' cached
- * masks. A cache miss walks the trie; a hit is n_vocab / 64 word ORs.
+ * Token masks. The tokens accepted from a stack are found by a walk of the
+ * vocabulary trie (gvocab.c: preorder, each node with the end of its
+ * subtree) that carries the set of stacks each prefix leads to and skips a
+ * subtree as soon as that set is empty; the sets are interned as walk
+ * states with memoized transitions, so a step of the walk is one lookup.
+ * A stack's mask is cached per stack, a state's (the OR of its stacks',
+ * the end-of-generation bits set exactly when complete) per state. A new
+ * stack whose first bytes lead into many trie nodes is composed instead
+ * of walked when it can be: its top frames (a segment, hash-consed over an
+ * unknown bottom) are walked once and shared by every stack with the same
+ * top, giving the tokens accepted whatever lies below and the trie nodes
+ * where the segment finishes; the stack's own rest is then walked only
+ * from those (xgrammar's context-independent / -dependent tokens, with
+ * the segment's depth chosen per stack). Exact: equal to the whole walk.
  *
  * Bounds: every table has a cap (gram_limits); exceeding one is
  * KEEL_ERANGE with the limit named, never a hang or an unbounded
