@@ -729,12 +729,72 @@ static void test_mask_segments(void **state)
     free_vocab(&tv);
 }
 
+/* Masks along a fixed path with each allocation failing in turn: the
+ * failure is KEEL_ENOMEM with nothing leaked, or (a cache that could not
+ * be kept) the right mask anyway. */
+typedef struct mask_sweep {
+    const gram *g;
+    const gram_vocab *v;
+    int32_t path[16];
+    int n_path;
+    uint64_t want[17][(NV + 63) / 64];
+} mask_sweep;
+
+static keel_status mask_sweep_op(void *ctx)
+{
+    mask_sweep *c = ctx;
+    gram_limits lim = gram_limits_default();
+    lim.seg_min_walk = 0;
+    gram_matcher *m = NULL;
+    keel_status st = gram_matcher_open(c->g, c->v, &lim, &m, NULL);
+    for (int s = 0; !st && s <= c->n_path; s++) {
+        uint64_t got[(NV + 63) / 64];
+        if ((st = gram_matcher_mask(m, got))) break;
+        if (memcmp(got, c->want[s], sizeof got) != 0) fail_msg("mask %d differs after an allocation failure", s);
+        if (s < c->n_path) st = gram_matcher_accept_token(m, c->path[s]);
+    }
+    gram_matcher_close(m);
+    if (st == KEEL_OK && test_alloc_failed()) st = KEEL_ENOMEM; /* swallowed by design: the mask was right */
+    return st;
+}
+
+static void test_mask_alloc_failures(void **state)
+{
+    (void)state;
+    tvocab tv;
+    mask_sweep *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    gram_vocab *v = NULL;
+    make_vocab(&tv, &v);
+    gram *g = compile_ok("root ::= \"{\" ws ( kv ( ws \",\" ws kv ){0,3} )? ws \"}\"\n"
+                         "kv ::= \"\\\"\" [a-z]{1,6} \"\\\"\" ws \":\" ws ( [0-9]{1,4} | root )\n"
+                         "ws ::= [ \\t\\n]{0,4}");
+    c->g = g;
+    c->v = v;
+    const char *text = "{ \"name\":{\"x\":12}}"; /* the path: its single-byte tokens */
+    gram_matcher *m = NULL;
+    assert_ok(gram_matcher_open(g, v, NULL, &m, NULL));
+    for (const char *p = text; *p && c->n_path < 16; p++) {
+        assert_ok(gram_matcher_mask(m, c->want[c->n_path]));
+        c->path[c->n_path++] = (uint8_t)*p;
+        assert_ok(gram_matcher_accept_token(m, (uint8_t)*p));
+    }
+    assert_ok(gram_matcher_mask(m, c->want[c->n_path]));
+    gram_matcher_close(m);
+    assert_true(test_alloc_sweep(mask_sweep_op, c) > 20);
+    gram_free(g);
+    gram_vocab_free(v);
+    free_vocab(&tv);
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),      cmocka_unit_test(test_accept_reject), cmocka_unit_test(test_llamacpp_cases),
         cmocka_unit_test(test_masks),       cmocka_unit_test(test_limits),        cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_schema),      cmocka_unit_test(test_sampling),      cmocka_unit_test(test_mask_segments),
+        cmocka_unit_test(test_mask_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

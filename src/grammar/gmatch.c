@@ -104,6 +104,8 @@ struct gram_matcher {
     char err[BASE_ERR_CAP];
 };
 
+static void ws_free(gram_matcher *m);
+
 gram_limits gram_limits_default(void)
 {
     gram_limits l = {
@@ -422,14 +424,7 @@ void gram_matcher_close(gram_matcher *m)
     base_free(m->esc, m->cap_esc * sizeof(uint32_t));
     base_free(m->eend, m->cap_eend * sizeof(uint32_t));
     base_free(m->chain, m->cap_chain * sizeof(uint32_t));
-    base_free(m->ws, (size_t)m->cap_ws * sizeof *m->ws);
-    base_free(m->wspool, m->cap_wspool * sizeof(uint32_t));
-    base_free(m->ws_scr, m->ws ? (size_t)m->lim.max_set * sizeof(uint32_t) : 0);
-    base_free(m->wsh_key, (size_t)m->wsh_cap * sizeof(uint64_t));
-    base_free(m->wsh_id, (size_t)m->wsh_cap * sizeof(uint32_t));
-    base_free(m->wt_key, (size_t)m->wt_cap * sizeof(uint64_t));
-    base_free(m->wt_val, (size_t)m->wt_cap * sizeof(uint32_t));
-    base_free(m->wrow, (size_t)m->cap_wrow * 256 * sizeof(uint32_t));
+    ws_free(m);
     base_free(m->sc_hash, (size_t)m->sc_cap * sizeof *m->sc_hash);
     base_free(m->sc_mask, (size_t)m->sc_cap * sizeof(uint32_t));
     base_free(m->sc_off, (size_t)m->sc_cap * sizeof(uint32_t));
@@ -615,6 +610,25 @@ static void ws_reset(gram_matcher *m)
     m->n_wt = 0;
 }
 
+static void ws_free(gram_matcher *m)
+{
+    base_free(m->ws, (size_t)m->cap_ws * sizeof *m->ws);
+    base_free(m->wspool, m->cap_wspool * sizeof(uint32_t));
+    base_free(m->ws_scr, m->cap_ws ? (size_t)m->lim.max_set * sizeof(uint32_t) : 0);
+    base_free(m->wsh_key, (size_t)m->wsh_cap * sizeof(uint64_t));
+    base_free(m->wsh_id, (size_t)m->wsh_cap * sizeof(uint32_t));
+    base_free(m->wt_key, (size_t)m->wt_cap * sizeof(uint64_t));
+    base_free(m->wt_val, (size_t)m->wt_cap * sizeof(uint32_t));
+    base_free(m->wrow, (size_t)m->cap_wrow * 256 * sizeof(uint32_t));
+    m->ws = NULL;
+    m->wspool = m->ws_scr = m->wsh_id = m->wt_val = m->wrow = NULL;
+    m->wsh_key = m->wt_key = NULL;
+    m->cap_ws = m->wsh_cap = m->wt_cap = m->cap_wrow = 0;
+    m->cap_wspool = 0;
+    m->n_ws = m->n_wt = m->n_wrow = 0;
+    m->n_wspool = 0;
+}
+
 /* Makes the tables ready for a walk (dropping them when large). */
 static keel_status ws_begin(gram_matcher *m)
 {
@@ -628,8 +642,10 @@ static keel_status ws_begin(gram_matcher *m)
         m->wt_key = base_calloc(m->wt_cap, sizeof *m->wt_key);
         m->wt_val = base_alloc((size_t)m->wt_cap * sizeof *m->wt_val);
         m->ws_scr = base_alloc((size_t)m->lim.max_set * sizeof *m->ws_scr);
-        if (!m->ws || !m->wsh_key || !m->wsh_id || !m->wt_key || !m->wt_val || !m->ws_scr)
-            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory"); /* freed by close */
+        if (!m->ws || !m->wsh_key || !m->wsh_id || !m->wt_key || !m->wt_val || !m->ws_scr) {
+            ws_free(m); /* all or nothing: the next walk tries again */
+            return base_err(m->err, KEEL_ENOMEM, "grammar: out of memory");
+        }
         ws_reset(m);
     } else if (m->n_wt > GM_WS_MAX_TRANS || m->n_wrow >= GM_WS_MAX_ROWS) {
         ws_reset(m);

@@ -20,6 +20,7 @@ void gram_vocab_free(gram_vocab *v)
     base_free(v->tend, ((size_t)v->n_tnodes + 1) * sizeof *v->tend);
     base_free(v->ttok, ((size_t)v->n_tnodes + 1) * sizeof *v->ttok);
     base_free(v->tnext, (size_t)v->n_vocab * sizeof *v->tnext);
+    base_free(v->tmulti, (size_t)v->n_tnodes + 1);
     base_free(v, sizeof *v);
 }
 
