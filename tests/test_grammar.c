@@ -4,13 +4,15 @@
  * and grammar files (tests/data/grammar, extracted by
  * tools/grammar/extract_llamacpp_grammar.py), token masks against a brute
  * force over a vocabulary with multi-element tokens and pieces that cut
- * UTF-8 characters, the caps (a refusal, not a hang), allocation failures,
+ * UTF-8 characters, masks composed from stack segments against whole-stack
+ * walks, the caps (a refusal, not a hang), allocation failures,
  * and sampling through keel_complete with a random-weight model at
  * temperature 1: every output is a complete sentence of its grammar.
  */
 #include "testutil.h"
 #include "base/base.h"
 #include "grammar/grammar.h"
+#include "tensor/tensor.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -605,12 +607,194 @@ static void test_sampling(void **state)
     unlink(g_model);
 }
 
+/* ---- segment masks ------------------------------------------------------------------------ */
+
+/* At every step of random walks, the masks composed from shared stack
+ * segments (default limits; costs of 1 and 64 trie nodes, which choose
+ * other segment depths or the whole-stack walk; a mask cache of three
+ * masks, cleared while composing) equal those of whole-stack walks
+ * (seg_max_cost 0). Returns the stack masks composed with the defaults. */
+static int64_t seg_walk(const gram *g, const gram_vocab *v, uint64_t seed, int steps)
+{
+    enum { NM = 4, NWORDS = (NV + 63) / 64 };
+    gram_limits lim[NM + 1];
+    for (int i = 0; i <= NM; i++) {
+        lim[i] = gram_limits_default();
+        lim[i].seg_min_walk = 0; /* the vocabulary is small: compose whenever a segment allows */
+    }
+    lim[1].seg_max_cost = 1;
+    lim[2].seg_max_cost = 64;
+    lim[3].max_mask_bytes = 3 * NWORDS * sizeof(uint64_t);
+    lim[NM].seg_max_cost = 0; /* the reference */
+    gram_matcher *m[NM + 1] = {NULL};
+    char err[BASE_ERR_CAP] = "";
+    for (int i = 0; i <= NM; i++) assert_ok(gram_matcher_open(g, v, &lim[i], &m[i], err));
+    base_rng r;
+    base_rng_seed(&r, seed);
+    for (int s = 0; s < steps; s++) {
+        uint64_t want[NWORDS], got[NWORDS];
+        assert_ok(gram_matcher_mask(m[NM], want));
+        for (int i = 0; i < NM; i++) {
+            assert_ok(gram_matcher_mask(m[i], got));
+            for (int32_t t = 0; t < NV; t++) {
+                bool a = (got[t / 64] >> (t % 64)) & 1u, b = (want[t / 64] >> (t % 64)) & 1u;
+                if (a != b) fail_msg("seed %llu step %d limits %d: token %d composed %d, whole-stack walk %d",
+                                     (unsigned long long)seed, s, i, t, a, b);
+            }
+        }
+        int32_t allowed[NV], n_allowed = 0;
+        for (int32_t t = 0; t < NV; t++)
+            if ((want[t / 64] >> (t % 64)) & 1u) allowed[n_allowed++] = t;
+        if (n_allowed == 0) break;
+        int32_t t = allowed[base_rng_below(&r, (uint64_t)n_allowed)];
+        for (int i = 0; i <= NM; i++) assert_ok(gram_matcher_accept_token(m[i], t));
+        if (t == 257 || t == 259) break;
+    }
+    gram_stats gs;
+    gram_matcher_stats(m[0], &gs);
+    for (int i = 0; i <= NM; i++) gram_matcher_close(m[i]);
+    return gs.mask_composed;
+}
+
+static void test_mask_segments(void **state)
+{
+    (void)state;
+    tvocab tv;
+    gram_vocab *v = NULL;
+    make_vocab(&tv, &v);
+    int64_t composed = 0;
+    const char *files[] = {"json.gbnf", "json_arr.gbnf", "arithmetic.gbnf", "list.gbnf", "chess.gbnf",
+                           "japanese.gbnf", "c.gbnf", "english.gbnf"};
+    for (size_t f = 0; f < BASE_ARRAY_LEN(files); f++) {
+        char *src = read_data_grammar(files[f]);
+        gram *g = compile_ok(src);
+        for (uint64_t seed = 1; seed <= 3; seed++) composed += seg_walk(g, v, seed * 131 + f, 60);
+        gram_free(g);
+        free(src);
+    }
+    static const char *inline_grammars[] = {
+        /* bounded chains: a new stack at every character */
+        "root ::= \"{\" ws ( kv ( ws \",\" ws kv ){0,3} )? ws \"}\"\n"
+        "kv ::= \"\\\"\" [a-z]{1,6} \"\\\"\" ws \":\" ws ( str | [0-9]{1,4} | root )\n"
+        "str ::= \"\\\"\" ( [^\"\\\\] | \"\\\\\" [\"\\\\n] ){0,10} \"\\\"\"\n"
+        "ws ::= [ \\t\\n]{0,4}",
+        "root ::= ( [^ ]{0,3} \" \" ){0,5} \"e4\"?",
+        "root ::= [α-ω]+ \"é\"? ([^a-z]{2,3})* \"\\n\"",
+        "root ::= (\"ab\" | \"a\" \"b\" \"c\" | [a-c]{2})+ \"!\"?",
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(inline_grammars); i++) {
+        gram *g = compile_ok(inline_grammars[i]);
+        for (uint64_t seed = 1; seed <= 6; seed++) composed += seg_walk(g, v, seed * 17 + i, 60);
+        gram_free(g);
+    }
+    static const char *schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
+        "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":3},\"maxItems\":3},"
+        "\"n\":{\"type\":\"number\"},\"x\":{\"anyOf\":[{\"type\":\"null\"},{\"enum\":[\"ok\",true]}]}},"
+        "\"required\":[\"name\"],\"additionalProperties\":false}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
+        "\"maxItems\":4}",
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(schemas); i++) {
+        gram *g = NULL;
+        char err[BASE_ERR_CAP] = "";
+        if (gram_compile_schema(schemas[i], strlen(schemas[i]), &g, err)) fail_msg("schema %zu: %s", i, err);
+        for (uint64_t seed = 1; seed <= 6; seed++) composed += seg_walk(g, v, seed * 23 + i, 80);
+        gram_free(g);
+    }
+    assert_true(composed > 100); /* the segment path is the one tested */
+    /* the pass over the logits at each SIMD level (700 tokens: 10 words and
+     * a tail of 60) bans exactly the tokens whose bit is clear */
+    gram *g = compile_ok("root ::= \"{\" [a-z \"]{0,5} \"}\"");
+    gram_matcher *m = NULL;
+    assert_ok(gram_matcher_open(g, v, NULL, &m, NULL));
+    assert_ok(gram_matcher_accept_token(m, '{'));
+    uint64_t mask[(NV + 63) / 64];
+    assert_ok(gram_matcher_mask(m, mask));
+    tensor_simd was = tensor_simd_level();
+    for (int lv = TENSOR_SIMD_SCALAR; lv <= TENSOR_SIMD_AVX512; lv++) {
+        tensor_simd_force((tensor_simd)lv);
+        float logits[NV];
+        for (int i = 0; i < NV; i++) logits[i] = (float)i;
+        assert_ok(gram_matcher_apply(m, logits));
+        for (int32_t t = 0; t < NV; t++) {
+            bool bit = (mask[t / 64] >> (t % 64)) & 1u;
+            if (bit != (logits[t] == (float)t)) fail_msg("level %d token %d: bit %d logit %g", lv, t, bit, logits[t]);
+        }
+    }
+    tensor_simd_force(was);
+    gram_matcher_close(m);
+    gram_free(g);
+    gram_vocab_free(v);
+    free_vocab(&tv);
+}
+
+/* Masks along a fixed path with each allocation failing in turn: the
+ * failure is KEEL_ENOMEM with nothing leaked, or (a cache that could not
+ * be kept) the right mask anyway. */
+typedef struct mask_sweep {
+    const gram *g;
+    const gram_vocab *v;
+    int32_t path[16];
+    int n_path;
+    uint64_t want[17][(NV + 63) / 64];
+} mask_sweep;
+
+static keel_status mask_sweep_op(void *ctx)
+{
+    mask_sweep *c = ctx;
+    gram_limits lim = gram_limits_default();
+    lim.seg_min_walk = 0;
+    gram_matcher *m = NULL;
+    keel_status st = gram_matcher_open(c->g, c->v, &lim, &m, NULL);
+    for (int s = 0; !st && s <= c->n_path; s++) {
+        uint64_t got[(NV + 63) / 64];
+        if ((st = gram_matcher_mask(m, got))) break;
+        if (memcmp(got, c->want[s], sizeof got) != 0) fail_msg("mask %d differs after an allocation failure", s);
+        if (s < c->n_path) st = gram_matcher_accept_token(m, c->path[s]);
+    }
+    gram_matcher_close(m);
+    if (st == KEEL_OK && test_alloc_failed()) st = KEEL_ENOMEM; /* swallowed by design: the mask was right */
+    return st;
+}
+
+static void test_mask_alloc_failures(void **state)
+{
+    (void)state;
+    tvocab tv;
+    mask_sweep *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    gram_vocab *v = NULL;
+    make_vocab(&tv, &v);
+    gram *g = compile_ok("root ::= \"{\" ws ( kv ( ws \",\" ws kv ){0,3} )? ws \"}\"\n"
+                         "kv ::= \"\\\"\" [a-z]{1,6} \"\\\"\" ws \":\" ws ( [0-9]{1,4} | root )\n"
+                         "ws ::= [ \\t\\n]{0,4}");
+    c->g = g;
+    c->v = v;
+    const char *text = "{ \"name\":{\"x\":12}}"; /* the path: its single-byte tokens */
+    gram_matcher *m = NULL;
+    assert_ok(gram_matcher_open(g, v, NULL, &m, NULL));
+    for (const char *p = text; *p && c->n_path < 16; p++) {
+        assert_ok(gram_matcher_mask(m, c->want[c->n_path]));
+        c->path[c->n_path++] = (uint8_t)*p;
+        assert_ok(gram_matcher_accept_token(m, (uint8_t)*p));
+    }
+    assert_ok(gram_matcher_mask(m, c->want[c->n_path]));
+    gram_matcher_close(m);
+    assert_true(test_alloc_sweep(mask_sweep_op, c) > 20);
+    gram_free(g);
+    gram_vocab_free(v);
+    free_vocab(&tv);
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),      cmocka_unit_test(test_accept_reject), cmocka_unit_test(test_llamacpp_cases),
         cmocka_unit_test(test_masks),       cmocka_unit_test(test_limits),        cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_schema),      cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_schema),      cmocka_unit_test(test_sampling),      cmocka_unit_test(test_mask_segments),
+        cmocka_unit_test(test_mask_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

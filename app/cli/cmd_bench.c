@@ -14,7 +14,8 @@ static const char *g_usage =
     "                  [--profile] [--tokenizer F] [--json]\n"
     "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
     "       keel bench session -m MODEL [-c 4096] [--ctk T] [--ctv T] [--dir /tmp] [-r 3] [-t N] [--json]\n"
-    "       keel bench grammar -m MODEL [-n 256] [-t N] [-s SEED] [--json-schema FILE] [--json]\n"
+    "       keel bench grammar -m MODEL [-n 256] [-t N] [-s SEED] [--json-schema FILE] [--text FILE]\n"
+    "                  [--seg-cost N] [--dump PREFIX] [--json]\n"
     "       (every form also takes --simd scalar|avx2|avx512|auto: the kernel path, as KEEL_SIMD)\n"
     "\n"
     "kernels     tensor kernels beside the memory read bandwidth and the fp32 FMA peak (about 30 s)\n"
@@ -43,7 +44,11 @@ static const char *g_usage =
     "  -c N        tokens in the saved cache, [16, 1048576] (4096); --dir D: where the files go (/tmp)\n"
     "grammar     constrained decoding: token mask time per token under a JSON grammar beside the decode\n"
     "            step (temperature 1, -n tokens, -s seed; --json-schema FILE: that schema instead);\n"
-    "            vocabulary trie build, compile time, a 30-property schema's compile time\n"
+    "            vocabulary trie build, compile time, a 30-property schema's compile time; the sampled\n"
+    "            tokens replayed without decoding (a fresh matcher, then every mask cached)\n"
+    "  --text FILE     replay the tokens of FILE (a sentence of the grammar) instead\n"
+    "  --seg-cost N    gram_limits.seg_max_cost (0: every new stack walks the whole trie)\n"
+    "  --dump PREFIX   write PREFIX.gbnf and PREFIX.tokens for tools/grammar/llama_grammar_bench.cpp\n"
     "--json      one JSON object instead of the table\n"
     "-h, --help  this text";
 

@@ -5,9 +5,9 @@
  *   gram          a compiled grammar (gbnf.c): llama.cpp's GBNF turned into
  *                 a byte-level grammar whose terminals are sets of bytes.
  *                 Immutable; may be shared by threads.
- *   gram_vocab    a vocabulary's token bytes as a trie in preorder (gmask.c).
+ *   gram_vocab    a vocabulary's token bytes as a trie in preorder (gvocab.c).
  *                 Immutable; may be shared by threads.
- *   gram_matcher  one sequence's parse state (gmatch.c, gmask.c): a set of
+ *   gram_matcher  one sequence's parse state (gmatch.c, gmask_*.c): a set of
  *                 pushdown stacks, the token mask of the current state,
  *                 advance by a token or by bytes. One thread at a time.
  *
@@ -35,12 +35,20 @@
  * never the length of the text so far. Left recursion is refused at
  * compile time (with the cycle named), as llama.cpp does.
  *
- * Token masks. For a node n the tokens accepted from the stack n are
- * found by a walk of the vocabulary trie that carries the set of stacks
- * each prefix leads to and skips a subtree as soon as that set is empty;
- * the result depends on n alone (the whole stack is the key), so it is
- * cached per node: the mask of a state is the OR of its nodes' cached
- * masks. A cache miss walks the trie; a hit is n_vocab / 64 word ORs.
+ * Token masks. The tokens accepted from a stack are found by a walk of the
+ * vocabulary trie (gvocab.c: preorder, each node with the end of its
+ * subtree) that carries the set of stacks each prefix leads to and skips a
+ * subtree as soon as that set is empty; the sets are interned as walk
+ * states with memoized transitions, so a step of the walk is one lookup.
+ * A stack's mask is cached per stack, a state's (the OR of its stacks',
+ * the end-of-generation bits set exactly when complete) per state. A new
+ * stack whose first bytes lead into many trie nodes is composed instead
+ * of walked when it can be: its top frames (a segment, hash-consed over an
+ * unknown bottom) are walked once and shared by every stack with the same
+ * top, giving the tokens accepted whatever lies below and the trie nodes
+ * where the segment finishes; the stack's own rest is then walked only
+ * from those (xgrammar's context-independent / -dependent tokens, with
+ * the segment's depth chosen per stack). Exact: equal to the whole walk.
  *
  * Bounds: every table has a cap (gram_limits); exceeding one is
  * KEEL_ERANGE with the limit named, never a hang or an unbounded
@@ -124,7 +132,10 @@ typedef struct gram_vocab {
     uint32_t *tend;      /* [n_tnodes] first node after the node's subtree */
     int32_t *ttok;       /* [n_tnodes] a token whose piece ends here, or -1 */
     int32_t *tnext;      /* [n_vocab] the next token with the same piece, or -1 */
+    uint8_t *tmulti;     /* [n_tnodes] 1: more than one token ends here (follow tnext); spares a
+                            walk a cache miss on tnext per token */
     uint32_t max_len;    /* longest piece */
+    uint32_t tsub1[256]; /* trie nodes under (and at) the depth-1 node of each byte: a walk's bound */
 } gram_vocab;
 
 /* Builds the trie of n_vocab pieces (piece i: len[i] bytes at piece[i];
@@ -144,6 +155,10 @@ typedef struct gram_limits {
     uint32_t max_closure;    /* expansion steps of one closure (1 << 16) */
     size_t max_memo_ids;     /* node ids held by the memo tables (1 << 25) */
     size_t max_mask_bytes;   /* token-mask cache; cleared when full (64 MiB) */
+    uint32_t seg_max_cost;   /* trie nodes the escapes of a segment may make a stack's mask walk
+                                (32768); 0: every stack walks the whole trie (tests compare) */
+    uint32_t seg_min_walk;   /* a stack whose first bytes lead into at most this many trie
+                                nodes walks them instead of composing (16384) */
 } gram_limits;
 
 gram_limits gram_limits_default(void);
@@ -154,7 +169,9 @@ typedef struct gram_matcher gram_matcher;
 typedef struct gram_stats {
     uint32_t n_nodes;        /* stacks interned */
     uint32_t n_set;          /* stacks in the current state */
-    int64_t mask_hits, mask_misses;
+    int64_t mask_hits, mask_misses; /* misses: trie walks (a whole stack's or a segment's) */
+    int64_t seg_walks;       /* of the misses, segment walks */
+    int64_t mask_composed;   /* stack masks composed from a segment without a walk of their own */
     uint64_t miss_ns;        /* time spent walking the trie on misses */
     size_t mask_bytes;       /* cache in use */
 } gram_stats;
@@ -185,6 +202,11 @@ keel_status gram_matcher_mask(gram_matcher *m, uint64_t *mask);
 /* Sets logits of the tokens the state does not allow to -inf (n_vocab). */
 keel_status gram_matcher_apply(gram_matcher *m, float *logits);
 void gram_matcher_stats(const gram_matcher *m, gram_stats *out);
+/* logits[t] = -inf for every t whose bit in mask[(n_vocab + 63) / 64] is
+ * clear: the pass of gram_matcher_apply at one SIMD level
+ * (gmask_avx2.c, gmask_avx512.c; call only when the CPU has it). */
+void gram_apply_avx2(const uint64_t *mask, int32_t n_vocab, float *logits);
+void gram_apply_avx512(const uint64_t *mask, int32_t n_vocab, float *logits);
 /* Detail of the last failure ("" if none). */
 const char *gram_matcher_error(const gram_matcher *m);
 

@@ -20,6 +20,7 @@ void gram_vocab_free(gram_vocab *v)
     base_free(v->tend, ((size_t)v->n_tnodes + 1) * sizeof *v->tend);
     base_free(v->ttok, ((size_t)v->n_tnodes + 1) * sizeof *v->ttok);
     base_free(v->tnext, (size_t)v->n_vocab * sizeof *v->tnext);
+    base_free(v->tmulti, (size_t)v->n_tnodes + 1);
     base_free(v, sizeof *v);
 }
 
@@ -114,8 +115,9 @@ keel_status gram_vocab_build(int32_t n_vocab, const uint8_t *const *piece, const
     v->tdepth = base_alloc((nodes + 1) * sizeof *v->tdepth);
     v->tend = base_alloc((nodes + 1) * sizeof *v->tend);
     v->ttok = base_alloc((nodes + 1) * sizeof *v->ttok);
+    v->tmulti = base_calloc(nodes + 1, 1);
     open = base_alloc(((size_t)v->max_len + 1) * sizeof *open); /* open[d]: the node at depth d on the path */
-    if (!v->tbyte || !v->tdepth || !v->tend || !v->ttok || !open) {
+    if (!v->tbyte || !v->tdepth || !v->tend || !v->ttok || !v->tmulti || !open) {
         st = base_err(err, KEEL_ENOMEM, "grammar vocab: out of memory");
         goto fail;
     }
@@ -141,9 +143,11 @@ keel_status gram_vocab_build(int32_t n_vocab, const uint8_t *const *piece, const
         path = l;
         int32_t at = open[l];
         v->tnext[id] = v->ttok[at];
+        v->tmulti[at] = v->ttok[at] >= 0;
         v->ttok[at] = id;
     }
     while (path > 0) v->tend[open[path--]] = k;
+    for (uint32_t i = 0; i < v->n_tnodes; i = v->tend[i]) v->tsub1[v->tbyte[i]] = v->tend[i] - i;
     base_free(ord, (size_t)n_vocab * sizeof *ord);
     base_free(tmp, (size_t)n_vocab * sizeof *tmp);
     base_free(open, ((size_t)v->max_len + 1) * sizeof *open);
