@@ -101,6 +101,8 @@ static void test_accept_reject(void **state)
         {"root ::= \"\" | \"a\" root", {"", "aaaa"}, {"b"}},
         {"root ::=\n  \"a\" (\n  \"b\" |\n  \"c\"\n  )\n", {"ab", "ac"}, {"a"}},
         {"root ::= \"a\"{2,} \"b\"{0,2}", {"aa", "aaab", "aaaaabb"}, {"a", "aabbb"}},
+        /* a repetition of nothing first in its sequence (the fuzzer's: no elements yet) */
+        {"root ::= \"\"{2} \"a\"", {"a"}, {"", "aa"}},
     };
     for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
         gram *g = compile_ok(cases[i].src);

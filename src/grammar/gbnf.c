@@ -542,7 +542,7 @@ static keel_status repeat(gp *s, gvec *out, uint32_t from, uint32_t min, uint32_
     uint32_t nx = out->n - from;
     gram_el *x = base_alloc((size_t)(nx ? nx : 1) * sizeof *x);
     if (!x) return base_err(s->err, KEEL_ENOMEM, "grammar: out of memory");
-    memcpy(x, out->d + from, (size_t)nx * sizeof *x);
+    if (nx) memcpy(x, out->d + from, (size_t)nx * sizeof *x); /* out->d may be NULL when empty */
     s->n_total -= nx;
     out->n = from;
     keel_status st = KEEL_OK;
