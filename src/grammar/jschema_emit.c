@@ -1,0 +1,772 @@
+/*
+ * jschema_emit.c — GBNF from the normal form of jschema.c (jschema_int.h).
+ *
+ * Each list of schemas (a conjunction) that the grammar needs becomes one
+ * rule s<id>, memoized by its members (sorted pointers), the id reserved
+ * before the list is normalized: a $ref back to a list still being
+ * emitted is a reference to its rule (recursion). A rule is the union of
+ * its conjunctions; a conjunction is the union of its kinds; numbers and
+ * strings come from jnumber.c / jstring.c; arrays and objects are written
+ * here:
+ *
+ *   arrays   "[" elements "]": prefixItems then items, with minItems /
+ *            maxItems as bounded repetition; with contains, rules indexed
+ *            by (elements so far, matches so far), both capped.
+ *   objects  "{" members "}": the declared names (properties, required,
+ *            names made by dependentRequired / not) in a fixed order, each
+ *            optional unless required, then further members whose keys are
+ *            split by the patternProperties patterns they match (a key
+ *            takes the schemas of every pattern it matches, of the
+ *            additionalProperties of each group none of whose patterns it
+ *            matches); rules indexed by (name, members so far) when
+ *            minProperties / maxProperties count members.
+ *
+ * A rule that turns out to accept nothing is dropped from its parent (a
+ * property that cannot be present is absent, an element that cannot
+ * exist ends the array); a recursive rule that accepts nothing is refused.
+ */
+#include "jschema_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (json_t *const *)a, y = (uintptr_t) * (json_t *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The memo index of list l (true members dropped, sorted, unique), or -1;
+ * *key: the list's key (arena) when asked for. */
+int js_memo_find(jsb *b, jsl l, const char **key)
+{
+    json_t *v[256];
+    int n = 0;
+    for (int i = 0; i < l.n && n < 256; i++)
+        if (!json_is_true(l.v[i])) v[n++] = l.v[i];
+    qsort(v, (size_t)n, sizeof *v, cmp_ptr);
+    char k[256 * 20];
+    size_t m = 0;
+    for (int i = 0; i < n; i++)
+        if (i == 0 || v[i] != v[i - 1]) m += (size_t)snprintf(k + m, sizeof k - m, "%p,", (void *)v[i]);
+    k[m] = 0;
+    if (key) *key = js_strdup(b, k, m);
+    for (int i = 0; i < b->n_memo; i++)
+        if (strcmp(b->memo[i].key, k) == 0) return i;
+    return -1;
+}
+
+static void rule_name(char *out, size_t cap, int64_t r)
+{
+    if (r == JR_ANY) snprintf(out, cap, "value");
+    else snprintf(out, cap, "s%lld", (long long)r);
+}
+
+/* Appends helper rule text (whole lines) to the grammar. */
+static void add_rules(jsb *b, const char *text, size_t n)
+{
+    js_sput(b, &b->out, text, n);
+    if (n && text[n - 1] != '\n') js_sputs(b, &b->out, "\n");
+}
+
+static bool num_trivial(const jnum_spec *s)
+{
+    return s->kind == JNUM_ANY && !s->n_lo && !s->n_hi && !s->n_mult && !s->n_not_mult && !s->n_except;
+}
+
+static bool str_trivial(const jstr_spec *s)
+{
+    return !s->min_len && s->max_len < 0 && !s->n_pattern && !s->n_not_pattern && !s->n_format &&
+           !s->n_not_format && !s->n_except;
+}
+
+/* The numbers of s as rule `name`: false when none. */
+static bool num_rule(jsb *b, const jnum_spec *s, const char *name, const char *where)
+{
+    char e[BASE_ERR_CAP] = "", *t = NULL;
+    size_t n = 0;
+    bool empty = false;
+    keel_status st = jnum_gbnf(s, name, &t, &n, &empty, e);
+    if (st) {
+        if (st == KEEL_EUNSUPPORTED || st == KEEL_ERANGE) js_refuse(b, where, "%s", e);
+        else if (!b->st) b->st = base_err(b->err, st, "json schema: %s", e);
+        return false;
+    }
+    if (empty) return false;
+    add_rules(b, t, n);
+    base_free(t, n + 1);
+    return !b->st;
+}
+
+static bool str_rule(jsb *b, const jstr_spec *s, const char *name, const char *where)
+{
+    char e[BASE_ERR_CAP] = "", *t = NULL;
+    size_t n = 0;
+    bool empty = false;
+    keel_status st = jstr_gbnf(s, name, &t, &n, &empty, e);
+    if (st) {
+        if (st == KEEL_EUNSUPPORTED || st == KEEL_ERANGE) js_refuse(b, where, "%s", e);
+        else if (!b->st) b->st = base_err(b->err, st, "json schema: %s", e);
+        return false;
+    }
+    if (empty) return false;
+    add_rules(b, t, n);
+    base_free(t, n + 1);
+    return !b->st;
+}
+
+static bool str_ok(jsb *b, const jstr_spec *s, const char *content, size_t n, const char *where)
+{
+    char e[BASE_ERR_CAP] = "";
+    bool ok = false;
+    keel_status st = jstr_test(s, content, n, &ok, e);
+    if (st) {
+        js_refuse(b, where, "%s", e);
+        return false;
+    }
+    return ok;
+}
+
+/* The literal of value v (any JSON spelling of its numbers, canonical
+ * strings, ws between tokens) into o; helper rules named name-<i>. */
+static void put_value(jsb *b, sbuf *o, json_t *v, const char *name, int *seq, int depth)
+{
+    char rn[128];
+    if (depth > JS_MAX_DEPTH) {
+        js_refuse(b, name, "a value nested more than %d deep", JS_MAX_DEPTH);
+        return;
+    }
+    switch (json_typeof(v)) {
+    case JSON_NULL: js_sputs(b, o, "\"null\""); return;
+    case JSON_TRUE: js_sputs(b, o, "\"true\""); return;
+    case JSON_FALSE: js_sputs(b, o, "\"false\""); return;
+    case JSON_STRING: js_put_jstring(b, o, json_string_value(v), json_string_length(v)); return;
+    case JSON_INTEGER:
+    case JSON_REAL: {
+        char t[JNUM_TEXT_CAP];
+        if (!jnum_text(v, t)) {
+            js_refuse(b, name, "a number that is not finite");
+            return;
+        }
+        jnum_spec s;
+        memset(&s, 0, sizeof s);
+        s.lo[0] = s.hi[0] = t;
+        s.n_lo = s.n_hi = 1;
+        snprintf(rn, sizeof rn, "%s-%d", name, (*seq)++);
+        if (num_rule(b, &s, rn, name)) js_sputs(b, o, rn);
+        else js_refuse(b, name, "the number %s has no spelling", t);
+        return;
+    }
+    case JSON_ARRAY: {
+        js_sputs(b, o, "( \"[\" ws");
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            js_sputs(b, o, i ? " \",\" ws " : " ");
+            put_value(b, o, x, name, seq, depth + 1);
+            js_sputs(b, o, " ws");
+        }
+        js_sputs(b, o, " \"]\" )");
+        return;
+    }
+    default: {
+        js_sputs(b, o, "( \"{\" ws");
+        const char *k;
+        json_t *x;
+        bool first = true;
+        json_object_foreach(v, k, x) {
+            js_sputs(b, o, first ? " " : " \",\" ws ");
+            first = false;
+            js_put_jstring(b, o, k, strlen(k));
+            js_sputs(b, o, " ws \":\" ws ");
+            put_value(b, o, x, name, seq, depth + 1);
+            js_sputs(b, o, " ws");
+        }
+        js_sputs(b, o, " \"}\" )");
+        return;
+    }
+    }
+}
+
+static bool arr_constrained(const jconj *c)
+{
+    return c->min_items > 0 || c->max_items >= 0 || c->n_pre || c->items.n || c->n_ct || c->unique;
+}
+
+static bool obj_constrained(const jconj *c)
+{
+    return c->n_grp || c->n_req || c->min_props > 0 || c->max_props >= 0 || c->pnames.n;
+}
+
+/* ---- arrays ------------------------------------------------------------------------------- */
+
+/* Elements i.. with prefixItems rules pre[0..k): element i follows pre[i]
+ * below k, `it` from k on (none when no_more); the first mn are required,
+ * at most mx (-1: no bound) in all: `p0 ( , p1 ( , it{0,n} )? )?`. */
+static void prefix_elems(jsb *b, sbuf *o, char (*pre)[32], int64_t k, int64_t i, int64_t mn, int64_t mx,
+                         const char *it, bool no_more)
+{
+    if (mx >= 0 && i >= mx) return;
+    if (i >= k) {
+        if (no_more) return;
+        int64_t lo = mn > i ? mn - i : 0;
+        if (i == 0) {
+            /* no prefix: it ( , it ){lo-1, mx-1} */
+            if (lo == 0) js_sputs(b, o, " (");
+            js_sputf(b, o, " %s ( ws \",\" ws %s )", it, it);
+            int64_t l1 = lo > 0 ? lo - 1 : 0;
+            if (mx >= 0) js_sputf(b, o, "{%lld,%lld}", (long long)l1, (long long)(mx - 1));
+            else js_sputf(b, o, "{%lld,}", (long long)l1);
+            if (lo == 0) js_sputs(b, o, " )?");
+            return;
+        }
+        if (mx >= 0) js_sputf(b, o, " ( ws \",\" ws %s ){%lld,%lld}", it, (long long)lo, (long long)(mx - i));
+        else js_sputf(b, o, " ( ws \",\" ws %s ){%lld,}", it, (long long)lo);
+        return;
+    }
+    bool req = i < mn;
+    js_sputs(b, o, req ? " " : " ( ");
+    if (i > 0) js_sputs(b, o, "ws \",\" ws ");
+    js_sputs(b, o, pre[i]);
+    prefix_elems(b, o, pre, k, i + 1, mn, mx, it, no_more);
+    if (!req) js_sputs(b, o, " )?");
+}
+
+static jsl list_plus(jsb *b, jsl l, json_t *s)
+{
+    jsl r = {js_alloc(b, (size_t)(l.n + 1) * sizeof(json_t *)), 0};
+    if (!r.v) return r;
+    if (l.n) memcpy(r.v, l.v, (size_t)l.n * sizeof(json_t *));
+    r.v[l.n] = s;
+    r.n = l.n + 1;
+    return r;
+}
+
+/* contains (one) without prefixItems: rules name-a<n>-<c>. */
+static bool contains_rules(jsb *b, const jconj *c, const char *name, int64_t mn, int64_t mx, int64_t ri, int depth)
+{
+    const jcontains *ct = &c->ct[0];
+    int64_t rm, rn = ri;
+    json_t *nc = NULL;
+    if (js_emit_list(b, list_plus(b, c->items, ct->s), depth + 1, &rm)) return false;
+    if (ct->mx >= 0) {
+        if (js_not_list(b, (jsl){(json_t **)&ct->s, 1}, &nc) ||
+            js_emit_list(b, list_plus(b, c->items, nc), depth + 1, &rn))
+            return false;
+    }
+    int64_t ncap = mx >= 0 ? mx : BASE_MAX(mn, 1);
+    int64_t ccap = ct->mx >= 0 ? ct->mx : ct->mn;
+    if ((ncap + 1) * (ccap + 1) > JS_MAX_COUNT_RULES)
+        return js_refuse(b, c->where, "'contains' with counts over %d rules is not supported", JS_MAX_COUNT_RULES), false;
+    /* alive[n][c]: the rule accepts something; computed from the top down */
+    size_t na = (size_t)((ncap + 1) * (ccap + 1));
+    bool *alive = base_calloc(na, 1);
+    if (!alive) return js_oom(b), false;
+#define AL(n, k) alive[(size_t)(n) * (size_t)(ccap + 1) + (size_t)(k)]
+    for (int64_t n = ncap; n >= 0; n--)
+        for (int64_t k = ccap; k >= 0; k--) {
+            bool a = n >= mn && k >= ct->mn;
+            bool more = mx < 0 || n < mx;
+            int64_t n2 = mx >= 0 ? n + 1 : BASE_MIN(n + 1, ncap);
+            int64_t k2 = ct->mx >= 0 ? k + 1 : BASE_MIN(k + 1, ccap);
+            if (more && rm != JR_NONE && (ct->mx < 0 || k < ct->mx) && (n2 != n || k2 != k) && AL(n2, k2)) a = true;
+            if (more && rn != JR_NONE && n2 != n && AL(n2, k)) a = true;
+            AL(n, k) = a;
+        }
+    bool ok = AL(0, 0);
+    if (ok) {
+        char rmn[32], rnn[32];
+        rule_name(rmn, sizeof rmn, rm);
+        rule_name(rnn, sizeof rnn, rn);
+        sbuf o = {0};
+        js_sputf(b, &o, "%s ::= \"[\" ws %s-a0-0\n", name, name);
+        for (int64_t n = 0; n <= ncap && !b->st; n++)
+            for (int64_t k = 0; k <= ccap && !b->st; k++) {
+                if (!AL(n, k)) continue;
+                const char *sep = n == 0 ? "" : "\",\" ws ";
+                bool more = mx < 0 || n < mx;
+                int64_t n2 = mx >= 0 ? n + 1 : BASE_MIN(n + 1, ncap);
+                int64_t k2 = ct->mx >= 0 ? k + 1 : BASE_MIN(k + 1, ccap);
+                js_sputf(b, &o, "%s-a%lld-%lld ::= ", name, (long long)n, (long long)k);
+                bool any = false;
+                if (n >= mn && k >= ct->mn) {
+                    js_sputs(b, &o, "\"]\"");
+                    any = true;
+                }
+                if (more && rm != JR_NONE && (ct->mx < 0 || k < ct->mx) && AL(n2, k2)) {
+                    js_sputf(b, &o, "%s%s%s ws %s-a%lld-%lld", any ? " | " : "", sep, rmn, name, (long long)n2,
+                             (long long)k2);
+                    any = true;
+                }
+                if (more && rn != JR_NONE && AL(n2, k)) {
+                    js_sputf(b, &o, "%s%s%s ws %s-a%lld-%lld", any ? " | " : "", sep, rnn, name, (long long)n2,
+                             (long long)k);
+                }
+                js_sputs(b, &o, "\n");
+            }
+        add_rules(b, o.d ? o.d : "", o.n);
+        js_sfree(&o);
+    }
+#undef AL
+    base_free(alive, na);
+    return ok && !b->st;
+}
+
+/* The arrays of c as rule `name`: false when none. */
+static bool arr_rule(jsb *b, const jconj *c, const char *name, int depth)
+{
+    int64_t mn = c->min_items, mx = c->max_items, k = c->n_pre;
+    int64_t ri = JR_ANY;
+    if (c->items.n && js_emit_list(b, c->items, depth + 1, &ri)) return false;
+    char(*pre)[32] = NULL;
+    if (k) {
+        pre = base_calloc((size_t)k, sizeof *pre);
+        if (!pre) return js_oom(b), false;
+    }
+    for (int64_t i = 0; i < k; i++) {
+        int64_t r = JR_ANY;
+        if (c->pre[i].n && js_emit_list(b, c->pre[i], depth + 1, &r)) goto fail;
+        if (r == JR_NONE) {
+            mx = mx < 0 ? i : BASE_MIN(mx, i);
+            k = i;
+            break;
+        }
+        rule_name(pre[i], sizeof pre[i], r);
+    }
+    bool no_more = ri == JR_NONE;
+    if (no_more) mx = mx < 0 ? k : BASE_MIN(mx, k);
+    if (mx >= 0 && mn > mx) goto none;
+    if (c->unique && (mx < 0 || mx > 1)) {
+        js_refuse(b, c->where, "'uniqueItems' true is not supported (it needs arrays of distinct values)");
+        goto fail;
+    }
+    if (c->n_ct > 1) {
+        js_refuse(b, c->where, "more than one 'contains' in one conjunction (allOf) is not supported");
+        goto fail;
+    }
+    if (c->n_ct == 1 && (c->ct[0].mn > 0 || c->ct[0].mx >= 0)) {
+        if (k) {
+            js_refuse(b, c->where, "'contains' beside 'prefixItems' is not supported");
+            goto fail;
+        }
+        bool ok = contains_rules(b, c, name, mn, mx, ri, depth);
+        base_free(pre, (size_t)(c->n_pre ? c->n_pre : 0) * sizeof *pre);
+        return ok;
+    }
+    char it[32];
+    rule_name(it, sizeof it, ri);
+    sbuf o = {0};
+    if (mx == 0) {
+        js_sputf(b, &o, "%s ::= \"[\" ws \"]\"\n", name);
+    } else {
+        js_sputf(b, &o, "%s ::= \"[\" ws", name);
+        prefix_elems(b, &o, pre, k, 0, mn, mx, it, no_more);
+        js_sputs(b, &o, " ws \"]\"\n");
+    }
+    add_rules(b, o.d ? o.d : "", o.n);
+    js_sfree(&o);
+    base_free(pre, (size_t)(c->n_pre ? c->n_pre : 0) * sizeof *pre);
+    return !b->st;
+none:
+fail:
+    base_free(pre, (size_t)(c->n_pre ? c->n_pre : 0) * sizeof *pre);
+    return false;
+}
+
+/* ---- objects ------------------------------------------------------------------------------ */
+
+#define JS_MAX_NAMES 256
+
+typedef struct objnames {
+    const char *name[JS_MAX_NAMES];
+    int n;
+} objnames;
+
+static bool names_add(jsb *b, objnames *d, const char *k, const char *where)
+{
+    for (int i = 0; i < d->n; i++)
+        if (strcmp(d->name[i], k) == 0) return true;
+    if (d->n == JS_MAX_NAMES) {
+        js_refuse(b, where, "an object with more than %d named properties is not supported", JS_MAX_NAMES);
+        return false;
+    }
+    d->name[d->n++] = k;
+    return true;
+}
+
+static bool pattern_matches(jsb *b, const char *pat, const char *s, const char *where)
+{
+    jstr_spec p;
+    memset(&p, 0, sizeof p);
+    p.max_len = -1;
+    p.pattern[0] = pat;
+    p.n_pattern = 1;
+    return str_ok(b, &p, s, strlen(s), where);
+}
+
+typedef struct jpat {
+    const char *pat;
+    json_t *s;
+    int grp;
+} jpat;
+
+/* The value schemas of key k (a declared name when declared) under the groups of c. */
+static jsl member_list(jsb *b, const jconj *c, const char *k, const jpat *pats, int np, unsigned mask, bool declared)
+{
+    jsl l = {NULL, 0};
+    for (int g = 0; g < c->n_grp && !b->st; g++) {
+        const jgroup *gr = &c->grp[g];
+        json_t *p = declared && gr->props ? json_object_get(gr->props, k) : NULL;
+        if (p) {
+            l = list_plus(b, l, p);
+            continue;
+        }
+        bool matched = false;
+        for (int i = 0; i < np && !b->st; i++) {
+            if (pats[i].grp != g) continue;
+            bool m = declared ? pattern_matches(b, pats[i].pat, k, c->where) : ((mask >> i) & 1u) != 0;
+            if (m) {
+                l = list_plus(b, l, pats[i].s);
+                matched = true;
+            }
+        }
+        if (!matched && gr->addl) l = list_plus(b, l, gr->addl);
+    }
+    return l;
+}
+
+static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
+{
+    objnames *d = base_calloc(1, sizeof *d);
+    int64_t *rv = base_calloc(JS_MAX_NAMES, sizeof *rv);
+    bool *req = base_calloc(JS_MAX_NAMES, sizeof *req);
+    sbuf cells = {0}, o = {0};
+    bool *alive = NULL;
+    size_t n_alive = 0;
+    bool ok = false;
+    if (!d || !rv || !req) {
+        js_oom(b);
+        goto done;
+    }
+    const char *k;
+    json_t *v;
+    for (int g = 0; g < c->n_grp; g++)
+        json_object_foreach(c->grp[g].props, k, v) if (!names_add(b, d, k, c->where)) goto done;
+    for (int i = 0; i < c->n_req; i++)
+        if (!names_add(b, d, c->req[i], c->where)) goto done;
+    /* propertyNames: the string spec every key meets (one conjunction), or a finite set of keys */
+    jstr_spec keys;
+    memset(&keys, 0, sizeof keys);
+    keys.max_len = -1;
+    bool keys_none = false, keys_finite = false;
+    const jconj *kc = NULL;
+    if (c->pnames.n) {
+        jdnf pn;
+        if (js_norm_list(b, c->pnames, depth + 1, &pn)) goto done;
+        int n_str = 0;
+        for (int i = 0; i < pn.n; i++) {
+            if (pn.c[i].ref >= 0) {
+                js_refuse(b, c->where, "'propertyNames' with a recursive '$ref' is not supported");
+                goto done;
+            }
+            if (pn.c[i].kinds & JK_STR) {
+                kc = &pn.c[i];
+                n_str++;
+            }
+        }
+        if (n_str > 1) {
+            js_refuse(b, c->where, "'propertyNames' that is a union of string constraints is not supported");
+            goto done;
+        }
+        if (!kc) keys_none = true;
+        else keys = kc->str;
+        if (kc && kc->has_en) {
+            keys_finite = true;
+            for (size_t i = 0; i < kc->n_en; i++)
+                if (json_is_string(kc->en[i]) && !names_add(b, d, json_string_value(kc->en[i]), c->where)) goto done;
+        }
+    }
+    jpat pats[JS_MAX_PATTERNS];
+    int np = 0;
+    for (int g = 0; g < c->n_grp; g++) {
+        json_object_foreach(c->grp[g].pats, k, v) {
+            if (np == JS_MAX_PATTERNS) {
+                js_refuse(b, c->where, "more than %d 'patternProperties' patterns in one object are not supported",
+                          JS_MAX_PATTERNS);
+                goto done;
+            }
+            pats[np].pat = k;
+            pats[np].s = v;
+            pats[np++].grp = g;
+        }
+    }
+    /* the declared names: value rule, or JR_NONE when the name cannot be present */
+    for (int i = 0; i < d->n; i++) {
+        for (int j = 0; j < c->n_req; j++) req[i] |= strcmp(c->req[j], d->name[i]) == 0;
+        bool key_ok = !keys_none;
+        if (key_ok && kc) {
+            key_ok = str_ok(b, &keys, d->name[i], strlen(d->name[i]), c->where);
+            if (kc->has_en) {
+                bool in = false;
+                for (size_t e = 0; e < kc->n_en; e++)
+                    in |= json_is_string(kc->en[e]) && strcmp(json_string_value(kc->en[e]), d->name[i]) == 0;
+                key_ok &= in;
+            }
+        }
+        if (b->st) goto done;
+        rv[i] = JR_NONE;
+        if (key_ok && js_emit_list(b, member_list(b, c, d->name[i], pats, np, 0, true), depth + 1, &rv[i])) goto done;
+        if (rv[i] == JR_NONE && req[i]) goto done; /* a required name that cannot be present: no object */
+    }
+    /* further members: one cell per set of patterns matched */
+    if (!keys_none && !keys_finite) {
+        const char **ex = js_alloc(b, (size_t)(d->n + (int)keys.n_except + 1) * sizeof *ex);
+        size_t *exl = js_alloc(b, (size_t)(d->n + (int)keys.n_except + 1) * sizeof *exl);
+        if (!ex || !exl) goto done;
+        for (size_t i = 0; i < keys.n_except; i++) {
+            ex[i] = keys.except[i];
+            exl[i] = keys.except_len[i];
+        }
+        for (int i = 0; i < d->n; i++) {
+            ex[keys.n_except + (size_t)i] = d->name[i];
+            exl[keys.n_except + (size_t)i] = strlen(d->name[i]);
+        }
+        for (unsigned m = 0; m < (1u << np) && !b->st; m++) {
+            int64_t r;
+            if (js_emit_list(b, member_list(b, c, NULL, pats, np, m, false), depth + 1, &r)) goto done;
+            if (r == JR_NONE) continue;
+            jstr_spec ks = keys;
+            ks.except = ex;
+            ks.except_len = exl;
+            ks.n_except = keys.n_except + (size_t)d->n;
+            bool room = true;
+            for (int i = 0; i < np && room; i++) {
+                if ((m >> i) & 1u) {
+                    if (ks.n_pattern == JSTR_MAX_ITEMS) room = false;
+                    else ks.pattern[ks.n_pattern++] = pats[i].pat;
+                } else {
+                    if (ks.n_not_pattern == JSTR_MAX_ITEMS) room = false;
+                    else ks.not_pattern[ks.n_not_pattern++] = pats[i].pat;
+                }
+            }
+            if (!room) {
+                js_refuse(b, c->where, "too many key patterns in one object");
+                goto done;
+            }
+            char kn[160], vn[32];
+            snprintf(kn, sizeof kn, "%s-k%u", name, m);
+            if (str_trivial(&ks)) snprintf(kn, sizeof kn, "string");
+            else if (!str_rule(b, &ks, kn, c->where)) {
+                if (b->st) goto done;
+                continue;
+            }
+            rule_name(vn, sizeof vn, r);
+            js_sputf(b, &cells, "%s%s ws \":\" ws %s", cells.n ? " | " : "", kn, vn);
+        }
+    }
+    if (b->st) goto done;
+    /* counted members: rules name-o<i>-<c> */
+    int64_t minp = c->min_props, maxp = c->max_props;
+    int64_t cc = maxp >= 0 ? maxp : BASE_MAX(minp, 1);
+    int64_t nd = d->n;
+    if ((nd + 1) * (cc + 1) > JS_MAX_COUNT_RULES) {
+        js_refuse(b, c->where, "an object whose member counts need over %d rules is not supported",
+                  JS_MAX_COUNT_RULES);
+        goto done;
+    }
+    n_alive = (size_t)((nd + 1) * (cc + 1));
+    alive = base_calloc(n_alive, 1);
+    if (!alive) {
+        js_oom(b);
+        goto done;
+    }
+#define AL(i, k) alive[(size_t)(i) * (size_t)(cc + 1) + (size_t)(k)]
+#define NEXT(k) (maxp >= 0 ? (k) + 1 : BASE_MIN((k) + 1, cc))
+    for (int64_t i = nd; i >= 0; i--)
+        for (int64_t q = cc; q >= 0; q--) {
+            bool more = maxp < 0 || q < maxp;
+            bool a = false;
+            if (i == nd) {
+                a = q >= minp || (more && cells.n && NEXT(q) != q && AL(i, NEXT(q)));
+            } else {
+                if (!req[i] && AL(i + 1, q)) a = true;
+                if (more && rv[i] != JR_NONE && AL(i + 1, NEXT(q))) a = true;
+            }
+            AL(i, q) = a;
+        }
+    if (!AL(0, 0)) goto done;
+    js_sputf(b, &o, "%s ::= \"{\" ws %s-o0-0\n", name, name);
+    for (int64_t i = 0; i <= nd && !b->st; i++)
+        for (int64_t q = 0; q <= cc && !b->st; q++) {
+            if (!AL(i, q)) continue;
+            const char *sep = q == 0 ? "" : "\",\" ws ";
+            bool more = maxp < 0 || q < maxp;
+            bool any = false;
+            js_sputf(b, &o, "%s-o%lld-%lld ::= ", name, (long long)i, (long long)q);
+            if (i == nd) {
+                if (q >= minp) {
+                    js_sputs(b, &o, "\"}\"");
+                    any = true;
+                }
+                if (more && cells.n && AL(i, NEXT(q)))
+                    js_sputf(b, &o, "%s%s( %s ) ws %s-o%lld-%lld", any ? " | " : "", sep, cells.d, name,
+                             (long long)i, (long long)NEXT(q));
+            } else {
+                if (!req[i] && AL(i + 1, q)) {
+                    js_sputf(b, &o, "%s-o%lld-%lld", name, (long long)(i + 1), (long long)q);
+                    any = true;
+                }
+                if (more && rv[i] != JR_NONE && AL(i + 1, NEXT(q))) {
+                    char vn[32];
+                    rule_name(vn, sizeof vn, rv[i]);
+                    js_sputf(b, &o, "%s%s", any ? " | " : "", sep);
+                    js_put_jstring(b, &o, d->name[i], strlen(d->name[i]));
+                    js_sputf(b, &o, " ws \":\" ws %s ws %s-o%lld-%lld", vn, name, (long long)(i + 1),
+                             (long long)NEXT(q));
+                }
+            }
+            js_sputs(b, &o, "\n");
+        }
+#undef AL
+#undef NEXT
+    add_rules(b, o.d ? o.d : "", o.n);
+    ok = !b->st;
+done:
+    js_sfree(&cells);
+    js_sfree(&o);
+    base_free(alive, n_alive);
+    base_free(d, sizeof *d);
+    base_free(rv, JS_MAX_NAMES * sizeof *rv);
+    base_free(req, JS_MAX_NAMES * sizeof *req);
+    return ok;
+}
+
+/* ---- conjunctions and lists ------------------------------------------------------------------ */
+
+/* The alternatives of conjunction c (" | alt" each) into line. */
+static void emit_conj(jsb *b, const jconj *c, int64_t id, int ci, sbuf *line, int depth)
+{
+    char name[96];
+    if (c->ref >= 0) {
+        js_sputf(b, line, " | s%lld", (long long)c->ref);
+        return;
+    }
+    if (c->has_en) {
+        int seq = 0;
+        for (size_t i = 0; i < c->n_en && !b->st; i++) {
+            json_t *v = c->en[i];
+            unsigned k = 0;
+            bool ok = true;
+            switch (json_typeof(v)) {
+            case JSON_NULL: k = JK_NULL; break;
+            case JSON_TRUE: k = JK_BOOL, ok = (c->bools & 2u) != 0; break;
+            case JSON_FALSE: k = JK_BOOL, ok = (c->bools & 1u) != 0; break;
+            case JSON_INTEGER:
+            case JSON_REAL: {
+                k = JK_NUM;
+                char t[JNUM_TEXT_CAP], e[BASE_ERR_CAP] = "";
+                if (!jnum_text(v, t)) ok = false;
+                else if (jnum_test(&c->num, t, &ok, e)) js_refuse(b, c->where, "%s", e);
+                break;
+            }
+            case JSON_STRING:
+                k = JK_STR;
+                ok = str_ok(b, &c->str, json_string_value(v), json_string_length(v), c->where);
+                break;
+            case JSON_ARRAY:
+                k = JK_ARR;
+                if (arr_constrained(c))
+                    js_refuse(b, c->where, "an array in 'enum' / 'const' beside array keywords is not supported");
+                break;
+            default:
+                k = JK_OBJ;
+                if (obj_constrained(c))
+                    js_refuse(b, c->where, "an object in 'enum' / 'const' beside object keywords is not supported");
+                break;
+            }
+            if (b->st || !ok || !(c->kinds & k)) continue;
+            snprintf(name, sizeof name, "s%lld-%d-e", (long long)id, ci);
+            js_sputs(b, line, " | ");
+            put_value(b, line, v, name, &seq, 0);
+        }
+        return;
+    }
+    if (c->kinds & JK_NULL) js_sputs(b, line, " | \"null\"");
+    if ((c->kinds & JK_BOOL) && (c->bools & 2u)) js_sputs(b, line, " | \"true\"");
+    if ((c->kinds & JK_BOOL) && (c->bools & 1u)) js_sputs(b, line, " | \"false\"");
+    if (c->kinds & JK_NUM) {
+        snprintf(name, sizeof name, "s%lld-%d-n", (long long)id, ci);
+        if (num_trivial(&c->num)) js_sputs(b, line, " | number");
+        else if (num_rule(b, &c->num, name, c->where)) js_sputf(b, line, " | %s", name);
+    }
+    if (c->kinds & JK_STR) {
+        snprintf(name, sizeof name, "s%lld-%d-s", (long long)id, ci);
+        if (str_trivial(&c->str)) js_sputs(b, line, " | string");
+        else if (str_rule(b, &c->str, name, c->where)) js_sputf(b, line, " | %s", name);
+    }
+    if (c->kinds & JK_ARR) {
+        snprintf(name, sizeof name, "s%lld-%d-a", (long long)id, ci);
+        if (!arr_constrained(c)) js_sputs(b, line, " | array");
+        else if (arr_rule(b, c, name, depth)) js_sputf(b, line, " | %s", name);
+    }
+    if (c->kinds & JK_OBJ) {
+        snprintf(name, sizeof name, "s%lld-%d-o", (long long)id, ci);
+        if (!obj_constrained(c)) js_sputs(b, line, " | object");
+        else if (obj_rule(b, c, name, depth)) js_sputf(b, line, " | %s", name);
+    }
+}
+
+keel_status js_emit_list(jsb *b, jsl l, int depth, int64_t *rule)
+{
+    *rule = JR_NONE;
+    if (b->st) return b->st;
+    if (depth > JS_MAX_DEPTH * 4) return js_refuse(b, l.n ? js_path(b, l.v[0]) : "/", "schemas nested too deep");
+    int n_true = 0;
+    for (int i = 0; i < l.n; i++) {
+        if (json_is_false(l.v[i])) return KEEL_OK;
+        n_true += json_is_true(l.v[i]);
+    }
+    if (n_true == l.n) {
+        *rule = JR_ANY;
+        return KEEL_OK;
+    }
+    if (l.n > 256) return js_refuse(b, js_path(b, l.v[0]), "a conjunction of more than 256 schemas");
+    const char *key = NULL;
+    int m = js_memo_find(b, l, &key);
+    if (b->st) return b->st;
+    if (m >= 0) {
+        jmemo *e = &b->memo[m];
+        *rule = e->done && e->none ? JR_NONE : e->rule;
+        if (!e->done) e->none = true; /* marks "referenced while being emitted" */
+        return KEEL_OK;
+    }
+    if (b->n_memo == JS_MAX_MEMO) return js_refuse(b, js_path(b, l.v[0]), "more than %d distinct subschemas", JS_MAX_MEMO);
+    m = b->n_memo++;
+    int64_t id = b->next_rule++;
+    b->memo[m].key = key;
+    b->memo[m].rule = id;
+    jdnf x;
+    if (js_norm_list(b, l, depth, &x)) return b->st;
+    bool referenced = b->memo[m].none;
+    if (x.n == 1 && js_conj_trivial(&x.c[0]) && !referenced) {
+        b->memo[m].done = true;
+        b->memo[m].rule = JR_ANY;
+        *rule = JR_ANY;
+        return KEEL_OK;
+    }
+    sbuf line = {0};
+    for (int i = 0; i < x.n && !b->st; i++) emit_conj(b, &x.c[i], id, i, &line, depth);
+    referenced = b->memo[m].none;
+    b->memo[m].done = true;
+    if (!b->st && line.n == 0) {
+        b->memo[m].none = true;
+        if (referenced) js_refuse(b, js_path(b, l.v[0]), "a recursive schema that accepts nothing");
+    } else if (!b->st) {
+        b->memo[m].none = false;
+        js_sputf(b, &b->out, "s%lld ::=%s\n", (long long)id, line.d + 2);
+        *rule = id;
+    }
+    js_sfree(&line);
+    return b->st;
+}
