@@ -344,6 +344,7 @@ static keel_status index_node(jsb *b, json_t *s, const char *path, const char *b
     b->info[i].path = pd;
     b->info[i].base = bd;
     b->n_info++;
+    if (json_object_get(s, "unevaluatedProperties") || json_object_get(s, "unevaluatedItems")) b->uneval = true;
     static const char *const anchors[] = {"$anchor", "$dynamicAnchor", NULL};
     for (int a = 0; anchors[a]; a++) {
         json_t *an = json_object_get(s, anchors[a]);
@@ -678,6 +679,10 @@ static keel_status conj_and(jsb *b, const jconj *x, const jconj *y, jconj *r, bo
                                     : BASE_MIN(x->max_props, y->max_props);
     if (r->max_props >= 0 && r->max_props < r->min_props) r->kinds &= ~(unsigned)JK_OBJ;
     r->pnames = jsl_cat(b, x->pnames, y->pnames);
+    r->eval_pre = BASE_MAX(x->eval_pre, y->eval_pre);
+    r->eval_items = x->eval_items || y->eval_items;
+    r->eval_contains = x->eval_contains || y->eval_contains;
+    r->inexact = x->inexact || y->inexact;
     *empty = r->kinds == 0;
     return b->st;
 }
@@ -992,6 +997,7 @@ static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
             char key[600];
             snprintf(key, sizeof key, "absent:%.500s", x->req[i]);
             buf[n].grp[0].props = synth(b, key, json_pack("{s:b}", x->req[i], 0));
+            buf[n].grp[0].noeval = true;
             if (b->st) return b->st;
             buf[n].n_grp = 1;
             PUSH();
@@ -1014,6 +1020,7 @@ static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
                 buf[n].req = js_alloc(b, sizeof(char *));
                 if (!nv || !buf[n].grp || !buf[n].req) return b->st;
                 buf[n].grp[0].props = synth(b, key, json_pack("{s:O}", k, nv));
+                buf[n].grp[0].noeval = true;
                 if (b->st) return b->st;
                 buf[n].n_grp = 1;
                 buf[n].req[0] = k;
@@ -1168,16 +1175,9 @@ static keel_status base_conj(jsb *b, json_t *s, const char *where, jconj *c)
         if (!json_is_object(v) && !json_is_boolean(v))
             return js_refuse(b, where, "'items' must be a schema (an array of schemas is draft 2019's tuple form: use prefixItems)");
         if (!json_is_true(v)) c->items = jsl_one(b, v);
+        c->eval_items = true;
     }
-    json_t *ue = json_object_get(s, "unevaluatedItems");
-    if (ue && !json_is_true(ue) && !json_object_get(s, "items")) {
-        /* exact only when this object's own keywords evaluate everything that is evaluated */
-        static const char *const app[] = {"allOf", "anyOf", "oneOf", "if", "$ref", "contains", "dependentSchemas", NULL};
-        for (int i = 0; app[i]; i++)
-            if (json_object_get(s, app[i]))
-                return js_refuse(b, where, "'unevaluatedItems' beside '%s' is not supported", app[i]);
-        c->items = jsl_one(b, ue);
-    }
+    c->eval_pre = c->n_pre;
     if ((v = json_object_get(s, "contains"))) {
         int64_t cmn, cmx;
         if (!get_count(b, s, "minContains", &cmn, where) || !get_count(b, s, "maxContains", &cmx, where))
@@ -1188,6 +1188,7 @@ static keel_status base_conj(jsb *b, json_t *s, const char *where, jconj *c)
         c->ct[0].mn = cmn < 0 ? 1 : cmn;
         c->ct[0].mx = cmx;
         c->n_ct = 1;
+        c->eval_contains = true;
         if (cmx >= 0 && cmx < c->ct[0].mn) c->kinds &= ~(unsigned)JK_ARR;
     }
     if ((v = json_object_get(s, "uniqueItems"))) {
@@ -1197,27 +1198,20 @@ static keel_status base_conj(jsb *b, json_t *s, const char *where, jconj *c)
     if (c->max_items >= 0 && c->max_items < c->min_items) c->kinds &= ~(unsigned)JK_ARR;
     /* objects */
     json_t *pr = json_object_get(s, "properties"), *pp = json_object_get(s, "patternProperties");
-    json_t *ad = json_object_get(s, "additionalProperties"), *up = json_object_get(s, "unevaluatedProperties");
+    json_t *ad = json_object_get(s, "additionalProperties");
     if ((pr && !json_is_object(pr)) || (pp && !json_is_object(pp)))
         return js_refuse(b, where, "'properties' / 'patternProperties' must be objects");
     if (ad && !json_is_object(ad) && !json_is_boolean(ad))
         return js_refuse(b, where, "'additionalProperties' must be a schema");
-    if (up && !json_is_true(up) && !ad) {
-        static const char *const app[] = {"allOf", "anyOf", "oneOf", "if", "$ref", "dependentSchemas", NULL};
-        for (int i = 0; app[i]; i++)
-            if (json_object_get(s, app[i]))
-                return js_refuse(b, where, "'unevaluatedProperties' beside '%s' is not supported", app[i]);
-        if (!json_is_object(up) && !json_is_boolean(up))
-            return js_refuse(b, where, "'unevaluatedProperties' must be a schema");
-        ad = up;
-    }
+    bool eval_all = ad != NULL;
     if (ad && json_is_true(ad)) ad = NULL;
-    if ((pr && json_object_size(pr)) || (pp && json_object_size(pp)) || ad) {
+    if ((pr && json_object_size(pr)) || (pp && json_object_size(pp)) || eval_all) {
         c->grp = js_alloc(b, sizeof *c->grp);
         if (!c->grp) return b->st;
         c->grp[0].props = pr;
         c->grp[0].pats = pp;
         c->grp[0].addl = ad;
+        c->grp[0].eval_all = eval_all;
         c->n_grp = 1;
     }
     if ((v = json_object_get(s, "required"))) {
@@ -1288,6 +1282,17 @@ static keel_status norm_ref(jsb *b, json_t *s, int depth, jdnf *out)
     return norm(b, t, depth + 1, out);
 }
 
+static bool dnf_evaluates(const jdnf *x)
+{
+    for (int i = 0; i < x->n; i++) {
+        const jconj *c = &x->c[i];
+        if (c->eval_pre || c->eval_items || c->eval_contains || c->ref >= 0) return true;
+        for (int g = 0; g < c->n_grp; g++)
+            if (!c->grp[g].noeval) return true;
+    }
+    return false;
+}
+
 static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jdnf *r, int mode)
 {
     const char *where = js_path(b, s);
@@ -1304,10 +1309,46 @@ static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jd
     }
     jdnf u = {NULL, 0};
     if (mode == 1) { /* anyOf */
+        jdnf x[16];
+        int n_eval = 0;
+        if (n > 16) return js_refuse(b, where, "'anyOf' with more than 16 branches is not supported");
         for (size_t i = 0; i < n; i++) {
-            jdnf x;
-            if (norm(b, json_array_get(a, i), depth + 1, &x) || dnf_or(b, &u, &x, &u, where)) return b->st;
+            if (norm(b, json_array_get(a, i), depth + 1, &x[i])) return b->st;
+            n_eval += dnf_evaluates(&x[i]);
         }
+        bool exact = true;
+        if (b->uneval && n_eval > 0 && n > 1) {
+            /* the evaluated members depend on which branches hold: one
+             * disjunct per non-empty set of holding branches */
+            if (n > 4) exact = false;
+            jdnf nx[4];
+            char save[BASE_ERR_CAP];
+            snprintf(save, sizeof save, "%s", b->err ? b->err : "");
+            for (size_t i = 0; i < n && exact; i++)
+                if (dnf_not(b, &x[i], &nx[i], where)) exact = false;
+            for (unsigned m = 1; exact && m < (1u << n); m++) {
+                jconj all;
+                conj_init(&all, where);
+                jdnf t;
+                if (dnf_one(b, &all, &t)) return b->st;
+                for (size_t i = 0; i < n && !b->st; i++) dnf_and(b, &t, (m >> i) & 1u ? &x[i] : &nx[i], &t, where);
+                if (!b->st) dnf_or(b, &u, &t, &u, where);
+                if (b->st) exact = false;
+            }
+            if (!exact) {
+                if (b->st != KEEL_EUNSUPPORTED && b->st) return b->st;
+                b->st = KEEL_OK;
+                if (b->err) snprintf(b->err, BASE_ERR_CAP, "%s", save);
+                u.n = 0;
+            } else {
+                return dnf_and(b, r, &u, r, where);
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (dnf_or(b, &u, &x[i], &u, where)) return b->st;
+        }
+        if (n_eval > 0 && n > 1)
+            for (int i = 0; i < u.n; i++) u.c[i].inexact = true;
         return dnf_and(b, r, &u, r, where);
     }
     /* oneOf: branch i and no other branch */
@@ -1366,8 +1407,77 @@ static keel_status absent_dnf(jsb *b, const char *name, const char *where, jconj
     char key[600];
     snprintf(key, sizeof key, "absent:%.500s", name);
     c->grp[0].props = synth(b, key, json_pack("{s:b}", name, 0));
+    c->grp[0].noeval = true;
     c->n_grp = 1;
     return b->st;
+}
+
+/* unevaluatedProperties u on conjunction c: the members no evaluating
+ * group of c names or matches take u (as additionalProperties would). */
+static keel_status uneval_props(jsb *b, jconj *c, json_t *u, const char *where)
+{
+    if (c->ref >= 0) return js_refuse(b, where, "'unevaluatedProperties' beside a recursive '$ref' is not supported");
+    if (c->inexact)
+        return js_refuse(b, where, "'unevaluatedProperties' where 'anyOf' branches may each evaluate members is not supported");
+    for (int g = 0; g < c->n_grp; g++)
+        if (!c->grp[g].noeval && c->grp[g].eval_all) return KEEL_OK;
+    json_t *props = json_object(), *pats = json_object();
+    if (!props || !pats) {
+        json_decref(props);
+        json_decref(pats);
+        return js_oom(b);
+    }
+    for (int g = 0; g < c->n_grp; g++) {
+        if (c->grp[g].noeval) continue;
+        const char *k;
+        json_t *v;
+        json_object_foreach(c->grp[g].props, k, v) if (json_object_set(props, k, json_true())) goto oom;
+        json_object_foreach(c->grp[g].pats, k, v) if (json_object_set(pats, k, json_true())) goto oom;
+    }
+    jgroup *ng = js_alloc(b, (size_t)(c->n_grp + 1) * sizeof *ng);
+    char key[64];
+    if (!ng) goto oom;
+    if (c->n_grp) memcpy(ng, c->grp, (size_t)c->n_grp * sizeof *ng);
+    snprintf(key, sizeof key, "uneval-props:%d", b->n_syn);
+    ng[c->n_grp].props = synth(b, key, props);
+    snprintf(key, sizeof key, "uneval-pats:%d", b->n_syn);
+    ng[c->n_grp].pats = synth(b, key, pats);
+    ng[c->n_grp].addl = json_is_true(u) ? NULL : u;
+    ng[c->n_grp].eval_all = true;
+    c->grp = ng;
+    c->n_grp++;
+    return b->st;
+oom:
+    json_decref(props);
+    json_decref(pats);
+    return js_oom(b);
+}
+
+/* unevaluatedItems u on c: the elements past the evaluated prefix take u. */
+static keel_status uneval_items(jsb *b, jconj *c, json_t *u, const char *where)
+{
+    if (c->ref >= 0) return js_refuse(b, where, "'unevaluatedItems' beside a recursive '$ref' is not supported");
+    if (c->eval_items || json_is_true(u)) {
+        c->eval_items = true;
+        return KEEL_OK;
+    }
+    if (c->inexact)
+        return js_refuse(b, where, "'unevaluatedItems' where 'anyOf' branches may each evaluate elements is not supported");
+    if (c->eval_contains) return js_refuse(b, where, "'unevaluatedItems' beside an evaluating 'contains' is not supported");
+    jconj t;
+    conj_init(&t, where);
+    t.n_pre = c->eval_pre;
+    if (t.n_pre) {
+        t.pre = js_alloc(b, (size_t)t.n_pre * sizeof *t.pre);
+        if (!t.pre) return b->st;
+    }
+    t.items = jsl_one(b, u);
+    bool empty;
+    jconj r;
+    if (conj_and(b, c, &t, &r, &empty)) return b->st;
+    *c = r;
+    c->eval_items = true;
+    return KEEL_OK;
 }
 
 static keel_status norm(jsb *b, json_t *s, int depth, jdnf *out)
@@ -1416,7 +1526,7 @@ static keel_status norm(jsb *b, json_t *s, int depth, jdnf *out)
     }
     if ((v = json_object_get(s, "if"))) {
         json_t *th = json_object_get(s, "then"), *el = json_object_get(s, "else");
-        if (th || el) {
+        if (th || el || b->uneval) { /* if alone: its annotations count where it holds */
             jdnf xi, xn, xt, xe, u;
             conj_init(&c, where);
             jdnf all;
@@ -1477,6 +1587,15 @@ static keel_status norm(jsb *b, json_t *s, int depth, jdnf *out)
                 dnf_and(b, &r, &u, &r, where))
                 goto done;
         }
+    }
+    json_t *uep = json_object_get(s, "unevaluatedProperties"), *uei = json_object_get(s, "unevaluatedItems");
+    if ((uep && !json_is_object(uep) && !json_is_boolean(uep)) || (uei && !json_is_object(uei) && !json_is_boolean(uei))) {
+        js_refuse(b, where, "'unevaluatedProperties' / 'unevaluatedItems' must be schemas");
+        goto done;
+    }
+    for (int i = 0; i < r.n && !b->st; i++) {
+        if (uep && (r.c[i].kinds & JK_OBJ)) uneval_props(b, &r.c[i], uep, where);
+        if (uei && (r.c[i].kinds & JK_ARR)) uneval_items(b, &r.c[i], uei, where);
     }
 done:
     b->n_stack--;

@@ -40,7 +40,7 @@ enum {
 #define JS_MAX_INFO (1u << 16)       /* schema nodes in one document */
 #define JS_MAX_RES 1024              /* $id resources and anchors */
 #define JS_MAX_MEMO 4096             /* distinct emitted schema lists */
-#define JS_MAX_PATTERNS 4            /* patternProperties patterns in one object */
+#define JS_MAX_PATTERNS 6            /* distinct patternProperties patterns in one object */
 #define JS_MAX_COUNT_RULES 20000     /* rules of a counted array / object */
 
 /* rule ids: >= 0 a rule s<id>; JR_ANY any JSON value; JR_NONE nothing */
@@ -56,6 +56,8 @@ typedef struct jgroup { /* the member keywords of one schema object */
     json_t *props; /* object name -> schema, or NULL */
     json_t *pats;  /* object pattern -> schema, or NULL */
     json_t *addl;  /* schema of the other members, or NULL (any) */
+    bool eval_all; /* additionalProperties / unevaluatedProperties present: every member evaluated */
+    bool noeval;   /* made by a complement or an absence: evaluates nothing (annotations under not are dropped) */
 } jgroup;
 
 typedef struct jcontains {
@@ -86,6 +88,11 @@ typedef struct jconj {
     int64_t min_props, max_props; /* max -1: none */
     jsl pnames;        /* propertyNames schemas */
     int64_t ref;       /* >= 0: the value matches rule s<ref> (a recursive $ref), nothing else known */
+    /* what the schemas behind this conjunction evaluate (unevaluatedItems / -Properties) */
+    int eval_pre;      /* elements [0, eval_pre) evaluated by prefixItems */
+    bool eval_items;   /* every element evaluated (items, unevaluatedItems) */
+    bool eval_contains; /* elements matching a contains are evaluated */
+    bool inexact;      /* from a union whose other branches may also hold and evaluate more */
 } jconj;
 
 typedef struct jdnf {
@@ -140,6 +147,7 @@ typedef struct jsb {
     int n_stack;
     struct { const char *key; json_t *node; } *syn; /* synthesized nodes by key */
     int n_syn;
+    bool uneval;       /* the document uses unevaluatedItems / unevaluatedProperties */
 } jsb;
 
 /* jschema.c */
