@@ -26,7 +26,7 @@
 #include "../base/base.h"
 
 #define JNUM_MAX_ITEMS 16
-#define JNUM_TEXT_CAP 64
+#define JNUM_TEXT_CAP 400 /* the longest finite double, 5e-324, is 343 bytes plain */
 
 enum {
     JNUM_ANY = 0,  /* any number */

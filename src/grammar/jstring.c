@@ -1,0 +1,461 @@
+/*
+ * jstring.c — JSON Schema's string keywords as automata (regex.c) and
+ * GBNF (jstring.h).
+ *
+ * A spec becomes one DFA over code points (the conjunction of its
+ * patterns, formats and exclusions, built by products), then, when its
+ * length bounds are not implied by that DFA, the product with a length
+ * counter. The GBNF has one rule per live state: an alternative per
+ * target state whose characters are spelled canonically (raw, except '"'
+ * '\\' and U+0000..U+001F as escapes), and the closing quote where the
+ * state accepts. Dead ends are never emitted (every state is live), so a
+ * matcher never walks into a prefix that cannot be completed.
+ *
+ * Formats are regular expressions of this file run through the same
+ * engine, so that jstr_test and jstr_gbnf agree by construction. Where a
+ * format's language is not (practically) regular, the automaton is the
+ * subset or superset named at its entry in FORMATS.
+ */
+#include "jstring.h"
+#include "regex.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JSTR_MAX_GBNF (32u << 20) /* bytes of emitted GBNF */
+
+/* ---- formats -------------------------------------------------------------- */
+
+#define DEC_OCTET "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
+#define IPV4 DEC_OCTET "(?:\\." DEC_OCTET "){3}"
+#define H16 "[0-9A-Fa-f]{1,4}"
+#define LS32 "(?:" H16 ":" H16 "|" IPV4 ")"
+#define IPV6                                                                                                    \
+    "(?:(?:" H16 ":){6}" LS32 "|::(?:" H16 ":){5}" LS32 "|(?:" H16 ")?::(?:" H16 ":){4}" LS32 "|(?:(?:" H16     \
+    ":){0,1}" H16 ")?::(?:" H16 ":){3}" LS32 "|(?:(?:" H16 ":){0,2}" H16 ")?::(?:" H16 ":){2}" LS32 "|(?:(?:" H16 \
+    ":){0,3}" H16 ")?::" H16 ":" LS32 "|(?:(?:" H16 ":){0,4}" H16 ")?::" LS32 "|(?:(?:" H16 ":){0,5}" H16        \
+    ")?::" H16 "|(?:(?:" H16 ":){0,6}" H16 ")?::)"
+#define LABEL "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+#define HOSTNAME LABEL "(?:\\." LABEL ")*"
+/* a label with "--" in its 3rd and 4th characters (IDNA's reserved
+ * labels: punycode "xn--" ones are not checked, so all are refused) */
+#define RESERVED_LABEL "(?:[^]*\\.)?[^.][^.]--[^]*"
+#define FULL_DATE                                                                                               \
+    "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]" \
+    "|1[0-9]|2[0-8]))|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
+#define SECFRAC "(?:\\.[0-9]+)?"
+#define FULL_TIME                                                                                               \
+    "(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]" SECFRAC "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])|23:59:60" \
+    SECFRAC "(?:[Zz]|[+-]00:00))"
+#define DUR_TIME "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
+#define DURATION                                                                                                \
+    "P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:" DUR_TIME ")?|" DUR_TIME "|[0-9]+W)"
+#define HEX "[0-9A-Fa-f]"
+#define PCT "%" HEX HEX
+#define UNRES_SUB "A-Za-z0-9._~!$&'()*+,;=\\-"
+#define PCHAR "(?:[" UNRES_SUB ":@]|" PCT ")"
+#define AUTHORITY                                                                                               \
+    "(?:(?:[" UNRES_SUB ":]|" PCT ")*@)?(?:\\[(?:" IPV6 "|v" HEX "+\\.[" UNRES_SUB ":]+)\\]|" IPV4 "|(?:[" UNRES_SUB \
+    "]|" PCT ")*)(?::[0-9]*)?"
+#define PATH_ABEMPTY "(?:/" PCHAR "*)*"
+#define QUERY_FRAG "(?:\\?(?:" PCHAR "|[/?])*)?(?:#(?:" PCHAR "|[/?])*)?"
+#define URI                                                                                                     \
+    "[A-Za-z][A-Za-z0-9+.-]*:(?://" AUTHORITY PATH_ABEMPTY "|/(?:" PCHAR "+" PATH_ABEMPTY ")?|" PCHAR           \
+    "+" PATH_ABEMPTY ")?" QUERY_FRAG
+#define RELATIVE_REF                                                                                            \
+    "(?://" AUTHORITY PATH_ABEMPTY "|/(?:" PCHAR "+" PATH_ABEMPTY ")?|(?:[" UNRES_SUB "@]|" PCT ")+" PATH_ABEMPTY \
+    ")?" QUERY_FRAG
+#define JSON_POINTER "(?:/(?:[^~/]|~[01])*)*"
+#define ATEXT "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+
+typedef struct jstr_format {
+    const char *name;
+    const char *re;      /* the whole string must match */
+    const char *exclude; /* and must not match this (NULL: none) */
+} jstr_format;
+
+static const jstr_format FORMATS[] = {
+    /* RFC 3339 full-date, leap years exact */
+    {"date", FULL_DATE, NULL},
+    /* RFC 3339 full-time; a leap second only as 23:59:60 in UTC (Z,
+     * +00:00, -00:00): a subset, since a leap second at another offset
+     * needs the local time remembered (about 1440 more states) */
+    {"time", FULL_TIME, NULL},
+    {"date-time", FULL_DATE "[Tt]" FULL_TIME, NULL},
+    /* RFC 3339 appendix A */
+    {"duration", DURATION, NULL},
+    {"uuid", HEX "{8}-" HEX "{4}-" HEX "{4}-" HEX "{4}-" HEX "{12}", NULL},
+    /* RFC 5321 Mailbox: dot-atom or quoted local part; a hostname or an
+     * address literal as the domain */
+    {"email",
+     "(?:" ATEXT "+(?:\\." ATEXT "+)*|\"(?:[\\x20\\x21\\x23-\\x5B\\x5D-\\x7E]|\\\\[\\x20-\\x7E])*\")@(?:" HOSTNAME
+     "|\\[" IPV4 "\\]|\\[IPv6:" IPV6 "\\])",
+     NULL},
+    /* RFC 1123 labels of 1..63; the total of 253 is not enforced (a
+     * superset) and reserved "??--" labels are refused (a subset) */
+    {"hostname", HOSTNAME, RESERVED_LABEL},
+    {"ipv4", IPV4, NULL},
+    {"ipv6", IPV6, NULL},
+    /* RFC 3986 */
+    {"uri", URI, NULL},
+    {"uri-reference", "(?:" URI "|" RELATIVE_REF ")", NULL},
+    /* RFC 6901 */
+    {"json-pointer", JSON_POINTER, NULL},
+    {"relative-json-pointer", "(?:0|[1-9][0-9]*)(?:#|" JSON_POINTER ")", NULL},
+};
+
+#define N_FORMATS (sizeof FORMATS / sizeof FORMATS[0])
+
+bool jstr_format_known(const char *format)
+{
+    for (size_t i = 0; i < N_FORMATS; i++)
+        if (strcmp(FORMATS[i].name, format) == 0) return true;
+    return false;
+}
+
+/* *d op= x (x consumed). A NULL *d stands for every string. */
+static keel_status combine(rx_dfa **d, rx_dfa *x, int op, char *err)
+{
+    keel_status st = KEEL_OK;
+    if (!*d && op == RX_AND) {
+        *d = x;
+        return KEEL_OK;
+    }
+    if (!*d) {
+        st = rx_length(0, -1, d, err);
+        if (st) {
+            rx_free(x);
+            return st;
+        }
+    }
+    rx_dfa *r = NULL;
+    st = rx_product(*d, x, op, &r, err);
+    rx_free(x);
+    rx_free(*d);
+    *d = r;
+    return st;
+}
+
+static keel_status format_dfa(const char *name, rx_dfa **out, char *err)
+{
+    *out = NULL;
+    const jstr_format *f = NULL;
+    for (size_t i = 0; i < N_FORMATS && !f; i++)
+        if (strcmp(FORMATS[i].name, name) == 0) f = &FORMATS[i];
+    if (!f) return base_err(err, KEEL_EUNSUPPORTED, "format \"%.60s\" is not supported", name);
+    keel_status st = rx_compile(f->re, strlen(f->re), false, out, err);
+    if (!st && f->exclude) {
+        rx_dfa *x = NULL;
+        st = rx_compile(f->exclude, strlen(f->exclude), false, &x, err);
+        if (!st) st = combine(out, x, RX_ANDNOT, err);
+    }
+    if (st) {
+        rx_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* The content automaton of s without its lengths; *out NULL when the
+ * content is unconstrained. */
+static keel_status content_dfa(const jstr_spec *s, rx_dfa **out, char *err)
+{
+    rx_dfa *d = NULL, *x = NULL;
+    keel_status st = KEEL_OK;
+    for (int i = 0; i < s->n_pattern && !st; i++) {
+        st = rx_compile(s->pattern[i], strlen(s->pattern[i]), true, &x, err);
+        if (!st) st = combine(&d, x, RX_AND, err);
+    }
+    for (int i = 0; i < s->n_not_pattern && !st; i++) {
+        st = rx_compile(s->not_pattern[i], strlen(s->not_pattern[i]), true, &x, err);
+        if (!st) st = combine(&d, x, RX_ANDNOT, err);
+    }
+    for (int i = 0; i < s->n_format && !st; i++) {
+        st = format_dfa(s->format[i], &x, err);
+        if (!st) st = combine(&d, x, RX_AND, err);
+    }
+    for (int i = 0; i < s->n_not_format && !st; i++) {
+        st = format_dfa(s->not_format[i], &x, err);
+        if (!st) st = combine(&d, x, RX_ANDNOT, err);
+    }
+    if (!st && s->n_except) {
+        st = rx_strings(s->except, s->except_len, s->n_except, &x, err);
+        if (!st) st = combine(&d, x, RX_ANDNOT, err);
+    }
+    if (st) {
+        rx_free(d);
+        d = NULL;
+    }
+    *out = d;
+    return st;
+}
+
+static keel_status check_spec(const jstr_spec *s, char *err)
+{
+    if (s->n_pattern < 0 || s->n_pattern > JSTR_MAX_ITEMS || s->n_not_pattern < 0 ||
+        s->n_not_pattern > JSTR_MAX_ITEMS || s->n_format < 0 || s->n_format > JSTR_MAX_ITEMS ||
+        s->n_not_format < 0 || s->n_not_format > JSTR_MAX_ITEMS || s->min_len < 0 ||
+        (s->n_except && (!s->except || !s->except_len)))
+        return base_err(err, KEEL_EINVAL, "string constraints: bad spec");
+    return KEEL_OK;
+}
+
+keel_status jstr_test(const jstr_spec *s, const char *content, size_t n, bool *ok, char *err)
+{
+    *ok = false;
+    keel_status st = check_spec(s, err);
+    if (st) return st;
+    int64_t len = 0;
+    for (size_t i = 0; i < n; len++)
+        if (rx_utf8_next((const unsigned char *)content, n, &i) < 0) return KEEL_OK; /* not a JSON string */
+    if (len < s->min_len || (s->max_len >= 0 && len > s->max_len)) return KEEL_OK;
+    rx_dfa *d = NULL;
+    st = content_dfa(s, &d, err);
+    if (st) return st;
+    *ok = !d || rx_match(d, content, n);
+    rx_free(d);
+    return KEEL_OK;
+}
+
+/* ---- GBNF ----------------------------------------------------------------- */
+
+typedef struct obuf {
+    char *d;
+    size_t n, cap;
+    keel_status st;
+} obuf;
+
+static void oput(obuf *b, const char *s, size_t k)
+{
+    if (b->st) return;
+    if (b->n + k + 1 > JSTR_MAX_GBNF) {
+        b->st = KEEL_ERANGE;
+        return;
+    }
+    if (b->n + k + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc < b->n + k + 1) nc *= 2;
+        char *q = base_realloc(b->d, b->cap, nc);
+        if (!q) {
+            b->st = KEEL_ENOMEM;
+            return;
+        }
+        b->d = q;
+        b->cap = nc;
+    }
+    memcpy(b->d + b->n, s, k);
+    b->n += k;
+    b->d[b->n] = 0;
+}
+
+static void oputs(obuf *b, const char *s)
+{
+    oput(b, s, strlen(s));
+}
+
+static void oputf(obuf *b, const char *fmt, ...) BASE_PRINTF(2, 3);
+
+static void oputf(obuf *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (k < 0 || (size_t)k >= sizeof tmp) {
+        if (!b->st) b->st = KEEL_EINTERNAL;
+        return;
+    }
+    oput(b, tmp, (size_t)k);
+}
+
+/* The GBNF literal of the JSON escape of c (a character that is never
+ * written raw): "\\\"" "\\\\" "\\n" ... "\\u001f". */
+static void put_escape(obuf *b, uint32_t c)
+{
+    switch (c) {
+    case '"': oputs(b, "\"\\\\\\\"\""); return;
+    case '\\': oputs(b, "\"\\\\\\\\\""); return;
+    case 8: oputs(b, "\"\\\\b\""); return;
+    case 12: oputs(b, "\"\\\\f\""); return;
+    case 10: oputs(b, "\"\\\\n\""); return;
+    case 13: oputs(b, "\"\\\\r\""); return;
+    case 9: oputs(b, "\"\\\\t\""); return;
+    default: oputf(b, "\"\\\\u%04x\"", c); return;
+    }
+}
+
+static bool is_special(uint32_t c)
+{
+    return c < 0x20 || c == '"' || c == '\\';
+}
+
+/* One group of intervals (code points [lo[i], hi[i]]) as a GBNF choice:
+ * ( [raw ranges] | "escape" | ... ). */
+static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k)
+{
+    bool any_raw = false, first = true;
+    for (size_t i = 0; i < k; i++)
+        for (uint32_t c = lo[i]; c <= hi[i] && !any_raw; c++) {
+            if (!is_special(c)) any_raw = true;
+            if (c >= 0x5D) break; /* past every special */
+        }
+    for (size_t i = 0; i < k && !any_raw; i++)
+        if (hi[i] >= 0x5D) any_raw = true;
+    oputs(b, "( ");
+    if (any_raw) {
+        oputs(b, "[");
+        for (size_t i = 0; i < k; i++) {
+            uint32_t c = lo[i];
+            while (c <= hi[i]) {
+                if (is_special(c)) {
+                    c++;
+                    continue;
+                }
+                uint32_t e = c; /* the run of raw characters from c */
+                while (e < hi[i] && !is_special(e + 1)) e++;
+                if (e == c) oputf(b, "\\U%08X", c);
+                else oputf(b, "\\U%08X-\\U%08X", c, e);
+                c = e + 1;
+            }
+        }
+        oputs(b, "]");
+        first = false;
+    }
+    for (size_t i = 0; i < k; i++)
+        for (uint32_t c = lo[i]; c <= hi[i] && c <= 0x5C; c++)
+            if (is_special(c)) {
+                if (!first) oputs(b, " | ");
+                put_escape(b, c);
+                first = false;
+            }
+    oputs(b, " )");
+}
+
+typedef struct edge {
+    uint32_t to, lo, hi;
+} edge;
+
+static int cmp_edge(const void *x, const void *y)
+{
+    const edge *a = x, *b = y;
+    if (a->to != b->to) return a->to < b->to ? -1 : 1;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *err)
+{
+    keel_status st = KEEL_OK;
+    uint8_t *live = base_alloc(d->n_states);
+    edge *ed = base_alloc((size_t)d->n_iv * sizeof *ed);
+    uint32_t *lo = base_alloc((size_t)d->n_iv * sizeof *lo), *hi = base_alloc((size_t)d->n_iv * sizeof *hi);
+    if (!live || !ed || !lo || !hi) {
+        st = base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
+        goto out;
+    }
+    rx_live(d, live);
+    oputf(b, "%s ::= \"\\\"\" %s-s%u\n", name, name, d->start);
+    for (uint32_t q = 1; q < d->n_states && !b->st; q++) {
+        if (!live[q]) continue;
+        size_t k = 0;
+        for (uint32_t i = 0; i < d->n_iv; i++) {
+            uint32_t t = d->next[(size_t)q * d->n_cls + d->iv_cls[i]];
+            uint32_t l = d->iv_lo[i], h = (i + 1 < d->n_iv ? d->iv_lo[i + 1] : RX_CP_END) - 1;
+            if (!t || !live[t] || (l >= 0xD800 && h <= 0xDFFF)) continue;
+            ed[k++] = (edge){t, l, h};
+        }
+        qsort(ed, k, sizeof *ed, cmp_edge);
+        oputf(b, "%s-s%u ::=", name, q);
+        bool first = true;
+        for (size_t i = 0; i < k;) {
+            size_t j = i, m = 0;
+            for (; j < k && ed[j].to == ed[i].to; j++) {
+                /* surrogates never appear: cut them out of a range */
+                if (ed[j].lo < 0xD800 && ed[j].hi > 0xDFFF) {
+                    lo[m] = ed[j].lo, hi[m++] = 0xD7FF;
+                    lo[m] = 0xE000, hi[m++] = ed[j].hi;
+                } else {
+                    lo[m] = ed[j].lo, hi[m++] = ed[j].hi;
+                }
+            }
+            oputs(b, first ? " " : " | ");
+            put_choice(b, lo, hi, m);
+            oputf(b, " %s-s%u", name, ed[i].to);
+            first = false;
+            i = j;
+        }
+        if (d->acc[q]) oputs(b, first ? " \"\\\"\"" : " | \"\\\"\"");
+        oputs(b, "\n");
+    }
+    if (b->st == KEEL_ERANGE)
+        st = base_err(err, KEEL_ERANGE, "string constraints: grammar above %u bytes", JSTR_MAX_GBNF);
+    else if (b->st)
+        st = base_err(err, b->st, "string constraints: out of memory");
+out:
+    base_free(live, d->n_states);
+    base_free(ed, (size_t)d->n_iv * sizeof *ed);
+    base_free(lo, (size_t)d->n_iv * sizeof *lo);
+    base_free(hi, (size_t)d->n_iv * sizeof *hi);
+    return st;
+}
+
+keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *n_out, bool *empty, char *err)
+{
+    *out = NULL;
+    *n_out = 0;
+    *empty = false;
+    keel_status st = check_spec(s, err);
+    if (st) return st;
+    if (s->max_len >= 0 && s->max_len < s->min_len) {
+        *empty = true;
+        return KEEL_OK;
+    }
+    obuf b = {0};
+    rx_dfa *d = NULL;
+    st = content_dfa(s, &d, err);
+    if (st) return st;
+    if (!d) {
+        /* the content is free: any JSON spelling, lengths as counts */
+        oputf(&b, "%s ::= \"\\\"\" %s-c{%lld,", name, name, (long long)s->min_len);
+        if (s->max_len >= 0) oputf(&b, "%lld", (long long)s->max_len);
+        oputf(&b, "} \"\\\"\"\n%s-c ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n",
+              name);
+        if (b.st) st = base_err(err, b.st, "string constraints: out of memory");
+        goto out;
+    }
+    /* the lengths, unless the content already implies them */
+    int64_t dmn, dmx, mn = s->min_len, mx = s->max_len;
+    rx_len_range(d, &dmn, &dmx);
+    if (dmn >= mn) mn = 0;
+    if (mx >= 0 && dmx >= 0 && dmx <= mx) mx = -1;
+    if (mn > 0 || mx >= 0) {
+        rx_dfa *l = NULL;
+        st = rx_length(mn, mx, &l, err);
+        if (!st) st = combine(&d, l, RX_AND, err);
+        if (st) goto out;
+    }
+    if (d->start == 0) {
+        *empty = true;
+        goto out;
+    }
+    st = emit_dfa(d, name, &b, err);
+out:
+    rx_free(d);
+    if (st || *empty) {
+        base_free(b.d, b.cap);
+        return st;
+    }
+    /* hand over an exact-size block (callers free n_out + 1 bytes) */
+    char *r = base_alloc(b.n + 1);
+    if (!r) {
+        base_free(b.d, b.cap);
+        return base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
+    }
+    memcpy(r, b.d, b.n + 1);
+    base_free(b.d, b.cap);
+    *out = r;
+    *n_out = b.n;
+    return KEEL_OK;
+}

@@ -1,0 +1,1588 @@
+/*
+ * regex.c — ECMA-262 patterns to minimal DFAs over code points, and the
+ * products, length counters and string sets of regex.h.
+ *
+ * Pipeline: the pattern is parsed into a tree (rnode, children as linked
+ * lists so that long concatenations do not deepen the recursion), the
+ * tree into a Thompson automaton (one character-set edge or epsilon edges
+ * per state; {n,m} copies its operand), the automaton into a DFA by subset
+ * construction over the elementary intervals of its character sets, and
+ * the DFA is finished: states that cannot accept merged into the dead
+ * state 0, unreachable ones dropped, Moore's partition refinement (within
+ * a work budget; past it the DFA is kept as it is, which is correct but
+ * larger), identical columns merged into one class.
+ *
+ * Invariants of every rx_dfa leaving this file: complete; state 0 dead;
+ * surrogates (one interval of their own in every partition) lead to 0;
+ * n_states <= RX_MAX_STATES.
+ */
+#include "regex.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SUR_LO 0xD800u
+#define SUR_END 0xE000u
+#define MIN_WORK (1u << 27) /* cell visits of one minimization */
+#define SUBSET_WORK (1u << 26)
+
+/* ---- growable arrays ------------------------------------------------------ */
+
+/* Ensures room for need elements of elsz bytes in *p (capacity *cap). */
+static bool grow(void *pp, size_t *cap, size_t need, size_t elsz)
+{
+    void **p = pp;
+    if (need <= *cap) return true;
+    size_t nc = *cap ? *cap : 16;
+    while (nc < need) nc *= 2;
+    void *q = base_realloc(*p, *cap * elsz, nc * elsz);
+    if (!q) return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int32_t rx_utf8_next(const unsigned char *s, size_t n, size_t *i)
+{
+    size_t k = *i;
+    uint32_t c = s[k], need, min;
+    if (c < 0x80) {
+        *i = k + 1;
+        return (int32_t)c;
+    }
+    if (c >= 0xC2 && c <= 0xDF) need = 1, c &= 0x1F, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF) need = 2, c &= 0x0F, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4) need = 3, c &= 0x07, min = 0x10000;
+    else return -1;
+    if (n - k <= need) return -1;
+    for (uint32_t j = 1; j <= need; j++) {
+        uint32_t b = s[k + j];
+        if ((b & 0xC0) != 0x80) return -1;
+        c = (c << 6) | (b & 0x3F);
+    }
+    if (c < min || c > 0x10FFFF || (c >= SUR_LO && c < SUR_END)) return -1;
+    *i = k + need + 1;
+    return (int32_t)c;
+}
+
+/* ---- the DFA object ------------------------------------------------------- */
+
+void rx_free(rx_dfa *d)
+{
+    if (!d) return;
+    base_free(d->iv_lo, (size_t)d->n_iv * sizeof *d->iv_lo);
+    base_free(d->iv_cls, (size_t)d->n_iv * sizeof *d->iv_cls);
+    base_free(d->next, (size_t)d->n_states * d->n_cls * sizeof *d->next);
+    base_free(d->acc, d->n_states);
+    base_free(d, sizeof *d);
+}
+
+/* A DFA with n_iv intervals, n_cls classes and n_states states, zeroed
+ * (every transition to the dead state). */
+static rx_dfa *dfa_new(uint32_t n_iv, uint32_t n_cls, uint32_t n_states)
+{
+    rx_dfa *d = base_calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->iv_lo = base_calloc(n_iv, sizeof *d->iv_lo);
+    d->iv_cls = base_calloc(n_iv, sizeof *d->iv_cls);
+    d->next = base_calloc((size_t)n_states * n_cls, sizeof *d->next);
+    d->acc = base_calloc(n_states, 1);
+    d->n_iv = n_iv;
+    d->n_cls = n_cls;
+    d->n_states = n_states;
+    if (!d->iv_lo || !d->iv_cls || !d->next || !d->acc) {
+        rx_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static uint32_t class_of(const rx_dfa *d, uint32_t cp)
+{
+    uint32_t lo = 0, hi = d->n_iv; /* the last interval with iv_lo <= cp */
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (d->iv_lo[mid] <= cp) lo = mid;
+        else hi = mid;
+    }
+    return d->iv_cls[lo];
+}
+
+bool rx_match(const rx_dfa *d, const char *s, size_t n)
+{
+    uint32_t q = d->start;
+    for (size_t i = 0; i < n && q;) {
+        int32_t c = rx_utf8_next((const unsigned char *)s, n, &i);
+        if (c < 0) return false;
+        q = d->next[(size_t)q * d->n_cls + class_of(d, (uint32_t)c)];
+    }
+    return d->acc[q];
+}
+
+bool rx_live(const rx_dfa *d, uint8_t *live)
+{
+    size_t n = d->n_states, nc = d->n_cls;
+    memset(live, 0, n);
+    /* reverse reachability from the accepting states, by rounds: a state is
+     * live when a transition leads to a live one (rounds <= n, each cheap) */
+    for (size_t s = 1; s < n; s++) live[s] = d->acc[s];
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (size_t s = n; s-- > 1;) {
+            if (live[s]) continue;
+            const uint32_t *row = d->next + s * nc;
+            for (size_t c = 0; c < nc; c++)
+                if (live[row[c]]) {
+                    live[s] = 1;
+                    changed = true;
+                    break;
+                }
+        }
+    }
+    return live[d->start];
+}
+
+void rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx)
+{
+    size_t n = d->n_states, nc = d->n_cls;
+    *mn = 0;
+    *mx = 0;
+    uint8_t *live = base_alloc(n);
+    int64_t *dist = base_alloc(n * sizeof *dist);
+    int64_t *lng = base_alloc(n * sizeof *lng);
+    uint32_t *queue = base_alloc(n * sizeof *queue);
+    uint32_t *indeg = base_calloc(n, sizeof *indeg);
+    if (!live || !dist || !lng || !queue || !indeg) {
+        *mx = -1; /* unknown: the caller keeps its bounds */
+        goto done;
+    }
+    if (!rx_live(d, live)) goto done;
+    for (size_t s = 0; s < n; s++) dist[s] = -1, lng[s] = -1;
+    size_t qh = 0, qt = 0;
+    dist[d->start] = 0;
+    queue[qt++] = d->start;
+    while (qh < qt) { /* BFS: shortest accepted length, and reachability */
+        uint32_t s = queue[qh++];
+        const uint32_t *row = d->next + (size_t)s * nc;
+        for (size_t c = 0; c < nc; c++) {
+            uint32_t t = row[c];
+            if (!live[t]) continue;
+            indeg[t]++;
+            if (dist[t] < 0) {
+                dist[t] = dist[s] + 1;
+                queue[qt++] = t;
+            }
+        }
+    }
+    *mn = INT64_MAX;
+    for (size_t i = 0; i < qt; i++)
+        if (d->acc[queue[i]] && dist[queue[i]] < *mn) *mn = dist[queue[i]];
+    /* longest: Kahn's order over the reachable live states; a cycle leaves
+     * some state unprocessed, and then the length is unbounded */
+    size_t done_n = 0;
+    qh = qt = 0;
+    if (indeg[d->start] == 0) {
+        queue[qt++] = d->start;
+        lng[d->start] = 0;
+    }
+    int64_t best = 0;
+    while (qh < qt) {
+        uint32_t s = queue[qh++];
+        done_n++;
+        if (d->acc[s] && lng[s] > best) best = lng[s];
+        const uint32_t *row = d->next + (size_t)s * nc;
+        for (size_t c = 0; c < nc; c++) {
+            uint32_t t = row[c];
+            if (!live[t] || dist[t] < 0) continue;
+            if (lng[s] + 1 > lng[t]) lng[t] = lng[s] + 1;
+            if (--indeg[t] == 0) queue[qt++] = t;
+        }
+    }
+    size_t reach = 0;
+    for (size_t s = 0; s < n; s++) reach += live[s] && dist[s] >= 0;
+    *mx = done_n == reach ? best : -1;
+done:
+    base_free(live, n);
+    base_free(dist, n * sizeof *dist);
+    base_free(lng, n * sizeof *lng);
+    base_free(queue, n * sizeof *queue);
+    base_free(indeg, n * sizeof *indeg);
+}
+
+/* ---- finishing: prune, minimize, merge classes ---------------------------- */
+
+/* Merges identical columns into one class, then adjacent intervals of one
+ * class into one interval. */
+static keel_status compress_classes(rx_dfa *d)
+{
+    size_t n = d->n_states, nc = d->n_cls;
+    uint32_t *map = base_alloc(nc * sizeof *map);
+    uint32_t *rep = base_alloc(nc * sizeof *rep); /* new class -> an old one */
+    uint32_t *hash = base_alloc(nc * 2 * sizeof *hash);
+    if (!map || !rep || !hash) {
+        base_free(map, nc * sizeof *map);
+        base_free(rep, nc * sizeof *rep);
+        base_free(hash, nc * 2 * sizeof *hash);
+        return KEEL_ENOMEM;
+    }
+    for (size_t i = 0; i < nc * 2; i++) hash[i] = UINT32_MAX;
+    uint32_t m = 0;
+    for (size_t c = 0; c < nc; c++) {
+        uint64_t h = 1469598103934665603ull;
+        for (size_t s = 0; s < n; s++) h = (h ^ d->next[s * nc + c]) * 1099511628211ull;
+        size_t at = (size_t)(h % (nc * 2));
+        for (;; at = (at + 1) % (nc * 2)) {
+            if (hash[at] == UINT32_MAX) {
+                hash[at] = (uint32_t)c;
+                rep[m] = (uint32_t)c;
+                map[c] = m++;
+                break;
+            }
+            size_t o = hash[at];
+            size_t s = 0;
+            while (s < n && d->next[s * nc + o] == d->next[s * nc + c]) s++;
+            if (s == n) {
+                map[c] = map[o];
+                break;
+            }
+        }
+    }
+    keel_status st = KEEL_OK;
+    if (m < nc) {
+        uint32_t *nx = base_alloc(n * m * sizeof *nx);
+        if (!nx) {
+            st = KEEL_ENOMEM;
+            goto out;
+        }
+        for (size_t s = 0; s < n; s++)
+            for (size_t c = 0; c < m; c++) nx[s * m + c] = d->next[s * nc + rep[c]];
+        base_free(d->next, n * nc * sizeof *d->next);
+        d->next = nx;
+        d->n_cls = m;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < d->n_iv; i++) {
+        uint32_t c = map[d->iv_cls[i]];
+        if (k > 0 && d->iv_cls[k - 1] == c) continue;
+        d->iv_lo[k] = d->iv_lo[i];
+        d->iv_cls[k++] = c;
+    }
+    if (k < d->n_iv) {
+        uint32_t *a = base_alloc(k * sizeof *a), *b = base_alloc(k * sizeof *b);
+        if (!a || !b) {
+            base_free(a, k * sizeof *a);
+            base_free(b, k * sizeof *b);
+            st = KEEL_ENOMEM;
+            goto out;
+        }
+        memcpy(a, d->iv_lo, k * sizeof *a);
+        memcpy(b, d->iv_cls, k * sizeof *b);
+        base_free(d->iv_lo, d->n_iv * sizeof *a);
+        base_free(d->iv_cls, d->n_iv * sizeof *b);
+        d->iv_lo = a;
+        d->iv_cls = b;
+        d->n_iv = k;
+    }
+out:
+    base_free(map, nc * sizeof *map);
+    base_free(rep, nc * sizeof *rep);
+    base_free(hash, nc * 2 * sizeof *hash);
+    return st;
+}
+
+/* Rebuilds d with its states renumbered by blk (blk[0] must be 0;
+ * nb blocks; states of one block are equivalent). */
+static keel_status quotient(rx_dfa *d, const uint32_t *blk, uint32_t nb)
+{
+    size_t nc = d->n_cls;
+    uint32_t *nx = base_calloc((size_t)nb * nc, sizeof *nx);
+    uint8_t *acc = base_calloc(nb, 1);
+    if (!nx || !acc) {
+        base_free(nx, (size_t)nb * nc * sizeof *nx);
+        base_free(acc, nb);
+        return KEEL_ENOMEM;
+    }
+    for (size_t s = 0; s < d->n_states; s++) {
+        if (blk[s] == UINT32_MAX) continue;
+        for (size_t c = 0; c < nc; c++) {
+            uint32_t t = d->next[s * nc + c];
+            nx[(size_t)blk[s] * nc + c] = blk[t] == UINT32_MAX ? 0 : blk[t];
+        }
+        acc[blk[s]] = d->acc[s];
+    }
+    d->start = blk[d->start] == UINT32_MAX ? 0 : blk[d->start];
+    base_free(d->next, d->n_states * nc * sizeof *d->next);
+    base_free(d->acc, d->n_states);
+    d->next = nx;
+    d->acc = acc;
+    d->n_states = nb;
+    return KEEL_OK;
+}
+
+/* Dead states (cannot accept) become 0, unreachable ones are dropped; the
+ * rest are numbered 1.. in breadth-first order from the start. */
+static keel_status prune(rx_dfa *d)
+{
+    size_t n = d->n_states, nc = d->n_cls;
+    uint8_t *live = base_alloc(n);
+    uint32_t *blk = base_alloc(n * sizeof *blk);
+    uint32_t *queue = base_alloc(n * sizeof *queue);
+    keel_status st = KEEL_ENOMEM;
+    if (!live || !blk || !queue) goto out;
+    rx_live(d, live);
+    for (size_t s = 0; s < n; s++) blk[s] = UINT32_MAX;
+    blk[0] = 0;
+    uint32_t nb = 1, qh = 0, qt = 0;
+    if (live[d->start]) {
+        blk[d->start] = nb++;
+        queue[qt++] = d->start;
+    }
+    while (qh < qt) {
+        uint32_t s = queue[qh++];
+        for (size_t c = 0; c < nc; c++) {
+            uint32_t t = d->next[(size_t)s * nc + c];
+            if (live[t] && blk[t] == UINT32_MAX) {
+                blk[t] = nb++;
+                queue[qt++] = t;
+            }
+        }
+    }
+    st = quotient(d, blk, nb);
+out:
+    base_free(live, n);
+    base_free(blk, n * sizeof *blk);
+    base_free(queue, n * sizeof *queue);
+    return st;
+}
+
+/* Moore's refinement; the states' blocks converge to the Myhill-Nerode
+ * classes. Skipped (d unchanged) past MIN_WORK cell visits. */
+static keel_status minimize(rx_dfa *d)
+{
+    size_t n = d->n_states, nc = d->n_cls, hcap = n * 2 + 1;
+    size_t sig_n = nc + 1;
+    uint32_t *blk = base_alloc(n * sizeof *blk);
+    uint32_t *nblk = base_alloc(n * sizeof *nblk);
+    uint32_t *sig = base_alloc(n * sig_n * sizeof *sig);
+    uint32_t *hash = base_alloc(hcap * sizeof *hash);
+    keel_status st = KEEL_ENOMEM;
+    if (!blk || !nblk || !sig || !hash) goto out;
+    st = KEEL_OK;
+    /* block 0: the dead state and every rejecting state; the refinement
+     * splits off those that can still accept */
+    uint32_t nb = 1;
+    for (size_t s = 0; s < n; s++) blk[s] = d->acc[s] ? 1 : 0, nb = d->acc[s] ? 2 : nb;
+    uint64_t work = 0;
+    for (;;) {
+        work += (uint64_t)n * nc;
+        if (work > MIN_WORK) goto out;
+        for (size_t i = 0; i < hcap; i++) hash[i] = UINT32_MAX;
+        uint32_t m = 0;
+        for (size_t s = 0; s < n; s++) {
+            uint32_t *g = sig + s * sig_n;
+            g[0] = blk[s];
+            for (size_t c = 0; c < nc; c++) g[c + 1] = blk[d->next[s * nc + c]];
+            uint64_t h = 1469598103934665603ull;
+            for (size_t c = 0; c < sig_n; c++) h = (h ^ g[c]) * 1099511628211ull;
+            for (size_t at = (size_t)(h % hcap);; at = (at + 1) % hcap) {
+                if (hash[at] == UINT32_MAX) {
+                    hash[at] = (uint32_t)s;
+                    nblk[s] = m++;
+                    break;
+                }
+                if (memcmp(sig + (size_t)hash[at] * sig_n, g, sig_n * sizeof *g) == 0) {
+                    nblk[s] = nblk[hash[at]];
+                    break;
+                }
+            }
+        }
+        bool stable = m == nb;
+        memcpy(blk, nblk, n * sizeof *blk);
+        nb = m;
+        if (stable) break;
+    }
+    /* renumber so that the dead state's block is 0 */
+    uint32_t b0 = blk[0];
+    for (size_t s = 0; s < n; s++) {
+        if (blk[s] == b0) blk[s] = 0;
+        else if (blk[s] == 0) blk[s] = b0;
+    }
+    if (nb < n) st = quotient(d, blk, nb);
+out:
+    base_free(blk, n * sizeof *blk);
+    base_free(nblk, n * sizeof *nblk);
+    base_free(sig, n * sig_n * sizeof *sig);
+    base_free(hash, hcap * sizeof *hash);
+    return st;
+}
+
+static keel_status finish(rx_dfa *d, const char *what, char *err)
+{
+    keel_status st = compress_classes(d);
+    if (!st) st = prune(d);
+    if (!st) st = minimize(d);
+    if (!st) st = prune(d); /* the renumbering puts the states in BFS order */
+    if (!st) st = compress_classes(d);
+    if (st) return base_err(err, st, "%s: out of memory", what);
+    if (d->n_states > RX_MAX_STATES)
+        return base_err(err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", what,
+                        RX_MAX_STATES);
+    return KEEL_OK;
+}
+
+/* ---- parser --------------------------------------------------------------- */
+
+enum { N_SET, N_CAT, N_ALT, N_REP };
+
+typedef struct rnode {
+    uint8_t kind;
+    int32_t first, next; /* first child (CAT, ALT, REP); next sibling */
+    int32_t min, max;    /* REP: max -1 unbounded */
+    uint32_t cs_off, cs_n; /* SET: intervals (lo, hi) pairs in rp.cs */
+} rnode;
+
+typedef struct rp {
+    const unsigned char *s;
+    size_t n, i;
+    char *err;
+    const char *what; /* "pattern \"...\"" */
+    keel_status st;
+    rnode *nd;
+    size_t n_nd, cap_nd;
+    uint32_t *cs; /* pairs */
+    size_t n_cs, cap_cs;
+    uint32_t *tmp; /* pairs of the set being built */
+    size_t n_tmp, cap_tmp;
+    int depth;
+} rp;
+
+static int32_t perr(rp *p, keel_status st, const char *msg)
+{
+    if (!p->st) p->st = base_err(p->err, st, "%s: %s at offset %zu", p->what, msg, p->i);
+    return -1;
+}
+
+static int32_t node(rp *p, uint8_t kind)
+{
+    if (p->n_nd >= RX_MAX_NFA) return perr(p, KEEL_ERANGE, "too many elements");
+    if (!grow(&p->nd, &p->cap_nd, p->n_nd + 1, sizeof *p->nd)) return perr(p, KEEL_ENOMEM, "out of memory");
+    rnode *r = &p->nd[p->n_nd];
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->first = r->next = -1;
+    return (int32_t)p->n_nd++;
+}
+
+static bool tmp_add(rp *p, uint32_t lo, uint32_t hi)
+{
+    if (!grow(&p->tmp, &p->cap_tmp, p->n_tmp * 2 + 2, sizeof *p->tmp)) {
+        perr(p, KEEL_ENOMEM, "out of memory");
+        return false;
+    }
+    p->tmp[p->n_tmp * 2] = lo;
+    p->tmp[p->n_tmp * 2 + 1] = hi;
+    p->n_tmp++;
+    return true;
+}
+
+static int cmp_pair(const void *a, const void *b)
+{
+    const uint32_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* tmp (from pair `from` on) sorted, merged, optionally negated, less the
+ * surrogates, as a SET node. */
+static int32_t tmp_set(rp *p, size_t from, bool neg)
+{
+    size_t k = p->n_tmp - from;
+    uint32_t *t = p->tmp + from * 2;
+    qsort(t, k, 2 * sizeof *t, cmp_pair);
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (m && t[i * 2] <= t[(m - 1) * 2 + 1] + 1) {
+            if (t[i * 2 + 1] > t[(m - 1) * 2 + 1]) t[(m - 1) * 2 + 1] = t[i * 2 + 1];
+        } else {
+            t[m * 2] = t[i * 2];
+            t[m * 2 + 1] = t[i * 2 + 1];
+            m++;
+        }
+    }
+    /* the result, built in cs: negation, then the surrogates cut out */
+    size_t need = p->n_cs * 2 + (m + 2) * 2 * 2;
+    if (!grow(&p->cs, &p->cap_cs, need, sizeof *p->cs)) return perr(p, KEEL_ENOMEM, "out of memory");
+    t = p->tmp + from * 2; /* tmp is not moved by growing cs */
+    uint32_t *o = p->cs + p->n_cs * 2;
+    size_t no = 0;
+    uint32_t pending_lo = 0;
+    for (size_t i = 0; i <= m; i++) {
+        uint32_t lo, hi;
+        if (neg) {
+            if (i == m) {
+                if (pending_lo > 0x10FFFF) break;
+                lo = pending_lo, hi = 0x10FFFF;
+            } else {
+                if (t[i * 2] == pending_lo) {
+                    pending_lo = t[i * 2 + 1] + 1;
+                    continue;
+                }
+                lo = pending_lo, hi = t[i * 2] - 1;
+                pending_lo = t[i * 2 + 1] + 1;
+            }
+        } else {
+            if (i == m) break;
+            lo = t[i * 2], hi = t[i * 2 + 1];
+        }
+        /* cut [SUR_LO, SUR_END) */
+        if (lo < SUR_LO && hi >= SUR_LO) {
+            o[no * 2] = lo, o[no * 2 + 1] = SUR_LO - 1, no++;
+            if (hi >= SUR_END) o[no * 2] = SUR_END, o[no * 2 + 1] = hi, no++;
+        } else if (lo >= SUR_LO && lo < SUR_END) {
+            if (hi >= SUR_END) o[no * 2] = SUR_END, o[no * 2 + 1] = hi, no++;
+        } else {
+            o[no * 2] = lo, o[no * 2 + 1] = hi, no++;
+        }
+    }
+    p->n_tmp = from;
+    int32_t r = node(p, N_SET);
+    if (r < 0) return r;
+    p->nd[r].cs_off = (uint32_t)p->n_cs;
+    p->nd[r].cs_n = (uint32_t)no;
+    p->n_cs += no;
+    return r;
+}
+
+static const uint32_t SET_D[] = {0x30, 0x39};
+static const uint32_t SET_W[] = {0x30, 0x39, 0x41, 0x5A, 0x5F, 0x5F, 0x61, 0x7A};
+static const uint32_t SET_S[] = {0x09,   0x0D,   0x20,   0x20,   0xA0,   0xA0,   0x1680, 0x1680, 0x2000, 0x200A,
+                                 0x2028, 0x2029, 0x202F, 0x202F, 0x205F, 0x205F, 0x3000, 0x3000, 0xFEFF, 0xFEFF};
+static const uint32_t SET_DOT[] = {0x0, 0x9, 0xB, 0xC, 0xE, 0x2027, 0x202A, 0x10FFFF};
+
+/* Adds a predefined set (d w s, upper case: negated) to tmp. */
+static bool tmp_class(rp *p, int cls)
+{
+    const uint32_t *v;
+    size_t k;
+    switch (cls | 0x20) {
+    case 'd': v = SET_D, k = 1; break;
+    case 'w': v = SET_W, k = 4; break;
+    default: v = SET_S, k = 10; break;
+    }
+    if (cls & 0x20) {
+        for (size_t i = 0; i < k; i++)
+            if (!tmp_add(p, v[i * 2], v[i * 2 + 1])) return false;
+        return true;
+    }
+    uint32_t lo = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (v[i * 2] > lo && !tmp_add(p, lo, v[i * 2] - 1)) return false;
+        lo = v[i * 2 + 1] + 1;
+    }
+    return tmp_add(p, lo, 0x10FFFF);
+}
+
+static int32_t next_cp(rp *p)
+{
+    if (p->i >= p->n) return -1;
+    int32_t c = rx_utf8_next(p->s, p->n, &p->i);
+    if (c < 0) return perr(p, KEEL_EFORMAT, "invalid UTF-8");
+    return c;
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* k hex digits at p->i; -1 when not there (nothing consumed). */
+static int32_t hexn(rp *p, int k)
+{
+    if (p->n - p->i < (size_t)k) return -1;
+    int32_t v = 0;
+    for (int j = 0; j < k; j++) {
+        int h = hexval(p->s[p->i + (size_t)j]);
+        if (h < 0) return -1;
+        v = v * 16 + h;
+    }
+    p->i += (size_t)k;
+    return v;
+}
+
+/* An escape after '\': a code point (returned) or a class ('d', 'D', ...
+ * in *cls, returns -2); -1 on error. */
+static int32_t escape(rp *p, bool in_class, int *cls)
+{
+    *cls = 0;
+    if (p->i >= p->n) return perr(p, KEEL_EFORMAT, "\\ at the end of the pattern");
+    int c = p->s[p->i];
+    switch (c) {
+    case 'd': case 'D': case 'w': case 'W': case 's': case 'S': p->i++; *cls = c; return -2;
+    case 't': p->i++; return 9;
+    case 'n': p->i++; return 10;
+    case 'v': p->i++; return 11;
+    case 'f': p->i++; return 12;
+    case 'r': p->i++; return 13;
+    case 'b':
+        if (in_class) {
+            p->i++;
+            return 8;
+        }
+        return perr(p, KEEL_EUNSUPPORTED, "word boundaries (\\b) are not supported");
+    case 'B': return perr(p, KEEL_EUNSUPPORTED, "word boundaries (\\B) are not supported");
+    case '0':
+        if (p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9')
+            return perr(p, KEEL_EUNSUPPORTED, "octal escapes are not supported");
+        p->i++;
+        return 0;
+    case 'c':
+        if (p->i + 1 < p->n && ((p->s[p->i + 1] | 0x20) >= 'a' && (p->s[p->i + 1] | 0x20) <= 'z')) {
+            p->i += 2;
+            return p->s[p->i - 1] % 32;
+        }
+        return perr(p, KEEL_EFORMAT, "\\c must be followed by a letter");
+    case 'x': {
+        p->i++;
+        int32_t v = hexn(p, 2);
+        return v >= 0 ? v : perr(p, KEEL_EFORMAT, "\\x must be followed by two hex digits");
+    }
+    case 'u': {
+        p->i++;
+        if (p->i < p->n && p->s[p->i] == '{') {
+            size_t j = p->i + 1;
+            uint32_t v = 0;
+            while (j < p->n && hexval(p->s[j]) >= 0 && v <= 0x10FFFF) v = v * 16 + (uint32_t)hexval(p->s[j++]);
+            if (j == p->i + 1 || j >= p->n || p->s[j] != '}' || v > 0x10FFFF)
+                return perr(p, KEEL_EFORMAT, "bad \\u{...} escape");
+            p->i = j + 1;
+            return (int32_t)v;
+        }
+        int32_t v = hexn(p, 4);
+        if (v < 0) return perr(p, KEEL_EFORMAT, "\\u must be followed by four hex digits or {...}");
+        if (v >= 0xD800 && v <= 0xDBFF && p->n - p->i >= 6 && p->s[p->i] == '\\' && p->s[p->i + 1] == 'u') {
+            size_t save = p->i;
+            p->i += 2;
+            int32_t lo = hexn(p, 4);
+            if (lo >= 0xDC00 && lo <= 0xDFFF) return 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00);
+            p->i = save;
+        }
+        return v; /* a lone surrogate: matches nothing */
+    }
+    case 'k': return perr(p, KEEL_EUNSUPPORTED, "backreferences are not supported");
+    case 'p': case 'P': return perr(p, KEEL_EUNSUPPORTED, "Unicode property escapes (\\p, \\P) are not supported");
+    default: break;
+    }
+    if (c >= '1' && c <= '9') return perr(p, KEEL_EUNSUPPORTED, "backreferences are not supported");
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_')
+        return perr(p, KEEL_EFORMAT, "unknown escape");
+    return next_cp(p); /* identity escape: punctuation and non-ASCII */
+}
+
+static bool lone_surrogate(int32_t c)
+{
+    return c >= (int32_t)SUR_LO && c < (int32_t)SUR_END;
+}
+
+/* After '[': the class up to and including ']'. */
+static int32_t parse_class(rp *p)
+{
+    size_t from = p->n_tmp;
+    bool neg = false;
+    if (p->i < p->n && p->s[p->i] == '^') {
+        neg = true;
+        p->i++;
+    }
+    for (;;) {
+        if (p->i >= p->n) return perr(p, KEEL_EFORMAT, "unterminated character class");
+        if (p->s[p->i] == ']') {
+            p->i++;
+            break;
+        }
+        int cls = 0;
+        int32_t a;
+        if (p->s[p->i] == '\\') {
+            p->i++;
+            a = escape(p, true, &cls);
+        } else {
+            a = next_cp(p);
+        }
+        if (a == -1) return -1;
+        if (cls) {
+            if (!tmp_class(p, cls)) return -1;
+            continue; /* a following '-' is taken literally (Annex B) */
+        }
+        if (p->i + 1 < p->n && p->s[p->i] == '-' && p->s[p->i + 1] != ']') {
+            p->i++;
+            int cls2 = 0;
+            int32_t b;
+            if (p->s[p->i] == '\\') {
+                p->i++;
+                b = escape(p, true, &cls2);
+            } else {
+                b = next_cp(p);
+            }
+            if (b == -1) return -1;
+            if (cls2) {
+                if (!tmp_add(p, (uint32_t)a, (uint32_t)a) || !tmp_add(p, '-', '-') || !tmp_class(p, cls2)) return -1;
+                continue;
+            }
+            if (b < a) return perr(p, KEEL_EFORMAT, "character class range out of order");
+            if (!tmp_add(p, (uint32_t)a, (uint32_t)b)) return -1;
+            continue;
+        }
+        if (!lone_surrogate(a) && !tmp_add(p, (uint32_t)a, (uint32_t)a)) return -1;
+    }
+    return tmp_set(p, from, neg);
+}
+
+static int32_t single(rp *p, uint32_t lo, uint32_t hi)
+{
+    size_t from = p->n_tmp;
+    if (!tmp_add(p, lo, hi)) return -1;
+    return tmp_set(p, from, false);
+}
+
+static int32_t parse_alt(rp *p, bool top, bool search);
+
+/* Reads {n}, {n,}, {n,m} at p->i ('{'); false (nothing consumed) when it is
+ * not a quantifier (then '{' is a literal, as Annex B reads it). */
+static bool read_braces(rp *p, int32_t *mn, int32_t *mx)
+{
+    size_t j = p->i + 1;
+    int64_t a = 0, b = -1;
+    size_t d0 = j;
+    while (j < p->n && p->s[j] >= '0' && p->s[j] <= '9') { a = a < 1000000 ? a * 10 + (p->s[j] - '0') : a; j++; }
+    if (j == d0) return false;
+    if (j < p->n && p->s[j] == ',') {
+        j++;
+        size_t d1 = j;
+        int64_t v = 0;
+        while (j < p->n && p->s[j] >= '0' && p->s[j] <= '9') { v = v < 1000000 ? v * 10 + (p->s[j] - '0') : v; j++; }
+        b = j == d1 ? -1 : v;
+    } else {
+        b = a;
+    }
+    if (j >= p->n || p->s[j] != '}') return false;
+    p->i = j + 1;
+    *mn = (int32_t)(a > 1000000 ? 1000000 : a);
+    *mx = (int32_t)(b > 1000000 ? 1000000 : b);
+    return true;
+}
+
+/* A sequence up to '|', ')' or the end. At the top level, a '$' before '|'
+ * or the end sets *end_anchor. */
+static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
+{
+    int32_t cat = node(p, N_CAT);
+    if (cat < 0) return -1;
+    int32_t last = -1;
+    while (p->i < p->n && p->s[p->i] != '|' && p->s[p->i] != ')') {
+        int c = p->s[p->i];
+        int32_t atom = -1;
+        if (c == '$') {
+            p->i++;
+            if (top && (p->i >= p->n || p->s[p->i] == '|')) {
+                *end_anchor = true;
+                break;
+            }
+            p->i--;
+            return perr(p, KEEL_EUNSUPPORTED, "$ is only supported at the end of the pattern or of a top-level alternative");
+        }
+        if (c == '^')
+            return perr(p, KEEL_EUNSUPPORTED,
+                        "^ is only supported at the start of the pattern or of a top-level alternative");
+        if (c == '*' || c == '+' || c == '?') return perr(p, KEEL_EFORMAT, "nothing to repeat");
+        if (c == '{') {
+            int32_t a, b;
+            size_t save = p->i;
+            if (read_braces(p, &a, &b)) {
+                p->i = save;
+                return perr(p, KEEL_EFORMAT, "nothing to repeat");
+            }
+        }
+        if (c == '(') {
+            p->i++;
+            if (p->i < p->n && p->s[p->i] == '?') {
+                if (p->i + 1 < p->n && p->s[p->i + 1] == ':') {
+                    p->i += 2;
+                } else if (p->i + 1 < p->n && (p->s[p->i + 1] == '=' || p->s[p->i + 1] == '!')) {
+                    return perr(p, KEEL_EUNSUPPORTED, "lookahead assertions are not supported");
+                } else if (p->i + 2 < p->n && p->s[p->i + 1] == '<' &&
+                           (p->s[p->i + 2] == '=' || p->s[p->i + 2] == '!')) {
+                    return perr(p, KEEL_EUNSUPPORTED, "lookbehind assertions are not supported");
+                } else if (p->i + 1 < p->n && p->s[p->i + 1] == '<') {
+                    size_t j = p->i + 2;
+                    while (j < p->n && p->s[j] != '>' && p->s[j] != ')') j++;
+                    if (j >= p->n || p->s[j] != '>' || j == p->i + 2)
+                        return perr(p, KEEL_EFORMAT, "bad group name");
+                    p->i = j + 1;
+                } else {
+                    return perr(p, KEEL_EUNSUPPORTED, "inline flags and other (? groups are not supported");
+                }
+            }
+            if (++p->depth > RX_MAX_NEST) return perr(p, KEEL_ERANGE, "groups nested too deeply");
+            atom = parse_alt(p, false, false);
+            p->depth--;
+            if (atom < 0) return -1;
+            if (p->i >= p->n || p->s[p->i] != ')') return perr(p, KEEL_EFORMAT, "missing )");
+            p->i++;
+        } else if (c == '[') {
+            p->i++;
+            atom = parse_class(p);
+        } else if (c == '.') {
+            p->i++;
+            size_t from = p->n_tmp;
+            for (int k = 0; k < 4; k++)
+                if (!tmp_add(p, SET_DOT[k * 2], SET_DOT[k * 2 + 1])) return -1;
+            atom = tmp_set(p, from, false);
+        } else if (c == '\\') {
+            p->i++;
+            int cls = 0;
+            int32_t v = escape(p, false, &cls);
+            if (v == -1) return -1;
+            if (cls) {
+                size_t from = p->n_tmp;
+                if (!tmp_class(p, cls)) return -1;
+                atom = tmp_set(p, from, false);
+            } else if (lone_surrogate(v)) {
+                atom = tmp_set(p, p->n_tmp, false); /* the empty set */
+            } else {
+                atom = single(p, (uint32_t)v, (uint32_t)v);
+            }
+        } else {
+            int32_t v = next_cp(p);
+            if (v < 0) return -1;
+            atom = single(p, (uint32_t)v, (uint32_t)v);
+        }
+        if (atom < 0) return -1;
+        /* quantifiers (a lazy '?' after one changes nothing here) */
+        while (p->i < p->n) {
+            int q = p->s[p->i];
+            int32_t mn, mx;
+            if (q == '*') mn = 0, mx = -1, p->i++;
+            else if (q == '+') mn = 1, mx = -1, p->i++;
+            else if (q == '?') mn = 0, mx = 1, p->i++;
+            else if (q == '{' && read_braces(p, &mn, &mx)) {
+                if (mx >= 0 && mx < mn) return perr(p, KEEL_EFORMAT, "numbers out of order in {} quantifier");
+                if (mn > RX_MAX_REPEAT || mx > RX_MAX_REPEAT) {
+                    if (!p->st)
+                        p->st = base_err(p->err, KEEL_ERANGE, "%s: repetition counts above %d are not supported",
+                                         p->what, RX_MAX_REPEAT);
+                    return -1;
+                }
+            } else break;
+            if (p->i < p->n && p->s[p->i] == '?') p->i++;
+            int32_t r = node(p, N_REP);
+            if (r < 0) return -1;
+            p->nd[r].first = atom;
+            p->nd[r].min = mn;
+            p->nd[r].max = mx;
+            atom = r;
+            if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?'))
+                return perr(p, KEEL_EFORMAT, "nothing to repeat");
+        }
+        if (last < 0) p->nd[cat].first = atom;
+        else p->nd[last].next = atom;
+        last = atom;
+    }
+    return cat;
+}
+
+static int32_t any_star(rp *p)
+{
+    int32_t s = single(p, 0, 0x10FFFF);
+    if (s < 0) return -1;
+    int32_t r = node(p, N_REP);
+    if (r < 0) return -1;
+    p->nd[r].first = s;
+    p->nd[r].min = 0;
+    p->nd[r].max = -1;
+    return r;
+}
+
+/* Alternatives up to ')' or the end. Top level: each alternative may start
+ * with ^ and end with $; with search, an unanchored side gets [\s\S]*. */
+static int32_t parse_alt(rp *p, bool top, bool search)
+{
+    int32_t alt = node(p, N_ALT);
+    if (alt < 0) return -1;
+    int32_t last = -1;
+    for (;;) {
+        bool a_start = false, a_end = false;
+        while (top && p->i < p->n && p->s[p->i] == '^') {
+            a_start = true;
+            p->i++;
+        }
+        int32_t seq = parse_seq(p, top, &a_end);
+        if (seq < 0) return -1;
+        if (top && search) {
+            int32_t cat = node(p, N_CAT), l = -1;
+            if (cat < 0) return -1;
+            if (!a_start) {
+                l = any_star(p);
+                if (l < 0) return -1;
+                p->nd[cat].first = l;
+            }
+            if (l < 0) p->nd[cat].first = seq;
+            else p->nd[l].next = seq;
+            if (!a_end) {
+                int32_t e = any_star(p);
+                if (e < 0) return -1;
+                p->nd[seq].next = e;
+            }
+            seq = cat;
+        }
+        if (last < 0) p->nd[alt].first = seq;
+        else p->nd[last].next = seq;
+        last = seq;
+        if (p->i < p->n && p->s[p->i] == '|') {
+            p->i++;
+            continue;
+        }
+        break;
+    }
+    if (top && p->i < p->n) return perr(p, KEEL_EFORMAT, "unmatched )");
+    return alt;
+}
+
+/* ---- Thompson automaton --------------------------------------------------- */
+
+typedef struct nfa {
+    int32_t *set;  /* [n] SET node of the state's character edge, or -1 */
+    uint32_t *to;  /* [n] target of the character edge */
+    uint32_t n;
+    size_t cap_set, cap_to;
+    uint32_t *eps; /* pairs (from, to) */
+    size_t n_eps, cap_eps;
+    uint32_t *eoff; /* [n + 1] CSR of eps by from */
+    uint32_t *eto;
+} nfa;
+
+static int64_t nfa_state(nfa *a, rp *p)
+{
+    if (a->n >= RX_MAX_NFA) {
+        if (!p->st)
+            p->st = base_err(p->err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", p->what,
+                             RX_MAX_NFA);
+        return -1;
+    }
+    if (!grow(&a->set, &a->cap_set, a->n + 1, sizeof *a->set) || !grow(&a->to, &a->cap_to, a->n + 1, sizeof *a->to)) {
+        perr(p, KEEL_ENOMEM, "out of memory");
+        return -1;
+    }
+    a->set[a->n] = -1;
+    a->to[a->n] = 0;
+    return a->n++;
+}
+
+static bool nfa_eps(nfa *a, rp *p, uint32_t from, uint32_t to)
+{
+    if (!grow(&a->eps, &a->cap_eps, a->n_eps * 2 + 2, sizeof *a->eps)) {
+        perr(p, KEEL_ENOMEM, "out of memory");
+        return false;
+    }
+    a->eps[a->n_eps * 2] = from;
+    a->eps[a->n_eps * 2 + 1] = to;
+    a->n_eps++;
+    return true;
+}
+
+/* Adds paths for node r from state `from`; returns the exit state. No edge
+ * ever enters `from`, so a caller may keep adding edges out of it. */
+static int64_t build(nfa *a, rp *p, int32_t r, uint32_t from)
+{
+    const rnode *x = &p->nd[r];
+    switch (x->kind) {
+    case N_SET: {
+        int64_t s = nfa_state(a, p), t = nfa_state(a, p);
+        if (s < 0 || t < 0 || !nfa_eps(a, p, from, (uint32_t)s)) return -1;
+        a->set[s] = r;
+        a->to[s] = (uint32_t)t;
+        return t;
+    }
+    case N_CAT: {
+        int64_t cur = nfa_state(a, p);
+        if (cur < 0 || !nfa_eps(a, p, from, (uint32_t)cur)) return -1;
+        for (int32_t c = x->first; c >= 0; c = p->nd[c].next) {
+            cur = build(a, p, c, (uint32_t)cur);
+            if (cur < 0) return -1;
+        }
+        return cur;
+    }
+    case N_ALT: {
+        int64_t t = nfa_state(a, p);
+        if (t < 0) return -1;
+        for (int32_t c = x->first; c >= 0; c = p->nd[c].next) {
+            int64_t e = build(a, p, c, from);
+            if (e < 0 || !nfa_eps(a, p, (uint32_t)e, (uint32_t)t)) return -1;
+        }
+        return t;
+    }
+    default: {
+        int64_t cur = nfa_state(a, p);
+        if (cur < 0 || !nfa_eps(a, p, from, (uint32_t)cur)) return -1;
+        for (int32_t k = 0; k < x->min; k++) {
+            cur = build(a, p, x->first, (uint32_t)cur);
+            if (cur < 0) return -1;
+        }
+        if (x->max < 0) {
+            int64_t s = nfa_state(a, p);
+            if (s < 0 || !nfa_eps(a, p, (uint32_t)cur, (uint32_t)s)) return -1;
+            int64_t e = build(a, p, x->first, (uint32_t)s);
+            if (e < 0 || !nfa_eps(a, p, (uint32_t)e, (uint32_t)s)) return -1;
+            return s;
+        }
+        for (int32_t k = x->min; k < x->max; k++) {
+            int64_t t = nfa_state(a, p);
+            if (t < 0) return -1;
+            int64_t e = build(a, p, x->first, (uint32_t)cur);
+            if (e < 0 || !nfa_eps(a, p, (uint32_t)e, (uint32_t)t) || !nfa_eps(a, p, (uint32_t)cur, (uint32_t)t))
+                return -1;
+            cur = t;
+        }
+        return cur;
+    }
+    }
+}
+
+static void nfa_free(nfa *a)
+{
+    base_free(a->set, a->cap_set * sizeof *a->set);
+    base_free(a->to, a->cap_to * sizeof *a->to);
+    base_free(a->eps, a->cap_eps * sizeof *a->eps);
+    base_free(a->eoff, ((size_t)a->n + 1) * sizeof *a->eoff);
+    base_free(a->eto, (a->n_eps ? a->n_eps : 1) * sizeof *a->eto);
+}
+
+static bool nfa_csr(nfa *a)
+{
+    a->eoff = base_calloc((size_t)a->n + 1, sizeof *a->eoff);
+    a->eto = base_alloc((a->n_eps ? a->n_eps : 1) * sizeof *a->eto);
+    if (!a->eoff || !a->eto) return false;
+    for (size_t e = 0; e < a->n_eps; e++) a->eoff[a->eps[e * 2] + 1]++;
+    for (size_t s = 0; s < a->n; s++) a->eoff[s + 1] += a->eoff[s];
+    uint32_t *fill = base_alloc(((size_t)a->n + 1) * sizeof *fill);
+    if (!fill) return false;
+    memcpy(fill, a->eoff, ((size_t)a->n + 1) * sizeof *fill);
+    for (size_t e = 0; e < a->n_eps; e++) a->eto[fill[a->eps[e * 2]]++] = a->eps[e * 2 + 1];
+    base_free(fill, ((size_t)a->n + 1) * sizeof *fill);
+    return true;
+}
+
+/* ---- subset construction -------------------------------------------------- */
+
+typedef struct subset {
+    uint32_t *pool; /* the sets, one after another */
+    size_t n_pool, cap_pool;
+    uint32_t *off; /* [n + 1] */
+    size_t n, cap_off;
+    uint32_t *hash; /* set id + 1; open addressing */
+    size_t cap_hash;
+} subset;
+
+static uint64_t set_hash(const uint32_t *v, size_t k)
+{
+    uint64_t h = 1469598103934665603ull ^ k;
+    for (size_t i = 0; i < k; i++) h = (h ^ v[i]) * 1099511628211ull;
+    return h;
+}
+
+static bool subset_rehash(subset *ss)
+{
+    size_t nc = ss->cap_hash ? ss->cap_hash * 2 : 1024;
+    uint32_t *h = base_calloc(nc, sizeof *h);
+    if (!h) return false;
+    for (size_t i = 0; i < ss->n; i++) {
+        uint64_t x = set_hash(ss->pool + ss->off[i], ss->off[i + 1] - ss->off[i]);
+        size_t at = (size_t)(x % nc);
+        while (h[at]) at = (at + 1) % nc;
+        h[at] = (uint32_t)i + 1;
+    }
+    base_free(ss->hash, ss->cap_hash * sizeof *ss->hash);
+    ss->hash = h;
+    ss->cap_hash = nc;
+    return true;
+}
+
+/* The id of the set v[0..k) (sorted), added when new (*added). -1: no
+ * memory; -2: past RX_MAX_RAW sets. */
+static int64_t subset_get(subset *ss, const uint32_t *v, size_t k, bool *added)
+{
+    *added = false;
+    if ((ss->n + 1) * 2 > ss->cap_hash && !subset_rehash(ss)) return -1;
+    uint64_t x = set_hash(v, k);
+    size_t at = (size_t)(x % ss->cap_hash);
+    for (; ss->hash[at]; at = (at + 1) % ss->cap_hash) {
+        uint32_t id = ss->hash[at] - 1;
+        size_t kk = ss->off[id + 1] - ss->off[id];
+        if (kk == k && memcmp(ss->pool + ss->off[id], v, k * sizeof *v) == 0) return id;
+    }
+    if (ss->n >= RX_MAX_RAW) return -2;
+    if (!grow(&ss->pool, &ss->cap_pool, ss->n_pool + k, sizeof *ss->pool) ||
+        !grow(&ss->off, &ss->cap_off, ss->n + 2, sizeof *ss->off))
+        return -1;
+    if (ss->n == 0) ss->off[0] = 0;
+    memcpy(ss->pool + ss->n_pool, v, k * sizeof *v);
+    ss->n_pool += k;
+    ss->off[ss->n + 1] = (uint32_t)ss->n_pool;
+    ss->hash[at] = (uint32_t)ss->n + 1;
+    *added = true;
+    return (int64_t)ss->n++;
+}
+
+typedef struct closure {
+    uint32_t *stack, *mark, *out;
+    uint32_t gen;
+    size_t n_out;
+} closure;
+
+/* The epsilon closure of seeds, kept to its character states and the
+ * final state, sorted, in c->out. */
+static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin)
+{
+    c->gen++;
+    size_t sp = 0;
+    c->n_out = 0;
+    for (size_t i = 0; i < k; i++)
+        if (c->mark[seeds[i]] != c->gen) {
+            c->mark[seeds[i]] = c->gen;
+            c->stack[sp++] = seeds[i];
+        }
+    while (sp) {
+        uint32_t s = c->stack[--sp];
+        if (a->set[s] >= 0 || s == fin) c->out[c->n_out++] = s;
+        for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
+            uint32_t t = a->eto[e];
+            if (c->mark[t] != c->gen) {
+                c->mark[t] = c->gen;
+                c->stack[sp++] = t;
+            }
+        }
+    }
+    qsort(c->out, c->n_out, sizeof *c->out, cmp_u32);
+}
+
+static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_dfa **out)
+{
+    keel_status st = KEEL_ENOMEM;
+    rx_dfa *d = NULL;
+    subset ss = {0};
+    closure c = {0};
+    uint32_t *bnd = NULL, *er = NULL, *table = NULL;
+    uint64_t *pairs = NULL;
+    size_t n_bnd = 0, cap_bnd = 0, cap_table = 0, cap_pairs = 0;
+    /* elementary intervals: every set boundary, and the surrogates apart */
+    size_t need = p->n_cs * 2 + 3;
+    bnd = base_alloc(need * sizeof *bnd);
+    er = base_alloc((p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
+    if (!bnd || !er) goto fail;
+    cap_bnd = need;
+    bnd[n_bnd++] = 0;
+    bnd[n_bnd++] = SUR_LO;
+    bnd[n_bnd++] = SUR_END;
+    for (size_t i = 0; i < p->n_cs; i++) {
+        bnd[n_bnd++] = p->cs[i * 2];
+        if (p->cs[i * 2 + 1] + 1 < RX_CP_END) bnd[n_bnd++] = p->cs[i * 2 + 1] + 1;
+    }
+    qsort(bnd, n_bnd, sizeof *bnd, cmp_u32);
+    size_t m = 0;
+    for (size_t i = 0; i < n_bnd; i++)
+        if (!m || bnd[i] != bnd[m - 1]) bnd[m++] = bnd[i];
+    n_bnd = m;
+    /* each set interval as a range of elementary intervals */
+    for (size_t i = 0; i < p->n_cs; i++) {
+        uint32_t lo = p->cs[i * 2], hi = p->cs[i * 2 + 1];
+        uint32_t *k1 = bsearch(&lo, bnd, n_bnd, sizeof *bnd, cmp_u32);
+        uint32_t e = 0, x = hi + 1;
+        if (x < RX_CP_END) e = (uint32_t)((uint32_t *)bsearch(&x, bnd, n_bnd, sizeof *bnd, cmp_u32) - bnd);
+        else e = (uint32_t)n_bnd;
+        er[i * 2] = (uint32_t)(k1 - bnd);
+        er[i * 2 + 1] = e; /* exclusive */
+    }
+    c.stack = base_alloc((size_t)a->n * sizeof *c.stack);
+    c.mark = base_calloc(a->n, sizeof *c.mark);
+    c.out = base_alloc((size_t)a->n * sizeof *c.out);
+    if (!c.stack || !c.mark || !c.out) goto fail;
+    bool added;
+    if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
+    eps_close(a, &c, &start, 1, fin);
+    int64_t s0 = subset_get(&ss, c.out, c.n_out, &added);
+    if (s0 < 0) goto fail;
+    uint64_t work = 0;
+    size_t nc = n_bnd;
+    for (size_t q = 0; q < ss.n; q++) {
+        if (!grow(&table, &cap_table, (q + 1) * nc, sizeof *table)) goto fail;
+        if ((q + 1) * nc > RX_MAX_CELLS) goto too_big;
+        memset(table + q * nc, 0, nc * sizeof *table);
+        /* (elementary interval, target) pairs of the state's edges */
+        size_t n_pairs = 0;
+        for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
+            uint32_t s = ss.pool[i];
+            if (a->set[s] < 0) continue;
+            const rnode *x = &p->nd[a->set[s]];
+            for (uint32_t j = 0; j < x->cs_n; j++)
+                for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
+                    if (!grow(&pairs, &cap_pairs, n_pairs + 1, sizeof *pairs)) goto fail;
+                    pairs[n_pairs++] = ((uint64_t)k << 32) | a->to[s];
+                }
+        }
+        work += n_pairs + nc;
+        if (work > SUBSET_WORK) goto too_big;
+        qsort(pairs, n_pairs, sizeof *pairs, cmp_u64);
+        size_t prev_at = 0, prev_n = 0;
+        int64_t prev_id = -1;
+        for (size_t i = 0; i < n_pairs;) {
+            size_t j = i;
+            uint32_t k = (uint32_t)(pairs[i] >> 32);
+            while (j < n_pairs && (uint32_t)(pairs[j] >> 32) == k) j++;
+            /* the same targets as the previous interval: the same state */
+            bool same = prev_id >= 0 && prev_n == j - i;
+            for (size_t t = 0; same && t < j - i; t++)
+                same = (uint32_t)pairs[prev_at + t] == (uint32_t)pairs[i + t];
+            if (!same) {
+                uint32_t *tmp = base_alloc((j - i) * sizeof *tmp);
+                if (!tmp) goto fail;
+                for (size_t t = i; t < j; t++) tmp[t - i] = (uint32_t)pairs[t];
+                eps_close(a, &c, tmp, j - i, fin);
+                base_free(tmp, (j - i) * sizeof *tmp);
+                prev_id = subset_get(&ss, c.out, c.n_out, &added);
+                if (prev_id == -1) goto fail;
+                if (prev_id == -2) goto too_big;
+            }
+            table[q * nc + k] = (uint32_t)prev_id;
+            prev_at = i;
+            prev_n = j - i;
+            i = j;
+        }
+    }
+    d = dfa_new((uint32_t)n_bnd, (uint32_t)nc, (uint32_t)ss.n);
+    if (!d) goto fail;
+    for (size_t i = 0; i < n_bnd; i++) d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
+    memcpy(d->next, table, ss.n * nc * sizeof *table);
+    for (size_t q = 0; q < ss.n; q++)
+        for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++)
+            if (ss.pool[i] == fin) d->acc[q] = 1;
+    d->start = (uint32_t)s0;
+    st = finish(d, p->what, p->err);
+    if (st) goto fail_set;
+    *out = d;
+    d = NULL;
+    goto done;
+too_big:
+    st = base_err(p->err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", p->what, RX_MAX_STATES);
+    goto done;
+fail:
+    st = base_err(p->err, KEEL_ENOMEM, "%s: out of memory", p->what);
+fail_set:
+done:
+    rx_free(d);
+    base_free(bnd, cap_bnd * sizeof *bnd);
+    base_free(er, (p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
+    base_free(table, cap_table * sizeof *table);
+    base_free(pairs, cap_pairs * sizeof *pairs);
+    base_free(ss.pool, ss.cap_pool * sizeof *ss.pool);
+    base_free(ss.off, ss.cap_off * sizeof *ss.off);
+    base_free(ss.hash, ss.cap_hash * sizeof *ss.hash);
+    base_free(c.stack, (size_t)a->n * sizeof *c.stack);
+    base_free(c.mark, (size_t)a->n * sizeof *c.mark);
+    base_free(c.out, (size_t)a->n * sizeof *c.out);
+    return st;
+}
+
+keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, char *err)
+{
+    *out = NULL;
+    char what[96];
+    /* the pattern quoted in messages, cut at 60 bytes */
+    int shown = n > 60 ? 60 : (int)n;
+    snprintf(what, sizeof what, "pattern \"%.*s%s\"", shown, pat, n > 60 ? "..." : "");
+    rp p = {.s = (const unsigned char *)pat, .n = n, .err = err, .what = what};
+    nfa a = {0};
+    int32_t root = parse_alt(&p, true, search);
+    keel_status st = p.st;
+    if (root >= 0 && !st) {
+        int64_t s0 = nfa_state(&a, &p);
+        int64_t fin = s0 >= 0 ? build(&a, &p, root, (uint32_t)s0) : -1;
+        st = p.st;
+        if (!st && fin >= 0) {
+            if (!nfa_csr(&a)) st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);
+            else st = determinize(&p, &a, (uint32_t)s0, (uint32_t)fin, out);
+        }
+    }
+    if (!st && !*out) st = base_err(err, KEEL_EINTERNAL, "%s: no automaton", what);
+    nfa_free(&a);
+    base_free(p.nd, p.cap_nd * sizeof *p.nd);
+    base_free(p.cs, p.cap_cs * sizeof *p.cs);
+    base_free(p.tmp, p.cap_tmp * sizeof *p.tmp);
+    return st;
+}
+
+/* ---- counters, string sets, products -------------------------------------- */
+
+keel_status rx_length(int64_t mn, int64_t mx, rx_dfa **out, char *err)
+{
+    *out = NULL;
+    int64_t top = mx >= 0 ? mx : mn;
+    if (mn < 0 || top > (int64_t)RX_MAX_RAW - 2)
+        return base_err(err, KEEL_ERANGE, "string lengths above %u are not supported with a pattern or format",
+                        RX_MAX_RAW - 2);
+    /* states 1 + c for c code points read so far; classes 0 (a character)
+     * and 1 (a surrogate) */
+    rx_dfa *d = dfa_new(3, 2, (uint32_t)top + 2);
+    if (!d) return base_err(err, KEEL_ENOMEM, "string lengths: out of memory");
+    d->iv_lo[0] = 0, d->iv_cls[0] = 0;
+    d->iv_lo[1] = SUR_LO, d->iv_cls[1] = 1;
+    d->iv_lo[2] = SUR_END, d->iv_cls[2] = 0;
+    for (int64_t c = 0; c <= top; c++) {
+        size_t s = (size_t)c + 1;
+        d->next[s * 2] = c < top ? (uint32_t)s + 1 : (mx >= 0 ? 0 : (uint32_t)s);
+        d->acc[s] = c >= mn;
+    }
+    d->start = 1;
+    *out = d;
+    return KEEL_OK;
+}
+
+keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa **out, char *err)
+{
+    *out = NULL;
+    keel_status st = KEEL_ENOMEM;
+    uint32_t *cps = NULL, *bnd = NULL;
+    size_t n_cps = 0, cap_cps = 0;
+    rx_dfa *d = NULL;
+    uint32_t *next = NULL;
+    uint8_t *acc = NULL;
+    size_t cap_next = 0, cap_acc = 0, n_states = 2;
+    for (size_t i = 0; i < k; i++)
+        for (size_t j = 0; j < n[i];) {
+            int32_t c = rx_utf8_next((const unsigned char *)s[i], n[i], &j);
+            if (c < 0) break;
+            if (!grow(&cps, &cap_cps, n_cps + 1, sizeof *cps)) goto fail;
+            cps[n_cps++] = (uint32_t)c;
+        }
+    /* one elementary interval per character used, and the gaps */
+    bnd = base_alloc((n_cps * 2 + 3) * sizeof *bnd);
+    if (!bnd) goto fail;
+    size_t nb = 0;
+    bnd[nb++] = 0;
+    bnd[nb++] = SUR_LO;
+    bnd[nb++] = SUR_END;
+    for (size_t i = 0; i < n_cps; i++) {
+        bnd[nb++] = cps[i];
+        if (cps[i] + 1 < RX_CP_END) bnd[nb++] = cps[i] + 1;
+    }
+    qsort(bnd, nb, sizeof *bnd, cmp_u32);
+    size_t m = 0;
+    for (size_t i = 0; i < nb; i++)
+        if (!m || bnd[i] != bnd[m - 1]) bnd[m++] = bnd[i];
+    nb = m;
+    if (!grow(&next, &cap_next, 2 * nb, sizeof *next) || !grow(&acc, &cap_acc, 2, 1)) goto fail;
+    memset(next, 0, 2 * nb * sizeof *next);
+    acc[0] = acc[1] = 0;
+    for (size_t i = 0; i < k; i++) {
+        size_t q = 1;
+        bool ok = true;
+        for (size_t j = 0; j < n[i] && ok;) {
+            int32_t c = rx_utf8_next((const unsigned char *)s[i], n[i], &j);
+            if (c < 0) {
+                ok = false;
+                break;
+            }
+            uint32_t cc = (uint32_t)c;
+            size_t col = (size_t)((uint32_t *)bsearch(&cc, bnd, nb, sizeof *bnd, cmp_u32) - bnd);
+            if (!next[q * nb + col]) {
+                if (n_states >= RX_MAX_RAW) {
+                    st = base_err(err, KEEL_ERANGE, "the excluded strings are too many (more than %u automaton states)",
+                                  RX_MAX_RAW);
+                    goto out;
+                }
+                if ((n_states + 1) * nb > RX_MAX_CELLS) {
+                    st = base_err(err, KEEL_ERANGE, "the excluded strings are too many");
+                    goto out;
+                }
+                if (!grow(&next, &cap_next, (n_states + 1) * nb, sizeof *next) ||
+                    !grow(&acc, &cap_acc, n_states + 1, 1))
+                    goto fail;
+                memset(next + n_states * nb, 0, nb * sizeof *next);
+                acc[n_states] = 0;
+                next[q * nb + col] = (uint32_t)n_states++;
+            }
+            q = next[q * nb + col];
+        }
+        if (ok) acc[q] = 1;
+    }
+    d = dfa_new((uint32_t)nb, (uint32_t)nb, (uint32_t)n_states);
+    if (!d) goto fail;
+    for (size_t i = 0; i < nb; i++) d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
+    memcpy(d->next, next, n_states * nb * sizeof *next);
+    memcpy(d->acc, acc, n_states);
+    d->start = 1;
+    st = finish(d, "the excluded strings", err);
+    if (!st) {
+        *out = d;
+        d = NULL;
+    }
+    goto out;
+fail:
+    st = base_err(err, KEEL_ENOMEM, "excluded strings: out of memory");
+out:
+    rx_free(d);
+    base_free(cps, cap_cps * sizeof *cps);
+    base_free(bnd, (n_cps * 2 + 3) * sizeof *bnd);
+    base_free(next, cap_next * sizeof *next);
+    base_free(acc, cap_acc);
+    return st;
+}
+
+static uint32_t cls_at(const rx_dfa *d, size_t *i, uint32_t lo)
+{
+    while (*i + 1 < d->n_iv && d->iv_lo[*i + 1] <= lo) (*i)++;
+    return d->iv_cls[*i];
+}
+
+/* Pairs of states (a << 32 | b) to product states, in insertion order. */
+typedef struct pmap {
+    uint64_t *pair;
+    size_t n, cap_pair;
+    uint32_t *hash; /* state + 1 */
+    size_t cap_hash;
+} pmap;
+
+static size_t pmap_slot(uint64_t k, size_t cap)
+{
+    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) % cap;
+}
+
+/* The state of pair k, added when new; -1 no memory, -2 past RX_MAX_RAW. */
+static int64_t pmap_get(pmap *m, uint64_t k)
+{
+    if ((m->n + 1) * 2 > m->cap_hash) {
+        size_t nh = m->cap_hash ? m->cap_hash * 2 : 4096;
+        uint32_t *h = base_calloc(nh, sizeof *h);
+        if (!h) return -1;
+        for (size_t s = 0; s < m->n; s++) {
+            size_t at = pmap_slot(m->pair[s], nh);
+            while (h[at]) at = (at + 1) % nh;
+            h[at] = (uint32_t)s + 1;
+        }
+        base_free(m->hash, m->cap_hash * sizeof *m->hash);
+        m->hash = h;
+        m->cap_hash = nh;
+    }
+    size_t at = pmap_slot(k, m->cap_hash);
+    for (; m->hash[at]; at = (at + 1) % m->cap_hash)
+        if (m->pair[m->hash[at] - 1] == k) return m->hash[at] - 1;
+    if (m->n >= RX_MAX_RAW) return -2;
+    if (!grow(&m->pair, &m->cap_pair, m->n + 1, sizeof *m->pair)) return -1;
+    m->pair[m->n] = k;
+    m->hash[at] = (uint32_t)m->n + 1;
+    return (int64_t)m->n++;
+}
+
+keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, char *err)
+{
+    *out = NULL;
+    const char *what = "the string constraints";
+    keel_status st = KEEL_ENOMEM;
+    uint32_t *lo = NULL, *ivc = NULL, *table = NULL;
+    uint64_t *key = NULL, *pk = NULL;
+    uint8_t *acc = NULL;
+    size_t n_lo = 0, cap_table = 0, cap_acc = 0, n_st = 0;
+    pmap pm = {0};
+    int64_t s0 = 0;
+    rx_dfa *d = NULL;
+    /* merged intervals, each with its (class in a, class in b) */
+    size_t cap_lo = (size_t)a->n_iv + b->n_iv;
+    lo = base_alloc(cap_lo * sizeof *lo);
+    ivc = base_alloc(cap_lo * sizeof *ivc);
+    key = base_alloc(cap_lo * sizeof *key);
+    pk = base_alloc(cap_lo * sizeof *pk);
+    if (!lo || !ivc || !key || !pk) goto fail;
+    for (size_t i = 0, j = 0; i < a->n_iv || j < b->n_iv;) {
+        uint32_t x = i < a->n_iv ? a->iv_lo[i] : RX_CP_END, y = j < b->n_iv ? b->iv_lo[j] : RX_CP_END;
+        uint32_t v = x < y ? x : y;
+        if (x == v) i++;
+        if (y == v) j++;
+        lo[n_lo++] = v;
+    }
+    size_t ia = 0, ib = 0;
+    for (size_t i = 0; i < n_lo; i++) {
+        key[i] = ((uint64_t)cls_at(a, &ia, lo[i]) << 32) | cls_at(b, &ib, lo[i]);
+        pk[i] = key[i];
+    }
+    qsort(pk, n_lo, sizeof *pk, cmp_u64);
+    size_t nc = 0;
+    for (size_t i = 0; i < n_lo; i++)
+        if (!nc || pk[i] != pk[nc - 1]) pk[nc++] = pk[i];
+    for (size_t i = 0; i < n_lo; i++)
+        ivc[i] = (uint32_t)((uint64_t *)bsearch(&key[i], pk, nc, sizeof *pk, cmp_u64) - pk);
+    /* breadth-first over the reachable pairs; pair (0, 0) is state 0 */
+    if (pmap_get(&pm, 0) < 0) goto fail;
+    uint32_t a0 = a->start, b0 = b->start;
+    if (!((op == RX_AND && (!a0 || !b0)) || (op == RX_ANDNOT && !a0))) {
+        s0 = pmap_get(&pm, ((uint64_t)a0 << 32) | b0);
+        if (s0 < 0) goto fail;
+    }
+    for (size_t q = 0; q < pm.n; q++) {
+        if ((q + 1) * nc > RX_MAX_CELLS) goto too_big;
+        if (!grow(&table, &cap_table, (q + 1) * nc, sizeof *table) || !grow(&acc, &cap_acc, q + 1, 1)) goto fail;
+        uint32_t sa = (uint32_t)(pm.pair[q] >> 32), sb = (uint32_t)pm.pair[q];
+        bool xa = a->acc[sa], xb = b->acc[sb];
+        acc[q] = op == RX_AND ? xa && xb : op == RX_OR ? xa || xb : xa && !xb;
+        for (size_t c = 0; c < nc; c++) {
+            uint32_t ta = a->next[(size_t)sa * a->n_cls + (uint32_t)(pk[c] >> 32)];
+            uint32_t tb = b->next[(size_t)sb * b->n_cls + (uint32_t)pk[c]];
+            uint64_t pr = ((uint64_t)ta << 32) | tb;
+            if ((op == RX_AND && (!ta || !tb)) || (op == RX_ANDNOT && !ta)) pr = 0;
+            int64_t id = pmap_get(&pm, pr);
+            if (id == -1) goto fail;
+            if (id == -2) goto too_big;
+            table[q * nc + c] = (uint32_t)id;
+        }
+    }
+    n_st = pm.n;
+    d = dfa_new((uint32_t)n_lo, (uint32_t)nc, (uint32_t)n_st);
+    if (!d) goto fail;
+    memcpy(d->iv_lo, lo, n_lo * sizeof *lo);
+    memcpy(d->iv_cls, ivc, n_lo * sizeof *ivc);
+    memcpy(d->next, table, n_st * nc * sizeof *table);
+    memcpy(d->acc, acc, n_st);
+    d->start = (uint32_t)s0;
+    st = finish(d, what, err);
+    if (!st) {
+        *out = d;
+        d = NULL;
+    }
+    goto out;
+too_big:
+    st = base_err(err, KEEL_ERANGE, "%s are too complex (more than %u automaton states)", what, RX_MAX_STATES);
+    goto out;
+fail:
+    st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);
+out:
+    rx_free(d);
+    base_free(lo, cap_lo * sizeof *lo);
+    base_free(ivc, cap_lo * sizeof *ivc);
+    base_free(key, cap_lo * sizeof *key);
+    base_free(pk, cap_lo * sizeof *pk);
+    base_free(table, cap_table * sizeof *table);
+    base_free(pm.pair, pm.cap_pair * sizeof *pm.pair);
+    base_free(pm.hash, pm.cap_hash * sizeof *pm.hash);
+    base_free(acc, cap_acc);
+    return st;
+}
