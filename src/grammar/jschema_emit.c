@@ -417,12 +417,10 @@ static jsl member_list(jsb *b, const jconj *c, const char *k, const jpat *pats, 
     jsl l = {NULL, 0};
     for (int g = 0; g < c->n_grp && !b->st; g++) {
         const jgroup *gr = &c->grp[g];
+        /* properties and every matching pattern apply together; additionalProperties to members neither names */
         json_t *p = declared && gr->props ? json_object_get(gr->props, k) : NULL;
-        if (p) {
-            l = list_plus(b, l, p);
-            continue;
-        }
-        bool matched = false;
+        bool matched = p != NULL;
+        if (p) l = list_plus(b, l, p);
         for (int i = 0; i < np && !b->st; i++) {
             if (pats[i].grp != g) continue;
             bool m = declared ? pattern_matches(b, pats[i].pat, k, c->where) : ((mask >> i) & 1u) != 0;
