@@ -278,7 +278,7 @@ static void uri_resolve(const char *base, const char *ref, char *out)
     remove_dots(out, auth_end);
 }
 
-static keel_status add_res(jsb *b, const char *uri, json_t *node, const char *where)
+static keel_status add_res(jsb *b, const char *uri, json_t *node, const char *where, bool dyn)
 {
     for (int i = 0; i < b->n_res; i++)
         if (strcmp(b->res[i].uri, uri) == 0) {
@@ -286,6 +286,7 @@ static keel_status add_res(jsb *b, const char *uri, json_t *node, const char *wh
             return js_refuse(b, where, "the identifier '%.200s' names two schemas", uri);
         }
     if (b->n_res == JS_MAX_RES) return js_refuse(b, where, "more than %d '$id' / '$anchor' identifiers", JS_MAX_RES);
+    b->res[b->n_res].dyn = dyn;
     b->res[b->n_res].uri = js_strdup(b, uri, strlen(uri));
     b->res[b->n_res++].node = node;
     return b->st;
@@ -332,7 +333,7 @@ static keel_status index_node(jsb *b, json_t *s, const char *path, const char *b
     if (json_is_string(id)) {
         uri_resolve(base, json_string_value(id), u);
         u[strcspn(u, "#")] = 0;
-        if (add_res(b, u, s, path)) return b->st;
+        if (add_res(b, u, s, path, false)) return b->st;
         base = u;
     }
     const char *bd = js_strdup(b, base, strlen(base));
@@ -351,7 +352,7 @@ static keel_status index_node(jsb *b, json_t *s, const char *path, const char *b
         if (!json_is_string(an)) continue;
         char au[1200];
         snprintf(au, sizeof au, "%s#%s", bd, json_string_value(an));
-        if (add_res(b, au, s, path)) return b->st;
+        if (add_res(b, au, s, path, a == 1)) return b->st;
     }
     static const char *const one[] = {"items", "additionalProperties", "not", "if", "then", "else", "contains",
                                       "propertyNames", "unevaluatedItems", "unevaluatedProperties",
@@ -1072,7 +1073,7 @@ static const char *const g_handled[] = {
     "minLength", "maxLength", "pattern", "format", "items", "prefixItems", "minItems", "maxItems", "contains",
     "minContains", "maxContains", "uniqueItems", "properties", "patternProperties", "additionalProperties",
     "required", "minProperties", "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "allOf",
-    "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "unevaluatedProperties", "unevaluatedItems", NULL};
+    "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "unevaluatedProperties", "unevaluatedItems", NULL};
 
 /* A non-negative integer count keyword (1.0 is 1): *v; -1 when absent; false with the refusal set. */
 static bool get_count(jsb *b, json_t *s, const char *k, int64_t *v, const char *where)
@@ -1258,13 +1259,28 @@ static keel_status base_conj(jsb *b, json_t *s, const char *where, jconj *c)
     return b->st;
 }
 
-static keel_status norm_ref(jsb *b, json_t *s, int depth, jdnf *out)
+/* $ref, or $dynamicRef where its target does not depend on the dynamic
+ * scope: it names no $dynamicAnchor, or the only one of its name in the
+ * document (remote documents being refused, no other can be in scope). */
+static keel_status norm_ref(jsb *b, json_t *s, const char *kw, int depth, jdnf *out)
 {
     const char *where = js_path(b, s);
-    json_t *r = json_object_get(s, "$ref");
-    if (!json_is_string(r)) return js_refuse(b, where, "'$ref' must be a string");
+    json_t *r = json_object_get(s, kw);
+    if (!json_is_string(r)) return js_refuse(b, where, "'%s' must be a string", kw);
     json_t *t = resolve_ref(b, s, json_string_value(r));
     if (!t) return b->st;
+    const char *frag = strchr(json_string_value(r), '#');
+    json_t *da = json_object_get(t, "$dynamicAnchor");
+    if (kw[1] == 'd' && frag && frag[1] && frag[1] != '/' && json_is_string(da) &&
+        strcmp(json_string_value(da), frag + 1) == 0) {
+        int n = 0;
+        size_t fl = strlen(frag);
+        for (int i = 0; i < b->n_res; i++) {
+            size_t ul = strlen(b->res[i].uri);
+            n += b->res[i].dyn && ul >= fl && strcmp(b->res[i].uri + ul - fl, frag) == 0;
+        }
+        if (n > 1) return js_refuse(b, where, "'$dynamicRef' whose target depends on the dynamic scope is not supported");
+    }
     for (int i = 0; i < b->n_stack; i++)
         if (b->stack[i] == t)
             return js_refuse(b, where, "a '$ref' cycle that never reaches a schema");
@@ -1509,14 +1525,12 @@ static keel_status norm(jsb *b, json_t *s, int depth, jdnf *out)
         r.n = 0;
         goto done;
     }
-    if (json_object_get(s, "$ref")) {
-        jdnf x;
-        if (norm_ref(b, s, depth, &x) || dnf_and(b, &r, &x, &r, where)) goto done;
-    }
-    if (json_object_get(s, "$dynamicRef")) {
-        js_refuse(b, where, "'$dynamicRef' is not supported");
-        goto done;
-    }
+    static const char *const refs[] = {"$ref", "$dynamicRef"};
+    for (int i = 0; i < 2; i++)
+        if (json_object_get(s, refs[i])) {
+            jdnf x;
+            if (norm_ref(b, s, refs[i], depth, &x) || dnf_and(b, &r, &x, &r, where)) goto done;
+        }
     if (json_object_get(s, "allOf") && norm_list_of(b, s, "allOf", depth, &r, 0)) goto done;
     if (json_object_get(s, "anyOf") && norm_list_of(b, s, "anyOf", depth, &r, 1)) goto done;
     if (json_object_get(s, "oneOf") && norm_list_of(b, s, "oneOf", depth, &r, 2)) goto done;
@@ -1663,7 +1677,7 @@ keel_status gram_schema_gbnf(const char *schema, size_t len, char **gbnf, size_t
     if (!b.synth || !b.info || !b.res || !b.memo || !b.syn) {
         js_oom(&b);
     } else if (!index_node(&b, s, "", "", 0)) {
-        if (json_is_object(s) && !json_is_string(json_object_get(s, "$id"))) add_res(&b, "", s, "/");
+        if (json_is_object(s) && !json_is_string(json_object_get(s, "$id"))) add_res(&b, "", s, "/", false);
         int64_t root = JR_NONE;
         json_t *one[1] = {s};
         jsl l = {one, 1};

@@ -114,6 +114,7 @@ typedef struct jinfo {
 typedef struct jres {
     const char *uri; /* absolute, no fragment; or uri#anchor */
     json_t *node;
+    bool dyn;        /* made by $dynamicAnchor */
 } jres;
 
 typedef struct jmemo {
