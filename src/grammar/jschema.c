@@ -594,7 +594,9 @@ static keel_status conj_and(jsb *b, const jconj *x, const jconj *y, jconj *r, bo
         return js_refuse(b, x->ref >= 0 ? x->where : y->where,
                          "a recursive '$ref' combined with other constraints is not supported");
     }
+    bool x_all = js_conj_trivial(x);
     *r = *x;
+    if (x_all) r->where = y->where; /* messages name the schema that constrains */
     r->kinds = x->kinds & y->kinds;
     r->bools = x->bools & y->bools;
     if (!r->bools) r->kinds &= ~(unsigned)JK_BOOL;
@@ -1620,7 +1622,7 @@ done:
 keel_status js_norm_list(jsb *b, jsl l, int depth, jdnf *out)
 {
     jconj c;
-    conj_init(&c, "/");
+    conj_init(&c, l.n ? js_path(b, l.v[0]) : "/");
     if (dnf_one(b, &c, out)) return b->st;
     for (int i = 0; i < l.n; i++) {
         jdnf x;
