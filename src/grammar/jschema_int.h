@@ -168,6 +168,13 @@ void js_put_jstring(jsb *b, sbuf *o, const char *s, size_t n);
 bool js_conj_trivial(const jconj *c);
 bool js_value_eq(json_t *a, json_t *b);
 
+/* jschema_ref.c: the index of the document under s (locations, base URIs,
+ * resources, anchors), and the target of a reference r written in node s
+ * (NULL with the refusal set) */
+keel_status js_index(jsb *b, json_t *s, const char *path, const char *base, int depth);
+keel_status js_add_res(jsb *b, const char *uri, json_t *node, const char *where, bool dyn);
+json_t *js_resolve_ref(jsb *b, json_t *s, const char *r);
+
 /* jschema_emit.c: the rule of the conjunction of l (JR_ANY, JR_NONE or an id) */
 keel_status js_emit_list(jsb *b, jsl l, int depth, int64_t *rule);
 int js_memo_find(jsb *b, jsl l, const char **key);
