@@ -173,6 +173,16 @@ static void test_caps(void **state)
     st = gram_compile_schema(s, n, &g, err);
     assert_int_equal(st, KEEL_EUNSUPPORTED);
     assert_non_null(strstr(err, "at most 4096 values"));
+    /* definitions each using the previous one twice: 2^30 expansions */
+    n = (size_t)snprintf(s, 1 << 20, "{\"$ref\":\"#/$defs/d30\",\"$defs\":{\"d0\":{\"type\":\"integer\"}");
+    for (int i = 1; i <= 30; i++)
+        n += (size_t)snprintf(s + n, (1 << 20) - n, ",\"d%d\":{\"allOf\":[{\"$ref\":\"#/$defs/d%d\"},{\"$ref\":\"#/$defs/d%d\"}]}",
+                              i, i - 1, i - 1);
+    n += (size_t)snprintf(s + n, (1 << 20) - n, "}}");
+    st = gram_compile_schema(s, n, &g, err);
+    if (!((st == KEEL_EUNSUPPORTED && strstr(err, "normalization steps")) ||
+          (st == KEEL_ERANGE && strstr(err, "normal form exceeds"))))
+        fail_msg("doubling definitions: %s '%s'", keel_status_name(st), err);
     double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
     if (secs > 5) fail_msg("hostile schemas took %.1f s", secs);
     free(s);

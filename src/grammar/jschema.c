@@ -346,6 +346,8 @@ static keel_status conj_and(jsb *b, const jconj *x, const jconj *y, jconj *r, bo
     if (r->str.max_len >= 0 && r->str.max_len < r->str.min_len) r->kinds &= ~(unsigned)JK_STR;
     /* finite sets */
     if (x->has_en && y->has_en) {
+        if ((double)x->n_en * (double)y->n_en > 1e6)
+            return js_refuse(b, x->where, "an intersection of two 'enum' lists over a million pairs");
         r->en = js_alloc(b, (x->n_en ? x->n_en : 1) * sizeof *r->en);
         if (!r->en) return b->st;
         r->n_en = 0;
@@ -543,7 +545,7 @@ static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
         buf[n].str.except_len = sl;
         if (buf[n].kinds) PUSH();
     }
-    if ((x->kinds & JK_BOOL) && x->bools != 3 && !x->has_en) {
+    if ((x->kinds & JK_BOOL) && x->bools != 3) {
         NEW(JK_BOOL);
         buf[n].bools = 3u & ~x->bools;
         if (buf[n].bools) PUSH();
@@ -1216,6 +1218,9 @@ static keel_status norm(jsb *b, json_t *s, int depth, jdnf *out)
     out->c = NULL;
     out->n = 0;
     if (depth > JS_MAX_DEPTH) return js_refuse(b, where, "schemas nested more than %d deep", JS_MAX_DEPTH);
+    /* references are normalized where they are used: bound the total work
+     * (a chain of definitions each using the previous twice doubles it) */
+    if (++b->n_norm > JS_MAX_NORM) return js_refuse(b, where, "a schema that needs more than %d normalization steps", JS_MAX_NORM);
     jconj c;
     if (json_is_true(s)) {
         conj_init(&c, where);

@@ -409,6 +409,7 @@ typedef struct jpat {
     const char *pat;
     json_t *s;
     int grp;
+    int bit; /* the pattern's index among the distinct patterns (cells are sets of them) */
 } jpat;
 
 /* The value schemas of key k (a declared name when declared) under the groups of c. */
@@ -423,7 +424,7 @@ static jsl member_list(jsb *b, const jconj *c, const char *k, const jpat *pats, 
         if (p) l = list_plus(b, l, p);
         for (int i = 0; i < np && !b->st; i++) {
             if (pats[i].grp != g) continue;
-            bool m = declared ? pattern_matches(b, pats[i].pat, k, c->where) : ((mask >> i) & 1u) != 0;
+            bool m = declared ? pattern_matches(b, pats[i].pat, k, c->where) : ((mask >> pats[i].bit) & 1u) != 0;
             if (m) {
                 l = list_plus(b, l, pats[i].s);
                 matched = true;
@@ -485,17 +486,29 @@ static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
                 if (json_is_string(kc->en[i]) && !names_add(b, d, json_string_value(kc->en[i]), c->where)) goto done;
         }
     }
-    jpat pats[JS_MAX_PATTERNS];
-    int np = 0;
+    jpat pats[4 * JS_MAX_PATTERNS];
+    const char *distinct[JS_MAX_PATTERNS];
+    int np = 0, nd_pat = 0;
     for (int g = 0; g < c->n_grp; g++) {
         json_object_foreach(c->grp[g].pats, k, v) {
-            if (np == JS_MAX_PATTERNS) {
-                js_refuse(b, c->where, "more than %d 'patternProperties' patterns in one object are not supported",
-                          JS_MAX_PATTERNS);
+            int bit = 0;
+            while (bit < nd_pat && strcmp(distinct[bit], k) != 0) bit++;
+            if (bit == nd_pat) {
+                if (nd_pat == JS_MAX_PATTERNS) {
+                    js_refuse(b, c->where, "more than %d distinct 'patternProperties' patterns in one object are not supported",
+                              JS_MAX_PATTERNS);
+                    goto done;
+                }
+                distinct[nd_pat++] = k;
+            }
+            if (np == 4 * JS_MAX_PATTERNS) {
+                js_refuse(b, c->where, "more than %d 'patternProperties' entries in one object are not supported",
+                          4 * JS_MAX_PATTERNS);
                 goto done;
             }
             pats[np].pat = k;
             pats[np].s = v;
+            pats[np].bit = bit;
             pats[np++].grp = g;
         }
     }
@@ -530,7 +543,7 @@ static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
             ex[keys.n_except + (size_t)i] = d->name[i];
             exl[keys.n_except + (size_t)i] = strlen(d->name[i]);
         }
-        for (unsigned m = 0; m < (1u << np) && !b->st; m++) {
+        for (unsigned m = 0; m < (1u << nd_pat) && !b->st; m++) {
             int64_t r;
             if (js_emit_list(b, member_list(b, c, NULL, pats, np, m, false), depth + 1, &r)) goto done;
             if (r == JR_NONE) continue;
@@ -539,13 +552,13 @@ static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
             ks.except_len = exl;
             ks.n_except = keys.n_except + (size_t)d->n;
             bool room = true;
-            for (int i = 0; i < np && room; i++) {
+            for (int i = 0; i < nd_pat && room; i++) {
                 if ((m >> i) & 1u) {
                     if (ks.n_pattern == JSTR_MAX_ITEMS) room = false;
-                    else ks.pattern[ks.n_pattern++] = pats[i].pat;
+                    else ks.pattern[ks.n_pattern++] = distinct[i];
                 } else {
                     if (ks.n_not_pattern == JSTR_MAX_ITEMS) room = false;
-                    else ks.not_pattern[ks.n_not_pattern++] = pats[i].pat;
+                    else ks.not_pattern[ks.n_not_pattern++] = distinct[i];
                 }
             }
             if (!room) {

@@ -41,6 +41,7 @@ enum {
 #define JS_MAX_RES 1024              /* $id resources and anchors */
 #define JS_MAX_MEMO 4096             /* distinct emitted schema lists */
 #define JS_MAX_PATTERNS 6            /* distinct patternProperties patterns in one object */
+#define JS_MAX_NORM 200000           /* schema nodes normalized in all */
 #define JS_MAX_COUNT_RULES 20000     /* rules of a counted array / object */
 
 /* rule ids: >= 0 a rule s<id>; JR_ANY any JSON value; JR_NONE nothing */
@@ -148,6 +149,7 @@ typedef struct jsb {
     int n_stack;
     struct { const char *key; json_t *node; } *syn; /* synthesized nodes by key */
     int n_syn;
+    int64_t n_norm;    /* schema nodes normalized so far (JS_MAX_NORM) */
     bool uneval;       /* the document uses unevaluatedItems / unevaluatedProperties */
 } jsb;
 
