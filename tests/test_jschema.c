@@ -79,6 +79,12 @@ static const scase g_cases[] = {
     {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"contains\":{\"minimum\":5}}", {"[5]", "[1,7]"},
      {"[1]", "[\"a\",5]", "[]"}},
     {"{\"prefixItems\":[{\"type\":\"integer\"}],\"unevaluatedItems\":false}", {"[1]", "[]"}, {"[1,2]"}},
+    /* two contains and a prefix: counts per contains, the prefix position's schema */
+    {"{\"prefixItems\":[{\"type\":\"string\"}],\"allOf\":[{\"contains\":{\"const\":1}},{\"contains\":{\"const\":2},"
+     "\"maxContains\":1}]}",
+     {"[\"a\",1,2]", "[\"a\",2,1,1]", "[\"a\",1,2,\"b\"]"}, {"[\"a\",1]", "[\"a\",2,2,1]", "[2,1,\"b\"]", "[1,2]", "[\"a\",2]"}},
+    {"{\"contains\":{\"type\":\"string\"},\"unevaluatedItems\":{\"type\":\"integer\"}}", {"[\"a\",1]", "[\"a\"]"},
+     {"[\"a\",null]", "[1]"}},
     /* references: pointers, anchors, $id resources */
     {"{\"$id\":\"http://x.y/root\",\"items\":{\"$ref\":\"item.json\"},\"$defs\":{\"i\":{\"$id\":\"item.json\","
      "\"type\":\"integer\"}}}",

@@ -903,6 +903,7 @@ static keel_status base_conj(jsb *b, json_t *s, const char *where, jconj *c)
         c->ct[0].s = v;
         c->ct[0].mn = cmn < 0 ? 1 : cmn;
         c->ct[0].mx = cmx;
+        c->ct[0].eval = true;
         c->n_ct = 1;
         c->eval_contains = true;
         if (cmx >= 0 && cmx < c->ct[0].mn) c->kinds &= ~(unsigned)JK_ARR;
@@ -1194,7 +1195,6 @@ static keel_status uneval_items(jsb *b, jconj *c, json_t *u, const char *where)
     }
     if (c->inexact)
         return js_refuse(b, where, "'unevaluatedItems' where 'anyOf' branches may each evaluate elements is not supported");
-    if (c->eval_contains) return js_refuse(b, where, "'unevaluatedItems' beside an evaluating 'contains' is not supported");
     jconj t;
     conj_init(&t, where);
     t.n_pre = c->eval_pre;
@@ -1203,6 +1203,32 @@ static keel_status uneval_items(jsb *b, jconj *c, json_t *u, const char *where)
         if (!t.pre) return b->st;
     }
     t.items = jsl_one(b, u);
+    if (c->eval_contains) {
+        /* an element past the prefix matches an evaluating contains, or u */
+        json_t *any = json_array();
+        char key[2048];
+        size_t kn = (size_t)snprintf(key, sizeof key, "uneval-items:%p:", (void *)u);
+        for (int i = 0; any && i < c->n_ct; i++) {
+            if (!c->ct[i].eval) continue;
+            if (json_array_append(any, c->ct[i].s)) {
+                json_decref(any);
+                any = NULL;
+            } else if (kn + 20 < sizeof key) {
+                kn += (size_t)snprintf(key + kn, sizeof key - kn, "%p,", (void *)c->ct[i].s);
+            }
+        }
+        if (any && json_array_append(any, u)) {
+            json_decref(any);
+            any = NULL;
+        }
+        if (kn + 20 >= sizeof key) {
+            json_decref(any);
+            return js_refuse(b, where, "'unevaluatedItems' beside too many 'contains'");
+        }
+        json_t *node = synth(b, key, any ? json_pack("{s:o}", "anyOf", any) : NULL);
+        if (!node) return b->st;
+        t.items = jsl_one(b, node);
+    }
     bool empty;
     jconj r;
     if (conj_and(b, c, &t, &r, &empty)) return b->st;

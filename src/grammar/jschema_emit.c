@@ -243,74 +243,138 @@ static jsl list_plus(jsb *b, jsl l, json_t *s)
     return r;
 }
 
-/* contains (one) without prefixItems: rules name-a<n>-<c>. */
-static bool contains_rules(jsb *b, const jconj *c, const char *name, int64_t mn, int64_t mx, int64_t ri, int depth)
+#define JS_MAX_CONTAINS 4
+
+/* Arrays with contains (up to 4 in one conjunction, beside prefixItems):
+ * rules name-a<n>-<q>, n the elements so far (capped where no bound
+ * needs more), q the match counts of each contains in mixed radix (each
+ * capped at its maxContains, or saturating at its minContains). An
+ * element takes a class S (the contains it is counted for): the element
+ * schemas of its position, each contains in S, and "not C" for each
+ * contains outside S that has a maxContains (one without may match
+ * uncounted: a count is never above the true one). k: the usable prefix. */
+static bool contains_rules(jsb *b, const jconj *c, const char *name, int64_t mn, int64_t mx, int64_t k, int depth)
 {
-    const jcontains *ct = &c->ct[0];
-    int64_t rm, rn = ri;
-    json_t *nc = NULL;
-    if (js_emit_list(b, list_plus(b, c->items, ct->s), depth + 1, &rm)) return false;
-    if (ct->mx >= 0) {
-        if (js_not_list(b, (jsl){(json_t **)&ct->s, 1}, &nc) ||
-            js_emit_list(b, list_plus(b, c->items, nc), depth + 1, &rn))
-            return false;
+    int nc = 0;
+    const jcontains *ct[JS_MAX_CONTAINS];
+    for (int i = 0; i < c->n_ct; i++) {
+        if (c->ct[i].mn <= 0 && c->ct[i].mx < 0) continue; /* always holds */
+        if (nc == JS_MAX_CONTAINS)
+            return js_refuse(b, c->where, "more than %d 'contains' in one conjunction are not supported", JS_MAX_CONTAINS), false;
+        ct[nc++] = &c->ct[i];
     }
-    int64_t ncap = mx >= 0 ? mx : BASE_MAX(mn, 1);
-    int64_t ccap = ct->mx >= 0 ? ct->mx : ct->mn;
-    if ((ncap + 1) * (ccap + 1) > JS_MAX_COUNT_RULES)
-        return js_refuse(b, c->where, "'contains' with counts over %d rules is not supported", JS_MAX_COUNT_RULES), false;
-    /* alive[n][c]: the rule accepts something; computed from the top down */
-    size_t na = (size_t)((ncap + 1) * (ccap + 1));
-    bool *alive = base_calloc(na, 1);
-    if (!alive) return js_oom(b), false;
-#define AL(n, k) alive[(size_t)(n) * (size_t)(ccap + 1) + (size_t)(k)]
-    for (int64_t n = ncap; n >= 0; n--)
-        for (int64_t k = ccap; k >= 0; k--) {
-            bool a = n >= mn && k >= ct->mn;
-            bool more = mx < 0 || n < mx;
-            int64_t n2 = mx >= 0 ? n + 1 : BASE_MIN(n + 1, ncap);
-            int64_t k2 = ct->mx >= 0 ? k + 1 : BASE_MIN(k + 1, ccap);
-            if (more && rm != JR_NONE && (ct->mx < 0 || k < ct->mx) && (n2 != n || k2 != k) && AL(n2, k2)) a = true;
-            if (more && rn != JR_NONE && n2 != n && AL(n2, k)) a = true;
-            AL(n, k) = a;
+    int n_cls = 1 << nc;
+    int64_t n_pos = k + 1; /* positions 0..k-1 of the prefix, then items */
+    if (n_pos * n_cls > 1024)
+        return js_refuse(b, c->where, "'contains' beside a long 'prefixItems' is not supported"), false;
+    int64_t *er = base_alloc((size_t)(n_pos * n_cls) * sizeof *er);
+    if (!er) return js_oom(b), false;
+    json_t *notc[JS_MAX_CONTAINS] = {NULL};
+    bool ok = false;
+    char *alive = NULL;
+    size_t na = 0;
+    sbuf o = {0};
+    for (int j = 0; j < nc; j++)
+        if (ct[j]->mx >= 0 && js_not_list(b, (jsl){(json_t **)&ct[j]->s, 1}, &notc[j])) goto done;
+    for (int64_t p = 0; p < n_pos; p++)
+        for (int cls = 0; cls < n_cls; cls++) {
+            jsl l = p < k ? c->pre[p] : c->items;
+            for (int j = 0; j < nc; j++) {
+                if ((cls >> j) & 1) l = list_plus(b, l, ct[j]->s);
+                else if (notc[j]) l = list_plus(b, l, notc[j]);
+            }
+            er[p * n_cls + cls] = JR_ANY;
+            if (l.n && js_emit_list(b, l, depth + 1, &er[p * n_cls + cls])) goto done;
         }
-    bool ok = AL(0, 0);
-    if (ok) {
-        char rmn[32], rnn[32];
-        rule_name(rmn, sizeof rmn, rm);
-        rule_name(rnn, sizeof rnn, rn);
-        sbuf o = {0};
-        js_sputf(b, &o, "%s ::= \"[\" ws %s-a0-0\n", name, name);
-        for (int64_t n = 0; n <= ncap && !b->st; n++)
-            for (int64_t k = 0; k <= ccap && !b->st; k++) {
-                if (!AL(n, k)) continue;
-                const char *sep = n == 0 ? "" : "\",\" ws ";
+    int64_t ncap = mx >= 0 ? mx : BASE_MAX(BASE_MAX(mn, k), 1);
+    int64_t cap[JS_MAX_CONTAINS], nq = 1;
+    for (int j = 0; j < nc; j++) {
+        cap[j] = ct[j]->mx >= 0 ? ct[j]->mx : ct[j]->mn;
+        nq *= cap[j] + 1;
+        if (nq > JS_MAX_COUNT_RULES) break;
+    }
+    if ((ncap + 1) * nq > JS_MAX_COUNT_RULES) {
+        js_refuse(b, c->where, "'contains' with counts over %d rules is not supported", JS_MAX_COUNT_RULES);
+        goto done;
+    }
+    na = (size_t)((ncap + 1) * nq);
+    alive = base_calloc(na, 1);
+    if (!alive) {
+        js_oom(b);
+        goto done;
+    }
+    /* transitions: (n, q) -- element of class cls --> (n2, q2), or -1 */
+#define NEXT_N(n) (mx >= 0 ? (n) + 1 : BASE_MIN((n) + 1, ncap))
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t n = ncap; n >= 0; n--)
+            for (int64_t q = nq - 1; q >= 0; q--) {
+                int64_t cnt[JS_MAX_CONTAINS], r = q;
+                bool acc = n >= mn;
+                for (int j = 0; j < nc; j++) {
+                    cnt[j] = r % (cap[j] + 1);
+                    r /= cap[j] + 1;
+                    acc &= cnt[j] >= ct[j]->mn;
+                }
                 bool more = mx < 0 || n < mx;
-                int64_t n2 = mx >= 0 ? n + 1 : BASE_MIN(n + 1, ncap);
-                int64_t k2 = ct->mx >= 0 ? k + 1 : BASE_MIN(k + 1, ccap);
-                js_sputf(b, &o, "%s-a%lld-%lld ::= ", name, (long long)n, (long long)k);
+                int64_t n2 = NEXT_N(n), p = BASE_MIN(n, k);
+                if (pass == 0) {
+                    bool a = acc;
+                    for (int cls = 0; cls < n_cls && !a && more; cls++) {
+                        if (er[p * n_cls + cls] == JR_NONE) continue;
+                        int64_t q2 = 0, mul = 1;
+                        bool fits = true;
+                        for (int j = 0; j < nc; j++) {
+                            int64_t v = cnt[j] + ((cls >> j) & 1);
+                            if (ct[j]->mx >= 0 && v > ct[j]->mx) fits = false;
+                            v = BASE_MIN(v, cap[j]);
+                            q2 += v * mul;
+                            mul *= cap[j] + 1;
+                        }
+                        if (fits && (n2 != n || q2 != q) && alive[n2 * nq + q2]) a = true;
+                    }
+                    alive[n * nq + q] = a;
+                    continue;
+                }
+                if (!alive[n * nq + q]) continue;
+                js_sputf(b, &o, "%s-a%lld-%lld ::= ", name, (long long)n, (long long)q);
                 bool any = false;
-                if (n >= mn && k >= ct->mn) {
+                if (acc) {
                     js_sputs(b, &o, "\"]\"");
                     any = true;
                 }
-                if (more && rm != JR_NONE && (ct->mx < 0 || k < ct->mx) && AL(n2, k2)) {
-                    js_sputf(b, &o, "%s%s%s ws %s-a%lld-%lld", any ? " | " : "", sep, rmn, name, (long long)n2,
-                             (long long)k2);
+                for (int cls = 0; cls < n_cls && more; cls++) {
+                    if (er[p * n_cls + cls] == JR_NONE) continue;
+                    int64_t q2 = 0, mul = 1;
+                    bool fits = true;
+                    for (int j = 0; j < nc; j++) {
+                        int64_t v = cnt[j] + ((cls >> j) & 1);
+                        if (ct[j]->mx >= 0 && v > ct[j]->mx) fits = false;
+                        v = BASE_MIN(v, cap[j]);
+                        q2 += v * mul;
+                        mul *= cap[j] + 1;
+                    }
+                    if (!fits || !alive[n2 * nq + q2]) continue;
+                    char en[32];
+                    rule_name(en, sizeof en, er[p * n_cls + cls]);
+                    js_sputf(b, &o, "%s%s%s ws %s-a%lld-%lld", any ? " | " : "", n == 0 ? "" : "\",\" ws ", en, name,
+                             (long long)n2, (long long)q2);
                     any = true;
-                }
-                if (more && rn != JR_NONE && AL(n2, k)) {
-                    js_sputf(b, &o, "%s%s%s ws %s-a%lld-%lld", any ? " | " : "", sep, rnn, name, (long long)n2,
-                             (long long)k);
                 }
                 js_sputs(b, &o, "\n");
             }
-        add_rules(b, o.d ? o.d : "", o.n);
-        js_sfree(&o);
+        if (pass == 0 && !alive[0]) break;
     }
-#undef AL
+#undef NEXT_N
+    if (alive[0]) {
+        js_sputf(b, &o, "%s ::= \"[\" ws %s-a0-0\n", name, name);
+        add_rules(b, o.d, o.n);
+        ok = !b->st;
+    }
+done:
+    js_sfree(&o);
     base_free(alive, na);
-    return ok && !b->st;
+    base_free(er, (size_t)(n_pos * n_cls) * sizeof *er);
+    return ok;
 }
 
 /* The arrays of c as rule `name`: false when none. */
@@ -341,16 +405,10 @@ static bool arr_rule(jsb *b, const jconj *c, const char *name, int depth)
         js_refuse(b, c->where, "'uniqueItems' true is not supported (it needs arrays of distinct values)");
         goto fail;
     }
-    if (c->n_ct > 1) {
-        js_refuse(b, c->where, "more than one 'contains' in one conjunction (allOf) is not supported");
-        goto fail;
-    }
-    if (c->n_ct == 1 && (c->ct[0].mn > 0 || c->ct[0].mx >= 0)) {
-        if (k) {
-            js_refuse(b, c->where, "'contains' beside 'prefixItems' is not supported");
-            goto fail;
-        }
-        bool ok = contains_rules(b, c, name, mn, mx, ri, depth);
+    bool counted = false;
+    for (int i = 0; i < c->n_ct; i++) counted |= c->ct[i].mn > 0 || c->ct[i].mx >= 0;
+    if (counted) {
+        bool ok = contains_rules(b, c, name, mn, mx, k, depth);
         base_free(pre, (size_t)(c->n_pre ? c->n_pre : 0) * sizeof *pre);
         return ok;
     }

@@ -64,6 +64,7 @@ typedef struct jgroup { /* the member keywords of one schema object */
 typedef struct jcontains {
     json_t *s;      /* the schema counted */
     int64_t mn, mx; /* count bounds; mx -1: none */
+    bool eval;      /* from a schema that evaluates (not a complement): matching elements are evaluated */
 } jcontains;
 
 typedef struct jconj {
