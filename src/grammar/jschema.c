@@ -227,6 +227,82 @@ bool js_conj_trivial(const jconj *c)
            c->max_props < 0 && !c->pnames.n && c->ref < 0;
 }
 
+/* No constraint but the kinds (and nothing evaluated). */
+static bool conj_kinds_only(const jconj *c)
+{
+    jconj t = *c;
+    t.kinds = JK_ALL;
+    return js_conj_trivial(&t) && !t.eval_pre && !t.eval_items && !t.eval_contains;
+}
+
+static bool conj_evaluates(const jconj *c)
+{
+    if (c->eval_pre || c->eval_items || c->eval_contains || c->ref >= 0) return true;
+    for (int g = 0; g < c->n_grp; g++)
+        if (!c->grp[g].noeval) return true;
+    return false;
+}
+
+/* Clears the constraints of the kinds c does not allow (they constrain
+ * nothing there), so that equal alternatives look equal. */
+static void conj_clean(jconj *c)
+{
+    if (!(c->kinds & JK_BOOL)) c->bools = 3;
+    if (!(c->kinds & JK_NUM)) memset(&c->num, 0, sizeof c->num);
+    if (!(c->kinds & JK_STR)) {
+        memset(&c->str, 0, sizeof c->str);
+        c->str.max_len = -1;
+    }
+    if (!(c->kinds & JK_ARR)) {
+        c->min_items = 0;
+        c->max_items = -1;
+        c->pre = NULL;
+        c->n_pre = 0;
+        c->items.v = NULL;
+        c->items.n = 0;
+        c->ct = NULL;
+        c->n_ct = 0;
+        c->unique = false;
+        c->eval_pre = 0;
+        c->eval_items = c->eval_contains = false;
+    }
+    if (!(c->kinds & JK_OBJ)) {
+        c->grp = NULL;
+        c->n_grp = 0;
+        c->req = NULL;
+        c->n_req = 0;
+        c->min_props = 0;
+        c->max_props = -1;
+        c->pnames.v = NULL;
+        c->pnames.n = 0;
+    }
+}
+
+/* Folds the alternatives that constrain only kinds into one and drops the
+ * alternatives it contains (a union's size is what products multiply). */
+static void dnf_simplify(jsb *b, jdnf *r)
+{
+    int k = -1;
+    for (int i = 0; i < r->n; i++) {
+        conj_clean(&r->c[i]);
+        if (!conj_kinds_only(&r->c[i])) continue;
+        if (k < 0) {
+            k = i;
+        } else {
+            r->c[k].kinds |= r->c[i].kinds;
+            r->c[k].inexact |= r->c[i].inexact;
+        }
+    }
+    if (k < 0) return;
+    int n = 0;
+    for (int i = 0; i < r->n; i++) {
+        bool drop = i != k && (r->c[i].kinds & ~r->c[k].kinds) == 0 && (!b->uneval || !conj_evaluates(&r->c[i]));
+        if (conj_kinds_only(&r->c[i]) && i != k) drop = true;
+        if (!drop) r->c[n++] = r->c[i];
+    }
+    r->n = n;
+}
+
 static keel_status dnf_one(jsb *b, const jconj *c, jdnf *out)
 {
     out->c = js_alloc(b, sizeof *out->c);
@@ -394,6 +470,13 @@ static keel_status conj_and(jsb *b, const jconj *x, const jconj *y, jconj *r, bo
                  : y->max_props < 0 ? x->max_props
                                     : BASE_MIN(x->max_props, y->max_props);
     if (r->max_props >= 0 && r->max_props < r->min_props) r->kinds &= ~(unsigned)JK_OBJ;
+    /* a required name that a merged schema makes absent: no object (prunes required / not required products) */
+    for (int i = 0; i < r->n_req && (r->kinds & JK_OBJ); i++)
+        for (int g = 0; g < r->n_grp; g++)
+            if (json_is_false(json_object_get(r->grp[g].props, r->req[i]))) {
+                r->kinds &= ~(unsigned)JK_OBJ;
+                break;
+            }
     r->pnames = jsl_cat(b, x->pnames, y->pnames);
     r->eval_pre = BASE_MAX(x->eval_pre, y->eval_pre);
     r->eval_items = x->eval_items || y->eval_items;
@@ -406,7 +489,8 @@ static keel_status conj_and(jsb *b, const jconj *x, const jconj *y, jconj *r, bo
 static keel_status dnf_and(jsb *b, const jdnf *x, const jdnf *y, jdnf *out, const char *where)
 {
     jdnf r = {NULL, 0};
-    if ((int64_t)x->n * y->n > JS_MAX_DNF)
+    /* most pairs of a large product are often empty (different kinds): cap the pairs, then the result */
+    if ((int64_t)x->n * y->n > JS_MAX_DNF * 16)
         return js_refuse(b, where, "an intersection of more than %d alternatives (allOf / oneOf / not product)",
                          JS_MAX_DNF);
     if (x->n && y->n) {
@@ -419,6 +503,10 @@ static keel_status dnf_and(jsb *b, const jdnf *x, const jdnf *y, jdnf *out, cons
             if (conj_and(b, &x->c[i], &y->c[j], &r.c[r.n], &empty)) return b->st;
             if (!empty) r.n++;
         }
+    dnf_simplify(b, &r);
+    if (r.n > JS_MAX_DNF)
+        return js_refuse(b, where, "an intersection of more than %d alternatives (allOf / oneOf / not product)",
+                         JS_MAX_DNF);
     *out = r;
     return KEEL_OK;
 }
@@ -429,6 +517,7 @@ static keel_status dnf_or(jsb *b, const jdnf *x, const jdnf *y, jdnf *out, const
         return js_refuse(b, where, "a union of more than %d alternatives", JS_MAX_DNF);
     jdnf r = {cat_arr(b, x->c, (size_t)x->n, y->c, (size_t)y->n, sizeof(jconj)), x->n + y->n};
     if (b->st) return b->st;
+    dnf_simplify(b, &r);
     *out = r;
     return KEEL_OK;
 }
@@ -720,7 +809,9 @@ static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
         }
         for (int g = 0; g < x->n_grp; g++) {
             const jgroup *gr = &x->grp[g];
-            if (gr->pats && json_object_size(gr->pats))
+            const char *pk;
+            json_t *pv;
+            json_object_foreach(gr->pats, pk, pv) if (!json_is_true(pv)) /* a true pattern schema always holds */
                 return js_refuse(b, w, "'not' of 'patternProperties' is not supported");
             if (gr->addl && !json_is_true(gr->addl))
                 return js_refuse(b, w, "'not' of 'additionalProperties' is not supported");
@@ -1025,6 +1116,19 @@ static bool dnf_evaluates(const jdnf *x)
     return false;
 }
 
+/* A refusal that a caller can work around: its reason (without the
+ * "json schema: " prefix) into why, and the builder's status cleared;
+ * false for other failures (out of memory, caps), which stand. */
+static bool soft_fail(jsb *b, char *why)
+{
+    if (b->st != KEEL_EUNSUPPORTED) return false;
+    const char *m = b->err ? b->err : "";
+    if (strncmp(m, "json schema: ", 13) == 0) m += 13;
+    if (!why[0]) snprintf(why, BASE_ERR_CAP, "%s", m);
+    b->st = KEEL_OK;
+    return true;
+}
+
 static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jdnf *r, int mode)
 {
     const char *where = js_path(b, s);
@@ -1054,8 +1158,7 @@ static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jd
              * disjunct per non-empty set of holding branches */
             if (n > 4) exact = false;
             jdnf nx[4];
-            char save[BASE_ERR_CAP];
-            snprintf(save, sizeof save, "%s", b->err ? b->err : "");
+            char why[BASE_ERR_CAP] = "";
             for (size_t i = 0; i < n && exact; i++)
                 if (dnf_not(b, &x[i], &nx[i], where)) exact = false;
             for (unsigned m = 1; exact && m < (1u << n); m++) {
@@ -1068,9 +1171,7 @@ static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jd
                 if (b->st) exact = false;
             }
             if (!exact) {
-                if (b->st != KEEL_EUNSUPPORTED && b->st) return b->st;
-                b->st = KEEL_OK;
-                if (b->err) snprintf(b->err, BASE_ERR_CAP, "%s", save);
+                if (b->st && !soft_fail(b, why)) return b->st;
                 u.n = 0;
             } else {
                 return dnf_and(b, r, &u, r, where);
@@ -1088,14 +1189,12 @@ static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jd
     jdnf x[16], nx[16];
     for (size_t i = 0; i < n; i++)
         if (norm(b, json_array_get(a, i), depth + 1, &x[i])) return b->st;
-    char save[BASE_ERR_CAP];
-    snprintf(save, sizeof save, "%s", b->err ? b->err : "");
+    char why[BASE_ERR_CAP] = "";
     bool exact = true;
     for (size_t i = 0; i < n && exact; i++) {
         if (dnf_not(b, &x[i], &nx[i], where)) {
-            if (b->st != KEEL_EUNSUPPORTED) return b->st;
+            if (!soft_fail(b, why)) return b->st;
             exact = false;
-            b->st = KEEL_OK;
         }
     }
     if (exact) {
@@ -1104,9 +1203,8 @@ static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jd
             for (size_t j = 0; j < n && !b->st; j++)
                 if (j != i) dnf_and(b, &t, &nx[j], &t, where);
             if (b->st) {
-                if (b->st != KEEL_EUNSUPPORTED) return b->st;
+                if (!soft_fail(b, why)) return b->st;
                 exact = false;
-                b->st = KEEL_OK;
                 break;
             }
             if (dnf_or(b, &u, &t, &u, where)) return b->st;
@@ -1119,10 +1217,8 @@ static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jd
             for (size_t j = i + 1; j < n; j++) {
                 jdnf t;
                 if (dnf_and(b, &x[i], &x[j], &t, where)) return b->st;
-                if (t.n) {
-                    if (b->err) snprintf(b->err, BASE_ERR_CAP, "%s", save);
-                    return js_refuse(b, where, "'oneOf' whose branches may overlap and cannot be complemented is not supported");
-                }
+                if (t.n)
+                    return js_refuse(b, where, "'oneOf' whose branches may overlap and cannot be complemented is not supported (%.200s)", why);
             }
         for (size_t i = 0; i < n; i++)
             if (dnf_or(b, &u, &x[i], &u, where)) return b->st;

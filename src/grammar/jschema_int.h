@@ -36,7 +36,7 @@ enum {
 #define JS_MAX_DEPTH 64
 #define JS_MAX_OUT (8u << 20)        /* bytes of GBNF */
 #define JS_MAX_ARENA (64u << 20)     /* bytes of normal forms */
-#define JS_MAX_DNF 64                /* conjunctions in one union */
+#define JS_MAX_DNF 256               /* conjunctions in one union */
 #define JS_MAX_INFO (1u << 16)       /* schema nodes in one document */
 #define JS_MAX_RES 1024              /* $id resources and anchors */
 #define JS_MAX_MEMO 4096             /* distinct emitted schema lists */
