@@ -22,6 +22,18 @@
 
 #define JSTS "/tmp/jsts/tests/draft2020-12"
 
+/* Time bounds of the caps' refusals; sanitizers make everything slower. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SLOW 5.0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SLOW 5.0
+#endif
+#endif
+#ifndef SLOW
+#define SLOW 1.0
+#endif
+
 static double now_s(void)
 {
     struct timespec t;
@@ -91,16 +103,22 @@ static bool spec_test(const jstr_spec *s, const char *str, size_t n)
     return ok;
 }
 
-/* jstr_test on str, checked against the GBNF's verdict on its spelling. */
-static bool both(const jstr_spec *s, const gram *g, const char *str, size_t n)
+/* jstr_test on str (or jstr_auto_test with a), checked against the
+ * GBNF's verdict on its spelling. */
+static bool both_auto(const jstr_auto *a, const jstr_spec *s, const gram *g, const char *str, size_t n)
 {
-    bool t = spec_test(s, str, n);
+    bool t = a ? jstr_auto_test(a, str, n) : spec_test(s, str, n);
     char *sp = malloc(n * 6 + 3);
     size_t k = spell(str, n, sp);
     bool gm = gram_accepts(g, sp, k);
     if (gm != t) fail_msg("gbnf %d but jstr_test %d on %s (pattern %s)", gm, t, sp, s->n_pattern ? s->pattern[0] : "-");
     free(sp);
     return t;
+}
+
+static bool both(const jstr_spec *s, const gram *g, const char *str, size_t n)
+{
+    return both_auto(NULL, s, g, str, n);
 }
 
 static bool pattern_matches(const char *pat, const char *str)
@@ -238,7 +256,7 @@ static void test_caps(void **state)
         keel_status st = rx_compile(heavy[i], strlen(heavy[i]), true, &d, err);
         double dt = now_s() - t0;
         if (st != KEEL_ERANGE || !strstr(err, "too complex")) fail_msg("%s: %s %s", heavy[i], keel_status_name(st), err);
-        if (dt > 1.0) fail_msg("%s: refused after %.2f s", heavy[i], dt);
+        if (dt > SLOW) fail_msg("%s: refused after %.2f s", heavy[i], dt);
         assert_null(d);
     }
     /* a pattern within the caps, and a product past them */
@@ -250,7 +268,7 @@ static void test_caps(void **state)
     keel_status st = jstr_gbnf(&s, "x", &out, &n, &empty, err);
     assert_int_equal(st, KEEL_ERANGE);
     assert_non_null(strstr(err, "too complex"));
-    assert_true(now_s() - t0 < 2.0);
+    assert_true(now_s() - t0 < SLOW);
     /* implied bounds cost nothing: a 3-letter word within maxLength 5000 */
     jstr_spec w = {.min_len = 1, .max_len = 5000, .pattern = {"^[A-Z]{3}$"}, .n_pattern = 1};
     assert_int_equal(jstr_gbnf(&w, "x", &out, &n, &empty, err), KEEL_OK);
@@ -400,6 +418,10 @@ static void test_suite_formats(void **state)
             print_message("skip: %s: %s\n", path, je.text);
             continue;
         }
+        jstr_spec s = {.max_len = -1, .format = {fmts[f]}, .n_format = 1};
+        jstr_auto *a = NULL;
+        char err[BASE_ERR_CAP] = "";
+        assert_int_equal(jstr_auto_open(&s, &a, err), KEEL_OK);
         size_t gi, ti;
         json_t *grp, *t;
         json_array_foreach(doc, gi, grp) {
@@ -409,9 +431,10 @@ static void test_suite_formats(void **state)
                 const char *str = json_string_value(data);
                 size_t n = json_string_length(data);
                 bool want = json_is_true(json_object_get(t, "valid"));
-                bool got = format_ok(fmts[f], str, n);
+                bool got = jstr_auto_test(a, str, n);
                 if (got != want) {
                     if (known_gap(fmts[f], str)) {
+                        if (getenv("KEEL_TEST_VERBOSE")) print_message("gap: %s \"%s\" want %d\n", fmts[f], str, want);
                         n_gap++;
                         continue;
                     }
@@ -420,6 +443,7 @@ static void test_suite_formats(void **state)
                 n_checked++;
             }
         }
+        jstr_auto_close(a);
         json_decref(doc);
     }
     print_message("suite formats: %d cases agree, %d known gaps\n", n_checked, n_gap);
@@ -450,6 +474,7 @@ static void test_suite_patterns(void **state)
             rx_dfa *d = NULL;
             char err[BASE_ERR_CAP] = "";
             if (rx_compile(json_string_value(pat), json_string_length(pat), true, &d, err)) {
+                if (getenv("KEEL_TEST_VERBOSE")) print_message("refused: %s\n", err);
                 n_refused++;
                 continue;
             }
@@ -548,8 +573,106 @@ static void test_round_trip(void **state)
         }
         gram_free(g);
     }
+    /* formats, with and without lengths, on mutations of valid examples */
+    static const char *const fmt_ex[][2] = {
+        {"date", "2024-02-29"},
+        {"time", "23:59:60.5+00:00"},
+        {"date-time", "1963-06-19T08:30:06.283185Z"},
+        {"duration", "P1Y2M3DT4H5M6S"},
+        {"uuid", "2eb8aa08-aa98-11ea-b4aa-73b441d16380"},
+        {"email", "\"jo\\\"e b\"@[IPv6:::ffff:1.2.3.4]"},
+        {"hostname", "a-b.example.com"},
+        {"ipv4", "192.168.10.1"},
+        {"ipv6", "1:2:3::7:8"},
+        {"uri", "http://u@[::1]:8/a?b#c"},
+        {"uri-reference", "//a/b%20c?d"},
+        {"json-pointer", "/a~1b/~0c"},
+        {"relative-json-pointer", "12/a~1"},
+    };
+    static const char MUT[] = "0123456789:-.T/@[]\"\\%~#?aZ";
+    for (size_t f = 0; f < sizeof fmt_ex / sizeof fmt_ex[0]; f++)
+        for (int variant = 0; variant < 2; variant++) {
+            jstr_spec s = {.max_len = -1, .format = {fmt_ex[f][0]}, .n_format = 1};
+            if (variant) s.min_len = 3, s.max_len = 24;
+            bool empty;
+            gram *g = spec_gram(&s, &empty);
+            assert_true(empty == (variant && strcmp(fmt_ex[f][0], "uuid") == 0)); /* 36 characters */
+            jstr_auto *a = NULL;
+            char err[BASE_ERR_CAP] = "";
+            assert_int_equal(jstr_auto_open(&s, &a, err), KEEL_OK);
+            size_t n0 = strlen(fmt_ex[f][1]);
+            if (!variant || n0 <= 24) assert_true(both(&s, g, fmt_ex[f][1], n0));
+            for (int j = 0; j < 150; j++) {
+                char str[64];
+                memcpy(str, fmt_ex[f][1], n0);
+                size_t n = n0;
+                int edits = 1 + (int)(rng_next(&rs) % 2);
+                for (int e = 0; e < edits && n > 0; e++) {
+                    size_t at = (size_t)(rng_next(&rs) % n);
+                    switch (rng_next(&rs) % 3) {
+                    case 0: str[at] = MUT[rng_next(&rs) % (sizeof MUT - 1)]; break;
+                    case 1: memmove(str + at, str + at + 1, n - at - 1), n--; break;
+                    default:
+                        memmove(str + at + 1, str + at, n - at), n++;
+                        str[at] = MUT[rng_next(&rs) % (sizeof MUT - 1)];
+                        break;
+                    }
+                }
+                bool ok = both_auto(a, &s, g, str, n);
+                if (ok != spec_test(&s, str, n) && j < 5) fail_msg("jstr_auto_test and jstr_test differ");
+                ok ? n_true++ : n_false++;
+            }
+            jstr_auto_close(a);
+            gram_free(g);
+        }
     print_message("round trip: %d accepted, %d rejected, %.2f s\n", n_true, n_false, now_s() - t0);
-    assert_true(n_true > 500 && n_false > 500);
+    assert_true(n_true > 700 && n_false > 500);
+}
+
+/* ---- allocation failures -------------------------------------------------------- */
+
+static keel_status op_gbnf(void *ctx)
+{
+    const jstr_spec *s = ctx;
+    char *out = NULL, err[BASE_ERR_CAP] = "";
+    size_t n = 0;
+    bool empty = false;
+    keel_status st = jstr_gbnf(s, "x", &out, &n, &empty, err);
+    if (!st && !empty) base_free(out, n + 1);
+    if (st && !err[0]) return KEEL_EINTERNAL; /* a failure always says what */
+    return st;
+}
+
+static keel_status op_test(void *ctx)
+{
+    bool ok = false;
+    char err[BASE_ERR_CAP] = "";
+    return jstr_test(ctx, "abcd", 4, &ok, err);
+}
+
+static void test_alloc_failures(void **state)
+{
+    (void)state;
+    const char *ex[] = {"ab", "abc"};
+    size_t exn[] = {2, 3};
+    jstr_spec s = {.min_len = 1,
+                   .max_len = 6,
+                   .pattern = {"^[a-z]{2,}\\d?$"},
+                   .n_pattern = 1,
+                   .not_pattern = {"q"},
+                   .n_not_pattern = 1,
+                   .except = ex,
+                   .except_len = exn,
+                   .n_except = 2};
+    int64_t n1 = test_alloc_sweep(op_gbnf, &s);
+    int64_t n2 = test_alloc_sweep(op_test, &s);
+    jstr_spec f = {.max_len = -1, .format = {"date"}, .n_format = 1};
+    int64_t n3 = test_alloc_sweep(op_gbnf, &f);
+    jstr_spec l = {.min_len = 2, .max_len = 9};
+    int64_t n4 = test_alloc_sweep(op_gbnf, &l);
+    print_message("allocation sites swept: %lld %lld %lld %lld\n", (long long)n1, (long long)n2, (long long)n3,
+                  (long long)n4);
+    assert_true(n1 > 20 && n2 > 20 && n3 > 10 && n4 > 0);
 }
 
 int main(void)
@@ -557,7 +680,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_semantics),     cmocka_unit_test(test_refusals),       cmocka_unit_test(test_caps),
         cmocka_unit_test(test_spec),          cmocka_unit_test(test_formats),        cmocka_unit_test(test_suite_formats),
-        cmocka_unit_test(test_suite_patterns), cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_suite_patterns), cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

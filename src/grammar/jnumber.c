@@ -25,7 +25,7 @@
  *
  * The product is built breadth-first over reachable tuples (hash-consed,
  * at most JN_MAX_STATES), trimmed to the states from which an accepting
- * state is reachable (none: the spec is empty), minimized (Moore's
+ * state is reachable (none: the spec is empty), minimized (Hopcroft's
  * partition refinement) and written as one GBNF rule per state. Every
  * rule reference is in tail position, so the matcher's stacks do not grow
  * with the length of the number.
@@ -42,16 +42,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define JN_MAX_STATES (1u << 18)    /* product states before minimization */
-#define JN_MAX_RESIDUES 100000u     /* p of one divisor p / 10^q */
-#define JN_MAX_DIGITS 1000u         /* digits of a constant written without exponent */
-#define JN_MAX_EXCEPT 4096u         /* excluded values */
+#define JN_MAX_STATES (1u << 16)    /* product states before minimization */
+#define JN_MAX_RESIDUES 10000u      /* p of one divisor p / 10^q (p rules of 10 alternatives) */
+#define JN_MAX_RULES 4096u          /* rules written (minimal states): gram_compile's time grows with their square */
+#define JN_MAX_DIGITS 400u          /* digits of a constant written without exponent (doubles need 343) */
+#define JN_MAX_EXCEPT 256u          /* excluded values (one component each) */
+#define JN_MAX_TUPLE_BYTES (64u << 20) /* component states of all product states */
 #define JN_MAX_OUT (16u << 20)      /* bytes of GBNF (gram_compile's source cap) */
 #define JN_EXP_SAT 1000000000000000 /* exponents saturate here (far past any constant) */
 #define JN_N_SYM 12                 /* 0-9 . - */
 #define JN_SYM_DOT 10
 #define JN_SYM_MINUS 11
 #define JN_NONE UINT32_MAX
+#define JN_TRUE (UINT32_MAX - 1) /* a component settled as satisfied */
 
 /* ---- canonical decimals ----------------------------------------------------------- */
 
@@ -401,11 +404,19 @@ static uint32_t mul_step(const jn_comp *c, uint32_t st, int sym)
 {
     uint32_t p = c->p, fail = p * (c->q + 2);
     if (st == fail || sym == JN_SYM_MINUS) return st;
-    if (st < p) return sym == JN_SYM_DOT ? p + st : (st * 10 + (uint32_t)sym) % p;
-    if (sym == JN_SYM_DOT) return st;
-    uint32_t j = st / p - 1, r = st % p;
-    if (j < c->q) return p * (j + 2) + (r * 10 + (uint32_t)sym) % p;
-    return sym == 0 ? st : fail;
+    uint32_t j, r;
+    if (st < p) {
+        if (sym != JN_SYM_DOT) return (st * 10 + (uint32_t)sym) % p;
+        j = 0, r = st;
+    } else {
+        if (sym == JN_SYM_DOT) return st;
+        j = st / p - 1, r = st % p;
+        if (j == c->q) return sym == 0 ? st : fail;
+        j++, r = (r * 10 + (uint32_t)sym) % p;
+    }
+    /* past q fraction digits the residue is final: not 0 is as good as FAIL
+     * (only zeros may follow, and the number is not a multiple either way) */
+    return j == c->q && r ? fail : p * (j + 1) + r;
 }
 
 static bool mul_accept(const jn_comp *c, uint32_t st)
@@ -495,9 +506,12 @@ static keel_status comp_mul(jn_comp *c, const char *text, bool negate, int kind,
         for (uint32_t i = 0; i < q && p % 5 == 0; i++) p /= 5;
         q = 0;
     }
-    if (p > JN_MAX_RESIDUES || (uint64_t)p * (q + 2) + 1 > JN_MAX_STATES)
-        return base_err(err, KEEL_ERANGE, "multipleOf %s needs more than %u automaton states (a divisor p / 10^q with p up to %u)",
-                        text, JN_MAX_STATES, JN_MAX_RESIDUES);
+    if (p > JN_MAX_RESIDUES)
+        return base_err(err, KEEL_ERANGE, "multipleOf %s needs more than %u residue states (p of p / 10^q)", text,
+                        JN_MAX_RESIDUES);
+    if ((uint64_t)p * (q + 2) + 1 > JN_MAX_STATES) /* residues at each of q fraction digits */
+        return base_err(err, KEEL_ERANGE, "numeric constraints need more than %u automaton states (multipleOf %s)",
+                        JN_MAX_STATES, text);
     uint32_t *pw = base_alloc(((size_t)q + 1) * sizeof *pw);
     if (!pw) return base_err(err, KEEL_ENOMEM, "out of memory");
     pw[0] = (uint32_t)(1 % p);
@@ -506,13 +520,31 @@ static keel_status comp_mul(jn_comp *c, const char *text, bool negate, int kind,
     return KEEL_OK;
 }
 
+/* A component state whose verdict no further input changes: +1 accepted
+ * (the product keeps JN_TRUE there, so states that differ only in how a
+ * settled component got settled are one), -1 rejected (the product state
+ * is dead), 0 still open. */
+static int comp_settled(const jn_comp *c, uint32_t st)
+{
+    if (c->type == JN_CMP) {
+        uint32_t m = st >> 1;
+        if (m != cmp_longer(c) && m < cmp_fix(c, JN_LT)) return 0;
+        return (c->ok_mask >> cmp_result(c, st)) & 1 ? 1 : -1;
+    }
+    if (c->type == JN_MUL && st == c->p * (c->q + 2)) return c->negate ? 1 : -1;
+    return 0;
+}
+
 static uint32_t comp_step(const jn_comp *c, uint32_t st, int sym)
 {
-    return c->type == JN_SYN ? syn_step(c->kind, st, sym) : c->type == JN_CMP ? cmp_step(c, st, sym) : mul_step(c, st, sym);
+    if (st == JN_TRUE) return JN_TRUE;
+    if (c->type == JN_SYN) return syn_step(c->kind, st, sym);
+    return c->type == JN_CMP ? cmp_step(c, st, sym) : mul_step(c, st, sym);
 }
 
 static bool comp_accept(const jn_comp *c, uint32_t st)
 {
+    if (st == JN_TRUE) return true;
     if (c->type == JN_SYN) return syn_accept(c->kind, st);
     if (c->type == JN_CMP) return (c->ok_mask >> cmp_result(c, st)) & 1;
     return mul_accept(c, st);
@@ -526,6 +558,7 @@ typedef struct jn_dfa {
     uint32_t *tup;       /* [cap][n_comp] component states of each product state */
     uint32_t *next;      /* [cap][JN_N_SYM] target state or JN_NONE */
     uint32_t n, cap;
+    uint32_t max_n;      /* JN_MAX_STATES, less when tuples are long (JN_MAX_TUPLE_BYTES) */
     uint32_t *hash;      /* [n_hash] state + 1, 0: empty */
     uint32_t n_hash;     /* power of two, > 2 n */
 } jn_dfa;
@@ -566,8 +599,8 @@ static keel_status dfa_intern(jn_dfa *a, const uint32_t *t, uint32_t *id, char *
             *id = a->hash[k] - 1;
             return KEEL_OK;
         }
-    if (a->n == JN_MAX_STATES)
-        return base_err(err, KEEL_ERANGE, "numeric constraints need more than %u automaton states", JN_MAX_STATES);
+    if (a->n == a->max_n)
+        return base_err(err, KEEL_ERANGE, "numeric constraints need more than %u automaton states", a->max_n);
     if (a->n == a->cap) {
         uint32_t cap = a->cap * 2;
         size_t nb = (size_t)a->cap * JN_N_SYM * sizeof *a->next;
@@ -596,6 +629,7 @@ static keel_status dfa_build(jn_dfa *a, const jn_comp *comp, uint32_t n_comp, ch
     keel_status st;
     memset(a, 0, sizeof *a);
     a->comp = comp, a->n_comp = n_comp, a->cap = 256, a->n_hash = 1024;
+    a->max_n = (uint32_t)BASE_MIN((size_t)JN_MAX_STATES, JN_MAX_TUPLE_BYTES / ((size_t)n_comp * sizeof *a->tup));
     a->tup = base_alloc((size_t)a->cap * n_comp * sizeof *a->tup);
     a->next = base_alloc((size_t)a->cap * JN_N_SYM * sizeof *a->next);
     a->hash = base_calloc(a->n_hash, sizeof *a->hash);
@@ -613,8 +647,14 @@ static keel_status dfa_build(jn_dfa *a, const jn_comp *comp, uint32_t n_comp, ch
             uint32_t to = JN_NONE;
             t[0] = syn_step(comp[0].kind, from[0], sym);
             if (t[0] != SY_DEAD) {
-                for (uint32_t c = 1; c < n_comp; c++) t[c] = comp_step(&comp[c], from[c], sym);
-                if ((st = dfa_intern(a, t, &to, err))) goto done;
+                bool dead = false;
+                for (uint32_t c = 1; c < n_comp && !dead; c++) {
+                    t[c] = comp_step(&comp[c], from[c], sym);
+                    int v = t[c] == JN_TRUE ? 0 : comp_settled(&comp[c], t[c]);
+                    if (v > 0) t[c] = JN_TRUE;
+                    dead = v < 0;
+                }
+                if (!dead && (st = dfa_intern(a, t, &to, err))) goto done;
             }
             a->next[(size_t)i * JN_N_SYM + (size_t)sym] = to;
         }
@@ -670,61 +710,102 @@ done:
     return st;
 }
 
-/* Moore's refinement over the live states: cls[i] is the class of state
- * i (JN_NONE for dead states), *n_cls the count. Two states share a
- * class when they agree on acceptance and, symbol by symbol, on the
- * class of the target (dead: JN_NONE). */
+/* Hopcroft's partition refinement, O(n log n) per symbol: cls[i] is the
+ * class of state i (JN_NONE for states from which nothing is accepted),
+ * *n_cls the count. A sink (index n) stands for every missing transition,
+ * so the automaton is complete; the states that are not live end up in
+ * its class. Blocks are ranges of elem[]; marking a state moves it to the
+ * front of its block; a block split by a splitter keeps the unmarked part.
+ * A popped splitter is copied first: it may be split while it is used. */
 static keel_status dfa_minimize(const jn_dfa *a, const uint8_t *live, uint32_t *cls, uint32_t *n_cls, char *err)
 {
-    enum { SIG = JN_N_SYM + 1 };
-    uint32_t n_hash = 16;
-    while (n_hash < 2 * a->n) n_hash *= 2;
-    uint32_t *sig = base_alloc((size_t)a->n * SIG * sizeof *sig);
-    uint32_t *hash = base_alloc((size_t)n_hash * sizeof *hash);
-    uint32_t *ncls = base_alloc((size_t)a->n * sizeof *ncls);
+    uint32_t n = a->n + 1, sink = a->n, nb = 0, nw = 0;
+    size_t n_keys = (size_t)n * JN_N_SYM; /* inverse edges keyed by (symbol, target) */
+    uint32_t *ifirst = base_calloc(n_keys + 1, sizeof *ifirst);
+    uint32_t *isrc = base_alloc(n_keys * sizeof *isrc);
+    uint32_t *mem = base_alloc((size_t)n * 10 * sizeof *mem);
     keel_status st = KEEL_OK;
-    if (!sig || !hash || !ncls) {
+    if (!ifirst || !isrc || !mem) {
         st = base_err(err, KEEL_ENOMEM, "out of memory");
         goto done;
     }
-    uint32_t count = 0;
-    bool seen[2] = {false, false};
-    for (uint32_t i = 0; i < a->n; i++) {
-        cls[i] = live[i] ? (uint32_t)dfa_accept(a, i) : JN_NONE;
-        if (live[i]) seen[cls[i]] = true;
+    uint32_t *elem = mem, *loc = mem + n, *blk = mem + 2 * (size_t)n, *bfirst = mem + 3 * (size_t)n,
+             *bend = mem + 4 * (size_t)n, *bmark = mem + 5 * (size_t)n, *work = mem + 6 * (size_t)n,
+             *touched = mem + 7 * (size_t)n, *tmp = mem + 8 * (size_t)n, *inw = mem + 9 * (size_t)n;
+    for (uint32_t i = 0; i < n; i++)
+        for (int y = 0; y < JN_N_SYM; y++) {
+            uint32_t t = i == sink ? JN_NONE : a->next[(size_t)i * JN_N_SYM + (size_t)y];
+            ifirst[(size_t)y * n + (t == JN_NONE ? sink : t) + 1]++;
+        }
+    for (size_t k = 0; k < n_keys; k++) ifirst[k + 1] += ifirst[k];
+    for (uint32_t i = 0; i < n; i++) /* ifirst[k] walks to the end of k's list; shifted back below */
+        for (int y = 0; y < JN_N_SYM; y++) {
+            uint32_t t = i == sink ? JN_NONE : a->next[(size_t)i * JN_N_SYM + (size_t)y];
+            isrc[ifirst[(size_t)y * n + (t == JN_NONE ? sink : t)]++] = i;
+        }
+    for (size_t k = n_keys; k > 0; k--) ifirst[k] = ifirst[k - 1];
+    ifirst[0] = 0;
+    /* the first partition: accepting live states, the rest */
+    uint32_t ne = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t start = ne;
+        for (uint32_t i = 0; i < n; i++) {
+            bool acc = i != sink && live[i] && dfa_accept(a, i);
+            if (acc != (pass == 0)) continue;
+            elem[ne] = i, loc[i] = ne++, blk[i] = nb;
+        }
+        if (ne == start) continue;
+        bfirst[nb] = start, bend[nb] = ne, bmark[nb] = 0;
+        inw[nb] = 1, work[nw++] = nb++;
     }
-    count = (uint32_t)seen[0] + (uint32_t)seen[1];
-    for (;;) {
-        uint32_t fresh = 0;
-        memset(hash, 0, (size_t)n_hash * sizeof *hash);
-        for (uint32_t i = 0; i < a->n; i++) {
-            if (cls[i] == JN_NONE) continue;
-            uint32_t *s = sig + (size_t)i * SIG;
-            s[0] = cls[i];
-            for (int y = 0; y < JN_N_SYM; y++) {
-                uint32_t t = a->next[(size_t)i * JN_N_SYM + (size_t)y];
-                s[1 + y] = t == JN_NONE ? JN_NONE : cls[t];
+    while (nw) {
+        uint32_t s = work[--nw], ns = bend[s] - bfirst[s];
+        inw[s] = 0;
+        memcpy(tmp, elem + bfirst[s], (size_t)ns * sizeof *tmp);
+        for (int y = 0; y < JN_N_SYM; y++) {
+            uint32_t n_touched = 0;
+            for (uint32_t j = 0; j < ns; j++) {
+                size_t key = (size_t)y * n + tmp[j];
+                for (uint32_t e = ifirst[key]; e < ifirst[key + 1]; e++) {
+                    uint32_t p = isrc[e], b = blk[p], at = bfirst[b] + bmark[b];
+                    if (loc[p] < at) continue; /* marked already */
+                    if (!bmark[b]) touched[n_touched++] = b;
+                    uint32_t q = elem[at]; /* swap p into the marked front */
+                    elem[at] = p, elem[loc[p]] = q;
+                    loc[q] = loc[p], loc[p] = at;
+                    bmark[b]++;
+                }
             }
-            uint32_t k = tup_hash(s, SIG) & (n_hash - 1);
-            for (; hash[k]; k = (k + 1) & (n_hash - 1))
-                if (!memcmp(sig + (size_t)(hash[k] - 1) * SIG, s, SIG * sizeof *s)) break;
-            if (!hash[k]) {
-                hash[k] = i + 1;
-                ncls[i] = fresh++;
-            } else {
-                ncls[i] = ncls[hash[k] - 1];
+            for (uint32_t k = 0; k < n_touched; k++) {
+                uint32_t b = touched[k], m = bmark[b];
+                bmark[b] = 0;
+                if (m == bend[b] - bfirst[b]) continue;
+                uint32_t c = nb++;
+                bfirst[c] = bfirst[b], bend[c] = bfirst[b] + m, bmark[c] = 0;
+                bfirst[b] = bend[c];
+                for (uint32_t e = bfirst[c]; e < bend[c]; e++) blk[elem[e]] = c;
+                uint32_t push = inw[b] || m < bend[b] - bfirst[b] ? c : b;
+                inw[c] = 0;
+                if (!inw[push]) inw[push] = 1, work[nw++] = push;
             }
         }
-        for (uint32_t i = 0; i < a->n; i++)
-            if (cls[i] != JN_NONE) cls[i] = ncls[i];
-        if (fresh == count) break;
-        count = fresh;
+    }
+    /* dense class ids, the sink's block excluded */
+    uint32_t count = 0;
+    for (uint32_t b = 0; b < nb; b++) tmp[b] = JN_NONE;
+    for (uint32_t i = 0; i < a->n; i++) {
+        if (!live[i] || blk[i] == blk[sink]) {
+            cls[i] = JN_NONE;
+            continue;
+        }
+        if (tmp[blk[i]] == JN_NONE) tmp[blk[i]] = count++;
+        cls[i] = tmp[blk[i]];
     }
     *n_cls = count;
 done:
-    base_free(sig, (size_t)a->n * SIG * sizeof *sig);
-    base_free(hash, (size_t)n_hash * sizeof *hash);
-    base_free(ncls, (size_t)a->n * sizeof *ncls);
+    base_free(ifirst, (n_keys + 1) * sizeof *ifirst);
+    base_free(isrc, n_keys * sizeof *isrc);
+    base_free(mem, (size_t)n * 10 * sizeof *mem);
     return st;
 }
 
@@ -806,7 +887,8 @@ static void put_digits(jn_buf *b, uint32_t mask)
 /* One rule per class, numbered in breadth-first order from the start
  * (class of state 0, rule `name`). A class that accepts and has no
  * transition is inlined (its references vanish). */
-static keel_status dfa_emit(const jn_dfa *a, const uint32_t *cls, uint32_t n_cls, const char *name, jn_buf *b, char *err)
+static keel_status dfa_emit(const jn_dfa *a, const uint32_t *cls, uint32_t n_cls, const char *name, jn_buf *b,
+                            char *err)
 {
     uint32_t *rep = base_alloc((size_t)n_cls * sizeof *rep);   /* a state of each class */
     uint32_t *order = base_alloc((size_t)n_cls * sizeof *order); /* rule number of each class, JN_NONE unseen */
@@ -904,6 +986,10 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
         return base_err(err, KEEL_EINVAL, "numeric spec out of range");
     if (s->n_except > JN_MAX_EXCEPT)
         return base_err(err, KEEL_ERANGE, "more than %u excluded numbers", JN_MAX_EXCEPT);
+    bool name_ok = name && name[0];
+    for (const char *q = name; name_ok && *q; q++)
+        name_ok = (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || is_digit(*q) || *q == '-' || *q == '_';
+    if (!name_ok) return base_err(err, KEEL_EINVAL, "rule name '%s' is not [a-zA-Z0-9_-]+", name ? name : "(null)");
     jn_buf b = {0};
     keel_status st = KEEL_OK;
     bool none = !s->n_lo && !s->n_hi && !s->n_mult && !s->n_not_mult && !s->n_except;
@@ -925,6 +1011,7 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
     if (!comp) return base_err(err, KEEL_ENOMEM, "out of memory");
     comp[n_comp++] = (jn_comp){.type = JN_SYN, .kind = s->kind};
     int lo, hi;
+    jn_num x, y;
     if ((st = tightest(s->lo, s->lo_excl, s->n_lo, true, &lo, err))) goto fail;
     if ((st = tightest(s->hi, s->hi_excl, s->n_hi, false, &hi, err))) goto fail;
     if (lo >= 0) {
@@ -943,6 +1030,15 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
         n_comp++;
     }
     for (size_t i = 0; i < s->n_except; i++) {
+        /* a value the rest of the spec refuses, or one excluded already, needs no component */
+        jnum_spec base = *s;
+        base.n_except = 0;
+        bool keep = false;
+        if ((st = parse_const(s->except[i], "excluded value", &x, err))) goto fail;
+        if ((st = jnum_test(&base, s->except[i], &keep, err))) goto fail;
+        for (size_t j = 0; keep && j < i; j++)
+            if (num_parse(s->except[j], strlen(s->except[j]), &y) && num_cmp(&x, &y) == 0) keep = false;
+        if (!keep) continue;
         if ((st = comp_cmp(&comp[n_comp], s->except[i], "excluded value", 1u << JN_LT | 1u << JN_GT, true, err)))
             goto fail;
         n_comp++;
@@ -960,6 +1056,10 @@ keel_status jnum_gbnf(const jnum_spec *s, const char *name, char **out, size_t *
         goto fail; /* st is KEEL_OK: nothing to emit */
     }
     if ((st = dfa_minimize(&a, live, cls, &n_cls, err))) goto fail;
+    if (n_cls > JN_MAX_RULES) {
+        st = base_err(err, KEEL_ERANGE, "numeric constraints need %u grammar rules (at most %u)", n_cls, JN_MAX_RULES);
+        goto fail;
+    }
     if ((st = dfa_emit(&a, cls, n_cls, name, &b, err))) goto fail;
     st = buf_finish(&b, out, n_out, err);
 fail:

@@ -13,12 +13,15 @@
  * (an integer kind: -?(0|[1-9][0-9]*) with an optional fraction of zeros,
  * "1.0" being an integer in JSON Schema). Under any constraint, numbers
  * without an exponent (the grammar cannot compare an exponent's value
- * exactly; stated in docs/grammar.md): every accepted text satisfies the
+ * exactly; docs/grammar-numbers.md): every accepted text satisfies the
  * spec, and every satisfying value has an accepted spelling.
  *
  * Refusals are KEEL_EUNSUPPORTED with err saying what (the caller adds
  * the keyword location), e.g. "multipleOf 1e-400 has too many digits";
- * KEEL_ERANGE past a cap (automaton states); KEEL_ENOMEM.
+ * KEEL_ERANGE past a cap ("multipleOf 86400 needs more than 10000 residue
+ * states", 2^16 product states, 4096 rules, 256 excluded values);
+ * KEEL_EINVAL for a constant that is not a number, multipleOf <= 0, a
+ * rule name outside [a-zA-Z0-9_-]+; KEEL_ENOMEM.
  */
 #ifndef KEEL_GRAMMAR_JNUMBER_H
 #define KEEL_GRAMMAR_JNUMBER_H

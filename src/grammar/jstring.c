@@ -202,20 +202,53 @@ static keel_status check_spec(const jstr_spec *s, char *err)
     return KEEL_OK;
 }
 
+struct jstr_auto {
+    rx_dfa *d; /* the content; NULL: free */
+    int64_t min_len, max_len;
+};
+
+keel_status jstr_auto_open(const jstr_spec *s, jstr_auto **out, char *err)
+{
+    *out = NULL;
+    keel_status st = check_spec(s, err);
+    if (st) return st;
+    jstr_auto *a = base_calloc(1, sizeof *a);
+    if (!a) return base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
+    a->min_len = s->min_len;
+    a->max_len = s->max_len;
+    st = content_dfa(s, &a->d, err);
+    if (st) {
+        base_free(a, sizeof *a);
+        return st;
+    }
+    *out = a;
+    return KEEL_OK;
+}
+
+bool jstr_auto_test(const jstr_auto *a, const char *content, size_t n)
+{
+    int64_t len = 0;
+    for (size_t i = 0; i < n; len++)
+        if (rx_utf8_next((const unsigned char *)content, n, &i) < 0) return false; /* not a JSON string */
+    if (len < a->min_len || (a->max_len >= 0 && len > a->max_len)) return false;
+    return !a->d || rx_match(a->d, content, n);
+}
+
+void jstr_auto_close(jstr_auto *a)
+{
+    if (!a) return;
+    rx_free(a->d);
+    base_free(a, sizeof *a);
+}
+
 keel_status jstr_test(const jstr_spec *s, const char *content, size_t n, bool *ok, char *err)
 {
     *ok = false;
-    keel_status st = check_spec(s, err);
+    jstr_auto *a = NULL;
+    keel_status st = jstr_auto_open(s, &a, err);
     if (st) return st;
-    int64_t len = 0;
-    for (size_t i = 0; i < n; len++)
-        if (rx_utf8_next((const unsigned char *)content, n, &i) < 0) return KEEL_OK; /* not a JSON string */
-    if (len < s->min_len || (s->max_len >= 0 && len > s->max_len)) return KEEL_OK;
-    rx_dfa *d = NULL;
-    st = content_dfa(s, &d, err);
-    if (st) return st;
-    *ok = !d || rx_match(d, content, n);
-    rx_free(d);
+    *ok = jstr_auto_test(a, content, n);
+    jstr_auto_close(a);
     return KEEL_OK;
 }
 
@@ -292,8 +325,8 @@ static bool is_special(uint32_t c)
     return c < 0x20 || c == '"' || c == '\\';
 }
 
-/* One group of intervals (code points [lo[i], hi[i]]) as a GBNF choice:
- * ( [raw ranges] | "escape" | ... ). */
+/* One group of intervals (code points [lo[i], hi[i]]) as the body of a
+ * GBNF rule: [raw ranges] | "escape" | ... */
 static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k)
 {
     bool any_raw = false, first = true;
@@ -304,7 +337,6 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
         }
     for (size_t i = 0; i < k && !any_raw; i++)
         if (hi[i] >= 0x5D) any_raw = true;
-    oputs(b, "( ");
     if (any_raw) {
         oputs(b, "[");
         for (size_t i = 0; i < k; i++) {
@@ -314,8 +346,10 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
                     c++;
                     continue;
                 }
-                uint32_t e = c; /* the run of raw characters from c */
-                while (e < hi[i] && !is_special(e + 1)) e++;
+                /* the run of raw characters from c: up to the next
+                 * special ('"' or '\\') or the range's end */
+                uint32_t e = c < '"' ? '"' - 1 : c < '\\' ? '\\' - 1 : hi[i];
+                if (e > hi[i]) e = hi[i];
                 if (e == c) oputf(b, "\\U%08X", c);
                 else oputf(b, "\\U%08X-\\U%08X", c, e);
                 c = e + 1;
@@ -324,14 +358,37 @@ static void put_choice(obuf *b, const uint32_t *lo, const uint32_t *hi, size_t k
         oputs(b, "]");
         first = false;
     }
+    /* the escapes: the short ones each, the \u00XX ones as two classes
+     * of the last hex digit (one per first digit) */
+    uint32_t u_lo = 0, u_hi = 0; /* bit d: \u000d / \u001d */
     for (size_t i = 0; i < k; i++)
-        for (uint32_t c = lo[i]; c <= hi[i] && c <= 0x5C; c++)
-            if (is_special(c)) {
-                if (!first) oputs(b, " | ");
-                put_escape(b, c);
-                first = false;
+        for (uint32_t c = lo[i]; c <= hi[i] && c <= 0x5C; c++) {
+            if (!is_special(c)) continue;
+            if (c < 0x20 && c != 8 && c != 9 && c != 10 && c != 12 && c != 13) {
+                if (c < 0x10) u_lo |= 1u << c;
+                else u_hi |= 1u << (c - 0x10);
+                continue;
             }
-    oputs(b, " )");
+            if (!first) oputs(b, " | ");
+            put_escape(b, c);
+            first = false;
+        }
+    for (int h = 0; h < 2; h++) {
+        uint32_t bits = h ? u_hi : u_lo;
+        if (!bits) continue;
+        if (!first) oputs(b, " | ");
+        first = false;
+        if ((bits & (bits - 1)) == 0) { /* one character */
+            uint32_t c = (uint32_t)h * 16;
+            while (!(bits & 1u)) bits >>= 1, c++;
+            put_escape(b, c);
+            continue;
+        }
+        oputf(b, "\"\\\\u00%d\" [", h);
+        for (int dg = 0; dg < 16; dg++)
+            if (bits >> dg & 1u) oputf(b, "%c", "0123456789abcdef"[dg]);
+        oputs(b, "]");
+    }
 }
 
 typedef struct edge {
@@ -345,17 +402,80 @@ static int cmp_edge(const void *x, const void *y)
     return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
+/* The distinct choices (rule bodies) of a grammar, each one rule
+ * name-k<id> referenced by every edge that reads it: the copies of one
+ * class a length counter makes cost one reference each. */
+typedef struct choices {
+    obuf text;      /* the bodies, one after another */
+    size_t *off;    /* [n + 1] */
+    size_t n, cap_off;
+    uint32_t *hash; /* id + 1 */
+    size_t cap_hash;
+} choices;
+
+static uint64_t text_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The id of body s[0..n), added when new (*added); -1: no memory. */
+static int64_t choice_id(choices *c, const char *s, size_t n, bool *added)
+{
+    *added = false;
+    if ((c->n + 1) * 2 > c->cap_hash) {
+        size_t nh = c->cap_hash ? c->cap_hash * 2 : 256;
+        uint32_t *h = base_calloc(nh, sizeof *h);
+        if (!h) return -1;
+        for (size_t i = 0; i < c->n; i++) {
+            size_t at = (size_t)(text_hash(c->text.d + c->off[i], c->off[i + 1] - c->off[i]) % nh);
+            while (h[at]) at = (at + 1) % nh;
+            h[at] = (uint32_t)i + 1;
+        }
+        base_free(c->hash, c->cap_hash * sizeof *c->hash);
+        c->hash = h;
+        c->cap_hash = nh;
+    }
+    size_t at = (size_t)(text_hash(s, n) % c->cap_hash);
+    for (; c->hash[at]; at = (at + 1) % c->cap_hash) {
+        size_t id = c->hash[at] - 1;
+        if (c->off[id + 1] - c->off[id] == n && memcmp(c->text.d + c->off[id], s, n) == 0) return (int64_t)id;
+    }
+    if (c->cap_off < c->n + 2) {
+        size_t nc = c->cap_off ? c->cap_off * 2 : 64;
+        size_t *o = base_realloc(c->off, c->cap_off * sizeof *o, nc * sizeof *o);
+        if (!o) return -1;
+        c->off = o;
+        c->cap_off = nc;
+    }
+    if (c->n == 0) c->off[0] = 0;
+    oput(&c->text, s, n);
+    if (c->text.st) return -1;
+    c->off[c->n + 1] = c->text.n;
+    c->hash[at] = (uint32_t)c->n + 1;
+    *added = true;
+    return (int64_t)c->n++;
+}
+
 static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *err)
 {
+    choices ch = {0};
+    obuf one = {0}, defs = {0}; /* one choice; the choice rules */
     keel_status st = KEEL_OK;
     uint8_t *live = base_alloc(d->n_states);
     edge *ed = base_alloc((size_t)d->n_iv * sizeof *ed);
-    uint32_t *lo = base_alloc((size_t)d->n_iv * sizeof *lo), *hi = base_alloc((size_t)d->n_iv * sizeof *hi);
+    /* ranges of one group: at most one per interval, and one more where
+     * the surrogates are cut out */
+    uint32_t *lo = base_alloc(((size_t)d->n_iv + 1) * sizeof *lo), *hi = base_alloc(((size_t)d->n_iv + 1) * sizeof *hi);
     if (!live || !ed || !lo || !hi) {
         st = base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
         goto out;
     }
-    rx_live(d, live);
+    if (rx_live(d, live)) {
+        st = base_err(err, KEEL_ENOMEM, "string constraints: out of memory");
+        goto out;
+    }
     oputf(b, "%s ::= \"\\\"\" %s-s%u\n", name, name, d->start);
     for (uint32_t q = 1; q < d->n_states && !b->st; q++) {
         if (!live[q]) continue;
@@ -373,22 +493,41 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
             size_t j = i, m = 0;
             for (; j < k && ed[j].to == ed[i].to; j++) {
                 /* surrogates never appear: cut them out of a range */
-                if (ed[j].lo < 0xD800 && ed[j].hi > 0xDFFF) {
-                    lo[m] = ed[j].lo, hi[m++] = 0xD7FF;
-                    lo[m] = 0xE000, hi[m++] = ed[j].hi;
+                if (m && hi[m - 1] + 1 == ed[j].lo && ed[j].lo != 0xE000) {
+                    hi[m - 1] = ed[j].hi; /* adjacent: one range */
                 } else {
-                    lo[m] = ed[j].lo, hi[m++] = ed[j].hi;
+                    lo[m] = ed[j].lo, hi[m] = ed[j].hi;
+                    m++;
+                }
+                if (lo[m - 1] < 0xD800 && hi[m - 1] > 0xDFFF) { /* cut the surrogates out */
+                    lo[m] = 0xE000, hi[m] = hi[m - 1];
+                    hi[m - 1] = 0xD7FF;
+                    m++;
                 }
             }
+            one.n = 0;
+            put_choice(&one, lo, hi, m);
+            bool added = false;
+            int64_t id = one.st ? -1 : choice_id(&ch, one.d, one.n, &added);
+            if (id < 0) {
+                b->st = one.st == KEEL_ERANGE ? KEEL_ERANGE : KEEL_ENOMEM;
+                break;
+            }
+            if (added) {
+                oputf(&defs, "%s-k%lld ::= ", name, (long long)id);
+                oput(&defs, one.d, one.n);
+                oputs(&defs, "\n");
+                if (defs.st) b->st = defs.st;
+            }
             oputs(b, first ? " " : " | ");
-            put_choice(b, lo, hi, m);
-            oputf(b, " %s-s%u", name, ed[i].to);
+            oputf(b, "%s-k%lld %s-s%u", name, (long long)id, name, ed[i].to);
             first = false;
             i = j;
         }
         if (d->acc[q]) oputs(b, first ? " \"\\\"\"" : " | \"\\\"\"");
         oputs(b, "\n");
     }
+    if (!b->st && defs.n) oput(b, defs.d, defs.n);
     if (b->st == KEEL_ERANGE)
         st = base_err(err, KEEL_ERANGE, "string constraints: grammar above %u bytes", JSTR_MAX_GBNF);
     else if (b->st)
@@ -396,8 +535,13 @@ static keel_status emit_dfa(const rx_dfa *d, const char *name, obuf *b, char *er
 out:
     base_free(live, d->n_states);
     base_free(ed, (size_t)d->n_iv * sizeof *ed);
-    base_free(lo, (size_t)d->n_iv * sizeof *lo);
-    base_free(hi, (size_t)d->n_iv * sizeof *hi);
+    base_free(lo, ((size_t)d->n_iv + 1) * sizeof *lo);
+    base_free(hi, ((size_t)d->n_iv + 1) * sizeof *hi);
+    base_free(one.d, one.cap);
+    base_free(defs.d, defs.cap);
+    base_free(ch.text.d, ch.text.cap);
+    base_free(ch.off, ch.cap_off * sizeof *ch.off);
+    base_free(ch.hash, ch.cap_hash * sizeof *ch.hash);
     return st;
 }
 
@@ -427,7 +571,11 @@ keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *
     }
     /* the lengths, unless the content already implies them */
     int64_t dmn, dmx, mn = s->min_len, mx = s->max_len;
-    rx_len_range(d, &dmn, &dmx);
+    st = rx_len_range(d, &dmn, &dmx);
+    if (st) {
+        st = base_err(err, st, "string constraints: out of memory");
+        goto out;
+    }
     if (dmn >= mn) mn = 0;
     if (mx >= 0 && dmx >= 0 && dmx <= mx) mx = -1;
     if (mn > 0 || mx >= 0) {

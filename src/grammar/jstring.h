@@ -56,6 +56,14 @@ keel_status jstr_gbnf(const jstr_spec *s, const char *name, char **out, size_t *
 /* Whether the content (UTF-8, decoded, n bytes) satisfies s. */
 keel_status jstr_test(const jstr_spec *s, const char *content, size_t n, bool *ok, char *err);
 
+/* The automaton of s, built once for many tests (enum filtering): the
+ * same verdicts as jstr_test. Errors as jstr_test's; *out NULL on
+ * failure. jstr_auto_close(NULL) is a no-op. */
+typedef struct jstr_auto jstr_auto;
+keel_status jstr_auto_open(const jstr_spec *s, jstr_auto **out, char *err);
+bool jstr_auto_test(const jstr_auto *a, const char *content, size_t n);
+void jstr_auto_close(jstr_auto *a);
+
 /* Whether `format` names a format jstr_gbnf asserts (the rest are refused
  * by the caller or treated as annotations, its choice). */
 bool jstr_format_known(const char *format);

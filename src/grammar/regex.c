@@ -1,20 +1,12 @@
 /*
- * regex.c — ECMA-262 patterns to minimal DFAs over code points, and the
- * products, length counters and string sets of regex.h.
+ * regex.c — ECMA-262 patterns to minimal DFAs over code points (regex.h).
  *
  * Pipeline: the pattern is parsed into a tree (rnode, children as linked
  * lists so that long concatenations do not deepen the recursion), the
  * tree into a Thompson automaton (one character-set edge or epsilon edges
  * per state; {n,m} copies its operand), the automaton into a DFA by subset
  * construction over the elementary intervals of its character sets, and
- * the DFA is finished: states that cannot accept merged into the dead
- * state 0, unreachable ones dropped, Moore's partition refinement (within
- * a work budget; past it the DFA is kept as it is, which is correct but
- * larger), identical columns merged into one class.
- *
- * Invariants of every rx_dfa leaving this file: complete; state 0 dead;
- * surrogates (one interval of their own in every partition) lead to 0;
- * n_states <= RX_MAX_STATES.
+ * the DFA is finished by rx_finish (regex_dfa.c).
  */
 #include "regex.h"
 
@@ -24,423 +16,12 @@
 
 #define SUR_LO 0xD800u
 #define SUR_END 0xE000u
-#define MIN_WORK (1u << 27) /* cell visits of one minimization */
-#define SUBSET_WORK (1u << 26)
-
-/* ---- growable arrays ------------------------------------------------------ */
-
-/* Ensures room for need elements of elsz bytes in *p (capacity *cap). */
-static bool grow(void *pp, size_t *cap, size_t need, size_t elsz)
-{
-    void **p = pp;
-    if (need <= *cap) return true;
-    size_t nc = *cap ? *cap : 16;
-    while (nc < need) nc *= 2;
-    void *q = base_realloc(*p, *cap * elsz, nc * elsz);
-    if (!q) return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
+#define SUBSET_WORK (1u << 26) /* target visits of one subset construction */
 
 static int cmp_u32(const void *a, const void *b)
 {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-int32_t rx_utf8_next(const unsigned char *s, size_t n, size_t *i)
-{
-    size_t k = *i;
-    uint32_t c = s[k], need, min;
-    if (c < 0x80) {
-        *i = k + 1;
-        return (int32_t)c;
-    }
-    if (c >= 0xC2 && c <= 0xDF) need = 1, c &= 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) need = 2, c &= 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) need = 3, c &= 0x07, min = 0x10000;
-    else return -1;
-    if (n - k <= need) return -1;
-    for (uint32_t j = 1; j <= need; j++) {
-        uint32_t b = s[k + j];
-        if ((b & 0xC0) != 0x80) return -1;
-        c = (c << 6) | (b & 0x3F);
-    }
-    if (c < min || c > 0x10FFFF || (c >= SUR_LO && c < SUR_END)) return -1;
-    *i = k + need + 1;
-    return (int32_t)c;
-}
-
-/* ---- the DFA object ------------------------------------------------------- */
-
-void rx_free(rx_dfa *d)
-{
-    if (!d) return;
-    base_free(d->iv_lo, (size_t)d->n_iv * sizeof *d->iv_lo);
-    base_free(d->iv_cls, (size_t)d->n_iv * sizeof *d->iv_cls);
-    base_free(d->next, (size_t)d->n_states * d->n_cls * sizeof *d->next);
-    base_free(d->acc, d->n_states);
-    base_free(d, sizeof *d);
-}
-
-/* A DFA with n_iv intervals, n_cls classes and n_states states, zeroed
- * (every transition to the dead state). */
-static rx_dfa *dfa_new(uint32_t n_iv, uint32_t n_cls, uint32_t n_states)
-{
-    rx_dfa *d = base_calloc(1, sizeof *d);
-    if (!d) return NULL;
-    d->iv_lo = base_calloc(n_iv, sizeof *d->iv_lo);
-    d->iv_cls = base_calloc(n_iv, sizeof *d->iv_cls);
-    d->next = base_calloc((size_t)n_states * n_cls, sizeof *d->next);
-    d->acc = base_calloc(n_states, 1);
-    d->n_iv = n_iv;
-    d->n_cls = n_cls;
-    d->n_states = n_states;
-    if (!d->iv_lo || !d->iv_cls || !d->next || !d->acc) {
-        rx_free(d);
-        return NULL;
-    }
-    return d;
-}
-
-static uint32_t class_of(const rx_dfa *d, uint32_t cp)
-{
-    uint32_t lo = 0, hi = d->n_iv; /* the last interval with iv_lo <= cp */
-    while (hi - lo > 1) {
-        uint32_t mid = (lo + hi) / 2;
-        if (d->iv_lo[mid] <= cp) lo = mid;
-        else hi = mid;
-    }
-    return d->iv_cls[lo];
-}
-
-bool rx_match(const rx_dfa *d, const char *s, size_t n)
-{
-    uint32_t q = d->start;
-    for (size_t i = 0; i < n && q;) {
-        int32_t c = rx_utf8_next((const unsigned char *)s, n, &i);
-        if (c < 0) return false;
-        q = d->next[(size_t)q * d->n_cls + class_of(d, (uint32_t)c)];
-    }
-    return d->acc[q];
-}
-
-bool rx_live(const rx_dfa *d, uint8_t *live)
-{
-    size_t n = d->n_states, nc = d->n_cls;
-    memset(live, 0, n);
-    /* reverse reachability from the accepting states, by rounds: a state is
-     * live when a transition leads to a live one (rounds <= n, each cheap) */
-    for (size_t s = 1; s < n; s++) live[s] = d->acc[s];
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (size_t s = n; s-- > 1;) {
-            if (live[s]) continue;
-            const uint32_t *row = d->next + s * nc;
-            for (size_t c = 0; c < nc; c++)
-                if (live[row[c]]) {
-                    live[s] = 1;
-                    changed = true;
-                    break;
-                }
-        }
-    }
-    return live[d->start];
-}
-
-void rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx)
-{
-    size_t n = d->n_states, nc = d->n_cls;
-    *mn = 0;
-    *mx = 0;
-    uint8_t *live = base_alloc(n);
-    int64_t *dist = base_alloc(n * sizeof *dist);
-    int64_t *lng = base_alloc(n * sizeof *lng);
-    uint32_t *queue = base_alloc(n * sizeof *queue);
-    uint32_t *indeg = base_calloc(n, sizeof *indeg);
-    if (!live || !dist || !lng || !queue || !indeg) {
-        *mx = -1; /* unknown: the caller keeps its bounds */
-        goto done;
-    }
-    if (!rx_live(d, live)) goto done;
-    for (size_t s = 0; s < n; s++) dist[s] = -1, lng[s] = -1;
-    size_t qh = 0, qt = 0;
-    dist[d->start] = 0;
-    queue[qt++] = d->start;
-    while (qh < qt) { /* BFS: shortest accepted length, and reachability */
-        uint32_t s = queue[qh++];
-        const uint32_t *row = d->next + (size_t)s * nc;
-        for (size_t c = 0; c < nc; c++) {
-            uint32_t t = row[c];
-            if (!live[t]) continue;
-            indeg[t]++;
-            if (dist[t] < 0) {
-                dist[t] = dist[s] + 1;
-                queue[qt++] = t;
-            }
-        }
-    }
-    *mn = INT64_MAX;
-    for (size_t i = 0; i < qt; i++)
-        if (d->acc[queue[i]] && dist[queue[i]] < *mn) *mn = dist[queue[i]];
-    /* longest: Kahn's order over the reachable live states; a cycle leaves
-     * some state unprocessed, and then the length is unbounded */
-    size_t done_n = 0;
-    qh = qt = 0;
-    if (indeg[d->start] == 0) {
-        queue[qt++] = d->start;
-        lng[d->start] = 0;
-    }
-    int64_t best = 0;
-    while (qh < qt) {
-        uint32_t s = queue[qh++];
-        done_n++;
-        if (d->acc[s] && lng[s] > best) best = lng[s];
-        const uint32_t *row = d->next + (size_t)s * nc;
-        for (size_t c = 0; c < nc; c++) {
-            uint32_t t = row[c];
-            if (!live[t] || dist[t] < 0) continue;
-            if (lng[s] + 1 > lng[t]) lng[t] = lng[s] + 1;
-            if (--indeg[t] == 0) queue[qt++] = t;
-        }
-    }
-    size_t reach = 0;
-    for (size_t s = 0; s < n; s++) reach += live[s] && dist[s] >= 0;
-    *mx = done_n == reach ? best : -1;
-done:
-    base_free(live, n);
-    base_free(dist, n * sizeof *dist);
-    base_free(lng, n * sizeof *lng);
-    base_free(queue, n * sizeof *queue);
-    base_free(indeg, n * sizeof *indeg);
-}
-
-/* ---- finishing: prune, minimize, merge classes ---------------------------- */
-
-/* Merges identical columns into one class, then adjacent intervals of one
- * class into one interval. */
-static keel_status compress_classes(rx_dfa *d)
-{
-    size_t n = d->n_states, nc = d->n_cls;
-    uint32_t *map = base_alloc(nc * sizeof *map);
-    uint32_t *rep = base_alloc(nc * sizeof *rep); /* new class -> an old one */
-    uint32_t *hash = base_alloc(nc * 2 * sizeof *hash);
-    if (!map || !rep || !hash) {
-        base_free(map, nc * sizeof *map);
-        base_free(rep, nc * sizeof *rep);
-        base_free(hash, nc * 2 * sizeof *hash);
-        return KEEL_ENOMEM;
-    }
-    for (size_t i = 0; i < nc * 2; i++) hash[i] = UINT32_MAX;
-    uint32_t m = 0;
-    for (size_t c = 0; c < nc; c++) {
-        uint64_t h = 1469598103934665603ull;
-        for (size_t s = 0; s < n; s++) h = (h ^ d->next[s * nc + c]) * 1099511628211ull;
-        size_t at = (size_t)(h % (nc * 2));
-        for (;; at = (at + 1) % (nc * 2)) {
-            if (hash[at] == UINT32_MAX) {
-                hash[at] = (uint32_t)c;
-                rep[m] = (uint32_t)c;
-                map[c] = m++;
-                break;
-            }
-            size_t o = hash[at];
-            size_t s = 0;
-            while (s < n && d->next[s * nc + o] == d->next[s * nc + c]) s++;
-            if (s == n) {
-                map[c] = map[o];
-                break;
-            }
-        }
-    }
-    keel_status st = KEEL_OK;
-    if (m < nc) {
-        uint32_t *nx = base_alloc(n * m * sizeof *nx);
-        if (!nx) {
-            st = KEEL_ENOMEM;
-            goto out;
-        }
-        for (size_t s = 0; s < n; s++)
-            for (size_t c = 0; c < m; c++) nx[s * m + c] = d->next[s * nc + rep[c]];
-        base_free(d->next, n * nc * sizeof *d->next);
-        d->next = nx;
-        d->n_cls = m;
-    }
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < d->n_iv; i++) {
-        uint32_t c = map[d->iv_cls[i]];
-        if (k > 0 && d->iv_cls[k - 1] == c) continue;
-        d->iv_lo[k] = d->iv_lo[i];
-        d->iv_cls[k++] = c;
-    }
-    if (k < d->n_iv) {
-        uint32_t *a = base_alloc(k * sizeof *a), *b = base_alloc(k * sizeof *b);
-        if (!a || !b) {
-            base_free(a, k * sizeof *a);
-            base_free(b, k * sizeof *b);
-            st = KEEL_ENOMEM;
-            goto out;
-        }
-        memcpy(a, d->iv_lo, k * sizeof *a);
-        memcpy(b, d->iv_cls, k * sizeof *b);
-        base_free(d->iv_lo, d->n_iv * sizeof *a);
-        base_free(d->iv_cls, d->n_iv * sizeof *b);
-        d->iv_lo = a;
-        d->iv_cls = b;
-        d->n_iv = k;
-    }
-out:
-    base_free(map, nc * sizeof *map);
-    base_free(rep, nc * sizeof *rep);
-    base_free(hash, nc * 2 * sizeof *hash);
-    return st;
-}
-
-/* Rebuilds d with its states renumbered by blk (blk[0] must be 0;
- * nb blocks; states of one block are equivalent). */
-static keel_status quotient(rx_dfa *d, const uint32_t *blk, uint32_t nb)
-{
-    size_t nc = d->n_cls;
-    uint32_t *nx = base_calloc((size_t)nb * nc, sizeof *nx);
-    uint8_t *acc = base_calloc(nb, 1);
-    if (!nx || !acc) {
-        base_free(nx, (size_t)nb * nc * sizeof *nx);
-        base_free(acc, nb);
-        return KEEL_ENOMEM;
-    }
-    for (size_t s = 0; s < d->n_states; s++) {
-        if (blk[s] == UINT32_MAX) continue;
-        for (size_t c = 0; c < nc; c++) {
-            uint32_t t = d->next[s * nc + c];
-            nx[(size_t)blk[s] * nc + c] = blk[t] == UINT32_MAX ? 0 : blk[t];
-        }
-        acc[blk[s]] = d->acc[s];
-    }
-    d->start = blk[d->start] == UINT32_MAX ? 0 : blk[d->start];
-    base_free(d->next, d->n_states * nc * sizeof *d->next);
-    base_free(d->acc, d->n_states);
-    d->next = nx;
-    d->acc = acc;
-    d->n_states = nb;
-    return KEEL_OK;
-}
-
-/* Dead states (cannot accept) become 0, unreachable ones are dropped; the
- * rest are numbered 1.. in breadth-first order from the start. */
-static keel_status prune(rx_dfa *d)
-{
-    size_t n = d->n_states, nc = d->n_cls;
-    uint8_t *live = base_alloc(n);
-    uint32_t *blk = base_alloc(n * sizeof *blk);
-    uint32_t *queue = base_alloc(n * sizeof *queue);
-    keel_status st = KEEL_ENOMEM;
-    if (!live || !blk || !queue) goto out;
-    rx_live(d, live);
-    for (size_t s = 0; s < n; s++) blk[s] = UINT32_MAX;
-    blk[0] = 0;
-    uint32_t nb = 1, qh = 0, qt = 0;
-    if (live[d->start]) {
-        blk[d->start] = nb++;
-        queue[qt++] = d->start;
-    }
-    while (qh < qt) {
-        uint32_t s = queue[qh++];
-        for (size_t c = 0; c < nc; c++) {
-            uint32_t t = d->next[(size_t)s * nc + c];
-            if (live[t] && blk[t] == UINT32_MAX) {
-                blk[t] = nb++;
-                queue[qt++] = t;
-            }
-        }
-    }
-    st = quotient(d, blk, nb);
-out:
-    base_free(live, n);
-    base_free(blk, n * sizeof *blk);
-    base_free(queue, n * sizeof *queue);
-    return st;
-}
-
-/* Moore's refinement; the states' blocks converge to the Myhill-Nerode
- * classes. Skipped (d unchanged) past MIN_WORK cell visits. */
-static keel_status minimize(rx_dfa *d)
-{
-    size_t n = d->n_states, nc = d->n_cls, hcap = n * 2 + 1;
-    size_t sig_n = nc + 1;
-    uint32_t *blk = base_alloc(n * sizeof *blk);
-    uint32_t *nblk = base_alloc(n * sizeof *nblk);
-    uint32_t *sig = base_alloc(n * sig_n * sizeof *sig);
-    uint32_t *hash = base_alloc(hcap * sizeof *hash);
-    keel_status st = KEEL_ENOMEM;
-    if (!blk || !nblk || !sig || !hash) goto out;
-    st = KEEL_OK;
-    /* block 0: the dead state and every rejecting state; the refinement
-     * splits off those that can still accept */
-    uint32_t nb = 1;
-    for (size_t s = 0; s < n; s++) blk[s] = d->acc[s] ? 1 : 0, nb = d->acc[s] ? 2 : nb;
-    uint64_t work = 0;
-    for (;;) {
-        work += (uint64_t)n * nc;
-        if (work > MIN_WORK) goto out;
-        for (size_t i = 0; i < hcap; i++) hash[i] = UINT32_MAX;
-        uint32_t m = 0;
-        for (size_t s = 0; s < n; s++) {
-            uint32_t *g = sig + s * sig_n;
-            g[0] = blk[s];
-            for (size_t c = 0; c < nc; c++) g[c + 1] = blk[d->next[s * nc + c]];
-            uint64_t h = 1469598103934665603ull;
-            for (size_t c = 0; c < sig_n; c++) h = (h ^ g[c]) * 1099511628211ull;
-            for (size_t at = (size_t)(h % hcap);; at = (at + 1) % hcap) {
-                if (hash[at] == UINT32_MAX) {
-                    hash[at] = (uint32_t)s;
-                    nblk[s] = m++;
-                    break;
-                }
-                if (memcmp(sig + (size_t)hash[at] * sig_n, g, sig_n * sizeof *g) == 0) {
-                    nblk[s] = nblk[hash[at]];
-                    break;
-                }
-            }
-        }
-        bool stable = m == nb;
-        memcpy(blk, nblk, n * sizeof *blk);
-        nb = m;
-        if (stable) break;
-    }
-    /* renumber so that the dead state's block is 0 */
-    uint32_t b0 = blk[0];
-    for (size_t s = 0; s < n; s++) {
-        if (blk[s] == b0) blk[s] = 0;
-        else if (blk[s] == 0) blk[s] = b0;
-    }
-    if (nb < n) st = quotient(d, blk, nb);
-out:
-    base_free(blk, n * sizeof *blk);
-    base_free(nblk, n * sizeof *nblk);
-    base_free(sig, n * sig_n * sizeof *sig);
-    base_free(hash, hcap * sizeof *hash);
-    return st;
-}
-
-static keel_status finish(rx_dfa *d, const char *what, char *err)
-{
-    keel_status st = compress_classes(d);
-    if (!st) st = prune(d);
-    if (!st) st = minimize(d);
-    if (!st) st = prune(d); /* the renumbering puts the states in BFS order */
-    if (!st) st = compress_classes(d);
-    if (st) return base_err(err, st, "%s: out of memory", what);
-    if (d->n_states > RX_MAX_STATES)
-        return base_err(err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", what,
-                        RX_MAX_STATES);
-    return KEEL_OK;
 }
 
 /* ---- parser --------------------------------------------------------------- */
@@ -478,7 +59,7 @@ static int32_t perr(rp *p, keel_status st, const char *msg)
 static int32_t node(rp *p, uint8_t kind)
 {
     if (p->n_nd >= RX_MAX_NFA) return perr(p, KEEL_ERANGE, "too many elements");
-    if (!grow(&p->nd, &p->cap_nd, p->n_nd + 1, sizeof *p->nd)) return perr(p, KEEL_ENOMEM, "out of memory");
+    if (!rx_grow(&p->nd, &p->cap_nd, p->n_nd + 1, sizeof *p->nd)) return perr(p, KEEL_ENOMEM, "out of memory");
     rnode *r = &p->nd[p->n_nd];
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -488,7 +69,7 @@ static int32_t node(rp *p, uint8_t kind)
 
 static bool tmp_add(rp *p, uint32_t lo, uint32_t hi)
 {
-    if (!grow(&p->tmp, &p->cap_tmp, p->n_tmp * 2 + 2, sizeof *p->tmp)) {
+    if (!rx_grow(&p->tmp, &p->cap_tmp, p->n_tmp * 2 + 2, sizeof *p->tmp)) {
         perr(p, KEEL_ENOMEM, "out of memory");
         return false;
     }
@@ -508,9 +89,11 @@ static int cmp_pair(const void *a, const void *b)
  * surrogates, as a SET node. */
 static int32_t tmp_set(rp *p, size_t from, bool neg)
 {
+    /* room for the result first, so that tmp is never NULL below */
+    if (!rx_grow(&p->tmp, &p->cap_tmp, p->n_tmp * 2 + 2, sizeof *p->tmp)) return perr(p, KEEL_ENOMEM, "out of memory");
     size_t k = p->n_tmp - from;
     uint32_t *t = p->tmp + from * 2;
-    qsort(t, k, 2 * sizeof *t, cmp_pair);
+    if (k) qsort(t, k, 2 * sizeof *t, cmp_pair);
     size_t m = 0;
     for (size_t i = 0; i < k; i++) {
         if (m && t[i * 2] <= t[(m - 1) * 2 + 1] + 1) {
@@ -523,7 +106,7 @@ static int32_t tmp_set(rp *p, size_t from, bool neg)
     }
     /* the result, built in cs: negation, then the surrogates cut out */
     size_t need = p->n_cs * 2 + (m + 2) * 2 * 2;
-    if (!grow(&p->cs, &p->cap_cs, need, sizeof *p->cs)) return perr(p, KEEL_ENOMEM, "out of memory");
+    if (!rx_grow(&p->cs, &p->cap_cs, need, sizeof *p->cs)) return perr(p, KEEL_ENOMEM, "out of memory");
     t = p->tmp + from * 2; /* tmp is not moved by growing cs */
     uint32_t *o = p->cs + p->n_cs * 2;
     size_t no = 0;
@@ -981,7 +564,7 @@ static int64_t nfa_state(nfa *a, rp *p)
                              RX_MAX_NFA);
         return -1;
     }
-    if (!grow(&a->set, &a->cap_set, a->n + 1, sizeof *a->set) || !grow(&a->to, &a->cap_to, a->n + 1, sizeof *a->to)) {
+    if (!rx_grow(&a->set, &a->cap_set, a->n + 1, sizeof *a->set) || !rx_grow(&a->to, &a->cap_to, a->n + 1, sizeof *a->to)) {
         perr(p, KEEL_ENOMEM, "out of memory");
         return -1;
     }
@@ -992,7 +575,7 @@ static int64_t nfa_state(nfa *a, rp *p)
 
 static bool nfa_eps(nfa *a, rp *p, uint32_t from, uint32_t to)
 {
-    if (!grow(&a->eps, &a->cap_eps, a->n_eps * 2 + 2, sizeof *a->eps)) {
+    if (!rx_grow(&a->eps, &a->cap_eps, a->n_eps * 2 + 2, sizeof *a->eps)) {
         perr(p, KEEL_ENOMEM, "out of memory");
         return false;
     }
@@ -1130,14 +713,14 @@ static int64_t subset_get(subset *ss, const uint32_t *v, size_t k, bool *added)
     for (; ss->hash[at]; at = (at + 1) % ss->cap_hash) {
         uint32_t id = ss->hash[at] - 1;
         size_t kk = ss->off[id + 1] - ss->off[id];
-        if (kk == k && memcmp(ss->pool + ss->off[id], v, k * sizeof *v) == 0) return id;
+        if (kk == k && (k == 0 || memcmp(ss->pool + ss->off[id], v, k * sizeof *v) == 0)) return id;
     }
     if (ss->n >= RX_MAX_RAW) return -2;
-    if (!grow(&ss->pool, &ss->cap_pool, ss->n_pool + k, sizeof *ss->pool) ||
-        !grow(&ss->off, &ss->cap_off, ss->n + 2, sizeof *ss->off))
+    if (!rx_grow(&ss->pool, &ss->cap_pool, ss->n_pool + k + 1, sizeof *ss->pool) ||
+        !rx_grow(&ss->off, &ss->cap_off, ss->n + 2, sizeof *ss->off))
         return -1;
     if (ss->n == 0) ss->off[0] = 0;
-    memcpy(ss->pool + ss->n_pool, v, k * sizeof *v);
+    if (k) memcpy(ss->pool + ss->n_pool, v, k * sizeof *v);
     ss->n_pool += k;
     ss->off[ss->n + 1] = (uint32_t)ss->n_pool;
     ss->hash[at] = (uint32_t)ss->n + 1;
@@ -1184,14 +767,14 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     subset ss = {0};
     closure c = {0};
     uint32_t *bnd = NULL, *er = NULL, *table = NULL;
-    uint64_t *pairs = NULL;
-    size_t n_bnd = 0, cap_bnd = 0, cap_table = 0, cap_pairs = 0;
+    uint32_t *tg = NULL, *cnt = NULL;
+    size_t n_bnd = 0, cap_bnd = 0, cap_table = 0, cap_tg = 0;
     /* elementary intervals: every set boundary, and the surrogates apart */
     size_t need = p->n_cs * 2 + 3;
     bnd = base_alloc(need * sizeof *bnd);
+    cap_bnd = need;
     er = base_alloc((p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
     if (!bnd || !er) goto fail;
-    cap_bnd = need;
     bnd[n_bnd++] = 0;
     bnd[n_bnd++] = SUR_LO;
     bnd[n_bnd++] = SUR_END;
@@ -1214,10 +797,11 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         er[i * 2] = (uint32_t)(k1 - bnd);
         er[i * 2 + 1] = e; /* exclusive */
     }
+    cnt = base_alloc((n_bnd + 1) * sizeof *cnt);
     c.stack = base_alloc((size_t)a->n * sizeof *c.stack);
     c.mark = base_calloc(a->n, sizeof *c.mark);
     c.out = base_alloc((size_t)a->n * sizeof *c.out);
-    if (!c.stack || !c.mark || !c.out) goto fail;
+    if (!cnt || !c.stack || !c.mark || !c.out) goto fail;
     bool added;
     if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
     eps_close(a, &c, &start, 1, fin);
@@ -1226,51 +810,53 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     uint64_t work = 0;
     size_t nc = n_bnd;
     for (size_t q = 0; q < ss.n; q++) {
-        if (!grow(&table, &cap_table, (q + 1) * nc, sizeof *table)) goto fail;
+        if (!rx_grow(&table, &cap_table, (q + 1) * nc, sizeof *table)) goto fail;
         if ((q + 1) * nc > RX_MAX_CELLS) goto too_big;
         memset(table + q * nc, 0, nc * sizeof *table);
-        /* (elementary interval, target) pairs of the state's edges */
+        /* the targets of the state's edges bucketed by elementary
+         * interval (a counting sort: cnt[k + 1] counts, then starts);
+         * two intervals covered by the same character states get equal
+         * target lists, in the same order */
+        memset(cnt, 0, (nc + 1) * sizeof *cnt);
         size_t n_pairs = 0;
-        for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
-            uint32_t s = ss.pool[i];
-            if (a->set[s] < 0) continue;
-            const rnode *x = &p->nd[a->set[s]];
-            for (uint32_t j = 0; j < x->cs_n; j++)
-                for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
-                    if (!grow(&pairs, &cap_pairs, n_pairs + 1, sizeof *pairs)) goto fail;
-                    pairs[n_pairs++] = ((uint64_t)k << 32) | a->to[s];
-                }
+        for (int pass = 0; pass < 2; pass++) {
+            for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
+                uint32_t s = ss.pool[i];
+                if (a->set[s] < 0) continue;
+                const rnode *x = &p->nd[a->set[s]];
+                for (uint32_t j = 0; j < x->cs_n; j++)
+                    for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
+                        if (pass == 0) cnt[k + 1]++, n_pairs++;
+                        else tg[cnt[k]++] = a->to[s];
+                    }
+            }
+            if (pass == 0) {
+                work += n_pairs + nc;
+                if (work > SUBSET_WORK) goto too_big;
+                if (!rx_grow(&tg, &cap_tg, n_pairs + 1, sizeof *tg)) goto fail;
+                for (size_t k = 0; k < nc; k++) cnt[k + 1] += cnt[k];
+            }
         }
-        work += n_pairs + nc;
-        if (work > SUBSET_WORK) goto too_big;
-        qsort(pairs, n_pairs, sizeof *pairs, cmp_u64);
+        /* now bucket k is tg[k ? cnt[k - 1] : 0 .. cnt[k]) */
         size_t prev_at = 0, prev_n = 0;
         int64_t prev_id = -1;
-        for (size_t i = 0; i < n_pairs;) {
-            size_t j = i;
-            uint32_t k = (uint32_t)(pairs[i] >> 32);
-            while (j < n_pairs && (uint32_t)(pairs[j] >> 32) == k) j++;
+        for (size_t k = 0; k < nc; k++) {
+            size_t i = k ? cnt[k - 1] : 0, nk = cnt[k] - i;
+            if (!nk) continue;
             /* the same targets as the previous interval: the same state */
-            bool same = prev_id >= 0 && prev_n == j - i;
-            for (size_t t = 0; same && t < j - i; t++)
-                same = (uint32_t)pairs[prev_at + t] == (uint32_t)pairs[i + t];
+            bool same = prev_id >= 0 && prev_n == nk && memcmp(tg + prev_at, tg + i, nk * sizeof *tg) == 0;
             if (!same) {
-                uint32_t *tmp = base_alloc((j - i) * sizeof *tmp);
-                if (!tmp) goto fail;
-                for (size_t t = i; t < j; t++) tmp[t - i] = (uint32_t)pairs[t];
-                eps_close(a, &c, tmp, j - i, fin);
-                base_free(tmp, (j - i) * sizeof *tmp);
+                eps_close(a, &c, tg + i, nk, fin);
                 prev_id = subset_get(&ss, c.out, c.n_out, &added);
                 if (prev_id == -1) goto fail;
                 if (prev_id == -2) goto too_big;
             }
             table[q * nc + k] = (uint32_t)prev_id;
             prev_at = i;
-            prev_n = j - i;
-            i = j;
+            prev_n = nk;
         }
     }
-    d = dfa_new((uint32_t)n_bnd, (uint32_t)nc, (uint32_t)ss.n);
+    d = rx_dfa_new((uint32_t)n_bnd, (uint32_t)nc, (uint32_t)ss.n);
     if (!d) goto fail;
     for (size_t i = 0; i < n_bnd; i++) d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
     memcpy(d->next, table, ss.n * nc * sizeof *table);
@@ -1278,7 +864,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++)
             if (ss.pool[i] == fin) d->acc[q] = 1;
     d->start = (uint32_t)s0;
-    st = finish(d, p->what, p->err);
+    st = rx_finish(d, p->what, p->err);
     if (st) goto fail_set;
     *out = d;
     d = NULL;
@@ -1294,7 +880,8 @@ done:
     base_free(bnd, cap_bnd * sizeof *bnd);
     base_free(er, (p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
     base_free(table, cap_table * sizeof *table);
-    base_free(pairs, cap_pairs * sizeof *pairs);
+    base_free(tg, cap_tg * sizeof *tg);
+    base_free(cnt, (n_bnd + 1) * sizeof *cnt);
     base_free(ss.pool, ss.cap_pool * sizeof *ss.pool);
     base_free(ss.off, ss.cap_off * sizeof *ss.off);
     base_free(ss.hash, ss.cap_hash * sizeof *ss.hash);
@@ -1332,257 +919,3 @@ keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, cha
     return st;
 }
 
-/* ---- counters, string sets, products -------------------------------------- */
-
-keel_status rx_length(int64_t mn, int64_t mx, rx_dfa **out, char *err)
-{
-    *out = NULL;
-    int64_t top = mx >= 0 ? mx : mn;
-    if (mn < 0 || top > (int64_t)RX_MAX_RAW - 2)
-        return base_err(err, KEEL_ERANGE, "string lengths above %u are not supported with a pattern or format",
-                        RX_MAX_RAW - 2);
-    /* states 1 + c for c code points read so far; classes 0 (a character)
-     * and 1 (a surrogate) */
-    rx_dfa *d = dfa_new(3, 2, (uint32_t)top + 2);
-    if (!d) return base_err(err, KEEL_ENOMEM, "string lengths: out of memory");
-    d->iv_lo[0] = 0, d->iv_cls[0] = 0;
-    d->iv_lo[1] = SUR_LO, d->iv_cls[1] = 1;
-    d->iv_lo[2] = SUR_END, d->iv_cls[2] = 0;
-    for (int64_t c = 0; c <= top; c++) {
-        size_t s = (size_t)c + 1;
-        d->next[s * 2] = c < top ? (uint32_t)s + 1 : (mx >= 0 ? 0 : (uint32_t)s);
-        d->acc[s] = c >= mn;
-    }
-    d->start = 1;
-    *out = d;
-    return KEEL_OK;
-}
-
-keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa **out, char *err)
-{
-    *out = NULL;
-    keel_status st = KEEL_ENOMEM;
-    uint32_t *cps = NULL, *bnd = NULL;
-    size_t n_cps = 0, cap_cps = 0;
-    rx_dfa *d = NULL;
-    uint32_t *next = NULL;
-    uint8_t *acc = NULL;
-    size_t cap_next = 0, cap_acc = 0, n_states = 2;
-    for (size_t i = 0; i < k; i++)
-        for (size_t j = 0; j < n[i];) {
-            int32_t c = rx_utf8_next((const unsigned char *)s[i], n[i], &j);
-            if (c < 0) break;
-            if (!grow(&cps, &cap_cps, n_cps + 1, sizeof *cps)) goto fail;
-            cps[n_cps++] = (uint32_t)c;
-        }
-    /* one elementary interval per character used, and the gaps */
-    bnd = base_alloc((n_cps * 2 + 3) * sizeof *bnd);
-    if (!bnd) goto fail;
-    size_t nb = 0;
-    bnd[nb++] = 0;
-    bnd[nb++] = SUR_LO;
-    bnd[nb++] = SUR_END;
-    for (size_t i = 0; i < n_cps; i++) {
-        bnd[nb++] = cps[i];
-        if (cps[i] + 1 < RX_CP_END) bnd[nb++] = cps[i] + 1;
-    }
-    qsort(bnd, nb, sizeof *bnd, cmp_u32);
-    size_t m = 0;
-    for (size_t i = 0; i < nb; i++)
-        if (!m || bnd[i] != bnd[m - 1]) bnd[m++] = bnd[i];
-    nb = m;
-    if (!grow(&next, &cap_next, 2 * nb, sizeof *next) || !grow(&acc, &cap_acc, 2, 1)) goto fail;
-    memset(next, 0, 2 * nb * sizeof *next);
-    acc[0] = acc[1] = 0;
-    for (size_t i = 0; i < k; i++) {
-        size_t q = 1;
-        bool ok = true;
-        for (size_t j = 0; j < n[i] && ok;) {
-            int32_t c = rx_utf8_next((const unsigned char *)s[i], n[i], &j);
-            if (c < 0) {
-                ok = false;
-                break;
-            }
-            uint32_t cc = (uint32_t)c;
-            size_t col = (size_t)((uint32_t *)bsearch(&cc, bnd, nb, sizeof *bnd, cmp_u32) - bnd);
-            if (!next[q * nb + col]) {
-                if (n_states >= RX_MAX_RAW) {
-                    st = base_err(err, KEEL_ERANGE, "the excluded strings are too many (more than %u automaton states)",
-                                  RX_MAX_RAW);
-                    goto out;
-                }
-                if ((n_states + 1) * nb > RX_MAX_CELLS) {
-                    st = base_err(err, KEEL_ERANGE, "the excluded strings are too many");
-                    goto out;
-                }
-                if (!grow(&next, &cap_next, (n_states + 1) * nb, sizeof *next) ||
-                    !grow(&acc, &cap_acc, n_states + 1, 1))
-                    goto fail;
-                memset(next + n_states * nb, 0, nb * sizeof *next);
-                acc[n_states] = 0;
-                next[q * nb + col] = (uint32_t)n_states++;
-            }
-            q = next[q * nb + col];
-        }
-        if (ok) acc[q] = 1;
-    }
-    d = dfa_new((uint32_t)nb, (uint32_t)nb, (uint32_t)n_states);
-    if (!d) goto fail;
-    for (size_t i = 0; i < nb; i++) d->iv_lo[i] = bnd[i], d->iv_cls[i] = (uint32_t)i;
-    memcpy(d->next, next, n_states * nb * sizeof *next);
-    memcpy(d->acc, acc, n_states);
-    d->start = 1;
-    st = finish(d, "the excluded strings", err);
-    if (!st) {
-        *out = d;
-        d = NULL;
-    }
-    goto out;
-fail:
-    st = base_err(err, KEEL_ENOMEM, "excluded strings: out of memory");
-out:
-    rx_free(d);
-    base_free(cps, cap_cps * sizeof *cps);
-    base_free(bnd, (n_cps * 2 + 3) * sizeof *bnd);
-    base_free(next, cap_next * sizeof *next);
-    base_free(acc, cap_acc);
-    return st;
-}
-
-static uint32_t cls_at(const rx_dfa *d, size_t *i, uint32_t lo)
-{
-    while (*i + 1 < d->n_iv && d->iv_lo[*i + 1] <= lo) (*i)++;
-    return d->iv_cls[*i];
-}
-
-/* Pairs of states (a << 32 | b) to product states, in insertion order. */
-typedef struct pmap {
-    uint64_t *pair;
-    size_t n, cap_pair;
-    uint32_t *hash; /* state + 1 */
-    size_t cap_hash;
-} pmap;
-
-static size_t pmap_slot(uint64_t k, size_t cap)
-{
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) % cap;
-}
-
-/* The state of pair k, added when new; -1 no memory, -2 past RX_MAX_RAW. */
-static int64_t pmap_get(pmap *m, uint64_t k)
-{
-    if ((m->n + 1) * 2 > m->cap_hash) {
-        size_t nh = m->cap_hash ? m->cap_hash * 2 : 4096;
-        uint32_t *h = base_calloc(nh, sizeof *h);
-        if (!h) return -1;
-        for (size_t s = 0; s < m->n; s++) {
-            size_t at = pmap_slot(m->pair[s], nh);
-            while (h[at]) at = (at + 1) % nh;
-            h[at] = (uint32_t)s + 1;
-        }
-        base_free(m->hash, m->cap_hash * sizeof *m->hash);
-        m->hash = h;
-        m->cap_hash = nh;
-    }
-    size_t at = pmap_slot(k, m->cap_hash);
-    for (; m->hash[at]; at = (at + 1) % m->cap_hash)
-        if (m->pair[m->hash[at] - 1] == k) return m->hash[at] - 1;
-    if (m->n >= RX_MAX_RAW) return -2;
-    if (!grow(&m->pair, &m->cap_pair, m->n + 1, sizeof *m->pair)) return -1;
-    m->pair[m->n] = k;
-    m->hash[at] = (uint32_t)m->n + 1;
-    return (int64_t)m->n++;
-}
-
-keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, char *err)
-{
-    *out = NULL;
-    const char *what = "the string constraints";
-    keel_status st = KEEL_ENOMEM;
-    uint32_t *lo = NULL, *ivc = NULL, *table = NULL;
-    uint64_t *key = NULL, *pk = NULL;
-    uint8_t *acc = NULL;
-    size_t n_lo = 0, cap_table = 0, cap_acc = 0, n_st = 0;
-    pmap pm = {0};
-    int64_t s0 = 0;
-    rx_dfa *d = NULL;
-    /* merged intervals, each with its (class in a, class in b) */
-    size_t cap_lo = (size_t)a->n_iv + b->n_iv;
-    lo = base_alloc(cap_lo * sizeof *lo);
-    ivc = base_alloc(cap_lo * sizeof *ivc);
-    key = base_alloc(cap_lo * sizeof *key);
-    pk = base_alloc(cap_lo * sizeof *pk);
-    if (!lo || !ivc || !key || !pk) goto fail;
-    for (size_t i = 0, j = 0; i < a->n_iv || j < b->n_iv;) {
-        uint32_t x = i < a->n_iv ? a->iv_lo[i] : RX_CP_END, y = j < b->n_iv ? b->iv_lo[j] : RX_CP_END;
-        uint32_t v = x < y ? x : y;
-        if (x == v) i++;
-        if (y == v) j++;
-        lo[n_lo++] = v;
-    }
-    size_t ia = 0, ib = 0;
-    for (size_t i = 0; i < n_lo; i++) {
-        key[i] = ((uint64_t)cls_at(a, &ia, lo[i]) << 32) | cls_at(b, &ib, lo[i]);
-        pk[i] = key[i];
-    }
-    qsort(pk, n_lo, sizeof *pk, cmp_u64);
-    size_t nc = 0;
-    for (size_t i = 0; i < n_lo; i++)
-        if (!nc || pk[i] != pk[nc - 1]) pk[nc++] = pk[i];
-    for (size_t i = 0; i < n_lo; i++)
-        ivc[i] = (uint32_t)((uint64_t *)bsearch(&key[i], pk, nc, sizeof *pk, cmp_u64) - pk);
-    /* breadth-first over the reachable pairs; pair (0, 0) is state 0 */
-    if (pmap_get(&pm, 0) < 0) goto fail;
-    uint32_t a0 = a->start, b0 = b->start;
-    if (!((op == RX_AND && (!a0 || !b0)) || (op == RX_ANDNOT && !a0))) {
-        s0 = pmap_get(&pm, ((uint64_t)a0 << 32) | b0);
-        if (s0 < 0) goto fail;
-    }
-    for (size_t q = 0; q < pm.n; q++) {
-        if ((q + 1) * nc > RX_MAX_CELLS) goto too_big;
-        if (!grow(&table, &cap_table, (q + 1) * nc, sizeof *table) || !grow(&acc, &cap_acc, q + 1, 1)) goto fail;
-        uint32_t sa = (uint32_t)(pm.pair[q] >> 32), sb = (uint32_t)pm.pair[q];
-        bool xa = a->acc[sa], xb = b->acc[sb];
-        acc[q] = op == RX_AND ? xa && xb : op == RX_OR ? xa || xb : xa && !xb;
-        for (size_t c = 0; c < nc; c++) {
-            uint32_t ta = a->next[(size_t)sa * a->n_cls + (uint32_t)(pk[c] >> 32)];
-            uint32_t tb = b->next[(size_t)sb * b->n_cls + (uint32_t)pk[c]];
-            uint64_t pr = ((uint64_t)ta << 32) | tb;
-            if ((op == RX_AND && (!ta || !tb)) || (op == RX_ANDNOT && !ta)) pr = 0;
-            int64_t id = pmap_get(&pm, pr);
-            if (id == -1) goto fail;
-            if (id == -2) goto too_big;
-            table[q * nc + c] = (uint32_t)id;
-        }
-    }
-    n_st = pm.n;
-    d = dfa_new((uint32_t)n_lo, (uint32_t)nc, (uint32_t)n_st);
-    if (!d) goto fail;
-    memcpy(d->iv_lo, lo, n_lo * sizeof *lo);
-    memcpy(d->iv_cls, ivc, n_lo * sizeof *ivc);
-    memcpy(d->next, table, n_st * nc * sizeof *table);
-    memcpy(d->acc, acc, n_st);
-    d->start = (uint32_t)s0;
-    st = finish(d, what, err);
-    if (!st) {
-        *out = d;
-        d = NULL;
-    }
-    goto out;
-too_big:
-    st = base_err(err, KEEL_ERANGE, "%s are too complex (more than %u automaton states)", what, RX_MAX_STATES);
-    goto out;
-fail:
-    st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);
-out:
-    rx_free(d);
-    base_free(lo, cap_lo * sizeof *lo);
-    base_free(ivc, cap_lo * sizeof *ivc);
-    base_free(key, cap_lo * sizeof *key);
-    base_free(pk, cap_lo * sizeof *pk);
-    base_free(table, cap_table * sizeof *table);
-    base_free(pm.pair, pm.cap_pair * sizeof *pm.pair);
-    base_free(pm.hash, pm.cap_hash * sizeof *pm.hash);
-    base_free(acc, cap_acc);
-    return st;
-}

@@ -1,8 +1,8 @@
 /*
  * regex.h — ECMA-262 regular expressions (code-point semantics, as with the
- * u flag) as deterministic automata over code points, and the operations
- * the string constraints of JSON Schema need (regex.c). Private to
- * src/grammar; jstring.c is the client.
+ * u flag) as deterministic automata over code points (regex.c), and the
+ * operations the string constraints of JSON Schema need (regex_dfa.c).
+ * Private to src/grammar; jstring.c is the client.
  *
  * The alphabet is the Unicode scalar values U+0000..U+10FFFF less the
  * surrogates U+D800..U+DFFF (a UTF-8 string cannot hold them): every
@@ -12,8 +12,8 @@
  * (interval i is [iv_lo[i], iv_lo[i + 1]), the last one ends at 0x110000),
  * each mapped to a class; the transition table has one column per class.
  * State 0 is the dead state (rejects, loops on every class), so an empty
- * language has start 0. Results of rx_compile / rx_product are minimal
- * when minimization fits its work budget (always for small automata).
+ * language has start 0. Results of rx_compile, rx_strings and rx_product
+ * are minimal (Hopcroft), with their states in breadth-first order.
  *
  *   field    shape                      meaning
  *   iv_lo    [n_iv] ascending, [0] = 0  first code point of each interval
@@ -34,7 +34,7 @@
 #include "../base/base.h"
 
 #define RX_MAX_STATES 4096u
-#define RX_MAX_RAW 32768u
+#define RX_MAX_RAW 16384u
 #define RX_MAX_NFA 200000u
 #define RX_MAX_REPEAT 1000
 #define RX_MAX_NEST 128
@@ -74,13 +74,26 @@ void rx_free(rx_dfa *d);
 /* Whether the n bytes of UTF-8 at s are accepted (invalid UTF-8: false). */
 bool rx_match(const rx_dfa *d, const char *s, size_t n);
 /* Marks in live[n_states] the states from which an accepting state can be
- * reached (0 never); returns whether the start state is live. */
-bool rx_live(const rx_dfa *d, uint8_t *live);
+ * reached (0 never). KEEL_ENOMEM. */
+keel_status rx_live(const rx_dfa *d, uint8_t *live);
 /* Bounds on the lengths (code points) of the accepted strings: *mn the
- * shortest, *mx the longest or -1 when unbounded. Empty language: 0, 0. */
-void rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx);
+ * shortest, *mx the longest or -1 when unbounded. Empty language: 0, 0.
+ * KEEL_ENOMEM. */
+keel_status rx_len_range(const rx_dfa *d, int64_t *mn, int64_t *mx);
 /* Decodes one UTF-8 scalar at s[*i] (below n), advancing *i; -1 when
  * invalid (overlong, surrogate, truncated, above U+10FFFF). */
 int32_t rx_utf8_next(const unsigned char *s, size_t n, size_t *i);
+
+/* ---- between regex.c and regex_dfa.c ---- */
+
+/* Ensures room for need elements of elsz bytes in *pp (capacity *cap,
+ * doubling); false (nothing changed) when out of memory. */
+bool rx_grow(void *pp, size_t *cap, size_t need, size_t elsz);
+/* A DFA with n_iv intervals, n_cls classes and n_states states, zeroed
+ * (every transition to the dead state); NULL when out of memory. */
+rx_dfa *rx_dfa_new(uint32_t n_iv, uint32_t n_cls, uint32_t n_states);
+/* Prunes, minimizes and merges the classes of d; KEEL_ERANGE ("<what>
+ * is too complex ...") past RX_MAX_STATES, KEEL_ENOMEM. */
+keel_status rx_finish(rx_dfa *d, const char *what, char *err);
 
 #endif /* KEEL_GRAMMAR_REGEX_H */
