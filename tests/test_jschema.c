@@ -93,6 +93,9 @@ static const scase g_cases[] = {
     {"{\"type\":\"object\",\"properties\":{\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}},"
      "\"additionalProperties\":false}",
      {"{\"kids\":[{\"kids\":[]}]}", "{}"}, {"{\"kids\":[1]}", "{\"x\":1}"}},
+    /* a recursive $ref beside other keywords */
+    {"{\"type\":\"object\",\"properties\":{\"n\":{\"allOf\":[{\"$ref\":\"#\"},{\"required\":[\"x\"]}]}}}",
+     {"{}", "{\"n\":{\"x\":1}}", "{\"n\":{\"n\":{\"x\":2},\"x\":1}}"}, {"{\"n\":{}}", "{\"n\":{\"n\":{},\"x\":1}}", "{\"n\":1}"}},
     /* unevaluatedProperties sees allOf's properties */
     {"{\"properties\":{\"a\":{}},\"allOf\":[{\"properties\":{\"b\":{}}}],\"unevaluatedProperties\":false}",
      {"{\"a\":1,\"b\":2}", "{}"}, {"{\"c\":1}", "{\"a\":1,\"c\":1}"}},
@@ -121,8 +124,6 @@ static void test_refusals(void **state)
     static const struct {
         const char *schema, *msg;
     } bad[] = {
-        {"{\"type\":\"object\",\"properties\":{\"n\":{\"allOf\":[{\"$ref\":\"#\"},{\"required\":[\"x\"]}]}}}",
-         "a recursive '$ref' combined with other constraints is not supported at /"},
         {"{\"oneOf\":[{\"patternProperties\":{\"a\":{\"type\":\"integer\"}}},{\"required\":[\"b\"]}]}",
          "'oneOf' whose branches may overlap and cannot be complemented is not supported ('not' of 'patternProperties' is not supported at /oneOf/0) at /"},
         {"{\"not\":{\"additionalProperties\":false}}", "'not' of 'additionalProperties' is not supported at /"},

@@ -1091,17 +1091,11 @@ static keel_status norm_ref(jsb *b, json_t *s, const char *kw, int depth, jdnf *
     for (int i = 0; i < b->n_stack; i++)
         if (b->stack[i] == t)
             return js_refuse(b, where, "a '$ref' cycle that never reaches a schema");
-    /* a target whose rule is being emitted is that rule (recursion) */
-    json_t *one[1] = {t};
-    jsl l = {one, 1};
-    int m = js_memo_find(b, l, NULL);
-    if (m >= 0 && !b->memo[m].done) {
-        jconj c;
-        conj_init(&c, where);
-        c.ref = b->memo[m].rule;
-        b->memo[m].none = true; /* referenced while being emitted */
-        return dnf_one(b, &c, out);
-    }
+    /* the target is normalized in place, even when its own rule is being
+     * emitted: normalizing never enters sub-schemas (items, property
+     * values), which become rules memoized by their members, so recursion
+     * ends at the first list met again, one level below, and a recursive
+     * $ref combines with other keywords like any other */
     return norm(b, t, depth + 1, out);
 }
 
