@@ -591,8 +591,9 @@ static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
 {
     const char *w = x->where;
     if (x->ref >= 0) return js_refuse(b, w, "'not' of a recursive '$ref' is not supported");
-    jconj buf[128];
+    jconj *buf = js_alloc(b, 128 * sizeof *buf); /* the arena, not the stack: a jconj is ~2 KiB */
     int n = 0;
+    if (!buf) return b->st;
 #define NEW(k)                                                                                                       \
     do {                                                                                                             \
         if (n == 128) return js_refuse(b, w, "a complement of more than 128 constraints");                          \

@@ -81,9 +81,67 @@ static bool str_trivial(const jstr_spec *s)
            !s->n_not_format && !s->n_except;
 }
 
-/* The numbers of s as rule `name`: false when none. */
+static void key_text(jsb *b, sbuf *k, const char *t, size_t n)
+{
+    js_sputf(b, k, "%zu:", n);
+    js_sput(b, k, t, n);
+}
+
+static void key_texts(jsb *b, sbuf *k, char tag, const char *const *t, const bool *flag, int n)
+{
+    js_sputf(b, k, "|%c%d", tag, n);
+    for (int i = 0; i < n; i++) {
+        if (flag) js_sputs(b, k, flag[i] ? "x" : "i");
+        key_text(b, k, t[i], strlen(t[i]));
+    }
+}
+
+/* A spec's rule met before (same key): writes name as an alias of it (one
+ * still being written is assumed to accept something, checked when it is
+ * done); returns -1 when new (*idx: its reserved entry, or -1), else 0
+ * (none) / 1. */
+static int spec_seen(jsb *b, sbuf *k, const char *name, int *idx)
+{
+    *idx = -1;
+    if (b->st) return 0;
+    for (int i = 0; i < b->n_spc; i++)
+        if (strcmp(b->spc[i].key, k->d) == 0) {
+            if (b->spc[i].done && b->spc[i].empty) return 0;
+            if (!b->spc[i].done) b->spc[i].referenced = true;
+            js_sputf(b, &b->out, "%s ::= %s\n", name, b->spc[i].name);
+            return !b->st;
+        }
+    if (!b->spc && !(b->spc = js_alloc(b, JS_MAX_MEMO * sizeof *b->spc))) return 0;
+    if (b->n_spc == JS_MAX_MEMO) return -1; /* no sharing past the cap, still correct */
+    *idx = b->n_spc++;
+    b->spc[*idx].key = js_strdup(b, k->d, k->n);
+    b->spc[*idx].name = js_strdup(b, name, strlen(name));
+    return b->st ? 0 : -1;
+}
+
+static void spec_done(jsb *b, int idx, bool empty)
+{
+    if (idx < 0 || b->st) return;
+    b->spc[idx].done = true;
+    b->spc[idx].empty = empty;
+    if (empty && b->spc[idx].referenced) js_refuse(b, b->spc[idx].name, "a recursive schema that accepts nothing");
+}
+
+/* The numbers of s as rule `name`: false when none. Equal specs share one
+ * set of rules (a format or a bounded integer repeated across properties). */
 static bool num_rule(jsb *b, const jnum_spec *s, const char *name, const char *where)
 {
+    sbuf k = {0};
+    js_sputf(b, &k, "n%d", s->kind);
+    key_texts(b, &k, 'l', s->lo, s->lo_excl, s->n_lo);
+    key_texts(b, &k, 'h', s->hi, s->hi_excl, s->n_hi);
+    key_texts(b, &k, 'm', s->mult, NULL, s->n_mult);
+    key_texts(b, &k, 'M', s->not_mult, NULL, s->n_not_mult);
+    key_texts(b, &k, 'e', s->except, NULL, (int)s->n_except);
+    int key;
+    int seen = b->st ? 0 : spec_seen(b, &k, name, &key);
+    js_sfree(&k);
+    if (seen >= 0) return seen == 1;
     char e[BASE_ERR_CAP] = "", *t = NULL;
     size_t n = 0;
     bool empty = false;
@@ -93,6 +151,7 @@ static bool num_rule(jsb *b, const jnum_spec *s, const char *name, const char *w
         else if (!b->st) b->st = base_err(b->err, st, "json schema: %s", e);
         return false;
     }
+    spec_done(b, key, empty);
     if (empty) return false;
     add_rules(b, t, n);
     base_free(t, n + 1);
@@ -101,6 +160,18 @@ static bool num_rule(jsb *b, const jnum_spec *s, const char *name, const char *w
 
 static bool str_rule(jsb *b, const jstr_spec *s, const char *name, const char *where)
 {
+    sbuf k = {0};
+    js_sputf(b, &k, "s%lld,%lld", (long long)s->min_len, (long long)s->max_len);
+    key_texts(b, &k, 'p', s->pattern, NULL, s->n_pattern);
+    key_texts(b, &k, 'P', s->not_pattern, NULL, s->n_not_pattern);
+    key_texts(b, &k, 'f', s->format, NULL, s->n_format);
+    key_texts(b, &k, 'F', s->not_format, NULL, s->n_not_format);
+    js_sputf(b, &k, "|e%zu", s->n_except);
+    for (size_t i = 0; i < s->n_except; i++) key_text(b, &k, s->except[i], s->except_len[i]);
+    int key;
+    int seen = b->st ? 0 : spec_seen(b, &k, name, &key);
+    js_sfree(&k);
+    if (seen >= 0) return seen == 1;
     char e[BASE_ERR_CAP] = "", *t = NULL;
     size_t n = 0;
     bool empty = false;
@@ -110,6 +181,7 @@ static bool str_rule(jsb *b, const jstr_spec *s, const char *name, const char *w
         else if (!b->st) b->st = base_err(b->err, st, "json schema: %s", e);
         return false;
     }
+    spec_done(b, key, empty);
     if (empty) return false;
     add_rules(b, t, n);
     base_free(t, n + 1);
@@ -520,7 +592,7 @@ static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
     const jconj *kc = NULL;
     if (c->pnames.n) {
         jdnf pn;
-        if (js_norm_list(b, c->pnames, depth + 1, &pn)) goto done;
+        if (js_norm_list(b, c->pnames, 0, &pn)) goto done;
         int n_str = 0;
         for (int i = 0; i < pn.n; i++) {
             if (pn.c[i].ref >= 0) {
@@ -711,6 +783,39 @@ done:
     return ok;
 }
 
+static void key_list(jsb *b, sbuf *k, char tag, jsl l)
+{
+    js_sputf(b, k, "|%c", tag);
+    for (int i = 0; i < l.n; i++) js_sputf(b, k, "%p,", (void *)l.v[i]);
+}
+
+/* The array or object rule of c, shared with an earlier conjunction whose
+ * array (object) fields are the same (a $ref target met at many places). */
+static bool shared_rule(jsb *b, const jconj *c, const char *name, int depth, bool obj)
+{
+    sbuf k = {0};
+    if (obj) {
+        js_sputf(b, &k, "O%lld,%lld", (long long)c->min_props, (long long)c->max_props);
+        for (int g = 0; g < c->n_grp; g++)
+            js_sputf(b, &k, "|g%p,%p,%p", (void *)c->grp[g].props, (void *)c->grp[g].pats, (void *)c->grp[g].addl);
+        key_texts(b, &k, 'r', c->req, NULL, c->n_req);
+        key_list(b, &k, 'p', c->pnames);
+    } else {
+        js_sputf(b, &k, "A%lld,%lld,%d", (long long)c->min_items, (long long)c->max_items, (int)c->unique);
+        for (int i = 0; i < c->n_pre; i++) key_list(b, &k, 'e', c->pre[i]);
+        key_list(b, &k, 'i', c->items);
+        for (int i = 0; i < c->n_ct; i++)
+            js_sputf(b, &k, "|c%p,%lld,%lld", (void *)c->ct[i].s, (long long)c->ct[i].mn, (long long)c->ct[i].mx);
+    }
+    int key;
+    int seen = b->st ? 0 : spec_seen(b, &k, name, &key);
+    js_sfree(&k);
+    if (seen >= 0) return seen == 1;
+    bool ok = obj ? obj_rule(b, c, name, depth) : arr_rule(b, c, name, depth);
+    spec_done(b, key, !ok);
+    return ok && !b->st;
+}
+
 /* ---- conjunctions and lists ------------------------------------------------------------------ */
 
 /* The alternatives of conjunction c (" | alt" each) into line. */
@@ -777,12 +882,12 @@ static void emit_conj(jsb *b, const jconj *c, int64_t id, int ci, sbuf *line, in
     if (c->kinds & JK_ARR) {
         snprintf(name, sizeof name, "s%lld-%d-a", (long long)id, ci);
         if (!arr_constrained(c)) js_sputs(b, line, " | array");
-        else if (arr_rule(b, c, name, depth)) js_sputf(b, line, " | %s", name);
+        else if (shared_rule(b, c, name, depth, false)) js_sputf(b, line, " | %s", name);
     }
     if (c->kinds & JK_OBJ) {
         snprintf(name, sizeof name, "s%lld-%d-o", (long long)id, ci);
         if (!obj_constrained(c)) js_sputs(b, line, " | object");
-        else if (obj_rule(b, c, name, depth)) js_sputf(b, line, " | %s", name);
+        else if (shared_rule(b, c, name, depth, true)) js_sputf(b, line, " | %s", name);
     }
 }
 
@@ -790,7 +895,9 @@ keel_status js_emit_list(jsb *b, jsl l, int depth, int64_t *rule)
 {
     *rule = JR_NONE;
     if (b->st) return b->st;
-    if (depth > JS_MAX_DEPTH * 4) return js_refuse(b, l.n ? js_path(b, l.v[0]) : "/", "schemas nested too deep");
+    if (depth > JS_MAX_EMIT_DEPTH)
+        return js_refuse(b, l.n ? js_path(b, l.v[0]) : "/", "sub-schemas (items, property values) nested more than %d deep",
+                         JS_MAX_EMIT_DEPTH);
     int n_true = 0;
     for (int i = 0; i < l.n; i++) {
         if (json_is_false(l.v[i])) return KEEL_OK;
@@ -816,7 +923,7 @@ keel_status js_emit_list(jsb *b, jsl l, int depth, int64_t *rule)
     b->memo[m].key = key;
     b->memo[m].rule = id;
     jdnf x;
-    if (js_norm_list(b, l, depth, &x)) return b->st;
+    if (js_norm_list(b, l, 0, &x)) return b->st; /* nesting of in-place applicators counts from here */
     bool referenced = b->memo[m].none;
     if (x.n == 1 && js_conj_trivial(&x.c[0]) && !referenced) {
         b->memo[m].done = true;

@@ -33,7 +33,8 @@ enum {
     JK_ALL = 63,
 };
 
-#define JS_MAX_DEPTH 64
+#define JS_MAX_DEPTH 64              /* in-place applicators / references nested in one rule */
+#define JS_MAX_EMIT_DEPTH 256        /* rules nested (items, property values, ...): ~6 KiB of stack each */
 #define JS_MAX_OUT (8u << 20)        /* bytes of GBNF */
 #define JS_MAX_ARENA (64u << 20)     /* bytes of normal forms */
 #define JS_MAX_DNF 256               /* conjunctions in one union */
@@ -151,6 +152,8 @@ typedef struct jsb {
     struct { const char *key; json_t *node; } *syn; /* synthesized nodes by key */
     int n_syn;
     int64_t n_norm;    /* schema nodes normalized so far (JS_MAX_NORM) */
+    struct jspec_memo { const char *key, *name; bool empty, done, referenced; } *spc; /* number / string rules by spec [JS_MAX_MEMO] */
+    int n_spc;
     bool uneval;       /* the document uses unevaluatedItems / unevaluatedProperties */
 } jsb;
 
