@@ -571,7 +571,7 @@ static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
     int64_t *rv = base_calloc(JS_MAX_NAMES, sizeof *rv);
     bool *req = base_calloc(JS_MAX_NAMES, sizeof *req);
     sbuf cells = {0}, o = {0};
-    bool *alive = NULL;
+    uint8_t *alive = NULL; /* bit 0: accepts something; bit 1: reachable */
     size_t n_alive = 0;
     bool ok = false;
     if (!d || !rv || !req) {
@@ -737,10 +737,23 @@ static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
             AL(i, q) = a;
         }
     if (!AL(0, 0)) goto done;
+    /* bit 1: reachable from the start through live states (only those are written) */
+    AL(0, 0) |= 2;
+    for (int64_t i = 0; i <= nd; i++)
+        for (int64_t q = 0; q <= cc; q++) {
+            if (AL(i, q) != 3) continue;
+            bool more = maxp < 0 || q < maxp;
+            if (i == nd) {
+                if (more && cells.n && AL(i, NEXT(q))) AL(i, NEXT(q)) |= 2;
+            } else {
+                if (!req[i] && AL(i + 1, q)) AL(i + 1, q) |= 2;
+                if (more && rv[i] != JR_NONE && AL(i + 1, NEXT(q))) AL(i + 1, NEXT(q)) |= 2;
+            }
+        }
     js_sputf(b, &o, "%s ::= \"{\" ws %s-o0-0\n", name, name);
     for (int64_t i = 0; i <= nd && !b->st; i++)
         for (int64_t q = 0; q <= cc && !b->st; q++) {
-            if (!AL(i, q)) continue;
+            if (AL(i, q) != 3) continue;
             const char *sep = q == 0 ? "" : "\",\" ws ";
             bool more = maxp < 0 || q < maxp;
             bool any = false;
