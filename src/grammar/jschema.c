@@ -8,11 +8,13 @@
  * else built from those. jschema_ref.c indexes the document and resolves
  * references; jschema_emit.c writes the GBNF of a normal form.
  *
- * Refused: remote references, $dynamicRef, uniqueItems true, a recursive
- * $ref beside other constraints, complements that the normal form cannot
- * express (patternProperties, additionalProperties, propertyNames under
- * not), unknown keywords (a misspelt keyword is more likely than an
- * extension), the schema false at the root.
+ * Refused: remote references, a $dynamicRef whose target depends on the
+ * dynamic scope, uniqueItems true, complements that the normal form
+ * cannot express (patternProperties, additionalProperties, propertyNames,
+ * uniqueItems under not), unevaluated* where the evaluated set is not
+ * known exactly, unknown keywords (a misspelt keyword is more likely than
+ * an extension), a schema that accepts nothing at the root; caps
+ * (jschema_int.h) bound depth, union sizes, work and memory.
  */
 #include "jschema_int.h"
 
@@ -213,7 +215,6 @@ static void conj_init(jconj *c, const char *where)
     c->str.max_len = -1;
     c->max_items = -1;
     c->max_props = -1;
-    c->ref = -1;
 }
 
 bool js_conj_trivial(const jconj *c)
@@ -224,7 +225,7 @@ bool js_conj_trivial(const jconj *c)
            !n->n_not_mult && !n->n_except && !s->min_len && s->max_len < 0 && !s->n_pattern && !s->n_not_pattern &&
            !s->n_format && !s->n_not_format && !s->n_except && !c->has_en && !c->min_items && c->max_items < 0 &&
            !c->n_pre && !c->items.n && !c->n_ct && !c->unique && !c->n_grp && !c->n_req && !c->min_props &&
-           c->max_props < 0 && !c->pnames.n && c->ref < 0;
+           c->max_props < 0 && !c->pnames.n;
 }
 
 /* No constraint but the kinds (and nothing evaluated). */
@@ -237,7 +238,7 @@ static bool conj_kinds_only(const jconj *c)
 
 static bool conj_evaluates(const jconj *c)
 {
-    if (c->eval_pre || c->eval_items || c->eval_contains || c->ref >= 0) return true;
+    if (c->eval_pre || c->eval_items || c->eval_contains) return true;
     for (int g = 0; g < c->n_grp; g++)
         if (!c->grp[g].noeval) return true;
     return false;
@@ -365,22 +366,6 @@ static bool cat_texts(jsb *b, const char **x, bool *xf, int *nx, const char *con
 static keel_status conj_and(jsb *b, const jconj *x, const jconj *y, jconj *r, bool *empty)
 {
     *empty = false;
-    if (x->ref >= 0 || y->ref >= 0) {
-        if (js_conj_trivial(x)) {
-            *r = *y;
-            return KEEL_OK;
-        }
-        if (js_conj_trivial(y)) {
-            *r = *x;
-            return KEEL_OK;
-        }
-        if (x->ref == y->ref) {
-            *r = *x;
-            return KEEL_OK;
-        }
-        return js_refuse(b, x->ref >= 0 ? x->where : y->where,
-                         "a recursive '$ref' combined with other constraints is not supported");
-    }
     bool x_all = js_conj_trivial(x);
     *r = *x;
     if (x_all) r->where = y->where; /* messages name the schema that constrains */
@@ -590,7 +575,6 @@ static json_t *not_of(jsb *b, json_t *s)
 static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
 {
     const char *w = x->where;
-    if (x->ref >= 0) return js_refuse(b, w, "'not' of a recursive '$ref' is not supported");
     jconj *buf = js_alloc(b, 128 * sizeof *buf); /* the arena, not the stack: a jconj is ~2 KiB */
     int n = 0;
     if (!buf) return b->st;
@@ -1104,7 +1088,7 @@ static bool dnf_evaluates(const jdnf *x)
 {
     for (int i = 0; i < x->n; i++) {
         const jconj *c = &x->c[i];
-        if (c->eval_pre || c->eval_items || c->eval_contains || c->ref >= 0) return true;
+        if (c->eval_pre || c->eval_items || c->eval_contains) return true;
         for (int g = 0; g < c->n_grp; g++)
             if (!c->grp[g].noeval) return true;
     }
@@ -1239,7 +1223,6 @@ static keel_status absent_dnf(jsb *b, const char *name, const char *where, jconj
  * group of c names or matches take u (as additionalProperties would). */
 static keel_status uneval_props(jsb *b, jconj *c, json_t *u, const char *where)
 {
-    if (c->ref >= 0) return js_refuse(b, where, "'unevaluatedProperties' beside a recursive '$ref' is not supported");
     if (c->inexact)
         return js_refuse(b, where, "'unevaluatedProperties' where 'anyOf' branches may each evaluate members is not supported");
     for (int g = 0; g < c->n_grp; g++)
@@ -1279,7 +1262,6 @@ oom:
 /* unevaluatedItems u on c: the elements past the evaluated prefix take u. */
 static keel_status uneval_items(jsb *b, jconj *c, json_t *u, const char *where)
 {
-    if (c->ref >= 0) return js_refuse(b, where, "'unevaluatedItems' beside a recursive '$ref' is not supported");
     if (c->eval_items || json_is_true(u)) {
         c->eval_items = true;
         return KEEL_OK;

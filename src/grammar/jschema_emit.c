@@ -595,10 +595,6 @@ static bool obj_rule(jsb *b, const jconj *c, const char *name, int depth)
         if (js_norm_list(b, c->pnames, 0, &pn)) goto done;
         int n_str = 0;
         for (int i = 0; i < pn.n; i++) {
-            if (pn.c[i].ref >= 0) {
-                js_refuse(b, c->where, "'propertyNames' with a recursive '$ref' is not supported");
-                goto done;
-            }
             if (pn.c[i].kinds & JK_STR) {
                 kc = &pn.c[i];
                 n_str++;
@@ -835,10 +831,6 @@ static bool shared_rule(jsb *b, const jconj *c, const char *name, int depth, boo
 static void emit_conj(jsb *b, const jconj *c, int64_t id, int ci, sbuf *line, int depth)
 {
     char name[96];
-    if (c->ref >= 0) {
-        js_sputf(b, line, " | s%lld", (long long)c->ref);
-        return;
-    }
     if (c->has_en) {
         int seq = 0;
         for (size_t i = 0; i < c->n_en && !b->st; i++) {

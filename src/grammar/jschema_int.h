@@ -90,7 +90,6 @@ typedef struct jconj {
     int n_req;
     int64_t min_props, max_props; /* max -1: none */
     jsl pnames;        /* propertyNames schemas */
-    int64_t ref;       /* >= 0: the value matches rule s<ref> (a recursive $ref), nothing else known */
     /* what the schemas behind this conjunction evaluate (unevaluatedItems / -Properties) */
     int eval_pre;      /* elements [0, eval_pre) evaluated by prefixItems */
     bool eval_items;   /* every element evaluated (items, unevaluatedItems) */
