@@ -57,6 +57,8 @@ static const scase g_cases[] = {
      {"{}", "{\"a\":1}", "{\"b\":1}"}},
     {"{\"type\":\"integer\",\"not\":{\"multipleOf\":2}}", {"3", "-1"}, {"4", "0", "1.5"}},
     {"{\"type\":\"array\",\"not\":{\"items\":{\"type\":\"integer\"}}}", {"[\"a\"]", "[1,null]"}, {"[]", "[1,2]"}},
+    {"{\"type\":\"array\",\"not\":{\"prefixItems\":[{\"type\":\"string\"}],\"items\":{\"type\":\"integer\"}}}",
+     {"[1]", "[\"a\",\"b\"]", "[\"a\",1,null]"}, {"[\"a\"]", "[\"a\",1,2]", "[]"}},
     {"{\"not\":{\"enum\":[1,\"a\",null]}}", {"2", "\"b\"", "true", "[]"}, {"1", "1.0", "\"a\"", "null"}},
     /* if / then / else */
     {"{\"if\":{\"type\":\"integer\"},\"then\":{\"minimum\":0},\"else\":{\"type\":\"string\"}}", {"1", "\"x\""},

@@ -742,13 +742,13 @@ static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
             buf[n].pre[i] = jsl_one(b, ns);
             PUSH();
         }
-        if (x->items.n) {
-            if (x->n_pre) return js_refuse(b, w, "'not' of 'items' beside 'prefixItems' is not supported");
+        if (x->items.n) { /* an element past the prefix that fails items */
             NEW(JK_ARR);
             buf[n].ct = js_alloc(b, sizeof *buf[n].ct);
             if (!buf[n].ct || js_not_list(b, x->items, &buf[n].ct[0].s)) return b->st;
             buf[n].ct[0].mn = 1;
             buf[n].ct[0].mx = -1;
+            buf[n].ct[0].from = x->n_pre;
             buf[n].n_ct = 1;
             PUSH();
         }
@@ -761,6 +761,7 @@ static keel_status conj_not(jsb *b, const jconj *x, jdnf *out)
                 buf[n].ct = js_alloc(b, sizeof *buf[n].ct);
                 if (!buf[n].ct) return b->st;
                 buf[n].ct[0].s = c->s;
+                buf[n].ct[0].from = c->from;
                 buf[n].ct[0].mn = side == 0 ? 0 : c->mx + 1;
                 buf[n].ct[0].mx = side == 0 ? c->mn - 1 : -1;
                 buf[n].n_ct = 1;

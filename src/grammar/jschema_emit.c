@@ -336,7 +336,11 @@ static bool contains_rules(jsb *b, const jconj *c, const char *name, int64_t mn,
         ct[nc++] = &c->ct[i];
     }
     int n_cls = 1 << nc;
-    int64_t n_pos = k + 1; /* positions 0..k-1 of the prefix, then items */
+    /* positions 0..kk-1 one by one (the prefix, and up to where every
+     * contains counts), then kk for every later index */
+    int64_t kk = k;
+    for (int j = 0; j < nc; j++) kk = BASE_MAX(kk, ct[j]->from);
+    int64_t n_pos = kk + 1;
     if (n_pos * n_cls > 1024)
         return js_refuse(b, c->where, "'contains' beside a long 'prefixItems' is not supported"), false;
     int64_t *er = base_alloc((size_t)(n_pos * n_cls) * sizeof *er);
@@ -351,14 +355,21 @@ static bool contains_rules(jsb *b, const jconj *c, const char *name, int64_t mn,
     for (int64_t p = 0; p < n_pos; p++)
         for (int cls = 0; cls < n_cls; cls++) {
             jsl l = p < k ? c->pre[p] : c->items;
+            bool valid = true;
             for (int j = 0; j < nc; j++) {
-                if ((cls >> j) & 1) l = list_plus(b, l, ct[j]->s);
-                else if (notc[j]) l = list_plus(b, l, notc[j]);
+                bool counted = p >= ct[j]->from; /* position k stands for every index >= k */
+                if ((cls >> j) & 1) {
+                    if (counted) l = list_plus(b, l, ct[j]->s);
+                    else valid = false;
+                } else if (notc[j] && counted) {
+                    l = list_plus(b, l, notc[j]);
+                }
             }
-            er[p * n_cls + cls] = JR_ANY;
+            er[p * n_cls + cls] = valid ? JR_ANY : JR_NONE;
+            if (!valid) continue;
             if (l.n && js_emit_list(b, l, depth + 1, &er[p * n_cls + cls])) goto done;
         }
-    int64_t ncap = mx >= 0 ? mx : BASE_MAX(BASE_MAX(mn, k), 1);
+    int64_t ncap = mx >= 0 ? mx : BASE_MAX(BASE_MAX(mn, kk), 1);
     int64_t cap[JS_MAX_CONTAINS], nq = 1;
     for (int j = 0; j < nc; j++) {
         cap[j] = ct[j]->mx >= 0 ? ct[j]->mx : ct[j]->mn;
@@ -388,7 +399,7 @@ static bool contains_rules(jsb *b, const jconj *c, const char *name, int64_t mn,
                     acc &= cnt[j] >= ct[j]->mn;
                 }
                 bool more = mx < 0 || n < mx;
-                int64_t n2 = NEXT_N(n), p = BASE_MIN(n, k);
+                int64_t n2 = NEXT_N(n), p = BASE_MIN(n, kk);
                 if (pass == 0) {
                     bool a = acc;
                     for (int cls = 0; cls < n_cls && !a && more; cls++) {
@@ -814,7 +825,8 @@ static bool shared_rule(jsb *b, const jconj *c, const char *name, int depth, boo
         for (int i = 0; i < c->n_pre; i++) key_list(b, &k, 'e', c->pre[i]);
         key_list(b, &k, 'i', c->items);
         for (int i = 0; i < c->n_ct; i++)
-            js_sputf(b, &k, "|c%p,%lld,%lld", (void *)c->ct[i].s, (long long)c->ct[i].mn, (long long)c->ct[i].mx);
+            js_sputf(b, &k, "|c%p,%lld,%lld,%lld", (void *)c->ct[i].s, (long long)c->ct[i].mn, (long long)c->ct[i].mx,
+                     (long long)c->ct[i].from);
     }
     int key;
     int seen = b->st ? 0 : spec_seen(b, &k, name, &key);

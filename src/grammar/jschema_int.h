@@ -65,6 +65,7 @@ typedef struct jgroup { /* the member keywords of one schema object */
 typedef struct jcontains {
     json_t *s;      /* the schema counted */
     int64_t mn, mx; /* count bounds; mx -1: none */
+    int64_t from;   /* only elements at index >= from are counted (not of items beside prefixItems) */
     bool eval;      /* from a schema that evaluates (not a complement): matching elements are evaluated */
 } jcontains;
 
