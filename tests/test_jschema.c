@@ -39,6 +39,12 @@ static const scase g_cases[] = {
     {"{\"const\":1}", {"1", "1.0"}, {"2", "true", "\"1\""}},
     {"{\"type\":\"string\",\"enum\":[\"a\",1,\"b\"]}", {"\"a\"", "\"b\""}, {"1", "\"c\""}},
     {"{\"enum\":[[1,2],{\"a\":null}]}", {"[1,2]", "[ 1 , 2.0 ]", "{\"a\":null}"}, {"[2,1]", "{\"a\":1}", "[1]"}},
+    /* enum arrays / objects filtered by the other keywords */
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],"
+     "\"enum\":[{\"a\":1},{\"a\":\"x\"},{\"b\":2}]}",
+     {"{\"a\":1}"}, {"{\"a\":\"x\"}", "{\"b\":2}"}},
+    {"{\"items\":{\"minimum\":2},\"uniqueItems\":true,\"enum\":[[1],[2,3],[3,3],\"s\"]}", {"[2,3]", "\"s\""},
+     {"[1]", "[3,3]"}},
     /* allOf: per-kind intersection; additionalProperties sees its own schema's names */
     {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"a\":{\"minimum\":2}}}]}",
      {"{\"a\":2}", "{}", "\"s\""}, {"{\"a\":1}", "{\"a\":\"x\"}", "{\"a\":2.5}"}},

@@ -837,6 +837,103 @@ static bool shared_rule(jsb *b, const jconj *c, const char *name, int depth, boo
     return ok && !b->st;
 }
 
+/* ---- values against the normal form (enum / const arrays and objects) ------------------- */
+
+static bool conj_test(jsb *b, const jconj *c, json_t *v, int depth);
+
+/* Whether v satisfies every schema of l. */
+static bool list_test(jsb *b, jsl l, json_t *v, int depth)
+{
+    if (depth > JS_MAX_EMIT_DEPTH) {
+        js_refuse(b, l.n ? js_path(b, l.v[0]) : "/", "an 'enum' value nested more than %d deep", JS_MAX_EMIT_DEPTH);
+        return false;
+    }
+    if (!l.n) return true;
+    jdnf x;
+    if (js_norm_list(b, l, 0, &x)) return false;
+    for (int i = 0; i < x.n && !b->st; i++)
+        if (conj_test(b, &x.c[i], v, depth + 1)) return true;
+    return false;
+}
+
+/* Whether the value v satisfies conjunction c (a validator over the normal
+ * form, used to filter enum values where the grammar cannot). */
+static bool conj_test(jsb *b, const jconj *c, json_t *v, int depth)
+{
+    unsigned k = json_is_null(v) ? JK_NULL : json_is_boolean(v) ? JK_BOOL : json_is_number(v) ? JK_NUM
+               : json_is_string(v) ? JK_STR : json_is_array(v) ? JK_ARR : JK_OBJ;
+    if (!(c->kinds & k) || b->st) return false;
+    if (c->has_en) {
+        bool in = false;
+        for (size_t i = 0; i < c->n_en && !in; i++) in = js_value_eq(c->en[i], v);
+        if (!in) return false;
+    }
+    switch (k) {
+    case JK_NULL: return true;
+    case JK_BOOL: return (c->bools & (json_is_true(v) ? 2u : 1u)) != 0;
+    case JK_NUM: {
+        char t[JNUM_TEXT_CAP], e[BASE_ERR_CAP] = "";
+        bool ok = false;
+        if (!jnum_text(v, t)) return false;
+        if (jnum_test(&c->num, t, &ok, e)) js_refuse(b, c->where, "%s", e);
+        return ok;
+    }
+    case JK_STR: return str_ok(b, &c->str, json_string_value(v), json_string_length(v), c->where);
+    case JK_ARR: {
+        int64_t n = (int64_t)json_array_size(v);
+        if (n < c->min_items || (c->max_items >= 0 && n > c->max_items)) return false;
+        for (int64_t i = 0; i < n; i++)
+            if (!list_test(b, i < c->n_pre ? c->pre[i] : c->items, json_array_get(v, (size_t)i), depth)) return false;
+        for (int j = 0; j < c->n_ct; j++) {
+            int64_t cnt = 0;
+            for (int64_t i = c->ct[j].from; i < n && !b->st; i++)
+                cnt += list_test(b, (jsl){(json_t **)&c->ct[j].s, 1}, json_array_get(v, (size_t)i), depth);
+            if (cnt < c->ct[j].mn || (c->ct[j].mx >= 0 && cnt > c->ct[j].mx)) return false;
+        }
+        if (c->unique)
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = i + 1; j < n; j++)
+                    if (js_value_eq(json_array_get(v, (size_t)i), json_array_get(v, (size_t)j))) return false;
+        return !b->st;
+    }
+    default: {
+        int64_t n = (int64_t)json_object_size(v);
+        if (n < c->min_props || (c->max_props >= 0 && n > c->max_props)) return false;
+        for (int i = 0; i < c->n_req; i++)
+            if (!json_object_get(v, c->req[i])) return false;
+        jpat pats[4 * JS_MAX_PATTERNS];
+        int np = 0;
+        for (int g = 0; g < c->n_grp; g++) {
+            const char *pk;
+            json_t *pv;
+            json_object_foreach(c->grp[g].pats, pk, pv) {
+                if (np == 4 * JS_MAX_PATTERNS) {
+                    js_refuse(b, c->where, "too many 'patternProperties' entries in one object");
+                    return false;
+                }
+                pats[np].pat = pk;
+                pats[np].s = pv;
+                pats[np].bit = 0;
+                pats[np++].grp = g;
+            }
+        }
+        const char *key;
+        json_t *x;
+        json_object_foreach(v, key, x) {
+            if (c->pnames.n) {
+                json_t *ks = json_string(key);
+                if (!ks) return js_oom(b), false;
+                bool ok = list_test(b, c->pnames, ks, depth);
+                json_decref(ks);
+                if (!ok) return false;
+            }
+            if (!list_test(b, member_list(b, c, key, pats, np, 0, true), x, depth)) return false;
+        }
+        return !b->st;
+    }
+    }
+}
+
 /* ---- conjunctions and lists ------------------------------------------------------------------ */
 
 /* The alternatives of conjunction c (" | alt" each) into line. */
@@ -867,13 +964,11 @@ static void emit_conj(jsb *b, const jconj *c, int64_t id, int ci, sbuf *line, in
                 break;
             case JSON_ARRAY:
                 k = JK_ARR;
-                if (arr_constrained(c))
-                    js_refuse(b, c->where, "an array in 'enum' / 'const' beside array keywords is not supported");
+                if (arr_constrained(c)) ok = conj_test(b, c, v, depth + 1);
                 break;
             default:
                 k = JK_OBJ;
-                if (obj_constrained(c))
-                    js_refuse(b, c->where, "an object in 'enum' / 'const' beside object keywords is not supported");
+                if (obj_constrained(c)) ok = conj_test(b, c, v, depth + 1);
                 break;
             }
             if (b->st || !ok || !(c->kinds & k)) continue;
