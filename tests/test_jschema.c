@@ -203,12 +203,37 @@ static void test_caps(void **state)
     free(s);
 }
 
+static keel_status compile_schema_op(void *ctx)
+{
+    const char *src = ctx;
+    gram *g = NULL;
+    keel_status st = gram_compile_schema(src, strlen(src), &g, NULL);
+    gram_free(g);
+    return st;
+}
+
+/* Every allocation failing in turn: KEEL_ENOMEM and nothing left allocated. */
+static void test_alloc_failures(void **state)
+{
+    (void)state;
+    const char *src =
+        "{\"$id\":\"http://x.y/r\",\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":1},"
+        "\"b\":{\"$ref\":\"#/$defs/s\"},\"c\":{\"type\":\"array\",\"prefixItems\":[{\"const\":1}],\"contains\":"
+        "{\"type\":\"string\"},\"maxContains\":2}},\"patternProperties\":{\"^x\":{\"enum\":[\"p\",{\"q\":1}]}},"
+        "\"required\":[\"a\"],\"oneOf\":[{\"required\":[\"b\"]},{\"not\":{\"minProperties\":3}}],"
+        "\"if\":{\"required\":[\"c\"]},\"then\":{\"maxProperties\":4},\"unevaluatedProperties\":false,"
+        "\"$defs\":{\"s\":{\"type\":\"string\",\"maxLength\":4,\"pattern\":\"^[a-z]+$\"}}}";
+    assert_int_equal(compile_schema_op((void *)src), KEEL_OK);
+    assert_true(test_alloc_sweep(compile_schema_op, (void *)src) > 10);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_caps),
+        cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -81,6 +81,13 @@ static bool str_trivial(const jstr_spec *s)
            !s->n_not_format && !s->n_except;
 }
 
+/* A failure of jnumber.c / jstring.c: refusals get the location, out of memory stays. */
+static void sub_fail(jsb *b, keel_status st, const char *where, const char *e)
+{
+    if (st == KEEL_EUNSUPPORTED || st == KEEL_ERANGE) js_refuse(b, where, "%s", e);
+    else if (!b->st) b->st = base_err(b->err, st, "json schema: %s", e);
+}
+
 static void key_text(jsb *b, sbuf *k, const char *t, size_t n)
 {
     js_sputf(b, k, "%zu:", n);
@@ -147,8 +154,7 @@ static bool num_rule(jsb *b, const jnum_spec *s, const char *name, const char *w
     bool empty = false;
     keel_status st = jnum_gbnf(s, name, &t, &n, &empty, e);
     if (st) {
-        if (st == KEEL_EUNSUPPORTED || st == KEEL_ERANGE) js_refuse(b, where, "%s", e);
-        else if (!b->st) b->st = base_err(b->err, st, "json schema: %s", e);
+        sub_fail(b, st, where, e);
         return false;
     }
     spec_done(b, key, empty);
@@ -177,8 +183,7 @@ static bool str_rule(jsb *b, const jstr_spec *s, const char *name, const char *w
     bool empty = false;
     keel_status st = jstr_gbnf(s, name, &t, &n, &empty, e);
     if (st) {
-        if (st == KEEL_EUNSUPPORTED || st == KEEL_ERANGE) js_refuse(b, where, "%s", e);
-        else if (!b->st) b->st = base_err(b->err, st, "json schema: %s", e);
+        sub_fail(b, st, where, e);
         return false;
     }
     spec_done(b, key, empty);
@@ -194,7 +199,7 @@ static bool str_ok(jsb *b, const jstr_spec *s, const char *content, size_t n, co
     bool ok = false;
     keel_status st = jstr_test(s, content, n, &ok, e);
     if (st) {
-        js_refuse(b, where, "%s", e);
+        sub_fail(b, st, where, e);
         return false;
     }
     return ok;
@@ -875,7 +880,8 @@ static bool conj_test(jsb *b, const jconj *c, json_t *v, int depth)
         char t[JNUM_TEXT_CAP], e[BASE_ERR_CAP] = "";
         bool ok = false;
         if (!jnum_text(v, t)) return false;
-        if (jnum_test(&c->num, t, &ok, e)) js_refuse(b, c->where, "%s", e);
+        keel_status jst = jnum_test(&c->num, t, &ok, e);
+        if (jst) sub_fail(b, jst, c->where, e);
         return ok;
     }
     case JK_STR: return str_ok(b, &c->str, json_string_value(v), json_string_length(v), c->where);
@@ -954,8 +960,10 @@ static void emit_conj(jsb *b, const jconj *c, int64_t id, int ci, sbuf *line, in
             case JSON_REAL: {
                 k = JK_NUM;
                 char t[JNUM_TEXT_CAP], e[BASE_ERR_CAP] = "";
+                keel_status jst = KEEL_OK;
                 if (!jnum_text(v, t)) ok = false;
-                else if (jnum_test(&c->num, t, &ok, e)) js_refuse(b, c->where, "%s", e);
+                else jst = jnum_test(&c->num, t, &ok, e);
+                if (jst) sub_fail(b, jst, c->where, e);
                 break;
             }
             case JSON_STRING:
