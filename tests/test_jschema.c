@@ -56,6 +56,11 @@ static const scase g_cases[] = {
     /* oneOf: exactly one branch */
     {"{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", {"1", "2.5", "\"x\""}, {"3", "2"}},
     {"{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}", {"\"x\"", "null"}, {"1", "[]"}},
+    /* a tagged union: branches with additionalProperties false cannot be complemented, but the tags differ */
+    {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"},\"x\":{\"type\":\"integer\"}},"
+     "\"required\":[\"kind\"],\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{\"kind\":"
+     "{\"const\":\"b\"},\"y\":{\"type\":\"string\"}},\"required\":[\"kind\"],\"additionalProperties\":false}]}",
+     {"{\"kind\":\"a\",\"x\":1}", "{\"kind\":\"b\",\"y\":\"s\"}"}, {"{\"kind\":\"a\",\"y\":\"s\"}", "{\"kind\":\"c\"}", "{}"}},
     /* not: the per-kind complement */
     {"{\"not\":{\"type\":\"string\"}}", {"1", "null", "[]", "{}"}, {"\"a\"", "\"\""}},
     {"{\"type\":\"object\",\"not\":{\"required\":[\"a\"]}}", {"{}", "{\"b\":1}"}, {"{\"a\":1}", "[]"}},

@@ -1096,6 +1096,33 @@ static bool dnf_evaluates(const jdnf *x)
     return false;
 }
 
+/* Drops the object kind of conjunctions where a required name's
+ * property schemas share no value (tagged unions: "kind": {"const": "a"}
+ * against {"const": "b"}), and the conjunctions left with no kind. Only
+ * the properties keywords are looked at: enough to prove emptiness. */
+static keel_status dnf_prune_objects(jsb *b, jdnf *t, int depth)
+{
+    int n = 0;
+    for (int i = 0; i < t->n; i++) {
+        jconj *c = &t->c[i];
+        for (int r = 0; r < c->n_req && (c->kinds & JK_OBJ) && !b->st; r++) {
+            json_t *v[64];
+            int nv = 0;
+            for (int g = 0; g < c->n_grp && nv < 64; g++) {
+                json_t *p = json_object_get(c->grp[g].props, c->req[r]);
+                if (p) v[nv++] = p;
+            }
+            if (nv < 2) continue;
+            jdnf x;
+            if (js_norm_list(b, (jsl){v, nv}, depth + 1, &x)) return b->st;
+            if (x.n == 0) c->kinds &= ~(unsigned)JK_OBJ;
+        }
+        if (c->kinds) t->c[n++] = *c;
+    }
+    t->n = n;
+    return b->st;
+}
+
 /* A refusal that a caller can work around: its reason (without the
  * "json schema: " prefix) into why, and the builder's status cleared;
  * false for other failures (out of memory, caps), which stand. */
@@ -1196,7 +1223,7 @@ static keel_status norm_list_of(jsb *b, json_t *s, const char *kw, int depth, jd
         for (size_t i = 0; i < n; i++)
             for (size_t j = i + 1; j < n; j++) {
                 jdnf t;
-                if (dnf_and(b, &x[i], &x[j], &t, where)) return b->st;
+                if (dnf_and(b, &x[i], &x[j], &t, where) || dnf_prune_objects(b, &t, depth)) return b->st;
                 if (t.n)
                     return js_refuse(b, where, "'oneOf' whose branches may overlap and cannot be complemented is not supported (%.200s)", why);
             }
