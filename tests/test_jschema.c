@@ -56,6 +56,10 @@ static const scase g_cases[] = {
     /* oneOf: exactly one branch */
     {"{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", {"1", "2.5", "\"x\""}, {"3", "2"}},
     {"{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}", {"\"x\"", "null"}, {"1", "[]"}},
+    {"{\"type\":\"object\",\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"a\"],"
+     "\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{\"b\":{}},\"required\":[\"b\"],"
+     "\"additionalProperties\":false}]}",
+     {"{\"a\":1}", "{\"b\":[]}"}, {"{\"a\":1,\"b\":2}", "{}", "1"}},
     /* a tagged union: branches with additionalProperties false cannot be complemented, but the tags differ */
     {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"},\"x\":{\"type\":\"integer\"}},"
      "\"required\":[\"kind\"],\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{\"kind\":"

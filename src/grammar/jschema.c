@@ -1098,8 +1098,10 @@ static bool dnf_evaluates(const jdnf *x)
 
 /* Drops the object kind of conjunctions where a required name's
  * property schemas share no value (tagged unions: "kind": {"const": "a"}
- * against {"const": "b"}), and the conjunctions left with no kind. Only
- * the properties keywords are looked at: enough to prove emptiness. */
+ * against {"const": "b"}; a name another branch's additionalProperties
+ * false forbids), and the conjunctions left with no kind. Groups with
+ * patterns are only looked at through properties: enough to prove
+ * emptiness. */
 static keel_status dnf_prune_objects(jsb *b, jdnf *t, int depth)
 {
     int n = 0;
@@ -1111,6 +1113,7 @@ static keel_status dnf_prune_objects(jsb *b, jdnf *t, int depth)
             for (int g = 0; g < c->n_grp && nv < 64; g++) {
                 json_t *p = json_object_get(c->grp[g].props, c->req[r]);
                 if (p) v[nv++] = p;
+                else if (c->grp[g].addl && !json_object_size(c->grp[g].pats)) v[nv++] = c->grp[g].addl;
             }
             if (nv < 2) continue;
             jdnf x;
