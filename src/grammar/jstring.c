@@ -55,18 +55,37 @@
 #define HEX "[0-9A-Fa-f]"
 #define PCT "%" HEX HEX
 #define UNRES_SUB "A-Za-z0-9._~!$&'()*+,;=\\-"
-#define PCHAR "(?:[" UNRES_SUB ":@]|" PCT ")"
-#define AUTHORITY                                                                                               \
-    "(?:(?:[" UNRES_SUB ":]|" PCT ")*@)?(?:\\[(?:" IPV6 "|v" HEX "+\\.[" UNRES_SUB ":]+)\\]|" IPV4 "|(?:[" UNRES_SUB \
-    "]|" PCT ")*)(?::[0-9]*)?"
-#define PATH_ABEMPTY "(?:/" PCHAR "*)*"
-#define QUERY_FRAG "(?:\\?(?:" PCHAR "|[/?])*)?(?:#(?:" PCHAR "|[/?])*)?"
-#define URI                                                                                                     \
-    "[A-Za-z][A-Za-z0-9+.-]*:(?://" AUTHORITY PATH_ABEMPTY "|/(?:" PCHAR "+" PATH_ABEMPTY ")?|" PCHAR           \
-    "+" PATH_ABEMPTY ")?" QUERY_FRAG
-#define RELATIVE_REF                                                                                            \
-    "(?://" AUTHORITY PATH_ABEMPTY "|/(?:" PCHAR "+" PATH_ABEMPTY ")?|(?:[" UNRES_SUB "@]|" PCT ")+" PATH_ABEMPTY \
-    ")?" QUERY_FRAG
+/* RFC 3986 with U the class body of the unreserved and sub-delims
+ * characters and P what a query adds (RFC 3987's IRIs: U gains ucschar,
+ * P iprivate) */
+#define PCHAR_(U) "(?:[" U ":@]|" PCT ")"
+#define AUTHORITY_(U)                                                                                           \
+    "(?:(?:[" U ":]|" PCT ")*@)?(?:\\[(?:" IPV6 "|[vV]" HEX "+\\.[" UNRES_SUB ":]+)\\]|" IPV4 "|(?:[" U "]|" PCT       \
+    ")*)(?::[0-9]*)?"
+#define PATH_ABEMPTY_(U) "(?:/" PCHAR_(U) "*)*"
+#define QUERY_FRAG_(U, P) "(?:\\?(?:" PCHAR_(U) "|[/?" P "])*)?(?:#(?:" PCHAR_(U) "|[/?])*)?"
+#define URI_(U, P)                                                                                              \
+    "[A-Za-z][A-Za-z0-9+.-]*:(?://" AUTHORITY_(U) PATH_ABEMPTY_(U) "|/(?:" PCHAR_(U) "+" PATH_ABEMPTY_(U)        \
+    ")?|" PCHAR_(U) "+" PATH_ABEMPTY_(U) ")?" QUERY_FRAG_(U, P)
+#define RELATIVE_REF_(U, P)                                                                                     \
+    "(?://" AUTHORITY_(U) PATH_ABEMPTY_(U) "|/(?:" PCHAR_(U) "+" PATH_ABEMPTY_(U) ")?|(?:[" U "@]|" PCT ")+"     \
+    PATH_ABEMPTY_(U) ")?" QUERY_FRAG_(U, P)
+#define UCSCHAR                                                                                                 \
+    "\\u00A0-\\uD7FF\\uF900-\\uFDCF\\uFDF0-\\uFFEF\\u{10000}-\\u{1FFFD}\\u{20000}-\\u{2FFFD}\\u{30000}-\\u{3FFFD}"     \
+    "\\u{40000}-\\u{4FFFD}\\u{50000}-\\u{5FFFD}\\u{60000}-\\u{6FFFD}\\u{70000}-\\u{7FFFD}\\u{80000}-\\u{8FFFD}"            \
+    "\\u{90000}-\\u{9FFFD}\\u{A0000}-\\u{AFFFD}\\u{B0000}-\\u{BFFFD}\\u{C0000}-\\u{CFFFD}\\u{D0000}-\\u{DFFFD}"            \
+    "\\u{E1000}-\\u{EFFFD}"
+#define IPRIVATE "\\uE000-\\uF8FF\\u{F0000}-\\u{FFFFD}\\u{100000}-\\u{10FFFD}"
+#define URI URI_(UNRES_SUB, "")
+#define RELATIVE_REF RELATIVE_REF_(UNRES_SUB, "")
+#define IRI URI_(UNRES_SUB UCSCHAR, IPRIVATE)
+#define IRELATIVE_REF RELATIVE_REF_(UNRES_SUB UCSCHAR, IPRIVATE)
+/* RFC 6570 (level 4); an apostrophe is a literal, as the test suite has it */
+#define TPL_VARCHAR "(?:[A-Za-z0-9_]|" PCT ")"
+#define TPL_VARSPEC TPL_VARCHAR "(?:\\.?" TPL_VARCHAR ")*(?::[1-9][0-9]{0,3}|\\*)?"
+#define URI_TEMPLATE                                                                                            \
+    "(?:[\\x21\\x23\\x24\\x26-\\x3B\\x3D\\x3F-\\x5B\\x5D\\x5F\\x61-\\x7A\\x7E" UCSCHAR IPRIVATE "]|" PCT              \
+    "|\\{[+#./;?&=,!@|]?" TPL_VARSPEC "(?:," TPL_VARSPEC ")*\\})*"
 #define JSON_POINTER "(?:/(?:[^~/]|~[01])*)*"
 #define ATEXT "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
 
@@ -101,6 +120,10 @@ static const jstr_format FORMATS[] = {
     /* RFC 3986 */
     {"uri", URI, NULL},
     {"uri-reference", "(?:" URI "|" RELATIVE_REF ")", NULL},
+    /* RFC 3987 */
+    {"iri", IRI, NULL},
+    {"iri-reference", "(?:" IRI "|" IRELATIVE_REF ")", NULL},
+    {"uri-template", URI_TEMPLATE, NULL},
     /* RFC 6901 */
     {"json-pointer", JSON_POINTER, NULL},
     {"relative-json-pointer", "(?:0|[1-9][0-9]*)(?:#|" JSON_POINTER ")", NULL},

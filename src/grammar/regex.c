@@ -4,9 +4,17 @@
  * Pipeline: the pattern is parsed into a tree (rnode, children as linked
  * lists so that long concatenations do not deepen the recursion), the
  * tree into a Thompson automaton (one character-set edge or epsilon edges
- * per state; {n,m} copies its operand), the automaton into a DFA by subset
- * construction over the elementary intervals of its character sets, and
- * the DFA is finished by rx_finish (regex_dfa.c).
+ * per state; {n,m} copies its operand; ^ and $ are epsilon edges with a
+ * condition), the automaton into a DFA by subset construction over the
+ * elementary intervals of its character sets, and the DFA is finished by
+ * rx_finish (regex_dfa.c). The subset construction follows ^ edges only in
+ * the start state's closure (before any character) and $ edges only to
+ * decide acceptance (after the last character); a DFA state's set carries
+ * an acceptance mark, so two states with the same character states but
+ * different acceptance stay apart. \b and \B edges depend on the
+ * character before (known: the interval just read) and after (not yet):
+ * crossing one records what the next character must be, in the item
+ * (state * 3 + requirement) that the closure carries.
  */
 #include "regex.h"
 
@@ -16,7 +24,7 @@
 
 #define SUR_LO 0xD800u
 #define SUR_END 0xE000u
-#define SUBSET_WORK (1u << 26) /* target visits of one subset construction */
+#define SUBSET_WORK (1u << 24) /* automaton states visited by one subset construction */
 
 static int cmp_u32(const void *a, const void *b)
 {
@@ -26,7 +34,7 @@ static int cmp_u32(const void *a, const void *b)
 
 /* ---- parser --------------------------------------------------------------- */
 
-enum { N_SET, N_CAT, N_ALT, N_REP };
+enum { N_SET, N_CAT, N_ALT, N_REP, N_BOL, N_EOL, N_WB, N_NWB }; /* ^ $ \b \B */
 
 typedef struct rnode {
     uint8_t kind;
@@ -222,12 +230,15 @@ static int32_t escape(rp *p, bool in_class, int *cls)
     case 'f': p->i++; return 12;
     case 'r': p->i++; return 13;
     case 'b':
-        if (in_class) {
-            p->i++;
-            return 8;
-        }
-        return perr(p, KEEL_EUNSUPPORTED, "word boundaries (\\b) are not supported");
-    case 'B': return perr(p, KEEL_EUNSUPPORTED, "word boundaries (\\B) are not supported");
+        p->i++;
+        if (in_class) return 8;
+        *cls = 'b'; /* a word boundary (an assertion) */
+        return -2;
+    case 'B':
+        if (in_class) return perr(p, KEEL_EFORMAT, "\\B in a character class");
+        p->i++;
+        *cls = 'B';
+        return -2;
     case '0':
         if (p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9')
             return perr(p, KEEL_EUNSUPPORTED, "octal escapes are not supported");
@@ -340,7 +351,7 @@ static int32_t single(rp *p, uint32_t lo, uint32_t hi)
     return tmp_set(p, from, false);
 }
 
-static int32_t parse_alt(rp *p, bool top, bool search);
+static int32_t parse_alt(rp *p, bool top);
 
 /* Reads {n}, {n,}, {n,m} at p->i ('{'); false (nothing consumed) when it is
  * not a quantifier (then '{' is a literal, as Annex B reads it). */
@@ -367,9 +378,8 @@ static bool read_braces(rp *p, int32_t *mn, int32_t *mx)
     return true;
 }
 
-/* A sequence up to '|', ')' or the end. At the top level, a '$' before '|'
- * or the end sets *end_anchor. */
-static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
+/* A sequence up to '|', ')' or the end. */
+static int32_t parse_seq(rp *p)
 {
     int32_t cat = node(p, N_CAT);
     if (cat < 0) return -1;
@@ -377,18 +387,23 @@ static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
     while (p->i < p->n && p->s[p->i] != '|' && p->s[p->i] != ')') {
         int c = p->s[p->i];
         int32_t atom = -1;
-        if (c == '$') {
+        if (c == '^' || c == '$') {
+            /* assertions: no quantifier may follow (as with the u flag) */
             p->i++;
-            if (top && (p->i >= p->n || p->s[p->i] == '|')) {
-                *end_anchor = true;
-                break;
+            atom = node(p, c == '^' ? N_BOL : N_EOL);
+            if (atom < 0) return -1;
+            int32_t a, b;
+            size_t save = p->i;
+            if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?' ||
+                                (p->s[p->i] == '{' && read_braces(p, &a, &b)))) {
+                p->i = save;
+                return perr(p, KEEL_EFORMAT, "nothing to repeat");
             }
-            p->i--;
-            return perr(p, KEEL_EUNSUPPORTED, "$ is only supported at the end of the pattern or of a top-level alternative");
+            if (last < 0) p->nd[cat].first = atom;
+            else p->nd[last].next = atom;
+            last = atom;
+            continue;
         }
-        if (c == '^')
-            return perr(p, KEEL_EUNSUPPORTED,
-                        "^ is only supported at the start of the pattern or of a top-level alternative");
         if (c == '*' || c == '+' || c == '?') return perr(p, KEEL_EFORMAT, "nothing to repeat");
         if (c == '{') {
             int32_t a, b;
@@ -419,7 +434,7 @@ static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
                 }
             }
             if (++p->depth > RX_MAX_NEST) return perr(p, KEEL_ERANGE, "groups nested too deeply");
-            atom = parse_alt(p, false, false);
+            atom = parse_alt(p, false);
             p->depth--;
             if (atom < 0) return -1;
             if (p->i >= p->n || p->s[p->i] != ')') return perr(p, KEEL_EFORMAT, "missing )");
@@ -438,6 +453,21 @@ static int32_t parse_seq(rp *p, bool top, bool *end_anchor)
             int cls = 0;
             int32_t v = escape(p, false, &cls);
             if (v == -1) return -1;
+            if (cls == 'b' || cls == 'B') {
+                atom = node(p, cls == 'b' ? N_WB : N_NWB);
+                if (atom < 0) return -1;
+                int32_t qa, qb;
+                size_t save = p->i;
+                if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?' ||
+                                    (p->s[p->i] == '{' && read_braces(p, &qa, &qb)))) {
+                    p->i = save;
+                    return perr(p, KEEL_EFORMAT, "nothing to repeat");
+                }
+                if (last < 0) p->nd[cat].first = atom;
+                else p->nd[last].next = atom;
+                last = atom;
+                continue;
+            }
             if (cls) {
                 size_t from = p->n_tmp;
                 if (!tmp_class(p, cls)) return -1;
@@ -498,38 +528,15 @@ static int32_t any_star(rp *p)
     return r;
 }
 
-/* Alternatives up to ')' or the end. Top level: each alternative may start
- * with ^ and end with $; with search, an unanchored side gets [\s\S]*. */
-static int32_t parse_alt(rp *p, bool top, bool search)
+/* Alternatives up to ')' (or, at the top level, the end). */
+static int32_t parse_alt(rp *p, bool top)
 {
     int32_t alt = node(p, N_ALT);
     if (alt < 0) return -1;
     int32_t last = -1;
     for (;;) {
-        bool a_start = false, a_end = false;
-        while (top && p->i < p->n && p->s[p->i] == '^') {
-            a_start = true;
-            p->i++;
-        }
-        int32_t seq = parse_seq(p, top, &a_end);
+        int32_t seq = parse_seq(p);
         if (seq < 0) return -1;
-        if (top && search) {
-            int32_t cat = node(p, N_CAT), l = -1;
-            if (cat < 0) return -1;
-            if (!a_start) {
-                l = any_star(p);
-                if (l < 0) return -1;
-                p->nd[cat].first = l;
-            }
-            if (l < 0) p->nd[cat].first = seq;
-            else p->nd[l].next = seq;
-            if (!a_end) {
-                int32_t e = any_star(p);
-                if (e < 0) return -1;
-                p->nd[seq].next = e;
-            }
-            seq = cat;
-        }
         if (last < 0) p->nd[alt].first = seq;
         else p->nd[last].next = seq;
         last = seq;
@@ -543,6 +550,20 @@ static int32_t parse_alt(rp *p, bool top, bool search)
     return alt;
 }
 
+/* The pattern: its alternatives, with search [\s\S]* on both sides (a
+ * match anywhere; ^ and $ then pin it to the ends). */
+static int32_t parse_root(rp *p, bool search)
+{
+    int32_t alt = parse_alt(p, true);
+    if (alt < 0 || !search) return alt;
+    int32_t cat = node(p, N_CAT), l = any_star(p), r = any_star(p);
+    if (cat < 0 || l < 0 || r < 0) return -1;
+    p->nd[cat].first = l;
+    p->nd[l].next = alt;
+    p->nd[alt].next = r;
+    return cat;
+}
+
 /* ---- Thompson automaton --------------------------------------------------- */
 
 typedef struct nfa {
@@ -550,10 +571,12 @@ typedef struct nfa {
     uint32_t *to;  /* [n] target of the character edge */
     uint32_t n;
     size_t cap_set, cap_to;
-    uint32_t *eps; /* pairs (from, to) */
+    uint32_t *eps; /* triples (from, to, tag): tag EPS_*, the condition */
     size_t n_eps, cap_eps;
     uint32_t *eoff; /* [n + 1] CSR of eps by from */
     uint32_t *eto;
+    uint8_t *etag;
+    bool has_wb; /* \b or \B somewhere: the partition splits \w off */
 } nfa;
 
 static int64_t nfa_state(nfa *a, rp *p)
@@ -573,16 +596,26 @@ static int64_t nfa_state(nfa *a, rp *p)
     return a->n++;
 }
 
-static bool nfa_eps(nfa *a, rp *p, uint32_t from, uint32_t to)
+/* always; before any character; after the last; at a word boundary;
+ * not at one */
+enum { EPS_ANY, EPS_BOL, EPS_EOL, EPS_WB, EPS_NWB };
+
+static bool nfa_eps_tag(nfa *a, rp *p, uint32_t from, uint32_t to, uint32_t tag)
 {
-    if (!rx_grow(&a->eps, &a->cap_eps, a->n_eps * 2 + 2, sizeof *a->eps)) {
+    if (!rx_grow(&a->eps, &a->cap_eps, a->n_eps * 3 + 3, sizeof *a->eps)) {
         perr(p, KEEL_ENOMEM, "out of memory");
         return false;
     }
-    a->eps[a->n_eps * 2] = from;
-    a->eps[a->n_eps * 2 + 1] = to;
+    a->eps[a->n_eps * 3] = from;
+    a->eps[a->n_eps * 3 + 1] = to;
+    a->eps[a->n_eps * 3 + 2] = tag;
     a->n_eps++;
     return true;
+}
+
+static bool nfa_eps(nfa *a, rp *p, uint32_t from, uint32_t to)
+{
+    return nfa_eps_tag(a, p, from, to, EPS_ANY);
 }
 
 /* Adds paths for node r from state `from`; returns the exit state. No edge
@@ -596,6 +629,16 @@ static int64_t build(nfa *a, rp *p, int32_t r, uint32_t from)
         if (s < 0 || t < 0 || !nfa_eps(a, p, from, (uint32_t)s)) return -1;
         a->set[s] = r;
         a->to[s] = (uint32_t)t;
+        return t;
+    }
+    case N_BOL:
+    case N_EOL:
+    case N_WB:
+    case N_NWB: {
+        static const uint32_t tag[] = {[N_BOL] = EPS_BOL, [N_EOL] = EPS_EOL, [N_WB] = EPS_WB, [N_NWB] = EPS_NWB};
+        int64_t t = nfa_state(a, p);
+        if (t < 0 || !nfa_eps_tag(a, p, from, (uint32_t)t, tag[x->kind])) return -1;
+        if (x->kind >= N_WB) a->has_wb = true;
         return t;
     }
     case N_CAT: {
@@ -650,19 +693,25 @@ static void nfa_free(nfa *a)
     base_free(a->eps, a->cap_eps * sizeof *a->eps);
     base_free(a->eoff, ((size_t)a->n + 1) * sizeof *a->eoff);
     base_free(a->eto, (a->n_eps ? a->n_eps : 1) * sizeof *a->eto);
+    base_free(a->etag, a->n_eps ? a->n_eps : 1);
 }
 
 static bool nfa_csr(nfa *a)
 {
     a->eoff = base_calloc((size_t)a->n + 1, sizeof *a->eoff);
     a->eto = base_alloc((a->n_eps ? a->n_eps : 1) * sizeof *a->eto);
-    if (!a->eoff || !a->eto) return false;
-    for (size_t e = 0; e < a->n_eps; e++) a->eoff[a->eps[e * 2] + 1]++;
+    a->etag = base_alloc(a->n_eps ? a->n_eps : 1);
+    if (!a->eoff || !a->eto || !a->etag) return false;
+    for (size_t e = 0; e < a->n_eps; e++) a->eoff[a->eps[e * 3] + 1]++;
     for (size_t s = 0; s < a->n; s++) a->eoff[s + 1] += a->eoff[s];
     uint32_t *fill = base_alloc(((size_t)a->n + 1) * sizeof *fill);
     if (!fill) return false;
     memcpy(fill, a->eoff, ((size_t)a->n + 1) * sizeof *fill);
-    for (size_t e = 0; e < a->n_eps; e++) a->eto[fill[a->eps[e * 2]]++] = a->eps[e * 2 + 1];
+    for (size_t e = 0; e < a->n_eps; e++) {
+        uint32_t at = fill[a->eps[e * 3]]++;
+        a->eto[at] = a->eps[e * 3 + 1];
+        a->etag[at] = (uint8_t)a->eps[e * 3 + 2];
+    }
     base_free(fill, ((size_t)a->n + 1) * sizeof *fill);
     return true;
 }
@@ -729,35 +778,99 @@ static int64_t subset_get(subset *ss, const uint32_t *v, size_t k, bool *added)
 }
 
 typedef struct closure {
-    uint32_t *stack, *mark, *out;
+    uint32_t *stack, *mark, *out, *seen; /* [n], [n], [n + 1], [n] */
+    uint32_t *pend;                      /* [n_eps + 1] targets of $ edges */
     uint32_t gen;
     size_t n_out;
 } closure;
 
-/* The epsilon closure of seeds, kept to its character states and the
- * final state, sorted, in c->out. */
-static void eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin)
+/* Closures work on items: an automaton state with what the next
+ * character must be, which word boundaries decide (REQ_WORD: a word
+ * character \w; REQ_NONWORD: another one or the end). An item is
+ * state * 3 + req. */
+enum { REQ_ANY, REQ_WORD, REQ_NONWORD };
+
+/* The requirement after crossing a \b (wb) or \B edge after a word
+ * character or not (prev_word), on top of req; -1 when they conflict. */
+static int req_cross(int req, bool wb, bool prev_word)
+{
+    int r = (wb != prev_word) ? REQ_WORD : REQ_NONWORD;
+    return req == REQ_ANY || req == r ? r : -1;
+}
+
+/* The epsilon closure of seeds (items; ^ edges followed only when bol:
+ * before any character; prev_word: the character read last was \w), kept
+ * to its items of character states, sorted, in c->out; then acc_mark
+ * appended when the final state is reachable at the end of the string
+ * (the closure with $ edges too, the end being no word character). The
+ * mark makes a set's identity carry its acceptance. Returns the items
+ * visited (the work). */
+static size_t eps_close(const nfa *a, closure *c, const uint32_t *seeds, size_t k, uint32_t fin, bool bol,
+                        bool prev_word, uint32_t acc_mark)
 {
     c->gen++;
-    size_t sp = 0;
+    uint32_t m0 = c->gen * 2, m1 = m0 + 1; /* the marks of the two phases */
+    size_t sp = 0, n_seen = 0, n_pend = 0;
     c->n_out = 0;
     for (size_t i = 0; i < k; i++)
-        if (c->mark[seeds[i]] != c->gen) {
-            c->mark[seeds[i]] = c->gen;
+        if (c->mark[seeds[i]] != m0) {
+            c->mark[seeds[i]] = m0;
             c->stack[sp++] = seeds[i];
         }
-    while (sp) {
-        uint32_t s = c->stack[--sp];
-        if (a->set[s] >= 0 || s == fin) c->out[c->n_out++] = s;
-        for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
-            uint32_t t = a->eto[e];
-            if (c->mark[t] != c->gen) {
-                c->mark[t] = c->gen;
-                c->stack[sp++] = t;
+    bool acc = false;
+    for (int phase = 0; phase < 2; phase++) {
+        if (phase == 1) {
+            /* for acceptance only: what the noted $ edges reach (the rest
+             * was seen in phase 0) */
+            if (acc || !n_pend) break;
+            for (size_t i = 0; i < n_seen; i++) c->mark[c->seen[i]] = m1;
+            for (size_t i = 0; i < n_pend; i++)
+                if (c->mark[c->pend[i]] != m1) {
+                    c->mark[c->pend[i]] = m1;
+                    c->stack[sp++] = c->pend[i];
+                }
+        }
+        uint32_t mk = phase ? m1 : m0;
+        while (sp && !(phase && acc)) {
+            uint32_t it = c->stack[--sp], s = it / 3;
+            int req = (int)(it % 3);
+            if (phase == 0) {
+                c->seen[n_seen++] = it;
+                if (a->set[s] >= 0) c->out[c->n_out++] = it;
+            } else {
+                n_seen++;
+            }
+            if (s == fin && req != REQ_WORD) acc = true;
+            for (uint32_t e = a->eoff[s]; e < a->eoff[s + 1]; e++) {
+                int r = req;
+                switch (a->etag[e]) {
+                case EPS_BOL:
+                    if (!bol) continue;
+                    break;
+                case EPS_EOL:
+                    if (phase == 0) {
+                        c->pend[n_pend++] = a->eto[e] * 3 + (uint32_t)req;
+                        continue;
+                    }
+                    break;
+                case EPS_WB:
+                case EPS_NWB:
+                    r = req_cross(req, a->etag[e] == EPS_WB, prev_word);
+                    if (r < 0) continue;
+                    break;
+                default: break;
+                }
+                uint32_t t = a->eto[e] * 3 + (uint32_t)r;
+                if (c->mark[t] != mk) {
+                    c->mark[t] = mk;
+                    c->stack[sp++] = t;
+                }
             }
         }
     }
     qsort(c->out, c->n_out, sizeof *c->out, cmp_u32);
+    if (acc) c->out[c->n_out++] = acc_mark;
+    return n_seen + n_pend;
 }
 
 static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_dfa **out)
@@ -768,9 +881,11 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     closure c = {0};
     uint32_t *bnd = NULL, *er = NULL, *table = NULL;
     uint32_t *tg = NULL, *cnt = NULL;
+    uint8_t *isword = NULL;
     size_t n_bnd = 0, cap_bnd = 0, cap_table = 0, cap_tg = 0;
     /* elementary intervals: every set boundary, and the surrogates apart */
     size_t need = p->n_cs * 2 + 3;
+    need += 8; /* the boundaries of \w */
     bnd = base_alloc(need * sizeof *bnd);
     cap_bnd = need;
     er = base_alloc((p->n_cs ? p->n_cs : 1) * 2 * sizeof *er);
@@ -782,6 +897,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         bnd[n_bnd++] = p->cs[i * 2];
         if (p->cs[i * 2 + 1] + 1 < RX_CP_END) bnd[n_bnd++] = p->cs[i * 2 + 1] + 1;
     }
+    for (size_t i = 0; a->has_wb && i < 4; i++) bnd[n_bnd++] = SET_W[i * 2], bnd[n_bnd++] = SET_W[i * 2 + 1] + 1;
     qsort(bnd, n_bnd, sizeof *bnd, cmp_u32);
     size_t m = 0;
     for (size_t i = 0; i < n_bnd; i++)
@@ -797,17 +913,26 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         er[i * 2] = (uint32_t)(k1 - bnd);
         er[i * 2 + 1] = e; /* exclusive */
     }
+    /* whether each elementary interval is \w (all of it or none) */
+    isword = base_alloc(n_bnd);
+    for (size_t k = 0; isword && k < n_bnd; k++) {
+        isword[k] = 0;
+        for (size_t i = 0; i < 4; i++) isword[k] |= bnd[k] >= SET_W[i * 2] && bnd[k] <= SET_W[i * 2 + 1];
+    }
+    size_t n_items = (size_t)a->n * 3, acc_mark = n_items;
     cnt = base_alloc((n_bnd + 1) * sizeof *cnt);
-    c.stack = base_alloc((size_t)a->n * sizeof *c.stack);
-    c.mark = base_calloc(a->n, sizeof *c.mark);
-    c.out = base_alloc((size_t)a->n * sizeof *c.out);
-    if (!cnt || !c.stack || !c.mark || !c.out) goto fail;
+    c.stack = base_alloc(n_items * sizeof *c.stack);
+    c.mark = base_calloc(n_items, sizeof *c.mark);
+    c.out = base_alloc((n_items + 1) * sizeof *c.out);
+    c.seen = base_alloc(n_items * sizeof *c.seen);
+    c.pend = base_alloc((a->n_eps * 3 + 1) * sizeof *c.pend);
+    if (!isword || !cnt || !c.stack || !c.mark || !c.out || !c.seen || !c.pend) goto fail;
     bool added;
     if (subset_get(&ss, NULL, 0, &added) < 0) goto fail; /* the dead state */
-    eps_close(a, &c, &start, 1, fin);
+    uint32_t start_item = start * 3 + REQ_ANY;
+    uint64_t work = eps_close(a, &c, &start_item, 1, fin, true, false, (uint32_t)acc_mark);
     int64_t s0 = subset_get(&ss, c.out, c.n_out, &added);
     if (s0 < 0) goto fail;
-    uint64_t work = 0;
     size_t nc = n_bnd;
     for (size_t q = 0; q < ss.n; q++) {
         if (!rx_grow(&table, &cap_table, (q + 1) * nc, sizeof *table)) goto fail;
@@ -821,13 +946,14 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         size_t n_pairs = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++) {
-                uint32_t s = ss.pool[i];
-                if (a->set[s] < 0) continue;
+                uint32_t it = ss.pool[i], s = it / 3, req = it % 3;
+                if (it == acc_mark || a->set[s] < 0) continue; /* the acceptance mark, or no edge */
                 const rnode *x = &p->nd[a->set[s]];
                 for (uint32_t j = 0; j < x->cs_n; j++)
                     for (uint32_t k = er[(x->cs_off + j) * 2]; k < er[(x->cs_off + j) * 2 + 1]; k++) {
+                        if (req != REQ_ANY && (req == REQ_WORD) != (bool)isword[k]) continue;
                         if (pass == 0) cnt[k + 1]++, n_pairs++;
-                        else tg[cnt[k]++] = a->to[s];
+                        else tg[cnt[k]++] = a->to[s] * 3 + REQ_ANY;
                     }
             }
             if (pass == 0) {
@@ -838,22 +964,32 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
             }
         }
         /* now bucket k is tg[k ? cnt[k - 1] : 0 .. cnt[k]) */
-        size_t prev_at = 0, prev_n = 0;
-        int64_t prev_id = -1;
+        /* intervals with the same targets lead to the same state: the
+         * last few distinct target lists of this state are remembered
+         * (intervals of one class alternate with others: '.' and \n) */
+        enum { N_MEMO = 8 };
+        size_t memo_at[N_MEMO], memo_n[N_MEMO], memo_k[N_MEMO];
+        int64_t memo_id[N_MEMO];
+        int n_memo = 0, next_memo = 0;
         for (size_t k = 0; k < nc; k++) {
             size_t i = k ? cnt[k - 1] : 0, nk = cnt[k] - i;
             if (!nk) continue;
-            /* the same targets as the previous interval: the same state */
-            bool same = prev_id >= 0 && prev_n == nk && memcmp(tg + prev_at, tg + i, nk * sizeof *tg) == 0;
-            if (!same) {
-                eps_close(a, &c, tg + i, nk, fin);
-                prev_id = subset_get(&ss, c.out, c.n_out, &added);
-                if (prev_id == -1) goto fail;
-                if (prev_id == -2) goto too_big;
+            int64_t id = -1;
+            for (int j = 0; j < n_memo && id < 0; j++)
+                if (memo_n[j] == nk && isword[memo_k[j]] == isword[k] &&
+                    memcmp(tg + memo_at[j], tg + i, nk * sizeof *tg) == 0)
+                    id = memo_id[j];
+            if (id < 0) {
+                work += eps_close(a, &c, tg + i, nk, fin, false, isword[k], (uint32_t)acc_mark) + c.n_out;
+                if (work > SUBSET_WORK) goto too_big;
+                id = subset_get(&ss, c.out, c.n_out, &added);
+                if (id == -1) goto fail;
+                if (id == -2) goto too_big;
+                memo_at[next_memo] = i, memo_n[next_memo] = nk, memo_id[next_memo] = id, memo_k[next_memo] = k;
+                next_memo = (next_memo + 1) % N_MEMO;
+                if (n_memo < N_MEMO) n_memo++;
             }
-            table[q * nc + k] = (uint32_t)prev_id;
-            prev_at = i;
-            prev_n = nk;
+            table[q * nc + k] = (uint32_t)id;
         }
     }
     d = rx_dfa_new((uint32_t)n_bnd, (uint32_t)nc, (uint32_t)ss.n);
@@ -862,7 +998,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
     memcpy(d->next, table, ss.n * nc * sizeof *table);
     for (size_t q = 0; q < ss.n; q++)
         for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++)
-            if (ss.pool[i] == fin) d->acc[q] = 1;
+            if (ss.pool[i] == acc_mark) d->acc[q] = 1;
     d->start = (uint32_t)s0;
     st = rx_finish(d, p->what, p->err);
     if (st) goto fail_set;
@@ -885,9 +1021,12 @@ done:
     base_free(ss.pool, ss.cap_pool * sizeof *ss.pool);
     base_free(ss.off, ss.cap_off * sizeof *ss.off);
     base_free(ss.hash, ss.cap_hash * sizeof *ss.hash);
-    base_free(c.stack, (size_t)a->n * sizeof *c.stack);
-    base_free(c.mark, (size_t)a->n * sizeof *c.mark);
-    base_free(c.out, (size_t)a->n * sizeof *c.out);
+    base_free(c.stack, (size_t)a->n * 3 * sizeof *c.stack);
+    base_free(c.mark, (size_t)a->n * 3 * sizeof *c.mark);
+    base_free(c.out, ((size_t)a->n * 3 + 1) * sizeof *c.out);
+    base_free(c.seen, (size_t)a->n * 3 * sizeof *c.seen);
+    base_free(c.pend, (a->n_eps * 3 + 1) * sizeof *c.pend);
+    base_free(isword, n_bnd ? n_bnd : 1);
     return st;
 }
 
@@ -900,7 +1039,7 @@ keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, cha
     snprintf(what, sizeof what, "pattern \"%.*s%s\"", shown, pat, n > 60 ? "..." : "");
     rp p = {.s = (const unsigned char *)pat, .n = n, .err = err, .what = what};
     nfa a = {0};
-    int32_t root = parse_alt(&p, true, search);
+    int32_t root = parse_root(&p, search);
     keel_status st = p.st;
     if (root >= 0 && !st) {
         int64_t s0 = nfa_state(&a, &p);

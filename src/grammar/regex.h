@@ -23,10 +23,13 @@
  *
  * Caps: RX_MAX_STATES states in a result, RX_MAX_RAW states while
  * building (before minimization), RX_MAX_NFA states of the Thompson
- * automaton (bounds the expansion of {n,m}), RX_MAX_REPEAT for n and m.
- * Past one: KEEL_ERANGE, "... is too complex (more than N automaton
- * states)". Nothing allocates without a cap; nothing recurses deeper than
- * the group nesting (RX_MAX_NEST).
+ * automaton (bounds the expansion of {n,m}), RX_MAX_REPEAT for n and m,
+ * and a work budget of the subset construction (states its closures
+ * visit). Past one: KEEL_ERANGE, "... is too complex (more than N
+ * automaton states)". Nothing allocates without a cap; nothing recurses
+ * deeper than the group nesting (RX_MAX_NEST). No global state: every
+ * function may run on many threads at once; an rx_dfa is read-only once
+ * built.
  */
 #ifndef KEEL_GRAMMAR_REGEX_H
 #define KEEL_GRAMMAR_REGEX_H
@@ -58,11 +61,12 @@ enum { RX_AND, RX_OR, RX_ANDNOT };
  * semantics (a match anywhere; ^ / $ anchor at the ends of the string);
  * otherwise the whole string must match. Errors: KEEL_EFORMAT (syntax,
  * "pattern \"...\": what at offset N"), KEEL_EUNSUPPORTED (backreferences,
- * lookaround, \b \B, \p, anchors inside), KEEL_ERANGE (caps), KEEL_ENOMEM.
+ * lookaround, \p, inline flags), KEEL_ERANGE (caps), KEEL_ENOMEM.
  * err: BASE_ERR_CAP bytes. *out: rx_free it; NULL on failure. */
 keel_status rx_compile(const char *pat, size_t n, bool search, rx_dfa **out, char *err);
-/* Every string of mn..mx code points (mx -1: no upper bound). mx above
- * RX_MAX_STATES - 2 (or mn above it with mx -1) is KEEL_ERANGE. */
+/* Every string of mn..mx code points (mx -1: no upper bound): a counter,
+ * one state per count (not minimized; products with it are). mx above
+ * RX_MAX_RAW - 2 (or mn above it with mx -1) is KEEL_ERANGE. */
 keel_status rx_length(int64_t mn, int64_t mx, rx_dfa **out, char *err);
 /* Exactly the k strings s[i] (n[i] bytes of UTF-8 each; invalid UTF-8 is
  * never matched, so such an entry is left out). */
