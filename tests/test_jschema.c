@@ -102,6 +102,11 @@ static const scase g_cases[] = {
      {"[\"a\",1,2]", "[\"a\",2,1,1]", "[\"a\",1,2,\"b\"]"}, {"[\"a\",1]", "[\"a\",2,2,1]", "[2,1,\"b\"]", "[1,2]", "[\"a\",2]"}},
     {"{\"contains\":{\"type\":\"string\"},\"unevaluatedItems\":{\"type\":\"integer\"}}", {"[\"a\",1]", "[\"a\"]"},
      {"[\"a\",null]", "[1]"}},
+    /* uniqueItems over finitely many values */
+    {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",1,1.0]},\"uniqueItems\":true,\"minItems\":1}",
+     {"[\"a\"]", "[\"b\",\"a\"]", "[1,\"a\",\"b\"]", "[1.0]"}, {"[]", "[\"a\",\"a\"]", "[1,1.0]", "[\"c\"]"}},
+    {"{\"prefixItems\":[{\"type\":\"boolean\"},{\"type\":\"boolean\"}],\"items\":false,\"uniqueItems\":true}",
+     {"[]", "[true]", "[false,true]"}, {"[true,true]", "[false,false]", "[1]"}},
     /* references: pointers, anchors, $id resources */
     {"{\"$id\":\"http://x.y/root\",\"items\":{\"$ref\":\"item.json\"},\"$defs\":{\"i\":{\"$id\":\"item.json\","
      "\"type\":\"integer\"}}}",
@@ -147,7 +152,8 @@ static void test_refusals(void **state)
         {"{\"$dynamicRef\":\"#a\",\"$defs\":{\"x\":{\"$dynamicAnchor\":\"a\"},\"y\":{\"$id\":\"y\",\"$dynamicAnchor\":\"a\"}}}",
          "depends on the dynamic scope"},
         {"{\"properties\":{\"a\":{\"type\":\"array\",\"uniqueItems\":true}}}",
-         "'uniqueItems' true is not supported (it needs arrays of distinct values) at /properties/a"},
+         "'uniqueItems' true is not supported (it needs arrays of distinct values; exact only where every element is one "
+         "of at most 10 values) at /properties/a"},
         {"{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "accepts nothing"},
         {"{\"minimum\":\"1\"}", "'minimum' must be a finite number at /"},
     };

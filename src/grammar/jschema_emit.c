@@ -278,6 +278,8 @@ static bool obj_constrained(const jconj *c)
 
 /* ---- arrays ------------------------------------------------------------------------------- */
 
+static bool conj_test(jsb *b, const jconj *c, json_t *v, int depth);
+
 /* Elements i.. with prefixItems rules pre[0..k): element i follows pre[i]
  * below k, `it` from k on (none when no_more); the first mn are required,
  * at most mx (-1: no bound) in all: `p0 ( , p1 ( , it{0,n} )? )?`. */
@@ -465,6 +467,100 @@ done:
     return ok;
 }
 
+#define JS_MAX_UNIQUE 10
+
+/* The values list l allows when they are finitely many (enum, const,
+ * null / boolean kinds): added to u[*nu] (distinct), their bits in *dom;
+ * false when not finite or more than JS_MAX_UNIQUE in all. */
+static bool finite_values(jsb *b, jsl l, json_t **u, int *nu, unsigned *dom, int depth)
+{
+    *dom = 0;
+    if (!l.n) return false;
+    jdnf x;
+    if (js_norm_list(b, l, 0, &x)) return false;
+    for (int i = 0; i < x.n && !b->st; i++) {
+        const jconj *c = &x.c[i];
+        json_t *lit[3] = {json_null(), json_true(), json_false()};
+        size_t n = c->has_en ? c->n_en : 3;
+        if (!c->has_en && (c->kinds & ~(unsigned)(JK_NULL | JK_BOOL))) return false;
+        for (size_t e = 0; e < n && !b->st; e++) {
+            json_t *v = c->has_en ? c->en[e] : lit[e];
+            if (!conj_test(b, c, v, depth + 1)) continue;
+            int j = 0;
+            while (j < *nu && !js_value_eq(u[j], v)) j++;
+            if (j == *nu) {
+                if (*nu == JS_MAX_UNIQUE) return false;
+                u[(*nu)++] = v;
+            }
+            *dom |= 1u << j;
+        }
+    }
+    return !b->st;
+}
+
+/* uniqueItems over finitely many values: rules name-u<mask>, mask the
+ * values used so far (the element count is its popcount, the position's
+ * schema that of prefixItems below k). 1: written, 0: no array, -1: not
+ * applicable (the caller refuses). */
+static int unique_rules(jsb *b, const jconj *c, const char *name, int64_t mn, int64_t mx, int64_t k, int depth)
+{
+    json_t *u[JS_MAX_UNIQUE];
+    int nu = 0;
+    unsigned dom[258];
+    if (k > 256) return -1;
+    for (int64_t p = 0; p <= k; p++) {
+        bool last_none = p == k && mx >= 0 && mx <= k; /* no element past the usable prefix */
+        dom[p] = 0;
+        if (!last_none && !finite_values(b, p < k ? c->pre[p] : c->items, u, &nu, &dom[p], depth)) return b->st ? 0 : -1;
+    }
+    int64_t mxe = mx < 0 ? nu : BASE_MIN(mx, nu);
+    if (mn > mxe) return 0;
+    size_t nm = (size_t)1 << nu;
+    uint8_t *alive = base_calloc(nm, 1);
+    if (!alive) return js_oom(b), 0;
+    for (size_t m = nm; m-- > 0;) {
+        int pc = __builtin_popcount((unsigned)m);
+        bool a = pc >= mn && pc <= mxe;
+        unsigned d = dom[BASE_MIN((int64_t)pc, k)];
+        for (int j = 0; j < nu && !a && pc < mxe; j++)
+            if (!(m >> j & 1u) && (d >> j & 1u) && alive[m | (size_t)1 << j]) a = true;
+        alive[m] = a;
+    }
+    int ok = alive[0] ? 1 : 0;
+    sbuf o = {0};
+    for (int j = 0; ok && j < nu && !b->st; j++) {
+        char vn[128];
+        int seq = 0;
+        snprintf(vn, sizeof vn, "%s-v%d", name, j);
+        js_sputf(b, &o, "%s ::= ", vn);
+        put_value(b, &o, u[j], vn, &seq, 0);
+        js_sputs(b, &o, "\n");
+    }
+    for (size_t m = 0; ok && m < nm && !b->st; m++) {
+        if (!alive[m]) continue;
+        int pc = __builtin_popcount((unsigned)m);
+        unsigned d = dom[BASE_MIN((int64_t)pc, k)];
+        bool any = false;
+        js_sputf(b, &o, "%s-u%zu ::= ", name, m);
+        if (pc >= mn) {
+            js_sputs(b, &o, "\"]\"");
+            any = true;
+        }
+        for (int j = 0; j < nu && pc < mxe; j++)
+            if (!(m >> j & 1u) && (d >> j & 1u) && alive[m | (size_t)1 << j]) {
+                js_sputf(b, &o, "%s%s%s-v%d ws %s-u%zu", any ? " | " : "", pc ? "\",\" ws " : "", name, j, name,
+                         m | (size_t)1 << j);
+                any = true;
+            }
+        js_sputs(b, &o, "\n");
+    }
+    if (ok) js_sputf(b, &o, "%s ::= \"[\" ws %s-u0\n", name, name);
+    if (ok && !b->st) add_rules(b, o.d, o.n);
+    js_sfree(&o);
+    base_free(alive, nm);
+    return b->st ? 0 : ok;
+}
+
 /* The arrays of c as rule `name`: false when none. */
 static bool arr_rule(jsb *b, const jconj *c, const char *name, int depth)
 {
@@ -490,8 +586,14 @@ static bool arr_rule(jsb *b, const jconj *c, const char *name, int depth)
     if (no_more) mx = mx < 0 ? k : BASE_MIN(mx, k);
     if (mx >= 0 && mn > mx) goto none;
     if (c->unique && (mx < 0 || mx > 1)) {
-        js_refuse(b, c->where, "'uniqueItems' true is not supported (it needs arrays of distinct values)");
-        goto fail;
+        int u = c->n_ct ? -1 : unique_rules(b, c, name, mn, mx, k, depth);
+        if (u < 0) {
+            js_refuse(b, c->where, "'uniqueItems' true is not supported (it needs arrays of distinct values; exact only "
+                                   "where every element is one of at most %d values)", JS_MAX_UNIQUE);
+            goto fail;
+        }
+        base_free(pre, (size_t)(c->n_pre ? c->n_pre : 0) * sizeof *pre);
+        return u == 1;
     }
     bool counted = false;
     for (int i = 0; i < c->n_ct; i++) counted |= c->ct[i].mn > 0 || c->ct[i].mx >= 0;
@@ -843,8 +945,6 @@ static bool shared_rule(jsb *b, const jconj *c, const char *name, int depth, boo
 }
 
 /* ---- values against the normal form (enum / const arrays and objects) ------------------- */
-
-static bool conj_test(jsb *b, const jconj *c, json_t *v, int depth);
 
 /* Whether v satisfies every schema of l. */
 static bool list_test(jsb *b, jsl l, json_t *v, int depth)
