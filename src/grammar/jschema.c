@@ -1386,11 +1386,13 @@ keel_status gram_schema_gbnf(const char *schema, size_t len, char **gbnf, size_t
     if (!b.synth || !b.info || !b.res || !b.memo || !b.syn) {
         js_oom(&b);
     } else if (!js_index(&b, s, "", "", 0)) {
-        if (json_is_object(s) && !json_is_string(json_object_get(s, "$id"))) js_add_res(&b, "", s, "/", false);
+        /* a document without $id is the resource "" (references "#..." name it) */
+        keel_status st0 = KEEL_OK;
+        if (json_is_object(s) && !json_is_string(json_object_get(s, "$id"))) st0 = js_add_res(&b, "", s, "/", false);
         int64_t root = JR_NONE;
         json_t *one[1] = {s};
         jsl l = {one, 1};
-        if (!b.st && !js_emit_list(&b, l, 0, &root)) {
+        if (!st0 && !js_emit_list(&b, l, 0, &root)) {
             if (root == JR_NONE) js_refuse(&b, "/", "the schema accepts nothing (false)");
             else if (root == JR_ANY) js_sputs(&b, &b.out, "root ::= value\n");
             else js_sputf(&b, &b.out, "root ::= s%lld\n", (long long)root);
