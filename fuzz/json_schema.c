@@ -1,6 +1,6 @@
 /*
  * fuzz/json_schema.c — libFuzzer target: the JSON Schema to GBNF compiler
- * (src/grammar/jschema.c) over arbitrary schemas. The input is split at its
+ * (src/grammar/jschema*.c) over arbitrary schemas. The input is split at its
  * first NUL byte: the schema before it, a candidate instance after it.
  * Checks (abort on failure): a refusal carries a message; a schema that
  * compiles yields GBNF that gbnf.c compiles (the generator never writes a

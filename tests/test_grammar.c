@@ -444,7 +444,7 @@ static void test_schema(void **state)
         {"true", {"{\"a\":[1,{}]}", "\"x\"", "null", "-0.5"}, {"", "{", "nul"}},
         {"{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":1},\"maxItems\":0}", {"[]", "[ ]"}, {"[\"\"]"}},
         {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"null\"},\"b\":{\"type\":\"null\"},\"é\":{\"type\":\"null\"}}}",
-         {"{\"a\":1}", "{\"abc\":1,\"\":2}", "{\"ab\":null,\"b\":null,\"éé\":3}", "{\"\\u00e9x\":1}"},
+         {"{\"a\":1}", "{\"abc\":1,\"\":2}", "{\"ab\":null,\"b\":null,\"éé\":3}", "{\"éx\":1}"},
          {"{\"ab\":1}", "{\"b\":null,\"ab\":null}", "{\"b\":null,\"b\":1}", "{\"é\":1}", "{\"x\":1,\"ab\":null}"}},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}",
          {"{}", "{\"k\":true,\"j\":false}"}, {"{\"k\":1}"}},
@@ -488,24 +488,21 @@ static void test_schema(void **state)
         keel_status st;
         const char *msg;
     } bad[] = {
-        {"{\"type\":\"string\",\"pattern\":\"a+\"}", KEEL_EUNSUPPORTED, "keyword 'pattern' is not supported at /"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}", KEEL_EUNSUPPORTED,
-         "keyword 'minimum' is not supported at /properties/a"},
+        {"{\"type\":\"array\",\"uniqueItems\":true}", KEEL_EUNSUPPORTED, "'uniqueItems' true is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$dynamicRef\":\"#x\"}}}", KEEL_EUNSUPPORTED,
+         "names nothing in the schema at /properties/a"},
         {"{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/x\"}]}", KEEL_EUNSUPPORTED,
          "a '$ref' that names nothing in the schema at /anyOf/1"},
         {"{\"$ref\":\"other.json#/a\"}", KEEL_EUNSUPPORTED, "another document"},
-        {"{\"$ref\":\"#node\"}", KEEL_EUNSUPPORTED, "'$ref' to an anchor"},
-        {"{\"$ref\":\"#/$defs/a\",\"type\":\"string\",\"$defs\":{\"a\":{}}}", KEEL_EUNSUPPORTED,
-         "keyword 'type' beside '$ref' is not supported at /"},
+        {"{\"$ref\":\"#node\"}", KEEL_EUNSUPPORTED, "'$ref' to the anchor '#node' that names nothing"},
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
          KEEL_EUNSUPPORTED, "a '$ref' cycle that never reaches a schema"},
-        {"{\"properties\":{}}", KEEL_EUNSUPPORTED, "without 'type'"},
-        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", KEEL_EUNSUPPORTED, "'required' name"},
-        {"false", KEEL_EUNSUPPORTED, "nothing is valid"},
+        {"{\"minimun\":1}", KEEL_EUNSUPPORTED, "keyword 'minimun' is not supported at /"},
+        {"false", KEEL_EUNSUPPORTED, "accepts nothing"},
         {"{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", KEEL_EUNSUPPORTED,
-         "'minItems' above the 'prefixItems' with 'items' false accepts nothing"},
+         "accepts nothing"},
         {"{\"type\":\"array\",\"items\":[{}]}", KEEL_EUNSUPPORTED, "use prefixItems"},
-        {"{\"type\":\"decimal\"}", KEEL_EUNSUPPORTED, "unknown 'type'"},
+        {"{\"type\":\"decimal\"}", KEEL_EUNSUPPORTED, "the unknown type 'decimal'"},
         {"{\"type\":", KEEL_EFORMAT, "not JSON"},
     };
     for (size_t i = 0; i < BASE_ARRAY_LEN(bad); i++) {
@@ -595,10 +592,10 @@ static void test_sampling(void **state)
     /* a schema keyword the compiler does not translate is a named KEEL_EINVAL */
     keel_status st0 = keel_complete(e, NULL,
                                     "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
-                                    "{\"schema\": {\"type\": \"string\", \"pattern\": \"a\"}}}}",
+                                    "{\"schema\": {\"type\": \"array\", \"uniqueItems\": true}}}}",
                                     NULL, NULL, NULL, resp, sizeof resp);
     assert_int_equal(st0, KEEL_EINVAL);
-    assert_non_null(strstr(keel_engine_last_error(e), "keyword 'pattern' is not supported"));
+    assert_non_null(strstr(keel_engine_last_error(e), "'uniqueItems' true is not supported"));
     /* a grammar the engine refuses is a named KEEL_EINVAL */
     keel_status st = keel_complete(e, NULL, "{\"prompt\": \"x\", \"grammar\": \"root ::= root \\\"a\\\" | \\\"b\\\"\"}", NULL,
                                    NULL, NULL, resp, sizeof resp);
