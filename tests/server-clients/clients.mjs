@@ -10,14 +10,15 @@
 // --write-sse DIR) is served to the SDKs from a local HTTP server, and
 // their accumulated messages must hold the tool call.
 //
-// usage: node clients.mjs PORT API_KEY SSE_DIR
+// usage: node clients.mjs PORT API_KEY SSE_DIR PORT2 (PORT2: a server whose
+// template has a tool-call format, for the constrained-output checks)
 import http from 'node:http';
 import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
-const [port, apiKey, sseDir] = process.argv.slice(2);
+const [port, apiKey, sseDir, port2] = process.argv.slice(2);
 let checks = 0;
 function check(cond, what) {
   if (!cond) throw new Error('check failed: ' + what);
@@ -315,11 +316,83 @@ async function cannedToolStreams() {
   }
 }
 
+// Constrained output through the SDKs: response_format json_schema, a
+// strict tool forced by tool_choice (OpenAI) and a tool forced by
+// tool_choice (Anthropic): a random-weight model at temperature 1 must
+// still return text that parses and keeps every constraint; a schema the
+// compiler refuses is a BadRequestError naming the keyword.
+const forecast = {
+  type: 'object',
+  properties: {
+    city: { type: 'string', minLength: 1, maxLength: 6 },
+    days: { type: 'integer', minimum: 1, maximum: 7 },
+    units: { enum: ['c', 'f'] },
+    hourly: { type: 'boolean' },
+  },
+  required: ['city', 'days', 'units'],
+  additionalProperties: false,
+};
+function forecastOk(o) {
+  const keys = Object.keys(o);
+  return typeof o.city === 'string' && [...o.city].length >= 1 && [...o.city].length <= 6 &&
+    Number.isInteger(o.days) && o.days >= 1 && o.days <= 7 && ['c', 'f'].includes(o.units) &&
+    (o.hourly === undefined || typeof o.hourly === 'boolean') &&
+    keys.every((k) => ['city', 'days', 'units', 'hourly'].includes(k));
+}
+
+async function constrained() {
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${port2}/v1`, apiKey, maxRetries: 0 });
+  const ask = [{ role: 'user', content: 'The forecast for Paris, as JSON.' }];
+  for (let i = 0; i < 3; i++) {
+    const r = await client.chat.completions.create({ model: 'keel', messages: ask, max_tokens: 400, temperature: 1,
+      response_format: { type: 'json_schema', json_schema: { name: 'forecast', schema: forecast, strict: true } } });
+    check(r.choices[0].finish_reason === 'stop', 'response_format json_schema: finished (' + r.choices[0].finish_reason + ')');
+    const text = r.choices[0].message.content;
+    let o = null;
+    try { o = JSON.parse(text); } catch (e) { check(false, 'response_format json_schema: JSON: ' + text); }
+    check(forecastOk(o), 'response_format json_schema: the schema holds: ' + text);
+  }
+  const jo = await client.chat.completions.create({ model: 'keel', messages: ask, max_tokens: 400, temperature: 1,
+    response_format: { type: 'json_object' } });
+  if (jo.choices[0].finish_reason === 'stop') {
+    const o = JSON.parse(jo.choices[0].message.content);
+    check(o !== null && typeof o === 'object' && !Array.isArray(o), 'json_object: an object');
+  }
+  try {
+    await client.chat.completions.create({ model: 'keel', messages: ask, max_tokens: 4,
+      response_format: { type: 'json_schema', json_schema: { name: 'u', schema: { type: 'array', uniqueItems: true } } } });
+    check(false, 'a schema the compiler refuses is a 400');
+  } catch (e) {
+    check(e instanceof OpenAI.BadRequestError && /uniqueItems/.test(e.message), 'refused schema: ' + e);
+  }
+  const strictTools = [{ type: 'function', function: { name: 'get_forecast', description: 'Forecast of a city',
+    strict: true, parameters: forecast } }];
+  for (let i = 0; i < 3; i++) {
+    const t = await client.chat.completions.create({ model: 'keel', messages: ask, tools: strictTools, max_tokens: 400,
+      temperature: 1, tool_choice: { type: 'function', function: { name: 'get_forecast' } } });
+    const calls = t.choices[0].message.tool_calls;
+    check(t.choices[0].finish_reason === 'tool_calls' && calls && calls.length >= 1,
+      'forced strict tool: a tool call (' + t.choices[0].finish_reason + ')');
+    check(calls[0].function.name === 'get_forecast', 'forced strict tool: its name');
+    check(forecastOk(JSON.parse(calls[0].function.arguments)), 'forced strict tool: arguments ' + calls[0].function.arguments);
+  }
+  const an = new Anthropic({ baseURL: `http://127.0.0.1:${port2}`, apiKey, maxRetries: 0 });
+  for (let i = 0; i < 3; i++) {
+    const m = await an.messages.create({ model: 'keel', max_tokens: 400, temperature: 1, messages: ask,
+      tools: [{ name: 'get_forecast', description: 'Forecast of a city', input_schema: forecast }],
+      tool_choice: { type: 'tool', name: 'get_forecast' } });
+    const use = m.content.find((b) => b.type === 'tool_use');
+    check(m.stop_reason === 'tool_use' && use && use.name === 'get_forecast', 'anthropic forced tool: a tool_use (' + m.stop_reason + ')');
+    check(forecastOk(use.input), 'anthropic forced tool: input ' + JSON.stringify(use.input));
+  }
+}
+
 try {
   await openaiReal();
   await anthropicReal();
   await prefill();
   await cannedToolStreams();
+  await constrained();
   const ver = (p) => JSON.parse(fs.readFileSync(path.join('node_modules', p, 'package.json'))).version;
   console.log(`server-clients: ${checks} checks passed (openai ${ver('openai')}, @anthropic-ai/sdk ${ver('@anthropic-ai/sdk')})`);
 } catch (e) {
