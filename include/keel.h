@@ -1262,18 +1262,28 @@ typedef struct keel_grammar_matcher keel_grammar_matcher;
  * repetitions, {m,n} counts above 100000); KEEL_ENOMEM. err: 256 bytes, may
  * be NULL. The grammar is immutable: any number of threads may share it. */
 keel_status keel_grammar_compile(const char *gbnf, size_t len, keel_grammar **out, char *err);
-/* Compiles a JSON Schema (len bytes of JSON) to a grammar of the JSON texts
- * it accepts, for the core keywords: type (a name or a list), properties,
- * required, additionalProperties, items, minItems, maxItems, enum, const,
- * minLength, maxLength, anyOf; annotations (title, description, format,
- * ...) are ignored. Object members in the order of "properties" (optional
- * ones may be absent), then additional members where allowed; at most 20
- * whitespace characters between tokens (docs/grammar.md). KEEL_EFORMAT
- * (not JSON), KEEL_EUNSUPPORTED for any other keyword, named with its
- * location ("json schema: keyword 'pattern' is not supported at
- * /properties/a"), KEEL_ERANGE, KEEL_ENOMEM. */
+/* Compiles a JSON Schema, draft 2020-12 (len bytes of JSON), to a grammar
+ * of exactly the JSON texts it accepts: every keyword of the validation and
+ * applicator vocabularies (type, properties, patternProperties, items,
+ * prefixItems, contains, enum, const, numeric bounds and multipleOf exactly
+ * in decimal, minLength/maxLength, pattern as an ECMA-262 regex, format
+ * assertions, allOf/anyOf/oneOf/not/if, dependent*, unevaluated*, local
+ * $ref/$anchor/$id, ...; docs/grammar.md "JSON Schema"). Object members
+ * in the order of "properties", then additional members where allowed; at
+ * most 20 whitespace characters between tokens; numbers under a numeric
+ * constraint without an exponent. A schema nothing satisfies (false)
+ * compiles to a grammar that accepts no text (keel_grammar_accepts_nothing).
+ * KEEL_EFORMAT (not JSON), KEEL_EUNSUPPORTED for a keyword or a use of one
+ * the compiler cannot make exact (uniqueItems over unbounded values,
+ * remote references, regex backreferences, an unknown keyword, ...),
+ * named with its location ("json schema: ... at /properties/a"),
+ * KEEL_ERANGE past a cap (hostile schemas), KEEL_ENOMEM. */
 keel_status keel_grammar_compile_schema(const char *schema_json, size_t len, keel_grammar **out, char *err);
 void keel_grammar_close(keel_grammar *g);
+/* Whether no text at all is a sentence of g (*empty), e.g. the grammar of
+ * the schema false or of contradicting constraints: sampling under it
+ * would fail at its first token. KEEL_EINVAL, KEEL_ENOMEM. Thread-safe. */
+keel_status keel_grammar_accepts_nothing(const keel_grammar *g, bool *empty, char *err);
 /* Whether text[0..len) is a complete sentence of g (*accepted), with the
  * engine sampling uses. KEEL_ERANGE (named in err) when the parse exceeds
  * the matcher's limits (stacks in one state, distinct stacks). Allocates

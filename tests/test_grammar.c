@@ -498,9 +498,6 @@ static void test_schema(void **state)
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
          KEEL_EUNSUPPORTED, "a '$ref' cycle that never reaches a schema"},
         {"{\"minimun\":1}", KEEL_EUNSUPPORTED, "keyword 'minimun' is not supported at /"},
-        {"false", KEEL_EUNSUPPORTED, "accepts nothing"},
-        {"{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", KEEL_EUNSUPPORTED,
-         "accepts nothing"},
         {"{\"type\":\"array\",\"items\":[{}]}", KEEL_EUNSUPPORTED, "use prefixItems"},
         {"{\"type\":\"decimal\"}", KEEL_EUNSUPPORTED, "the unknown type 'decimal'"},
         {"{\"type\":", KEEL_EFORMAT, "not JSON"},
@@ -596,6 +593,17 @@ static void test_sampling(void **state)
                                     NULL, NULL, NULL, resp, sizeof resp);
     assert_int_equal(st0, KEEL_EINVAL);
     assert_non_null(strstr(keel_engine_last_error(e), "'uniqueItems' true is not supported"));
+    /* a schema nothing satisfies is refused up front, not at the first token */
+    st0 = keel_complete(e, NULL, "{\"prompt\": \"x\", \"json_schema\": {\"not\": {}}}", NULL, NULL, NULL, resp,
+                        sizeof resp);
+    assert_int_equal(st0, KEEL_EINVAL);
+    assert_non_null(strstr(keel_engine_last_error(e), "the schema accepts nothing"));
+    keel_grammar *kf = NULL;
+    bool empty = false;
+    assert_int_equal(keel_grammar_compile_schema("false", 5, &kf, NULL), KEEL_OK);
+    assert_int_equal(keel_grammar_accepts_nothing(kf, &empty, NULL), KEEL_OK);
+    assert_true(empty);
+    keel_grammar_close(kf);
     /* a grammar the engine refuses is a named KEEL_EINVAL */
     keel_status st = keel_complete(e, NULL, "{\"prompt\": \"x\", \"grammar\": \"root ::= root \\\"a\\\" | \\\"b\\\"\"}", NULL,
                                    NULL, NULL, resp, sizeof resp);

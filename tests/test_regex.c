@@ -363,7 +363,7 @@ static void test_caps(void **state)
         assert_null(d);
     }
     /* a pattern within the caps, and a product past them */
-    jstr_spec s = {.min_len = 0, .max_len = 5000, .pattern = {"a"}, .n_pattern = 1};
+    jstr_spec s = {.min_len = 0, .max_len = 16000, .pattern = {"abcdefghij"}, .n_pattern = 1};
     char *out = NULL, err[BASE_ERR_CAP] = "";
     size_t n = 0;
     bool empty = false;

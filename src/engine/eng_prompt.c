@@ -262,6 +262,19 @@ static keel_status schema_grammar(json_t *schema, eng_opts *o, char *err)
     chat_json_free(text);
     if (st == KEEL_OK && (st = keel_grammar_compile(g, n, &o->grammar, why)) != KEEL_OK) base_free(g, n + 1);
     if (st != KEEL_OK) return base_err(err, st == KEEL_ENOMEM ? KEEL_ENOMEM : KEEL_EINVAL, "%s", why);
+    /* a schema no value satisfies (false, or constraints that contradict
+     * each other) compiles to the empty language: refused here, up front,
+     * rather than at the first token */
+    bool empty = false;
+    st = keel_grammar_accepts_nothing(o->grammar, &empty, why);
+    if (st == KEEL_OK && empty)
+        st = base_err(why, KEEL_EINVAL, "json schema: the schema accepts nothing (no value is valid), so nothing can be generated");
+    if (st != KEEL_OK) {
+        keel_grammar_close(o->grammar);
+        o->grammar = NULL;
+        base_free(g, n + 1);
+        return base_err(err, st == KEEL_ENOMEM ? KEEL_ENOMEM : KEEL_EINVAL, "%s", why);
+    }
     o->grammar_text = g; /* the generated GBNF: parked matchers are found by it */
     o->grammar_len = n;
     return KEEL_OK;

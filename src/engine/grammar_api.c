@@ -65,6 +65,12 @@ void keel_grammar_close(keel_grammar *g)
     base_free(g, sizeof *g);
 }
 
+keel_status keel_grammar_accepts_nothing(const keel_grammar *g, bool *empty, char *err)
+{
+    if (!g || !empty) return base_err(err, KEEL_EINVAL, "bad arguments");
+    return gram_accepts_nothing(g->g, empty, err);
+}
+
 keel_status keel_grammar_match(const keel_grammar *g, const char *text, size_t len, bool *accepted, char *err)
 {
     if (!g || !accepted || (!text && len)) return base_err(err, KEEL_EINVAL, "bad arguments");

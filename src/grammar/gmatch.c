@@ -1279,3 +1279,27 @@ void gram_matcher_stats(const gram_matcher *m, gram_stats *out)
     out->miss_ns = m->miss_ns;
     out->mask_bytes = (size_t)m->n_masks * (m->v ? (size_t)m->v->n_words * 8 : 0);
 }
+
+keel_status gram_accepts_nothing(const gram *g, bool *empty, char *err)
+{
+    if (!g || !empty) return base_err(err, KEEL_EINVAL, "grammar: bad arguments");
+    *empty = false;
+    gram_matcher *m = NULL;
+    keel_status st = gram_matcher_open(g, NULL, NULL, &m, err);
+    if (st) return st;
+    bool none = !gram_matcher_complete(m);
+    /* a refused byte leaves the state as it was, so each byte is tried
+     * from the start state */
+    for (int b = 0; b < 256 && none; b++) {
+        uint8_t x = (uint8_t)b;
+        st = gram_matcher_accept_bytes(m, &x, 1, NULL);
+        if (st == KEEL_OK) none = false;
+        else if (st != KEEL_EINVAL) break;
+        st = KEEL_OK;
+    }
+    if (st) base_err(err, st, "grammar: %s", gram_matcher_error(m));
+    gram_matcher_close(m);
+    if (st) return st;
+    *empty = none;
+    return KEEL_OK;
+}

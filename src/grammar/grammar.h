@@ -114,6 +114,10 @@ void gram_free(gram *g);
  * JSON), KEEL_EUNSUPPORTED (a keyword that is not translated, named with
  * its location), KEEL_ERANGE, KEEL_ENOMEM. */
 keel_status gram_schema_gbnf(const char *schema, size_t len, char **gbnf, size_t *n_gbnf, char *err);
+/* Whether g's language is empty: no text is a sentence (the start state is
+ * not complete and takes no byte), e.g. the grammar of the JSON Schema
+ * false. KEEL_ENOMEM / KEEL_ERANGE from opening a matcher. */
+keel_status gram_accepts_nothing(const gram *g, bool *empty, char *err);
 /* gram_schema_gbnf then gram_compile. */
 keel_status gram_compile_schema(const char *schema, size_t len, gram **out, char *err);
 

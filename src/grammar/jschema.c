@@ -14,8 +14,10 @@
  * cannot express (patternProperties, additionalProperties, propertyNames,
  * uniqueItems under not), unevaluated* where the evaluated set is not
  * known exactly, unknown keywords (a misspelt keyword is more likely than
- * an extension), a schema that accepts nothing at the root; caps
- * (jschema_int.h) bound depth, union sizes, work and memory.
+ * an extension); caps
+ * (jschema_int.h) bound depth, union sizes, work and memory. A schema that
+ * accepts nothing compiles to the empty language (gram_accepts_nothing
+ * says so; the engine refuses to generate under it).
  */
 #include "jschema_int.h"
 
@@ -1393,7 +1395,9 @@ keel_status gram_schema_gbnf(const char *schema, size_t len, char **gbnf, size_t
         json_t *one[1] = {s};
         jsl l = {one, 1};
         if (!st0 && !js_emit_list(&b, l, 0, &root)) {
-            if (root == JR_NONE) js_refuse(&b, "/", "the schema accepts nothing (false)");
+            /* nothing is valid: a grammar of the empty language (every text
+             * rejected; generation under it is refused by the engine) */
+            if (root == JR_NONE) js_sputs(&b, &b.out, "root ::= [^\\x00-\\U0010FFFF]\n");
             else if (root == JR_ANY) js_sputs(&b, &b.out, "root ::= value\n");
             else js_sputf(&b, &b.out, "root ::= s%lld\n", (long long)root);
             js_sputs(&b, &b.out, g_json_rules);

@@ -1079,7 +1079,7 @@ static keel_status determinize(rp *p, nfa *a, uint32_t start, uint32_t fin, rx_d
         for (uint32_t i = ss.off[q]; i < ss.off[q + 1]; i++)
             if (ss.pool[i] == acc_mark) d->acc[q] = 1;
     d->start = (uint32_t)s0;
-    st = rx_finish(d, p->what, p->err);
+    st = rx_finish(d, p->what, RX_MAX_STATES, p->err);
     if (st) goto fail_set;
     *out = d;
     d = NULL;

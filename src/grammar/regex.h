@@ -38,6 +38,10 @@
 
 #define RX_MAX_STATES 4096u
 #define RX_MAX_RAW    16384u
+/* products (a pattern or format with length bounds, several patterns):
+ * email with maxLength 254 is about 20,000 states, built in 0.3 s */
+#define RX_MAX_PRODUCT     65536u
+#define RX_MAX_PRODUCT_RAW 131072u
 #define RX_MAX_NFA    200000u
 #define RX_MAX_REPEAT 1000
 #define RX_MAX_NEST   128
@@ -98,6 +102,6 @@ bool rx_grow(void *pp, size_t *cap, size_t need, size_t elsz);
 rx_dfa *rx_dfa_new(uint32_t n_iv, uint32_t n_cls, uint32_t n_states);
 /* Prunes, minimizes and merges the classes of d; KEEL_ERANGE ("<what>
  * is too complex ...") past RX_MAX_STATES, KEEL_ENOMEM. */
-keel_status rx_finish(rx_dfa *d, const char *what, char *err);
+keel_status rx_finish(rx_dfa *d, const char *what, uint32_t max_states, char *err);
 
 #endif /* KEEL_GRAMMAR_REGEX_H */

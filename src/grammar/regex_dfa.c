@@ -519,7 +519,7 @@ out:
     return st;
 }
 
-keel_status rx_finish(rx_dfa *d, const char *what, char *err)
+keel_status rx_finish(rx_dfa *d, const char *what, uint32_t max_states, char *err)
 {
     keel_status st = compress_classes(d);
     if (!st) st = prune(d);
@@ -527,9 +527,9 @@ keel_status rx_finish(rx_dfa *d, const char *what, char *err)
     if (!st) st = prune(d); /* the renumbering puts the states in BFS order */
     if (!st) st = compress_classes(d);
     if (st) return base_err(err, st, "%s: out of memory", what);
-    if (d->n_states > RX_MAX_STATES)
+    if (d->n_states > max_states)
         return base_err(err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", what,
-                        RX_MAX_STATES);
+                        max_states);
     return KEEL_OK;
 }
 
@@ -638,7 +638,7 @@ keel_status rx_strings(const char *const *s, const size_t *n, size_t k, rx_dfa *
     memcpy(d->next, next, n_states * nb * sizeof *next);
     memcpy(d->acc, acc, n_states);
     d->start = 1;
-    st = rx_finish(d, "the list of excluded strings", err);
+    st = rx_finish(d, "the list of excluded strings", RX_MAX_STATES, err);
     if (!st) {
         *out = d;
         d = NULL;
@@ -681,7 +681,7 @@ static size_t pmap_slot(uint64_t k, size_t cap)
     return (size_t)(k % cap);
 }
 
-/* The state of pair k, added when new; -1 no memory, -2 past RX_MAX_RAW. */
+/* The state of pair k, added when new; -1 no memory, -2 past RX_MAX_PRODUCT_RAW. */
 static int64_t pmap_get(pmap *m, uint64_t k)
 {
     if ((m->n + 1) * 2 > m->cap_hash) {
@@ -701,7 +701,7 @@ static int64_t pmap_get(pmap *m, uint64_t k)
     size_t at = pmap_slot(k, m->cap_hash);
     for (; m->hash[at]; at = (at + 1) % m->cap_hash)
         if (m->pair[m->hash[at] - 1] == k) return m->hash[at] - 1;
-    if (m->n >= RX_MAX_RAW) return -2;
+    if (m->n >= RX_MAX_PRODUCT_RAW) return -2;
     if (!rx_grow(&m->pair, &m->cap_pair, m->n + 1, sizeof *m->pair)) return -1;
     m->pair[m->n] = k;
     m->hash[at] = (uint32_t)m->n + 1;
@@ -780,7 +780,7 @@ keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, c
     memcpy(d->next, table, n_st * nc * sizeof *table);
     memcpy(d->acc, acc, n_st);
     d->start = (uint32_t)s0;
-    st = rx_finish(d, what, err);
+    st = rx_finish(d, what, RX_MAX_PRODUCT, err);
     if (!st) {
         *out = d;
         d = NULL;
@@ -788,7 +788,7 @@ keel_status rx_product(const rx_dfa *a, const rx_dfa *b, int op, rx_dfa **out, c
     goto out;
 too_big:
     st = base_err(err, KEEL_ERANGE, "%s is too complex (more than %u automaton states)", what,
-                  RX_MAX_STATES);
+                  RX_MAX_PRODUCT);
     goto out;
 fail:
     st = base_err(err, KEEL_ENOMEM, "%s: out of memory", what);

@@ -65,6 +65,8 @@ class Keel:
         L.keel_grammar_close.argtypes = [vp]
         L.keel_grammar_match.argtypes = [vp, cp, sz, ctypes.POINTER(ctypes.c_bool), cp]
         L.keel_grammar_match.restype = ctypes.c_int
+        L.keel_grammar_accepts_nothing.argtypes = [vp, ctypes.POINTER(ctypes.c_bool), cp]
+        L.keel_grammar_accepts_nothing.restype = ctypes.c_int
         L.keel_engine_open.argtypes = [cp, ctypes.POINTER(vp), cp]
         L.keel_engine_open.restype = ctypes.c_int
         L.keel_engine_close.argtypes = [vp]
@@ -85,6 +87,13 @@ class Keel:
         if st != 0:
             return err.value.decode("utf-8", "replace") or self.lib.keel_status_name(st).decode()
         return g
+
+    def accepts_nothing(self, g):
+        empty, err = ctypes.c_bool(), ctypes.create_string_buffer(256)
+        st = self.lib.keel_grammar_accepts_nothing(g, ctypes.byref(empty), err)
+        if st != 0:
+            raise RuntimeError(err.value.decode("utf-8", "replace"))
+        return empty.value
 
     def match(self, g, text):
         ok, err = ctypes.c_bool(), ctypes.create_string_buffer(256)
@@ -342,6 +351,7 @@ def main():
         return Validator(sx, format_checker=fc, resolver=res)
 
     unreliable, weak = {}, {}
+    n_empty = 0
     for src, name, s, tests in cands:
         g = k.compile(json.dumps(s, ensure_ascii=False))
         if isinstance(g, str):
@@ -349,7 +359,11 @@ def main():
             if src == "tools":
                 refused_tools.append(f"{name}: {g}")
             continue
+        empty = k.accepts_nothing(g)
         k.lib.keel_grammar_close(g)
+        if empty:  # nothing to sample: the engine refuses such a schema up front
+            n_empty += 1
+            continue
         schemas.append((src, name, s))
         # the validator on the suite's own instances of this schema (formats as the suite's
         # group has them: annotations in the required group, assertions in optional/format,
@@ -461,7 +475,7 @@ def main():
         print(json.dumps(rep, indent=1, ensure_ascii=False))
     else:
         print(f"schemas sampled: {len(schemas)} ({rep['suite_schemas']} from the suite, {rep['tool_schemas']} tools; "
-              f"refused: {refused['suite']} suite, {refused['tools']} tools)")
+              f"refused: {refused['suite']} suite, {refused['tools']} tools; accepting nothing, not sampled: {n_empty})")
         for t in refused_tools:
             print(f"  refused {t}")
         print(f"formats asserted: {asserted or 'none'}" + (f" (not checked here: {unchecked})" if unchecked else ""))
