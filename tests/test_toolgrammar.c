@@ -257,6 +257,20 @@ static void test_refused_schema(void **state)
     assert_int_equal(toolcall_grammar_build(TOOLCALL_FORMAT_HERMES, t, "nope", true, true, &tg, err), KEEL_EINVAL);
     json_decref(t);
     assert_false(toolcall_grammar_supported(TOOLCALL_FORMAT_GPT_OSS));
+    /* an XML format's raw string: a length bound it cannot write is refused, not dropped */
+    static const char *const raw_bad[] = {
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":20000}}}}}]",
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":5,\"maxLength\":2}}}}}]",
+    };
+    for (size_t i = 0; i < BASE_ARRAY_LEN(raw_bad); i++) {
+        t = tools_json(raw_bad[i]);
+        st = toolcall_grammar_build(TOOLCALL_FORMAT_QWEN3_CODER, t, NULL, false, true, &tg, err);
+        json_decref(t);
+        assert_int_equal(st, KEEL_EUNSUPPORTED);
+        assert_non_null(strstr(err, "minLength / maxLength of a raw string parameter"));
+    }
 }
 
 /* Two tools with recursive schemas: each keeps its own rules. */

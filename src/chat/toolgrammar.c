@@ -352,10 +352,14 @@ static keel_status xml_value(tg_buf *b, json_t *ps, const char *prefix, char *wh
             return base_err(why, KEEL_EUNSUPPORTED, "json schema: keyword '%s' of a raw string parameter is not supported",
                             k);
     long long mn = 0, mx = -1;
-    (void)int_member(ps, "minLength", &mn); /* absent or out of range: no bound */
-    if (!int_member(ps, "maxLength", &mx)) mx = -1;
+    /* a bound that cannot be written is refused, never dropped */
+    if ((json_object_get(ps, "minLength") && !int_member(ps, "minLength", &mn)) ||
+        (json_object_get(ps, "maxLength") && !int_member(ps, "maxLength", &mx)) || (mx >= 0 && mx < mn))
+        return base_err(why, KEEL_EUNSUPPORTED,
+                        "json schema: minLength / maxLength of a raw string parameter must be integers 0..10000, "
+                        "maxLength >= minLength");
     if (mx >= 0)
-        tg_putf(b, "%sroot ::= [^<]{%lld,%lld}\n", prefix, mn, mx < mn ? mn : mx);
+        tg_putf(b, "%sroot ::= [^<]{%lld,%lld}\n", prefix, mn, mx);
     else
         tg_putf(b, "%sroot ::= [^<]{%lld,}\n", prefix, mn);
     return b->st;
