@@ -504,7 +504,7 @@ static void test_empty(void **state)
 static void test_except_many(void **state)
 {
     (void)state;
-    static char txt[256][8];
+    static char txt[256][12];
     const char *exc[256];
     for (int i = 0; i < 256; i++) {
         snprintf(txt[i], sizeof txt[i], "%d", i < 200 ? i : i - 200); /* 200..255 repeat 0..55 */
