@@ -257,6 +257,13 @@ static void test_refused_schema(void **state)
     assert_int_equal(toolcall_grammar_build(TOOLCALL_FORMAT_HERMES, t, "nope", true, true, &tg, err), KEEL_EINVAL);
     json_decref(t);
     assert_false(toolcall_grammar_supported(TOOLCALL_FORMAT_GPT_OSS));
+    /* a strict tool whose schema accepts nothing is refused up front */
+    t = tools_json("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,\"parameters\":{\"type\":\"object\","
+                   "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":2,\"maximum\":1}},\"required\":[\"a\"]}}}]");
+    st = toolcall_grammar_build(TOOLCALL_FORMAT_HERMES, t, NULL, false, true, &tg, err);
+    json_decref(t);
+    assert_int_equal(st, KEEL_EUNSUPPORTED);
+    assert_non_null(strstr(err, "accepts nothing"));
     /* an XML format's raw string: a length bound it cannot write is refused, not dropped */
     static const char *const raw_bad[] = {
         "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,\"parameters\":{\"type\":\"object\","

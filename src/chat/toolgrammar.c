@@ -166,6 +166,19 @@ static keel_status schema_rules(tg_buf *b, json_t *schema, const char *prefix, c
     keel_status st = gram_schema_gbnf(text, strlen(text), &g, &n, why);
     chat_json_free(text);
     if (st) return st;
+    /* a schema no arguments satisfy would let the model name the tool and
+     * then allow no token: refused here, like any schema the compiler
+     * cannot use (a strict tool's request fails up front) */
+    gram *cg = NULL;
+    bool empty = false;
+    st = gram_compile(g, n, &cg, why);
+    if (!st) st = gram_accepts_nothing(cg, &empty, why);
+    gram_free(cg);
+    if (!st && empty) st = base_err(why, KEEL_EUNSUPPORTED, "json schema: the schema accepts nothing (no arguments are valid)");
+    if (st) {
+        base_free(g, n + 1);
+        return st;
+    }
     tg_renamed(b, g, n, prefix);
     base_free(g, n + 1);
     return b->st;
