@@ -420,6 +420,21 @@ static bool read_braces(rp *p, int32_t *mn, int32_t *mx)
     return true;
 }
 
+/* Whether a quantifier (*, +, ?, a well-formed {m,n}) starts at p->i;
+ * p->i is left where it was. */
+static bool quantifier_at(rp *p)
+{
+    if (p->i >= p->n) return false;
+    int c = p->s[p->i];
+    if (c == '*' || c == '+' || c == '?') return true;
+    if (c != '{') return false;
+    size_t save = p->i;
+    int32_t a, b;
+    bool q = read_braces(p, &a, &b);
+    p->i = save;
+    return q;
+}
+
 /* A sequence up to '|', ')' or the end. */
 static int32_t parse_seq(rp *p)
 {
@@ -429,35 +444,14 @@ static int32_t parse_seq(rp *p)
     while (p->i < p->n && p->s[p->i] != '|' && p->s[p->i] != ')') {
         int c = p->s[p->i];
         int32_t atom = -1;
+        bool assertion = false; /* ^ $ \b \B: no quantifier may follow (as with the u flag) */
         if (c == '^' || c == '$') {
-            /* assertions: no quantifier may follow (as with the u flag) */
             p->i++;
             atom = node(p, c == '^' ? N_BOL : N_EOL);
-            if (atom < 0) return -1;
-            int32_t a, b;
-            size_t save = p->i;
-            if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?' ||
-                                (p->s[p->i] == '{' && read_braces(p, &a, &b)))) {
-                p->i = save;
-                return perr(p, KEEL_EFORMAT, "nothing to repeat");
-            }
-            if (last < 0)
-                p->nd[cat].first = atom;
-            else
-                p->nd[last].next = atom;
-            last = atom;
-            continue;
-        }
-        if (c == '*' || c == '+' || c == '?') return perr(p, KEEL_EFORMAT, "nothing to repeat");
-        if (c == '{') {
-            int32_t a, b;
-            size_t save = p->i;
-            if (read_braces(p, &a, &b)) {
-                p->i = save;
-                return perr(p, KEEL_EFORMAT, "nothing to repeat");
-            }
-        }
-        if (c == '(') {
+            assertion = true;
+        } else if (quantifier_at(p)) {
+            return perr(p, KEEL_EFORMAT, "nothing to repeat");
+        } else if (c == '(') {
             p->i++;
             if (p->i < p->n && p->s[p->i] == '?') {
                 if (p->i + 1 < p->n && p->s[p->i + 1] == ':') {
@@ -501,22 +495,8 @@ static int32_t parse_seq(rp *p)
             if (v == -1) return -1;
             if (cls == 'b' || cls == 'B') {
                 atom = node(p, cls == 'b' ? N_WB : N_NWB);
-                if (atom < 0) return -1;
-                int32_t qa, qb;
-                size_t save = p->i;
-                if (p->i < p->n && (p->s[p->i] == '*' || p->s[p->i] == '+' || p->s[p->i] == '?' ||
-                                    (p->s[p->i] == '{' && read_braces(p, &qa, &qb)))) {
-                    p->i = save;
-                    return perr(p, KEEL_EFORMAT, "nothing to repeat");
-                }
-                if (last < 0)
-                    p->nd[cat].first = atom;
-                else
-                    p->nd[last].next = atom;
-                last = atom;
-                continue;
-            }
-            if (cls) {
+                assertion = true;
+            } else if (cls) {
                 size_t from = p->n_tmp;
                 if (!tmp_class(p, cls)) return -1;
                 atom = tmp_set(p, from, false);
@@ -531,8 +511,9 @@ static int32_t parse_seq(rp *p)
             atom = single(p, (uint32_t)v, (uint32_t)v);
         }
         if (atom < 0) return -1;
+        if (assertion && quantifier_at(p)) return perr(p, KEEL_EFORMAT, "nothing to repeat");
         /* quantifiers (a lazy '?' after one changes nothing here) */
-        while (p->i < p->n) {
+        while (!assertion && p->i < p->n) {
             int q = p->s[p->i];
             int32_t mn, mx;
             if (q == '*')
