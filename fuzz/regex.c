@@ -24,39 +24,6 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The canonical JSON spelling of n bytes (quotes included) into out
- * (6 n + 3 bytes). */
-static size_t spell(const uint8_t *s, size_t n, char *out)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t k = 0;
-    out[k++] = '"';
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = s[i];
-        if (c == '"' || c == '\\')
-            out[k++] = '\\', out[k++] = (char)c;
-        else if (c == '\n')
-            out[k++] = '\\', out[k++] = 'n';
-        else if (c == '\t')
-            out[k++] = '\\', out[k++] = 't';
-        else if (c == '\r')
-            out[k++] = '\\', out[k++] = 'r';
-        else if (c == '\b')
-            out[k++] = '\\', out[k++] = 'b';
-        else if (c == '\f')
-            out[k++] = '\\', out[k++] = 'f';
-        else if (c < 0x20) {
-            memcpy(out + k, "\\u00", 4);
-            out[k + 4] = hex[c >> 4];
-            out[k + 5] = hex[c & 15];
-            k += 6;
-        } else
-            out[k++] = (char)c;
-    }
-    out[k++] = '"';
-    return k;
-}
-
 static void check_spec(const jstr_spec *s, const uint8_t *text, size_t text_n)
 {
     char err[BASE_ERR_CAP] = "";
@@ -89,7 +56,7 @@ static void check_spec(const jstr_spec *s, const uint8_t *text, size_t text_n)
     if (gram_compile(src, (size_t)k, &g, err) != KEEL_OK) abort();
     free(src);
     char *sp = malloc(text_n * 6 + 3);
-    size_t n_sp = spell(text, text_n, sp);
+    size_t n_sp = jstr_spell((const char *)text, text_n, sp);
     gram_matcher *m = NULL;
     if (gram_matcher_open(g, NULL, NULL, &m, err) != KEEL_OK) abort();
     st = gram_matcher_accept_bytes(m, (const uint8_t *)sp, n_sp, NULL);

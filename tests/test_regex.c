@@ -44,35 +44,6 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* The canonical JSON spelling of n bytes of UTF-8 (quotes included). */
-static size_t spell(const char *s, size_t n, char *out)
-{
-    size_t k = 0;
-    out[k++] = '"';
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            out[k++] = '\\', out[k++] = (char)c;
-        else if (c == '\n')
-            out[k++] = '\\', out[k++] = 'n';
-        else if (c == '\t')
-            out[k++] = '\\', out[k++] = 't';
-        else if (c == '\r')
-            out[k++] = '\\', out[k++] = 'r';
-        else if (c == '\b')
-            out[k++] = '\\', out[k++] = 'b';
-        else if (c == '\f')
-            out[k++] = '\\', out[k++] = 'f';
-        else if (c < 0x20)
-            k += (size_t)sprintf(out + k, "\\u%04x", c);
-        else
-            out[k++] = (char)c;
-    }
-    out[k++] = '"';
-    out[k] = 0;
-    return k;
-}
-
 static gram *spec_gram(const jstr_spec *s, bool *empty)
 {
     char *text = NULL, err[BASE_ERR_CAP] = "";
@@ -121,7 +92,7 @@ static bool both_auto(const jstr_auto *a, const jstr_spec *s, const gram *g, con
 {
     bool t = a ? jstr_auto_test(a, str, n) : spec_test(s, str, n);
     char *sp = malloc(n * 6 + 3);
-    size_t k = spell(str, n, sp);
+    size_t k = jstr_spell(str, n, sp);
     bool gm = gram_accepts(g, sp, k);
     if (gm != t)
         fail_msg("gbnf %d but jstr_test %d on %s (pattern %s)", gm, t, sp,

@@ -6,6 +6,7 @@
  * JS_MAX_ARENA, freed together with the builder).
  */
 #include "jschema_int.h"
+#include "jstring.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -78,22 +79,18 @@ void js_put_lit(jsb *b, sbuf *o, const char *s, size_t n)
 }
 
 /* The GBNF literal of the JSON string token of content s[0..n) in the
- * canonical spelling (jstring.h): raw but for '"', '\\' and controls. */
+ * canonical spelling (jstr_spell): raw but for '"', '\\' and controls. */
 void js_put_jstring(jsb *b, sbuf *o, const char *s, size_t n)
 {
-    sbuf t = {0};
-    js_sputs(b, &t, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f" : c == '\n' ? "\\n"
-                      : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
-        if (e) js_sputs(b, &t, e);
-        else if (c < 0x20) js_sputf(b, &t, "\\u%04x", c);
-        else js_sput(b, &t, (const char *)&s[i], 1);
+    if (b->st) return;
+    size_t cap = 6 * n + 3;
+    char *t = base_alloc(cap);
+    if (!t) {
+        js_oom(b);
+        return;
     }
-    js_sputs(b, &t, "\"");
-    if (!b->st) js_put_lit(b, o, t.d, t.n);
-    js_sfree(&t);
+    js_put_lit(b, o, t, jstr_spell(s, n, t));
+    base_free(t, cap);
 }
 
 keel_status js_oom(jsb *b)

@@ -230,6 +230,31 @@ static keel_status content_dfa(const jstr_spec *s, rx_dfa **out, char *err)
     return st;
 }
 
+size_t jstr_spell(const char *s, size_t n, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t k = 0;
+    out[k++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f"
+                      : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        if (e) {
+            out[k++] = e[0];
+            out[k++] = e[1];
+        } else if (c < 0x20) {
+            memcpy(out + k, "\\u00", 4);
+            out[k + 4] = hex[c >> 4];
+            out[k + 5] = hex[c & 15];
+            k += 6;
+        } else {
+            out[k++] = (char)c;
+        }
+    }
+    out[k++] = '"';
+    return k;
+}
+
 static keel_status check_spec(const jstr_spec *s, char *err)
 {
     if (s->n_pattern < 0 || s->n_pattern > JSTR_MAX_ITEMS || s->n_not_pattern < 0 ||

@@ -64,6 +64,11 @@ keel_status jstr_auto_open(const jstr_spec *s, jstr_auto **out, char *err);
 bool jstr_auto_test(const jstr_auto *a, const char *content, size_t n);
 void jstr_auto_close(jstr_auto *a);
 
+/* The string token of content s[0..n) in the canonical spelling above,
+ * quotes included, into out (at least 6 n + 3 bytes): the text the rules
+ * of jstr_gbnf accept for it. Returns its length. */
+size_t jstr_spell(const char *s, size_t n, char *out);
+
 /* Whether `format` names a format jstr_gbnf asserts (the rest are refused
  * by the caller or treated as annotations, its choice). */
 bool jstr_format_known(const char *format);
