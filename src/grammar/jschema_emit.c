@@ -134,6 +134,24 @@ static void spec_done(jsb *b, int idx, bool empty)
     if (empty && b->spc[idx].referenced) js_refuse(b, b->spc[idx].name, "a recursive schema that accepts nothing");
 }
 
+/* What num_rule / str_rule do with their builder's result: a refusal
+ * (st, e) passed on with the location, else the spec under key marked
+ * done and its rules (t, n bytes; none when empty) added. False when no
+ * value satisfies the spec or on failure. */
+static bool spec_rules(jsb *b, int key, keel_status st, const char *e, char *t, size_t n, bool empty,
+                       const char *where)
+{
+    if (st) {
+        sub_fail(b, st, where, e);
+        return false;
+    }
+    spec_done(b, key, empty);
+    if (empty) return false;
+    add_rules(b, t, n);
+    base_free(t, n + 1);
+    return !b->st;
+}
+
 /* The numbers of s as rule `name`: false when none. Equal specs share one
  * set of rules (a format or a bounded integer repeated across properties). */
 static bool num_rule(jsb *b, const jnum_spec *s, const char *name, const char *where)
@@ -153,15 +171,7 @@ static bool num_rule(jsb *b, const jnum_spec *s, const char *name, const char *w
     size_t n = 0;
     bool empty = false;
     keel_status st = jnum_gbnf(s, name, &t, &n, &empty, e);
-    if (st) {
-        sub_fail(b, st, where, e);
-        return false;
-    }
-    spec_done(b, key, empty);
-    if (empty) return false;
-    add_rules(b, t, n);
-    base_free(t, n + 1);
-    return !b->st;
+    return spec_rules(b, key, st, e, t, n, empty, where);
 }
 
 static bool str_rule(jsb *b, const jstr_spec *s, const char *name, const char *where)
@@ -182,15 +192,7 @@ static bool str_rule(jsb *b, const jstr_spec *s, const char *name, const char *w
     size_t n = 0;
     bool empty = false;
     keel_status st = jstr_gbnf(s, name, &t, &n, &empty, e);
-    if (st) {
-        sub_fail(b, st, where, e);
-        return false;
-    }
-    spec_done(b, key, empty);
-    if (empty) return false;
-    add_rules(b, t, n);
-    base_free(t, n + 1);
-    return !b->st;
+    return spec_rules(b, key, st, e, t, n, empty, where);
 }
 
 static bool str_ok(jsb *b, const jstr_spec *s, const char *content, size_t n, const char *where)
