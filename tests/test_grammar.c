@@ -10,6 +10,7 @@
  * temperature 1: every output is a complete sentence of its grammar.
  */
 #include "testutil.h"
+#include "gramtest.h"
 #include "base/base.h"
 #include "grammar/grammar.h"
 #include "tensor/tensor.h"
@@ -27,19 +28,6 @@ static gram *compile_ok(const char *src)
     keel_status st = gram_compile(src, strlen(src), &g, err);
     if (st) fail_msg("compile: %s: %s\n%s", keel_status_name(st), err, src);
     return g;
-}
-
-static bool match(const gram *g, const char *text, size_t n)
-{
-    gram_matcher *m = NULL;
-    char err[BASE_ERR_CAP] = "";
-    keel_status st = gram_matcher_open(g, NULL, NULL, &m, err);
-    if (st) fail_msg("matcher: %s", err);
-    st = gram_matcher_accept_bytes(m, (const uint8_t *)text, n, NULL);
-    if (st != KEEL_OK && st != KEEL_EINVAL) fail_msg("accept: %s", gram_matcher_error(m));
-    bool ok = st == KEEL_OK && gram_matcher_complete(m);
-    gram_matcher_close(m);
-    return ok;
 }
 
 /* ---- syntax and errors ----------------------------------------------------------- */
@@ -107,10 +95,10 @@ static void test_accept_reject(void **state)
     for (size_t i = 0; i < BASE_ARRAY_LEN(cases); i++) {
         gram *g = compile_ok(cases[i].src);
         for (int k = 0; k < 6 && cases[i].yes[k]; k++)
-            if (!match(g, cases[i].yes[k], strlen(cases[i].yes[k])))
+            if (!test_gram_accepts(g, cases[i].yes[k], strlen(cases[i].yes[k])))
                 fail_msg("case %zu: '%s' rejected", i, cases[i].yes[k]);
         for (int k = 0; k < 6 && cases[i].no[k]; k++)
-            if (match(g, cases[i].no[k], strlen(cases[i].no[k])))
+            if (test_gram_accepts(g, cases[i].no[k], strlen(cases[i].no[k])))
                 fail_msg("case %zu: '%s' accepted", i, cases[i].no[k]);
         gram_free(g);
     }
@@ -152,7 +140,7 @@ static void test_llamacpp_cases(void **state)
             json_t *texts = json_object_get(c, pass ? "pass" : "fail"), *t;
             size_t k;
             json_array_foreach(texts, k, t) {
-                bool ok = match(g, json_string_value(t), json_string_length(t));
+                bool ok = test_gram_accepts(g, json_string_value(t), json_string_length(t));
                 if (ok != (pass == 1))
                     fail_msg("%s: '%s' should be %s", json_string_value(json_object_get(c, "desc")),
                              json_string_value(t), pass ? "accepted" : "rejected");
@@ -282,7 +270,7 @@ static void walk(const gram *g, const gram_vocab *v, const tvocab *tv, uint64_t 
         int32_t t = allowed[base_rng_below(&r, (uint64_t)n_allowed)];
         assert_ok(gram_matcher_accept_token(m, t));
         if (t == 257 || t == 259) {
-            assert_true(match(g, (const char *)text, n_text));
+            assert_true(test_gram_accepts(g, (const char *)text, n_text));
             assert_status(gram_matcher_accept_token(m, 'a'), KEEL_EINVAL);
             break;
         }
@@ -476,10 +464,10 @@ static void test_schema(void **state)
         if (gram_compile_schema(cases[i].schema, strlen(cases[i].schema), &g, err))
             fail_msg("schema %zu: %s", i, err);
         for (int k = 0; k < 6 && cases[i].yes[k]; k++)
-            if (!match(g, cases[i].yes[k], strlen(cases[i].yes[k])))
+            if (!test_gram_accepts(g, cases[i].yes[k], strlen(cases[i].yes[k])))
                 fail_msg("schema %zu: '%s' rejected", i, cases[i].yes[k]);
         for (int k = 0; k < 6 && cases[i].no[k]; k++)
-            if (match(g, cases[i].no[k], strlen(cases[i].no[k])))
+            if (test_gram_accepts(g, cases[i].no[k], strlen(cases[i].no[k])))
                 fail_msg("schema %zu: '%s' accepted", i, cases[i].no[k]);
         gram_free(g);
     }

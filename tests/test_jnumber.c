@@ -9,6 +9,7 @@
  * present); allocation failures.
  */
 #include "testutil.h"
+#include "gramtest.h"
 #include "base/base.h"
 #include "grammar/grammar.h"
 #include "grammar/jnumber.h"
@@ -63,19 +64,6 @@ static gram *spec_gram(const jnum_spec *s, bool *empty, size_t *n_rules)
     if (st) fail_msg("compile: %s: %s\n%s", keel_status_name(st), err, src);
     free(src);
     return g;
-}
-
-static bool match(const gram *g, const char *text)
-{
-    gram_matcher *m = NULL;
-    char err[BASE_ERR_CAP] = "";
-    keel_status st = gram_matcher_open(g, NULL, NULL, &m, err);
-    if (st) fail_msg("matcher: %s", err);
-    st = gram_matcher_accept_bytes(m, (const uint8_t *)text, strlen(text), NULL);
-    if (st != KEEL_OK && st != KEEL_EINVAL) fail_msg("accept: %s", gram_matcher_error(m));
-    bool ok = st == KEEL_OK && gram_matcher_complete(m);
-    gram_matcher_close(m);
-    return ok;
 }
 
 static bool test_ok(const jnum_spec *s, const char *text)
@@ -324,14 +312,14 @@ static void check_spec(const jnum_spec *s, const char *const *consts, int n_cons
     if (empty) (*n_empty)++;
     for (int j = 0; j < n_texts; j++) {
         rand_text(text, sizeof text, consts, n_consts, false);
-        bool want = test_ok(s, text), got = g && match(g, text);
+        bool want = test_ok(s, text), got = g && test_gram_accepts_str(g, text);
         n_accepted += got;
         if (want != got)
             fail_msg("text %s: jnum_test %d, grammar %d (kind %d, lo %d hi %d mult %d not %d exc %zu)", text,
                      want, got, s->kind, s->n_lo, s->n_hi, s->n_mult, s->n_not_mult, s->n_except);
     }
     /* under a constraint, exponents are never spelled (every value has a plain spelling) */
-    if (g) assert_false(match(g, "1e0") && (s->n_lo || s->n_hi || s->n_mult || s->n_not_mult || s->n_except));
+    if (g) assert_false(test_gram_accepts_str(g, "1e0") && (s->n_lo || s->n_hi || s->n_mult || s->n_not_mult || s->n_except));
     gram_free(g);
 }
 
@@ -378,11 +366,11 @@ static void test_grammar_huge(void **state)
     jnum_spec s = {.kind = JNUM_INT, .n_hi = 1, .hi = {big}};
     bool empty;
     gram *g = spec_gram(&s, &empty, NULL);
-    assert_true(match(g, big));
-    assert_true(match(g, big_m1));
-    assert_true(match(g, nbig));
+    assert_true(test_gram_accepts_str(g, big));
+    assert_true(test_gram_accepts_str(g, big_m1));
+    assert_true(test_gram_accepts_str(g, nbig));
     big[308] = '1';
-    assert_false(match(g, big));
+    assert_false(test_gram_accepts_str(g, big));
     big[308] = '0';
     gram_free(g);
 }
@@ -400,7 +388,7 @@ static void check_cases(const jnum_spec *s, const gcase *c, size_t n)
     gram *g = spec_gram(s, &empty, NULL);
     assert_false(empty);
     for (size_t i = 0; i < n; i++) {
-        if (match(g, c[i].text) != c[i].ok) fail_msg("grammar on %s: want %d", c[i].text, c[i].ok);
+        if (test_gram_accepts_str(g, c[i].text) != c[i].ok) fail_msg("grammar on %s: want %d", c[i].text, c[i].ok);
         bool ok = false;
         char err[BASE_ERR_CAP] = "";
         keel_status st = jnum_test(s, c[i].text, &ok, err); /* KEEL_EINVAL: not a JSON number, so not accepted */
@@ -493,9 +481,9 @@ static void test_empty(void **state)
     bool empty = true;
     gram *g = spec_gram(&s, &empty, NULL);
     assert_false(empty);
-    assert_true(match(g, "5"));
-    assert_true(match(g, "5.000"));
-    assert_false(match(g, "5.001"));
+    assert_true(test_gram_accepts_str(g, "5"));
+    assert_true(test_gram_accepts_str(g, "5.000"));
+    assert_false(test_gram_accepts_str(g, "5.001"));
     gram_free(g);
 }
 
@@ -519,9 +507,9 @@ static void test_except_many(void **state)
     for (int i = -3; i < 205; i++) {
         snprintf(t, sizeof t, "%d", i);
         bool want = i == 77 || i == 200;
-        if (match(g, t) != want || test_ok(&s, t) != want) fail_msg("%s: want %d", t, want);
+        if (test_gram_accepts_str(g, t) != want || test_ok(&s, t) != want) fail_msg("%s: want %d", t, want);
     }
-    assert_true(match(g, "200.00"));
+    assert_true(test_gram_accepts_str(g, "200.00"));
     assert_true(n_rules < 20);
     gram_free(g);
     char *out = NULL, err[BASE_ERR_CAP] = "";
@@ -661,7 +649,7 @@ static void test_suite(void **state)
                 bool valid = json_is_true(json_object_get(tc, "valid"));
                 if (test_ok(&s, text) != valid) fail_msg("%s: %s: jnum_test on %s", files[f],
                                                          json_string_value(json_object_get(tc, "description")), text);
-                if (st == KEEL_OK && (g && match(g, text)) != valid)
+                if (st == KEEL_OK && (g && test_gram_accepts_str(g, text)) != valid)
                     fail_msg("%s: %s: grammar on %s", files[f], json_string_value(json_object_get(tc, "description")),
                              text);
                 n_checked++;

@@ -7,6 +7,7 @@
  * must reject; then refusals (named keyword and location) and the caps.
  */
 #include "testutil.h"
+#include "gramtest.h"
 #include "base/base.h"
 #include "grammar/grammar.h"
 
@@ -14,19 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static bool match(const gram *g, const char *text)
-{
-    gram_matcher *m = NULL;
-    char err[BASE_ERR_CAP] = "";
-    keel_status st = gram_matcher_open(g, NULL, NULL, &m, err);
-    if (st) fail_msg("matcher: %s", err);
-    st = gram_matcher_accept_bytes(m, (const uint8_t *)text, strlen(text), NULL);
-    if (st != KEEL_OK && st != KEEL_EINVAL) fail_msg("accept: %s", gram_matcher_error(m));
-    bool ok = st == KEEL_OK && gram_matcher_complete(m);
-    gram_matcher_close(m);
-    return ok;
-}
 
 typedef struct scase {
     const char *schema, *yes[6], *no[6];
@@ -133,9 +121,9 @@ static void test_cases(void **state)
         if (gram_compile_schema(g_cases[i].schema, strlen(g_cases[i].schema), &g, err))
             fail_msg("schema %zu: %s", i, err);
         for (int k = 0; k < 6 && g_cases[i].yes[k]; k++)
-            if (!match(g, g_cases[i].yes[k])) fail_msg("schema %zu: '%s' rejected", i, g_cases[i].yes[k]);
+            if (!test_gram_accepts_str(g, g_cases[i].yes[k])) fail_msg("schema %zu: '%s' rejected", i, g_cases[i].yes[k]);
         for (int k = 0; k < 6 && g_cases[i].no[k]; k++)
-            if (match(g, g_cases[i].no[k])) fail_msg("schema %zu: '%s' accepted", i, g_cases[i].no[k]);
+            if (test_gram_accepts_str(g, g_cases[i].no[k])) fail_msg("schema %zu: '%s' accepted", i, g_cases[i].no[k]);
         gram_free(g);
     }
 }
@@ -188,10 +176,10 @@ static void test_empty(void **state)
         bool empty = false;
         assert_int_equal(gram_accepts_nothing(g, &empty, err), KEEL_OK);
         if (!empty) fail_msg("schema %zu: not empty", i);
-        assert_false(match(g, "1"));
-        assert_false(match(g, "\"a\""));
-        assert_false(match(g, "[{},{}]"));
-        assert_false(match(g, ""));
+        assert_false(test_gram_accepts_str(g, "1"));
+        assert_false(test_gram_accepts_str(g, "\"a\""));
+        assert_false(test_gram_accepts_str(g, "[{},{}]"));
+        assert_false(test_gram_accepts_str(g, ""));
         gram_free(g);
     }
     static const char *const some[] = {"true", "{\"type\":\"null\"}", "{\"const\":\"\"}", "{\"maxLength\":0}"};

@@ -9,6 +9,7 @@
  * intact.
  */
 #include "testutil.h"
+#include "gramtest.h"
 #include "base/base.h"
 #include "chat/toolcall.h"
 #include "grammar/grammar.h"
@@ -46,16 +47,6 @@ static gram *build(toolcall_format f, const char *tools_s, const char *only, boo
         fail_msg("%s: compile: %s", toolcall_format_name(f), err);
     }
     return g;
-}
-
-static bool accepts(const gram *g, const char *text)
-{
-    gram_matcher *m = NULL;
-    assert_ok(gram_matcher_open(g, NULL, NULL, &m, NULL));
-    bool ok = gram_matcher_accept_bytes(m, (const uint8_t *)text, strlen(text), NULL) == KEEL_OK &&
-              gram_matcher_complete(m);
-    gram_matcher_close(m);
-    return ok;
 }
 
 /* The parser reads text back to the call (name, args as JSON). */
@@ -182,18 +173,18 @@ static void test_formats(void **state)
         bool starts = false;
         for (int32_t t = 0; t < tg.n_triggers; t++) starts |= strncmp(c->good, tg.triggers[t], strlen(tg.triggers[t])) == 0;
         if (!starts) fail_msg("%s: the call does not start with a trigger", c->fmt);
-        if (!accepts(g, c->good)) fail_msg("%s: rejects %s\n%s", c->fmt, c->good, tg.gbnf);
+        if (!test_gram_accepts_str(g, c->good)) fail_msg("%s: rejects %s\n%s", c->fmt, c->good, tg.gbnf);
         parses_to(f, TOOLS, c->good, "get_weather", ARGS);
         if (c->two) {
-            if (!accepts(g, c->two)) fail_msg("%s: rejects two calls %s", c->fmt, c->two);
+            if (!test_gram_accepts_str(g, c->two)) fail_msg("%s: rejects two calls %s", c->fmt, c->two);
             parses_to(f, TOOLS, c->two, "get_weather", ARGS);
         }
         for (int k = 0; k < 4 && c->bad[k]; k++)
-            if (accepts(g, c->bad[k])) fail_msg("%s: accepts bad text %d: %s", c->fmt, k, c->bad[k]);
+            if (test_gram_accepts_str(g, c->bad[k])) fail_msg("%s: accepts bad text %d: %s", c->fmt, k, c->bad[k]);
         /* a prefix of the call is not complete */
         char half[64];
         snprintf(half, sizeof half, "%.*s", (int)(strlen(c->good) / 2), c->good);
-        assert_false(accepts(g, half));
+        assert_false(test_gram_accepts_str(g, half));
         gram_free(g);
         toolcall_grammar_free(&tg);
     }
@@ -206,21 +197,21 @@ static void test_all_and_only(void **state)
     toolcall_grammar tg;
     gram *g = build(TOOLCALL_FORMAT_HERMES, TOOLS, NULL, true, &tg);
     assert_int_equal(tg.n_constrained, 2);
-    assert_true(accepts(g, "<tool_call>{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}</tool_call>"));
-    assert_false(accepts(g, "<tool_call>{\"name\": \"read_file\", \"arguments\": {\"path\": 1}}</tool_call>"));
+    assert_true(test_gram_accepts_str(g, "<tool_call>{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}</tool_call>"));
+    assert_false(test_gram_accepts_str(g, "<tool_call>{\"name\": \"read_file\", \"arguments\": {\"path\": 1}}</tool_call>"));
     gram_free(g);
     toolcall_grammar_free(&tg);
     g = build(TOOLCALL_FORMAT_QWEN3_CODER, TOOLS, "read_file", true, &tg);
-    assert_true(accepts(g, "<tool_call>\n<function=read_file>\n<parameter=path>\na b\n</parameter>\n</function>\n"
+    assert_true(test_gram_accepts_str(g, "<tool_call>\n<function=read_file>\n<parameter=path>\na b\n</parameter>\n</function>\n"
                            "</tool_call>"));
-    assert_false(accepts(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    assert_false(test_gram_accepts_str(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                             "</function>\n</tool_call>"));
-    assert_false(accepts(g, "<tool_call>\n<function=read_file>\n</function>\n</tool_call>")); /* path required */
+    assert_false(test_gram_accepts_str(g, "<tool_call>\n<function=read_file>\n</function>\n</tool_call>")); /* path required */
     gram_free(g);
     toolcall_grammar_free(&tg);
     /* not strict, XML: any parameters */
     g = build(TOOLCALL_FORMAT_QWEN3_CODER, TOOLS, NULL, false, &tg);
-    assert_true(accepts(g, "<tool_call>\n<function=read_file>\n<parameter=whatever>\n{\"x\": 1}\n</parameter>\n"
+    assert_true(test_gram_accepts_str(g, "<tool_call>\n<function=read_file>\n<parameter=whatever>\n{\"x\": 1}\n</parameter>\n"
                            "</function>\n</tool_call>"));
     gram_free(g);
     toolcall_grammar_free(&tg);
@@ -248,7 +239,7 @@ static void test_refused_schema(void **state)
     gram *g = build(TOOLCALL_FORMAT_HERMES, tools_free, NULL, true, &tg);
     assert_int_equal(tg.n_constrained, 0);
     assert_non_null(strstr(tg.note, "tool 'f' unconstrained"));
-    assert_true(accepts(g, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1]}}</tool_call>"));
+    assert_true(test_gram_accepts_str(g, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1]}}</tool_call>"));
     gram_free(g);
     toolcall_grammar_free(&tg);
     /* a format without a grammar */
@@ -293,12 +284,12 @@ static void test_recursive_schemas(void **state)
     toolcall_grammar tg;
     gram *g = build(TOOLCALL_FORMAT_HERMES, tools, NULL, false, &tg);
     assert_int_equal(tg.n_constrained, 2);
-    assert_true(accepts(g, "<tool_call>{\"name\": \"tree\", \"arguments\": {\"v\": 1, \"next\": {\"v\": 2, \"next\": "
+    assert_true(test_gram_accepts_str(g, "<tool_call>{\"name\": \"tree\", \"arguments\": {\"v\": 1, \"next\": {\"v\": 2, \"next\": "
                            "null}}}</tool_call>"));
-    assert_false(accepts(g, "<tool_call>{\"name\": \"tree\", \"arguments\": {\"v\": 1, \"next\": {\"on\": true}}}"
+    assert_false(test_gram_accepts_str(g, "<tool_call>{\"name\": \"tree\", \"arguments\": {\"v\": 1, \"next\": {\"on\": true}}}"
                             "</tool_call>"));
-    assert_true(accepts(g, "<tool_call>{\"name\": \"flag\", \"arguments\": {\"on\": true}}</tool_call>"));
-    assert_false(accepts(g, "<tool_call>{\"name\": \"flag\", \"arguments\": {\"v\": 1, \"next\": null}}</tool_call>"));
+    assert_true(test_gram_accepts_str(g, "<tool_call>{\"name\": \"flag\", \"arguments\": {\"on\": true}}</tool_call>"));
+    assert_false(test_gram_accepts_str(g, "<tool_call>{\"name\": \"flag\", \"arguments\": {\"v\": 1, \"next\": null}}</tool_call>"));
     gram_free(g);
     toolcall_grammar_free(&tg);
 }
