@@ -17,6 +17,9 @@
  *     \u0000), is accepted back in messages and prompts: keel_complete and
  *     keel_engine_submit used to refuse it ("\u0000 is not allowed"), so a
  *     client echoing its history was stuck.
+ *   - one compiled grammar (a JSON Schema's) shared by threads that call
+ *     keel_grammar_match and keel_grammar_accepts_nothing at once (both
+ *     promised thread-safe): each gets the single-threaded answers.
  * make test-tsan runs this file under ThreadSanitizer.
  */
 #include "testutil.h"
@@ -399,6 +402,50 @@ static void test_nul_round_trip(void **state)
     keel_engine_close(e);
 }
 
+typedef struct gram_job {
+    const keel_grammar *g;
+    int bad; /* answers that differ from the single-threaded ones */
+} gram_job;
+
+static const char *const g_gram_texts[] = {"{\"a\":1}", "{\"a\":\"x\"}", "{\"a\":7,\"b\":[true]}", "[]"};
+static const bool g_gram_want[] = {true, false, true, false};
+
+static void *gram_thread(void *arg)
+{
+    gram_job *j = arg;
+    for (int r = 0; r < 200; r++) {
+        for (size_t i = 0; i < sizeof g_gram_want / sizeof g_gram_want[0]; i++) {
+            bool ok = !g_gram_want[i];
+            if (keel_grammar_match(j->g, g_gram_texts[i], strlen(g_gram_texts[i]), &ok, NULL) != KEEL_OK ||
+                ok != g_gram_want[i])
+                j->bad++;
+        }
+        bool empty = true;
+        if (keel_grammar_accepts_nothing(j->g, &empty, NULL) != KEEL_OK || empty) j->bad++;
+    }
+    return NULL;
+}
+
+static void test_grammar_shared(void **state)
+{
+    (void)state;
+    static const char schema[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":1},"
+                                 "\"b\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"}}},\"required\":[\"a\"]}";
+    keel_grammar *g = NULL;
+    assert_int_equal(keel_grammar_compile_schema(schema, strlen(schema), &g, NULL), KEEL_OK);
+    gram_job jobs[4];
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) {
+        jobs[k] = (gram_job){g, 0};
+        assert_int_equal(pthread_create(&th[k], NULL, gram_thread, &jobs[k]), 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        assert_int_equal(jobs[k].bad, 0);
+    }
+    keel_grammar_close(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -407,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_errors_per_thread),
         cmocka_unit_test(test_count_tokens_beside_loop),
         cmocka_unit_test(test_nul_round_trip),
+        cmocka_unit_test(test_grammar_shared),
     };
     if (getenv("KEEL_TEST_FILTER")) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
