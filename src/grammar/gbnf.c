@@ -119,9 +119,7 @@ static keel_status new_rule(gp *s, const char *name, size_t nlen, uint32_t *id)
 
 static uint32_t name_hash(const char *name, size_t nlen)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (size_t i = 0; i < nlen; i++) h = (h ^ (unsigned char)name[i]) * 0x100000001b3ull;
-    return (uint32_t)(h ^ (h >> 32));
+    return (uint32_t)base_hash64(name, nlen, 0);
 }
 
 /* The rule named name (created, undefined, if new). Generated grammars
