@@ -345,7 +345,7 @@ async function constrained() {
   const ask = [{ role: 'user', content: 'The forecast for Paris, as JSON.' }];
   for (let i = 0; i < 3; i++) {
     const r = await client.chat.completions.create({ model: 'keel', messages: ask, max_tokens: 400, temperature: 1,
-      response_format: { type: 'json_schema', json_schema: { name: 'forecast', schema: forecast, strict: true } } });
+      seed: 5 + i, response_format: { type: 'json_schema', json_schema: { name: 'forecast', schema: forecast, strict: true } } });
     check(r.choices[0].finish_reason === 'stop', 'response_format json_schema: finished (' + r.choices[0].finish_reason + ')');
     const text = r.choices[0].message.content;
     let o = null;
@@ -368,8 +368,11 @@ async function constrained() {
   const strictTools = [{ type: 'function', function: { name: 'get_forecast', description: 'Forecast of a city',
     strict: true, parameters: forecast } }];
   for (let i = 0; i < 3; i++) {
-    const t = await client.chat.completions.create({ model: 'keel', messages: ask, tools: strictTools, max_tokens: 400,
-      temperature: 1, tool_choice: { type: 'function', function: { name: 'get_forecast' } } });
+    // one call (with parallel calls allowed a random model may go on
+    // writing calls until max_tokens), a seed per try so a run repeats
+    const t = await client.chat.completions.create({ model: 'keel', messages: ask, tools: strictTools, max_tokens: 600,
+      temperature: 1, seed: 11 + i, parallel_tool_calls: false,
+      tool_choice: { type: 'function', function: { name: 'get_forecast' } } });
     const calls = t.choices[0].message.tool_calls;
     check(t.choices[0].finish_reason === 'tool_calls' && calls && calls.length >= 1,
       'forced strict tool: a tool call (' + t.choices[0].finish_reason + ')');
@@ -378,9 +381,9 @@ async function constrained() {
   }
   const an = new Anthropic({ baseURL: `http://127.0.0.1:${port2}`, apiKey, maxRetries: 0 });
   for (let i = 0; i < 3; i++) {
-    const m = await an.messages.create({ model: 'keel', max_tokens: 400, temperature: 1, messages: ask,
+    const m = await an.messages.create({ model: 'keel', max_tokens: 600, temperature: 1, messages: ask,
       tools: [{ name: 'get_forecast', description: 'Forecast of a city', input_schema: forecast }],
-      tool_choice: { type: 'tool', name: 'get_forecast' } });
+      tool_choice: { type: 'tool', name: 'get_forecast', disable_parallel_tool_use: true } });
     const use = m.content.find((b) => b.type === 'tool_use');
     check(m.stop_reason === 'tool_use' && use && use.name === 'get_forecast', 'anthropic forced tool: a tool_use (' + m.stop_reason + ')');
     check(forecastOk(use.input), 'anthropic forced tool: input ' + JSON.stringify(use.input));
