@@ -389,6 +389,9 @@ typedef struct keel_mem_config {
     int32_t n_ckpt;      /* checkpoints kept per sequence (0: none; needs recurrent layers) */
     size_t ckpt_bytes;   /* per sequence cap on checkpoint storage (0: no cap beyond
                             n_ckpt records); fewer records are kept if it bites */
+    bool spec_snapshot;  /* recurrent layers: one state snapshot per sequence for
+                            speculative batches (keel_mem_spec_save); ignored without
+                            recurrent layers, whose drafts seq_rm removes exactly */
 } keel_mem_config;
 
 /* n_seq_max 1, n_ctx 4096, unified, n_batch_max 512, n_threads 0, no layers. */
@@ -765,6 +768,31 @@ void keel_mem_ckpt_list(const keel_mem *mem, int32_t seq, keel_mem_ckpt_info *ou
  * exact), else the newest checkpoint's position at or before p0, or -1 when
  * none covers it (a recurrent seq_rm would return KEEL_ESTATE). */
 int32_t keel_mem_ckpt_find(const keel_mem *mem, int32_t seq, int32_t p0);
+/* Speculation. A batch of drafted tokens is verified and its rejected
+ * tail removed again. On attention layers (rings included: a placement
+ * forgets only what no query at or after the batch's first position
+ * needs) keel_mem_seq_rm of the tail is exact. A recurrent state cannot be
+ * truncated, so before such a batch the caller saves the sequence's state
+ * in a snapshot record of its own (cfg.spec_snapshot; not one of the n_ckpt
+ * checkpoints, never saved in sessions):
+ *
+ *   keel_mem_spec_save(mem, seq)        before placing the drafted batch
+ *   keel_mem_spec_restore(mem, seq, &p) back to the state at the save (p:
+ *                                       its position); the caller feeds the
+ *                                       accepted tokens again from p
+ *
+ * save: KEEL_EUNSUPPORTED (no snapshot storage: no recurrent layers or
+ * spec_snapshot false), KEEL_ESTATE (seq holds no tokens), KEEL_EINVAL.
+ * restore: KEEL_ESTATE (no snapshot of seq, or seq changed since in any
+ * way but placing tokens after it), KEEL_EFULL (seq shares its state with
+ * a fork and no slot is free), KEEL_EINVAL; nothing changed on failure.
+ * A snapshot is dropped by every edit of seq other than placement and by
+ * restore itself. Both allocate nothing. */
+keel_status keel_mem_spec_save(keel_mem *mem, int32_t seq);
+keel_status keel_mem_spec_restore(keel_mem *mem, int32_t seq, int32_t *pos);
+/* The position of seq's snapshot (its end + 1 when saved), or -1. */
+int32_t keel_mem_spec_pos(const keel_mem *mem, int32_t seq);
+
 /* Bytes of one checkpoint record and of all of them (planned at open). */
 size_t keel_mem_ckpt_record_bytes(const keel_mem *mem);
 size_t keel_mem_rs_bytes(const keel_mem *mem);
@@ -1043,6 +1071,8 @@ typedef struct keel_context_params {
                                   else 0 (keel_plan.ckpt_bytes says what they cost) */
     int32_t checkpoint_every;  /* > 0: also every this many prompt tokens (0: only at
                                   the end of each prompt) */
+    bool speculative;   /* keel_decode_spec on models with recurrent layers: a state
+                           snapshot per sequence (keel_plan.rs_bytes counts them; false) */
 } keel_context_params;
 
 keel_context_params keel_context_params_default(void);
@@ -1055,7 +1085,7 @@ typedef struct keel_plan {
     size_t work_bytes;     /* forward-pass activations and scratch */
     size_t logits_bytes;   /* n_outputs x n_vocab floats */
     size_t total_bytes;    /* everything keel_context_open allocates */
-    size_t rs_bytes;       /* recurrent state slots (part of mem_bytes) */
+    size_t rs_bytes;       /* recurrent state slots and speculation snapshots (part of mem_bytes) */
     size_t ckpt_bytes;     /* checkpoint records of every sequence (part of mem_bytes) */
 } keel_plan;
 
@@ -1128,6 +1158,104 @@ typedef struct keel_batch {
  * sequences (KEEL_EINTERNAL-class failures only).
  */
 keel_status keel_decode(keel_context *c, const keel_batch *b);
+
+/*
+ * Speculative decoding: keel_decode for a batch in which some sequences'
+ * tokens are drafts to verify. A sequence given two or more tokens that all
+ * ask for logits (b->logits set for each) is drafted; the others (a
+ * prompt's chunk, one generated token) are decoded as keel_decode does. For
+ * each drafted sequence the batch is not a prompt (no checkpoint is taken
+ * at its end) and, on models with recurrent layers, its state is saved
+ * first (keel_mem_spec_save), so that the verifier's
+ * keel_context_rewind(c, seq, p0) to any p0 inside the batch is exact:
+ * attention drops the rejected tail; a recurrent sequence gets its saved
+ * state back and the batch's tokens below p0 decoded again (the rewind
+ * invalidates keel_logits: read every row first). Rewind each drafted
+ * sequence once, before the next decode.
+ *
+ * Positions must continue each sequence (b->pos NULL). Errors as
+ * keel_decode, plus KEEL_EUNSUPPORTED (a recurrent model's context was
+ * opened without `speculative`) and KEEL_EFULL when a drafted sequence
+ * with compaction would pass its trigger (draft fewer tokens); nothing
+ * changed then.
+ */
+keel_status keel_decode_spec(keel_context *c, const keel_batch *b);
+
+/* ---- draft sources (speculative decoding) -------------------------------
+ * A keel_spec proposes the tokens that may follow a sequence's history:
+ *   - KEEL_SPEC_NGRAM, prompt lookup: the continuation of the most recent
+ *     earlier occurrence of the history's longest suffix of min_n..max_n
+ *     tokens (agents repeat what their context holds: files, diffs, JSON);
+ *   - KEEL_SPEC_DRAFT: a smaller model sharing the vocabulary (checked
+ *     token by token at open), run greedily in a context of its own.
+ * With adaptive on, each sequence drafts only the number of tokens that
+ * maximizes the expected tokens per unit of step time, from its measured
+ * acceptance and the verify cost the caller reports (keel_spec_result);
+ * when drafting does not pay it stops, probing now and then.
+ *
+ * A step of the caller (keel run and the engine do exactly this):
+ *   keel_spec_draft(sp, seq, hist, n, drafts, cap, &k);   hist ends with the
+ *                                                          sampled, undecoded token
+ *   keel_decode_spec(ctx, {hist[n-1], drafts[0..k)} with logits on each);
+ *   for i in 0..k: keel_sampler_sample_draft(smp, logits(i), drafts[i], &t);
+ *                  accept t; stop at the first t != drafts[i] (t is the next token)
+ *   keel_context_rewind(ctx, seq, n_before + 1 + accepted, &resume);
+ *   keel_spec_result(sp, seq, k, accepted, step_ns);
+ * One thread at a time per keel_spec.
+ */
+#define KEEL_SPEC_MAX_DRAFT 64
+
+typedef enum keel_spec_kind {
+    KEEL_SPEC_NONE = 0,
+    KEEL_SPEC_NGRAM = 1,
+    KEEL_SPEC_DRAFT = 2,
+} keel_spec_kind;
+
+typedef struct keel_spec_params {
+    keel_spec_kind kind;
+    int32_t max_draft; /* most drafted tokens per step, 1..KEEL_SPEC_MAX_DRAFT (16) */
+    int32_t min_n;     /* n-gram: shortest suffix matched (2) */
+    int32_t max_n;     /* n-gram: longest suffix matched, <= 64 (8) */
+    bool adaptive;     /* draft only as many tokens as pay, per sequence (true) */
+} keel_spec_params;
+
+typedef struct keel_spec_stats {
+    int64_t steps;       /* verified steps reported */
+    int64_t draft_steps; /* of them with drafts */
+    int64_t drafted;     /* drafted tokens */
+    int64_t accepted;    /* of them accepted */
+} keel_spec_stats;
+
+typedef struct keel_spec keel_spec;
+
+/* kind none, max_draft 16, min_n 2, max_n 8, adaptive. */
+keel_spec_params keel_spec_params_default(void);
+/* A draft source for n_seq sequences whose histories hold at most
+ * hist_cap tokens. draft (KEEL_SPEC_DRAFT only; must outlive the spec) runs
+ * in its own context opened with draft_cp (NULL: defaults; n_seq_max is
+ * set to n_seq). KEEL_EINVAL (parameters; a draft model whose vocabulary
+ * differs, named), the draft context's errors, KEEL_ENOMEM; detail in err
+ * (256 bytes). */
+keel_status keel_spec_open(const keel_spec_params *p, const keel_model *target, const keel_model *draft,
+                           const keel_context_params *draft_cp, int32_t n_seq, int32_t hist_cap, keel_spec **out,
+                           char *err);
+void keel_spec_close(keel_spec *s);
+/* Up to cap tokens that may follow hist[0..n_hist) (the last one sampled,
+ * not yet decoded) for sequence seq, into out; *n_out 0 when none is worth
+ * drafting. A draft model's failure (its context full, say) returns its
+ * status with detail in keel_spec_last_error; the caller goes on without
+ * drafts. Allocates nothing. */
+keel_status keel_spec_draft(keel_spec *s, int32_t seq, const int32_t *hist, int32_t n_hist, int32_t *out,
+                            int32_t cap, int32_t *n_out);
+/* The outcome of seq's step: n_drafted tokens verified, n_accepted of them
+ * accepted, the verifying decode's time (0: unknown). Feeds the back-off
+ * and the stats. */
+void keel_spec_result(keel_spec *s, int32_t seq, int32_t n_drafted, int32_t n_accepted, uint64_t step_ns);
+/* A new request on seq: its acceptance is measured afresh. */
+void keel_spec_reset(keel_spec *s, int32_t seq);
+void keel_spec_stats_get(const keel_spec *s, keel_spec_stats *out);
+const keel_spec_params *keel_spec_params_get(const keel_spec *s);
+const char *keel_spec_last_error(const keel_spec *s);
 
 /* ---- sessions of a context -------------------------------------------------
  * The memory's session blobs (keel_mem_save, docs/formats.md "Sessions")
@@ -1221,6 +1349,14 @@ void keel_sampler_close(keel_sampler *s);
  * finite (keel_decode already refuses non-finite logits). Allocates nothing. */
 keel_status keel_sampler_sample(keel_sampler *s, const float *logits, int32_t *token);
 /* Adds a token to the penalty history (prompt and generated tokens). */
+/* Speculative decoding: the token at a position whose drafted token is
+ * draft, by the standard acceptance rule for a proposed (point-mass) draft:
+ * the draft with probability p(draft) under the sampler's chain, else a
+ * token drawn from p without it, renormalized; greedy: the argmax. The
+ * token is distributed exactly as keel_sampler_sample's (a seeded run
+ * draws differently, so sampled texts differ from a run without drafts);
+ * *token == draft means accepted. Errors as keel_sampler_sample. */
+keel_status keel_sampler_sample_draft(keel_sampler *s, const float *logits, int32_t draft, int32_t *token);
 keel_status keel_sampler_accept(keel_sampler *s, int32_t token);
 void keel_sampler_reset(keel_sampler *s);
 

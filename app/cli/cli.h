@@ -80,6 +80,29 @@ struct cli_opts {
 };
 
 void cli_opts_init(cli_opts *o);
+
+/* Speculative decoding flags (run, bench): --spec ngram|draft|none,
+ * --spec-max K, --spec-min-n N, --spec-max-n N, --spec-fixed,
+ * -md/--model-draft FILE (implies --spec draft). */
+typedef struct cli_spec {
+    keel_spec_params p;
+    const char *draft; /* the draft model's path, or NULL */
+    const char *err_flag;
+} cli_spec;
+#define CLI_SPEC_HELP                                                                                            \
+    "  --spec ngram|draft|none        speculative decoding: prompt-lookup drafts, a draft model (-md), or off\n" \
+    "  --spec-max K                   most drafted tokens per step (16; 1..64)\n"                                \
+    "  --spec-min-n N                 n-gram drafts: shortest suffix matched (2)\n"                              \
+    "  --spec-max-n N                 n-gram drafts: longest suffix matched (8)\n"                               \
+    "  --spec-fixed                   always draft --spec-max tokens (no back-off when drafts do not pay)\n"     \
+    "  -md, --model-draft FILE        draft model (same vocabulary) for --spec draft"
+/* Consumes a speculative-decoding flag a (value v); a bad value: message in err. */
+bool cli_spec_flag(cli_spec *sp, const char *a, const char *v, bool *takes, char *err);
+/* Opens the draft source of sp for n_seq sequences (nothing with --spec
+ * none): the draft model (*dm) in a context like cp. 0 or an exit code
+ * (printed). */
+int cli_spec_open(cli_spec *sp, keel_model *m, const keel_context_params *cp, int32_t n_seq, keel_model **dm,
+                  keel_spec **out);
 /* 0 ok, 1 help printed (usage, then every flag the command accepts),
  * 2 usage error (printed). */
 int cli_parse(int argc, char **argv, cli_opts *o, const char *usage);

@@ -670,3 +670,60 @@ int cli_prompt_ids(cli_opts *o, const keel_model *m, int32_t **ids, int32_t *n)
     *n = need;
     return 0;
 }
+
+/* ---- speculative decoding flags ------------------------------------------ */
+
+bool cli_spec_flag(cli_spec *sp, const char *a, const char *v, bool *takes, char *err)
+{
+    int32_t x;
+    if (strcmp(a, "--spec") == 0) {
+        if (v && strcmp(v, "ngram") == 0) sp->p.kind = KEEL_SPEC_NGRAM;
+        else if (v && strcmp(v, "draft") == 0) sp->p.kind = KEEL_SPEC_DRAFT;
+        else if (v && strcmp(v, "none") == 0) sp->p.kind = KEEL_SPEC_NONE;
+        else snprintf(err, 192, "--spec: '%s' (need ngram, draft or none)", v ? v : "");
+        return true;
+    }
+    if (strcmp(a, "-md") == 0 || strcmp(a, "--model-draft") == 0) {
+        sp->draft = v;
+        if (sp->p.kind == KEEL_SPEC_NONE) sp->p.kind = KEEL_SPEC_DRAFT;
+        return true;
+    }
+    if (strcmp(a, "--spec-fixed") == 0) {
+        sp->p.adaptive = false;
+        *takes = false;
+        return true;
+    }
+    int32_t *dst = strcmp(a, "--spec-max") == 0     ? &sp->p.max_draft
+                   : strcmp(a, "--spec-min-n") == 0 ? &sp->p.min_n
+                   : strcmp(a, "--spec-max-n") == 0 ? &sp->p.max_n
+                                                    : NULL;
+    if (!dst) return false;
+    int32_t hi = dst == &sp->p.max_draft ? KEEL_SPEC_MAX_DRAFT : 64;
+    if (!cli_parse_i32(v, &x) || x < 1 || x > hi) snprintf(err, 192, "%s: '%s' (need 1..%d)", a, v ? v : "", hi);
+    else *dst = x;
+    return true;
+}
+
+int cli_spec_open(cli_spec *sp, keel_model *m, const keel_context_params *cp, int32_t n_seq, keel_model **dm,
+                  keel_spec **out)
+{
+    *out = NULL;
+    if (sp->p.kind == KEEL_SPEC_NONE) return 0;
+    if (sp->p.kind == KEEL_SPEC_DRAFT && !sp->draft) return cli_fail("--spec draft", KEEL_EINVAL, "needs -md FILE");
+    char err[256] = "";
+    keel_status st;
+    if (sp->p.min_n > sp->p.max_n)
+        return cli_fail("--spec-min-n", KEEL_EINVAL, "is above --spec-max-n");
+    if (sp->draft) {
+        keel_model_params mp = keel_model_params_default();
+        mp.path = sp->draft;
+        if ((st = keel_model_open(&mp, dm, err)) != KEEL_OK) return cli_fail(sp->draft, st, err);
+    }
+    keel_context_params dcp = *cp;
+    dcp.speculative = false;
+    dcp.compact.policy = KEEL_COMPACT_NONE;
+    dcp.n_ctx_checkpoints = 0;
+    if ((st = keel_spec_open(&sp->p, m, *dm, &dcp, n_seq, 1 << 26, out, err)) != KEEL_OK)
+        return cli_fail("--spec", st, err);
+    return 0;
+}

@@ -137,6 +137,13 @@ char *srv_metrics_text(const char *stats_json, size_t rss_bytes)
         json_object_foreach(cr, k, v)
             if (json_is_number(v)) srv_buf_addf(&b, "keel_cache_reuse_total{result=\"%s\"} %.17g\n", k, json_number_value(v));
     }
+    json_t *spec = json_object_get(s, "speculative");
+    if (json_is_object(spec)) {
+        metric(&b, "keel_spec_drafted_tokens_total", "counter", "Tokens drafted by speculative decoding and verified.",
+               num(spec, "drafted_tokens"));
+        metric(&b, "keel_spec_accepted_tokens_total", "counter", "Drafted tokens accepted.",
+               num(spec, "accepted_tokens"));
+    }
     metric(&b, "keel_cache_lost_tokens_total", "counter",
            "Prompt tokens shared with a slot's cache that were computed again (no checkpoint covered them).",
            num(s, "cache_lost_tokens"));

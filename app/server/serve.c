@@ -37,6 +37,7 @@ typedef struct serve_opts {
     bool seed_set;
     char *keys[SERVE_MAX_KEYS];
     int n_keys;
+    cli_spec spec;
 } serve_opts;
 
 static const char g_usage[] =
@@ -78,6 +79,7 @@ static const char g_help[] =
     "  --deterministic                batch-invariant numerics: a request's tokens do not depend on\n"
     "                                 what else is batched with it (slower)\n"
     "  --log-disable                  no per-request log lines on stderr\n"
+    CLI_SPEC_HELP "\n"
     "  --jinja                        accepted for llama-server compatibility (templates are always Jinja)\n"
     "  serve defaults differ from the table above: -b 2048 (llama-server's)";
 
@@ -135,6 +137,7 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
 {
     serve_opts *so = o->user;
     int32_t x = 0;
+    if (cli_spec_flag(&so->spec, a, v, takes, o->extra_err)) return true;
     if (strcmp(a, "--host") == 0) {
         so->host = v;
     } else if (strcmp(a, "--port") == 0) {
@@ -273,6 +276,15 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     bad_ |= set(j, "ctx_checkpoints", json_integer(cp->n_ctx_checkpoints));
     bad_ |= set(j, "checkpoint_every", json_integer(cp->checkpoint_every));
     if (so->deterministic) bad_ |= set(j, "deterministic", json_true());
+    if (so->spec.p.kind != KEEL_SPEC_NONE) {
+        const keel_spec_params *sp = &so->spec.p;
+        bad_ |= set(j, "spec", json_string(sp->kind == KEEL_SPEC_NGRAM ? "ngram" : "draft"));
+        bad_ |= set(j, "spec_max", json_integer(sp->max_draft));
+        bad_ |= set(j, "spec_min_n", json_integer(sp->min_n));
+        bad_ |= set(j, "spec_max_n", json_integer(sp->max_n));
+        bad_ |= set(j, "spec_adaptive", json_boolean(sp->adaptive));
+        if (so->spec.draft) bad_ |= set(j, "model_draft", json_string(so->spec.draft));
+    }
     if (so->prefill_share > 0) bad_ |= set(j, "prefill_share", json_real(so->prefill_share));
     if (bad_) {
         json_decref(j);
@@ -426,6 +438,7 @@ int cmd_serve(int argc, char **argv)
     so.threads_http = -1;
     so.n_predict = -1;
     so.max_body = 8;
+    so.spec.p = keel_spec_params_default();
     cli_opts_init(&o);
     o.groups = CLI_G_MODEL | CLI_G_CTX | CLI_G_THREADS | CLI_G_KV | CLI_G_COMPACT | CLI_G_BUDGET | CLI_G_SAMPLE;
     o.extra = serve_extra;

@@ -135,13 +135,16 @@ static keel_status sizes(const keel_model *m, const keel_context_params *p, ctx_
     bool sliding = false;
     for (int32_t i = 0; i < hp->n_layer; i++) sliding |= z->layers[i].kind == KEEL_MEM_LAYER_SLIDING;
     z->mc.n_ckpt = hp->n_recurrent > 0 || sliding ? p->n_ctx_checkpoints : 0; /* full attention needs none */
+    z->mc.spec_snapshot = p->speculative;
     keel_status st = mem_config_bytes_shared(&z->mc, &z->mem, err);
     if (st != KEEL_OK) return st;
     z->work = model_work_bytes(&m->w, p->n_ubatch, p->n_threads);
     if (!size_mul((size_t)p->n_outputs * sizeof(float), (size_t)hp->n_vocab, &z->logits))
         return base_err(err, KEEL_EOVERFLOW, "logits buffer overflows");
     /* out_row [n_batch], pos/seq of the batch [n_batch] x 2, cells [n_groups][n_ubatch], out idx [n_ubatch] */
-    z->small = ((size_t)p->n_batch * 3 + (size_t)p->n_ubatch * 3 + 64) * sizeof(int32_t) +
+    /* + the speculative batch's tokens, sequences and positions, and a
+     * rewind's tokens and sequences [n_batch] x 5 */
+    z->small = ((size_t)p->n_batch * 8 + (size_t)p->n_ubatch * 3 + 64) * sizeof(int32_t) +
                (size_t)p->n_batch + (size_t)p->n_seq_max * sizeof(keel_compact_params) + 2 * BASE_ALIGN;
     size_t work_cap; /* base_arena_init rounds its reservation up */
     if (!size_align_up(z->work, BASE_ALIGN, &work_cap)) return base_err(err, KEEL_EOVERFLOW, "work arena overflows");
@@ -249,8 +252,13 @@ keel_status keel_context_open(const keel_model *m, const keel_context_params *in
     c->ub_seq = c->ub_pos + p.n_batch;
     c->ub_cells = c->ub_seq + p.n_batch;
     c->ub_out = c->ub_cells + 2 * (size_t)p.n_ubatch;
+    c->spec_tok = c->ub_out + p.n_ubatch;
+    c->spec_seq = c->spec_tok + p.n_batch;
+    c->spec_pos = c->spec_seq + p.n_batch;
+    c->re_tok = c->spec_pos + p.n_batch;
+    c->re_seq = c->re_tok + p.n_batch;
     {
-        uint8_t *tail = (uint8_t *)(c->ub_out + p.n_ubatch);
+        uint8_t *tail = (uint8_t *)(c->re_seq + p.n_batch);
         size_t off = (size_t)(tail - (uint8_t *)c->out_row);
         off = (off + BASE_ALIGN - 1) & ~(size_t)(BASE_ALIGN - 1);
         c->compact = (keel_compact_params *)((uint8_t *)c->out_row + off);
@@ -461,9 +469,10 @@ static keel_status check_logits(keel_context *c, int32_t start, int32_t row0, in
     return KEEL_OK;
 }
 
-keel_status keel_decode(keel_context *c, const keel_batch *b)
+/* keel_decode, and keel_decode_spec (spec[s]: sequence s's tokens are
+ * drafts: no prompt checkpoint; the snapshots are the caller's). */
+static keel_status decode(keel_context *c, const keel_batch *b, const uint8_t *spec)
 {
-    if (!c) return KEEL_EINVAL;
     c->err[0] = 0;
     atomic_store(&c->cancel, 0);
     if (!b || !b->tokens) return base_err(c->err, KEEL_EINVAL, "decode: batch or tokens is NULL");
@@ -517,7 +526,7 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
     uint8_t prompt[MEM_SEQ_MAX];
     memset(prompt, 0, sizeof prompt);
     for (int32_t i = 0, cnt[MEM_SEQ_MAX] = {0}; ckpt && i < n; i++)
-        if (++cnt[c->ub_seq[i]] > 1) prompt[c->ub_seq[i]] = 1;
+        if (++cnt[c->ub_seq[i]] > 1 && !(spec && spec[c->ub_seq[i]])) prompt[c->ub_seq[i]] = 1;
     /* all or nothing: every ubatch must fit before the first one changes
      * anything; the plan continues positions, so they start over */
     {
@@ -596,6 +605,105 @@ keel_status keel_decode(keel_context *c, const keel_batch *b)
     return KEEL_OK;
 }
 
+keel_status keel_decode(keel_context *c, const keel_batch *b)
+{
+    if (!c) return KEEL_EINVAL;
+    c->spec_n = 0;
+    return decode(c, b, NULL);
+}
+
+keel_status keel_decode_spec(keel_context *c, const keel_batch *b)
+{
+    if (!c) return KEEL_EINVAL;
+    c->err[0] = 0;
+    c->spec_n = 0;
+    if (!b || !b->tokens) return base_err(c->err, KEEL_EINVAL, "decode_spec: batch or tokens is NULL");
+    int32_t n = b->n_tokens;
+    if (n < 1 || n > c->p.n_batch)
+        return base_err(c->err, KEEL_EINVAL, "decode_spec: %d tokens (need 1..n_batch %d)", n, c->p.n_batch);
+    if (b->pos) return base_err(c->err, KEEL_EINVAL, "decode_spec: positions must continue each sequence (pos NULL)");
+    /* a sequence of two or more tokens that all ask for logits is drafted */
+    int32_t cnt[MEM_SEQ_MAX] = {0};
+    uint8_t spec[MEM_SEQ_MAX], all[MEM_SEQ_MAX];
+    memset(all, 1, sizeof all);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = b->seq ? b->seq[i] : 0;
+        if (s < 0 || s >= c->p.n_seq_max)
+            return base_err(c->err, KEEL_EINVAL, "decode_spec: token %d: sequence %d out of range (n_seq_max %d)", i,
+                            s, c->p.n_seq_max);
+        cnt[s]++;
+        if (!(b->logits ? b->logits[i] != 0 : i == n - 1)) all[s] = 0;
+    }
+    bool rec = keel_mem_is_recurrent(c->mem);
+    for (int32_t s = 0; s < c->p.n_seq_max; s++) {
+        spec[s] = cnt[s] > 1 && all[s];
+        if (!spec[s]) continue;
+        if (rec && !c->p.speculative)
+            return base_err(c->err, KEEL_EUNSUPPORTED,
+                            "decode_spec: a model with recurrent layers needs the context opened with "
+                            "speculative (a state snapshot per sequence)");
+        /* a compaction inside the batch would make its tail impossible to
+         * take back exactly: the caller drafts only below the trigger */
+        const keel_compact_params *cp = &c->compact[s];
+        if (cp->policy != KEEL_COMPACT_NONE && keel_mem_seq_cells(c->mem, s) + cnt[s] > cp->trigger)
+            return base_err(c->err, KEEL_EFULL,
+                            "decode_spec: sequence %d would pass its compaction trigger (%d cells + %d "
+                            "tokens > %d): decode fewer drafts",
+                            s, keel_mem_seq_cells(c->mem, s), cnt[s], cp->trigger);
+    }
+    /* the snapshots come first; they change nothing a failed decode must
+     * undo (only a rewind reads one) */
+    for (int32_t s = 0; rec && s < c->p.n_seq_max; s++) {
+        if (!spec[s] || keel_mem_seq_pos_max(c->mem, s) < 0) continue;
+        keel_status st = keel_mem_spec_save(c->mem, s);
+        if (st != KEEL_OK) return base_err(c->err, st, "decode_spec: %s", keel_mem_last_error(c->mem));
+    }
+    int32_t pmax[MEM_SEQ_MAX];
+    for (int32_t s = 0; s < c->p.n_seq_max; s++) pmax[s] = cnt[s] ? keel_mem_seq_pos_max(c->mem, s) : -1;
+    keel_status st = decode(c, b, spec);
+    if (st != KEEL_OK) return st;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = b->seq ? b->seq[i] : 0;
+        c->spec_tok[i] = b->tokens[i];
+        c->spec_seq[i] = spec[s] ? s : -1;
+        c->spec_pos[i] = ++pmax[s];
+    }
+    c->spec_n = n;
+    return KEEL_OK;
+}
+
+/* A rewind of a recurrent sequence into the last speculative batch: the
+ * snapshot restored, the batch's tokens below p0 decoded again. */
+static keel_status rewind_spec(keel_context *c, int32_t seq, int32_t p0)
+{
+    int32_t p = keel_mem_spec_pos(c->mem, seq), end = keel_mem_seq_pos_max(c->mem, seq) + 1;
+    if (c->spec_n == 0 || p < 0 || p0 < p || p0 >= end) return KEEL_ENOENT;
+    /* the tokens of seq at positions [p, p0), in order, from the batch */
+    int32_t m = 0;
+    for (int32_t i = 0; i < c->spec_n; i++)
+        if (c->spec_seq[i] == seq && c->spec_pos[i] >= p && c->spec_pos[i] < p0) {
+            c->re_tok[m] = c->spec_tok[i];
+            c->re_seq[m++] = seq;
+        }
+    if (m != p0 - p) return KEEL_ENOENT; /* the batch does not hold them all */
+    keel_status st = keel_mem_spec_restore(c->mem, seq, NULL);
+    if (st == KEEL_ESTATE) return KEEL_ENOENT; /* nothing changed: the usual rewind */
+    if (st != KEEL_OK) return base_err(c->err, st, "rewind: %s", keel_mem_last_error(c->mem));
+    for (int32_t i = 0; i < c->spec_n; i++)
+        if (c->spec_seq[i] == seq) c->spec_seq[i] = -1; /* the other sequences' stay */
+    if (m == 0) return KEEL_OK;
+    keel_batch b = {m, c->re_tok, NULL, c->re_seq, NULL};
+    uint8_t spec[MEM_SEQ_MAX] = {0};
+    spec[seq] = 1;
+    st = decode(c, &b, spec);
+    if (st != KEEL_OK) {
+        /* half a state is no state: the sequence starts over */
+        keel_status st2 = keel_mem_seq_rm(c->mem, seq, -1, -1);
+        if (st2 != KEEL_OK) return base_err(c->err, st2, "rewind: %s", keel_mem_last_error(c->mem));
+    }
+    return st;
+}
+
 keel_status keel_context_rewind(keel_context *c, int32_t seq, int32_t p0, int32_t *resume)
 {
     if (resume) *resume = 0;
@@ -606,7 +714,13 @@ keel_status keel_context_rewind(keel_context *c, int32_t seq, int32_t p0, int32_
                         c->p.n_seq_max);
     if (p0 < 0) p0 = 0;
     keel_status st;
-    if (keel_mem_is_recurrent(c->mem)) {
+    if (keel_mem_is_recurrent(c->mem) && (st = rewind_spec(c, seq, p0)) != KEEL_ENOENT) {
+        /* into the last speculative batch: its snapshot, its tokens again */
+        if (st != KEEL_OK) {
+            if (resume) *resume = keel_mem_seq_pos_max(c->mem, seq) + 1;
+            return st;
+        }
+    } else if (keel_mem_is_recurrent(c->mem)) {
         st = keel_mem_seq_rm(c->mem, seq, p0, -1);
     } else if (p0 >= keel_mem_seq_rewind_min(c->mem, seq)) {
         st = keel_mem_seq_rm(c->mem, seq, p0, -1); /* exact */

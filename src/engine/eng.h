@@ -277,6 +277,13 @@ typedef struct eng_slot {
     const char *finish;       /* finish_reason once decided */
     uint64_t t_start, t_prompt_end, t_end;
     int64_t compactions_at_start;
+    /* speculative decoding: this step's drafts, and the request's counts */
+    int32_t draft[KEEL_SPEC_MAX_DRAFT];
+    int32_t n_draft;          /* drafts in this step's batch */
+    int32_t n_hist0;          /* n_hist before this step's batch */
+    int32_t n_acc;            /* drafts accepted so far this step */
+    bool spec_stop;           /* this step's rows are done (a rejection or the end) */
+    int64_t n_drafted, n_accepted;
     /* snapshot for other threads (keel_engine_stats), under mu */
     eng_slot_state stat_state;
     int32_t stat_hist, stat_cells;
@@ -295,6 +302,8 @@ struct keel_engine {
     int32_t *batch_tok, *batch_seq; /* [n_batch] */
     int8_t *batch_logits;
     int32_t *batch_slot;      /* [n_batch] slot of each token with logits, else -1 */
+    int32_t *batch_row;       /* [n_batch] a generating slot's row: 0 its newest token, r > 0 its
+                                 draft r - 1 (the row verifies draft r), else -1 */
     /* chat */
     jinja_template *tmpl;
     toolcall_format tool_format;
@@ -367,6 +376,10 @@ struct keel_engine {
     bool in_decode;
     int32_t n_batch_req;
     eng_req *batch_req[ENG_MAX_SLOTS];
+    /* speculative decoding (eng_spec.c): the draft source, or NULL */
+    keel_spec *spec;
+    keel_model *draft_model;  /* spec draft: its model, or NULL */
+    int64_t n_drafted, n_accepted; /* over every request (under mu) */
 };
 
 /* eng_open.c */
@@ -496,6 +509,18 @@ keel_status eng_lazy_begin(keel_engine *e, eng_slot *sl, char *err);
 /* The sampled token tok of a waiting slot (sl->lazy): activates the grammar when a trigger
  * appears. KEEL_OK unless the detokenizer fails. */
 keel_status eng_lazy_step(keel_engine *e, eng_slot *sl, int32_t tok);
+/* eng_spec.c: speculative decoding in the step. */
+/* Drafts for each generating slot (cnt: slots generating this step,
+ * chunk: prefill tokens per slot) within what the step can spare, into
+ * sl->draft / sl->n_draft. */
+void eng_spec_plan(keel_engine *e, const int32_t *cnt, const int32_t *chunk);
+/* The slot's rows are about to be read (n_hist0, the acceptance state). */
+void eng_spec_begin(eng_slot *sl);
+/* After the slot's rows: counts, the back-off's feedback, the rejected
+ * drafts rewound (a failure ends the request, named). */
+void eng_spec_settle(keel_engine *e, eng_slot *sl, uint64_t step_ns);
+/* Ends sl's request with an error (eng_sched.c's finish). */
+void eng_finish_error(keel_engine *e, eng_slot *sl, keel_status st, const char *why);
 /* Frees finished submitted requests (the stepping thread, outside callbacks). */
 void eng_reap(keel_engine *e);
 

@@ -21,6 +21,8 @@ typedef struct eng_open_opts {
     int32_t n_slots, max_prompt_tokens, cache_ram_mib;
     double prefill_share;
     json_t *compact; /* borrowed */
+    keel_spec_params spec;
+    const char *model_draft;
 } eng_open_opts;
 
 static keel_status get_i32(json_t *v, const char *k, int32_t lo, int32_t hi, int32_t *out, char *err)
@@ -44,6 +46,7 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
     p->cp = keel_context_params_default();
     p->n_slots = 1;
     p->prefill_share = ENG_PREFILL_SHARE;
+    p->spec = keel_spec_params_default();
     if (!json_is_object(o)) return base_err(err, KEEL_EINVAL, "options must be a JSON object");
     const char *k;
     json_t *v;
@@ -86,12 +89,38 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
                 st = base_err(err, KEEL_EINVAL, "option %s: unknown type '%s'", k, name);
         } else if (strcmp(k, "kv_compact") == 0) {
             p->compact = v;
+        } else if (strcmp(k, "spec") == 0) {
+            const char *name = NULL;
+            if ((st = get_str(v, k, &name, err)) != KEEL_OK) {
+            } else if (strcmp(name, "ngram") == 0) {
+                p->spec.kind = KEEL_SPEC_NGRAM;
+            } else if (strcmp(name, "draft") == 0) {
+                p->spec.kind = KEEL_SPEC_DRAFT;
+            } else if (strcmp(name, "none") == 0) {
+                p->spec.kind = KEEL_SPEC_NONE;
+            } else {
+                st = base_err(err, KEEL_EINVAL, "option spec: '%s' (need ngram, draft or none)", name);
+            }
+        } else if (strcmp(k, "spec_max") == 0) {
+            st = get_i32(v, k, 1, KEEL_SPEC_MAX_DRAFT, &p->spec.max_draft, err);
+        } else if (strcmp(k, "spec_min_n") == 0) {
+            st = get_i32(v, k, 1, 64, &p->spec.min_n, err);
+        } else if (strcmp(k, "spec_max_n") == 0) {
+            st = get_i32(v, k, 1, 64, &p->spec.max_n, err);
+        } else if (strcmp(k, "spec_adaptive") == 0) {
+            if (!json_is_boolean(v)) st = base_err(err, KEEL_EINVAL, "option spec_adaptive must be a boolean");
+            else p->spec.adaptive = json_is_true(v);
+        } else if (strcmp(k, "model_draft") == 0) {
+            st = get_str(v, k, &p->model_draft, err);
         } else {
             st = base_err(err, KEEL_EINVAL, "unknown option '%s'", k);
         }
         if (st != KEEL_OK) return st;
     }
     if (!p->model) return base_err(err, KEEL_EINVAL, "option model (a GGUF path) is required");
+    if (p->model_draft && p->spec.kind == KEEL_SPEC_NONE) p->spec.kind = KEEL_SPEC_DRAFT;
+    if (p->spec.kind == KEEL_SPEC_DRAFT && !p->model_draft)
+        return base_err(err, KEEL_EINVAL, "option spec \"draft\" needs model_draft (a GGUF path)");
     return KEEL_OK;
 }
 
@@ -222,6 +251,12 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
     e->cp.n_seq_max = p.n_slots;
     e->cp.n_outputs = p.n_slots;
     e->cp.unified = true;
+    if (p.spec.kind != KEEL_SPEC_NONE) {
+        /* every slot verifies its newest token and drafts: a logit row each */
+        e->cp.speculative = true;
+        e->cp.n_outputs = (int32_t)BASE_MIN((int64_t)p.n_slots * (p.spec.max_draft + 1), (int64_t)e->cp.n_batch);
+        e->cp.n_outputs = BASE_MAX(e->cp.n_outputs, p.n_slots);
+    }
     if (e->cp.n_ctx == 0) e->cp.n_ctx = BASE_MIN(mi.n_ctx_train, 4096) * p.n_slots;
     e->n_ctx_slot = BASE_MAX(1, e->cp.n_ctx / p.n_slots);
     if (e->cp.n_outputs > e->cp.n_batch) {
@@ -249,6 +284,26 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
         goto fail;
     }
     e->recurrent = keel_mem_is_recurrent(keel_context_memory(e->ctx));
+    if (p.spec.kind != KEEL_SPEC_NONE) {
+        if (p.model_draft) {
+            mp = keel_model_params_default();
+            mp.path = p.model_draft;
+            if ((st = keel_model_open(&mp, &e->draft_model, merr)) != KEEL_OK) {
+                base_err(err, st, "model_draft %s: %s", p.model_draft, merr);
+                goto fail;
+            }
+        }
+        keel_context_params dcp = e->cp;
+        dcp.speculative = false;
+        dcp.compact.policy = KEEL_COMPACT_NONE;
+        dcp.n_ctx_checkpoints = 0;
+        dcp.n_outputs = p.n_slots;
+        if ((st = keel_spec_open(&p.spec, e->model, e->draft_model, &dcp, p.n_slots, e->hist_cap + 1, &e->spec,
+                                 cerr)) != KEEL_OK) {
+            base_err(err, st, "%s", cerr);
+            goto fail;
+        }
+    }
     /* slots (+ one scratch prompt buffer) and the batch */
     e->slots = base_calloc((size_t)p.n_slots + 1, sizeof(eng_slot));
     if (!e->slots) {
@@ -271,7 +326,8 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
     e->batch_seq = base_alloc(nb * sizeof(int32_t));
     e->batch_slot = base_alloc(nb * sizeof(int32_t));
     e->batch_logits = base_alloc(nb);
-    if (!e->batch_tok || !e->batch_seq || !e->batch_slot || !e->batch_logits) {
+    e->batch_row = base_alloc(nb * sizeof(int32_t));
+    if (!e->batch_tok || !e->batch_seq || !e->batch_slot || !e->batch_logits || !e->batch_row) {
         st = base_err(err, KEEL_ENOMEM, "batch: out of memory");
         goto fail;
     }
@@ -339,6 +395,7 @@ void keel_engine_close(keel_engine *e)
     base_free(e->batch_tok, nb * sizeof(int32_t));
     base_free(e->batch_seq, nb * sizeof(int32_t));
     base_free(e->batch_slot, nb * sizeof(int32_t));
+    base_free(e->batch_row, nb * sizeof(int32_t));
     base_free(e->batch_logits, nb);
     jinja_close(e->tmpl);
     base_free(e->eog_ids, (size_t)(e->n_eog ? e->n_eog : 1) * sizeof(int32_t));
@@ -348,7 +405,9 @@ void keel_engine_close(keel_engine *e)
     if (e->bos_text) base_free(e->bos_text, strlen(e->bos_text) + 1);
     if (e->eos_text) base_free(e->eos_text, strlen(e->eos_text) + 1);
     base_free(e->last_response, e->last_response_len + 1);
+    keel_spec_close(e->spec);
     keel_context_close(e->ctx);
+    keel_model_close(e->draft_model);
     keel_model_close(e->model);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -813,6 +872,13 @@ static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n
         bad |= json_object_set_new(cr, eng_cache_kind_names[k], json_integer(e->cache_counts[k]));
     if (cr) bad |= json_object_set_new(o, "cache_reuse", cr);
     bad |= json_object_set_new(o, "cache_lost_tokens", json_integer(e->cache_lost_tokens));
+    if (e->spec) {
+        const keel_spec_params *sp = keel_spec_params_get(e->spec);
+        json_t *so = json_pack("{s:s,s:i,s:I,s:I}", "kind", sp->kind == KEEL_SPEC_NGRAM ? "ngram" : "draft",
+                               "max_draft", (int)sp->max_draft, "drafted_tokens", (json_int_t)e->n_drafted,
+                               "accepted_tokens", (json_int_t)e->n_accepted);
+        bad |= !so || json_object_set_new(o, "speculative", so);
+    }
     bad |= json_object_set_new(o, "checkpoint_failures", json_integer(e->ckpt_failed));
     bad |= json_object_set_new(o, "prompt_seconds", json_real(e->prompt_seconds));
     bad |= json_object_set_new(o, "predicted_seconds", json_real(e->predicted_seconds));

@@ -250,6 +250,10 @@ static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result 
         bad |= set_int(u, "prompt_tokens", status == KEEL_ECONTEXT && sl->n_too_long > 0 ? sl->n_too_long : sl->n_prompt);
         bad |= set_int(u, "cached_tokens", sl->n_reused);
         bad |= set_int(u, "completion_tokens", sl->n_gen);
+        if (e->spec) {
+            bad |= set_int(u, "drafted_tokens", sl->n_drafted);
+            bad |= set_int(u, "accepted_tokens", sl->n_accepted);
+        }
         bad |= json_object_set_new(o, "usage", u);
     }
     if (t) {
@@ -262,6 +266,10 @@ static char *build_response(keel_engine *e, eng_slot *sl, const toolcall_result 
         bad |= set_int(t, "predicted_n", sl->n_gen);
         bad |= set_num(t, "predicted_ms", gms);
         bad |= set_num(t, "predicted_per_second", gms > 0 ? sl->n_gen / (gms * 1e-3) : 0.0);
+        if (e->spec) { /* llama-server's names */
+            bad |= set_int(t, "draft_n", sl->n_drafted);
+            bad |= set_int(t, "draft_n_accepted", sl->n_accepted);
+        }
         bad |= json_object_set_new(o, "timings", t);
     }
     if (m) {
@@ -419,6 +427,8 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     e->n_prompt_tokens += sl->n_prompt;
     e->n_cached_tokens += sl->n_reused;
     e->n_gen_tokens += sl->n_gen;
+    e->n_drafted += sl->n_drafted;
+    e->n_accepted += sl->n_accepted;
     if (sl->t_prompt_end) {
         double ttft = (double)(sl->t_prompt_end - sl->t_start) * 1e-9;
         e->prompt_seconds += ttft;
@@ -442,6 +452,11 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
 
 /* A request that never reached a slot (or failed at admission; a prompt
  * too long: n_too_long tokens > limit, else 0, 0). */
+void eng_finish_error(keel_engine *e, eng_slot *sl, keel_status st, const char *why)
+{
+    finish(e, sl, "error", st, why);
+}
+
 static void fail_unstarted(keel_engine *e, eng_req *r, keel_status status, const char *error, int64_t n_too_long,
                            int32_t limit)
 {
@@ -800,6 +815,9 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     sl->n_marks = tmp.n_marks;
     sl->req = r;
     sl->n_gen = 0;
+    sl->n_drafted = sl->n_accepted = 0;
+    sl->n_draft = 0;
+    keel_spec_reset(e->spec, sl->seq);
     sl->finish = NULL;
     sl->stop_hit = NULL;
     sl->t_start = now_ns();
@@ -1172,14 +1190,21 @@ bool eng_step(keel_engine *e)
             }
         }
     }
+    eng_spec_plan(e, cnt, chunk);
+    bool drafted = false;
     for (int32_t i = 0; i < e->n_slots; i++) {
         eng_slot *sl = &e->slots[i];
         if (cnt[i] && sl->state == ENG_SLOT_GEN) {
-            e->batch_tok[n] = sl->last_tok;
-            e->batch_seq[n] = sl->seq;
-            e->batch_logits[n] = 1;
-            e->batch_slot[n] = i;
-            n++;
+            eng_spec_begin(sl);
+            for (int32_t r = 0; r <= sl->n_draft; r++) {
+                e->batch_tok[n] = r == 0 ? sl->last_tok : sl->draft[r - 1];
+                e->batch_seq[n] = sl->seq;
+                e->batch_logits[n] = 1;
+                e->batch_slot[n] = i;
+                e->batch_row[n] = r;
+                n++;
+            }
+            drafted |= sl->n_draft > 0;
         }
     }
     for (int32_t i = 0; i < e->n_slots; i++) {
@@ -1191,6 +1216,7 @@ bool eng_step(keel_engine *e)
             e->batch_seq[n] = sl->seq;
             e->batch_logits[n] = k == sl->n_prompt - 1;
             e->batch_slot[n] = e->batch_logits[n] ? i : -1;
+            e->batch_row[n] = -1;
             n++;
         }
     }
@@ -1207,7 +1233,7 @@ bool eng_step(keel_engine *e)
         e->in_decode = true;
         pthread_mutex_unlock(&e->mu);
         uint64_t t0 = now_ns();
-        keel_status st = keel_decode(e->ctx, &b);
+        keel_status st = drafted ? keel_decode_spec(e->ctx, &b) : keel_decode(e->ctx, &b);
         uint64_t t1 = now_ns();
         pthread_mutex_lock(&e->mu);
         e->in_decode = false;
@@ -1260,6 +1286,10 @@ bool eng_step(keel_engine *e)
                 if (si < 0) continue;
                 eng_slot *sl = &e->slots[si];
                 if (!sl->req) continue;
+                /* a drafted slot's rows after a rejection verify nothing */
+                int32_t row = e->batch_row[j];
+                if (row > 0 && sl->spec_stop) continue;
+                int32_t draft = row >= 0 && row < sl->n_draft ? sl->draft[row] : -1;
                 if (sl->state == ENG_SLOT_PREFILL) {
                     sl->t_prompt_end = now_ns();
                     sl->state = ENG_SLOT_GEN;
@@ -1299,7 +1329,12 @@ bool eng_step(keel_engine *e)
                 }
                 if (sl->n_gen == 0 && e->debug_logits)
                     e->debug_logits(e->debug_user, sl->req->id, lg, e->model->w.hp.n_vocab);
-                st = keel_sampler_sample(sl->samp, lg, &tok);
+                st = draft >= 0 ? keel_sampler_sample_draft(sl->samp, lg, draft, &tok)
+                                : keel_sampler_sample(sl->samp, lg, &tok);
+                if (st == KEEL_OK && row >= 0) {
+                    if (draft >= 0 && tok == draft) sl->n_acc++;
+                    else sl->spec_stop = true;
+                }
                 if (st != KEEL_OK) {
                     finish(e, sl, "error", st,
                            sl->gm ? "sampler: no token the grammar allows has a finite logit" : "sampler: no finite logit");
@@ -1323,7 +1358,12 @@ bool eng_step(keel_engine *e)
                     sl->n_lp++;
                 }
                 take_token(e, sl, tok, ent != NULL);
+                /* a draft that ended the request stays out of the cache, as
+                 * the last token of a request without drafts does */
+                if (!sl->req && draft >= 0 && tok == draft) sl->n_acc--;
             }
+            for (int32_t i = 0; i < e->n_slots; i++)
+                if (cnt[i]) eng_spec_settle(e, &e->slots[i], n_pf == 0 ? t1 - t0 : 0);
         }
     }
     bool busy = false;

@@ -34,6 +34,11 @@ struct keel_context {
     keel_compact_params *compact; /* [n_seq_max] per-sequence compaction */
     uint8_t *ub_prot;      /* [n_batch] protected tokens (special ids) */
     keel_plan plan;
+    /* the last keel_decode_spec batch (rewinds into it decode its accepted
+     * tokens again on recurrent models) */
+    int32_t *spec_tok, *spec_seq, *spec_pos; /* [n_batch]; spec_seq -1: rewound already */
+    int32_t *re_tok, *re_seq;                /* [n_batch] a rewind's tokens to decode again */
+    int32_t spec_n;        /* its tokens; 0: the last batch was not speculative */
     atomic_int cancel;     /* keel_cancel (any thread) -> the running forward pass */
     char err[BASE_ERR_CAP];
 };

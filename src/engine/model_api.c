@@ -281,6 +281,12 @@ keel_status keel_sampler_sample(keel_sampler *s, const float *logits, int32_t *t
     return sampler_sample((sampler *)s, logits, token);
 }
 
+keel_status keel_sampler_sample_draft(keel_sampler *s, const float *logits, int32_t draft, int32_t *token)
+{
+    if (!s || !logits || !token) return KEEL_EINVAL;
+    return sampler_sample_draft((sampler *)s, logits, draft, token);
+}
+
 keel_status keel_sampler_accept(keel_sampler *s, int32_t token)
 {
     if (!s) return KEEL_EINVAL;

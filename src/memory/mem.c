@@ -500,6 +500,14 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
     int32_t *rs_pos_min = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
     int32_t *rs_pos_max = lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t));
     uint64_t *rs_stamp = lay_take(l, (size_t)cfg->n_seq_max, sizeof(uint64_t));
+    /* speculation snapshots: one state per sequence */
+    bool spec = n_rs > 0 && cfg->spec_snapshot;
+    size_t spec_total = 0;
+    if (spec && !size_mul(slot_floats, (size_t)cfg->n_seq_max, &spec_total)) l->overflow = true;
+    float *spec_data = spec ? lay_take(l, spec_total ? spec_total : 1, sizeof(float)) : NULL;
+    int32_t *spec_pos = spec ? lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t)) : NULL;
+    int32_t *spec_lo = spec ? lay_take(l, (size_t)cfg->n_seq_max, sizeof(int32_t)) : NULL;
+    uint64_t *spec_stamp = spec ? lay_take(l, (size_t)cfg->n_seq_max, sizeof(uint64_t)) : NULL;
     mem_ckpt_ring *rings = lay_take(l, (size_t)nl, sizeof(mem_ckpt_ring));
     size_t rec = mem_ckpt_record_bytes(cfg, NULL, NULL);
     if (rec == SIZE_MAX) l->overflow = true;
@@ -522,6 +530,11 @@ static void mem_lay_out(keel_mem *m, const keel_mem_config *cfg, mem_layout *l)
         m->rs_pos_max = rs_pos_max;
         m->rs_stamp = rs_stamp;
         m->ckpt_ring = rings;
+        m->spec_data = spec_data;
+        m->spec_pos = spec_pos;
+        m->spec_lo = spec_lo;
+        m->spec_stamp = spec_stamp;
+        for (int32_t q = 0; spec_pos && q < cfg->n_seq_max; q++) spec_pos[q] = -1;
         m->n_ckpt = n_ck;
         m->ckpt_rec_bytes = rec;
         m->ckpts = ckpts;
@@ -622,6 +635,7 @@ void mem_config_rs_bytes(const keel_mem_config *cfg, size_t *rs, size_t *ckpt)
         }
     if (slot > 0) {
         int32_t slots = cfg->n_rs_slots > 0 ? cfg->n_rs_slots : cfg->n_seq_max;
+        if (cfg->spec_snapshot) slots += cfg->n_seq_max; /* the speculation snapshots */
         *rs = slot * sizeof(float) * (size_t)slots;
     }
     if (cfg->n_ckpt <= 0) return;

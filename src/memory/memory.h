@@ -248,6 +248,13 @@ struct keel_mem {
     uint8_t *ckpt_data;        /* [n_seq][n_ckpt][ckpt_rec_bytes] */
     mem_ckpt_ring *ckpt_ring;  /* [n_groups] (max 0 for full groups) */
     uint64_t ckpt_order;
+    /* speculation snapshots (recurrent.c): one state per sequence */
+    float *spec_data;          /* [n_seq][rs_slot_floats] when spec_pos is set, else NULL */
+    int32_t *spec_pos;         /* [n_seq] end + 1 at the save, -1: none */
+    int32_t *spec_lo;          /* [n_seq] the sequence's first position at the save */
+    uint64_t *spec_stamp;      /* [n_seq] its last placed token's stamp at the save; edits
+                                  that drop checkpoints above a position drop a snapshot above
+                                  it too (mem_ck_drop) */
     char err[BASE_ERR_CAP];
 };
 

@@ -98,6 +98,8 @@ void mem_ck_drop(keel_mem *m, int32_t s, int32_t above)
         mem_ckpt *c = mem_ck(m, s, i);
         if (c->pos >= 0 && (above < 0 || c->pos > above)) c->pos = -1;
     }
+    /* a speculation snapshot goes with the checkpoints it is newer than */
+    if (m->spec_pos && m->spec_pos[s] >= 0 && (above < 0 || m->spec_pos[s] > above)) m->spec_pos[s] = -1;
 }
 
 void mem_rs_drop_seq(keel_mem *m, int32_t s)
@@ -123,6 +125,7 @@ void mem_rs_clear(keel_mem *m)
         memset(&m->ckpts[i], 0, sizeof m->ckpts[i]);
         m->ckpts[i].pos = -1;
     }
+    for (int32_t s = 0; m->spec_pos && s < m->cfg.n_seq_max; s++) m->spec_pos[s] = -1;
 }
 
 /* ---- placement ------------------------------------------------------------ */
@@ -451,6 +454,77 @@ size_t keel_mem_ckpt_bytes(const keel_mem *m)
     return m ? m->ckpt_rec_bytes * (size_t)m->n_ckpt * (size_t)m->cfg.n_seq_max : 0;
 }
 
+/* ---- speculation snapshots ------------------------------------------------- */
+
+keel_status keel_mem_spec_save(keel_mem *m, int32_t s)
+{
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (s < 0 || s >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "spec_save: unknown sequence id %d", s);
+    if (!m->spec_pos)
+        return base_err(m->err, KEEL_EUNSUPPORTED,
+                        "spec_save: no snapshot storage (the memory has no recurrent layers, or "
+                        "spec_snapshot is off)");
+    if (m->seq_slot[s] < 0) return base_err(m->err, KEEL_ESTATE, "spec_save: sequence %d holds no tokens", s);
+    memcpy(m->spec_data + (size_t)s * m->rs_slot_floats, mem_rs_slot(m, m->seq_slot[s]),
+           m->rs_slot_floats * sizeof(float));
+    m->spec_pos[s] = rs_hi(m, s) + 1;
+    m->spec_lo[s] = rs_lo(m, s);
+    m->spec_stamp[s] = m->rs_stamp[s];
+    return KEEL_OK;
+}
+
+int32_t keel_mem_spec_pos(const keel_mem *m, int32_t s)
+{
+    if (!m || !m->spec_pos || s < 0 || s >= m->cfg.n_seq_max) return -1;
+    return m->spec_pos[s];
+}
+
+keel_status keel_mem_spec_restore(keel_mem *m, int32_t s, int32_t *pos)
+{
+    if (pos) *pos = -1;
+    if (!m) return KEEL_EINVAL;
+    m->err[0] = 0;
+    if (s < 0 || s >= m->cfg.n_seq_max)
+        return base_err(m->err, KEEL_EINVAL, "spec_restore: unknown sequence id %d", s);
+    int32_t p = m->spec_pos ? m->spec_pos[s] : -1;
+    /* the sequence must still be the snapshot's plus tokens placed after it */
+    if (p < 0 || m->seq_slot[s] < 0 || rs_lo(m, s) != m->spec_lo[s] || rs_hi(m, s) < p - 1)
+        return base_err(m->err, KEEL_ESTATE, "spec_restore: sequence %d has no snapshot to restore: nothing changed",
+                        s);
+    /* the rings: removing positions >= p is exact only if no placement
+     * since forgot what a query at p needs */
+    for (int32_t g = 0; g < m->n_groups; g++) {
+        const mem_table *t = mem_table_of(m, g, s);
+        if (t->sliding && t->evict_max[s] != MEM_NO_EVICT && (int64_t)t->evict_max[s] + t->window > p)
+            return base_err(m->err, KEEL_ESTATE,
+                            "spec_restore: sequence %d: sliding group %d forgot position %d, which a "
+                            "query at %d needs (placements after the snapshot went past the window): "
+                            "nothing changed",
+                            s, g, t->evict_max[s], p);
+    }
+    int32_t k = m->seq_slot[s];
+    if (m->rs_refs[k] > 1 && mem_rs_free_slots(m) < 1)
+        return base_err(m->err, KEEL_EFULL,
+                        "spec_restore: sequence %d shares its state and none of %d slots is free", s,
+                        m->n_rs_slots);
+    /* commit */
+    mem_attn_rm(m, s, p, INT32_MAX);
+    if (m->rs_refs[k] > 1) {
+        m->rs_refs[k]--;
+        k = mem_rs_take_slot(m);
+        m->rs_refs[k] = 1;
+        m->seq_slot[s] = k;
+    }
+    memcpy(mem_rs_slot(m, k), m->spec_data + (size_t)s * m->rs_slot_floats, m->rs_slot_floats * sizeof(float));
+    m->rs_pos_max[s] = p - 1;
+    m->rs_stamp[s] = m->spec_stamp[s];
+    mem_ck_drop(m, s, p - 1); /* checkpoints taken inside the rejected tail, and the snapshot */
+    if (pos) *pos = p;
+    return KEEL_OK;
+}
+
 /* ---- seq_rm ---------------------------------------------------------------- */
 
 /* Room in s's ring tables for checkpoint record rec once s's own cells are
@@ -639,6 +713,7 @@ void mem_rs_seq_cp_commit(keel_mem *m, int32_t src, int32_t dst)
     if (k < 0) return;
     m->seq_slot[dst] = k;
     m->rs_refs[k]++;
+    if (m->spec_pos) m->spec_pos[dst] = -1;
     m->rs_pos_min[dst] = m->rs_pos_min[src];
     m->rs_pos_max[dst] = m->rs_pos_max[src];
     m->rs_stamp[dst] = m->rs_stamp[src];

@@ -283,3 +283,39 @@ keel_status sampler_sample(sampler *s, const float *logits, int32_t *out)
     *out = s->cand[n - 1].id; /* rounding: the sum fell just short of u */
     return KEEL_OK;
 }
+
+keel_status sampler_sample_draft(sampler *s, const float *logits, int32_t draft, int32_t *out)
+{
+    if (!s || !logits || !out) return KEEL_EINVAL;
+    size_t n;
+    keel_status st = run_chain(s, logits, &n);
+    if (st) return st;
+    if (n == 1) {
+        *out = s->cand[0].id;
+        return KEEL_OK;
+    }
+    /* the draft's probability first: accepted with probability p(draft);
+     * past it, the others in the chain's order, which draws the residual
+     * p without the draft renormalized. One draw, distributed as p. */
+    double pd = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s->cand[i].id == draft) pd = s->cand[i].p;
+    double u = base_rng_uniform(&s->rng);
+    if (u < pd) {
+        *out = draft;
+        return KEEL_OK;
+    }
+    double cum = pd;
+    size_t last = n;
+    for (size_t i = 0; i < n; i++) {
+        if (s->cand[i].id == draft) continue;
+        cum += s->cand[i].p;
+        last = i;
+        if (u < cum) {
+            *out = s->cand[i].id;
+            return KEEL_OK;
+        }
+    }
+    *out = s->cand[last < n ? last : 0].id; /* rounding: the sum fell just short of u */
+    return KEEL_OK;
+}

@@ -73,6 +73,17 @@ keel_status sampler_sample(sampler *s, const float *logits, int32_t *out);
 keel_status sampler_candidates(sampler *s, const float *logits, const sampler_cand **out,
                                int64_t *n);
 
+/*
+ * Speculative sampling of a position whose drafted token is draft (a point
+ * mass: drafts are proposed, not sampled from a distribution the verifier
+ * knows). The standard acceptance rule for such a draft: accepted with
+ * probability p(draft) under the chain, else a token drawn from p without
+ * the draft, renormalized. The token is distributed exactly as
+ * sampler_sample's; *out == draft means accepted. Greedy: the argmax.
+ * Errors and allocation as sampler_sample.
+ */
+keel_status sampler_sample_draft(sampler *s, const float *logits, int32_t draft, int32_t *out);
+
 /* Adds token to the penalty history. KEEL_EINVAL for an id outside
  * [0, n_vocab) (history unchanged). */
 keel_status sampler_accept(sampler *s, int32_t token);

@@ -1,0 +1,418 @@
+/*
+ * test_spec.c — speculative decoding (keel.h: keel_decode_spec,
+ * keel_sampler_sample_draft, keel_spec, the engine's spec options):
+ *   - greedy equivalence: on a dense, a sliding-window, a hybrid
+ *     (Gated DeltaNet) and a Mamba2 model, a verifier fed drafts that are
+ *     right or wrong at a chosen rate (the known continuation, corrupted)
+ *     produces exactly the tokens of plain decoding, and the memory passes
+ *     keel_mem_check after every rewind (rings wrap, recurrent states go
+ *     back through their snapshot and decode the accepted tokens again);
+ *   - the acceptance rule: tokens drawn with a draft are distributed as
+ *     the sampler's (chi-square over 200,000 draws, drafts likely,
+ *     unlikely and outside the kept candidates);
+ *   - the n-gram drafter, the draft-model vocabulary check, the back-off;
+ *   - the engine: keel_complete with "spec": "ngram" and with a draft
+ *     model gives the text of a run without, and reports the drafts.
+ */
+#include "testutil.h"
+
+#include <jansson.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GEN 96
+
+static char g_dir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/keel_spec_XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void gen_model(const char *arch, int32_t layers, int32_t swa, int32_t vocab, uint64_t seed, char *path,
+                      size_t cap)
+{
+    snprintf(path, cap, "%s/%s_%d_%d_%llu.gguf", g_dir, arch, layers, vocab, (unsigned long long)seed);
+    if (access(path, R_OK) == 0) return;
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = arch;
+    gp.n_layer = layers;
+    gp.n_embd = 64;
+    gp.n_swa = swa;
+    gp.seed = seed;
+    if (vocab) gp.n_vocab = vocab;
+    char err[256] = "";
+    keel_status st = keel_gen_model(&gp, path, err);
+    if (st != KEEL_OK) fail_msg("gen-model %s: %s", arch, err);
+}
+
+static int32_t argmax(const float *x, int32_t n)
+{
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Plain greedy decoding of n tokens after prompt. */
+static void plain(keel_model *m, const keel_context_params *cp, const int32_t *prompt, int32_t np, int32_t *out,
+                  int32_t n)
+{
+    keel_context *c = NULL;
+    char err[256];
+    assert_int_equal(keel_context_open(m, cp, &c, err), KEEL_OK);
+    keel_batch b = {np, (int32_t *)prompt, NULL, NULL, NULL};
+    assert_int_equal(keel_decode(c, &b), KEEL_OK);
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    for (int32_t i = 0; i < n; i++) {
+        out[i] = argmax(keel_logits(c, i == 0 ? np - 1 : 0), mi.n_vocab);
+        keel_batch b1 = {1, &out[i], NULL, NULL, NULL};
+        assert_int_equal(keel_decode(c, &b1), KEEL_OK);
+    }
+    keel_context_close(c);
+}
+
+/* Greedy decoding verifying drafts of up to k tokens, each the known
+ * continuation ref or (with probability wrong) another token. Returns the
+ * accepted drafts. */
+static int64_t verified(keel_model *m, const keel_context_params *cp0, const int32_t *prompt, int32_t np,
+                        const int32_t *ref, int32_t n, int32_t k, double wrong, uint64_t seed, int32_t *out)
+{
+    keel_context_params cp = *cp0;
+    cp.speculative = true;
+    cp.n_outputs = k + 1;
+    keel_context *c = NULL;
+    char err[256];
+    assert_int_equal(keel_context_open(m, &cp, &c, err), KEEL_OK);
+    keel_mem *mem = keel_context_memory(c);
+    keel_batch b = {np, (int32_t *)prompt, NULL, NULL, NULL};
+    assert_int_equal(keel_decode(c, &b), KEEL_OK);
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    int32_t got = 0, tok = argmax(keel_logits(c, np - 1), mi.n_vocab);
+    out[got++] = tok;
+    int64_t acc = 0;
+    uint64_t r = seed;
+    while (got < n) {
+        int32_t batch[17], kk = 0;
+        int8_t want[17];
+        batch[0] = tok;
+        for (int32_t i = 0; i < k && got + i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(r >> 11) / 9007199254740992.0;
+            int32_t t = ref[got + i];
+            if (u < wrong) t = (t + 1 + (int32_t)(r >> 40) % (mi.n_vocab - 1)) % mi.n_vocab;
+            batch[++kk] = t;
+        }
+        memset(want, 1, sizeof want);
+        int32_t n0 = keel_mem_seq_pos_max(mem, 0) + 1;
+        keel_batch sb = {kk + 1, batch, NULL, NULL, want};
+        assert_int_equal(kk ? keel_decode_spec(c, &sb) : keel_decode(c, &sb), KEEL_OK);
+        int32_t a = 0;
+        for (;;) {
+            tok = argmax(keel_logits(c, a), mi.n_vocab);
+            out[got++] = tok;
+            if (a == kk || tok != batch[a + 1] || got == n) break;
+            a++;
+        }
+        acc += a;
+        if (a < kk) {
+            int32_t resume = -1;
+            assert_int_equal(keel_context_rewind(c, 0, n0 + 1 + a, &resume), KEEL_OK);
+            assert_int_equal(resume, n0 + 1 + a);
+        }
+        assert_int_equal(keel_mem_seq_pos_max(mem, 0) + 1, n0 + 1 + a);
+        assert_int_equal(keel_mem_check(mem), KEEL_OK);
+    }
+    keel_context_close(c);
+    return acc;
+}
+
+static void greedy_case(const char *arch, int32_t layers, int32_t swa)
+{
+    char path[128];
+    gen_model(arch, layers, swa, 0, 7, path, sizeof path);
+    keel_model *m = NULL;
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    char err[256];
+    assert_int_equal(keel_model_open(&mp, &m, err), KEEL_OK);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 512;
+    cp.n_threads = 1;
+    cp.deterministic = true; /* a row's logits do not depend on the batch: exact token equality */
+    int32_t prompt[24], ref[GEN], out[GEN];
+    for (int32_t i = 0; i < 24; i++) prompt[i] = 5 + (i * 37) % 200;
+    plain(m, &cp, prompt, 24, ref, GEN);
+    const double rates[] = {0.0, 0.1, 0.4, 1.0};
+    for (int32_t w = 0; w < 4; w++)
+        for (int32_t k = 1; k <= 16; k *= 4) {
+            int64_t acc = verified(m, &cp, prompt, 24, ref, GEN, k, rates[w], 99 + (uint64_t)w, out);
+            for (int32_t i = 0; i < GEN; i++)
+                if (out[i] != ref[i])
+                    fail_msg("%s: k %d wrong %.1f: token %d is %d, plain decoding gave %d", arch, k, rates[w], i,
+                             out[i], ref[i]);
+            if (rates[w] == 0.0) assert_true(acc >= GEN - 1 - (GEN + k - 1) / k * 1 - 1);
+            if (rates[w] == 1.0) assert_int_equal(acc, 0);
+        }
+    keel_model_close(m);
+}
+
+static void test_greedy_dense(void **state)
+{
+    (void)state;
+    greedy_case("llama", 2, 0);
+}
+
+static void test_greedy_sliding(void **state)
+{
+    (void)state;
+    greedy_case("gemma2", 2, 8); /* a window of 8: the ring wraps many times over 120 tokens */
+}
+
+static void test_greedy_hybrid(void **state)
+{
+    (void)state;
+    greedy_case("qwen35", 4, 0);
+}
+
+static void test_greedy_mamba2(void **state)
+{
+    (void)state;
+    greedy_case("mamba2", 2, 0);
+}
+
+/* A recurrent context opened without speculative refuses drafts, named. */
+static void test_recurrent_needs_flag(void **state)
+{
+    (void)state;
+    char path[128];
+    gen_model("mamba2", 2, 0, 0, 7, path, sizeof path);
+    keel_model *m = NULL;
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    char err[256];
+    assert_int_equal(keel_model_open(&mp, &m, err), KEEL_OK);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 128;
+    cp.n_outputs = 4;
+    keel_context *c = NULL;
+    assert_int_equal(keel_context_open(m, &cp, &c, err), KEEL_OK);
+    int32_t t[3] = {5, 6, 7};
+    int8_t want[3] = {1, 1, 1};
+    keel_batch b = {3, t, NULL, NULL, want};
+    assert_int_equal(keel_decode_spec(c, &b), KEEL_EUNSUPPORTED);
+    assert_non_null(strstr(keel_context_last_error(c), "speculative"));
+    assert_int_equal(keel_mem_seq_pos_max(keel_context_memory(c), 0), -1); /* nothing changed */
+    keel_context_close(c);
+    keel_model_close(m);
+}
+
+/* The acceptance rule keeps the sampler's distribution. */
+static void test_sample_draft_distribution(void **state)
+{
+    (void)state;
+    enum { V = 8, N = 200000 };
+    const float logits[V] = {2.0f, 1.5f, 1.0f, 0.5f, 0.0f, -0.5f, -3.0f, -8.0f};
+    keel_sampler_params sp = keel_sampler_params_default();
+    sp.temp = 1.0f;
+    sp.top_k = 6; /* tokens 6 and 7 are outside the kept candidates */
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    sp.seed = 42;
+    double p[V] = {0}, z = 0;
+    for (int32_t i = 0; i < 6; i++) z += exp(logits[i]);
+    for (int32_t i = 0; i < 6; i++) p[i] = exp(logits[i]) / z;
+    const int32_t drafts[] = {0, 3, 5, 7};
+    for (int32_t d = 0; d < 4; d++) {
+        keel_sampler *s = NULL;
+        assert_int_equal(keel_sampler_open(&sp, V, &s), KEEL_OK);
+        int64_t cnt[V] = {0};
+        for (int32_t i = 0; i < N; i++) {
+            int32_t t = -1;
+            assert_int_equal(keel_sampler_sample_draft(s, logits, drafts[d], &t), KEEL_OK);
+            assert_true(t >= 0 && t < V);
+            cnt[t]++;
+        }
+        keel_sampler_close(s);
+        double chi = 0;
+        for (int32_t i = 0; i < V; i++) {
+            if (p[i] == 0) {
+                assert_int_equal(cnt[i], 0);
+                continue;
+            }
+            double e = p[i] * N;
+            chi += (cnt[i] - e) * (cnt[i] - e) / e;
+        }
+        /* 5 degrees of freedom: P(chi2 > 25.7) = 0.0001 */
+        if (chi > 25.7) fail_msg("draft %d: chi-square %.1f over 5 degrees of freedom", drafts[d], chi);
+    }
+    /* greedy: the argmax whatever the draft */
+    sp.temp = 0.0f;
+    keel_sampler *s = NULL;
+    assert_int_equal(keel_sampler_open(&sp, V, &s), KEEL_OK);
+    int32_t t = -1;
+    assert_int_equal(keel_sampler_sample_draft(s, logits, 3, &t), KEEL_OK);
+    assert_int_equal(t, 0);
+    keel_sampler_close(s);
+}
+
+static keel_model *open_gen(const char *arch, int32_t vocab, uint64_t seed)
+{
+    char path[128], err[256];
+    gen_model(arch, 1, 0, vocab, seed, path, sizeof path);
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    keel_model *m = NULL;
+    assert_int_equal(keel_model_open(&mp, &m, err), KEEL_OK);
+    return m;
+}
+
+/* Prompt lookup proposes the continuation of the latest longest match. */
+static void test_ngram_drafter(void **state)
+{
+    (void)state;
+    keel_model *m = open_gen("llama", 0, 7);
+    keel_spec_params p = keel_spec_params_default();
+    p.kind = KEEL_SPEC_NGRAM;
+    p.adaptive = false;
+    p.max_draft = 4;
+    keel_spec *sp = NULL;
+    char err[256];
+    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    /* 1 2 3 4 5 | 9 2 3 7 8 | 1 2 3: the suffix "1 2 3" matched at the start
+     * (longer than "2 3" later) */
+    const int32_t h[] = {1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3};
+    int32_t out[8], k = -1;
+    assert_int_equal(keel_spec_draft(sp, 0, h, 13, out, 8, &k), KEEL_OK);
+    assert_int_equal(k, 4);
+    assert_int_equal(out[0], 4);
+    assert_int_equal(out[1], 5);
+    assert_int_equal(out[2], 9);
+    assert_int_equal(out[3], 2);
+    /* "2 3" only: the most recent occurrence wins */
+    const int32_t h2[] = {2, 3, 4, 0, 2, 3, 6, 0, 5, 2, 3};
+    assert_int_equal(keel_spec_draft(sp, 0, h2, 11, out, 2, &k), KEEL_OK);
+    assert_int_equal(k, 2);
+    assert_int_equal(out[0], 6);
+    assert_int_equal(out[1], 0);
+    /* no suffix of 2 repeats: nothing */
+    const int32_t h3[] = {1, 2, 3, 4, 5, 6};
+    assert_int_equal(keel_spec_draft(sp, 0, h3, 6, out, 8, &k), KEEL_OK);
+    assert_int_equal(k, 0);
+    keel_spec_close(sp);
+    /* back-off: drafts that are never accepted stop (probes aside) */
+    p.adaptive = true;
+    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    int32_t drafted_steps = 0;
+    for (int32_t step = 0; step < 200; step++) {
+        assert_int_equal(keel_spec_draft(sp, 0, h, 13, out, 8, &k), KEEL_OK);
+        drafted_steps += k > 0;
+        keel_spec_result(sp, 0, k, 0, 1000000 + (uint64_t)k * 200000);
+    }
+    assert_true(drafted_steps <= 200 / 16 + 3);
+    keel_spec_stats st;
+    keel_spec_stats_get(sp, &st);
+    assert_int_equal(st.steps, 200);
+    assert_int_equal(st.accepted, 0);
+    keel_spec_close(sp);
+    keel_model_close(m);
+}
+
+/* A draft model must share the vocabulary. */
+static void test_draft_vocab_check(void **state)
+{
+    (void)state;
+    keel_model *a = open_gen("llama", 512, 7), *b = open_gen("llama", 600, 7);
+    keel_spec_params p = keel_spec_params_default();
+    p.kind = KEEL_SPEC_DRAFT;
+    keel_spec *sp = NULL;
+    char err[256] = "";
+    assert_int_equal(keel_spec_open(&p, a, b, NULL, 1, 1024, &sp, err), KEEL_EINVAL);
+    assert_null(sp);
+    assert_non_null(strstr(err, "vocabulary"));
+    keel_model_close(a);
+    keel_model_close(b);
+}
+
+/* keel_complete with drafts gives the text without, and counts them. */
+static void complete_text(const char *opts, char **text, int64_t *drafted, int64_t *accepted)
+{
+    keel_engine *e = NULL;
+    char err[256] = "";
+    keel_status st = keel_engine_open(opts, &e, err);
+    if (st != KEEL_OK) fail_msg("engine: %s", err);
+    const char *msgs = "[{\"role\":\"user\",\"content\":\"abc abc abc abc abc abc abc abc abc abc abc\"}]";
+    const char *o = "{\"max_tokens\": 80, \"temperature\": 0}";
+    static char resp[1 << 16];
+    st = keel_complete(e, msgs, o, NULL, NULL, NULL, resp, sizeof resp);
+    if (st != KEEL_OK) fail_msg("complete: %s: %s", keel_strerror(st), resp);
+    json_t *j = json_loads(resp, 0, NULL);
+    assert_non_null(j);
+    *text = strdup(json_string_value(json_object_get(j, "content")));
+    json_t *u = json_object_get(j, "usage");
+    *drafted = json_integer_value(json_object_get(u, "drafted_tokens"));
+    *accepted = json_integer_value(json_object_get(u, "accepted_tokens"));
+    json_decref(j);
+    keel_engine_close(e);
+}
+
+static void test_engine(void **state)
+{
+    (void)state;
+    char path[128], opts[768];
+    gen_model("qwen2", 1, 0, 0, 11, path, sizeof path);
+    char *t0 = NULL, *t1 = NULL, *t2 = NULL;
+    int64_t d = 0, a = 0;
+    const char *common = "\"n_ctx\": 1024, \"n_threads\": 1, \"chat_template\": \"qwen3\", \"deterministic\": true";
+    snprintf(opts, sizeof opts, "{\"model\": \"%s\", %s}", path, common);
+    complete_text(opts, &t0, &d, &a);
+    assert_int_equal(d, 0);
+    snprintf(opts, sizeof opts, "{\"model\": \"%s\", %s, \"spec\": \"ngram\", \"spec_adaptive\": false}", path, common);
+    complete_text(opts, &t1, &d, &a);
+    assert_string_equal(t0, t1);
+    assert_true(d > 0);
+    assert_true(a <= d);
+    /* the model drafting for itself: every draft is accepted */
+    snprintf(opts, sizeof opts,
+             "{\"model\": \"%s\", %s, \"model_draft\": \"%s\", \"spec_max\": 4, \"spec_adaptive\": false}", path,
+             common, path);
+    complete_text(opts, &t2, &d, &a);
+    assert_string_equal(t0, t2);
+    assert_true(d > 0);
+    assert_int_equal(a, d);
+    free(t0);
+    free(t1);
+    free(t2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_dense),
+        cmocka_unit_test(test_greedy_sliding),
+        cmocka_unit_test(test_greedy_hybrid),
+        cmocka_unit_test(test_greedy_mamba2),
+        cmocka_unit_test(test_recurrent_needs_flag),
+        cmocka_unit_test(test_sample_draft_distribution),
+        cmocka_unit_test(test_ngram_drafter),
+        cmocka_unit_test(test_draft_vocab_check),
+        cmocka_unit_test(test_engine),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
