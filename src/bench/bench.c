@@ -22,6 +22,7 @@ static const bench_entry g_benches[] = {
     {"model", bench_model},
     {"session", bench_session},
     {"grammar", bench_grammar},
+    {"spec", bench_spec},
 };
 
 void bench_printf(bench_out *o, const char *fmt, ...)
@@ -92,7 +93,7 @@ keel_status keel_bench_run(const char *name, int argc, char **argv, keel_write_f
     bench_out o = {out, user, bench_has_flag(argc, argv, "--json"), err};
     for (size_t i = 0; i < BASE_ARRAY_LEN(g_benches); i++)
         if (strcmp(g_benches[i].name, name) == 0) return g_benches[i].fn(argc, argv, &o);
-    return base_err(err, KEEL_ENOENT, "unknown benchmark '%s' (kernels, attention, model, session)", name);
+    return base_err(err, KEEL_ENOENT, "unknown benchmark '%s' (kernels, attention, model, session, grammar, spec)", name);
 }
 
 /* ---- read bandwidth ------------------------------------------------------ */

@@ -89,5 +89,6 @@ keel_status bench_attention(int argc, char **argv, bench_out *o);
 keel_status bench_model(int argc, char **argv, bench_out *o);
 keel_status bench_session(int argc, char **argv, bench_out *o);
 keel_status bench_grammar(int argc, char **argv, bench_out *o);
+keel_status bench_spec(int argc, char **argv, bench_out *o);
 
 #endif /* KEEL_BENCH_H */

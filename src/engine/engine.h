@@ -43,6 +43,12 @@ struct keel_context {
     char err[BASE_ERR_CAP];
 };
 
+/* Benchmarks (spec.c): s drafts the known continuation ref[0..n_ref) of a
+ * prompt of n_prompt tokens, each token right with probability rate (else
+ * a neighbouring id).
+ * ref must outlive the drafting. */
+void spec_set_oracle(keel_spec *s, const int32_t *ref, int32_t n_ref, int32_t n_prompt, double rate, uint64_t seed);
+
 /* keel_session_load with the slots' rule (session_api.c): with
  * need_history a sequence that holds cells must come with the token history
  * they hold (an empty history is refused, KEEL_EFORMAT). */

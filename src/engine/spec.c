@@ -57,6 +57,12 @@ struct keel_spec {
     int8_t *feed_logits;      /* [d_batch] */
     int32_t *feed_seq;        /* [d_batch] */
     keel_spec_stats st;
+    /* the oracle source (benchmarks): ref continues a prompt of n_prompt
+     * tokens; each draft token is ref's with probability rate */
+    const int32_t *ref;
+    int32_t n_ref, n_prompt;
+    double rate;
+    uint64_t rng;
     char err[BASE_ERR_CAP];
 };
 
@@ -255,6 +261,31 @@ static int32_t ngram_draft(const keel_spec *s, const int32_t *h, int32_t n, int3
     return k;
 }
 
+void spec_set_oracle(keel_spec *s, const int32_t *ref, int32_t n_ref, int32_t n_prompt, double rate, uint64_t seed)
+{
+    s->ref = ref;
+    s->n_ref = n_ref;
+    s->n_prompt = n_prompt;
+    s->rate = rate;
+    s->rng = seed | 1;
+}
+
+/* The known continuation, each token kept with probability rate (else
+ * another token). */
+static int32_t oracle_draft(keel_spec *s, int32_t n_hist, int32_t *out, int32_t cap)
+{
+    int32_t k = 0, at = n_hist - s->n_prompt; /* ref index of the first draft */
+    for (; k < cap && at + k >= 0 && at + k < s->n_ref; k++) {
+        s->rng ^= s->rng << 13;
+        s->rng ^= s->rng >> 7;
+        s->rng ^= s->rng << 17;
+        double u = (double)(s->rng >> 11) / 9007199254740992.0;
+        int32_t t = s->ref[at + k];
+        out[k] = u < s->rate ? t : t > 0 ? t - 1 : 1; /* a valid id that is not t */
+    }
+    return k;
+}
+
 /* Feeds tokens to the draft context's sequence seq (logits at the last). */
 static keel_status dfeed(keel_spec *s, int32_t seq, const int32_t *tok, int32_t n)
 {
@@ -334,7 +365,9 @@ keel_status keel_spec_draft(keel_spec *s, int32_t seq, const int32_t *hist, int3
     }
     uint64_t t0 = base_time_ns();
     int32_t got = 0;
-    if (s->p.kind == KEEL_SPEC_NGRAM) {
+    if (s->ref) {
+        got = oracle_draft(s, n_hist, out, k);
+    } else if (s->p.kind == KEEL_SPEC_NGRAM) {
         got = ngram_draft(s, hist, n_hist, out, k);
     } else {
         keel_status st = model_draft(s, seq, hist, n_hist, out, k, &got);

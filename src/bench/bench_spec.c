@@ -1,0 +1,203 @@
+/*
+ * bench_spec.c — `keel bench spec -m MODEL [-n 128] [-k 8] [-p 64] [-t N]
+ * [-r R] [--json]`: greedy decode speed with speculative decoding against
+ * the acceptance rate, beside plain decoding of the same text measured in
+ * the same run. The drafts are the known continuation (plain decoding's
+ * output), each token right with a set probability, so the curve runs from
+ * 0% to 100% acceptance on any model; each rate is measured with a fixed
+ * draft length (k) and with the adaptive back-off. A last row drafts by
+ * prompt lookup (n-gram) over the model's own text.
+ */
+#include "bench.h"
+
+#include "../engine/engine.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct spec_run {
+    double tok_s;
+    int64_t drafted, accepted;
+    int32_t same; /* leading tokens equal to plain decoding's */
+} spec_run;
+
+static int32_t argmax(const float *x, int32_t n)
+{
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Greedy generation of n tokens after prompt (sp NULL: plain). */
+static keel_status gen(keel_context *c, keel_spec *sp, const int32_t *prompt, int32_t np, int32_t n, int32_t k,
+                       int32_t *out, spec_run *r, char *err)
+{
+    keel_mem *mem = keel_context_memory(c);
+    keel_status st = keel_mem_seq_rm(mem, -1, -1, -1);
+    if (st != KEEL_OK) return base_err(err, st, "bench spec: clearing the cache");
+    int32_t nv = c->model->w.hp.n_vocab;
+    int32_t *hist = base_alloc((size_t)(np + n + 1) * sizeof(int32_t));
+    if (!hist) return base_err(err, KEEL_ENOMEM, "bench spec: out of memory");
+    memcpy(hist, prompt, (size_t)np * sizeof(int32_t));
+    int32_t nh = np;
+    keel_batch b = {np, (int32_t *)prompt, NULL, NULL, NULL};
+    if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail;
+    uint64_t t0 = keel_time_ns();
+    int32_t got = 0, tok = argmax(keel_logits(c, np - 1), nv);
+    out[got++] = tok;
+    hist[nh++] = tok;
+    r->drafted = r->accepted = 0;
+    while (got < n) {
+        int32_t batch[KEEL_SPEC_MAX_DRAFT + 1], kk = 0;
+        int8_t want[KEEL_SPEC_MAX_DRAFT + 1];
+        if (sp && (st = keel_spec_draft(sp, 0, hist, nh, batch + 1, BASE_MIN(k, n - got), &kk)) != KEEL_OK) goto fail;
+        batch[0] = tok;
+        memset(want, 1, sizeof want);
+        int32_t n0 = keel_mem_seq_pos_max(mem, 0) + 1;
+        keel_batch sb = {kk + 1, batch, NULL, NULL, want};
+        uint64_t s0 = keel_time_ns();
+        if ((st = kk ? keel_decode_spec(c, &sb) : keel_decode(c, &sb)) != KEEL_OK) goto fail;
+        uint64_t s1 = keel_time_ns();
+        int32_t a = 0;
+        for (;;) {
+            tok = argmax(keel_logits(c, a), nv);
+            out[got++] = tok;
+            hist[nh++] = tok;
+            if (a == kk || tok != batch[a + 1] || got == n) break;
+            a++;
+        }
+        r->drafted += kk;
+        r->accepted += a;
+        if (sp) keel_spec_result(sp, 0, kk, a, s1 - s0);
+        int32_t resume = 0;
+        if (a < kk && (st = keel_context_rewind(c, 0, n0 + 1 + a, &resume)) != KEEL_OK) goto fail;
+    }
+    r->tok_s = (double)(n - 1) / ((double)(keel_time_ns() - t0) * 1e-9);
+    base_free(hist, (size_t)(np + n + 1) * sizeof(int32_t));
+    return KEEL_OK;
+fail:
+    base_free(hist, (size_t)(np + n + 1) * sizeof(int32_t));
+    return base_err(err, st, "bench spec: decode: %s", keel_context_last_error(c));
+}
+
+keel_status bench_spec(int argc, char **argv, bench_out *o)
+{
+    static const bench_flag flags[] = {{"-m", true}, {"-n", true}, {"-k", true}, {"-p", true},
+                                       {"-t", true}, {"-r", true}, {"--ctk", true}, {"--ctv", true},
+                                       {"--deterministic", false}};
+    keel_status st = bench_check_args(o, "spec", argc, argv, flags, BASE_ARRAY_LEN(flags));
+    if (st != KEEL_OK) return st;
+    const char *path = bench_opt(argc, argv, "-m");
+    if (!path) return base_err(o->err, KEEL_EINVAL, "bench spec: -m MODEL is required");
+    int64_t n, k, np, threads, reps;
+    if ((st = bench_int_opt(o, "spec", argc, argv, "-n", 16, 4096, 128, &n)) != KEEL_OK ||
+        (st = bench_int_opt(o, "spec", argc, argv, "-k", 1, KEEL_SPEC_MAX_DRAFT, 8, &k)) != KEEL_OK ||
+        (st = bench_int_opt(o, "spec", argc, argv, "-p", 8, 1 << 16, 64, &np)) != KEEL_OK ||
+        (st = bench_int_opt(o, "spec", argc, argv, "-t", 0, 256, 0, &threads)) != KEEL_OK ||
+        (st = bench_int_opt(o, "spec", argc, argv, "-r", 1, 20, 2, &reps)) != KEEL_OK)
+        return st;
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    keel_model *m = NULL;
+    keel_context *c = NULL;
+    keel_spec *sp = NULL;
+    int32_t *prompt = NULL, *ref = NULL, *out = NULL;
+    char err[256] = "";
+    if ((st = keel_model_open(&mp, &m, err)) != KEEL_OK) return base_err(o->err, st, "bench spec: %s: %s", path, err);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = (int32_t)(np + n + k + 8);
+    cp.n_threads = (int32_t)threads;
+    cp.n_outputs = (int32_t)k + 1;
+    cp.speculative = true;
+    for (int i = 0; i < argc; i++) cp.deterministic |= strcmp(argv[i], "--deterministic") == 0;
+    const char *kt = bench_opt(argc, argv, "--ctk"), *vt = bench_opt(argc, argv, "--ctv");
+    if ((kt && keel_dtype_from_name(kt, &cp.type_k) != KEEL_OK) || (vt && keel_dtype_from_name(vt, &cp.type_v) != KEEL_OK)) {
+        st = base_err(o->err, KEEL_EINVAL, "bench spec: unknown cache type");
+        goto out;
+    }
+    if ((st = keel_context_open(m, &cp, &c, err)) != KEEL_OK) {
+        base_err(o->err, st, "bench spec: context: %s", err);
+        goto out;
+    }
+    int32_t nv = m->w.hp.n_vocab;
+    prompt = base_alloc((size_t)np * sizeof(int32_t));
+    ref = base_alloc((size_t)n * sizeof(int32_t));
+    out = base_alloc((size_t)n * sizeof(int32_t));
+    if (!prompt || !ref || !out) {
+        st = base_err(o->err, KEEL_ENOMEM, "bench spec: out of memory");
+        goto out;
+    }
+    for (int64_t i = 0; i < np; i++) prompt[i] = (int32_t)((i * 7919 + 13) % nv);
+    spec_run plain = {0, 0, 0, 0}, r;
+    for (int64_t i = 0; i < reps; i++) { /* best of reps; the first also gives the text */
+        if ((st = gen(c, NULL, prompt, (int32_t)np, (int32_t)n, 0, i ? out : ref, &r, o->err)) != KEEL_OK) goto out;
+        if (r.tok_s > plain.tok_s) plain = r;
+    }
+    static const double rates[] = {0.0, 0.25, 0.5, 0.7, 0.8, 0.9, 1.0};
+    if (!o->json) {
+        bench_printf(o, "speculative decoding, %s: %lld tokens after %lld, greedy, drafts of up to %lld\n", path,
+                     (long long)n, (long long)np, (long long)k);
+        bench_printf(o, "plain decoding (reference, same run): %.1f tok/s\n", plain.tok_s);
+        bench_printf(o, "%-12s %-9s %10s %9s %8s %6s\n", "drafts", "mode", "accepted", "tok/s", "speedup", "same");
+    } else {
+        bench_printf(o, "{\"bench\": \"spec\", \"model\": \"%s\", \"n\": %lld, \"k\": %lld, \"plain_tok_s\": %.3f, \"rows\": [",
+                     path, (long long)n, (long long)k, plain.tok_s);
+    }
+    bool first = true;
+    for (int32_t ri = 0; ri <= (int32_t)BASE_ARRAY_LEN(rates); ri++) {
+        bool ngram = ri == (int32_t)BASE_ARRAY_LEN(rates);
+        for (int32_t ad = 0; ad < 2; ad++) {
+            if (ngram && ad == 0) continue;
+            keel_spec_params p = keel_spec_params_default();
+            p.kind = KEEL_SPEC_NGRAM;
+            p.max_draft = (int32_t)k;
+            p.adaptive = ad == 1;
+            if ((st = keel_spec_open(&p, m, NULL, NULL, 1, (int32_t)(np + n + 1), &sp, err)) != KEEL_OK) {
+                base_err(o->err, st, "bench spec: %s", err);
+                goto out;
+            }
+            spec_run best = {0, 0, 0, 0};
+            for (int64_t i = 0; i < reps; i++) {
+                if (!ngram) spec_set_oracle(sp, ref, (int32_t)n, (int32_t)np, rates[ri], 1234 + (uint64_t)i);
+                if ((st = gen(c, sp, prompt, (int32_t)np, (int32_t)n, (int32_t)k, out, &r, o->err)) != KEEL_OK) goto out;
+                /* batch-invariant numerics: the text is plain decoding's,
+                 * exactly; else it is until a near-tie resolves otherwise */
+                int32_t same = 0;
+                while (same < n && out[same] == ref[same]) same++;
+                if (cp.deterministic && same < n) {
+                    st = base_err(o->err, KEEL_EINTERNAL, "bench spec: token %d differs from plain decoding", same);
+                    goto out;
+                }
+                r.same = same;
+                if (r.tok_s > best.tok_s) best = r;
+            }
+            keel_spec_close(sp);
+            sp = NULL;
+            double acc = best.drafted ? (double)best.accepted / (double)best.drafted : 0.0;
+            char what[32];
+            if (ngram) snprintf(what, sizeof what, "n-gram");
+            else snprintf(what, sizeof what, "oracle %3.0f%%", 100.0 * rates[ri]);
+            if (!o->json)
+                bench_printf(o, "%-12s %-9s %9.1f%% %9.1f %7.2fx %6d\n", what, ad ? "adaptive" : "fixed", 100.0 * acc,
+                             best.tok_s, best.tok_s / plain.tok_s, best.same);
+            else
+                bench_printf(o,
+                             "%s{\"drafts\": \"%s\", \"rate\": %.2f, \"adaptive\": %s, \"drafted\": %lld, "
+                             "\"accepted\": %lld, \"tok_s\": %.3f, \"speedup\": %.4f, \"same_tokens\": %d}",
+                             first ? "" : ", ", ngram ? "ngram" : "oracle", ngram ? -1.0 : rates[ri],
+                             ad ? "true" : "false", (long long)best.drafted, (long long)best.accepted, best.tok_s,
+                             best.tok_s / plain.tok_s, best.same);
+            first = false;
+        }
+    }
+    if (o->json) bench_printf(o, "]}\n");
+out:
+    keel_spec_close(sp);
+    base_free(prompt, (size_t)np * sizeof(int32_t));
+    base_free(ref, (size_t)n * sizeof(int32_t));
+    base_free(out, (size_t)n * sizeof(int32_t));
+    keel_context_close(c);
+    keel_model_close(m);
+    return st;
+}
