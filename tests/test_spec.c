@@ -15,6 +15,7 @@
  *     model gives the text of a run without, and reports the drafts.
  */
 #include "testutil.h"
+#include "engine/eng.h"
 
 #include <jansson.h>
 
@@ -372,11 +373,10 @@ static void complete_text(const char *opts, char **text, int64_t *drafted, int64
     keel_engine_close(e);
 }
 
-static void test_engine(void **state)
+static void engine_case(const char *arch, int32_t layers, int32_t swa)
 {
-    (void)state;
     char path[128], opts[768];
-    gen_model("qwen2", 1, 0, 0, 11, path, sizeof path);
+    gen_model(arch, layers, swa, 0, 11, path, sizeof path);
     char *t0 = NULL, *t1 = NULL, *t2 = NULL;
     int64_t d = 0, a = 0;
     const char *common = "\"n_ctx\": 1024, \"n_threads\": 1, \"chat_template\": \"qwen3\", \"deterministic\": true";
@@ -401,6 +401,97 @@ static void test_engine(void **state)
     free(t2);
 }
 
+static void test_engine(void **state)
+{
+    (void)state;
+    engine_case("qwen2", 1, 0);
+    engine_case("gemma2", 2, 8);
+    engine_case("qwen35", 4, 0);
+}
+
+/* Events of a submitted request: its response. */
+typedef struct sub {
+    char resp[1 << 14];
+    bool done;
+} sub;
+
+static bool on_event(void *user, const keel_event *ev)
+{
+    sub *s = user;
+    if (ev->kind == KEEL_EVENT_DONE) {
+        snprintf(s->resp, sizeof s->resp, "%s", ev->response);
+        s->done = true;
+    }
+    return true;
+}
+
+/* Four requests at once on four slots: drafts of several slots share the
+ * batches (with prefill chunks); each text is the one it has alone. */
+static void test_engine_slots(void **state)
+{
+    (void)state;
+    char path[128], opts[768];
+    gen_model("qwen2", 1, 0, 0, 11, path, sizeof path);
+    const char *prompts[4] = {"abc abc abc abc abc abc", "x y z x y z x y z", "hello hello hello",
+                              "one two three one two three one two"};
+    char *alone[4];
+    int64_t d, a;
+    for (int i = 0; i < 4; i++) {
+        snprintf(opts, sizeof opts,
+                 "{\"model\": \"%s\", \"n_ctx\": 1024, \"n_threads\": 1, \"chat_template\": \"qwen3\", "
+                 "\"deterministic\": true}",
+                 path);
+        keel_engine *e = NULL;
+        char err[256], msgs[256];
+        assert_int_equal(keel_engine_open(opts, &e, err), KEEL_OK);
+        snprintf(msgs, sizeof msgs, "[{\"role\":\"user\",\"content\":\"%s\"}]", prompts[i]);
+        static char resp[1 << 14];
+        assert_int_equal(keel_complete(e, msgs, "{\"max_tokens\": 48, \"temperature\": 0}", NULL, NULL, NULL, resp,
+                                       sizeof resp),
+                         KEEL_OK);
+        json_t *j = json_loads(resp, 0, NULL);
+        alone[i] = strdup(json_string_value(json_object_get(j, "content")));
+        json_decref(j);
+        keel_engine_close(e);
+    }
+    snprintf(opts, sizeof opts,
+             "{\"model\": \"%s\", \"n_ctx\": 4096, \"n_slots\": 4, \"n_threads\": 1, \"chat_template\": "
+             "\"qwen3\", \"deterministic\": true, \"spec\": \"ngram\", \"spec_adaptive\": false, \"spec_max\": 6}",
+             path);
+    keel_engine *e = NULL;
+    char err[256];
+    assert_int_equal(keel_engine_open(opts, &e, err), KEEL_OK);
+    static sub subs[4];
+    for (int i = 0; i < 4; i++) {
+        char req[512];
+        snprintf(req, sizeof req,
+                 "{\"messages\": [{\"role\":\"user\",\"content\":\"%s\"}], \"max_tokens\": 48, "
+                 "\"temperature\": 0}",
+                 prompts[i]);
+        uint64_t id;
+        memset(&subs[i], 0, sizeof subs[i]);
+        assert_int_equal(keel_engine_submit(e, req, on_event, &subs[i], &id), KEEL_OK);
+    }
+    while (eng_step(e)) {
+    }
+    int64_t drafted = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_true(subs[i].done);
+        json_t *j = json_loads(subs[i].resp, 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(json_string_value(json_object_get(j, "content")), alone[i]);
+        d = json_integer_value(json_object_get(json_object_get(j, "usage"), "drafted_tokens"));
+        a = json_integer_value(json_object_get(json_object_get(j, "usage"), "accepted_tokens"));
+        assert_true(a <= d);
+        drafted += d;
+        json_decref(j);
+        free(alone[i]);
+    }
+    assert_true(drafted > 0);
+    assert_int_equal(keel_mem_check(keel_context_memory(e->ctx)), KEEL_OK);
+    keel_engine_close(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -413,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_ngram_drafter),
         cmocka_unit_test(test_draft_vocab_check),
         cmocka_unit_test(test_engine),
+        cmocka_unit_test(test_engine_slots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

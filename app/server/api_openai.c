@@ -409,8 +409,19 @@ static json_t *usage_json(json_t *resp)
     srv_engine_usage(resp, "prompt_tokens", &p);
     srv_engine_usage(resp, "cached_tokens", &c);
     srv_engine_usage(resp, "completion_tokens", &g);
-    return json_pack("{sIsIsIs{sI}}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)g, "total_tokens",
-                     (json_int_t)(p + g), "prompt_tokens_details", "cached_tokens", (json_int_t)c);
+    json_t *u = json_pack("{sIsIsIs{sI}}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)g,
+                          "total_tokens", (json_int_t)(p + g), "prompt_tokens_details", "cached_tokens", (json_int_t)c);
+    int64_t d = -1, a = 0;
+    if (u && srv_engine_usage(resp, "drafted_tokens", &d) && d >= 0 && srv_engine_usage(resp, "accepted_tokens", &a)) {
+        /* speculative decoding, in the names OpenAI gives predicted outputs */
+        json_t *det = json_pack("{sIsI}", "accepted_prediction_tokens", (json_int_t)a, "rejected_prediction_tokens",
+                                (json_int_t)(d - a));
+        if (!det || json_object_set_new(u, "completion_tokens_details", det) != 0) {
+            json_decref(u);
+            u = NULL;
+        }
+    }
+    return u;
 }
 
 static const char *finish_of(json_t *resp)

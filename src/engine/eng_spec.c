@@ -35,6 +35,7 @@ void eng_spec_plan(keel_engine *e, const int32_t *cnt, const int32_t *chunk)
         if (sl->hist_lost) continue; /* the history no longer says what the cache holds */
         const eng_opts *o = &sl->req->o;
         if (o->max_tokens >= 0) cap = BASE_MIN(cap, o->max_tokens - sl->n_gen);
+        cap = BASE_MIN(cap, e->hist_cap - sl->n_hist - 1); /* the history holds the whole batch */
         if (sl->compact.policy != KEEL_COMPACT_NONE)
             cap = BASE_MIN(cap, sl->compact.trigger - keel_mem_seq_cells(mem, sl->seq) - 1);
         if (cap <= 0) continue;
