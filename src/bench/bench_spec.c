@@ -85,12 +85,12 @@ keel_status bench_spec(int argc, char **argv, bench_out *o)
 {
     static const bench_flag flags[] = {{"-m", true}, {"-n", true}, {"-k", true}, {"-p", true},
                                        {"-t", true}, {"-r", true}, {"--ctk", true}, {"--ctv", true},
-                                       {"--deterministic", false}};
+                                       {"--deterministic", false}, {"-f", true}};
     keel_status st = bench_check_args(o, "spec", argc, argv, flags, BASE_ARRAY_LEN(flags));
     if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
     if (!path) return base_err(o->err, KEEL_EINVAL, "bench spec: -m MODEL is required");
-    int64_t n, k, np, threads, reps;
+    int64_t n, k, np, threads, reps, np_cap = 0;
     if ((st = bench_int_opt(o, "spec", argc, argv, "-n", 16, 4096, 128, &n)) != KEEL_OK ||
         (st = bench_int_opt(o, "spec", argc, argv, "-k", 1, KEEL_SPEC_MAX_DRAFT, 8, &k)) != KEEL_OK ||
         (st = bench_int_opt(o, "spec", argc, argv, "-p", 8, 1 << 16, 64, &np)) != KEEL_OK ||
@@ -121,6 +121,7 @@ keel_status bench_spec(int argc, char **argv, bench_out *o)
         goto out;
     }
     int32_t nv = m->w.hp.n_vocab;
+    np_cap = np;
     prompt = base_alloc((size_t)np * sizeof(int32_t));
     ref = base_alloc((size_t)n * sizeof(int32_t));
     out = base_alloc((size_t)n * sizeof(int32_t));
@@ -128,7 +129,37 @@ keel_status bench_spec(int argc, char **argv, bench_out *o)
         st = base_err(o->err, KEEL_ENOMEM, "bench spec: out of memory");
         goto out;
     }
-    for (int64_t i = 0; i < np; i++) prompt[i] = (int32_t)((i * 7919 + 13) % nv);
+    const char *fpath = bench_opt(argc, argv, "-f");
+    if (fpath) {
+        /* the prompt: the file's first np tokens (a text to continue, or
+         * an agent's context to answer from) */
+        size_t flen = 0;
+        char *text = NULL;
+        FILE *f = fopen(fpath, "rb");
+        if (f) {
+            text = base_alloc(1 << 20);
+            if (text) flen = fread(text, 1, (1 << 20) - 1, f);
+            if (fclose(f) != 0) flen = 0;
+        }
+        int32_t need = 0, got = 0;
+        int32_t *all = NULL;
+        if (text && flen > 0) {
+            st = keel_tokenize(m, text, flen, true, false, NULL, 0, &need);
+            if ((st == KEEL_OK || st == KEEL_ERANGE) && need > 0 && (all = base_alloc((size_t)need * sizeof(int32_t))))
+                st = keel_tokenize(m, text, flen, true, false, all, need, &got);
+        }
+        if (text) base_free(text, 1 << 20);
+        if (!all || st != KEEL_OK || got < 8) {
+            if (all) base_free(all, (size_t)need * sizeof(int32_t));
+            st = base_err(o->err, KEEL_EIO, "bench spec: -f %s: cannot read or tokenize it (8 tokens at least)", fpath);
+            goto out;
+        }
+        if (got < np) np = got;
+        memcpy(prompt, all, (size_t)np * sizeof(int32_t));
+        base_free(all, (size_t)need * sizeof(int32_t));
+    } else {
+        for (int64_t i = 0; i < np; i++) prompt[i] = (int32_t)((i * 7919 + 13) % nv);
+    }
     spec_run plain = {0, 0, 0, 0}, r;
     for (int64_t i = 0; i < reps; i++) { /* best of reps; the first also gives the text */
         if ((st = gen(c, NULL, prompt, (int32_t)np, (int32_t)n, 0, i ? out : ref, &r, o->err)) != KEEL_OK) goto out;
@@ -194,7 +225,7 @@ keel_status bench_spec(int argc, char **argv, bench_out *o)
     if (o->json) bench_printf(o, "]}\n");
 out:
     keel_spec_close(sp);
-    base_free(prompt, (size_t)np * sizeof(int32_t));
+    base_free(prompt, (size_t)np_cap * sizeof(int32_t));
     base_free(ref, (size_t)n * sizeof(int32_t));
     base_free(out, (size_t)n * sizeof(int32_t));
     keel_context_close(c);
