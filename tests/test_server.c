@@ -676,6 +676,33 @@ static void test_slot_actions(void **state)
     json_decref(j);
 }
 
+/* --spec ngram: a repetitive answer is drafted; the OpenAI usage and
+ * /metrics count the drafts (docs/speculative.md). */
+static void test_speculative(void **state)
+{
+    (void)state;
+    srvt_proc p;
+    const char *args[] = {"-c", "2048", "-t", "1", "--metrics", "--spec", "ngram", "--spec-fixed", "--log-disable", NULL};
+    assert_true(srvt_start(&p, g_model, args, true));
+    int status = 0;
+    json_t *j = srvt_post_json(&p, "/v1/chat/completions",
+                               "{\"messages\":[{\"role\":\"user\",\"content\":\"abc abc abc abc abc abc abc\"}],"
+                               "\"max_tokens\":64,\"temperature\":0}",
+                               &status);
+    assert_int_equal(status, 200);
+    assert_non_null(j);
+    int64_t acc = srvt_int(j, "usage.completion_tokens_details.accepted_prediction_tokens");
+    int64_t rej = srvt_int(j, "usage.completion_tokens_details.rejected_prediction_tokens");
+    assert_non_null(srvt_get(j, "usage.completion_tokens_details.accepted_prediction_tokens"));
+    assert_true(acc >= 0 && rej >= 0 && acc + rej > 0);
+    assert_true(acc <= srvt_int(j, "usage.completion_tokens"));
+    json_decref(j);
+    assert_true(srvt_wait_metric(&p, "keel_spec_drafted_tokens_total", (double)(acc + rej), 10 * srvt_slow()) ==
+                (double)(acc + rej));
+    assert_true(srvt_metric(&p, "keel_spec_accepted_tokens_total") == (double)acc);
+    assert_int_equal(srvt_stop(&p, 10 * srvt_slow()), 0);
+}
+
 static void test_metrics(void **state)
 {
     (void)state;
@@ -1182,7 +1209,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loading),       cmocka_unit_test(test_info_endpoints), cmocka_unit_test(test_chat),
         cmocka_unit_test(test_chat_stream),   cmocka_unit_test(test_completions),    cmocka_unit_test(test_messages),
-        cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_slot_actions),   cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_slot_actions),   cmocka_unit_test(test_metrics), cmocka_unit_test(test_speculative),
         cmocka_unit_test(test_auth),          cmocka_unit_test(test_shutdown),       cmocka_unit_test(test_bench_serve),
         cmocka_unit_test(test_connections),   cmocka_unit_test(test_body_413),       cmocka_unit_test(test_overflow_errors),
         cmocka_unit_test(test_first_bytes),   cmocka_unit_test(test_prefill),

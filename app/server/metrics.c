@@ -163,7 +163,8 @@ char *srv_metrics_text(const char *stats_json, size_t rss_bytes)
             if (!json_is_number(v)) continue;
             srv_buf_addf(&b, "keel_plan_bytes{part=\"%s\"} %.17g\n", k, json_number_value(v));
         }
-        planned = num(plan, "weights_mapped") + num(plan, "context_bytes") + num(plan, "checkpoint_bytes");
+        planned = num(plan, "weights_mapped") + num(plan, "context_bytes") + num(plan, "checkpoint_bytes") +
+                  num(plan, "draft_weights_mapped") + num(plan, "draft_context_bytes");
     }
     planned += num(pc, "limit_bytes");
     metric(&b, "keel_plan_total_bytes", "gauge", "Weights mapped, the context and the prompt cache's bound.", planned);

@@ -330,6 +330,7 @@ static const char *plan_label(const char *k)
         {"mem_bytes", "KV memory (with tables)"},   {"work_bytes", "forward scratch"},
         {"logits_bytes", "logits"},                 {"context_bytes", "context total"},
         {"cache_ram_bytes", "prompt cache (cap)"},  {"checkpoint_bytes", "checkpoints (cap)"},
+        {"draft_weights_mapped", "draft model (mapped)"}, {"draft_context_bytes", "draft model context"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(k, names[i][0]) == 0) return names[i][1];

@@ -919,6 +919,13 @@ static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n
                            (json_int_t)plan.kv_bytes, "mem_bytes", (json_int_t)plan.mem_bytes, "work_bytes",
                            (json_int_t)plan.work_bytes, "logits_bytes", (json_int_t)plan.logits_bytes,
                            "context_bytes", (json_int_t)plan.total_bytes);
+    const keel_context *dc = spec_draft_context(e->spec);
+    if (pj && dc) { /* the draft model: its weights and context, beside the model's */
+        keel_plan dp;
+        keel_context_plan_get(dc, &dp);
+        bad |= json_object_set_new(pj, "draft_weights_mapped", json_integer((json_int_t)dp.weights_mapped));
+        bad |= json_object_set_new(pj, "draft_context_bytes", json_integer((json_int_t)dp.total_bytes));
+    }
     bad |= json_object_set_new(o, "plan", pj);
     pthread_mutex_lock(&e->mu);
     bad |= json_object_set_new(o, "prompt_cache",

@@ -47,6 +47,8 @@ struct keel_context {
  * prompt of n_prompt tokens, each token right with probability rate (else
  * a neighbouring id).
  * ref must outlive the drafting. */
+/* The draft model's context (its plan is part of the engine's), or NULL. */
+const keel_context *spec_draft_context(const keel_spec *s);
 void spec_set_oracle(keel_spec *s, const int32_t *ref, int32_t n_ref, int32_t n_prompt, double rate, uint64_t seed);
 
 /* keel_session_load with the slots' rule (session_api.c): with

@@ -261,6 +261,11 @@ static int32_t ngram_draft(const keel_spec *s, const int32_t *h, int32_t n, int3
     return k;
 }
 
+const keel_context *spec_draft_context(const keel_spec *s)
+{
+    return s ? s->dctx : NULL;
+}
+
 void spec_set_oracle(keel_spec *s, const int32_t *ref, int32_t n_ref, int32_t n_prompt, double rate, uint64_t seed)
 {
     s->ref = ref;
