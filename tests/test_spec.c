@@ -273,6 +273,94 @@ static void test_sample_draft_distribution(void **state)
     keel_sampler_close(s);
 }
 
+/* End to end on a small vocabulary: the second token after a prompt,
+ * sampled at temperature 0.2, once plainly and once verifying a draft
+ * (decode_spec of [first, draft], the draft's row by the acceptance rule,
+ * the rejected draft rewound), has the same distribution: a two-sample
+ * chi-square over the tokens seen. */
+static void test_sampled_distribution(void **state)
+{
+    (void)state;
+    char path[128], err[256];
+    gen_model("llama", 1, 0, 300, 5, path, sizeof path);
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    keel_model *m = NULL;
+    assert_int_equal(keel_model_open(&mp, &m, err), KEEL_OK);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 64;
+    cp.n_threads = 1;
+    cp.n_outputs = 2;
+    cp.speculative = true;
+    cp.deterministic = true;
+    keel_context *c = NULL;
+    assert_int_equal(keel_context_open(m, &cp, &c, err), KEEL_OK);
+    keel_sampler_params sp = keel_sampler_params_default();
+    sp.temp = 0.2f; /* a random model's logits are flat: sharpen them */
+    sp.top_k = 0;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    enum { RUNS = 6000, V = 300 };
+    static int64_t cnt[2][V];
+    memset(cnt, 0, sizeof cnt);
+    int32_t prompt[4] = {10, 20, 30, 40};
+    int64_t accepted = 0;
+    for (int32_t mode = 0; mode < 2; mode++)
+        for (int32_t r = 0; r < RUNS; r++) {
+            keel_mem *mem = keel_context_memory(c);
+            assert_int_equal(keel_mem_seq_rm(mem, 0, -1, -1), KEEL_OK);
+            keel_batch b = {4, prompt, NULL, NULL, NULL};
+            assert_int_equal(keel_decode(c, &b), KEEL_OK);
+            sp.seed = (uint64_t)(mode * RUNS + r) * 2654435761u + 1;
+            keel_sampler *s = NULL;
+            assert_int_equal(keel_sampler_open(&sp, V, &s), KEEL_OK);
+            int32_t t1 = -1, t2 = -1;
+            assert_int_equal(keel_sampler_sample(s, keel_logits(c, 3), &t1), KEEL_OK);
+            if (mode == 0) {
+                keel_batch b1 = {1, &t1, NULL, NULL, NULL};
+                assert_int_equal(keel_decode(c, &b1), KEEL_OK);
+                assert_int_equal(keel_sampler_sample(s, keel_logits(c, 0), &t2), KEEL_OK);
+            } else {
+                /* the draft: the plain runs' most frequent second token, so
+                 * that both branches of the rule run */
+                int32_t guess = 0;
+                for (int32_t t = 1; t < V; t++)
+                    if (cnt[0][t] > cnt[0][guess]) guess = t;
+                int32_t tk[2] = {t1, guess};
+                int8_t want[2] = {1, 1};
+                keel_batch b2 = {2, tk, NULL, NULL, want};
+                assert_int_equal(keel_decode_spec(c, &b2), KEEL_OK);
+                assert_int_equal(keel_sampler_sample_draft(s, keel_logits(c, 0), guess, &t2), KEEL_OK);
+                accepted += t2 == guess;
+                if (t2 != guess) {
+                    int32_t resume = -1;
+                    assert_int_equal(keel_context_rewind(c, 0, 5, &resume), KEEL_OK);
+                    assert_int_equal(resume, 5);
+                }
+            }
+            keel_sampler_close(s);
+            cnt[mode][t2]++;
+        }
+    /* two-sample chi-square over tokens seen at least 10 times in all */
+    double chi = 0;
+    int32_t df = -1;
+    for (int32_t t = 0; t < V; t++) {
+        int64_t a = cnt[0][t], b = cnt[1][t];
+        if (a + b < 10) continue;
+        chi += (double)(a - b) * (double)(a - b) / (double)(a + b);
+        df++;
+    }
+    assert_true(df >= 5);
+    print_message("sampled second tokens: %lld of %d drafts accepted, chi-square %.1f over %d degrees of freedom\n",
+                  (long long)accepted, RUNS, chi, df);
+    assert_true(accepted > RUNS / 100 && accepted < RUNS - RUNS / 100);
+    /* the 0.9999 quantile of chi-square(df) is below df + 4.5 sqrt(2 df) + 12 for these df */
+    double bound = df + 4.5 * sqrt(2.0 * df) + 12;
+    if (chi > bound) fail_msg("chi-square %.1f over %d degrees of freedom (bound %.1f)", chi, df, bound);
+    keel_context_close(c);
+    keel_model_close(m);
+}
+
 static keel_model *open_gen(const char *arch, int32_t vocab, uint64_t seed)
 {
     char path[128], err[256];
@@ -501,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_greedy_mamba2),
         cmocka_unit_test(test_recurrent_needs_flag),
         cmocka_unit_test(test_sample_draft_distribution),
+        cmocka_unit_test(test_sampled_distribution),
         cmocka_unit_test(test_ngram_drafter),
         cmocka_unit_test(test_draft_vocab_check),
         cmocka_unit_test(test_engine),
