@@ -384,6 +384,7 @@ void keel_engine_close(keel_engine *e)
     while (e->running || e->driving || e->n_inside > 0) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     if (e->ctx) eng_finish_all(e, "cancelled");
+    eng_reap(e); /* submitted requests that ended since the last step (nobody steps now) */
     eng_pc_free(e);
     if (e->slots)
         for (int32_t i = 0; i <= e->n_slots; i++) {

@@ -149,6 +149,9 @@ keel_status keel_spec_open(const keel_spec_params *p, const keel_model *target, 
             goto fail;
         }
         s->d_batch = s->dctx->p.n_batch;
+        /* the draft cache holds at most n_ctx tokens of a sequence: so does
+         * its copy of the history */
+        s->hist_cap = BASE_MIN(hist_cap, s->dctx->p.n_ctx + 1);
         s->feed = base_alloc((size_t)s->d_batch * sizeof(int32_t));
         s->feed_seq = base_alloc((size_t)s->d_batch * sizeof(int32_t));
         s->feed_logits = base_alloc((size_t)s->d_batch);
@@ -157,7 +160,7 @@ keel_status keel_spec_open(const keel_spec_params *p, const keel_model *target, 
             goto fail;
         }
         for (int32_t i = 0; i < n_seq; i++) {
-            s->seqs[i].dhist = base_alloc((size_t)hist_cap * sizeof(int32_t));
+            s->seqs[i].dhist = base_alloc((size_t)s->hist_cap * sizeof(int32_t));
             if (!s->seqs[i].dhist) {
                 st = base_err(err, KEEL_ENOMEM, "spec: out of memory");
                 goto fail;
