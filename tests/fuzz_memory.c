@@ -37,8 +37,9 @@ int main(int argc, char **argv)
            (long long)r.max_cell, r.max_err_ratio);
     if (r.max_err_case[0]) printf("max_err/tol case: %s\n", r.max_err_case);
     if (r.rs_ckpts || r.rs_refused)
-        printf("recurrent: checkpoints=%lld restores=%lld refused(ESTATE)=%lld\n",
-               (long long)r.rs_ckpts, (long long)r.rs_restores, (long long)r.rs_refused);
+        printf("recurrent: checkpoints=%lld restores=%lld refused(ESTATE)=%lld spec_restores=%lld\n",
+               (long long)r.rs_ckpts, (long long)r.rs_restores, (long long)r.rs_refused,
+               (long long)r.spec_restores);
     if (r.sparse_checks)
         printf("sparse: queries checked=%lld (top_k < visible: %lld)\n", (long long)r.sparse_checks,
                (long long)r.sparse_chosen);

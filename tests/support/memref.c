@@ -220,6 +220,8 @@ static void make_config(chooser *c, int preset, ref_cfg *rc)
     if (any_rs) {
         rc->mc.n_ckpt = preset == 6 ? 2 : preset >= 5 ? 3 : (int32_t)pick(c, REF_MAX_CKPT + 1);
         rc->mc.n_rs_slots = preset == 6 ? 2 : chance(c, 25) ? 1 + (int32_t)pick(c, (uint32_t)rc->mc.n_seq_max) : 0;
+        /* speculation snapshots in about three quarters (derived without a draw) */
+        rc->mc.spec_snapshot = preset >= 5 || rc->mc.n_ctx % 4 != 1;
     }
     /* indexer columns (sparse attention) on the attention layers of preset
      * 8 and of about a seventh of the random configurations, derived from
@@ -761,6 +763,7 @@ typedef struct driver {
     int32_t *sel;
     double *dq, *dk, *dacc;
     int32_t cells[REF_MAX_LAYERS * REF_MAX_BATCH];
+    int32_t only_seq; /* >= 0: op_place puts every token on this sequence */
 } driver;
 
 static void note(driver *d, const char *fmt, ...) BASE_PRINTF(2, 3);
@@ -1021,10 +1024,11 @@ static void op_place(driver *d)
     }
     /* shared tokens: sequences with the same next position (unified only;
      * recurrent states are per sequence) */
-    bool multi = mc->unified && mc->n_seq_max > 1 && !r->rs && chance(&d->ch, 25);
+    bool multi = mc->unified && mc->n_seq_max > 1 && !r->rs && chance(&d->ch, 25) && d->only_seq < 0;
     for (int32_t i = 0; i < n; i++) {
         int32_t s = (int32_t)pick(&d->ch, (uint32_t)mc->n_seq_max);
         if (chance(&d->ch, 60) && i > 0) s = seq[i - 1];
+        if (d->only_seq >= 0) s = d->only_seq;
         seq[i] = s;
         pos[i] = next[s];
         nseq[i] = 1;
@@ -1853,6 +1857,100 @@ static void op_ckpt(driver *d)
     }
 }
 
+/* Speculation on a recurrent memory, the engine's pattern (keel_decode_spec,
+ * keel_context_rewind): a snapshot of s, a drafted batch placed on s, then
+ * mostly a restore to the snapshot (some drafts rejected) or nothing (all
+ * accepted). The restore is predicted: refused with KEEL_ESTATE when the
+ * sequence is no longer the snapshot's plus later tokens or a ring forgot a
+ * position a query at the snapshot needs, KEEL_EFULL when the state is
+ * shared and no slot is free; otherwise the reference drops the batch and
+ * rewinds its history, and every later attention and state comparison
+ * checks the memory did the same. */
+static void op_spec(driver *d)
+{
+    ref *r = &d->r;
+    int32_t s = (int32_t)pick(&d->ch, (uint32_t)r->rc.mc.n_seq_max);
+    if (r->hist[s].n > 160 - REF_MAX_BATCH) { /* op_place would drop the long history */
+        expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (long history)");
+        ref_rm_all(r, s);
+    }
+    uint64_t before = keel_mem_digest(d->mem);
+    keel_status st = keel_mem_spec_save(d->mem, s);
+    TRACE("spec_save %d -> %s", s, keel_status_name(st));
+    keel_status want = !r->rc.mc.spec_snapshot ? KEEL_EUNSUPPORTED : !ref_holds(r, s) ? KEEL_ESTATE : KEEL_OK;
+    expect_status(d, st, want, "spec_save");
+    if (st != KEEL_OK) {
+        refused(d, before, st, "spec_save");
+        return;
+    }
+    if (want != KEEL_OK) { /* the memory saved what the reference does not hold: resynchronize */
+        expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (resync)");
+        ref_rm_all(r, s);
+        return;
+    }
+    int32_t p = r->rs_hi[s] + 1, lo = r->rs_lo[s], hist_n = r->hist[s].n;
+    uint64_t stamp = ref_last_stamp(r, s);
+    if (keel_mem_spec_pos(d->mem, s) != p) {
+        d->res->invariant_failures++;
+        note(d, "spec_save of sequence %d: snapshot at %d, reference at %d", s, keel_mem_spec_pos(d->mem, s), p);
+    }
+    d->only_seq = s;
+    op_place(d);
+    d->only_seq = -1;
+    check_invariants(d, "place (drafted)");
+    if (!chance(&d->ch, 70)) return; /* every draft accepted: the snapshot stays unused */
+    bool valid = ref_holds(r, s) && r->rs_lo[s] == lo && r->rs_hi[s] >= p - 1 && r->hist[s].n >= hist_n;
+    bool forgot = false;
+    for (int32_t g = 0; valid && g < r->n_groups; g++) {
+        if (!r->groups[g].sliding) continue;
+        for (int32_t i = 0; i < r->forg[s][g].n; i++)
+            if ((int64_t)r->forg[s][g].p[i] + r->groups[g].window > p) forgot = true;
+    }
+    want = !valid || forgot ? KEEL_ESTATE
+           : ref_shared(r, s) && ref_slots_used(r) >= r->n_slots ? KEEL_EFULL
+                                                                  : KEEL_OK;
+    before = keel_mem_digest(d->mem);
+    int32_t at = -2;
+    st = keel_mem_spec_restore(d->mem, s, &at);
+    TRACE("spec_restore %d (snapshot at %d) -> %s (%d)", s, p, keel_status_name(st), at);
+    /* the memory's record of what its rings forgot is a bound (edits and
+     * removals keep it conservative), so it may refuse where the reference
+     * forgot nothing; never the other way */
+    if (want == KEEL_OK && st == KEEL_ESTATE && strstr(keel_mem_last_error(d->mem), " forgot position ")) {
+        refused(d, before, st, "spec_restore");
+        return;
+    }
+    expect_status(d, st, want, "spec_restore");
+    if (st != want) { /* resynchronize: drop the sequence in both */
+        if (st != KEEL_OK) refused(d, before, st, "spec_restore");
+        expect_status(d, keel_mem_seq_rm(d->mem, s, -1, -1), KEEL_OK, "seq_rm (resync)");
+        ref_rm_all(r, s);
+        return;
+    }
+    if (st != KEEL_OK) {
+        refused(d, before, st, "spec_restore");
+        return;
+    }
+    d->res->spec_restores++;
+    ref_rm(r, s, p, -1);
+    r->hist[s].n = hist_n;
+    r->rs_hi[s] = p - 1;
+    r->rs_last[s] = stamp;
+    r->rs_id[s] = r->next_rs_id++;
+    ref_ck_drop(r, s, p - 1);
+    if (at != p || keel_mem_seq_pos_max(d->mem, s) != p - 1) {
+        d->res->invariant_failures++;
+        note(d, "spec_restore of sequence %d: at %d ending at %d, reference snapshot at %d", s, at,
+             keel_mem_seq_pos_max(d->mem, s), p);
+    }
+    if (chance(&d->ch, 50)) { /* the accepted tokens decoded again */
+        check_invariants(d, "spec_restore");
+        d->only_seq = s;
+        op_place(d);
+        d->only_seq = -1;
+    }
+}
+
 static void op_clear(driver *d)
 {
     TRACE("clear");
@@ -2419,6 +2517,7 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
     d.ch = *ch;
     d.res = res;
     d.log = log;
+    d.only_seq = -1;
     d.trace = log && getenv("MEMREF_TRACE") && getenv("MEMREF_TRACE")[0] == '1';
     ref_cfg rc;
     make_config(&d.ch, preset, &rc);
@@ -2492,6 +2591,9 @@ static int drive(chooser *ch, int preset, int64_t n_ops, FILE *log, memref_resul
         } else if (op < 96 && (d.r.rs || op < 93)) {
             op_ckpt(&d);
             name = "ckpt_take";
+        } else if (op < 99 && d.r.rs && d.r.rc.mc.spec_snapshot && chance(&d.ch, 40)) {
+            op_spec(&d);
+            name = "spec";
         } else if (op < 99 && d.r.rs) {
             /* the engine's pattern: a batch, then a checkpoint at its end */
             op_place(&d);

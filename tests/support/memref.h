@@ -39,6 +39,7 @@ typedef struct memref_result {
     int64_t rs_restores;        /* checkpoint restores by seq_rm (recurrent configs) */
     int64_t rs_refused;         /* operations refused with KEEL_ESTATE as predicted */
     int64_t rs_ckpts;           /* checkpoints taken */
+    int64_t spec_restores;      /* speculation snapshots restored (keel_mem_spec_restore) */
     int64_t sparse_checks;      /* sparse queries whose kept cells were checked */
     int64_t sparse_chosen;      /* of them, with more visible cells than top_k */
 } memref_result;
