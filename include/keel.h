@@ -1633,6 +1633,13 @@ typedef enum keel_event_kind {
                                   ({"token", "logprob", "bytes", "top_logprobs"}); token and
                                   logprob hold the id and its log-probability. The entries of a
                                   request, concatenated, are its response's logprobs.content */
+    KEEL_EVENT_PROGRESS = 8,   /* requests with "return_progress" only: the prefill advanced.
+                                  n_prompt_tokens, n_cached_tokens as PROMPT's; n_processed:
+                                  prompt tokens in the cache now (cached ones included, so the
+                                  overall progress is n_processed / n_prompt_tokens);
+                                  elapsed_ms: since the request took its slot. After each step
+                                  that fed the prompt, the last with n_processed ==
+                                  n_prompt_tokens, before the first generated token's events */
 } keel_event_kind;
 
 typedef struct keel_event {
@@ -1653,6 +1660,8 @@ typedef struct keel_event {
     int32_t n_cached_tokens; /* PROMPT: of those, already in the cache (usage.cached_tokens) */
     int32_t token;        /* LOGPROB: the token id */
     float logprob;        /* LOGPROB: its log-probability under the model */
+    int32_t n_processed;  /* PROGRESS: prompt tokens in the cache (n_cached_tokens included) */
+    double elapsed_ms;    /* PROGRESS: milliseconds since the prefill began */
 } keel_event;
 
 /* Receives events, on the thread that runs the engine (keel_complete's caller
@@ -1735,7 +1744,8 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * which: "lazy: 1 of 2 tools constrained (hermes)", "forced: ...",
  * "unconstrained: why"; an explicit grammar wins over the tools'),
  * "parallel_tool_calls" (false: the tool grammar allows one call),
- * "ignore_eos",
+ * "ignore_eos", "return_progress" (true: KEEL_EVENT_PROGRESS events
+ * during the prefill, llama-server's option of that name),
  * "logprobs" (true: the response's "logprobs": {"content": [{"token",
  * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
  * per generated token, log-softmax of the model's logits), "top_logprobs"
@@ -1838,7 +1848,9 @@ keel_status keel_engine_slot_restore(keel_engine *e, int32_t slot, const char *p
 keel_status keel_engine_slot_erase(keel_engine *e, int32_t slot, char *info, size_t cap);
 
 /* Statistics and the memory plan as JSON into buf (thread-safe): slots (state,
- * cached tokens, cells, compactions), requests served, tokens in/out, plan
+ * cached tokens, cells, compactions, and the running request's "prompt":
+ * {"total", "cache", "processed"} tokens, all 0 when idle; as of the last
+ * step), requests served, tokens in/out, plan
  * bytes. KEEL_ERANGE if cap is too small (*n_out says how much). */
 keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out);
 

@@ -31,3 +31,10 @@ add_test(NAME server_agent COMMAND sh ${PROJECT_SOURCE_DIR}/tests/server-clients
 set_tests_properties(server_agent PROPERTIES
   ENVIRONMENT "KEEL_BIN=${CMAKE_BINARY_DIR}/keel;KEEL_BUILD=${CMAKE_BINARY_DIR}"
   SKIP_RETURN_CODE 77 TIMEOUT 1500 FIXTURES_REQUIRED npm_clients)
+# The chat page at / in headless Chromium (tests/server-clients/page.sh):
+# two streamed turns, the memory panel, Stop, the API key, model output
+# holding markup shown as text; screenshots in build/page-test/.
+add_test(NAME server_page COMMAND sh ${PROJECT_SOURCE_DIR}/tests/server-clients/page.sh)
+set_tests_properties(server_page PROPERTIES
+  ENVIRONMENT "KEEL_BIN=${CMAKE_BINARY_DIR}/keel;KEEL_BUILD=${CMAKE_BINARY_DIR}"
+  SKIP_RETURN_CODE 77 TIMEOUT 600 FIXTURES_REQUIRED npm_clients)

@@ -1021,6 +1021,67 @@ static void test_stream_equals_response(void **state)
     keel_engine_close(e);
 }
 
+typedef struct prog_log {
+    int32_t n_prompt, n_cached, n_events, last, first_text_at;
+    int32_t n_after_text; /* PROGRESS events after the first text: must stay 0 */
+    bool monotone;
+    double last_ms;
+} prog_log;
+
+static bool prog_cb(void *user, const keel_event *ev)
+{
+    prog_log *p = user;
+    if (ev->kind == KEEL_EVENT_PROMPT) {
+        p->n_prompt = ev->n_prompt_tokens;
+        p->n_cached = ev->n_cached_tokens;
+        p->last = ev->n_cached_tokens;
+    } else if (ev->kind == KEEL_EVENT_PROGRESS) {
+        if (p->first_text_at >= 0) p->n_after_text++;
+        if (ev->n_prompt_tokens != p->n_prompt || ev->n_cached_tokens != p->n_cached || ev->n_processed <= p->last ||
+            ev->n_processed > ev->n_prompt_tokens || ev->elapsed_ms < p->last_ms)
+            p->monotone = false;
+        p->last = ev->n_processed;
+        p->last_ms = ev->elapsed_ms;
+        p->n_events++;
+    } else if ((ev->kind == KEEL_EVENT_CONTENT || ev->kind == KEEL_EVENT_REASONING) && p->first_text_at < 0) {
+        p->first_text_at = p->n_events;
+    }
+    return true;
+}
+
+/* return_progress: PROGRESS events climb to the prompt's length, one per
+ * step that fed it (n_batch 8: several), all before the first text, from
+ * the cached prefix on; none without the option. */
+static void test_progress_events(void **state)
+{
+    (void)state;
+    keel_engine *e = open_engine("\"n_batch\": 8");
+    prog_log p = {.monotone = true, .first_text_at = -1};
+    assert_ok(keel_complete(e, MSG1, "{\"max_tokens\": 4, \"temperature\": 0, \"return_progress\": true}", NULL,
+                            prog_cb, &p, g_resp, sizeof g_resp));
+    assert_true(p.monotone);
+    assert_int_equal(p.last, p.n_prompt);
+    assert_true(p.n_events >= (p.n_prompt - p.n_cached + 7) / 8);
+    assert_int_equal(p.n_after_text, 0);
+    /* the second turn starts from the cached prefix */
+    prog_log q = {.monotone = true, .first_text_at = -1};
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 4, \"temperature\": 0, \"return_progress\": true}", NULL,
+                            prog_cb, &q, g_resp, sizeof g_resp));
+    assert_true(q.n_cached > 0);
+    assert_true(q.monotone);
+    assert_int_equal(q.last, q.n_prompt);
+    assert_true(q.n_events >= 1 && q.n_events <= (q.n_prompt - q.n_cached + 7) / 8);
+    /* without the option: none */
+    prog_log r = {.monotone = true, .first_text_at = -1};
+    assert_ok(keel_engine_slot_erase(e, 0, NULL, 0));
+    assert_ok(keel_complete(e, MSG2, "{\"max_tokens\": 2, \"temperature\": 0}", NULL, prog_cb, &r, g_resp,
+                            sizeof g_resp));
+    assert_int_equal(r.n_events, 0);
+    assert_status(keel_complete(e, MSG1, "{\"return_progress\": 1}", NULL, NULL, NULL, g_resp, sizeof g_resp),
+                  KEEL_EINVAL);
+    keel_engine_close(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1035,7 +1096,7 @@ int main(void)
         cmocka_unit_test(test_stop_and_raw_prompt), cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_run_loop_slots),    cmocka_unit_test(test_slot_save_restore),
         cmocka_unit_test(test_prompt_cache),       cmocka_unit_test(test_deterministic_batching),
-        cmocka_unit_test(test_stream_equals_response),
+        cmocka_unit_test(test_stream_equals_response), cmocka_unit_test(test_progress_events),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

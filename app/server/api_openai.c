@@ -272,6 +272,11 @@ static bool common_options(json_t *b, const srv_limits *lim, json_t *req, srv_re
     }
     bool ignore_eos = false;
     if (!srv_get_bool(b, "ignore_eos", &ignore_eos, e)) return false;
+    /* llama-server's return_progress: prompt_progress chunks while the
+     * prompt is read (streams only) */
+    if (!srv_get_bool(b, "return_progress", &out->return_progress, e)) return false;
+    if (out->return_progress && out->stream && json_object_set_new(req, "return_progress", json_true()) != 0)
+        return srv_fail(e, 500, "out of memory");
     /* llama-server's grammar (GBNF): the engine compiles it (a grammar it
      * refuses is its 400, named) */
     json_t *gr = json_object_get(b, "grammar");
@@ -582,12 +587,38 @@ static bool start(srv_stream *s, srv_buf *out)
     return emit(out, chunk(s, json_pack("{ssss}", "role", "assistant", "content", ""), NULL));
 }
 
+/* A chunk with llama-server's prompt_progress {total, cache, processed,
+ * time_ms}: processed counts the cached tokens too. */
+static bool progress_chunk(srv_stream *s, int64_t total, int64_t cache, int64_t processed, double ms, srv_buf *out)
+{
+    bool chat = s->m.api == SRV_API_CHAT;
+    json_t *o = chunk(s, chat ? json_pack("{ssso}", "role", "assistant", "content", json_null()) : json_string(""), NULL);
+    json_t *p = json_pack("{sIsIsIsI}", "total", (json_int_t)total, "cache", (json_int_t)cache, "processed",
+                          (json_int_t)processed, "time_ms", (json_int_t)(ms + 0.5));
+    if (!o || !p) {
+        if (o) json_decref(o);
+        if (p) json_decref(p);
+        return false;
+    }
+    if (json_object_set_new(o, "prompt_progress", p) != 0) {
+        json_decref(o);
+        return false;
+    }
+    return emit(out, o);
+}
+
 bool srv_openai_event(srv_stream *s, const keel_event *ev, srv_buf *out)
 {
     if (!start(s, out)) return false;
     bool chat = s->m.api == SRV_API_CHAT;
     json_t *d = NULL;
     switch (ev->kind) {
+    case KEEL_EVENT_PROMPT: /* the prefill starts: 0% of what is left */
+        if (!s->progress) return true;
+        return progress_chunk(s, ev->n_prompt_tokens, ev->n_cached_tokens, ev->n_cached_tokens, 0.0, out);
+    case KEEL_EVENT_PROGRESS:
+        if (!s->progress) return true;
+        return progress_chunk(s, ev->n_prompt_tokens, ev->n_cached_tokens, ev->n_processed, ev->elapsed_ms, out);
     case KEEL_EVENT_LOGPROB: {
         json_t *x = json_loadb(ev->text, ev->len, JSON_ALLOW_NUL, NULL);
         if (!x) return false;

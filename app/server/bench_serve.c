@@ -233,6 +233,7 @@ int cmd_bench_serve(int argc, char **argv)
     cfg.max_body = (size_t)8 << 20;
     cfg.default_max_tokens = -1;
     cfg.slots = true;
+    cfg.webui = true;
     srv_server *s = NULL;
     char err[512] = "";
     eng_thread et;

@@ -116,6 +116,8 @@ typedef enum route {
     R_SLOT_ACTION,
     R_METRICS,
     R_MODEL,      /* GET /v1/models/{id} */
+    R_PAGE,       /* the chat page (app/server/page) */
+    R_PAGE_JS,
 } route;
 
 typedef struct route_def {
@@ -142,6 +144,10 @@ static const route_def g_routes[] = {
     {"/detokenize", R_DETOKENIZE, true, false, SRV_API_NATIVE},
     {"/slots", R_SLOTS, false, false, SRV_API_NATIVE},
     {"/metrics", R_METRICS, false, false, SRV_API_NATIVE},
+    /* the page is public, as llama-server's: it asks for the API key */
+    {"/", R_PAGE, false, true, SRV_API_NATIVE},
+    {"/index.html", R_PAGE, false, true, SRV_API_NATIVE},
+    {"/keel-page.js", R_PAGE_JS, false, true, SRV_API_NATIVE},
 };
 
 /* ---- jobs ---------------------------------------------------------------------- */
@@ -150,7 +156,9 @@ typedef struct qev {
     struct qev *next;
     keel_event_kind kind;
     int32_t index;
-    int32_t n_prompt, n_cached; /* PROMPT */
+    int32_t n_prompt, n_cached; /* PROMPT, PROGRESS */
+    int32_t n_processed;        /* PROGRESS */
+    double elapsed_ms;
     char *id, *name;
     srv_buf text;
 } qev;
@@ -249,6 +257,9 @@ static bool on_event(void *user, const keel_event *ev)
         qev *t = j->tail;
         if (text && t && t->kind == ev->kind && t->index == ev->index) {
             keep = srv_buf_add(&t->text, ev->text ? ev->text : "", ev->len);
+        } else if (ev->kind == KEEL_EVENT_PROGRESS && t && t->kind == ev->kind) {
+            t->n_processed = ev->n_processed; /* not sent yet: the newer progress replaces it */
+            t->elapsed_ms = ev->elapsed_ms;
         } else {
             qev *q = calloc(1, sizeof *q);
             if (q) {
@@ -256,6 +267,8 @@ static bool on_event(void *user, const keel_event *ev)
                 q->index = ev->index;
                 q->n_prompt = ev->n_prompt_tokens;
                 q->n_cached = ev->n_cached_tokens;
+                q->n_processed = ev->n_processed;
+                q->elapsed_ms = ev->elapsed_ms;
                 q->text.max = SRV_QUEUE_MAX;
                 if (ev->id) q->id = strdup(ev->id);
                 if (ev->name) q->name = strdup(ev->name);
@@ -355,6 +368,34 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
                                  size_t len)
 {
     return respond(c, status, type, body, len, false);
+}
+
+/* The chat page's files (gen/page_data.c, from app/server/page). */
+extern const unsigned char srv_page_html[], srv_page_js[];
+extern const size_t srv_page_html_len, srv_page_js_len;
+
+/* One of the page's files. Its script is a file of its own so that the
+ * Content-Security-Policy can refuse inline scripts: text the model wrote
+ * is never markup, and were it ever, it could not run. Nothing but this
+ * server is reachable from the page. */
+static enum MHD_Result send_page(struct MHD_Connection *c, bool js)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(js ? srv_page_js_len : srv_page_html_len,
+                                                             (void *)(js ? srv_page_js : srv_page_html),
+                                                             MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                                 js ? "text/javascript; charset=utf-8" : "text/html; charset=utf-8");
+    if (ok == MHD_YES)
+        ok = MHD_add_response_header(r, "Content-Security-Policy",
+                                     "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; "
+                                     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+                                     "frame-ancestors 'none'");
+    if (ok == MHD_YES) ok = MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    if (ok == MHD_YES) ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    if (ok == MHD_YES) ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
 }
 
 /* Sends a JSON body (taking it; NULL: 500 out of memory); close as respond. */
@@ -677,6 +718,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
             ev.name = q->name;
             ev.n_prompt_tokens = q->n_prompt;
             ev.n_cached_tokens = q->n_cached;
+            ev.n_processed = q->n_processed;
+            ev.elapsed_ms = q->elapsed_ms;
             ok = srv_stream_event(&j->stream, &ev, &j->out);
         }
         qev_free(list);
@@ -731,6 +774,7 @@ static enum MHD_Result generate(srv_server *s, struct MHD_Connection *c, conn *c
         return send_json(c, 500, NULL);
     }
     srv_stream_init(&j->stream, &j->meta, rq.include_usage);
+    j->stream.progress = rq.stream && rq.return_progress;
     bool ok = submit(s, j, rq.engine, &e);
     bool stream = rq.stream;
     j->streaming = stream;
@@ -1093,6 +1137,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             cn->rd = &model_route;
             cn->r = R_MODEL;
         }
+        if (cn->rd && (cn->r == R_PAGE || cn->r == R_PAGE_JS) && !s->cfg.webui) cn->rd = NULL;
         if (!cn->rd) {
             cn->replied = true;
             log_request(s, method, url, 404, NULL);
@@ -1167,6 +1212,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (state == ST_LOADING) return send_json(c, 503, strdup("{\"status\":\"loading\"}"));
         return send_json(c, 200, strdup("{\"status\":\"ok\"}"));
     }
+    if (cn->r == R_PAGE || cn->r == R_PAGE_JS) return send_page(c, cn->r == R_PAGE_JS);
     pthread_mutex_lock(&s->mu);
     int state = s->state;
     pthread_mutex_unlock(&s->mu);

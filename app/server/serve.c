@@ -31,7 +31,7 @@ typedef struct serve_opts {
     const char *host, *slot_save_path, *api_key_file, *chat_template, *alias, *tool_format;
     int32_t port, n_slots, cache_ram, timeout, threads_http, n_predict, max_body;
     int32_t keep_alive, read_timeout, sse_ping;
-    bool cache_ram_set, metrics, no_slots, log_disable, deterministic, strict_tools;
+    bool cache_ram_set, metrics, no_slots, no_webui, log_disable, deterministic, strict_tools;
     float prefill_share; /* 0: the engine's default */
     uint64_t seed;
     bool seed_set;
@@ -62,6 +62,7 @@ static const char g_help[] =
     "  --api-key-file FILE            keys, one per line\n"
     "  --metrics                      enable GET /metrics (Prometheus text)\n"
     "  --no-slots                     disable GET /slots\n"
+    "  --no-webui                     no chat page at / (404)\n"
     "  --chat-template T              built-in name (chatml llama3 gemma mistral qwen3), file, or source\n"
     "  --chat-template-file FILE      a template file\n"
     "  --tool-format F                tool-call parser format (default: detected from the template)\n"
@@ -167,6 +168,9 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         so->api_key_file = v;
     } else if (strcmp(a, "--metrics") == 0) {
         so->metrics = true;
+        *takes = false;
+    } else if (strcmp(a, "--no-webui") == 0) {
+        so->no_webui = true;
         *takes = false;
     } else if (strcmp(a, "--no-slots") == 0) {
         so->no_slots = true;
@@ -497,6 +501,7 @@ int cmd_serve(int argc, char **argv)
     cfg.slot_save_path = so.slot_save_path;
     cfg.metrics = so.metrics;
     cfg.slots = !so.no_slots;
+    cfg.webui = !so.no_webui;
     cfg.log = !so.log_disable;
     cfg.timeout_s = so.timeout;
     cfg.keep_alive_s = so.keep_alive;

@@ -135,6 +135,7 @@ typedef struct srv_request {
     srv_api api;
     bool stream;
     bool include_usage; /* stream_options.include_usage (OpenAI) */
+    bool return_progress; /* llama-server's: prompt_progress chunks while streaming (OpenAI) */
     json_t *engine;     /* owned: the engine request object (keel_engine_submit) */
 } srv_request;
 
@@ -185,6 +186,7 @@ void srv_toolu_id(const char *id, char *out, size_t cap);
 typedef struct srv_stream {
     srv_meta m;
     bool include_usage;
+    bool progress;    /* OpenAI: prompt_progress chunks (return_progress) */
     bool started;     /* OpenAI: the role chunk was sent; Anthropic: message_start */
     int32_t block;    /* Anthropic: index of the open content block, -1 none */
     int block_kind;   /* Anthropic: SRV_BLOCK_* of the open block */
@@ -262,6 +264,7 @@ typedef struct srv_config {
     const char *slot_save_path; /* directory for slot files; NULL: save/restore refused */
     bool metrics;              /* GET /metrics */
     bool slots;                /* GET /slots */
+    bool webui;                /* the chat page at / */
     bool log;                  /* one line per request on stderr */
     int timeout_s;             /* longest silence of a connection during a request (600) */
     int keep_alive_s;          /* idle connections (no request in progress) are closed after this (5) */

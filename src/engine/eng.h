@@ -55,6 +55,7 @@ typedef struct eng_opts {
     bool parse_reasoning;     /* reasoning_format "none": reasoning markers stay in the content */
     bool json_answer;         /* response_format json_object / json_schema: a fenced answer is unwrapped */
     bool ignore_eos;          /* end-of-generation tokens are never sampled */
+    bool return_progress;     /* KEEL_EVENT_PROGRESS during the prefill */
     eng_tool_choice tool_choice;
     char *tool_name;          /* tool_choice naming one tool (owned), else NULL */
     bool logprobs;            /* each generated token's log-probability in the response */
@@ -287,6 +288,7 @@ typedef struct eng_slot {
     /* snapshot for other threads (keel_engine_stats), under mu */
     eng_slot_state stat_state;
     int32_t stat_hist, stat_cells;
+    int32_t stat_prompt, stat_fed, stat_reused; /* the request's prompt: tokens, in the cache, reused */
     bool stat_compacted;
     int64_t stat_compactions;
 } eng_slot;

@@ -915,6 +915,23 @@ fail:
 
 /* ---- the step ------------------------------------------------------------------- */
 
+/* KEEL_EVENT_PROGRESS for slot sl's request (return_progress): its prefill
+ * advanced. A callback returning false cancels the request. */
+static void send_progress(eng_slot *sl)
+{
+    eng_req *r = sl->req;
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_PROGRESS;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.n_prompt_tokens = sl->n_prompt;
+    ev.n_cached_tokens = sl->n_reused;
+    ev.n_processed = BASE_MIN(sl->n_fed, sl->n_prompt);
+    ev.elapsed_ms = (double)(now_ns() - sl->t_start) * 1e-6;
+    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
+}
+
 /* Cells the batch needs in the shared full-attention tables, as keel_decode
  * counts them (a compacting sequence needs at most its trigger). */
 static int32_t batch_need(keel_engine *e, const int32_t *cnt)
@@ -1277,6 +1294,7 @@ bool eng_step(keel_engine *e)
                 if (sl->state == ENG_SLOT_PREFILL && chunk[i] > 0) {
                     sl->n_fed += chunk[i];
                     checkpoint_marks(e, sl);
+                    if (sl->req && sl->req->o.return_progress) send_progress(sl);
                 }
                 if (sl->req && keel_mem_seq_compactions(mem, sl->seq) > sl->compactions_at_start)
                     sl->hist_compacted = true;
@@ -1373,6 +1391,9 @@ bool eng_step(keel_engine *e)
         busy |= sl->state != ENG_SLOT_IDLE;
         sl->stat_state = sl->state;
         sl->stat_hist = sl->n_hist;
+        sl->stat_prompt = sl->req ? sl->n_prompt : 0;
+        sl->stat_fed = sl->req ? BASE_MIN(sl->n_fed, sl->n_prompt) : 0;
+        sl->stat_reused = sl->req ? sl->n_reused : 0;
         sl->stat_compacted = sl->hist_compacted;
         sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
         sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);

@@ -1,0 +1,17 @@
+# Writes OUT, a C file holding the chat page's files (index.html, page.js)
+# as byte arrays: the page is in the binary, with no build step of its own.
+# cmake -DSRC=app/server/page -DOUT=page_data.c -P embed.cmake
+set(files index.html page.js)
+set(names srv_page_html srv_page_js)
+set(body "/* Generated from app/server/page by embed.cmake: do not edit. */\n#include <stddef.h>\n")
+foreach(f n IN ZIP_LISTS files names)
+  file(READ ${SRC}/${f} hex HEX)
+  string(LENGTH "${hex}" nhex)
+  math(EXPR nbytes "${nhex} / 2")
+  string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
+  string(REGEX REPLACE "(0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,)" "\\1\n" bytes "${bytes}")
+  string(APPEND body "const unsigned char ${n}[] = {\n${bytes}0};\nconst size_t ${n}_len = ${nbytes};\n")
+endforeach()
+file(WRITE ${OUT}.tmp "${body}")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)
+file(REMOVE ${OUT}.tmp)
