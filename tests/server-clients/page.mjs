@@ -113,6 +113,36 @@ try {
   await page.dispatchEvent('#apikey', 'change');
   await page.fill('#maxtok', '4');
   await ask_error(page);
+  // return_progress over plain HTTP: prompt_progress chunks climb from the
+  // cached prefix to the prompt's length, all before the first text
+  const progress = async (extra) => {
+    const r = await fetch(base + '/v1/chat/completions', { method: 'POST',
+      headers: { 'Content-Type': 'application/json', Authorization: 'Bearer ' + key },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'The little dog ran to the park and saw a cat. '.repeat(20) }],
+        stream: true, max_tokens: 4, temperature: 0, ...extra }) });
+    assert.equal(r.status, 200);
+    const seen = [];
+    let textAt = -1;
+    for (const line of (await r.text()).split('\n')) {
+      if (!line.startsWith('data: {')) continue;
+      const j = JSON.parse(line.slice(6));
+      if (j.prompt_progress) seen.push(j.prompt_progress);
+      const d = j.choices && j.choices[0] && j.choices[0].delta;
+      if (d && d.content && textAt < 0) textAt = seen.length;
+    }
+    return { seen, textAt };
+  };
+  const p1 = await progress({ return_progress: true });
+  assert.ok(p1.seen.length >= 2, 'progress chunks: ' + JSON.stringify(p1.seen));
+  const first = p1.seen[0], lastp = p1.seen[p1.seen.length - 1];
+  assert.equal(first.processed, first.cache);
+  assert.equal(lastp.processed, lastp.total);
+  assert.ok(lastp.total > 200 && lastp.time_ms >= 0);
+  for (let i = 1; i < p1.seen.length; i++) assert.ok(p1.seen[i].processed > p1.seen[i - 1].processed);
+  assert.ok(p1.textAt < 0 || p1.textAt === p1.seen.length, 'progress before text');
+  const p2 = await progress({ return_progress: true });
+  assert.ok(p2.seen[0].cache > 0 && p2.seen[0].processed === p2.seen[0].cache, 'second time from the cache');
+  assert.equal((await progress({})).seen.length, 0, 'no progress unless asked');
   problems.splice(0, problems.length, ...problems.filter((p) => !/401/.test(p)));
   assert.deepEqual(problems, [], 'no page errors, no foreign fetches');
   console.log('page: ok');
