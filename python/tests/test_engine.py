@@ -73,7 +73,6 @@ def test_two_turns_with_a_tool_call(keel_mod, engine):
 
 
 def test_stream_equals_complete(keel_mod, engine):
-    keel = keel_mod
     msgs = [USER]
     r = engine.complete(msgs, temperature=0, max_tokens=16)
     engine.reset()
@@ -280,3 +279,37 @@ def test_count_tokens_and_json_values(keel_mod, engine):
     r = engine.complete([SYSTEM, USER], tools=TOOLS, max_tokens=1, temperature=0)
     assert n == r.usage.prompt_tokens
     assert json.loads(json.dumps(r.raw)) == r.raw
+
+
+def test_logprob_events(keel_mod, engine):
+    """The last fields of keel_event (token, logprob) are where the mirror says."""
+    keel = keel_mod
+    events = list(engine.stream([USER], max_tokens=6, temperature=0, logprobs=True, top_logprobs=2))
+    lp = [e for e in events if isinstance(e, keel.LogprobEvent)]
+    content = events[-1].completion.raw["logprobs"]["content"]
+    assert len(lp) == len(content) == events[-1].completion.usage.completion_tokens
+    for e, c in zip(lp, content):
+        assert e.entry == c
+        assert e.logprob == pytest.approx(c["logprob"], abs=1e-4) and e.logprob <= 0
+        assert e.token >= 0
+
+
+def test_exception_in_on_event_cancels_the_turn(keel_mod, engine):
+    keel = keel_mod
+    n = []
+
+    def on_event(ev):
+        if isinstance(ev, keel.TextDelta):
+            n.append(ev)
+            raise KeyboardInterrupt  # as Ctrl-C would, raised in the callback
+        return True
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.complete([USER], max_tokens=3000, ignore_eos=True, temperature=1, on_event=on_event)
+    assert len(n) == 1
+    st = engine.stats()
+    assert st["slots"][0]["state"] == "idle" and st["slots"][0]["cells"] < 3000
+    # a False return stops too, without an exception
+    r = engine.complete([USER], max_tokens=3000, ignore_eos=True, temperature=1,
+                        on_event=lambda ev: not isinstance(ev, keel.TextDelta))
+    assert r.finish_reason == "cancelled" and r.usage.completion_tokens < 3000
