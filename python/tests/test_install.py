@@ -40,7 +40,12 @@ def test_pip_install_offline(lib_path, model, tmp_path):
     shutil.copytree(PKG, src, ignore=shutil.ignore_patterns("tests", "__pycache__", "*.egg-info", "build"))
     env = _clean_env()
     venv = tmp_path / "venv"
-    r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+    # the system's pip (Debian python3-pip), seen through the system site packages, installs into
+    # the venv; without one the venv gets its own from ensurepip (slower)
+    has_pip = subprocess.run([sys.executable, "-c", "import pip"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL).returncode == 0
+    r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", *(["--without-pip"] if has_pip else []),
+                        str(venv)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if r.returncode != 0:
         pytest.skip(f"python3 -m venv failed (Debian: python3-venv): {r.stdout[-500:]}")
