@@ -313,3 +313,15 @@ def test_exception_in_on_event_cancels_the_turn(keel_mod, engine):
     r = engine.complete([USER], max_tokens=3000, ignore_eos=True, temperature=1,
                         on_event=lambda ev: not isinstance(ev, keel.TextDelta))
     assert r.finish_reason == "cancelled" and r.usage.completion_tokens < 3000
+
+
+def test_prompt_too_long_carries_the_response(keel_mod, model):
+    keel = keel_mod
+    with keel.Engine(model, n_ctx=256, n_threads=1) as e:
+        with pytest.raises(keel.ContextError) as ei:
+            e.complete("word " * 2000, max_tokens=4)
+        x = ei.value
+        assert x.status == 13 and x.status_name == "KEEL_ECONTEXT" and "tokens" in x.message
+        assert x.response is not None and x.response.usage.prompt_tokens > 256
+        assert x.response.raw["prompt_limit"] == 256
+        assert e.complete("hi", max_tokens=2).usage.completion_tokens > 0
