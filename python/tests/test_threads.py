@@ -19,7 +19,8 @@ USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 def two_turns(keel, engine, out):
     """A forced tool call, then the tool's answer, with on_event callbacks (Python on this stack)."""
     pieces = []
-    r1 = engine.complete(USER, tools=TOOLS, tool_choice="required", temperature=1, seed=5, max_tokens=300,
+    r1 = engine.complete(USER, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1,
+                         seed=5, max_tokens=300,
                          on_event=pieces.append)
     msgs = USER + [r1.message()] + [keel.tool_message(c, {"temperature": 3}) for c in r1.tool_calls]
     r2 = engine.complete(msgs, tools=TOOLS, temperature=0, max_tokens=16, on_event=pieces.append)
