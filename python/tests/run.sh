@@ -21,6 +21,11 @@ if [ -z "$py" ]; then
     echo "SKIP: no python3 with pytest (Debian: apt-get install python3-pytest)"
     exit 77
 fi
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+src=$(abs "$src") keel=$(abs "$keel") lib=$(abs "$lib")
+for f in "$keel" "$lib"; do
+    [ -f "$f" ] || { echo "FAIL: $f not found (make build)" >&2; exit 1; }
+done
 echo "+ $py -m pytest ($("$py" -c 'import sys, pytest; print(sys.version.split()[0], "pytest", pytest.__version__)'))"
 export PYTHONPATH="$src/python" KEEL_LIBRARY="$lib" KEEL_BIN="$keel" PYTHONDONTWRITEBYTECODE=1
 cd "$src/python"
