@@ -1,12 +1,12 @@
 #!/bin/sh
 # python_chat_test.sh — ctest python_chat / python_chat_stories: runs
-# examples/python/chat.py (ctypes over libkeel.so) and checks its output with
+# examples/python/chat.py (a user of the keel package, python/: ctypes over
+# libkeel.so, from the source tree: not installed) and checks its output with
 # check_chat.py. Exit 77 (skipped) without python3, or without MODEL when one
 # is named.
 #   python_chat_test.sh SRC_DIR KEEL_BIN LIBKEEL_SO [MODEL]
 # Without MODEL: a generated qwen2 model; two runs: (1) the qwen3 built-in
-# template (tools rendered), a 64-byte response buffer (responses fetched
-# with keel_engine_response): turn 2 reuses turn 1's cache; (2) keydiff
+# template (tools rendered): turn 2 reuses turn 1's cache; (2) keydiff
 # compaction in turn 1, switched off for turn 2.
 # With MODEL (stories260K fixture): one conversation, 512 cells (its
 # training context is 128, shorter than the prompt).
@@ -29,6 +29,8 @@ fail() {
     exit 1
 }
 # the repository's build/libkeel.so is chat.py's default: exercise the lookup
+unset KEEL_LIBRARY
+export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the source tree
 libarg="--lib $lib"
 [ "$lib" = "$src/build/libkeel.so" ] && libarg=""
 
@@ -57,7 +59,7 @@ fi
 
 "$keel" gen-model --arch qwen2 --layers 2 --embd 64 --heads 4 --kv-heads 2 --seed 7 --out "$tmp/model.gguf" \
     > "$tmp/gen.log" 2>&1 || { cat "$tmp/gen.log"; fail "keel gen-model"; }
-chat reuse -m "$tmp/model.gguf" --chat-template qwen3 --max-tokens 24 --temperature 0 --threads 2 --response-cap 64
+chat reuse -m "$tmp/model.gguf" --chat-template qwen3 --max-tokens 24 --temperature 0 --threads 2
 "$python" "$src/tests/pkg/check_chat.py" "$tmp/reuse.out" --max-tokens 24 || fail "check_chat.py (reuse)"
 grep -q "made no tool call; turn 2 answers a scripted" "$tmp/reuse.err" || grep -q "tool call 0" "$tmp/reuse.out" \
     || fail "turn 2 has no tool result"
