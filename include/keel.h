@@ -1633,6 +1633,13 @@ typedef enum keel_event_kind {
                                   ({"token", "logprob", "bytes", "top_logprobs"}); token and
                                   logprob hold the id and its log-probability. The entries of a
                                   request, concatenated, are its response's logprobs.content */
+    KEEL_EVENT_PROGRESS = 8,   /* requests with "return_progress" only: the prefill advanced. After
+                                  each decoded chunk of the prompt: n_prompt_tokens (total),
+                                  n_cached_tokens (reused, as in PROMPT) and n_processed_tokens
+                                  (in the cache now, the reused ones included); the last has
+                                  n_processed_tokens == n_prompt_tokens and comes before the
+                                  answer's first event. llama-server's prompt_progress
+                                  {total, cache, processed} */
 } keel_event_kind;
 
 typedef struct keel_event {
@@ -1653,6 +1660,7 @@ typedef struct keel_event {
     int32_t n_cached_tokens; /* PROMPT: of those, already in the cache (usage.cached_tokens) */
     int32_t token;        /* LOGPROB: the token id */
     float logprob;        /* LOGPROB: its log-probability under the model */
+    int32_t n_processed_tokens; /* PROGRESS: prompt tokens in the cache so far (cached included) */
 } keel_event;
 
 /* Receives events, on the thread that runs the engine (keel_complete's caller
@@ -1735,7 +1743,8 @@ typedef bool (*keel_event_fn)(void *user, const keel_event *ev);
  * which: "lazy: 1 of 2 tools constrained (hermes)", "forced: ...",
  * "unconstrained: why"; an explicit grammar wins over the tools'),
  * "parallel_tool_calls" (false: the tool grammar allows one call),
- * "ignore_eos",
+ * "ignore_eos", "return_progress" (true: KEEL_EVENT_PROGRESS events during
+ * the prefill, llama-server's option of that name),
  * "logprobs" (true: the response's "logprobs": {"content": [{"token",
  * "logprob", "bytes", "top_logprobs": [...]}]}, OpenAI's shape, one entry
  * per generated token, log-softmax of the model's logits), "top_logprobs"
@@ -1838,8 +1847,10 @@ keel_status keel_engine_slot_restore(keel_engine *e, int32_t slot, const char *p
 keel_status keel_engine_slot_erase(keel_engine *e, int32_t slot, char *info, size_t cap);
 
 /* Statistics and the memory plan as JSON into buf (thread-safe): slots (state,
- * cached tokens, cells, compactions), requests served, tokens in/out, plan
- * bytes. KEEL_ERANGE if cap is too small (*n_out says how much). */
+ * cached tokens, cells, compactions, and "prompt_progress": {"total",
+ * "cache", "processed"} of the slot's current or last prompt, as
+ * KEEL_EVENT_PROGRESS counts them, updated after each step), requests
+ * served, tokens in/out, plan bytes. KEEL_ERANGE if cap is too small (*n_out says how much). */
 keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out);
 
 #ifdef __cplusplus

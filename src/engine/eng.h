@@ -57,6 +57,7 @@ typedef struct eng_opts {
     bool ignore_eos;          /* end-of-generation tokens are never sampled */
     eng_tool_choice tool_choice;
     char *tool_name;          /* tool_choice naming one tool (owned), else NULL */
+    bool progress;            /* "return_progress": KEEL_EVENT_PROGRESS after each prefill chunk */
     bool logprobs;            /* each generated token's log-probability in the response */
     int32_t top_logprobs;     /* 0..ENG_MAX_TOP_LOGPROBS most likely tokens beside it */
     int32_t *bias_tok;        /* logit_bias: [n_bias] distinct token ids (owned) */
@@ -287,6 +288,7 @@ typedef struct eng_slot {
     /* snapshot for other threads (keel_engine_stats), under mu */
     eng_slot_state stat_state;
     int32_t stat_hist, stat_cells;
+    int32_t stat_prompt, stat_reused, stat_fed; /* prompt progress: total, cached, in the cache */
     bool stat_compacted;
     int64_t stat_compactions;
 } eng_slot;

@@ -817,6 +817,7 @@ keel_status keel_engine_reset(keel_engine *e)
         sl->stat_compacted = false;
         sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
         sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);
+        sl->stat_prompt = sl->stat_reused = sl->stat_fed = 0;
     }
     e->driving = false;
     pthread_cond_broadcast(&e->cv);
@@ -852,10 +853,11 @@ static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n
     for (int32_t i = 0; i < e->n_slots; i++) {
         const eng_slot *sl = &e->slots[i];
         bad |= json_array_append_new(
-            slots, json_pack("{sisssisbsIsi}", "id", i, "state",
+            slots, json_pack("{sisssisbsIsis{sisisi}}", "id", i, "state",
                              sl->stat_state == ENG_SLOT_IDLE ? "idle" : sl->stat_state == ENG_SLOT_PREFILL ? "prefill" : "generating",
                              "cached_tokens", sl->stat_hist, "compacted", sl->stat_compacted, "compactions",
-                             (json_int_t)sl->stat_compactions, "cells", sl->stat_cells));
+                             (json_int_t)sl->stat_compactions, "cells", sl->stat_cells, "prompt_progress", "total",
+                             sl->stat_prompt, "cache", sl->stat_reused, "processed", sl->stat_fed));
     }
     bad |= json_object_set_new(o, "slots", slots);
     bad |= json_object_set_new(o, "n_slots", json_integer(e->n_slots));

@@ -351,6 +351,11 @@ static keel_status eng_opts_parse_members(const keel_engine *e, json_t *obj, boo
                 o->ignore_eos = json_is_true(v);
         } else if (strcmp(k, "tool_choice") == 0) {
             st = parse_tool_choice(v, o, err);
+        } else if (strcmp(k, "return_progress") == 0) {
+            if (!json_is_boolean(v))
+                st = base_err(err, KEEL_EINVAL, "return_progress must be a boolean");
+            else
+                o->progress = json_is_true(v);
         } else if (strcmp(k, "logprobs") == 0) {
             if (!json_is_boolean(v))
                 st = base_err(err, KEEL_EINVAL, "logprobs must be a boolean");

@@ -915,6 +915,22 @@ fail:
 
 /* ---- the step ------------------------------------------------------------------- */
 
+/* "return_progress": the prefill of sl's request advanced (a callback
+ * returning false cancels it, as for every event). */
+static void emit_progress(eng_slot *sl)
+{
+    eng_req *r = sl->req;
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KEEL_EVENT_PROGRESS;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.n_prompt_tokens = sl->n_prompt;
+    ev.n_cached_tokens = sl->n_reused;
+    ev.n_processed_tokens = sl->n_fed;
+    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
+}
+
 /* Cells the batch needs in the shared full-attention tables, as keel_decode
  * counts them (a compacting sequence needs at most its trigger). */
 static int32_t batch_need(keel_engine *e, const int32_t *cnt)
@@ -1277,6 +1293,7 @@ bool eng_step(keel_engine *e)
                 if (sl->state == ENG_SLOT_PREFILL && chunk[i] > 0) {
                     sl->n_fed += chunk[i];
                     checkpoint_marks(e, sl);
+                    if (sl->req && sl->req->o.progress) emit_progress(sl);
                 }
                 if (sl->req && keel_mem_seq_compactions(mem, sl->seq) > sl->compactions_at_start)
                     sl->hist_compacted = true;
@@ -1376,6 +1393,11 @@ bool eng_step(keel_engine *e)
         sl->stat_compacted = sl->hist_compacted;
         sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
         sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);
+        if (sl->req) {
+            sl->stat_prompt = sl->n_prompt;
+            sl->stat_reused = sl->n_reused;
+            sl->stat_fed = sl->n_fed;
+        }
     }
     keel_mem_stats_get(mem, &e->mem_stats);
     e->n_group_stat = BASE_MIN(keel_mem_n_groups(mem), 8);
