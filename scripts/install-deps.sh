@@ -7,7 +7,7 @@ set -u
 PKGS="build-essential cmake pkg-config clang llvm libclang-rt-14-dev
 libopenblas-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev
 libzstd-dev libjansson-dev libmicrohttpd-dev nodejs npm
-python3-jsonschema python3-rfc3987 python3-idna"
+python3-jsonschema python3-rfc3987 python3-idna libedit-dev tmux"
 
 missing=""
 for p in $PKGS; do
