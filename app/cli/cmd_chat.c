@@ -112,6 +112,7 @@ typedef struct chat {
     json_t *system;       /* the system message or NULL (kept by /clear), owned */
     char *tools;          /* --tools: the JSON array's text, or NULL */
     json_t *compact_next; /* kv_compact for the next turn (a /compact), or NULL */
+    json_t *compact_cur;  /* the last /compact's value (re-sent after /clear), or NULL */
     json_t *tool_choice;  /* --tool-choice as the option's value, or NULL */
     char compact_name[32];
     bool tty_in, tty_out;
@@ -400,7 +401,7 @@ static int chat_turn(chat *c, watcher *w, size_t n0)
     char line[256];
     int n = snprintf(line, sizeof line, "[prompt %d tokens, %d cached; %d generated, %.1f tok/s; %s]", c->last_prompt,
                      c->last_cached, c->last_gen, ps, cancelled ? "stopped" : *fin ? fin : "?");
-    if (n > 0 && fprintf(stderr, c->tty_out ? "\033[2m%s\033[0m\n" : "%s\n", line) < 0) c->prog.tty = false;
+    if (n > 0 && fprintf(stderr, c->prog.tty ? "\033[2m%s\033[0m\n" : "%s\n", line) < 0) c->prog.tty = false;
     json_decref(resp);
     return 0;
 }
@@ -465,7 +466,9 @@ static void cmd_compact(chat *c, const char *arg)
         return;
     }
     json_decref(c->compact_next);
+    json_decref(c->compact_cur);
     c->compact_next = j;
+    c->compact_cur = json_incref(j);
     snprintf(c->compact_name, sizeof c->compact_name, "%s", keel_compact_policy_name(p));
     say("compaction: %s from the next turn\n", c->compact_name);
 }
@@ -590,6 +593,7 @@ static void cmd_clear(chat *c)
     json_decref(c->calls);
     c->calls = NULL;
     keel_status st = keel_engine_reset(c->e);
+    if (c->compact_cur && !c->compact_next) c->compact_next = json_incref(c->compact_cur); /* reset forgot it */
     if (st != KEEL_OK) cli_fail("/clear", st, keel_engine_last_error(c->e));
     else say("the conversation and the cache are cleared\n");
 }
@@ -661,10 +665,13 @@ static read_result read_line(chat *c, const char *prompt, text_buf *t, bool *mor
     if (c->el) {
         snprintf(c->prompt, sizeof c->prompt, "%s", prompt);
         int n = 0;
-        el_set(c->el, EL_PREP_TERM, 1); /* raw until the message ends: a paste's lines wait in the tty */
+        /* the terminal stays in edit mode until the message ends, so the
+         * next lines of a paste wait in the tty, seen by input_pending (if
+         * this fails a paste's lines come as separate messages) */
+        bool prep = el_set(c->el, EL_PREP_TERM, 1) == 0;
         const char *l = el_gets(c->el, &n);
         if (!l) {
-            el_set(c->el, EL_PREP_TERM, 0);
+            if (prep && el_set(c->el, EL_PREP_TERM, 0) != 0) return READ_ERR;
             if (n < 0 && errno == EINTR) return READ_INTR;
             return READ_EOF;
         }
@@ -672,11 +679,11 @@ static read_result read_line(chat *c, const char *prompt, text_buf *t, bool *mor
         while (k > 0 && (l[k - 1] == '\n' || l[k - 1] == '\r')) k--;
         if (!text_add(t, l, k)) return READ_ERR;
         *more = input_pending();
-        if (!*more) el_set(c->el, EL_PREP_TERM, 0);
+        if (!*more && prep && el_set(c->el, EL_PREP_TERM, 0) != 0) return READ_ERR;
         return READ_MSG;
     }
 #endif
-    if (c->tty_in && (fputs(prompt, stdout) == EOF || fflush(stdout) != 0)) return READ_ERR;
+    if (c->tty_in && c->tty_out && (fputs(prompt, stdout) == EOF || fflush(stdout) != 0)) return READ_ERR;
     char *line = NULL;
     size_t cap = 0;
     errno = 0;
@@ -871,8 +878,8 @@ static int chat_loop(chat *c, watcher *w)
         const char *text = t.p[0] == '/' ? t.p + 1 : t.p;
 #ifdef KEEL_HAVE_LIBEDIT
         HistEvent he;
-        if (c->hist && !tool && history(c->hist, &he, H_ENTER, t.p) < 0) { /* history is a convenience */
-        }
+        if (c->hist && !tool && history(c->hist, &he, H_ENTER, t.p) < 0)
+            say("keel: the line could not be added to the history\n");
 #endif
         json_t *m = tool ? json_pack("{ss ss ss}", "role", "tool", "tool_call_id", str_of(call, "id"), "content", text)
                          : json_pack("{ss ss}", "role", "user", "content", text);
@@ -967,11 +974,19 @@ int cmd_chat(int argc, char **argv)
         c.hist = history_init();
         if (c.el) {
             HistEvent he;
-            el_set(c.el, EL_CLIENTDATA, &c);
-            el_set(c.el, EL_PROMPT, el_prompt);
-            el_set(c.el, EL_EDITOR, "emacs");
-            if (c.hist && history(c.hist, &he, H_SETSIZE, 1000) >= 0) el_set(c.el, EL_HIST, history, c.hist);
-            el_source(c.el, NULL); /* the user's ~/.editrc, if any */
+            bool ok = el_set(c.el, EL_CLIENTDATA, &c) == 0 && el_set(c.el, EL_PROMPT, el_prompt) == 0 &&
+                      el_set(c.el, EL_EDITOR, "emacs") == 0;
+            if (ok && c.hist && history(c.hist, &he, H_SETSIZE, 1000) >= 0 && el_set(c.el, EL_HIST, history, c.hist) != 0)
+                say("keel: no line history (libedit refused it)\n");
+            const char *home = getenv("HOME"); /* the user's ~/.editrc, if there is one */
+            char rcp[4096];
+            if (ok && home && snprintf(rcp, sizeof rcp, "%s/.editrc", home) < (int)sizeof rcp &&
+                access(rcp, R_OK) == 0 && el_source(c.el, rcp) != 0)
+                say("keel: %s: libedit could not read it\n", rcp);
+            if (!ok) { /* plain lines then */
+                el_end(c.el);
+                c.el = NULL;
+            }
         }
     }
 #endif
@@ -984,10 +999,10 @@ int cmd_chat(int argc, char **argv)
 done:
     if (th_on) {
         ssize_t q = write(g_sig_pipe[1], "q", 1);
-        if (q == 1) pthread_join(th, NULL);
-        else pthread_detach(th);
+        /* the watcher ends on 'q'; if that cannot be sent it is left behind */
+        if (q != 1 || pthread_join(th, NULL) != 0) say("keel: the Ctrl-C watcher did not stop\n");
     }
-    if (sig_on) sigaction(SIGINT, &old_sa, NULL);
+    if (sig_on && sigaction(SIGINT, &old_sa, NULL) != 0 && !rc) rc = cli_fail("chat", KEEL_EIO, strerror(errno));
 #ifdef KEEL_HAVE_LIBEDIT
     if (c.el) el_end(c.el);
     if (c.hist) history_end(c.hist);
@@ -996,6 +1011,7 @@ done:
     json_decref(c.msgs);
     json_decref(c.system);
     json_decref(c.compact_next);
+    json_decref(c.compact_cur);
     json_decref(c.calls);
     json_decref(c.tool_choice);
     free(c.tools);
