@@ -40,7 +40,8 @@ static int teardown(void **state)
 static keel_engine *open_engine(void)
 {
     char opts[512], err[256] = "";
-    snprintf(opts, sizeof opts, "{\"model\": \"%s\", \"n_threads\": 1, \"n_ctx\": 1024, \"n_batch\": 64}", g_model);
+    snprintf(opts, sizeof opts,
+             "{\"model\": \"%s\", \"n_threads\": 1, \"n_ctx\": 1024, \"n_batch\": 64}", g_model);
     keel_engine *e = NULL;
     keel_status st = keel_engine_open(opts, &e, err);
     if (st != KEEL_OK) fail_msg("engine open: %s: %s", keel_status_name(st), err);
@@ -63,10 +64,13 @@ static bool on_ev(void *user, const keel_event *ev)
         r->prompt_total = ev->n_prompt_tokens;
         r->prompt_cached = ev->n_cached_tokens;
     } else if (ev->kind == KEEL_EVENT_PROGRESS) {
-        if (r->n_progress == 0) r->first_done = ev->n_processed_tokens;
-        else if (ev->n_processed_tokens <= r->last_done) r->monotonic = false;
+        if (r->n_progress == 0)
+            r->first_done = ev->n_processed_tokens;
+        else if (ev->n_processed_tokens <= r->last_done)
+            r->monotonic = false;
         if (r->n_prompt_ev == 0) r->progress_after_prompt = false;
-        if (ev->n_prompt_tokens != r->prompt_total || ev->n_cached_tokens != r->prompt_cached) r->totals_agree = false;
+        if (ev->n_prompt_tokens != r->prompt_total || ev->n_cached_tokens != r->prompt_cached)
+            r->totals_agree = false;
         if (r->seen_content) r->n_after_content++;
         r->n_progress++;
         r->last_done = ev->n_processed_tokens;
@@ -92,14 +96,16 @@ static char *long_messages(int n_words, const char *second)
     char *s = malloc(cap);
     assert_non_null(s);
     size_t k = (size_t)snprintf(s, cap, "[{\"role\":\"user\",\"content\":\"");
-    for (int i = 0; i < n_words; i++) k += (size_t)snprintf(s + k, cap - k, "%s ", i % 2 ? "cat" : "dog");
+    for (int i = 0; i < n_words; i++)
+        k += (size_t)snprintf(s + k, cap - k, "%s ", i % 2 ? "cat" : "dog");
     k += (size_t)snprintf(s + k, cap - k, "\"}");
     if (second) k += (size_t)snprintf(s + k, cap - k, ",%s", second);
     snprintf(s + k, cap - k, "]");
     return s;
 }
 
-static const char *OPTS = "{\"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true, \"return_progress\": true}";
+static const char *OPTS =
+    "{\"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true, \"return_progress\": true}";
 
 static void test_progress_events(void **state)
 {
@@ -136,7 +142,8 @@ static void test_progress_events(void **state)
     /* the next turn: its progress starts past the cached prefix */
     json_t *rj = json_loads(resp, JSON_ALLOW_NUL, NULL);
     assert_non_null(rj);
-    json_t *am = json_pack("{ss sO}", "role", "assistant", "content", json_object_get(rj, "content"));
+    json_t *am =
+        json_pack("{ss sO}", "role", "assistant", "content", json_object_get(rj, "content"));
     char *amj = json_dumps(am, JSON_COMPACT);
     size_t cap = strlen(amj) + 256;
     char *second = malloc(cap);
@@ -162,8 +169,8 @@ static void test_progress_events(void **state)
     assert_int_equal(keel_engine_reset(e), KEEL_OK);
     rec r3;
     rec_init(&r3);
-    assert_int_equal(keel_complete(e, msgs, "{\"max_tokens\": 2, \"temperature\": 0}", NULL, on_ev, &r3, resp,
-                                   sizeof resp),
+    assert_int_equal(keel_complete(e, msgs, "{\"max_tokens\": 2, \"temperature\": 0}", NULL, on_ev,
+                                   &r3, resp, sizeof resp),
                      KEEL_OK);
     assert_int_equal(r3.n_prompt_ev, 1);
     assert_int_equal(r3.n_progress, 0);
@@ -197,8 +204,8 @@ static void test_progress_option_checked(void **state)
     (void)state;
     keel_engine *e = open_engine();
     char resp[4096];
-    keel_status st = keel_complete(e, "[{\"role\":\"user\",\"content\":\"hi\"}]", "{\"return_progress\": 1}", NULL,
-                                   NULL, NULL, resp, sizeof resp);
+    keel_status st = keel_complete(e, "[{\"role\":\"user\",\"content\":\"hi\"}]",
+                                   "{\"return_progress\": 1}", NULL, NULL, NULL, resp, sizeof resp);
     assert_int_equal(st, KEEL_EINVAL);
     assert_non_null(strstr(keel_engine_last_error(e), "return_progress"));
     keel_engine_close(e);

@@ -60,11 +60,13 @@ static const char *g_help =
     "  /help              this text\n"
     "  /exit, /quit       leave (Ctrl-D too)\n"
     "  /clear             forget the conversation (the system message stays) and empty the cache\n"
-    "  /save FILE         save the conversation (FILE.json) and the cache (FILE, keel's session format)\n"
+    "  /save FILE         save the conversation (FILE.json) and the cache (FILE, keel's session "
+    "format)\n"
     "  /load FILE         load them back; the next turn reuses the cache\n"
     "  /kv                the KV cache: cells held per table, bytes, compactions, the last turn's\n"
     "                     cached tokens\n"
-    "  /compact P|none    KV compaction from the next turn on: window keydiff knorm random, or none\n"
+    "  /compact P|none    KV compaction from the next turn on: window keydiff knorm random, or "
+    "none\n"
     "  //text             a message that begins with '/'\n"
     "a line ending in \\ continues on the next; lines pasted together are one message\n";
 
@@ -118,14 +120,14 @@ typedef struct chat {
     bool tty_in, tty_out;
     /* the turn being streamed */
     out_part part;
-    bool bol;             /* output at the start of a line */
-    bool wrote;           /* the turn printed something */
+    bool bol;   /* output at the start of a line */
+    bool wrote; /* the turn printed something */
     bool write_failed;
     cli_progress prog;
-    json_t *resp;         /* the DONE event's response (owned), or NULL */
+    json_t *resp; /* the DONE event's response (owned), or NULL */
     /* the last turn, for /kv and the turn line */
     int32_t last_prompt, last_cached, last_gen;
-    json_t *calls;        /* tool calls waiting for results (array, owned), or NULL */
+    json_t *calls; /* tool calls waiting for results (array, owned), or NULL */
     size_t next_call;
 #ifdef KEEL_HAVE_LIBEDIT
     EditLine *el;
@@ -258,12 +260,13 @@ static json_t *turn_options(chat *c)
 {
     const cli_opts *o = c->o;
     const keel_sampler_params *s = &o->samp;
-    json_t *j = json_pack("{si sf si sf sf sI sf si sf sf sb}", "max_tokens", o->n_predict, "temperature",
-                          (double)s->temp, "top_k", s->top_k, "top_p", (double)s->top_p, "min_p", (double)s->min_p,
-                          "seed", (json_int_t)(s->seed > INT64_MAX ? INT64_MAX : s->seed), "repeat_penalty",
-                          (double)s->repeat_penalty, "repeat_last_n", s->repeat_last_n, "presence_penalty",
-                          (double)s->presence_penalty, "frequency_penalty", (double)s->frequency_penalty,
-                          "ignore_eos", o->ignore_eos);
+    json_t *j =
+        json_pack("{si sf si sf sf sI sf si sf sf sb}", "max_tokens", o->n_predict, "temperature",
+                  (double)s->temp, "top_k", s->top_k, "top_p", (double)s->top_p, "min_p",
+                  (double)s->min_p, "seed", (json_int_t)(s->seed > INT64_MAX ? INT64_MAX : s->seed),
+                  "repeat_penalty", (double)s->repeat_penalty, "repeat_last_n", s->repeat_last_n,
+                  "presence_penalty", (double)s->presence_penalty, "frequency_penalty",
+                  (double)s->frequency_penalty, "ignore_eos", o->ignore_eos);
     if (j && c->prog.tty && json_object_set_new(j, "return_progress", json_true()) != 0) {
         json_decref(j);
         return NULL;
@@ -297,7 +300,8 @@ static void end_output(chat *c, const char *note)
 /* Drops the messages a failed turn added (the conversation before it). */
 static void drop_from(chat *c, size_t n0)
 {
-    while (json_array_size(c->msgs) > n0) json_array_remove(c->msgs, json_array_size(c->msgs) - 1);
+    while (json_array_size(c->msgs) > n0)
+        json_array_remove(c->msgs, json_array_size(c->msgs) - 1);
 }
 
 static const char *str_of(json_t *o, const char *k)
@@ -314,8 +318,10 @@ static json_t *assistant_message(json_t *resp)
     if (!m) return NULL;
     json_t *r = json_object_get(resp, "reasoning_content");
     json_t *tc = json_object_get(resp, "tool_calls");
-    if ((json_is_string(r) && json_string_length(r) > 0 && json_object_set(m, "reasoning_content", r) != 0) ||
-        (json_is_array(tc) && json_array_size(tc) > 0 && json_object_set(m, "tool_calls", tc) != 0)) {
+    if ((json_is_string(r) && json_string_length(r) > 0 &&
+         json_object_set(m, "reasoning_content", r) != 0) ||
+        (json_is_array(tc) && json_array_size(tc) > 0 &&
+         json_object_set(m, "tool_calls", tc) != 0)) {
         json_decref(m);
         return NULL;
     }
@@ -365,7 +371,8 @@ static int chat_turn(chat *c, watcher *w, size_t n0)
         end_output(c, NULL);
         const char *why = keel_engine_last_error(c->e);
         json_t *er = json_object_get(resp, "error");
-        if ((!why || !*why) && er) why = json_is_string(er) ? json_string_value(er) : str_of(er, "message");
+        if ((!why || !*why) && er)
+            why = json_is_string(er) ? json_string_value(er) : str_of(er, "message");
         cli_fail("chat", st, why);
         drop_from(c, n0);
         json_decref(resp);
@@ -377,12 +384,15 @@ static int chat_turn(chat *c, watcher *w, size_t n0)
     }
     json_t *usage = json_object_get(resp, "usage");
     c->last_gen = (int32_t)json_integer_value(json_object_get(usage, "completion_tokens"));
-    if (json_object_get(usage, "cached_tokens")) c->last_cached = (int32_t)json_integer_value(json_object_get(usage, "cached_tokens"));
-    if (json_object_get(usage, "prompt_tokens")) c->last_prompt = (int32_t)json_integer_value(json_object_get(usage, "prompt_tokens"));
+    if (json_object_get(usage, "cached_tokens"))
+        c->last_cached = (int32_t)json_integer_value(json_object_get(usage, "cached_tokens"));
+    if (json_object_get(usage, "prompt_tokens"))
+        c->last_prompt = (int32_t)json_integer_value(json_object_get(usage, "prompt_tokens"));
     end_output(c, cancelled ? (c->tty_out ? "\033[2m[stopped]\033[0m" : "[stopped]") : NULL);
     json_t *am = resp ? assistant_message(resp) : NULL;
-    bool empty = !am || (json_string_length(json_object_get(am, "content")) == 0 &&
-                         !json_object_get(am, "reasoning_content") && !json_object_get(am, "tool_calls"));
+    bool empty =
+        !am || (json_string_length(json_object_get(am, "content")) == 0 &&
+                !json_object_get(am, "reasoning_content") && !json_object_get(am, "tool_calls"));
     if (cancelled && empty) {
         drop_from(c, n0); /* stopped before any answer: as if never sent */
         json_decref(am);
@@ -399,9 +409,14 @@ static int chat_turn(chat *c, watcher *w, size_t n0)
     json_t *tm = json_object_get(resp, "timings");
     double ps = json_number_value(json_object_get(tm, "predicted_per_second"));
     char line[256];
-    int n = snprintf(line, sizeof line, "[prompt %d tokens, %d cached; %d generated, %.1f tok/s; %s]", c->last_prompt,
-                     c->last_cached, c->last_gen, ps, cancelled ? "stopped" : *fin ? fin : "?");
-    if (n > 0 && fprintf(stderr, c->prog.tty ? "\033[2m%s\033[0m\n" : "%s\n", line) < 0) c->prog.tty = false;
+    int n =
+        snprintf(line, sizeof line, "[prompt %d tokens, %d cached; %d generated, %.1f tok/s; %s]",
+                 c->last_prompt, c->last_cached, c->last_gen, ps,
+                 cancelled ? "stopped"
+                 : *fin    ? fin
+                           : "?");
+    if (n > 0 && fprintf(stderr, c->prog.tty ? "\033[2m%s\033[0m\n" : "%s\n", line) < 0)
+        c->prog.tty = false;
     json_decref(resp);
     return 0;
 }
@@ -430,21 +445,24 @@ static void cmd_kv(chat *c)
     json_t *j = json_loads(buf, 0, NULL);
     free(buf);
     json_t *kv = json_object_get(j, "kv"), *sl = json_array_get(json_object_get(j, "slots"), 0);
-    say("kv: %lld of %lld cells, %.2f of %.2f MiB\n", (long long)json_integer_value(json_object_get(kv, "cells_used")),
+    say("kv: %lld of %lld cells, %.2f of %.2f MiB\n",
+        (long long)json_integer_value(json_object_get(kv, "cells_used")),
         (long long)json_integer_value(json_object_get(kv, "cells_cap")),
         (double)json_integer_value(json_object_get(kv, "bytes_used")) / (1 << 20),
         (double)json_integer_value(json_object_get(kv, "bytes_total")) / (1 << 20));
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(kv, "groups"), i, g)
-        say("  table %lld: %lld of %lld cells\n", (long long)json_integer_value(json_object_get(g, "group")),
+        say("  table %lld: %lld of %lld cells\n",
+            (long long)json_integer_value(json_object_get(g, "group")),
             (long long)json_integer_value(json_object_get(g, "cells_used")),
             (long long)json_integer_value(json_object_get(g, "cells_cap")));
     say("conversation: %lld tokens cached in %lld cells, %lld compactions (compaction: %s)\n",
         (long long)json_integer_value(json_object_get(sl, "cached_tokens")),
         (long long)json_integer_value(json_object_get(sl, "cells")),
         (long long)json_integer_value(json_object_get(sl, "compactions")), c->compact_name);
-    say("last turn: prompt %d tokens, %d cached, %d generated\n", c->last_prompt, c->last_cached, c->last_gen);
+    say("last turn: prompt %d tokens, %d cached, %d generated\n", c->last_prompt, c->last_cached,
+        c->last_gen);
     json_decref(j);
 }
 
@@ -561,7 +579,8 @@ static void cmd_load(chat *c, const char *path)
     json_t *m;
     json_array_foreach(msgs, i, m) ok &= json_is_string(json_object_get(m, "role"));
     if (!ok) {
-        say("keel: /load %s: not a keel chat file (%s)\n", jp, doc ? "no messages array of role objects" : je.text);
+        say("keel: /load %s: not a keel chat file (%s)\n", jp,
+            doc ? "no messages array of role objects" : je.text);
         json_decref(doc);
         free(jp);
         return;
@@ -569,7 +588,8 @@ static void cmd_load(chat *c, const char *path)
     char info[512];
     keel_status st = keel_engine_slot_restore(c->e, 0, path, info, sizeof info);
     if (st != KEEL_OK && st != KEEL_ERANGE) {
-        cli_fail("/load", st, keel_engine_last_error(c->e)); /* the conversation and cache are as they were */
+        cli_fail("/load", st,
+                 keel_engine_last_error(c->e)); /* the conversation and cache are as they were */
         json_decref(doc);
         free(jp);
         return;
@@ -593,9 +613,12 @@ static void cmd_clear(chat *c)
     json_decref(c->calls);
     c->calls = NULL;
     keel_status st = keel_engine_reset(c->e);
-    if (c->compact_cur && !c->compact_next) c->compact_next = json_incref(c->compact_cur); /* reset forgot it */
-    if (st != KEEL_OK) cli_fail("/clear", st, keel_engine_last_error(c->e));
-    else say("the conversation and the cache are cleared\n");
+    if (c->compact_cur && !c->compact_next)
+        c->compact_next = json_incref(c->compact_cur); /* reset forgot it */
+    if (st != KEEL_OK)
+        cli_fail("/clear", st, keel_engine_last_error(c->e));
+    else
+        say("the conversation and the cache are cleared\n");
 }
 
 /* A command line (starting with '/'): 1 to leave, else 0. */
@@ -604,15 +627,23 @@ static int command(chat *c, char *line)
     char *arg = line + strcspn(line, " \t");
     if (*arg) *arg++ = 0;
     arg += strspn(arg, " \t");
-    for (size_t n = strlen(arg); n > 0 && (arg[n - 1] == ' ' || arg[n - 1] == '\t'); n--) arg[n - 1] = 0;
+    for (size_t n = strlen(arg); n > 0 && (arg[n - 1] == ' ' || arg[n - 1] == '\t'); n--)
+        arg[n - 1] = 0;
     if (strcmp(line, "/exit") == 0 || strcmp(line, "/quit") == 0) return 1;
-    if (strcmp(line, "/help") == 0) say("%s", g_help);
-    else if (strcmp(line, "/clear") == 0) cmd_clear(c);
-    else if (strcmp(line, "/save") == 0) cmd_save(c, arg);
-    else if (strcmp(line, "/load") == 0) cmd_load(c, arg);
-    else if (strcmp(line, "/kv") == 0) cmd_kv(c);
-    else if (strcmp(line, "/compact") == 0) cmd_compact(c, arg);
-    else say("unknown command %s (/help lists them)\n", line);
+    if (strcmp(line, "/help") == 0)
+        say("%s", g_help);
+    else if (strcmp(line, "/clear") == 0)
+        cmd_clear(c);
+    else if (strcmp(line, "/save") == 0)
+        cmd_save(c, arg);
+    else if (strcmp(line, "/load") == 0)
+        cmd_load(c, arg);
+    else if (strcmp(line, "/kv") == 0)
+        cmd_kv(c);
+    else if (strcmp(line, "/compact") == 0)
+        cmd_compact(c, arg);
+    else
+        say("unknown command %s (/help lists them)\n", line);
     return 0;
 }
 
@@ -676,14 +707,16 @@ static read_result read_line(chat *c, const char *prompt, text_buf *t, bool *mor
             return READ_EOF;
         }
         size_t k = (size_t)n;
-        while (k > 0 && (l[k - 1] == '\n' || l[k - 1] == '\r')) k--;
+        while (k > 0 && (l[k - 1] == '\n' || l[k - 1] == '\r'))
+            k--;
         if (!text_add(t, l, k)) return READ_ERR;
         *more = input_pending();
         if (!*more && prep && el_set(c->el, EL_PREP_TERM, 0) != 0) return READ_ERR;
         return READ_MSG;
     }
 #endif
-    if (c->tty_in && c->tty_out && (fputs(prompt, stdout) == EOF || fflush(stdout) != 0)) return READ_ERR;
+    if (c->tty_in && c->tty_out && (fputs(prompt, stdout) == EOF || fflush(stdout) != 0))
+        return READ_ERR;
     char *line = NULL;
     size_t cap = 0;
     errno = 0;
@@ -699,7 +732,8 @@ static read_result read_line(chat *c, const char *prompt, text_buf *t, bool *mor
         return READ_EOF;
     }
     size_t k = (size_t)n;
-    while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) k--;
+    while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r'))
+        k--;
     bool ok = text_add(t, line, k);
     free(line);
     if (!ok) return READ_ERR;
@@ -743,12 +777,18 @@ static bool chat_extra(cli_opts *o, const char *a, const char *v, bool *takes)
 {
     chat_flags *f = o->user;
     (void)takes;
-    if (strcmp(a, "--system") == 0) f->system = v;
-    else if (strcmp(a, "-sys") == 0 || strcmp(a, "--system-file") == 0) f->system_file = v;
-    else if (strcmp(a, "--tools") == 0) f->tools = v;
-    else if (strcmp(a, "--chat-template") == 0) f->templ = v;
-    else if (strcmp(a, "--tool-choice") == 0) f->tool_choice = v;
-    else return false;
+    if (strcmp(a, "--system") == 0)
+        f->system = v;
+    else if (strcmp(a, "-sys") == 0 || strcmp(a, "--system-file") == 0)
+        f->system_file = v;
+    else if (strcmp(a, "--tools") == 0)
+        f->tools = v;
+    else if (strcmp(a, "--chat-template") == 0)
+        f->templ = v;
+    else if (strcmp(a, "--tool-choice") == 0)
+        f->tool_choice = v;
+    else
+        return false;
     return true;
 }
 
@@ -756,22 +796,27 @@ static bool chat_extra(cli_opts *o, const char *a, const char *v, bool *takes)
 static char *engine_options(const cli_opts *o, const char *templ)
 {
     const keel_context_params *p = &o->ctx;
-    json_t *j = json_pack("{ss si si si ss ss si si si si si si si}", "model", o->model.path, "n_batch", p->n_batch,
-                          "n_ubatch", p->n_ubatch, "n_threads", p->n_threads, "type_k", keel_dtype_name(p->type_k),
-                          "type_v", keel_dtype_name(p->type_v), "rot_k", p->rot_k, "rot_v", p->rot_v, "swa_window",
-                          p->swa_window, "swa_period", p->swa_period, "swa_sinks", p->n_sink, "ctx_checkpoints",
-                          p->n_ctx_checkpoints, "checkpoint_every", p->checkpoint_every);
+    json_t *j = json_pack(
+        "{ss si si si ss ss si si si si si si si}", "model", o->model.path, "n_batch", p->n_batch,
+        "n_ubatch", p->n_ubatch, "n_threads", p->n_threads, "type_k", keel_dtype_name(p->type_k),
+        "type_v", keel_dtype_name(p->type_v), "rot_k", p->rot_k, "rot_v", p->rot_v, "swa_window",
+        p->swa_window, "swa_period", p->swa_period, "swa_sinks", p->n_sink, "ctx_checkpoints",
+        p->n_ctx_checkpoints, "checkpoint_every", p->checkpoint_every);
     int bad = !j;
-    if (j && o->model.tokenizer_path) bad |= json_object_set_new(j, "tokenizer", json_string(o->model.tokenizer_path));
+    if (j && o->model.tokenizer_path)
+        bad |= json_object_set_new(j, "tokenizer", json_string(o->model.tokenizer_path));
     if (j && p->n_ctx > 0) bad |= json_object_set_new(j, "n_ctx", json_integer(p->n_ctx));
     if (j && templ) bad |= json_object_set_new(j, "chat_template", json_string(templ));
     if (j && p->compact.policy != KEEL_COMPACT_NONE) {
         const keel_compact_params *cp = &p->compact;
-        json_t *k = json_pack("{ss si sf ss sI}", "policy", keel_compact_policy_name(cp->policy), "sinks", cp->n_sink,
-                              "recent", (double)cp->recent, "positions", cp->renumber ? "renumber" : "keep", "seed",
+        json_t *k = json_pack("{ss si sf ss sI}", "policy", keel_compact_policy_name(cp->policy),
+                              "sinks", cp->n_sink, "recent", (double)cp->recent, "positions",
+                              cp->renumber ? "renumber" : "keep", "seed",
                               (json_int_t)(cp->seed > INT64_MAX ? INT64_MAX : cp->seed));
-        if (k && o->kv_trigger_set) bad |= json_object_set_new(k, "trigger", json_integer(cp->trigger));
-        if (k && o->kv_target_set) bad |= json_object_set_new(k, "target", json_integer(cp->target));
+        if (k && o->kv_trigger_set)
+            bad |= json_object_set_new(k, "trigger", json_integer(cp->trigger));
+        if (k && o->kv_target_set)
+            bad |= json_object_set_new(k, "target", json_integer(cp->target));
         bad |= !k || json_object_set_new(j, "kv_compact", k);
     }
     char *s = bad ? NULL : json_dumps(j, JSON_COMPACT);
@@ -782,7 +827,8 @@ static char *engine_options(const cli_opts *o, const char *templ)
 /* The system message and the tools from the flags. 0 or an exit code. */
 static int chat_inputs(chat *c, const chat_flags *f)
 {
-    if (f->system && f->system_file) return cli_fail("chat", KEEL_EINVAL, "give --system or -sys, not both");
+    if (f->system && f->system_file)
+        return cli_fail("chat", KEEL_EINVAL, "give --system or -sys, not both");
     char *sys = NULL;
     size_t n = 0;
     if (f->system_file && !(sys = cli_read_file(f->system_file, &n))) {
@@ -792,7 +838,8 @@ static int chat_inputs(chat *c, const chat_flags *f)
     const char *st = sys ? sys : f->system;
     if (st && *st) {
         n = strlen(st);
-        while (n > 0 && (st[n - 1] == '\n' || st[n - 1] == '\r')) n--;
+        while (n > 0 && (st[n - 1] == '\n' || st[n - 1] == '\r'))
+            n--;
         c->system = json_pack("{ss ss%}", "role", "system", "content", st, n);
         if (!c->system || json_array_append(c->msgs, c->system) != 0) {
             free(sys);
@@ -803,7 +850,8 @@ static int chat_inputs(chat *c, const chat_flags *f)
     if (f->tool_choice) {
         const char *tc = f->tool_choice;
         if (!f->tools) return cli_fail("chat", KEEL_EINVAL, "--tool-choice needs --tools");
-        bool word = strcmp(tc, "auto") == 0 || strcmp(tc, "none") == 0 || strcmp(tc, "required") == 0;
+        bool word =
+            strcmp(tc, "auto") == 0 || strcmp(tc, "none") == 0 || strcmp(tc, "required") == 0;
         c->tool_choice = word ? json_string(tc) : json_pack("{ss}", "name", tc);
         if (!c->tool_choice) return cli_fail("chat", KEEL_ENOMEM, NULL);
     }
@@ -818,7 +866,8 @@ static int chat_inputs(chat *c, const chat_flags *f)
         free(text);
         if (!json_is_array(t)) {
             fprintf(stderr, "keel: --tools %s: %s\n", f->tools,
-                    t ? "not a JSON array (an OpenAI tools array: [{\"type\": \"function\", ...}])" : je.text);
+                    t ? "not a JSON array (an OpenAI tools array: [{\"type\": \"function\", ...}])"
+                      : je.text);
             json_decref(t);
             return 1;
         }
@@ -881,7 +930,8 @@ static int chat_loop(chat *c, watcher *w)
         if (c->hist && !tool && history(c->hist, &he, H_ENTER, t.p) < 0)
             say("keel: the line could not be added to the history\n");
 #endif
-        json_t *m = tool ? json_pack("{ss ss ss}", "role", "tool", "tool_call_id", str_of(call, "id"), "content", text)
+        json_t *m = tool ? json_pack("{ss ss ss}", "role", "tool", "tool_call_id",
+                                     str_of(call, "id"), "content", text)
                          : json_pack("{ss ss}", "role", "user", "content", text);
         if (!m || json_array_append_new(c->msgs, m) != 0) {
             rc = cli_fail("chat", KEEL_ENOMEM, NULL);
@@ -908,23 +958,26 @@ int cmd_chat(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o);
-    o.groups = CLI_G_MODEL | CLI_G_GEN | CLI_G_SAMPLE | CLI_G_SEED | CLI_G_CTX | CLI_G_THREADS | CLI_G_KV |
-               CLI_G_COMPACT | CLI_G_BUDGET;
+    o.groups = CLI_G_MODEL | CLI_G_GEN | CLI_G_SAMPLE | CLI_G_SEED | CLI_G_CTX | CLI_G_THREADS |
+               CLI_G_KV | CLI_G_COMPACT | CLI_G_BUDGET;
     o.n_predict = -1;
     chat_flags f = {NULL, NULL, NULL, NULL, NULL};
     o.user = &f;
     o.extra = chat_extra;
-    o.extra_help = "  --system TEXT                  the system message\n"
-                   "  -sys, --system-file FILE       the system message from a file\n"
-                   "  --tools FILE.json              tools the model may call (an OpenAI tools array); nothing is\n"
-                   "                                 executed: you type each call's result\n"
-                   "  --tool-choice C                auto, none, required, or a tool's name (auto)\n"
-                   "  --chat-template T              a built-in template name, a file or template source\n"
-                   "                                 (default: the model's, else chatml)";
+    o.extra_help =
+        "  --system TEXT                  the system message\n"
+        "  -sys, --system-file FILE       the system message from a file\n"
+        "  --tools FILE.json              tools the model may call (an OpenAI tools array); "
+        "nothing is\n"
+        "                                 executed: you type each call's result\n"
+        "  --tool-choice C                auto, none, required, or a tool's name (auto)\n"
+        "  --chat-template T              a built-in template name, a file or template source\n"
+        "                                 (default: the model's, else chatml)";
     int rc = cli_parse(argc, argv, &o, g_usage);
     if (rc) return rc == 1 ? 0 : rc;
     if (!o.model.path) return cli_fail("chat", KEEL_EINVAL, "-m MODEL is required");
-    if (o.logits_out || o.ids_out) return cli_fail("chat", KEEL_EINVAL, "--logits-out and --ids-out are for keel run");
+    if (o.logits_out || o.ids_out)
+        return cli_fail("chat", KEEL_EINVAL, "--logits-out and --ids-out are for keel run");
     if (o.kv_flag && o.ctx.compact.policy == KEEL_COMPACT_NONE) {
         fprintf(stderr, "keel: %s needs --kv-compact P\n", o.kv_flag);
         return 2;
@@ -938,7 +991,8 @@ int cmd_chat(int argc, char **argv)
     c.o = &o;
     c.tty_in = isatty(STDIN_FILENO) == 1;
     c.tty_out = isatty(STDOUT_FILENO) == 1;
-    snprintf(c.compact_name, sizeof c.compact_name, "%s", keel_compact_policy_name(o.ctx.compact.policy));
+    snprintf(c.compact_name, sizeof c.compact_name, "%s",
+             keel_compact_policy_name(o.ctx.compact.policy));
     watcher w;
     w.e = NULL;
     atomic_init(&w.busy, 0);
@@ -974,9 +1028,11 @@ int cmd_chat(int argc, char **argv)
         c.hist = history_init();
         if (c.el) {
             HistEvent he;
-            bool ok = el_set(c.el, EL_CLIENTDATA, &c) == 0 && el_set(c.el, EL_PROMPT, el_prompt) == 0 &&
+            bool ok = el_set(c.el, EL_CLIENTDATA, &c) == 0 &&
+                      el_set(c.el, EL_PROMPT, el_prompt) == 0 &&
                       el_set(c.el, EL_EDITOR, "emacs") == 0;
-            if (ok && c.hist && history(c.hist, &he, H_SETSIZE, 1000) >= 0 && el_set(c.el, EL_HIST, history, c.hist) != 0)
+            if (ok && c.hist && history(c.hist, &he, H_SETSIZE, 1000) >= 0 &&
+                el_set(c.el, EL_HIST, history, c.hist) != 0)
                 say("keel: no line history (libedit refused it)\n");
             const char *home = getenv("HOME"); /* the user's ~/.editrc, if there is one */
             char rcp[4096];
@@ -993,7 +1049,8 @@ int cmd_chat(int argc, char **argv)
     if (c.tty_in) {
         keel_model_info mi;
         keel_model_info_get(keel_engine_model(c.e), &mi);
-        say("keel chat: %s (%s); /help for commands, Ctrl-C stops an answer, Ctrl-D leaves\n", mi.name, mi.arch);
+        say("keel chat: %s (%s); /help for commands, Ctrl-C stops an answer, Ctrl-D leaves\n",
+            mi.name, mi.arch);
     }
     rc = chat_loop(&c, &w);
 done:
@@ -1002,7 +1059,8 @@ done:
         /* the watcher ends on 'q'; if that cannot be sent it is left behind */
         if (q != 1 || pthread_join(th, NULL) != 0) say("keel: the Ctrl-C watcher did not stop\n");
     }
-    if (sig_on && sigaction(SIGINT, &old_sa, NULL) != 0 && !rc) rc = cli_fail("chat", KEEL_EIO, strerror(errno));
+    if (sig_on && sigaction(SIGINT, &old_sa, NULL) != 0 && !rc)
+        rc = cli_fail("chat", KEEL_EIO, strerror(errno));
 #ifdef KEEL_HAVE_LIBEDIT
     if (c.el) el_end(c.el);
     if (c.hist) history_end(c.hist);
