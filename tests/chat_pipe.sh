@@ -78,14 +78,30 @@ assert m[2]["content"] == "sunny, 21 C" and m[2]["tool_call_id"] == m[1]["tool_c
 EOF
 
 # 4. errors that lose nothing
-printf 'hi\n/nope\n/load %s\n/compact sideways\n/compact window\nagain\n' "$tmp/missing" |
+printf 'hi\n/nope\n/load %s\n/compact sideways\n/compact keydiff 10 20\n/compact window 32 16\nagain\n/kv\n/clear\nhello again, tell me a longer story please\n/kv\n' "$tmp/missing" |
     "$keel" chat $flags > "$tmp/err.out" 2> "$tmp/err.err" || fail "chat exited non-zero after user errors"
 grep -q 'unknown command /nope' "$tmp/err.err" || fail "no message for an unknown command"
 grep -q "/load $tmp/missing.json: No such file" "$tmp/err.err" || fail "no message for a missing /load file"
-grep -q '/compact: give one of' "$tmp/err.err" || fail "no message for a bad /compact policy"
-grep -q 'compaction: window from the next turn' "$tmp/err.err" || fail "/compact window was not taken"
+grep -q '/compact: give P' "$tmp/err.err" || fail "no message for a bad /compact policy"
+grep -q 'trigger 10 must be greater than target 20 (compaction unchanged)' "$tmp/err.err" ||
+    fail "no message for a bad /compact trigger"
+grep -q 'compaction: window from the next turn (trigger 32 cells, target 16)' "$tmp/err.err" ||
+    fail "/compact window 32 16 was not taken"
+kv=$(grep '^conversation: ' "$tmp/err.err" | sed -n 1p) || fail "no /kv output"
+held=$(echo "$kv" | sed -n 's/^conversation: \([0-9]*\) tokens cached in \([0-9]*\) cells, \([0-9]*\) compactions.*/\1 \2 \3/p')
+set -- $held
+[ $# = 3 ] && [ "$3" -gt 0 ] && [ "$2" -le 32 ] && [ "$1" -gt 32 ] ||
+    fail "/compact window 32 16 did not compact the next turn: $kv"
+# /clear empties the cache and keeps the /compact setting
+grep -q 'the conversation and the cache are cleared' "$tmp/err.err" || fail "/clear said nothing"
+c3=$(sed -n 's/^\[prompt [0-9]* tokens, \([0-9]*\) cached.*/\1/p' "$tmp/err.err" | sed -n 3p)
+[ "$c3" = 0 ] || fail "the turn after /clear reused $c3 cached tokens"
+kv=$(grep '^conversation: ' "$tmp/err.err" | sed -n 2p)
+held=$(echo "$kv" | sed -n 's/^conversation: \([0-9]*\) tokens cached in \([0-9]*\) cells, .*(compaction: window)$/\1 \2/p')
+set -- $held
+[ $# = 2 ] && [ "$2" -le 32 ] && [ "$1" -gt 32 ] || fail "/clear lost the compaction setting: $kv"
 n=$(grep -c '^\[prompt' "$tmp/err.err" || true)
-[ "$n" = 2 ] || fail "expected two turns around the errors, got $n"
+[ "$n" = 3 ] || fail "expected three turns around the errors, got $n"
 c2=$(sed -n 's/^\[prompt [0-9]* tokens, \([0-9]*\) cached.*/\1/p' "$tmp/err.err" | sed -n 2p)
 [ "$c2" -gt 0 ] || fail "the turn after the errors reused no cache"
 echo '{"not": "an array"}' > "$tmp/bad.json"

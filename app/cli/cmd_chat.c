@@ -65,8 +65,9 @@ static const char *g_help =
     "  /load FILE         load them back; the next turn reuses the cache\n"
     "  /kv                the KV cache: cells held per table, bytes, compactions, the last turn's\n"
     "                     cached tokens\n"
-    "  /compact P|none    KV compaction from the next turn on: window keydiff knorm random, or "
-    "none\n"
+    "  /compact P [T [K]] KV compaction from the next turn on (P: none window keydiff knorm "
+    "random;\n"
+    "                     T trigger cells, K target; default -c per slot and half of it)\n"
     "  //text             a message that begins with '/'\n"
     "a line ending in \\ continues on the next; lines pasted together are one message\n";
 
@@ -432,18 +433,27 @@ static void say(const char *fmt, ...)
     va_end(ap);
 }
 
-static void cmd_kv(chat *c)
+/* The engine's stats as JSON (NULL: the failure printed). */
+static json_t *engine_stats(chat *c, const char *what)
 {
     size_t n = 0;
     keel_status st = keel_engine_stats(c->e, NULL, 0, &n);
     char *buf = st == KEEL_ERANGE ? malloc(n) : NULL;
     if (!buf || (st = keel_engine_stats(c->e, buf, n, &n)) != KEEL_OK) {
         free(buf);
-        cli_fail("/kv", st == KEEL_ERANGE ? KEEL_ENOMEM : st, keel_engine_last_error(c->e));
-        return;
+        cli_fail(what, st == KEEL_ERANGE ? KEEL_ENOMEM : st, keel_engine_last_error(c->e));
+        return NULL;
     }
     json_t *j = json_loads(buf, 0, NULL);
     free(buf);
+    if (!j) cli_fail(what, KEEL_ENOMEM, NULL);
+    return j;
+}
+
+static void cmd_kv(chat *c)
+{
+    json_t *j = engine_stats(c, "/kv");
+    if (!j) return;
     json_t *kv = json_object_get(j, "kv"), *sl = json_array_get(json_object_get(j, "slots"), 0);
     say("kv: %lld of %lld cells, %.2f of %.2f MiB\n",
         (long long)json_integer_value(json_object_get(kv, "cells_used")),
@@ -466,29 +476,58 @@ static void cmd_kv(chat *c)
     json_decref(j);
 }
 
-static void cmd_compact(chat *c, const char *arg)
+/* "/compact P [TRIGGER [TARGET]]": checked here, so that a bad setting is
+ * refused now rather than failing every later turn. */
+static void cmd_compact(chat *c, char *arg)
 {
-    keel_compact_policy p;
-    if (!*arg || keel_compact_policy_from_name(arg, &p) != KEEL_OK) {
-        say("/compact: give one of none window keydiff knorm random\n");
+    const cli_opts *o = c->o;
+    char *name = strtok(arg, " \t"), *tr = strtok(NULL, " \t"), *ta = strtok(NULL, " \t");
+    keel_compact_params p = keel_compact_params_default();
+    int32_t trigger = 0, target = 0;
+    if (!name || keel_compact_policy_from_name(name, &p.policy) != KEEL_OK || strtok(NULL, " \t") ||
+        (tr && !cli_parse_i32(tr, &trigger)) || (ta && !cli_parse_i32(ta, &target))) {
+        say("/compact: give P [TRIGGER [TARGET]], P one of none window keydiff knorm random\n");
         return;
     }
-    const cli_opts *o = c->o;
-    json_t *j = json_pack("{ss}", "policy", keel_compact_policy_name(p));
-    if (j && p != KEEL_COMPACT_NONE && o->kv_trigger_set)
-        json_object_set_new(j, "trigger", json_integer(o->ctx.compact.trigger));
-    if (j && p != KEEL_COMPACT_NONE && o->kv_target_set)
-        json_object_set_new(j, "target", json_integer(o->ctx.compact.target));
+    json_t *j = json_pack("{ss}", "policy", keel_compact_policy_name(p.policy));
     if (!j) {
         cli_fail("/compact", KEEL_ENOMEM, NULL);
         return;
+    }
+    if (p.policy != KEEL_COMPACT_NONE) {
+        json_t *stats = engine_stats(c, "/compact");
+        if (!stats) {
+            json_decref(j);
+            return;
+        }
+        int32_t slot = (int32_t)json_integer_value(
+            json_object_get(json_object_get(stats, "model"), "n_ctx_slot"));
+        json_decref(stats);
+        p.trigger = tr ? trigger : o->kv_trigger_set ? o->ctx.compact.trigger : slot;
+        p.target = ta ? target : o->kv_target_set ? o->ctx.compact.target : p.trigger / 2;
+        char why[256] = "";
+        if (keel_compact_params_check(&p, why) != KEEL_OK) {
+            say("/compact: %s (compaction unchanged)\n", why);
+            json_decref(j);
+            return;
+        }
+        if (json_object_set_new(j, "trigger", json_integer(p.trigger)) != 0 ||
+            json_object_set_new(j, "target", json_integer(p.target)) != 0) {
+            json_decref(j);
+            cli_fail("/compact", KEEL_ENOMEM, NULL);
+            return;
+        }
     }
     json_decref(c->compact_next);
     json_decref(c->compact_cur);
     c->compact_next = j;
     c->compact_cur = json_incref(j);
-    snprintf(c->compact_name, sizeof c->compact_name, "%s", keel_compact_policy_name(p));
-    say("compaction: %s from the next turn\n", c->compact_name);
+    snprintf(c->compact_name, sizeof c->compact_name, "%s", keel_compact_policy_name(p.policy));
+    if (p.policy != KEEL_COMPACT_NONE)
+        say("compaction: %s from the next turn (trigger %d cells, target %d)\n", c->compact_name,
+            p.trigger, p.target);
+    else
+        say("compaction: none from the next turn\n");
 }
 
 /* Writes text to path atomically (a temporary file renamed into place). */
