@@ -977,15 +977,24 @@ static int chat_loop(chat *c, watcher *w)
             break;
         }
         if (tool && ++c->next_call < json_array_size(c->calls)) continue; /* more results to type */
+        json_t *calls = NULL;
         if (tool) {
-            /* the results follow the assistant's calls: a failed turn drops them too */
+            /* the results follow the assistant's calls: a failed turn drops
+             * them too, and they are asked for again */
             n0 -= c->next_call - 1;
-            json_decref(c->calls);
+            calls = c->calls;
             c->calls = NULL;
         }
         if (chat_turn(c, w, n0)) {
+            json_decref(calls);
             rc = 1;
             break;
+        }
+        if (calls && json_array_size(c->msgs) == n0 && !c->calls) {
+            c->calls = calls;
+            c->next_call = 0;
+        } else {
+            json_decref(calls);
         }
         intr_before = g_sigint != 0; /* a Ctrl-C that stopped the answer counts as the first */
     }
