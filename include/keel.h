@@ -1848,9 +1848,9 @@ keel_status keel_engine_slot_restore(keel_engine *e, int32_t slot, const char *p
 keel_status keel_engine_slot_erase(keel_engine *e, int32_t slot, char *info, size_t cap);
 
 /* Statistics and the memory plan as JSON into buf (thread-safe): slots (state,
- * cached tokens, cells, compactions, and the running request's "prompt":
- * {"total", "cache", "processed"} tokens, all 0 when idle; as of the last
- * step), requests served, tokens in/out, plan
+ * cached tokens, cells, compactions, and "prompt_progress": {"total",
+ * "cache", "processed"} tokens of the slot's current or last prompt, as
+ * KEEL_EVENT_PROGRESS counts them, as of the last step), requests served, tokens in/out, plan
  * bytes. KEEL_ERANGE if cap is too small (*n_out says how much). */
 keel_status keel_engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n_out);
 

@@ -7,7 +7,7 @@ set -u
 PKGS="build-essential cmake pkg-config clang llvm libclang-rt-14-dev
 libopenblas-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev
 libzstd-dev libjansson-dev libmicrohttpd-dev nodejs npm
-python3-jsonschema python3-rfc3987 python3-idna
+python3-jsonschema python3-rfc3987 python3-idna libedit-dev tmux
 python3-pytest python3-venv python3-setuptools
 chromium fonts-dejavu-core"
 

@@ -38,6 +38,21 @@ bool cli_write_stdout(const void *p, size_t n);
  * drive the terminal. Returns false on a write error. */
 bool cli_put_escaped(FILE *f, const char *s, size_t n);
 
+/* The prefill progress line (run, chat): on a terminal (stderr), during a
+ * prefill that takes about a second or more, one line "prompt: done/total
+ * tokens (P%), R tok/s, ETA S s" rewritten in place; cli_progress_end
+ * erases it (\r + clear to the end of the line) before the answer starts.
+ * Nothing at all when stderr is not a terminal. */
+typedef struct cli_progress {
+    bool tty;    /* stderr is a terminal (and writing to it works) */
+    bool shown;  /* the line is on the screen */
+    uint64_t t0; /* keel_time_ns() at the start of the prefill */
+} cli_progress;
+void cli_progress_begin(cli_progress *p);
+/* done of total tokens prefilled since cli_progress_begin. */
+void cli_progress_show(cli_progress *p, int64_t done, int64_t total);
+void cli_progress_end(cli_progress *p);
+
 /* Flag groups a command accepts (cli_opts.groups); 0 accepts all. */
 enum {
     CLI_G_MODEL = 1u << 0,      /* -m, --tokenizer */
@@ -133,5 +148,6 @@ int cmd_demo(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_grammar(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 #endif

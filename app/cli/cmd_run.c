@@ -439,11 +439,15 @@ int cmd_run(int argc, char **argv)
         goto done;
     }
     uint64_t t0 = keel_time_ns();
+    cli_progress prog;
+    cli_progress_begin(&prog);
     for (int32_t i = 0; i < n_prompt; i += nb) {
+        cli_progress_show(&prog, i, n_prompt); /* once per batch (-b) */
         int32_t n = n_prompt - i < nb ? n_prompt - i : nb;
         for (int32_t j = 0; j < n; j++) flags[j] = lf || (i + j == n_prompt - 1);
         keel_batch b = {n, ids + i, NULL, NULL, flags};
         if ((st = keel_decode(c, &b)) != KEEL_OK) {
+            cli_progress_end(&prog);
             if (st == KEEL_EFULL && !compact) {
                 char d[512];
                 snprintf(d, sizeof d,
@@ -459,10 +463,12 @@ int cmd_run(int argc, char **argv)
         if (lf)
             for (int32_t j = 0; j < n; j++)
                 if (!cli_write(lf, keel_logits(c, j), (size_t)mi.n_vocab * sizeof(float), lf_what)) {
+                    cli_progress_end(&prog);
                     rc = 1;
                     goto done;
                 }
     }
+    cli_progress_end(&prog);
     if (!cli_close(lf, lf_what)) {
         lf = NULL;
         rc = 1;

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void cli_opts_init(cli_opts *o)
 {
@@ -118,6 +119,38 @@ bool cli_write_stdout(const void *p, size_t n)
     errno = 0;
     if ((n == 0 || fwrite(p, 1, n, stdout) == n) && fflush(stdout) == 0) return true;
     return stdout_error(errno);
+}
+
+/* ---- the prefill progress line --------------------------------------------- */
+
+void cli_progress_begin(cli_progress *p)
+{
+    p->tty = isatty(STDERR_FILENO) == 1;
+    p->shown = false;
+    p->t0 = keel_time_ns();
+}
+
+void cli_progress_show(cli_progress *p, int64_t done, int64_t total)
+{
+    if (!p->tty || done <= 0 || done >= total) return;
+    double el = (double)(keel_time_ns() - p->t0) * 1e-9;
+    double rate = el > 0 ? (double)done / el : 0.0;
+    double eta = rate > 0 ? (double)(total - done) / rate : 0.0;
+    if (el + eta < 1.0) return; /* a short prefill: no line */
+    /* a failed write turns the line off (stderr is the error channel) */
+    if (fprintf(stderr, "\r\033[Kprompt: %lld/%lld tokens (%d%%), %.0f tok/s, ETA %.1f s", (long long)done,
+                (long long)total, (int)(100 * done / total), rate, eta) < 0 ||
+        fflush(stderr) != 0) {
+        p->tty = false;
+        return;
+    }
+    p->shown = true;
+}
+
+void cli_progress_end(cli_progress *p)
+{
+    if (p->shown && (fputs("\r\033[K", stderr) == EOF || fflush(stderr) != 0)) p->tty = false;
+    p->shown = false;
 }
 
 /* Length of a valid UTF-8 sequence at s[0..n) that is not a C1 control

@@ -17,6 +17,7 @@ typedef struct cli_command {
 
 static const cli_command g_commands[] = {
     {"demo", cmd_demo, "demo [-m MODEL] [--turns N]                a long agentic session under a memory budget"},
+    {"chat", cmd_chat, "chat -m MODEL [--system TEXT] [--tools F]   a conversation in the terminal (chat -h)"},
     {"run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] ...  generate text (run -h)"},
     {"tokenize", cmd_tokenize, "tokenize -m MODEL -p TEXT [--ids]          print token ids and pieces"},
     {"inspect", cmd_inspect, "inspect MODEL [-c CTX] [--ctk T]           hyperparameters, tensors, memory plan"},

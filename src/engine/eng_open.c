@@ -856,7 +856,7 @@ static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n
             slots, json_pack("{sisssisbsIsis{sisisi}}", "id", i, "state",
                              sl->stat_state == ENG_SLOT_IDLE ? "idle" : sl->stat_state == ENG_SLOT_PREFILL ? "prefill" : "generating",
                              "cached_tokens", sl->stat_hist, "compacted", sl->stat_compacted, "compactions",
-                             (json_int_t)sl->stat_compactions, "cells", sl->stat_cells, "prompt", "total",
+                             (json_int_t)sl->stat_compactions, "cells", sl->stat_cells, "prompt_progress", "total",
                              sl->stat_prompt, "cache", sl->stat_reused, "processed", sl->stat_fed));
     }
     bad |= json_object_set_new(o, "slots", slots);

@@ -1391,9 +1391,11 @@ bool eng_step(keel_engine *e)
         busy |= sl->state != ENG_SLOT_IDLE;
         sl->stat_state = sl->state;
         sl->stat_hist = sl->n_hist;
-        sl->stat_prompt = sl->req ? sl->n_prompt : 0;
-        sl->stat_fed = sl->req ? BASE_MIN(sl->n_fed, sl->n_prompt) : 0;
-        sl->stat_reused = sl->req ? sl->n_reused : 0;
+        if (sl->req) { /* the current prompt's, else the last one's */
+            sl->stat_prompt = sl->n_prompt;
+            sl->stat_fed = BASE_MIN(sl->n_fed, sl->n_prompt);
+            sl->stat_reused = sl->n_reused;
+        }
         sl->stat_compacted = sl->hist_compacted;
         sl->stat_cells = keel_mem_seq_cells(mem, sl->seq);
         sl->stat_compactions = keel_mem_seq_compactions(mem, sl->seq);

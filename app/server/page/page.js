@@ -331,7 +331,7 @@ async function refreshMemory() {
     if (sr.ok) {
       const slots = await sr.json();
       for (const s of slots) {
-        const p = s.prompt || {};
+        const p = s.prompt_progress || {};
         const prog = s.state === 'prefill' && p.total ? ' ' + p.processed + '/' + p.total : '';
         const tr = row(slottab, 'slot ' + s.id + ' ' + s.state + prog, s.cached_tokens + ' tok · ' + s.cells + ' cells' + (s.compactions ? ' · ' + s.compactions + ' compactions' : ''));
         tr.dataset.cached = String(s.cached_tokens);
