@@ -180,32 +180,34 @@ static const tensor_mvb_kernel *mvb_kernel(keel_dtype t)
     return tensor_mvb_avx2_[t].run ? &tensor_mvb_avx2_[t] : NULL;
 }
 
-/* Scratch per token of a batch: x in the vec_dot type and the largest
- * prepared activation any level's kernel makes of it. false: overflow. */
-static bool mvb_tok_bytes(keel_dtype t, int64_t n_cols, size_t *out)
+/* Scratch of a batch of n tokens: each x in the vec_dot type and the row
+ * kernel's prepared form of it (the generic path), or the packed
+ * activations of the largest any level's batched kernel makes. false:
+ * overflow. */
+static bool mvb_bytes(keel_dtype t, int64_t n_cols, int n, size_t *out)
 {
     keel_dtype vt = tensor_vec_dot_type(t);
-    size_t need = mv_prep_bytes(t, n_cols);
-    const tensor_mvb_kernel *k[2] = {&tensor_mvb_avx2_[t], &tensor_mvb_avx512_[t]};
-    for (int i = 0; i < 2; i++) {
-        size_t b;
-        if (!k[i]->prep_bytes || n_cols <= 0) continue;
-        if (!size_add(k[i]->prep_bytes(n_cols), BASE_ALIGN, &b)) return false;
-        need = BASE_MAX(need, b);
-    }
+    size_t per = mv_prep_bytes(t, n_cols), all, pack = 0;
     if (vt != KEEL_DTYPE_F32 && n_cols > 0) {
         size_t rb = tensor_row_bytes(vt, n_cols);
-        if (rb == 0 || !size_add(need, rb, &need) || !size_add(need, BASE_ALIGN, &need)) return false;
+        if (rb == 0 || !size_add(per, rb, &per) || !size_add(per, BASE_ALIGN, &per)) return false;
     }
-    *out = need;
+    const tensor_mvb_kernel *k[2] = {&tensor_mvb_avx2_[t], &tensor_mvb_avx512_[t]};
+    for (int i = 0; i < 2 && n_cols > 0 && n > 0; i++) {
+        size_t b;
+        if (!k[i]->pack_bytes || !size_add(k[i]->pack_bytes(n_cols, n), BASE_ALIGN, &b)) continue;
+        pack = BASE_MAX(pack, b);
+    }
+    if (!size_mul(per, (size_t)n, &all) || !size_add(all, pack, &all)) return false;
+    *out = all;
     return true;
 }
 
 size_t tensor_matvec_batch_scratch_bytes(keel_dtype t, int64_t n_cols, int64_t n_tok)
 {
-    size_t per, out;
-    if (!tensor_dtype_valid(t) || n_cols < 0 || n_tok < 0 || !mvb_tok_bytes(t, n_cols, &per) ||
-        !size_mul(per, (size_t)BASE_MIN(n_tok, TENSOR_MV_BATCH_MAX), &out))
+    size_t out;
+    if (!tensor_dtype_valid(t) || n_cols < 0 || n_tok < 0 ||
+        !mvb_bytes(t, n_cols, (int)BASE_MIN(n_tok, TENSOR_MV_BATCH_MAX), &out))
         return 0;
     return out;
 }
@@ -219,7 +221,8 @@ typedef struct mvb_ctx {
     int64_t n_rows, n_cols, rows_per_task, chunk_rows;
     int n_tok;
     const void *x[TENSOR_MV_BATCH_MAX];  /* activations in the vec_dot type */
-    const void *xp[TENSOR_MV_BATCH_MAX]; /* their prepared forms (k's or mv's), or NULL */
+    const void *xp[TENSOR_MV_BATCH_MAX]; /* mv's prepared forms, or NULL */
+    const void *packed;                  /* k's packed activations */
     float *Y;                            /* [n_tok][n_rows] */
 } mvb_ctx;
 
@@ -231,7 +234,7 @@ static void mvb_task(void *vctx, int64_t task, int thread)
     int64_t r1 = BASE_MIN(r0 + c->rows_per_task, c->n_rows);
     const uint8_t *w = c->W + (size_t)r0 * c->row_bytes;
     if (c->k) {
-        c->k->run(r1 - r0, c->n_cols, w, c->row_bytes, c->n_tok, c->x, c->xp, c->Y + r0, (size_t)c->n_rows);
+        c->k->run(r1 - r0, c->n_cols, w, c->row_bytes, c->n_tok, c->packed, c->Y + r0, (size_t)c->n_rows);
         return;
     }
     /* a chunk of rows from memory once, then from L1 for every token: each
@@ -292,14 +295,13 @@ static keel_status matvec_batch_impl(keel_dtype t, const void *W, int64_t n_rows
                 tensor_quant_get_(vt)(x, q, n_cols);
                 c.x[i] = q;
             }
-            if (c.k && c.k->prep) {
-                void *xp = scratch ? base_arena_take(scratch, c.k->prep_bytes(n_cols), BASE_ALIGN) : NULL;
-                if (!xp) goto no_room;
-                c.k->prep(c.x[i], n_cols, xp);
-                c.xp[i] = xp;
-            } else if (!mv_prep(t, c.mv, c.x[i], n_cols, scratch, &c.xp[i])) {
-                goto no_room;
-            }
+            if (!c.k && !mv_prep(t, c.mv, c.x[i], n_cols, scratch, &c.xp[i])) goto no_room;
+        }
+        if (c.k) {
+            void *pk = scratch ? base_arena_take(scratch, c.k->pack_bytes(n_cols, c.n_tok), BASE_ALIGN) : NULL;
+            if (!pk) goto no_room;
+            c.k->pack(c.x, c.n_tok, n_cols, pk);
+            c.packed = pk;
         }
         base_pool_run(pool, n_tasks, mvb_task, &c);
         if (scratch) base_arena_rewind(scratch, mark);
@@ -662,17 +664,25 @@ static int64_t matmul_sgemm_from(keel_dtype t)
 }
 
 /* Largest batch tensor_matvec_batch takes for dtype t (0: none), measured
- * against the dot tiles and sgemm (docs/kernels.md, "Seventh pass"): q8_0,
- * whose batched kernels share the weight block's load, sign and scales
- * among the tokens (AVX-512: vpdpbusd), and q4_0, whose row kernel with its
- * prepared activation beats its dot token by token; the others' dots were
- * as fast as their row kernels run token by token. */
+ * against the dot tiles and sgemm (docs/kernels.md, "Seventh pass", CPU
+ * time of one thread at 2048 x 768, 9 tokens): q8_0 0.33 ms against the
+ * dot tiles' 0.46 (its batched kernels share the weight block's load, sign
+ * and scales among the tokens; AVX-512: vpdpbusd), q4_0 0.32 against 0.66
+ * (its row kernel, token by token, beats its dot), f16 0.68 against 0.74;
+ * q4_K even (0.356 / 0.358), taken for its result: each token's matvec
+ * bits, so that a verify batch agrees with decode; q6_K's dot tiles were
+ * 5% faster (0.38 / 0.41). f16 hands over to sgemm at 16 as before. */
 static int64_t matmul_batch_upto(keel_dtype t)
 {
     switch (t) {
     case KEEL_DTYPE_Q8_0:
     case KEEL_DTYPE_Q4_0:
+    case KEEL_DTYPE_Q4_K:
+    case KEEL_DTYPE_Q5_K:
         return TENSOR_MV_BATCH_MAX;
+    case KEEL_DTYPE_F16:
+    case KEEL_DTYPE_BF16:
+        return matmul_sgemm_from(t) - 1;
     default:
         return 0;
     }

@@ -32,47 +32,87 @@ static inline __m256 mvb_f16x8_strided(const uint8_t *p, size_t stride)
     return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
 }
 
-/* Prepared q8_0 activation: dx [nb8] f32 (block scales, zero past nb) |
- * corr [nb][8] i32 (-128 x the sum of each lane's four values), the second
- * at a 64-byte offset. */
-static size_t dx_bytes(int64_t nb)
+/* ---- packed activations ------------------------------------------------------------ */
+
+/* Groups of about equal size, at most MVB_TOKS tokens each; group g is
+ * [g n / G, (g + 1) n / G). */
+static inline int mvb_groups(int n_tok)
 {
-    return ((((size_t)nb + 7) & ~(size_t)7) * sizeof(float) + 63) & ~(size_t)63;
+    return (n_tok + MVB_TOKS - 1) / MVB_TOKS;
 }
 
-static size_t prep_q8_0_bytes(int64_t n)
+static inline size_t up64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+/* One group of T tokens: qs [nb][T][32] i8 | corr [nb][T][8] i32 (-128 x
+ * the sum of each lane's four values) | dx [nb8 / 8][T][8] f32 (zero past
+ * nb), each part 64-byte aligned. */
+static size_t grp_qs(int64_t nb, int T)
+{
+    return up64((size_t)nb * (size_t)T * 32);
+}
+
+static size_t grp_bytes(int64_t nb, int T)
+{
+    size_t nb8 = ((size_t)nb + 7) & ~(size_t)7;
+    return 2 * grp_qs(nb, T) + up64(nb8 * (size_t)T * sizeof(float));
+}
+
+static size_t pack_q8_0_bytes(int64_t n, int n_tok)
 {
     int64_t nb = n / QK;
-    return dx_bytes(nb) + (size_t)nb * 8 * sizeof(int32_t);
+    int G = mvb_groups(n_tok);
+    size_t s = 0;
+    for (int g = 0; g < G; g++) s += grp_bytes(nb, (g + 1) * n_tok / G - g * n_tok / G);
+    return s;
 }
 
-static void prep_q8_0(const void *xv, int64_t n, void *xp)
+static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
 {
-    const uint8_t *x = xv;
     int64_t nb = n / QK, nb8 = (nb + 7) & ~(int64_t)7;
-    float *dx = xp;
-    int32_t *corr = (int32_t *)(void *)((uint8_t *)xp + dx_bytes(nb));
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *xb = x + (size_t)b * Q8_0_BYTES;
-        dx[b] = f16_load(xb);
-        for (int j = 0; j < 8; j++) {
-            int s = 0;
-            for (int e = 0; e < 4; e++) s += (int8_t)xb[2 + 4 * j + e];
-            corr[b * 8 + j] = -128 * s;
+    int G = mvb_groups(n_tok);
+    uint8_t *o = packed;
+    for (int g = 0; g < G; g++) {
+        int t0 = g * n_tok / G, T = (g + 1) * n_tok / G - t0;
+        uint8_t *qs = o;
+        int32_t *corr = (int32_t *)(void *)(o + grp_qs(nb, T));
+        float *dx = (float *)(void *)(o + 2 * grp_qs(nb, T));
+        for (int t = 0; t < T; t++) {
+            const uint8_t *x = xv[t0 + t];
+            for (int64_t b = 0; b < nb8; b++) {
+                float d = 0.0f;
+                if (b < nb) {
+                    const uint8_t *xb = x + (size_t)b * Q8_0_BYTES;
+                    size_t k = (size_t)b * (size_t)T + (size_t)t;
+                    memcpy(qs + k * 32, xb + 2, 32);
+                    for (int j = 0; j < 8; j++) {
+                        int sum = 0;
+                        for (int e = 0; e < 4; e++) sum += (int8_t)xb[2 + 4 * j + e];
+                        corr[k * 8 + (size_t)j] = -128 * sum;
+                    }
+                    d = f16_load(xb);
+                }
+                dx[(size_t)(b / 8) * (size_t)T * 8 + (size_t)t * 8 + (size_t)(b % 8)] = d;
+            }
         }
+        o += grp_bytes(nb, T);
     }
-    for (int64_t b = nb; b < nb8; b++) dx[b] = 0.0f;
 }
 
-static inline __m256i blk_dot(__m256i u, const uint8_t *xb, const int32_t *corr)
+/* ---- the kernel --------------------------------------------------------------------- */
+
+/* lane j: sum (w + 128) x + corr = sum w x over the lane's four values */
+static inline __m256i blk_dot(__m256i u, const uint8_t *q, const uint8_t *c)
 {
-    return _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(const void *)corr), u, loadu_256(xb + 2));
+    return _mm256_dpbusd_epi32(_mm256_load_si256((const __m256i *)(const void *)c), u,
+                               _mm256_load_si256((const __m256i *)(const void *)q));
 }
 
 static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t *w, int64_t nb,
-                                                           const uint8_t *const *x, const float *const *dx,
-                                                           const int32_t *const *corr, bool pf, uintptr_t last,
-                                                           float *out)
+                                                           const uint8_t *qs, const uint8_t *cs, const float *dxp,
+                                                           bool pf, uintptr_t last, float *out)
 {
     const __m256i m80 = _mm256_set1_epi8((char)0x80);
     __m256 a[MVB_TOKS][2];
@@ -83,15 +123,17 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
         if (pf) mvb_pf(p, last, 5);
         __m256 dw = mvb_f16x8_strided(p, Q8_0_BYTES);
+        const float *d8 = dxp + (size_t)b * (size_t)T;
         _Alignas(32) float sc[MVB_TOKS][8];
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) _mm256_store_ps(sc[t], _mm256_mul_ps(dw, _mm256_load_ps(dx[t] + b)));
+        for (int t = 0; t < T; t++) _mm256_store_ps(sc[t], _mm256_mul_ps(dw, _mm256_load_ps(d8 + 8 * t)));
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             __m256i u = _mm256_xor_si256(loadu_256(p + (size_t)k * Q8_0_BYTES + 2), m80);
+            size_t off = (size_t)(b + k) * (size_t)T * 32;
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
-                __m256i d = blk_dot(u, x[t] + (size_t)(b + k) * Q8_0_BYTES, corr[t] + (b + k) * 8);
+                __m256i d = blk_dot(u, qs + off + 32 * t, cs + off + 32 * t);
                 a[t][k & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[t][k]), _mm256_cvtepi32_ps(d), a[t][k & 1]);
             }
         }
@@ -100,52 +142,49 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
         __m256i u = _mm256_xor_si256(loadu_256(p + 2), m80);
         float dw = f16_load(p);
+        size_t off = (size_t)b * (size_t)T * 32;
+        const float *d8 = dxp + (size_t)(b & ~(int64_t)7) * (size_t)T + (size_t)(b & 7);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            __m256i d = blk_dot(u, x[t] + (size_t)b * Q8_0_BYTES, corr[t] + b * 8);
-            a[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[t][b]), _mm256_cvtepi32_ps(d), a[t][0]);
+            __m256i d = blk_dot(u, qs + off + 32 * t, cs + off + 32 * t);
+            a[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d8[8 * t]), _mm256_cvtepi32_ps(d), a[t][0]);
         }
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) out[t] = hsum_ps(_mm256_add_ps(a[t][0], a[t][1]));
 }
 
-static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok, const void *const *xv,
-                     const void *const *xp, float *y, size_t ys)
+static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok, const void *packed, float *y,
+                     size_t ys)
 {
     uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
     int64_t nb = n / QK;
-    size_t off = dx_bytes(nb);
-    int groups = (n_tok + MVB_TOKS - 1) / MVB_TOKS;
+    int G = mvb_groups(n_tok);
     for (int64_t r = 0; r < nr; r++) {
         const uint8_t *w = W + (size_t)r * rb;
-        for (int g = 0; g < groups; g++) {
-            int t0 = g * n_tok / groups, T = (g + 1) * n_tok / groups - t0;
-            const uint8_t *x[MVB_TOKS];
-            const float *dx[MVB_TOKS];
-            const int32_t *corr[MVB_TOKS];
-            for (int t = 0; t < T; t++) {
-                x[t] = xv[t0 + t];
-                dx[t] = xp[t0 + t];
-                corr[t] = (const int32_t *)(const void *)((const uint8_t *)xp[t0 + t] + off);
-            }
-            float o[MVB_TOKS];
+        const uint8_t *o = packed;
+        for (int g = 0; g < G; g++) {
+            int t0 = g * n_tok / G, T = (g + 1) * n_tok / G - t0;
+            const uint8_t *qs = o, *cs = o + grp_qs(nb, T);
+            const float *dx = (const float *)(const void *)(o + 2 * grp_qs(nb, T));
+            float v[MVB_TOKS];
             bool pf = g == 0;
             switch (T) {
-            case 8: q8_0_row(8, w, nb, x, dx, corr, pf, last, o); break;
-            case 7: q8_0_row(7, w, nb, x, dx, corr, pf, last, o); break;
-            case 6: q8_0_row(6, w, nb, x, dx, corr, pf, last, o); break;
-            case 5: q8_0_row(5, w, nb, x, dx, corr, pf, last, o); break;
-            case 4: q8_0_row(4, w, nb, x, dx, corr, pf, last, o); break;
-            case 3: q8_0_row(3, w, nb, x, dx, corr, pf, last, o); break;
-            case 2: q8_0_row(2, w, nb, x, dx, corr, pf, last, o); break;
-            default: q8_0_row(1, w, nb, x, dx, corr, pf, last, o); break;
+            case 8: q8_0_row(8, w, nb, qs, cs, dx, pf, last, v); break;
+            case 7: q8_0_row(7, w, nb, qs, cs, dx, pf, last, v); break;
+            case 6: q8_0_row(6, w, nb, qs, cs, dx, pf, last, v); break;
+            case 5: q8_0_row(5, w, nb, qs, cs, dx, pf, last, v); break;
+            case 4: q8_0_row(4, w, nb, qs, cs, dx, pf, last, v); break;
+            case 3: q8_0_row(3, w, nb, qs, cs, dx, pf, last, v); break;
+            case 2: q8_0_row(2, w, nb, qs, cs, dx, pf, last, v); break;
+            default: q8_0_row(1, w, nb, qs, cs, dx, pf, last, v); break;
             }
-            for (int t = 0; t < T; t++) y[(size_t)(t0 + t) * ys + (size_t)r] = o[t];
+            for (int t = 0; t < T; t++) y[(size_t)(t0 + t) * ys + (size_t)r] = v[t];
+            o += grp_bytes(nb, T);
         }
     }
 }
 
 const tensor_mvb_kernel tensor_mvb_avx512_[KEEL_DTYPE_COUNT_] = {
-    [KEEL_DTYPE_Q8_0] = {mvb_q8_0, prep_q8_0_bytes, prep_q8_0},
+    [KEEL_DTYPE_Q8_0] = {mvb_q8_0, pack_q8_0_bytes, pack_q8_0},
 };
