@@ -187,7 +187,7 @@ size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols,
  * Prefill GEMM: OpenBLAS sgemm (single-threaded per pool thread) for f32,
  * dequantized tiles or a tiled quantized kernel for other dtypes (see
  * docs/kernels.md for which, by measurement). One token goes through
- * tensor_matvec; small batches (2..16) through tensor_matvec_batch (or
+ * tensor_matvec; small batches (2..17) through tensor_matvec_batch (or
  * the dot tiles; per dtype, tensor_matmul_auto_path). KEEL_ESCRATCH /
  * KEEL_EINVAL as above. */
 keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
