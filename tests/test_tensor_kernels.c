@@ -518,7 +518,7 @@ static void test_matvec_multi(void **state)
 
 static bool path_quantizes_x(tensor_gemm_path p)
 {
-    return p == TENSOR_GEMM_MATVEC || p == TENSOR_GEMM_DOT_TILES;
+    return p == TENSOR_GEMM_MATVEC || p == TENSOR_GEMM_DOT_TILES || p == TENSOR_GEMM_MATVEC_BATCH;
 }
 
 static void test_matmul_all_dtypes(void **state)
@@ -526,8 +526,8 @@ static void test_matmul_all_dtypes(void **state)
     (void)state;
     const int64_t n_rows = 45, n_cols = 256;
     const int64_t toks[] = {1, 3, 4, 9, 33};
-    const tensor_gemm_path paths[] = {TENSOR_GEMM_AUTO, TENSOR_GEMM_MATVEC,
-                                      TENSOR_GEMM_DEQUANT_SGEMM, TENSOR_GEMM_DOT_TILES};
+    const tensor_gemm_path paths[] = {TENSOR_GEMM_AUTO, TENSOR_GEMM_MATVEC, TENSOR_GEMM_DEQUANT_SGEMM,
+                                      TENSOR_GEMM_DOT_TILES, TENSOR_GEMM_MATVEC_BATCH};
     base_pool *pool;
     assert_ok(base_pool_open(2, &pool));
     float *X = malloc(33 * n_cols * sizeof(float)), *Y = malloc(33 * n_rows * sizeof(float));

@@ -170,6 +170,8 @@ static const char *path_name(tensor_gemm_path p)
         return "dequant_sgemm";
     case TENSOR_GEMM_DOT_TILES:
         return "dot_tiles";
+    case TENSOR_GEMM_MATVEC_BATCH:
+        return "matvec_batch";
     default:
         return "auto";
     }
@@ -194,7 +196,7 @@ static double bk_time_matmul(tensor_gemm_path path, keel_dtype t, const bk_buf *
 
 /* ---- the benchmark -------------------------------------------------------------------- */
 
-#define BK_MAX_RES 160
+#define BK_MAX_RES 256
 
 typedef struct bk_state {
     base_pool *pools[3]; /* 1, 2, N threads */
@@ -351,9 +353,9 @@ static keel_status bk_run_matmul(bk_state *s, bool compare)
 {
     static const keel_dtype types[] = {KEEL_DTYPE_F32,  KEEL_DTYPE_F16,  KEEL_DTYPE_Q8_0,
                                        KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_K, KEEL_DTYPE_Q6_K};
-    static const int64_t toks[] = {4, 8, 16, 32, 64, 128, 512};
+    static const int64_t toks[] = {2, 4, 8, 9, 16, 32, 64, 128, 512};
     static const tensor_gemm_path paths[] = {TENSOR_GEMM_MATVEC, TENSOR_GEMM_DEQUANT_SGEMM,
-                                             TENSOR_GEMM_DOT_TILES};
+                                             TENSOR_GEMM_DOT_TILES, TENSOR_GEMM_MATVEC_BATCH};
     base_pool *pool = s->pools[s->n_pools > 1 ? 1 : 0]; /* 2 threads */
     int nt = base_pool_threads(pool);
     bk_buf xb, yb, W;
@@ -392,6 +394,8 @@ static keel_status bk_run_matmul(bk_state *s, bool compare)
                     if (s->n_mm >= BK_MAX_RES) break;
                     /* per-token matvec at big batches only costs time */
                     if (paths[pi] == TENSOR_GEMM_MATVEC && toks[ti] > 64) continue;
+                    /* the batched matvec is for verify batches (groups of 16 beyond) */
+                    if (paths[pi] == TENSOR_GEMM_MATVEC_BATCH && toks[ti] > 32) continue;
                     mm_res *r = &s->mm[s->n_mm++];
                     r->t = t;
                     r->n_tok = toks[ti];

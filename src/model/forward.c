@@ -127,12 +127,14 @@ size_t model_work_bytes(const model_w *w, int32_t n_tokens, int32_t n_threads)
     return s + mm + 4 * BASE_ALIGN;
 }
 
-/* With ub->deterministic every product goes through the dot tiles, whose
- * rows do not depend on the batch size. */
+/* With ub->deterministic every product goes through tensor_matvec_batch:
+ * each token's row is bit for bit tensor_matvec's on that token, so it
+ * does not depend on the batch size (decode runs the row kernels, a verify
+ * batch or a prompt reads each weight row once per 16 tokens). */
 keel_status model_matmul(const model_fw *f, const model_mat *m, const float *x, int32_t n, float *y)
 {
     keel_status st = f->ub->deterministic
-                         ? tensor_matmul_path(TENSOR_GEMM_DOT_TILES, m->dtype, m->data, m->n_rows,
+                         ? tensor_matmul_path(TENSOR_GEMM_MATVEC_BATCH, m->dtype, m->data, m->n_rows,
                                               m->n_cols, x, n, y, f->pool, f->work)
                          : tensor_matmul(m->dtype, m->data, m->n_rows, m->n_cols, x, n, y, f->pool, f->work);
     if (st != KEEL_OK)
@@ -144,7 +146,9 @@ keel_status model_matmul(const model_fw *f, const model_mat *m, const float *x, 
 keel_status model_matmul_group(const model_fw *f, const model_mat *const *ms, float *const *ys, int n_m,
                                const float *x, int32_t n)
 {
-    bool multi = n == 1 && !f->ub->deterministic && n_m >= 1 && n_m <= TENSOR_MV_MULTI_MAX;
+    /* tensor_matvec_multi gives each matrix tensor_matvec's bits:
+     * deterministic mode may take it too */
+    bool multi = n == 1 && n_m >= 1 && n_m <= TENSOR_MV_MULTI_MAX;
     for (int j = 0; j < n_m && multi; j++) multi = ms[j]->n_cols == ms[0]->n_cols && ms[j]->n_expert == 0;
     if (multi) {
         tensor_mv_job jobs[TENSOR_MV_MULTI_MAX];

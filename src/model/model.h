@@ -273,7 +273,7 @@ typedef struct model_ubatch {
     int32_t n_out;         /* rows to produce logits for */
     const int32_t *out_idx;/* [n_out] token indices in this chunk */
     float *logits;         /* [n_out][n_vocab] */
-    bool deterministic;    /* batch-invariant products (dot tiles for every size) */
+    bool deterministic;    /* batch-invariant products (tensor_matvec_batch for every size) */
     bool rope_long;        /* phi3: the long RoPE factors (model_rope_long) */
 } model_ubatch;
 
@@ -310,7 +310,7 @@ typedef struct model_fw {
 /* y = x W (+ bias per row) for n rows. */
 keel_status model_matmul(const model_fw *f, const model_mat *m, const float *x, int32_t n, float *y);
 /* y_j = x W_j for n_m <= TENSOR_MV_MULTI_MAX matrices sharing x (same
- * n_cols): decode (n == 1, not deterministic) runs them in one pool run
+ * n_cols): decode (n == 1) runs them in one pool run
  * (tensor_matvec_multi: x converted once, one task list; each y_j equals
  * its own model_matmul), otherwise one model_matmul each. */
 keel_status model_matmul_group(const model_fw *f, const model_mat *const *ms, float *const *ys, int n_m,

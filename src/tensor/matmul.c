@@ -168,6 +168,161 @@ keel_status tensor_matvec(keel_dtype t, const void *W, int64_t n_rows, int64_t n
     return st;
 }
 
+/* ---- several tokens, each row read once -------------------------------------------- */
+
+#define MVB_CHUNK_BYTES ((size_t)16 << 10) /* rows the generic path keeps in L1 while it runs every token */
+
+/* The batched kernel for dtype t at the level in force, or NULL. */
+static const tensor_mvb_kernel *mvb_kernel(keel_dtype t)
+{
+    if (!tensor_use_avx2()) return NULL;
+    if (tensor_simd_level() >= TENSOR_SIMD_AVX512 && tensor_mvb_avx512_[t].run) return &tensor_mvb_avx512_[t];
+    return tensor_mvb_avx2_[t].run ? &tensor_mvb_avx2_[t] : NULL;
+}
+
+/* Scratch of a batch of n tokens: each x in the vec_dot type and the row
+ * kernel's prepared form of it (the generic path), or the packed
+ * activations of the largest any level's batched kernel makes. false:
+ * overflow. */
+static bool mvb_bytes(keel_dtype t, int64_t n_cols, int n, size_t *out)
+{
+    keel_dtype vt = tensor_vec_dot_type(t);
+    size_t per = mv_prep_bytes(t, n_cols), all, pack = 0;
+    if (vt != KEEL_DTYPE_F32 && n_cols > 0) {
+        size_t rb = tensor_row_bytes(vt, n_cols);
+        if (rb == 0 || !size_add(per, rb, &per) || !size_add(per, BASE_ALIGN, &per)) return false;
+    }
+    const tensor_mvb_kernel *k[2] = {&tensor_mvb_avx2_[t], &tensor_mvb_avx512_[t]};
+    for (int i = 0; i < 2 && n_cols > 0 && n > 0; i++) {
+        size_t b;
+        if (!k[i]->pack_bytes || !size_add(k[i]->pack_bytes(n_cols, n), BASE_ALIGN, &b)) continue;
+        pack = BASE_MAX(pack, b);
+    }
+    if (!size_mul(per, (size_t)n, &all) || !size_add(all, pack, &all)) return false;
+    *out = all;
+    return true;
+}
+
+size_t tensor_matvec_batch_scratch_bytes(keel_dtype t, int64_t n_cols, int64_t n_tok)
+{
+    size_t out;
+    if (!tensor_dtype_valid(t) || n_cols < 0 || n_tok < 0 ||
+        !mvb_bytes(t, n_cols, (int)BASE_MIN(n_tok, TENSOR_MV_BATCH_MAX), &out))
+        return 0;
+    return out;
+}
+
+typedef struct mvb_ctx {
+    const tensor_mvb_kernel *k; /* batched kernel, or NULL: token by token */
+    tensor_dot_fn dot;
+    tensor_mv_fn mv;
+    const uint8_t *W;
+    size_t row_bytes;
+    int64_t n_rows, n_cols, rows_per_task, chunk_rows;
+    int n_tok;
+    const void *x[TENSOR_MV_BATCH_MAX];  /* activations in the vec_dot type */
+    const void *xp[TENSOR_MV_BATCH_MAX]; /* mv's prepared forms, or NULL */
+    const void *packed;                  /* k's packed activations */
+    float *Y;                            /* [n_tok][n_rows] */
+} mvb_ctx;
+
+static void mvb_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    const mvb_ctx *c = vctx;
+    int64_t r0 = task * c->rows_per_task;
+    int64_t r1 = BASE_MIN(r0 + c->rows_per_task, c->n_rows);
+    const uint8_t *w = c->W + (size_t)r0 * c->row_bytes;
+    if (c->k) {
+        c->k->run(r1 - r0, c->n_cols, w, c->row_bytes, c->n_tok, c->packed, c->Y + r0, (size_t)c->n_rows);
+        return;
+    }
+    /* a chunk of rows from memory once, then from L1 for every token: each
+     * row's result depends on that row alone, so any chunking gives
+     * tensor_matvec's bits */
+    for (int64_t a = r0; a < r1; a += c->chunk_rows) {
+        int64_t b = BASE_MIN(a + c->chunk_rows, r1);
+        const uint8_t *wa = c->W + (size_t)a * c->row_bytes;
+        for (int i = 0; i < c->n_tok; i++) {
+            float *y = c->Y + (size_t)i * (size_t)c->n_rows;
+            if (c->mv) {
+                c->mv(b - a, c->n_cols, wa, c->row_bytes, c->x[i], c->xp[i], y + a);
+                continue;
+            }
+            const uint8_t *wr = wa;
+            for (int64_t r = a; r < b; r++, wr += c->row_bytes) y[r] = c->dot(c->n_cols, wr, c->x[i]);
+        }
+    }
+}
+
+static keel_status matvec_batch_impl(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                                     const float *X, int64_t n_tok, float *Y, base_pool *pool,
+                                     base_arena *scratch)
+{
+    if (!shape_ok(t, n_rows, n_cols) || n_tok < 0) return KEEL_EINVAL;
+    if (n_rows == 0 || n_tok == 0) return KEEL_OK;
+    if (!W || !Y || (n_cols > 0 && !X)) return KEEL_EINVAL;
+    size_t ys;
+    if (!size_mul((size_t)n_tok, (size_t)n_rows, &ys)) return KEEL_EINVAL;
+    if (n_cols == 0) {
+        memset(Y, 0, ys * sizeof(float));
+        return KEEL_OK;
+    }
+    keel_dtype vt = tensor_vec_dot_type(t);
+    mvb_ctx c;
+    memset(&c, 0, sizeof c);
+    c.k = mvb_kernel(t);
+    c.dot = tensor_dot_get_(t);
+    c.mv = c.k ? NULL : tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
+    c.W = W;
+    c.row_bytes = tensor_row_bytes(t, n_cols);
+    c.n_rows = n_rows;
+    c.n_cols = n_cols;
+    c.rows_per_task = matvec_rows_per_task(n_rows, base_pool_threads(pool));
+    c.chunk_rows = BASE_MAX((int64_t)(MVB_CHUNK_BYTES / c.row_bytes), 1);
+    int64_t n_tasks = (n_rows + c.rows_per_task - 1) / c.rows_per_task;
+    size_t mark = scratch ? base_arena_mark(scratch) : 0;
+    for (int64_t i0 = 0; i0 < n_tok; i0 += TENSOR_MV_BATCH_MAX) {
+        c.n_tok = (int)BASE_MIN(n_tok - i0, TENSOR_MV_BATCH_MAX);
+        c.Y = Y + (size_t)i0 * (size_t)n_rows;
+        for (int i = 0; i < c.n_tok; i++) {
+            const float *x = X + (size_t)(i0 + i) * (size_t)n_cols;
+            c.x[i] = x;
+            c.xp[i] = NULL;
+            if (vt != KEEL_DTYPE_F32) {
+                void *q = scratch ? base_arena_take(scratch, tensor_row_bytes(vt, n_cols), BASE_ALIGN) : NULL;
+                if (!q) goto no_room;
+                tensor_quant_get_(vt)(x, q, n_cols);
+                c.x[i] = q;
+            }
+            if (!c.k && !mv_prep(t, c.mv, c.x[i], n_cols, scratch, &c.xp[i])) goto no_room;
+        }
+        if (c.k) {
+            void *pk = scratch ? base_arena_take(scratch, c.k->pack_bytes(n_cols, c.n_tok), BASE_ALIGN) : NULL;
+            if (!pk) goto no_room;
+            c.k->pack(c.x, c.n_tok, n_cols, pk);
+            c.packed = pk;
+        }
+        base_pool_run(pool, n_tasks, mvb_task, &c);
+        if (scratch) base_arena_rewind(scratch, mark);
+    }
+    return KEEL_OK;
+no_room:
+    if (scratch) base_arena_rewind(scratch, mark);
+    return KEEL_ESCRATCH;
+}
+
+keel_status tensor_matvec_batch(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                                const float *X, int64_t n_tok, float *Y, base_pool *pool,
+                                base_arena *scratch)
+{
+    uint64_t t0 = tensor_prof_begin();
+    keel_status st = matvec_batch_impl(t, W, n_rows, n_cols, X, n_tok, Y, pool, scratch);
+    if (t0) tensor_prof_end(t0, TENSOR_PROF_MATMUL, t, n_rows, n_cols,
+                            (double)tensor_row_bytes(t, n_cols) * (double)n_rows);
+    return st;
+}
+
 /* ---- several matrices, one dispatch -------------------------------------------------- */
 
 typedef struct multi_ctx {
@@ -380,6 +535,7 @@ size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols,
         if (tile == 0 || !size_mul(tile, (size_t)n_threads, &all)) return 0;
         need = BASE_MAX(need, all);
     }
+    need = BASE_MAX(need, tensor_matvec_batch_scratch_bytes(t, n_cols, n_tok));
     return BASE_MAX(need, matmul_dot_bytes(t, n_cols, n_tok));
 }
 
@@ -507,9 +663,38 @@ static int64_t matmul_sgemm_from(keel_dtype t)
     }
 }
 
+/* Largest batch tensor_matvec_batch takes for dtype t (0: none), measured
+ * against the dot tiles and sgemm (docs/kernels.md, "Seventh pass", CPU
+ * time of one thread at 2048 x 768, 9 tokens): q8_0 0.33 ms against the
+ * dot tiles' 0.46 (its batched kernels share the weight block's load, sign
+ * and scales among the tokens; AVX-512: vpdpbusd), q4_0 0.32 against 0.66
+ * (its row kernel, token by token, beats its dot), f16 0.68 against 0.74;
+ * q4_K even (0.356 / 0.358), taken for its result: each token's matvec
+ * bits, so that a verify batch agrees with decode; q6_K's dot tiles were
+ * 5% faster (0.38 / 0.41). f16 hands over to sgemm at 16 as before. The
+ * quantized ones go to 17 tokens: 1 + the 16 drafts speculation takes by
+ * default (the 17th token's pass over the rows costs about one matvec;
+ * q8_0 sgemm at 16 tokens took 0.86 ms against the batch's 0.50). */
+static int64_t matmul_batch_upto(keel_dtype t)
+{
+    switch (t) {
+    case KEEL_DTYPE_Q8_0:
+    case KEEL_DTYPE_Q4_0:
+    case KEEL_DTYPE_Q4_K:
+    case KEEL_DTYPE_Q5_K:
+        return TENSOR_MV_BATCH_MAX + 1;
+    case KEEL_DTYPE_F16:
+    case KEEL_DTYPE_BF16:
+        return matmul_sgemm_from(t) - 1;
+    default:
+        return 0;
+    }
+}
+
 tensor_gemm_path tensor_matmul_auto_path(keel_dtype t, int64_t n_tok)
 {
     if (n_tok <= 1) return TENSOR_GEMM_MATVEC;
+    if (n_tok <= matmul_batch_upto(t)) return TENSOR_GEMM_MATVEC_BATCH;
     if (n_tok < matmul_sgemm_from(t)) return TENSOR_GEMM_DOT_TILES;
     return TENSOR_GEMM_DEQUANT_SGEMM;
 }
@@ -519,7 +704,7 @@ static keel_status matmul_impl(tensor_gemm_path path, keel_dtype t, const void *
                                base_pool *pool, base_arena *scratch)
 {
     if (!shape_ok(t, n_rows, n_cols) || n_tok < 0) return KEEL_EINVAL;
-    if ((unsigned)path > TENSOR_GEMM_DOT_TILES) return KEEL_EINVAL;
+    if ((unsigned)path > TENSOR_GEMM_MATVEC_BATCH) return KEEL_EINVAL;
     if (n_rows == 0 || n_tok == 0) return KEEL_OK;
     if (!W || !Y || !X) return KEEL_EINVAL;
     size_t ys;
@@ -534,6 +719,7 @@ static keel_status matmul_impl(tensor_gemm_path path, keel_dtype t, const void *
     if (path == TENSOR_GEMM_DEQUANT_SGEMM && t == KEEL_DTYPE_F32 &&
         (uintptr_t)W % sizeof(float) != 0)
         path = TENSOR_GEMM_DOT_TILES;
+    if (path == TENSOR_GEMM_MATVEC_BATCH) return matvec_batch_impl(t, W, n_rows, n_cols, X, n_tok, Y, pool, scratch);
     if (path == TENSOR_GEMM_MATVEC || n_cols == 0) {
         for (int64_t i = 0; i < n_tok; i++) {
             keel_status st =

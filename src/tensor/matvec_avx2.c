@@ -53,7 +53,8 @@
  *
  * Integer parts are exact as in the dots; only the f32 summation order
  * differs from tensor_vec_dot (tests compare with the scalar path within a
- * bound; deterministic mode uses the dot tiles, not these kernels).
+ * bound; deterministic mode runs these kernels too, through
+ * tensor_matvec_batch, whose every token gets their bits).
  */
 #include "avx2_util.h"
 

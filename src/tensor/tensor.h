@@ -158,6 +158,26 @@ size_t tensor_matvec_multi_scratch_bytes(const tensor_mv_job *jobs, int n_jobs, 
 keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols, const float *x,
                                 base_pool *pool, base_arena *scratch);
 
+/* Tokens one pass of tensor_matvec_batch reads each weight row for (a
+ * longer batch runs in groups of this many). */
+#define TENSOR_MV_BATCH_MAX 16
+
+/* Scratch bytes tensor_matvec_batch needs for n_tok tokens (whatever SIMD
+ * level runs). */
+size_t tensor_matvec_batch_scratch_bytes(keel_dtype t, int64_t n_cols, int64_t n_tok);
+
+/* Y[i][r] = W[r,:] . X[i,:] for i < n_tok, r < n_rows (Y row stride n_rows),
+ * each token's row BIT-IDENTICAL to tensor_matvec on that token at the same
+ * SIMD level, so a token's result does not depend on the batch around it.
+ * Each weight row is read from memory once per TENSOR_MV_BATCH_MAX tokens
+ * and dotted against all of them (speculative verify batches: 1 + k
+ * tokens). Rows are split across the pool's threads as tensor_matvec
+ * splits them. KEEL_ESCRATCH (arena unchanged) / KEEL_EINVAL as
+ * tensor_matvec. */
+keel_status tensor_matvec_batch(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
+                                const float *X, int64_t n_tok, float *Y, base_pool *pool,
+                                base_arena *scratch);
+
 /* Scratch bytes tensor_matmul needs for this shape with n_threads threads. */
 size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols, int64_t n_tok,
                                    int n_threads);
@@ -167,8 +187,8 @@ size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols,
  * Prefill GEMM: OpenBLAS sgemm (single-threaded per pool thread) for f32,
  * dequantized tiles or a tiled quantized kernel for other dtypes (see
  * docs/kernels.md for which, by measurement). One token goes through
- * tensor_matvec; small batches through the quantized dot tiles (the
- * threshold is per dtype, tensor_matmul_auto_path). KEEL_ESCRATCH /
+ * tensor_matvec; small batches (2..17) through tensor_matvec_batch (or
+ * the dot tiles; per dtype, tensor_matmul_auto_path). KEEL_ESCRATCH /
  * KEEL_EINVAL as above. */
 keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n_cols,
                           const float *X, int64_t n_tok, float *Y, base_pool *pool,
@@ -182,12 +202,15 @@ keel_status tensor_matmul(keel_dtype t, const void *W, int64_t n_rows, int64_t n
  *                  (f32 weights: sgemm directly; DOT_TILES instead when
  *                  W is not 4-byte aligned)
  *   DOT_TILES      X quantized once to the vec_dot type, then tiles of
- *                  rows x tokens through the dtype's vec_dot */
+ *                  rows x tokens through the dtype's vec_dot
+ *   MATVEC_BATCH   tensor_matvec_batch: each row read once per 16 tokens,
+ *                  every token's row bit-identical to tensor_matvec's */
 typedef enum tensor_gemm_path {
     TENSOR_GEMM_AUTO = 0,
     TENSOR_GEMM_MATVEC = 1,
     TENSOR_GEMM_DEQUANT_SGEMM = 2,
     TENSOR_GEMM_DOT_TILES = 3,
+    TENSOR_GEMM_MATVEC_BATCH = 4,
 } tensor_gemm_path;
 
 /* tensor_matmul with the strategy forced. tensor_matmul_scratch_bytes

@@ -203,6 +203,27 @@ typedef struct tensor_mv_prep {
 } tensor_mv_prep;
 extern const tensor_mv_prep tensor_mv_prep_avx2_[KEEL_DTYPE_COUNT_];
 
+/* Batched row kernels: y[i * y_stride + r] = dot(W row r, x_i) for
+ * r < n_rows, i < n_tok (1..TENSOR_MV_BATCH_MAX), each bit for bit what the
+ * dtype's tensor_mv_avx2_ kernel gives x_i alone (same per-block products,
+ * same lanes, same summation order), with each row read once for all
+ * tokens. pack lays the n_tok activations (x[i] in the vec_dot type) out
+ * for run once per product (pack_bytes(n_cols, n_tok) bytes of scratch,
+ * 64-byte aligned): interleaved per block, so that the kernel walks one
+ * pointer for all tokens. run NULL: tensor_matvec_batch runs the row kernel
+ * token by token over L1-sized chunks of rows. */
+typedef void (*tensor_mvb_fn)(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb, int n_tok,
+                              const void *packed, float *y, size_t y_stride);
+typedef struct tensor_mvb_kernel {
+    tensor_mvb_fn run;
+    size_t (*pack_bytes)(int64_t n_cols, int n_tok);
+    void (*pack)(const void *const *x, int n_tok, int64_t n_cols, void *packed);
+} tensor_mvb_kernel;
+extern const tensor_mvb_kernel tensor_mvb_avx2_[KEEL_DTYPE_COUNT_];
+/* The same with AVX-512 VNNI (256-bit vpdpbusd; call only at the avx512
+ * level). */
+extern const tensor_mvb_kernel tensor_mvb_avx512_[KEEL_DTYPE_COUNT_];
+
 tensor_dot_fn tensor_dot_get_(keel_dtype t);
 tensor_quant_fn tensor_quant_get_(keel_dtype t);
 tensor_dequant_fn tensor_dequant_get_(keel_dtype t);
