@@ -165,10 +165,10 @@ char *srv_metrics_text(const char *stats_json, size_t rss_bytes)
             {"rejected", "Values from the shared cache tier refused (corrupted, truncated, foreign)."},
             {"dropped", "States not written to the shared cache tier (queue full, or the server down)."},
         };
-        for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
+        for (size_t c = 0; c < sizeof counters / sizeof counters[0]; c++) {
             char name[96];
-            snprintf(name, sizeof name, "keel_remote_cache_%s_total", counters[i][0]);
-            metric(&b, name, "counter", counters[i][1], num(rc, counters[i][0]));
+            snprintf(name, sizeof name, "keel_remote_cache_%s_total", counters[c][0]);
+            metric(&b, name, "counter", counters[c][1], num(rc, counters[c][0]));
         }
         metric(&b, "keel_remote_cache_up", "gauge", "1 when the last exchange with the shared cache tier succeeded.",
                json_is_true(json_object_get(rc, "up")) ? 1.0 : 0.0);

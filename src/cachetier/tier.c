@@ -334,7 +334,11 @@ static bool write_item(tier *t, redisContext *c, const tier_item *x, size_t *sen
     snprintf(key, sizeof key, "keel:%s:s:%s", t->fp_hex, name);
     bool ok = redisAppendCommand(c, "SET %s %b EX %d", key, v, vn, t->ttl_s) == REDIS_OK;
     base_free(v, vn);
-    int32_t n_cmd = 1;
+    /* its history alone: a reader checks what it shares before moving the state */
+    snprintf(key, sizeof key, "keel:%s:t:%s", t->fp_hex, name);
+    ok = ok && redisAppendCommand(c, "SET %s %b EX %d", key, (const void *)x->hist,
+                                  (size_t)x->n_hist * sizeof(int32_t), t->ttl_s) == REDIS_OK;
+    int32_t n_cmd = 2;
     for (int32_t k = 0; ok && k < x->n_h; k++) {
         snprintf(key, sizeof key, "keel:%s:i:%016" PRIx64, t->fp_hex, x->h[k]);
         ok = redisAppendCommand(c, "SET %s %s EX %d", key, name, t->ttl_s) == REDIS_OK;
@@ -368,6 +372,19 @@ static void *writer(void *arg)
         pthread_mutex_unlock(&t->mu);
         size_t sent = 0;
         bool ok = false;
+        /* down: wait for the retry time (a close interrupts it), then one try */
+        pthread_mutex_lock(&t->mu);
+        while (!t->wc && !t->stop && base_time_ns() < t->w_retry_at) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+        }
+        pthread_mutex_unlock(&t->mu);
         redisContext *c = side(t, &t->wc, &t->w_retry_at, TIER_WRITE_TIMEOUT_MS);
         if (c) {
             ok = write_item(t, c, x, &sent);
@@ -503,8 +520,10 @@ keel_status tier_fetch(tier *t, const int32_t *prompt, int32_t n, int32_t min_le
     *len = 0;
     *hist = NULL;
     *n_hist = 0;
-    int32_t n_b = n / t->chunk, k0 = min_len / t->chunk; /* boundaries k0+1 .. n_b are worth a look */
-    if (n_b <= k0) return KEEL_OK;
+    /* boundaries k0 + 1 .. n_b are worth a look: a state found by the
+     * boundary at or below min_len may still share more than min_len */
+    int32_t n_b = n / t->chunk, k0 = min_len / t->chunk > 0 ? min_len / t->chunk - 1 : 0;
+    if (n_b <= k0 || n <= min_len) return KEEL_OK;
     redisContext *c = side(t, &t->rc, &t->r_retry_at, t->timeout_ms);
     if (!c) {
         count(t, &t->st.misses, 1);
@@ -558,6 +577,34 @@ keel_status tier_fetch(tier *t, const int32_t *prompt, int32_t n, int32_t min_le
         count(t, &t->st.misses, 1);
         goto done;
     }
+    /* what the state shares with the prompt, from its history alone */
+    r = redisCommand(c, "GET keel:%s:t:%s", t->fp_hex, name);
+    if (!r) {
+        failed(t, &t->rc, &t->r_retry_at, "GET");
+        count(t, &t->st.misses, 1);
+        goto done;
+    }
+    if (r->type != REDIS_REPLY_STRING || r->len % sizeof(int32_t) != 0) {
+        if (r->type == REDIS_REPLY_STRING) count(t, &t->st.rejected, 1);
+        count(t, &t->st.misses, 1);
+        goto done;
+    }
+    count(t, &t->st.bytes_in, (int64_t)r->len);
+    {
+        int32_t nt = (int32_t)(r->len / sizeof(int32_t)), shared = 0;
+        const char *q = r->str;
+        while (shared < nt && shared < n) {
+            int32_t tok;
+            memcpy(&tok, q + (size_t)shared * sizeof(int32_t), sizeof tok);
+            if (tok != prompt[shared]) break;
+            shared++;
+        }
+        if (shared <= min_len) { /* no better than what the caller has */
+            count(t, &t->st.misses, 1);
+            goto done;
+        }
+    }
+    freeReplyObject(r);
     r = redisCommand(c, "GET keel:%s:s:%s", t->fp_hex, name);
     if (!r) {
         failed(t, &t->rc, &t->r_retry_at, "GET");

@@ -12,10 +12,12 @@
  * Keys (C = chunk tokens, h_0 = the configuration's fingerprint,
  * h_k = xxh3(tokens[(k-1)C .. kC), seed h_{k-1})):
  *   keel:<fp>:s:<h_b>  a state whose history has b..b+C-1 tokens (b = kC)
+ *   keel:<fp>:t:<h_b>  its history alone (int32 little-endian)
  *   keel:<fp>:i:<h_k>  for every k <= b / C: the name (<h_b>) of the newest
  *                      state filed whose history starts with those kC tokens
- * A prompt reads the index keys of all its boundaries in one MGET, then the
- * state behind the longest one present.
+ * A prompt reads the index keys of its boundaries in one MGET, then the
+ * history of the state behind the longest one present, and the state only
+ * when that history shares more with the prompt than the caller has.
  *
  * Threads: tier_fetch and tier_store are called by one thread (the
  * engine's stepping thread); a writer thread of the tier's own does the
