@@ -8,7 +8,8 @@ PKGS="build-essential cmake pkg-config clang llvm libclang-rt-14-dev
 libopenblas-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev
 libzstd-dev libjansson-dev libmicrohttpd-dev nodejs npm
 python3-jsonschema python3-rfc3987 python3-idna
-chromium fonts-dejavu-core"
+chromium fonts-dejavu-core
+libhiredis-dev redis-server redis-tools haproxy"
 
 missing=""
 for p in $PKGS; do
