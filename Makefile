@@ -53,7 +53,7 @@ test-asan: deps
 # (the tests run the TSan-built keel binary). OpenBLAS's own threads are
 # not instrumented: one thread there.
 TSAN_BUILD ?= build-tsan
-TSAN_TESTS ?= test_base test_engine_threads test_engine_api test_server test_server_load
+TSAN_TESTS ?= test_base test_engine_threads test_engine_api test_server test_server_load test_cachetier
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_TSAN=ON
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target keel $(TSAN_TESTS)

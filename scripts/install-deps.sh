@@ -9,7 +9,8 @@ libopenblas-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev
 libzstd-dev libjansson-dev libmicrohttpd-dev nodejs npm
 python3-jsonschema python3-rfc3987 python3-idna libedit-dev tmux
 python3-pytest python3-venv python3-setuptools
-chromium fonts-dejavu-core"
+chromium fonts-dejavu-core
+libhiredis-dev redis-server redis-tools haproxy"
 
 missing=""
 for p in $PKGS; do

@@ -151,6 +151,30 @@ char *srv_metrics_text(const char *stats_json, size_t rss_bytes)
            num(s, "checkpoint_failures"));
     json_t *pc = json_object_get(s, "prompt_cache");
     if (json_is_object(pc)) export_object(&b, pc, "prompt_cache");
+    json_t *rc = json_object_get(s, "remote_cache"); /* --cache-redis (docs/cache-tier.md) */
+    if (json_is_object(rc)) {
+        static const char *const counters[][2] = {
+            {"hits", "Prompts resumed from the shared cache tier."},
+            {"misses", "Prompts that looked in the shared cache tier and found nothing usable."},
+            {"hit_tokens", "Prompt tokens resumed from the shared cache tier."},
+            {"bytes_in", "Bytes read from the shared cache tier."},
+            {"bytes_out", "Bytes written to the shared cache tier."},
+            {"writes", "States written to the shared cache tier."},
+            {"errors", "Exchanges with the shared cache tier that failed."},
+            {"timeouts", "Exchanges with the shared cache tier that timed out."},
+            {"rejected", "Values from the shared cache tier refused (corrupted, truncated, foreign)."},
+            {"dropped", "States not written to the shared cache tier (queue full, or the server down)."},
+        };
+        for (size_t c = 0; c < sizeof counters / sizeof counters[0]; c++) {
+            char name[96];
+            snprintf(name, sizeof name, "keel_remote_cache_%s_total", counters[c][0]);
+            metric(&b, name, "counter", counters[c][1], num(rc, counters[c][0]));
+        }
+        metric(&b, "keel_remote_cache_up", "gauge", "1 when the last exchange with the shared cache tier succeeded.",
+               json_is_true(json_object_get(rc, "up")) ? 1.0 : 0.0);
+        metric(&b, "keel_remote_cache_queue_bytes", "gauge", "State bytes waiting to be written to the shared cache tier.",
+               num(rc, "queue_bytes"));
+    }
     json_t *ck = json_object_get(s, "checkpoints");
     if (json_is_object(ck)) export_object(&b, ck, "checkpoints");
     json_t *plan = json_object_get(s, "plan");

@@ -29,6 +29,8 @@
 
 typedef struct serve_opts {
     const char *host, *slot_save_path, *api_key_file, *chat_template, *alias, *tool_format;
+    const char *cache_redis;
+    int32_t redis_ttl, redis_max_mib, redis_timeout_ms;
     int32_t port, n_slots, cache_ram, timeout, threads_http, n_predict, max_body;
     int32_t keep_alive, read_timeout, sse_ping;
     bool cache_ram_set, metrics, no_slots, no_webui, log_disable, deterministic, strict_tools;
@@ -52,6 +54,11 @@ static const char g_help[] =
     "  -n, --n-predict N              max_tokens of requests that give none; -1: up to the context (-1)\n"
     "  -s, --seed S                   default sampling seed of requests (random per request)\n"
     "  --cache-ram MIB                RAM prompt cache bound in MiB; 0: off (8192)\n"
+    "  --cache-redis URL              shared prompt-cache tier: redis://[:PASSWORD@]HOST[:PORT][/DB]\n"
+    "                                 (docs/cache-tier.md; servers with one model and K/V setup share states)\n"
+    "  --cache-redis-ttl S            expiry of what this server writes (3600)\n"
+    "  --cache-redis-max-mib N        write queue bound, also the largest state moved (512)\n"
+    "  --cache-redis-timeout MS       connect and read timeout (2000)\n"
     "  --ctx-checkpoints N            checkpoints per slot of its recurrent state or sliding rings, reserved\n"
     "                                 in the plan (8 with recurrent layers; sliding: up to 8 in 1/4 of the KV)\n"
     "  --checkpoint-every N           also a checkpoint every N prompt tokens (0: at prompt ends)\n"
@@ -155,6 +162,14 @@ static bool serve_extra(cli_opts *o, const char *a, const char *v, bool *takes)
         if (v && strcmp(v, "-1") == 0)
             return bad(o, a, v, "a bound in MiB, [0, 16777216] (keel never allocates past its plan; 0: off)");
         return int_in(o, a, v, 0, 1 << 24, &so->cache_ram);
+    } else if (strcmp(a, "--cache-redis") == 0) {
+        so->cache_redis = v;
+    } else if (strcmp(a, "--cache-redis-ttl") == 0) {
+        return int_in(o, a, v, 1, 1 << 30, &so->redis_ttl);
+    } else if (strcmp(a, "--cache-redis-max-mib") == 0) {
+        return int_in(o, a, v, 1, 1 << 20, &so->redis_max_mib);
+    } else if (strcmp(a, "--cache-redis-timeout") == 0) {
+        return int_in(o, a, v, 1, 600000, &so->redis_timeout_ms);
     } else if (strcmp(a, "--swa-checkpoints") == 0) { /* llama-server's older name of --ctx-checkpoints */
         return int_in(o, a, v, 0, 4096, &o->ctx.n_ctx_checkpoints);
     } else if (strcmp(a, "--prefill-share") == 0) {
@@ -276,6 +291,12 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     if (so->chat_template) bad_ |= set(j, "chat_template", json_string(so->chat_template));
     if (so->tool_format) bad_ |= set(j, "tool_format", json_string(so->tool_format));
     bad_ |= set(j, "cache_ram_mib", json_integer(so->cache_ram));
+    if (so->cache_redis) {
+        bad_ |= set(j, "cache_redis", json_string(so->cache_redis));
+        if (so->redis_ttl) bad_ |= set(j, "cache_redis_ttl", json_integer(so->redis_ttl));
+        if (so->redis_max_mib) bad_ |= set(j, "cache_redis_max_mib", json_integer(so->redis_max_mib));
+        if (so->redis_timeout_ms) bad_ |= set(j, "cache_redis_timeout_ms", json_integer(so->redis_timeout_ms));
+    }
     /* the shared flag table parses --ctx-checkpoints and --checkpoint-every */
     bad_ |= set(j, "ctx_checkpoints", json_integer(cp->n_ctx_checkpoints));
     bad_ |= set(j, "checkpoint_every", json_integer(cp->checkpoint_every));

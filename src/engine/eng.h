@@ -356,6 +356,8 @@ struct keel_engine {
     size_t pc_limit, pc_bytes;
     eng_pc_entry *pc_head;
     int64_t pc_entries, pc_hits, pc_hit_tokens, pc_saves, pc_evictions;
+    /* the shared tier on Redis (eng_remote.c), or NULL */
+    struct tier *tier;
     /* tests: the logits each request's first token is sampled from */
     void (*debug_logits)(void *user, uint64_t request, const float *logits, int32_t n_vocab);
     void *debug_user;
@@ -539,5 +541,24 @@ void eng_run_controls(keel_engine *e);
  * cache problem only costs reuse. */
 void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t sys_end, int32_t *lcp);
 void eng_pc_free(keel_engine *e);
+/* Keeps slot sl's cache in the RAM prompt cache (when on and worth it). */
+void eng_pc_keep(keel_engine *e, eng_slot *sl);
+/* Loads a session blob into the idle slot sl (all or nothing). */
+keel_status eng_slot_load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, size_t len, char *err);
+
+/* eng_remote.c: the shared prompt-cache tier (docs/cache-tier.md) */
+#define ENG_REDIS_TTL 3600
+#define ENG_REDIS_MAX_MIB 512
+#define ENG_REDIS_TIMEOUT_MS 2000
+#define ENG_REDIS_CHUNK 256
+keel_status eng_remote_open(keel_engine *e, const char *url, int32_t ttl_s, size_t max_bytes, int32_t timeout_ms,
+                            int32_t chunk, char *err);
+void eng_remote_close(keel_engine *e);
+/* At admission, after the RAM cache: resumes slot sl from the tier's
+ * longest stored prefix of prompt when it beats *lcp (updated). */
+void eng_remote_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t *lcp);
+/* A request ended: queues slot sl's state for the tier. */
+void eng_remote_store(keel_engine *e, eng_slot *sl);
+json_t *eng_remote_stats(keel_engine *e);
 
 #endif

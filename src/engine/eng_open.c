@@ -23,6 +23,9 @@ typedef struct eng_open_opts {
     json_t *compact; /* borrowed */
     keel_spec_params spec;
     const char *model_draft;
+    /* the shared prompt-cache tier (docs/cache-tier.md) */
+    const char *cache_redis;
+    int32_t redis_ttl, redis_max_mib, redis_timeout_ms, redis_chunk;
 } eng_open_opts;
 
 static keel_status get_i32(json_t *v, const char *k, int32_t lo, int32_t hi, int32_t *out, char *err)
@@ -47,6 +50,10 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
     p->n_slots = 1;
     p->prefill_share = ENG_PREFILL_SHARE;
     p->spec = keel_spec_params_default();
+    p->redis_ttl = ENG_REDIS_TTL;
+    p->redis_max_mib = ENG_REDIS_MAX_MIB;
+    p->redis_timeout_ms = ENG_REDIS_TIMEOUT_MS;
+    p->redis_chunk = ENG_REDIS_CHUNK;
     if (!json_is_object(o)) return base_err(err, KEEL_EINVAL, "options must be a JSON object");
     const char *k;
     json_t *v;
@@ -68,6 +75,11 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         else if (strcmp(k, "swa_sinks") == 0) st = get_i32(v, k, 0, 1 << 16, &p->cp.n_sink, err);
         else if (strcmp(k, "max_prompt_tokens") == 0) st = get_i32(v, k, 1, 1 << 26, &p->max_prompt_tokens, err);
         else if (strcmp(k, "cache_ram_mib") == 0) st = get_i32(v, k, 0, 1 << 24, &p->cache_ram_mib, err);
+        else if (strcmp(k, "cache_redis") == 0) st = get_str(v, k, &p->cache_redis, err);
+        else if (strcmp(k, "cache_redis_ttl") == 0) st = get_i32(v, k, 1, 1 << 30, &p->redis_ttl, err);
+        else if (strcmp(k, "cache_redis_max_mib") == 0) st = get_i32(v, k, 1, 1 << 20, &p->redis_max_mib, err);
+        else if (strcmp(k, "cache_redis_timeout_ms") == 0) st = get_i32(v, k, 1, 600000, &p->redis_timeout_ms, err);
+        else if (strcmp(k, "cache_redis_chunk") == 0) st = get_i32(v, k, 16, 1 << 16, &p->redis_chunk, err);
         else if (strcmp(k, "ctx_checkpoints") == 0) st = get_i32(v, k, -1, 4096, &p->cp.n_ctx_checkpoints, err);
         else if (strcmp(k, "checkpoint_every") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.checkpoint_every, err);
         else if (strcmp(k, "prefill_share") == 0) {
@@ -284,6 +296,9 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
         goto fail;
     }
     e->recurrent = keel_mem_is_recurrent(keel_context_memory(e->ctx));
+    if (p.cache_redis && (st = eng_remote_open(e, p.cache_redis, p.redis_ttl, (size_t)p.redis_max_mib << 20,
+                                               p.redis_timeout_ms, p.redis_chunk, err)) != KEEL_OK)
+        goto fail;
     if (p.spec.kind != KEEL_SPEC_NONE) {
         if (p.model_draft) {
             mp = keel_model_params_default();
@@ -386,6 +401,7 @@ void keel_engine_close(keel_engine *e)
     if (e->ctx) eng_finish_all(e, "cancelled");
     eng_reap(e); /* submitted requests that ended since the last step (nobody steps now) */
     eng_pc_free(e);
+    eng_remote_close(e);
     if (e->slots)
         for (int32_t i = 0; i <= e->n_slots; i++) {
             base_free(e->slots[i].hist, (size_t)e->hist_cap * sizeof(int32_t));
@@ -937,6 +953,7 @@ static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n
                                          (json_int_t)e->pc_hits, "hit_tokens", (json_int_t)e->pc_hit_tokens, "saves",
                                          (json_int_t)e->pc_saves, "evictions", (json_int_t)e->pc_evictions));
     pthread_mutex_unlock(&e->mu);
+    if (e->tier) bad |= json_object_set_new(o, "remote_cache", eng_remote_stats(e));
     bad |= json_object_set_new(o, "chat_template", json_string(e->template_name));
     bad |= json_object_set_new(o, "tool_format", json_string(toolcall_format_name(e->tool_format)));
     char *s = bad ? NULL : json_dumps(o, JSON_COMPACT);

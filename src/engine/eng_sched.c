@@ -448,6 +448,7 @@ static void finish(keel_engine *e, eng_slot *sl, const char *reason, keel_status
     if (r->cb) r->cb(r->user, &ev);
     release_request(e, sl);
     complete(e, r, resp ? status : KEEL_ENOMEM, resp, len);
+    if (e->tier && status == KEEL_OK) eng_remote_store(e, sl);
 }
 
 /* A request that never reached a slot (or failed at admission; a prompt
@@ -805,6 +806,7 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     for (int32_t i = 0; i < tmp.n_marks; i++)
         if (tmp.marks[i].prio == ENG_PRIO_SYSTEM) sys_end = tmp.marks[i].pos;
     eng_pc_admit(e, sl, tmp.prompt, tmp.n_prompt, sys_end, &lcp);
+    if (e->tier) eng_remote_admit(e, sl, tmp.prompt, tmp.n_prompt, &lcp);
     memcpy(sl->prompt, tmp.prompt, (size_t)tmp.n_prompt * sizeof(int32_t));
     sl->n_prompt = tmp.n_prompt;
     memcpy(sl->forced, tmp.forced, sizeof sl->forced);

@@ -35,7 +35,7 @@ static void slot_loaded(keel_engine *e, eng_slot *sl, int32_t n, int32_t pending
 }
 
 /* Loads blob into the slot; on success the slot's history is the blob's. */
-static keel_status load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, size_t len, char *err)
+keel_status eng_slot_load_blob(keel_engine *e, eng_slot *sl, const uint8_t *blob, size_t len, char *err)
 {
     keel_mem *mem = mem_of(e);
     int32_t n = 0;
@@ -301,6 +301,11 @@ static void pc_store(keel_engine *e, eng_slot *sl)
     pthread_mutex_unlock(&e->mu);
 }
 
+void eng_pc_keep(keel_engine *e, eng_slot *sl)
+{
+    if (e->pc_limit > 0 && sl->n_hist >= PC_MIN_TOKENS) pc_store(e, sl);
+}
+
 void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n, int32_t sys_end, int32_t *reuse)
 {
     if (e->pc_limit == 0) return;
@@ -320,7 +325,7 @@ void eng_pc_admit(keel_engine *e, eng_slot *sl, const int32_t *prompt, int32_t n
     best = pc_best(e, prompt, n, &best_l);
     if (!best || best_l <= *reuse) return;
     char err[BASE_ERR_CAP];
-    if (load_blob(e, sl, best->blob, best->blob_len, err) != KEEL_OK) {
+    if (eng_slot_load_blob(e, sl, best->blob, best->blob_len, err) != KEEL_OK) {
         /* refused (no room, or it no longer matches the memory): the slot is
          * as it was; this request just reuses less */
         return;
