@@ -74,21 +74,23 @@ static const char *g_help =
 /* ---- Ctrl-C ----------------------------------------------------------------------- */
 
 static volatile sig_atomic_t g_sigint; /* a SIGINT since the flag was last cleared */
-static int g_sig_pipe[2] = {-1, -1};   /* the handler writes 'c' to [1]; the watcher reads [0] */
+static volatile sig_atomic_t g_turn;   /* the running turn's id (1..100, cycling), 0 between turns */
+static int g_sig_pipe[2] = {-1, -1};   /* the handler writes the turn id to [1]; the watcher reads [0] */
 
 static void on_sigint(int sig)
 {
     (void)sig;
     int e = errno;
     g_sigint = 1;
-    ssize_t w = write(g_sig_pipe[1], "c", 1); /* a full pipe: a cancel is already pending */
+    char b = (char)g_turn; /* the watcher may read it late: it cancels only this turn */
+    ssize_t w = write(g_sig_pipe[1], &b, 1); /* a full pipe: a cancel is already pending */
     (void)w;
     errno = e;
 }
 
 typedef struct watcher {
     keel_engine *e;
-    atomic_int busy; /* a turn runs: a Ctrl-C cancels it */
+    atomic_int busy; /* the running turn's id: a Ctrl-C during it cancels it; 0: none */
 } watcher;
 
 static void *watch_main(void *arg)
@@ -99,7 +101,9 @@ static void *watch_main(void *arg)
         ssize_t n = read(g_sig_pipe[0], &ch, 1);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0 || ch == 'q') break;
-        if (atomic_load(&w->busy)) keel_engine_cancel(w->e);
+        /* a Ctrl-C read after its turn ended must not cancel the next one */
+        int turn = atomic_load(&w->busy);
+        if (turn && turn == (unsigned char)ch) keel_engine_cancel(w->e);
     }
     return NULL;
 }
@@ -352,10 +356,14 @@ static int chat_turn(chat *c, watcher *w, size_t n0)
     c->resp = NULL;
     c->last_prompt = c->last_cached = c->last_gen = 0;
     cli_progress_begin(&c->prog);
+    static int turn_id;
+    turn_id = turn_id % 100 + 1; /* never 'q' (113), the watcher's quit byte */
     g_sigint = 0;
-    atomic_store(&w->busy, 1);
+    g_turn = turn_id;
+    atomic_store(&w->busy, turn_id);
     keel_status st = keel_complete(c->e, mj, oj, c->tools, on_event, c, NULL, 0);
     atomic_store(&w->busy, 0);
+    g_turn = 0;
     free(mj);
     free(oj);
     if (c->write_failed) {
