@@ -202,6 +202,7 @@ attn_kernel_set attn_kernels(attn_path path, keel_dtype kt, keel_dtype vt, int32
         k.pv = attn_pv_avx512(vt);
         k.ex = attn_exp_avx512;
         k.row = attn_row_avx512;
+        k.dec = attn_dec_avx512(kt, vt, dk, dv);
     }
     if (path >= ATTN_PATH_AVX2) {
         if (!k.kq) k.kq = attn_kq_avx2(kt);

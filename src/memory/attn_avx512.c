@@ -540,3 +540,316 @@ bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float
     *l += _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
     return true;
 }
+
+/* ---- fused decode (q8_0 K, q8_0 V) ---------------------------------------
+ *
+ * One quad of query rows (NR <= 4) over the listed cells, in blocks of
+ * ATTN_CB cells made of two tiles of 16. The scores keep one cell per
+ * 32-bit lane from the int8 dots to the probabilities, so nothing is
+ * reduced across lanes per cell:
+ *   - a tile's K block b (16 rows x 32 bytes) is transposed into eight zmm
+ *     (lane c = bytes 4i..4i+3 of cell c) and biased to u8 (k + 128);
+ *   - each row r takes eight dpbusd against its query's 4-byte groups
+ *     (embedded broadcasts), started from -128 * sum(q) so the integer sum
+ *     is exact; then one convert and one FMA by d_k (the tile's 16 block
+ *     scales, gathered) * d_q * scale;
+ *   - the online softmax runs on the rows' two score vectors per block.
+ * p . V: weights w = p * d_v per (row, V block, cell) formed as vectors,
+ * then per cell the V values converted once for all rows and one FMA per
+ * row and 16 columns; the accumulators stay in registers over the block.
+ * The block's V rows are prefetched during the scores, the next block's K
+ * rows during p . V. */
+
+#define DEC_T 16        /* cells per tile: one per lane */
+#define PV_NB_MAX512 16 /* V blocks per row (dv <= 512) */
+
+typedef struct dec_quad512 {
+    const uint8_t *qb[4]; /* row r's q8_0 query blocks */
+    int32_t corr[4][KQ_NB_MAX]; /* -128 * sum of block b's query bytes */
+    float dq[4][KQ_NB_MAX];     /* d_q of block b * scale (1 with a softcap) */
+} dec_quad512;
+
+static ALWAYS_INLINE int32_t load_i32(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Block data at rows[c] + off (32 int8 each) of 16 cells transposed: g[i]
+ * lane c = bytes 4i..4i+3 of cell c, plus 128 (as u8). */
+static ALWAYS_INLINE void dec_kt(const uint8_t *const *rows, size_t off, __m512i g[8])
+{
+    __m512i z[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rows[i] + off))),
+                                  _mm256_loadu_si256((const __m256i *)(rows[i + 4] + off)), 1);
+        z[4 + i] =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rows[8 + i] + off))),
+                               _mm256_loadu_si256((const __m256i *)(rows[12 + i] + off)), 1);
+    }
+    /* z[i] 128-bit lanes: cell a dwords 0-3, a 4-7, cell b 0-3, b 4-7 */
+    __m512i t[8], u[8];
+#pragma GCC unroll 2
+    for (int h = 0; h < 8; h += 4) {
+        t[h] = _mm512_unpacklo_epi32(z[h], z[h + 1]);
+        t[h + 1] = _mm512_unpackhi_epi32(z[h], z[h + 1]);
+        t[h + 2] = _mm512_unpacklo_epi32(z[h + 2], z[h + 3]);
+        t[h + 3] = _mm512_unpackhi_epi32(z[h + 2], z[h + 3]);
+        u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        g[i] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[i], u[4 + i], _MM_SHUFFLE(2, 0, 2, 0)), bias);
+        g[4 + i] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[i], u[4 + i], _MM_SHUFFLE(3, 1, 3, 1)), bias);
+    }
+}
+
+/* The f16 values at base + off[c] (c < 16, off as two 8-lane int64
+ * vectors) as f32. */
+static ALWAYS_INLINE __m512 dec_scales16(const uint8_t *base, __m512i off_lo, __m512i off_hi)
+{
+    __m256i lo = _mm512_i64gather_epi32(off_lo, (const void *)base, 1);
+    __m256i hi = _mm512_i64gather_epi32(off_hi, (const void *)base, 1);
+    __m512i d = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
+}
+
+/* Scores of one tile (16 cells at krows, byte offsets koff of each from
+ * kbase) for the quad's NR rows: s[r] lane c. */
+static ALWAYS_INLINE void dec_tile_scores(const uint8_t *const *krows, const uint8_t *kbase, __m512i off_lo,
+                                          __m512i off_hi, const dec_quad512 *Q, int NR, int32_t nbk, __m512 s[4],
+                                          attn_pf_cursor *pc, int32_t pl)
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) s[r] = _mm512_setzero_ps();
+    for (int32_t b = 0; b < nbk; b++) {
+        __m512i g[8];
+        attn_pf_step(pc, pl);
+        dec_kt(krows, (size_t)b * 34 + 2, g);
+        __m512i bo = _mm512_set1_epi64((long long)b * 34);
+        __m512 dk = dec_scales16(kbase, _mm512_add_epi64(off_lo, bo), _mm512_add_epi64(off_hi, bo));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *qd = Q->qb[r] + (size_t)b * 34 + 2;
+            __m512i a0 = _mm512_set1_epi32(Q->corr[r][b]), a1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int i = 0; i < 8; i += 2) {
+                a0 = _mm512_dpbusd_epi32(a0, g[i], _mm512_set1_epi32(load_i32(qd + 4 * i)));
+                a1 = _mm512_dpbusd_epi32(a1, g[i + 1], _mm512_set1_epi32(load_i32(qd + 4 * i + 4)));
+            }
+            s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)),
+                                   _mm512_mul_ps(dk, _mm512_set1_ps(Q->dq[r][b])), s[r]);
+        }
+    }
+}
+
+/* acc rows [b0 * 32, (b0 + NBS) * 32) += sum_c wt[b][r][c] * V row c's values */
+static ALWAYS_INLINE void dec_pv_seg(const uint8_t *const *vrows, int32_t nb, int32_t b0, int NBS,
+                                     const float (*wt)[4][ATTN_CB], float *const *acc, int NR,
+                                     attn_pf_cursor *pc, int32_t pl)
+{
+    __m512 A[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 2 * NBS; i++) A[r][i] = _mm512_loadu_ps(acc[r] + (size_t)b0 * QK + 16 * i);
+    for (int32_t c = 0; c < nb; c++) {
+        attn_pf_step(pc, pl);
+#pragma GCC unroll 2
+        for (int h = 0; h < NBS; h++) {
+            const uint8_t *vb = vrows[c] + (size_t)(b0 + h) * 34 + 2;
+            __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)vb)));
+            __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vb + 16))));
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                __m512 w = _mm512_set1_ps(wt[b0 + h][r][c]);
+                A[r][2 * h] = _mm512_fmadd_ps(w, v0, A[r][2 * h]);
+                A[r][2 * h + 1] = _mm512_fmadd_ps(w, v1, A[r][2 * h + 1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 2 * NBS; i++) _mm512_storeu_ps(acc[r] + (size_t)b0 * QK + 16 * i, A[r][i]);
+}
+
+/* The byte offsets idx[c] * rb of a tile's n cells (the last one repeated
+ * up to 16) as two int64 vectors, and their row pointers. */
+static ALWAYS_INLINE void dec_tile_rows(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
+                                        const uint8_t **rows, __m512i *lo, __m512i *hi)
+{
+    __mmask16 k = n >= DEC_T ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    __m512i ix = _mm512_mask_loadu_epi32(_mm512_set1_epi32(idx[n - 1]), k, idx);
+    __m512i r = _mm512_set1_epi64((long long)rb), bp = _mm512_set1_epi64((long long)(uintptr_t)base);
+    *lo = _mm512_mullo_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(ix)), r);
+    *hi = _mm512_mullo_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(ix, 1)), r);
+    _mm512_storeu_si512((void *)rows, _mm512_add_epi64(*lo, bp));
+    _mm512_storeu_si512((void *)(rows + 8), _mm512_add_epi64(*hi, bp));
+}
+
+/* [f(x0), f(x1), f(x2), f(x3)] in every 128-bit lane, f the reduction of
+ * 16 lanes by op (max or add) */
+#define DEC_REDUCE4(OP, x0, x1, x2, x3, out)                                                                \
+    do {                                                                                                 \
+        __m512 t01_ = OP(_mm512_unpacklo_ps(x0, x1), _mm512_unpackhi_ps(x0, x1));                       \
+        __m512 t23_ = OP(_mm512_unpacklo_ps(x2, x3), _mm512_unpackhi_ps(x2, x3));                       \
+        __m512 u_ = OP(_mm512_shuffle_ps(t01_, t23_, _MM_SHUFFLE(1, 0, 1, 0)),                          \
+                       _mm512_shuffle_ps(t01_, t23_, _MM_SHUFFLE(3, 2, 3, 2)));                         \
+        u_ = OP(u_, _mm512_shuffle_f32x4(u_, u_, _MM_SHUFFLE(1, 0, 3, 2)));                             \
+        (out) = OP(u_, _mm512_shuffle_f32x4(u_, u_, _MM_SHUFFLE(2, 3, 0, 1)));                          \
+    } while (0)
+
+static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
+{
+    const int32_t nbk = a->dk / QK, nbv = a->dv / QK;
+    const bool capped = a->softcap > 0.0f;
+    dec_quad512 Q;
+    for (int r = 0; r < 4; r++) {
+        const uint8_t *q = a->q[r0 + BASE_MIN(r, NR - 1)];
+        Q.qb[r] = q;
+        for (int32_t b = 0; b < nbk; b++) {
+            const uint8_t *qb = q + (size_t)b * 34;
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i++) sum += (int8_t)qb[2 + i];
+            Q.corr[r][b] = -128 * sum;
+            Q.dq[r][b] = f16_to_f32(qb) * (capped ? 1.0f : a->scale);
+        }
+    }
+    float m[4], l[4];
+    float *acc[4];
+    for (int r = 0; r < 4; r++) {
+        m[r] = a->m[r0 + BASE_MIN(r, NR - 1)];
+        l[r] = a->l[r0 + BASE_MIN(r, NR - 1)];
+        acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
+    }
+    _Alignas(64) float wt[PV_NB_MAX512][4][ATTN_CB]; /* p * d_v per V block, row, cell */
+    const uint8_t *krows[ATTN_CB], *vrows[ATTN_CB];
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
+        int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
+        const int32_t *idx = a->idx + cb;
+        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        int32_t plk = 0, plv = 0;
+        if (r0 == 0) {
+            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
+            pv = attn_pf_begin(fv);
+            plv = attn_pf_lines(fv, 2 * nbk);
+            if (cb + nb < a->n) {
+                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
+                pk = attn_pf_begin(fk);
+                plk = attn_pf_lines(fk, (nbv + 1) / 2 * nb);
+            }
+        }
+        __m512 s[2][4];
+        __m512i vlo[2], vhi[2];
+        for (int t = 0; t < 2; t++) {
+            int32_t nt = BASE_MIN(DEC_T, nb - t * DEC_T);
+            if (nt <= 0) {
+                for (int r = 0; r < 4; r++) s[t][r] = ninf;
+                continue;
+            }
+            __m512i klo, khi;
+            dec_tile_rows(a->kbase, a->krb, idx + t * DEC_T, nt, krows + t * DEC_T, &klo, &khi);
+            dec_tile_rows(a->vbase, a->vrb, idx + t * DEC_T, nt, vrows + t * DEC_T, &vlo[t], &vhi[t]);
+            dec_tile_scores(krows + t * DEC_T, a->kbase, klo, khi, &Q, NR, nbk, s[t], &pv, plv);
+            __mmask16 valid = nt >= DEC_T ? (__mmask16)0xffff : (__mmask16)((1u << nt) - 1);
+            for (int r = 0; r < NR; r++) {
+                if (capped) {
+                    _Alignas(64) float x[DEC_T];
+                    _mm512_store_ps(x, s[t][r]);
+                    for (int c = 0; c < DEC_T; c++) x[c] = a->softcap * tanhf(x[c] * a->scale / a->softcap);
+                    s[t][r] = _mm512_load_ps(x);
+                }
+                s[t][r] = _mm512_mask_mov_ps(ninf, valid, s[t][r]);
+            }
+        }
+        /* online softmax per row, then the weights p * d_v */
+        __m512 dv[PV_NB_MAX512][2];
+        for (int32_t b = 0; b < nbv; b++)
+            for (int t = 0; t < 2; t++) {
+                __m512i bo = _mm512_set1_epi64((long long)b * 34);
+                dv[b][t] = t * DEC_T < nb ? dec_scales16(a->vbase, _mm512_add_epi64(vlo[t], bo),
+                                                          _mm512_add_epi64(vhi[t], bo))
+                                          : _mm512_setzero_ps();
+            }
+        __m512 x[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) x[r] = _mm512_max_ps(s[0][BASE_MIN(r, NR - 1)], s[1][BASE_MIN(r, NR - 1)]);
+        __m512 bmax;
+        DEC_REDUCE4(_mm512_max_ps, x[0], x[1], x[2], x[3], bmax);
+        __m128 m4 = _mm_loadu_ps(m), mnew = _mm_max_ps(m4, _mm512_castps512_ps128(bmax));
+        /* alpha = exp(m_old - m_new), 1 where m_old is -inf (nothing accumulated) */
+        __m128 alpha = _mm512_castps512_ps128(exp16(_mm512_castps128_ps512(_mm_sub_ps(m4, mnew))));
+        alpha = _mm_blendv_ps(alpha, _mm_set1_ps(1.0f), _mm_cmpeq_ps(m4, _mm_set1_ps(-INFINITY)));
+        alpha = _mm_blendv_ps(alpha, _mm_set1_ps(1.0f), _mm_cmpeq_ps(m4, mnew));
+        _mm_storeu_ps(m, mnew);
+        _Alignas(16) float al[4];
+        _mm_store_ps(al, alpha);
+        __m512 e[2][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            if (al[r] != 1.0f) {
+                __m512 ar = _mm512_set1_ps(al[r]);
+                for (int32_t i = 0; i < a->dv; i += 16)
+                    _mm512_storeu_ps(acc[r] + i, _mm512_mul_ps(_mm512_loadu_ps(acc[r] + i), ar));
+            }
+            __m512 mm = _mm512_set1_ps(m[r]);
+            e[0][r] = exp16(_mm512_sub_ps(s[0][r], mm));
+            e[1][r] = exp16(_mm512_sub_ps(s[1][r], mm));
+            x[r] = _mm512_add_ps(e[0][r], e[1][r]);
+            for (int32_t b = 0; b < nbv; b++) {
+                _mm512_store_ps(&wt[b][r][0], _mm512_mul_ps(e[0][r], dv[b][0]));
+                _mm512_store_ps(&wt[b][r][DEC_T], _mm512_mul_ps(e[1][r], dv[b][1]));
+            }
+        }
+        for (int r = NR; r < 4; r++) x[r] = _mm512_setzero_ps();
+        __m512 bsum;
+        DEC_REDUCE4(_mm512_add_ps, x[0], x[1], x[2], x[3], bsum);
+        _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), _mm512_castps512_ps128(bsum)));
+        /* p . V, 64 columns at a time (32 for an odd last block) */
+        int32_t b0 = 0;
+        for (; b0 + 2 <= nbv; b0 += 2) dec_pv_seg(vrows, nb, b0, 2, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk);
+        if (b0 < nbv) dec_pv_seg(vrows, nb, b0, 1, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk);
+    }
+    for (int r = 0; r < NR; r++) {
+        a->m[r0 + r] = m[r];
+        a->l[r0 + r] = l[r];
+    }
+}
+
+static void dec512_q8_q8(keel_dtype kt, keel_dtype vt, const attn_dec *a)
+{
+    (void)kt;
+    (void)vt;
+    for (int32_t r0 = 0; r0 < a->R; r0 += 4) {
+        switch (BASE_MIN(4, a->R - r0)) {
+        case 4:
+            dec512_quad(a, r0, 4);
+            break;
+        case 3:
+            dec512_quad(a, r0, 3);
+            break;
+        case 2:
+            dec512_quad(a, r0, 2);
+            break;
+        default:
+            dec512_quad(a, r0, 1);
+            break;
+        }
+    }
+}
+
+attn_dec_fn attn_dec_avx512(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
+{
+    if (kt != KEEL_DTYPE_Q8_0 || vt != KEEL_DTYPE_Q8_0 || dk % QK || dv % QK || dk < QK || dv < QK ||
+        dk > KQ_NB_MAX * QK || dv > PV_NB_MAX512 * QK)
+        return NULL;
+    return dec512_q8_q8;
+}

@@ -192,6 +192,9 @@ attn_pv_fn attn_pv_avx512(keel_dtype vt);
 float attn_exp_avx512(float *x, int32_t n, float m);
 bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
                      float *alpha);
+/* The fused decode kernel of the AVX-512 path, or NULL (q8_0 K and V, dims
+ * multiples of 32 up to 512; the rest runs the separate kernels). */
+attn_dec_fn attn_dec_avx512(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv);
 
 /* The kernel paths of attention, fastest last. */
 typedef enum attn_path { ATTN_PATH_SCALAR, ATTN_PATH_AVX2, ATTN_PATH_AVX512 } attn_path;
