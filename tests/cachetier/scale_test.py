@@ -179,6 +179,7 @@ def run(tmp, name, model, faults):
         ports = [a[1], b[1]]
         answers = []
         low = []
+        prompts = []
         other = None
         for t in range(20):
             msgs = turn_messages(t, answers)
@@ -215,6 +216,13 @@ def run(tmp, name, model, faults):
             if t >= 1 and share < 0.9:
                 low.append(t + 1)
                 assert down, f"turn {t + 1} reused {100 * share:.1f}% of its prompt (< 90%)"
+            # the other server answered the last turn; this one's slot holds
+            # the turn before (its prompt and a 10-token answer): reusing
+            # more than that means the last turn's state came through Redis
+            if t >= 1 and not down:
+                assert cached > prompts[-2] + 16 if t >= 2 else cached > 0, \
+                    f"turn {t + 1}: cached {cached}, no more than this server's own cache could give"
+            prompts.append(n_prompt)
             if not (faults and 6 <= t <= 8):
                 assert wait_writes(ports, w0), f"turn {t + 1}: its state was not written"
         m = {k: total(ports, k) for k in ("hits_total", "misses_total", "errors_total", "rejected_total",
