@@ -925,15 +925,24 @@ static int chat_inputs(chat *c, const chat_flags *f)
     return 0;
 }
 
-/* Installs the SIGINT handler (no SA_RESTART: a read at the prompt returns). */
-static bool signals_on(struct sigaction *old)
+/* The SIGINT handler, restarting interrupted calls or not. At the prompt
+ * it must not (a read returns on Ctrl-C); everywhere else it must (a
+ * Ctrl-C during a write to stdout is not a write error). */
+static bool sigint_restart(bool restart, struct sigaction *old)
 {
-    if (pipe(g_sig_pipe) != 0) return false;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
+    sa.sa_flags = restart ? SA_RESTART : 0;
     sigemptyset(&sa.sa_mask);
     return sigaction(SIGINT, &sa, old) == 0;
+}
+
+/* Installs the SIGINT handler (restarting: see sigint_restart). */
+static bool signals_on(struct sigaction *old)
+{
+    if (pipe(g_sig_pipe) != 0) return false;
+    return sigint_restart(true, old);
 }
 
 /* The conversation loop. 0 or an exit code. */
@@ -952,7 +961,12 @@ static int chat_loop(chat *c, watcher *w)
         else
             snprintf(prompt, sizeof prompt, "> ");
         g_sigint = 0;
+        bool sig_ok = sigint_restart(false, NULL);
         read_result r = read_message(c, prompt, &t);
+        if (sig_ok && !sigint_restart(true, NULL)) {
+            rc = cli_fail("chat", KEEL_EINTERNAL, "sigaction failed");
+            break;
+        }
         if (r == READ_ERR) {
             rc = cli_fail("chat", KEEL_ENOMEM, "reading input");
             break;
