@@ -135,7 +135,6 @@ keel_status tier_wrap(uint64_t config_fp, int32_t boundary, const int32_t *hist,
     put64(v + 48, XXH64(v, total, 0));
     *out = v;
     *out_len = total;
-    (void)cap;
     return KEEL_OK;
 }
 

@@ -764,6 +764,26 @@ static int32_t make_room(keel_engine *e, int32_t need)
     return room;
 }
 
+/* KEEL_EVENT_PROMPT (admitted, before the prefill) or KEEL_EVENT_PROGRESS
+ * (return_progress: the prefill advanced) for slot sl's request. A callback
+ * returning false cancels the request. */
+static void prompt_event(eng_slot *sl, keel_event_kind kind)
+{
+    eng_req *r = sl->req;
+    keel_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = kind;
+    ev.request = r->id;
+    ev.index = -1;
+    ev.n_prompt_tokens = sl->n_prompt;
+    ev.n_cached_tokens = sl->n_reused;
+    if (kind == KEEL_EVENT_PROGRESS) {
+        ev.n_processed = BASE_MIN(sl->n_fed, sl->n_prompt);
+        ev.elapsed_ms = (double)(now_ns() - sl->t_start) * 1e-6;
+    }
+    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
+}
+
 /* Starts r on the best idle slot; a request that cannot start ends here
  * with its DONE event (so the caller has nothing to handle). */
 static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
@@ -902,37 +922,13 @@ static void start_request(keel_engine *e, eng_req *r, jinja_buf *rendered)
     sl->state = ENG_SLOT_PREFILL;
     /* admitted: the client may answer now (headers, the prompt's usage)
      * instead of after the prefill */
-    keel_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = KEEL_EVENT_PROMPT;
-    ev.request = r->id;
-    ev.index = -1;
-    ev.n_prompt_tokens = sl->n_prompt;
-    ev.n_cached_tokens = sl->n_reused;
-    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
+    prompt_event(sl, KEEL_EVENT_PROMPT);
     return;
 fail:
     finish(e, sl, "error", st, err);
 }
 
 /* ---- the step ------------------------------------------------------------------- */
-
-/* KEEL_EVENT_PROGRESS for slot sl's request (return_progress): its prefill
- * advanced. A callback returning false cancels the request. */
-static void send_progress(eng_slot *sl)
-{
-    eng_req *r = sl->req;
-    keel_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = KEEL_EVENT_PROGRESS;
-    ev.request = r->id;
-    ev.index = -1;
-    ev.n_prompt_tokens = sl->n_prompt;
-    ev.n_cached_tokens = sl->n_reused;
-    ev.n_processed = BASE_MIN(sl->n_fed, sl->n_prompt);
-    ev.elapsed_ms = (double)(now_ns() - sl->t_start) * 1e-6;
-    if (r->cb && !r->cb(r->user, &ev)) atomic_store(&r->cancel, 1);
-}
 
 /* Cells the batch needs in the shared full-attention tables, as keel_decode
  * counts them (a compacting sequence needs at most its trigger). */
@@ -1296,7 +1292,7 @@ bool eng_step(keel_engine *e)
                 if (sl->state == ENG_SLOT_PREFILL && chunk[i] > 0) {
                     sl->n_fed += chunk[i];
                     checkpoint_marks(e, sl);
-                    if (sl->req && sl->req->o.return_progress) send_progress(sl);
+                    if (sl->req && sl->req->o.return_progress) prompt_event(sl, KEEL_EVENT_PROGRESS);
                 }
                 if (sl->req && keel_mem_seq_compactions(mem, sl->seq) > sl->compactions_at_start)
                     sl->hist_compacted = true;
