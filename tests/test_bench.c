@@ -132,11 +132,31 @@ static void test_depth_rows_bytes(void **state)
             assert_true(num(r, "flops_per_token") > 2.0 * LAYERS * (EMBD * QD * 2 + 2 * EMBD * KD + 3.0 * EMBD * FF));
         }
     }
-    /* the profile: per depth, every matrix product of a step by role */
+    /* the profile: per depth, the prompt's kernels (per token) and every
+     * matrix product of a decode step by role */
     json_t *prof = json_object_get(root, "profile");
-    assert_int_equal(json_array_size(prof), 2);
+    assert_int_equal(json_array_size(prof), 4);
     for (size_t d = 0; d < 2; d++) {
-        json_t *p = json_array_get(prof, d);
+        json_t *p = json_array_get(prof, 2 * d);
+        assert_string_equal(json_string_value(json_object_get(p, "test")), "pp");
+        assert_int_equal((int)num(p, "depth"), d ? 16 : 0);
+        assert_int_equal((int)num(p, "tokens"), 8);
+        json_t *ents = json_object_get(p, "entries");
+        double attn_calls = 0, known_us = 0;
+        for (size_t i = 0; i < json_array_size(ents); i++) {
+            json_t *e = json_array_get(ents, i);
+            if (strcmp(json_string_value(json_object_get(e, "kind")), "attention") == 0) {
+                attn_calls += num(e, "calls_per_token");
+                assert_int_equal((int)num(e, "rows"), 8); /* one call per layer for the 8-token batch */
+            }
+            known_us += num(e, "us_per_token");
+        }
+        assert_close(attn_calls, LAYERS / 8.0, 1e-9);
+        assert_true(known_us > 0 && known_us <= num(p, "step_us") * 1.01);
+    }
+    for (size_t d = 0; d < 2; d++) {
+        json_t *p = json_array_get(prof, 2 * d + 1);
+        assert_string_equal(json_string_value(json_object_get(p, "test")), "tg");
         assert_int_equal((int)num(p, "depth"), d ? 16 : 0);
         assert_true(num(p, "step_us") > 0);
         json_t *ents = json_object_get(p, "entries");
@@ -192,8 +212,8 @@ static void test_flag_errors(void **state)
     assert_non_null(strstr(err, "-d 16,8: must be 1 to 8 ascending"));
     const char *a2[] = {"-m", g_path, "-d", "x"};
     assert_status(run(&s, err, 4, a2), KEEL_EINVAL);
-    const char *a3[] = {"-m", g_path, "--profile", "-n", "0"};
-    assert_status(run(&s, err, 5, a3), KEEL_EINVAL);
+    const char *a3[] = {"-m", g_path, "--profile", "-n", "0", "-p", "0"};
+    assert_status(run(&s, err, 7, a3), KEEL_EINVAL);
     assert_non_null(strstr(err, "--profile"));
     const char *a4[] = {"-m", g_path, "-ub", "0"};
     assert_status(run(&s, err, 4, a4), KEEL_EINVAL);

@@ -27,7 +27,8 @@
  *     beside the read bandwidth;
  * t/s is the mean ± sd over the repetitions, with the best in parentheses;
  * ratios to the bound use the best. --profile adds, per depth, one
- * profiled run of -n decode steps: time per token of every kernel entry
+ * profiled prompt of -p tokens and one profiled run of -n decode steps
+ * (each beside the timed ones): time per token of every kernel entry
  * (kind, dtype, shape and its role in the model), the rest of the step and
  * the pool's jobs (docs/kernels.md, Decode profile).
  */
@@ -455,17 +456,22 @@ static void bm_role(const model_hp *hp, int64_t rows, int64_t cols, char *buf, s
     if (!len) snprintf(buf, cap, "%lldx%lld", (long long)rows, (long long)cols);
 }
 
-/* One profiled run of n_tg decode steps at the current depth: per kernel
- * entry (kind, dtype, shape) its time per token, and the pool's jobs. */
-static keel_status bm_profile(keel_context *c, const keel_model *m, int depth, int n_tg, int32_t tok,
-                              double bw, bool first_json, bench_out *o)
+/* One profiled run at the current depth, either n decode steps (pp false:
+ * from toks[0]) or one prompt of n tokens (pp true: toks[0..n), in batches
+ * of nb): per kernel entry (kind, dtype, shape) its time per token, and the
+ * pool's jobs. A profile records a clock read around each top-level kernel
+ * call, a few hundred per ubatch, so a profiled prompt runs at its own speed. */
+static keel_status bm_profile(keel_context *c, const keel_model *m, int depth, bool pp, int n,
+                              const int32_t *toks, int32_t nb, double bw, double peak, bool first_json,
+                              bench_out *o)
 {
     const model_hp *hp = &m->w.hp;
+    int n_tg = n; /* tokens the times are divided by */
     tensor_prof_reset();
     tensor_prof_enable(true);
     base_pool_profile(c->pool, true);
     uint64_t t0 = base_time_ns();
-    keel_status st = bm_generate(c, tok, n_tg, hp->n_vocab);
+    keel_status st = pp ? bm_feed(c, toks, n, nb) : bm_generate(c, toks[0], n, hp->n_vocab);
     double total_ns = (double)(base_time_ns() - t0);
     tensor_prof_enable(false);
     base_pool_stats ps;
@@ -478,8 +484,14 @@ static keel_status bm_profile(keel_context *c, const keel_model *m, int depth, i
     double step_us = total_ns * per, known = 0;
     for (int i = 0; i < ne; i++) known += (double)e[i].ns;
     if (o->json) {
-        bench_printf(o, "%s{\"depth\": %d, \"tokens\": %d, \"step_us\": %.1f, \"entries\": [", first_json ? "" : ", ",
-                     depth, n_tg, step_us);
+        bench_printf(o, "%s{\"test\": \"%s\", \"depth\": %d, \"tokens\": %d, \"step_us\": %.1f, \"entries\": [",
+                     first_json ? "" : ", ", pp ? "pp" : "tg", depth, n_tg, step_us);
+    } else if (pp) {
+        bench_printf(o, "\nprofile of a %d-token prompt at depth %d (%s, %d threads, %.1f ms): %.1f us per token\n",
+                     n_tg, depth, keel_simd_name(), base_pool_threads(c->pool), total_ns * 1e-6, step_us);
+        bench_printf(o, "| kernel | dtype | shape (role) | calls/token | us/token | %% of prompt | GFLOP/s | "
+                        "%% of FMA peak |\n");
+        bench_printf(o, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
     } else {
         bench_printf(o, "\nprofile of one decode step at depth %d (%d steps, %s, %d threads): %.1f us per token\n",
                      depth, n_tg, keel_simd_name(), base_pool_threads(c->pool), step_us);
@@ -495,12 +507,24 @@ static keel_status bm_profile(keel_context *c, const keel_model *m, int depth, i
         else
             snprintf(role, sizeof role, "%lld x %lld", (long long)e[i].rows, (long long)e[i].cols);
         double us = (double)e[i].ns * per, gbps = e[i].ns ? e[i].bytes / (double)e[i].ns : 0.0;
+        /* a product's FLOPs: 2 per weight and activation row */
+        bool prod = e[i].kind == TENSOR_PROF_MATVEC || e[i].kind == TENSOR_PROF_MATMUL;
+        double gflops = prod && e[i].ns ? 2.0 * (double)e[i].rows * (double)e[i].cols * (double)e[i].tokens /
+                                              (double)e[i].ns
+                                        : 0.0;
         const char *dt = keel_dtype_name(e[i].dtype) ? keel_dtype_name(e[i].dtype) : "?";
         if (o->json)
             bench_printf(o, "%s{\"kind\": \"%s\", \"dtype\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"role\": \"%s\", "
-                            "\"calls_per_token\": %.2f, \"us_per_token\": %.2f, \"gbps\": %.2f}",
+                            "\"calls_per_token\": %.2f, \"us_per_token\": %.2f, \"gbps\": %.2f, \"gflops\": %.2f}",
                          i ? ", " : "", tensor_prof_kind_name(e[i].kind), dt, (long long)e[i].rows,
-                         (long long)e[i].cols, role, (double)e[i].calls / n_tg, us, gbps);
+                         (long long)e[i].cols, role, (double)e[i].calls / n_tg, us, gbps, gflops);
+        else if (pp && prod)
+            bench_printf(o, "| %s | %s | %s | %.2f | %.1f | %.1f%% | %.1f | %.0f%% |\n", tensor_prof_kind_name(e[i].kind),
+                         dt, role, (double)e[i].calls / n_tg, us, 100.0 * us / step_us, gflops,
+                         peak > 0 ? 100.0 * gflops / peak : 0.0);
+        else if (pp)
+            bench_printf(o, "| %s | %s | %s | %.2f | %.1f | %.1f%% | | |\n", tensor_prof_kind_name(e[i].kind), dt,
+                         role, (double)e[i].calls / n_tg, us, 100.0 * us / step_us);
         else if (e[i].bytes > 0)
             bench_printf(o, "| %s | %s | %s | %.1f | %.1f | %.1f%% | %.2f | %.0f%% |\n", tensor_prof_kind_name(e[i].kind),
                          dt, role, (double)e[i].calls / n_tg, us, 100.0 * us / step_us, gbps,
@@ -517,8 +541,8 @@ static keel_status bm_profile(keel_context *c, const keel_model *m, int depth, i
                         "\"run_us_per_token\": %.1f, \"wait_us_per_token\": %.2f}}",
                      other_us, runs, inl, run_us, wait_us);
     } else {
-        bench_printf(o, "| other (embedding, KV writes, residuals, argmax) | | | | %.1f | %.1f%% | | |\n", other_us,
-                     100.0 * other_us / step_us);
+        bench_printf(o, "| other (embedding, KV writes, residuals%s) | | | | %.1f | %.1f%% | | |\n",
+                     pp ? "" : ", argmax", other_us, 100.0 * other_us / step_us);
         bench_printf(o, "thread synchronization: %.1f parallel jobs per token (%.1f inline), %.1f us per token in them, "
                         "of which %.1f us (%.1f%% of the step) the caller waited for the other threads\n",
                      runs, inl, run_us, wait_us, 100.0 * wait_us / step_us);
@@ -555,8 +579,8 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
                         "bench model: -d %s: must be 1 to %d ascending comma-separated integers in [0, 16777216]",
                         dl, BM_MAX_DEPTHS);
     bool profile = bench_has_flag(argc, argv, "--profile");
-    if (profile && n_tg == 0)
-        return base_err(o->err, KEEL_EINVAL, "bench model: --profile profiles decode steps: needs -n > 0");
+    if (profile && n_tg == 0 && n_pp == 0)
+        return base_err(o->err, KEEL_EINVAL, "bench model: --profile profiles the prompt and decode: needs -p or -n > 0");
     if (!bench_opt(argc, argv, "--kv-compact")) {
         const char *kv = bench_opt(argc, argv, "--kv-trigger") ? "--kv-trigger"
                          : bench_opt(argc, argv, "--kv-target") ? "--kv-target"
@@ -697,8 +721,10 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
             row->kv_bytes = tg ? kv : 0.0;
             row->flops = bm.mm_flops_tok + af + bm.out_flops * (tg ? 1.0 : 1.0 / n);
         }
-        if (profile) {
-            st = bm_profile(c, m, d, n_tg, toks[d % n_toks], bw, first_prof, o);
+        for (int k = 0; profile && k < 2; k++) {
+            int n = k ? n_tg : n_pp;
+            if (n == 0) continue;
+            st = bm_profile(c, m, d, k == 0, n, k ? toks + d % n_toks : toks, cp.n_batch, bw, peak, first_prof, o);
             first_prof = false;
             if (st != KEEL_OK) goto fail_decode;
             if ((st = keel_mem_seq_rm(c->mem, 0, d, -1)) != KEEL_OK) goto fail_mem;

@@ -881,6 +881,6 @@ keel_status keel_mem_attend(keel_mem *m, int32_t layer, const keel_mem_attn *a)
     uint64_t t0 = tensor_prof_begin();
     keel_status st = attend_impl(m, layer, a);
     if (t0 && st == KEEL_OK)
-        tensor_prof_end(t0, TENSOR_PROF_ATTN, m->layers[layer].k_dtype, a->n_tokens, 0, 0.0);
+        tensor_prof_end_n(t0, TENSOR_PROF_ATTN, m->layers[layer].k_dtype, a->n_tokens, 0, 0.0, a->n_tokens);
     return st;
 }

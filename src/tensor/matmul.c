@@ -318,8 +318,8 @@ keel_status tensor_matvec_batch(keel_dtype t, const void *W, int64_t n_rows, int
 {
     uint64_t t0 = tensor_prof_begin();
     keel_status st = matvec_batch_impl(t, W, n_rows, n_cols, X, n_tok, Y, pool, scratch);
-    if (t0) tensor_prof_end(t0, TENSOR_PROF_MATMUL, t, n_rows, n_cols,
-                            (double)tensor_row_bytes(t, n_cols) * (double)n_rows);
+    if (t0) tensor_prof_end_n(t0, TENSOR_PROF_MATMUL, t, n_rows, n_cols,
+                              (double)tensor_row_bytes(t, n_cols) * (double)n_rows, n_tok);
     return st;
 }
 
@@ -788,8 +788,8 @@ keel_status tensor_matmul_path(tensor_gemm_path path, keel_dtype t, const void *
                      (path == TENSOR_GEMM_AUTO && tensor_matmul_auto_path(t, n_tok) == TENSOR_GEMM_MATVEC);
     uint64_t t0 = as_matvec ? 0 : tensor_prof_begin();
     keel_status st = matmul_impl(path, t, W, n_rows, n_cols, X, n_tok, Y, pool, scratch);
-    if (t0) tensor_prof_end(t0, TENSOR_PROF_MATMUL, t, n_rows, n_cols,
-                            (double)tensor_row_bytes(t, n_cols) * (double)n_rows);
+    if (t0) tensor_prof_end_n(t0, TENSOR_PROF_MATMUL, t, n_rows, n_cols,
+                              (double)tensor_row_bytes(t, n_cols) * (double)n_rows, n_tok);
     return st;
 }
 

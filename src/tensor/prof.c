@@ -46,6 +46,12 @@ uint64_t tensor_prof_begin(void)
 void tensor_prof_end(uint64_t t0, tensor_prof_kind kind, keel_dtype dtype, int64_t rows,
                      int64_t cols, double bytes)
 {
+    tensor_prof_end_n(t0, kind, dtype, rows, cols, bytes, 1);
+}
+
+void tensor_prof_end_n(uint64_t t0, tensor_prof_kind kind, keel_dtype dtype, int64_t rows,
+                       int64_t cols, double bytes, int64_t n_tok)
+{
     if (!g_prof_on || t0 == 0) return;
     uint64_t ns = base_time_ns() - t0;
     tensor_prof_entry *e = NULL;
@@ -68,6 +74,7 @@ void tensor_prof_end(uint64_t t0, tensor_prof_kind kind, keel_dtype dtype, int64
     e->ns += ns;
     e->calls++;
     e->bytes += bytes;
+    e->tokens += n_tok;
 }
 
 const char *tensor_prof_kind_name(tensor_prof_kind k)

@@ -318,6 +318,7 @@ typedef struct tensor_prof_entry {
     uint64_t ns;  /* wall time of the calls, this thread's view */
     int64_t calls;
     double bytes; /* weight / KV bytes the calls stream */
+    int64_t tokens; /* rows of activations the calls took (a matvec: 1 each) */
 } tensor_prof_entry;
 
 void tensor_prof_enable(bool on);
@@ -329,6 +330,9 @@ int tensor_prof_get(const tensor_prof_entry **out);
 uint64_t tensor_prof_begin(void);
 void tensor_prof_end(uint64_t t0, tensor_prof_kind kind, keel_dtype dtype, int64_t rows,
                      int64_t cols, double bytes);
+/* The same for a call over n_tok activation rows (matmul, attention). */
+void tensor_prof_end_n(uint64_t t0, tensor_prof_kind kind, keel_dtype dtype, int64_t rows,
+                       int64_t cols, double bytes, int64_t n_tok);
 const char *tensor_prof_kind_name(tensor_prof_kind k);
 
 #endif /* KEEL_TENSOR_H */
