@@ -33,12 +33,17 @@ WHT_ALWAYS_INLINE void wht_vec_stages(__m256 *v, int nv)
 /* One cross-vector stage with vector stride h over nv vectors. */
 WHT_ALWAYS_INLINE void wht_cross_stage(__m256 *v, int nv, int h)
 {
+    /* pairs (j, j + h) for j in [g, g + h), g = 0, 2h, 4h, ... (affine
+     * indices: gcc ignores the unroll pragma on a k / h, k % h loop at -O0,
+     * an error under -Werror) */
 #pragma GCC unroll 8
-    for (int k = 0; k < nv / 2; k++) {
-        int j = (k / h) * 2 * h + (k % h);
-        __m256 a = v[j], b = v[j + h];
-        v[j] = _mm256_add_ps(a, b);
-        v[j + h] = _mm256_sub_ps(a, b);
+    for (int g = 0; g < nv; g += 2 * h) {
+#pragma GCC unroll 8
+        for (int j = g; j < g + h; j++) {
+            __m256 a = v[j], b = v[j + h];
+            v[j] = _mm256_add_ps(a, b);
+            v[j + h] = _mm256_sub_ps(a, b);
+        }
     }
 }
 
