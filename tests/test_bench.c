@@ -275,6 +275,54 @@ static void test_attention_bound(void **state)
     free(s.buf);
 }
 
+/* --shape: another model's attention (2 layers, 2 KV heads, 6 query heads,
+ * 64 dims): the rows' GB/s are that shape's K and V bytes (q8_0: 68 + 68 per
+ * cell and KV head) over the time, the multiply bound is GQA 3's; a bad
+ * shape is EINVAL, named */
+static void test_attention_shape(void **state)
+{
+    (void)state;
+    sink s = {0};
+    char err[256] = "";
+    const char *argv[] = {"--ctx", "256", "--kv", "q8_0", "--quick", "--shape", "2,2,6,64", "--json"};
+    assert_ok(keel_bench_run("attention", 8, (char **)argv, sink_write, &s, err));
+    json_error_t je;
+    json_t *root = json_loads(s.buf, 0, &je);
+    if (!root) fail_msg("bad JSON (%s) in: %s", je.text, s.buf);
+    assert_int_equal((int)num(root, "layers"), 2);
+    assert_int_equal((int)num(root, "kv_heads"), 2);
+    assert_int_equal((int)num(root, "heads"), 6);
+    assert_int_equal((int)num(root, "dim"), 64);
+    const char *simd = json_string_value(json_object_get(root, "simd"));
+    int level = strcmp(simd, "avx512") == 0 ? 2 : strcmp(simd, "avx2") == 0 ? 1 : 0;
+    double lanes = level == 2 ? 16.0 : level == 1 ? 8.0 : 1.0;
+    json_t *dec = json_object_get(root, "decode");
+    assert_int_equal((int)json_array_size(dec), 4);
+    double bytes = 2.0 * 256 * 2 * 136.0;
+    for (size_t i = 0; i < json_array_size(dec); i++) {
+        json_t *e = json_array_get(dec, i);
+        double gbps = num(e, "gbps"), us = num(e, "us_per_token");
+        assert_true(gbps > 0.0 && us > 0.0);
+        assert_close(gbps * us * 1e3, bytes, 0.02 * bytes); /* both printed rounded */
+        char key[2] = {(char)('0' + (int)num(e, "threads")), 0};
+        double pk = num(json_object_get(root, "fma_peak_gflops"), key);
+        double want = pk / (2.0 * lanes) / bench_attn_muls(level, KEEL_DTYPE_Q8_0, 3, 64, 64) * 136.0;
+        assert_close(num(e, "mul_bound_gbps"), want, 0.01 + 1e-3 * want);
+    }
+    json_decref(root);
+    free(s.buf);
+    s = (sink){0};
+    const char *bad[][2] = {{"--shape", "2,4,6,64"}, {"--shape", "2,2,6,48"}, {"--shape", "2,2,6"},
+                            {"--shape", "0,2,6,64"}, {"--shape", "2,2,6,64x"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s.len = 0;
+        err[0] = 0;
+        assert_status(keel_bench_run("attention", 2, (char **)bad[i], sink_write, &s, err), KEEL_EINVAL);
+        assert_non_null(strstr(err, bad[i][1]));
+    }
+    free(s.buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_flag_errors),
         cmocka_unit_test(test_attn_muls),
         cmocka_unit_test(test_attention_bound),
+        cmocka_unit_test(test_attention_shape),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,7 +9,7 @@
 
 static const char *g_usage =
     "usage: keel bench kernels [-t N] [--gemm] [--json]\n"
-    "       keel bench attention [--quick] [--ctx 1024,4096,...] [--kv f16|q8_0|q4_0] [--json]\n"
+    "       keel bench attention [--quick] [--ctx 1024,4096,...] [--kv f16|q8_0|q4_0] [--shape L,KVH,H,D] [--json]\n"
     "       keel bench -m MODEL [-p 512] [-n 128] [-d 0,...] [-t N] [-r 3] [-ub 512] [-c N] [--ctk T] [--ctv T]\n"
     "                  [--profile] [--tokenizer F] [--json]\n"
     "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
@@ -21,11 +21,13 @@ static const char *g_usage =
     "kernels     tensor kernels beside the memory read bandwidth and the fp32 FMA peak (about 30 s)\n"
     "  -t N        also time matvec with N threads, N in [1, 256]\n"
     "  --gemm      add the GEMM strategy comparison behind the matmul choice\n"
-    "attention   decode attention over a filled cache, 32 layers, f16/q8_0/q4_0, rotation off/on\n"
+    "attention   decode attention over a filled cache, f16/q8_0/q4_0, rotation off/on\n"
     "            (GB/s beside the read bandwidth and the multiply bound from the FMA peak)\n"
     "  --quick     fewer contexts and repetitions\n"
     "  --ctx LIST  context lengths, up to 8, each in [64, 4194304] (1024,4096,16384,65536)\n"
     "  --kv T      only this cache type\n"
+    "  --shape L,KVH,H,D  layers, KV heads, query heads, head dim (32,8,32,128; the 124M test model:\n"
+    "              12,4,12,64)\n"
     "-m MODEL    prompt (pp) and generation (tg) speed, llama-bench style; tg rows give the bytes read\n"
     "            per token and the bound from the read bandwidth, pp rows the FLOP/s beside the FMA peak\n"
     "  -p N        prompt tokens, [0, 65536] (512)\n"

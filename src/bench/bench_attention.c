@@ -16,6 +16,8 @@
  * read bandwidth, no kernel doing these multiplies reaches the bandwidth.
  *
  * Options: --ctx N,N,...  --kv f16|q8_0|q4_0  --quick
+ *          --shape LAYERS,KV_HEADS,HEADS,DIM: another model's attention
+ *          (12,4,12,64 is the 124M test model's), the same figures
  *
  * Edit: seq_add over every cell of a 32-layer memory (all keys re-encoded),
  * in ns per changed cell.
@@ -24,37 +26,39 @@
 #include "../memory/attn_kernels.h"
 #include "../memory/memory.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define BA_LAYERS 32
-#define BA_KV_HEADS 8
-#define BA_HEADS 32
-#define BA_DIM 128
+/* the memory's shape: --shape LAYERS,KV_HEADS,HEADS,DIM (32,8,32,128) */
+typedef struct ba_shape {
+    int32_t layers, kv_heads, heads, dim;
+} ba_shape;
 
 typedef struct ba_case {
     keel_dtype kv;
     bool rot;
 } ba_case;
 
-static keel_status ba_open(keel_dtype kv, bool rot, int32_t ctx, int32_t n_batch, keel_mem **out,
-                           keel_mem_layer *layers)
+static keel_status ba_open(const ba_shape *sh, keel_dtype kv, bool rot, int32_t ctx, int32_t n_batch,
+                           keel_mem **out, keel_mem_layer *layers)
 {
-    for (int i = 0; i < BA_LAYERS; i++) {
+    for (int i = 0; i < sh->layers; i++) {
         keel_mem_layer *l = &layers[i];
         *l = keel_mem_layer_default();
         l->kind = KEEL_MEM_LAYER_FULL;
-        l->n_kv_heads = BA_KV_HEADS;
-        l->n_heads = BA_HEADS;
-        l->head_dim_k = l->head_dim_v = BA_DIM;
+        l->n_kv_heads = sh->kv_heads;
+        l->n_heads = sh->heads;
+        l->head_dim_k = l->head_dim_v = sh->dim;
         l->k_dtype = l->v_dtype = kv;
         l->k_rot.enabled = l->v_rot.enabled = rot;
         l->k_rot.seed = l->v_rot.seed = 1234;
-        l->rope.n_rot = BA_DIM;
+        l->rope.n_rot = sh->dim;
     }
     keel_mem_config cfg = keel_mem_config_default();
     cfg.layers = layers;
-    cfg.n_layers = BA_LAYERS;
+    cfg.n_layers = sh->layers;
     cfg.n_ctx = ctx;
     cfg.n_batch_max = n_batch;
     cfg.n_threads = 2;
@@ -63,7 +67,7 @@ static keel_status ba_open(keel_dtype kv, bool rot, int32_t ctx, int32_t n_batch
 
 /* Places ctx tokens of sequence 0 and fills every K/V row with valid
  * encoded data (a few hundred distinct random rows, tiled). */
-static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
+static keel_status ba_fill(const ba_shape *sh, keel_mem *m, int32_t ctx, int32_t n_batch)
 {
     int32_t *pos = base_alloc((size_t)n_batch * sizeof(int32_t));
     int32_t *seq = base_calloc((size_t)n_batch, sizeof(int32_t));
@@ -83,16 +87,16 @@ static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
     enum { DISTINCT = 256 };
     size_t hrb = t->cols[0].head_row_bytes;
     uint8_t *rows = base_alloc(DISTINCT * hrb);
-    float *x = base_alloc(BA_DIM * sizeof(float));
+    float *x = base_alloc((size_t)sh->dim * sizeof(float));
     if (!rows || !x) {
         base_free(rows, DISTINCT * hrb);
-        base_free(x, BA_DIM * sizeof(float));
+        base_free(x, (size_t)sh->dim * sizeof(float));
         return KEEL_ENOMEM;
     }
     base_rng r;
     base_rng_seed(&r, 99);
     for (int i = 0; i < DISTINCT; i++) {
-        for (int j = 0; j < BA_DIM; j++) x[j] = (float)base_rng_normal(&r);
+        for (int j = 0; j < sh->dim; j++) x[j] = (float)base_rng_normal(&r);
         mem_col_encode(&t->cols[0], x, rows + (size_t)i * hrb);
     }
     for (int32_t c = 0; c < t->n_cols; c++) {
@@ -103,7 +107,7 @@ static keel_status ba_fill(keel_mem *m, int32_t ctx, int32_t n_batch)
                        rows + (size_t)((cell * 7 + h * 13 + c) % DISTINCT) * hrb, hrb);
     }
     base_free(rows, DISTINCT * hrb);
-    base_free(x, BA_DIM * sizeof(float));
+    base_free(x, (size_t)sh->dim * sizeof(float));
     return KEEL_OK;
 }
 
@@ -122,14 +126,14 @@ double bench_attn_muls(int level, keel_dtype kv, int32_t G, int32_t dk, int32_t 
 }
 
 /* Seconds per decode token (all layers), best of reps. */
-static double ba_decode(keel_mem *m, int32_t ctx, int reps, float *q, float *out)
+static double ba_decode(const ba_shape *sh, keel_mem *m, int32_t ctx, int reps, float *q, float *out)
 {
     int32_t pos = ctx - 1, seq = 0;
-    keel_mem_attn a = {1, BA_HEADS, q, &pos, &seq, out, 0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
+    keel_mem_attn a = {1, sh->heads, q, &pos, &seq, out, 0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = base_time_ns();
-        for (int32_t l = 0; l < BA_LAYERS; l++)
+        for (int32_t l = 0; l < sh->layers; l++)
             if (keel_mem_attend(m, l, &a) != KEEL_OK) return -1.0;
         double s = (double)(base_time_ns() - t0) * 1e-9;
         if (s < best) best = s;
@@ -155,7 +159,7 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
 {
     int32_t ctxs[8] = {1024, 4096, 16384, 65536};
     int n_ctx = 4;
-    static const bench_flag spec[] = {{"--quick", false}, {"--ctx", true}, {"--kv", true}};
+    static const bench_flag spec[] = {{"--quick", false}, {"--ctx", true}, {"--kv", true}, {"--shape", true}};
     keel_status st = bench_check_args(o, "attention", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
     bool quick = bench_has_flag(argc, argv, "--quick");
@@ -165,6 +169,21 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                         "bench attention: --ctx %s: must be 1 to 8 comma-separated integers in [64, 4194304]",
                         cl);
     if (quick && !cl) n_ctx = 2;
+    ba_shape shape = {32, 8, 32, 128}, *sh = &shape;
+    const char *sl = bench_opt(argc, argv, "--shape");
+    if (sl) {
+        int used = 0;
+        if (sscanf(sl, "%" SCNd32 ",%" SCNd32 ",%" SCNd32 ",%" SCNd32 "%n", &shape.layers, &shape.kv_heads,
+                   &shape.heads, &shape.dim, &used) != 4 ||
+            sl[used] != 0 || shape.layers < 1 || shape.layers > 256 || shape.kv_heads < 1 ||
+            shape.kv_heads > 256 || shape.heads < shape.kv_heads || shape.heads > 1024 ||
+            shape.heads % shape.kv_heads || shape.dim < 32 || shape.dim > 512 || shape.dim % 32)
+            return base_err(o->err, KEEL_EINVAL,
+                            "bench attention: --shape %s: must be LAYERS,KV_HEADS,HEADS,DIM with layers and KV "
+                            "heads in [1, 256], heads a multiple of KV heads up to 1024, dim a multiple of 32 "
+                            "in [32, 512]",
+                            sl);
+    }
     const char *only = bench_opt(argc, argv, "--kv");
     if (only && strcmp(only, "f16") != 0 && strcmp(only, "q8_0") != 0 && strcmp(only, "q4_0") != 0)
         return base_err(o->err, KEEL_EINVAL, "bench attention: --kv %s: must be f16, q8_0 or q4_0", only);
@@ -185,9 +204,10 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     const ba_case cases[] = {{KEEL_DTYPE_F16, false}, {KEEL_DTYPE_F16, true},
                              {KEEL_DTYPE_Q8_0, false}, {KEEL_DTYPE_Q8_0, true},
                              {KEEL_DTYPE_Q4_0, false}, {KEEL_DTYPE_Q4_0, true}};
-    keel_mem_layer *layers = base_alloc(BA_LAYERS * sizeof(keel_mem_layer));
-    float *q = base_alloc(BA_HEADS * BA_DIM * sizeof(float));
-    float *out = base_alloc(BA_HEADS * BA_DIM * sizeof(float));
+    size_t qn = (size_t)sh->heads * (size_t)sh->dim;
+    keel_mem_layer *layers = base_alloc((size_t)sh->layers * sizeof(keel_mem_layer));
+    float *q = base_alloc(qn * sizeof(float));
+    float *out = base_alloc(qn * sizeof(float));
     if (!layers || !q || !out || bw1 < 0 || bw2 < 0) {
         st = base_err(o->err, KEEL_ENOMEM, "bench attention: out of memory%s",
                       bw1 < 0 || bw2 < 0 ? " (the 1 GiB bandwidth buffer)" : "");
@@ -195,17 +215,18 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     }
     base_rng r;
     base_rng_seed(&r, 5);
-    for (int i = 0; i < BA_HEADS * BA_DIM; i++) q[i] = (float)base_rng_normal(&r);
+    for (size_t i = 0; i < qn; i++) q[i] = (float)base_rng_normal(&r);
 
     const char *path = tensor_simd_name(); /* the attention path is the SIMD level in force */
     if (o->json)
         bench_printf(o,
                      "{\"simd\": \"%s\", \"read_bw_gbps\": {\"1\": %.2f, \"2\": %.2f}, "
-                     "\"fma_peak_gflops\": {\"1\": %.1f, \"2\": %.1f},\n \"decode\": [",
-                     path, bw1, bw2, pk1, pk2);
+                     "\"fma_peak_gflops\": {\"1\": %.1f, \"2\": %.1f}, \"layers\": %d, \"kv_heads\": %d, "
+                     "\"heads\": %d, \"dim\": %d,\n \"decode\": [",
+                     path, bw1, bw2, pk1, pk2, sh->layers, sh->kv_heads, sh->heads, sh->dim);
     else {
         bench_printf(o, "keel bench attention — decode, %d layers x %d KV heads x %d dims, %d query heads, %s kernels\n",
-                     BA_LAYERS, BA_KV_HEADS, BA_DIM, BA_HEADS, path);
+                     sh->layers, sh->kv_heads, sh->dim, sh->heads, path);
         bench_printf(o, "references (same run): read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s; "
                         "fp32 FMA peak 1 thread %.1f GFLOP/s, 2 threads %.1f\n",
                      bw1, bw2, pk1, pk2);
@@ -226,16 +247,16 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
             int32_t ctx = ctxs[k];
             keel_mem *m = NULL;
             int32_t nb = BASE_MIN(ctx, 4096);
-            st = ba_open(cases[ci].kv, cases[ci].rot, ctx, nb, &m, layers);
-            if (st == KEEL_OK) st = ba_fill(m, ctx, nb);
+            st = ba_open(sh, cases[ci].kv, cases[ci].rot, ctx, nb, &m, layers);
+            if (st == KEEL_OK) st = ba_fill(sh, m, ctx, nb);
             if (st != KEEL_OK) {
                 base_err(o->err, st, "bench attention: %s cache of %d cells: %s",
                          keel_dtype_name(cases[ci].kv), ctx, m ? keel_mem_last_error(m) : keel_strerror(st));
                 keel_mem_close(m);
                 goto done;
             }
-            size_t row = tensor_row_bytes(cases[ci].kv, BA_DIM);
-            double bytes = (double)BA_LAYERS * ctx * BA_KV_HEADS * (double)row * 2.0;
+            size_t row = tensor_row_bytes(cases[ci].kv, sh->dim);
+            double bytes = (double)sh->layers * ctx * sh->kv_heads * (double)row * 2.0;
             int reps = bytes > 4e9 ? 3 : bytes > 1e9 ? 5 : 20;
             if (quick) reps = BASE_MAX(2, reps / 4);
             for (int threads = 1; threads <= 2; threads++) {
@@ -245,7 +266,7 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                     m->pool = NULL;
                     m->n_threads = 1;
                 }
-                double s = ba_decode(m, ctx, reps, q, out);
+                double s = ba_decode(sh, m, ctx, reps, q, out);
                 m->pool = keep;
                 m->n_threads = keep_n;
                 if (s < 0) {
@@ -258,7 +279,7 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
                 double ref = threads == 1 ? bw1 : bw2;
                 /* multiplies per second at the peak (2 flops per lane), over the
                  * multiplies per cell and KV head, times its K and V bytes */
-                double muls = bench_attn_muls(level, cases[ci].kv, BA_HEADS / BA_KV_HEADS, BA_DIM, BA_DIM);
+                double muls = bench_attn_muls(level, cases[ci].kv, sh->heads / sh->kv_heads, sh->dim, sh->dim);
                 double peak = threads == 1 ? pk1 : pk2;
                 double mul_bound = peak > 0.0 ? peak / (2.0 * bench_simd_lanes(level)) / muls * 2.0 * (double)row : 0.0;
                 if (o->json)
@@ -280,7 +301,7 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     if (o->json)
         bench_printf(o, "\n ],\n \"edit\": [");
     else {
-        bench_printf(o, "\nposition edit (seq_add over all cells, %d layers, 2 threads)\n", BA_LAYERS);
+        bench_printf(o, "\nposition edit (seq_add over all cells, %d layers, 2 threads)\n", sh->layers);
         bench_printf(o, "| kv   | rot | ns per changed cell | ns per key row |\n");
         bench_printf(o, "|------|-----|---------------------|----------------|\n");
     }
@@ -289,18 +310,18 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
         if (only && strcmp(only, keel_dtype_name(cases[ci].kv)) != 0) continue;
         int32_t ctx = 4096;
         keel_mem *m = NULL;
-        st = ba_open(cases[ci].kv, cases[ci].rot, ctx, 4096, &m, layers);
+        st = ba_open(sh, cases[ci].kv, cases[ci].rot, ctx, 4096, &m, layers);
         if (st != KEEL_OK) {
             base_err(o->err, st, "bench attention: %s cache of %d cells: %s", keel_dtype_name(cases[ci].kv),
                      ctx, keel_strerror(st));
             goto done;
         }
-        st = ba_fill(m, ctx, 4096);
+        st = ba_fill(sh, m, ctx, 4096);
         if (st == KEEL_OK) {
             uint64_t t0 = base_time_ns();
             st = keel_mem_seq_add(m, 0, -1, -1, 7);
             double ns = (double)(base_time_ns() - t0) / ctx;
-            double per_row = ns / (BA_LAYERS * BA_KV_HEADS);
+            double per_row = ns / ((double)sh->layers * sh->kv_heads);
             if (o->json)
                 bench_printf(o, "%s\n  {\"kv\": \"%s\", \"rot\": %s, \"ns_per_changed_cell\": %.0f}",
                              first ? "" : ",", keel_dtype_name(cases[ci].kv),
@@ -318,8 +339,8 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     }
     if (o->json) bench_printf(o, "\n ]}\n");
 done:
-    base_free(layers, BA_LAYERS * sizeof(keel_mem_layer));
-    base_free(q, BA_HEADS * BA_DIM * sizeof(float));
-    base_free(out, BA_HEADS * BA_DIM * sizeof(float));
+    base_free(layers, (size_t)sh->layers * sizeof(keel_mem_layer));
+    base_free(q, qn * sizeof(float));
+    base_free(out, qn * sizeof(float));
     return st;
 }
