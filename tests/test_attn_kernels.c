@@ -24,13 +24,13 @@
 
 #define N_CELLS 48 /* rows in the test's K / V column */
 #define DIM_MAX 576
-#define R_MAX   12
+#define R_MAX   40
 
 static const keel_dtype k_types[] = {KEEL_DTYPE_F32,  KEEL_DTYPE_F16,  KEEL_DTYPE_Q8_0,
                                      KEEL_DTYPE_Q4_0, KEEL_DTYPE_BF16, KEEL_DTYPE_Q4_1,
                                      KEEL_DTYPE_Q5_0};
 static const int32_t k_dims[] = {64, 128, 40, 96, 576, 36}; /* 36: f16/f32 tails (not a multiple of 8 or 16) */
-static const int32_t k_rows[] = {1, 2, 3, 4, 8, 12};
+static const int32_t k_rows[] = {1, 2, 3, 4, 8, 12, 37}; /* 37: a prefill block (tokens x GQA), two row groups of the tiled kernels */
 static const char *const k_path_names[] = {"scalar", "avx2", "avx512"};
 
 typedef struct fixture {
@@ -186,16 +186,26 @@ static void test_kq(void **state)
 }
 
 /* The magnitude a p . V term's rounding scales with: |v| for most dtypes;
- * for q4_1 (v = d q + m) the larger of |d q| and |m|, since a kernel may
- * form p d q + p m where v itself is a small difference of the two. */
+ * for q4_1 (v = d q + m) and q4_0 (v = d q + m with m = -8 d) the larger of
+ * |d q| and |m|, since a kernel may form p d q + p m (the AVX2 q4_0 p . V
+ * adds -8 sum(p d) once per block) where v itself is a small difference of
+ * the two. */
 static double pv_term_mag(keel_dtype t, const fixture *f, int32_t cell, int32_t dim, int32_t i)
 {
     double v = f->rows_f[(size_t)cell * dim + i];
-    if (t != KEEL_DTYPE_Q4_1) return fabs(v);
-    const uint8_t *blk = f->rows + (size_t)cell * f->rb + (size_t)(i / 32) * 20;
-    uint16_t mh;
-    memcpy(&mh, blk + 2, 2);
-    double m = tensor_f16_to_f32(mh);
+    if (t != KEEL_DTYPE_Q4_1 && t != KEEL_DTYPE_Q4_0) return fabs(v);
+    double m;
+    if (t == KEEL_DTYPE_Q4_1) {
+        const uint8_t *blk = f->rows + (size_t)cell * f->rb + (size_t)(i / 32) * 20;
+        uint16_t mh;
+        memcpy(&mh, blk + 2, 2);
+        m = tensor_f16_to_f32(mh);
+    } else {
+        const uint8_t *blk = f->rows + (size_t)cell * f->rb + (size_t)(i / 32) * 18;
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        m = -8.0 * tensor_f16_to_f32(dh);
+    }
     return fmax(fmax(fabs(v), fabs(v - m)), fabs(m));
 }
 

@@ -244,11 +244,22 @@ static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb,
     }
 }
 
+static void kq_tiles_q8(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n, const void *const *q,
+                        int32_t R, int32_t dk, float *scores, attn_pf pf);
+
+/* rows from which the transposed tiles (kq_tiles_q8) pay for their
+ * transposes: a prefill block's R = tokens x GQA rows */
+#define KQ_TILE_MIN_ROWS 8
+
 static void kq_q8(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                   const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     if (dk > KQ_NB_MAX * QK) {
         attn_kq_avx2(kt)(kt, base, rb, idx, n, q, R, dk, scores, pf);
+        return;
+    }
+    if (R >= KQ_TILE_MIN_ROWS) {
+        kq_tiles_q8(base, rb, idx, n, q, R, dk, scores, pf);
         return;
     }
     kq_body(KEEL_DTYPE_Q8_0, base, rb, idx, n, q, R, dk, scores, pf);
@@ -692,6 +703,76 @@ static ALWAYS_INLINE void dec_tile_rows(const uint8_t *base, size_t rb, const in
     *hi = _mm512_mullo_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(ix, 1)), r);
     _mm512_storeu_si512((void *)rows, _mm512_add_epi64(*lo, bp));
     _mm512_storeu_si512((void *)(rows + 8), _mm512_add_epi64(*hi, bp));
+}
+
+/* K . q for many query rows (a prefill block: tokens x GQA rows) over
+ * q8_0 keys, in the decode kernel's transposed form: per tile of 16 cells
+ * and key block, the block is transposed once (dec_kt: lane c = cell c's
+ * 4-byte groups, biased to u8) and its scales gathered once, and every row
+ * then takes eight vpdpbusd with its 4-byte groups broadcast, started from
+ * -128 * sum(q) over the block, so that the int32 dot is exact
+ * (|sum| <= 32 * 127 * 128 < 2^24: exact in f32 too); one convert and one
+ * FMA by d_k * d_q per row and block, the rows' scores accumulating over
+ * the blocks in place. A quad of rows per cell (kq_body) spends about 2.5x
+ * the instructions per multiply; the transposes are repaid from about 8
+ * rows. Only [R][n] is written (a short tile stores under a mask). */
+static void kq_tiles_q8(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n, const void *const *q,
+                        int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    enum { RG = 32 }; /* rows whose block sums and scales are kept at once */
+    const int32_t nb = dk / QK, tiles = (n + DEC_T - 1) / DEC_T;
+    int32_t corr[RG][KQ_NB_MAX];
+    float dq[RG][KQ_NB_MAX];
+    const uint8_t *rows[DEC_T];
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, tiles * nb);
+    for (int32_t r0 = 0; r0 < R; r0 += RG) {
+        int32_t nr = BASE_MIN(RG, R - r0);
+        for (int32_t r = 0; r < nr; r++) {
+            const uint8_t *x = q[r0 + r];
+            for (int32_t b = 0; b < nb; b++) {
+                const uint8_t *xb = x + (size_t)b * 34;
+                /* sum of the block's 32 int8: (sum of x + 128 as u8) - 32 * 128 */
+                __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xb + 2)),
+                                             _mm256_set1_epi8((char)0x80));
+                __m256i sad = _mm256_sad_epu8(v, _mm256_setzero_si256());
+                __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+                int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+                corr[r][b] = -128 * sum;
+                dq[r][b] = f16_to_f32(xb);
+            }
+        }
+        for (int32_t t = 0; t < tiles; t++) {
+            int32_t t0 = t * DEC_T, m = BASE_MIN(DEC_T, n - t0);
+            __mmask16 mk = m == DEC_T ? (__mmask16)0xffff : (__mmask16)((1u << m) - 1);
+            __m512i off_lo, off_hi;
+            dec_tile_rows(base, rb, idx + t0, m, rows, &off_lo, &off_hi);
+            for (int32_t b = 0; b < nb; b++) {
+                if (r0 == 0) attn_pf_step(&pc, pl);
+                __m512i g[8];
+                dec_kt(rows, (size_t)b * 34 + 2, g);
+                __m512i bo = _mm512_set1_epi64((long long)b * 34);
+                __m512 dkv = dec_scales16(base, _mm512_add_epi64(off_lo, bo), _mm512_add_epi64(off_hi, bo));
+                for (int32_t r = 0; r < nr; r++) {
+                    const uint8_t *qd = (const uint8_t *)q[r0 + r] + (size_t)b * 34 + 2;
+                    __m512i a0 = _mm512_set1_epi32(corr[r][b]), a1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int i = 0; i < 8; i += 2) {
+                        a0 = _mm512_dpbusd_epi32(a0, g[i], _mm512_set1_epi32(load_i32(qd + 4 * i)));
+                        a1 = _mm512_dpbusd_epi32(a1, g[i + 1], _mm512_set1_epi32(load_i32(qd + 4 * i + 4)));
+                    }
+                    __m512 d = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));
+                    __m512 sc = _mm512_mul_ps(dkv, _mm512_set1_ps(dq[r][b]));
+                    float *s = scores + (size_t)(r0 + r) * ATTN_CB + t0;
+                    __m512 v = b == 0 ? _mm512_mul_ps(d, sc) : _mm512_fmadd_ps(d, sc, _mm512_maskz_loadu_ps(mk, s));
+                    if (m == DEC_T)
+                        _mm512_storeu_ps(s, v);
+                    else
+                        _mm512_mask_storeu_ps(s, mk, v);
+                }
+            }
+        }
+    }
 }
 
 /* [f(x0), f(x1), f(x2), f(x3)] in every 128-bit lane, f the reduction of
