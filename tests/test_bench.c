@@ -9,7 +9,10 @@
  * the decode profile's entries (every matrix product of a step, by role,
  * with its calls per token) and the errors of the new flags; and what
  * `keel bench attention` reports beside its speeds: the multiply bound from
- * the FMA peak of the same run and the multiply count of the step.
+ * the FMA peak of the same run and the multiply count of the step; and
+ * the verify costs `keel bench spec` measures before its curve (c(k) for
+ * k = 1, 2, 4 and -k, each its batch's time over a plain step's, by CPU
+ * time with one thread).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
@@ -323,6 +326,35 @@ static void test_attention_shape(void **state)
     free(s.buf);
 }
 
+static void test_spec_verify_costs(void **state)
+{
+    (void)state;
+    sink s = {0};
+    char err[256] = "";
+    const char *argv[] = {"-m", g_path, "-n", "16", "-k", "6", "-p", "8", "-r", "1", "-t", "1", "--json"};
+    assert_ok(keel_bench_run("spec", (int)(sizeof argv / sizeof argv[0]), (char **)argv, sink_write, &s, err));
+    json_error_t je;
+    json_t *root = json_loads(s.buf, 0, &je);
+    if (!root) fail_msg("bad JSON (%s) in: %s", je.text, s.buf);
+    double step = num(root, "step_us");
+    assert_true(step > 0.0);
+    json_t *v = json_object_get(root, "verify");
+    const int ks[] = {1, 2, 4, 6};
+    assert_int_equal((int)json_array_size(v), 4);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *e = json_array_get(v, i);
+        assert_int_equal((int)num(e, "k"), ks[i]);
+        assert_true(num(e, "us") > 0.0);
+        /* -t 1: c from the thread's CPU time */
+        assert_true(num(e, "cpu_us") > 0.0);
+        assert_close(num(e, "c"), num(e, "cpu_us") / num(root, "step_cpu_us"), 1e-3 * num(e, "c") + 0.01);
+        assert_close(num(e, "c_wall"), num(e, "us") / step, 1e-3 * num(e, "c_wall") + 0.01); /* printed to 0.01 us */
+    }
+    assert_true(json_array_size(json_object_get(root, "rows")) > 0);
+    json_decref(root);
+    free(s.buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_attn_muls),
         cmocka_unit_test(test_attention_bound),
         cmocka_unit_test(test_attention_shape),
+        cmocka_unit_test(test_spec_verify_costs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,7 +7,9 @@
  * path's; tensor_matmul's AUTO choice for small batches keeps that
  * identity; q8_0 weights holding -128 (the sign trick's and vpdpbusd's
  * edge); scratch accounting (level-independent, KEEL_ESCRATCH with the
- * arena unchanged) and bad arguments.
+ * arena unchanged) and bad arguments; tensor_matvec_batch_multi (a verify
+ * batch's q/k/v in one dispatch) gives each matrix tensor_matvec_batch's
+ * bits, within that scratch.
  */
 #include "testutil.h"
 #include "tensor/tensor.h"
@@ -271,12 +273,84 @@ static void test_scratch_and_args(void **state)
     fix_close(&f);
 }
 
+/* tensor_matvec_batch_multi: three matrices of one dtype (67, 5 and 33
+ * rows) against the same tokens, each bit for bit tensor_matvec_batch on
+ * its own, at every level, 1 and 2 threads, within one matrix's scratch;
+ * bad arguments. */
+static void test_batch_multi(void **state)
+{
+    (void)state;
+    bt_fix f;
+    fix_open(&f);
+    static const keel_dtype types[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_K, KEEL_DTYPE_F32};
+    static const int64_t rows[3] = {MAX_ROWS, 5, 33};
+    const int64_t n_cols = 768;
+    float *Ym = malloc((size_t)3 * MAX_TOK * MAX_ROWS * sizeof(float));
+    assert_non_null(Ym);
+    uint8_t *Wm = malloc((size_t)3 * MAX_ROWS * 1024 * 4 + 8);
+    assert_non_null(Wm);
+    for (size_t k = 0; k < BASE_ARRAY_LEN(types); k++) {
+        keel_dtype t = types[k];
+        size_t rb = tensor_row_bytes(t, n_cols);
+        const uint8_t *W[3];
+        for (int j = 0; j < 3; j++) {
+            uint8_t *w = Wm + (size_t)j * MAX_ROWS * rb + (size_t)(j % 2); /* odd addresses too */
+            make_rows(t, rows[j], n_cols, w, 40 + 3 * k + (uint64_t)j);
+            W[j] = w;
+        }
+        for (int64_t i = 0; i < MAX_TOK; i++) test_fill_normal(f.X + i * n_cols, n_cols, 800 + (uint64_t)i);
+        size_t need = tensor_matvec_batch_scratch_bytes(t, n_cols, TENSOR_MV_BATCH_MAX);
+        FOR_EACH_LEVEL(simd)
+        {
+            static const int64_t toks[] = {1, 2, 3, 5, 8, 9, 12, 16, 17, 19};
+            for (size_t ti = 0; ti < BASE_ARRAY_LEN(toks); ti++) {
+                int64_t n = toks[ti];
+                for (int p = 0; p < 2; p++) {
+                    tensor_mv_job jobs[3];
+                    for (int j = 0; j < 3; j++) {
+                        float *y = Ym + (size_t)j * MAX_TOK * MAX_ROWS;
+                        memset(y, 0xFF, (size_t)(n * rows[j]) * sizeof(float));
+                        jobs[j] = (tensor_mv_job){t, W[j], rows[j], y, NULL};
+                    }
+                    base_arena exact;
+                    assert_ok(base_arena_init(&exact, need));
+                    assert_ok(tensor_matvec_batch_multi(jobs, 3, n_cols, f.X, n, f.pools[p],
+                                                        n <= TENSOR_MV_BATCH_MAX ? &exact : &f.arena));
+                    assert_int_equal(exact.used, 0);
+                    base_arena_free(&exact);
+                    for (int j = 0; j < 3; j++) {
+                        assert_ok(tensor_matvec_batch(t, W[j], rows[j], n_cols, f.X, n, f.Y, f.pools[p], &f.arena));
+                        if (memcmp(f.Y, jobs[j].y, (size_t)(n * rows[j]) * sizeof(float)) != 0)
+                            fail_msg("batch_multi %s level %d, %lld tokens, matrix %d: differs from matvec_batch",
+                                     keel_dtype_name(t), simd, (long long)n, j);
+                    }
+                }
+            }
+        }
+    }
+    /* bad arguments */
+    tensor_mv_job jobs[2] = {{KEEL_DTYPE_Q8_0, Wm, 2, Ym, NULL}, {KEEL_DTYPE_Q4_0, Wm, 2, Ym, NULL}};
+    assert_status(tensor_matvec_batch_multi(jobs, 2, 64, f.X, 2, f.pools[0], &f.arena), KEEL_EINVAL);
+    jobs[1].dtype = KEEL_DTYPE_Q8_0;
+    jobs[1].x = f.X;
+    assert_status(tensor_matvec_batch_multi(jobs, 2, 64, f.X, 2, f.pools[0], &f.arena), KEEL_EINVAL);
+    jobs[1].x = NULL;
+    assert_status(tensor_matvec_batch_multi(jobs, 0, 64, f.X, 2, f.pools[0], &f.arena), KEEL_EINVAL);
+    assert_status(tensor_matvec_batch_multi(jobs, 2, 33, f.X, 2, f.pools[0], &f.arena), KEEL_EINVAL);
+    assert_status(tensor_matvec_batch_multi(jobs, 2, 64, f.X, 2, f.pools[0], NULL), KEEL_ESCRATCH);
+    assert_ok(tensor_matvec_batch_multi(jobs, 2, 64, f.X, 2, f.pools[0], &f.arena));
+    free(Ym);
+    free(Wm);
+    fix_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_identical_to_matvec),
         cmocka_unit_test(test_q8_0_extremes),
         cmocka_unit_test(test_scratch_and_args),
+        cmocka_unit_test(test_batch_multi),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

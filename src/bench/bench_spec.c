@@ -7,13 +7,30 @@
  * 0% to 100% acceptance on any model; each rate is measured with a fixed
  * draft length (k) and with the adaptive back-off. A last row drafts by
  * prompt lookup (n-gram) over the model's own text.
+ *
+ * Before the curve it measures what the back-off's choice rests on: c(k),
+ * the time of a verify batch of k + 1 tokens over one plain decode step's,
+ * for k = 1, 2, 4, 8 (up to -k) and -k, at the end of the text (each batch
+ * decoded, then taken back), the sizes interleaved, best of 15 rounds each
+ * (with -t 1 from the thread's CPU time, which time slicing on a shared
+ * machine does not inflate; else from wall time).
+ * From c(k) it prints the best speed-up the back-off could reach at a given
+ * acceptance: max over k of (1 - a^(k+1)) / (1 - a) / c(k) for a the
+ * chance that each draft is right (the rates of the curve), and max over k
+ * of (1 + a k) / c(k) for a the realized acceptance (accepted / drafted,
+ * the curve's "accepted" column), and the c(k) a 2.5x speed-up would need.
+ * --profile adds where the time of a 1-token step and of the largest
+ * verify batch goes, per kernel kind.
  */
 #include "bench.h"
 
 #include "../engine/engine.h"
+#include "../tensor/tensor.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct spec_run {
     double tok_s;
@@ -81,11 +98,153 @@ fail:
     return base_err(err, st, "bench spec: decode: %s", keel_context_last_error(c));
 }
 
+/* ---- c(k): the cost of a verify batch ----------------------------------------------- */
+
+#define VC_MAX   6  /* batch sizes measured: 1 and k + 1 for up to 5 k */
+#define VC_ROUNDS 15
+
+/* The calling thread's CPU time in ns. */
+static double vc_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* One batch of n tokens at the end of sequence 0, every row with logits,
+ * then taken back: its wall time in ns (0 on failure, st set), and in
+ * *cpu the calling thread's CPU time (the whole work with one thread). */
+static uint64_t vc_once(keel_context *c, const int32_t *toks, int32_t n, keel_status *st, double *cpu)
+{
+    int32_t batch[KEEL_SPEC_MAX_DRAFT + 1];
+    int8_t want[KEEL_SPEC_MAX_DRAFT + 1];
+    memcpy(batch, toks, (size_t)n * sizeof(int32_t));
+    memset(want, 1, sizeof want);
+    int32_t n0 = keel_mem_seq_pos_max(keel_context_memory(c), 0) + 1;
+    keel_batch b = {n, batch, NULL, NULL, want};
+    double c0 = vc_cpu_ns();
+    uint64_t t0 = keel_time_ns();
+    *st = n > 1 ? keel_decode_spec(c, &b) : keel_decode(c, &b);
+    uint64_t t1 = keel_time_ns();
+    *cpu = vc_cpu_ns() - c0;
+    if (*st != KEEL_OK) return 0;
+    int32_t resume = 0;
+    if ((*st = keel_context_rewind(c, 0, n0, &resume)) != KEEL_OK) return 0;
+    return t1 - t0;
+}
+
+/* Sums of the profile entries of the calling thread per kind (ns), the
+ * matrix products (matvec for one token, matmul for a batch) together. */
+#define VC_KINDS 5
+static void vc_prof_sum(double *ns)
+{
+    const tensor_prof_entry *e;
+    int ne = tensor_prof_get(&e);
+    for (int i = 0; i < VC_KINDS; i++) ns[i] = 0;
+    for (int i = 0; i < ne; i++) {
+        int k = e[i].kind == TENSOR_PROF_MATVEC ? 0 : (int)e[i].kind - 1;
+        if (k >= 0 && k < VC_KINDS) ns[k] += (double)e[i].ns;
+    }
+}
+
+/* c(k) for the sizes sz[0] = 1, sz[1..nsz): best of VC_ROUNDS each,
+ * interleaved; with profile, where the time of sizes 1 and sz[nsz - 1]
+ * goes. */
+static keel_status verify_costs(keel_context *c, const int32_t *toks, const int32_t *sz, int nsz, bool profile,
+                                bench_out *o)
+{
+    double best[VC_MAX] = {0}, bcpu[VC_MAX] = {0}, cpu = 0;
+    keel_status st = KEEL_OK;
+    for (int r = 0; r < VC_ROUNDS; r++)
+        for (int i = 0; i < nsz; i++) {
+            uint64_t ns = vc_once(c, toks, sz[i], &st, &cpu);
+            if (st != KEEL_OK) return base_err(o->err, st, "bench spec: verify batch: %s", keel_context_last_error(c));
+            if (best[i] == 0 || (double)ns < best[i]) best[i] = (double)ns;
+            if (bcpu[i] == 0 || cpu < bcpu[i]) bcpu[i] = cpu;
+        }
+    /* with one thread its CPU time is the work, whatever else runs on the
+     * machine: the costs then come from it (and the wall times are shown) */
+    bool by_cpu = base_pool_threads(c->pool) == 1 && bcpu[0] > 0;
+    double cost[VC_MAX];
+    for (int i = 0; i < nsz; i++) cost[i] = by_cpu ? bcpu[i] / bcpu[0] : best[i] / best[0];
+    static const double as[] = {0.5, 0.7, 0.8, 0.9};
+    if (o->json) {
+        bench_printf(o, "\"step_us\": %.2f, \"step_cpu_us\": %.2f, \"verify\": [", best[0] * 1e-3, bcpu[0] * 1e-3);
+        for (int i = 1; i < nsz; i++)
+            bench_printf(o, "%s{\"k\": %d, \"us\": %.2f, \"cpu_us\": %.2f, \"c\": %.4f, \"c_wall\": %.4f}",
+                         i > 1 ? ", " : "", sz[i] - 1, best[i] * 1e-3, bcpu[i] * 1e-3, cost[i], best[i] / best[0]);
+        bench_printf(o, "], ");
+    } else {
+        bench_printf(o, "verify cost (best of %d, interleaved; c(k) by %s): a plain step %.0f us (CPU %.0f us)\n",
+                     VC_ROUNDS, by_cpu ? "the thread's CPU time" : "wall time", best[0] * 1e-3, bcpu[0] * 1e-3);
+        for (int i = 1; i < nsz; i++)
+            bench_printf(o, "  k = %2d: %2d tokens %8.0f us (CPU %.0f us), c(k) = %.2f (wall %.2f), %.2f steps per token\n",
+                         sz[i] - 1, sz[i], best[i] * 1e-3, bcpu[i] * 1e-3, cost[i], best[i] / best[0], cost[i] / sz[i]);
+        /* the best fixed k under these costs, and what 2.5x would need */
+        for (size_t ai = 0; ai < BASE_ARRAY_LEN(as); ai++) {
+            double a = as[ai], bp = 0, br = 0;
+            int kp = 0, kr = 0;
+            for (int i = 1; i < nsz; i++) {
+                int k = sz[i] - 1;
+                double c_k = cost[i];
+                double sp = (1.0 - pow(a, k + 1)) / (1.0 - a) / c_k, sr = (1.0 + a * k) / c_k;
+                if (sp > bp) bp = sp, kp = k;
+                if (sr > br) br = sr, kr = k;
+            }
+            bench_printf(o, "  at %.0f%%: best %.2fx (k = %d) if each draft is right with p = %.2f; %.2fx (k = %d) "
+                            "at realized acceptance %.2f\n", 100 * a, bp, kp, a, br, kr, a);
+        }
+        bench_printf(o, "  2.5x at 70%% would need c(k) <=");
+        for (int i = 1; i < nsz; i++) {
+            int k = sz[i] - 1;
+            bench_printf(o, " %.2f (k = %d, p) / %.2f (realized)%s", (1.0 - pow(0.7, k + 1)) / 0.3 / 2.5,
+                         k, (1.0 + 0.7 * k) / 2.5, i + 1 < nsz ? ";" : "\n");
+        }
+    }
+    if (!profile || o->json) return KEEL_OK;
+    static const char *const kinds[VC_KINDS] = {"matrix products", "attention", "norm", "rope", "activation"};
+    double ns[2][VC_KINDS], tot[2], runs[2];
+    int pick[2] = {0, nsz - 1};
+    for (int j = 0; j < 2; j++) {
+        base_pool *pool = c->pool;
+        tensor_prof_reset();
+        tensor_prof_enable(true);
+        base_pool_profile(pool, true);
+        uint64_t t = 0;
+        for (int r = 0; r < VC_ROUNDS && st == KEEL_OK; r++) t += vc_once(c, toks, sz[pick[j]], &st, &cpu);
+        tensor_prof_enable(false);
+        base_pool_stats ps;
+        base_pool_stats_get(pool, &ps);
+        base_pool_profile(pool, false);
+        if (st != KEEL_OK) return base_err(o->err, st, "bench spec: verify batch: %s", keel_context_last_error(c));
+        vc_prof_sum(ns[j]);
+        tot[j] = (double)t / VC_ROUNDS;
+        runs[j] = (double)ps.runs / VC_ROUNDS;
+        for (int i = 0; i < VC_KINDS; i++) ns[j][i] /= VC_ROUNDS;
+    }
+    bench_printf(o, "where the time goes (mean of %d, us): | kind | 1 token | %d tokens | ratio |\n", VC_ROUNDS,
+                 sz[pick[1]]);
+    double known[2] = {0, 0};
+    for (int i = 0; i < VC_KINDS; i++) {
+        known[0] += ns[0][i];
+        known[1] += ns[1][i];
+        if (ns[0][i] + ns[1][i] > 0)
+            bench_printf(o, "  | %s | %.0f | %.0f | %.2f |\n", kinds[i], ns[0][i] * 1e-3, ns[1][i] * 1e-3,
+                         ns[0][i] > 0 ? ns[1][i] / ns[0][i] : 0.0);
+    }
+    bench_printf(o, "  | other | %.0f | %.0f | %.2f |\n  | step | %.0f | %.0f | %.2f |\n", (tot[0] - known[0]) * 1e-3,
+                 (tot[1] - known[1]) * 1e-3, (tot[1] - known[1]) / (tot[0] - known[0]), tot[0] * 1e-3, tot[1] * 1e-3,
+                 tot[1] / tot[0]);
+    bench_printf(o, "  parallel jobs per step: %.1f / %.1f\n", runs[0], runs[1]);
+    return KEEL_OK;
+}
+
 keel_status bench_spec(int argc, char **argv, bench_out *o)
 {
     static const bench_flag flags[] = {{"-m", true}, {"-n", true}, {"-k", true}, {"-p", true},
                                        {"-t", true}, {"-r", true}, {"--ctk", true}, {"--ctv", true},
-                                       {"--deterministic", false}, {"-f", true}};
+                                       {"--deterministic", false}, {"-f", true},
+                                       {"--profile", false}};
     keel_status st = bench_check_args(o, "spec", argc, argv, flags, BASE_ARRAY_LEN(flags));
     if (st != KEEL_OK) return st;
     const char *path = bench_opt(argc, argv, "-m");
@@ -170,11 +329,23 @@ keel_status bench_spec(int argc, char **argv, bench_out *o)
         bench_printf(o, "speculative decoding, %s: %lld tokens after %lld, greedy, drafts of up to %lld\n", path,
                      (long long)n, (long long)np, (long long)k);
         bench_printf(o, "plain decoding (reference, same run): %.1f tok/s\n", plain.tok_s);
-        bench_printf(o, "%-12s %-9s %10s %9s %8s %6s\n", "drafts", "mode", "accepted", "tok/s", "speedup", "same");
     } else {
-        bench_printf(o, "{\"bench\": \"spec\", \"model\": \"%s\", \"n\": %lld, \"k\": %lld, \"plain_tok_s\": %.3f, \"rows\": [",
+        bench_printf(o, "{\"bench\": \"spec\", \"model\": \"%s\", \"n\": %lld, \"k\": %lld, \"plain_tok_s\": %.3f, ",
                      path, (long long)n, (long long)k, plain.tok_s);
     }
+    {
+        /* c(k) at the end of the text (its tokens, repeated as needed) */
+        int32_t vtok[KEEL_SPEC_MAX_DRAFT + 1], sz[VC_MAX] = {1};
+        for (int64_t i = 0; i <= k; i++) vtok[i] = ref[i % n];
+        int nsz = 1;
+        for (int64_t kk = 1; kk <= k && kk <= 8; kk *= 2) sz[nsz++] = (int32_t)kk + 1;
+        if (sz[nsz - 1] != k + 1) sz[nsz++] = (int32_t)k + 1;
+        if ((st = verify_costs(c, vtok, sz, nsz, bench_has_flag(argc, argv, "--profile"), o)) != KEEL_OK) goto out;
+    }
+    if (!o->json)
+        bench_printf(o, "%-12s %-9s %10s %9s %8s %6s\n", "drafts", "mode", "accepted", "tok/s", "speedup", "same");
+    else
+        bench_printf(o, "\"rows\": [");
     bool first = true;
     for (int32_t ri = 0; ri <= (int32_t)BASE_ARRAY_LEN(rates); ri++) {
         bool ngram = ri == (int32_t)BASE_ARRAY_LEN(rates);

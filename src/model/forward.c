@@ -159,6 +159,23 @@ keel_status model_matmul_group(const model_fw *f, const model_mat *const *ms, fl
                             keel_strerror(st));
         return KEEL_OK;
     }
+    /* a verify batch: the activations quantized and packed once, one pool
+     * run for all the matrices, each one's bits model_matmul's (the
+     * batched kernel's, which both deterministic mode and AUTO take here) */
+    bool bmulti = n > 1 && n <= TENSOR_MV_BATCH_MAX && n_m >= 2 && n_m <= TENSOR_MV_MULTI_MAX;
+    for (int j = 0; j < n_m && bmulti; j++)
+        bmulti = ms[j]->n_cols == ms[0]->n_cols && ms[j]->n_expert == 0 && ms[j]->dtype == ms[0]->dtype;
+    if (bmulti && !f->ub->deterministic)
+        bmulti = tensor_matmul_auto_path(ms[0]->dtype, n) == TENSOR_GEMM_MATVEC_BATCH;
+    if (bmulti) {
+        tensor_mv_job jobs[TENSOR_MV_MULTI_MAX];
+        for (int j = 0; j < n_m; j++) jobs[j] = (tensor_mv_job){ms[j]->dtype, ms[j]->data, ms[j]->n_rows, ys[j], NULL};
+        keel_status st = tensor_matvec_batch_multi(jobs, n_m, ms[0]->n_cols, x, n, f->pool, f->work);
+        if (st != KEEL_OK)
+            return base_err(f->err, st, "forward: layer %d: matrix products failed (%s)", f->l,
+                            keel_strerror(st));
+        return KEEL_OK;
+    }
     for (int j = 0; j < n_m; j++) {
         keel_status st = model_matmul(f, ms[j], x, n, ys[j]);
         if (st != KEEL_OK) return st;

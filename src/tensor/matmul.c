@@ -323,6 +323,106 @@ keel_status tensor_matvec_batch(keel_dtype t, const void *W, int64_t n_rows, int
     return st;
 }
 
+/* ---- several matrices, several tokens, one dispatch ---------------------------------- */
+
+typedef struct mvbm_ctx {
+    const tensor_mvb_kernel *k;
+    int n_jobs, n_tok;
+    int64_t n_cols;
+    size_t row_bytes;
+    const void *packed;
+    const uint8_t *W[TENSOR_MV_MULTI_MAX];
+    float *Y[TENSOR_MV_MULTI_MAX]; /* [n_tok][n_rows[j]] */
+    int64_t n_rows[TENSOR_MV_MULTI_MAX], rows_per_task[TENSOR_MV_MULTI_MAX];
+    int64_t first_task[TENSOR_MV_MULTI_MAX + 1]; /* task index where job j starts */
+} mvbm_ctx;
+
+static void mvbm_task(void *vctx, int64_t task, int thread)
+{
+    (void)thread;
+    const mvbm_ctx *c = vctx;
+    int j = 0;
+    while (j + 1 < c->n_jobs && task >= c->first_task[j + 1]) j++;
+    int64_t r0 = (task - c->first_task[j]) * c->rows_per_task[j];
+    int64_t r1 = BASE_MIN(r0 + c->rows_per_task[j], c->n_rows[j]);
+    c->k->run(r1 - r0, c->n_cols, c->W[j] + (size_t)r0 * c->row_bytes, c->row_bytes, c->n_tok, c->packed,
+              c->Y[j] + r0, (size_t)c->n_rows[j]);
+}
+
+keel_status tensor_matvec_batch_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols, const float *X,
+                                      int64_t n_tok, base_pool *pool, base_arena *scratch)
+{
+    if (!jobs || n_jobs < 1 || n_jobs > TENSOR_MV_MULTI_MAX || n_cols < 0 || n_tok < 0) return KEEL_EINVAL;
+    keel_dtype t = jobs[0].dtype;
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].dtype != t || jobs[j].x || !shape_ok(t, jobs[j].n_rows, n_cols) ||
+            (jobs[j].n_rows > 0 && (!jobs[j].W || !jobs[j].y)))
+            return KEEL_EINVAL;
+    if (n_tok > 0 && n_cols > 0 && !X) return KEEL_EINVAL;
+    const tensor_mvb_kernel *k = mvb_kernel(t);
+    if (!k || n_tok > TENSOR_MV_BATCH_MAX || n_cols == 0 || n_tok == 0) {
+        /* no batched kernel (or more tokens than one pass takes): each
+         * matrix on its own, as tensor_matvec_batch */
+        for (int j = 0; j < n_jobs; j++) {
+            keel_status st = tensor_matvec_batch(t, jobs[j].W, jobs[j].n_rows, n_cols, X, n_tok, jobs[j].y, pool, scratch);
+            if (st != KEEL_OK) return st;
+        }
+        return KEEL_OK;
+    }
+    uint64_t t0 = tensor_prof_begin();
+    size_t mark = scratch ? base_arena_mark(scratch) : 0;
+    mvbm_ctx c;
+    memset(&c, 0, sizeof c);
+    c.k = k;
+    c.n_jobs = n_jobs;
+    c.n_tok = (int)n_tok;
+    c.n_cols = n_cols;
+    c.row_bytes = tensor_row_bytes(t, n_cols);
+    /* the activations quantized and packed once for every matrix */
+    keel_dtype vt = tensor_vec_dot_type(t);
+    const void *x[TENSOR_MV_BATCH_MAX];
+    for (int i = 0; i < c.n_tok; i++) {
+        void *q = scratch ? base_arena_take(scratch, tensor_row_bytes(vt, n_cols), BASE_ALIGN) : NULL;
+        if (!q) goto no_room;
+        tensor_quant_get_(vt)(X + (size_t)i * (size_t)n_cols, q, n_cols);
+        x[i] = q;
+    }
+    void *pk = scratch ? base_arena_take(scratch, k->pack_bytes(n_cols, c.n_tok), BASE_ALIGN) : NULL;
+    if (!pk) goto no_room;
+    k->pack(x, c.n_tok, n_cols, pk);
+    c.packed = pk;
+    /* each matrix's rows in the chunks tensor_matvec_batch would cut, one
+     * task list */
+    int nt = base_pool_threads(pool);
+    int64_t n_tasks = 0;
+    double total = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        c.W[j] = jobs[j].W;
+        c.Y[j] = jobs[j].y;
+        c.n_rows[j] = jobs[j].n_rows;
+        c.rows_per_task[j] = matvec_rows_per_task(jobs[j].n_rows, nt);
+        c.first_task[j] = n_tasks;
+        n_tasks += (jobs[j].n_rows + c.rows_per_task[j] - 1) / c.rows_per_task[j];
+        total += (double)c.row_bytes * (double)jobs[j].n_rows;
+    }
+    c.first_task[n_jobs] = n_tasks;
+    base_pool_run(pool, n_tasks, mvbm_task, &c);
+    if (scratch) base_arena_rewind(scratch, mark);
+    if (t0) {
+        /* the run's time shared among the matrices by their bytes */
+        uint64_t now = base_time_ns();
+        for (int j = 0; j < n_jobs; j++) {
+            double bytes = (double)c.row_bytes * (double)jobs[j].n_rows;
+            uint64_t ns = total > 0 ? (uint64_t)((double)(now - t0) * bytes / total) : 0;
+            tensor_prof_end(base_time_ns() - ns, TENSOR_PROF_MATMUL, t, jobs[j].n_rows, n_cols, bytes);
+        }
+    }
+    return KEEL_OK;
+no_room:
+    if (scratch) base_arena_rewind(scratch, mark);
+    return KEEL_ESCRATCH;
+}
+
 /* ---- several matrices, one dispatch -------------------------------------------------- */
 
 typedef struct multi_ctx {

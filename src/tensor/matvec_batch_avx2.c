@@ -18,76 +18,43 @@
  * chunks of rows (tensor_matvec_batch in matmul.c). The AVX-512 VNNI form
  * is in matvec_batch_avx512.c.
  */
-#include "avx2_util.h"
+#include "matvec_batch.h"
 
-#define MVB_PF     3072 /* prefetch distance, bytes (as matvec_avx2.c's MV_PF) */
-#define MVB_TOKS   4    /* tokens per pass over a row */
-
-static inline void mvb_pf(const uint8_t *cur, uintptr_t last, int lines)
-{
-    uintptr_t a = (uintptr_t)cur + MVB_PF;
-    for (int k = 0; k < lines; k++, a += 64) __builtin_prefetch((const void *)(a < last ? a : last), 0, 3);
-}
-
-/* Eight f16 values at p, p + stride, ... as f32 (as matvec_avx2.c). */
-static inline __m256 mvb_f16x8_strided(const uint8_t *p, size_t stride)
-{
-    _Alignas(16) uint16_t h[8];
-    for (int k = 0; k < 8; k++) h[k] = rd_u16(p + (size_t)k * stride);
-    return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
-}
+#define MVB_TOKS 4 /* tokens per pass over a row (four accumulator pairs fill the 16 ymm registers) */
 
 /* ---- packed activations ------------------------------------------------------------ */
 
-/* The tokens go through a row in groups of about equal size, at most
- * MVB_TOKS each (9 tokens: 3 + 3 + 3); group g is [g n / G, (g + 1) n / G). */
-static inline int mvb_groups(int n_tok)
-{
-    return (n_tok + MVB_TOKS - 1) / MVB_TOKS;
-}
-
-static inline size_t up64(size_t n)
-{
-    return (n + 63) & ~(size_t)63;
-}
-
 /* One group of T tokens: qs [nb][T][32] i8 (block b of every token side by
- * side) | dx [nb8 / 8][T][8] f32 (eight block scales of a token together,
- * zero past nb), each part 64-byte aligned. */
+ * side) | dx (matvec_batch.h). */
+static size_t grp_qs(int64_t nb, int T)
+{
+    return mvb_up64((size_t)nb * (size_t)T * 32);
+}
+
 static size_t grp_bytes(int64_t nb, int T)
 {
-    size_t nb8 = ((size_t)nb + 7) & ~(size_t)7;
-    return up64((size_t)nb * (size_t)T * 32) + up64(nb8 * (size_t)T * sizeof(float));
+    return grp_qs(nb, T) + mvb_dx_bytes(nb, T);
 }
 
 static size_t pack_q8_0_bytes(int64_t n, int n_tok)
 {
-    int64_t nb = n / QK;
-    int G = mvb_groups(n_tok);
-    size_t s = 0;
-    for (int g = 0; g < G; g++) s += grp_bytes(nb, (g + 1) * n_tok / G - g * n_tok / G);
-    return s;
+    return mvb_pack_bytes(n, n_tok, MVB_TOKS, grp_bytes);
 }
 
 static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
 {
-    int64_t nb = n / QK, nb8 = (nb + 7) & ~(int64_t)7;
-    int G = mvb_groups(n_tok);
+    int64_t nb = n / QK;
+    int G = mvb_groups(n_tok, MVB_TOKS);
     uint8_t *o = packed;
     for (int g = 0; g < G; g++) {
-        int t0 = g * n_tok / G, T = (g + 1) * n_tok / G - t0;
-        uint8_t *qs = o;
-        float *dx = (float *)(void *)(o + up64((size_t)nb * (size_t)T * 32));
+        int t0, T;
+        mvb_group(g, G, n_tok, &t0, &T);
+        float *dx = (float *)(void *)(o + grp_qs(nb, T));
         for (int t = 0; t < T; t++) {
             const uint8_t *x = xv[t0 + t];
-            for (int64_t b = 0; b < nb8; b++) {
-                float d = 0.0f;
-                if (b < nb) {
-                    memcpy(qs + ((size_t)b * (size_t)T + (size_t)t) * 32, x + (size_t)b * Q8_0_BYTES + 2, 32);
-                    d = f16_load(x + (size_t)b * Q8_0_BYTES);
-                }
-                dx[(size_t)(b / 8) * (size_t)T * 8 + (size_t)t * 8 + (size_t)(b % 8)] = d;
-            }
+            for (int64_t b = 0; b < nb; b++)
+                memcpy(o + ((size_t)b * (size_t)T + (size_t)t) * 32, x + (size_t)b * Q8_0_BYTES + 2, 32);
+            mvb_pack_dx(x, nb, T, t, dx);
         }
         o += grp_bytes(nb, T);
     }
@@ -148,14 +115,15 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
 {
     uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
     int64_t nb = n / QK;
-    int G = mvb_groups(n_tok);
+    int G = mvb_groups(n_tok, MVB_TOKS);
     for (int64_t r = 0; r < nr; r++) {
         const uint8_t *w = W + (size_t)r * rb;
         const uint8_t *o = packed;
         for (int g = 0; g < G; g++) {
-            int t0 = g * n_tok / G, T = (g + 1) * n_tok / G - t0;
+            int t0, T;
+            mvb_group(g, G, n_tok, &t0, &T);
             const uint8_t *qs = o;
-            const float *dx = (const float *)(const void *)(o + up64((size_t)nb * (size_t)T * 32));
+            const float *dx = (const float *)(const void *)(o + grp_qs(nb, T));
             float v[MVB_TOKS];
             bool pf = g == 0; /* the first pass brings the row in */
             switch (T) {

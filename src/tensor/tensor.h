@@ -178,6 +178,20 @@ keel_status tensor_matvec_batch(keel_dtype t, const void *W, int64_t n_rows, int
                                 const float *X, int64_t n_tok, float *Y, base_pool *pool,
                                 base_arena *scratch);
 
+/* Y_j = W_j X for up to TENSOR_MV_MULTI_MAX matrices of one dtype sharing
+ * n_cols and the n_tok activations X (a verify batch's q/k/v or gate/up):
+ * jobs[j].y is [n_tok][n_rows_j], jobs[j].x must be NULL. Where the dtype
+ * has a batched kernel at the level in force and n_tok <=
+ * TENSOR_MV_BATCH_MAX, X is quantized and packed once and the rows of every
+ * matrix go into one task list (one pool run); otherwise each matrix runs
+ * through tensor_matvec_batch. Either way each Y_j is bit for bit
+ * tensor_matvec_batch's (each token's tensor_matvec bits). Scratch: what
+ * tensor_matvec_batch needs for one of them. KEEL_EINVAL (bad shape,
+ * n_jobs outside 1..MAX, mixed dtypes, a job with its own x),
+ * KEEL_ESCRATCH (arena unchanged). */
+keel_status tensor_matvec_batch_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n_cols, const float *X,
+                                      int64_t n_tok, base_pool *pool, base_arena *scratch);
+
 /* Scratch bytes tensor_matmul needs for this shape with n_threads threads. */
 size_t tensor_matmul_scratch_bytes(keel_dtype t, int64_t n_rows, int64_t n_cols, int64_t n_tok,
                                    int n_threads);

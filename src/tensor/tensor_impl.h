@@ -220,8 +220,8 @@ typedef struct tensor_mvb_kernel {
     void (*pack)(const void *const *x, int n_tok, int64_t n_cols, void *packed);
 } tensor_mvb_kernel;
 extern const tensor_mvb_kernel tensor_mvb_avx2_[KEEL_DTYPE_COUNT_];
-/* The same with AVX-512 VNNI (256-bit vpdpbusd; call only at the avx512
- * level). */
+/* The same with AVX-512 VNNI (two blocks of a token per zmm, the AVX2
+ * kernel's two accumulators side by side; call only at the avx512 level). */
 extern const tensor_mvb_kernel tensor_mvb_avx512_[KEEL_DTYPE_COUNT_];
 
 tensor_dot_fn tensor_dot_get_(keel_dtype t);
