@@ -394,14 +394,106 @@ static void test_row(void **state)
     }
 }
 
-/* The fused decode kernel (attn_dec_fn) against the scalar kernels run
- * block by block as attn_task runs them (kq, softcap or scale, the row
- * step with every cell visible, alpha, pv): q8_0 / q4_0 K and V (also
- * mixed), dims 32..512 (and 576: no kernel), R from 1 to 12 (quads and
- * their tails), cell lists of 1..100 (blocks and a short last block),
- * fresh and carried running state (m, l, acc: the rescaling), softcap on
- * and off. The AVX-512 kernel (q8_0 K and V) scores 16 cells per vector:
- * the lists of 1, 7, 33 and 100 cells end in part-filled tiles. */
+/* One fused decode case: the scalar kernels run block by block as
+ * attn_task runs them (kq, softcap or scale, the row step with every cell
+ * visible, alpha, pv) are the reference for every path's attn_dec_fn on
+ * the same inputs (fresh or carried running state m, l, acc). Returns the
+ * accumulators checked; *ran counts the kernel runs. */
+static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const fixture *fv, int32_t dim,
+                        int32_t R, int32_t n, const int32_t *idx, bool carried, float softcap, base_rng *rng,
+                        int64_t *ran)
+{
+    static float acc0[R_MAX][DIM_MAX], ref[R_MAX][DIM_MAX], got[R_MAX][DIM_MAX + 16];
+    attn_path best = attn_path_best();
+    int64_t checked = 0;
+    const void *qp[R_MAX];
+    for (int r = 0; r < R_MAX; r++) qp[r] = fk->q + (size_t)r * fk->qrb;
+    float scale = 1.0f / sqrtf((float)dim);
+    float m0[R_MAX] = {0}, l0[R_MAX] = {0};
+    for (int32_t r = 0; r < R; r++) {
+        m0[r] = carried ? (float)(base_rng_next(rng) % 40) - 20.0f : -INFINITY;
+        l0[r] = carried ? 1.0f + (float)(base_rng_next(rng) % 100) / 10.0f : 0.0f;
+        if (carried)
+            test_fill_uniform(acc0[r], dim, base_rng_next(rng));
+        else
+            memset(acc0[r], 0, (size_t)dim * sizeof(float));
+    }
+    /* reference: the scalar kernels, block by block */
+    float mr[R_MAX], lr[R_MAX], *ap[R_MAX];
+    memcpy(mr, m0, sizeof mr);
+    memcpy(lr, l0, sizeof lr);
+    memcpy(ref, acc0, sizeof ref);
+    for (int32_t r = 0; r < R; r++) ap[r] = ref[r];
+    attn_pf no_pf = {NULL, 0};
+    uint8_t vis[ATTN_CB], act[R_MAX];
+    memset(vis, 1, sizeof vis);
+    float sc[R_MAX * ATTN_CB];
+    bool prev = tensor_set_simd(false);
+    for (int32_t sb = 0; sb < n; sb += ATTN_CB) {
+        int32_t nb = BASE_MIN(ATTN_CB, n - sb);
+        attn_kq_scalar(kt, fk->rows, fk->rb, idx + sb, nb, qp, R, dim, sc, no_pf);
+        for (int32_t r = 0; r < R; r++) {
+            float *s = sc + r * ATTN_CB, sc_scale = scale, alpha;
+            if (softcap > 0.0f) {
+                for (int32_t j = 0; j < nb; j++) s[j] = softcap * tanhf(s[j] * scale / softcap);
+                sc_scale = 1.0f;
+            }
+            act[r] = attn_row_scalar(s, nb, sc_scale, vis, &mr[r], &lr[r], &alpha);
+            if (act[r] && alpha != 1.0f)
+                for (int32_t i = 0; i < dim; i++) ref[r][i] *= alpha;
+        }
+        attn_pv_scalar(vt, fv->rows, fv->rb, idx + sb, nb, sc, act, R, dim, ap, no_pf);
+    }
+    tensor_set_simd(prev);
+    for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
+        tensor_simd lv;
+        attn_kernel_set ks = forced((attn_path)pi, kt, vt, &lv);
+        ks = attn_kernels((attn_path)pi, kt, vt, dim, dim);
+        if (!ks.dec) {
+            tensor_simd_force(lv);
+            /* the AVX2 path has one for these dims, the AVX-512 path for q8_0 K and V */
+            bool q8 = kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0;
+            if ((pi == (int)ATTN_PATH_AVX2 || (pi == (int)ATTN_PATH_AVX512 && q8)) && dim <= 512)
+                fail_msg("no fused decode kernel for %s/%s dim %d", keel_dtype_name(kt), keel_dtype_name(vt), dim);
+            continue;
+        }
+        float mg[R_MAX], lg[R_MAX], *gp[R_MAX];
+        memcpy(mg, m0, sizeof mg);
+        memcpy(lg, l0, sizeof lg);
+        for (int32_t r = 0; r < R; r++) {
+            memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
+            for (int i = 0; i < 16; i++) got[r][dim + i] = 12345.0f;
+            gp[r] = got[r];
+        }
+        attn_dec a = {fk->rows, fv->rows, fk->rb, fv->rb, idx, n, qp, R, dim, dim, scale, softcap, mg, lg, gp};
+        ks.dec(kt, vt, &a);
+        tensor_simd_force(lv);
+        (*ran)++;
+        for (int32_t r = 0; r < R; r++) {
+            double amax = 0;
+            for (int32_t i = 0; i < dim; i++) amax = fmax(amax, fabs(ref[r][i]));
+            check_close(mg[r], mr[r], 1e-5 * fabs(mr[r]) + 1e-5, "dec m", k_path_names[pi], kt, dim, R, n, r, -1);
+            check_close(lg[r], lr[r], 1e-4 * lr[r], "dec l", k_path_names[pi], kt, dim, R, n, r, -1);
+            for (int32_t i = 0; i < dim; i++) {
+                check_close(got[r][i], ref[r][i], 1e-4 * amax + 1e-30, "dec acc", k_path_names[pi], kt, dim, R, n,
+                            r, i);
+                checked++;
+            }
+            for (int i = 0; i < 16; i++)
+                if (got[r][dim + i] != 12345.0f) fail_msg("dec %s: wrote past row %d", k_path_names[pi], r);
+        }
+    }
+    return checked;
+}
+
+/* The fused decode kernel (attn_dec_fn) against the scalar kernels
+ * (dec_case): q8_0 / q4_0 K and V (also mixed), dims 32..512 (and 576: no
+ * kernel), R from 1 to 12 (quads and their tails), cell lists of 1..100
+ * (blocks and a short last block), fresh and carried running state (m, l,
+ * acc: the rescaling), softcap on and off. The AVX-512 kernel (q8_0 K and
+ * V) scores 16 cells per vector, the AVX2 one 8: the lists of 1, 5, 7, 12,
+ * 20, 31, 33 and 100 cells end in part-filled tiles (a block's first,
+ * second, third or fourth tile). */
 static void test_dec(void **state)
 {
     (void)state;
@@ -411,114 +503,99 @@ static void test_dec(void **state)
                                        {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0}};
     static const int32_t dims[] = {32, 64, 96, 128, 512, 576};
     static const int32_t rows[] = {1, 2, 3, 4, 5, 8, 12};
-    static const int32_t cells[] = {1, 7, 32, 33, 64, 100};
-    static float acc0[R_MAX][DIM_MAX], ref[R_MAX][DIM_MAX], got[R_MAX][DIM_MAX + 16];
-    attn_path best = attn_path_best();
+    static const int32_t cells_q8[] = {1, 5, 7, 12, 20, 31, 32, 33, 64, 100};
+    static const int32_t cells_q4[] = {1, 7, 32, 33, 64, 100};
     base_rng rng;
     base_rng_seed(&rng, 11);
     int64_t checked = 0, ran = 0;
     for (size_t ki = 0; ki < BASE_ARRAY_LEN(kv); ki++)
         for (size_t di = 0; di < BASE_ARRAY_LEN(dims); di++) {
             keel_dtype kt = kv[ki][0], vt = kv[ki][1];
+            bool q8 = kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0;
+            const int32_t *cells = q8 ? cells_q8 : cells_q4;
+            size_t n_cells = q8 ? BASE_ARRAY_LEN(cells_q8) : BASE_ARRAY_LEN(cells_q4);
             int32_t dim = dims[di];
             fixture fk, fv;
             fixture_make(&fk, kt, dim, 300 + 10 * ki + di);
             fixture_make(&fv, vt, dim, 400 + 10 * ki + di);
-            const void *qp[R_MAX];
-            for (int r = 0; r < R_MAX; r++) qp[r] = fk.q + (size_t)r * fk.qrb;
             for (size_t ri = 0; ri < BASE_ARRAY_LEN(rows); ri++)
-                for (size_t ci = 0; ci < BASE_ARRAY_LEN(cells); ci++)
+                for (size_t ci = 0; ci < n_cells; ci++)
                     for (int variant = 0; variant < 4; variant++) {
                         int32_t R = rows[ri], n = cells[ci];
-                        bool carried = variant & 1;
-                        float softcap = variant & 2 ? 30.0f : 0.0f, scale = 1.0f / sqrtf((float)dim);
                         int32_t idx[128];
                         for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
-                        float m0[R_MAX] = {0}, l0[R_MAX] = {0};
-                        for (int32_t r = 0; r < R; r++) {
-                            m0[r] = carried ? (float)(base_rng_next(&rng) % 40) - 20.0f : -INFINITY;
-                            l0[r] = carried ? 1.0f + (float)(base_rng_next(&rng) % 100) / 10.0f : 0.0f;
-                            if (carried)
-                                test_fill_uniform(acc0[r], dim, base_rng_next(&rng));
-                            else
-                                memset(acc0[r], 0, (size_t)dim * sizeof(float));
-                        }
-                        /* reference: the scalar kernels, block by block */
-                        float mr[R_MAX], lr[R_MAX], *ap[R_MAX];
-                        memcpy(mr, m0, sizeof mr);
-                        memcpy(lr, l0, sizeof lr);
-                        memcpy(ref, acc0, sizeof ref);
-                        for (int32_t r = 0; r < R; r++) ap[r] = ref[r];
-                        attn_pf no_pf = {NULL, 0};
-                        uint8_t vis[ATTN_CB], act[R_MAX];
-                        memset(vis, 1, sizeof vis);
-                        float sc[R_MAX * ATTN_CB];
-                        bool prev = tensor_set_simd(false);
-                        for (int32_t sb = 0; sb < n; sb += ATTN_CB) {
-                            int32_t nb = BASE_MIN(ATTN_CB, n - sb);
-                            attn_kq_scalar(kt, fk.rows, fk.rb, idx + sb, nb, qp, R, dim, sc, no_pf);
-                            for (int32_t r = 0; r < R; r++) {
-                                float *s = sc + r * ATTN_CB, sc_scale = scale, alpha;
-                                if (softcap > 0.0f) {
-                                    for (int32_t j = 0; j < nb; j++) s[j] = softcap * tanhf(s[j] * scale / softcap);
-                                    sc_scale = 1.0f;
-                                }
-                                act[r] = attn_row_scalar(s, nb, sc_scale, vis, &mr[r], &lr[r], &alpha);
-                                if (act[r] && alpha != 1.0f)
-                                    for (int32_t i = 0; i < dim; i++) ref[r][i] *= alpha;
-                            }
-                            attn_pv_scalar(vt, fv.rows, fv.rb, idx + sb, nb, sc, act, R, dim, ap, no_pf);
-                        }
-                        tensor_set_simd(prev);
-                        for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
-                            tensor_simd lv;
-                            attn_kernel_set ks = forced((attn_path)pi, kt, vt, &lv);
-                            ks = attn_kernels((attn_path)pi, kt, vt, dim, dim);
-                            if (!ks.dec) {
-                                tensor_simd_force(lv);
-                                /* the AVX2 path has one for these dims, the AVX-512 path for q8_0 K and V */
-                                bool q8 = kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0;
-                                if ((pi == (int)ATTN_PATH_AVX2 || (pi == (int)ATTN_PATH_AVX512 && q8)) && dim <= 512)
-                                    fail_msg("no fused decode kernel for %s/%s dim %d", keel_dtype_name(kt),
-                                             keel_dtype_name(vt), dim);
-                                continue;
-                            }
-                            float mg[R_MAX], lg[R_MAX], *gp[R_MAX];
-                            memcpy(mg, m0, sizeof mg);
-                            memcpy(lg, l0, sizeof lg);
-                            for (int32_t r = 0; r < R; r++) {
-                                memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
-                                for (int i = 0; i < 16; i++) got[r][dim + i] = 12345.0f;
-                                gp[r] = got[r];
-                            }
-                            attn_dec a = {fk.rows, fv.rows, fk.rb, fv.rb, idx, n, qp, R, dim, dim,
-                                          scale, softcap, mg, lg, gp};
-                            ks.dec(kt, vt, &a);
-                            tensor_simd_force(lv);
-                            ran++;
-                            for (int32_t r = 0; r < R; r++) {
-                                double amax = 0;
-                                for (int32_t i = 0; i < dim; i++) amax = fmax(amax, fabs(ref[r][i]));
-                                check_close(mg[r], mr[r], 1e-5 * fabs(mr[r]) + 1e-5, "dec m", k_path_names[pi], kt,
-                                            dim, R, n, r, -1);
-                                check_close(lg[r], lr[r], 1e-4 * lr[r], "dec l", k_path_names[pi], kt, dim, R,
-                                            n, r, -1);
-                                for (int32_t i = 0; i < dim; i++) {
-                                    check_close(got[r][i], ref[r][i], 1e-4 * amax + 1e-30, "dec acc",
-                                                k_path_names[pi], kt, dim, R, n, r, i);
-                                    checked++;
-                                }
-                                for (int i = 0; i < 16; i++)
-                                    if (got[r][dim + i] != 12345.0f)
-                                        fail_msg("dec %s: wrote past row %d", k_path_names[pi], r);
-                            }
-                        }
+                        checked += dec_case(kt, vt, &fk, &fv, dim, R, n, idx, variant & 1,
+                                            variant & 2 ? 30.0f : 0.0f, &rng, &ran);
                     }
             fixture_free(&fk);
             fixture_free(&fv);
         }
     printf("dec: %lld runs, %lld accumulators checked, paths up to %s\n", (long long)ran,
-           (long long)checked, k_path_names[best]);
+           (long long)checked, k_path_names[attn_path_best()]);
+}
+
+/* The int8 dots at their extremes: q8_0 keys whose bytes are -128, -127,
+ * 127 or 0 (keel's quantizer stores [-127, 127]; a loaded file may hold
+ * -128) against queries of +-127, 126 and 0 (keel's query quantizer clamps
+ * to [-127, 127]). Adjacent pairs of such products reach 2 * 128 * 127 in
+ * magnitude: a kernel whose vpmaddubsw pairs saturate (e.g. keys biased to
+ * u8 with the query as the signed operand, whose pairs reach 2 * 255 *
+ * 127) gives wrong scores here, far outside the tolerance. The scales are
+ * small so that the scores stay in a range where every cell counts. */
+static void test_dec_extremes(void **state)
+{
+    (void)state;
+    static const int8_t kvals[] = {-128, -127, 127, 0, 127, -128};
+    static const int8_t qvals[] = {127, -127, 127, 126, -127, 0};
+    static const int32_t dims[] = {32, 128, 256};
+    static const int32_t rows[] = {1, 3, 4, 8};
+    static const int32_t cells[] = {9, 32, 45};
+    base_rng rng;
+    base_rng_seed(&rng, 23);
+    int64_t checked = 0, ran = 0;
+    for (size_t di = 0; di < BASE_ARRAY_LEN(dims); di++)
+        for (int pattern = 0; pattern < 3; pattern++) {
+            int32_t dim = dims[di], nbk = dim / 32;
+            fixture fk, fv;
+            fixture_make(&fk, KEEL_DTYPE_Q8_0, dim, 500 + di);
+            fixture_make(&fv, KEEL_DTYPE_Q8_0, dim, 600 + di);
+            /* pattern 0: every key byte and query byte at an extreme of the same
+             * sign run (pairs of +-127 * 128); 1: random extremes; 2: alternating */
+            for (int c = 0; c < N_CELLS; c++)
+                for (int32_t b = 0; b < nbk; b++) {
+                    uint8_t *kb = fk.rows + (size_t)c * fk.rb + (size_t)b * 34;
+                    uint16_t d = 0x1c00 + (uint16_t)(c % 5); /* f16 ~ 0.0039 */
+                    memcpy(kb, &d, 2);
+                    for (int i = 0; i < 32; i++) {
+                        int8_t v = pattern == 0   ? (c & 1 ? -128 : 127)
+                                   : pattern == 1 ? kvals[base_rng_next(&rng) % BASE_ARRAY_LEN(kvals)]
+                                                  : kvals[(i + c) % BASE_ARRAY_LEN(kvals)];
+                        kb[2 + i] = (uint8_t)v;
+                    }
+                }
+            for (int r = 0; r < R_MAX; r++)
+                for (int32_t b = 0; b < nbk; b++) {
+                    uint8_t *qb = fk.q + (size_t)r * fk.qrb + (size_t)b * 34;
+                    uint16_t d = 0x1c00 + (uint16_t)r;
+                    memcpy(qb, &d, 2);
+                    for (int i = 0; i < 32; i++) {
+                        int8_t v = pattern == 0   ? (r & 1 ? -127 : 127)
+                                   : pattern == 1 ? qvals[base_rng_next(&rng) % BASE_ARRAY_LEN(qvals)]
+                                                  : qvals[(i + r) % BASE_ARRAY_LEN(qvals)];
+                        qb[2 + i] = (uint8_t)v;
+                    }
+                }
+            for (size_t ri = 0; ri < BASE_ARRAY_LEN(rows); ri++)
+                for (size_t ci = 0; ci < BASE_ARRAY_LEN(cells); ci++) {
+                    int32_t idx[64], n = cells[ci];
+                    for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
+                    checked += dec_case(KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0, &fk, &fv, dim, rows[ri], n, idx, ci & 1,
+                                        0.0f, &rng, &ran);
+                }
+            fixture_free(&fk);
+            fixture_free(&fv);
+        }
+    printf("dec extremes: %lld runs, %lld accumulators checked\n", (long long)ran, (long long)checked);
 }
 
 int main(void)
@@ -529,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_exp),
         cmocka_unit_test(test_row),
         cmocka_unit_test(test_dec),
+        cmocka_unit_test(test_dec_extremes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,7 +18,9 @@
  *          instead, each value converted once for all the rows.
  * exp:     Cephes-style range reduction and a degree-5 polynomial (relative
  *          error < 2e-7 over the range softmax uses).
- * decode:  one token's rows over q8_0 / q4_0 K and V, fused (attn_dec_fn):
+ * decode:  one token's rows over q8_0 / q4_0 K and V, fused (attn_dec_fn).
+ *          q8_0 K and V: dec8_quad_run, one cell per lane from the int8
+ *          dots to the probabilities (see there). The other pairs: dec_quad,
  *          per quad of rows and block of 32 cells the scores go cell-major
  *          (one 128-bit store per cell, the scale folded into the query
  *          scales), the four rows' online softmax runs on two cells per
@@ -905,6 +907,311 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
     }
 }
 
+/* ---- fused decode, q8_0 K and V: one cell per lane ------------------------
+ *
+ * The kernel of dec_q8_q8. It keeps one cell per 32-bit lane from the int8
+ * dots to the probabilities, in tiles of 8 cells (a block of ATTN_CB cells
+ * is up to four tiles), as the AVX-512 kernel does, so no score is reduced
+ * across lanes:
+ *   - the 32 key bytes of block b of the tile's 8 rows are transposed 16 at
+ *     a time into four ymm g[i] (lane c = bytes 4i..4i+3 of cell c: 4 loads,
+ *     4 inserts, 8 unpacks);
+ *   - each query row r takes, per 4-byte group i, its four bytes broadcast
+ *     (q), then vpmaddubsw(|g[i]|, sign(q, g[i])) and vpmaddwd by ones: lane
+ *     c gains sum_k q_k * key_k over the group, exactly (below); then one
+ *     convert and one FMA per row by d_k (the tile's 8 block scales, one
+ *     f16 load) * d_q * scale;
+ *   - the online softmax runs on the rows' score vectors (8 cells each),
+ *     the four rows' block max and sum reduced together;
+ *   - the weights w = p * d_v are formed as vectors per V block, row and
+ *     tile; p . V then converts each V value once for the rows and issues
+ *     one FMA per row and 8 columns, 2 * NR accumulators in registers.
+ *
+ * Why the integer dot is exact (no vpmaddubsw saturation): vpmaddubsw
+ * multiplies u8 by s8 and adds adjacent pairs into s16 with saturation.
+ * Its u8 operand here is |k| (vpabsb), in [0, 128] for any stored byte k in
+ * [-128, 127]; its s8 operand is sign(q, k) = q * sgn(k) (vpsignb), in
+ * [-127, 127] because keel's q8_0 query quantizer clamps q to [-127, 127]
+ * (tensor_quantize_row; vpsignb of -128 would wrap). Each product |k| *
+ * q * sgn(k) equals k * q, a pair's sum is at most 2 * 128 * 127 = 32512 <
+ * 32767 in magnitude, so no pair saturates; vpmaddwd by 1 adds the two
+ * pairs into s32 and the 8 groups of a block sum to at most 32 * 128 * 127
+ * = 520192 < 2^24, exact in s32 and in its f32 conversion. (Biasing k to
+ * u8 with q as the s8 operand, VNNI's way, would not do: (k + 128) * q
+ * reaches 255 * 127 per product and a pair 64770, which saturates.)
+ * The scaled scores then differ from the scalar kernel's by float
+ * reordering only.
+ *
+ * Prefetch: the block's V rows a share per key block of each tile during the
+ * scores, the next block's K rows a share per p . V half (first quad only:
+ * the others find them in cache), as dec_quad does. */
+
+#define DEC8_T 8 /* cells per tile: one per 32-bit lane */
+
+typedef struct dec8_quad {
+    const uint8_t *qb[4];       /* row r's q8_0 query blocks (34 bytes each) */
+    float dq[4][KQ_NB_MAX];     /* d_q of block b * scale (1 with a softcap) */
+} dec8_quad;
+
+static inline int32_t dec8_i32(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t dec8_u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* 16 bytes at rows[c] + off of a tile's 8 cells, transposed: g[i] lane c =
+ * bytes 4i..4i+3 of cell c's 16 (cells 0-3 in the low 128 bits, 4-7 high). */
+static inline __attribute__((always_inline)) void dec8_kt(const uint8_t *const *rows, size_t off, __m256i g[4])
+{
+    __m256i z[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        z[c] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows[c] + off))),
+                                       _mm_loadu_si128((const __m128i *)(rows[c + 4] + off)), 1);
+    /* per 128 bits: t0 = c0:0 c1:0 c0:1 c1:1, t1 = c0:2 c1:2 c0:3 c1:3, t2 / t3 the same for c2, c3 */
+    __m256i t0 = _mm256_unpacklo_epi32(z[0], z[1]), t1 = _mm256_unpackhi_epi32(z[0], z[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(z[2], z[3]), t3 = _mm256_unpackhi_epi32(z[2], z[3]);
+    g[0] = _mm256_unpacklo_epi64(t0, t2);
+    g[1] = _mm256_unpackhi_epi64(t0, t2);
+    g[2] = _mm256_unpacklo_epi64(t1, t3);
+    g[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* Scores of one tile (8 cells, rows krows[0..8)) for the quad's NR rows:
+ * s[r] lane c. dk16: the tile's key block scales, block b at dk16 + b *
+ * ATTN_CB. */
+static inline __attribute__((always_inline)) void dec8_tile_scores(const uint8_t *const *krows,
+                                                                   const uint16_t *dk16, const dec8_quad *Q,
+                                                                   int NR, int32_t nbk, __m256 s[4],
+                                                                   attn_pf_cursor *pc, int32_t pl)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_ps();
+    for (int32_t b = 0; b < nbk; b++) {
+        attn_pf_step(pc, pl);
+        __m256i a[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) a[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i g[4];
+            dec8_kt(krows, (size_t)b * 34 + 2 + 16 * (size_t)h, g);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                __m256i u = _mm256_abs_epi8(g[i]);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    __m256i q = _mm256_set1_epi32(dec8_i32(Q->qb[r] + (size_t)b * 34 + 2 + 16 * h + 4 * i));
+                    __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(q, g[i]));
+                    a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(p, ones));
+                    /* keep the sum a chain in one register: gcc 12 otherwise
+                     * reassociates the 8 groups' adds into a tree and spills
+                     * the 32 products of the quad (measured 2x slower) */
+                    __asm__("" : "+x"(a[r]));
+                }
+            }
+        }
+        __m256 dk = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(dk16 + (size_t)b * ATTN_CB)));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dk, _mm256_set1_ps(Q->dq[r][b])), s[r]);
+    }
+}
+
+/* [f(x0), f(x1), f(x2), f(x3)], f the max / the sum of 8 lanes */
+static inline __m128 dec8_max4(__m256 x0, __m256 x1, __m256 x2, __m256 x3)
+{
+    __m256 t01 = _mm256_max_ps(_mm256_unpacklo_ps(x0, x1), _mm256_unpackhi_ps(x0, x1));
+    __m256 t23 = _mm256_max_ps(_mm256_unpacklo_ps(x2, x3), _mm256_unpackhi_ps(x2, x3));
+    __m256 u = _mm256_max_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm_max_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+static inline __m128 dec8_sum4(__m256 x0, __m256 x1, __m256 x2, __m256 x3)
+{
+    __m256 t01 = _mm256_add_ps(_mm256_unpacklo_ps(x0, x1), _mm256_unpackhi_ps(x0, x1));
+    __m256 t23 = _mm256_add_ps(_mm256_unpacklo_ps(x2, x3), _mm256_unpackhi_ps(x2, x3));
+    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* acc[r][32 b + 16 h ..+16) += sum_j w[r][j] * V row j's values there, for
+ * r < NR: the accumulators in registers across the cells, each V value
+ * converted once for the rows. */
+static inline __attribute__((always_inline)) void dec8_pv_half(const uint8_t *const *rows, int32_t n, int32_t b,
+                                                               int h, const float (*w)[ATTN_CB], float *const *acc,
+                                                               int NR)
+{
+    __m256 A[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        A[r][0] = _mm256_loadu_ps(acc[r] + (size_t)b * QK + 16 * h);
+        A[r][1] = _mm256_loadu_ps(acc[r] + (size_t)b * QK + 16 * h + 8);
+    }
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *vb = rows[j] + (size_t)b * 34 + 2 + 16 * h;
+        __m256 v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)vb)));
+        __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + 8))));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256 wr = _mm256_broadcast_ss(&w[r][j]);
+            A[r][0] = _mm256_fmadd_ps(wr, v0, A[r][0]);
+            A[r][1] = _mm256_fmadd_ps(wr, v1, A[r][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(acc[r] + (size_t)b * QK + 16 * h, A[r][0]);
+        _mm256_storeu_ps(acc[r] + (size_t)b * QK + 16 * h + 8, A[r][1]);
+    }
+}
+
+/* One quad (NR <= 4 rows from r0) over all cells, q8_0 K and V. */
+static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *a, int32_t r0, int NR)
+{
+    const int32_t nbk = a->dk / QK, nbv = a->dv / QK;
+    const bool capped = a->softcap > 0.0f;
+    dec8_quad Q;
+    float m[4], l[4];
+    float *acc[4];
+    for (int r = 0; r < 4; r++) {
+        int32_t rr = r0 + BASE_MIN(r, NR - 1);
+        Q.qb[r] = a->q[rr];
+        for (int32_t b = 0; b < nbk; b++)
+            Q.dq[r][b] = f16_to_f32(Q.qb[r] + (size_t)b * 34) * (capped ? 1.0f : a->scale);
+        m[r] = a->m[rr];
+        l[r] = a->l[rr];
+        acc[r] = a->acc[rr];
+    }
+    _Alignas(32) float e[4][ATTN_CB];               /* scores, then exp(s - m), per row */
+    _Alignas(32) float wt[PV_NB_MAX][4][ATTN_CB];   /* p * d_v per V block, row, cell */
+    _Alignas(16) uint16_t dkt[KQ_NB_MAX][ATTN_CB]; /* the K rows' block scales (f16) */
+    _Alignas(16) uint16_t dvt[PV_NB_MAX][ATTN_CB]; /* the V rows' */
+    const uint8_t *krows[ATTN_CB], *vrows[ATTN_CB];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), one = _mm256_set1_ps(1.0f);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
+        int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
+        int32_t T = (nb + DEC8_T - 1) / DEC8_T, np = T * DEC8_T;
+        const int32_t *idx = a->idx + cb;
+        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        int32_t plk = 0, plv = 0;
+        if (r0 == 0) {
+            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
+            pv = attn_pf_begin(fv);
+            plv = attn_pf_lines(fv, T * nbk);
+            if (cb + nb < a->n) {
+                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
+                pk = attn_pf_begin(fk);
+                plk = attn_pf_lines(fk, 2 * nbv);
+            }
+        }
+        /* a short last tile repeats the block's last cell; its lanes are masked */
+        for (int32_t j = 0; j < np; j++) {
+            int32_t c = idx[BASE_MIN(j, nb - 1)];
+            krows[j] = a->kbase + (size_t)c * a->krb;
+            vrows[j] = a->vbase + (size_t)c * a->vrb;
+            for (int32_t b = 0; b < nbk; b++) dkt[b][j] = dec8_u16(krows[j] + (size_t)b * 34);
+        }
+        for (int32_t t = 0; t < T; t++) {
+            __m256 s[4];
+            dec8_tile_scores(krows + t * DEC8_T, &dkt[0][t * DEC8_T], &Q, NR, nbk, s, &pv, plv);
+            __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb - t * DEC8_T), iota));
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                if (capped) {
+                    _Alignas(32) float x[DEC8_T];
+                    _mm256_store_ps(x, s[r]);
+                    for (int c = 0; c < DEC8_T; c++) x[c] = a->softcap * tanhf(x[c] * a->scale / a->softcap);
+                    s[r] = _mm256_load_ps(x);
+                }
+                _mm256_store_ps(&e[r][t * DEC8_T], _mm256_blendv_ps(ninf, s[r], valid));
+            }
+        }
+        /* online softmax of the quad's rows: block max, alpha, exp, sum */
+        __m256 x[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const float *er = e[BASE_MIN(r, NR - 1)];
+            x[r] = _mm256_load_ps(er);
+            for (int32_t t = 1; t < T; t++) x[r] = _mm256_max_ps(x[r], _mm256_load_ps(er + t * DEC8_T));
+        }
+        __m128 m4 = _mm_loadu_ps(m), mnew = _mm_max_ps(m4, dec8_max4(x[0], x[1], x[2], x[3]));
+        /* alpha = exp(m_old - m_new), 1 where m_old is -inf (nothing accumulated) or did not move */
+        __m128 d = _mm_sub_ps(m4, mnew);
+        __m128 alpha = _mm256_castps256_ps128(exp8(_mm256_set_m128(d, d)));
+        __m128 keep = _mm_or_ps(_mm_cmpeq_ps(m4, _mm_set1_ps(-INFINITY)), _mm_cmpeq_ps(m4, mnew));
+        alpha = _mm_blendv_ps(alpha, _mm256_castps256_ps128(one), keep);
+        _mm_storeu_ps(m, mnew);
+        _Alignas(16) float al[4];
+        _mm_store_ps(al, alpha);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            if (al[r] != 1.0f) {
+                __m256 ar = _mm256_set1_ps(al[r]);
+                for (int32_t i = 0; i < a->dv; i += 8)
+                    _mm256_storeu_ps(acc[r] + i, _mm256_mul_ps(_mm256_loadu_ps(acc[r] + i), ar));
+            }
+            __m256 mm = _mm256_set1_ps(m[r]), sum = _mm256_setzero_ps();
+            for (int32_t t = 0; t < T; t++) {
+                __m256 ev = exp8(_mm256_sub_ps(_mm256_load_ps(&e[r][t * DEC8_T]), mm));
+                _mm256_store_ps(&e[r][t * DEC8_T], ev);
+                sum = _mm256_add_ps(sum, ev);
+            }
+            x[r] = sum;
+        }
+        for (int r = NR; r < 4; r++) x[r] = _mm256_setzero_ps();
+        _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), dec8_sum4(x[0], x[1], x[2], x[3])));
+        /* the weights p * d_v (the V rows arrived during the scores) */
+        for (int32_t j = 0; j < np; j++)
+            for (int32_t b = 0; b < nbv; b++) dvt[b][j] = dec8_u16(vrows[j] + (size_t)b * 34);
+        for (int32_t b = 0; b < nbv; b++)
+            for (int32_t t = 0; t < T; t++) {
+                __m256 dv = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)&dvt[b][t * DEC8_T]));
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++)
+                    _mm256_store_ps(&wt[b][r][t * DEC8_T], _mm256_mul_ps(_mm256_load_ps(&e[r][t * DEC8_T]), dv));
+            }
+        /* p . V */
+        for (int32_t b = 0; b < nbv; b++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                attn_pf_step(&pk, plk);
+                dec8_pv_half(vrows, nb, b, h, (const float (*)[ATTN_CB])wt[b], acc, NR);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        a->m[r0 + r] = m[r];
+        a->l[r0 + r] = l[r];
+    }
+}
+
+static void dec_q8_q8(keel_dtype kt, keel_dtype vt, const attn_dec *a)
+{
+    (void)kt;
+    (void)vt;
+    for (int32_t r0 = 0; r0 < a->R; r0 += 4) {
+        switch (BASE_MIN(4, a->R - r0)) {
+        case 4: dec8_quad_run(a, r0, 4); break;
+        case 3: dec8_quad_run(a, r0, 3); break;
+        case 2: dec8_quad_run(a, r0, 2); break;
+        default: dec8_quad_run(a, r0, 1); break;
+        }
+    }
+}
+
 /* One instance per K / V dtype pair (the dtypes are constants inside). */
 #define DEC_FN(NAME, KT, VT)                                                                       \
     static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                              \
@@ -921,7 +1228,6 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
         }                                                                                          \
     }
 
-DEC_FN(dec_q8_q8, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0)
 DEC_FN(dec_q8_q4, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0)
 DEC_FN(dec_q4_q8, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0)
 DEC_FN(dec_q4_q4, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
