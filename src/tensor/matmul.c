@@ -414,7 +414,7 @@ keel_status tensor_matvec_batch_multi(const tensor_mv_job *jobs, int n_jobs, int
         for (int j = 0; j < n_jobs; j++) {
             double bytes = (double)c.row_bytes * (double)jobs[j].n_rows;
             uint64_t ns = total > 0 ? (uint64_t)((double)(now - t0) * bytes / total) : 0;
-            tensor_prof_end(base_time_ns() - ns, TENSOR_PROF_MATMUL, t, jobs[j].n_rows, n_cols, bytes);
+            tensor_prof_end_n(base_time_ns() - ns, TENSOR_PROF_MATMUL, t, jobs[j].n_rows, n_cols, bytes, n_tok);
         }
     }
     return KEEL_OK;
