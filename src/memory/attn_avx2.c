@@ -953,20 +953,6 @@ typedef struct dec8_quad {
     float dq[4][KQ_NB_MAX];     /* d_q of block b * scale (1 with a softcap) */
 } dec8_quad;
 
-static inline int32_t dec8_i32(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static inline uint16_t dec8_u16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 /* 16 bytes at rows[c] + off of a tile's 8 cells, transposed: g[i] lane c =
  * bytes 4i..4i+3 of cell c's 16 (cells 0-3 in the low 128 bits, 4-7 high). */
 static inline __attribute__((always_inline)) void dec8_kt(const uint8_t *const *rows, size_t off, __m256i g[4])
@@ -1010,7 +996,7 @@ static inline __attribute__((always_inline)) void dec8_tile_scores(const uint8_t
                 __m256i u = _mm256_abs_epi8(g[i]);
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) {
-                    __m256i q = _mm256_set1_epi32(dec8_i32(Q->qb[r] + (size_t)b * 34 + 2 + 16 * h + 4 * i));
+                    __m256i q = _mm256_set1_epi32(attn_ld_i32(Q->qb[r] + (size_t)b * 34 + 2 + 16 * h + 4 * i));
                     __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(q, g[i]));
                     a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(p, ones));
                     /* keep the sum a chain in one register: gcc 12 otherwise
@@ -1122,7 +1108,7 @@ static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *
             int32_t c = idx[BASE_MIN(j, nb - 1)];
             krows[j] = a->kbase + (size_t)c * a->krb;
             vrows[j] = a->vbase + (size_t)c * a->vrb;
-            for (int32_t b = 0; b < nbk; b++) dkt[b][j] = dec8_u16(krows[j] + (size_t)b * 34);
+            for (int32_t b = 0; b < nbk; b++) dkt[b][j] = attn_ld_u16(krows[j] + (size_t)b * 34);
         }
         for (int32_t t = 0; t < T; t++) {
             __m256 s[4];
@@ -1175,7 +1161,7 @@ static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *
         _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), dec8_sum4(x[0], x[1], x[2], x[3])));
         /* the weights p * d_v (the V rows arrived during the scores) */
         for (int32_t j = 0; j < np; j++)
-            for (int32_t b = 0; b < nbv; b++) dvt[b][j] = dec8_u16(vrows[j] + (size_t)b * 34);
+            for (int32_t b = 0; b < nbv; b++) dvt[b][j] = attn_ld_u16(vrows[j] + (size_t)b * 34);
         for (int32_t b = 0; b < nbv; b++)
             for (int32_t t = 0; t < T; t++) {
                 __m256 dv = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)&dvt[b][t * DEC8_T]));

@@ -580,13 +580,6 @@ typedef struct dec_quad512 {
     float dq[4][KQ_NB_MAX];     /* d_q of block b * scale (1 with a softcap) */
 } dec_quad512;
 
-static ALWAYS_INLINE int32_t load_i32(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* Block data at rows[c] + off (32 int8 each) of 16 cells transposed: g[i]
  * lane c = bytes 4i..4i+3 of cell c, plus 128 (as u8). */
 static ALWAYS_INLINE void dec_kt(const uint8_t *const *rows, size_t off, __m512i g[8])
@@ -651,8 +644,8 @@ static ALWAYS_INLINE void dec_tile_scores(const uint8_t *const *krows, const uin
             __m512i a0 = _mm512_set1_epi32(Q->corr[r][b]), a1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int i = 0; i < 8; i += 2) {
-                a0 = _mm512_dpbusd_epi32(a0, g[i], _mm512_set1_epi32(load_i32(qd + 4 * i)));
-                a1 = _mm512_dpbusd_epi32(a1, g[i + 1], _mm512_set1_epi32(load_i32(qd + 4 * i + 4)));
+                a0 = _mm512_dpbusd_epi32(a0, g[i], _mm512_set1_epi32(attn_ld_i32(qd + 4 * i)));
+                a1 = _mm512_dpbusd_epi32(a1, g[i + 1], _mm512_set1_epi32(attn_ld_i32(qd + 4 * i + 4)));
             }
             s[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)),
                                    _mm512_mul_ps(dk, _mm512_set1_ps(Q->dq[r][b])), s[r]);
@@ -758,8 +751,8 @@ static void kq_tiles_q8(const uint8_t *base, size_t rb, const int32_t *idx, int3
                     __m512i a0 = _mm512_set1_epi32(corr[r][b]), a1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
                     for (int i = 0; i < 8; i += 2) {
-                        a0 = _mm512_dpbusd_epi32(a0, g[i], _mm512_set1_epi32(load_i32(qd + 4 * i)));
-                        a1 = _mm512_dpbusd_epi32(a1, g[i + 1], _mm512_set1_epi32(load_i32(qd + 4 * i + 4)));
+                        a0 = _mm512_dpbusd_epi32(a0, g[i], _mm512_set1_epi32(attn_ld_i32(qd + 4 * i)));
+                        a1 = _mm512_dpbusd_epi32(a1, g[i + 1], _mm512_set1_epi32(attn_ld_i32(qd + 4 * i + 4)));
                     }
                     __m512 d = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));
                     __m512 sc = _mm512_mul_ps(dkv, _mm512_set1_ps(dq[r][b]));

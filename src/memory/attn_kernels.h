@@ -15,6 +15,7 @@
 #include "memory.h"
 
 #include <math.h>
+#include <string.h>
 
 #define ATTN_CB 32 /* cells per block: scores and p are [R][ATTN_CB] */
 
@@ -44,6 +45,22 @@ typedef void (*attn_pv_fn)(keel_dtype vt, const uint8_t *base, size_t row_bytes,
 typedef struct attn_pf_cursor {
     uintptr_t line, end; /* next line's address, one past the last byte */
 } attn_pf_cursor;
+
+/* Unaligned loads of a K / V row's fields (a block's f16 scale, a query's
+ * 4-byte group), for the SIMD kernels. */
+static inline uint16_t attn_ld_u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline int32_t attn_ld_i32(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 static inline attn_pf_cursor attn_pf_begin(attn_pf pf)
 {

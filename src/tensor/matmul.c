@@ -323,6 +323,29 @@ keel_status tensor_matvec_batch(keel_dtype t, const void *W, int64_t n_rows, int
     return st;
 }
 
+/* ---- helpers of the one-dispatch products ------------------------------------------- */
+
+/* The job whose tasks hold task: first_task[j] is where job j's begin. */
+static int job_of_task(const int64_t *first_task, int n_jobs, int64_t task)
+{
+    int j = 0;
+    while (j + 1 < n_jobs && task >= first_task[j + 1]) j++;
+    return j;
+}
+
+/* Profile entries for a one-dispatch run that began at t0: the run's time
+ * shared among the matrices by their bytes (total: all of them). */
+static void prof_share(uint64_t t0, tensor_prof_kind kind, const tensor_mv_job *jobs, int n_jobs, int64_t n_cols,
+                       int64_t n_tok, double total)
+{
+    uint64_t now = base_time_ns();
+    for (int j = 0; j < n_jobs; j++) {
+        double bytes = (double)tensor_row_bytes(jobs[j].dtype, n_cols) * (double)jobs[j].n_rows;
+        uint64_t ns = total > 0 ? (uint64_t)((double)(now - t0) * bytes / total) : 0;
+        tensor_prof_end_n(base_time_ns() - ns, kind, jobs[j].dtype, jobs[j].n_rows, n_cols, bytes, n_tok);
+    }
+}
+
 /* ---- several matrices, several tokens, one dispatch ---------------------------------- */
 
 typedef struct mvbm_ctx {
@@ -341,8 +364,7 @@ static void mvbm_task(void *vctx, int64_t task, int thread)
 {
     (void)thread;
     const mvbm_ctx *c = vctx;
-    int j = 0;
-    while (j + 1 < c->n_jobs && task >= c->first_task[j + 1]) j++;
+    int j = job_of_task(c->first_task, c->n_jobs, task);
     int64_t r0 = (task - c->first_task[j]) * c->rows_per_task[j];
     int64_t r1 = BASE_MIN(r0 + c->rows_per_task[j], c->n_rows[j]);
     c->k->run(r1 - r0, c->n_cols, c->W[j] + (size_t)r0 * c->row_bytes, c->row_bytes, c->n_tok, c->packed,
@@ -408,15 +430,7 @@ keel_status tensor_matvec_batch_multi(const tensor_mv_job *jobs, int n_jobs, int
     c.first_task[n_jobs] = n_tasks;
     base_pool_run(pool, n_tasks, mvbm_task, &c);
     if (scratch) base_arena_rewind(scratch, mark);
-    if (t0) {
-        /* the run's time shared among the matrices by their bytes */
-        uint64_t now = base_time_ns();
-        for (int j = 0; j < n_jobs; j++) {
-            double bytes = (double)c.row_bytes * (double)jobs[j].n_rows;
-            uint64_t ns = total > 0 ? (uint64_t)((double)(now - t0) * bytes / total) : 0;
-            tensor_prof_end_n(base_time_ns() - ns, TENSOR_PROF_MATMUL, t, jobs[j].n_rows, n_cols, bytes, n_tok);
-        }
-    }
+    if (t0) prof_share(t0, TENSOR_PROF_MATMUL, jobs, n_jobs, n_cols, n_tok, total);
     return KEEL_OK;
 no_room:
     if (scratch) base_arena_rewind(scratch, mark);
@@ -434,8 +448,7 @@ typedef struct multi_ctx {
 static void multi_task(void *vctx, int64_t task, int thread)
 {
     const multi_ctx *c = vctx;
-    int j = 0;
-    while (j + 1 < c->n_jobs && task >= c->first_task[j + 1]) j++;
+    int j = job_of_task(c->first_task, c->n_jobs, task);
     matvec_task((void *)&c->mv[j], task - c->first_task[j], thread);
 }
 
@@ -540,15 +553,7 @@ keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n
     c.first_task[n_jobs] = n_tasks;
     base_pool_run(pool, n_tasks, multi_task, &c);
     if (scratch) base_arena_rewind(scratch, mark);
-    if (t0) {
-        /* the run's time shared among the matrices by their bytes */
-        uint64_t now = base_time_ns();
-        for (int j = 0; j < n_jobs; j++) {
-            double bytes = (double)c.mv[j].row_bytes * (double)jobs[j].n_rows;
-            uint64_t ns = total > 0 ? (uint64_t)((double)(now - t0) * bytes / total) : 0;
-            tensor_prof_end(base_time_ns() - ns, TENSOR_PROF_MATVEC, jobs[j].dtype, jobs[j].n_rows, n_cols, bytes);
-        }
-    }
+    if (t0) prof_share(t0, TENSOR_PROF_MATVEC, jobs, n_jobs, n_cols, 1, total);
     return KEEL_OK;
 }
 
