@@ -12,6 +12,30 @@
 
 #include <immintrin.h>
 
+/* ---- the matvec kernels' row stream (matvec_avx2.c, matvec_batch*.c) -------------- */
+
+#define MV_PF 3072 /* prefetch distance in bytes (1024-4096 swept on an Intel VM: 3072 best with 2 threads) */
+
+/* Asks for the `lines` lines from cur + MV_PF on (clamped to last, the
+ * range's last byte: a repeated request for it costs a load slot, no
+ * traffic). __builtin_prefetch, not _mm_prefetch: gcc 12 at -O2 dropped the
+ * latter inside the always_inline kernels (no prefetch left in the code). */
+static inline void mv_pf(const uint8_t *cur, uintptr_t last, int lines)
+{
+    uintptr_t a = (uintptr_t)cur + MV_PF;
+    for (int k = 0; k < lines; k++, a += 64) __builtin_prefetch((const void *)(a < last ? a : last), 0, 3);
+}
+
+/* Eight f16 values at p, p + stride, ... as f32: gathered through a small
+ * array (combined in general registers, gcc turned the shifts and ors into
+ * a chain of shuffles on the port the kernels' other shuffles need). */
+static inline __m256 f16x8_strided(const uint8_t *p, size_t stride)
+{
+    _Alignas(16) uint16_t h[8];
+    for (int k = 0; k < 8; k++) h[k] = rd_u16(p + (size_t)k * stride);
+    return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
+}
+
 static inline __m256 abs_ps(__m256 v)
 {
     return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);

@@ -58,8 +58,6 @@
  */
 #include "avx2_util.h"
 
-#define MV_PF 3072 /* prefetch distance in bytes (1024-4096 swept on the VM above: 3072 best with 2 threads) */
-
 /* ---- prefetch ------------------------------------------------------------------------ */
 
 /* The last byte of a range, as an address: prefetches are clamped to it
@@ -69,27 +67,7 @@ static inline uintptr_t mv_pf_last(const uint8_t *W, size_t bytes)
     return (uintptr_t)W + (bytes ? bytes - 1 : 0);
 }
 
-/* Asks for the `lines` lines from cur + MV_PF on (clamped to the range's
- * last line: a repeated request for it costs a load slot, no traffic).
- * __builtin_prefetch, not _mm_prefetch: gcc 12 at -O2 dropped the latter
- * inside the always_inline kernels below (no prefetch left in the code). */
-static inline void mv_pf(const uint8_t *cur, uintptr_t last, int lines)
-{
-    uintptr_t a = (uintptr_t)cur + MV_PF;
-    for (int k = 0; k < lines; k++, a += 64) __builtin_prefetch((const void *)(a < last ? a : last), 0, 3);
-}
-
 /* ---- helpers ------------------------------------------------------------------------- */
-
-/* Eight f16 values at p, p + stride, ... as f32: gathered through a small
- * array (combined in general registers, gcc turned the shifts and ors into
- * a chain of shuffles on the port the kernels' other shuffles need). */
-static inline __m256 f16x8_strided(const uint8_t *p, size_t stride)
-{
-    _Alignas(16) uint16_t h[8];
-    for (int k = 0; k < 8; k++) h[k] = rd_u16(p + (size_t)k * stride);
-    return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
-}
 
 static inline size_t up8(int64_t n)
 {

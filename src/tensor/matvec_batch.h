@@ -18,24 +18,6 @@
 
 #include "avx2_util.h"
 
-#define MVB_PF 3072 /* prefetch distance, bytes (as matvec_avx2.c's MV_PF) */
-
-/* Asks for `lines` lines from cur + MVB_PF on, clamped to the last byte of
- * the rows (as matvec_avx2.c's mv_pf). */
-static inline void mvb_pf(const uint8_t *cur, uintptr_t last, int lines)
-{
-    uintptr_t a = (uintptr_t)cur + MVB_PF;
-    for (int k = 0; k < lines; k++, a += 64) __builtin_prefetch((const void *)(a < last ? a : last), 0, 3);
-}
-
-/* Eight f16 values at p, p + stride, ... as f32 (as matvec_avx2.c). */
-static inline __m256 mvb_f16x8_strided(const uint8_t *p, size_t stride)
-{
-    _Alignas(16) uint16_t h[8];
-    for (int k = 0; k < 8; k++) h[k] = rd_u16(p + (size_t)k * stride);
-    return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
-}
-
 static inline size_t mvb_up64(size_t n)
 {
     return (n + 63) & ~(size_t)63;

@@ -96,8 +96,8 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-        if (pf) mvb_pf(p, last, 5);
-        __m256 dw = mvb_f16x8_strided(p, Q8_0_BYTES);
+        if (pf) mv_pf(p, last, 5);
+        __m256 dw = f16x8_strided(p, Q8_0_BYTES);
         const float *d8 = dxp + (size_t)b * (size_t)T;
         /* each token's eight scale products, in the lower half (the upper
          * half is zero and never selected) */
