@@ -408,17 +408,39 @@ static void test_ngram_drafter(void **state)
     /* back-off: drafts that are never accepted stop (probes aside) */
     p.adaptive = true;
     assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
-    int32_t drafted_steps = 0;
-    for (int32_t step = 0; step < 200; step++) {
+    int32_t drafted_steps = 0, last_draft = -1, gaps[16], n_gaps = 0;
+    for (int32_t step = 0; step < 400; step++) {
         assert_int_equal(keel_spec_draft(sp, 0, h, 13, out, 8, &k), KEEL_OK);
-        drafted_steps += k > 0;
+        if (k > 0) {
+            drafted_steps++;
+            /* once alpha reads 0, only probes of one token: the gap between
+             * them doubles from 16 up to 128 */
+            if (step > 8) {
+                assert_int_equal(k, 1);
+                if (n_gaps < 16) gaps[n_gaps++] = step - last_draft - 1;
+            }
+            last_draft = step;
+        }
         keel_spec_result(sp, 0, k, 0, 1000000 + (uint64_t)k * 200000);
     }
-    assert_true(drafted_steps <= 200 / 16 + 3);
+    assert_true(n_gaps >= 4);
+    assert_true(drafted_steps <= 3 + n_gaps);
+    for (int32_t i = 0; i < n_gaps; i++) assert_int_equal(gaps[i], i < 3 ? 16 << i : 128);
     keel_spec_stats st;
     keel_spec_stats_get(sp, &st);
-    assert_int_equal(st.steps, 200);
+    assert_int_equal(st.steps, 400);
     assert_int_equal(st.accepted, 0);
+    /* the text turns repetitive: the next probe is accepted, and drafting
+     * is back to full length soon after (not 128 steps later) */
+    int32_t first = -1, full = -1;
+    for (int32_t step = 0; step < 200 && full < 0; step++) {
+        assert_int_equal(keel_spec_draft(sp, 0, h, 13, out, 8, &k), KEEL_OK);
+        if (k > 0 && first < 0) first = step;
+        if (k >= 4) full = step;
+        keel_spec_result(sp, 0, k, k, 1000000 + (uint64_t)k * 200000);
+    }
+    assert_true(first >= 0 && first <= 128);
+    assert_true(full >= 0 && full - first <= 24);
     keel_spec_close(sp);
     keel_model_close(m);
 }

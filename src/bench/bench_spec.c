@@ -324,7 +324,7 @@ keel_status bench_spec(int argc, char **argv, bench_out *o)
         if ((st = gen(c, NULL, prompt, (int32_t)np, (int32_t)n, 0, i ? out : ref, &r, o->err)) != KEEL_OK) goto out;
         if (r.tok_s > plain.tok_s) plain = r;
     }
-    static const double rates[] = {0.0, 0.25, 0.5, 0.7, 0.8, 0.9, 1.0};
+    static const double rates[] = {0.0, 0.25, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0};
     if (!o->json) {
         bench_printf(o, "speculative decoding, %s: %lld tokens after %lld, greedy, drafts of up to %lld\n", path,
                      (long long)n, (long long)np, (long long)k);

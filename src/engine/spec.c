@@ -16,9 +16,14 @@
  * (beta: verifying one more token, from the caller's step times; gamma:
  * drafting one, measured here). A step drafts the k in 0..max_draft that
  * maximizes the expected tokens per cost, (1 - alpha^(k+1)) / (1 - alpha)
- * / c(k); none when k = 0 wins, except one short probe every
- * SPEC_PROBE_EVERY steps so that alpha follows a text that turns
- * repetitive.
+ * / c(k); none when k = 0 wins, except a probe of one token after
+ * probe_gap steps without drafts, so that alpha follows a text that turns
+ * repetitive. The gap starts at SPEC_PROBE_EVERY and doubles after each
+ * probe that is rejected, up to SPEC_PROBE_MAX (a text that never repeats
+ * pays about (c(1) - 1) / 128 of its time for the probes); a step with an
+ * accepted draft sets it back. alpha's counts age by SPEC_DECAY per step,
+ * drafted or not, so that a probe after a long gap is judged mostly on its
+ * own outcome (the counts stop ageing near zero: their ratio is kept).
  *
  * Memory: the history index is the caller's; the draft model's context and
  * per-sequence token copies are allocated at open. keel_spec_draft
@@ -30,7 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SPEC_PROBE_EVERY 16  /* steps without drafts between two probes */
+#define SPEC_PROBE_EVERY 16  /* steps without drafts before the first probe */
+#define SPEC_PROBE_MAX 128   /* the longest gap between probes */
 #define SPEC_DECAY 0.9       /* weight of the past in alpha's counts, per step */
 
 typedef struct spec_seq {
@@ -38,6 +44,8 @@ typedef struct spec_seq {
     double beta;              /* verify cost per extra token, relative to a plain step */
     double t_plain;           /* a plain step's ns (EWMA), 0: unknown */
     int32_t since;            /* steps since the last draft */
+    int32_t probe_gap;        /* steps without drafts before the next probe */
+    bool probing;             /* the last keel_spec_draft's drafts are a probe */
     int32_t last_k;           /* drafts of the last keel_spec_draft */
     uint64_t draft_ns;        /* time the last keel_spec_draft spent drafting */
     /* draft model: the tokens the draft context holds for this sequence */
@@ -136,7 +144,10 @@ keel_status keel_spec_open(const keel_spec_params *p, const keel_model *target, 
         goto fail;
     }
     memset(s->seqs, 0, (size_t)n_seq * sizeof *s->seqs);
-    for (int32_t i = 0; i < n_seq; i++) s->seqs[i].beta = 0.1;
+    for (int32_t i = 0; i < n_seq; i++) {
+        s->seqs[i].beta = 0.1;
+        s->seqs[i].probe_gap = SPEC_PROBE_EVERY;
+    }
     if (p->kind == KEEL_SPEC_DRAFT) {
         if ((st = same_vocab(target, draft, err)) != KEEL_OK) goto fail;
         keel_context_params cp = draft_cp ? *draft_cp : keel_context_params_default();
@@ -211,13 +222,16 @@ void keel_spec_reset(keel_spec *s, int32_t seq)
     spec_seq *q = &s->seqs[seq];
     q->acc = q->rej = 0;
     q->since = 0;
+    q->probe_gap = SPEC_PROBE_EVERY;
+    q->probing = false;
     q->last_k = 0;
     /* the draft context's cache is kept: a new conversation sharing a
      * prefix reuses it (keel_spec_draft rewinds what differs) */
 }
 
 /* How many tokens to draft for q: the k maximizing expected tokens per
- * unit of step time; 0 to skip (a probe aside). */
+ * unit of step time; 0 to skip (a probe of one token aside, which sets
+ * q->probing). */
 static int32_t want_drafts(const keel_spec *s, spec_seq *q)
 {
     int32_t K = s->p.max_draft;
@@ -236,7 +250,10 @@ static int32_t want_drafts(const keel_spec *s, spec_seq *q)
             bk = k;
         }
     }
-    if (bk == 0 && q->since >= SPEC_PROBE_EVERY) bk = BASE_MIN(2, K); /* a probe */
+    if (bk == 0 && q->since >= q->probe_gap) {
+        bk = 1;
+        q->probing = true;
+    }
     return bk;
 }
 
@@ -365,6 +382,7 @@ keel_status keel_spec_draft(keel_spec *s, int32_t seq, const int32_t *hist, int3
     spec_seq *q = &s->seqs[seq];
     q->last_k = 0;
     q->draft_ns = 0;
+    q->probing = false;
     if (s->p.kind == KEEL_SPEC_NONE || cap < 1) return KEEL_OK;
     int32_t k = BASE_MIN(want_drafts(s, q), cap);
     if (k <= 0) {
@@ -384,7 +402,10 @@ keel_status keel_spec_draft(keel_spec *s, int32_t seq, const int32_t *hist, int3
     q->draft_ns = base_time_ns() - t0;
     q->last_k = got;
     if (got > 0) q->since = 0;
-    else q->since++;
+    else {
+        q->since++;
+        q->probing = false;
+    }
     *n_out = got;
     return KEEL_OK;
 }
@@ -396,13 +417,20 @@ void keel_spec_result(keel_spec *s, int32_t seq, int32_t n_drafted, int32_t n_ac
     s->st.steps++;
     s->st.drafted += n_drafted;
     s->st.accepted += n_accepted;
+    if (q->acc + q->rej > 1e-3) { /* the counts age with every step */
+        q->acc *= SPEC_DECAY;
+        q->rej *= SPEC_DECAY;
+    }
     if (n_drafted == 0) {
         if (step_ns > 0) q->t_plain = q->t_plain > 0 ? 0.8 * q->t_plain + 0.2 * (double)step_ns : (double)step_ns;
         return;
     }
     s->st.draft_steps++;
-    q->acc = SPEC_DECAY * q->acc + n_accepted;
-    q->rej = SPEC_DECAY * q->rej + (n_accepted < n_drafted ? 1 : 0);
+    q->acc += n_accepted;
+    q->rej += n_accepted < n_drafted ? 1 : 0;
+    if (n_accepted > 0) q->probe_gap = SPEC_PROBE_EVERY;
+    else if (q->probing) q->probe_gap = BASE_MIN(2 * q->probe_gap, SPEC_PROBE_MAX);
+    q->probing = false;
     if (q->t_plain > 0 && step_ns > 0) {
         double b = ((double)step_ns / q->t_plain - 1.0) / n_drafted;
         b = BASE_MAX(0.0, BASE_MIN(b, 2.0));
