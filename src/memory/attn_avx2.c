@@ -298,10 +298,21 @@ static inline __attribute__((always_inline)) void kq8_quad(keel_dtype kt, const 
  * scaled by d_k * d_q. Each key block is loaded (and |k| or the nibbles
  * formed) once for the quad's rows; quads of 1..4 rows are compiled apart
  * so that a short quad does no wasted dots. */
+static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n, const void *const *q,
+                      int32_t R, int32_t dk, float *scores, attn_pf pf);
+
+/* rows from which the one-cell-per-lane tiles (kq8_tiles) pay for their
+ * transposes: a prefill block's R = tokens x GQA rows */
+#define KQ8_TILE_MIN_ROWS 8
+
 static void kq_q8q4(keel_dtype kt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                     const void *const *q, int32_t R, int32_t dk, float *scores, attn_pf pf)
 {
     int32_t nb = dk / QK;
+    if (kt == KEEL_DTYPE_Q8_0 && R >= KQ8_TILE_MIN_ROWS && nb <= KQ_NB_MAX) {
+        kq8_tiles(base, rb, idx, n, q, R, dk, scores, pf);
+        return;
+    }
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, (R + 3) / 4 * n);
     kq_quad8 Q;
@@ -1226,4 +1237,67 @@ attn_dec_fn attn_dec_avx2(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
         return NULL;
     if (kt == KEEL_DTYPE_Q8_0) return vt == KEEL_DTYPE_Q8_0 ? dec_q8_q8 : dec_q8_q4;
     return vt == KEEL_DTYPE_Q8_0 ? dec_q4_q8 : dec_q4_q4;
+}
+
+/* K . q for many query rows (a prefill block: tokens x GQA rows) over
+ * q8_0 keys in the decode kernel's one-cell-per-lane form, as the AVX-512
+ * kq_tiles_q8 does: per tile of 8 cells and half key block (16 bytes) the
+ * half is transposed once (dec8_kt) and |k| formed once for every row;
+ * each row then takes four groups of (broadcast q, sign, maddubs, madd,
+ * add) into 8 int32 lanes (the halves' sums meet in part[]),
+ * and one convert and one FMA by d_k * d_q per block. A quad of rows per
+ * cell (kq8_quad) spends per row and cell a load of the row's block, the
+ * sign trick, maddubs and madd, plus the quad's three hadd2 reductions,
+ * its convert and scale. The int32 dot is exact, so the scores differ
+ * from kq8_quad's by float reordering only. Only [R][n] is written. */
+static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_t n, const void *const *q,
+                      int32_t R, int32_t dk, float *scores, attn_pf pf)
+{
+    enum { RG = 32 }; /* rows whose int32 half sums are kept at once */
+    const int32_t nb = dk / QK, tiles = (n + DEC8_T - 1) / DEC8_T;
+    const __m256i ones = _mm256_set1_epi16(1), iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _Alignas(32) int32_t part[RG][DEC8_T];
+    attn_pf_cursor pc = attn_pf_begin(pf);
+    int32_t pl = attn_pf_lines(pf, tiles * nb);
+    for (int32_t r0 = 0; r0 < R; r0 += RG) {
+        int32_t nr = BASE_MIN(RG, R - r0);
+        for (int32_t t = 0; t < tiles; t++) {
+            int32_t t0 = t * DEC8_T, m = BASE_MIN(DEC8_T, n - t0);
+            const uint8_t *rows[DEC8_T];
+            _Alignas(16) uint16_t dk16[DEC8_T];
+            /* a short tile repeats its last cell; those lanes are not stored */
+            for (int c = 0; c < DEC8_T; c++) rows[c] = base + (size_t)idx[t0 + BASE_MIN(c, m - 1)] * rb;
+            __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), iota);
+            for (int32_t b = 0; b < nb; b++) {
+                if (r0 == 0) attn_pf_step(&pc, pl);
+                for (int c = 0; c < DEC8_T; c++) dk16[c] = attn_ld_u16(rows[c] + (size_t)b * 34);
+                __m256 dkv = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)dk16));
+                for (int h = 0; h < 2; h++) {
+                    __m256i g[4], u[4];
+                    dec8_kt(rows, (size_t)b * 34 + 2 + 16 * (size_t)h, g);
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++) u[i] = _mm256_abs_epi8(g[i]);
+                    for (int32_t r = 0; r < nr; r++) {
+                        const uint8_t *qb = (const uint8_t *)q[r0 + r] + (size_t)b * 34;
+                        __m256i a = h ? _mm256_load_si256((const __m256i *)part[r]) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+                        for (int i = 0; i < 4; i++) {
+                            __m256i qv = _mm256_set1_epi32(attn_ld_i32(qb + 2 + 16 * h + 4 * i));
+                            __m256i p = _mm256_maddubs_epi16(u[i], _mm256_sign_epi8(qv, g[i]));
+                            a = _mm256_add_epi32(a, _mm256_madd_epi16(p, ones));
+                        }
+                        if (!h) {
+                            _mm256_store_si256((__m256i *)part[r], a);
+                            continue;
+                        }
+                        __m256 d = _mm256_cvtepi32_ps(a);
+                        __m256 sc = _mm256_mul_ps(dkv, _mm256_set1_ps(f16_to_f32(qb)));
+                        float *s = scores + (size_t)(r0 + r) * ATTN_CB + t0;
+                        __m256 v = b == 0 ? _mm256_mul_ps(d, sc) : _mm256_fmadd_ps(d, sc, _mm256_maskload_ps(s, mask));
+                        _mm256_maskstore_ps(s, mask, v);
+                    }
+                }
+            }
+        }
+    }
 }
