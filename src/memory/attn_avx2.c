@@ -8,6 +8,9 @@
  *          Query rows four at a time: each K vector is loaded, converted or
  *          unpacked once for the four; int8 keys reduce the four rows'
  *          lanes into one vector per block before one convert and scale.
+ *          From KQ8_TILE_MIN_ROWS rows (prefill blocks) q8_0 keys go
+ *          through kq8_tiles: one cell per lane, each tile's transposes
+ *          shared by every row.
  * p . V:   f32 / f16 rows: 64 columns of the block's V rows are converted to
  *          an f32 tile once, then accumulated into every active row with
  *          the row's accumulators in registers across the block. q8_0 /
