@@ -1260,10 +1260,13 @@ static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_
     const int32_t nb = dk / QK, tiles = (n + DEC8_T - 1) / DEC8_T;
     const __m256i ones = _mm256_set1_epi16(1), iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _Alignas(32) int32_t part[RG][DEC8_T];
+    float dq[RG][KQ_NB_MAX]; /* the rows' query block scales */
     attn_pf_cursor pc = attn_pf_begin(pf);
     int32_t pl = attn_pf_lines(pf, tiles * nb);
     for (int32_t r0 = 0; r0 < R; r0 += RG) {
         int32_t nr = BASE_MIN(RG, R - r0);
+        for (int32_t r = 0; r < nr; r++)
+            for (int32_t b = 0; b < nb; b++) dq[r][b] = f16_to_f32((const uint8_t *)q[r0 + r] + (size_t)b * 34);
         for (int32_t t = 0; t < tiles; t++) {
             int32_t t0 = t * DEC8_T, m = BASE_MIN(DEC8_T, n - t0);
             const uint8_t *rows[DEC8_T];
@@ -1294,7 +1297,7 @@ static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_
                             continue;
                         }
                         __m256 d = _mm256_cvtepi32_ps(a);
-                        __m256 sc = _mm256_mul_ps(dkv, _mm256_set1_ps(f16_to_f32(qb)));
+                        __m256 sc = _mm256_mul_ps(dkv, _mm256_set1_ps(dq[r][b]));
                         float *s = scores + (size_t)(r0 + r) * ATTN_CB + t0;
                         __m256 v = b == 0 ? _mm256_mul_ps(d, sc) : _mm256_fmadd_ps(d, sc, _mm256_maskload_ps(s, mask));
                         _mm256_maskstore_ps(s, mask, v);
