@@ -402,10 +402,7 @@ keel_status keel_spec_draft(keel_spec *s, int32_t seq, const int32_t *hist, int3
     q->draft_ns = base_time_ns() - t0;
     q->last_k = got;
     if (got > 0) q->since = 0;
-    else {
-        q->since++;
-        q->probing = false;
-    }
+    else q->since++;
     *n_out = got;
     return KEEL_OK;
 }
