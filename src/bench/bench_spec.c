@@ -58,10 +58,16 @@ static keel_status gen(keel_context *c, keel_spec *sp, const int32_t *prompt, in
     if (!hist) return base_err(err, KEEL_ENOMEM, "bench spec: out of memory");
     memcpy(hist, prompt, (size_t)np * sizeof(int32_t));
     int32_t nh = np;
-    keel_batch b = {np, (int32_t *)prompt, NULL, NULL, NULL};
-    if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail;
+    /* the prompt in chunks of the context's batch size, the last one's
+     * last row with logits */
+    for (int32_t at = 0; at < np;) {
+        int32_t nb = BASE_MIN(np - at, c->p.n_batch);
+        keel_batch b = {nb, (int32_t *)prompt + at, NULL, NULL, NULL};
+        if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail;
+        at += nb;
+    }
     uint64_t t0 = keel_time_ns();
-    int32_t got = 0, tok = argmax(keel_logits(c, np - 1), nv);
+    int32_t got = 0, tok = argmax(keel_logits(c, (np - 1) % c->p.n_batch), nv);
     out[got++] = tok;
     hist[nh++] = tok;
     r->drafted = r->accepted = 0;
