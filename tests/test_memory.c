@@ -613,13 +613,48 @@ static void test_sliding_rewind(void **state)
     keel_mem_close(m);
 }
 
+/* mem_heap_sort: in order, a rotation of an order (O(n) paths), reversed,
+ * random with ties: the result is a permutation of the input in order */
+static bool sort_key_less(const void *ctx, int32_t a, int32_t b)
+{
+    const int32_t *key = ctx;
+    return key[a] < key[b];
+}
+
+static void test_heap_sort(void **state)
+{
+    (void)state;
+    enum { N = 257 };
+    int32_t key[N], v[N], count[N];
+    uint32_t rng = 12345;
+    for (int kind = 0; kind < 6; kind++)
+        for (int32_t n = 0; n <= N; n += kind < 4 ? 1 : 37) {
+            for (int32_t i = 0; i < n; i++) {
+                rng = rng * 1664525u + 1013904223u;
+                /* 3: two runs in order, odd then even keys: the second
+                 * run must not simply come first */
+                key[i] = kind == 0 ? i / 3 : kind == 1 ? (i + n / 3) % BASE_MAX(n, 1) : kind == 2 ? n - i
+                       : kind == 3 ? (i < n / 2 ? 2 * i + 1 : 2 * (i - n / 2))
+                                   : (int32_t)(rng >> 24) % (kind == 4 ? 8 : 1000);
+                v[i] = i;
+            }
+            mem_heap_sort(v, n, sort_key_less, key);
+            memset(count, 0, sizeof count);
+            for (int32_t i = 0; i < n; i++) {
+                assert_true(v[i] >= 0 && v[i] < n);
+                assert_int_equal(count[v[i]]++, 0);
+                if (i > 0) assert_true(key[v[i - 1]] <= key[v[i]]);
+            }
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_bytes_exact), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_failing_allocator),  cmocka_unit_test(test_attention_exact_f32),
         cmocka_unit_test(test_attention_split_extent),
-        cmocka_unit_test(test_table_marks),
+        cmocka_unit_test(test_table_marks),        cmocka_unit_test(test_heap_sort),
         cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_ring_regression),
         cmocka_unit_test(test_shift_regression),   cmocka_unit_test(test_sliding_rewind),
     };

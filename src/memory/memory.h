@@ -497,7 +497,10 @@ void mem_table_update_sinks(mem_table *t, int32_t n_seq);
  * from the cells, and marks sinks dirty. O(cap). */
 void mem_table_refresh(mem_table *t);
 /* Sorts v[0..n) ascending under less (heap sort: in place, iterative,
- * O(n log n) whatever the input). */
+ * O(n log n) at worst; O(n) when v is already in order, as a single
+ * sequence's cells placed in position order are, or is a rotation of an
+ * order, as a ring's are after it wrapped: deterministic attention sorts a
+ * token's visible cells per layer). Not stable. */
 typedef bool (*mem_less_fn)(const void *ctx, int32_t a, int32_t b);
 void mem_heap_sort(int32_t *v, int32_t n, mem_less_fn less, const void *ctx);
 /* Occupies free cell with pos/stamp for sequence s (stats updated). */

@@ -262,9 +262,31 @@ static void sift(int32_t *v, int32_t n, int32_t i, mem_less_fn less, const void 
     }
 }
 
+static void reverse(int32_t *v, int32_t a, int32_t b)
+{
+    for (b--; a < b; a++, b--) {
+        int32_t t = v[a];
+        v[a] = v[b];
+        v[b] = t;
+    }
+}
+
 void mem_heap_sort(int32_t *v, int32_t n, mem_less_fn less, const void *ctx)
 {
-    for (int32_t i = n / 2 - 1; i >= 0; i--) sift(v, n, i, less, ctx);
+    /* in order already, or two runs in order whose second comes first (a
+     * ring's cells after it wrapped): O(n) */
+    int32_t i = 1;
+    while (i < n && !less(ctx, v[i], v[i - 1])) i++;
+    if (i >= n) return;
+    int32_t j = i + 1;
+    while (j < n && !less(ctx, v[j], v[j - 1])) j++;
+    if (j >= n && !less(ctx, v[0], v[n - 1])) {
+        reverse(v, 0, i);
+        reverse(v, i, n);
+        reverse(v, 0, n);
+        return;
+    }
+    for (i = n / 2 - 1; i >= 0; i--) sift(v, n, i, less, ctx);
     for (int32_t e = n - 1; e > 0; e--) {
         int32_t t = v[0];
         v[0] = v[e];
