@@ -60,14 +60,14 @@ static keel_status gen(keel_context *c, keel_spec *sp, const int32_t *prompt, in
     int32_t nh = np;
     /* the prompt in chunks of the context's batch size, the last one's
      * last row with logits */
-    for (int32_t at = 0; at < np;) {
-        int32_t nb = BASE_MIN(np - at, c->p.n_batch);
+    int32_t nb = 0;
+    for (int32_t at = 0; at < np; at += nb) {
+        nb = BASE_MIN(np - at, c->p.n_batch);
         keel_batch b = {nb, (int32_t *)prompt + at, NULL, NULL, NULL};
         if ((st = keel_decode(c, &b)) != KEEL_OK) goto fail;
-        at += nb;
     }
     uint64_t t0 = keel_time_ns();
-    int32_t got = 0, tok = argmax(keel_logits(c, (np - 1) % c->p.n_batch), nv);
+    int32_t got = 0, tok = argmax(keel_logits(c, nb - 1), nv);
     out[got++] = tok;
     hist[nh++] = tok;
     r->drafted = r->accepted = 0;
