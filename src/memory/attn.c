@@ -420,6 +420,52 @@ static int32_t select_top_k(const attn_ctx *x, const mem_table *t, int32_t lo, i
     return n;
 }
 
+/* Lists the cells of [cb, ce) (or of order[cb..ce)) that some token of the
+ * block t0..t0+nt sees into idx, and which tokens see each into vis
+ * ([ti][ATTN_CHUNK]); returns their count. Its own function, so that the
+ * loop keeps its variables in registers (inlined into attn_task it spilled
+ * them: a quarter of a one-KV-head decode's time went here). */
+static int32_t list_chunk(const mem_table *t, const keel_mem_attn *a, int32_t t0, int32_t nt, int32_t cb,
+                          int32_t ce, const int32_t *order, bool causal_fast, int32_t pmin, int32_t pmax,
+                          uint8_t *vis, int32_t *idx)
+{
+    int32_t nvis = 0;
+    if (causal_fast && nt == 1 && !order) {
+        /* decode: a cell of the sequence is visible iff 0 <= pos <= pmax */
+        const int32_t *pos = t->pos, s = a->seq[t0];
+        const uint64_t *sq = t->seq + (size_t)(s >> 6);
+        size_t sw = t->seq_words;
+        uint32_t top = (uint32_t)pmax;
+        for (int32_t c = cb; c < ce; c++) {
+            bool in = (uint32_t)pos[c] <= top && ((sq[(size_t)c * sw] >> (s & 63)) & 1u);
+            idx[nvis] = c;
+            nvis += in;
+        }
+        memset(vis, 1, (size_t)nvis);
+        return nvis;
+    }
+    for (int32_t j = cb; j < ce; j++) {
+        int32_t c = order ? order[j] : j;
+        int32_t kp = t->pos[c];
+        if (kp < 0 || kp > pmax) continue;
+        if (causal_fast) {
+            if (!mem_seq_has(t, c, a->seq[t0])) continue;
+            for (int32_t ti = 0; ti < nt; ti++)
+                vis[(size_t)ti * ATTN_CHUNK + (size_t)nvis] = kp <= pmin || kp <= a->pos[t0 + ti];
+            idx[nvis++] = c; /* kp <= pmax: the block's last token sees it */
+            continue;
+        }
+        bool any = false;
+        for (int32_t ti = 0; ti < nt; ti++) {
+            bool v = visible(t, c, a->seq[t0 + ti], a->pos[t0 + ti]);
+            vis[(size_t)ti * ATTN_CHUNK + (size_t)nvis] = v;
+            any |= v;
+        }
+        if (any) idx[nvis++] = c;
+    }
+    return nvis;
+}
+
 static void attn_task(void *vctx, int64_t task, int thread)
 {
     attn_ctx *x = vctx;
@@ -522,26 +568,7 @@ static void attn_task(void *vctx, int64_t task, int thread)
      * in blocks of ATTN_CB. */
     for (int32_t cb = c_begin; cb < c_end; cb += ATTN_CHUNK) {
         int32_t ce = BASE_MIN(c_end, cb + ATTN_CHUNK);
-        int32_t nvis = 0;
-        for (int32_t j = cb; j < ce; j++) {
-            int32_t c = order ? order[j] : j;
-            int32_t kp = t->pos[c];
-            if (kp < 0 || kp > pmax) continue;
-            if (causal_fast) {
-                if (!mem_seq_has(t, c, a->seq[t0])) continue;
-                for (int32_t ti = 0; ti < nt; ti++)
-                    vis[(size_t)ti * ATTN_CHUNK + (size_t)nvis] = kp <= pmin || kp <= a->pos[t0 + ti];
-                idx[nvis++] = c; /* kp <= pmax: the block's last token sees it */
-                continue;
-            }
-            bool any = false;
-            for (int32_t ti = 0; ti < nt; ti++) {
-                bool v = visible(t, c, a->seq[t0 + ti], a->pos[t0 + ti]);
-                vis[(size_t)ti * ATTN_CHUNK + (size_t)nvis] = v;
-                any |= v;
-            }
-            if (any) idx[nvis++] = c;
-        }
+        int32_t nvis = list_chunk(t, a, t0, nt, cb, ce, order, causal_fast, pmin, pmax, vis, idx);
         if (nvis == 0) continue;
         int32_t R = nt * G;
         for (int32_t hk = 0; hk < x->n_kv; hk++) {
