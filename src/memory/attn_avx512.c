@@ -356,45 +356,15 @@ static ALWAYS_INLINE void dq_seg(keel_dtype vt, const uint8_t *row, int32_t seg,
     }
 }
 
-/* acc rows a[0..nr) [seg, seg + 64) += sum_j p[r][j] V row idx[j] */
-static ALWAYS_INLINE void pv_group(keel_dtype vt, const uint8_t *base, size_t rb,
-                                   const int32_t *idx, int32_t n, const float *const *p,
-                                   float *const *a, int nr, int32_t dv, attn_pf_cursor *pc,
-                                   int32_t pl)
-{
-    /* unrolled so that acc stays in 4 * nr registers */
-    for (int32_t seg = 0; seg < dv; seg += 64) {
-        __m512 acc[4][4];
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++)
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                acc[r][i] = _mm512_loadu_ps(a[r] + seg + 16 * i);
-        for (int32_t j = 0; j < n; j++) {
-            __m512 v[4];
-            attn_pf_step(pc, pl);
-            dq_seg(vt, base + (size_t)idx[j] * rb, seg, v);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) {
-                __m512 pj = _mm512_set1_ps(p[r][j]);
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++)
-                    acc[r][i] = _mm512_fmadd_ps(pj, v[i], acc[r][i]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++)
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                _mm512_storeu_ps(a[r] + seg + 16 * i, acc[r][i]);
-    }
-}
-
-/* acc rows a[0..nr) [seg, seg + 64) += sum_j p[r][j] tile[j]: the
- * block's V values already in f32 (tile[j] is cell j's 64 values), so
- * per cell four loads serve the nr rows' 4 nr FMAs. */
-static ALWAYS_INLINE void pv_tile_group(const float *tile, int32_t n, const float *const *p, float *const *a,
-                                        int nr, int32_t seg)
+/* acc rows a[0..nr) [seg, seg + 64) += sum_j p[r][j] V_j, where V_j is
+ * cell j's 64 values: from tile[j] when a tile is given (the block
+ * already in f32, so four aligned loads serve the nr rows' 4 nr FMAs),
+ * else dequantized from V row idx[j]. Unrolled so that acc stays in
+ * 4 * nr registers; both sources give the same values in the same FMA
+ * order, so the same bits. */
+static ALWAYS_INLINE void pv_seg(keel_dtype vt, const float *tile, const uint8_t *base, size_t rb,
+                                 const int32_t *idx, int32_t n, const float *const *p, float *const *a,
+                                 int nr, int32_t seg, attn_pf_cursor *pc, int32_t pl)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -403,11 +373,15 @@ static ALWAYS_INLINE void pv_tile_group(const float *tile, int32_t n, const floa
         for (int i = 0; i < 4; i++)
             acc[r][i] = _mm512_loadu_ps(a[r] + seg + 16 * i);
     for (int32_t j = 0; j < n; j++) {
-        const float *t = tile + (size_t)j * 64;
         __m512 v[4];
+        if (tile) {
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++)
-            v[i] = _mm512_load_ps(t + 16 * i);
+            for (int i = 0; i < 4; i++)
+                v[i] = _mm512_load_ps(tile + (size_t)j * 64 + 16 * i);
+        } else {
+            attn_pf_step(pc, pl);
+            dq_seg(vt, base + (size_t)idx[j] * rb, seg, v);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
             __m512 pj = _mm512_set1_ps(p[r][j]);
@@ -423,10 +397,33 @@ static ALWAYS_INLINE void pv_tile_group(const float *tile, int32_t n, const floa
             _mm512_storeu_ps(a[r] + seg + 16 * i, acc[r][i]);
 }
 
+/* pv_seg for a group of nr in [1, 4] rows, each size its own unrolled copy */
+static ALWAYS_INLINE void pv_seg_group(keel_dtype vt, const float *tile, const uint8_t *base, size_t rb,
+                                       const int32_t *idx, int32_t n, const float *const *p,
+                                       float *const *a, int nr, int32_t seg, attn_pf_cursor *pc,
+                                       int32_t pl)
+{
+    switch (nr) {
+    case 4:
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 4, seg, pc, pl);
+        break;
+    case 3:
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 3, seg, pc, pl);
+        break;
+    case 2:
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 2, seg, pc, pl);
+        break;
+    case 1:
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 1, seg, pc, pl);
+        break;
+    default:
+        break;
+    }
+}
+
 /* Many active rows (a prefill block or a verify batch: tokens x GQA
  * rows): per 64 columns the block's V values are dequantized once into an
- * f32 tile, then accumulated four rows at a time. The values and the
- * order of the FMAs are pv_group's, so the sums are the same bits. */
+ * f32 tile, then accumulated four rows at a time. */
 static ALWAYS_INLINE void pv_tiled(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
                                    const float *p, const uint8_t *active, int32_t R, int32_t dv, float *const *acc,
                                    attn_pf pf)
@@ -446,24 +443,8 @@ static ALWAYS_INLINE void pv_tiled(keel_dtype vt, const uint8_t *base, size_t rb
                 _mm512_store_ps(tile + (size_t)j * 64 + 16 * i, v[i]);
         }
         int nr;
-        for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;) {
-            switch (nr) {
-            case 4:
-                pv_tile_group(tile, n, pr, ar, 4, seg);
-                break;
-            case 3:
-                pv_tile_group(tile, n, pr, ar, 3, seg);
-                break;
-            case 2:
-                pv_tile_group(tile, n, pr, ar, 2, seg);
-                break;
-            case 1:
-                pv_tile_group(tile, n, pr, ar, 1, seg);
-                break;
-            default:
-                break;
-            }
-        }
+        for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;)
+            pv_seg_group(vt, tile, base, rb, idx, n, pr, ar, nr, seg, &pc, pl);
     }
 }
 
@@ -488,24 +469,9 @@ static ALWAYS_INLINE void pv_body(keel_dtype vt, const uint8_t *base, size_t rb,
     const float *pr[4];
     float *ar[4];
     int nr;
-    for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;) {
-        switch (nr) {
-        case 4:
-            pv_group(vt, base, rb, idx, n, pr, ar, 4, dv, &pc, pl);
-            break;
-        case 3:
-            pv_group(vt, base, rb, idx, n, pr, ar, 3, dv, &pc, pl);
-            break;
-        case 2:
-            pv_group(vt, base, rb, idx, n, pr, ar, 2, dv, &pc, pl);
-            break;
-        case 1:
-            pv_group(vt, base, rb, idx, n, pr, ar, 1, dv, &pc, pl);
-            break;
-        default:
-            break;
-        }
-    }
+    for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;)
+        for (int32_t seg = 0; seg < dv; seg += 64)
+            pv_seg_group(vt, NULL, base, rb, idx, n, pr, ar, nr, seg, &pc, pl);
 }
 
 static void pv_q8(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
