@@ -306,6 +306,19 @@ void mem_edit_marked(keel_mem *m, mem_table *t, int32_t delta, int32_t div, bool
                      uint8_t *scratch);
 /* Per-thread scratch bytes of mem_edit_marked (a multiple of BASE_ALIGN). */
 size_t mem_edit_thread_bytes(const keel_mem_config *cfg);
+/* Per-thread scratch of a position edit over a table whose largest head
+ * row is hd floats, with ncols columns of at most nrot rotated dims:
+ * x[hd] | cs[ncols][nrot + 2] | cached delta[ncols] (int64), each part
+ * BASE_ALIGN-aligned and the whole rounded up, so that every thread's block
+ * and every part of it is aligned whatever the head dims (odd ones too). */
+typedef struct mem_edit_layout {
+    size_t cs_off, cached_off, bytes;
+} mem_edit_layout;
+mem_edit_layout mem_edit_layout_of(size_t hd, size_t ncols, size_t nrot);
+/* Per-thread scratch bytes of a K/V write (one head row of floats). */
+size_t mem_write_thread_bytes(const keel_mem_config *cfg);
+/* Largest sliding table capacity of cfg (0 without sliding layers). */
+int32_t mem_ring_cap_max(const keel_mem_config *cfg);
 
 /* Bytes of every K/V column of cfg (0 if cfg is invalid). */
 size_t mem_config_kv_bytes(const keel_mem_config *cfg);
