@@ -95,22 +95,6 @@ const char *jinja_filter_name(uint16_t id)
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static keel_status sbst(jx *x, const jsb *b)
-{
-    if (b->over)
-        return jx_fail(x, KEEL_EOVERFLOW, JINJA_ERR_OUTPUT " %zu bytes", b->max);
-    return jx_oom(x);
-}
-
-static keel_status ret_str(jx *x, jsb *b, jv *out)
-{
-    if (b->over || b->oom) return sbst(x, b);
-    jstr *s = jsb_done(b);
-    if (!s) return jx_oom(x);
-    *out = jv_strv(s);
-    return KEEL_OK;
-}
-
 static keel_status soft_str(jx *x, jv v, jstr **out)
 {
     return jv_to_str(x, v, out);
@@ -480,7 +464,7 @@ static keel_status do_tojson(jx *x, jv value, const jargs *a, jv *out)
     jsb b;
     jsb_init(&b, &x->mem, x->lim.max_output);
     TRY(jv_tojson(x, &b, value, &o));
-    return ret_str(x, &b, out);
+    return jsb_ret(x, &b, out);
 }
 
 /* ---- filters ---------------------------------------------------------------------------- */
@@ -523,7 +507,7 @@ static keel_status do_indent(jx *x, jv value, const jargs *a, jv *out)
         }
         jsb_add(&b, line->s, line->n);
     }
-    TRY(ret_str(x, &b, out));
+    TRY(jsb_ret(x, &b, out));
     out->safe = value.t == JT_STR && value.safe;
     return KEEL_OK;
 }
@@ -595,7 +579,7 @@ static keel_status do_title(jx *x, jv value, jv *out)
                                    : (uint32_t)utf8proc_tolower((utf8proc_int32_t)c));
         }
     }
-    return ret_str(x, &b, out);
+    return jsb_ret(x, &b, out);
 }
 
 static keel_status do_striptags(jx *x, jv value, jv *out)
@@ -649,7 +633,7 @@ static keel_status do_striptags(jx *x, jv value, jv *out)
         }
         if (!done) jsb_add(&b, s->s + st, i - st);
     }
-    return ret_str(x, &b, out);
+    return jsb_ret(x, &b, out);
 }
 
 static keel_status do_wordcount(jx *x, jv value, jv *out)
@@ -705,7 +689,7 @@ static keel_status do_urlencode(jx *x, jv value, jv *out)
             }
         }
     }
-    return ret_str(x, &b, out);
+    return jsb_ret(x, &b, out);
 }
 
 static keel_status do_filesizeformat(jx *x, jv value, const jargs *a, jv *out)
@@ -740,7 +724,7 @@ static keel_status do_filesizeformat(jx *x, jv value, const jargs *a, jv *out)
         if (i == 8) i = 7;
         jsb_addf(&b, "%.1f %s", base * bytes / unit, bin ? iec[i] : si[i]);
     }
-    return ret_str(x, &b, out);
+    return jsb_ret(x, &b, out);
 }
 
 static keel_status do_xmlattr(jx *x, jv value, const jargs *a, jv *out)
@@ -771,7 +755,7 @@ static keel_status do_xmlattr(jx *x, jv value, const jargs *a, jv *out)
         jsb_add(&b, ev.u.s->s, ev.u.s->n);
         jsb_addc(&b, '"');
     }
-    return ret_str(x, &b, out);
+    return jsb_ret(x, &b, out);
 }
 
 static keel_status do_batch_slice(jx *x, jv value, const jargs *a, bool slice, jv *out)
@@ -1126,7 +1110,7 @@ keel_status jinja_filter_call(jx *x, uint16_t id, jv value, const jargs *a, jv *
             if (i) jsb_add(&b, sep->s, sep->n);
             TRY(jv_str(x, &b, v));
         }
-        return ret_str(x, &b, out);
+        return jsb_ret(x, &b, out);
     }
     case F_LIST: {
         jv *items = NULL;
@@ -1143,7 +1127,7 @@ keel_status jinja_filter_call(jx *x, uint16_t id, jv value, const jargs *a, jv *
         jsb b;
         jsb_init(&b, &x->mem, x->lim.max_output);
         TRY(jv_repr(x, &b, value, 0));
-        return ret_str(x, &b, out);
+        return jsb_ret(x, &b, out);
     }
     case F_SELECT:
     case F_REJECT:

@@ -497,6 +497,8 @@ keel_status jx_oom(jx *x);
 /* A string builder's failure as the render's: past the output bound
  * (KEEL_EOVERFLOW, JINJA_ERR_OUTPUT) or out of memory; KEEL_OK if neither. */
 keel_status jsb_status(jx *x, const jsb *b);
+/* b's string as *out, or jsb_status's failure (b's bound or memory). */
+keel_status jsb_ret(jx *x, jsb *b, jv *out);
 /* Counts one step; KEEL_EOVERFLOW past the limit. */
 keel_status jx_step(jx *x);
 static inline keel_status jx_steps(jx *x, int64_t n)
@@ -699,6 +701,10 @@ keel_status jstr_replace(jx *x, jstr *s, jstr *old, jstr *rep, int64_t count, jv
 keel_status jstr_split(jx *x, jstr *s, jv sep, int64_t maxsplit, bool right, jv *out);
 keel_status jstr_splitlines(jx *x, jstr *s, bool keepends, jv *out);
 keel_status jstr_percent_format(jx *x, jstr *fmt, jv args, jv *out);
+/* str.format(*args, **kwargs) on fmt (jinja_format.c). */
+keel_status jinja_str_format(jx *x, jstr *fmt, const jargs *a, jv *out);
+/* strftime_now(fmt) at the render's clock x->now (jinja_format.c). */
+keel_status jinja_strftime_now(jx *x, jstr *fmt, jv *out);
 /* The evaluator's printing of a filter/test name for errors. */
 const char *jinja_filter_name(uint16_t id);
 

@@ -79,6 +79,15 @@ keel_status jsb_status(jx *x, const jsb *b)
     return KEEL_OK;
 }
 
+keel_status jsb_ret(jx *x, jsb *b, jv *out)
+{
+    if (b->over || b->oom) return jsb_status(x, b);
+    jstr *s = jsb_done(b);
+    if (!s) return jx_oom(x);
+    *out = jv_strv(s);
+    return KEEL_OK;
+}
+
 /* Python's str.isprintable for one code point. */
 static bool py_isprintable(uint32_t c)
 {
