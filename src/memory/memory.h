@@ -335,7 +335,7 @@ size_t mem_check_scratch_bytes(const keel_mem_config *cfg, int32_t max_cap);
  * stamp, its checkpoints' and their ring cells') and n_ckpts checkpoint
  * records in all (session.c). */
 size_t mem_session_scratch_bytes(size_t total_stamps, size_t n_ckpts, int32_t n_layers, int32_t hd_sum);
-/* What a load checks beyond the blob and this memory (session.c): with
+/* What a load checks beyond the blob and this memory (session_load.c): with
  * n_vocab > 0 every token id of the history is in [0, n_vocab); with
  * need_history a saved sequence that holds cells must come with a history
  * (an empty one is otherwise taken as none recorded). */
