@@ -320,13 +320,31 @@ static void test_redis(void **state)
     tier_stats_get(t, &s);
     assert_true(s.errors >= err0 + 1 && !s.up);
     assert_int_equal(s.dropped, drop0 + 1);
-    /* restarted (empty): after the retry delay the tier works again */
-    assert_true(redis_start(g_port));
+    /* past the writer's retry delay the reads try again and fail again:
+     * the reading side is down for another second from here */
     usleep(1100000);
+    assert_int_equal(fetch(t, conv, 2000, 0, 3), 0);
+    uint64_t t_down = base_time_ns();
+    tier_stats_get(t, &s);
+    assert_false(s.up);
+    /* restarted (empty): the writer's delay is over, so the next state
+     * reaches it; the reads then try at once, not a second after their
+     * own failure */
+    assert_true(redis_start(g_port));
     store(t, conv, 1500, 5);
-    assert_int_equal(fetch(t, conv, 2000, 0, 5), 1500);
     tier_stats_get(t, &s);
     assert_true(s.up);
+    int32_t got = fetch(t, conv, 2000, 0, 5);
+    if (base_time_ns() - t_down < 900000000ull) {
+        assert_int_equal(got, 1500);
+    } else {
+        /* the restart took most of the delay (a loaded machine): only
+         * the ordinary retry can be checked */
+        fprintf(stderr, "test_cachetier: restart took %.2f s; early read retry not checked\n",
+                (double)(base_time_ns() - t_down) * 1e-9);
+        usleep(1100000);
+        assert_int_equal(fetch(t, conv, 2000, 0, 5), 1500);
+    }
     /* the queue bound: a state larger than it is dropped, not queued */
     uint8_t *big = base_alloc((1 << 20) + 1);
     assert_false(tier_room(t, (1 << 20) + 1));

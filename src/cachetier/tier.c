@@ -4,7 +4,8 @@
  * Two hiredis connections, one per thread: the reading side belongs to the
  * caller's thread (the engine's stepping thread), the writing side to the
  * tier's writer thread. A failed exchange frees its connection and marks
- * the side down; the next attempt comes no sooner than TIER_RETRY_NS later.
+ * the side down; the next attempt comes no sooner than TIER_RETRY_NS later,
+ * unless the other side has found the server back since (then at once).
  *
  * Invariants: the write queue never holds more than max_bytes of states
  * (counted before a state is accepted); nothing is handed back that did not
@@ -68,6 +69,7 @@ struct tier {
     /* under mu */
     tier_stats st;
     bool said_down;       /* the log said the server is unreachable; the next success says it is back */
+    uint64_t back_at;     /* when a success last ended an outage the log told (0: never) */
     uint64_t last_drop_log;
 };
 
@@ -293,8 +295,19 @@ static void succeeded(tier *t)
     t->st.up = true;
     bool say = t->said_down;
     t->said_down = false;
+    if (say) t->back_at = base_time_ns();
     pthread_mutex_unlock(&t->mu);
     if (say) base_log(KEEL_LOG_WARN, "remote cache: redis://%s:%d/%d reachable again", t->host, t->port, t->db);
+}
+
+/* Whether a side down until retry_at may try now: the time has come, or
+ * the other side reached the server after this one failed (failed() set
+ * retry_at to the failure's time + TIER_RETRY_NS), so a server that came
+ * back costs the reads no wait once a write found it, and the other way
+ * round. Under mu. */
+static bool retry_due(const tier *t, uint64_t retry_at)
+{
+    return base_time_ns() >= retry_at || t->back_at + TIER_RETRY_NS > retry_at;
 }
 
 /* The side's connection, connecting when the retry time has come; NULL
@@ -302,7 +315,10 @@ static void succeeded(tier *t)
 static redisContext *side(tier *t, redisContext **c, uint64_t *retry_at, int32_t timeout_ms)
 {
     if (*c) return *c;
-    if (base_time_ns() < *retry_at) return NULL;
+    pthread_mutex_lock(&t->mu);
+    bool due = retry_due(t, *retry_at);
+    pthread_mutex_unlock(&t->mu);
+    if (!due) return NULL;
     char why[160] = "";
     *c = connect_to(t, timeout_ms, why, sizeof why);
     if (!*c) failed(t, c, retry_at, why);
@@ -371,9 +387,10 @@ static void *writer(void *arg)
         pthread_mutex_unlock(&t->mu);
         size_t sent = 0;
         bool ok = false;
-        /* down: wait for the retry time (a close interrupts it), then one try */
+        /* down: wait for the retry time (a close, or the reads finding the
+         * server back, cuts it short), then one try */
         pthread_mutex_lock(&t->mu);
-        while (!t->wc && !t->stop && base_time_ns() < t->w_retry_at) {
+        while (!t->wc && !t->stop && !retry_due(t, t->w_retry_at)) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 20000000;
