@@ -150,8 +150,8 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
             /* an odd last cell pairs with itself; its copy is not stored */
             bool two = j + 1 < n;
             const uint8_t *k = base + (size_t)idx[j] * rb, *l = two ? base + (size_t)idx[j + 1] * rb : k;
-            attn_pf_step(&pc, pl);
-            if (two) attn_pf_step(&pc, pl);
+            attn_pf_step_dt(kt, &pc, pl);
+            if (two) attn_pf_step_dt(kt, &pc, pl);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int32_t i = 0; i < d8; i += 8) {
                 __m256 q0 = _mm256_loadu_ps(x[0] + i), q1 = _mm256_loadu_ps(x[1] + i),
@@ -393,7 +393,7 @@ static void dq_tile64_fp(keel_dtype vt, const uint8_t *base, size_t rb, const in
                          int32_t n, int32_t seg, float *tile, attn_pf_cursor *pc, int32_t pl)
 {
     for (int32_t j = 0; j < n; j++) {
-        attn_pf_step(pc, pl);
+        attn_pf_step_dt(vt, pc, pl);
         const uint8_t *v = base + (size_t)idx[j] * rb;
         float *o = tile + (size_t)j * 64;
         for (int k = 0; k < 64; k += 8)
@@ -653,7 +653,7 @@ static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int3
         int nr;
         for (int32_t r = 0; (nr = attn_next_group(p, active, acc, R, &r, pr, ar)) > 0;) {
             for (int32_t c = 0; c < dv; c += 16) {
-                attn_pf_step(&pc, pl);
+                attn_pf_step_dt(vt, &pc, pl);
                 switch (nr) {
                 case 4: pvf_seg(vt, rows, n, pr, ar, 4, c); break;
                 case 3: pvf_seg(vt, rows, n, pr, ar, 3, c); break;

@@ -221,7 +221,7 @@ static ALWAYS_INLINE void kq_body(keel_dtype kt, const uint8_t *base, size_t rb,
         for (int32_t j = 0; j < n; j += 4) {
             /* a short last group repeats its last cell; masked out on store */
             int32_t m = BASE_MIN(4, n - j);
-            attn_pf_step(&pc, pl);
+            attn_pf_step_dt(kt, &pc, pl);
             const uint8_t *k[4];
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
@@ -379,7 +379,7 @@ static ALWAYS_INLINE void pv_seg(keel_dtype vt, const float *tile, const uint8_t
             for (int i = 0; i < 4; i++)
                 v[i] = _mm512_load_ps(tile + (size_t)j * 64 + 16 * i);
         } else {
-            attn_pf_step(pc, pl);
+            attn_pf_step_dt(vt, pc, pl);
             dq_seg(vt, base + (size_t)idx[j] * rb, seg, v);
         }
 #pragma GCC unroll 4
@@ -436,7 +436,7 @@ static ALWAYS_INLINE void pv_tiled(keel_dtype vt, const uint8_t *base, size_t rb
     for (int32_t seg = 0; seg < dv; seg += 64) {
         for (int32_t j = 0; j < n; j++) {
             __m512 v[4];
-            attn_pf_step(&pc, pl);
+            attn_pf_step_dt(vt, &pc, pl);
             dq_seg(vt, base + (size_t)idx[j] * rb, seg, v);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
