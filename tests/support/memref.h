@@ -47,7 +47,7 @@ typedef struct memref_result {
 typedef struct memref_opts {
     uint64_t seed;
     int64_t ops;
-    int config;      /* -1: derived from the seed; otherwise a preset (see memref.c) */
+    int config;      /* -1: derived from the seed; otherwise a preset (see memref_model.c) */
     FILE *log;       /* divergence details, or NULL */
     bool quiet;
 } memref_opts;
