@@ -83,12 +83,14 @@ static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
     for (; c->line < e; c->line += 64) __builtin_prefetch((const void *)c->line, 0, 3);
 }
 
-/* attn_pf_step in a kernel over rows of dtype dt: the f16 / f32 kernels ask
- * with the T2 hint (into L2, not L1), the int8 ones with T0 as above. The float kernels
- * stream twice the bytes per cell for the same arithmetic, and on a Zen 4
- * VM T0 prefetches of the next rows held them to 10.6-11.0 GB/s (AVX2,
- * f16, 16k cells, 1 thread) against 14.2-14.9 with T2; the int8 kernels
- * read the same with either (docs/kernels.md, thirteenth pass). */
+/* attn_pf_step in a kernel over rows of dtype dt: the f16 / f32 kernels
+ * ask with the T2 hint (into L2, not L1), the int8 ones with T0 as above.
+ * The float kernels stream twice the bytes per cell for the same
+ * arithmetic, and on a Zen 4 VM T0 prefetches of the next rows held them
+ * to 10.6-11.0 GB/s (AVX2, f16, 16k cells, 1 thread) against 14.2-14.9
+ * with T2; the int8 kernels, held by their arithmetic, read the same with
+ * T2 on AVX2 and 5-10% less on AVX-512 (docs/kernels.md, thirteenth
+ * pass). */
 static inline void attn_pf_step_dt(keel_dtype dt, attn_pf_cursor *c, int32_t lines)
 {
     if (dt != KEEL_DTYPE_F16 && dt != KEEL_DTYPE_F32) {
