@@ -76,11 +76,22 @@ static inline int32_t attn_pf_lines(attn_pf pf, int32_t n_steps)
     return n_steps > 0 ? (int32_t)((lines + (size_t)n_steps - 1) / (size_t)n_steps) : 0;
 }
 
-static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
+/* Asks for the next `lines` lines: into L1 (T0) or, with l2, into L2 only (T2). */
+static inline void attn_pf_lines_hint(attn_pf_cursor *c, int32_t lines, bool l2)
 {
     uintptr_t e = c->line + (uintptr_t)lines * 64;
     e = e < c->end ? e : c->end;
-    for (; c->line < e; c->line += 64) __builtin_prefetch((const void *)c->line, 0, 3);
+    for (; c->line < e; c->line += 64) {
+        if (l2)
+            __builtin_prefetch((const void *)c->line, 0, 1);
+        else
+            __builtin_prefetch((const void *)c->line, 0, 3);
+    }
+}
+
+static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
+{
+    attn_pf_lines_hint(c, lines, false);
 }
 
 /* attn_pf_step in a kernel over rows of dtype dt: the f16 / f32 kernels
@@ -93,13 +104,7 @@ static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
  * pass). */
 static inline void attn_pf_step_dt(keel_dtype dt, attn_pf_cursor *c, int32_t lines)
 {
-    if (dt != KEEL_DTYPE_F16 && dt != KEEL_DTYPE_F32) {
-        attn_pf_step(c, lines);
-        return;
-    }
-    uintptr_t e = c->line + (uintptr_t)lines * 64;
-    e = e < c->end ? e : c->end;
-    for (; c->line < e; c->line += 64) __builtin_prefetch((const void *)c->line, 0, 1);
+    attn_pf_lines_hint(c, lines, dt == KEEL_DTYPE_F16 || dt == KEEL_DTYPE_F32);
 }
 
 /* The bytes of rows idx[0..n) (row_bytes each, at base + idx * row_bytes)

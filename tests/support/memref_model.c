@@ -310,20 +310,22 @@ void mr_tok_unref(ref *r, int32_t t)
     }
 }
 
+/* A free token slot: a released one, else a new one (the arrays grown). */
+static int32_t tok_slot(ref *r)
+{
+    if (r->n_free > 0) return r->free_toks[--r->n_free];
+    if (r->n_toks == r->cap_toks) {
+        r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 256;
+        r->toks = realloc(r->toks, (size_t)r->cap_toks * sizeof(ref_token));
+        r->free_toks = realloc(r->free_toks, (size_t)r->cap_toks * sizeof(int32_t));
+        if (!r->toks || !r->free_toks) abort();
+    }
+    return r->n_toks++;
+}
+
 int32_t mr_tok_new(ref *r)
 {
-    int32_t t;
-    if (r->n_free > 0) {
-        t = r->free_toks[--r->n_free];
-    } else {
-        if (r->n_toks == r->cap_toks) {
-            r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 256;
-            r->toks = realloc(r->toks, (size_t)r->cap_toks * sizeof(ref_token));
-            r->free_toks = realloc(r->free_toks, (size_t)r->cap_toks * sizeof(int32_t));
-            if (!r->toks || !r->free_toks) abort();
-        }
-        t = r->n_toks++;
-    }
+    int32_t t = tok_slot(r);
     ref_token *k = &r->toks[t];
     k->refs = 0;
     k->stamp = r->next_stamp++;
@@ -340,18 +342,7 @@ int32_t mr_tok_new(ref *r)
 /* A copy of token t (same K/V, no draw from the data stream), refs 0. */
 int32_t mr_tok_clone(ref *r, int32_t t)
 {
-    int32_t c;
-    if (r->n_free > 0) {
-        c = r->free_toks[--r->n_free];
-    } else {
-        if (r->n_toks == r->cap_toks) {
-            r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 256;
-            r->toks = realloc(r->toks, (size_t)r->cap_toks * sizeof(ref_token));
-            r->free_toks = realloc(r->free_toks, (size_t)r->cap_toks * sizeof(int32_t));
-            if (!r->toks || !r->free_toks) abort();
-        }
-        c = r->n_toks++;
-    }
+    int32_t c = tok_slot(r);
     ref_token *k = &r->toks[c];
     k->refs = 0;
     k->stamp = r->toks[t].stamp;
