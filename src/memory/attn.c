@@ -566,6 +566,7 @@ static void attn_task(void *vctx, int64_t task, int thread)
     /* Chunks of ATTN_CHUNK cells: visibility once per chunk, then per KV head
      * a contiguous run of K and V rows (one stream each for the prefetcher)
      * in blocks of ATTN_CB. */
+    int32_t ahead[ATTN_PF_FAR * ATTN_CB]; /* the next chunk's first cells, for the decode kernel */
     for (int32_t cb = c_begin; cb < c_end; cb += ATTN_CHUNK) {
         int32_t ce = BASE_MIN(c_end, cb + ATTN_CHUNK);
         int32_t nvis = list_chunk(t, a, t0, nt, cb, ce, order, causal_fast, pmin, pmax, vis, idx);
@@ -584,9 +585,20 @@ static void attn_task(void *vctx, int64_t task, int thread)
             const uint8_t *kbase = mem_col_row(t, kc, hk, 0);
             const uint8_t *vbase = mem_col_row(t, vc, hk, 0);
             if (nt == 1 && x->k.dec) {
-                /* one token: every listed cell is visible to all its rows */
+                /* one token: every listed cell is visible to all its rows.
+                 * Next come the next head's rows of these cells or, after
+                 * the last head, the first head's of the next chunk: its
+                 * first cells, as far as the kernel prefetches (the cells
+                 * in order, most of them visible). */
                 attn_dec dj = {kbase, vbase, kc->head_row_bytes, vc->head_row_bytes, idx, nvis, qp, R, dk, dv,
-                               x->scale, x->softcap, &mrun[hk * G], &lrun[hk * G], ap};
+                               x->scale, x->softcap, &mrun[hk * G], &lrun[hk * G], ap, {NULL, NULL, NULL, 0}};
+                if (hk + 1 < x->n_kv)
+                    dj.next = (attn_dec_next){mem_col_row(t, kc, hk + 1, 0), mem_col_row(t, vc, hk + 1, 0), idx, nvis};
+                else if (!order && ce < c_end) {
+                    int32_t nn = BASE_MIN(c_end - ce, (int32_t)BASE_ARRAY_LEN(ahead));
+                    for (int32_t i = 0; i < nn; i++) ahead[i] = ce + i;
+                    dj.next = (attn_dec_next){mem_col_row(t, kc, 0, 0), mem_col_row(t, vc, 0, 0), ahead, nn};
+                }
                 x->k.dec(x->kt, x->vt, &dj);
                 continue;
             }

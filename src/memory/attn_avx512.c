@@ -626,7 +626,8 @@ bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float
  * then per cell the V values converted once for all rows and one FMA per
  * row and 16 columns; the accumulators stay in registers over the block.
  * The block's V rows are prefetched during the scores, the next block's K
- * rows during p . V. */
+ * rows during p . V, and the K and V rows ATTN_PF_FAR blocks ahead into L2
+ * during p . V (attn_pf_far). */
 
 #define DEC_T 16        /* cells per tile: one per lane */
 #define PV_NB_MAX512 16 /* V blocks per row (dv <= 512) */
@@ -713,7 +714,7 @@ static ALWAYS_INLINE void dec_tile_scores(const uint8_t *const *krows, const uin
 /* acc rows [b0 * 32, (b0 + NBS) * 32) += sum_c wt[b][r][c] * V row c's values */
 static ALWAYS_INLINE void dec_pv_seg(const uint8_t *const *vrows, int32_t nb, int32_t b0, int NBS,
                                      const float (*wt)[4][ATTN_CB], float *const *acc, int NR,
-                                     attn_pf_cursor *pc, int32_t pl)
+                                     attn_pf_cursor *pc, int32_t pl, attn_pf_far *far)
 {
     __m512 A[4][4];
 #pragma GCC unroll 4
@@ -722,6 +723,7 @@ static ALWAYS_INLINE void dec_pv_seg(const uint8_t *const *vrows, int32_t nb, in
         for (int i = 0; i < 2 * NBS; i++) A[r][i] = _mm512_loadu_ps(acc[r] + (size_t)b0 * QK + 16 * i);
     for (int32_t c = 0; c < nb; c++) {
         attn_pf_step(pc, pl);
+        attn_pf_far_step(far);
 #pragma GCC unroll 2
         for (int h = 0; h < NBS; h++) {
             const uint8_t *vb = vrows[c] + (size_t)(b0 + h) * 34 + 2;
@@ -867,6 +869,7 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
         int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
         const int32_t *idx = a->idx + cb;
         attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        attn_pf_far far = {{0, 0}, {0, 0}, 0};
         int32_t plk = 0, plv = 0;
         if (r0 == 0) {
             attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
@@ -877,6 +880,9 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
                 pk = attn_pf_begin(fk);
                 plk = attn_pf_lines(fk, (nbv + 1) / 2 * nb);
             }
+            /* rows of 64 dims for 3-4 query rows kept up without it and
+             * lost 0-15% with it; 128 x 4 gained 10-15%, 256 x 4 28% */
+            if (a->dk * NR >= 512) far = attn_pf_far_at(a, cb, (nbv + 1) / 2 * nb);
         }
         __m512 s[2][4];
         __m512i vlo[2], vhi[2];
@@ -946,8 +952,9 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
         _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), _mm512_castps512_ps128(bsum)));
         /* p . V, 64 columns at a time (32 for an odd last block) */
         int32_t b0 = 0;
-        for (; b0 + 2 <= nbv; b0 += 2) dec_pv_seg(vrows, nb, b0, 2, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk);
-        if (b0 < nbv) dec_pv_seg(vrows, nb, b0, 1, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk);
+        for (; b0 + 2 <= nbv; b0 += 2)
+            dec_pv_seg(vrows, nb, b0, 2, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk, &far);
+        if (b0 < nbv) dec_pv_seg(vrows, nb, b0, 1, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk, &far);
     }
     for (int r = 0; r < NR; r++) {
         a->m[r0 + r] = m[r];

@@ -188,7 +188,15 @@ static inline bool attn_row_with(float *s, int32_t n, float scale, const uint8_t
  * acc[r] scaled by exp(m_old - m_new)) and acc[r] += sum_j p_j V row j.
  * Equal to attn_kq + attn_row (all cells visible) + attn_pv per block, up
  * to float reordering. The kernel prefetches each next block's K and V
- * rows itself. */
+ * rows itself, and (attn_pf_far) the rows ATTN_PF_FAR blocks ahead, which
+ * may lie in the caller's next call (next: its K / V bases and cells, or
+ * n == 0). */
+typedef struct attn_dec_next {
+    const uint8_t *kbase, *vbase;
+    const int32_t *idx;
+    int32_t n;
+} attn_dec_next;
+
 typedef struct attn_dec {
     const uint8_t *kbase, *vbase; /* K / V rows: base + idx[j] * rb */
     size_t krb, vrb;
@@ -199,7 +207,55 @@ typedef struct attn_dec {
     float scale, softcap;
     float *m, *l;      /* [R] running max and sum */
     float *const *acc; /* [R] -> dv accumulators (V storage basis) */
+    attn_dec_next next; /* the cells the caller attends next (rows krb / vrb apart) */
 } attn_dec;
+
+/* The far prefetch of the fused decode kernels. The near one (attn_pf_step:
+ * this block's V during its scores, the next block's K during p . V, into
+ * L1) keeps about a block's rows in flight, and from DRAM that was not
+ * enough: on a Zen 4 VM the AVX-512 kernel took 26-28 ns a cell (dim 128,
+ * 4 rows, 1 thread) against 21.5 with the rows in L3. Asking also for the
+ * K and V rows of the block ATTN_PF_FAR blocks ahead, into L2 (T2) and
+ * spread over a block's p . V, brought it to 23.7-24.0; all at once they
+ * fill the miss buffers and cost 10-50% instead (docs/kernels.md,
+ * fourteenth pass). Blocks past the call's cells are the next call's. */
+#define ATTN_PF_FAR 3
+
+typedef struct attn_pf_far {
+    attn_pf_cursor k, v;
+    int32_t lines; /* per step, of each */
+} attn_pf_far;
+
+/* The far cursors for the block of a that starts at cell cb, spread over
+ * `steps` steps. */
+static inline attn_pf_far attn_pf_far_at(const attn_dec *a, int32_t cb, int32_t steps)
+{
+    attn_pf_far f = {{0, 0}, {0, 0}, 0};
+    int32_t fb = cb + ATTN_PF_FAR * ATTN_CB, n = a->n;
+    const uint8_t *kb = a->kbase, *vb = a->vbase;
+    const int32_t *idx = a->idx;
+    if (fb >= n) {
+        fb -= n;
+        kb = a->next.kbase;
+        vb = a->next.vbase;
+        idx = a->next.idx;
+        n = a->next.n;
+        if (fb >= n || !kb || !vb || !idx) return f;
+    }
+    int32_t fn = n - fb < ATTN_CB ? n - fb : ATTN_CB;
+    attn_pf pk = attn_rows_span(kb, a->krb, idx + fb, fn), pv = attn_rows_span(vb, a->vrb, idx + fb, fn);
+    f.k = attn_pf_begin(pk);
+    f.v = attn_pf_begin(pv);
+    size_t lines = (BASE_MAX(pk.bytes, pv.bytes) + 127) / 64;
+    f.lines = steps > 0 ? (int32_t)((lines + (size_t)steps - 1) / (size_t)steps) : 0;
+    return f;
+}
+
+static inline void attn_pf_far_step(attn_pf_far *f)
+{
+    attn_pf_lines_hint(&f->k, f->lines, true);
+    attn_pf_lines_hint(&f->v, f->lines, true);
+}
 
 typedef void (*attn_dec_fn)(keel_dtype kt, keel_dtype vt, const attn_dec *a);
 
