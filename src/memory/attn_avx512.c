@@ -880,8 +880,8 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
                 pk = attn_pf_begin(fk);
                 plk = attn_pf_lines(fk, (nbv + 1) / 2 * nb);
             }
-            /* rows of 64 dims for 3-4 query rows kept up without it and
-             * lost 0-15% with it; 128 x 4 gained 10-15%, 256 x 4 28% */
+            /* rows of 64 dims for 3 query rows kept up without it and
+             * lost up to 15% with it; 128 x 4 gained 10-15%, 256 x 4 28% */
             if (a->dk * NR >= 512) far = attn_pf_far_at(a, cb, (nbv + 1) / 2 * nb);
         }
         __m512 s[2][4];

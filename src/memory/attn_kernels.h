@@ -210,7 +210,7 @@ typedef struct attn_dec {
     attn_dec_next next; /* the cells the caller attends next (rows krb / vrb apart) */
 } attn_dec;
 
-/* The far prefetch of the fused decode kernels. The near one (attn_pf_step:
+/* The far prefetch of the AVX-512 fused decode kernel. The near one (attn_pf_step:
  * this block's V during its scores, the next block's K during p . V, into
  * L1) keeps about a block's rows in flight, and from DRAM that was not
  * enough: on a Zen 4 VM the AVX-512 kernel took 26-28 ns a cell (dim 128,
@@ -246,8 +246,7 @@ static inline attn_pf_far attn_pf_far_at(const attn_dec *a, int32_t cb, int32_t 
     attn_pf pk = attn_rows_span(kb, a->krb, idx + fb, fn), pv = attn_rows_span(vb, a->vrb, idx + fb, fn);
     f.k = attn_pf_begin(pk);
     f.v = attn_pf_begin(pv);
-    size_t lines = (BASE_MAX(pk.bytes, pv.bytes) + 127) / 64;
-    f.lines = steps > 0 ? (int32_t)((lines + (size_t)steps - 1) / (size_t)steps) : 0;
+    f.lines = BASE_MAX(attn_pf_lines(pk, steps), attn_pf_lines(pv, steps));
     return f;
 }
 
