@@ -8,7 +8,7 @@
  */
 #include "testutil.h"
 #include "tensor/tensor.h"
-#include "tensor/tensor_impl.h" /* tensor_mv_prep_avx2_: which row kernels prepare x */
+#include "tensor/tensor_impl.h" /* tensor_mv_prep_*: which row kernels prepare x */
 
 #include <math.h>
 #include <stdio.h>
@@ -406,7 +406,9 @@ static void test_matvec_all_dtypes(void **state)
                     FOR_EACH_LEVEL(simd2)
                     {
                         keel_status st = tensor_matvec(f.t, f.W, n_rows, n_cols, xs, y, pools[1], &tiny);
-                        bool fits = i == 1 && (simd2 == 0 || !tensor_mv_prep_avx2_[f.t].run);
+                        const tensor_mv_prep *pr = simd2 == 2 && tensor_mv_avx512_[f.t] ? &tensor_mv_prep_avx512_[f.t]
+                                                                                     : &tensor_mv_prep_avx2_[f.t];
+                        bool fits = i == 1 && (simd2 == 0 || !pr->run);
                         assert_status(st, fits ? KEEL_OK : KEEL_ESCRATCH);
                         assert_int_equal(tiny.used, 0);
                     }

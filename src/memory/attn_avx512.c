@@ -32,6 +32,7 @@
  *         two zmm; exp is the AVX2 kernel's polynomial on 16 lanes.
  */
 #include "attn_kernels.h"
+#include "../tensor/simd_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -651,25 +652,7 @@ static ALWAYS_INLINE void dec_kt(const uint8_t *const *rows, size_t off, __m512i
             _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rows[8 + i] + off))),
                                _mm256_loadu_si256((const __m256i *)(rows[12 + i] + off)), 1);
     }
-    /* z[i] 128-bit lanes: cell a dwords 0-3, a 4-7, cell b 0-3, b 4-7 */
-    __m512i t[8], u[8];
-#pragma GCC unroll 2
-    for (int h = 0; h < 8; h += 4) {
-        t[h] = _mm512_unpacklo_epi32(z[h], z[h + 1]);
-        t[h + 1] = _mm512_unpackhi_epi32(z[h], z[h + 1]);
-        t[h + 2] = _mm512_unpacklo_epi32(z[h + 2], z[h + 3]);
-        t[h + 3] = _mm512_unpackhi_epi32(z[h + 2], z[h + 3]);
-        u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
-        u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
-        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
-        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
-    }
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        g[i] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[i], u[4 + i], _MM_SHUFFLE(2, 0, 2, 0)), bias);
-        g[4 + i] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[i], u[4 + i], _MM_SHUFFLE(3, 1, 3, 1)), bias);
-    }
+    simd512_t16x32(z, g, _mm512_set1_epi8((char)0x80));
 }
 
 /* The f16 values at base + off[c] (c < 16, off as two 8-lane int64

@@ -49,22 +49,39 @@ static bool shape_ok(keel_dtype t, int64_t n_rows, int64_t n_cols)
 
 /* ---- matvec ---------------------------------------------------------------------------- */
 
-/* Scratch of the row kernels' prepared activation (counted whatever SIMD
- * level runs, so that plans do not depend on it). */
+/* Scratch of the row kernels' prepared activation (the larger of the
+ * levels' preps, whatever SIMD level runs, so that plans do not depend on
+ * it). */
 static size_t mv_prep_bytes(keel_dtype t, int64_t n_cols)
 {
-    const tensor_mv_prep *p = &tensor_mv_prep_avx2_[t];
-    size_t out;
-    if (!p->bytes || n_cols <= 0 || !size_add(p->bytes(n_cols), BASE_ALIGN, &out)) return 0;
+    const tensor_mv_prep *p[2] = {&tensor_mv_prep_avx2_[t], &tensor_mv_prep_avx512_[t]};
+    size_t out = 0;
+    for (int i = 0; i < 2; i++) {
+        size_t b;
+        if (!p[i]->bytes || n_cols <= 0 || !size_add(p[i]->bytes(n_cols), BASE_ALIGN, &b)) continue;
+        out = BASE_MAX(out, b);
+    }
     return out;
 }
 
-/* The prepared activation of the row kernel mv for dtype t (x in its
- * vec_dot type), in the arena; NULL when it needs none. false: no room. */
-static bool mv_prep(keel_dtype t, tensor_mv_fn mv, const void *x, int64_t n_cols, base_arena *scratch,
+/* The row kernel for dtype t at the level in force (NULL: the dot row by
+ * row) and its prep. */
+static tensor_mv_fn mv_pick(keel_dtype t, const tensor_mv_prep **prep)
+{
+    *prep = &tensor_mv_prep_avx2_[t];
+    if (!tensor_use_avx2()) return NULL;
+    if (tensor_simd_level() >= TENSOR_SIMD_AVX512 && tensor_mv_avx512_[t]) {
+        *prep = &tensor_mv_prep_avx512_[t];
+        return tensor_mv_avx512_[t];
+    }
+    return tensor_mv_avx2_[t];
+}
+
+/* The prepared activation of the row kernel mv (prep: its prep) for x in
+ * its vec_dot type, in the arena; NULL when it needs none. false: no room. */
+static bool mv_prep(const tensor_mv_prep *p, tensor_mv_fn mv, const void *x, int64_t n_cols, base_arena *scratch,
                     const void **out)
 {
-    const tensor_mv_prep *p = &tensor_mv_prep_avx2_[t];
     *out = NULL;
     if (!mv || !p->run || n_cols <= 0) return true;
     void *xp = scratch ? base_arena_take(scratch, p->bytes(n_cols), BASE_ALIGN) : NULL;
@@ -140,9 +157,10 @@ static keel_status matvec_impl(keel_dtype t, const void *W, int64_t n_rows, int6
         tensor_quant_get_(vt)(x, q, n_cols);
         xa = q;
     }
-    tensor_mv_fn mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
+    const tensor_mv_prep *prep;
+    tensor_mv_fn mv = mv_pick(t, &prep);
     const void *xp;
-    if (!mv_prep(t, mv, xa, n_cols, scratch, &xp)) {
+    if (!mv_prep(prep, mv, xa, n_cols, scratch, &xp)) {
         if (scratch) base_arena_rewind(scratch, mark);
         return KEEL_ESCRATCH;
     }
@@ -273,7 +291,8 @@ static keel_status matvec_batch_impl(keel_dtype t, const void *W, int64_t n_rows
     memset(&c, 0, sizeof c);
     c.k = mvb_kernel(t);
     c.dot = tensor_dot_get_(t);
-    c.mv = c.k ? NULL : tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
+    const tensor_mv_prep *prep;
+    c.mv = c.k ? NULL : mv_pick(t, &prep);
     c.W = W;
     c.row_bytes = tensor_row_bytes(t, n_cols);
     c.n_rows = n_rows;
@@ -295,7 +314,7 @@ static keel_status matvec_batch_impl(keel_dtype t, const void *W, int64_t n_rows
                 tensor_quant_get_(vt)(x, q, n_cols);
                 c.x[i] = q;
             }
-            if (!c.k && !mv_prep(t, c.mv, c.x[i], n_cols, scratch, &c.xp[i])) goto no_room;
+            if (!c.k && !mv_prep(prep, c.mv, c.x[i], n_cols, scratch, &c.xp[i])) goto no_room;
         }
         if (c.k) {
             void *pk = scratch ? base_arena_take(scratch, c.k->pack_bytes(n_cols, c.n_tok), BASE_ALIGN) : NULL;
@@ -516,12 +535,13 @@ keel_status tensor_matvec_multi(const tensor_mv_job *jobs, int n_jobs, int64_t n
         }
         matvec_ctx *m = &c.mv[j];
         m->dot = tensor_dot_get_(t);
-        m->mv = tensor_use_avx2() ? tensor_mv_avx2_[t] : NULL;
+        const tensor_mv_prep *prep;
+        m->mv = mv_pick(t, &prep);
         int k = 0;
         while (k < j && !(jobs[k].dtype == t && c.mv[k].xp && job_x(jobs, k, x) == src)) k++;
         if (k < j) {
             m->xp = c.mv[k].xp; /* same dtype and activation: same prepared activation */
-        } else if (!mv_prep(t, m->mv, xa, n_cols, scratch, &m->xp)) {
+        } else if (!mv_prep(prep, m->mv, xa, n_cols, scratch, &m->xp)) {
             if (scratch) base_arena_rewind(scratch, mark);
             return KEEL_ESCRATCH;
         }

@@ -1,82 +1,236 @@
 /*
- * matvec_batch_avx512.c — the batched q8_0 row kernel with AVX-512 VNNI
- * (tensor_mvb_avx512_, the avx512 level): bit for bit what matvec_avx2.c's
- * row kernel gives each token alone, as matvec_batch_avx2.c, in fewer
- * instructions per block and token.
+ * matvec_batch_avx512.c — the q8_0 row kernels of the avx512 level (AVX-512
+ * VNNI): tensor_mv_avx512_ (one token, decode's products) and
+ * tensor_mvb_avx512_ (up to 16 tokens, each row read once: a speculative
+ * verify batch). Both are the same code, so a token's result is the same
+ * bits whichever of the two runs it and however many tokens share the row.
  *
- * The AVX2 kernel keeps two 8-lane accumulators per row: within each group
- * of eight blocks, block k goes to a[k & 1] (the tail blocks past the last
- * group all to a[0]), and the row's value is hsum(a[0] + a[1]). Here one
- * zmm holds both, [a[0] | a[1]], and takes two consecutive blocks (2j,
- * 2j + 1) of a group at once:
+ * One weight block per 32-bit lane. A row is taken sixteen blocks (a
+ * group) at a time; the group is transposed once for all tokens
+ * (simd512_t16x32: vector i lane c = bytes 4i..4i+3 of block c, biased to
+ * u8 as w + 128), and each token then takes eight vpdpbusd against its own
+ * activation transposed the same way (packed once per product), started
+ * from -128 * sum(x) over each block. That leaves every block's int8 dot
+ * exactly in its lane (|sum| <= 32 * 128 * 127 < 2^24: exact in f32 too),
+ * so the float work is one convert, one multiply (d_w * d_x, the sixteen
+ * blocks' scale products) and one FMA per token and sixteen blocks, into
+ * one 16-lane accumulator; the row's value is its _mm512_reduce_add_ps.
  *
- * - int32 lane l of a block's dot is sum_{4l <= e < 4l + 4} w_e x_e in the
- *   AVX2 kernel (maddubs then madd, exact: |x| <= 127 as keel quantizes).
- *   vpdpbusd sums the same four products into lane l, but wants one operand
- *   unsigned: the activation's quants are packed as u = x + 128 (x xor
- *   0x80), so lane l = sum (x + 128) w, and the accumulator starts at
- *   -128 sum w over the lane's four weights. That start depends on the
- *   weights only: one vpdpbusd and one subtraction per pair of blocks,
- *   shared by every token of the group. It leaves sum w x exactly (|lane|
- *   <= 4 * 255 * 128 before the start is added: no overflow).
- * - the scale vector [s_2j x 8 | s_2j+1 x 8], s_b = d_w(b) d_x(b) (the same
- *   single IEEE product as the AVX2 kernel's), is one vpermps of the
- *   token's eight products of the group (one 8-lane multiply per token and
- *   group, as there).
- * - one convert and one FMA for the two blocks: the lower half does a[0]'s
- *   FMA, the upper half a[1]'s, in the same order as the AVX2 kernel.
- * - the tail blocks run on the lower half alone, with 256-bit vpdpbusd;
- *   the end is hsum(lo + hi), the AVX2 kernel's hsum(a[0] + a[1]).
- *
- * Per pair of blocks and token: a load, a register copy, vpdpbusd, vpermps
- * (from the token's scales in memory), a convert and an FMA, against two
- * loads (the bias and the broadcast scale), vpdpbusd, a convert and an FMA
- * per block and token before (256-bit, biased by the activation's sums).
- * Sixteen tokens per pass over a row (one zmm accumulator each).
+ * The avx2 level's kernels (matvec_avx2.c, matvec_batch_avx2.c) keep a
+ * block's eight partial sums in eight lanes and pay the convert and FMA per
+ * block and token: 2 zmm operations per block and token against about 1
+ * here at 9 tokens. The two levels' results differ in rounding (this one is
+ * the closer to the exact sum: one rounding per block product); each level
+ * is the same bits for decode and verify. A tail group of fewer than 16
+ * blocks loads under a mask (nothing past the row is read) and its missing
+ * lanes hold zero weights, activations and scales.
  */
 #include "matvec_batch.h"
+#include "simd_avx512.h"
 
 #define MVB_TOKS 16
+#define MVB_G    16 /* blocks per group: one per lane */
+#define MVB_REC                                                                                    \
+    (8 * 64 + 64 + 64) /* one token's group: xt [8][64] i8, corr [16] i32, dx [16] f32 */
+
+/* ---- weight scales ------------------------------------------------------------------ */
+
+/* The scales of m (< 8) blocks at p as f32 (lanes past m: 0): a masked
+ * gather of the dwords at the blocks' starts, whose low halves are the f16
+ * scales; nothing past the row is read. Only short tails take it: full
+ * runs of eight take f16x8_strided, as gathers stalled on rows streaming
+ * from memory (9 tokens: 0.44 -> 0.72 ns a block and token). */
+static inline __attribute__((always_inline)) __m256 mv_scales8(const uint8_t *p, int m)
+{
+    const __m256i off = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
+    __m256i v = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), (__mmask8)((1u << m) - 1), off,
+                                             (const void *)p, 1);
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v));
+}
+
+/* [lo | hi] (AVX-512F only: the level does not require DQ's insertf32x8) */
+static inline __m512 mv_join(__m256 lo, __m256 hi)
+{
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+/* ---- one token ---------------------------------------------------------------------- */
+
+/* A token alone reads each weight block once, so transposing the weights
+ * does not pay: each block's int8 dot is taken in its natural layout (8
+ * lanes of partial sums) and sixteen blocks' lanes are then added across
+ * in a tree (mv_fold8) into one lane per block: the same exact integers
+ * as the batched kernel's, then the same float work, so the same bits.
+ *
+ * The prepared activation: xs [nb][32] i8 (the block values, 32-byte
+ * aligned), then corr [ng * 16] i32 and dx [ng * 16] f32 as the packed
+ * groups have them (zero past nb). */
+static size_t prep_q8_0_bytes(int64_t n)
+{
+    int64_t nb = n / QK, ng = (nb + MVB_G - 1) / MVB_G;
+    return mvb_up64((size_t)nb * 32) + (size_t)ng * MVB_G * 8;
+}
+
+static void prep_q8_0(const void *xv, int64_t n, void *xp)
+{
+    const uint8_t *x = xv;
+    int64_t nb = n / QK, ng = (nb + MVB_G - 1) / MVB_G;
+    uint8_t *xs = xp;
+    int32_t *corr = (int32_t *)(void *)(xs + mvb_up64((size_t)nb * 32));
+    float *dx = (float *)(void *)(corr + ng * MVB_G);
+    for (int64_t b = 0; b < ng * MVB_G; b++) {
+        corr[b] = 0;
+        dx[b] = 0.0f;
+        if (b >= nb) continue;
+        const uint8_t *xb = x + (size_t)b * Q8_0_BYTES;
+        int32_t sum = 0;
+        for (int e = 0; e < QK; e++)
+            sum += (int8_t)xb[2 + e];
+        memcpy(xs + (size_t)b * 32, xb + 2, 32);
+        corr[b] = -128 * sum;
+        dx[b] = f16_load(xb);
+    }
+}
+
+/* Eight blocks' partial-sum vectors p[0..7] (8 lanes each) -> lane c = the
+ * sum of p[c]'s lanes (exact int32 adds). */
+static inline __attribute__((always_inline)) __m256i mv_fold8(const __m256i p[8])
+{
+    __m256i a[4], b[2];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        a[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * k], p[2 * k + 1]),
+                                _mm256_unpackhi_epi32(p[2 * k], p[2 * k + 1]));
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; k++)
+        b[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2 * k], a[2 * k + 1]),
+                                _mm256_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
+    /* b[k] halves: blocks 4k..4k+3 over dwords 0-3, then over 4-7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b[0], b[1], 0x20),
+                            _mm256_permute2x128_si256(b[0], b[1], 0x31));
+}
+
+/* The int8 dots of m (<= 8) blocks at p (block 0's scale) with xs, one
+ * lane each (lanes past m: 0), biased as the batched kernel's (w + 128). */
+static inline __attribute__((always_inline)) __m256i mv_dots8(const uint8_t *p, const uint8_t *xs,
+                                                              int m)
+{
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    __m256i d[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        __mmask32 k = c < m ? ~(__mmask32)0 : 0;
+        __m256i wv = m == 8 ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2)
+                            : _mm256_maskz_loadu_epi8(k, p + (size_t)c * Q8_0_BYTES + 2);
+        __m256i xv = m == 8 ? _mm256_load_si256((const __m256i *)(const void *)(xs + 32 * c))
+                            : _mm256_maskz_loadu_epi8(k, xs + 32 * c);
+        d[c] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wv, bias), xv);
+    }
+    return mv_fold8(d);
+}
+
+static void mv_q8_0(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb, const void *x,
+                    const void *xp, float *y)
+{
+    (void)x;
+    int64_t nb = n_cols / QK, ng = (nb + MVB_G - 1) / MVB_G;
+    const uint8_t *xs = xp;
+    const int32_t *corr = (const int32_t *)(const void *)(xs + mvb_up64((size_t)nb * 32));
+    const float *dx = (const float *)(const void *)(corr + ng * MVB_G);
+    uintptr_t last = (uintptr_t)W + (n_rows > 0 ? (size_t)n_rows * rb - 1 : 0);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *w = W + (size_t)r * rb;
+        __m512 a = _mm512_setzero_ps();
+        int64_t b = 0;
+        for (; nb - b > 8; b += MVB_G) {
+            const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
+            mv_pf(p, last, 9);
+            int m = nb - b >= MVB_G ? MVB_G : (int)(nb - b);
+            __m256i lo = mv_dots8(p, xs + (size_t)b * 32, 8);
+            __m256i hi = m == MVB_G
+                             ? mv_dots8(p + 8 * Q8_0_BYTES, xs + (size_t)(b + 8) * 32, 8)
+                             : mv_dots8(p + 8 * Q8_0_BYTES, xs + (size_t)(b + 8) * 32, m - 8);
+            __m512i d = _mm512_add_epi32(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                         _mm512_load_si512((const void *)(corr + b)));
+            __m256 dl = f16x8_strided(p, Q8_0_BYTES),
+                   dh = m == MVB_G ? f16x8_strided(p + 8 * Q8_0_BYTES, Q8_0_BYTES)
+                                   : mv_scales8(p + 8 * Q8_0_BYTES, m - 8);
+            __m512 dw = mv_join(dl, dh);
+            __m512 sc = _mm512_mul_ps(dw, _mm512_load_ps(dx + b));
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, a);
+        }
+        if (b < nb) {
+            const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
+            int m = (int)(nb - b);
+            mv_pf(p, last, 5); /* 272 bytes: the stream keeps ahead only if every block's lines are
+                                  asked for */
+            __m256i d = _mm256_add_epi32(
+                m == 8 ? mv_dots8(p, xs + (size_t)b * 32, 8) : mv_dots8(p, xs + (size_t)b * 32, m),
+                _mm256_load_si256((const __m256i *)(const void *)(corr + b)));
+            __m256 sc = _mm256_mul_ps(m == 8 ? f16x8_strided(p, Q8_0_BYTES) : mv_scales8(p, m),
+                                      _mm256_load_ps(dx + b));
+            __m256 lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, _mm512_castps512_ps256(a));
+            a = _mm512_mask_mov_ps(a, (__mmask16)0x00ff, _mm512_castps256_ps512(lo));
+        }
+        y[r] = _mm512_reduce_add_ps(a);
+    }
+}
 
 /* ---- packed activations ------------------------------------------------------------ */
 
-/* One group of T tokens: xu [nb2][T][64] u8 (x + 128 of blocks 2j and 2j + 1
- * of a token side by side, nb2 = ceil(nb / 2), zero past nb) | dx
- * (matvec_batch.h). */
-static size_t grp_xu(int64_t nb, int T)
-{
-    return mvb_up64((size_t)((nb + 1) / 2) * (size_t)T * 64);
-}
-
+/* One group of T tokens: rec [ng][T] (ng = ceil(nb / 16)), each MVB_REC
+ * bytes: xt vector i lane c = bytes 4i..4i+3 of block 16j + c; corr[c] =
+ * -128 * the sum of that block's 32 values; dx[c] its scale; all zero past
+ * nb. */
 static size_t grp_bytes(int64_t nb, int T)
 {
-    return grp_xu(nb, T) + mvb_dx_bytes(nb, T);
+    return (size_t)((nb + MVB_G - 1) / MVB_G) * (size_t)T * MVB_REC;
 }
 
+/* (A batch of one token is packed as tensor_mv_avx512_'s prepared
+ * activation and runs that kernel.) */
 static size_t pack_q8_0_bytes(int64_t n, int n_tok)
 {
-    return mvb_pack_bytes(n, n_tok, MVB_TOKS, grp_bytes);
+    return n_tok == 1 ? prep_q8_0_bytes(n) : mvb_pack_bytes(n, n_tok, MVB_TOKS, grp_bytes);
 }
 
 static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
 {
-    int64_t nb = n / QK;
+    if (n_tok == 1) {
+        prep_q8_0(xv[0], n, packed);
+        return;
+    }
+    int64_t nb = n / QK, ng = (nb + MVB_G - 1) / MVB_G;
     int G = mvb_groups(n_tok, MVB_TOKS);
-    const __m256i m80 = _mm256_set1_epi8((char)0x80);
     uint8_t *o = packed;
     for (int g = 0; g < G; g++) {
         int t0, T;
         mvb_group(g, G, n_tok, &t0, &T);
-        float *dx = (float *)(void *)(o + grp_xu(nb, T));
         for (int t = 0; t < T; t++) {
             const uint8_t *x = xv[t0 + t];
-            for (int64_t b = 0; b < nb; b++) {
-                uint8_t *u = o + ((size_t)(b / 2) * (size_t)T + (size_t)t) * 64 + (size_t)(b % 2) * 32;
-                _mm256_store_si256((__m256i *)(void *)u,
-                                   _mm256_xor_si256(loadu_256(x + (size_t)b * Q8_0_BYTES + 2), m80));
+            for (int64_t j = 0; j < ng; j++) {
+                uint8_t *rec = o + ((size_t)j * (size_t)T + (size_t)t) * MVB_REC;
+                int32_t corr[MVB_G];
+                float dx[MVB_G];
+                memset(rec, 0, 8 * 64);
+                for (int c = 0; c < MVB_G; c++) {
+                    int64_t b = j * MVB_G + c;
+                    corr[c] = 0;
+                    dx[c] = 0.0f;
+                    if (b >= nb) continue;
+                    const uint8_t *xb = x + (size_t)b * Q8_0_BYTES;
+                    int32_t sum = 0;
+                    for (int e = 0; e < QK; e++)
+                        sum += (int8_t)xb[2 + e];
+                    for (int i = 0; i < 8; i++)
+                        memcpy(rec + 64 * i + 4 * c, xb + 2 + 4 * i, 4);
+                    corr[c] = -128 * sum;
+                    dx[c] = f16_load(xb);
+                }
+                memcpy(rec + 8 * 64, corr, sizeof corr);
+                memcpy(rec + 8 * 64 + 64, dx, sizeof dx);
             }
-            if (nb % 2) memset(o + ((size_t)(nb / 2) * (size_t)T + (size_t)t) * 64 + 32, 0, 32);
-            mvb_pack_dx(x, nb, T, t, dx);
         }
         o += grp_bytes(nb, T);
     }
@@ -84,70 +238,154 @@ static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
 
 /* ---- the kernel --------------------------------------------------------------------- */
 
-/* One row against the T tokens of a group. */
-static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t *w, int64_t nb,
-                                                           const uint8_t *xu, const float *dxp, bool pf,
-                                                           uintptr_t last, float *out)
+/* The m (1..16) blocks of a group at p (block 0's scale) transposed, one per
+ * lane (missing lanes: zero weights, as w + 128 = 128), and their scales. */
+static inline __attribute__((always_inline)) void wgroup(const uint8_t *p, int m, __m512i g[8],
+                                                         __m512 *dw)
 {
-    const __m512i m80 = _mm512_set1_epi8((char)0x80);
-    __m512 a[MVB_TOKS];
-#pragma GCC unroll 16
-    for (int t = 0; t < T; t++) a[t] = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-        if (pf) mv_pf(p, last, 5);
-        __m256 dw = f16x8_strided(p, Q8_0_BYTES);
-        const float *d8 = dxp + (size_t)b * (size_t)T;
-        /* each token's eight scale products, in the lower half (the upper
-         * half is zero and never selected) */
-        _Alignas(64) float sc[MVB_TOKS][16];
-#pragma GCC unroll 16
-        for (int t = 0; t < T; t++)
-            _mm512_store_ps(sc[t], _mm512_zextps256_ps512(_mm256_mul_ps(dw, _mm256_load_ps(d8 + 8 * t))));
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512i z[8];
+    __m256 dl, dh;
+    if (m == MVB_G) {
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const uint8_t *pj = p + (size_t)(2 * j) * Q8_0_BYTES + 2;
-            __m512i wz = _mm512_inserti64x4(_mm512_castsi256_si512(loadu_256(pj)), loadu_256(pj + Q8_0_BYTES), 1);
-            /* -128 sum w per lane */
-            __m512i st = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), m80, wz));
-            const __m512i idx = _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                                 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j,
-                                                 2 * j, 2 * j);
-            const uint8_t *xj = xu + (size_t)(b / 2 + j) * (size_t)T * 64;
-#pragma GCC unroll 16
-            for (int t = 0; t < T; t++) {
-                __m512i d = _mm512_dpbusd_epi32(st, _mm512_load_si512((const void *)(xj + 64 * t)), wz);
-                __m512 s = _mm512_permutexvar_ps(idx, _mm512_load_ps(sc[t]));
-                a[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(d), a[t]);
-            }
+        for (int i = 0; i < 4; i++) {
+            z[i] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(loadu_256(p + (size_t)i * Q8_0_BYTES + 2)),
+                loadu_256(p + (size_t)(i + 4) * Q8_0_BYTES + 2), 1);
+            z[4 + i] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(loadu_256(p + (size_t)(8 + i) * Q8_0_BYTES + 2)),
+                loadu_256(p + (size_t)(12 + i) * Q8_0_BYTES + 2), 1);
         }
-    }
-    const __m256i m80y = _mm256_set1_epi8((char)0x80);
-    __m256 lo[MVB_TOKS];
-#pragma GCC unroll 16
-    for (int t = 0; t < T; t++) lo[t] = _mm512_castps512_ps256(a[t]);
-    for (; b < nb; b++) {
-        const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-        __m256i wq = loadu_256(p + 2);
-        __m256i st = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), m80y, wq));
-        float dw = f16_load(p);
-        const uint8_t *xb = xu + (size_t)(b / 2) * (size_t)T * 64 + (size_t)(b % 2) * 32;
-        const float *d8 = dxp + (size_t)(b & ~(int64_t)7) * (size_t)T + (size_t)(b & 7);
-#pragma GCC unroll 16
-        for (int t = 0; t < T; t++) {
-            __m256i d = _mm256_dpbusd_epi32(st, _mm256_load_si256((const __m256i *)(const void *)(xb + 64 * t)), wq);
-            lo[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d8[8 * t]), _mm256_cvtepi32_ps(d), lo[t]);
+        dl = f16x8_strided(p, Q8_0_BYTES);
+        dh = f16x8_strided(p + 8 * Q8_0_BYTES, Q8_0_BYTES);
+    } else {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            int c0 = i < 4 ? i : 4 + i, c1 = c0 + 4; /* z[i] = [c0 | c1] */
+            __m256i lo = _mm256_maskz_loadu_epi8(c0 < m ? ~(__mmask32)0 : 0,
+                                                 p + (size_t)c0 * Q8_0_BYTES + 2);
+            __m256i hi = _mm256_maskz_loadu_epi8(c1 < m ? ~(__mmask32)0 : 0,
+                                                 p + (size_t)c1 * Q8_0_BYTES + 2);
+            z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         }
+        dl = f16x8_strided(p, Q8_0_BYTES);
+        dh = mv_scales8(p + 8 * Q8_0_BYTES, m - 8);
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < T; t++) out[t] = hsum_ps(_mm256_add_ps(lo[t], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[t]), 1))));
+    simd512_t16x32(z, g, bias);
+    *dw = mv_join(dl, dh);
 }
 
-static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok, const void *packed, float *y,
-                     size_t ys)
+/* The m (1..8) blocks at p of a short last group transposed into the
+ * lower halves (ymm lane c = bytes 4i..4i+3 of block c, as w + 128; missing
+ * lanes zero weights) and their scales. */
+static inline __attribute__((always_inline)) void wgroup8(const uint8_t *p, int m, __m256i g[8],
+                                                          __m256 *dw)
+{
+    __m256i r[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++)
+        r[c] = m == 8 ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2)
+                      : _mm256_maskz_loadu_epi8(c < m ? ~(__mmask32)0 : 0,
+                                                p + (size_t)c * Q8_0_BYTES + 2);
+#pragma GCC unroll 2
+    for (int k = 0; k < 8; k += 4) {
+        t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+        t[k + 2] = _mm256_unpacklo_epi32(r[k + 2], r[k + 3]);
+        t[k + 3] = _mm256_unpackhi_epi32(r[k + 2], r[k + 3]);
+        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        g[i] = _mm256_xor_si256(_mm256_permute2x128_si256(u[i], u[4 + i], 0x20), bias);
+        g[4 + i] = _mm256_xor_si256(_mm256_permute2x128_si256(u[i], u[4 + i], 0x31), bias);
+    }
+    *dw = m == 8 ? f16x8_strided(p, Q8_0_BYTES) : mv_scales8(p, m);
+}
+
+/* One row against the T tokens of a group (rec: the group's packed
+ * activations). */
+static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t *w, int64_t nb,
+                                                           const uint8_t *rec, bool pf,
+                                                           uintptr_t last, float *out)
+{
+    __m512 a[MVB_TOKS];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        a[t] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b < nb; b += MVB_G, rec += (size_t)T * MVB_REC) {
+        const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
+        int m = nb - b >= MVB_G ? MVB_G : (int)(nb - b);
+        if (m <= 8) break;
+        if (pf) mv_pf(p, last, 9);
+        __m512i g[8];
+        __m512 dw;
+        wgroup(p, m, g, &dw);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            const uint8_t *r = rec + (size_t)t * MVB_REC;
+            __m512i s0 = _mm512_load_si512((const void *)(r + 8 * 64)), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int i = 0; i < 8; i += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, g[i], _mm512_load_si512((const void *)(r + 64 * i)));
+                s1 = _mm512_dpbusd_epi32(s1, g[i + 1],
+                                         _mm512_load_si512((const void *)(r + 64 * i + 64)));
+            }
+            __m512 sc =
+                _mm512_mul_ps(dw, _mm512_load_ps((const float *)(const void *)(r + 8 * 64 + 64)));
+            a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, a[t]);
+        }
+    }
+    if (b < nb) {
+        /* a last group of at most 8 blocks: the same lanes' work on the
+         * lower halves (the upper lanes would add 0 * 0), at half the cost
+         * where a zmm operation takes two 256-bit halves */
+        const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
+        if (pf) mv_pf(p, last, 5);
+        __m256i g[8];
+        __m256 dw;
+        if (nb - b == 8)
+            wgroup8(p, 8, g, &dw); /* the usual tail (768 columns: 16 + 8 blocks), without masks */
+        else
+            wgroup8(p, (int)(nb - b), g, &dw);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            const uint8_t *r = rec + (size_t)t * MVB_REC;
+            __m256i s0 = _mm256_load_si256((const __m256i *)(const void *)(r + 8 * 64)),
+                    s1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int i = 0; i < 8; i += 2) {
+                s0 = _mm256_dpbusd_epi32(
+                    s0, g[i], _mm256_load_si256((const __m256i *)(const void *)(r + 64 * i)));
+                s1 = _mm256_dpbusd_epi32(
+                    s1, g[i + 1],
+                    _mm256_load_si256((const __m256i *)(const void *)(r + 64 * i + 64)));
+            }
+            __m256 sc =
+                _mm256_mul_ps(dw, _mm256_load_ps((const float *)(const void *)(r + 8 * 64 + 64)));
+            __m256 lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), sc,
+                                        _mm512_castps512_ps256(a[t]));
+            a[t] = _mm512_mask_mov_ps(a[t], (__mmask16)0x00ff, _mm512_castps256_ps512(lo));
+        }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        out[t] = _mm512_reduce_add_ps(a[t]);
+}
+
+static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                     const void *packed, float *y, size_t ys)
 {
     uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
+    if (n_tok == 1) {
+        mv_q8_0(nr, n, W, rb, NULL, packed, y);
+        return;
+    }
     int64_t nb = n / QK;
     int G = mvb_groups(n_tok, MVB_TOKS);
     for (int64_t r = 0; r < nr; r++) {
@@ -156,20 +394,23 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
         for (int g = 0; g < G; g++) {
             int t0, T;
             mvb_group(g, G, n_tok, &t0, &T);
-            const uint8_t *xu = o;
-            const float *dx = (const float *)(const void *)(o + grp_xu(nb, T));
             float v[MVB_TOKS];
             bool pf = g == 0; /* the first pass brings the row in */
             switch (T) {
 #define MVB_CASE(N)                                                                                \
-    case N: q8_0_row(N, w, nb, xu, dx, pf, last, v); break;
-            MVB_CASE(16) MVB_CASE(15) MVB_CASE(14) MVB_CASE(13) MVB_CASE(12) MVB_CASE(11) MVB_CASE(10)
-            MVB_CASE(9) MVB_CASE(8) MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4) MVB_CASE(3)
-            MVB_CASE(2)
+    case N:                                                                                        \
+        q8_0_row(N, w, nb, o, pf, last, v);                                                        \
+        break;
+                MVB_CASE(16)
+                MVB_CASE(15) MVB_CASE(14) MVB_CASE(13) MVB_CASE(12) MVB_CASE(11) MVB_CASE(10)
+                    MVB_CASE(9) MVB_CASE(8) MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4)
+                        MVB_CASE(3) MVB_CASE(2)
 #undef MVB_CASE
-            default: q8_0_row(1, w, nb, xu, dx, pf, last, v); break;
+                            default : q8_0_row(1, w, nb, o, pf, last, v);
+                break; /* not reached: T >= 2 when n_tok >= 2 */
             }
-            for (int t = 0; t < T; t++) y[(size_t)(t0 + t) * ys + (size_t)r] = v[t];
+            for (int t = 0; t < T; t++)
+                y[(size_t)(t0 + t) * ys + (size_t)r] = v[t];
             o += grp_bytes(nb, T);
         }
     }
@@ -177,4 +418,12 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
 
 const tensor_mvb_kernel tensor_mvb_avx512_[KEEL_DTYPE_COUNT_] = {
     [KEEL_DTYPE_Q8_0] = {mvb_q8_0, pack_q8_0_bytes, pack_q8_0},
+};
+
+const tensor_mv_fn tensor_mv_avx512_[KEEL_DTYPE_COUNT_] = {
+    [KEEL_DTYPE_Q8_0] = mv_q8_0,
+};
+
+const tensor_mv_prep tensor_mv_prep_avx512_[KEEL_DTYPE_COUNT_] = {
+    [KEEL_DTYPE_Q8_0] = {prep_q8_0_bytes, prep_q8_0},
 };

@@ -202,10 +202,15 @@ typedef struct tensor_mv_prep {
     void (*run)(const void *x, int64_t n_cols, void *xp);
 } tensor_mv_prep;
 extern const tensor_mv_prep tensor_mv_prep_avx2_[KEEL_DTYPE_COUNT_];
+/* The avx512 level's row kernels where it has its own (q8_0:
+ * matvec_batch_avx512.c, the same code as its batched kernel), with their
+ * preps; NULL entries take the avx2 ones. */
+extern const tensor_mv_fn tensor_mv_avx512_[KEEL_DTYPE_COUNT_];
+extern const tensor_mv_prep tensor_mv_prep_avx512_[KEEL_DTYPE_COUNT_];
 
 /* Batched row kernels: y[i * y_stride + r] = dot(W row r, x_i) for
  * r < n_rows, i < n_tok (1..TENSOR_MV_BATCH_MAX), each bit for bit what the
- * dtype's tensor_mv_avx2_ kernel gives x_i alone (same per-block products,
+ * dtype's row kernel of the same level gives x_i alone (same per-block products,
  * same lanes, same summation order), with each row read once for all
  * tokens. pack lays the n_tok activations (x[i] in the vec_dot type) out
  * for run once per product (pack_bytes(n_cols, n_tok) bytes of scratch,
@@ -220,8 +225,8 @@ typedef struct tensor_mvb_kernel {
     void (*pack)(const void *const *x, int n_tok, int64_t n_cols, void *packed);
 } tensor_mvb_kernel;
 extern const tensor_mvb_kernel tensor_mvb_avx2_[KEEL_DTYPE_COUNT_];
-/* The same with AVX-512 VNNI (two blocks of a token per zmm, the AVX2
- * kernel's two accumulators side by side; call only at the avx512 level). */
+/* The same with AVX-512 VNNI (one block per lane; bit for bit
+ * tensor_mv_avx512_; call only at the avx512 level). */
 extern const tensor_mvb_kernel tensor_mvb_avx512_[KEEL_DTYPE_COUNT_];
 
 tensor_dot_fn tensor_dot_get_(keel_dtype t);
