@@ -33,6 +33,29 @@
 #define MVB_REC                                                                                    \
     (8 * 64 + 64 + 64) /* one token's group: xt [8][64] i8, corr [16] i32, dx [16] f32 */
 
+/* The batched kernel's weight stream: the bytes [p, p + n) of the row are
+ * asked for MVB_PF_FAR bytes ahead into L2 (prefetcht2) and MVB_PF_NEAR
+ * ahead into L1 (prefetcht0), clamped to last. A group's sixteen blocks are
+ * all loaded before its first token's work (the transpose needs them), so
+ * the out-of-order window does not reach the next group's loads as it
+ * reached the next blocks' in the kernel before, whose loads were spread
+ * over the tokens' work: with only matvec's one prefetch (3072 bytes ahead
+ * into L1) the kernel was 1.4x faster than that one with the rows in L2
+ * but 1.4x slower with them in DRAM (9 tokens, 2048 x 768 and 2048 x 2048,
+ * one thread, the two kernels alternating in one process). Distances
+ * swept there: near 544-2176, far 3072-8192. */
+#define MVB_PF_FAR  6144
+#define MVB_PF_NEAR 1632
+
+static inline void mvb_pf(const uint8_t *p, size_t n, uintptr_t last)
+{
+    for (size_t k = 0; k < n + 63; k += 64) {
+        uintptr_t f = (uintptr_t)p + MVB_PF_FAR + k, e = (uintptr_t)p + MVB_PF_NEAR + k;
+        __builtin_prefetch((const void *)(f < last ? f : last), 0, 1);
+        __builtin_prefetch((const void *)(e < last ? e : last), 0, 3);
+    }
+}
+
 /* ---- weight scales ------------------------------------------------------------------ */
 
 /* The scales of m (< 8) blocks at p as f32 (lanes past m: 0): a masked
@@ -138,14 +161,12 @@ static void mv_q8_0(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb,
     const uint8_t *xs = xp;
     const int32_t *corr = (const int32_t *)(const void *)(xs + mvb_up64((size_t)nb * 32));
     const float *dx = (const float *)(const void *)(corr + ng * MVB_G);
-    uintptr_t last = (uintptr_t)W + (n_rows > 0 ? (size_t)n_rows * rb - 1 : 0);
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *w = W + (size_t)r * rb;
         __m512 a = _mm512_setzero_ps();
         int64_t b = 0;
         for (; nb - b > 8; b += MVB_G) {
             const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-            mv_pf(p, last, 9);
             int m = nb - b >= MVB_G ? MVB_G : (int)(nb - b);
             __m256i lo = mv_dots8(p, xs + (size_t)b * 32, 8);
             __m256i hi = m == MVB_G
@@ -163,8 +184,6 @@ static void mv_q8_0(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb,
         if (b < nb) {
             const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
             int m = (int)(nb - b);
-            mv_pf(p, last, 5); /* 272 bytes: the stream keeps ahead only if every block's lines are
-                                  asked for */
             __m256i d = _mm256_add_epi32(
                 m == 8 ? mv_dots8(p, xs + (size_t)b * 32, 8) : mv_dots8(p, xs + (size_t)b * 32, m),
                 _mm256_load_si256((const __m256i *)(const void *)(corr + b)));
@@ -322,7 +341,7 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
         int m = nb - b >= MVB_G ? MVB_G : (int)(nb - b);
         if (m <= 8) break;
-        if (pf) mv_pf(p, last, 9);
+        if (pf) mvb_pf(p, (size_t)m * Q8_0_BYTES, last);
         __m512i g[8];
         __m512 dw;
         wgroup(p, m, g, &dw);
@@ -346,7 +365,7 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
          * lower halves (the upper lanes would add 0 * 0), at half the cost
          * where a zmm operation takes two 256-bit halves */
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-        if (pf) mv_pf(p, last, 5);
+        if (pf) mvb_pf(p, (size_t)(nb - b) * Q8_0_BYTES, last);
         __m256i g[8];
         __m256 dw;
         if (nb - b == 8)
@@ -402,9 +421,10 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
         q8_0_row(N, w, nb, o, pf, last, v);                                                        \
         break;
                 MVB_CASE(16)
-                MVB_CASE(15) MVB_CASE(14) MVB_CASE(13) MVB_CASE(12) MVB_CASE(11) MVB_CASE(10)
-                    MVB_CASE(9) MVB_CASE(8) MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4)
-                        MVB_CASE(3) MVB_CASE(2)
+                MVB_CASE(15)
+                MVB_CASE(14) MVB_CASE(13) MVB_CASE(12) MVB_CASE(11) MVB_CASE(10) MVB_CASE(9)
+                    MVB_CASE(8) MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4) MVB_CASE(3)
+                        MVB_CASE(2)
 #undef MVB_CASE
                             default : q8_0_row(1, w, nb, o, pf, last, v);
                 break; /* not reached: T >= 2 when n_tok >= 2 */
