@@ -9,9 +9,10 @@
  * Groups are of about equal size: group g of G is [g n / G, (g + 1) n / G)
  * (9 tokens in groups of 4: 3 + 3 + 3). The packed activations of a group
  * are its own bytes, groups one after another, each part 64-byte aligned;
- * each kernel lays out the quants its own way, and the block scales as
- * dx [nb8 / 8][T][8] f32 (the eight scales of a token's blocks 8i..8i+7
- * together, zero past nb).
+ * each kernel lays out the quants its own way; the avx2 kernel keeps the
+ * block scales as dx [nb8 / 8][T][8] f32 (the eight scales of a token's
+ * blocks 8i..8i+7 together, zero past nb), the avx512 one its own records
+ * of sixteen blocks (matvec_batch_avx512.c).
  */
 #ifndef KEEL_TENSOR_MATVEC_BATCH_H
 #define KEEL_TENSOR_MATVEC_BATCH_H
