@@ -291,7 +291,7 @@ static keel_status matvec_batch_impl(keel_dtype t, const void *W, int64_t n_rows
     memset(&c, 0, sizeof c);
     c.k = mvb_kernel(t);
     c.dot = tensor_dot_get_(t);
-    const tensor_mv_prep *prep;
+    const tensor_mv_prep *prep = NULL;
     c.mv = c.k ? NULL : mv_pick(t, &prep);
     c.W = W;
     c.row_bytes = tensor_row_bytes(t, n_cols);
