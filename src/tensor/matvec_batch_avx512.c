@@ -58,11 +58,12 @@ static inline void mvb_pf(const uint8_t *p, size_t n, uintptr_t last)
 
 /* ---- weight scales ------------------------------------------------------------------ */
 
-/* The scales of m (< 8) blocks at p as f32 (lanes past m: 0): a masked
+/* The scales of m (<= 8) blocks at p as f32 (lanes past m: 0): a masked
  * gather of the dwords at the blocks' starts, whose low halves are the f16
- * scales; nothing past the row is read. Only short tails take it: full
- * runs of eight take f16x8_strided, as gathers stalled on rows streaming
- * from memory (9 tokens: 0.44 -> 0.72 ns a block and token). */
+ * scales; nothing past the row is read. Only short tails of weight rows
+ * take it, and the activations' packing (rows in cache): full runs of
+ * eight weight blocks take f16x8_strided, as gathers stalled on rows
+ * streaming from memory (9 tokens: 0.44 -> 0.72 ns a block and token). */
 static inline __attribute__((always_inline)) __m256 mv_scales8(const uint8_t *p, int m)
 {
     const __m256i off = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
@@ -176,10 +177,11 @@ static inline __attribute__((always_inline)) __m256i mv_dots8(const uint8_t *p, 
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
         __mmask32 k = c < m ? ~(__mmask32)0 : 0;
-        __m256i wv = m == 8 ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2)
-                            : _mm256_maskz_loadu_epi8(k, p + (size_t)c * Q8_0_BYTES + 2);
+        __m256i wv = m == 8
+                         ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2)
+                         : _mm256_maskz_loadu_epi8(k, p + (size_t)(c < m ? c : 0) * Q8_0_BYTES + 2);
         __m256i xv = m == 8 ? _mm256_load_si256((const __m256i *)(const void *)(xs + 32 * c))
-                            : _mm256_maskz_loadu_epi8(k, xs + 32 * c);
+                            : _mm256_maskz_loadu_epi8(k, xs + 32 * (c < m ? c : 0));
         d[c] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wv, bias), xv);
     }
     return mv_fold8(d);
@@ -246,6 +248,36 @@ static size_t pack_q8_0_bytes(int64_t n, int n_tok)
     return n_tok == 1 ? prep_q8_0_bytes(n) : mvb_pack_bytes(n, n_tok, MVB_TOKS, grp_bytes);
 }
 
+/* One token's record of the m (1..16) blocks at p (block 0's scale): the
+ * blocks transposed (no bias), -128 times each block's sum, the scales;
+ * lanes past m zero. */
+static void pack_rec(const uint8_t *p, int m, uint8_t *rec)
+{
+    __m512i z[8], g[8];
+    for (int i = 0; i < 8; i++) {
+        int c0 = i < 4 ? i : 4 + i, c1 = c0 + 4; /* z[i] = [c0 | c1] */
+        __m256i lo = _mm256_maskz_loadu_epi8(c0 < m ? ~(__mmask32)0 : 0,
+                                             p + (size_t)(c0 < m ? c0 : 0) * Q8_0_BYTES + 2);
+        __m256i hi = _mm256_maskz_loadu_epi8(c1 < m ? ~(__mmask32)0 : 0,
+                                             p + (size_t)(c1 < m ? c1 : 0) * Q8_0_BYTES + 2);
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    simd512_t16x32(z, g, _mm512_setzero_si512());
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i sum = _mm512_setzero_si512();
+    for (int i = 0; i < 8; i++) {
+        _mm512_store_si512((void *)(rec + 64 * i), g[i]);
+        sum = _mm512_dpbusd_epi32(sum, ones, g[i]); /* |sum| <= 32 * 128: exact */
+    }
+    _mm512_store_si512((void *)(rec + 8 * 64),
+                       _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+    /* masked loads and gathers: nothing past the m blocks is read, and no
+     * address past them is formed */
+    __m256 dl = mv_scales8(p, m < 8 ? m : 8),
+           dh = mv_scales8(p + 8 * Q8_0_BYTES, m > 8 ? m - 8 : 0);
+    _mm512_store_ps((float *)(void *)(rec + 8 * 64 + 64), mv_join(dl, dh));
+}
+
 static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
 {
     if (n_tok == 1) {
@@ -261,26 +293,9 @@ static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
         for (int t = 0; t < T; t++) {
             const uint8_t *x = xv[t0 + t];
             for (int64_t j = 0; j < ng; j++) {
-                uint8_t *rec = o + ((size_t)j * (size_t)T + (size_t)t) * MVB_REC;
-                int32_t corr[MVB_G];
-                float dx[MVB_G];
-                memset(rec, 0, 8 * 64);
-                for (int c = 0; c < MVB_G; c++) {
-                    int64_t b = j * MVB_G + c;
-                    corr[c] = 0;
-                    dx[c] = 0.0f;
-                    if (b >= nb) continue;
-                    const uint8_t *xb = x + (size_t)b * Q8_0_BYTES;
-                    int32_t sum = 0;
-                    for (int e = 0; e < QK; e++)
-                        sum += (int8_t)xb[2 + e];
-                    for (int i = 0; i < 8; i++)
-                        memcpy(rec + 64 * i + 4 * c, xb + 2 + 4 * i, 4);
-                    corr[c] = -128 * sum;
-                    dx[c] = f16_load(xb);
-                }
-                memcpy(rec + 8 * 64, corr, sizeof corr);
-                memcpy(rec + 8 * 64 + 64, dx, sizeof dx);
+                int64_t b = j * MVB_G;
+                pack_rec(x + (size_t)b * Q8_0_BYTES, nb - b >= MVB_G ? MVB_G : (int)(nb - b),
+                         o + ((size_t)j * (size_t)T + (size_t)t) * MVB_REC);
             }
         }
         o += grp_bytes(nb, T);
@@ -314,9 +329,9 @@ static inline __attribute__((always_inline)) void wgroup(const uint8_t *p, int m
         for (int i = 0; i < 8; i++) {
             int c0 = i < 4 ? i : 4 + i, c1 = c0 + 4; /* z[i] = [c0 | c1] */
             __m256i lo = _mm256_maskz_loadu_epi8(c0 < m ? ~(__mmask32)0 : 0,
-                                                 p + (size_t)c0 * Q8_0_BYTES + 2);
+                                                 p + (size_t)(c0 < m ? c0 : 0) * Q8_0_BYTES + 2);
             __m256i hi = _mm256_maskz_loadu_epi8(c1 < m ? ~(__mmask32)0 : 0,
-                                                 p + (size_t)c1 * Q8_0_BYTES + 2);
+                                                 p + (size_t)(c1 < m ? c1 : 0) * Q8_0_BYTES + 2);
             z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         }
         dl = f16x8_strided(p, Q8_0_BYTES);
@@ -337,7 +352,7 @@ static inline __attribute__((always_inline)) void wgroup8(const uint8_t *p, int 
     for (int c = 0; c < 8; c++)
         r[c] = m == 8 ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2)
                       : _mm256_maskz_loadu_epi8(c < m ? ~(__mmask32)0 : 0,
-                                                p + (size_t)c * Q8_0_BYTES + 2);
+                                                p + (size_t)(c < m ? c : 0) * Q8_0_BYTES + 2);
 #pragma GCC unroll 2
     for (int k = 0; k < 8; k += 4) {
         t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
@@ -461,8 +476,10 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
                 MVB_CASE(16)
                 MVB_CASE(15)
                 MVB_CASE(14)
-                MVB_CASE(13) MVB_CASE(12) MVB_CASE(11) MVB_CASE(10) MVB_CASE(9) MVB_CASE(8)
-                    MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4) MVB_CASE(3) MVB_CASE(2)
+                MVB_CASE(13)
+                MVB_CASE(12)
+                MVB_CASE(11) MVB_CASE(10) MVB_CASE(9) MVB_CASE(8) MVB_CASE(7) MVB_CASE(6)
+                    MVB_CASE(5) MVB_CASE(4) MVB_CASE(3) MVB_CASE(2)
 #undef MVB_CASE
                         default : q8_0_row(1, w, nb, o, pf, last, v);
                 break; /* not reached: T >= 2 when n_tok >= 2 */
