@@ -111,6 +111,27 @@ static inline __m128 mv_hsum16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
         _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s));
 }
 
+/* The 32 value bytes of the m (1..16) blocks at p (block 0's scale) in
+ * simd512_t16x32's input order, z[i] = [block c0 | block c0 + 4] with c0 =
+ * i (i < 4) or i + 4: a full group by plain loads, a short one under masks
+ * (blocks past m zero; no address past them is formed). */
+static inline __attribute__((always_inline)) void mv_group_z(const uint8_t *p, int m, __m512i z[8])
+{
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        int c0 = i < 4 ? i : 4 + i, c1 = c0 + 4;
+        __m256i lo = m == MVB_G
+                         ? loadu_256(p + (size_t)c0 * Q8_0_BYTES + 2)
+                         : _mm256_maskz_loadu_epi8(c0 < m ? ~(__mmask32)0 : 0,
+                                                   p + (size_t)(c0 < m ? c0 : 0) * Q8_0_BYTES + 2);
+        __m256i hi = m == MVB_G
+                         ? loadu_256(p + (size_t)c1 * Q8_0_BYTES + 2)
+                         : _mm256_maskz_loadu_epi8(c1 < m ? ~(__mmask32)0 : 0,
+                                                   p + (size_t)(c1 < m ? c1 : 0) * Q8_0_BYTES + 2);
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+}
+
 /* ---- one token ---------------------------------------------------------------------- */
 
 /* A token alone reads each weight block once, so transposing the weights
@@ -266,14 +287,7 @@ static size_t pack_q8_0_bytes(int64_t n, int n_tok)
 static void pack_rec(const uint8_t *p, int m, uint8_t *rec)
 {
     __m512i z[8], g[8];
-    for (int i = 0; i < 8; i++) {
-        int c0 = i < 4 ? i : 4 + i, c1 = c0 + 4; /* z[i] = [c0 | c1] */
-        __m256i lo = _mm256_maskz_loadu_epi8(c0 < m ? ~(__mmask32)0 : 0,
-                                             p + (size_t)(c0 < m ? c0 : 0) * Q8_0_BYTES + 2);
-        __m256i hi = _mm256_maskz_loadu_epi8(c1 < m ? ~(__mmask32)0 : 0,
-                                             p + (size_t)(c1 < m ? c1 : 0) * Q8_0_BYTES + 2);
-        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }
+    mv_group_z(p, m, z);
     simd512_t16x32(z, g, _mm512_setzero_si512());
     const __m512i ones = _mm512_set1_epi8(1);
     __m512i sum = _mm512_setzero_si512();
@@ -323,32 +337,10 @@ static inline __attribute__((always_inline)) void wgroup(const uint8_t *p, int m
 {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512i z[8];
-    __m256 dl, dh;
-    if (m == MVB_G) {
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            z[i] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(loadu_256(p + (size_t)i * Q8_0_BYTES + 2)),
-                loadu_256(p + (size_t)(i + 4) * Q8_0_BYTES + 2), 1);
-            z[4 + i] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(loadu_256(p + (size_t)(8 + i) * Q8_0_BYTES + 2)),
-                loadu_256(p + (size_t)(12 + i) * Q8_0_BYTES + 2), 1);
-        }
-        dl = f16x8_strided(p, Q8_0_BYTES);
-        dh = f16x8_strided(p + 8 * Q8_0_BYTES, Q8_0_BYTES);
-    } else {
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            int c0 = i < 4 ? i : 4 + i, c1 = c0 + 4; /* z[i] = [c0 | c1] */
-            __m256i lo = _mm256_maskz_loadu_epi8(c0 < m ? ~(__mmask32)0 : 0,
-                                                 p + (size_t)(c0 < m ? c0 : 0) * Q8_0_BYTES + 2);
-            __m256i hi = _mm256_maskz_loadu_epi8(c1 < m ? ~(__mmask32)0 : 0,
-                                                 p + (size_t)(c1 < m ? c1 : 0) * Q8_0_BYTES + 2);
-            z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        }
-        dl = f16x8_strided(p, Q8_0_BYTES);
-        dh = mv_scales8(p + 8 * Q8_0_BYTES, m - 8);
-    }
+    mv_group_z(p, m, z);
+    __m256 dl = f16x8_strided(p, Q8_0_BYTES),
+           dh = m == MVB_G ? f16x8_strided(p + 8 * Q8_0_BYTES, Q8_0_BYTES)
+                           : mv_scales8(p + 8 * Q8_0_BYTES, m - 8);
     simd512_t16x32(z, g, bias);
     *dw = mv_join(dl, dh);
 }
@@ -359,29 +351,13 @@ static inline __attribute__((always_inline)) void wgroup(const uint8_t *p, int m
 static inline __attribute__((always_inline)) void wgroup8(const uint8_t *p, int m, __m256i g[8],
                                                           __m256 *dw)
 {
-    __m256i r[8], t[8], u[8];
+    __m256i r[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++)
         r[c] = m == 8 ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2)
                       : _mm256_maskz_loadu_epi8(c < m ? ~(__mmask32)0 : 0,
                                                 p + (size_t)(c < m ? c : 0) * Q8_0_BYTES + 2);
-#pragma GCC unroll 2
-    for (int k = 0; k < 8; k += 4) {
-        t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
-        t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
-        t[k + 2] = _mm256_unpacklo_epi32(r[k + 2], r[k + 3]);
-        t[k + 3] = _mm256_unpackhi_epi32(r[k + 2], r[k + 3]);
-        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
-        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
-        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
-        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
-    }
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        g[i] = _mm256_xor_si256(_mm256_permute2x128_si256(u[i], u[4 + i], 0x20), bias);
-        g[4 + i] = _mm256_xor_si256(_mm256_permute2x128_si256(u[i], u[4 + i], 0x31), bias);
-    }
+    simd256_t8x32(r, g, _mm256_set1_epi8((char)0x80));
     *dw = m == 8 ? f16x8_strided(p, Q8_0_BYTES) : mv_scales8(p, m);
 }
 
@@ -403,7 +379,10 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
         if (pf) mvb_pf(p, (size_t)m * Q8_0_BYTES, last);
         __m512i g[8];
         __m512 dw;
-        wgroup(p, m, g, &dw);
+        if (m == MVB_G)
+            wgroup(p, MVB_G, g, &dw); /* plain loads */
+        else
+            wgroup(p, m, g, &dw);
 #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             const uint8_t *r = rec + (size_t)t * MVB_REC;
@@ -465,11 +444,11 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
 static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
                      const void *packed, float *y, size_t ys)
 {
-    uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
     if (n_tok == 1) {
         mv_q8_0(nr, n, W, rb, NULL, packed, y);
         return;
     }
+    uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
     int64_t nb = n / QK;
     int G = mvb_groups(n_tok, MVB_TOKS);
     for (int64_t r = 0; r < nr; r++) {
@@ -491,8 +470,9 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
                 MVB_CASE(13)
                 MVB_CASE(12)
                 MVB_CASE(11)
-                MVB_CASE(10) MVB_CASE(9) MVB_CASE(8) MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4)
-                    MVB_CASE(3) MVB_CASE(2)
+                MVB_CASE(10)
+                MVB_CASE(9) MVB_CASE(8) MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4) MVB_CASE(3)
+                    MVB_CASE(2)
 #undef MVB_CASE
                         default : q8_0_row(1, w, nb, o, pf, last, v);
                 break; /* not reached: T >= 2 when n_tok >= 2 */
