@@ -37,7 +37,7 @@ class _Turn:
         self.on_event = on_event
         self.done_text = None
         self.raised = None
-        self.stopped = False  # on_event returned False
+        self.stopped = False  # on_event returned False or raised
         self.dec = {}
         self.tools = {}  # index -> [id, name, [argument pieces]]
 
@@ -93,6 +93,7 @@ class _Turn:
         except BaseException as e:  # KeyboardInterrupt included: it cancels the turn
             if self.raised is None:
                 self.raised = e
+            self.stopped = True  # on_event is not called again (the turn's last events still come)
             return False
 
 
