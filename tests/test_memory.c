@@ -5,6 +5,7 @@
  * plus exact attention against a double-precision recomputation.
  */
 #include "testutil.h"
+#include "memory/attn_kernels.h"
 #include "memory/memory.h"
 
 #include <math.h>
@@ -215,9 +216,10 @@ static void test_attention_split_extent(void **state)
  * oldest cells moved past the query) or past those cells once removed (it
  * skips only empty chunks), and with the table's marks loosened to [0, cap)
  * (mem_table_extent tightens them again). Three threads split the extent:
- * the parts move with it, so there the results agree within rounding. q8_0
- * (the fused decode kernel under AVX2) and f32, deterministic or not, at
- * every SIMD level the CPU has. */
+ * the parts move with it, so there the results agree within rounding (and
+ * the AVX-512 decode kernel's rounding of its weights to 15 bits). q8_0
+ * (the fused decode kernels) and f32, deterministic or not, at every SIMD
+ * level the CPU has. */
 static void attend_raw(keel_mem *m, const keel_mem_layer *L, const float *q, int32_t qpos, float *out)
 {
     int32_t seq = 0;
@@ -280,7 +282,12 @@ static void marks_case(keel_dtype dt, int32_t n_threads, bool det)
                     amax = fmaxf(amax, fabsf(a[i]));
                     d = fmaxf(d, fabsf(a[i] - b[i]));
                 }
-                assert_true(d <= 1e-5f * amax);
+                /* q8_0 under the AVX-512 decode kernel: its p . V weights
+                 * are rounded to 15 bits against the largest of the block
+                 * of cells that holds them, so other blocks round them
+                 * otherwise (seen: 1.5e-5 of amax) */
+                bool w15 = dt == KEEL_DTYPE_Q8_0 && attn_path_active() == ATTN_PATH_AVX512;
+                assert_true(d <= (w15 ? 1e-4f : 1e-5f) * amax);
             }
         } else if (step == 2) { /* the newest 100 again: the ring puts them past the old end */
             assert_ok(keel_mem_seq_rm(m, 0, n - 100, -1));

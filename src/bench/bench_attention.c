@@ -122,6 +122,9 @@ double bench_attn_muls(int level, keel_dtype kv, int32_t G, int32_t dk, int32_t 
         scores = 2.0 * G * dk / 32.0; /* vpmaddubsw + vpmaddwd per 32 bytes */
     else
         scores = (double)G * dk / 64.0; /* vpdpbusd per 64 bytes */
+    /* the AVX-512 decode kernel's q8_0 p . V: one vpdpwssd per 16 columns
+     * and pair of cells (15-bit weights) */
+    if (level >= 2 && kv == KEEL_DTYPE_Q8_0) return scores + (double)G * dv / 32.0;
     return scores + (double)G * dv / lanes;
 }
 

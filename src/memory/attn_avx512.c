@@ -623,9 +623,19 @@ bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float
  *     is exact; then one convert and one FMA by d_k (the tile's 16 block
  *     scales, gathered) * d_q * scale;
  *   - the online softmax runs on the rows' two score vectors per block.
- * p . V: weights w = p * d_v per (row, V block, cell) formed as vectors,
- * then per cell the V values converted once for all rows and one FMA per
- * row and 16 columns; the accumulators stay in registers over the block.
+ * p . V in int16 (dec_pv16_block): the weights w = p * d_v of a row, V
+ * block and block of cells are rounded to 15-bit integers against their
+ * largest |w| (dec_pv16_weights); per pair of cells the V block's 32
+ * values of both are sign-extended and interleaved (a lane = a column, its
+ * two int16 = the two cells) and each row takes one vpdpwssd per 16
+ * columns against the pair's two weights. The int32 sums are exact and are
+ * scaled into the f32 accumulators once per block of cells. Against f32
+ * weights with one FMA per cell, row and 16 columns this halves the
+ * multiplies and drops the conversion of V to f32: 15% of the kernel at
+ * dim 64 x 3 rows and at 128 x 4 on a Zen 4 VM (docs/kernels.md, sixteenth
+ * pass). The cost is the weights' rounding: at most 1 / 65534 of the
+ * block's largest weight each, against q8_0's own rounding of V of up to
+ * 1 / 254 of its block's largest value.
  * The block's V rows are prefetched during the scores, the next block's K
  * rows during p . V, and the K and V rows ATTN_PF_FAR blocks ahead into L2
  * during p . V (attn_pf_far). */
@@ -692,38 +702,6 @@ static ALWAYS_INLINE void dec_tile_scores(const uint8_t *const *krows, const uin
                                    _mm512_mul_ps(dk, _mm512_set1_ps(Q->dq[r][b])), s[r]);
         }
     }
-}
-
-/* acc rows [b0 * 32, (b0 + NBS) * 32) += sum_c wt[b][r][c] * V row c's values */
-static ALWAYS_INLINE void dec_pv_seg(const uint8_t *const *vrows, int32_t nb, int32_t b0, int NBS,
-                                     const float (*wt)[4][ATTN_CB], float *const *acc, int NR,
-                                     attn_pf_cursor *pc, int32_t pl, attn_pf_far *far)
-{
-    __m512 A[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
-        for (int i = 0; i < 2 * NBS; i++) A[r][i] = _mm512_loadu_ps(acc[r] + (size_t)b0 * QK + 16 * i);
-    for (int32_t c = 0; c < nb; c++) {
-        attn_pf_step(pc, pl);
-        attn_pf_far_step(far);
-#pragma GCC unroll 2
-        for (int h = 0; h < NBS; h++) {
-            const uint8_t *vb = vrows[c] + (size_t)(b0 + h) * 34 + 2;
-            __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)vb)));
-            __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vb + 16))));
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                __m512 w = _mm512_set1_ps(wt[b0 + h][r][c]);
-                A[r][2 * h] = _mm512_fmadd_ps(w, v0, A[r][2 * h]);
-                A[r][2 * h + 1] = _mm512_fmadd_ps(w, v1, A[r][2 * h + 1]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
-        for (int i = 0; i < 2 * NBS; i++) _mm512_storeu_ps(acc[r] + (size_t)b0 * QK + 16 * i, A[r][i]);
 }
 
 /* The byte offsets idx[c] * rb of a tile's n cells (the last one repeated
@@ -822,6 +800,74 @@ static void kq_tiles_q8(const uint8_t *base, size_t rb, const int32_t *idx, int3
         (out) = OP(u_, _mm512_shuffle_f32x4(u_, u_, _MM_SHUFFLE(2, 3, 0, 1)));                          \
     } while (0)
 
+/* The 15-bit weights of V block b for the quad's rows: w = p * d_v of the
+ * block's 32 cells (e[t][r] = p of row r in tile t, dv = the cells' d_v),
+ * wq[r][c] = round(w * 32767 / wmax) with wmax the largest |w| of row r,
+ * and ws[r] = wmax / 32767, the value of one unit (0 where wmax is 0). */
+static ALWAYS_INLINE void dec_pv16_weights(const __m512 e[2][4], const __m512 dv[2], int NR, int16_t (*wq)[ATTN_CB],
+                                           float *ws)
+{
+    __m512 w[2][4], am[4], wm;
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        int rr = BASE_MIN(r, NR - 1);
+        w[0][r] = _mm512_mul_ps(e[0][rr], dv[0]);
+        w[1][r] = _mm512_mul_ps(e[1][rr], dv[1]);
+        am[r] = _mm512_max_ps(_mm512_abs_ps(w[0][r]), _mm512_abs_ps(w[1][r]));
+    }
+    DEC_REDUCE4(_mm512_max_ps, am[0], am[1], am[2], am[3], wm);
+    __m128 wmax = _mm512_castps512_ps128(wm);
+    __m128 inv = _mm_and_ps(_mm_div_ps(_mm_set1_ps(32767.0f), wmax), _mm_cmpgt_ps(wmax, _mm_setzero_ps()));
+    _mm_storeu_ps(ws, _mm_mul_ps(wmax, _mm_set1_ps(1.0f / 32767.0f)));
+    _Alignas(16) float iv[4];
+    _mm_store_ps(iv, inv);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        __m512 ivr = _mm512_set1_ps(iv[r]);
+#pragma GCC unroll 2
+        for (int t = 0; t < 2; t++)
+            _mm256_store_si256((__m256i *)&wq[r][t * DEC_T],
+                               _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w[t][r], ivr))));
+    }
+}
+
+/* acc[r][32 b ..+32) += ws[r] * sum_c wq[r][c] * V row c's block b, for the
+ * cells c < np (even; a pair past the list has weight 0 and a valid row) */
+static ALWAYS_INLINE void dec_pv16_block(const uint8_t *const *vrows, int32_t np, int32_t b,
+                                         const int16_t (*wq)[ATTN_CB], const float *ws, float *const *acc, int NR,
+                                         attn_pf_cursor *pc, int32_t pl, attn_pf_far *far)
+{
+    __m512i I[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) I[r][0] = I[r][1] = _mm512_setzero_si512();
+    for (int32_t c = 0; c < np; c += 2) {
+        attn_pf_step(pc, pl);
+        attn_pf_far_step(far);
+        __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(vrows[c] + (size_t)b * 34 + 2)));
+        __m512i y = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(vrows[c + 1] + (size_t)b * 34 + 2)));
+        /* lanes of lo: columns 0-3, 8-11, 16-19, 24-27; of hi: 4-7, 12-15, 20-23, 28-31 */
+        __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m512i w = _mm512_set1_epi32(attn_ld_i32((const uint8_t *)&wq[r][c]));
+            /* |sum| <= 32 cells * 32767 * 128 < 2^31: exact */
+            I[r][0] = _mm512_dpwssd_epi32(I[r][0], lo, w);
+            I[r][1] = _mm512_dpwssd_epi32(I[r][1], hi, w);
+        }
+    }
+    const __m512i p0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i p1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        float *o = acc[r] + (size_t)b * QK;
+        __m512 sc = _mm512_set1_ps(ws[r]);
+        __m512 f0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(I[r][0], p0, I[r][1]));
+        __m512 f1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(I[r][0], p1, I[r][1]));
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(f0, sc, _mm512_loadu_ps(o)));
+        _mm512_storeu_ps(o + 16, _mm512_fmadd_ps(f1, sc, _mm512_loadu_ps(o + 16)));
+    }
+}
+
 static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
 {
     const int32_t nbk = a->dk / QK, nbv = a->dv / QK;
@@ -845,7 +891,8 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
         l[r] = a->l[r0 + BASE_MIN(r, NR - 1)];
         acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
     }
-    _Alignas(64) float wt[PV_NB_MAX512][4][ATTN_CB]; /* p * d_v per V block, row, cell */
+    _Alignas(64) int16_t wq[PV_NB_MAX512][4][ATTN_CB]; /* 15-bit weights per V block, row, cell */
+    float ws[PV_NB_MAX512][4];                          /* their units */
     const uint8_t *krows[ATTN_CB], *vrows[ATTN_CB];
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
@@ -861,11 +908,11 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
             if (cb + nb < a->n) {
                 attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
                 pk = attn_pf_begin(fk);
-                plk = attn_pf_lines(fk, (nbv + 1) / 2 * nb);
+                plk = attn_pf_lines(fk, nbv * ((nb + 1) / 2));
             }
             /* rows of 64 dims for 3 query rows kept up without it and
              * lost up to 15% with it; 128 x 4 gained 10-15%, 256 x 4 28% */
-            if (a->dk * NR >= 512) far = attn_pf_far_at(a, cb, (nbv + 1) / 2 * nb);
+            if (a->dk * NR >= 512) far = attn_pf_far_at(a, cb, nbv * ((nb + 1) / 2));
         }
         __m512 s[2][4];
         __m512i vlo[2], vhi[2];
@@ -924,20 +971,17 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
             e[0][r] = exp16(_mm512_sub_ps(s[0][r], mm));
             e[1][r] = exp16(_mm512_sub_ps(s[1][r], mm));
             x[r] = _mm512_add_ps(e[0][r], e[1][r]);
-            for (int32_t b = 0; b < nbv; b++) {
-                _mm512_store_ps(&wt[b][r][0], _mm512_mul_ps(e[0][r], dv[b][0]));
-                _mm512_store_ps(&wt[b][r][DEC_T], _mm512_mul_ps(e[1][r], dv[b][1]));
-            }
         }
+        for (int32_t b = 0; b < nbv; b++) dec_pv16_weights((const __m512(*)[4])e, dv[b], NR, wq[b], ws[b]);
         for (int r = NR; r < 4; r++) x[r] = _mm512_setzero_ps();
         __m512 bsum;
         DEC_REDUCE4(_mm512_add_ps, x[0], x[1], x[2], x[3], bsum);
         _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), _mm512_castps512_ps128(bsum)));
-        /* p . V, 64 columns at a time (32 for an odd last block) */
-        int32_t b0 = 0;
-        for (; b0 + 2 <= nbv; b0 += 2)
-            dec_pv_seg(vrows, nb, b0, 2, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk, &far);
-        if (b0 < nbv) dec_pv_seg(vrows, nb, b0, 1, (const float (*)[4][ATTN_CB])wt, acc, NR, &pk, plk, &far);
+        /* p . V, a V block at a time; an odd last cell pairs with the tile's
+         * repeated row (weight 0) */
+        for (int32_t b = 0; b < nbv; b++)
+            dec_pv16_block(vrows, (nb + 1) & ~1, b, (const int16_t(*)[ATTN_CB])wq[b], ws[b], acc, NR, &pk, plk,
+                           &far);
     }
     for (int r = 0; r < NR; r++) {
         a->m[r0 + r] = m[r];
