@@ -458,7 +458,8 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
                         wmax = fmax(wmax, fabs((double)s[j] * tensor_f16_to_f32(dh)));
                     }
                     for (int32_t j = 0; j < nb; j++) {
-                        const int8_t *vq = (const int8_t *)(fv->rows + (size_t)idx[sb + j] * fv->rb + (size_t)b * 34 + 2);
+                        const uint8_t *vb = fv->rows + (size_t)idx[sb + j] * fv->rb + (size_t)b * 34;
+                        const int8_t *vq = (const int8_t *)(vb + 2);
                         for (int i = 0; i < 32; i++) wbound[r][32 * b + i] += wmax / 65534.0 * abs(vq[i]);
                     }
                 }
