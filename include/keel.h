@@ -813,9 +813,32 @@ size_t keel_mem_ckpt_bytes(const keel_mem *mem);
 
 typedef struct keel_model keel_model;
 
+/* How a GGUF file becomes the model's weights. Mapped, the pages are the
+ * page cache's: nothing is allocated, other processes share them, and the
+ * kernel may drop and re-read them. Read, the file is copied into memory
+ * from keel's allocator once at open (its size, allocated), which the
+ * default allocator asks to back with transparent huge pages: decode reads
+ * every weight once per token, and with 4 KiB pages that is a TLB miss
+ * every 4 KiB (a two-level walk under virtualization; on a Zen 4 VM the
+ * 124M q8_0 model decoded 15-20% faster with one thread read than mapped,
+ * docs/kernels.md, sixteenth pass). A llama2.c checkpoint is converted
+ * into memory either way. */
+typedef enum keel_load {
+    KEEL_LOAD_AUTO = 0, /* read where the system gives huge pages on request (Linux,
+                           transparent_hugepage "always" or "madvise") and the file
+                           takes at most a quarter of the memory available; else map */
+    KEEL_LOAD_MMAP = 1,
+    KEEL_LOAD_READ = 2,
+} keel_load;
+
+/* "auto", "mmap" or "read" (KEEL_EINVAL otherwise); and back. */
+keel_status keel_load_from_name(const char *name, keel_load *out);
+const char *keel_load_name(keel_load load);
+
 typedef struct keel_model_params {
     const char *path;           /* GGUF file, or a llama2.c checkpoint (.bin) */
     const char *tokenizer_path; /* llama2.c tokenizer.bin for a .bin checkpoint, else NULL */
+    keel_load load;             /* KEEL_LOAD_AUTO by default */
 } keel_model_params;
 
 keel_model_params keel_model_params_default(void);
@@ -868,6 +891,8 @@ typedef struct keel_model_info {
     bool expert_sigmoid;  /* the router's gating: sigmoid (else softmax) */
     float attn_scale;     /* multiplies q.k (1/sqrt(head_dim) unless the model says otherwise;
                              MLA with YaRN: mscale^2 / sqrt(q.k dims)) */
+    bool weights_read;    /* the weights are in memory (read, keel_load, or a converted
+                             llama2.c checkpoint), not mapped */
 } keel_model_info;
 
 /* Fills info (pointers valid until the model is closed). */
@@ -1079,7 +1104,8 @@ keel_context_params keel_context_params_default(void);
 
 /* The memory plan of a context: computed before anything is allocated. */
 typedef struct keel_plan {
-    size_t weights_mapped; /* bytes of the model file mapped (not allocated) */
+    size_t weights_mapped; /* bytes of the model file: mapped (not allocated), or read into
+                              memory at open (keel_model_info.weights_read) */
     size_t kv_bytes;       /* K/V columns */
     size_t mem_bytes;      /* the whole keel_mem (tables, columns, scratch) */
     size_t work_bytes;     /* forward-pass activations and scratch */

@@ -1288,6 +1288,84 @@ static void test_cli_unused_warning(void **state)
 /* keel_decode refuses non-finite logits, naming the position (issue 8
  * item 8), and a continued position past INT32_MAX; generated models, so
  * it runs without fixtures. */
+/* keel_load: the file mapped and read into memory give the same model,
+ * bit for bit the same logits; the info says which; AUTO is one of the
+ * two; a load that is none of them is KEEL_EINVAL; names round-trip. */
+static void logits_of(const char *path, keel_load load, bool *read, float *out, int32_t n_vocab)
+{
+    char err[256] = "";
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    mp.load = load;
+    keel_model *m = NULL;
+    assert_ok(keel_model_open(&mp, &m, err));
+    keel_model_info mi;
+    keel_model_info_get(m, &mi);
+    *read = mi.weights_read;
+    assert_int_equal(mi.n_vocab, n_vocab);
+    keel_context_params cp = keel_context_params_default();
+    cp.n_ctx = 64;
+    cp.n_threads = 1;
+    keel_context *c = NULL;
+    assert_ok(keel_context_open(m, &cp, &c, err));
+    int32_t toks[3] = {1, 40, 41};
+    int8_t flags[3] = {0, 0, 1};
+    keel_batch b = {3, toks, NULL, NULL, flags};
+    assert_ok(keel_decode(c, &b));
+    const float *l = keel_logits(c, 2);
+    assert_non_null(l);
+    memcpy(out, l, (size_t)n_vocab * sizeof(float));
+    keel_context_close(c);
+    keel_model_close(m);
+}
+
+static void test_load_modes(void **state)
+{
+    (void)state;
+    char path[64] = "/tmp/keel_model_load_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "llama";
+    char err[256] = "";
+    assert_ok(keel_gen_model(&gp, path, err));
+    int32_t nv = gp.n_vocab;
+    float *a = malloc((size_t)nv * sizeof(float)), *b = malloc((size_t)nv * sizeof(float));
+    float *c = malloc((size_t)nv * sizeof(float));
+    bool ra, rb, rc;
+    logits_of(path, KEEL_LOAD_MMAP, &ra, a, nv);
+    logits_of(path, KEEL_LOAD_READ, &rb, b, nv);
+    logits_of(path, KEEL_LOAD_AUTO, &rc, c, nv);
+    assert_false(ra);
+    assert_true(rb);
+    assert_memory_equal(a, b, (size_t)nv * sizeof(float));
+    assert_memory_equal(a, c, (size_t)nv * sizeof(float));
+    keel_model_params mp = keel_model_params_default();
+    mp.path = path;
+    mp.load = (keel_load)7;
+    keel_model *m = NULL;
+    assert_status(keel_model_open(&mp, &m, err), KEEL_EINVAL);
+    assert_null(m);
+    assert_non_null(strstr(err, "KEEL_LOAD_READ"));
+    /* a directory read is refused as mapping refuses it */
+    mp.path = "/tmp";
+    mp.load = KEEL_LOAD_READ;
+    assert_status(keel_model_open(&mp, &m, err), KEEL_EIO);
+    for (int l = KEEL_LOAD_AUTO; l <= KEEL_LOAD_READ; l++) {
+        keel_load back;
+        assert_ok(keel_load_from_name(keel_load_name((keel_load)l), &back));
+        assert_int_equal(back, l);
+    }
+    keel_load back = KEEL_LOAD_MMAP;
+    assert_status(keel_load_from_name("mapped", &back), KEEL_EINVAL);
+    assert_int_equal(back, KEEL_LOAD_MMAP);
+    free(a);
+    free(b);
+    free(c);
+    unlink(path);
+}
+
 static void test_decode_limits(void **state)
 {
     (void)state;
@@ -1378,6 +1456,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_not_a_model, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cli_unused_warning, setup_dir, teardown_dir),
         cmocka_unit_test(test_decode_limits),
+        cmocka_unit_test(test_load_modes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

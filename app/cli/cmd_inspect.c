@@ -88,7 +88,8 @@ int cmd_inspect(int argc, char **argv)
         int32_t n_ctx = o.ctx.n_ctx ? o.ctx.n_ctx : (mi.n_ctx_train < 4096 ? mi.n_ctx_train : 4096);
         printf("\nmemory plan (n_ctx %d, K %s, V %s, n_batch %d):\n", n_ctx, keel_dtype_name(o.ctx.type_k),
                keel_dtype_name(o.ctx.type_v), o.ctx.n_batch);
-        printf("  weights mapped    %10.2f MiB (file, not allocated)\n", mib(pl.weights_mapped));
+        printf("  weights %-9s %10.2f MiB (%s)\n", mi.weights_read ? "read" : "mapped", mib(pl.weights_mapped),
+               mi.weights_read ? "the file, read into memory" : "the file, not allocated");
         printf("  KV cache          %10.2f MiB\n", mib(pl.kv_bytes));
         printf("  memory core       %10.2f MiB (KV + cell tables + scratch)\n", mib(pl.mem_bytes));
         if (pl.rs_bytes)

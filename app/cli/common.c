@@ -211,6 +211,8 @@ typedef enum flag_kind {
     FK_POLICY,    /* keel_compact_policy by name */
     FK_POSITIONS, /* keep|renumber -> bool renumber */
     FK_SIMD,      /* kernel path name, applied at once (keel_set_simd) */
+    FK_LOAD,      /* keel_load by name */
+    FK_NO_MMAP,   /* keel_load = KEEL_LOAD_READ, no value (llama.cpp's --no-mmap) */
 } flag_kind;
 
 enum { F_LO_OPEN = 1, F_HI_OPEN = 2 };
@@ -235,6 +237,10 @@ static const cli_flag g_flags[] = {
      "GGUF model, or a llama2.c checkpoint (.bin) with --tokenizer"},
     {"--tokenizer", NULL, NULL, CLI_G_MODEL, FK_STR, OFF(model.tokenizer_path), 0, 0, 0, "FILE",
      "llama2.c tokenizer.bin for a .bin checkpoint"},
+    {"--load", NULL, NULL, CLI_G_MODEL, FK_LOAD, OFF(model.load), 0, 0, 0, "MODE",
+     "weights: mmap (map the file), read (into memory, with huge pages where the system gives them), "
+     "auto (read when huge pages are on request and the file is at most a quarter of the free memory)"},
+    {"--no-mmap", NULL, NULL, CLI_G_MODEL, FK_NO_MMAP, OFF(model.load), 0, 0, 0, NULL, "--load read"},
     {"--prompt", "-p", NULL, CLI_G_PROMPT, FK_STR, OFF(prompt), 0, 0, 0, "TEXT",
      "prompt text (tokenized with BOS as the vocabulary asks)"},
     {"--file", "-f", NULL, CLI_G_FILE, FK_STR, OFF(file), 0, 0, 0, "FILE",
@@ -355,6 +361,18 @@ static bool set_flag(cli_opts *o, const cli_flag *f, const char *a, const char *
     case FK_BOOL:
         *(bool *)(void *)dst = true;
         return true;
+    case FK_NO_MMAP:
+        *(keel_load *)(void *)dst = KEEL_LOAD_READ;
+        return true;
+    case FK_LOAD: {
+        keel_load l;
+        if (keel_load_from_name(v, &l) == KEEL_OK) {
+            *(keel_load *)(void *)dst = l;
+            return true;
+        }
+        snprintf(need, sizeof need, "auto, mmap or read");
+        break;
+    }
     case FK_I32: {
         int32_t x;
         if (cli_parse_i32(v, &x) && in_range(f, x)) {
@@ -485,7 +503,7 @@ int cli_parse(int argc, char **argv, cli_opts *o, const char *usage)
                 f = &g_flags[k];
         bool takes = true;
         if (f) {
-            takes = f->kind != FK_BOOL;
+            takes = f->kind != FK_BOOL && f->kind != FK_NO_MMAP;
             if (takes && !v) {
                 fprintf(stderr, "keel: option %s needs a value\n%s\n", a, usage);
                 return 2;

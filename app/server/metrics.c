@@ -191,7 +191,7 @@ char *srv_metrics_text(const char *stats_json, size_t rss_bytes)
                   num(plan, "draft_weights_mapped") + num(plan, "draft_context_bytes");
     }
     planned += num(pc, "limit_bytes");
-    metric(&b, "keel_plan_total_bytes", "gauge", "Weights mapped, the context and the prompt cache's bound.", planned);
+    metric(&b, "keel_plan_total_bytes", "gauge", "The weights, the context and the prompt cache's bound.", planned);
     metric(&b, "keel_rss_bytes", "gauge", "Resident set size of the process.", (double)rss_bytes);
     json_decref(s);
     if (b.overflow) {

@@ -265,6 +265,7 @@ static json_t *engine_options(const cli_opts *o, const serve_opts *so)
     if (!j) return NULL;
     int bad_ = set(j, "model", json_string(o->model.path));
     if (o->model.tokenizer_path) bad_ |= set(j, "tokenizer", json_string(o->model.tokenizer_path));
+    bad_ |= set(j, "load", json_string(keel_load_name(o->model.load)));
     bad_ |= set(j, "n_ctx", json_integer(cp->n_ctx));
     bad_ |= set(j, "n_slots", json_integer(so->n_slots));
     bad_ |= set(j, "n_batch", json_integer(o->batch_set ? cp->n_batch : 2048));
@@ -351,11 +352,11 @@ static void print_bytes(const char *label, double v)
 static const char *plan_label(const char *k)
 {
     static const char *const names[][2] = {
-        {"weights_mapped", "weights (mapped)"},     {"kv_bytes", "KV cache rows"},
+        {"weights_mapped", "weights (model file)"}, {"kv_bytes", "KV cache rows"},
         {"mem_bytes", "KV memory (with tables)"},   {"work_bytes", "forward scratch"},
         {"logits_bytes", "logits"},                 {"context_bytes", "context total"},
         {"cache_ram_bytes", "prompt cache (cap)"},  {"checkpoint_bytes", "checkpoints (cap)"},
-        {"draft_weights_mapped", "draft model (mapped)"}, {"draft_context_bytes", "draft model context"},
+        {"draft_weights_mapped", "draft model (file)"}, {"draft_context_bytes", "draft model context"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(k, names[i][0]) == 0) return names[i][1];

@@ -557,6 +557,7 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
         {"-r", true},  {"--tokenizer", true}, {"--ctk", true},       {"--ctv", true},
         {"--kv-compact", true}, {"--kv-trigger", true}, {"--kv-target", true},
         {"-d", true},  {"-ub", true},         {"--profile", false},  {"-c", true},
+        {"--load", true},
     };
     keel_status st = bench_check_args(o, "model", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
@@ -590,6 +591,9 @@ keel_status bench_model(int argc, char **argv, bench_out *o)
     keel_model_params mp = keel_model_params_default();
     mp.path = path;
     mp.tokenizer_path = bench_opt(argc, argv, "--tokenizer");
+    const char *load = bench_opt(argc, argv, "--load");
+    if (load && keel_load_from_name(load, &mp.load) != KEEL_OK)
+        return base_err(o->err, KEEL_EINVAL, "bench model: --load %s: need auto, mmap or read", load);
     keel_model *m = NULL;
     char err[BASE_ERR_CAP] = "";
     st = keel_model_open(&mp, &m, err);

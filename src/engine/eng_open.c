@@ -26,6 +26,7 @@ typedef struct eng_open_opts {
     /* the shared prompt-cache tier (docs/cache-tier.md) */
     const char *cache_redis;
     int32_t redis_ttl, redis_max_mib, redis_timeout_ms, redis_chunk;
+    keel_load load;
 } eng_open_opts;
 
 static keel_status get_i32(json_t *v, const char *k, int32_t lo, int32_t hi, int32_t *out, char *err)
@@ -61,6 +62,11 @@ static keel_status parse_open(json_t *o, eng_open_opts *p, char *err)
         keel_status st = KEEL_OK;
         if (strcmp(k, "model") == 0) st = get_str(v, k, &p->model, err);
         else if (strcmp(k, "tokenizer") == 0) st = get_str(v, k, &p->tokenizer, err);
+        else if (strcmp(k, "load") == 0) {
+            const char *name = NULL;
+            if ((st = get_str(v, k, &name, err)) == KEEL_OK && keel_load_from_name(name, &p->load) != KEEL_OK)
+                st = base_err(err, KEEL_EINVAL, "option load: '%s' (need auto, mmap or read)", name);
+        }
         else if (strcmp(k, "chat_template") == 0) st = get_str(v, k, &p->chat_template, err);
         else if (strcmp(k, "tool_format") == 0) st = get_str(v, k, &p->tool_format, err);
         else if (strcmp(k, "n_ctx") == 0) st = get_i32(v, k, 0, 1 << 26, &p->cp.n_ctx, err);
@@ -251,6 +257,7 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
     keel_model_params mp = keel_model_params_default();
     mp.path = p.model;
     mp.tokenizer_path = p.tokenizer;
+    mp.load = p.load;
     char merr[256] = "";
     if ((st = keel_model_open(&mp, &e->model, merr)) != KEEL_OK) {
         base_err(err, st, "model %s: %s", p.model, merr);
@@ -303,6 +310,7 @@ keel_status keel_engine_open(const char *options_json, keel_engine **out, char *
         if (p.model_draft) {
             mp = keel_model_params_default();
             mp.path = p.model_draft;
+            mp.load = p.load;
             if ((st = keel_model_open(&mp, &e->draft_model, merr)) != KEEL_OK) {
                 base_err(err, st, "model_draft %s: %s", p.model_draft, merr);
                 goto fail;
@@ -931,9 +939,10 @@ static keel_status engine_stats(keel_engine *e, char *buf, size_t cap, size_t *n
     pthread_mutex_unlock(&e->mu);
     keel_model_info mi;
     keel_model_info_get(e->model, &mi);
-    bad |= json_object_set_new(o, "model", json_pack("{sssssIsisisi}", "name", mi.name, "arch", mi.arch, "n_params",
+    bad |= json_object_set_new(o, "model", json_pack("{sssssIsisisiss}", "name", mi.name, "arch", mi.arch, "n_params",
                                                      (json_int_t)mi.n_params, "n_ctx_train", mi.n_ctx_train, "n_vocab",
-                                                     mi.n_vocab, "n_ctx_slot", e->n_ctx_slot));
+                                                     mi.n_vocab, "n_ctx_slot", e->n_ctx_slot, "weights",
+                                                     mi.weights_read ? "read" : "mapped"));
     json_t *pj = json_pack("{sIsIsIsIsIsI}", "weights_mapped", (json_int_t)plan.weights_mapped, "kv_bytes",
                            (json_int_t)plan.kv_bytes, "mem_bytes", (json_int_t)plan.mem_bytes, "work_bytes",
                            (json_int_t)plan.work_bytes, "logits_bytes", (json_int_t)plan.logits_bytes,

@@ -15,6 +15,7 @@ struct keel_model {
     model_w w;
     text_tokenizer *tok;
     size_t file_bytes;
+    bool weights_read; /* in memory (read, or a converted checkpoint), not mapped */
     char name[128];
 };
 

@@ -7,11 +7,72 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 keel_model_params keel_model_params_default(void)
 {
-    keel_model_params p = {NULL, NULL};
+    keel_model_params p = {NULL, NULL, KEEL_LOAD_AUTO};
     return p;
+}
+
+keel_status keel_load_from_name(const char *name, keel_load *out)
+{
+    if (!name || !out) return KEEL_EINVAL;
+    for (int l = KEEL_LOAD_AUTO; l <= KEEL_LOAD_READ; l++)
+        if (strcmp(name, keel_load_name((keel_load)l)) == 0) {
+            *out = (keel_load)l;
+            return KEEL_OK;
+        }
+    return KEEL_EINVAL;
+}
+
+const char *keel_load_name(keel_load load)
+{
+    switch (load) {
+    case KEEL_LOAD_AUTO:
+        return "auto";
+    case KEEL_LOAD_MMAP:
+        return "mmap";
+    case KEEL_LOAD_READ:
+        return "read";
+    }
+    return "?";
+}
+
+/* KEEL_LOAD_AUTO's choice for a file of `bytes`: read when transparent huge
+ * pages are given on request ("always" or "madvise" selected in
+ * /sys/kernel/mm/transparent_hugepage/enabled) and the file takes at most a
+ * quarter of MemAvailable; else map. Anything unreadable means map. */
+static bool auto_read(size_t bytes)
+{
+#ifdef __linux__
+    char line[256];
+    bool thp = false;
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (fgets(line, sizeof line, f)) thp = strstr(line, "[always]") || strstr(line, "[madvise]");
+        fclose(f);
+    }
+    if (!thp) return false;
+    unsigned long long avail_kib = 0;
+    f = fopen("/proc/meminfo", "r");
+    if (!f) return false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &avail_kib) == 1) break;
+    fclose(f);
+    return avail_kib > 0 && (unsigned long long)bytes / 1024 <= avail_kib / 4;
+#else
+    (void)bytes;
+    return false;
+#endif
+}
+
+static keel_status file_size(const char *path, size_t *bytes)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0) return KEEL_EIO;
+    *bytes = (size_t)sb.st_size;
+    return KEEL_OK;
 }
 
 keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *err)
@@ -21,7 +82,14 @@ keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *
     if (!p || !p->path) return base_err(err, KEEL_EINVAL, "model path is NULL");
     keel_model *m = base_calloc(1, sizeof *m);
     if (!m) return base_err(err, KEEL_ENOMEM, "out of memory");
-    keel_status st = model_open_file(p->path, p->tokenizer_path, &m->g, err);
+    if (p->load != KEEL_LOAD_AUTO && p->load != KEEL_LOAD_MMAP && p->load != KEEL_LOAD_READ) {
+        base_free(m, sizeof *m);
+        return base_err(err, KEEL_EINVAL, "load must be KEEL_LOAD_AUTO, KEEL_LOAD_MMAP or KEEL_LOAD_READ");
+    }
+    bool read = p->load == KEEL_LOAD_READ;
+    size_t bytes;
+    if (p->load == KEEL_LOAD_AUTO && file_size(p->path, &bytes) == KEEL_OK) read = auto_read(bytes);
+    keel_status st = model_open_file(p->path, p->tokenizer_path, read, &m->g, err);
     if (st != KEEL_OK) {
         base_free(m, sizeof *m);
         return st;
@@ -39,6 +107,7 @@ keel_status keel_model_open(const keel_model_params *p, keel_model **out, char *
         return st;
     }
     m->file_bytes = gguf_size(m->g);
+    m->weights_read = !gguf_mapped(m->g);
     const char *nm;
     size_t nn;
     if (gguf_find_key(m->g, "general.name") >= 0 && gguf_get_str(m->g, "general.name", &nm, &nn, NULL) == KEEL_OK)
@@ -103,6 +172,7 @@ void keel_model_info_get(const keel_model *m, keel_model_info *o)
         o->expert_sigmoid = hp->router == MODEL_ROUTER_SIGMOID;
     }
     o->attn_scale = hp->attn_scale;
+    o->weights_read = m->weights_read;
     o->q_lora_rank = hp->q_lora;
     o->kv_lora_rank = hp->kv_lora;
     if (hp->idx_top_k > 0) {

@@ -747,6 +747,43 @@ keel_status gguf_open_file(const char *path, gguf **out, char *err)
     return open_common(m, size, OWN_MMAP, out, err);
 }
 
+keel_status gguf_read_file(const char *path, gguf **out, char *err)
+{
+    if (!out || !path) return base_err(err, KEEL_EINVAL, "path or out is NULL");
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    keel_status st = KEEL_OK;
+    uint8_t *buf = NULL;
+    size_t size = 0, got = 0;
+    if (fstat(fd, &sb) != 0)
+        st = base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        st = base_err(err, KEEL_EIO, "%s: not a regular file", path);
+    else if (sb.st_size <= 0)
+        st = base_err(err, KEEL_EFORMAT, "%s: empty file", path);
+    else if ((size = (size_t)sb.st_size, buf = base_alloc(size)) == NULL)
+        st = base_err(err, KEEL_ENOMEM, "%s: cannot allocate %zu bytes to read it into", path, size);
+    while (st == KEEL_OK && got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            st = base_err(err, KEEL_EIO, "%s: read: %s", path, strerror(errno));
+        else if (r == 0)
+            st = base_err(err, KEEL_EIO, "%s: the file ended at %zu of %zu bytes (changed while read)", path, got,
+                          size);
+        else
+            got += (size_t)r;
+    }
+    close(fd); /* read-only: nothing of ours is lost if close reports an error */
+    if (st != KEEL_OK) {
+        base_free(buf, size);
+        return st;
+    }
+    return open_common(buf, size, OWN_ALLOC, out, err);
+}
+
 keel_status gguf_check_value(gguf_type type, const void *payload, size_t nbytes, char *err)
 {
     gguf dummy = {.base = payload, .size = nbytes};
@@ -785,6 +822,11 @@ const uint8_t *gguf_bytes(const gguf *g)
 size_t gguf_size(const gguf *g)
 {
     return g->size;
+}
+
+bool gguf_mapped(const gguf *g)
+{
+    return g->own == OWN_MMAP;
 }
 
 /* ---- keys ---------------------------------------------------------------- */

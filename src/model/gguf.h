@@ -115,6 +115,17 @@ typedef struct gguf gguf;
 keel_status gguf_open_file(const char *path, gguf **out, char *err);
 
 /*
+ * Reads the whole file into memory from base_alloc (the default allocator
+ * advises huge pages for it) and parses it; gguf_close frees it. Errors as
+ * gguf_open_file, KEEL_EIO also for a read error or a file that changed
+ * size while read.
+ */
+keel_status gguf_read_file(const char *path, gguf **out, char *err);
+
+/* Whether the data is a mapping of a file (gguf_open_file). */
+bool gguf_mapped(const gguf *g);
+
+/*
  * Parses caller memory. data must stay valid and unchanged until
  * gguf_close; tensor data pointers point into it. Errors as above.
  */

@@ -245,7 +245,7 @@ void model_free(model_w *w);
  * about the tokenizer name tok_path. A tok_path given with a GGUF file is
  * ignored with a KEEL_LOG_WARN message. KEEL_EIO, KEEL_EFORMAT, and the
  * errors of the two openers. *out is NULL on failure. */
-keel_status model_open_file(const char *path, const char *tok_path, gguf **out, char *err);
+keel_status model_open_file(const char *path, const char *tok_path, bool read_all, gguf **out, char *err);
 
 /* The memory layer descriptions for a context (kinds, heads, dims, RoPE;
  * recurrent layers with their state shapes). layers has room for
