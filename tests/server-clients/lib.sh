@@ -7,6 +7,12 @@ serve_start() {
     tag=$1
     model=$2
     shift 2
+    # emptied here, before the server starts: the redirections below happen
+    # in the background child, and until then the loop would read the
+    # previous server's "listening on" line under the same tag (its port,
+    # closed: ECONNREFUSED, seen in parallel make test runs)
+    : >"$tmp/$tag.out"
+    : >"$tmp/$tag.err"
     "$KEEL_BIN" serve -m "$model" --host 127.0.0.1 --port 0 "$@" --log-disable >"$tmp/$tag.out" 2>"$tmp/$tag.err" &
     pid=$!
     port=""
