@@ -316,12 +316,30 @@ static void test_write_file(void **state)
     assert_non_null(t);
     assert_memory_equal(t->data, x, sizeof x);
     assert_int_equal(gguf_data_offset(g) % 32, 0);
+    assert_true(gguf_mapped(g));
     gguf_close(g);
+    /* read into memory: the same file, not mapped */
+    assert_ok(gguf_read_file(path, &g, err));
+    assert_false(gguf_mapped(g));
+    assert_int_equal(gguf_size(g), size);
+    t = gguf_find_tensor(g, "x");
+    assert_non_null(t);
+    assert_memory_equal(t->data, x, sizeof x);
+    gguf_close(g);
+    /* an empty file: both openers refuse it as such */
+    assert_int_equal(truncate(path, 0), 0);
+    assert_status(gguf_open_file(path, &g, err), KEEL_EFORMAT);
+    assert_status(gguf_read_file(path, &g, err), KEEL_EFORMAT);
+    assert_null(g);
     unlink(path);
     assert_status(gguf_open_file(path, &g, err), KEEL_EIO);
     assert_null(g);
     assert_non_null(strstr(err, path));
+    assert_status(gguf_read_file(path, &g, err), KEEL_EIO);
+    assert_null(g);
     assert_status(gguf_open_file("/tmp", &g, err), KEEL_EIO);
+    assert_status(gguf_read_file("/tmp", &g, err), KEEL_EIO);
+    assert_non_null(strstr(err, "not a regular file"));
 }
 
 /* Deferred tensors: bytes from a fill callback, in file order. */

@@ -719,27 +719,37 @@ keel_status gguf_open_owned(void *data, size_t size, gguf **out, char *err)
     return open_common(data, size, OWN_ALLOC, out, err);
 }
 
+/* Opens path read-only as a non-empty regular file: *fd and *size, or an
+ * error (nothing left open). */
+static keel_status open_regular(const char *path, int *fd, size_t *size, char *err)
+{
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) return base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    keel_status st = KEEL_OK;
+    if (fstat(*fd, &sb) != 0)
+        st = base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        st = base_err(err, KEEL_EIO, "%s: not a regular file", path);
+    else if (sb.st_size <= 0)
+        st = base_err(err, KEEL_EFORMAT, "%s: empty file", path);
+    if (st != KEEL_OK) {
+        close(*fd);
+        *fd = -1;
+        return st;
+    }
+    *size = (size_t)sb.st_size;
+    return KEEL_OK;
+}
+
 keel_status gguf_open_file(const char *path, gguf **out, char *err)
 {
     if (!out || !path) return base_err(err, KEEL_EINVAL, "path or out is NULL");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return base_err(err, KEEL_EIO, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return base_err(err, KEEL_EIO, "%s: not a regular file", path);
-    }
-    if (sb.st_size <= 0) {
-        close(fd);
-        return base_err(err, KEEL_EFORMAT, "%s: empty file", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    size_t size;
+    keel_status st = open_regular(path, &fd, &size, err);
+    if (st != KEEL_OK) return st;
     void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
@@ -751,20 +761,12 @@ keel_status gguf_read_file(const char *path, gguf **out, char *err)
 {
     if (!out || !path) return base_err(err, KEEL_EINVAL, "path or out is NULL");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
-    struct stat sb;
-    keel_status st = KEEL_OK;
-    uint8_t *buf = NULL;
-    size_t size = 0, got = 0;
-    if (fstat(fd, &sb) != 0)
-        st = base_err(err, KEEL_EIO, "%s: %s", path, strerror(errno));
-    else if (!S_ISREG(sb.st_mode))
-        st = base_err(err, KEEL_EIO, "%s: not a regular file", path);
-    else if (sb.st_size <= 0)
-        st = base_err(err, KEEL_EFORMAT, "%s: empty file", path);
-    else if ((size = (size_t)sb.st_size, buf = base_alloc(size)) == NULL)
-        st = base_err(err, KEEL_ENOMEM, "%s: cannot allocate %zu bytes to read it into", path, size);
+    int fd;
+    size_t size, got = 0;
+    keel_status st = open_regular(path, &fd, &size, err);
+    if (st != KEEL_OK) return st;
+    uint8_t *buf = base_alloc(size);
+    if (!buf) st = base_err(err, KEEL_ENOMEM, "%s: cannot allocate %zu bytes to read it into", path, size);
     while (st == KEEL_OK && got < size) {
         ssize_t r = read(fd, buf + got, size - got);
         if (r < 0 && errno == EINTR) continue;
