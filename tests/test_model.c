@@ -13,6 +13,7 @@
  * f16 K/V but accumulates attention in f32, so it sits inside that spread.
  */
 #include "testutil.h"
+#include "engine/engine.h"
 #include "model/gguf.h"
 
 #include <math.h>
@@ -1288,6 +1289,19 @@ static void test_cli_unused_warning(void **state)
 /* keel_decode refuses non-finite logits, naming the position (issue 8
  * item 8), and a continued position past INT32_MAX; generated models, so
  * it runs without fixtures. */
+/* A generated llama model (keel_gen_params_default) in a fresh file from
+ * the mkstemp pattern in path (at most 63 characters). */
+static void gen_tmp_llama(char *path)
+{
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    keel_gen_params gp = keel_gen_params_default();
+    gp.arch = "llama";
+    char err[256] = "";
+    if (keel_gen_model(&gp, path, err) != KEEL_OK) fail_msg("gen %s: %s", path, err);
+}
+
 /* keel_load: the file mapped and read into memory give the same model,
  * bit for bit the same logits; the info says which; AUTO is one of the
  * two; a load that is none of them is KEEL_EINVAL; names round-trip. */
@@ -1323,14 +1337,9 @@ static void test_load_modes(void **state)
 {
     (void)state;
     char path[64] = "/tmp/keel_model_load_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "llama";
+    gen_tmp_llama(path);
     char err[256] = "";
-    assert_ok(keel_gen_model(&gp, path, err));
-    int32_t nv = gp.n_vocab;
+    int32_t nv = keel_gen_params_default().n_vocab;
     float *a = malloc((size_t)nv * sizeof(float)), *b = malloc((size_t)nv * sizeof(float));
     float *c = malloc((size_t)nv * sizeof(float));
     bool ra, rb, rc;
@@ -1357,6 +1366,17 @@ static void test_load_modes(void **state)
         assert_ok(keel_load_from_name(keel_load_name((keel_load)l), &back));
         assert_int_equal(back, l);
     }
+    /* AUTO's choice: read only where huge pages are on request and the
+     * file is at most a quarter of the available memory */
+    unsigned long long gib_kib = 1024ull * 1024;
+    assert_true(engine_load_reads("always [madvise] never\n", 16 * gib_kib, (size_t)1 << 30));
+    assert_true(engine_load_reads("[always] madvise never\n", 16 * gib_kib, (size_t)1 << 30));
+    assert_false(engine_load_reads("always madvise [never]\n", 16 * gib_kib, (size_t)1 << 30));
+    assert_false(engine_load_reads("", 16 * gib_kib, 1024));
+    assert_false(engine_load_reads(NULL, 16 * gib_kib, 1024));
+    assert_true(engine_load_reads("[madvise]", 4 * gib_kib, (size_t)1 << 30));
+    assert_false(engine_load_reads("[madvise]", 4 * gib_kib, ((size_t)1 << 30) + 1024));
+    assert_false(engine_load_reads("[madvise]", 0, 1024));
     keel_load back = KEEL_LOAD_MMAP;
     assert_status(keel_load_from_name("mapped", &back), KEEL_EINVAL);
     assert_int_equal(back, KEEL_LOAD_MMAP);
@@ -1370,13 +1390,8 @@ static void test_decode_limits(void **state)
 {
     (void)state;
     char path[64] = "/tmp/keel_model_nan_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    keel_gen_params gp = keel_gen_params_default();
-    gp.arch = "llama";
+    gen_tmp_llama(path);
     char err[256] = "";
-    assert_ok(keel_gen_model(&gp, path, err));
     keel_model_params mp = keel_model_params_default();
     mp.path = path;
     keel_model *m = NULL;

@@ -79,4 +79,11 @@ keel_status engine_grammar_matcher_feed(keel_grammar_matcher *m, const char *s, 
  * unknown and unused tokens, or an id out of range): a pointer into v. */
 void engine_grammar_token_bytes(const keel_grammar_vocab *v, int32_t tok, const char **bytes, size_t *n);
 
+/* KEEL_LOAD_AUTO's choice for a model file of `bytes`: read it into memory
+ * when transparent huge pages are given on request (thp_enabled, the line
+ * of /sys/kernel/mm/transparent_hugepage/enabled, selects [always] or
+ * [madvise]) and it takes at most a quarter of mem_avail_kib (MemAvailable);
+ * else map it. */
+bool engine_load_reads(const char *thp_enabled, unsigned long long mem_avail_kib, size_t bytes);
+
 #endif

@@ -39,28 +39,32 @@ const char *keel_load_name(keel_load load)
     return "?";
 }
 
-/* KEEL_LOAD_AUTO's choice for a file of `bytes`: read when transparent huge
- * pages are given on request ("always" or "madvise" selected in
- * /sys/kernel/mm/transparent_hugepage/enabled) and the file takes at most a
- * quarter of MemAvailable; else map. Anything unreadable means map. */
+bool engine_load_reads(const char *thp_enabled, unsigned long long mem_avail_kib, size_t bytes)
+{
+    bool thp = thp_enabled && (strstr(thp_enabled, "[always]") || strstr(thp_enabled, "[madvise]"));
+    return thp && mem_avail_kib > 0 && (unsigned long long)bytes / 1024 <= mem_avail_kib / 4;
+}
+
+/* engine_load_reads with this system's values (Linux: the selected mode in
+ * /sys/kernel/mm/transparent_hugepage/enabled, MemAvailable of
+ * /proc/meminfo); anything unreadable means map. */
 static bool auto_read(size_t bytes)
 {
 #ifdef __linux__
-    char line[256];
-    bool thp = false;
+    char thp[256] = "", line[256];
     FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
     if (f) {
-        if (fgets(line, sizeof line, f)) thp = strstr(line, "[always]") || strstr(line, "[madvise]");
+        if (!fgets(thp, sizeof thp, f)) thp[0] = '\0';
         fclose(f);
     }
-    if (!thp) return false;
     unsigned long long avail_kib = 0;
     f = fopen("/proc/meminfo", "r");
-    if (!f) return false;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &avail_kib) == 1) break;
-    fclose(f);
-    return avail_kib > 0 && (unsigned long long)bytes / 1024 <= avail_kib / 4;
+    if (f) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &avail_kib) == 1) break;
+        fclose(f);
+    }
+    return engine_load_reads(thp, avail_kib, bytes);
 #else
     (void)bytes;
     return false;
