@@ -473,9 +473,15 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
         ks = attn_kernels((attn_path)pi, kt, vt, dim, dim);
         if (!ks.dec) {
             tensor_simd_force(lv);
-            /* the AVX2 path has one for these dims, the AVX-512 path for q8_0 K and V */
+            /* the AVX2 path has one for int8 K and V up to dim 512 and for
+             * f16 / f32 K and V at dims that are multiples of 16; the
+             * AVX-512 path for q8_0 K and V, and for f16 / f32 K and V at
+             * multiples of 64 */
             bool q8 = kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0;
-            if ((pi == (int)ATTN_PATH_AVX2 || (pi == (int)ATTN_PATH_AVX512 && q8)) && dim <= 512)
+            bool fl = (kt == KEEL_DTYPE_F16 || kt == KEEL_DTYPE_F32) && (vt == KEEL_DTYPE_F16 || vt == KEEL_DTYPE_F32);
+            bool want = fl ? (pi == (int)ATTN_PATH_AVX2 && dim % 16 == 0) || (pi == (int)ATTN_PATH_AVX512 && dim % 64 == 0)
+                           : (pi == (int)ATTN_PATH_AVX2 || (pi == (int)ATTN_PATH_AVX512 && q8)) && dim <= 512;
+            if (want)
                 fail_msg("no fused decode kernel for %s/%s dim %d", keel_dtype_name(kt), keel_dtype_name(vt), dim);
             continue;
         }
@@ -515,7 +521,7 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
 
 /* The fused decode kernel (attn_dec_fn) against the scalar kernels
  * (dec_case): q8_0 / q4_0 K and V (also mixed), dims 32..512 (and 576: no
- * kernel), R from 1 to 12 (quads and their tails), cell lists of 1..100
+ * kernel); f16 / f32 K and V (also mixed), dims 16..576 (72: no kernel), R from 1 to 12 (quads and their tails), cell lists of 1..100
  * (blocks and a short last block), fresh and carried running state (m, l,
  * acc: the rescaling), softcap on and off. The AVX-512 kernel (q8_0 K and
  * V) scores 16 cells per vector, the AVX2 one 8: the lists of 1, 5, 7, 12,
@@ -524,11 +530,14 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
 static void test_dec(void **state)
 {
     (void)state;
-    static const keel_dtype kv[][2] = {{KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0},
-                                       {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0},
-                                       {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0},
-                                       {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0}};
+    static const keel_dtype kv[][2] = {{KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0}, {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0},
+                                       {KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0}, {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0},
+                                       {KEEL_DTYPE_F16, KEEL_DTYPE_F16},   {KEEL_DTYPE_F32, KEEL_DTYPE_F32},
+                                       {KEEL_DTYPE_F16, KEEL_DTYPE_F32},   {KEEL_DTYPE_F32, KEEL_DTYPE_F16}};
     static const int32_t dims[] = {32, 64, 96, 128, 512, 576};
+    /* f16 / f32: 72 is a multiple of 8 but not of 16 (no fused kernel) */
+    static const int32_t dims_f[] = {16, 64, 72, 80, 128, 576};
+    _Static_assert(sizeof dims_f == sizeof dims, "one float dim per int8 dim");
     static const int32_t rows[] = {1, 2, 3, 4, 5, 8, 12};
     static const int32_t cells_q8[] = {1, 5, 7, 12, 20, 31, 32, 33, 64, 100};
     static const int32_t cells_q4[] = {1, 7, 32, 33, 64, 100};
@@ -538,10 +547,12 @@ static void test_dec(void **state)
     for (size_t ki = 0; ki < BASE_ARRAY_LEN(kv); ki++)
         for (size_t di = 0; di < BASE_ARRAY_LEN(dims); di++) {
             keel_dtype kt = kv[ki][0], vt = kv[ki][1];
-            bool q8 = kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0;
+            bool fl = kt == KEEL_DTYPE_F16 || kt == KEEL_DTYPE_F32;
+            /* q8_0 K and V, and f16 / f32 (two cells a step): every tail */
+            bool q8 = (kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0) || fl;
             const int32_t *cells = q8 ? cells_q8 : cells_q4;
             size_t n_cells = q8 ? BASE_ARRAY_LEN(cells_q8) : BASE_ARRAY_LEN(cells_q4);
-            int32_t dim = dims[di];
+            int32_t dim = fl ? dims_f[di] : dims[di];
             fixture fk, fv;
             fixture_make(&fk, kt, dim, 300 + 10 * ki + di);
             fixture_make(&fv, vt, dim, 400 + 10 * ki + di);

@@ -21,8 +21,9 @@
  *          instead, each value converted once for all the rows.
  * exp:     Cephes-style range reduction and a degree-5 polynomial (relative
  *          error < 2e-7 over the range softmax uses).
- * decode:  one token's rows over q8_0 / q4_0 K and V, fused (attn_dec_fn).
- *          q8_0 K and V: dec8_quad_run, one cell per lane from the int8
+ * decode:  one token's rows over q8_0 / q4_0 K and V, fused (attn_dec_fn);
+ *          f16 / f32 K and V: decf_quad (see there). q8_0 K and V:
+ *          dec8_quad_run, one cell per lane from the int8
  *          dots to the probabilities (see there). The other pairs: dec_quad,
  *          per quad of rows and block of 32 cells the scores go cell-major
  *          (one 128-bit store per cell, the scale folded into the query
@@ -129,6 +130,30 @@ static inline __m128 kq_fp_tail(keel_dtype kt, const uint8_t *k, const float *co
     return _mm_add_ps(s, _mm_loadu_ps(t));
 }
 
+/* The quad's dots with keys k and l over dims 0..d8 (a multiple of 8):
+ * rows in the lanes of *sk and *sl. */
+static inline __attribute__((always_inline)) void kq_fp_pair(keel_dtype kt, const uint8_t *k, const uint8_t *l,
+                                                             const float *const *x, int32_t d8, __m128 *sk,
+                                                             __m128 *sl)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int32_t i = 0; i < d8; i += 8) {
+        __m256 q0 = _mm256_loadu_ps(x[0] + i), q1 = _mm256_loadu_ps(x[1] + i), q2 = _mm256_loadu_ps(x[2] + i),
+               q3 = _mm256_loadu_ps(x[3] + i);
+        __m256 kv = load_k8(kt, k, i), lv = load_k8(kt, l, i);
+        a0 = _mm256_fmadd_ps(kv, q0, a0);
+        a1 = _mm256_fmadd_ps(kv, q1, a1);
+        a2 = _mm256_fmadd_ps(kv, q2, a2);
+        a3 = _mm256_fmadd_ps(kv, q3, a3);
+        b0 = _mm256_fmadd_ps(lv, q0, b0);
+        b1 = _mm256_fmadd_ps(lv, q1, b1);
+        b2 = _mm256_fmadd_ps(lv, q2, b2);
+        b3 = _mm256_fmadd_ps(lv, q3, b3);
+    }
+    *sk = hsum8x4(a0, a1, a2, a3);
+    *sl = hsum8x4(b0, b1, b2, b3);
+}
+
 /* Two cells at a time: each 8 of the quad's query values is loaded once
  * for both keys (4 query loads and 2 key loads per 8 FMAs, against 4 and 1
  * per 4 cell by cell, which kept the load ports the limit on Zen 5). One
@@ -152,21 +177,8 @@ static inline void kq_fp(keel_dtype kt, const uint8_t *base, size_t rb, const in
             const uint8_t *k = base + (size_t)idx[j] * rb, *l = two ? base + (size_t)idx[j + 1] * rb : k;
             attn_pf_step_dt(kt, &pc, pl);
             if (two) attn_pf_step_dt(kt, &pc, pl);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            for (int32_t i = 0; i < d8; i += 8) {
-                __m256 q0 = _mm256_loadu_ps(x[0] + i), q1 = _mm256_loadu_ps(x[1] + i),
-                       q2 = _mm256_loadu_ps(x[2] + i), q3 = _mm256_loadu_ps(x[3] + i);
-                __m256 kv = load_k8(kt, k, i), lv = load_k8(kt, l, i);
-                a0 = _mm256_fmadd_ps(kv, q0, a0);
-                a1 = _mm256_fmadd_ps(kv, q1, a1);
-                a2 = _mm256_fmadd_ps(kv, q2, a2);
-                a3 = _mm256_fmadd_ps(kv, q3, a3);
-                b0 = _mm256_fmadd_ps(lv, q0, b0);
-                b1 = _mm256_fmadd_ps(lv, q1, b1);
-                b2 = _mm256_fmadd_ps(lv, q2, b2);
-                b3 = _mm256_fmadd_ps(lv, q3, b3);
-            }
-            __m128 sk = hsum8x4(a0, a1, a2, a3), sl = hsum8x4(b0, b1, b2, b3);
+            __m128 sk, sl;
+            kq_fp_pair(kt, k, l, x, d8, &sk, &sl);
             if (d8 < dk) {
                 sk = kq_fp_tail(kt, k, x, d8, dk, sk);
                 sl = kq_fp_tail(kt, l, x, d8, dk, sl);
@@ -602,13 +614,13 @@ static void pv_q8q4(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t
 }
 
 /* acc[r][c..c+16) += sum_j p_r[j] V row j's values c..c+16 (f16 / f32
- * rows) for NR rows: the rows' accumulators loaded into registers, each V
+ * rows; p_r[j] at pr[r] + j * ps) for NR rows: the rows' accumulators loaded into registers, each V
  * value converted once for the rows, the weights broadcast from p: the
  * operations of tile_accumulate over the f32 tile, in its order, without
  * the tile's stores and reloads. */
 static inline __attribute__((always_inline)) void pvf_seg(keel_dtype vt, const uint8_t *const *rows, int32_t n,
-                                                          const float *const *pr, float *const *ar, int NR,
-                                                          int32_t c)
+                                                          const float *const *pr, int32_t ps, float *const *ar,
+                                                          int NR, int32_t c)
 {
     __m256 a[4][2];
 #pragma GCC unroll 4
@@ -620,7 +632,7 @@ static inline __attribute__((always_inline)) void pvf_seg(keel_dtype vt, const u
         __m256 v0 = load_k8(vt, rows[j], c), v1 = load_k8(vt, rows[j], c + 8);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            __m256 w = _mm256_broadcast_ss(pr[r] + j);
+            __m256 w = _mm256_broadcast_ss(pr[r] + (size_t)j * ps);
             a[r][0] = _mm256_fmadd_ps(w, v0, a[r][0]);
             a[r][1] = _mm256_fmadd_ps(w, v1, a[r][1]);
         }
@@ -655,10 +667,10 @@ static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int3
             for (int32_t c = 0; c < dv; c += 16) {
                 attn_pf_step_dt(vt, &pc, pl);
                 switch (nr) {
-                case 4: pvf_seg(vt, rows, n, pr, ar, 4, c); break;
-                case 3: pvf_seg(vt, rows, n, pr, ar, 3, c); break;
-                case 2: pvf_seg(vt, rows, n, pr, ar, 2, c); break;
-                case 1: pvf_seg(vt, rows, n, pr, ar, 1, c); break;
+                case 4: pvf_seg(vt, rows, n, pr, 1, ar, 4, c); break;
+                case 3: pvf_seg(vt, rows, n, pr, 1, ar, 3, c); break;
+                case 2: pvf_seg(vt, rows, n, pr, 1, ar, 2, c); break;
+                case 1: pvf_seg(vt, rows, n, pr, 1, ar, 1, c); break;
                 default: break;
                 }
             }
@@ -813,6 +825,46 @@ static inline __attribute__((always_inline)) __m128 dec_kq_cell(keel_dtype kt, c
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+/* The online softmax of a quad's block of nb scores in cell-major order
+ * (s[j] = the four rows' scores of cell j; s has room for nb + 1 cells):
+ * the running max m4 and sum l4 move on, s[j] becomes exp(s - m) and the
+ * accumulators of rows whose max moved are rescaled (NR rows, dv each).
+ * Two cells per vector. */
+static inline __attribute__((always_inline)) void dec_softmax4(float (*s)[4], int32_t nb, __m128 *m4p, __m128 *l4p,
+                                                               float *const *acc, int NR, int32_t dv)
+{
+    const __m128 m4 = *m4p;
+    __m128 l4 = *l4p;
+    if (nb & 1) _mm_store_ps(s[nb], _mm_set1_ps(-INFINITY)); /* pairs: the odd block's last */
+    int32_t np = (nb + 1) / 2;
+    /* block max of each row */
+    __m256 mx = _mm256_load_ps(s[0]);
+    for (int32_t k = 1; k < np; k++) mx = _mm256_max_ps(mx, _mm256_load_ps(s[2 * k]));
+    __m128 bmax = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    __m128 mnew = _mm_max_ps(m4, bmax);
+    /* alpha = exp(m_old - m_new): 0 from -inf (nothing accumulated yet) */
+    __m256 al8 = exp8(_mm256_castps128_ps256(_mm_sub_ps(m4, mnew)));
+    __m128 alpha = _mm256_castps256_ps128(al8);
+    __m256 mm = _mm256_set_m128(mnew, mnew), sum = _mm256_setzero_ps();
+    for (int32_t k = 0; k < np; k++) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(s[2 * k]), mm));
+        _mm256_store_ps(s[2 * k], e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    l4 = _mm_add_ps(_mm_mul_ps(l4, alpha),
+                    _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1)));
+    *m4p = mnew;
+    *l4p = l4;
+    /* rescale the accumulators whose max moved */
+    int moved = _mm_movemask_ps(_mm_cmpneq_ps(alpha, _mm_set1_ps(1.0f)));
+    for (int r = 0; r < NR; r++) {
+        if (!(moved >> r & 1)) continue;
+        __m256 ar = _mm256_set1_ps(_mm_cvtss_f32(_mm_permutevar_ps(alpha, _mm_set1_epi32(r))));
+        for (int32_t i = 0; i < dv; i += 8)
+            _mm256_storeu_ps(acc[r] + i, _mm256_mul_ps(_mm256_loadu_ps(acc[r] + i), ar));
+    }
+}
+
 /* One quad (NR <= 4 rows from r0) over all cells: per block of ATTN_CB
  * cells the scores in cell-major order (s[j] = the quad's four rows), the
  * online softmax of the four rows at once (two cells per vector), then
@@ -865,33 +917,7 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
         if (a->softcap > 0.0f)
             for (int32_t j = 0; j < nb; j++)
                 for (int r = 0; r < 4; r++) s[j][r] = a->softcap * tanhf(s[j][r] * a->scale / a->softcap);
-        if (nb & 1) _mm_store_ps(s[nb], _mm_set1_ps(-INFINITY)); /* pairs: the odd block's last */
-        int32_t np = (nb + 1) / 2;
-        /* block max of each row */
-        __m256 mx = _mm256_load_ps(s[0]);
-        for (int32_t k = 1; k < np; k++) mx = _mm256_max_ps(mx, _mm256_load_ps(s[2 * k]));
-        __m128 bmax = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        __m128 mnew = _mm_max_ps(m4, bmax);
-        /* alpha = exp(m_old - m_new): 0 from -inf (nothing accumulated yet) */
-        __m256 al8 = exp8(_mm256_castps128_ps256(_mm_sub_ps(m4, mnew)));
-        __m128 alpha = _mm256_castps256_ps128(al8);
-        __m256 mm = _mm256_set_m128(mnew, mnew), sum = _mm256_setzero_ps();
-        for (int32_t k = 0; k < np; k++) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(s[2 * k]), mm));
-            _mm256_store_ps(s[2 * k], e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        l4 = _mm_add_ps(_mm_mul_ps(l4, alpha),
-                        _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1)));
-        m4 = mnew;
-        /* rescale the accumulators whose max moved */
-        int moved = _mm_movemask_ps(_mm_cmpneq_ps(alpha, _mm_set1_ps(1.0f)));
-        for (int r = 0; r < NR; r++) {
-            if (!(moved >> r & 1)) continue;
-            __m256 ar = _mm256_set1_ps(_mm_cvtss_f32(_mm_permutevar_ps(alpha, _mm_set1_epi32(r))));
-            for (int32_t i = 0; i < a->dv; i += 8)
-                _mm256_storeu_ps(acc[r] + i, _mm256_mul_ps(_mm256_loadu_ps(acc[r] + i), ar));
-        }
+        dec_softmax4(s, nb, &m4, &l4, acc, NR, a->dv);
         /* p . V */
         for (int32_t j = 0; j < nb; j++) {
             rows_v[j] = a->vbase + (size_t)idx[j] * a->vrb;
@@ -1255,8 +1281,117 @@ DEC_FN(dec_q8_q4, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0)
 DEC_FN(dec_q4_q8, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0)
 DEC_FN(dec_q4_q4, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
 
+/* ---- fused decode, f16 / f32 K and V --------------------------------------
+ *
+ * One quad of rows (NR <= 4 from r0) over all cells, per block of ATTN_CB
+ * cells: the scores two cells at a time as kq_fp computes them (each 8
+ * query values loaded once for both keys), stored cell-major with the
+ * scale applied (one 128-bit store a cell, s[j] = the quad's four rows);
+ * the four rows' online softmax together (dec_softmax4, two cells per
+ * vector); then p . V per 16 columns straight from the V rows (pvf_seg
+ * with the weights read cell-major), each V value converted once for the
+ * rows. Against the separate kernels (kq, the row step per row, pv) it
+ * saves the scores' row-major stores, the visibility masks and the calls
+ * per block (docs/kernels.md, seventeenth pass). Prefetch (first quad
+ * only: the others find the rows in cache): the block's V rows a share per
+ * pair of cells scored, the next block's K rows a share per 16 columns of
+ * p . V, with the float kernels' hint (attn_pf_step_dt). */
+static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_dtype vt, const attn_dec *a,
+                                                            int32_t r0, int NR)
+{
+    const void *xv[4];
+    quad_rows(a->q, a->R, r0, xv);
+    const float *x[4] = {xv[0], xv[1], xv[2], xv[3]};
+    const bool capped = a->softcap > 0.0f;
+    const __m128 sc4 = _mm_set1_ps(capped ? 1.0f : a->scale);
+    float m4a[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, l4a[4] = {0, 0, 0, 0};
+    for (int r = 0; r < NR; r++) {
+        m4a[r] = a->m[r0 + r];
+        l4a[r] = a->l[r0 + r];
+    }
+    __m128 m4 = _mm_loadu_ps(m4a), l4 = _mm_loadu_ps(l4a);
+    float *acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
+    _Alignas(32) float s[ATTN_CB + 1][4]; /* scores, then p, cell-major */
+    const float *pr[4] = {&s[0][0], &s[0][1], &s[0][2], &s[0][3]};
+    const uint8_t *rows_v[ATTN_CB];
+    for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
+        int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
+        const int32_t *idx = a->idx + cb;
+        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        attn_pf_far far = {{0, 0}, {0, 0}, 0};
+        int32_t plk = 0, plv = 0;
+        if (r0 == 0) {
+            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
+            pv = attn_pf_begin(fv);
+            plv = attn_pf_lines(fv, (nb + 1) / 2);
+#if 1
+            far = attn_pf_far_at(a, cb, (nb + 1) / 2 + a->dv / 16);
+#endif
+            if (cb + nb < a->n) {
+                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
+                pk = attn_pf_begin(fk);
+                plk = attn_pf_lines(fk, a->dv / 16);
+            }
+        }
+        for (int32_t j = 0; j < nb; j += 2) {
+            /* an odd last cell pairs with itself; its copy is not stored */
+            const uint8_t *k = a->kbase + (size_t)idx[j] * a->krb;
+            const uint8_t *l = j + 1 < nb ? a->kbase + (size_t)idx[j + 1] * a->krb : k;
+            attn_pf_step_dt(vt, &pv, plv);
+            attn_pf_far_step(&far);
+            __m128 sk, sl;
+            kq_fp_pair(kt, k, l, x, a->dk, &sk, &sl);
+            _mm_store_ps(s[j], _mm_mul_ps(sk, sc4));
+            if (j + 1 < nb) _mm_store_ps(s[j + 1], _mm_mul_ps(sl, sc4));
+        }
+        if (capped)
+            for (int32_t j = 0; j < nb; j++)
+                for (int r = 0; r < 4; r++) s[j][r] = a->softcap * tanhf(s[j][r] * a->scale / a->softcap);
+        dec_softmax4(s, nb, &m4, &l4, acc, NR, a->dv);
+        for (int32_t j = 0; j < nb; j++) rows_v[j] = a->vbase + (size_t)idx[j] * a->vrb;
+        for (int32_t c = 0; c < a->dv; c += 16) {
+            attn_pf_step_dt(kt, &pk, plk);
+            attn_pf_far_step(&far);
+            pvf_seg(vt, rows_v, nb, pr, 4, acc, NR, c);
+        }
+    }
+    _mm_storeu_ps(m4a, m4);
+    _mm_storeu_ps(l4a, l4);
+    for (int r = 0; r < NR; r++) {
+        a->m[r0 + r] = m4a[r];
+        a->l[r0 + r] = l4a[r];
+    }
+}
+
+#define DECF_FN(NAME, KT, VT)                                                                      \
+    static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                              \
+    {                                                                                              \
+        (void)kt;                                                                                  \
+        (void)vt;                                                                                  \
+        for (int32_t r0 = 0; r0 < a->R; r0 += 4) {                                                 \
+            switch (BASE_MIN(4, a->R - r0)) {                                                      \
+            case 4: decf_quad(KT, VT, a, r0, 4); break;                                            \
+            case 3: decf_quad(KT, VT, a, r0, 3); break;                                            \
+            case 2: decf_quad(KT, VT, a, r0, 2); break;                                            \
+            default: decf_quad(KT, VT, a, r0, 1); break;                                           \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+DECF_FN(dec_f16_f16, KEEL_DTYPE_F16, KEEL_DTYPE_F16)
+DECF_FN(dec_f16_f32, KEEL_DTYPE_F16, KEEL_DTYPE_F32)
+DECF_FN(dec_f32_f16, KEEL_DTYPE_F32, KEEL_DTYPE_F16)
+DECF_FN(dec_f32_f32, KEEL_DTYPE_F32, KEEL_DTYPE_F32)
+
 attn_dec_fn attn_dec_avx2(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
 {
+    bool kf = kt == KEEL_DTYPE_F16 || kt == KEEL_DTYPE_F32, vf = vt == KEEL_DTYPE_F16 || vt == KEEL_DTYPE_F32;
+    if (kf && vf) {
+        if (dk % 8 || dv % 16 || dk < 8 || dv < 16) return NULL;
+        if (kt == KEEL_DTYPE_F16) return vt == KEEL_DTYPE_F16 ? dec_f16_f16 : dec_f16_f32;
+        return vt == KEEL_DTYPE_F16 ? dec_f32_f16 : dec_f32_f32;
+    }
     bool kq = kt == KEEL_DTYPE_Q8_0 || kt == KEEL_DTYPE_Q4_0;
     bool vq = vt == KEEL_DTYPE_Q8_0 || vt == KEEL_DTYPE_Q4_0;
     if (!kq || !vq || dk % QK || dv % QK || dk > KQ_NB_MAX * QK || dv > PV_NB_MAX * QK || dk < QK || dv < QK)

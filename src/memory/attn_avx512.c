@@ -30,6 +30,9 @@
  *         for all the row groups instead of once per group.
  * row     The online-softmax step of one row with the block's 32 scores in
  *         two zmm; exp is the AVX2 kernel's polynomial on 16 lanes.
+ * decode  One token's rows fused (attn_dec_fn): q8_0 K and V one cell per
+ *         lane (dec512_quad), f16 / f32 K and V through the kernels above
+ *         in one pass per block (dec512f_quad).
  */
 #include "attn_kernels.h"
 #include "../tensor/simd_avx512.h"
@@ -360,12 +363,13 @@ static ALWAYS_INLINE void dq_seg(keel_dtype vt, const uint8_t *row, int32_t seg,
 /* acc rows a[0..nr) [seg, seg + 64) += sum_j p[r][j] V_j, where V_j is
  * cell j's 64 values: from tile[j] when a tile is given (the block
  * already in f32, so four aligned loads serve the nr rows' 4 nr FMAs),
- * else dequantized from V row idx[j]. Unrolled so that acc stays in
+ * else dequantized from V row idx[j] (asking for pc's lines and, given a
+ * far cursor, its lines a cell at a time). Unrolled so that acc stays in
  * 4 * nr registers; both sources give the same values in the same FMA
  * order, so the same bits. */
 static ALWAYS_INLINE void pv_seg(keel_dtype vt, const float *tile, const uint8_t *base, size_t rb,
                                  const int32_t *idx, int32_t n, const float *const *p, float *const *a,
-                                 int nr, int32_t seg, attn_pf_cursor *pc, int32_t pl)
+                                 int nr, int32_t seg, attn_pf_cursor *pc, int32_t pl, attn_pf_far *far)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -381,6 +385,7 @@ static ALWAYS_INLINE void pv_seg(keel_dtype vt, const float *tile, const uint8_t
                 v[i] = _mm512_load_ps(tile + (size_t)j * 64 + 16 * i);
         } else {
             attn_pf_step_dt(vt, pc, pl);
+            if (far) attn_pf_far_step(far);
             dq_seg(vt, base + (size_t)idx[j] * rb, seg, v);
         }
 #pragma GCC unroll 4
@@ -406,16 +411,16 @@ static ALWAYS_INLINE void pv_seg_group(keel_dtype vt, const float *tile, const u
 {
     switch (nr) {
     case 4:
-        pv_seg(vt, tile, base, rb, idx, n, p, a, 4, seg, pc, pl);
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 4, seg, pc, pl, NULL);
         break;
     case 3:
-        pv_seg(vt, tile, base, rb, idx, n, p, a, 3, seg, pc, pl);
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 3, seg, pc, pl, NULL);
         break;
     case 2:
-        pv_seg(vt, tile, base, rb, idx, n, p, a, 2, seg, pc, pl);
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 2, seg, pc, pl, NULL);
         break;
     case 1:
-        pv_seg(vt, tile, base, rb, idx, n, p, a, 1, seg, pc, pl);
+        pv_seg(vt, tile, base, rb, idx, n, p, a, 1, seg, pc, pl, NULL);
         break;
     default:
         break;
@@ -800,6 +805,45 @@ static void kq_tiles_q8(const uint8_t *base, size_t rb, const int32_t *idx, int3
         (out) = OP(u_, _mm512_shuffle_f32x4(u_, u_, _MM_SHUFFLE(2, 3, 0, 1)));                          \
     } while (0)
 
+/* The online softmax of a quad's block: s[t][r] = row r's scores of tile t
+ * (-inf past the block's cells). The running max m and sum l of the rows
+ * move on, the accumulators of rows whose max moved (NR rows of dv) are
+ * rescaled, and e[t][r] = exp(s[t][r] - m[r]). The four rows' block max
+ * and sum are reduced together. */
+static ALWAYS_INLINE void dec512_softmax(const __m512 s[2][4], int NR, float *m, float *l, float *const *acc,
+                                         int32_t dv, __m512 e[2][4])
+{
+    __m512 x[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) x[r] = _mm512_max_ps(s[0][BASE_MIN(r, NR - 1)], s[1][BASE_MIN(r, NR - 1)]);
+    __m512 bmax;
+    DEC_REDUCE4(_mm512_max_ps, x[0], x[1], x[2], x[3], bmax);
+    __m128 m4 = _mm_loadu_ps(m), mnew = _mm_max_ps(m4, _mm512_castps512_ps128(bmax));
+    /* alpha = exp(m_old - m_new), 1 where m_old is -inf (nothing accumulated) */
+    __m128 alpha = _mm512_castps512_ps128(exp16(_mm512_castps128_ps512(_mm_sub_ps(m4, mnew))));
+    alpha = _mm_blendv_ps(alpha, _mm_set1_ps(1.0f), _mm_cmpeq_ps(m4, _mm_set1_ps(-INFINITY)));
+    alpha = _mm_blendv_ps(alpha, _mm_set1_ps(1.0f), _mm_cmpeq_ps(m4, mnew));
+    _mm_storeu_ps(m, mnew);
+    _Alignas(16) float al[4];
+    _mm_store_ps(al, alpha);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        if (al[r] != 1.0f) {
+            __m512 ar = _mm512_set1_ps(al[r]);
+            for (int32_t i = 0; i < dv; i += 16)
+                _mm512_storeu_ps(acc[r] + i, _mm512_mul_ps(_mm512_loadu_ps(acc[r] + i), ar));
+        }
+        __m512 mm = _mm512_set1_ps(m[r]);
+        e[0][r] = exp16(_mm512_sub_ps(s[0][r], mm));
+        e[1][r] = exp16(_mm512_sub_ps(s[1][r], mm));
+        x[r] = _mm512_add_ps(e[0][r], e[1][r]);
+    }
+    for (int r = NR; r < 4; r++) x[r] = _mm512_setzero_ps();
+    __m512 bsum;
+    DEC_REDUCE4(_mm512_add_ps, x[0], x[1], x[2], x[3], bsum);
+    _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), _mm512_castps512_ps128(bsum)));
+}
+
 /* The 15-bit weights of V block b for the quad's rows: w = p * d_v of the
  * block's 32 cells (e[t][r] = p of row r in tile t, dv = the cells' d_v),
  * wq[r][c] = round(w * 32767 / wmax) with wmax the largest |w| of row r,
@@ -946,37 +990,9 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
                                                           _mm512_add_epi64(vhi[t], bo))
                                           : _mm512_setzero_ps();
             }
-        __m512 x[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) x[r] = _mm512_max_ps(s[0][BASE_MIN(r, NR - 1)], s[1][BASE_MIN(r, NR - 1)]);
-        __m512 bmax;
-        DEC_REDUCE4(_mm512_max_ps, x[0], x[1], x[2], x[3], bmax);
-        __m128 m4 = _mm_loadu_ps(m), mnew = _mm_max_ps(m4, _mm512_castps512_ps128(bmax));
-        /* alpha = exp(m_old - m_new), 1 where m_old is -inf (nothing accumulated) */
-        __m128 alpha = _mm512_castps512_ps128(exp16(_mm512_castps128_ps512(_mm_sub_ps(m4, mnew))));
-        alpha = _mm_blendv_ps(alpha, _mm_set1_ps(1.0f), _mm_cmpeq_ps(m4, _mm_set1_ps(-INFINITY)));
-        alpha = _mm_blendv_ps(alpha, _mm_set1_ps(1.0f), _mm_cmpeq_ps(m4, mnew));
-        _mm_storeu_ps(m, mnew);
-        _Alignas(16) float al[4];
-        _mm_store_ps(al, alpha);
         __m512 e[2][4];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            if (al[r] != 1.0f) {
-                __m512 ar = _mm512_set1_ps(al[r]);
-                for (int32_t i = 0; i < a->dv; i += 16)
-                    _mm512_storeu_ps(acc[r] + i, _mm512_mul_ps(_mm512_loadu_ps(acc[r] + i), ar));
-            }
-            __m512 mm = _mm512_set1_ps(m[r]);
-            e[0][r] = exp16(_mm512_sub_ps(s[0][r], mm));
-            e[1][r] = exp16(_mm512_sub_ps(s[1][r], mm));
-            x[r] = _mm512_add_ps(e[0][r], e[1][r]);
-        }
+        dec512_softmax(s, NR, m, l, acc, a->dv, e);
         for (int32_t b = 0; b < nbv; b++) dec_pv16_weights((const __m512(*)[4])e, dv[b], NR, wq[b], ws[b]);
-        for (int r = NR; r < 4; r++) x[r] = _mm512_setzero_ps();
-        __m512 bsum;
-        DEC_REDUCE4(_mm512_add_ps, x[0], x[1], x[2], x[3], bsum);
-        _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), _mm512_castps512_ps128(bsum)));
         /* p . V, a V block at a time; an odd last cell pairs with the tile's
          * repeated row (weight 0) */
         for (int32_t b = 0; b < nbv; b++)
@@ -1011,8 +1027,126 @@ static void dec512_q8_q8(keel_dtype kt, keel_dtype vt, const attn_dec *a)
     }
 }
 
+/* ---- fused decode, f16 / f32 K and V --------------------------------------
+ *
+ * One quad of rows (NR <= 4 from r0) over all cells, per block of ATTN_CB
+ * cells: the scores four cells at a time as kq_body computes them
+ * (cells_fp, each query vector loaded once for four keys), stored
+ * row-major; the four rows' online softmax on two vectors a row
+ * (dec512_softmax, as the q8_0 kernel); then p . V per 64 columns straight
+ * from the V rows (pv_seg), each V value converted once for the rows.
+ * Against the separate kernels (kq, the row step per row, pv) it saves the
+ * visibility masks, the per-row reductions and the calls per block
+ * (docs/kernels.md, seventeenth pass). Prefetch (first quad only): the
+ * block's V rows a share per four cells scored, the next block's K rows a
+ * share per cell and 64 columns of p . V (the float kernels' hint), and
+ * the rows ATTN_PF_FAR blocks ahead over both (attn_pf_far). */
+static ALWAYS_INLINE void dec512f_quad(keel_dtype kt, keel_dtype vt, const attn_dec *a, int32_t r0, int NR)
+{
+    const bool capped = a->softcap > 0.0f;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(a->scale);
+    kq_quad Q;
+    quad_prep(kt, a->q, a->R, r0, a->dk / QK, &Q);
+    float m[4], l[4];
+    float *acc[4];
+    for (int r = 0; r < 4; r++) {
+        m[r] = a->m[r0 + BASE_MIN(r, NR - 1)];
+        l[r] = a->l[r0 + BASE_MIN(r, NR - 1)];
+        acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
+    }
+    _Alignas(64) float sp[4][ATTN_CB]; /* scores, then p, row-major */
+    const float *pr[4] = {sp[0], sp[1], sp[2], sp[3]};
+    for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
+        const int32_t nb = BASE_MIN(ATTN_CB, a->n - cb), groups = (nb + 3) / 4;
+        const int32_t *idx = a->idx + cb;
+        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        attn_pf_far far = {{0, 0}, {0, 0}, 0};
+        int32_t plk = 0, plv = 0;
+        if (r0 == 0) {
+            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
+            pv = attn_pf_begin(fv);
+            plv = attn_pf_lines(fv, groups);
+            if (cb + nb < a->n) {
+                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
+                pk = attn_pf_begin(fk);
+                plk = attn_pf_lines(fk, a->dv / 64 * nb);
+            }
+            far = attn_pf_far_at(a, cb, groups + a->dv / 64 * nb);
+        }
+        for (int32_t j = 0; j < nb; j += 4) {
+            /* a short last group repeats its last cell; those lanes are masked below */
+            const uint8_t *k[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) k[c] = a->kbase + (size_t)idx[j + BASE_MIN(c, nb - j - 1)] * a->krb;
+            attn_pf_step_dt(vt, &pv, plv);
+            attn_pf_far_step(&far);
+            __m512 z[4];
+            cells(kt, k, &Q, a->dk, z);
+            __m512 w = reduce4(z[0], z[1], z[2], z[3]);
+            _mm_store_ps(sp[0] + j, _mm512_castps512_ps128(w));
+            _mm_store_ps(sp[1] + j, _mm512_extractf32x4_ps(w, 1));
+            _mm_store_ps(sp[2] + j, _mm512_extractf32x4_ps(w, 2));
+            _mm_store_ps(sp[3] + j, _mm512_extractf32x4_ps(w, 3));
+        }
+        if (capped)
+            for (int r = 0; r < NR; r++)
+                for (int32_t j = 0; j < nb; j++) sp[r][j] = a->softcap * tanhf(sp[r][j] * a->scale / a->softcap);
+        __mmask16 k0 = nb >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nb) - 1);
+        __mmask16 k1 = nb >= 32 ? (__mmask16)0xffff : nb > 16 ? (__mmask16)((1u << (nb - 16)) - 1) : 0;
+        __m512 s[2][4], e[2][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m512 x0 = _mm512_load_ps(sp[r]), x1 = _mm512_load_ps(sp[r] + 16);
+            if (!capped) {
+                x0 = _mm512_mul_ps(x0, sc);
+                x1 = _mm512_mul_ps(x1, sc);
+            }
+            s[0][r] = _mm512_mask_mov_ps(ninf, k0, x0);
+            s[1][r] = _mm512_mask_mov_ps(ninf, k1, x1);
+        }
+        dec512_softmax((const __m512(*)[4])s, NR, m, l, acc, a->dv, e);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            _mm512_store_ps(sp[r], e[0][r]);
+            _mm512_store_ps(sp[r] + 16, e[1][r]);
+        }
+        for (int32_t seg = 0; seg < a->dv; seg += 64)
+            pv_seg(vt, NULL, a->vbase, a->vrb, idx, nb, pr, acc, NR, seg, &pk, plk, &far);
+    }
+    for (int r = 0; r < NR; r++) {
+        a->m[r0 + r] = m[r];
+        a->l[r0 + r] = l[r];
+    }
+}
+
+#define DEC512F_FN(NAME, KT, VT)                                                                   \
+    static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                              \
+    {                                                                                              \
+        (void)kt;                                                                                  \
+        (void)vt;                                                                                  \
+        for (int32_t r0 = 0; r0 < a->R; r0 += 4) {                                                 \
+            switch (BASE_MIN(4, a->R - r0)) {                                                      \
+            case 4: dec512f_quad(KT, VT, a, r0, 4); break;                                         \
+            case 3: dec512f_quad(KT, VT, a, r0, 3); break;                                         \
+            case 2: dec512f_quad(KT, VT, a, r0, 2); break;                                         \
+            default: dec512f_quad(KT, VT, a, r0, 1); break;                                        \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+DEC512F_FN(dec512_f16_f16, KEEL_DTYPE_F16, KEEL_DTYPE_F16)
+DEC512F_FN(dec512_f16_f32, KEEL_DTYPE_F16, KEEL_DTYPE_F32)
+DEC512F_FN(dec512_f32_f16, KEEL_DTYPE_F32, KEEL_DTYPE_F16)
+DEC512F_FN(dec512_f32_f32, KEEL_DTYPE_F32, KEEL_DTYPE_F32)
+
 attn_dec_fn attn_dec_avx512(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
 {
+    bool kf = kt == KEEL_DTYPE_F16 || kt == KEEL_DTYPE_F32, vf = vt == KEEL_DTYPE_F16 || vt == KEEL_DTYPE_F32;
+    if (kf && vf) {
+        if (dk % 16 || dv % 64 || dk < 16 || dv < 64) return NULL;
+        if (kt == KEEL_DTYPE_F16) return vt == KEEL_DTYPE_F16 ? dec512_f16_f16 : dec512_f16_f32;
+        return vt == KEEL_DTYPE_F16 ? dec512_f32_f16 : dec512_f32_f32;
+    }
     if (kt != KEEL_DTYPE_Q8_0 || vt != KEEL_DTYPE_Q8_0 || dk % QK || dv % QK || dk < QK || dv < QK ||
         dk > KQ_NB_MAX * QK || dv > PV_NB_MAX512 * QK)
         return NULL;

@@ -274,7 +274,8 @@ bool attn_row_scalar(float *s, int32_t n, float scale, const uint8_t *vis, float
 attn_kq_fn attn_kq_avx2(keel_dtype kt);
 attn_pv_fn attn_pv_avx2(keel_dtype vt);
 /* The fused decode kernel for K dtype kt and V dtype vt with these dims,
- * or NULL (q8_0 / q4_0 K and V, dims multiples of 32 up to 512). */
+ * or NULL (q8_0 / q4_0 K and V, dims multiples of 32 up to 512; f16 / f32
+ * K and V, dk a multiple of 8 and dv of 16). */
 attn_dec_fn attn_dec_avx2(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv);
 float attn_exp_avx2(float *x, int32_t n, float m);
 bool attn_row_avx2(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
@@ -289,7 +290,8 @@ float attn_exp_avx512(float *x, int32_t n, float m);
 bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float *m, float *l,
                      float *alpha);
 /* The fused decode kernel of the AVX-512 path, or NULL (q8_0 K and V, dims
- * multiples of 32 up to 512; the rest runs the separate kernels). */
+ * multiples of 32 up to 512; f16 / f32 K and V, dk a multiple of 16 and dv
+ * of 64; the rest runs the separate kernels). */
 attn_dec_fn attn_dec_avx512(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv);
 
 /* The kernel paths of attention, fastest last. */
