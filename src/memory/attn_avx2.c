@@ -154,6 +154,37 @@ static inline __attribute__((always_inline)) void kq_fp_pair(keel_dtype kt, cons
     *sl = hsum8x4(b0, b1, b2, b3);
 }
 
+/* The same for three keys (the fused decode kernel's scores): each query
+ * vector loaded once for three keys, 12 accumulators. */
+static inline __attribute__((always_inline)) void kq_fp_three(keel_dtype kt, const uint8_t *const k[3],
+                                                              const float *const *x, int32_t d8, __m128 s[3])
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0,
+           c1 = a0, c2 = a0, c3 = a0;
+    for (int32_t i = 0; i < d8; i += 8) {
+        __m256 u = load_k8(kt, k[0], i), v = load_k8(kt, k[1], i), w = load_k8(kt, k[2], i);
+        __m256 q = _mm256_loadu_ps(x[0] + i);
+        a0 = _mm256_fmadd_ps(u, q, a0);
+        b0 = _mm256_fmadd_ps(v, q, b0);
+        c0 = _mm256_fmadd_ps(w, q, c0);
+        q = _mm256_loadu_ps(x[1] + i);
+        a1 = _mm256_fmadd_ps(u, q, a1);
+        b1 = _mm256_fmadd_ps(v, q, b1);
+        c1 = _mm256_fmadd_ps(w, q, c1);
+        q = _mm256_loadu_ps(x[2] + i);
+        a2 = _mm256_fmadd_ps(u, q, a2);
+        b2 = _mm256_fmadd_ps(v, q, b2);
+        c2 = _mm256_fmadd_ps(w, q, c2);
+        q = _mm256_loadu_ps(x[3] + i);
+        a3 = _mm256_fmadd_ps(u, q, a3);
+        b3 = _mm256_fmadd_ps(v, q, b3);
+        c3 = _mm256_fmadd_ps(w, q, c3);
+    }
+    s[0] = hsum8x4(a0, a1, a2, a3);
+    s[1] = hsum8x4(b0, b1, b2, b3);
+    s[2] = hsum8x4(c0, c1, c2, c3);
+}
+
 /* Two cells at a time: each 8 of the quad's query values is loaded once
  * for both keys (4 query loads and 2 key loads per 8 FMAs, against 4 and 1
  * per 4 cell by cell, which kept the load ports the limit on Zen 5). One
@@ -1284,9 +1315,10 @@ DEC_FN(dec_q4_q4, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
 /* ---- fused decode, f16 / f32 K and V --------------------------------------
  *
  * One quad of rows (NR <= 4 from r0) over all cells, per block of ATTN_CB
- * cells: the scores two cells at a time as kq_fp computes them (each 8
- * query values loaded once for both keys), stored cell-major with the
- * scale applied (one 128-bit store a cell, s[j] = the quad's four rows);
+ * cells: the scores three cells at a time (kq_fp_three: each 8 query
+ * values loaded once for the three keys, 12 accumulators; two at a time
+ * ran 102-104 cycles a cell in L2 at dim 128 x 4 rows against 95), stored
+ * cell-major with the scale applied (one 128-bit store a cell, s[j] = the quad's four rows);
  * the four rows' online softmax together (dec_softmax4, two cells per
  * vector); then p . V per 16 columns straight from the V rows (pvf_seg
  * with the weights read cell-major), each V value converted once for the
@@ -1294,8 +1326,9 @@ DEC_FN(dec_q4_q4, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
  * saves the scores' row-major stores, the visibility masks and the calls
  * per block (docs/kernels.md, seventeenth pass). Prefetch (first quad
  * only: the others find the rows in cache): the block's V rows a share per
- * pair of cells scored, the next block's K rows a share per 16 columns of
- * p . V, with the float kernels' hint (attn_pf_step_dt). */
+ * three cells scored, the next block's K rows a share per 16 columns of
+ * p . V, with the float kernels' hint (attn_pf_step_dt), and the rows
+ * ATTN_PF_FAR blocks ahead (attn_pf_far, into the next call's) over both. */
 static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_dtype vt, const attn_dec *a,
                                                             int32_t r0, int NR)
 {
@@ -1324,26 +1357,23 @@ static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_
         if (r0 == 0) {
             attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
             pv = attn_pf_begin(fv);
-            plv = attn_pf_lines(fv, (nb + 1) / 2);
-#if 1
-            far = attn_pf_far_at(a, cb, (nb + 1) / 2 + a->dv / 16);
-#endif
+            plv = attn_pf_lines(fv, (nb + 2) / 3);
+            far = attn_pf_far_at(a, cb, (nb + 2) / 3 + a->dv / 16);
             if (cb + nb < a->n) {
                 attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
                 pk = attn_pf_begin(fk);
                 plk = attn_pf_lines(fk, a->dv / 16);
             }
         }
-        for (int32_t j = 0; j < nb; j += 2) {
-            /* an odd last cell pairs with itself; its copy is not stored */
-            const uint8_t *k = a->kbase + (size_t)idx[j] * a->krb;
-            const uint8_t *l = j + 1 < nb ? a->kbase + (size_t)idx[j + 1] * a->krb : k;
+        for (int32_t j = 0; j < nb; j += 3) {
+            /* a short last group repeats its last cell; the copies are not stored */
+            const uint8_t *k[3];
+            for (int c = 0; c < 3; c++) k[c] = a->kbase + (size_t)idx[j + BASE_MIN(c, nb - j - 1)] * a->krb;
             attn_pf_step_dt(vt, &pv, plv);
             attn_pf_far_step(&far);
-            __m128 sk, sl;
-            kq_fp_pair(kt, k, l, x, a->dk, &sk, &sl);
-            _mm_store_ps(s[j], _mm_mul_ps(sk, sc4));
-            if (j + 1 < nb) _mm_store_ps(s[j + 1], _mm_mul_ps(sl, sc4));
+            __m128 sk[3];
+            kq_fp_three(kt, k, x, a->dk, sk);
+            for (int c = 0; c < 3 && j + c < nb; c++) _mm_store_ps(s[j + c], _mm_mul_ps(sk[c], sc4));
         }
         if (capped)
             for (int32_t j = 0; j < nb; j++)
