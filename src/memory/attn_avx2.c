@@ -928,20 +928,9 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
     for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
         int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
         const int32_t *idx = a->idx + cb;
-        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
-        int32_t plk = 0, plv = 0;
-        if (r0 == 0) {
-            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
-            pv = attn_pf_begin(fv);
-            plv = attn_pf_lines(fv, nb);
-            if (cb + nb < a->n) {
-                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
-                pk = attn_pf_begin(fk);
-                plk = attn_pf_lines(fk, 2 * nbv);
-            }
-        }
+        attn_dec_pf P = attn_dec_pf_block(a, r0, cb, nb, nb, 2 * nbv);
         for (int32_t j = 0; j < nb; j++) {
-            attn_pf_step(&pv, plv);
+            attn_pf_step(&P.v, P.vl);
             __m128 sc = dec_kq_cell(kt, a->kbase + (size_t)idx[j] * a->krb, &Q, NR, nbk);
             _mm_store_ps(s[j], sc);
         }
@@ -965,7 +954,7 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
             _mm_store_ps(swa, sw);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                attn_pf_step(&pk, plk);
+                attn_pf_step(&P.k, P.kl);
                 pv8_half(vt, rows_v, nb, b, h, (const float (*)[4])wt, swa, acc, NR);
             }
         }
@@ -1158,8 +1147,11 @@ static inline __attribute__((always_inline)) void dec8_row_scales(const uint8_t 
 }
 
 /* One quad (NR <= 4 rows from r0) over all cells, q8_0 K and V. */
-static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *a, int32_t r0, int NR)
+static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, keel_dtype vt, const attn_dec *a,
+                                                                int32_t r0, int NR)
 {
+    (void)kt; /* q8_0 */
+    (void)vt;
     const int32_t nbk = a->dk / QK, nbv = a->dv / QK;
     const bool capped = a->softcap > 0.0f;
     dec8_quad Q;
@@ -1185,18 +1177,7 @@ static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *
         int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
         int32_t T = (nb + DEC8_T - 1) / DEC8_T, np = T * DEC8_T;
         const int32_t *idx = a->idx + cb;
-        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
-        int32_t plk = 0, plv = 0;
-        if (r0 == 0) {
-            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
-            pv = attn_pf_begin(fv);
-            plv = attn_pf_lines(fv, T * nbk);
-            if (cb + nb < a->n) {
-                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
-                pk = attn_pf_begin(fk);
-                plk = attn_pf_lines(fk, 2 * nbv);
-            }
-        }
+        attn_dec_pf P = attn_dec_pf_block(a, r0, cb, nb, T * nbk, 2 * nbv);
         /* a short last tile repeats the block's last cell; its lanes are masked */
         for (int32_t j = 0; j < np; j++) {
             int32_t c = idx[BASE_MIN(j, nb - 1)];
@@ -1206,7 +1187,7 @@ static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *
         }
         for (int32_t t = 0; t < T; t++) {
             __m256 s[4];
-            dec8_tile_scores(krows + t * DEC8_T, &dkt[0][t * DEC8_T], &Q, NR, nbk, s, &pv, plv);
+            dec8_tile_scores(krows + t * DEC8_T, &dkt[0][t * DEC8_T], &Q, NR, nbk, s, &P.v, P.vl);
             __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb - t * DEC8_T), iota));
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
@@ -1267,7 +1248,7 @@ static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *
         for (int32_t b = 0; b < nbv; b++) {
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                attn_pf_step(&pk, plk);
+                attn_pf_step(&P.k, P.kl);
                 dec8_pv_half(vrows, nb, b, h, (const float (*)[ATTN_CB])wt[b], acc, NR);
             }
         }
@@ -1278,39 +1259,12 @@ static inline __attribute__((always_inline)) void dec8_quad_run(const attn_dec *
     }
 }
 
-static void dec_q8_q8(keel_dtype kt, keel_dtype vt, const attn_dec *a)
-{
-    (void)kt;
-    (void)vt;
-    for (int32_t r0 = 0; r0 < a->R; r0 += 4) {
-        switch (BASE_MIN(4, a->R - r0)) {
-        case 4: dec8_quad_run(a, r0, 4); break;
-        case 3: dec8_quad_run(a, r0, 3); break;
-        case 2: dec8_quad_run(a, r0, 2); break;
-        default: dec8_quad_run(a, r0, 1); break;
-        }
-    }
-}
+ATTN_DEC_QUADS(dec_q8_q8, dec8_quad_run, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0)
 
 /* One instance per K / V dtype pair (the dtypes are constants inside). */
-#define DEC_FN(NAME, KT, VT)                                                                       \
-    static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                              \
-    {                                                                                              \
-        (void)kt;                                                                                  \
-        (void)vt;                                                                                  \
-        for (int32_t r0 = 0; r0 < a->R; r0 += 4) {                                                 \
-            switch (BASE_MIN(4, a->R - r0)) {                                                      \
-            case 4: dec_quad(KT, VT, a, r0, 4); break;                                             \
-            case 3: dec_quad(KT, VT, a, r0, 3); break;                                             \
-            case 2: dec_quad(KT, VT, a, r0, 2); break;                                             \
-            default: dec_quad(KT, VT, a, r0, 1); break;                                            \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-DEC_FN(dec_q8_q4, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0)
-DEC_FN(dec_q4_q8, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0)
-DEC_FN(dec_q4_q4, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
+ATTN_DEC_QUADS(dec_q8_q4, dec_quad, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q4_0)
+ATTN_DEC_QUADS(dec_q4_q8, dec_quad, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0)
+ATTN_DEC_QUADS(dec_q4_q4, dec_quad, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
 
 /* ---- fused decode, f16 / f32 K and V --------------------------------------
  *
@@ -1351,25 +1305,14 @@ static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_
     for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
         int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
         const int32_t *idx = a->idx + cb;
-        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        attn_dec_pf P = attn_dec_pf_block(a, r0, cb, nb, (nb + 2) / 3, a->dv / 16);
         attn_pf_far far = {{0, 0}, {0, 0}, 0};
-        int32_t plk = 0, plv = 0;
-        if (r0 == 0) {
-            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
-            pv = attn_pf_begin(fv);
-            plv = attn_pf_lines(fv, (nb + 2) / 3);
-            far = attn_pf_far_at(a, cb, (nb + 2) / 3 + a->dv / 16);
-            if (cb + nb < a->n) {
-                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
-                pk = attn_pf_begin(fk);
-                plk = attn_pf_lines(fk, a->dv / 16);
-            }
-        }
+        if (r0 == 0) far = attn_pf_far_at(a, cb, (nb + 2) / 3 + a->dv / 16);
         for (int32_t j = 0; j < nb; j += 3) {
             /* a short last group repeats its last cell; the copies are not stored */
             const uint8_t *k[3];
             for (int c = 0; c < 3; c++) k[c] = a->kbase + (size_t)idx[j + BASE_MIN(c, nb - j - 1)] * a->krb;
-            attn_pf_step_dt(vt, &pv, plv);
+            attn_pf_step_dt(vt, &P.v, P.vl);
             attn_pf_far_step(&far);
             __m128 sk[3];
             kq_fp_three(kt, k, x, a->dk, sk);
@@ -1381,7 +1324,7 @@ static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_
         dec_softmax4(s, nb, &m4, &l4, acc, NR, a->dv);
         for (int32_t j = 0; j < nb; j++) rows_v[j] = a->vbase + (size_t)idx[j] * a->vrb;
         for (int32_t c = 0; c < a->dv; c += 16) {
-            attn_pf_step_dt(kt, &pk, plk);
+            attn_pf_step_dt(kt, &P.k, P.kl);
             attn_pf_far_step(&far);
             pvf_seg(vt, rows_v, nb, pr, 4, acc, NR, c);
         }
@@ -1394,25 +1337,10 @@ static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_
     }
 }
 
-#define DECF_FN(NAME, KT, VT)                                                                      \
-    static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                              \
-    {                                                                                              \
-        (void)kt;                                                                                  \
-        (void)vt;                                                                                  \
-        for (int32_t r0 = 0; r0 < a->R; r0 += 4) {                                                 \
-            switch (BASE_MIN(4, a->R - r0)) {                                                      \
-            case 4: decf_quad(KT, VT, a, r0, 4); break;                                            \
-            case 3: decf_quad(KT, VT, a, r0, 3); break;                                            \
-            case 2: decf_quad(KT, VT, a, r0, 2); break;                                            \
-            default: decf_quad(KT, VT, a, r0, 1); break;                                           \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-DECF_FN(dec_f16_f16, KEEL_DTYPE_F16, KEEL_DTYPE_F16)
-DECF_FN(dec_f16_f32, KEEL_DTYPE_F16, KEEL_DTYPE_F32)
-DECF_FN(dec_f32_f16, KEEL_DTYPE_F32, KEEL_DTYPE_F16)
-DECF_FN(dec_f32_f32, KEEL_DTYPE_F32, KEEL_DTYPE_F32)
+ATTN_DEC_QUADS(dec_f16_f16, decf_quad, KEEL_DTYPE_F16, KEEL_DTYPE_F16)
+ATTN_DEC_QUADS(dec_f16_f32, decf_quad, KEEL_DTYPE_F16, KEEL_DTYPE_F32)
+ATTN_DEC_QUADS(dec_f32_f16, decf_quad, KEEL_DTYPE_F32, KEEL_DTYPE_F16)
+ATTN_DEC_QUADS(dec_f32_f32, decf_quad, KEEL_DTYPE_F32, KEEL_DTYPE_F32)
 
 attn_dec_fn attn_dec_avx2(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
 {

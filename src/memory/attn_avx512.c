@@ -912,8 +912,10 @@ static ALWAYS_INLINE void dec_pv16_block(const uint8_t *const *vrows, int32_t np
     }
 }
 
-static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
+static ALWAYS_INLINE void dec512_quad(keel_dtype kt, keel_dtype vt, const attn_dec *a, int32_t r0, int NR)
 {
+    (void)kt; /* q8_0 */
+    (void)vt;
     const int32_t nbk = a->dk / QK, nbv = a->dv / QK;
     const bool capped = a->softcap > 0.0f;
     dec_quad512 Q;
@@ -942,22 +944,11 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
     for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
         int32_t nb = BASE_MIN(ATTN_CB, a->n - cb);
         const int32_t *idx = a->idx + cb;
-        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        attn_dec_pf P = attn_dec_pf_block(a, r0, cb, nb, 2 * nbk, nbv * ((nb + 1) / 2));
         attn_pf_far far = {{0, 0}, {0, 0}, 0};
-        int32_t plk = 0, plv = 0;
-        if (r0 == 0) {
-            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
-            pv = attn_pf_begin(fv);
-            plv = attn_pf_lines(fv, 2 * nbk);
-            if (cb + nb < a->n) {
-                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
-                pk = attn_pf_begin(fk);
-                plk = attn_pf_lines(fk, nbv * ((nb + 1) / 2));
-            }
-            /* rows of 64 dims for 3 query rows kept up without it and
-             * lost up to 15% with it; 128 x 4 gained 10-15%, 256 x 4 28% */
-            if (a->dk * NR >= 512) far = attn_pf_far_at(a, cb, nbv * ((nb + 1) / 2));
-        }
+        /* rows of 64 dims for 3 query rows kept up without it and lost up
+         * to 15% with it; 128 x 4 gained 10-15%, 256 x 4 28% */
+        if (r0 == 0 && a->dk * NR >= 512) far = attn_pf_far_at(a, cb, nbv * ((nb + 1) / 2));
         __m512 s[2][4];
         __m512i vlo[2], vhi[2];
         for (int t = 0; t < 2; t++) {
@@ -969,7 +960,7 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
             __m512i klo, khi;
             dec_tile_rows(a->kbase, a->krb, idx + t * DEC_T, nt, krows + t * DEC_T, &klo, &khi);
             dec_tile_rows(a->vbase, a->vrb, idx + t * DEC_T, nt, vrows + t * DEC_T, &vlo[t], &vhi[t]);
-            dec_tile_scores(krows + t * DEC_T, a->kbase, klo, khi, &Q, NR, nbk, s[t], &pv, plv);
+            dec_tile_scores(krows + t * DEC_T, a->kbase, klo, khi, &Q, NR, nbk, s[t], &P.v, P.vl);
             __mmask16 valid = nt >= DEC_T ? (__mmask16)0xffff : (__mmask16)((1u << nt) - 1);
             for (int r = 0; r < NR; r++) {
                 if (capped) {
@@ -996,7 +987,7 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
         /* p . V, a V block at a time; an odd last cell pairs with the tile's
          * repeated row (weight 0) */
         for (int32_t b = 0; b < nbv; b++)
-            dec_pv16_block(vrows, (nb + 1) & ~1, b, (const int16_t(*)[ATTN_CB])wq[b], ws[b], acc, NR, &pk, plk,
+            dec_pv16_block(vrows, (nb + 1) & ~1, b, (const int16_t(*)[ATTN_CB])wq[b], ws[b], acc, NR, &P.k, P.kl,
                            &far);
     }
     for (int r = 0; r < NR; r++) {
@@ -1005,27 +996,7 @@ static ALWAYS_INLINE void dec512_quad(const attn_dec *a, int32_t r0, int NR)
     }
 }
 
-static void dec512_q8_q8(keel_dtype kt, keel_dtype vt, const attn_dec *a)
-{
-    (void)kt;
-    (void)vt;
-    for (int32_t r0 = 0; r0 < a->R; r0 += 4) {
-        switch (BASE_MIN(4, a->R - r0)) {
-        case 4:
-            dec512_quad(a, r0, 4);
-            break;
-        case 3:
-            dec512_quad(a, r0, 3);
-            break;
-        case 2:
-            dec512_quad(a, r0, 2);
-            break;
-        default:
-            dec512_quad(a, r0, 1);
-            break;
-        }
-    }
-}
+ATTN_DEC_QUADS(dec512_q8_q8, dec512_quad, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0)
 
 /* ---- fused decode, f16 / f32 K and V --------------------------------------
  *
@@ -1059,26 +1030,15 @@ static ALWAYS_INLINE void dec512f_quad(keel_dtype kt, keel_dtype vt, const attn_
     for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
         const int32_t nb = BASE_MIN(ATTN_CB, a->n - cb), groups = (nb + 3) / 4;
         const int32_t *idx = a->idx + cb;
-        attn_pf_cursor pk = {0, 0}, pv = {0, 0};
+        attn_dec_pf P = attn_dec_pf_block(a, r0, cb, nb, groups, a->dv / 64 * nb);
         attn_pf_far far = {{0, 0}, {0, 0}, 0};
-        int32_t plk = 0, plv = 0;
-        if (r0 == 0) {
-            attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
-            pv = attn_pf_begin(fv);
-            plv = attn_pf_lines(fv, groups);
-            if (cb + nb < a->n) {
-                attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
-                pk = attn_pf_begin(fk);
-                plk = attn_pf_lines(fk, a->dv / 64 * nb);
-            }
-            far = attn_pf_far_at(a, cb, groups + a->dv / 64 * nb);
-        }
+        if (r0 == 0) far = attn_pf_far_at(a, cb, groups + a->dv / 64 * nb);
         for (int32_t j = 0; j < nb; j += 4) {
             /* a short last group repeats its last cell; those lanes are masked below */
             const uint8_t *k[4];
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) k[c] = a->kbase + (size_t)idx[j + BASE_MIN(c, nb - j - 1)] * a->krb;
-            attn_pf_step_dt(vt, &pv, plv);
+            attn_pf_step_dt(vt, &P.v, P.vl);
             attn_pf_far_step(&far);
             __m512 z[4];
             cells(kt, k, &Q, a->dk, z);
@@ -1111,7 +1071,7 @@ static ALWAYS_INLINE void dec512f_quad(keel_dtype kt, keel_dtype vt, const attn_
             _mm512_store_ps(sp[r] + 16, e[1][r]);
         }
         for (int32_t seg = 0; seg < a->dv; seg += 64)
-            pv_seg(vt, NULL, a->vbase, a->vrb, idx, nb, pr, acc, NR, seg, &pk, plk, &far);
+            pv_seg(vt, NULL, a->vbase, a->vrb, idx, nb, pr, acc, NR, seg, &P.k, P.kl, &far);
     }
     for (int r = 0; r < NR; r++) {
         a->m[r0 + r] = m[r];
@@ -1119,25 +1079,10 @@ static ALWAYS_INLINE void dec512f_quad(keel_dtype kt, keel_dtype vt, const attn_
     }
 }
 
-#define DEC512F_FN(NAME, KT, VT)                                                                   \
-    static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                              \
-    {                                                                                              \
-        (void)kt;                                                                                  \
-        (void)vt;                                                                                  \
-        for (int32_t r0 = 0; r0 < a->R; r0 += 4) {                                                 \
-            switch (BASE_MIN(4, a->R - r0)) {                                                      \
-            case 4: dec512f_quad(KT, VT, a, r0, 4); break;                                         \
-            case 3: dec512f_quad(KT, VT, a, r0, 3); break;                                         \
-            case 2: dec512f_quad(KT, VT, a, r0, 2); break;                                         \
-            default: dec512f_quad(KT, VT, a, r0, 1); break;                                        \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-DEC512F_FN(dec512_f16_f16, KEEL_DTYPE_F16, KEEL_DTYPE_F16)
-DEC512F_FN(dec512_f16_f32, KEEL_DTYPE_F16, KEEL_DTYPE_F32)
-DEC512F_FN(dec512_f32_f16, KEEL_DTYPE_F32, KEEL_DTYPE_F16)
-DEC512F_FN(dec512_f32_f32, KEEL_DTYPE_F32, KEEL_DTYPE_F32)
+ATTN_DEC_QUADS(dec512_f16_f16, dec512f_quad, KEEL_DTYPE_F16, KEEL_DTYPE_F16)
+ATTN_DEC_QUADS(dec512_f16_f32, dec512f_quad, KEEL_DTYPE_F16, KEEL_DTYPE_F32)
+ATTN_DEC_QUADS(dec512_f32_f16, dec512f_quad, KEEL_DTYPE_F32, KEEL_DTYPE_F16)
+ATTN_DEC_QUADS(dec512_f32_f32, dec512f_quad, KEEL_DTYPE_F32, KEEL_DTYPE_F32)
 
 attn_dec_fn attn_dec_avx512(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv)
 {

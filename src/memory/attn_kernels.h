@@ -258,6 +258,51 @@ static inline void attn_pf_far_step(attn_pf_far *f)
 
 typedef void (*attn_dec_fn)(keel_dtype kt, keel_dtype vt, const attn_dec *a);
 
+/* The near prefetches of a fused decode kernel's block of nb cells from
+ * cb: the block's V rows spread over v_steps steps (the kernel asks during
+ * the scores) and the next block's K rows over k_steps (during p . V).
+ * Only the first quad asks (r0 == 0): the others find the rows in cache. */
+typedef struct attn_dec_pf {
+    attn_pf_cursor v, k;
+    int32_t vl, kl; /* lines per step */
+} attn_dec_pf;
+
+static inline attn_dec_pf attn_dec_pf_block(const attn_dec *a, int32_t r0, int32_t cb, int32_t nb, int32_t v_steps,
+                                            int32_t k_steps)
+{
+    attn_dec_pf p = {{0, 0}, {0, 0}, 0, 0};
+    if (r0 != 0) return p;
+    const int32_t *idx = a->idx + cb;
+    attn_pf fv = attn_rows_span(a->vbase, a->vrb, idx, nb);
+    p.v = attn_pf_begin(fv);
+    p.vl = attn_pf_lines(fv, v_steps);
+    if (cb + nb < a->n) {
+        attn_pf fk = attn_rows_span(a->kbase, a->krb, idx + nb, BASE_MIN(ATTN_CB, a->n - cb - nb));
+        p.k = attn_pf_begin(fk);
+        p.kl = attn_pf_lines(fk, k_steps);
+    }
+    return p;
+}
+
+/* An attn_dec_fn NAME that runs QUAD(KT, VT, a, r0, NR) over the quads of
+ * a's rows: NR = 4, and the last quad's 1 to 3, each row count a constant
+ * in a copy of its own. */
+#define ATTN_DEC_QUADS(NAME, QUAD, KT, VT)                                                           \
+    static void NAME(keel_dtype kt, keel_dtype vt, const attn_dec *a)                                \
+    {                                                                                                \
+        (void)kt;                                                                                    \
+        (void)vt;                                                                                    \
+        for (int32_t r0 = 0; r0 < a->R; r0 += 4) {                                                   \
+            switch (BASE_MIN(4, a->R - r0)) {                                                        \
+            case 4: QUAD(KT, VT, a, r0, 4); break;                                                   \
+            case 3: QUAD(KT, VT, a, r0, 3); break;                                                   \
+            case 2: QUAD(KT, VT, a, r0, 2); break;                                                   \
+            default: QUAD(KT, VT, a, r0, 1); break;                                                  \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
+
 /* Scalar kernels (attn.c): every dtype; the reference of the others. */
 void attn_kq_scalar(keel_dtype kt, const uint8_t *base, size_t row_bytes, const int32_t *idx,
                     int32_t n, const void *const *q, int32_t R, int32_t dk, float *scores,
