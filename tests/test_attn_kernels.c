@@ -399,8 +399,8 @@ static void test_row(void **state)
  * visible, alpha, pv) are the reference for every path's attn_dec_fn on
  * the same inputs (fresh or carried running state m, l, acc). Returns the
  * accumulators checked; *ran counts the kernel runs. */
-static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const fixture *fv, int32_t dim,
-                        int32_t R, int32_t n, const int32_t *idx, bool carried, float softcap, base_rng *rng,
+static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const fixture *fv, int32_t dk,
+                        int32_t dv, int32_t R, int32_t n, const int32_t *idx, bool carried, float softcap, base_rng *rng,
                         int64_t *ran)
 {
     static float acc0[R_MAX][DIM_MAX], ref[R_MAX][DIM_MAX], got[R_MAX][DIM_MAX + 16];
@@ -409,15 +409,15 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
     int64_t checked = 0;
     const void *qp[R_MAX];
     for (int r = 0; r < R_MAX; r++) qp[r] = fk->q + (size_t)r * fk->qrb;
-    float scale = 1.0f / sqrtf((float)dim);
+    float scale = 1.0f / sqrtf((float)dk);
     float m0[R_MAX] = {0}, l0[R_MAX] = {0};
     for (int32_t r = 0; r < R; r++) {
         m0[r] = carried ? (float)(base_rng_next(rng) % 40) - 20.0f : -INFINITY;
         l0[r] = carried ? 1.0f + (float)(base_rng_next(rng) % 100) / 10.0f : 0.0f;
         if (carried)
-            test_fill_uniform(acc0[r], dim, base_rng_next(rng));
+            test_fill_uniform(acc0[r], dv, base_rng_next(rng));
         else
-            memset(acc0[r], 0, (size_t)dim * sizeof(float));
+            memset(acc0[r], 0, (size_t)dv * sizeof(float));
     }
     /* reference: the scalar kernels, block by block */
     float mr[R_MAX], lr[R_MAX], *ap[R_MAX];
@@ -433,7 +433,7 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
     bool prev = tensor_set_simd(false);
     for (int32_t sb = 0; sb < n; sb += ATTN_CB) {
         int32_t nb = BASE_MIN(ATTN_CB, n - sb);
-        attn_kq_scalar(kt, fk->rows, fk->rb, idx + sb, nb, qp, R, dim, sc, no_pf);
+        attn_kq_scalar(kt, fk->rows, fk->rb, idx + sb, nb, qp, R, dk, sc, no_pf);
         for (int32_t r = 0; r < R; r++) {
             float *s = sc + r * ATTN_CB, sc_scale = scale, alpha;
             if (softcap > 0.0f) {
@@ -442,7 +442,7 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
             }
             act[r] = attn_row_scalar(s, nb, sc_scale, vis, &mr[r], &lr[r], &alpha);
             if (act[r] && alpha != 1.0f)
-                for (int32_t i = 0; i < dim; i++) {
+                for (int32_t i = 0; i < dv; i++) {
                     ref[r][i] *= alpha;
                     wbound[r][i] *= alpha;
                 }
@@ -450,7 +450,7 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
              * a row, V block and block of cells to 15 bits against their
              * largest |w|: at most wmax / 65534 each, times |v| */
             if (act[r] && vt == KEEL_DTYPE_Q8_0)
-                for (int32_t b = 0; b < dim / 32; b++) {
+                for (int32_t b = 0; b < dv / 32; b++) {
                     double wmax = 0;
                     for (int32_t j = 0; j < nb; j++) {
                         uint16_t dh;
@@ -464,13 +464,13 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
                     }
                 }
         }
-        attn_pv_scalar(vt, fv->rows, fv->rb, idx + sb, nb, sc, act, R, dim, ap, no_pf);
+        attn_pv_scalar(vt, fv->rows, fv->rb, idx + sb, nb, sc, act, R, dv, ap, no_pf);
     }
     tensor_set_simd(prev);
     for (int pi = (int)ATTN_PATH_SCALAR; pi <= (int)best; pi++) {
         tensor_simd lv;
         attn_kernel_set ks = forced((attn_path)pi, kt, vt, &lv);
-        ks = attn_kernels((attn_path)pi, kt, vt, dim, dim);
+        ks = attn_kernels((attn_path)pi, kt, vt, dk, dv);
         if (!ks.dec) {
             tensor_simd_force(lv);
             /* the AVX2 path has one for int8 K and V up to dim 512 and for
@@ -479,41 +479,44 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
              * multiples of 64 */
             bool q8 = kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0;
             bool fl = (kt == KEEL_DTYPE_F16 || kt == KEEL_DTYPE_F32) && (vt == KEEL_DTYPE_F16 || vt == KEEL_DTYPE_F32);
-            bool want = fl ? (pi == (int)ATTN_PATH_AVX2 && dim % 16 == 0) || (pi == (int)ATTN_PATH_AVX512 && dim % 64 == 0)
-                           : (pi == (int)ATTN_PATH_AVX2 || (pi == (int)ATTN_PATH_AVX512 && q8)) && dim <= 512;
+            bool want = fl ? (pi == (int)ATTN_PATH_AVX2 && dk % 8 == 0 && dv % 16 == 0) ||
+                                 (pi == (int)ATTN_PATH_AVX512 && dk % 16 == 0 && dv % 64 == 0)
+                           : (pi == (int)ATTN_PATH_AVX2 || (pi == (int)ATTN_PATH_AVX512 && q8)) && dk <= 512 &&
+                                 dv <= 512;
             if (want)
-                fail_msg("no fused decode kernel for %s/%s dim %d", keel_dtype_name(kt), keel_dtype_name(vt), dim);
+                fail_msg("no fused decode kernel for %s/%s dims %d/%d", keel_dtype_name(kt), keel_dtype_name(vt), dk,
+                         dv);
             continue;
         }
         float mg[R_MAX], lg[R_MAX], *gp[R_MAX];
         memcpy(mg, m0, sizeof mg);
         memcpy(lg, l0, sizeof lg);
         for (int32_t r = 0; r < R; r++) {
-            memcpy(got[r], acc0[r], (size_t)dim * sizeof(float));
-            for (int i = 0; i < 16; i++) got[r][dim + i] = 12345.0f;
+            memcpy(got[r], acc0[r], (size_t)dv * sizeof(float));
+            for (int i = 0; i < 16; i++) got[r][dv + i] = 12345.0f;
             gp[r] = got[r];
         }
         /* the far prefetch runs on into "the next call": here the list's
          * second half (prefetches change no result; under ASan a cell read
          * past next.n would show) */
-        attn_dec a = {fk->rows, fv->rows, fk->rb, fv->rb, idx, n, qp, R, dim, dim, scale, softcap, mg, lg, gp,
+        attn_dec a = {fk->rows, fv->rows, fk->rb, fv->rb, idx, n, qp, R, dk, dv, scale, softcap, mg, lg, gp,
                       {fk->rows, fv->rows, idx + n / 2, n - n / 2}};
         ks.dec(kt, vt, &a);
         tensor_simd_force(lv);
         (*ran)++;
         for (int32_t r = 0; r < R; r++) {
             double amax = 0;
-            for (int32_t i = 0; i < dim; i++) amax = fmax(amax, fabs(ref[r][i]));
-            check_close(mg[r], mr[r], 1e-5 * fabs(mr[r]) + 1e-5, "dec m", k_path_names[pi], kt, dim, R, n, r, -1);
-            check_close(lg[r], lr[r], 1e-4 * lr[r], "dec l", k_path_names[pi], kt, dim, R, n, r, -1);
-            for (int32_t i = 0; i < dim; i++) {
+            for (int32_t i = 0; i < dv; i++) amax = fmax(amax, fabs(ref[r][i]));
+            check_close(mg[r], mr[r], 1e-5 * fabs(mr[r]) + 1e-5, "dec m", k_path_names[pi], kt, dk, R, n, r, -1);
+            check_close(lg[r], lr[r], 1e-4 * lr[r], "dec l", k_path_names[pi], kt, dk, R, n, r, -1);
+            for (int32_t i = 0; i < dv; i++) {
                 double wb = pi == (int)ATTN_PATH_AVX512 ? 1.001 * wbound[r][i] : 0.0;
-                check_close(got[r][i], ref[r][i], 1e-4 * amax + wb + 1e-30, "dec acc", k_path_names[pi], kt, dim,
+                check_close(got[r][i], ref[r][i], 1e-4 * amax + wb + 1e-30, "dec acc", k_path_names[pi], kt, dv,
                             R, n, r, i);
                 checked++;
             }
             for (int i = 0; i < 16; i++)
-                if (got[r][dim + i] != 12345.0f) fail_msg("dec %s: wrote past row %d", k_path_names[pi], r);
+                if (got[r][dv + i] != 12345.0f) fail_msg("dec %s: wrote past row %d", k_path_names[pi], r);
         }
     }
     return checked;
@@ -562,7 +565,7 @@ static void test_dec(void **state)
                         int32_t R = rows[ri], n = cells[ci];
                         int32_t idx[128];
                         for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
-                        checked += dec_case(kt, vt, &fk, &fv, dim, R, n, idx, variant & 1,
+                        checked += dec_case(kt, vt, &fk, &fv, dim, dim, R, n, idx, variant & 1,
                                             variant & 2 ? 30.0f : 0.0f, &rng, &ran);
                     }
             fixture_free(&fk);
@@ -570,6 +573,40 @@ static void test_dec(void **state)
         }
     printf("dec: %lld runs, %lld accumulators checked, paths up to %s\n", (long long)ran,
            (long long)checked, k_path_names[attn_path_best()]);
+}
+
+/* The fused decode kernels with K and V of different widths (dk != dv, as
+ * DeepSeek's latent attention: 192 / 128, 576 / 512), each dtype pair that
+ * has a kernel, against the scalar kernels (dec_case). */
+static void test_dec_dims(void **state)
+{
+    (void)state;
+    static const keel_dtype kv[][2] = {{KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0}, {KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q8_0},
+                                       {KEEL_DTYPE_F16, KEEL_DTYPE_F16},   {KEEL_DTYPE_F32, KEEL_DTYPE_F16}};
+    static const int32_t dkv[][2] = {{192, 128}, {576, 512}, {64, 128}, {96, 64}};
+    static const int32_t rows[] = {1, 3, 4, 8};
+    static const int32_t cells[] = {7, 32, 45, 100};
+    base_rng rng;
+    base_rng_seed(&rng, 19);
+    int64_t checked = 0, ran = 0;
+    for (size_t ki = 0; ki < BASE_ARRAY_LEN(kv); ki++)
+        for (size_t di = 0; di < BASE_ARRAY_LEN(dkv); di++) {
+            keel_dtype kt = kv[ki][0], vt = kv[ki][1];
+            int32_t dk = dkv[di][0], dv = dkv[di][1];
+            fixture fk, fv;
+            fixture_make(&fk, kt, dk, 700 + 10 * ki + di);
+            fixture_make(&fv, vt, dv, 800 + 10 * ki + di);
+            for (size_t ri = 0; ri < BASE_ARRAY_LEN(rows); ri++)
+                for (size_t ci = 0; ci < BASE_ARRAY_LEN(cells); ci++) {
+                    int32_t n = cells[ci], idx[128];
+                    for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
+                    checked += dec_case(kt, vt, &fk, &fv, dk, dv, rows[ri], n, idx, ci & 1, ri == 2 ? 30.0f : 0.0f,
+                                        &rng, &ran);
+                }
+            fixture_free(&fk);
+            fixture_free(&fv);
+        }
+    printf("dec dims: %lld runs, %lld accumulators checked\n", (long long)ran, (long long)checked);
 }
 
 /* The int8 dots at their extremes: q8_0 keys whose bytes are -128, -127,
@@ -627,7 +664,7 @@ static void test_dec_extremes(void **state)
                 for (size_t ci = 0; ci < BASE_ARRAY_LEN(cells); ci++) {
                     int32_t idx[64], n = cells[ci];
                     for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
-                    checked += dec_case(KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0, &fk, &fv, dim, rows[ri], n, idx, ci & 1,
+                    checked += dec_case(KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0, &fk, &fv, dim, dim, rows[ri], n, idx, ci & 1,
                                         0.0f, &rng, &ran);
                 }
             fixture_free(&fk);
@@ -644,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_exp),
         cmocka_unit_test(test_row),
         cmocka_unit_test(test_dec),
+        cmocka_unit_test(test_dec_dims),
         cmocka_unit_test(test_dec_extremes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
