@@ -913,14 +913,9 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
     /* fold the scale into the query scales (capped scores take it inside) */
     if (a->softcap <= 0.0f)
         for (int32_t b = 0; b < nbk; b++) Q.dq[b] = _mm256_mul_ps(Q.dq[b], _mm256_set1_ps(a->scale));
-    float m4a[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, l4a[4] = {0, 0, 0, 0};
-    for (int r = 0; r < NR; r++) {
-        m4a[r] = a->m[r0 + r];
-        l4a[r] = a->l[r0 + r];
-    }
+    float m4a[4], l4a[4], *acc[4];
+    attn_dec_quad_load(a, r0, NR, m4a, l4a, acc);
     __m128 m4 = _mm_loadu_ps(m4a), l4 = _mm_loadu_ps(l4a);
-    float *acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
     _Alignas(32) float s[ATTN_CB][4];  /* scores, then p, cell-major */
     _Alignas(16) float wt[ATTN_CB][4]; /* p * d_v of one V block */
     float dvs[ATTN_CB][PV_NB_MAX];     /* the V rows' block scales */
@@ -961,10 +956,7 @@ static inline __attribute__((always_inline)) void dec_quad(keel_dtype kt, keel_d
     }
     _mm_storeu_ps(m4a, m4);
     _mm_storeu_ps(l4a, l4);
-    for (int r = 0; r < NR; r++) {
-        a->m[r0 + r] = m4a[r];
-        a->l[r0 + r] = l4a[r];
-    }
+    attn_dec_quad_save(a, r0, NR, m4a, l4a);
 }
 
 /* ---- fused decode, q8_0 K and V: one cell per lane ------------------------
@@ -1155,17 +1147,13 @@ static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, k
     const int32_t nbk = a->dk / QK, nbv = a->dv / QK;
     const bool capped = a->softcap > 0.0f;
     dec8_quad Q;
-    float m[4], l[4];
-    float *acc[4];
     for (int r = 0; r < 4; r++) {
-        int32_t rr = r0 + BASE_MIN(r, NR - 1);
-        Q.qb[r] = a->q[rr];
+        Q.qb[r] = a->q[r0 + BASE_MIN(r, NR - 1)];
         for (int32_t b = 0; b < nbk; b++)
             Q.dq[r][b] = f16_to_f32(Q.qb[r] + (size_t)b * 34) * (capped ? 1.0f : a->scale);
-        m[r] = a->m[rr];
-        l[r] = a->l[rr];
-        acc[r] = a->acc[rr];
     }
+    float m[4], l[4], *acc[4];
+    attn_dec_quad_load(a, r0, NR, m, l, acc);
     _Alignas(32) float e[4][ATTN_CB];               /* scores, then exp(s - m), per row */
     _Alignas(32) float wt[PV_NB_MAX][4][ATTN_CB];   /* p * d_v per V block, row, cell */
     _Alignas(16) uint16_t dkt[KQ_NB_MAX][ATTN_CB]; /* the K rows' block scales (f16) */
@@ -1253,10 +1241,7 @@ static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, k
             }
         }
     }
-    for (int r = 0; r < NR; r++) {
-        a->m[r0 + r] = m[r];
-        a->l[r0 + r] = l[r];
-    }
+    attn_dec_quad_save(a, r0, NR, m, l);
 }
 
 ATTN_DEC_QUADS(dec_q8_q8, dec8_quad_run, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0)
@@ -1291,14 +1276,9 @@ static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_
     const float *x[4] = {xv[0], xv[1], xv[2], xv[3]};
     const bool capped = a->softcap > 0.0f;
     const __m128 sc4 = _mm_set1_ps(capped ? 1.0f : a->scale);
-    float m4a[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, l4a[4] = {0, 0, 0, 0};
-    for (int r = 0; r < NR; r++) {
-        m4a[r] = a->m[r0 + r];
-        l4a[r] = a->l[r0 + r];
-    }
+    float m4a[4], l4a[4], *acc[4];
+    attn_dec_quad_load(a, r0, NR, m4a, l4a, acc);
     __m128 m4 = _mm_loadu_ps(m4a), l4 = _mm_loadu_ps(l4a);
-    float *acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
     _Alignas(32) float s[ATTN_CB + 1][4]; /* scores, then p, cell-major */
     const float *pr[4] = {&s[0][0], &s[0][1], &s[0][2], &s[0][3]};
     const uint8_t *rows_v[ATTN_CB];
@@ -1331,10 +1311,7 @@ static inline __attribute__((always_inline)) void decf_quad(keel_dtype kt, keel_
     }
     _mm_storeu_ps(m4a, m4);
     _mm_storeu_ps(l4a, l4);
-    for (int r = 0; r < NR; r++) {
-        a->m[r0 + r] = m4a[r];
-        a->l[r0 + r] = l4a[r];
-    }
+    attn_dec_quad_save(a, r0, NR, m4a, l4a);
 }
 
 ATTN_DEC_QUADS(dec_f16_f16, decf_quad, KEEL_DTYPE_F16, KEEL_DTYPE_F16)

@@ -930,13 +930,8 @@ static ALWAYS_INLINE void dec512_quad(keel_dtype kt, keel_dtype vt, const attn_d
             Q.dq[r][b] = f16_to_f32(qb) * (capped ? 1.0f : a->scale);
         }
     }
-    float m[4], l[4];
-    float *acc[4];
-    for (int r = 0; r < 4; r++) {
-        m[r] = a->m[r0 + BASE_MIN(r, NR - 1)];
-        l[r] = a->l[r0 + BASE_MIN(r, NR - 1)];
-        acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
-    }
+    float m[4], l[4], *acc[4];
+    attn_dec_quad_load(a, r0, NR, m, l, acc);
     _Alignas(64) int16_t wq[PV_NB_MAX512][4][ATTN_CB]; /* 15-bit weights per V block, row, cell */
     float ws[PV_NB_MAX512][4];                          /* their units */
     const uint8_t *krows[ATTN_CB], *vrows[ATTN_CB];
@@ -990,10 +985,7 @@ static ALWAYS_INLINE void dec512_quad(keel_dtype kt, keel_dtype vt, const attn_d
             dec_pv16_block(vrows, (nb + 1) & ~1, b, (const int16_t(*)[ATTN_CB])wq[b], ws[b], acc, NR, &P.k, P.kl,
                            &far);
     }
-    for (int r = 0; r < NR; r++) {
-        a->m[r0 + r] = m[r];
-        a->l[r0 + r] = l[r];
-    }
+    attn_dec_quad_save(a, r0, NR, m, l);
 }
 
 ATTN_DEC_QUADS(dec512_q8_q8, dec512_quad, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0)
@@ -1018,13 +1010,8 @@ static ALWAYS_INLINE void dec512f_quad(keel_dtype kt, keel_dtype vt, const attn_
     const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(a->scale);
     kq_quad Q;
     quad_prep(kt, a->q, a->R, r0, a->dk / QK, &Q);
-    float m[4], l[4];
-    float *acc[4];
-    for (int r = 0; r < 4; r++) {
-        m[r] = a->m[r0 + BASE_MIN(r, NR - 1)];
-        l[r] = a->l[r0 + BASE_MIN(r, NR - 1)];
-        acc[r] = a->acc[r0 + BASE_MIN(r, NR - 1)];
-    }
+    float m[4], l[4], *acc[4];
+    attn_dec_quad_load(a, r0, NR, m, l, acc);
     _Alignas(64) float sp[4][ATTN_CB]; /* scores, then p, row-major */
     const float *pr[4] = {sp[0], sp[1], sp[2], sp[3]};
     for (int32_t cb = 0; cb < a->n; cb += ATTN_CB) {
@@ -1073,10 +1060,7 @@ static ALWAYS_INLINE void dec512f_quad(keel_dtype kt, keel_dtype vt, const attn_
         for (int32_t seg = 0; seg < a->dv; seg += 64)
             pv_seg(vt, NULL, a->vbase, a->vrb, idx, nb, pr, acc, NR, seg, &P.k, P.kl, &far);
     }
-    for (int r = 0; r < NR; r++) {
-        a->m[r0 + r] = m[r];
-        a->l[r0 + r] = l[r];
-    }
+    attn_dec_quad_save(a, r0, NR, m, l);
 }
 
 ATTN_DEC_QUADS(dec512_f16_f16, dec512f_quad, KEEL_DTYPE_F16, KEEL_DTYPE_F16)

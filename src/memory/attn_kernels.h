@@ -284,6 +284,27 @@ static inline attn_dec_pf attn_dec_pf_block(const attn_dec *a, int32_t r0, int32
     return p;
 }
 
+/* A quad's running max, sum and accumulators: rows r0 .. r0 + 3 of a, the
+ * rows past NR repeating the last one (their lanes are computed, never
+ * stored); attn_dec_quad_save stores m and l of the NR rows back. */
+static inline void attn_dec_quad_load(const attn_dec *a, int32_t r0, int NR, float m[4], float l[4], float *acc[4])
+{
+    for (int r = 0; r < 4; r++) {
+        int32_t rr = r0 + (r < NR ? r : NR - 1);
+        m[r] = a->m[rr];
+        l[r] = a->l[rr];
+        acc[r] = a->acc[rr];
+    }
+}
+
+static inline void attn_dec_quad_save(const attn_dec *a, int32_t r0, int NR, const float m[4], const float l[4])
+{
+    for (int r = 0; r < NR; r++) {
+        a->m[r0 + r] = m[r];
+        a->l[r0 + r] = l[r];
+    }
+}
+
 /* An attn_dec_fn NAME that runs QUAD(KT, VT, a, r0, NR) over the quads of
  * a's rows: NR = 4, and the last quad's 1 to 3, each row count a constant
  * in a copy of its own. */
