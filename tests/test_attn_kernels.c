@@ -522,6 +522,28 @@ static int64_t dec_case(keel_dtype kt, keel_dtype vt, const fixture *fk, const f
     return checked;
 }
 
+/* dec_case over one K / V dtype pair and widths: fixtures from seed (V
+ * from seed + 100), every row count and cell list, each with fresh and
+ * carried running state, softcap off and on. */
+static void dec_pair(keel_dtype kt, keel_dtype vt, int32_t dk, int32_t dv, uint64_t seed, const int32_t *rows,
+                     size_t n_rows, const int32_t *cells, size_t n_cells, base_rng *rng, int64_t *checked,
+                     int64_t *ran)
+{
+    fixture fk, fv;
+    fixture_make(&fk, kt, dk, seed);
+    fixture_make(&fv, vt, dv, seed + 100);
+    for (size_t ri = 0; ri < n_rows; ri++)
+        for (size_t ci = 0; ci < n_cells; ci++)
+            for (int variant = 0; variant < 4; variant++) {
+                int32_t idx[128];
+                for (int32_t j = 0; j < cells[ci]; j++) idx[j] = (int32_t)(base_rng_next(rng) % N_CELLS);
+                *checked += dec_case(kt, vt, &fk, &fv, dk, dv, rows[ri], cells[ci], idx, variant & 1,
+                                     variant & 2 ? 30.0f : 0.0f, rng, ran);
+            }
+    fixture_free(&fk);
+    fixture_free(&fv);
+}
+
 /* The fused decode kernel (attn_dec_fn) against the scalar kernels
  * (dec_case): q8_0 / q4_0 K and V (also mixed), dims 32..512 (and 576: no
  * kernel); f16 / f32 K and V (also mixed), dims 16..576 (72: no kernel), R from 1 to 12 (quads and their tails), cell lists of 1..100
@@ -551,25 +573,13 @@ static void test_dec(void **state)
         for (size_t di = 0; di < BASE_ARRAY_LEN(dims); di++) {
             keel_dtype kt = kv[ki][0], vt = kv[ki][1];
             bool fl = kt == KEEL_DTYPE_F16 || kt == KEEL_DTYPE_F32;
-            /* q8_0 K and V, and f16 / f32 (two cells a step): every tail */
+            /* q8_0 K and V, and f16 / f32 (three or four cells a step): every tail */
             bool q8 = (kt == KEEL_DTYPE_Q8_0 && vt == KEEL_DTYPE_Q8_0) || fl;
             const int32_t *cells = q8 ? cells_q8 : cells_q4;
             size_t n_cells = q8 ? BASE_ARRAY_LEN(cells_q8) : BASE_ARRAY_LEN(cells_q4);
             int32_t dim = fl ? dims_f[di] : dims[di];
-            fixture fk, fv;
-            fixture_make(&fk, kt, dim, 300 + 10 * ki + di);
-            fixture_make(&fv, vt, dim, 400 + 10 * ki + di);
-            for (size_t ri = 0; ri < BASE_ARRAY_LEN(rows); ri++)
-                for (size_t ci = 0; ci < n_cells; ci++)
-                    for (int variant = 0; variant < 4; variant++) {
-                        int32_t R = rows[ri], n = cells[ci];
-                        int32_t idx[128];
-                        for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
-                        checked += dec_case(kt, vt, &fk, &fv, dim, dim, R, n, idx, variant & 1,
-                                            variant & 2 ? 30.0f : 0.0f, &rng, &ran);
-                    }
-            fixture_free(&fk);
-            fixture_free(&fv);
+            dec_pair(kt, vt, dim, dim, 300 + 10 * ki + di, rows, BASE_ARRAY_LEN(rows), cells, n_cells, &rng, &checked,
+                     &ran);
         }
     printf("dec: %lld runs, %lld accumulators checked, paths up to %s\n", (long long)ran,
            (long long)checked, k_path_names[attn_path_best()]);
@@ -577,7 +587,8 @@ static void test_dec(void **state)
 
 /* The fused decode kernels with K and V of different widths (dk != dv, as
  * DeepSeek's latent attention: 192 / 128, 576 / 512), each dtype pair that
- * has a kernel, against the scalar kernels (dec_case). */
+ * has a kernel, against the scalar kernels (dec_pair: fresh and carried
+ * state, softcap off and on). */
 static void test_dec_dims(void **state)
 {
     (void)state;
@@ -590,22 +601,9 @@ static void test_dec_dims(void **state)
     base_rng_seed(&rng, 19);
     int64_t checked = 0, ran = 0;
     for (size_t ki = 0; ki < BASE_ARRAY_LEN(kv); ki++)
-        for (size_t di = 0; di < BASE_ARRAY_LEN(dkv); di++) {
-            keel_dtype kt = kv[ki][0], vt = kv[ki][1];
-            int32_t dk = dkv[di][0], dv = dkv[di][1];
-            fixture fk, fv;
-            fixture_make(&fk, kt, dk, 700 + 10 * ki + di);
-            fixture_make(&fv, vt, dv, 800 + 10 * ki + di);
-            for (size_t ri = 0; ri < BASE_ARRAY_LEN(rows); ri++)
-                for (size_t ci = 0; ci < BASE_ARRAY_LEN(cells); ci++) {
-                    int32_t n = cells[ci], idx[128];
-                    for (int32_t j = 0; j < n; j++) idx[j] = (int32_t)(base_rng_next(&rng) % N_CELLS);
-                    checked += dec_case(kt, vt, &fk, &fv, dk, dv, rows[ri], n, idx, ci & 1, ri == 2 ? 30.0f : 0.0f,
-                                        &rng, &ran);
-                }
-            fixture_free(&fk);
-            fixture_free(&fv);
-        }
+        for (size_t di = 0; di < BASE_ARRAY_LEN(dkv); di++)
+            dec_pair(kv[ki][0], kv[ki][1], dkv[di][0], dkv[di][1], 700 + 10 * ki + di, rows, BASE_ARRAY_LEN(rows),
+                     cells, BASE_ARRAY_LEN(cells), &rng, &checked, &ran);
     printf("dec dims: %lld runs, %lld accumulators checked\n", (long long)ran, (long long)checked);
 }
 
