@@ -57,6 +57,7 @@
  * tensor_matvec_batch, whose every token gets their bits).
  */
 #include "avx2_util.h"
+#include "matvec_batch.h"
 
 /* ---- prefetch ------------------------------------------------------------------------ */
 
@@ -199,9 +200,33 @@ static inline __m256i mv_dot_q8_0(const uint8_t *wb, const uint8_t *xb)
     return dot_us8_i32(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
 }
 
-/* Per eight blocks: the weight scales converted at once, multiplied by the
- * activation's and broadcast from memory per block; two accumulators per
- * row. */
+/* The int8 dots of the m (0..8) blocks at p with the activation's blocks
+ * at xb, one lane per block (lanes past m 0): each pair of blocks folded
+ * as soon as it is done (mv_fold2), then mv_fold4x2. */
+static inline __attribute__((always_inline)) __m256i mv_dots8_q8_0(const uint8_t *p, const uint8_t *xb, int m)
+{
+    __m256i a[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        int c = 2 * k;
+        __m256i d0 = c < m ? mv_dot_q8_0(p + (size_t)c * Q8_0_BYTES, xb + (size_t)c * Q8_0_BYTES)
+                           : _mm256_setzero_si256();
+        __m256i d1 = c + 1 < m ? mv_dot_q8_0(p + (size_t)(c + 1) * Q8_0_BYTES, xb + (size_t)(c + 1) * Q8_0_BYTES)
+                               : _mm256_setzero_si256();
+        a[k] = mv_fold2(d0, d1);
+    }
+    return mv_fold4x2(a);
+}
+
+/* One weight block per lane, eight blocks (a group) at a time: each block's
+ * int8 dot in its natural layout (eight lanes of partial sums, the sign
+ * trick), the group's eight folded into one lane each (exact int32 adds),
+ * one convert, the eight scale products d_w d_x (one IEEE multiply each)
+ * and one FMA into the row's accumulator; the row's value is hsum_ps of
+ * it. A short last group (n not a multiple of 256) leaves its missing
+ * lanes 0 (dot and scale). The batched kernel (matvec_batch_avx2.c) gets
+ * every block's dot into the same lane another way and then does the same
+ * float work, so decode and a verify batch give the same bits. */
 static inline __attribute__((always_inline)) void rows_q8_0(int NS, const uint8_t *const *w, int64_t n,
                                                             const void *xv, const void *xp, uintptr_t last,
                                                             float *out)
@@ -209,37 +234,33 @@ static inline __attribute__((always_inline)) void rows_q8_0(int NS, const uint8_
     const uint8_t *x = xv;
     const float *dx = xp;
     int64_t nb = n / QK, b = 0;
-    __m256 a[2][2];
+    __m256 a[2];
     #pragma GCC unroll 2
-    for (int s = 0; s < NS; s++) a[s][0] = a[s][1] = _mm256_setzero_ps();
+    for (int s = 0; s < NS; s++) a[s] = _mm256_setzero_ps();
     for (; b + 8 <= nb; b += 8) {
         const uint8_t *xb = x + (size_t)b * Q8_0_BYTES;
         __m256 d8 = _mm256_load_ps(dx + b);
-        _Alignas(32) float sc[2][8];
         #pragma GCC unroll 2
         for (int s = 0; s < NS; s++) {
             const uint8_t *p = w[s] + (size_t)b * Q8_0_BYTES;
             mv_pf(p, last, 5);
-            _mm256_store_ps(sc[s], _mm256_mul_ps(f16x8_strided(p, Q8_0_BYTES), d8));
+            __m256 sc = _mm256_mul_ps(f16x8_strided(p, Q8_0_BYTES), d8);
+            a[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv_dots8_q8_0(p, xb, 8)), sc, a[s]);
         }
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++)
-            #pragma GCC unroll 2
-            for (int s = 0; s < NS; s++)
-                a[s][k & 1] = _mm256_fmadd_ps(
-                    _mm256_broadcast_ss(&sc[s][k]),
-                    _mm256_cvtepi32_ps(mv_dot_q8_0(w[s] + (size_t)(b + k) * Q8_0_BYTES, xb + k * Q8_0_BYTES)),
-                    a[s][k & 1]);
     }
-    for (; b < nb; b++)
+    if (b < nb) {
+        int m = (int)(nb - b);
+        const uint8_t *xb = x + (size_t)b * Q8_0_BYTES;
+        __m256 d8 = _mm256_load_ps(dx + b); /* zero past nb */
         #pragma GCC unroll 2
         for (int s = 0; s < NS; s++) {
             const uint8_t *p = w[s] + (size_t)b * Q8_0_BYTES;
-            a[s][0] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * dx[b]),
-                                      _mm256_cvtepi32_ps(mv_dot_q8_0(p, x + (size_t)b * Q8_0_BYTES)), a[s][0]);
+            __m256 sc = _mm256_mul_ps(mvb_scales_tail(p, m), d8);
+            a[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv_dots8_q8_0(p, xb, m)), sc, a[s]);
         }
+    }
     #pragma GCC unroll 2
-    for (int s = 0; s < NS; s++) out[s] = hsum_ps(_mm256_add_ps(a[s][0], a[s][1]));
+    for (int s = 0; s < NS; s++) out[s] = hsum_ps(a[s]);
 }
 
 MV_ROWS2(mv_q8_0, rows_q8_0)

@@ -1,140 +1,401 @@
 /*
- * matvec_batch_avx2.c — batched matrix-vector kernels (tensor_mvb_avx2_):
- * every weight row read once and dotted against up to TENSOR_MV_BATCH_MAX
- * activations (a speculative verify batch), each token's result bit for bit
- * what matvec_avx2.c's row kernel gives that token alone.
+ * matvec_batch_avx2.c — the batched q8_0 row kernel of the avx2 level
+ * (tensor_mvb_avx2_): every weight row read once and dotted against up to
+ * TENSOR_MV_BATCH_MAX activations (a speculative verify batch), each
+ * token's result bit for bit what matvec_avx2.c's row kernel gives that
+ * token alone.
  *
- * Bit-identity is by construction: per row and token the same integer lanes
- * (the int8 dots are exact), the same scale products (f16 weight scale x
- * activation scale, one IEEE multiply), the same FMAs into the same two
- * accumulators (blocks alternate between them within each group of eight,
- * the tail goes to the first) and the same horizontal sum. What changes is
- * only what is shared: the weight block is loaded, its sign taken and its
- * scales converted once per group of up to four tokens (four pairs of
- * accumulators fit the 16 ymm registers), and the row comes from memory
- * once (later groups find it in L1).
+ * The row kernel keeps one weight block per 32-bit lane: a row is taken
+ * eight blocks (a group) at a time, each block's int8 dot is folded into a
+ * lane of its own (exact int32 adds), and per group there is one convert,
+ * one multiply (the eight scale products d_w d_x) and one FMA. The float
+ * work is what fixes the bits, and it is per group, not per block: the
+ * kernels below only have to get every block's exact dot into its lane.
  *
- * q8_0 only; other dtypes run the row kernel token by token over L1-sized
- * chunks of rows (tensor_matvec_batch in matmul.c). The AVX-512 VNNI form
- * is in matvec_batch_avx512.c.
+ * - A few tokens (2..MVB_SMALL): small_row takes each block as the row
+ *   kernel does (the sign trick: |w| against x with w's sign, vpmaddubsw,
+ *   vpmaddwd by ones, then the fold), the weight block's load and |w|
+ *   shared by the tokens.
+ * - More tokens: the group is sign-extended to int16 and transposed once
+ *   for all tokens (t8_i16: vector i lane c = values 2i, 2i+1 of block c),
+ *   and each token takes sixteen vpmaddwd and vpaddd against its
+ *   activation packed the same way (once per product): per block and
+ *   token two multiplies and two adds, no sign trick and no fold. Tokens
+ *   share the transposed group from L1 in chunks of up to MVB_CHUNK, whose
+ *   int32 sums stay in registers.
+ * - One token (the 17th of a 17-token batch, or deterministic decode): the
+ *   row kernel itself, on a copy of the activation.
+ *
+ * The integers are the same in every form (|dot| <= 32 * 128 * 127 <
+ * 2^24: exact in int32 and in f32). The sign trick needs activations in
+ * [-127, 127], which the q8_0 quantizer guarantees; the int16 products are
+ * exact for any byte.
+ *
+ * Before (the seventh pass's kernel), every token paid the row kernel's
+ * old per-block work: the sign trick and then a convert and an FMA per
+ * block (docs/kernels.md, "Eighteenth pass", has the measurements). The
+ * AVX-512 VNNI form is in matvec_batch_avx512.c.
  */
 #include "matvec_batch.h"
 
-#define MVB_TOKS 4 /* tokens per pass over a row (four accumulator pairs fill the 16 ymm registers) */
+#define MVB_SMALL  4 /* at most this many tokens take small_row */
+#define MVB_CHUNK  8 /* tokens whose int32 sums share the registers, one row at a time */
+#define MVB_CHUNK2 6 /* the same, two rows at a time */
+#define MVB_REC    (16 * 32 + 32) /* one token's group: xt [16][32] i16 pairs, dx [8] f32 */
+
+_Static_assert(TENSOR_MV_BATCH_MAX <= 16 && TENSOR_MV_BATCH_MAX <= 3 * MVB_CHUNK2,
+               "rows_q8_0 holds at most 16 tokens in at most three chunks");
+
+/* ---- one block per lane, by transposing ------------------------------------------------ */
+
+/* o[j] lane c = r[c] dword j (an 8 x 8 transpose of dwords). */
+static inline __attribute__((always_inline)) void t8x8_epi32(const __m256i r[8], __m256i o[8])
+{
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4h + j] = rows 4h..4h+3, dword j (lower half) and j + 4 (upper) */
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        o[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        o[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+}
+
+/* The values of the m (0..8) q8_0 blocks at p (block 0's scale) as int16
+ * pairs, one block per lane: g[i] lane c = values 2i, 2i+1 of block c
+ * (lanes past m zero; nothing past the m blocks is read). */
+static inline __attribute__((always_inline)) void t8_i16(const uint8_t *p, int m, __m256i g[16])
+{
+    __m256i lo[8], hi[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        const uint8_t *q = p + (size_t)c * Q8_0_BYTES + 2;
+        lo[c] = c < m ? _mm256_cvtepi8_epi16(loadu_128(q)) : _mm256_setzero_si256();
+        hi[c] = c < m ? _mm256_cvtepi8_epi16(loadu_128(q + 16)) : _mm256_setzero_si256();
+    }
+    t8x8_epi32(lo, g);
+    t8x8_epi32(hi, g + 8);
+}
 
 /* ---- packed activations ------------------------------------------------------------ */
 
-/* One group of T tokens: qs [nb][T][32] i8 (block b of every token side by
- * side) | dx (matvec_batch.h). */
-static size_t grp_qs(int64_t nb, int T)
+/* A batch of more than MVB_SMALL tokens: rec [ng][T] (ng = ceil(nb / 8)),
+ * each MVB_REC bytes: t8_i16 of the token's blocks 8j..8j+7, then their
+ * scales (zero past nb). A smaller batch: per token, its q8_0 row as it is
+ * (64-byte aligned), then tensor_mv_prep_avx2_'s prepared form of it (the
+ * scales, zero past nb). */
+static size_t one_x_bytes(int64_t nb)
 {
-    return mvb_up64((size_t)nb * (size_t)T * 32);
+    return mvb_up64((size_t)nb * Q8_0_BYTES);
 }
 
-static size_t grp_bytes(int64_t nb, int T)
+/* Bytes of one token's part of a small batch. */
+static size_t one_bytes(int64_t n)
 {
-    return grp_qs(nb, T) + mvb_dx_bytes(nb, T);
+    return one_x_bytes(n / QK) + mvb_up64(tensor_mv_prep_avx2_[KEEL_DTYPE_Q8_0].bytes(n));
 }
 
 static size_t pack_q8_0_bytes(int64_t n, int n_tok)
 {
-    return mvb_pack_bytes(n, n_tok, MVB_TOKS, grp_bytes);
+    int64_t nb = n / QK;
+    if (n_tok <= MVB_SMALL) return (size_t)n_tok * one_bytes(n);
+    return (size_t)((nb + 7) / 8) * (size_t)n_tok * MVB_REC;
 }
 
 static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
 {
     int64_t nb = n / QK;
-    int G = mvb_groups(n_tok, MVB_TOKS);
     uint8_t *o = packed;
-    for (int g = 0; g < G; g++) {
-        int t0, T;
-        mvb_group(g, G, n_tok, &t0, &T);
-        float *dx = (float *)(void *)(o + grp_qs(nb, T));
-        for (int t = 0; t < T; t++) {
-            const uint8_t *x = xv[t0 + t];
-            for (int64_t b = 0; b < nb; b++)
-                memcpy(o + ((size_t)b * (size_t)T + (size_t)t) * 32, x + (size_t)b * Q8_0_BYTES + 2, 32);
-            mvb_pack_dx(x, nb, T, t, dx);
+    if (n_tok <= MVB_SMALL) {
+        for (int t = 0; t < n_tok; t++, o += one_bytes(n)) {
+            memcpy(o, xv[t], (size_t)nb * Q8_0_BYTES);
+            tensor_mv_prep_avx2_[KEEL_DTYPE_Q8_0].run(o, n, o + one_x_bytes(nb));
         }
-        o += grp_bytes(nb, T);
+        return;
+    }
+    for (int t = 0; t < n_tok; t++) {
+        const uint8_t *x = xv[t];
+        for (int64_t b = 0; b < nb; b += 8) {
+            uint8_t *rec = o + ((size_t)(b / 8) * (size_t)n_tok + (size_t)t) * MVB_REC;
+            int m = nb - b >= 8 ? 8 : (int)(nb - b);
+            __m256i g[16];
+            t8_i16(x + (size_t)b * Q8_0_BYTES, m, g);
+            for (int i = 0; i < 16; i++)
+                _mm256_store_si256((__m256i *)(void *)(rec + 32 * i), g[i]);
+            _mm256_store_ps((float *)(void *)(rec + 16 * 32),
+                            mvb_scales_tail(x + (size_t)b * Q8_0_BYTES, m));
+        }
     }
 }
 
-/* ---- the kernel --------------------------------------------------------------------- */
+/* ---- a few tokens ---------------------------------------------------------------------- */
 
-/* One row against the T tokens of a group: matvec_avx2.c's rows_q8_0 for
- * each (the weight block's load, sign and scale conversion shared). */
-static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t *w, int64_t nb,
-                                                           const uint8_t *qs, const float *dxp, bool pf,
-                                                           uintptr_t last, float *out)
+/* The m (1..8) blocks of a group at p against T (2..4) tokens' blocks at
+ * xs[t] + xo, as the row kernel takes them (matvec_avx2.c: each block's
+ * dot in eight lanes by the sign trick, the group folded into one lane per
+ * block), with the weight block's load and |w| shared by the tokens; then
+ * each token's convert and FMA. */
+static inline __attribute__((always_inline)) void small_group(int T, const uint8_t *p, int m,
+                                                              const uint8_t *const *xs, size_t xo,
+                                                              const __m256 *sc, __m256 *a)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 a[MVB_TOKS][2];
+    __m256i h[4][2];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        int c = 2 * k;
+        __m256i w0 = c < m ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2) : _mm256_setzero_si256();
+        __m256i w1 =
+            c + 1 < m ? loadu_256(p + (size_t)(c + 1) * Q8_0_BYTES + 2) : _mm256_setzero_si256();
+        __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const uint8_t *x = xs[t] + xo + (size_t)c * Q8_0_BYTES + 2;
+            __m256i d0 = c < m ? dot_us8_i32(u0, _mm256_sign_epi8(loadu_256(x), w0))
+                               : _mm256_setzero_si256();
+            __m256i d1 = c + 1 < m
+                             ? dot_us8_i32(u1, _mm256_sign_epi8(loadu_256(x + Q8_0_BYTES), w1))
+                             : _mm256_setzero_si256();
+            __m256i f = mv_fold2(d0, d1);
+            /* mv_fold4x2's first step as soon as two pairs are done */
+            if (k & 1)
+                h[t][k / 2] = _mm256_add_epi32(_mm256_unpacklo_epi64(h[t][k / 2], f),
+                                               _mm256_unpackhi_epi64(h[t][k / 2], f));
+            else
+                h[t][k / 2] = f;
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        __m256i d = _mm256_add_epi32(_mm256_permute2x128_si256(h[t][0], h[t][1], 0x20),
+                                     _mm256_permute2x128_si256(h[t][0], h[t][1], 0x31));
+        a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc[t], a[t]);
+    }
+}
+
+/* One row against T (2..4) tokens (xs: their q8_0 rows, dxs: their
+ * prepared scales), each result the row kernel's bits. */
+static inline __attribute__((always_inline)) void small_row(int T, const uint8_t *w, int64_t nb,
+                                                            const uint8_t *const *xs,
+                                                            const float *const *dxs, uintptr_t last,
+                                                            float *out)
+{
+    __m256 a[4], sc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        a[t] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-        if (pf) mv_pf(p, last, 5);
+        mv_pf(p, last, 5);
         __m256 dw = f16x8_strided(p, Q8_0_BYTES);
-        const float *d8 = dxp + (size_t)b * (size_t)T;
-        _Alignas(32) float sc[MVB_TOKS][8];
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) _mm256_store_ps(sc[t], _mm256_mul_ps(dw, _mm256_load_ps(d8 + 8 * t)));
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            __m256i wq = loadu_256(p + (size_t)k * Q8_0_BYTES + 2), wa = _mm256_sign_epi8(wq, wq);
-            const uint8_t *q = qs + (size_t)(b + k) * (size_t)T * 32;
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                __m256i xq = _mm256_load_si256((const __m256i *)(const void *)(q + 32 * t));
-                __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
-                a[t][k & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[t][k]), _mm256_cvtepi32_ps(d), a[t][k & 1]);
-            }
-        }
+        for (int t = 0; t < T; t++)
+            sc[t] = _mm256_mul_ps(dw, _mm256_load_ps(dxs[t] + b));
+        small_group(T, p, 8, xs, (size_t)b * Q8_0_BYTES, sc, a);
     }
-    for (; b < nb; b++) {
+    if (b < nb) {
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-        __m256i wq = loadu_256(p + 2), wa = _mm256_sign_epi8(wq, wq);
-        float dw = f16_load(p);
-        const uint8_t *q = qs + (size_t)b * (size_t)T * 32;
-        const float *d8 = dxp + (size_t)(b & ~(int64_t)7) * (size_t)T + (size_t)(b & 7);
+        __m256 dw = mvb_scales_tail(p, (int)(nb - b));
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            __m256i xq = _mm256_load_si256((const __m256i *)(const void *)(q + 32 * t));
-            __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wq)), ones);
-            a[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d8[8 * t]), _mm256_cvtepi32_ps(d), a[t][0]);
-        }
+        for (int t = 0; t < T; t++)
+            sc[t] = _mm256_mul_ps(dw, _mm256_load_ps(dxs[t] + b));
+        small_group(T, p, (int)(nb - b), xs, (size_t)b * Q8_0_BYTES, sc, a);
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) out[t] = hsum_ps(_mm256_add_ps(a[t][0], a[t][1]));
+    for (int t = 0; t < T; t++)
+        out[t] = hsum_ps(a[t]);
 }
 
-static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok, const void *packed, float *y,
-                     size_t ys)
+/* ---- more tokens ----------------------------------------------------------------------- */
+
+/* C tokens (their records from r on) against R (1 or 2) rows' transposed
+ * groups g[16 k ..] with weight scales dw[k]: each token's dots (sixteen
+ * vpmaddwd a row, each activation vector loaded once for the rows), then
+ * the convert, scale product and FMA into acc[k][t]. */
+static inline __attribute__((always_inline)) void chunk_q8_0(int R, int C, const __m256i *g,
+                                                             const uint8_t *r, const __m256 *dw,
+                                                             float (*const *acc)[8])
 {
-    uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
-    int64_t nb = n / QK;
-    int G = mvb_groups(n_tok, MVB_TOKS);
-    for (int64_t r = 0; r < nr; r++) {
-        const uint8_t *w = W + (size_t)r * rb;
-        const uint8_t *o = packed;
-        for (int g = 0; g < G; g++) {
-            int t0, T;
-            mvb_group(g, G, n_tok, &t0, &T);
-            const uint8_t *qs = o;
-            const float *dx = (const float *)(const void *)(o + grp_qs(nb, T));
-            float v[MVB_TOKS];
-            bool pf = g == 0; /* the first pass brings the row in */
-            switch (T) {
-            case 4: q8_0_row(4, w, nb, qs, dx, pf, last, v); break;
-            case 3: q8_0_row(3, w, nb, qs, dx, pf, last, v); break;
-            case 2: q8_0_row(2, w, nb, qs, dx, pf, last, v); break;
-            default: q8_0_row(1, w, nb, qs, dx, pf, last, v); break;
-            }
-            for (int t = 0; t < T; t++) y[(size_t)(t0 + t) * ys + (size_t)r] = v[t];
-            o += grp_bytes(nb, T);
+    __m256i s[2][MVB_CHUNK];
+#pragma GCC unroll 2
+    for (int k = 0; k < R; k++)
+#pragma GCC unroll 8
+        for (int t = 0; t < C; t++)
+            s[k][t] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        __m256i gi[2];
+#pragma GCC unroll 2
+        for (int k = 0; k < R; k++) {
+            gi[k] = _mm256_load_si256(g + 16 * k + i);
+            __asm__("" : "+x"(gi[k])); /* kept in a register, not reloaded from g per token */
         }
+#pragma GCC unroll 8
+        for (int t = 0; t < C; t++) {
+            __m256i x = _mm256_load_si256(
+                (const __m256i *)(const void *)(r + (size_t)t * MVB_REC + 32 * i));
+#pragma GCC unroll 2
+            for (int k = 0; k < R; k++) {
+                s[k][t] = _mm256_add_epi32(s[k][t], _mm256_madd_epi16(gi[k], x));
+                /* one chain per row and token: gcc otherwise reassociates
+                 * the adds into a tree, computes the products first and
+                 * spills them */
+                __asm__("" : "+x"(s[k][t]));
+            }
+        }
+        /* and no load of the next vector's products hoisted above this
+         * one's adds (gcc computed all sixteen products of a token first
+         * and spilled them) */
+        __asm__ volatile("" ::: "memory");
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < C; t++) {
+        __m256 dx =
+            _mm256_load_ps((const float *)(const void *)(r + (size_t)t * MVB_REC + 16 * 32));
+#pragma GCC unroll 2
+        for (int k = 0; k < R; k++)
+            _mm256_store_ps(acc[k][t],
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[k][t]), _mm256_mul_ps(dw[k], dx),
+                                            _mm256_load_ps(acc[k][t])));
+    }
+}
+
+/* Most tokens a chunk of R rows takes: R x C sums, the R group vectors and
+ * an activation vector in the 16 registers. */
+static inline int chunk_max(int R)
+{
+    return R == 2 ? MVB_CHUNK2 : MVB_CHUNK;
+}
+
+static void chunk_any(int R, int C, const __m256i *g, const uint8_t *r, const __m256 *dw,
+                      float (*const *acc)[8])
+{
+#define MVB_CASE(RR, N)                                                                            \
+    case N:                                                                                        \
+        chunk_q8_0(RR, N, g, r, dw, acc);                                                          \
+        break;
+    if (R == 2) {
+        switch (C) {
+            MVB_CASE(2, 6)
+            MVB_CASE(2, 5)
+            MVB_CASE(2, 4)
+            MVB_CASE(2, 3)
+            MVB_CASE(2, 2)
+        default:
+            chunk_q8_0(2, 1, g, r, dw, acc);
+            break;
+        }
+        return;
+    }
+    switch (C) {
+        MVB_CASE(1, 8)
+        MVB_CASE(1, 7)
+        MVB_CASE(1, 6)
+        MVB_CASE(1, 5)
+        MVB_CASE(1, 4)
+        MVB_CASE(1, 3)
+        MVB_CASE(1, 2)
+    default:
+        chunk_q8_0(1, 1, g, r, dw, acc);
+        break;
+    }
+#undef MVB_CASE
+}
+
+/* R (1 or 2) consecutive rows from w against T (MVB_SMALL + 1..16) tokens:
+ * per group, each row's weights transposed once, then the tokens in
+ * chunks of about equal size, each activation vector loaded once for both
+ * rows. out[16 k + t]: row k, token t. */
+static void rows_q8_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, const uint8_t *rec,
+                      uintptr_t last, float *out)
+{
+    _Alignas(32) float acc[2][16][8];
+    for (int k = 0; k < R; k++)
+        for (int t = 0; t < T; t++)
+            _mm256_store_ps(acc[k][t], _mm256_setzero_ps());
+    int cm = chunk_max(R), nc = (T + cm - 1) / cm, t0[4];
+    for (int c = 0; c <= nc; c++)
+        t0[c] = c * T / nc;
+    for (int64_t b = 0; b < nb; b += 8, rec += (size_t)T * MVB_REC) {
+        int m = nb - b >= 8 ? 8 : (int)(nb - b);
+        _Alignas(32) __m256i g[32];
+        __m256 dw[2];
+        for (int k = 0; k < R; k++) {
+            const uint8_t *p = w + (size_t)k * rb + (size_t)b * Q8_0_BYTES;
+            /* each row asks for its own lines ahead and, past its end, for
+             * the row R after it (the next pass's), not for its neighbour */
+            mv_pf(p + ((size_t)b * Q8_0_BYTES + MV_PF >= rb ? (size_t)(R - 1) * rb : 0), last, 5);
+            if (m == 8) {
+                t8_i16(p, 8, g + 16 * k);
+                dw[k] = f16x8_strided(p, Q8_0_BYTES);
+            } else {
+                t8_i16(p, m, g + 16 * k);
+                dw[k] = mvb_scales_tail(p, m);
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            float(*const a[2])[8] = {acc[0] + t0[c], acc[1] + t0[c]};
+            chunk_any(R, t0[c + 1] - t0[c], g, rec + (size_t)t0[c] * MVB_REC, dw, a);
+        }
+    }
+    for (int k = 0; k < R; k++)
+        for (int t = 0; t < T; t++)
+            out[16 * k + t] = hsum_ps(_mm256_load_ps(acc[k][t]));
+}
+
+static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                     const void *packed, float *y, size_t ys)
+{
+    int64_t nb = n / QK;
+    const uint8_t *o = packed;
+    if (n_tok == 1) {
+        tensor_mv_avx2_[KEEL_DTYPE_Q8_0](nr, n, W, rb, o, o + one_x_bytes(nb), y);
+        return;
+    }
+    uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
+    if (n_tok <= MVB_SMALL) {
+        const uint8_t *xs[MVB_SMALL];
+        const float *dxs[MVB_SMALL];
+        for (int t = 0; t < n_tok; t++) {
+            xs[t] = o + (size_t)t * one_bytes(n);
+            dxs[t] = (const float *)(const void *)(xs[t] + one_x_bytes(nb));
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            float v[MVB_SMALL];
+            switch (n_tok) {
+            case 4:
+                small_row(4, W + (size_t)r * rb, nb, xs, dxs, last, v);
+                break;
+            case 3:
+                small_row(3, W + (size_t)r * rb, nb, xs, dxs, last, v);
+                break;
+            default:
+                small_row(2, W + (size_t)r * rb, nb, xs, dxs, last, v);
+                break;
+            }
+            for (int t = 0; t < n_tok; t++)
+                y[(size_t)t * ys + (size_t)r] = v[t];
+        }
+        return;
+    }
+    for (int64_t r = 0; r < nr; r += 2) {
+        int R = nr - r >= 2 ? 2 : 1;
+        float v[2 * 16];
+        rows_q8_0(R, n_tok, W + (size_t)r * rb, rb, nb, o, last, v);
+        for (int k = 0; k < R; k++)
+            for (int t = 0; t < n_tok; t++)
+                y[(size_t)t * ys + (size_t)(r + k)] = v[k * 16 + t];
     }
 }
 

@@ -149,24 +149,6 @@ static size_t prep_q8_0_bytes(int64_t n)
     return mvb_up64((size_t)nb * 32) + (size_t)ng * MVB_G * 8;
 }
 
-/* Eight blocks' partial-sum vectors p[0..7] (8 lanes each) -> lane c = the
- * sum of p[c]'s lanes (exact int32 adds). */
-static inline __attribute__((always_inline)) __m256i mv_fold8(const __m256i p[8])
-{
-    __m256i a[4], b[2];
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++)
-        a[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * k], p[2 * k + 1]),
-                                _mm256_unpackhi_epi32(p[2 * k], p[2 * k + 1]));
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; k++)
-        b[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2 * k], a[2 * k + 1]),
-                                _mm256_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
-    /* b[k] halves: blocks 4k..4k+3 over dwords 0-3, then over 4-7 */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(b[0], b[1], 0x20),
-                            _mm256_permute2x128_si256(b[0], b[1], 0x31));
-}
-
 /* The int8 dots of m (<= 8) blocks at p (block 0's scale) with xs, one
  * lane each (lanes past m: 0), biased as the batched kernel's (w + 128). */
 static inline __attribute__((always_inline)) __m256i mv_dots8(const uint8_t *p, const uint8_t *xs,
