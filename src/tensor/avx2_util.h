@@ -16,14 +16,20 @@
 
 #define MV_PF 3072 /* prefetch distance in bytes (1024-4096 swept on an Intel VM: 3072 best with 2 threads) */
 
-/* Asks for the `lines` lines from cur + MV_PF on (clamped to last, the
- * range's last byte: a repeated request for it costs a load slot, no
- * traffic). __builtin_prefetch, not _mm_prefetch: gcc 12 at -O2 dropped the
- * latter inside the always_inline kernels (no prefetch left in the code). */
+/* Asks for the `lines` lines from cur + MV_PF on (mv_pf_at: from the
+ * address a, kept in integer arithmetic as it may lie past the object),
+ * clamped to last, the range's last byte: a repeated request for it costs
+ * a load slot, no traffic. __builtin_prefetch, not _mm_prefetch: gcc 12 at
+ * -O2 dropped the latter inside the always_inline kernels (no prefetch
+ * left in the code). */
+static inline void mv_pf_at(uintptr_t a, uintptr_t last, int lines)
+{
+    for (int k = 0; k < lines; k++, a += 64) __builtin_prefetch((const void *)(a < last ? a : last), 0, 3);
+}
+
 static inline void mv_pf(const uint8_t *cur, uintptr_t last, int lines)
 {
-    uintptr_t a = (uintptr_t)cur + MV_PF;
-    for (int k = 0; k < lines; k++, a += 64) __builtin_prefetch((const void *)(a < last ? a : last), 0, 3);
+    mv_pf_at((uintptr_t)cur + MV_PF, last, lines);
 }
 
 /* Eight f16 values at p, p + stride, ... as f32: gathered through a small

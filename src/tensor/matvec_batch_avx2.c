@@ -335,7 +335,8 @@ static void rows_q8_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, con
             const uint8_t *p = w + (size_t)k * rb + (size_t)b * Q8_0_BYTES;
             /* each row asks for its own lines ahead and, past its end, for
              * the row R after it (the next pass's), not for its neighbour */
-            mv_pf(p + ((size_t)b * Q8_0_BYTES + MV_PF >= rb ? (size_t)(R - 1) * rb : 0), last, 5);
+            mv_pf_at((uintptr_t)p + MV_PF + ((size_t)b * Q8_0_BYTES + MV_PF >= rb ? (size_t)(R - 1) * rb : 0),
+                     last, 5);
             if (m == 8) {
                 t8_i16(p, 8, g + 16 * k);
                 dw[k] = f16x8_strided(p, Q8_0_BYTES);
