@@ -80,9 +80,11 @@ static inline __attribute__((always_inline)) void t8_i16(const uint8_t *p, int m
     __m256i lo[8], hi[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
-        const uint8_t *q = p + (size_t)c * Q8_0_BYTES + 2;
-        lo[c] = c < m ? _mm256_cvtepi8_epi16(loadu_128(q)) : _mm256_setzero_si256();
-        hi[c] = c < m ? _mm256_cvtepi8_epi16(loadu_128(q + 16)) : _mm256_setzero_si256();
+        /* (no address past the m blocks is formed) */
+        lo[c] = c < m ? _mm256_cvtepi8_epi16(loadu_128(p + (size_t)c * Q8_0_BYTES + 2))
+                      : _mm256_setzero_si256();
+        hi[c] = c < m ? _mm256_cvtepi8_epi16(loadu_128(p + (size_t)c * Q8_0_BYTES + 18))
+                      : _mm256_setzero_si256();
     }
     t8x8_epi32(lo, g);
     t8x8_epi32(hi, g + 8);
@@ -160,12 +162,17 @@ static inline __attribute__((always_inline)) void small_group(int T, const uint8
         __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            const uint8_t *x = xs[t] + xo + (size_t)c * Q8_0_BYTES + 2;
-            __m256i d0 = c < m ? dot_us8_i32(u0, _mm256_sign_epi8(loadu_256(x), w0))
-                               : _mm256_setzero_si256();
-            __m256i d1 = c + 1 < m
-                             ? dot_us8_i32(u1, _mm256_sign_epi8(loadu_256(x + Q8_0_BYTES), w1))
-                             : _mm256_setzero_si256();
+            /* (no address past the m blocks is formed) */
+            const uint8_t *x = xs[t] + xo;
+            __m256i d0 =
+                c < m ? dot_us8_i32(u0,
+                                    _mm256_sign_epi8(loadu_256(x + (size_t)c * Q8_0_BYTES + 2), w0))
+                      : _mm256_setzero_si256();
+            __m256i d1 =
+                c + 1 < m
+                    ? dot_us8_i32(
+                          u1, _mm256_sign_epi8(loadu_256(x + (size_t)(c + 1) * Q8_0_BYTES + 2), w1))
+                    : _mm256_setzero_si256();
             __m256i f = mv_fold2(d0, d1);
             /* mv_fold4x2's first step as soon as two pairs are done */
             if (k & 1)
@@ -335,7 +342,8 @@ static void rows_q8_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, con
             const uint8_t *p = w + (size_t)k * rb + (size_t)b * Q8_0_BYTES;
             /* each row asks for its own lines ahead and, past its end, for
              * the row R after it (the next pass's), not for its neighbour */
-            mv_pf_at((uintptr_t)p + MV_PF + ((size_t)b * Q8_0_BYTES + MV_PF >= rb ? (size_t)(R - 1) * rb : 0),
+            mv_pf_at((uintptr_t)p + MV_PF +
+                         ((size_t)b * Q8_0_BYTES + MV_PF >= rb ? (size_t)(R - 1) * rb : 0),
                      last, 5);
             if (m == 8) {
                 t8_i16(p, 8, g + 16 * k);
