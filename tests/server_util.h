@@ -20,7 +20,9 @@ typedef struct srvt_proc {
     srv_buf out;     /* what it printed so far */
 } srvt_proc;
 
-/* Under ASan (KEEL_ASAN set) everything is slower: timeouts scale by this. */
+/* Under ASan (KEEL_ASAN set) and in a TSan build everything is slower:
+ * timeouts scale by this, and tests take smaller workloads where it is
+ * above 1. */
 int srvt_slow(void);
 
 /* Writes a generated model (keel_gen_model) to a fresh /tmp file; the path
