@@ -165,10 +165,36 @@ static inline void q6_K_values(const uint8_t *b, int nh, __m256i q[4])
                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
 }
 
+/* The 12-byte scale fields of q4_K / q5_K at qa and qb (16 bytes readable
+ * at each) as 16 u8 per lane (lane 0 from qa, lane 1 from qb): scales 0-7,
+ * then mins 0-7 (kq_scale_min's bit layout): bytes 0-3 hold scales 0-3
+ * (low 6 bits) and the top bits of scales 4-7, bytes 4-7 the same for the
+ * mins, bytes 8-11 the low nibbles of scales 4-7 and (high nibbles) of
+ * mins 4-7. Two in-lane shuffles put each value's sources in its byte;
+ * masks and shifts do the rest, no scalar work. */
+static inline __m256i kq_scales_mins_u8x2(const uint8_t *qa, const uint8_t *qb)
+{
+    const char z = (char)0x80;
+    __m256i v = _mm256_loadu2_m128i((const __m128i *)qb, (const __m128i *)qa);
+    /* low-bit sources: sc0-3 <- q0-3, sc4-7 <- q8-11, mn0-3 <- q4-7, mn4-7 <- q8-11 */
+    __m256i a = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2,
+                                                        3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    /* high-bit sources: sc4-7 <- top bits of q0-3, mn4-7 <- top bits of q4-7 */
+    __m256i h = _mm256_shuffle_epi8(v, _mm256_setr_epi8(z, z, z, z, 0, 1, 2, 3, z, z, z, z, 4, 5, 6, 7, z, z, z, z, 0,
+                                                        1, 2, 3, z, z, z, z, 4, 5, 6, 7));
+    __m256i lo = _mm256_and_si256(a, _mm256_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0, 63,
+                                                      63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    __m256i ln = _mm256_and_si256(_mm256_srli_epi16(a, 4), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15,
+                                                                            15, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                            15, 15, 15, 15));
+    __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2), _mm256_set1_epi8(0x30)); /* (b >> 6) << 4 */
+    return _mm256_or_si256(_mm256_or_si256(lo, ln), hb);
+}
+
 /* The 12-byte scale field of q4_K/q5_K as 16 int16: 8 scales, 8 mins.
  * Bit form of kq_scale_min: words w0..w2 hold bytes 0-3, 4-7, 8-11. The
  * matvec rows decode two fields at once with shuffles instead
- * (kq_scales_mins_u8x2, matvec_avx2.c); for the dot's one field this
+ * (kq_scales_mins_u8x2, above); for the dot's one field this
  * scalar form measured faster (keel bench kernels --simd avx2, q4_K
  * dot_tiles at 16 tokens: 140.7-144.8 GFLOP/s against 134.4-140.0 with
  * the shuffles), its bit work running beside the vector ports. */

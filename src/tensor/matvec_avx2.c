@@ -332,32 +332,6 @@ MV_ROWS2(mv_q4_0, rows_q4_0)
 
 /* ---- K-quants ----------------------------------------------------------------------- */
 
-/* The 12-byte scale fields of q4_K / q5_K at qa and qb (16 bytes readable
- * at each) as 16 u8 per lane (lane 0 from qa, lane 1 from qb): scales 0-7,
- * then mins 0-7 (kq_scale_min's bit layout): bytes 0-3 hold scales 0-3
- * (low 6 bits) and the top bits of scales 4-7, bytes 4-7 the same for the
- * mins, bytes 8-11 the low nibbles of scales 4-7 and (high nibbles) of
- * mins 4-7. Two in-lane shuffles put each value's sources in its byte;
- * masks and shifts do the rest, no scalar work. */
-static inline __m256i kq_scales_mins_u8x2(const uint8_t *qa, const uint8_t *qb)
-{
-    const char z = (char)0x80;
-    __m256i v = _mm256_loadu2_m128i((const __m128i *)qb, (const __m128i *)qa);
-    /* low-bit sources: sc0-3 <- q0-3, sc4-7 <- q8-11, mn0-3 <- q4-7, mn4-7 <- q8-11 */
-    __m256i a = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2,
-                                                        3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    /* high-bit sources: sc4-7 <- top bits of q0-3, mn4-7 <- top bits of q4-7 */
-    __m256i h = _mm256_shuffle_epi8(v, _mm256_setr_epi8(z, z, z, z, 0, 1, 2, 3, z, z, z, z, 4, 5, 6, 7, z, z, z, z, 0,
-                                                        1, 2, 3, z, z, z, z, 4, 5, 6, 7));
-    __m256i lo = _mm256_and_si256(a, _mm256_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0, 63,
-                                                      63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-    __m256i ln = _mm256_and_si256(_mm256_srli_epi16(a, 4), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15,
-                                                                            15, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                                            15, 15, 15, 15));
-    __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h, 2), _mm256_set1_epi8(0x30)); /* (b >> 6) << 4 */
-    return _mm256_or_si256(_mm256_or_si256(lo, ln), hb);
-}
-
 /* q4_K / q5_K rows against q8_K. Per super-block and row the integer sum
  * sum_j sc_j (q . x)_j (8 x i32) scaled by d d_x, and the mins term
  * -dmin d_x sum_j m_j xsum_j. What is per super-block rather than per

@@ -408,6 +408,184 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
     }
 }
 
+/* ---- q4_K / q5_K -------------------------------------------------------------------- */
+
+/* A batch of q4_K / q5_K rows against q8_K activations: per token, its
+ * q8_K row (64-byte aligned), then tensor_mv_prep_avx2_'s prepared form
+ * (the sums over each 32-value sub-block as int16 pairs, d_x). */
+static size_t kq_x_bytes(int64_t n)
+{
+    return mvb_up64((size_t)(n / QK_K) * Q8_K_BYTES);
+}
+
+static size_t kq_one_bytes(int64_t n)
+{
+    return kq_x_bytes(n) + mvb_up64(tensor_mv_prep_avx2_[KEEL_DTYPE_Q4_K].bytes(n));
+}
+
+static size_t pack_kq_bytes(int64_t n, int n_tok)
+{
+    return (size_t)n_tok * kq_one_bytes(n);
+}
+
+static void pack_kq(const void *const *xv, int n_tok, int64_t n, void *packed)
+{
+    uint8_t *o = packed;
+    for (int t = 0; t < n_tok; t++, o += kq_one_bytes(n)) {
+        memcpy(o, xv[t], (size_t)(n / QK_K) * Q8_K_BYTES);
+        tensor_mv_prep_avx2_[KEEL_DTYPE_Q4_K].run(o, n, o + kq_x_bytes(n));
+    }
+}
+
+/* One q4_K / q5_K row (Q5: q5_K) against T (1..16) tokens: matvec_avx2.c's
+ * rows_q45_K with a pair of tokens where it has a pair of rows. What
+ * depends on the row alone (the scale field's decode, the weights' nibbles
+ * and fifth bits, d and dmin) is done once per super-block for all tokens;
+ * each pair of tokens then takes the row kernel's integer and float steps
+ * with token t in the lanes of its first row and t + 1 in those of its
+ * second, which give each token what the row kernel gives it alone (its
+ * lanes hold the same values and meet the same operations; an odd last
+ * token pairs with itself). The pairs' accumulators live in memory. */
+static inline __attribute__((always_inline)) void kq_row(int Q5, int T, const uint8_t *w,
+                                                         int64_t nsb, const uint8_t *o, size_t ob,
+                                                         uintptr_t last, float *out)
+{
+    const char z = (char)0x80;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
+    const __m256i pair_lo = _mm256_setr_epi8(0, z, 0, z, 1, z, 1, z, 2, z, 2, z, 3, z, 3, z, 0, z,
+                                             0, z, 1, z, 1, z, 2, z, 2, z, 3, z, 3, z);
+    const __m256i pair_hi = _mm256_setr_epi8(4, z, 4, z, 5, z, 5, z, 6, z, 6, z, 7, z, 7, z, 4, z,
+                                             4, z, 5, z, 5, z, 6, z, 6, z, 7, z, 7, z);
+    const __m256i sel_d = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2),
+                  sel_m = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+    const __m128 sgn = _mm_setr_ps(1.0f, -1.0f, 1.0f, -1.0f);
+    const size_t bb = Q5 ? Q5_K_BYTES : Q4_K_BYTES;
+    const size_t xb = kq_x_bytes((int64_t)nsb * QK_K);
+    int P = (T + 1) / 2;
+    _Alignas(32) float acc[8][8], macc[8][8];
+    for (int p = 0; p < P; p++) {
+        _mm256_store_ps(acc[p], _mm256_setzero_ps());
+        _mm256_store_ps(macc[p], _mm256_setzero_ps());
+    }
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t *b = w + (size_t)i * bb;
+        mv_pf(b, last, Q5 ? 3 : 2);
+        if (!Q5 && (i & 1)) mv_pf(b + 128, last, 1);
+        _Alignas(32) int32_t s32[16];
+        __m256i sm = kq_scales_mins_u8x2(b + 4, b + 4);
+        _mm256_store_si256((__m256i *)s32, _mm256_shuffle_epi8(sm, pair_lo));
+        _mm256_store_si256((__m256i *)(s32 + 8), _mm256_shuffle_epi8(sm, pair_hi));
+        __m128 dw = _mm_cvtph_ps(_mm_setr_epi32((int)rd_u32(b), (int)rd_u32(b), 0, 0));
+        __m256i mw = _mm256_unpackhi_epi8(sm, _mm256_setzero_si256());
+        __m256i lo[4], hi[4];
+        __m256i hb = Q5 ? loadu_256(b + 16) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256i q = loadu_256(b + (Q5 ? 48 : 16) + 32 * c);
+            lo[c] = _mm256_and_si256(q, m4);
+            hi[c] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (Q5) {
+                lo[c] = _mm256_or_si256(lo[c], _mm256_and_si256(_mm256_slli_epi16(hb, 4), b16));
+                hi[c] = _mm256_or_si256(hi[c], _mm256_and_si256(_mm256_slli_epi16(hb, 3), b16));
+                hb = _mm256_srli_epi16(hb, 2);
+            }
+        }
+        for (int p = 0; p < P; p++) {
+            int t0 = 2 * p, t1 = 2 * p + 1 < T ? 2 * p + 1 : 2 * p;
+            const uint8_t *o0 = o + (size_t)t0 * ob, *o1 = o + (size_t)t1 * ob;
+            const uint8_t *pr0 = o0 + xb + (size_t)i * 16, *pr1 = o1 + xb + (size_t)i * 16;
+            const float *dx0 = (const float *)(const void *)(o0 + xb + (size_t)nsb * 16);
+            const float *dx1 = (const float *)(const void *)(o1 + xb + (size_t)nsb * 16);
+            __m128 dd =
+                _mm_mul_ps(dw, _mm_mul_ps(_mm_setr_ps(dx0[i], dx0[i], dx1[i], dx1[i]), sgn));
+            __m256 dd8 = _mm256_castps128_ps256(dd);
+            __m256i mins =
+                _mm256_madd_epi16(mw, _mm256_loadu2_m128i((const __m128i *)(const void *)pr1,
+                                                          (const __m128i *)(const void *)pr0));
+            _mm256_store_ps(macc[p],
+                            _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd8, sel_m),
+                                            _mm256_cvtepi32_ps(mins), _mm256_load_ps(macc[p])));
+            __m256i si[2];
+#pragma GCC unroll 2
+            for (int s = 0; s < 2; s++) {
+                const uint8_t *xq = (s ? o1 : o0) + (size_t)i * Q8_K_BYTES + Q8_K_QS;
+                si[s] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    int k = c < 2 ? 2 * c : 8 + 2 * c - 4;
+                    __m256i p0 =
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], loadu_256(xq + 64 * c)),
+                                          _mm256_set1_epi32(s32[k]));
+                    __m256i p1 =
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], loadu_256(xq + 64 * c + 32)),
+                                          _mm256_set1_epi32(s32[k + 1]));
+                    si[s] = _mm256_add_epi32(si[s], _mm256_add_epi32(p0, p1));
+                }
+            }
+            __m256i h = hadd2_epi32(si[0], si[1]);
+            _mm256_store_ps(acc[p], _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd8, sel_d),
+                                                    _mm256_cvtepi32_ps(h), _mm256_load_ps(acc[p])));
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        __m256 a = _mm256_load_ps(acc[p]), m = _mm256_load_ps(macc[p]);
+        __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        __m128 mh = _mm_hadd_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        __m128 r = _mm_add_ps(_mm_hadd_ps(a4, a4), _mm_hadd_ps(mh, mh)); /* [t0, t1, t0, t1] */
+        out[2 * p] = _mm_cvtss_f32(r);
+        if (2 * p + 1 < T) out[2 * p + 1] = _mm_cvtss_f32(_mm_movehdup_ps(r));
+    }
+}
+
+/* Up to KQ_CHUNKED tokens run the row kernel token by token over chunks of
+ * rows that stay in L1 for the other tokens (what tensor_matvec_batch does
+ * for dtypes without a batched kernel): the row kernel takes two rows at a
+ * time, and with two or three tokens sharing the row's decode did not pay
+ * for kq_row's pairs of tokens (1.0-1.4x slower at 2 tokens). */
+#define KQ_CHUNKED   3
+#define KQ_CHUNK_ROW ((size_t)16 << 10)
+
+static inline __attribute__((always_inline)) void mvb_kq(int Q5, int64_t nr, int64_t n,
+                                                         const uint8_t *W, size_t rb, int n_tok,
+                                                         const void *packed, float *y, size_t ys)
+{
+    size_t ob = kq_one_bytes(n);
+    if (n_tok <= KQ_CHUNKED) {
+        tensor_mv_fn mv = tensor_mv_avx2_[Q5 ? KEEL_DTYPE_Q5_K : KEEL_DTYPE_Q4_K];
+        int64_t ch = BASE_MAX((int64_t)(KQ_CHUNK_ROW / rb), 1);
+        for (int64_t r0 = 0; r0 < nr; r0 += ch) {
+            int64_t k = BASE_MIN(ch, nr - r0);
+            for (int t = 0; t < n_tok; t++) {
+                const uint8_t *o = (const uint8_t *)packed + (size_t)t * ob;
+                mv(k, n, W + (size_t)r0 * rb, rb, o, o + kq_x_bytes(n),
+                   y + (size_t)t * ys + (size_t)r0);
+            }
+        }
+        return;
+    }
+    uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
+    for (int64_t r = 0; r < nr; r++) {
+        float v[16];
+        kq_row(Q5, n_tok, W + (size_t)r * rb, n / QK_K, packed, ob, last, v);
+        for (int t = 0; t < n_tok; t++)
+            y[(size_t)t * ys + (size_t)r] = v[t];
+    }
+}
+
+static void mvb_q4_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                     const void *packed, float *y, size_t ys)
+{
+    mvb_kq(0, nr, n, W, rb, n_tok, packed, y, ys);
+}
+
+static void mvb_q5_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                     const void *packed, float *y, size_t ys)
+{
+    mvb_kq(1, nr, n, W, rb, n_tok, packed, y, ys);
+}
+
 const tensor_mvb_kernel tensor_mvb_avx2_[KEEL_DTYPE_COUNT_] = {
     [KEEL_DTYPE_Q8_0] = {mvb_q8_0, pack_q8_0_bytes, pack_q8_0},
+    [KEEL_DTYPE_Q4_K] = {mvb_q4_K, pack_kq_bytes, pack_kq},
+    [KEEL_DTYPE_Q5_K] = {mvb_q5_K, pack_kq_bytes, pack_kq},
 };
