@@ -1,5 +1,5 @@
 /*
- * matvec_batch_avx2.c — the batched q8_0 row kernel of the avx2 level
+ * matvec_batch_avx2.c — the batched q8_0, q4_K and q5_K row kernels of the avx2 level
  * (tensor_mvb_avx2_): every weight row read once and dotted against up to
  * TENSOR_MV_BATCH_MAX activations (a speculative verify batch), each
  * token's result bit for bit what matvec_avx2.c's row kernel gives that
@@ -30,6 +30,11 @@
  * 2^24: exact in int32 and in f32). The sign trick needs activations in
  * [-127, 127], which the q8_0 quantizer guarantees; the int16 products are
  * exact for any byte.
+ *
+ * q4_K / q5_K (kq_row): the row kernel's steps with a pair of tokens where
+ * it has a pair of rows; what depends on the row alone (the scale field's
+ * decode, the nibbles and fifth bits, d and dmin) once per super-block for
+ * all tokens.
  *
  * Before (the seventh pass's kernel), every token paid the row kernel's
  * old per-block work: the sign trick and then a convert and an FMA per
