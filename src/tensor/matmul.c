@@ -796,7 +796,9 @@ static int64_t matmul_sgemm_from(keel_dtype t)
  * (its row kernel, token by token, beats its dot), f16 0.68 against 0.74;
  * q4_K even (0.356 / 0.358), taken for its result: each token's matvec
  * bits, so that a verify batch agrees with decode; q6_K's dot tiles were
- * 5% faster (0.38 / 0.41). f16 hands over to sgemm at 16 as before. The
+ * 5% faster (0.38 / 0.41) until it had a batched kernel (eighteenth pass:
+ * 0.55-0.72x the dot tiles at 9 tokens, 1.05-1.2x at 2, taken for its
+ * bits as q4_K). f16 hands over to sgemm at 16 as before. The
  * quantized ones go to 17 tokens: 1 + the 16 drafts speculation takes by
  * default (the 17th token's pass over the rows costs about one matvec;
  * q8_0 sgemm at 16 tokens took 0.86 ms against the batch's 0.50). */
@@ -807,6 +809,7 @@ static int64_t matmul_batch_upto(keel_dtype t)
     case KEEL_DTYPE_Q4_0:
     case KEEL_DTYPE_Q4_K:
     case KEEL_DTYPE_Q5_K:
+    case KEEL_DTYPE_Q6_K:
         return TENSOR_MV_BATCH_MAX + 1;
     case KEEL_DTYPE_F16:
     case KEEL_DTYPE_BF16:

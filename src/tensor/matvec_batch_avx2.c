@@ -1,5 +1,5 @@
 /*
- * matvec_batch_avx2.c — the batched q8_0, q4_K and q5_K row kernels of the avx2 level
+ * matvec_batch_avx2.c — the batched q8_0, q4_K, q5_K and q6_K row kernels of the avx2 level
  * (tensor_mvb_avx2_): every weight row read once and dotted against up to
  * TENSOR_MV_BATCH_MAX activations (a speculative verify batch), each
  * token's result bit for bit what matvec_avx2.c's row kernel gives that
@@ -34,7 +34,7 @@
  * q4_K / q5_K (kq_row): the row kernel's steps with a pair of tokens where
  * it has a pair of rows; what depends on the row alone (the scale field's
  * decode, the nibbles and fifth bits, d and dmin) once per super-block for
- * all tokens.
+ * all tokens; q6_K (q6_row) the same with q6_K_block_sumi's steps.
  *
  * Before (the seventh pass's kernel), every token paid the row kernel's
  * old per-block work: the sign trick and then a convert and an FMA per
@@ -589,8 +589,95 @@ static void mvb_q5_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
     mvb_kq(1, nr, n, W, rb, n_tok, packed, y, ys);
 }
 
+/* ---- q6_K --------------------------------------------------------------------------- */
+
+/* A batch of q6_K rows: per token, its q8_K row (64-byte aligned; the row
+ * kernel takes no prepared form). */
+static size_t pack_q6_K_bytes(int64_t n, int n_tok)
+{
+    return (size_t)n_tok * kq_x_bytes(n);
+}
+
+static void pack_q6_K(const void *const *xv, int n_tok, int64_t n, void *packed)
+{
+    uint8_t *o = packed;
+    for (int t = 0; t < n_tok; t++, o += kq_x_bytes(n))
+        memcpy(o, xv[t], (size_t)(n / QK_K) * Q8_K_BYTES);
+}
+
+/* One q6_K row against T (1..16) tokens: per super-block, the 6-bit values
+ * and the sub-block scales' broadcasts (q6_K_block_sumi's) once for all
+ * tokens, then each token's integer sum by q6_K_block_sumi's steps (the
+ * same lanes) and its convert and FMA, as matvec_avx2.c's rows_q6_K. */
+static void q6_row(int T, const uint8_t *w, int64_t nsb, const uint8_t *o, size_t ob,
+                   uintptr_t last, float *out)
+{
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    _Alignas(32) float acc[16][8];
+    for (int t = 0; t < T; t++)
+        _mm256_store_ps(acc[t], _mm256_setzero_ps());
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t *b = w + (size_t)i * Q6_K_BYTES;
+        mv_pf(b, last, 3 + (int)(i & 1));
+        __m256i q[8], sb[8];
+        q6_K_values(b, 0, q);
+        q6_K_values(b, 1, q + 4);
+        __m128i sc8 = loadu_128(b + 192);
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8),
+                sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
+        for (int k = 0; k < 8; k++)
+            sb[k] = _mm256_shuffle_epi8(sc, bcast16_ctrl(k));
+        float dw = f16_load(b + 208);
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xb = o + (size_t)t * ob + (size_t)i * Q8_K_BYTES, *xq = xb + Q8_K_QS;
+            __m256i off = _mm256_madd_epi16(loadu_256(xb + Q8_K_BSUMS), sc16);
+            __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m256i p =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], loadu_256(xq + 32 * k)), sb[k]);
+                if (k & 1)
+                    s1 = _mm256_add_epi32(s1, p);
+                else
+                    s0 = _mm256_add_epi32(s0, p);
+            }
+            __m256i si = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(off, 5));
+            _mm256_store_ps(acc[t],
+                            _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(xb) * dw), _mm256_cvtepi32_ps(si),
+                                            _mm256_load_ps(acc[t])));
+        }
+    }
+    for (int t = 0; t < T; t++)
+        out[t] = hsum_ps(_mm256_load_ps(acc[t]));
+}
+
+static void mvb_q6_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                     const void *packed, float *y, size_t ys)
+{
+    size_t ob = kq_x_bytes(n);
+    if (n_tok <= KQ_CHUNKED) {
+        int64_t ch = BASE_MAX((int64_t)(KQ_CHUNK_ROW / rb), 1);
+        for (int64_t r0 = 0; r0 < nr; r0 += ch) {
+            int64_t k = BASE_MIN(ch, nr - r0);
+            for (int t = 0; t < n_tok; t++)
+                tensor_mv_avx2_[KEEL_DTYPE_Q6_K](k, n, W + (size_t)r0 * rb, rb,
+                                                 (const uint8_t *)packed + (size_t)t * ob, NULL,
+                                                 y + (size_t)t * ys + (size_t)r0);
+        }
+        return;
+    }
+    uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
+    for (int64_t r = 0; r < nr; r++) {
+        float v[16];
+        q6_row(n_tok, W + (size_t)r * rb, n / QK_K, packed, ob, last, v);
+        for (int t = 0; t < n_tok; t++)
+            y[(size_t)t * ys + (size_t)r] = v[t];
+    }
+}
+
 const tensor_mvb_kernel tensor_mvb_avx2_[KEEL_DTYPE_COUNT_] = {
     [KEEL_DTYPE_Q8_0] = {mvb_q8_0, pack_q8_0_bytes, pack_q8_0},
     [KEEL_DTYPE_Q4_K] = {mvb_q4_K, pack_kq_bytes, pack_kq},
     [KEEL_DTYPE_Q5_K] = {mvb_q5_K, pack_kq_bytes, pack_kq},
+    [KEEL_DTYPE_Q6_K] = {mvb_q6_K, pack_q6_K_bytes, pack_q6_K},
 };
