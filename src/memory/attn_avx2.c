@@ -1115,27 +1115,36 @@ static inline __attribute__((always_inline)) void dec8_pv_half(const uint8_t *co
     }
 }
 
-/* dst[b * ATTN_CB] = the f16 scale of block b < nb of a q8_0 row. The
- * kernel is held by its instruction count (about 4.4 a cycle on a Zen 4
- * VM, 450 a cell at dim 128 x 4 rows): the common row sizes get their
- * loads and stores without a loop's counter and branch, which took the
- * kernel from 101.5 to 96.5 cycles a cell there and 50.5 to 47.7 at dim 64
- * x 3 rows (docs/kernels.md, sixteenth pass). */
-static inline __attribute__((always_inline)) void dec8_row_scales(const uint8_t *row, int32_t nb, uint16_t *dst)
+/* The f16 scales at rows[c] + off of a tile's 8 cells as one vector
+ * (lane c), for the tables dkt / dvt. Built in a register, one insert per
+ * cell, and stored whole: the tables used to be filled by eight 2-byte
+ * stores per tile and block, which the 16-byte load of the scores / the
+ * weights could not take from the store buffer (a load is forwarded from
+ * one store that holds all of it), so each waited for the stores to reach
+ * L1. On a Zen 3 VM (dim 128 x 4 rows, 2048 cells in L2) the kernel with
+ * no scale tables at all ran 0.87-0.90x the old one, this form 0.92-0.96x
+ * (3 rows 0.96-1.00x; docs/kernels.md, nineteenth pass). The values, and
+ * so the results, are the same. */
+static inline __attribute__((always_inline)) __m128i dec8_scales8(const uint8_t *const *rows, size_t off)
 {
-    switch (nb) {
-    case 4:
-        dst[3 * ATTN_CB] = attn_ld_u16(row + 3 * 34);
-        dst[2 * ATTN_CB] = attn_ld_u16(row + 2 * 34);
-        /* fall through */
-    case 2:
-        dst[1 * ATTN_CB] = attn_ld_u16(row + 1 * 34);
-        dst[0] = attn_ld_u16(row);
-        return;
-    default:
-        for (int32_t b = 0; b < nb; b++) dst[(size_t)b * ATTN_CB] = attn_ld_u16(row + (size_t)b * 34);
-        return;
-    }
+    __m128i v = _mm_cvtsi32_si128(attn_ld_u16(rows[0] + off));
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[1] + off), 1);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[2] + off), 2);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[3] + off), 3);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[4] + off), 4);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[5] + off), 5);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[6] + off), 6);
+    return _mm_insert_epi16(v, attn_ld_u16(rows[7] + off), 7);
+}
+
+/* table[b][8 t ..+8) = the block-b scales of tile t's rows, for b < nb. */
+static inline __attribute__((always_inline)) void dec8_scale_table(const uint8_t *const *rows, int32_t T,
+                                                                   int32_t nb, uint16_t (*table)[ATTN_CB])
+{
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t b = 0; b < nb; b++)
+            _mm_store_si128((__m128i *)(void *)&table[b][t * DEC8_T],
+                            dec8_scales8(rows + t * DEC8_T, (size_t)b * 34));
 }
 
 /* One quad (NR <= 4 rows from r0) over all cells, q8_0 K and V. */
@@ -1171,8 +1180,8 @@ static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, k
             int32_t c = idx[BASE_MIN(j, nb - 1)];
             krows[j] = a->kbase + (size_t)c * a->krb;
             vrows[j] = a->vbase + (size_t)c * a->vrb;
-            dec8_row_scales(krows[j], nbk, &dkt[0][j]);
         }
+        dec8_scale_table(krows, T, nbk, dkt);
         for (int32_t t = 0; t < T; t++) {
             __m256 s[4];
             dec8_tile_scores(krows + t * DEC8_T, &dkt[0][t * DEC8_T], &Q, NR, nbk, s, &P.v, P.vl);
@@ -1223,8 +1232,7 @@ static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, k
         for (int r = NR; r < 4; r++) x[r] = _mm256_setzero_ps();
         _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), dec8_sum4(x[0], x[1], x[2], x[3])));
         /* the weights p * d_v (the V rows arrived during the scores) */
-        for (int32_t j = 0; j < np; j++)
-            dec8_row_scales(vrows[j], nbv, &dvt[0][j]);
+        dec8_scale_table(vrows, T, nbv, dvt);
         for (int32_t b = 0; b < nbv; b++)
             for (int32_t t = 0; t < T; t++) {
                 __m256 dv = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)&dvt[b][t * DEC8_T]));
