@@ -821,7 +821,7 @@ typedef struct keel_model keel_model;
  * every weight once per token, and with 4 KiB pages that is a TLB miss
  * every 4 KiB (a two-level walk under virtualization; on a Zen 4 VM the
  * 124M q8_0 model decoded 15-20% faster with one thread read than mapped,
- * docs/kernels.md, sixteenth pass). A llama2.c checkpoint is converted
+ * docs/kernel-passes-2.md, sixteenth pass). A llama2.c checkpoint is converted
  * into memory either way. */
 typedef enum keel_load {
     KEEL_LOAD_AUTO = 0, /* read where the system gives huge pages on request (Linux,

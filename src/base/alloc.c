@@ -24,7 +24,7 @@
  * rows once per token; with 4 KiB pages every 4 KiB of each K and V stream
  * costs a TLB miss and, under virtualization, a two-level page walk: on a
  * Zen 4 VM the AVX-512 decode kernel read rows from DRAM 12% faster with
- * huge pages (docs/kernels.md, sixteenth pass). The memory is the same and
+ * huge pages (docs/kernel-passes-2.md, sixteenth pass). The memory is the same and
  * is touched by its owner as before, so what the caller counts does not
  * change; where the advice is refused (no THP, another OS) the block works
  * with small pages, so its result is not a status. */

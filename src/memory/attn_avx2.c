@@ -678,7 +678,7 @@ static inline __attribute__((always_inline)) void pvf_seg(keel_dtype vt, const u
 /* f16 / f32 rows. Few active rows (decode: one token's GQA group): per 16
  * columns straight from the rows (pvf_seg), a quarter of the loads and none
  * of the stores the tile takes (keel bench attention --kv f16 --simd avx2
- * on the Zen 5 VM: see docs/kernels.md); many rows (prefill) through the
+ * on the Zen 5 VM: see docs/kernel-passes.md); many rows (prefill) through the
  * tile, each value converted once for all of them. Both give the same
  * bits: the same FMAs in the same order. */
 static void pv_fp_tile(keel_dtype vt, const uint8_t *base, size_t rb, const int32_t *idx, int32_t n,
@@ -1122,9 +1122,9 @@ static inline __attribute__((always_inline)) void dec8_pv_half(const uint8_t *co
  * weights could not take from the store buffer (a load is forwarded from
  * one store that holds all of it), so each waited for the stores to reach
  * L1. On a Zen 3 VM (dim 128 x 4 rows, 2048 cells in L2) the kernel with
- * no scale tables at all ran 0.87-0.90x the old one, this form 0.92-0.96x
- * (3 rows 0.96-1.00x; docs/kernels.md, nineteenth pass). The values, and
- * so the results, are the same. */
+ * no scale tables at all ran 0.87-0.90x the old one, this form 0.88-0.94x
+ * (3 rows 0.96-1.01x; docs/kernel-passes-2.md, nineteenth pass). The
+ * values, and so the results, are the same. */
 static inline __attribute__((always_inline)) __m128i dec8_scales8(const uint8_t *const *rows, size_t off)
 {
     __m128i v = _mm_cvtsi32_si128(attn_ld_u16(rows[0] + off));
@@ -1271,7 +1271,7 @@ ATTN_DEC_QUADS(dec_q4_q4, dec_quad, KEEL_DTYPE_Q4_0, KEEL_DTYPE_Q4_0)
  * with the weights read cell-major), each V value converted once for the
  * rows. Against the separate kernels (kq, the row step per row, pv) it
  * saves the scores' row-major stores, the visibility masks and the calls
- * per block (docs/kernels.md, seventeenth pass). Prefetch (first quad
+ * per block (docs/kernel-passes-2.md, seventeenth pass). Prefetch (first quad
  * only: the others find the rows in cache): the block's V rows a share per
  * three cells scored, the next block's K rows a share per 16 columns of
  * p . V, with the float kernels' hint (attn_pf_step_dt), and the rows

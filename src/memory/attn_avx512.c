@@ -637,7 +637,7 @@ bool attn_row_avx512(float *s, int32_t n, float scale, const uint8_t *vis, float
  * scaled into the f32 accumulators once per block of cells. Against f32
  * weights with one FMA per cell, row and 16 columns this halves the
  * multiplies and drops the conversion of V to f32: 15% of the kernel at
- * dim 64 x 3 rows and at 128 x 4 on a Zen 4 VM (docs/kernels.md, sixteenth
+ * dim 64 x 3 rows and at 128 x 4 on a Zen 4 VM (docs/kernel-passes-2.md, sixteenth
  * pass). The cost is the weights' rounding: at most 1 / 65534 of the
  * block's largest weight each, against q8_0's own rounding of V of up to
  * 1 / 254 of its block's largest value.
@@ -1000,7 +1000,7 @@ ATTN_DEC_QUADS(dec512_q8_q8, dec512_quad, KEEL_DTYPE_Q8_0, KEEL_DTYPE_Q8_0)
  * from the V rows (pv_seg), each V value converted once for the rows.
  * Against the separate kernels (kq, the row step per row, pv) it saves the
  * visibility masks, the per-row reductions and the calls per block
- * (docs/kernels.md, seventeenth pass). Prefetch (first quad only): the
+ * (docs/kernel-passes-2.md, seventeenth pass). Prefetch (first quad only): the
  * block's V rows a share per four cells scored, the next block's K rows a
  * share per cell and 64 columns of p . V (the float kernels' hint), and
  * the rows ATTN_PF_FAR blocks ahead over both (attn_pf_far). */

@@ -100,7 +100,7 @@ static inline void attn_pf_step(attn_pf_cursor *c, int32_t lines)
  * arithmetic, and on a Zen 4 VM T0 prefetches of the next rows held them
  * to 10.6-11.0 GB/s (AVX2, f16, 16k cells, 1 thread) against 14.2-14.9
  * with T2; the int8 kernels, held by their arithmetic, read the same with
- * T2 on AVX2 and 5-10% less on AVX-512 (docs/kernels.md, thirteenth
+ * T2 on AVX2 and 5-10% less on AVX-512 (docs/kernel-passes-2.md, thirteenth
  * pass). */
 static inline void attn_pf_step_dt(keel_dtype dt, attn_pf_cursor *c, int32_t lines)
 {
@@ -217,7 +217,7 @@ typedef struct attn_dec {
  * 4 rows, 1 thread) against 21.5 with the rows in L3. Asking also for the
  * K and V rows of the block ATTN_PF_FAR blocks ahead, into L2 (T2) and
  * spread over a block's p . V, brought it to 23.7-24.0; all at once they
- * fill the miss buffers and cost 10-50% instead (docs/kernels.md,
+ * fill the miss buffers and cost 10-50% instead (docs/kernel-passes-2.md,
  * fourteenth pass). Blocks past the call's cells are the next call's. */
 #define ATTN_PF_FAR 3
 

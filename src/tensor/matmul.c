@@ -789,7 +789,7 @@ static int64_t matmul_sgemm_from(keel_dtype t)
 }
 
 /* Largest batch tensor_matvec_batch takes for dtype t (0: none), measured
- * against the dot tiles and sgemm (docs/kernels.md, "Seventh pass", CPU
+ * against the dot tiles and sgemm (docs/kernel-passes.md, "Seventh pass", CPU
  * time of one thread at 2048 x 768, 9 tokens): q8_0 0.33 ms against the
  * dot tiles' 0.46 (its batched kernels share the weight block's load, sign
  * and scales among the tokens; AVX-512: vpdpbusd), q4_0 0.32 against 0.66

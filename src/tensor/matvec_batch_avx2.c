@@ -38,7 +38,7 @@
  *
  * Before (the seventh pass's kernel), every token paid the row kernel's
  * old per-block work: the sign trick and then a convert and an FMA per
- * block (docs/kernels.md, "Eighteenth pass", has the measurements). The
+ * block (docs/kernel-passes-2.md, "Eighteenth pass", has the measurements). The
  * AVX-512 VNNI form is in matvec_batch_avx512.c.
  */
 #include "matvec_batch.h"
