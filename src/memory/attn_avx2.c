@@ -1371,14 +1371,12 @@ static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_
         for (int32_t t = 0; t < tiles; t++) {
             int32_t t0 = t * DEC8_T, m = BASE_MIN(DEC8_T, n - t0);
             const uint8_t *rows[DEC8_T];
-            _Alignas(16) uint16_t dk16[DEC8_T];
             /* a short tile repeats its last cell; those lanes are not stored */
             for (int c = 0; c < DEC8_T; c++) rows[c] = base + (size_t)idx[t0 + BASE_MIN(c, m - 1)] * rb;
             __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), iota);
             for (int32_t b = 0; b < nb; b++) {
                 if (r0 == 0) attn_pf_step(&pc, pl);
-                for (int c = 0; c < DEC8_T; c++) dk16[c] = attn_ld_u16(rows[c] + (size_t)b * 34);
-                __m256 dkv = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)dk16));
+                __m256 dkv = _mm256_cvtph_ps(dec8_scales8(rows, (size_t)b * 34));
                 for (int h = 0; h < 2; h++) {
                     __m256i g[4], u[4];
                     dec8_kt(rows, (size_t)b * 34 + 2 + 16 * (size_t)h, g);
