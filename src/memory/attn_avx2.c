@@ -1023,11 +1023,32 @@ static inline __attribute__((always_inline)) void dec8_kt(const uint8_t *const *
     g[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
+/* The f16 scales at rows[c] + off of a tile's 8 cells as one vector
+ * (lane c), built in a register, one insert per cell, where the scores and
+ * the weights need them. They used to go through tables filled by eight
+ * 2-byte stores per tile and block, which the 16-byte load that read them
+ * could not take from the store buffer (a load is forwarded from one store
+ * that holds all of it), so each waited for the stores to reach L1. On a
+ * Zen 3 VM (dim 128, 4 query rows, 2048 cells in L2) the kernel runs
+ * 0.90-0.93x the table form's time (3 rows 0.89-0.90x, 1 row 0.84-0.90x,
+ * 16,384 cells 0.86-0.89x; docs/kernel-passes-2.md, nineteenth pass). The
+ * values, and so the results, are the same. */
+static inline __attribute__((always_inline)) __m128i dec8_scales8(const uint8_t *const *rows, size_t off)
+{
+    __m128i v = _mm_cvtsi32_si128(attn_ld_u16(rows[0] + off));
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[1] + off), 1);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[2] + off), 2);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[3] + off), 3);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[4] + off), 4);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[5] + off), 5);
+    v = _mm_insert_epi16(v, attn_ld_u16(rows[6] + off), 6);
+    return _mm_insert_epi16(v, attn_ld_u16(rows[7] + off), 7);
+}
+
 /* Scores of one tile (8 cells, rows krows[0..8)) for the quad's NR rows:
- * s[r] lane c. dk16: the tile's key block scales, block b at dk16 + b *
- * ATTN_CB. */
+ * s[r] lane c. */
 static inline __attribute__((always_inline)) void dec8_tile_scores(const uint8_t *const *krows,
-                                                                   const uint16_t *dk16, const dec8_quad *Q,
+                                                                   const dec8_quad *Q,
                                                                    int NR, int32_t nbk, __m256 s[4],
                                                                    attn_pf_cursor *pc, int32_t pl)
 {
@@ -1058,7 +1079,7 @@ static inline __attribute__((always_inline)) void dec8_tile_scores(const uint8_t
                 }
             }
         }
-        __m256 dk = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(dk16 + (size_t)b * ATTN_CB)));
+        __m256 dk = _mm256_cvtph_ps(dec8_scales8(krows, (size_t)b * 34));
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
             s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dk, _mm256_set1_ps(Q->dq[r][b])), s[r]);
@@ -1115,38 +1136,6 @@ static inline __attribute__((always_inline)) void dec8_pv_half(const uint8_t *co
     }
 }
 
-/* The f16 scales at rows[c] + off of a tile's 8 cells as one vector
- * (lane c), for the tables dkt / dvt. Built in a register, one insert per
- * cell, and stored whole: the tables used to be filled by eight 2-byte
- * stores per tile and block, which the 16-byte load of the scores / the
- * weights could not take from the store buffer (a load is forwarded from
- * one store that holds all of it), so each waited for the stores to reach
- * L1. On a Zen 3 VM (dim 128 x 4 rows, 2048 cells in L2) the kernel with
- * no scale tables at all ran 0.87-0.90x the old one, this form 0.88-0.94x
- * (3 rows 0.96-1.01x; docs/kernel-passes-2.md, nineteenth pass). The
- * values, and so the results, are the same. */
-static inline __attribute__((always_inline)) __m128i dec8_scales8(const uint8_t *const *rows, size_t off)
-{
-    __m128i v = _mm_cvtsi32_si128(attn_ld_u16(rows[0] + off));
-    v = _mm_insert_epi16(v, attn_ld_u16(rows[1] + off), 1);
-    v = _mm_insert_epi16(v, attn_ld_u16(rows[2] + off), 2);
-    v = _mm_insert_epi16(v, attn_ld_u16(rows[3] + off), 3);
-    v = _mm_insert_epi16(v, attn_ld_u16(rows[4] + off), 4);
-    v = _mm_insert_epi16(v, attn_ld_u16(rows[5] + off), 5);
-    v = _mm_insert_epi16(v, attn_ld_u16(rows[6] + off), 6);
-    return _mm_insert_epi16(v, attn_ld_u16(rows[7] + off), 7);
-}
-
-/* table[b][8 t ..+8) = the block-b scales of tile t's rows, for b < nb. */
-static inline __attribute__((always_inline)) void dec8_scale_table(const uint8_t *const *rows, int32_t T,
-                                                                   int32_t nb, uint16_t (*table)[ATTN_CB])
-{
-    for (int32_t t = 0; t < T; t++)
-        for (int32_t b = 0; b < nb; b++)
-            _mm_store_si128((__m128i *)(void *)&table[b][t * DEC8_T],
-                            dec8_scales8(rows + t * DEC8_T, (size_t)b * 34));
-}
-
 /* One quad (NR <= 4 rows from r0) over all cells, q8_0 K and V. */
 static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, keel_dtype vt, const attn_dec *a,
                                                                 int32_t r0, int NR)
@@ -1165,8 +1154,6 @@ static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, k
     attn_dec_quad_load(a, r0, NR, m, l, acc);
     _Alignas(32) float e[4][ATTN_CB];               /* scores, then exp(s - m), per row */
     _Alignas(32) float wt[PV_NB_MAX][4][ATTN_CB];   /* p * d_v per V block, row, cell */
-    _Alignas(16) uint16_t dkt[KQ_NB_MAX][ATTN_CB]; /* the K rows' block scales (f16) */
-    _Alignas(16) uint16_t dvt[PV_NB_MAX][ATTN_CB]; /* the V rows' */
     const uint8_t *krows[ATTN_CB], *vrows[ATTN_CB];
     const __m256 ninf = _mm256_set1_ps(-INFINITY), one = _mm256_set1_ps(1.0f);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -1181,10 +1168,9 @@ static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, k
             krows[j] = a->kbase + (size_t)c * a->krb;
             vrows[j] = a->vbase + (size_t)c * a->vrb;
         }
-        dec8_scale_table(krows, T, nbk, dkt);
         for (int32_t t = 0; t < T; t++) {
             __m256 s[4];
-            dec8_tile_scores(krows + t * DEC8_T, &dkt[0][t * DEC8_T], &Q, NR, nbk, s, &P.v, P.vl);
+            dec8_tile_scores(krows + t * DEC8_T, &Q, NR, nbk, s, &P.v, P.vl);
             __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nb - t * DEC8_T), iota));
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
@@ -1232,10 +1218,9 @@ static inline __attribute__((always_inline)) void dec8_quad_run(keel_dtype kt, k
         for (int r = NR; r < 4; r++) x[r] = _mm256_setzero_ps();
         _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha), dec8_sum4(x[0], x[1], x[2], x[3])));
         /* the weights p * d_v (the V rows arrived during the scores) */
-        dec8_scale_table(vrows, T, nbv, dvt);
         for (int32_t b = 0; b < nbv; b++)
             for (int32_t t = 0; t < T; t++) {
-                __m256 dv = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)&dvt[b][t * DEC8_T]));
+                __m256 dv = _mm256_cvtph_ps(dec8_scales8(vrows + t * DEC8_T, (size_t)b * 34));
 #pragma GCC unroll 4
                 for (int r = 0; r < NR; r++)
                     _mm256_store_ps(&wt[b][r][t * DEC8_T], _mm256_mul_ps(_mm256_load_ps(&e[r][t * DEC8_T]), dv));
