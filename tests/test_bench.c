@@ -338,6 +338,40 @@ static void test_attention_shape(void **state)
     free(s.buf);
 }
 
+/* --tokens N: a verify batch beside the same tokens one call each; both
+ * timed, their outputs equal up to float reordering (attention outputs are
+ * convex combinations of V rows of norm ~1 here, so 1e-4 is far above
+ * reordering and far below any wrong visibility or row); bad N is EINVAL */
+static void test_attention_tokens(void **state)
+{
+    (void)state;
+    sink s = {0};
+    char err[256] = "";
+    const char *argv[] = {"--ctx", "200", "--kv", "q8_0", "--quick", "--shape", "2,2,6,64", "--tokens", "9", "--json"};
+    assert_ok(keel_bench_run("attention", 10, (char **)argv, sink_write, &s, err));
+    json_error_t je;
+    json_t *root = json_loads(s.buf, 0, &je);
+    if (!root) fail_msg("bad JSON (%s) in: %s", je.text, s.buf);
+    assert_int_equal((int)num(root, "tokens"), 9);
+    json_t *v = json_object_get(root, "verify");
+    assert_int_equal((int)json_array_size(v), 4); /* rotation off / on x 1 / 2 threads */
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *e = json_array_get(v, i);
+        assert_true(num(e, "us_per_batch") > 0.0 && num(e, "us_per_calls") > 0.0);
+        assert_true(num(e, "max_abs_diff") < 1e-4);
+        assert_int_equal((int)num(e, "ctx"), 200);
+    }
+    json_decref(root);
+    const char *bad[][2] = {{"--tokens", "1"}, {"--tokens", "65"}, {"--tokens", "9x"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s.len = 0;
+        err[0] = 0;
+        assert_status(keel_bench_run("attention", 2, (char **)bad[i], sink_write, &s, err), KEEL_EINVAL);
+        assert_non_null(strstr(err, bad[i][1]));
+    }
+    free(s.buf);
+}
+
 static void test_spec_verify_costs(void **state)
 {
     (void)state;
@@ -376,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_attn_muls),
         cmocka_unit_test(test_attention_bound),
         cmocka_unit_test(test_attention_shape),
+        cmocka_unit_test(test_attention_tokens),
         cmocka_unit_test(test_spec_verify_costs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

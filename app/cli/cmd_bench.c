@@ -9,7 +9,8 @@
 
 static const char *g_usage =
     "usage: keel bench kernels [-t N] [--gemm] [--json]\n"
-    "       keel bench attention [--quick] [--ctx 1024,4096,...] [--kv f16|q8_0|q4_0] [--shape L,KVH,H,D] [--json]\n"
+    "       keel bench attention [--quick] [--ctx 1024,4096,...] [--kv f16|q8_0|q4_0] [--shape L,KVH,H,D]\n"
+    "                              [--tokens N] [--json]\n"
     "       keel bench -m MODEL [-p 512] [-n 128] [-d 0,...] [-t N] [-r 3] [-ub 512] [-c N] [--ctk T] [--ctv T]\n"
     "                  [--profile] [--tokenizer F] [--json]\n"
     "       keel bench -m MODEL --kv-compact P [--kv-trigger 1024] [--kv-target N] [-n 128] [-t N] [--json]\n"
@@ -28,6 +29,8 @@ static const char *g_usage =
     "  --kv T      only this cache type\n"
     "  --shape L,KVH,H,D  layers, KV heads, query heads, head dim (32,8,32,128; the 124M test model:\n"
     "              12,4,12,64)\n"
+    "  --tokens N  a speculative verify batch of N tokens, [2, 64], in one call beside the same N\n"
+    "              tokens one call each (as N decode steps)\n"
     "-m MODEL    prompt (pp) and generation (tg) speed, llama-bench style; tg rows give the bytes read\n"
     "            per token and the bound from the read bandwidth, pp rows the FLOP/s beside the FMA peak\n"
     "  -p N        prompt tokens, [0, 65536] (512)\n"

@@ -18,6 +18,11 @@
  * Options: --ctx N,N,...  --kv f16|q8_0|q4_0  --quick
  *          --shape LAYERS,KV_HEADS,HEADS,DIM: another model's attention
  *          (12,4,12,64 is the 124M test model's), the same figures
+ *          --tokens N (2..64): a speculative verify batch instead, N
+ *          tokens of one sequence at the last N positions in one call,
+ *          each seeing the cells at or before its own, beside the same
+ *          N tokens attended one call each (the same job as N decode
+ *          steps), per step of all layers
  *
  * Edit: seq_add over every cell of a 32-layer memory (all keys re-encoded),
  * in ns per changed cell.
@@ -27,6 +32,7 @@
 #include "../memory/memory.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +150,29 @@ static double ba_decode(const ba_shape *sh, keel_mem *m, int32_t ctx, int reps, 
     return best;
 }
 
+/* Seconds per step (all layers) of the last n tokens of the context:
+ * one call for all of them (one) or one call per token, best of reps. */
+static double ba_verify(const ba_shape *sh, keel_mem *m, int32_t ctx, int32_t n, bool one, int reps,
+                        const float *q, float *out)
+{
+    int32_t pos[64], seq[64] = {0};
+    for (int32_t i = 0; i < n; i++) pos[i] = ctx - n + i;
+    size_t qs = (size_t)sh->heads * (size_t)sh->dim;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = base_time_ns();
+        for (int32_t l = 0; l < sh->layers; l++)
+            for (int32_t i = 0; i < (one ? 1 : n); i++) {
+                keel_mem_attn a = {one ? n : 1, sh->heads, q + (size_t)i * qs, &pos[i], &seq[i], out + (size_t)i * qs,
+                                   0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
+                if (keel_mem_attend(m, l, &a) != KEEL_OK) return -1.0;
+            }
+        double s = (double)(base_time_ns() - t0) * 1e-9;
+        if (s < best) best = s;
+    }
+    return best;
+}
+
 static bool parse_ctx_list(const char *s, int32_t *ctxs, int *n)
 {
     *n = 0;
@@ -158,11 +187,98 @@ static bool parse_ctx_list(const char *s, int32_t *ctxs, int *n)
     return *n > 0;
 }
 
+/* --tokens N: the verify batch beside N one-token calls, per case, context
+ * and thread count; also the largest difference between their outputs
+ * (float reordering only). */
+static keel_status ba_verify_table(bench_out *o, const ba_shape *sh, const ba_case *cases, size_t n_cases,
+                                   const char *only, const int32_t *ctxs, int n_ctx, int32_t n, bool quick,
+                                   keel_mem_layer *layers, const float *q, float *out, float *out1)
+{
+    size_t qn = (size_t)n * (size_t)sh->heads * (size_t)sh->dim;
+    if (o->json)
+        bench_printf(o, "{\"simd\": \"%s\", \"tokens\": %d, \"layers\": %d, \"kv_heads\": %d, \"heads\": %d, "
+                        "\"dim\": %d,\n \"verify\": [",
+                     tensor_simd_name(), n, sh->layers, sh->kv_heads, sh->heads, sh->dim);
+    else {
+        bench_printf(o, "keel bench attention — a verify batch of %d tokens (one sequence, the last %d positions), "
+                        "%d layers x %d KV heads x %d dims, %d query heads, %s kernels\n",
+                     n, n, sh->layers, sh->kv_heads, sh->dim, sh->heads, tensor_simd_name());
+        bench_printf(o, "reference (same run): the same %d tokens attended one call each (as %d decode steps)\n\n",
+                     n, n);
+        bench_printf(o, "| kv   | rot | ctx   | threads | us/batch | us/%2d calls | batch / calls | max |diff| |\n", n);
+        bench_printf(o, "|------|-----|-------|---------|----------|-------------|---------------|------------|\n");
+    }
+    bool first = true;
+    keel_status st = KEEL_OK;
+    for (size_t ci = 0; ci < n_cases && st == KEEL_OK; ci++) {
+        if (only && strcmp(only, keel_dtype_name(cases[ci].kv)) != 0) continue;
+        for (int k = 0; k < n_ctx && st == KEEL_OK; k++) {
+            int32_t ctx = BASE_MAX(ctxs[k], n);
+            keel_mem *m = NULL;
+            int32_t nb = BASE_MIN(ctx, 4096);
+            st = ba_open(sh, cases[ci].kv, cases[ci].rot, ctx, nb, &m, layers);
+            if (st == KEEL_OK) st = ba_fill(sh, m, ctx, nb);
+            if (st != KEEL_OK) {
+                base_err(o->err, st, "bench attention: %s cache of %d cells: %s", keel_dtype_name(cases[ci].kv),
+                         ctx, m ? keel_mem_last_error(m) : keel_strerror(st));
+                keel_mem_close(m);
+                break;
+            }
+            double bytes = (double)sh->layers * ctx * sh->kv_heads * (double)tensor_row_bytes(cases[ci].kv, sh->dim);
+            int reps = bytes > 1e9 ? 3 : bytes > 1e8 ? 5 : 20;
+            if (quick) reps = BASE_MAX(2, reps / 4);
+            for (int threads = 1; threads <= 2 && st == KEEL_OK; threads++) {
+                base_pool *keep = m->pool;
+                int32_t keep_n = m->n_threads;
+                if (threads == 1) {
+                    m->pool = NULL;
+                    m->n_threads = 1;
+                }
+                /* alternating, so that a slow phase of the host hits both */
+                double sb = 1e30, sc = 1e30;
+                for (int round = 0; round < 3; round++) {
+                    double b = ba_verify(sh, m, ctx, n, true, reps, q, out);
+                    double c = ba_verify(sh, m, ctx, n, false, reps, q, out1);
+                    if (b < 0 || c < 0) {
+                        sb = -1.0;
+                        break;
+                    }
+                    sb = BASE_MIN(sb, b);
+                    sc = BASE_MIN(sc, c);
+                }
+                m->pool = keep;
+                m->n_threads = keep_n;
+                if (sb < 0) {
+                    st = base_err(o->err, KEEL_EINTERNAL, "bench attention: %d tokens over %d %s cells: %s", n,
+                                  ctx, keel_dtype_name(cases[ci].kv), keel_mem_last_error(m));
+                    break;
+                }
+                double diff = 0.0;
+                for (size_t i = 0; i < qn; i++) diff = BASE_MAX(diff, fabs((double)out[i] - (double)out1[i]));
+                if (o->json)
+                    bench_printf(o, "%s\n  {\"kv\": \"%s\", \"rot\": %s, \"ctx\": %d, \"threads\": %d, "
+                                    "\"us_per_batch\": %.1f, \"us_per_calls\": %.1f, \"max_abs_diff\": %.3g}",
+                                 first ? "" : ",", keel_dtype_name(cases[ci].kv), cases[ci].rot ? "true" : "false",
+                                 ctx, threads, sb * 1e6, sc * 1e6, diff);
+                else
+                    bench_printf(o, "| %-4s | %-3s | %5d | %7d | %8.1f | %11.1f | %13.2f | %10.2g |\n",
+                                 keel_dtype_name(cases[ci].kv), cases[ci].rot ? "on" : "off", ctx, threads,
+                                 sb * 1e6, sc * 1e6, sb / sc, diff);
+                first = false;
+            }
+            keel_mem_close(m);
+        }
+    }
+    if (o->json && st == KEEL_OK) bench_printf(o, "\n ]}\n");
+    return st;
+}
+
 keel_status bench_attention(int argc, char **argv, bench_out *o)
 {
     int32_t ctxs[8] = {1024, 4096, 16384, 65536};
     int n_ctx = 4;
-    static const bench_flag spec[] = {{"--quick", false}, {"--ctx", true}, {"--kv", true}, {"--shape", true}};
+    static const bench_flag spec[] = {{"--quick", false}, {"--ctx", true}, {"--kv", true}, {"--shape", true},
+                                       {"--tokens", true}};
     keel_status st = bench_check_args(o, "attention", argc, argv, spec, BASE_ARRAY_LEN(spec));
     if (st != KEEL_OK) return st;
     bool quick = bench_has_flag(argc, argv, "--quick");
@@ -191,6 +307,35 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     if (only && strcmp(only, "f16") != 0 && strcmp(only, "q8_0") != 0 && strcmp(only, "q4_0") != 0)
         return base_err(o->err, KEEL_EINVAL, "bench attention: --kv %s: must be f16, q8_0 or q4_0", only);
 
+    int32_t n_tok = 1;
+    const char *tl = bench_opt(argc, argv, "--tokens");
+    if (tl) {
+        char *end;
+        long v = strtol(tl, &end, 10);
+        if (end == tl || *end || v < 2 || v > 64)
+            return base_err(o->err, KEEL_EINVAL, "bench attention: --tokens %s: must be an integer in [2, 64]", tl);
+        n_tok = (int32_t)v;
+    }
+    const ba_case cases[] = {{KEEL_DTYPE_F16, false}, {KEEL_DTYPE_F16, true},
+                             {KEEL_DTYPE_Q8_0, false}, {KEEL_DTYPE_Q8_0, true},
+                             {KEEL_DTYPE_Q4_0, false}, {KEEL_DTYPE_Q4_0, true}};
+    size_t qn = (size_t)n_tok * (size_t)sh->heads * (size_t)sh->dim;
+    keel_mem_layer *layers = base_alloc((size_t)sh->layers * sizeof(keel_mem_layer));
+    float *q = base_alloc(qn * sizeof(float));
+    float *out = base_alloc(qn * sizeof(float));
+    float *out1 = n_tok > 1 ? base_alloc(qn * sizeof(float)) : NULL;
+    base_rng r;
+    base_rng_seed(&r, 5);
+    if (q)
+        for (size_t i = 0; i < qn; i++) q[i] = (float)base_rng_normal(&r);
+    if (n_tok > 1) {
+        st = layers && q && out && out1
+                 ? ba_verify_table(o, sh, cases, BASE_ARRAY_LEN(cases), only, ctxs, n_ctx, n_tok, quick, layers, q,
+                                   out, out1)
+                 : base_err(o->err, KEEL_ENOMEM, "bench attention: out of memory");
+        goto done;
+    }
+
     base_pool *p1 = NULL, *p2 = NULL;
     st = base_pool_open(1, &p1);
     if (st == KEEL_OK) st = base_pool_open(2, &p2);
@@ -204,22 +349,11 @@ keel_status bench_attention(int argc, char **argv, bench_out *o)
     base_pool_close(p1);
     base_pool_close(p2);
 
-    const ba_case cases[] = {{KEEL_DTYPE_F16, false}, {KEEL_DTYPE_F16, true},
-                             {KEEL_DTYPE_Q8_0, false}, {KEEL_DTYPE_Q8_0, true},
-                             {KEEL_DTYPE_Q4_0, false}, {KEEL_DTYPE_Q4_0, true}};
-    size_t qn = (size_t)sh->heads * (size_t)sh->dim;
-    keel_mem_layer *layers = base_alloc((size_t)sh->layers * sizeof(keel_mem_layer));
-    float *q = base_alloc(qn * sizeof(float));
-    float *out = base_alloc(qn * sizeof(float));
     if (!layers || !q || !out || bw1 < 0 || bw2 < 0) {
         st = base_err(o->err, KEEL_ENOMEM, "bench attention: out of memory%s",
                       bw1 < 0 || bw2 < 0 ? " (the 1 GiB bandwidth buffer)" : "");
         goto done;
     }
-    base_rng r;
-    base_rng_seed(&r, 5);
-    for (size_t i = 0; i < qn; i++) q[i] = (float)base_rng_normal(&r);
-
     const char *path = tensor_simd_name(); /* the attention path is the SIMD level in force */
     if (o->json)
         bench_printf(o,
@@ -345,5 +479,6 @@ done:
     base_free(layers, (size_t)sh->layers * sizeof(keel_mem_layer));
     base_free(q, qn * sizeof(float));
     base_free(out, qn * sizeof(float));
+    base_free(out1, n_tok > 1 ? qn * sizeof(float) : 0);
     return st;
 }
