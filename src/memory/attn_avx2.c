@@ -1367,15 +1367,17 @@ static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_
                     dec8_kt(rows, (size_t)b * 34 + 2 + 16 * (size_t)h, g);
 #pragma GCC unroll 4
                     for (int i = 0; i < 4; i++) u[i] = _mm256_abs_epi8(g[i]);
+#pragma GCC unroll 2
                     for (int32_t r = 0; r < nr; r++) {
                         const uint8_t *qb = (const uint8_t *)q[r0 + r] + (size_t)b * 34;
                         __m256i a = h ? _mm256_load_si256((const __m256i *)part[r]) : _mm256_setzero_si256();
+                        __m256i pp[4];
 #pragma GCC unroll 4
                         for (int i = 0; i < 4; i++) {
                             __m256i qv = _mm256_set1_epi32(attn_ld_i32(qb + 2 + 16 * h + 4 * i));
-                            __m256i p = _mm256_maddubs_epi16(u[i], _mm256_sign_epi8(qv, g[i]));
-                            a = _mm256_add_epi32(a, _mm256_madd_epi16(p, ones));
+                            pp[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], _mm256_sign_epi8(qv, g[i])), ones);
                         }
+                        a = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_add_epi32(pp[0], pp[1]), _mm256_add_epi32(pp[2], pp[3])));
                         if (!h) {
                             _mm256_store_si256((__m256i *)part[r], a);
                             continue;
@@ -1383,9 +1385,6 @@ static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_
                         __m256 d = _mm256_cvtepi32_ps(a);
                         __m256 sc = _mm256_mul_ps(dkv, _mm256_set1_ps(dq[r][b]));
                         float *s = scores + (size_t)(r0 + r) * ATTN_CB + t0;
-                        /* masked moves only for a short tile: on Zen 3 a masked
-                         * store of 8 floats costs several cycles, and these ran
-                         * once per row, tile and block */
                         if (m == DEC8_T) {
                             __m256 v = b == 0 ? _mm256_mul_ps(d, sc) : _mm256_fmadd_ps(d, sc, _mm256_loadu_ps(s));
                             _mm256_storeu_ps(s, v);
