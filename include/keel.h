@@ -986,6 +986,13 @@ typedef struct keel_gen_params {
     float yarn_factor;       /* deepseek2, deepseek32: YaRN rope.scaling.factor (0: no RoPE scaling) */
     float yarn_log_mul;      /* rope.scaling.yarn_log_mul = 0.1 mscale_all_dim, with yarn_factor
                                 (0: key absent) */
+    /* A per-tensor quantization mix as llama-quantize makes it (NULL: every
+     * matrix in dtype): "q4_K_M" or "q5_K_M", with dtype its base (q4_K,
+     * q5_K). q6_K then goes to the output matrix (token_embd when tied),
+     * and to the attn_v-like (attn_v, attn_qkv, attn_kv_b) and ffn_down
+     * matrices of the layers llama.cpp gives more bits: the first and last
+     * eighth and every third in between (docs/formats.md section 7). */
+    const char *mix;
 } keel_gen_params;
 
 keel_gen_params keel_gen_params_default(void);

@@ -295,6 +295,87 @@ static void test_defaults(void **state)
     assert_int_equal(p.seed, 1);
 }
 
+/* llama-quantize's mixes: q6_K for the output matrix (token_embd when
+ * tied) and for attn_v and ffn_down in the layers llama.cpp gives more
+ * bits (of 12: 0, 3, 6, 9, 10, 11; MoE experts by their layer), the base
+ * type for every other matrix, norms f32; the file type is the mix's;
+ * unknown mixes and a dtype other than the mix's base are EINVAL. */
+static void test_mix(void **state)
+{
+    (void)state;
+    static const char *const archs[] = {"llama", "gemma2", "qwen3moe"};
+    static const struct {
+        const char *mix;
+        keel_dtype base;
+        int64_t file_type;
+    } mixes[] = {{"q4_K_M", KEEL_DTYPE_Q4_K, 15}, {"q5_K_M", KEEL_DTYPE_Q5_K, 17}};
+    static const bool more[12] = {true, false, false, true, false, false, true, false, false, true, true, true};
+    for (size_t a = 0; a < BASE_ARRAY_LEN(archs); a++)
+        for (size_t k = 0; k < BASE_ARRAY_LEN(mixes); k++) {
+            keel_gen_params p = keel_gen_params_default();
+            p.arch = archs[a];
+            p.n_layer = 12;
+            p.n_embd = 256;
+            p.n_ff = 512;
+            p.dtype = mixes[k].base;
+            p.mix = mixes[k].mix;
+            char path[64];
+            gguf *g = gen_open(&p, path, sizeof path);
+            assert_int_equal(get_int(g, "general.file_type"), mixes[k].file_type);
+            bool tied = gguf_find_tensor(g, "output.weight") == NULL;
+            int n_q6 = 0;
+            for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+                const gguf_tensor *t = gguf_tensor_at(g, i);
+                int layer = -1;
+                bool is_mat = t->ne[1] > 1 && t->ne[0] % 256 == 0;
+                if (sscanf(t->name, "blk.%d.", &layer) != 1) layer = -1;
+                bool q6 = strcmp(t->name, "output.weight") == 0 ||
+                          (tied && strcmp(t->name, "token_embd.weight") == 0) ||
+                          (layer >= 0 && (strstr(t->name, ".attn_v.weight") || strstr(t->name, ".ffn_down")) &&
+                           more[layer]);
+                keel_dtype want = !is_mat ? t->dtype : q6 ? KEEL_DTYPE_Q6_K : mixes[k].base;
+                if (t->ne[1] == 1 && t->ne[2] == 1) want = KEEL_DTYPE_F32;
+                if (t->dtype != want)
+                    fail_msg("%s %s: %s is %s, want %s", archs[a], mixes[k].mix, t->name, keel_dtype_name(t->dtype),
+                             keel_dtype_name(want));
+                n_q6 += t->dtype == KEEL_DTYPE_Q6_K;
+            }
+            assert_true(n_q6 >= 13); /* the output and 6 layers' attn_v and ffn_down */
+            gguf_close(g);
+            unlink(path);
+        }
+    /* 8 experts (deepseek2's default): q4_K_M's attention outputs in q5_K */
+    keel_gen_params p = keel_gen_params_default();
+    p.arch = "deepseek2";
+    p.n_layer = 4;
+    p.n_embd = 256;
+    p.n_ff = 512;
+    p.dtype = KEEL_DTYPE_Q4_K;
+    p.mix = "q4_K_M";
+    char path[64];
+    gguf *g = gen_open(&p, path, sizeof path);
+    for (int l = 0; l < 4; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_output.weight", l);
+        const gguf_tensor *t = gguf_find_tensor(g, name);
+        assert_non_null(t);
+        assert_int_equal(t->dtype, KEEL_DTYPE_Q5_K);
+    }
+    gguf_close(g);
+    unlink(path);
+    p = keel_gen_params_default();
+    char err[BASE_ERR_CAP] = "";
+    p.n_embd = 256;
+    p.dtype = KEEL_DTYPE_Q4_K;
+    p.mix = "q3_K_M";
+    assert_int_equal(keel_gen_model_size(&p, NULL, NULL, err), KEEL_EINVAL);
+    assert_non_null(strstr(err, "q3_K_M"));
+    p.mix = "q4_K_M";
+    p.dtype = KEEL_DTYPE_Q8_0;
+    assert_int_equal(keel_gen_model_size(&p, NULL, NULL, err), KEEL_EINVAL);
+    assert_non_null(strstr(err, "q4_K_M needs dtype q4_K"));
+}
+
 /* Every arch with default shapes and each dtype family. */
 static void test_archs_and_dtypes(void **state)
 {
@@ -771,6 +852,24 @@ static void test_cli(void **state)
     snprintf(cmd, sizeof cmd, "%s gen-model --layers 2 2>&1", bin);
     assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "--arch"));
+    /* --dtype Q4_K_M (any case): the library's q4_K_M mix, byte for byte */
+    snprintf(cmd, sizeof cmd, "%s gen-model --arch llama --layers 2 --embd 256 --ff 512 --dtype Q4_K_M --out %s 2>&1",
+             bin, path);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    p = keel_gen_params_default();
+    p.n_layer = 2;
+    p.n_embd = 256;
+    p.n_ff = 512;
+    p.dtype = KEEL_DTYPE_Q4_K;
+    p.mix = "q4_K_M";
+    a = test_read_file(path, &n1);
+    b = gen_bytes(&p, &n2);
+    assert_non_null(a);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1);
+    free(a);
+    free(b);
+    unlink(path);
 }
 
 int main(void)
@@ -778,6 +877,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_archs_and_dtypes),
+        cmocka_unit_test(test_mix),
         cmocka_unit_test(test_shapes_and_fallbacks),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_vocab_tokenizers),

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static void gen_usage(FILE *f)
 {
@@ -40,7 +41,7 @@ static void gen_usage(FILE *f)
             "  --yarn-factor F    deepseek2 YaRN rope.scaling.factor (0: none)\n"
             "  --yarn-log-mul F   deepseek2 rope.scaling.yarn_log_mul (0.1 x mscale_all_dim; 0: absent)\n"
             "  --dtype T      weight matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1\n"
-            "                 q4_K q5_K q6_K (%s)\n"
+            "                 q4_K q5_K q6_K, or llama-quantize's mixes q4_K_M q5_K_M (%s)\n"
             "  --seed S       random seed (%" PRIu64 ")\n",
             d.n_layer, d.n_embd, d.n_head, d.n_head_kv, d.n_vocab, d.n_ctx,
             keel_dtype_name(d.dtype), d.seed);
@@ -132,7 +133,10 @@ int cmd_gen_model(int argc, char **argv)
         } else if (strcmp(a, "--out") == 0 || strcmp(a, "-o") == 0) {
             out = v;
         } else if (strcmp(a, "--dtype") == 0) {
-            if (keel_dtype_from_name(v, &p.dtype) != KEEL_OK) {
+            if (strcasecmp(v, "q4_K_M") == 0 || strcasecmp(v, "q5_K_M") == 0) {
+                p.mix = v[1] == '4' ? "q4_K_M" : "q5_K_M";
+                p.dtype = v[1] == '4' ? KEEL_DTYPE_Q4_K : KEEL_DTYPE_Q5_K;
+            } else if ((p.mix = NULL, keel_dtype_from_name(v, &p.dtype)) != KEEL_OK) {
                 fprintf(stderr, "keel gen-model: unknown dtype '%s'\n", v);
                 return 2;
             }

@@ -180,6 +180,27 @@ static uint32_t file_type(keel_dtype t)
     }
 }
 
+/* llama-quantize's K-quant mixes (llama.cpp src/llama-quant.cpp,
+ * llama_tensor_get_type): the base type everywhere but the matrices that
+ * get q6_K (apply_mix). */
+typedef struct gen_mix {
+    const char *name;
+    keel_dtype base;
+    uint32_t file_type; /* LLAMA_FTYPE */
+} gen_mix;
+
+static const gen_mix g_mixes[] = {
+    {"q4_K_M", KEEL_DTYPE_Q4_K, 15}, /* MOSTLY_Q4_K_M */
+    {"q5_K_M", KEEL_DTYPE_Q5_K, 17}, /* MOSTLY_Q5_K_M */
+};
+
+static const gen_mix *find_mix(const char *name)
+{
+    for (size_t i = 0; name && i < BASE_ARRAY_LEN(g_mixes); i++)
+        if (strcmp(name, g_mixes[i].name) == 0) return &g_mixes[i];
+    return NULL;
+}
+
 /* ---- the tensor list ------------------------------------------------------------ */
 
 typedef enum gen_init {
@@ -576,6 +597,51 @@ static void list_tensors(gen_model *m)
     }
 }
 
+/* llama.cpp's use_more_bits: the first and last eighth of n and every
+ * third in between. */
+static bool more_bits(int64_t i, int64_t n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+/* The mix's q6_K matrices (m->p.mix set): the output (token_embd when
+ * tied); attn_v-like matrices by their index among them (more_bits of
+ * their count); ffn_down matrices by their index among them against the
+ * block count, or in MoE models by the layer in their name, as llama.cpp
+ * counts them; q4_K_M's attention outputs of 8-expert models in q5_K.
+ * Matrices in a fallback dtype (rows not a multiple of 256) keep it. */
+static void apply_mix(gen_model *m)
+{
+    const gen_mix *x = find_mix(m->p.mix);
+    if (!x) return;
+    int64_t n_wv = 0, i_wv = 0, i_down = 0;
+    bool moe = false;
+    for (int64_t i = 0; i < m->n_t; i++) {
+        const char *nm = m->t[i].name;
+        n_wv += strstr(nm, "attn_v.weight") || strstr(nm, "attn_qkv.weight") || strstr(nm, "attn_kv_b.weight");
+        moe |= strstr(nm, "_exps") != NULL;
+    }
+    for (int64_t i = 0; i < m->n_t; i++) {
+        gen_tensor *t = &m->t[i];
+        const char *nm = t->name;
+        bool bump = false;
+        if (strcmp(nm, "output.weight") == 0 || (m->arch->tied && strcmp(nm, "token_embd.weight") == 0)) {
+            bump = true;
+        } else if (strstr(nm, "attn_v.weight") || strstr(nm, "attn_qkv.weight") || strstr(nm, "attn_kv_b.weight")) {
+            bump = more_bits(i_wv++, n_wv);
+        } else if (strstr(nm, "ffn_down")) {
+            int layer = -1;
+            if (moe && sscanf(nm, "blk.%d.", &layer) != 1) layer = -1;
+            bump = more_bits(moe ? layer : i_down, gen_blocks(m));
+            i_down++;
+        } else if (strstr(nm, "attn_output.weight") && x->base == KEEL_DTYPE_Q4_K && moe && m->p.n_expert == 8) {
+            /* llama.cpp: Q4_K_M attention outputs of 8-expert models in q5_K */
+            if (t->dtype == x->base) t->dtype = KEEL_DTYPE_Q5_K;
+        }
+        if (bump && t->dtype == x->base) t->dtype = KEEL_DTYPE_Q6_K;
+    }
+}
+
 /* An upper bound of the tensor count (list_tensors stops at it; build
  * checks the list fits). */
 static int64_t tensor_count(const gen_model *m)
@@ -734,6 +800,11 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
                         m->arch->name, q->n_head, 2 * q->n_embd, q->n_head_kv);
     if (!keel_dtype_name(q->dtype))
         return base_err(err, KEEL_EINVAL, "dtype = %d is not a known type", (int)q->dtype);
+    if (q->mix && !find_mix(q->mix))
+        return base_err(err, KEEL_EINVAL, "mix '%.32s' unknown (q4_K_M, q5_K_M)", q->mix);
+    if (q->mix && q->dtype != find_mix(q->mix)->base)
+        return base_err(err, KEEL_EINVAL, "mix %s needs dtype %s (not %s)", q->mix,
+                        keel_dtype_name(find_mix(q->mix)->base), keel_dtype_name(q->dtype));
     if (file_type(q->dtype) == UINT32_MAX || !keel_dtype_can_quantize(q->dtype))
         return base_err(err, KEEL_EUNSUPPORTED,
                         "dtype = %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_1, "
@@ -846,6 +917,7 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
     if (!(m->t = base_alloc((size_t)m->cap_t * sizeof *m->t)))
         return base_err(err, KEEL_ENOMEM, "out of memory for %" PRId64 " tensor records", m->cap_t);
     list_tensors(m);
+    apply_mix(m);
     if (m->n_t >= m->cap_t)
         return base_err(err, KEEL_EINTERNAL, "tensor list longer than its bound (%" PRId64 ")",
                         m->cap_t);
@@ -861,7 +933,8 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, a->name), key)
     if ((st = gguf_writer_add_str(w, "general.architecture", a->name)) ||
         (st = gguf_writer_add_str(w, "general.name", name)) ||
-        (st = gguf_writer_add_u32(w, "general.file_type", file_type(p->dtype))) ||
+        (st = gguf_writer_add_u32(w, "general.file_type",
+                                  find_mix(p->mix) ? find_mix(p->mix)->file_type : file_type(p->dtype))) ||
         (st = gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)p->n_vocab)) ||
         (st = gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)p->n_ctx)) ||
         (st = gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd)) ||
