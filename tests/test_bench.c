@@ -255,6 +255,21 @@ static double mul_bound_tol(double want, double pk)
     return 0.005 + (0.05 / pk + 1e-3) * want;
 }
 
+/* Each flag / value pair makes bench attention fail with EINVAL and a
+ * message that names the value. */
+static void assert_attention_rejects(const char *const (*bad)[2], size_t n)
+{
+    sink s = {0};
+    char err[256];
+    for (size_t i = 0; i < n; i++) {
+        s.len = 0;
+        err[0] = 0;
+        assert_status(keel_bench_run("attention", 2, (char **)bad[i], sink_write, &s, err), KEEL_EINVAL);
+        assert_non_null(strstr(err, bad[i][1]));
+    }
+    free(s.buf);
+}
+
 /* bench attention --json: every decode row carries its multiply bound,
  * which follows from the run's FMA peak for that thread count, the SIMD
  * level it reports and the K and V bytes of a cell and KV head (q4_0, 128
@@ -326,16 +341,9 @@ static void test_attention_shape(void **state)
     }
     json_decref(root);
     free(s.buf);
-    s = (sink){0};
-    const char *bad[][2] = {{"--shape", "2,4,6,64"}, {"--shape", "2,2,6,48"}, {"--shape", "2,2,6"},
-                            {"--shape", "0,2,6,64"}, {"--shape", "2,2,6,64x"}};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        s.len = 0;
-        err[0] = 0;
-        assert_status(keel_bench_run("attention", 2, (char **)bad[i], sink_write, &s, err), KEEL_EINVAL);
-        assert_non_null(strstr(err, bad[i][1]));
-    }
-    free(s.buf);
+    static const char *const bad[][2] = {{"--shape", "2,4,6,64"}, {"--shape", "2,2,6,48"}, {"--shape", "2,2,6"},
+                                         {"--shape", "0,2,6,64"}, {"--shape", "2,2,6,64x"}};
+    assert_attention_rejects(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* --tokens N: a verify batch beside the same tokens one call each; both
@@ -362,14 +370,9 @@ static void test_attention_tokens(void **state)
         assert_int_equal((int)num(e, "ctx"), 200);
     }
     json_decref(root);
-    const char *bad[][2] = {{"--tokens", "1"}, {"--tokens", "65"}, {"--tokens", "9x"}};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        s.len = 0;
-        err[0] = 0;
-        assert_status(keel_bench_run("attention", 2, (char **)bad[i], sink_write, &s, err), KEEL_EINVAL);
-        assert_non_null(strstr(err, bad[i][1]));
-    }
     free(s.buf);
+    static const char *const bad[][2] = {{"--tokens", "1"}, {"--tokens", "65"}, {"--tokens", "9x"}};
+    assert_attention_rejects(bad, sizeof bad / sizeof bad[0]);
 }
 
 static void test_spec_verify_costs(void **state)
