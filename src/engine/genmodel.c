@@ -624,6 +624,9 @@ static void apply_mix(gen_model *m)
     for (int64_t i = 0; i < m->n_t; i++) {
         gen_tensor *t = &m->t[i];
         const char *nm = t->name;
+        size_t len = strlen(nm);
+        /* llama-quantize types (and counts) only the matrices named *.weight */
+        if (t->n_dims < 2 || len < 7 || strcmp(nm + len - 7, ".weight") != 0) continue;
         bool bump = false;
         if (strcmp(nm, "output.weight") == 0 || (m->arch->tied && strcmp(nm, "token_embd.weight") == 0)) {
             bump = true;
