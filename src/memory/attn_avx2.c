@@ -1385,14 +1385,13 @@ static void kq8_tiles(const uint8_t *base, size_t rb, const int32_t *idx, int32_
                         __m256 d = _mm256_cvtepi32_ps(a);
                         __m256 sc = _mm256_mul_ps(dkv, _mm256_set1_ps(dq[r][b]));
                         float *s = scores + (size_t)(r0 + r) * ATTN_CB + t0;
-                        if (m == DEC8_T) {
-                            __m256 v = b == 0 ? _mm256_mul_ps(d, sc) : _mm256_fmadd_ps(d, sc, _mm256_loadu_ps(s));
+                        bool full = m == DEC8_T;
+                        __m256 v = b == 0 ? _mm256_mul_ps(d, sc)
+                                          : _mm256_fmadd_ps(d, sc, full ? _mm256_loadu_ps(s) : _mm256_maskload_ps(s, mask));
+                        if (full)
                             _mm256_storeu_ps(s, v);
-                        } else {
-                            __m256 v = b == 0 ? _mm256_mul_ps(d, sc)
-                                              : _mm256_fmadd_ps(d, sc, _mm256_maskload_ps(s, mask));
+                        else
                             _mm256_maskstore_ps(s, mask, v);
-                        }
                     }
                 }
             }
