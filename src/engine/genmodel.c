@@ -220,7 +220,8 @@ typedef struct gen_tensor {
 
 typedef struct gen_model {
     const gen_arch *arch;
-    keel_gen_params p; /* resolved: head_dim, n_ff, n_swa filled in */
+    const gen_mix *mix; /* p.mix's, or NULL */
+    keel_gen_params p;  /* resolved: head_dim, n_ff, n_swa filled in */
     gen_tensor *t;     /* [n_t] in file order */
     int64_t n_t, cap_t;
     int64_t n_params;
@@ -604,7 +605,20 @@ static bool more_bits(int64_t i, int64_t n)
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-/* The mix's q6_K matrices (m->p.mix set): the output (token_embd when
+/* A matrix llama-quantize types, and so counts: 2-D or more, named *.weight. */
+static bool mix_typed(const gen_tensor *t)
+{
+    size_t len = strlen(t->name);
+    return t->n_dims >= 2 && len >= 7 && strcmp(t->name + len - 7, ".weight") == 0;
+}
+
+/* llama.cpp's attn_v-like tensors (category_is_attn_v) */
+static bool attn_v_like(const char *nm)
+{
+    return strstr(nm, "attn_v.weight") || strstr(nm, "attn_qkv.weight") || strstr(nm, "attn_kv_b.weight");
+}
+
+/* The mix's q6_K matrices (m->mix set): the output (token_embd when
  * tied); attn_v-like matrices by their index among them (more_bits of
  * their count); ffn_down matrices by their index among them against the
  * block count, or in MoE models by the layer in their name, as llama.cpp
@@ -612,25 +626,22 @@ static bool more_bits(int64_t i, int64_t n)
  * Matrices in a fallback dtype (rows not a multiple of 256) keep it. */
 static void apply_mix(gen_model *m)
 {
-    const gen_mix *x = find_mix(m->p.mix);
+    const gen_mix *x = m->mix;
     if (!x) return;
     int64_t n_wv = 0, i_wv = 0, i_down = 0;
     bool moe = false;
     for (int64_t i = 0; i < m->n_t; i++) {
-        const char *nm = m->t[i].name;
-        n_wv += strstr(nm, "attn_v.weight") || strstr(nm, "attn_qkv.weight") || strstr(nm, "attn_kv_b.weight");
-        moe |= strstr(nm, "_exps") != NULL;
+        n_wv += mix_typed(&m->t[i]) && attn_v_like(m->t[i].name);
+        moe |= strstr(m->t[i].name, "_exps") != NULL;
     }
     for (int64_t i = 0; i < m->n_t; i++) {
         gen_tensor *t = &m->t[i];
         const char *nm = t->name;
-        size_t len = strlen(nm);
-        /* llama-quantize types (and counts) only the matrices named *.weight */
-        if (t->n_dims < 2 || len < 7 || strcmp(nm + len - 7, ".weight") != 0) continue;
+        if (!mix_typed(t)) continue;
         bool bump = false;
         if (strcmp(nm, "output.weight") == 0 || (m->arch->tied && strcmp(nm, "token_embd.weight") == 0)) {
             bump = true;
-        } else if (strstr(nm, "attn_v.weight") || strstr(nm, "attn_qkv.weight") || strstr(nm, "attn_kv_b.weight")) {
+        } else if (attn_v_like(nm)) {
             bump = more_bits(i_wv++, n_wv);
         } else if (strstr(nm, "ffn_down")) {
             int layer = -1;
@@ -803,11 +814,12 @@ static keel_status resolve(const keel_gen_params *p, gen_model *m, char *err)
                         m->arch->name, q->n_head, 2 * q->n_embd, q->n_head_kv);
     if (!keel_dtype_name(q->dtype))
         return base_err(err, KEEL_EINVAL, "dtype = %d is not a known type", (int)q->dtype);
-    if (q->mix && !find_mix(q->mix))
+    m->mix = find_mix(q->mix);
+    if (q->mix && !m->mix)
         return base_err(err, KEEL_EINVAL, "mix '%.32s' unknown (q4_K_M, q5_K_M)", q->mix);
-    if (q->mix && q->dtype != find_mix(q->mix)->base)
+    if (m->mix && q->dtype != m->mix->base)
         return base_err(err, KEEL_EINVAL, "mix %s needs dtype %s (not %s)", q->mix,
-                        keel_dtype_name(find_mix(q->mix)->base), keel_dtype_name(q->dtype));
+                        keel_dtype_name(m->mix->base), keel_dtype_name(q->dtype));
     if (file_type(q->dtype) == UINT32_MAX || !keel_dtype_can_quantize(q->dtype))
         return base_err(err, KEEL_EUNSUPPORTED,
                         "dtype = %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_1, "
@@ -937,7 +949,7 @@ static keel_status build(gen_model *m, gguf_writer *w, char *err)
     if ((st = gguf_writer_add_str(w, "general.architecture", a->name)) ||
         (st = gguf_writer_add_str(w, "general.name", name)) ||
         (st = gguf_writer_add_u32(w, "general.file_type",
-                                  find_mix(p->mix) ? find_mix(p->mix)->file_type : file_type(p->dtype))) ||
+                                  m->mix ? m->mix->file_type : file_type(p->dtype))) ||
         (st = gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)p->n_vocab)) ||
         (st = gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)p->n_ctx)) ||
         (st = gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd)) ||
