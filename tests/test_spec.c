@@ -445,6 +445,56 @@ static void test_ngram_drafter(void **state)
     keel_model_close(m);
 }
 
+/* The back-off's start: a fresh sequence first takes a plain step (to time
+ * one), then drafts a trial of one token, and only from their outcomes
+ * longer drafts; so a text that never repeats pays one token's verify, not
+ * a full draft's. keel_spec_reset keeps the step times: only the trial
+ * again. */
+static void test_backoff_start(void **state)
+{
+    (void)state;
+    keel_model *m = open_gen("llama", 0, 7);
+    keel_spec_params p = keel_spec_params_default();
+    p.kind = KEEL_SPEC_NGRAM;
+    p.adaptive = true;
+    p.max_draft = 8;
+    keel_spec *sp = NULL;
+    char err[256];
+    /* 1..12 then 1 2 3: the lookup offers 4..12 (8 at most) */
+    int32_t h[15], out[8], k = -1;
+    for (int32_t i = 0; i < 15; i++) h[i] = i % 12 + 1;
+    /* every draft right, a verify costing 1 + 0.2 k plain steps */
+    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    const int32_t want[] = {0, 1, 8, 8};
+    for (int32_t step = 0; step < 4; step++) {
+        assert_int_equal(keel_spec_draft(sp, 0, h, 15, out, 8, &k), KEEL_OK);
+        if (k != want[step]) fail_msg("step %d drafted %d, want %d", step, k, want[step]);
+        keel_spec_result(sp, 0, k, k, 1000000 + (uint64_t)k * 200000);
+    }
+    /* a new conversation: the step time is known, the trial comes first */
+    keel_spec_reset(sp, 0);
+    assert_int_equal(keel_spec_draft(sp, 0, h, 15, out, 8, &k), KEEL_OK);
+    assert_int_equal(k, 1);
+    keel_spec_close(sp);
+    /* no draft ever right: over 64 steps the trial and two probes, one
+     * token each (at gaps of 16 and 32 steps) */
+    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    int32_t drafted = 0, at[4], n_at = 0;
+    for (int32_t step = 0; step < 64; step++) {
+        assert_int_equal(keel_spec_draft(sp, 0, h, 15, out, 8, &k), KEEL_OK);
+        assert_true(k <= 1);
+        if (k > 0 && n_at < 4) at[n_at++] = step;
+        drafted += k;
+        keel_spec_result(sp, 0, k, 0, 1000000 + (uint64_t)k * 200000);
+    }
+    assert_int_equal(drafted, 3);
+    assert_int_equal(at[0], 1);
+    assert_int_equal(at[1], 18);
+    assert_int_equal(at[2], 51);
+    keel_spec_close(sp);
+    keel_model_close(m);
+}
+
 /* A draft model must share the vocabulary. */
 static void test_draft_vocab_check(void **state)
 {
@@ -612,7 +662,7 @@ int main(void)
         cmocka_unit_test(test_recurrent_needs_flag),
         cmocka_unit_test(test_sample_draft_distribution),
         cmocka_unit_test(test_sampled_distribution),
-        cmocka_unit_test(test_ngram_drafter),
+        cmocka_unit_test(test_ngram_drafter), cmocka_unit_test(test_backoff_start),
         cmocka_unit_test(test_draft_vocab_check),
         cmocka_unit_test(test_engine),
         cmocka_unit_test(test_engine_slots),

@@ -25,6 +25,16 @@
  * drafted or not, so that a probe after a long gap is judged mostly on its
  * own outcome (the counts stop ageing near zero: their ratio is kept).
  *
+ * The start. Before anything is measured a draft is a guess that can cost
+ * several steps (a 9-token verify costs 3-6 plain steps on AVX2), which a
+ * short answer on a text that never repeats cannot win back. So a
+ * sequence's first step is plain when no plain step has been timed yet
+ * (beta is learned against it), and its first draft is a trial of one
+ * token; alpha and beta then come from their first outcomes, beta's first
+ * measurement replacing its prior rather than being averaged with it.
+ * keel_spec_reset (a new conversation in the same slot) keeps the step
+ * times and beta: only the trial is repeated.
+ *
  * Memory: the history index is the caller's; the draft model's context and
  * per-sequence token copies are allocated at open. keel_spec_draft
  * allocates nothing.
@@ -42,6 +52,8 @@
 typedef struct spec_seq {
     double acc, rej;          /* decayed counts of accepted / rejected draft tokens */
     double beta;              /* verify cost per extra token, relative to a plain step */
+    bool beta_known;          /* beta measured at least once (else its prior) */
+    int32_t n_steps;          /* steps reported since open or reset */
     double t_plain;           /* a plain step's ns (EWMA), 0: unknown */
     int32_t since;            /* steps since the last draft */
     int32_t probe_gap;        /* steps without drafts before the next probe */
@@ -225,6 +237,7 @@ void keel_spec_reset(keel_spec *s, int32_t seq)
     q->probe_gap = SPEC_PROBE_EVERY;
     q->probing = false;
     q->last_k = 0;
+    q->n_steps = 0;
     /* the draft context's cache is kept: a new conversation sharing a
      * prefix reuses it (keel_spec_draft rewinds what differs) */
 }
@@ -236,9 +249,10 @@ static int32_t want_drafts(const keel_spec *s, spec_seq *q)
 {
     int32_t K = s->p.max_draft;
     if (!s->p.adaptive) return K;
+    if (q->n_steps == 0 && q->t_plain <= 0) return 0; /* time a plain step first */
     double n = q->acc + q->rej;
-    double alpha = n > 0 ? q->acc / n : 0.7; /* optimistic until measured */
-    alpha = BASE_MIN(alpha, 0.995);
+    if (n <= 0) return 1; /* the trial: no outcome yet */
+    double alpha = BASE_MIN(q->acc / n, 0.995);
     double cost = q->beta + s->gamma, best = 1.0;
     int32_t bk = 0;
     double ak = alpha;
@@ -412,6 +426,7 @@ void keel_spec_result(keel_spec *s, int32_t seq, int32_t n_drafted, int32_t n_ac
     if (!s || seq < 0 || seq >= s->n_seq || n_drafted < 0 || n_accepted < 0 || n_accepted > n_drafted) return;
     spec_seq *q = &s->seqs[seq];
     s->st.steps++;
+    q->n_steps++;
     s->st.drafted += n_drafted;
     s->st.accepted += n_accepted;
     if (q->acc + q->rej > 1e-3) { /* the counts age with every step */
@@ -431,7 +446,8 @@ void keel_spec_result(keel_spec *s, int32_t seq, int32_t n_drafted, int32_t n_ac
     if (q->t_plain > 0 && step_ns > 0) {
         double b = ((double)step_ns / q->t_plain - 1.0) / n_drafted;
         b = BASE_MAX(0.0, BASE_MIN(b, 2.0));
-        q->beta = 0.8 * q->beta + 0.2 * b;
+        q->beta = q->beta_known ? 0.8 * q->beta + 0.2 * b : b;
+        q->beta_known = true;
         if (q->draft_ns > 0 && q->last_k > 0) {
             double g = (double)q->draft_ns / q->t_plain / q->last_k;
             s->gamma = s->gamma > 0 ? 0.8 * s->gamma + 0.2 * g : g;
