@@ -372,18 +372,25 @@ static keel_model *open_gen(const char *arch, int32_t vocab, uint64_t seed)
     return m;
 }
 
+/* A prompt-lookup spec of one sequence on m. */
+static keel_spec *open_ngram(const keel_model *m, bool adaptive, int32_t max_draft)
+{
+    keel_spec_params p = keel_spec_params_default();
+    p.kind = KEEL_SPEC_NGRAM;
+    p.adaptive = adaptive;
+    p.max_draft = max_draft;
+    keel_spec *sp = NULL;
+    char err[256];
+    if (keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err) != KEEL_OK) fail_msg("keel_spec_open: %s", err);
+    return sp;
+}
+
 /* Prompt lookup proposes the continuation of the latest longest match. */
 static void test_ngram_drafter(void **state)
 {
     (void)state;
     keel_model *m = open_gen("llama", 0, 7);
-    keel_spec_params p = keel_spec_params_default();
-    p.kind = KEEL_SPEC_NGRAM;
-    p.adaptive = false;
-    p.max_draft = 4;
-    keel_spec *sp = NULL;
-    char err[256];
-    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    keel_spec *sp = open_ngram(m, false, 4);
     /* 1 2 3 4 5 | 9 2 3 7 8 | 1 2 3: the suffix "1 2 3" matched at the start
      * (longer than "2 3" later) */
     const int32_t h[] = {1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3};
@@ -406,8 +413,7 @@ static void test_ngram_drafter(void **state)
     assert_int_equal(k, 0);
     keel_spec_close(sp);
     /* back-off: drafts that are never accepted stop (probes aside) */
-    p.adaptive = true;
-    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    sp = open_ngram(m, true, 4);
     int32_t drafted_steps = 0, last_draft = -1, gaps[16], n_gaps = 0;
     for (int32_t step = 0; step < 400; step++) {
         assert_int_equal(keel_spec_draft(sp, 0, h, 13, out, 8, &k), KEEL_OK);
@@ -454,17 +460,11 @@ static void test_backoff_start(void **state)
 {
     (void)state;
     keel_model *m = open_gen("llama", 0, 7);
-    keel_spec_params p = keel_spec_params_default();
-    p.kind = KEEL_SPEC_NGRAM;
-    p.adaptive = true;
-    p.max_draft = 8;
-    keel_spec *sp = NULL;
-    char err[256];
     /* 1..12 then 1 2 3: the lookup offers 4..12 (8 at most) */
     int32_t h[15], out[8], k = -1;
     for (int32_t i = 0; i < 15; i++) h[i] = i % 12 + 1;
     /* every draft right, a verify costing 1 + 0.2 k plain steps */
-    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    keel_spec *sp = open_ngram(m, true, 8);
     const int32_t want[] = {0, 1, 8, 8};
     for (int32_t step = 0; step < 4; step++) {
         assert_int_equal(keel_spec_draft(sp, 0, h, 15, out, 8, &k), KEEL_OK);
@@ -478,7 +478,7 @@ static void test_backoff_start(void **state)
     keel_spec_close(sp);
     /* no draft ever right: over 64 steps the trial and two probes, one
      * token each (at gaps of 16 and 32 steps) */
-    assert_int_equal(keel_spec_open(&p, m, NULL, NULL, 1, 1024, &sp, err), KEEL_OK);
+    sp = open_ngram(m, true, 8);
     int32_t drafted = 0, at[4], n_at = 0;
     for (int32_t step = 0; step < 64; step++) {
         assert_int_equal(keel_spec_draft(sp, 0, h, 15, out, 8, &k), KEEL_OK);
