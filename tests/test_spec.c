@@ -495,6 +495,39 @@ static void test_backoff_start(void **state)
     keel_model_close(m);
 }
 
+/* A long answer whose drafts are all accepted takes no plain step of its
+ * own, while a plain step's time grows with the context and beta is
+ * measured against it. The spec times a plain step again when the history
+ * has grown by half: drafting stays at 6 to 8 tokens to 20,000 tokens, at
+ * the cost of a dozen plain steps (without that, it stalled). */
+static void test_backoff_context(void **state)
+{
+    (void)state;
+    keel_model *m = open_gen("llama", 0, 7);
+    keel_spec *sp = open_ngram(m, true, 8);
+    enum { N = 20000 };
+    int32_t *h = malloc((N + 16) * sizeof *h);
+    assert_non_null(h);
+    for (int32_t i = 0; i < N + 16; i++) h[i] = i % 12 + 1;
+    int32_t n = 100, plain = 0, partial = 0, out[8], k = -1;
+    while (n < N) {
+        assert_int_equal(keel_spec_draft(sp, 0, h, n, out, 8, &k), KEEL_OK);
+        plain += k == 0;
+        partial += k > 0 && k < 6;
+        /* a plain step: 1 ms and 1 us per token of context; a verify of k
+         * drafts 1 + 0.2 k of it */
+        keel_spec_result(sp, 0, k, k, (uint64_t)((1e6 + 1e3 * n) * (1.0 + 0.2 * k)));
+        n += k + 1;
+    }
+    print_message("to %d tokens: %d plain steps, %d short drafts\n", N, plain, partial);
+    assert_true(plain >= 8 && plain <= 16); /* 100, 356, 612, then every half */
+    assert_int_equal(partial, 1);           /* the trial (beta, timed up to half a
+                                             * context late, can make 6 or 7 the best) */
+    free(h);
+    keel_spec_close(sp);
+    keel_model_close(m);
+}
+
 /* A draft model must share the vocabulary. */
 static void test_draft_vocab_check(void **state)
 {
@@ -662,7 +695,7 @@ int main(void)
         cmocka_unit_test(test_recurrent_needs_flag),
         cmocka_unit_test(test_sample_draft_distribution),
         cmocka_unit_test(test_sampled_distribution),
-        cmocka_unit_test(test_ngram_drafter), cmocka_unit_test(test_backoff_start),
+        cmocka_unit_test(test_ngram_drafter), cmocka_unit_test(test_backoff_start), cmocka_unit_test(test_backoff_context),
         cmocka_unit_test(test_draft_vocab_check),
         cmocka_unit_test(test_engine),
         cmocka_unit_test(test_engine_slots),

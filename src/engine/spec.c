@@ -35,6 +35,15 @@
  * keel_spec_reset (a new conversation in the same slot) keeps the step
  * times and beta: only the trial is repeated.
  *
+ * A plain step's time grows with the context (attention), and beta is
+ * measured against it. A sequence whose drafts keep being accepted takes
+ * no plain step, so its t_plain would stay that of a much shorter context
+ * and beta would grow until drafting stopped (or, in a shorter new
+ * conversation, shrink and overdraft). So when the history has grown by
+ * half (256 tokens at least) since the last timed plain step, or shrunk
+ * to under half, one step is plain and its time replaces t_plain: a
+ * logarithmic number of steps (about ten from 512 to 32,768 tokens).
+ *
  * Memory: the history index is the caller's; the draft model's context and
  * per-sequence token copies are allocated at open. keel_spec_draft
  * allocates nothing.
@@ -55,6 +64,9 @@ typedef struct spec_seq {
     bool beta_known;          /* beta measured at least once (else its prior) */
     int32_t n_steps;          /* steps reported since open or reset */
     double t_plain;           /* a plain step's ns (EWMA), 0: unknown */
+    int32_t plain_at;         /* the history's length when t_plain was last timed */
+    int32_t hist_at;          /* the history's length at the last keel_spec_draft */
+    bool refresh;             /* this step is plain to time t_plain anew */
     int32_t since;            /* steps since the last draft */
     int32_t probe_gap;        /* steps without drafts before the next probe */
     bool probing;             /* the last keel_spec_draft's drafts are a probe */
@@ -245,11 +257,16 @@ void keel_spec_reset(keel_spec *s, int32_t seq)
 /* How many tokens to draft for q: the k maximizing expected tokens per
  * unit of step time; 0 to skip (a probe of one token aside, which sets
  * q->probing). */
-static int32_t want_drafts(const keel_spec *s, spec_seq *q)
+static int32_t want_drafts(const keel_spec *s, spec_seq *q, int32_t n_hist)
 {
     int32_t K = s->p.max_draft;
     if (!s->p.adaptive) return K;
     if (q->n_steps == 0 && q->t_plain <= 0) return 0; /* time a plain step first */
+    if (q->t_plain > 0 &&
+        (n_hist > q->plain_at + BASE_MAX(256, q->plain_at / 2) || n_hist < q->plain_at / 2)) {
+        q->refresh = true; /* t_plain is another context's */
+        return 0;
+    }
     double n = q->acc + q->rej;
     if (n <= 0) return 1; /* the trial: no outcome yet */
     double alpha = BASE_MIN(q->acc / n, 0.995);
@@ -397,8 +414,10 @@ keel_status keel_spec_draft(keel_spec *s, int32_t seq, const int32_t *hist, int3
     q->last_k = 0;
     q->draft_ns = 0;
     q->probing = false;
+    q->refresh = false;
+    q->hist_at = n_hist;
     if (s->p.kind == KEEL_SPEC_NONE || cap < 1) return KEEL_OK;
-    int32_t k = BASE_MIN(want_drafts(s, q), cap);
+    int32_t k = BASE_MIN(want_drafts(s, q, n_hist), cap);
     if (k <= 0) {
         q->since++;
         return KEEL_OK;
@@ -434,7 +453,10 @@ void keel_spec_result(keel_spec *s, int32_t seq, int32_t n_drafted, int32_t n_ac
         q->rej *= SPEC_DECAY;
     }
     if (n_drafted == 0) {
-        if (step_ns > 0) q->t_plain = q->t_plain > 0 ? 0.8 * q->t_plain + 0.2 * (double)step_ns : (double)step_ns;
+        if (step_ns > 0)
+            q->t_plain = q->t_plain > 0 && !q->refresh ? 0.8 * q->t_plain + 0.2 * (double)step_ns : (double)step_ns;
+        q->plain_at = q->hist_at; /* also untimed: no refresh again at once */
+        q->refresh = false;
         return;
     }
     s->st.draft_steps++;
