@@ -793,7 +793,8 @@ static int64_t matmul_sgemm_from(keel_dtype t)
  * time of one thread at 2048 x 768, 9 tokens): q8_0 0.33 ms against the
  * dot tiles' 0.46 (its batched kernels share the weight block's load, sign
  * and scales among the tokens; AVX-512: vpdpbusd), q4_0 0.32 against 0.66
- * (its row kernel, token by token, beats its dot), f16 0.68 against 0.74;
+ * (its row kernel, token by token, beat its dot; since the twenty-first
+ * pass it has q8_0's batched form from 4 tokens), f16 0.68 against 0.74;
  * q4_K even (0.356 / 0.358), taken for its result: each token's matvec
  * bits, so that a verify batch agrees with decode; q6_K's dot tiles were
  * 5% faster (0.38 / 0.41) until it had a batched kernel (eighteenth pass:

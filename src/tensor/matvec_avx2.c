@@ -17,8 +17,8 @@
  *   demand loads of wide rows on AMD; spread over the row they do not.
  * - Less work per block, with what depends only on the activation done once
  *   per product (tensor_mv_prep_avx2, into the caller's scratch): its block
- *   scales as f32; for q4_0 rows the -8 correction -8 d_x sum(x) per block
- *   and the activation's quants laid out per pair of blocks; for q4_K /
+ *   scales as f32; for q4_0 rows the -8 correction 8 sum(x) per block (an
+ *   exact int32) and the activation's quants laid out per pair of blocks; for q4_K /
  *   q5_K the activation's sums per 32-value sub-block (what the mins
  *   multiply). Weight block scales are converted eight at a time and
  *   broadcast from memory (a load, not a shuffle).
@@ -26,8 +26,11 @@
  *   the low nibbles of both in one mask, the high ones in one shift and
  *   mask, against the activation's quants in the same order; the two
  *   maddubs results add in int16 (|sum| <= 2 * 2 * 15 * 128) before one
- *   widening, one conversion and one FMA with [s_a x 4 | s_b x 4]. The
- *   nibbles stay unsigned: sum (q - 8) x = sum q x - 8 sum x.
+ *   widening. The nibbles stay unsigned: sum (q - 8) x = sum q x - 8 sum x,
+ *   in int32. Four pairs are folded into one lane per block, and the float
+ *   work is q8_0's (one convert, scale product and FMA per eight blocks),
+ *   so that the batched kernel, which gets the same integers from the
+ *   values transposed, gives the same bits (twenty-first pass).
  * - q4_K / q5_K decode their 12-byte scale field with two shuffles and a
  *   few masks (no scalar bit work) and widen the scales into int16 pairs
  *   broadcast from memory. What is per super-block rather than per value
@@ -99,45 +102,49 @@ static void prep_q8_0(const void *x, int64_t n, void *xp)
     prep_x_scales(x, n / QK, xp);
 }
 
-/* q4_0 rows: dx [nb8] f32 | dxs [nb8] f32 (-8 d_x sum(q_x) per block) |
- * pairs [nb / 2][64] u8 (blocks 2k, 2k+1: values 0-15 of both, then 16-31
- * of both), 64-byte aligned offsets. */
+/* q4_0 rows: dx [nb8] f32 (block scales) | xs8 [nb8] i32 (8 sum(q_x) per
+ * block, the nibbles' -8 offset), both zero past nb | pairs [nb2][64] u8
+ * (blocks 2k, 2k+1: values 0-15 of both, then 16-31 of both; a missing
+ * last block's values 0), at 64-byte aligned offsets. */
 typedef struct q4_0_prep {
-    float *dx, *dxs;
-    uint8_t *pairs;
+    const float *dx;
+    const int32_t *xs8;
+    const uint8_t *pairs;
 } q4_0_prep;
 
 static q4_0_prep q4_0_prep_at(const void *xp, int64_t nb)
 {
-    uint8_t *p = (uint8_t *)(uintptr_t)xp;
+    const uint8_t *p = xp;
     size_t f = up64b(up8(nb) * sizeof(float));
-    q4_0_prep q = {(float *)(void *)p, (float *)(void *)(p + f), p + 2 * f};
+    q4_0_prep q = {(const float *)(const void *)p, (const int32_t *)(const void *)(p + f), p + 2 * f};
     return q;
 }
 
 static size_t prep_q4_0_bytes(int64_t n)
 {
     int64_t nb = n / QK;
-    return 2 * up64b(up8(nb) * sizeof(float)) + (size_t)(nb / 2) * 64;
+    return 2 * up64b(up8(nb) * sizeof(float)) + (size_t)((nb + 1) / 2) * 64;
 }
 
 static void prep_q4_0(const void *xv, int64_t n, void *xp)
 {
     const uint8_t *x = xv;
     int64_t nb = n / QK;
-    q4_0_prep q = q4_0_prep_at(xp, nb);
-    prep_x_scales(x, nb, q.dx);
+    size_t f = up64b(up8(nb) * sizeof(float));
+    float *dx = xp;
+    int32_t *xs8 = (int32_t *)(void *)((uint8_t *)xp + f);
+    uint8_t *pairs = (uint8_t *)xp + 2 * f;
+    prep_x_scales(x, nb, dx);
     const __m256i ones = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < (int64_t)up8(nb); b++)
-        q.dxs[b] = b < nb ? -8.0f * q.dx[b] *
-                                (float)hsum_epi32(dot_us8_i32(ones, loadu_256(x + (size_t)b * Q8_0_BYTES + 2)))
-                          : 0.0f;
-    for (int64_t k = 0; k + 1 < nb; k += 2) {
+        xs8[b] = b < nb ? 8 * hsum_epi32(dot_us8_i32(ones, loadu_256(x + (size_t)b * Q8_0_BYTES + 2))) : 0;
+    for (int64_t k = 0; k < nb; k += 2) {
         const uint8_t *a = x + (size_t)k * Q8_0_BYTES + 2, *c = a + Q8_0_BYTES;
-        uint8_t *o = q.pairs + (size_t)(k / 2) * 64;
-        _mm256_storeu_si256((__m256i *)o, _mm256_loadu2_m128i((const __m128i *)c, (const __m128i *)a));
-        _mm256_storeu_si256((__m256i *)(o + 32),
-                            _mm256_loadu2_m128i((const __m128i *)(c + 16), (const __m128i *)(a + 16)));
+        uint8_t *o = pairs + (size_t)(k / 2) * 64;
+        __m128i z = _mm_setzero_si128();
+        __m128i c0 = k + 1 < nb ? loadu_128(c) : z, c1 = k + 1 < nb ? loadu_128(c + 16) : z;
+        _mm256_storeu_si256((__m256i *)(void *)o, _mm256_set_m128i(c0, loadu_128(a)));
+        _mm256_storeu_si256((__m256i *)(void *)(o + 32), _mm256_set_m128i(c1, loadu_128(a + 16)));
     }
 }
 
@@ -255,7 +262,7 @@ static inline __attribute__((always_inline)) void rows_q8_0(int NS, const uint8_
         #pragma GCC unroll 2
         for (int s = 0; s < NS; s++) {
             const uint8_t *p = w[s] + (size_t)b * Q8_0_BYTES;
-            __m256 sc = _mm256_mul_ps(mvb_scales_tail(p, m), d8);
+            __m256 sc = _mm256_mul_ps(mvb_scales_tail(p, m, Q8_0_BYTES), d8);
             a[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv_dots8_q8_0(p, xb, m)), sc, a[s]);
         }
     }
@@ -267,65 +274,69 @@ MV_ROWS2(mv_q8_0, rows_q8_0)
 
 /* ---- q4_0 --------------------------------------------------------------------------- */
 
-/* Blocks a (at wa) and a + 1 against the activation's pair layout xq:
- * sum over each block's values of q x as [a x 4 | a+1 x 4] int32 lanes. */
-static inline __m256i mv_dot_q4_0_pair(const uint8_t *wa, const uint8_t *xq)
+/* The int8 dots of the m (0..8) q4_0 blocks at p with the activation's
+ * pairs at xq, one lane per block (lanes past m 0): per pair of blocks
+ * their unsigned nibbles (values 0-15 of both, then 16-31) against the
+ * pairs, vpmaddubsw, one vpmaddwd by ones ([a x 4 | a+1 x 4]), then three
+ * horizontal adds and one permute into block order. The caller takes off
+ * the -8 offset. */
+static inline __attribute__((always_inline)) __m256i mv_dots8_q4_0(const uint8_t *p, const uint8_t *xq, int m)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i v = _mm256_loadu2_m128i((const __m128i *)(wa + Q4_0_BYTES + 2), (const __m128i *)(wa + 2));
-    __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v, m4), loadu_256(xq));
-    __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), loadu_256(xq + 32));
-    return _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1));
+    __m256i a[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        int c = 2 * k;
+        if (c >= m) {
+            a[k] = _mm256_setzero_si256();
+            continue;
+        }
+        const uint8_t *w0 = p + (size_t)c * Q4_0_BYTES + 2;
+        __m128i hi128 = c + 1 < m ? loadu_128(w0 + Q4_0_BYTES) : _mm_setzero_si128();
+        __m256i v = _mm256_set_m128i(hi128, loadu_128(w0));
+        __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(v, m4), loadu_256(xq + 64 * k));
+        __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), loadu_256(xq + 64 * k + 32));
+        a[k] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1));
+    }
+    /* [pair k's low half: block 2k; high half: block 2k + 1] -> blocks 0 2 4 6 | 1 3 5 7 */
+    __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpackhi_epi32(a[0], a[1]));
+    __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2], a[3]), _mm256_unpackhi_epi32(a[2], a[3]));
+    __m256i u = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+    return _mm256_permutevar8x32_epi32(u, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* q4_0 as q8_0: one block per lane, eight at a time; each block's exact
+ * dot sum((q - 8) x) is its nibbles' dot less the prepared 8 sum(x), then
+ * one convert, the eight scale products and one FMA per group. The
+ * batched kernel (matvec_batch_avx2.c) gets the same integers into the
+ * same lanes from the values sign-extended and transposed, so decode and a
+ * verify batch give the same bits. */
 static inline __attribute__((always_inline)) void rows_q4_0(int NS, const uint8_t *const *w, int64_t n,
                                                             const void *xv, const void *xpv, uintptr_t last,
                                                             float *out)
 {
-    const uint8_t *x = xv;
-    int64_t nb = n / QK, b = 0;
+    (void)xv;
+    int64_t nb = n / QK;
     q4_0_prep xp = q4_0_prep_at(xpv, nb);
-    __m256 a[2][2], corr[2];
-    float tail[2] = {0.0f, 0.0f};
+    __m256 a[2];
     #pragma GCC unroll 2
-    for (int s = 0; s < NS; s++) a[s][0] = a[s][1] = corr[s] = _mm256_setzero_ps();
-    for (; b + 8 <= nb; b += 8) {
+    for (int s = 0; s < NS; s++) a[s] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 8) {
+        int m = nb - b >= 8 ? 8 : (int)(nb - b);
         const uint8_t *xq = xp.pairs + (size_t)b * 32;
-        __m256 sc[2];
+        __m256 d8 = _mm256_load_ps(xp.dx + b); /* zero past nb */
+        __m256i s8 = _mm256_load_si256((const __m256i *)(const void *)(xp.xs8 + b));
         #pragma GCC unroll 2
         for (int s = 0; s < NS; s++) {
             const uint8_t *p = w[s] + (size_t)b * Q4_0_BYTES;
             mv_pf(p, last, 3);
-            __m256 dw = f16x8_strided(p, Q4_0_BYTES);
-            sc[s] = _mm256_mul_ps(dw, _mm256_load_ps(xp.dx + b));
-            corr[s] = _mm256_fmadd_ps(dw, _mm256_load_ps(xp.dxs + b), corr[s]);
-        }
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            const __m256i sel = _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
-            #pragma GCC unroll 2
-            for (int s = 0; s < NS; s++)
-                a[s][k & 1] = _mm256_fmadd_ps(
-                    _mm256_permutevar8x32_ps(sc[s], sel),
-                    _mm256_cvtepi32_ps(mv_dot_q4_0_pair(w[s] + (size_t)(b + 2 * k) * Q4_0_BYTES, xq + k * 64)),
-                    a[s][k & 1]);
+            __m256 sc = _mm256_mul_ps(m == 8 ? f16x8_strided(p, Q4_0_BYTES) : mvb_scales_tail(p, m, Q4_0_BYTES), d8);
+            __m256i d = _mm256_sub_epi32(m == 8 ? mv_dots8_q4_0(p, xq, 8) : mv_dots8_q4_0(p, xq, m), s8);
+            a[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, a[s]);
         }
     }
-    for (; b < nb; b++)
-        #pragma GCC unroll 2
-        for (int s = 0; s < NS; s++) {
-            /* one block: nibbles 0-15 | 16-31 against the activation as stored */
-            const uint8_t *wb = w[s] + (size_t)b * Q4_0_BYTES;
-            __m256i v = unpack_nibbles_16(wb + 2);
-            float dw = f16_load(wb);
-            a[s][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xp.dx[b]),
-                                      _mm256_cvtepi32_ps(dot_us8_i32(v, loadu_256(x + (size_t)b * Q8_0_BYTES + 2))),
-                                      a[s][0]);
-            tail[s] += dw * xp.dxs[b];
-        }
     #pragma GCC unroll 2
-    for (int s = 0; s < NS; s++)
-        out[s] = hsum_ps(_mm256_add_ps(_mm256_add_ps(a[s][0], a[s][1]), corr[s])) + tail[s];
+    for (int s = 0; s < NS; s++) out[s] = hsum_ps(a[s]);
 }
 
 MV_ROWS2(mv_q4_0, rows_q4_0)

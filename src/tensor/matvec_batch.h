@@ -81,12 +81,12 @@ static inline __attribute__((always_inline)) __m256i mv_fold8(const __m256i p[8]
     return mv_fold4x2(a);
 }
 
-/* The f16 scales of m (0..8) q8_0 blocks at p (block 0's scale) as f32,
- * lanes past m 0 (nothing past the m blocks is read). */
-static inline __m256 mvb_scales_tail(const uint8_t *p, int m)
+/* The f16 scales of m (0..8) blocks of `stride` bytes at p (block 0's
+ * scale) as f32, lanes past m 0 (nothing past the m blocks is read). */
+static inline __m256 mvb_scales_tail(const uint8_t *p, int m, size_t stride)
 {
     _Alignas(32) float d[8];
-    for (int c = 0; c < 8; c++) d[c] = c < m ? f16_load(p + (size_t)c * Q8_0_BYTES) : 0.0f;
+    for (int c = 0; c < 8; c++) d[c] = c < m ? f16_load(p + (size_t)c * stride) : 0.0f;
     return _mm256_load_ps(d);
 }
 

@@ -1,5 +1,5 @@
 /*
- * matvec_batch_avx2.c — the batched q8_0, q4_K, q5_K and q6_K row kernels of the avx2 level
+ * matvec_batch_avx2.c — the batched q8_0, q4_0, q4_K, q5_K and q6_K row kernels of the avx2 level
  * (tensor_mvb_avx2_): every weight row read once and dotted against up to
  * TENSOR_MV_BATCH_MAX activations (a speculative verify batch), each
  * token's result bit for bit what matvec_avx2.c's row kernel gives that
@@ -30,6 +30,11 @@
  * 2^24: exact in int32 and in f32). The sign trick needs activations in
  * [-127, 127], which the q8_0 quantizer guarantees; the int16 products are
  * exact for any byte.
+ *
+ * q4_0 the same way from 4 tokens on (t8_i16_q4_0: the nibbles less 8,
+ * sign-extended, the same transposes; the activations' records are
+ * q8_0's), and the row kernel token by token up to 3 (mvb_chunked): its
+ * row kernel folds each block's exact sum((q - 8) x) into the same lane.
  *
  * q4_K / q5_K (kq_row): the row kernel's steps with a pair of tokens where
  * it has a pair of rows; what depends on the row alone (the scale field's
@@ -95,6 +100,55 @@ static inline __attribute__((always_inline)) void t8_i16(const uint8_t *p, int m
     t8x8_epi32(hi, g + 8);
 }
 
+/* The same for the m (0..8) q4_0 blocks at p: each block's nibbles less 8
+ * (values 0-15 | 16-31), sign-extended, then the same transposes. */
+static inline __attribute__((always_inline)) void t8_i16_q4_0(const uint8_t *p, int m, __m256i g[16])
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F), b8 = _mm_set1_epi8(8);
+    __m256i lo[8], hi[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        if (c < m) {
+            __m128i q = loadu_128(p + (size_t)c * Q4_0_BYTES + 2);
+            lo[c] = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(q, m4), b8));
+            hi[c] = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), b8));
+        } else {
+            lo[c] = hi[c] = _mm256_setzero_si256();
+        }
+    }
+    t8x8_epi32(lo, g);
+    t8x8_epi32(hi, g + 8);
+}
+
+/* ---- a few tokens, the row kernel token by token ------------------------------------- */
+
+/* Up to MVB_CHUNKED tokens of a q4_0, q4_K, q5_K or q6_K batch run the row
+ * kernel mv token by token over chunks of rows that stay in L1 for the
+ * other tokens (what tensor_matvec_batch does for dtypes without a batched
+ * kernel): the row kernel takes two rows at a time, and with two or three
+ * tokens sharing the row's decode did not pay (kq_row's pairs of tokens
+ * 1.0-1.4x slower at 2 tokens; q4_0's transposed form 1.1-1.45x at 2-3).
+ * Token t's activation is at packed + t ob, its prepared form xpo bytes
+ * further (xpo 0: none). The row results depend on their row alone, so
+ * any chunking gives the row kernel's bits. */
+#define MVB_CHUNKED   3
+#define MVB_CHUNK_ROW ((size_t)16 << 10)
+
+static void mvb_chunked(tensor_mv_fn mv, int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                        const void *packed, size_t ob, size_t xpo, float *y, size_t ys)
+{
+    /* one token (deterministic decode): all rows in one call, whose
+     * prefetch runs ahead through them */
+    int64_t ch = n_tok == 1 ? BASE_MAX(nr, 1) : BASE_MAX((int64_t)(MVB_CHUNK_ROW / rb), 1);
+    for (int64_t r0 = 0; r0 < nr; r0 += ch) {
+        int64_t k = BASE_MIN(ch, nr - r0);
+        for (int t = 0; t < n_tok; t++) {
+            const uint8_t *o = (const uint8_t *)packed + (size_t)t * ob;
+            mv(k, n, W + (size_t)r0 * rb, rb, o, xpo ? o + xpo : NULL, y + (size_t)t * ys + (size_t)r0);
+        }
+    }
+}
+
 /* ---- packed activations ------------------------------------------------------------ */
 
 /* A batch of more than MVB_SMALL tokens: rec [ng][T] (ng = ceil(nb / 8)),
@@ -120,17 +174,11 @@ static size_t pack_q8_0_bytes(int64_t n, int n_tok)
     return (size_t)((nb + 7) / 8) * (size_t)n_tok * MVB_REC;
 }
 
-static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
+/* The records of n_tok tokens (t8_i16 of each group, then its scales). */
+static void pack_t8(const void *const *xv, int n_tok, int64_t n, void *packed)
 {
     int64_t nb = n / QK;
     uint8_t *o = packed;
-    if (n_tok <= MVB_SMALL) {
-        for (int t = 0; t < n_tok; t++, o += one_bytes(n)) {
-            memcpy(o, xv[t], (size_t)nb * Q8_0_BYTES);
-            tensor_mv_prep_avx2_[KEEL_DTYPE_Q8_0].run(o, n, o + one_x_bytes(nb));
-        }
-        return;
-    }
     for (int t = 0; t < n_tok; t++) {
         const uint8_t *x = xv[t];
         for (int64_t b = 0; b < nb; b += 8) {
@@ -141,9 +189,47 @@ static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
             for (int i = 0; i < 16; i++)
                 _mm256_store_si256((__m256i *)(void *)(rec + 32 * i), g[i]);
             _mm256_store_ps((float *)(void *)(rec + 16 * 32),
-                            mvb_scales_tail(x + (size_t)b * Q8_0_BYTES, m));
+                            mvb_scales_tail(x + (size_t)b * Q8_0_BYTES, m, Q8_0_BYTES));
         }
     }
+}
+
+/* Each token's q8_0 row (64-byte aligned) and the row kernel of dtype w's
+ * prepared form of it. */
+static void pack_rows(keel_dtype w, const void *const *xv, int n_tok, int64_t n, void *packed)
+{
+    int64_t nb = n / QK;
+    size_t one = one_x_bytes(nb) + mvb_up64(tensor_mv_prep_avx2_[w].bytes(n));
+    uint8_t *o = packed;
+    for (int t = 0; t < n_tok; t++, o += one) {
+        memcpy(o, xv[t], (size_t)nb * Q8_0_BYTES);
+        tensor_mv_prep_avx2_[w].run(o, n, o + one_x_bytes(nb));
+    }
+}
+
+static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
+{
+    if (n_tok <= MVB_SMALL) pack_rows(KEEL_DTYPE_Q8_0, xv, n_tok, n, packed);
+    else pack_t8(xv, n_tok, n, packed);
+}
+
+/* q4_0: up to MVB_CHUNKED tokens, each in the row kernel's form; more,
+ * the records. */
+static size_t q4_0_one_bytes(int64_t n)
+{
+    return one_x_bytes(n / QK) + mvb_up64(tensor_mv_prep_avx2_[KEEL_DTYPE_Q4_0].bytes(n));
+}
+
+static size_t pack_q4_0_bytes(int64_t n, int n_tok)
+{
+    if (n_tok <= MVB_CHUNKED) return (size_t)n_tok * q4_0_one_bytes(n);
+    return (size_t)((n / QK + 7) / 8) * (size_t)n_tok * MVB_REC;
+}
+
+static void pack_q4_0(const void *const *xv, int n_tok, int64_t n, void *packed)
+{
+    if (n_tok <= MVB_CHUNKED) pack_rows(KEEL_DTYPE_Q4_0, xv, n_tok, n, packed);
+    else pack_t8(xv, n_tok, n, packed);
 }
 
 /* ---- a few tokens ---------------------------------------------------------------------- */
@@ -218,7 +304,7 @@ static inline __attribute__((always_inline)) void small_row(int T, const uint8_t
     }
     if (b < nb) {
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
-        __m256 dw = mvb_scales_tail(p, (int)(nb - b));
+        __m256 dw = mvb_scales_tail(p, (int)(nb - b), Q8_0_BYTES);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
             sc[t] = _mm256_mul_ps(dw, _mm256_load_ps(dxs[t] + b));
@@ -325,13 +411,15 @@ static void chunk_any(int R, int C, const __m256i *g, const uint8_t *r, const __
 #undef MVB_CASE
 }
 
-/* R (1 or 2) consecutive rows from w against T (MVB_SMALL + 1..16) tokens:
- * per group, each row's weights transposed once, then the tokens in
- * chunks of about equal size, each activation vector loaded once for both
- * rows. out[16 k + t]: row k, token t. */
-static void rows_q8_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, const uint8_t *rec,
-                      uintptr_t last, float *out)
+/* R (1 or 2) consecutive rows from w (Q4: q4_0, else q8_0) against T
+ * (2..16) tokens: per group, each row's weights transposed once, then the
+ * tokens in chunks of about equal size, each activation vector loaded once
+ * for both rows. out[16 k + t]: row k, token t. */
+static inline __attribute__((always_inline)) void rows_t8(int Q4, int R, int T, const uint8_t *w, size_t rb,
+                                                          int64_t nb, const uint8_t *rec, uintptr_t last,
+                                                          float *out)
 {
+    const size_t bb = Q4 ? Q4_0_BYTES : Q8_0_BYTES;
     _Alignas(32) float acc[2][16][8];
     for (int k = 0; k < R; k++)
         for (int t = 0; t < T; t++)
@@ -344,18 +432,19 @@ static void rows_q8_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, con
         _Alignas(32) __m256i g[32];
         __m256 dw[2];
         for (int k = 0; k < R; k++) {
-            const uint8_t *p = w + (size_t)k * rb + (size_t)b * Q8_0_BYTES;
+            const uint8_t *p = w + (size_t)k * rb + (size_t)b * bb;
             /* each row asks for its own lines ahead and, past its end, for
              * the row R after it (the next pass's), not for its neighbour */
-            mv_pf_at((uintptr_t)p + MV_PF +
-                         ((size_t)b * Q8_0_BYTES + MV_PF >= rb ? (size_t)(R - 1) * rb : 0),
-                     last, 5);
+            mv_pf_at((uintptr_t)p + MV_PF + ((size_t)b * bb + MV_PF >= rb ? (size_t)(R - 1) * rb : 0),
+                     last, Q4 ? 3 : 5);
             if (m == 8) {
-                t8_i16(p, 8, g + 16 * k);
-                dw[k] = f16x8_strided(p, Q8_0_BYTES);
+                if (Q4) t8_i16_q4_0(p, 8, g + 16 * k);
+                else t8_i16(p, 8, g + 16 * k);
+                dw[k] = f16x8_strided(p, bb);
             } else {
-                t8_i16(p, m, g + 16 * k);
-                dw[k] = mvb_scales_tail(p, m);
+                if (Q4) t8_i16_q4_0(p, m, g + 16 * k);
+                else t8_i16(p, m, g + 16 * k);
+                dw[k] = mvb_scales_tail(p, m, bb);
             }
         }
         for (int c = 0; c < nc; c++) {
@@ -366,6 +455,43 @@ static void rows_q8_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, con
     for (int k = 0; k < R; k++)
         for (int t = 0; t < T; t++)
             out[16 * k + t] = hsum_ps(_mm256_load_ps(acc[k][t]));
+}
+
+static void rows_q8_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, const uint8_t *rec,
+                      uintptr_t last, float *out)
+{
+    rows_t8(0, R, T, w, rb, nb, rec, last, out);
+}
+
+static void rows_q4_0(int R, int T, const uint8_t *w, size_t rb, int64_t nb, const uint8_t *rec,
+                      uintptr_t last, float *out)
+{
+    rows_t8(1, R, T, w, rb, nb, rec, last, out);
+}
+
+/* Every pair of rows of W against the n_tok (2..16) tokens' records. */
+static void mvb_t8(int Q4, int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                   const void *packed, float *y, size_t ys)
+{
+    uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
+    for (int64_t r = 0; r < nr; r += 2) {
+        int R = nr - r >= 2 ? 2 : 1;
+        float v[2 * 16];
+        (Q4 ? rows_q4_0 : rows_q8_0)(R, n_tok, W + (size_t)r * rb, rb, n / QK, packed, last, v);
+        for (int k = 0; k < R; k++)
+            for (int t = 0; t < n_tok; t++)
+                y[(size_t)t * ys + (size_t)(r + k)] = v[k * 16 + t];
+    }
+}
+
+static void mvb_q4_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
+                     const void *packed, float *y, size_t ys)
+{
+    if (n_tok <= MVB_CHUNKED)
+        mvb_chunked(tensor_mv_avx2_[KEEL_DTYPE_Q4_0], nr, n, W, rb, n_tok, packed, q4_0_one_bytes(n),
+                    one_x_bytes(n / QK), y, ys);
+    else
+        mvb_t8(1, nr, n, W, rb, n_tok, packed, y, ys);
 }
 
 static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
@@ -403,14 +529,7 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
         }
         return;
     }
-    for (int64_t r = 0; r < nr; r += 2) {
-        int R = nr - r >= 2 ? 2 : 1;
-        float v[2 * 16];
-        rows_q8_0(R, n_tok, W + (size_t)r * rb, rb, nb, o, last, v);
-        for (int k = 0; k < R; k++)
-            for (int t = 0; t < n_tok; t++)
-                y[(size_t)t * ys + (size_t)(r + k)] = v[k * 16 + t];
-    }
+    mvb_t8(0, nr, n, W, rb, n_tok, packed, y, ys);
 }
 
 /* ---- q4_K / q5_K -------------------------------------------------------------------- */
@@ -542,30 +661,14 @@ static inline __attribute__((always_inline)) void kq_row(int Q5, int T, const ui
     }
 }
 
-/* Up to KQ_CHUNKED tokens run the row kernel token by token over chunks of
- * rows that stay in L1 for the other tokens (what tensor_matvec_batch does
- * for dtypes without a batched kernel): the row kernel takes two rows at a
- * time, and with two or three tokens sharing the row's decode did not pay
- * for kq_row's pairs of tokens (1.0-1.4x slower at 2 tokens). */
-#define KQ_CHUNKED   3
-#define KQ_CHUNK_ROW ((size_t)16 << 10)
-
 static inline __attribute__((always_inline)) void mvb_kq(int Q5, int64_t nr, int64_t n,
                                                          const uint8_t *W, size_t rb, int n_tok,
                                                          const void *packed, float *y, size_t ys)
 {
     size_t ob = kq_one_bytes(n);
-    if (n_tok <= KQ_CHUNKED) {
-        tensor_mv_fn mv = tensor_mv_avx2_[Q5 ? KEEL_DTYPE_Q5_K : KEEL_DTYPE_Q4_K];
-        int64_t ch = BASE_MAX((int64_t)(KQ_CHUNK_ROW / rb), 1);
-        for (int64_t r0 = 0; r0 < nr; r0 += ch) {
-            int64_t k = BASE_MIN(ch, nr - r0);
-            for (int t = 0; t < n_tok; t++) {
-                const uint8_t *o = (const uint8_t *)packed + (size_t)t * ob;
-                mv(k, n, W + (size_t)r0 * rb, rb, o, o + kq_x_bytes(n),
-                   y + (size_t)t * ys + (size_t)r0);
-            }
-        }
+    if (n_tok <= MVB_CHUNKED) {
+        mvb_chunked(tensor_mv_avx2_[Q5 ? KEEL_DTYPE_Q5_K : KEEL_DTYPE_Q4_K], nr, n, W, rb, n_tok, packed, ob,
+                    kq_x_bytes(n), y, ys);
         return;
     }
     uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
@@ -655,15 +758,8 @@ static void mvb_q6_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
                      const void *packed, float *y, size_t ys)
 {
     size_t ob = kq_x_bytes(n);
-    if (n_tok <= KQ_CHUNKED) {
-        int64_t ch = BASE_MAX((int64_t)(KQ_CHUNK_ROW / rb), 1);
-        for (int64_t r0 = 0; r0 < nr; r0 += ch) {
-            int64_t k = BASE_MIN(ch, nr - r0);
-            for (int t = 0; t < n_tok; t++)
-                tensor_mv_avx2_[KEEL_DTYPE_Q6_K](k, n, W + (size_t)r0 * rb, rb,
-                                                 (const uint8_t *)packed + (size_t)t * ob, NULL,
-                                                 y + (size_t)t * ys + (size_t)r0);
-        }
+    if (n_tok <= MVB_CHUNKED) {
+        mvb_chunked(tensor_mv_avx2_[KEEL_DTYPE_Q6_K], nr, n, W, rb, n_tok, packed, ob, 0, y, ys);
         return;
     }
     uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
@@ -677,6 +773,7 @@ static void mvb_q6_K(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
 
 const tensor_mvb_kernel tensor_mvb_avx2_[KEEL_DTYPE_COUNT_] = {
     [KEEL_DTYPE_Q8_0] = {mvb_q8_0, pack_q8_0_bytes, pack_q8_0},
+    [KEEL_DTYPE_Q4_0] = {mvb_q4_0, pack_q4_0_bytes, pack_q4_0},
     [KEEL_DTYPE_Q4_K] = {mvb_q4_K, pack_kq_bytes, pack_kq},
     [KEEL_DTYPE_Q5_K] = {mvb_q5_K, pack_kq_bytes, pack_kq},
     [KEEL_DTYPE_Q6_K] = {mvb_q6_K, pack_q6_K_bytes, pack_q6_K},
