@@ -128,9 +128,11 @@ static void test_depth_rows_bytes(void **state)
             /* steps see d + 1 .. d + 4 cells: mean d + 2.5 */
             double kv = num(r, "kv_bytes_per_token");
             assert_close(kv, cell * (depth[i] + 2.5), 1e-6);
-            assert_close(num(r, "bound_tps"), num(root, "read_bw_gbps") * 1e9 /
-                                                 (num(r, "weight_bytes_per_token") + kv),
-                         1e-3 * num(r, "bound_tps")); /* printed to 0.01 GB/s */
+            /* the bandwidth printed to 0.01 GB/s (0.005 of rounding, 0.1% of
+             * the 5 GB/s a sanitizer build under load can read), the bound
+             * to 0.01 tok/s */
+            double bw = num(root, "read_bw_gbps"), want = bw * 1e9 / (num(r, "weight_bytes_per_token") + kv);
+            assert_close(num(r, "bound_tps"), want, want * (0.005 / bw + 1e-6) + 0.005);
         } else {
             assert_true(num(r, "flops_per_token") > 2.0 * LAYERS * (EMBD * QD * 2 + 2 * EMBD * KD + 3.0 * EMBD * FF));
         }
