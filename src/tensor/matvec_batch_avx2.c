@@ -161,16 +161,17 @@ static size_t one_x_bytes(int64_t nb)
     return mvb_up64((size_t)nb * Q8_0_BYTES);
 }
 
-/* Bytes of one token's part of a small batch. */
-static size_t one_bytes(int64_t n)
+/* Bytes of one token's part of a small batch whose weights are of dtype
+ * w (q8_0 or q4_0): its q8_0 row, then w's row kernel's prepared form. */
+static size_t one_bytes(keel_dtype w, int64_t n)
 {
-    return one_x_bytes(n / QK) + mvb_up64(tensor_mv_prep_avx2_[KEEL_DTYPE_Q8_0].bytes(n));
+    return one_x_bytes(n / QK) + mvb_up64(tensor_mv_prep_avx2_[w].bytes(n));
 }
 
 static size_t pack_q8_0_bytes(int64_t n, int n_tok)
 {
     int64_t nb = n / QK;
-    if (n_tok <= MVB_SMALL) return (size_t)n_tok * one_bytes(n);
+    if (n_tok <= MVB_SMALL) return (size_t)n_tok * one_bytes(KEEL_DTYPE_Q8_0, n);
     return (size_t)((nb + 7) / 8) * (size_t)n_tok * MVB_REC;
 }
 
@@ -199,7 +200,7 @@ static void pack_t8(const void *const *xv, int n_tok, int64_t n, void *packed)
 static void pack_rows(keel_dtype w, const void *const *xv, int n_tok, int64_t n, void *packed)
 {
     int64_t nb = n / QK;
-    size_t one = one_x_bytes(nb) + mvb_up64(tensor_mv_prep_avx2_[w].bytes(n));
+    size_t one = one_bytes(w, n);
     uint8_t *o = packed;
     for (int t = 0; t < n_tok; t++, o += one) {
         memcpy(o, xv[t], (size_t)nb * Q8_0_BYTES);
@@ -215,14 +216,9 @@ static void pack_q8_0(const void *const *xv, int n_tok, int64_t n, void *packed)
 
 /* q4_0: up to MVB_CHUNKED tokens, each in the row kernel's form; more,
  * the records. */
-static size_t q4_0_one_bytes(int64_t n)
-{
-    return one_x_bytes(n / QK) + mvb_up64(tensor_mv_prep_avx2_[KEEL_DTYPE_Q4_0].bytes(n));
-}
-
 static size_t pack_q4_0_bytes(int64_t n, int n_tok)
 {
-    if (n_tok <= MVB_CHUNKED) return (size_t)n_tok * q4_0_one_bytes(n);
+    if (n_tok <= MVB_CHUNKED) return (size_t)n_tok * one_bytes(KEEL_DTYPE_Q4_0, n);
     return (size_t)((n / QK + 7) / 8) * (size_t)n_tok * MVB_REC;
 }
 
@@ -488,8 +484,8 @@ static void mvb_q4_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
                      const void *packed, float *y, size_t ys)
 {
     if (n_tok <= MVB_CHUNKED)
-        mvb_chunked(tensor_mv_avx2_[KEEL_DTYPE_Q4_0], nr, n, W, rb, n_tok, packed, q4_0_one_bytes(n),
-                    one_x_bytes(n / QK), y, ys);
+        mvb_chunked(tensor_mv_avx2_[KEEL_DTYPE_Q4_0], nr, n, W, rb, n_tok, packed,
+                    one_bytes(KEEL_DTYPE_Q4_0, n), one_x_bytes(n / QK), y, ys);
     else
         mvb_t8(1, nr, n, W, rb, n_tok, packed, y, ys);
 }
@@ -508,7 +504,7 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
         const uint8_t *xs[MVB_SMALL];
         const float *dxs[MVB_SMALL];
         for (int t = 0; t < n_tok; t++) {
-            xs[t] = o + (size_t)t * one_bytes(n);
+            xs[t] = o + (size_t)t * one_bytes(KEEL_DTYPE_Q8_0, n);
             dxs[t] = (const float *)(const void *)(xs[t] + one_x_bytes(nb));
         }
         for (int64_t r = 0; r < nr; r++) {
