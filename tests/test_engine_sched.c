@@ -4,7 +4,8 @@
  *   - fairness: a stream's decode rate while another slot prefills a long
  *     prompt is at least half its rate alone (the whole prompt used to go
  *     in n_batch chunks, each step as long as the chunk: a few tokens in
- *     the whole prefill);
+ *     the whole prefill), also while the stream drafts at every step
+ *     (speculative decoding; its prefill budget used to stay 0);
  *   - keel_engine_stop, and keel_engine_cancel_request of the only request
  *     in the batch, during a long prefill return within a second (the
  *     running keel_decode used to finish its n_batch tokens first), and
@@ -223,10 +224,11 @@ static double share_try(keel_engine *e, int attempt)
     return during / alone;
 }
 
-static void test_decode_share(void **state)
+/* share_try on an engine with the options extra, up to three tries: the
+ * best ratio is at least 0.5. */
+static void decode_share(const char *extra)
 {
-    (void)state;
-    keel_engine *e = open_engine(g_small, "\"n_slots\": 2, \"n_ctx\": 32768, \"n_batch\": 512, \"n_ubatch\": 512");
+    keel_engine *e = open_engine(g_small, extra);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, run_loop, e), 0);
     double best = 0;
@@ -240,6 +242,29 @@ static void test_decode_share(void **state)
     assert_int_equal((intptr_t)rv, KEEL_OK);
     keel_engine_close(e);
     if (best < 0.5) fail_msg("decode during a long prefill: %.2f of its rate alone (want >= 0.5)", best);
+}
+
+static void test_decode_share(void **state)
+{
+    (void)state;
+    decode_share("\"n_slots\": 2, \"n_ctx\": 32768, \"n_batch\": 512, \"n_ubatch\": 512");
+}
+
+/* The same while the stream drafts four tokens at every step (the model
+ * drafting for itself, the back-off off: every draft accepted). Its
+ * decode-only steps then always held five tokens, never the one token of
+ * a plain step that the prefill budget's reference was kept for, so the
+ * budget stayed 0 and B's prompt waited for A to end (A's 12,000 tokens:
+ * share_try's "A outlasted B's prefill" fails). */
+static void test_decode_share_drafting(void **state)
+{
+    (void)state;
+    char extra[256];
+    snprintf(extra, sizeof extra,
+             "\"n_slots\": 2, \"n_ctx\": 32768, \"n_batch\": 512, \"n_ubatch\": 512, \"model_draft\": \"%s\", "
+             "\"spec_adaptive\": false, \"spec_max\": 4",
+             g_small);
+    decode_share(extra);
 }
 
 /* keel_engine_stop and keel_engine_cancel_request while a 6144-token
@@ -310,6 +335,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_share),
+        cmocka_unit_test(test_decode_share_drafting),
         cmocka_unit_test(test_stop_during_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -10,7 +10,8 @@
  *   - the acceptance rule: tokens drawn with a draft are distributed as
  *     the sampler's (chi-square over 200,000 draws, drafts likely,
  *     unlikely and outside the kept candidates);
- *   - the n-gram drafter, the draft-model vocabulary check, the back-off;
+ *   - the n-gram drafter, the draft-model vocabulary check, the back-off,
+ *     the engine's step cost and each slot's share of a step;
  *   - the engine: keel_complete with "spec": "ngram" and with a draft
  *     model gives the text of a run without, and reports the drafts.
  */
@@ -528,6 +529,61 @@ static void test_backoff_context(void **state)
     keel_model_close(m);
 }
 
+/* The engine's decode-only step cost (eng_cost.c) and each slot's share
+ * of a step, on steps timed as f + u n (5 ms, 0.4 ms a token) with +-3%
+ * of noise: the line is found within 3% from the token counts that drafts
+ * make; a slot's share of a step adds up with the others' to the step,
+ * and a slot that did not draft gets the same share whether the other
+ * slot drafted 8 tokens or none (timed on the whole step, as the engine
+ * did, its plain step read 2x that share, and 3.1x beside 8 drafts). */
+static void test_step_cost(void **state)
+{
+    (void)state;
+    const double f = 5e6, u = 4e5;
+    eng_cost c = {0};
+    assert_true(eng_cost_at(&c, 2) == 0.0); /* nothing timed */
+    /* one count only: no slope, flat at the mean */
+    for (int i = 0; i < 40; i++) eng_cost_add(&c, 2, (f + 2 * u) * (i % 2 ? 1.03 : 0.97));
+    double lf, lu;
+    assert_false(eng_cost_line(&c, &lf, &lu));
+    assert_true(lu == 0.0);
+    assert_true(fabs(eng_cost_at(&c, 9) / (f + 2 * u) - 1.0) < 0.03);
+    assert_true(eng_cost_share(&c, 6e6, 2, 9, 7) == 3e6); /* an equal split */
+    /* two slots, the first drafting 0..8 tokens */
+    static const int32_t k0[] = {0, 8, 3, 0, 5, 1, 8, 0, 2, 6};
+    for (int i = 0; i < 200; i++) {
+        int32_t n = 2 + k0[i % 10];
+        eng_cost_add(&c, n, (f + u * n) * (1.0 + 0.03 * ((i * 7) % 3 - 1)));
+    }
+    assert_true(eng_cost_line(&c, &lf, &lu));
+    for (int32_t n = 1; n <= 12; n++) {
+        double want = f + u * n, got = eng_cost_at(&c, n);
+        if (fabs(got / want - 1.0) > 0.03) fail_msg("T(%d) = %.0f ns, want %.0f", n, got, want);
+    }
+    /* a step 10x slow (another process) counts as 2x: the line moves by
+     * less than a quarter (unclamped: 1.67x) */
+    eng_cost d = c;
+    eng_cost_add(&d, 2, 10 * (f + 2 * u));
+    double moved = eng_cost_at(&d, 2) / eng_cost_at(&c, 2);
+    print_message("a 10x step moves T(2) by %.3fx\n", moved);
+    assert_true(moved > 1.01 && moved < 1.25);
+    /* shares: one slot takes the whole step; three add up to it */
+    assert_true(eng_cost_share(&c, 7e6, 1, 9, 8) == 7e6);
+    double t3 = f + u * (3 + 4 + 1), sum = 0;
+    static const int32_t k3[] = {0, 4, 1};
+    for (int i = 0; i < 3; i++) sum += eng_cost_share(&c, t3, 3, 8, k3[i]);
+    assert_true(fabs(sum / t3 - 1.0) < 1e-9);
+    /* the plain slot beside another's 0 or 8 drafts */
+    double beside0 = eng_cost_share(&c, f + 2 * u, 2, 2, 0), beside8 = eng_cost_share(&c, f + 10 * u, 2, 10, 0);
+    double want = f / 2 + u;
+    if (fabs(beside0 / want - 1.0) > 0.03 || fabs(beside8 / want - 1.0) > 0.03)
+        fail_msg("a plain slot's share %.0f / %.0f ns, want %.0f", beside0, beside8, want);
+    /* and the drafting slot pays for its drafts: its verify of 8 costs
+     * 1 + 8 u / (f / 2 + u) of its plain share */
+    double v8 = eng_cost_share(&c, f + 10 * u, 2, 10, 8);
+    assert_true(fabs(v8 / want - (1.0 + 8 * u / want)) < 0.05);
+}
+
 /* A draft model must share the vocabulary. */
 static void test_draft_vocab_check(void **state)
 {
@@ -696,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_sample_draft_distribution),
         cmocka_unit_test(test_sampled_distribution),
         cmocka_unit_test(test_ngram_drafter), cmocka_unit_test(test_backoff_start), cmocka_unit_test(test_backoff_context),
+        cmocka_unit_test(test_step_cost),
         cmocka_unit_test(test_draft_vocab_check),
         cmocka_unit_test(test_engine),
         cmocka_unit_test(test_engine_slots),

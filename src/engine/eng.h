@@ -293,6 +293,12 @@ typedef struct eng_slot {
     int64_t stat_compactions;
 } eng_slot;
 
+/* eng_cost.c: a decode-only step's time against its batch's tokens, T(n)
+ * = f + u n, least squares with exponential forgetting. */
+typedef struct eng_cost {
+    double w, sn, snn, st, snt; /* decayed sums: steps, n, n^2, ns, n ns */
+} eng_cost;
+
 struct keel_engine {
     keel_model *model;
     keel_context *ctx;
@@ -369,8 +375,7 @@ struct keel_engine {
      * the step's time, estimated from the engine's own steps (stepping
      * thread only) */
     double pf_share;          /* (0, 1]; 1: prefill fills the batch whatever generates */
-    double pf_dec_ns;         /* duration of a decode-only step (EWMA); 0: not measured */
-    int32_t pf_dec_n;         /* generating slots in those steps */
+    eng_cost dec_cost;        /* a decode-only step's time against its tokens */
     double pf_tok_ns;         /* cost of one prefill token in a mixed step (EWMA); 0: unknown */
     int32_t pf_last;          /* prefill tokens of the last mixed step */
     int32_t pf_mixed;         /* mixed steps since the last decode-only one */
@@ -513,6 +518,22 @@ keel_status eng_lazy_begin(keel_engine *e, eng_slot *sl, char *err);
 /* The sampled token tok of a waiting slot (sl->lazy): activates the grammar when a trigger
  * appears. KEEL_OK unless the detokenizer fails. */
 keel_status eng_lazy_step(keel_engine *e, eng_slot *sl, int32_t tok);
+/* eng_cost.c */
+/* Learns a decode-only step of n tokens that took ns. */
+void eng_cost_add(eng_cost *c, int32_t n, double ns);
+/* The line: f and u, true; false while the slope is unknown (every step
+ * had about one count): f the mean time, u 0. */
+bool eng_cost_line(const eng_cost *c, double *f, double *u);
+/* The predicted time of a decode-only step of n tokens (the mean while
+ * the slope is unknown); 0 before the first step. */
+double eng_cost_at(const eng_cost *c, int32_t n);
+/* One sequence's share of a decode-only step of n_tok tokens over n_seq
+ * sequences that took ns, k of the tokens its drafts: ns (f / n_seq +
+ * u (1 + k)) / (f + u n_tok) (its part of what every step pays, and its
+ * own tokens); ns with one sequence; ns / n_seq while the slope is
+ * unknown. The shares of a step add up to ns. */
+double eng_cost_share(const eng_cost *c, double ns, int32_t n_seq, int32_t n_tok, int32_t k);
+
 /* eng_spec.c: speculative decoding in the step. */
 /* Drafts for each generating slot (cnt: slots generating this step,
  * chunk: prefill tokens per slot) within what the step can spare, into
@@ -520,9 +541,11 @@ keel_status eng_lazy_step(keel_engine *e, eng_slot *sl, int32_t tok);
 void eng_spec_plan(keel_engine *e, const int32_t *cnt, const int32_t *chunk);
 /* The slot's rows are about to be read (n_hist0, the acceptance state). */
 void eng_spec_begin(eng_slot *sl);
-/* After the slot's rows: counts, the back-off's feedback, the rejected
- * drafts rewound (a failure ends the request, named). */
-void eng_spec_settle(keel_engine *e, eng_slot *sl, uint64_t step_ns);
+/* After the slot's rows: counts, the back-off's feedback (timed on the
+ * slot's share of a decode-only step of n_tok tokens over n_seq slots
+ * that took step_ns; 0: untimed), the rejected drafts rewound (a failure
+ * ends the request, named). */
+void eng_spec_settle(keel_engine *e, eng_slot *sl, uint64_t step_ns, int32_t n_seq, int32_t n_tok);
 /* Ends sl's request with an error (eng_sched.c's finish). */
 void eng_finish_error(keel_engine *e, eng_slot *sl, keel_status st, const char *why);
 /* Frees finished submitted requests (the stepping thread, outside callbacks). */

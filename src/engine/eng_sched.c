@@ -988,7 +988,7 @@ static void take_token(keel_engine *e, eng_slot *sl, int32_t tok, bool logged)
 
 /* ---- fairness: the prefill budget of a step with generating slots ---------------- */
 
-#define ENG_PF_REFRESH 16 /* mixed steps between decode-only steps (which measure pf_dec_ns) */
+#define ENG_PF_REFRESH 16 /* mixed steps between decode-only steps (which time the decode tokens) */
 #define ENG_PF_FIRST 4    /* prefill tokens of the first mixed step */
 #define ENG_PF_BURST 4.0  /* a mixed step's prefill costs at most this many steps' allowance */
 
@@ -997,62 +997,65 @@ static double ewma(double old, double x)
     return old > 0 ? 0.75 * old + 0.25 * x : x;
 }
 
-/* The prefill time a step with generating slots earns: pf_share / (1 -
- * pf_share) of a decode-only step, so that decoding keeps 1 - pf_share of
- * the time. */
-static double pf_allow(const keel_engine *e)
+/* The prefill time a step with n_gen generating slots earns: pf_share / (1
+ * - pf_share) of a decode-only step of their n_gen tokens (drafts aside;
+ * while the slope is unknown, of the decode-only steps as they were), so
+ * that decoding keeps 1 - pf_share of the time; 0 before any decode-only
+ * step. */
+static double pf_allow(const keel_engine *e, int32_t n_gen)
 {
-    return e->pf_dec_ns * e->pf_share / (1.0 - e->pf_share);
+    return eng_cost_at(&e->dec_cost, n_gen) * e->pf_share / (1.0 - e->pf_share);
 }
 
 /* Most prefill tokens in a step beside n_gen generating slots. Prefill
  * time is a budget (pf_credit): every step with generating slots earns
  * pf_allow, a mixed step spends what its prefill tokens added to the
- * decode-only time. A step runs prefill only out of a non-negative
- * credit, and then as many tokens as cost about ENG_PF_BURST allowances
- * (bigger chunks are cheaper per token; the debt is paid back by
- * decode-only steps), at least one, growing at most twofold per step. 0
- * (a decode-only step) while in debt, or when the decode-only time is
- * unknown or due for a new measurement. */
+ * decode-only time of its decode tokens. A step runs prefill only out of a
+ * non-negative credit, and then as many tokens as cost about ENG_PF_BURST
+ * allowances (bigger chunks are cheaper per token; the debt is paid back
+ * by decode-only steps), at least one, growing at most twofold per step.
+ * 0 (a decode-only step) while in debt, or when no decode-only step has
+ * been timed or one is due (every ENG_PF_REFRESH mixed steps). */
 static int32_t pf_budget(keel_engine *e, int32_t n_gen)
 {
     if (e->pf_share >= 1.0) return INT32_MAX;
-    if (e->pf_dec_ns <= 0 || e->pf_dec_n != n_gen || e->pf_mixed >= ENG_PF_REFRESH || e->pf_credit < 0) return 0;
+    double allow = pf_allow(e, n_gen);
+    if (allow <= 0 || e->pf_mixed >= ENG_PF_REFRESH || e->pf_credit < 0) return 0;
     if (e->pf_tok_ns <= 0) return ENG_PF_FIRST;
-    double b = ENG_PF_BURST * pf_allow(e) / e->pf_tok_ns;
+    double b = ENG_PF_BURST * allow / e->pf_tok_ns;
     double grow = 2.0 * (double)BASE_MAX(e->pf_last, ENG_PF_FIRST / 2);
     if (b > grow) b = grow;
     return b < 1.0 ? 1 : (int32_t)BASE_MIN(b, (double)INT32_MAX);
 }
 
-/* Learns from a decoded batch (n_dec generating tokens, n_pf prefill
- * tokens) that took ns. */
-static void pf_measure(keel_engine *e, int32_t n_dec, int32_t n_pf, double ns)
+/* Learns from a decoded batch of n_dec generating tokens (n_gen slots and
+ * their drafts) and n_pf prefill tokens that took ns. */
+static void pf_measure(keel_engine *e, int32_t n_gen, int32_t n_dec, int32_t n_pf, double ns)
 {
     if (n_dec == 0) {
         e->pf_credit = 0;
         return;
     }
     if (n_pf == 0) {
-        if (e->pf_dec_n != n_dec) e->pf_dec_ns = 0;
-        /* a step slowed by something else (another process, a page fault)
-         * moves the reference at most twofold */
-        e->pf_dec_ns = ewma(e->pf_dec_ns, e->pf_dec_ns > 0 ? BASE_MIN(ns, 2.0 * e->pf_dec_ns) : ns);
-        e->pf_dec_n = n_dec;
+        eng_cost_add(&e->dec_cost, n_dec, ns);
         e->pf_mixed = 0;
-        e->pf_credit += pf_allow(e);
-    } else if (e->pf_dec_ns > 0 && e->pf_dec_n == n_dec) {
-        /* what the prefill tokens added to a decode-only step (a floor keeps
-         * a step timed faster than the reference from costing nothing) */
-        double extra = BASE_MAX(ns - e->pf_dec_ns, 0.05 * e->pf_dec_ns);
-        e->pf_tok_ns = ewma(e->pf_tok_ns, extra / n_pf);
-        e->pf_credit += pf_allow(e) - extra;
-        e->pf_last = n_pf;
+        e->pf_credit += pf_allow(e, n_gen);
+    } else {
+        double ref = eng_cost_at(&e->dec_cost, n_dec);
+        if (ref > 0) {
+            /* what the prefill tokens added to a decode-only step of the
+             * same decode tokens (a floor keeps a step timed faster than
+             * the reference from costing nothing) */
+            double extra = BASE_MAX(ns - ref, 0.05 * ref);
+            e->pf_tok_ns = ewma(e->pf_tok_ns, extra / n_pf);
+            e->pf_credit += pf_allow(e, n_gen) - extra;
+            e->pf_last = n_pf;
+        }
         e->pf_mixed++;
     }
     /* no hoarding past one burst; a step slowed by something else costs at
      * most a few steps of prefill */
-    double allow = pf_allow(e);
+    double allow = pf_allow(e, n_gen);
     e->pf_credit = BASE_MAX(-2.0 * ENG_PF_BURST * allow, BASE_MIN(e->pf_credit, ENG_PF_BURST * allow));
 }
 
@@ -1254,7 +1257,7 @@ bool eng_step(keel_engine *e)
         e->in_decode = false;
         e->n_batch_req = 0;
         pthread_mutex_unlock(&e->mu);
-        if (st == KEEL_OK) pf_measure(e, n - n_pf, n_pf, (double)(t1 - t0));
+        if (st == KEEL_OK) pf_measure(e, n_gen, n - n_pf, n_pf, (double)(t1 - t0));
         if (st == KEEL_ECANCELED) {
             /* interrupted (stop or cancel): each slot's cache goes back to
              * its history before the batch; the cancelled requests end at
@@ -1379,7 +1382,7 @@ bool eng_step(keel_engine *e)
                 if (!sl->req && draft >= 0 && tok == draft) sl->n_acc--;
             }
             for (int32_t i = 0; i < e->n_slots; i++)
-                if (cnt[i]) eng_spec_settle(e, &e->slots[i], n_pf == 0 ? t1 - t0 : 0);
+                if (cnt[i]) eng_spec_settle(e, &e->slots[i], n_pf == 0 ? t1 - t0 : 0, n_gen, n - n_pf);
         }
     }
     bool busy = false;

@@ -14,6 +14,7 @@
  */
 #include "eng.h"
 
+#include <math.h>
 #include <string.h>
 
 void eng_spec_plan(keel_engine *e, const int32_t *cnt, const int32_t *chunk)
@@ -57,18 +58,26 @@ void eng_spec_begin(eng_slot *sl)
     sl->spec_stop = false;
 }
 
-void eng_spec_settle(keel_engine *e, eng_slot *sl, uint64_t step_ns)
+void eng_spec_settle(keel_engine *e, eng_slot *sl, uint64_t step_ns, int32_t n_seq, int32_t n_tok)
 {
     int32_t k = sl->n_draft, a = sl->n_acc;
     if (!e->spec || sl->state == ENG_SLOT_PREFILL) return;
+    /* the slot's share of the step: with several slots in it, the whole
+     * step's time would charge each one the others' drafts (a slot that
+     * did not draft would time its plain step on another's verify) */
+    uint64_t ns = 0;
+    if (step_ns > 0) {
+        double sh = eng_cost_share(&e->dec_cost, (double)step_ns, n_seq, n_tok, k);
+        ns = sh >= 1.0 ? (uint64_t)llround(sh) : 1;
+    }
     if (k == 0) {
-        keel_spec_result(e->spec, sl->seq, 0, 0, step_ns);
+        keel_spec_result(e->spec, sl->seq, 0, 0, ns);
         return;
     }
     sl->n_draft = 0;
     sl->n_drafted += k;
     sl->n_accepted += a;
-    keel_spec_result(e->spec, sl->seq, k, a, step_ns);
+    keel_spec_result(e->spec, sl->seq, k, a, ns);
     if (a == k) return;
     /* the cache holds the newest token and every draft: keep those accepted */
     int32_t keep = sl->n_hist0 + 1 + a, resume = 0;
