@@ -26,8 +26,7 @@
  */
 #include "eng.h"
 
-
-#define ENG_COST_DECAY 0.95   /* weight of the past per new step */
+#define ENG_COST_DECAY   0.95 /* weight of the past per new step */
 #define ENG_COST_VAR_MIN 0.05 /* least variance of the token counts for a slope */
 
 void eng_cost_add(eng_cost *c, int32_t n, double ns)
