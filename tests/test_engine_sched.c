@@ -254,8 +254,8 @@ static void test_decode_share(void **state)
  * drafting for itself, the back-off off: every draft accepted). Its
  * decode-only steps then always held five tokens, never the one token of
  * a plain step that the prefill budget's reference was kept for, so the
- * budget stayed 0 and B's prompt waited for A to end (A's 12,000 tokens:
- * share_try's "A outlasted B's prefill" fails). */
+ * budget stayed 0 and B's prompt waited for A to end (A's 12,000 tokens
+ * ran out first: share_try's cancel of A found it gone, after 90 s). */
 static void test_decode_share_drafting(void **state)
 {
     (void)state;
