@@ -354,6 +354,79 @@ static void test_table_marks(void **state)
 
 /* ---- bad input: refused, memory byte-identical ----------------------------- */
 
+
+/* Decode tokens of several sequences in one call (the engine's slots in
+ * one step, in a unified cache): each token attends as it does alone, bit
+ * for bit with one thread (its block holds only its sequence: its cells,
+ * its extent, the fused decode kernel where there is one), and reads no
+ * cell of the others. Before, the tokens shared a block that walked every
+ * cell of the table with a visibility test per cell and token (the
+ * general kernels: another rounding, and the other slots' conversations
+ * read). Three sequences interleaved in the table, the third idle; q8_0
+ * (fused decode kernel), f16 and f32, at every SIMD level. */
+static void seq_blocks_case(keel_dtype dt)
+{
+    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, dt, false);
+    L.v_dtype = dt;
+    keel_mem_config cfg = keel_mem_config_default();
+    cfg.layers = &L;
+    cfg.n_layers = 1;
+    cfg.n_ctx = 4096;
+    cfg.n_batch_max = 256;
+    cfg.n_threads = 1;
+    cfg.n_seq_max = 3;
+    cfg.unified = true;
+    keel_mem *m;
+    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    enum { NS = 3, CH = 100 };
+    static const int32_t len[NS] = {600, 900, 500};
+    memtest_tok *toks[NS];
+    for (int32_t q = 0; q < NS; q++) {
+        toks[q] = calloc((size_t)len[q], sizeof(memtest_tok));
+        for (int32_t i = 0; i < len[q]; i++) memtest_make_tok(&toks[q][i], &L, i, 5000 * (uint64_t)(q + 1) + (uint64_t)i);
+    }
+    /* chunks of 100 in turn: each sequence's cells interleave with the others' */
+    for (int32_t at = 0; at < 900; at += CH)
+        for (int32_t q = 0; q < NS; q++)
+            if (at < len[q]) memtest_place_write_seq(m, &L, toks[q] + at, BASE_MIN(CH, len[q] - at), q, NULL);
+    assert_ok(keel_mem_check(m));
+    size_t qn = (size_t)L.n_heads * (size_t)L.head_dim_k, on = (size_t)L.n_heads * (size_t)L.head_dim_v;
+    float *qs = malloc(2 * qn * sizeof(float)), *both = malloc(2 * on * sizeof(float)), *alone = malloc(on * sizeof(float));
+    int32_t pos[2] = {len[0] - 1, len[1] - 1}, seq[2] = {0, 1};
+    memtest_make_query(&L, pos[0], 71, qs);
+    memtest_make_query(&L, pos[1], 72, qs + qn);
+    keel_mem_attn a = {2, L.n_heads, qs, pos, seq, both, 0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
+    assert_ok(keel_mem_attend(m, 0, &a));
+    for (int32_t j = 0; j < 2; j++) {
+        keel_mem_attn a1 = {1, L.n_heads, qs + (size_t)j * qn, &pos[j], &seq[j], alone, 0.0f, 0.0f, NULL, NULL, NULL, 0, 0, NULL};
+        assert_ok(keel_mem_attend(m, 0, &a1));
+        if (memcmp(alone, both + (size_t)j * on, on * sizeof(float)) != 0)
+            fail_msg("%s: sequence %d's token in a batch of two differs from it alone", keel_dtype_name(dt), j);
+        if (dt == KEEL_DTYPE_F32 && j == 0) /* the recomputation is of sequence 0 */
+            assert_true(memtest_attn_err(m, 0, &L, toks[0], len[0], qs, pos[0]) < 2e-6);
+    }
+    for (int32_t q = 0; q < NS; q++) {
+        for (int32_t i = 0; i < len[q]; i++) memtest_free_tok(&toks[q][i]);
+        free(toks[q]);
+    }
+    free(qs);
+    free(both);
+    free(alone);
+    keel_mem_close(m);
+}
+
+static void test_attention_seq_blocks(void **state)
+{
+    (void)state;
+    static const keel_dtype dts[] = {KEEL_DTYPE_Q8_0, KEEL_DTYPE_F16, KEEL_DTYPE_F32};
+    tensor_simd prev = tensor_simd_level();
+    for (int lv = 0; lv <= (int)tensor_simd_best(); lv++) {
+        tensor_simd_force((tensor_simd)lv);
+        for (size_t i = 0; i < BASE_ARRAY_LEN(dts); i++) seq_blocks_case(dts[i]);
+    }
+    tensor_simd_force(prev);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -661,7 +734,8 @@ int main(void)
         cmocka_unit_test(test_config_bytes_exact), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_failing_allocator),  cmocka_unit_test(test_attention_exact_f32),
         cmocka_unit_test(test_attention_split_extent),
-        cmocka_unit_test(test_table_marks),        cmocka_unit_test(test_heap_sort),
+        cmocka_unit_test(test_table_marks),
+        cmocka_unit_test(test_attention_seq_blocks),        cmocka_unit_test(test_heap_sort),
         cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_ring_regression),
         cmocka_unit_test(test_shift_regression),   cmocka_unit_test(test_sliding_rewind),
     };

@@ -842,12 +842,20 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     x.iqq = iqq;
     x.thread_scratch = ts;
 
-    /* token blocks: consecutive tokens of one table, at most TB */
+    /* token blocks: consecutive tokens of one sequence, at most TB. A block
+     * of one sequence reads only its cells (its extent, the causal fast
+     * path, and for one token the fused decode kernel). Tokens of several
+     * sequences in one block (as the decode tokens of the engine's slots
+     * were, in a unified cache) read every cell of the table, other slots'
+     * cached conversations included, through the general path with a
+     * visibility test per cell and token: two greedy streams of
+     * stories260K ran 2,187 tok/s together against 4,514 for one alone. */
     int32_t *bt = blk, *bf = blk + a->n_tokens + 1, *bc = bf + a->n_tokens + 1;
     int32_t nb = 0;
     for (int32_t i = 0; i < a->n_tokens; i++) {
         int32_t tab = m->n_streams == 1 ? 0 : a->seq[i];
-        if (nb > 0 && bt[nb - 1] == tab && bc[nb - 1] < (x.d.order_cap > 0 || sparse ? 1 : ATTN_TB)) {
+        if (nb > 0 && bt[nb - 1] == tab && a->seq[bf[nb - 1]] == a->seq[i] &&
+            bc[nb - 1] < (x.d.order_cap > 0 || sparse ? 1 : ATTN_TB)) {
             bc[nb - 1]++;
         } else {
             bt[nb] = tab;

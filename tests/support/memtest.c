@@ -87,7 +87,14 @@ void memtest_free_tok(memtest_tok *t)
 void memtest_place_write(keel_mem *m, const keel_mem_layer *L, memtest_tok *toks, int32_t n,
                         int32_t *cells_out)
 {
-    int32_t *pos = malloc((size_t)n * sizeof(int32_t)), *seq = calloc((size_t)n, sizeof(int32_t));
+    memtest_place_write_seq(m, L, toks, n, 0, cells_out);
+}
+
+void memtest_place_write_seq(keel_mem *m, const keel_mem_layer *L, memtest_tok *toks, int32_t n, int32_t s,
+                             int32_t *cells_out)
+{
+    int32_t *pos = malloc((size_t)n * sizeof(int32_t)), *seq = malloc((size_t)n * sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++) seq[i] = s;
     int32_t ng = keel_mem_n_groups(m);
     int32_t *cells = malloc((size_t)n * (size_t)ng * sizeof(int32_t));
     size_t kn = (size_t)L->n_kv_heads * (size_t)L->head_dim_k;

@@ -26,6 +26,9 @@ void memtest_free_tok(memtest_tok *t);
 /* Places and writes n tokens of sequence 0 (layer 0); cells_out may be NULL. */
 void memtest_place_write(keel_mem *m, const keel_mem_layer *L, memtest_tok *toks, int32_t n,
                          int32_t *cells_out);
+/* The same for sequence s. */
+void memtest_place_write_seq(keel_mem *m, const keel_mem_layer *L, memtest_tok *toks, int32_t n, int32_t s,
+                             int32_t *cells_out);
 /* A query [n_heads][dk] RoPE'd at pos. */
 void memtest_make_query(const keel_mem_layer *L, int32_t pos, uint64_t seed, float *q);
 
