@@ -3,7 +3,7 @@
 the slots together, as an agent server runs them.
 
     scripts/slots-bench.py KEEL MODEL [--streams 2] [--slots N] [--tokens 300]
-        [--context FILE] [--idle 0] [--spec none|ngram] [-t 2] [-c 32768] [--rounds 1]
+        [--context FILE] [--long K] [--idle 0] [--spec none|ngram] [-t 2] [-c 32768] [--rounds 1]
 
 Starts `KEEL serve` on a free port with --slots slots (default: the streams
 plus the idle ones), then per round sends --streams concurrent greedy
@@ -14,8 +14,9 @@ decode speed (the server's timings) and the drafts.
 With --context FILE each stream's prompt is the file's text (the first one
 as it is, the others its words in other orders, so no two share a prefix),
 sent once with max_tokens 1 before the rounds so that the streams decode
-after a cached context of that length; --idle K more prompts are sent the
-same way and left cached in slots that stay idle. Without it the prompts
+after a cached context of that length (--long K: only the first K streams,
+the others a few words); --idle K more prompts are sent the same way and
+left cached in slots that stay idle. Without it the prompts
 are a few words each. Only the Python standard library is used.
 """
 import argparse
@@ -51,6 +52,9 @@ def prompts(args):
     words = open(args.context, encoding="utf-8").read().split()
     out = []
     for i in range(n):
+        if args.long is not None and args.long <= i < args.streams:
+            out.append(SHORT[i % len(SHORT)])
+            continue
         if i == 0:
             w = words
         elif i == 1:
@@ -69,6 +73,7 @@ def main():
     ap.add_argument("--slots", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--context")
+    ap.add_argument("--long", type=int)
     ap.add_argument("--idle", type=int, default=0)
     ap.add_argument("--spec", default="none")
     ap.add_argument("-t", "--threads", type=int, default=2)

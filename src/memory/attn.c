@@ -869,37 +869,39 @@ static keel_status attend_impl(keel_mem *m, int32_t layer, const keel_mem_attn *
     x.blk_first = bf;
     x.blk_count = bc;
 
-    /* split the KV range when there are fewer blocks than threads: the
-     * occupied extent [lo, hi) of each block's table is cut (T6 keeps
-     * finding it O(1)), into as many parts as the largest extent holds
-     * m->split_min_cells cells, so neither the cut nor the part count
-     * depends on n_ctx. With [0, cap) cut, a cache holding far fewer cells
-     * than its n_ctx (a server's large context, a short conversation) had
-     * every cell in the first part, and one thread did the whole attention;
-     * with the count following cap, a cache under 1024 cells never split
-     * (see docs/memory.md: keel bench -m ... -d 512 / -d 4096 -c 16512).
-     * A block of one sequence takes that sequence's extent, so that what
+    /* split the KV range when the blocks cannot keep the threads busy:
+     * fewer blocks than threads, or one block holding more than a thread's
+     * share of all the blocks' cells by a quarter (a long conversation
+     * decoding beside short ones: each slot's token is a block of its own,
+     * and one thread would walk the long one alone). The occupied extent
+     * [lo, hi) of each block's sequence is cut (T6 keeps finding it O(1)),
+     * into as many parts as the largest extent holds m->split_min_cells
+     * cells, so neither the cut nor the part count depends on n_ctx. With
+     * [0, cap) cut, a cache holding far fewer cells than its n_ctx (a
+     * server's large context, a short conversation) had every cell in the
+     * first part, and one thread did the whole attention; with the count
+     * following cap, a cache under 1024 cells never split (see
+     * docs/memory.md: keel bench -m ... -d 512 / -d 4096 -c 16512). A call
+     * of one sequence's tokens cuts that sequence's extent, so that what
      * other sequences hold (another slot's turn, a compaction of another
      * sequence) moves neither its cut nor its part count: its output stays
      * bit-identical */
     int32_t *blo = bc + a->n_tokens + 1, *bhi = blo + a->n_tokens + 1, ext = 0;
+    int64_t cells = 0;
     for (int32_t b = 0; b < nb; b++) {
-        const mem_table *t = &grp->tables[bt[b]];
-        int32_t s0 = a->seq[bf[b]];
-        bool one = true;
-        for (int32_t i = 1; i < bc[b]; i++) one &= a->seq[bf[b] + i] == s0;
-        if (one)
-            mem_table_seq_extent(t, s0, &blo[b], &bhi[b]);
-        else
-            mem_table_extent(t, &blo[b], &bhi[b]);
+        mem_table_seq_extent(&grp->tables[bt[b]], a->seq[bf[b]], &blo[b], &bhi[b]);
         ext = BASE_MAX(ext, bhi[b] - blo[b]);
+        cells += bhi[b] - blo[b];
     }
     x.blk_lo = blo;
     x.blk_hi = bhi;
     x.splits = 1;
     int32_t part = BASE_MAX(1, m->split_min_cells);
-    if (nb < m->n_threads && ext >= 2 * part && x.d.order_cap == 0 && !sparse) {
-        int32_t want = (2 * m->n_threads + nb - 1) / nb;
+    bool uneven = (int64_t)ext * m->n_threads * 4 > cells * 5;
+    if (m->n_threads > 1 && (nb < m->n_threads || uneven) && ext >= 2 * part && x.d.order_cap == 0 && !sparse) {
+        /* about two parts a thread over all the cells */
+        int32_t want = nb < m->n_threads ? (2 * m->n_threads + nb - 1) / nb
+                                         : (int32_t)((2 * (int64_t)m->n_threads * ext + cells - 1) / cells);
         int32_t most = ext / part;
         x.splits = BASE_MAX(1, BASE_MIN(want, most));
         if (nb * x.splits > max_partials(m->n_threads)) x.splits = max_partials(m->n_threads) / nb;
