@@ -130,22 +130,32 @@ static void test_failing_allocator(void **state)
 
 /* ---- exact attention (f32, no rotation) ----------------------------------- */
 
-/* One f32 full-attention layer (L, no rotation) of n_ctx cells used by
- * n_threads, holding n tokens at positions 0..n-1 (toks, made from seed)
- * written 250 at a time; checked. */
-static keel_mem *open_f32_filled(keel_mem_layer *L, int32_t n_ctx, int32_t n_threads, int32_t n, uint64_t seed,
-                                 memtest_tok **toks_out)
+/* A unified cache of one full-attention layer, K and V of dtype dt (64
+ * dims, 4 heads over 2 KV heads), into *L and *m; n_seq 0: the default. */
+static void open_one_layer(keel_mem_layer *L, keel_dtype dt, int32_t n_ctx, int32_t n_threads, int32_t n_seq,
+                           bool det, keel_mem **m)
 {
-    *L = layer_basic(KEEL_MEM_LAYER_FULL, KEEL_DTYPE_F32, false);
-    L->v_dtype = KEEL_DTYPE_F32;
+    *L = layer_basic(KEEL_MEM_LAYER_FULL, dt, false);
+    L->v_dtype = dt;
     keel_mem_config cfg = keel_mem_config_default();
     cfg.layers = L;
     cfg.n_layers = 1;
     cfg.n_ctx = n_ctx;
     cfg.n_batch_max = 256;
     cfg.n_threads = n_threads;
+    cfg.deterministic = det;
+    if (n_seq > 0) cfg.n_seq_max = n_seq;
+    assert_ok(keel_mem_open(&cfg, m, NULL));
+}
+
+/* One f32 full-attention layer (L, no rotation) of n_ctx cells used by
+ * n_threads, holding n tokens at positions 0..n-1 (toks, made from seed)
+ * written 250 at a time; checked. */
+static keel_mem *open_f32_filled(keel_mem_layer *L, int32_t n_ctx, int32_t n_threads, int32_t n, uint64_t seed,
+                                 memtest_tok **toks_out)
+{
     keel_mem *m;
-    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    open_one_layer(L, KEEL_DTYPE_F32, n_ctx, n_threads, 0, false, &m);
     memtest_tok *toks = calloc((size_t)n, sizeof(memtest_tok));
     for (int32_t i = 0; i < n; i++) memtest_make_tok(&toks[i], L, i, seed + (uint64_t)i);
     for (int32_t i = 0; i < n; i += 250) memtest_place_write(m, L, toks + i, BASE_MIN(250, n - i), NULL);
@@ -220,6 +230,22 @@ static void test_attention_split_extent(void **state)
  * the AVX-512 decode kernel's rounding of its weights to 15 bits). q8_0
  * (the fused decode kernels) and f32, deterministic or not, at every SIMD
  * level the CPU has. */
+/* The largest |a - b| over n outputs, *amax the largest |a|: within what
+ * another split of the cell range rounds to, 1e-5 of amax (1e-4 for q8_0
+ * under the AVX-512 decode kernel: its p . V weights are rounded to 15
+ * bits against the largest of the block of cells that holds them, so
+ * other blocks round them otherwise; seen: 1.5e-5 of amax). */
+static bool split_close(const float *a, const float *b, size_t n, keel_dtype dt, float *d, float *amax)
+{
+    *amax = *d = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        *amax = fmaxf(*amax, fabsf(a[i]));
+        *d = fmaxf(*d, fabsf(a[i] - b[i]));
+    }
+    bool w15 = dt == KEEL_DTYPE_Q8_0 && attn_path_active() == ATTN_PATH_AVX512;
+    return *d <= (w15 ? 1e-4f : 1e-5f) * *amax;
+}
+
 static void attend_raw(keel_mem *m, const keel_mem_layer *L, const float *q, int32_t qpos, float *out)
 {
     int32_t seq = 0;
@@ -229,18 +255,9 @@ static void attend_raw(keel_mem *m, const keel_mem_layer *L, const float *q, int
 
 static void marks_case(keel_dtype dt, int32_t n_threads, bool det)
 {
-    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, dt, false);
-    L.v_dtype = dt;
-    keel_mem_config cfg = keel_mem_config_default();
-    cfg.layers = &L;
-    cfg.n_layers = 1;
-    cfg.n_ctx = 8192;
-    cfg.n_batch_max = 256;
-    cfg.n_threads = n_threads;
-    cfg.deterministic = det;
-    cfg.n_seq_max = 2;
+    keel_mem_layer L;
     keel_mem *m;
-    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    open_one_layer(&L, dt, 8192, n_threads, 2, det, &m);
     mem_table *t = &m->groups[0].tables[0];
     assert_int_equal(t->lo_mark, t->cap); /* nothing yet */
     assert_int_equal(t->hi_mark, 0);
@@ -277,17 +294,8 @@ static void marks_case(keel_dtype dt, int32_t n_threads, bool det)
             if (n_threads == 1 || det) {
                 assert_memory_equal(a, b, ob);
             } else { /* split: the threads' parts cut another range */
-                float amax = 0.0f, d = 0.0f;
-                for (size_t i = 0; i < ob / sizeof(float); i++) {
-                    amax = fmaxf(amax, fabsf(a[i]));
-                    d = fmaxf(d, fabsf(a[i] - b[i]));
-                }
-                /* q8_0 under the AVX-512 decode kernel: its p . V weights
-                 * are rounded to 15 bits against the largest of the block
-                 * of cells that holds them, so other blocks round them
-                 * otherwise (seen: 1.5e-5 of amax) */
-                bool w15 = dt == KEEL_DTYPE_Q8_0 && attn_path_active() == ATTN_PATH_AVX512;
-                assert_true(d <= (w15 ? 1e-4f : 1e-5f) * amax);
+                float d, amax;
+                assert_true(split_close(a, b, ob / sizeof(float), dt, &d, &amax));
             }
         } else if (step == 2) { /* the newest 100 again: the ring puts them past the old end */
             assert_ok(keel_mem_seq_rm(m, 0, n - 100, -1));
@@ -368,18 +376,9 @@ static void test_table_marks(void **state)
  * (fused decode kernel), f16 and f32, at every SIMD level. */
 static void seq_blocks_case(keel_dtype dt, int32_t n_threads)
 {
-    keel_mem_layer L = layer_basic(KEEL_MEM_LAYER_FULL, dt, false);
-    L.v_dtype = dt;
-    keel_mem_config cfg = keel_mem_config_default();
-    cfg.layers = &L;
-    cfg.n_layers = 1;
-    cfg.n_ctx = 4096;
-    cfg.n_batch_max = 256;
-    cfg.n_threads = n_threads;
-    cfg.n_seq_max = 3;
-    cfg.unified = true;
+    keel_mem_layer L;
     keel_mem *m;
-    assert_ok(keel_mem_open(&cfg, &m, NULL));
+    open_one_layer(&L, dt, 4096, n_threads, 3, false, &m);
     enum { NS = 3, CH = 100 };
     static const int32_t len[NS] = {600, 900, 500};
     memtest_tok *toks[NS];
@@ -406,13 +405,8 @@ static void seq_blocks_case(keel_dtype dt, int32_t n_threads)
             if (memcmp(alone, both + (size_t)j * on, on * sizeof(float)) != 0)
                 fail_msg("%s: sequence %d's token in a batch of two differs from it alone", keel_dtype_name(dt), j);
         } else { /* the blocks' ranges split otherwise (two tokens: an uneven call) */
-            float amax = 0.0f, d = 0.0f;
-            for (size_t i = 0; i < on; i++) {
-                amax = fmaxf(amax, fabsf(alone[i]));
-                d = fmaxf(d, fabsf(alone[i] - both[(size_t)j * on + i]));
-            }
-            bool w15 = dt == KEEL_DTYPE_Q8_0 && attn_path_active() == ATTN_PATH_AVX512;
-            if (d > (w15 ? 1e-4f : 1e-5f) * amax)
+            float d, amax;
+            if (!split_close(alone, both + (size_t)j * on, on, dt, &d, &amax))
                 fail_msg("%s, %d threads: sequence %d's token differs from it alone by %g of %g", keel_dtype_name(dt),
                          n_threads, j, (double)d, (double)amax);
         }
