@@ -522,16 +522,15 @@ static void attn_task(void *vctx, int64_t task, int thread)
         }
 
     int32_t pmax = INT32_MIN, pmin = INT32_MAX;
-    bool one_seq = true; /* every token of the block in one sequence */
     for (int32_t ti = 0; ti < nt; ti++) {
         pmax = BASE_MAX(pmax, a->pos[t0 + ti]);
         pmin = BASE_MIN(pmin, a->pos[t0 + ti]);
-        one_seq &= a->seq[t0 + ti] == a->seq[t0];
     }
-    /* full tables, one sequence: a cell holding it is visible to exactly
-     * the tokens at or after its position (one test per cell, not one
-     * visible() per cell and token: prefill blocks have 32 tokens) */
-    bool causal_fast = one_seq && !t->sliding;
+    /* a block's tokens are one sequence's (attend_impl): in a full table a
+     * cell holding it is visible to exactly the tokens at or after its
+     * position (one test per cell, not one visible() per cell and token:
+     * prefill blocks have 32 tokens) */
+    bool causal_fast = !t->sliding;
 
     /* deterministic mode (one token per block, no splits): the cells are the
      * token's visible ones in (position, placement) order, so the blocks of
