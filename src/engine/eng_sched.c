@@ -1036,10 +1036,11 @@ static void pf_measure(keel_engine *e, int32_t n_gen, int32_t n_dec, int32_t n_p
         e->pf_credit = 0;
         return;
     }
+    if (n_pf == 0) eng_cost_add(&e->dec_cost, n_dec, ns);
+    double allow = pf_allow(e, n_gen);
     if (n_pf == 0) {
-        eng_cost_add(&e->dec_cost, n_dec, ns);
         e->pf_mixed = 0;
-        e->pf_credit += pf_allow(e, n_gen);
+        e->pf_credit += allow;
     } else {
         double ref = eng_cost_at(&e->dec_cost, n_dec);
         if (ref > 0) {
@@ -1048,14 +1049,13 @@ static void pf_measure(keel_engine *e, int32_t n_gen, int32_t n_dec, int32_t n_p
              * the reference from costing nothing) */
             double extra = BASE_MAX(ns - ref, 0.05 * ref);
             e->pf_tok_ns = ewma(e->pf_tok_ns, extra / n_pf);
-            e->pf_credit += pf_allow(e, n_gen) - extra;
+            e->pf_credit += allow - extra;
             e->pf_last = n_pf;
         }
         e->pf_mixed++;
     }
     /* no hoarding past one burst; a step slowed by something else costs at
      * most a few steps of prefill */
-    double allow = pf_allow(e, n_gen);
     e->pf_credit = BASE_MAX(-2.0 * ENG_PF_BURST * allow, BASE_MIN(e->pf_credit, ENG_PF_BURST * allow));
 }
 
