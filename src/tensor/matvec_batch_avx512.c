@@ -136,54 +136,105 @@ static inline __attribute__((always_inline)) void mv_group_z(const uint8_t *p, i
 
 /* A token alone reads each weight block once, so transposing the weights
  * does not pay: each block's int8 dot is taken in its natural layout (8
- * lanes of partial sums) and sixteen blocks' lanes are then added across
- * in a tree (mv_fold8) into one lane per block: the same exact integers
- * as the batched kernel's, then the same float work, so the same bits.
+ * lanes of partial sums) and a group's sixteen blocks' lanes are then
+ * added across in a tree (mv_fold16) into one lane per block: the same
+ * exact integers as the batched kernel's, then the same float work, so the
+ * same bits.
  *
- * The prepared activation: xs [nb][32] i8 (the block values, 32-byte
- * aligned), then corr [ng * 16] i32 and dx [ng * 16] f32 as the packed
- * groups have them (zero past nb). */
+ * A zmm holds two blocks, [block c0 | block c0 + 4] with c0 = i (i < 4)
+ * or i + 4, mv_group_z's order, for which the tree ends with block c in
+ * lane c: per group eight vpdpbusd and 21 adds and shuffles, against
+ * sixteen ymm vpdpbusd and 42 ymm adds and shuffles before (that kernel
+ * took 1.5x the avx2 row kernel's time with the rows in L2 on a Zen 5 VM,
+ * gcc spilling the sixteen partial sums to the stack).
+ *
+ * The prepared activation: xz [ng][8][64] i8 (group j's vector i = the
+ * values of blocks 16 j + c0 and 16 j + c0 + 4, zero past nb), then corr
+ * [ng * 16] i32 and dx [ng * 16] f32 as the packed groups have them. */
 static size_t prep_q8_0_bytes(int64_t n)
 {
-    int64_t nb = n / QK, ng = (nb + MVB_G - 1) / MVB_G;
-    return mvb_up64((size_t)nb * 32) + (size_t)ng * MVB_G * 8;
+    int64_t ng = (n / QK + MVB_G - 1) / MVB_G;
+    return (size_t)ng * (8 * 64 + MVB_G * 8);
 }
 
-/* The int8 dots of m (<= 8) blocks at p (block 0's scale) with xs, one
- * lane each (lanes past m: 0), biased as the batched kernel's (w + 128). */
-static inline __attribute__((always_inline)) __m256i mv_dots8(const uint8_t *p, const uint8_t *xs,
-                                                              int m)
+/* Where block c (0..15) of a group lies in its xz vectors. */
+static inline size_t xz_off(int c)
 {
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    __m256i d[8];
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) {
-        __mmask32 k = c < m ? ~(__mmask32)0 : 0;
-        __m256i wv = m == 8
-                         ? loadu_256(p + (size_t)c * Q8_0_BYTES + 2)
-                         : _mm256_maskz_loadu_epi8(k, p + (size_t)(c < m ? c : 0) * Q8_0_BYTES + 2);
-        __m256i xv = m == 8 ? _mm256_load_si256((const __m256i *)(const void *)(xs + 32 * c))
-                            : _mm256_maskz_loadu_epi8(k, xs + 32 * (c < m ? c : 0));
-        d[c] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wv, bias), xv);
+    return (size_t)((c & 3) + 4 * (c >> 3)) * 64 + (size_t)((c >> 2) & 1) * 32;
+}
+
+/* Two blocks' partial-sum vectors -> per 128-bit lane [d0 0+2, d1 0+2,
+ * d0 1+3, d1 1+3]: mv_fold16's first step (exact int32 adds). */
+static inline __m512i mv_fold2z(__m512i d0, __m512i d1)
+{
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
+}
+
+/* mv_fold2z of vectors 0-1, 2-3, 4-5, 6-7 of a group (or of the first four
+ * only, f[2] = f[3] = 0) -> lane c = the sum of block c's lanes. */
+static inline __m512i mv_fold16(const __m512i f[4])
+{
+    __m512i g0 = _mm512_add_epi32(_mm512_unpacklo_epi64(f[0], f[1]), _mm512_unpackhi_epi64(f[0], f[1]));
+    __m512i g1 = _mm512_add_epi32(_mm512_unpacklo_epi64(f[2], f[3]), _mm512_unpackhi_epi64(f[2], f[3]));
+    /* g_h's 128-bit lanes: blocks 8h + 0..3 over dwords 0-3 and 4-7 of
+     * each, then blocks 8h + 4..7 the same way */
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The int8 dots of the m (1..16) blocks at p (block 0's scale) with a
+ * group's xz, one lane per block (lanes past m: 0, the weights loaded as 0
+ * against zero activations), biased as the batched kernel's (w + 128). A
+ * group of at most 8 blocks takes vectors 0-3 only. */
+static inline __attribute__((always_inline)) __m512i mv_dots16(const uint8_t *p, const uint8_t *xz, int m)
+{
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    const int nv = m > 8 ? 8 : 4;
+    __m512i f[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        if (2 * k >= nv) {
+            f[k] = _mm512_setzero_si512();
+            continue;
+        }
+        __m512i d[2];
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) {
+            int i = 2 * k + j, c0 = i < 4 ? i : i + 4, c1 = c0 + 4;
+            __m256i lo = m == MVB_G || (m == 8 && c0 < 8)
+                             ? loadu_256(p + (size_t)c0 * Q8_0_BYTES + 2)
+                             : _mm256_maskz_loadu_epi8(c0 < m ? ~(__mmask32)0 : 0,
+                                                       p + (size_t)(c0 < m ? c0 : 0) * Q8_0_BYTES + 2);
+            __m256i hi = m == MVB_G || (m == 8 && c1 < 8)
+                             ? loadu_256(p + (size_t)c1 * Q8_0_BYTES + 2)
+                             : _mm256_maskz_loadu_epi8(c1 < m ? ~(__mmask32)0 : 0,
+                                                       p + (size_t)(c1 < m ? c1 : 0) * Q8_0_BYTES + 2);
+            __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            d[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(z, bias),
+                                       _mm512_load_si512((const void *)(xz + 64 * i)));
+        }
+        f[k] = mv_fold2z(d[0], d[1]);
     }
-    return mv_fold8(d);
+    return mv_fold16(f);
 }
 
 static void prep_q8_0(const void *xv, int64_t n, void *xp)
 {
     const uint8_t *x = xv;
     int64_t nb = n / QK, ng = (nb + MVB_G - 1) / MVB_G;
-    uint8_t *xs = xp;
-    int32_t *corr = (int32_t *)(void *)(xs + mvb_up64((size_t)nb * 32));
+    uint8_t *xz = xp;
+    int32_t *corr = (int32_t *)(void *)(xz + (size_t)ng * 8 * 64);
     float *dx = (float *)(void *)(corr + ng * MVB_G);
+    memset(xz, 0, (size_t)ng * 8 * 64);
     const __m256i ones = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < ng * MVB_G; b += 8) {
         int m = nb - b >= 8 ? 8 : nb > b ? (int)(nb - b) : 0;
+        uint8_t *xg = xz + (size_t)(b / MVB_G) * 8 * 64;
         __m256i d[8];
         for (int c = 0; c < 8; c++) {
             __m256i v = _mm256_maskz_loadu_epi8(c < m ? ~(__mmask32)0 : 0,
                                                 x + (size_t)(c < m ? b + c : 0) * Q8_0_BYTES + 2);
-            if (c < m) _mm256_store_si256((__m256i *)(void *)(xs + (size_t)(b + c) * 32), v);
+            if (c < m) _mm256_store_si256((__m256i *)(void *)(xg + xz_off((int)(b % MVB_G) + c)), v);
             d[c] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
         }
         /* -128 times each block's sum (|sum| <= 32 * 128: exact) */
@@ -195,33 +246,37 @@ static void prep_q8_0(const void *xv, int64_t n, void *xp)
     }
 }
 
-/* No software prefetch: each group's 32 loads already keep the line fill
- * buffers busy, and matvec's prefetch (3072 bytes ahead into L1) stalled
- * on them (the prefetch instruction took 28% of the samples). Rows from
- * DRAM, one thread, against the avx2 row kernel alternating in one
- * process: 2048 x 768 1.43 against 1.55 ns a block (with the prefetch
- * 1.65 against 1.56), 2048 x 2048 1.51-1.61 against 1.41-1.51 (with it
- * 1.65-1.70 against 1.45-1.49). */
+/* The rows' lines MV1_PF bytes ahead are asked for into L1, one request a
+ * line. Sixteen weight blocks at 0.6 ns a block in L2 (2048 x 768, one
+ * thread, a Zen 5 VM) outrun the hardware prefetch from DRAM: without the
+ * requests the kernel read 24-32 GB/s against the avx2 row kernel's 24-38
+ * (which asks 3072 bytes ahead), with them 26-41; distances 6144-12288
+ * measured alike, 1536-3072 worse than none, and the batched kernel's two
+ * hints (mvb_pf) worse too (docs/kernel-passes-2.md, twenty-third pass).
+ * The earlier kernel (ymm halves) took 1.5x the avx2 kernel's time in L2
+ * and asked for nothing: on an Intel VM the requests had cost it more
+ * than they gained. */
+#define MV1_PF 8192
+
 static void mv_q8_0(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb, const void *x,
                     const void *xp, float *y)
 {
     (void)x;
     int64_t nb = n_cols / QK, ng = (nb + MVB_G - 1) / MVB_G;
-    const uint8_t *xs = xp;
-    const int32_t *corr = (const int32_t *)(const void *)(xs + mvb_up64((size_t)nb * 32));
+    const uint8_t *xz = xp;
+    const int32_t *corr = (const int32_t *)(const void *)(xz + (size_t)ng * 8 * 64);
     const float *dx = (const float *)(const void *)(corr + ng * MVB_G);
+    uintptr_t last = (uintptr_t)W + (n_rows > 0 ? (size_t)n_rows * rb - 1 : 0);
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *w = W + (size_t)r * rb;
         __m512 a = _mm512_setzero_ps();
         int64_t b = 0;
-        for (; nb - b > 8; b += MVB_G) {
+        const uint8_t *xg = xz;
+        for (; nb - b > 8; b += MVB_G, xg += 8 * 64) {
             const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
             int m = nb - b >= MVB_G ? MVB_G : (int)(nb - b);
-            __m256i lo = mv_dots8(p, xs + (size_t)b * 32, 8);
-            __m256i hi = m == MVB_G
-                             ? mv_dots8(p + 8 * Q8_0_BYTES, xs + (size_t)(b + 8) * 32, 8)
-                             : mv_dots8(p + 8 * Q8_0_BYTES, xs + (size_t)(b + 8) * 32, m - 8);
-            __m512i d = _mm512_add_epi32(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+            mv_pf_at((uintptr_t)p + MV1_PF, last, 9);
+            __m512i d = _mm512_add_epi32(m == MVB_G ? mv_dots16(p, xg, MVB_G) : mv_dots16(p, xg, m),
                                          _mm512_load_si512((const void *)(corr + b)));
             __m256 dl = f16x8_strided(p, Q8_0_BYTES),
                    dh = m == MVB_G ? f16x8_strided(p + 8 * Q8_0_BYTES, Q8_0_BYTES)
@@ -233,8 +288,9 @@ static void mv_q8_0(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb,
         if (b < nb) {
             const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
             int m = (int)(nb - b);
+            mv_pf_at((uintptr_t)p + MV1_PF, last, 5);
             __m256i d = _mm256_add_epi32(
-                m == 8 ? mv_dots8(p, xs + (size_t)b * 32, 8) : mv_dots8(p, xs + (size_t)b * 32, m),
+                _mm512_castsi512_si256(m == 8 ? mv_dots16(p, xg, 8) : mv_dots16(p, xg, m)),
                 _mm256_load_si256((const __m256i *)(const void *)(corr + b)));
             __m256 sc = _mm256_mul_ps(m == 8 ? f16x8_strided(p, Q8_0_BYTES) : mv_scales8(p, m),
                                       _mm256_load_ps(dx + b));
