@@ -2,7 +2,8 @@
  * matvec_batch_avx512.c — the q8_0 row kernels of the avx512 level (AVX-512
  * VNNI): tensor_mv_avx512_ (one token, decode's products) and
  * tensor_mvb_avx512_ (up to 16 tokens, each row read once: a speculative
- * verify batch). Both are the same code, so a token's result is the same
+ * verify batch). Both get every block's exact int8 dot into a lane of its
+ * own and then do the same float work, so a token's result is the same
  * bits whichever of the two runs it and however many tokens share the row.
  *
  * One weight block per 32-bit lane. A row is taken sixteen blocks (a
@@ -16,11 +17,10 @@
  * blocks' scale products) and one FMA per token and sixteen blocks, into
  * one 16-lane accumulator; the row's value is its lanes' sum (mv_hsum16).
  *
- * The avx2 level's kernels (matvec_avx2.c, matvec_batch_avx2.c) keep a
- * block's eight partial sums in eight lanes and pay the convert and FMA per
- * block and token: 2 zmm operations per block and token against about 1
- * here at 9 tokens. The two levels' results differ in rounding (this one is
- * the closer to the exact sum: one rounding per block product); each level
+ * The avx2 level's kernels (matvec_avx2.c, matvec_batch_avx2.c) do the
+ * same with eight blocks a group (the batched one by vpmaddwd on int16,
+ * about 2.4x the time per block and token here at 9 tokens on Zen 5). The
+ * two levels' results differ in the order of their float sums; each level
  * is the same bits for decode and verify. A tail group of fewer than 16
  * blocks loads under a mask (nothing past the row is read) and its missing
  * lanes hold zero weights, activations and scales.
@@ -253,9 +253,10 @@ static void prep_q8_0(const void *xv, int64_t n, void *xp)
  * (which asks 3072 bytes ahead), with them 26-41; distances 6144-12288
  * measured alike, 1536-3072 worse than none, and the batched kernel's two
  * hints (mvb_pf) worse too (docs/kernel-passes-2.md, twenty-third pass).
- * The earlier kernel (ymm halves) took 1.5x the avx2 kernel's time in L2
- * and asked for nothing: on an Intel VM the requests had cost it more
- * than they gained. */
+ * The earlier kernel (ymm halves, twice the loads a group) took 1.5x the
+ * avx2 kernel's time in L2 here and asked for nothing: on the Zen 4 VM of
+ * its session (AVX-512 on 256-bit halves) a request 3072 bytes ahead had
+ * cost it 15% from DRAM. */
 #define MV1_PF 8192
 
 static void mv_q8_0(int64_t n_rows, int64_t n_cols, const uint8_t *W, size_t rb, const void *x,
