@@ -34,7 +34,7 @@ static const keel_dtype k_types[] = {
                                                              : (tensor_simd)prev_))
 
 #define MAX_TOK  33
-#define MAX_COLS 1440
+#define MAX_COLS 3616
 #define MAX_ROWS 67
 
 /* Random rows of dtype t at W (q2_K / q3_K from random bytes with sane
@@ -71,7 +71,7 @@ typedef struct bt_fix {
 static void fix_open(bt_fix *f)
 {
     for (int p = 0; p < 2; p++) assert_ok(base_pool_open(p + 1, &f->pools[p]));
-    assert_ok(base_arena_init(&f->arena, 1 << 18));
+    assert_ok(base_arena_init(&f->arena, 1 << 20));
     f->wbuf = malloc((size_t)MAX_ROWS * MAX_COLS * 4 + 8);
     f->X = malloc((size_t)MAX_TOK * MAX_COLS * sizeof(float));
     f->Y = malloc((size_t)MAX_TOK * MAX_ROWS * sizeof(float));
@@ -128,9 +128,10 @@ static void test_batch_identical_to_matvec(void **state)
     bt_fix f;
     fix_open(&f);
     /* q8_0 at the avx512 level (groups of 16 blocks): a short group alone (96,
-     * 256), one of 9 (288), 16 + 8 (768), 16 + 9 (800), full groups (512), and
-     * 16 + 16 + 13 (1440) */
-    static const int64_t cols[] = {96, 288, 800, 256, 768, 512, 1440};
+     * 256), one of 9 (288), 16 + 8 (768), 16 + 9 (800), full groups (512),
+     * 16 + 16 + 13 (1440), and seven groups and a block (3616: from 13
+     * tokens on, rows taken in chunks of groups: MVB_REC_WHOLE) */
+    static const int64_t cols[] = {96, 288, 800, 256, 768, 512, 1440, 3616};
     static const int64_t rows[] = {67, 5};
     for (size_t k = 0; k < BASE_ARRAY_LEN(k_types); k++) {
         keel_dtype t = k_types[k];

@@ -400,18 +400,23 @@ static inline __attribute__((always_inline)) void wgroup8(const uint8_t *p, int 
     *dw = m == 8 ? f16x8_strided(p, Q8_0_BYTES) : mv_scales8(p, m);
 }
 
-/* One row against the T tokens of a group (rec: the group's packed
- * activations). */
+/* One row's groups j0 .. j1 - 1 against the T tokens of a group (rec: the
+ * group's packed activations, all of the row's groups). The accumulators
+ * start at 0 (j0 == 0) or from acc, and go back to acc unless the row ends
+ * here, where their sums go to out. */
 static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t *w, int64_t nb,
                                                            const uint8_t *rec, bool pf,
-                                                           uintptr_t last, float *out)
+                                                           uintptr_t last, float *out,
+                                                           float (*acc)[MVB_G], int64_t j0,
+                                                           int64_t j1)
 {
     __m512 a[MVB_TOKS];
 #pragma GCC unroll 16
     for (int t = 0; t < T; t++)
-        a[t] = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b < nb; b += MVB_G, rec += (size_t)T * MVB_REC) {
+        a[t] = j0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(acc[t]);
+    int64_t b = j0 * MVB_G, be = BASE_MIN(nb, j1 * MVB_G);
+    rec += (size_t)j0 * (size_t)T * MVB_REC;
+    for (; b < be; b += MVB_G, rec += (size_t)T * MVB_REC) {
         const uint8_t *p = w + (size_t)b * Q8_0_BYTES;
         int m = nb - b >= MVB_G ? MVB_G : (int)(nb - b);
         if (m <= 8) break;
@@ -437,7 +442,7 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
             a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, a[t]);
         }
     }
-    if (b < nb) {
+    if (b < be) {
         /* a last group of at most 8 blocks: the same lanes' work on the
          * lower halves (the upper lanes would add 0 * 0), at half the cost
          * where a zmm operation takes two 256-bit halves */
@@ -469,6 +474,12 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
             a[t] = _mm512_mask_mov_ps(a[t], (__mmask16)0x00ff, _mm512_castps256_ps512(lo));
         }
     }
+    if (be < nb) {
+#pragma GCC unroll 16
+        for (int t = 0; t < T; t++)
+            _mm512_store_ps(acc[t], a[t]);
+        return;
+    }
     const __m512 zero = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int t = 0; t < T; t += 4) {
@@ -480,6 +491,23 @@ static inline __attribute__((always_inline)) void q8_0_row(int T, const uint8_t 
     }
 }
 
+/* Long rows against many tokens: a row's records (T x MVB_REC bytes a
+ * group, against the group's 544 bytes of weights) outgrow L1, and a whole
+ * row at a time read all of them from L2 for every row. Past MVB_REC_WHOLE
+ * bytes of records a row, its groups are taken in chunks whose records
+ * fit MVB_L1_REC, each chunk serving MVB_ROWS rows before the next one is
+ * read, the rows' accumulators kept in between (the same additions in the
+ * same order: the same bits). The rows' weights are then read a chunk of
+ * each row at a time, which streams worse from DRAM: below the threshold
+ * whole rows measured better. At 9 tokens, one thread of a Zen 5 VM, rows
+ * from DRAM, ns a block and token whole rows / chunked: 14336 columns
+ * 0.56 / 0.27, 8192 0.60 / 0.29, 4096 0.44 / 0.50 (46 KiB of records: kept
+ * whole); at 16 tokens and 4096 columns 0.37 / 0.28; at 4 tokens and 14336
+ * columns 0.76 / 0.45 (docs/kernel-passes-2.md, twenty-third pass). */
+#define MVB_REC_WHOLE (64 << 10)
+#define MVB_L1_REC    (16 << 10)
+#define MVB_ROWS      8
+
 static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_tok,
                      const void *packed, float *y, size_t ys)
 {
@@ -488,36 +516,54 @@ static void mvb_q8_0(int64_t nr, int64_t n, const uint8_t *W, size_t rb, int n_t
         return;
     }
     uintptr_t last = (uintptr_t)W + (nr > 0 ? (size_t)nr * rb - 1 : 0);
-    int64_t nb = n / QK;
+    int64_t nb = n / QK, ng = (nb + MVB_G - 1) / MVB_G;
     int G = mvb_groups(n_tok, MVB_TOKS);
-    for (int64_t r = 0; r < nr; r++) {
-        const uint8_t *w = W + (size_t)r * rb;
+    _Alignas(64) float acc[MVB_ROWS][MVB_TOKS][MVB_G];
+    for (int64_t r0 = 0; r0 < nr; r0 += MVB_ROWS) {
+        int64_t rn = BASE_MIN((int64_t)MVB_ROWS, nr - r0);
         const uint8_t *o = packed;
         for (int g = 0; g < G; g++) {
             int t0, T;
             mvb_group(g, G, n_tok, &t0, &T);
-            float v[MVB_TOKS];
-            bool pf = g == 0; /* the first pass brings the row in */
-            switch (T) {
+            int64_t kc = (size_t)T * (size_t)ng * MVB_REC <= MVB_REC_WHOLE
+                             ? ng
+                             : BASE_MAX((int64_t)1, (int64_t)(MVB_L1_REC / ((size_t)T * MVB_REC)));
+            bool pf = g == 0; /* the first pass brings the rows in */
+            for (int64_t j0 = 0; j0 < ng; j0 += kc) {
+                int64_t j1 = BASE_MIN(ng, j0 + kc);
+                for (int64_t k = 0; k < rn; k++) {
+                    const uint8_t *w = W + (size_t)(r0 + k) * rb;
+                    float v[MVB_TOKS];
+                    switch (T) {
 #define MVB_CASE(N)                                                                                \
     case N:                                                                                        \
-        q8_0_row(N, w, nb, o, pf, last, v);                                                        \
+        q8_0_row(N, w, nb, o, pf, last, v, acc[k], j0, j1);                                        \
         break;
-                MVB_CASE(16)
-                MVB_CASE(15)
-                MVB_CASE(14)
-                MVB_CASE(13)
-                MVB_CASE(12)
-                MVB_CASE(11)
-                MVB_CASE(10)
-                MVB_CASE(9) MVB_CASE(8) MVB_CASE(7) MVB_CASE(6) MVB_CASE(5) MVB_CASE(4) MVB_CASE(3)
-                    MVB_CASE(2)
+                        MVB_CASE(16)
+                        MVB_CASE(15)
+                        MVB_CASE(14)
+                        MVB_CASE(13)
+                        MVB_CASE(12)
+                        MVB_CASE(11)
+                        MVB_CASE(10)
+                        MVB_CASE(9)
+                        MVB_CASE(8)
+                        MVB_CASE(7)
+                        MVB_CASE(6)
+                        MVB_CASE(5)
+                        MVB_CASE(4)
+                        MVB_CASE(3)
+                        MVB_CASE(2)
 #undef MVB_CASE
-                        default : q8_0_row(1, w, nb, o, pf, last, v);
-                break; /* not reached: T >= 2 when n_tok >= 2 */
+                    default:
+                        q8_0_row(1, w, nb, o, pf, last, v, acc[k], j0, j1);
+                        break; /* not reached: T >= 2 when n_tok >= 2 */
+                    }
+                    if (j1 == ng)
+                        for (int t = 0; t < T; t++)
+                            y[(size_t)(t0 + t) * ys + (size_t)(r0 + k)] = v[t];
+                }
             }
-            for (int t = 0; t < T; t++)
-                y[(size_t)(t0 + t) * ys + (size_t)r] = v[t];
             o += grp_bytes(nb, T);
         }
     }
