@@ -219,17 +219,6 @@ static void test_attention_split_extent(void **state)
     keel_mem_close(m);
 }
 
-/* The table's marks (T6) bound what attention walks: they follow the cells
- * as they are written and freed, keel_mem_check refuses marks that miss an
- * occupied cell, a sequence's extent is its own cells', and attention is
- * bit for bit the same whether the walk starts at cell 0 (the sequence's
- * oldest cells moved past the query) or past those cells once removed (it
- * skips only empty chunks), and with the table's marks loosened to [0, cap)
- * (mem_table_extent tightens them again). Three threads split the extent:
- * the parts move with it, so there the results agree within rounding (and
- * the AVX-512 decode kernel's rounding of its weights to 15 bits). q8_0
- * (the fused decode kernels) and f32, deterministic or not, at every SIMD
- * level the CPU has. */
 /* The largest |a - b| over n outputs, *amax the largest |a|: within what
  * another split of the cell range rounds to, 1e-5 of amax (1e-4 for q8_0
  * under the AVX-512 decode kernel: its p . V weights are rounded to 15
@@ -253,6 +242,17 @@ static void attend_raw(keel_mem *m, const keel_mem_layer *L, const float *q, int
     assert_ok(keel_mem_attend(m, 0, &a));
 }
 
+/* The table's marks (T6) bound what attention walks: they follow the cells
+ * as they are written and freed, keel_mem_check refuses marks that miss an
+ * occupied cell, a sequence's extent is its own cells', and attention is
+ * bit for bit the same whether the walk starts at cell 0 (the sequence's
+ * oldest cells moved past the query) or past those cells once removed (it
+ * skips only empty chunks), and with the table's marks loosened to [0, cap)
+ * (mem_table_extent tightens them again). Three threads split the extent:
+ * the parts move with it, so there the results agree within rounding (and
+ * the AVX-512 decode kernel's rounding of its weights to 15 bits). q8_0
+ * (the fused decode kernels) and f32, deterministic or not, at every SIMD
+ * level the CPU has. */
 static void marks_case(keel_dtype dt, int32_t n_threads, bool det)
 {
     keel_mem_layer L;
